@@ -1,0 +1,110 @@
+"""The seam between the session layer and the engine, as typing Protocols.
+
+``realtime`` depends on these protocols only (never on model tensors), so its tests can run
+against a fake engine. :mod:`pipeline.engine` provides the real implementation.
+
+Units: user audio handed to the engine is float32 mono at :data:`INPUT_SAMPLE_RATE` (16 kHz),
+values in [-1, 1]; reply audio comes back at 24 kHz (see :mod:`pipeline.outputs`).
+
+Ordering: operations on one conversation take effect in call order. A conversation runs at most
+one response at a time; items may be added while a response runs (they join the context of the
+next response), but deleting or truncating items needs the conversation idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Literal, Protocol
+
+import numpy as np
+
+from pipeline.outputs import ResponseDone, ResponseEvent
+
+INPUT_SAMPLE_RATE = 16_000
+"""Sample rate (Hz) of user audio handed to the engine."""
+
+Role = Literal["system", "user", "assistant"]
+Modality = Literal["text", "audio"]
+
+
+class ResponseHandle(Protocol):
+    """One streaming reply. Iterate it for events; ``ResponseDone`` is always last.
+
+    ``cancel`` may be called any number of times from any coroutine; it takes effect within one
+    engine step, after which no more text or audio events are yielded, only the final
+    ``ResponseDone(status=CANCELLED, reason=reason)``. Cancelling after completion is a no-op.
+    """
+
+    id: str
+    item_id: str
+
+    def __aiter__(self) -> AsyncIterator[ResponseEvent]: ...
+
+    def cancel(self, reason: str = "client_cancelled") -> None: ...
+
+    async def wait(self) -> ResponseDone:
+        """Drain the stream and return its ``ResponseDone``."""
+        ...
+
+
+class AudioInputHandle(Protocol):
+    """A user audio message being spoken. ``append`` never blocks on model work: complete
+    encoder blocks may be prefilled in the background. ``commit`` closes the message (it becomes
+    part of the context); ``discard`` drops it and whatever was prefilled for it."""
+
+    item_id: str
+
+    def append(self, pcm: np.ndarray) -> None: ...
+
+    async def commit(self) -> None: ...
+
+    async def discard(self) -> None: ...
+
+
+class ConversationHandle(Protocol):
+    id: str
+
+    async def set_instructions(self, instructions: str) -> None:
+        """Replace the system prompt (the history is re-prefilled lazily)."""
+        ...
+
+    async def add_text(self, item_id: str, text: str, role: Role = "user") -> None: ...
+
+    async def add_audio(self, item_id: str, pcm: np.ndarray) -> None:
+        """A complete user audio message (float32, 16 kHz mono)."""
+        ...
+
+    def open_audio(self, item_id: str) -> AudioInputHandle: ...
+
+    async def delete_item(self, item_id: str) -> None: ...
+
+    async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:
+        """Keep only what the user heard of an assistant reply: its audio up to
+        ``audio_end_ms`` and the share of its text spoken by then."""
+        ...
+
+    def respond(
+        self,
+        *,
+        item_id: str,
+        modalities: frozenset[Modality] = frozenset({"text", "audio"}),
+        voice: str | None = None,
+        max_output_tokens: int | None = None,
+    ) -> ResponseHandle:
+        """Start a reply; its assistant message joins the conversation as ``item_id``."""
+        ...
+
+    async def close(self) -> None:
+        """Cancel any running response and free the conversation's state (KV cache)."""
+        ...
+
+
+class EngineHandle(Protocol):
+    model_name: str
+    voices: tuple[str, ...]
+    default_voice: str
+    default_instructions: str
+    random_weights: bool
+    """True when the checkpoint is one of our random-weight test models: never an assistant."""
+
+    def conversation(self, *, instructions: str | None = None) -> ConversationHandle: ...

@@ -1,0 +1,84 @@
+"""What a response stream yields: typed, immutable events.
+
+Order contract for one response: zero or more :class:`TextDelta` and :class:`AudioChunk` events,
+interleaved as produced (text usually leads audio), then exactly one :class:`ResponseDone`, last.
+Audio is float32 mono at :data:`OUTPUT_SAMPLE_RATE` (24 kHz); chunks are contiguous and
+``AudioChunk.start_sample`` counts samples from the start of the response.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+OUTPUT_SAMPLE_RATE = 24_000
+"""Sample rate of every audio chunk the engine yields (Hz)."""
+
+
+class ResponseStatus(enum.Enum):
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    INCOMPLETE = "incomplete"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one response. Input counts only what this response prefilled
+    (history already in the KV cache is not counted again)."""
+
+    input_text_tokens: int = 0
+    input_audio_tokens: int = 0
+    cached_tokens: int = 0
+    output_text_tokens: int = 0
+    output_audio_tokens: int = 0
+
+    @property
+    def input_tokens(self) -> int:
+        return self.input_text_tokens + self.input_audio_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return self.output_text_tokens + self.output_audio_tokens
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Newly decoded reply text. ``token_ids`` are the thinker tokens behind it (may be empty
+    text when a token ends mid UTF-8 sequence; the bytes arrive with a later delta)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """A piece of reply audio, float32 in [-1, 1], 24 kHz mono, ready to play."""
+
+    pcm: np.ndarray
+    start_sample: int
+    codec_tokens: int = 0
+    """Talker codec tokens covered by this chunk (50 per second of audio)."""
+
+    @property
+    def duration_ms(self) -> float:
+        return 1000.0 * len(self.pcm) / OUTPUT_SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class ResponseDone:
+    """Always the last event. ``reason`` is set when status is not completed:
+    ``client_cancelled`` / ``turn_detected`` (or any reason given to ``cancel``),
+    ``max_output_tokens``, or ``error`` with ``error`` holding the exception."""
+
+    status: ResponseStatus
+    usage: Usage
+    text: str = ""
+    audio_samples: int = 0
+    reason: str | None = None
+    error: Exception | None = field(default=None, compare=False)
+
+
+ResponseEvent = TextDelta | AudioChunk | ResponseDone
