@@ -1,0 +1,201 @@
+"""The stage graph, loaded from YAML into typed, validated config objects.
+
+Errors are :class:`pipeline.errors.ConfigError` whose ``param`` is the dotted path of the bad field
+(``stages.talker.sampling.top_p``). Connectors are looked up by name in :mod:`pipeline.registry`;
+the YAML never names import paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.errors import ConfigError
+
+DEFAULT_STAGE_CONFIG = Path(__file__).parent / "stage_configs" / "qwen2_5_omni.yaml"
+STAGE_ORDER = ("thinker", "talker", "token2wav")
+"""Stage names in stream order; each stage's ``input`` must be the one before it."""
+STAGE_INPUTS = {"thinker": "request", "talker": "thinker", "token2wav": "talker"}
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+
+    def validate(self, path: str) -> None:
+        if self.temperature <= 0:
+            raise ConfigError(f"{path}.temperature must be > 0", param=f"{path}.temperature")
+        if self.top_k < 0:
+            raise ConfigError(f"{path}.top_k must be >= 0", param=f"{path}.top_k")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"{path}.top_p must be in (0, 1]", param=f"{path}.top_p")
+        if self.repetition_penalty <= 0:
+            raise ConfigError(f"{path}.repetition_penalty must be > 0", param=f"{path}.repetition_penalty")
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    name: str
+    input: str
+    device: str = "auto"
+    dtype: str = "auto"
+    connector: str | None = None
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    max_tokens: int | None = None
+    max_context_tokens: int | None = None
+    chunking: dict[str, Any] = field(default_factory=dict)
+
+    def torch_device(self) -> str:
+        """Resolve ``auto`` to ``cuda`` when available, else ``cpu``."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def torch_dtype(self):
+        import torch
+
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device().startswith("cuda") else torch.float32
+        return getattr(torch, self.dtype)
+
+
+@dataclass(frozen=True)
+class StageGraphConfig:
+    model_family: str
+    thinker: StageConfig
+    talker: StageConfig
+    token2wav: StageConfig
+    source: str = "<dict>"
+
+    def stage(self, name: str) -> StageConfig:
+        return getattr(self, name)
+
+
+def load_stage_config(path: str | Path | None = None) -> StageGraphConfig:
+    """Read and validate a stage-graph YAML file (the packaged default when ``path`` is None)."""
+    path = Path(path) if path is not None else DEFAULT_STAGE_CONFIG
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read stage config {path}: {exc.strerror}", param="stage_config") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"stage config {path} is not valid YAML: {exc}", param="stage_config") from exc
+    return parse_stage_config(data, source=str(path))
+
+
+def parse_stage_config(data: Any, *, source: str = "<dict>") -> StageGraphConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the stage config must be a mapping", param="<root>")
+    _reject_unknown(data, {"model_family", "stages"}, "")
+    family = data.get("model_family")
+    if family != "qwen2_5_omni":
+        raise ConfigError(f"{source}: model_family must be 'qwen2_5_omni', got {family!r}", param="model_family")
+    stages = data.get("stages")
+    if not isinstance(stages, dict):
+        raise ConfigError(f"{source}: 'stages' must be a mapping of stage name to settings", param="stages")
+    _reject_unknown(stages, set(STAGE_ORDER), "stages")
+    parsed = {}
+    for name in STAGE_ORDER:
+        if name not in stages:
+            raise ConfigError(f"{source}: stage {name!r} is missing", param=f"stages.{name}")
+        parsed[name] = _parse_stage(name, stages[name])
+    return StageGraphConfig(model_family=family, source=source, **parsed)
+
+
+def _parse_stage(name: str, raw: Any) -> StageConfig:
+    path = f"stages.{name}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must be a mapping", param=path)
+    allowed = {f.name for f in fields(StageConfig)} - {"name"}
+    _reject_unknown(raw, allowed, path)
+    values = dict(raw)
+    expected_input = STAGE_INPUTS[name]
+    if values.get("input") != expected_input:
+        raise ConfigError(
+            f"{path}.input must be {expected_input!r} (stages stream thinker -> talker -> token2wav)",
+            param=f"{path}.input",
+        )
+    _check_type(values, "device", str, path)
+    _check_type(values, "dtype", str, path)
+    if values.get("dtype", "auto") not in DTYPES:
+        raise ConfigError(f"{path}.dtype must be one of {DTYPES}", param=f"{path}.dtype")
+    for key in ("max_tokens", "max_context_tokens"):
+        value = values.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise ConfigError(f"{path}.{key} must be a positive integer", param=f"{path}.{key}")
+    _check_connector(name, values.get("connector"), path)
+    values["sampling"] = _parse_sampling(values.get("sampling", {}), f"{path}.sampling")
+    chunking = values.get("chunking", {})
+    if not isinstance(chunking, dict):
+        raise ConfigError(f"{path}.chunking must be a mapping", param=f"{path}.chunking")
+    if name == "token2wav":
+        _validate_chunking(chunking, f"{path}.chunking")
+    elif chunking:
+        raise ConfigError(f"{path}.chunking only applies to token2wav", param=f"{path}.chunking")
+    return StageConfig(name=name, **values)
+
+
+def _check_connector(stage: str, connector: Any, path: str) -> None:
+    from pipeline.registry import CONNECTORS
+
+    if stage == "thinker":
+        if connector is not None:
+            raise ConfigError(f"{path}.connector: the thinker reads the request directly", param=f"{path}.connector")
+        return
+    if connector not in CONNECTORS:
+        raise ConfigError(
+            f"{path}.connector must be one of {sorted(CONNECTORS)}, got {connector!r}", param=f"{path}.connector"
+        )
+    if CONNECTORS[connector].target != stage:
+        raise ConfigError(
+            f"{path}.connector {connector!r} feeds {CONNECTORS[connector].target!r}, not {stage!r}",
+            param=f"{path}.connector",
+        )
+
+
+def _parse_sampling(raw: Any, path: str) -> SamplingConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must be a mapping", param=path)
+    _reject_unknown(raw, {f.name for f in fields(SamplingConfig)}, path)
+    _check_type(raw, "do_sample", bool, path)
+    for key in ("temperature", "top_p", "repetition_penalty"):
+        _check_type(raw, key, (int, float), path)
+    _check_type(raw, "top_k", int, path)
+    sampling = SamplingConfig(**raw)
+    sampling.validate(path)
+    return sampling
+
+
+def _validate_chunking(raw: dict, path: str) -> None:
+    from pipeline.stages.chunk_schedule import ChunkingConfig
+
+    _reject_unknown(raw, {f.name for f in fields(ChunkingConfig)}, path)
+    try:
+        ChunkingConfig(**raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: {exc}", param=path) from exc
+
+
+def _reject_unknown(raw: dict, allowed: set[str], path: str) -> None:
+    for key in raw:
+        if key not in allowed:
+            where = f"{path}.{key}" if path else str(key)
+            raise ConfigError(f"unknown field {where!r} (allowed: {sorted(allowed)})", param=where)
+
+
+def _check_type(raw: dict, key: str, types, path: str) -> None:
+    if key in raw and (not isinstance(raw[key], types) or (types is int and isinstance(raw[key], bool))):
+        raise ConfigError(f"{path}.{key} has the wrong type ({type(raw[key]).__name__})", param=f"{path}.{key}")

@@ -1,0 +1,331 @@
+"""The engine core: synchronous, single-threaded, owns every model tensor.
+
+``step()`` advances every active response by one unit of each stage — thinker prefill or one
+thinker token, one talker token, one token2wav chunk — so a cancel (processed between steps) stops
+every stage of a response within one step. Conversation operations are plain method calls made
+between steps by the engine thread (see :mod:`pipeline.engine`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from pipeline.config import StageGraphConfig
+from pipeline.conversation_state import ConversationState, ConvItem, ItemKind
+from pipeline.detokenizer import IncrementalDetokenizer
+from pipeline.errors import EmptyInputError, EngineFailure, InvalidInputError, PipelineError, ResponseActiveError
+from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint
+from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
+from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
+from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta, Usage
+from pipeline.registry import CONNECTORS
+from pipeline.request import Phase, ResponseSpec, ResponseState, TextEnd
+from pipeline.sampling import Sampler
+from pipeline.stages.chunk_schedule import ChunkingConfig
+from pipeline.stages.talker import TalkerRunner
+from pipeline.stages.thinker import ThinkerRunner
+
+log = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, ckpt: LoadedCheckpoint, cfg: StageGraphConfig, *, seed: int | None = None) -> None:
+        self.ckpt = ckpt
+        self.cfg = cfg
+        self.special = ckpt.special
+        self.renderer = PromptRenderer(ckpt.tokenizer, ckpt.special)
+        th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
+        self.thinker = ThinkerRunner(ckpt.thinker, ckpt.feature_extractor, device=th.torch_device(), dtype=th.torch_dtype())
+        self.talker = TalkerRunner(ckpt.talker, device=ta.torch_device(), dtype=ta.torch_dtype())
+        self.token2wav = StreamingToken2Wav(ckpt.token2wav, ChunkingConfig(**tw.chunking))
+        self.t2w_device = torch.device(tw.torch_device())
+        self.to_talker = CONNECTORS[ta.connector].fn
+        self.to_token2wav = CONNECTORS[tw.connector].fn
+        self.text_stop = {self.special.im_end, self.special.endoftext}
+        self.codec_stop = tuple(self.special.codec_stop_ids())
+        self.max_context = th.max_context_tokens or ckpt.config.thinker_config.text_config.max_position_embeddings
+        self.seed = seed
+        self._seed_counter = 0
+        self.conversations: dict[str, ConversationState] = {}
+        self.responses: dict[str, ResponseState] = {}
+        self._talker_suppress = self._codec_suppress_ids()
+        self._text_end_vectors = self.thinker.embed([self.special.tts_text_end, self.special.tts_text_pad])
+
+    def _codec_suppress_ids(self) -> list[int]:
+        """The talker must never emit codec bos, nor ids the DiT cannot embed (except stop ids)."""
+        dit_vocab = self.ckpt.config.token2wav_config.dit_config.num_embeds
+        talker_vocab = self.ckpt.config.talker_config.vocab_size
+        beyond = [i for i in range(dit_vocab, talker_vocab) if i not in self.codec_stop]
+        return [self.special.codec_bos, *beyond]
+
+    # -- conversations ----------------------------------------------------------------------------
+    def open_conversation(self, conv_id: str, instructions: str) -> None:
+        self.conversations[conv_id] = ConversationState(
+            conv_id, self.renderer, instructions=instructions, max_context_tokens=self.max_context
+        )
+
+    def close_conversation(self, conv_id: str) -> None:
+        conv = self.conversations.pop(conv_id, None)
+        if conv is None:
+            return
+        if conv.active_response in self.responses:
+            self._finish(self.responses[conv.active_response], ResponseStatus.CANCELLED, "conversation_closed")
+        conv.free()
+
+    def conv(self, conv_id: str) -> ConversationState:
+        try:
+            return self.conversations[conv_id]
+        except KeyError:
+            raise InvalidInputError(f"conversation {conv_id!r} is closed", param="conversation") from None
+
+    def set_instructions(self, conv_id: str, instructions: str) -> None:
+        conv = self.conv(conv_id)
+        conv._require_idle("change the instructions")
+        conv.instructions = instructions
+
+    def add_text(self, conv_id: str, item_id: str, role: str, text: str) -> None:
+        if not text.strip():
+            raise EmptyInputError("text message is empty", param="text")
+        self.conv(conv_id).add(ConvItem(id=item_id, role=role, kind=ItemKind.TEXT, text=text))
+
+    def add_audio(self, conv_id: str, item_id: str, pcm: np.ndarray) -> None:
+        conv = self.conv(conv_id)
+        if conv.has_item(item_id):
+            raise InvalidInputError(f"item id {item_id!r} already exists", param="item_id")
+        audio = self.thinker.encode_audio(pcm)
+        conv.add(ConvItem(id=item_id, role="user", kind=ItemKind.AUDIO, audio=audio))
+
+    def delete_item(self, conv_id: str, item_id: str) -> None:
+        self.conv(conv_id).delete(item_id)
+
+    def truncate_item(self, conv_id: str, item_id: str, audio_end_ms: int) -> None:
+        self.conv(conv_id).truncate_reply(item_id, audio_end_ms)
+
+    # -- responses --------------------------------------------------------------------------------
+    def start_response(self, spec: ResponseSpec) -> None:
+        conv = self.conv(spec.conv_id)
+        if conv.active_response is not None:
+            raise ResponseActiveError("a response is already in progress for this conversation", param="response")
+        if not any(item.role == "user" for item in conv.items):
+            raise EmptyInputError("the conversation has no user input to respond to", param="input")
+        item = ConvItem(id=spec.item_id, role="assistant", kind=ItemKind.REPLY, open=True)
+        conv.add(item)
+        conv.active_response = spec.id
+        self.responses[spec.id] = ResponseState(
+            spec=spec, conv=conv, item=item, detok=IncrementalDetokenizer(self.renderer.decode),
+            generator=self._generator(self.thinker.device),
+        )
+
+    def cancel_response(self, response_id: str, reason: str) -> None:
+        state = self.responses.get(response_id)
+        if state is not None and state.cancel_reason is None:
+            state.cancel_reason = reason
+
+    def has_work(self) -> bool:
+        return bool(self.responses)
+
+    def step(self) -> bool:
+        """Advance every active response by one unit per stage. Returns False when nothing could
+        progress (every response is paused by backpressure), so the caller can wait instead of spin."""
+        progressed = False
+        for state in list(self.responses.values()):
+            try:
+                progressed |= self._step_response(state)
+            except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
+                self._fail(state, exc)
+                progressed = True
+        return progressed
+
+    def _step_response(self, r: ResponseState) -> bool:
+        if r.cancel_reason is not None:
+            self._finish(r, ResponseStatus.CANCELLED, r.cancel_reason)
+            return True
+        if not r.spec.can_accept():
+            return False
+        if r.phase is Phase.PREFILL:
+            self._prefill(r)
+            return True
+        if not r.thinker_done:
+            self._thinker_decode(r)
+        if r.spec.audio:
+            self._talker_step(r)
+            self._token2wav_step(r)
+        if r.all_done():
+            incomplete = r.text_end is TextEnd.MAX_TOKENS
+            status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
+            self._finish(r, status, "max_output_tokens" if incomplete else None)
+        return True
+
+    # -- thinker ----------------------------------------------------------------------------------
+    def _prefill(self, r: ResponseState) -> None:
+        conv = r.conv
+        rendering = conv.render(generation_prompt=False)
+        conv.check_context(len(rendering.keys), r.spec.max_text_tokens)
+        start = min(conv.common_prefix(rendering.keys), len(rendering.keys) - 1)
+        conv.crop(start)
+        if conv.cache is None:
+            conv.cache = self.thinker.new_cache()
+        ids = rendering.token_ids[start:]
+        embeds = self.thinker.embed(ids)
+        talker_embeds = embeds.clone()
+        for pos, (audio, row) in rendering.audio.items():
+            if pos >= start:
+                embeds[pos - start] = audio[row]
+                talker_embeds[pos - start] = 0  # the reference zeroes multimodal positions for the talker
+        out = self.thinker.forward(embeds, conv.cache, start)
+        conv.extend(rendering.keys[start:], self.to_talker(out.hidden, talker_embeds))
+        n_audio = sum(1 for pos in rendering.audio if pos >= start)
+        r.input_audio_tokens, r.input_text_tokens = n_audio, len(ids) - n_audio
+        r.cached_tokens, r.prompt_len = start, len(rendering.keys)
+        r.seen_text = set(rendering.token_ids)
+        r.phase = Phase.DECODE
+        self._accept_text_token(r, self._sample_text(r, out.last_logits))
+
+    def _thinker_decode(self, r: ResponseState) -> None:
+        token = r.pending_token
+        embeds = self.thinker.embed([token])
+        out = self.thinker.forward(embeds, r.conv.cache, len(r.conv.cached_keys))
+        vector = self.to_talker(out.hidden, embeds)
+        r.conv.extend([token], vector)
+        if r.spec.audio:
+            r.talker_queue.append(vector[0])
+        self._accept_text_token(r, self._sample_text(r, out.last_logits))
+
+    def _sample_text(self, r: ResponseState, logits: torch.Tensor) -> int:
+        sampler = Sampler(self.cfg.thinker.sampling, generator=r.generator)
+        return sampler(logits, torch.tensor(sorted(r.seen_text), dtype=torch.long))
+
+    def _accept_text_token(self, r: ResponseState, token: int) -> None:
+        r.pending_token = None
+        if token in self.text_stop:
+            r.text_end = TextEnd.STOP
+            return
+        r.seen_text.add(token)
+        r.item.reply_ids.append(token)
+        delta = r.detok.push(token)
+        if delta:
+            r.spec.sink(TextDelta(text=delta, token_ids=(token,)))
+        if len(r.item.reply_ids) >= r.spec.max_text_tokens:
+            r.text_end = TextEnd.MAX_TOKENS
+        else:
+            r.pending_token = token
+
+    # -- talker -----------------------------------------------------------------------------------
+    def _talker_step(self, r: ResponseState) -> None:
+        if r.talker_done:
+            return
+        if not r.talker_started:
+            if not r.talker_queue:
+                if r.thinker_done:  # the reply had no token the talker could start from
+                    self._end_talker(r)
+                return
+            logits = self._talker_prefill(r)
+        else:
+            vector = self._next_talker_vector(r)
+            if vector is None:
+                return
+            logits = self.talker.decode(r.last_code, vector, cache=r.talker_cache)
+        self._accept_code(r, logits)
+
+    def _talker_prefill(self, r: ResponseState) -> torch.Tensor:
+        speaker = self.ckpt.speakers[r.spec.voice]
+        prompt = r.conv.talker_prompt()[: r.prompt_len]
+        bos = self.thinker.embed([speaker.bos_token])
+        first = r.talker_queue.popleft().view(1, -1)
+        vectors = torch.cat([prompt, bos, first]).to(self.talker.device)
+        r.talker_cache = self.talker.new_cache()
+        r.talker_started = True
+        r.seen_codes = {self.special.codec_pad, self.special.codec_bos}
+        if r.prompt_len:
+            r.seen_codes.add(self.special.codec_mask)
+        r.t2w = self.token2wav.start(
+            speaker.cond.to(self.t2w_device), speaker.ref_mel.to(self.t2w_device),
+            generator=self._generator(self.t2w_device), max_codes=self.cfg.talker.max_tokens or 4096,
+        )
+        return self.talker.prefill(
+            vectors, codec_pad=self.special.codec_pad, codec_bos=self.special.codec_bos, cache=r.talker_cache
+        )
+
+    def _next_talker_vector(self, r: ResponseState) -> torch.Tensor | None:
+        """Next thinker vector for the talker: reply tokens, then text-eos once, then text-pad."""
+        if r.talker_queue:
+            return r.talker_queue.popleft()
+        if not r.thinker_done:
+            return None  # wait for the thinker: the talker never runs ahead of the text
+        index = 1 if r.text_eos_sent else 0
+        r.text_eos_sent = True
+        return self._text_end_vectors[index]
+
+    def _accept_code(self, r: ResponseState, logits: torch.Tensor) -> None:
+        sampler = Sampler(self.cfg.talker.sampling, suppress=self._talker_suppress, generator=r.generator)
+        code = sampler(logits, torch.tensor(sorted(r.seen_codes), dtype=torch.long))
+        dit_code = self.to_token2wav(code, self.codec_stop)
+        if dit_code is None:
+            self._end_talker(r)
+            return
+        r.seen_codes.add(code)
+        r.codec_tokens += 1
+        r.last_code = code
+        r.t2w.push([dit_code])
+        if r.codec_tokens >= (self.cfg.talker.max_tokens or 4096):
+            self._end_talker(r)
+
+    def _end_talker(self, r: ResponseState) -> None:
+        r.talker_done = True
+        r.talker_cache = None
+        if r.t2w is not None:
+            r.t2w.finish()
+
+    # -- token2wav --------------------------------------------------------------------------------
+    def _token2wav_step(self, r: ResponseState) -> None:
+        if r.t2w is None or not r.t2w.ready():
+            return
+        pcm = r.t2w.step()
+        if len(pcm):
+            r.spec.sink(AudioChunk(pcm=pcm, start_sample=r.samples))
+            r.samples += len(pcm)
+            r.item.audio_ms = 1000.0 * r.samples / 24_000
+
+    # -- endings ----------------------------------------------------------------------------------
+    def _finish(self, r: ResponseState, status: ResponseStatus, reason: str | None, error: Exception | None = None):
+        self.responses.pop(r.id, None)
+        r.phase = Phase.FINISHED
+        r.item.open = False
+        if r.conv.active_response == r.id:
+            r.conv.active_response = None
+        r.talker_cache = None
+        if r.t2w is not None:
+            r.t2w.close()
+            r.t2w = None
+        tail = r.detok.flush()
+        if tail and status is not ResponseStatus.FAILED:
+            r.spec.sink(TextDelta(text=tail, token_ids=()))
+        usage = Usage(
+            input_text_tokens=r.input_text_tokens, input_audio_tokens=r.input_audio_tokens,
+            cached_tokens=r.cached_tokens, output_text_tokens=len(r.item.reply_ids),
+            output_audio_tokens=r.codec_tokens,
+        )
+        r.spec.sink(ResponseDone(
+            status=status, usage=usage, text=r.detok.text, audio_samples=r.samples, reason=reason, error=error,
+        ))
+
+    def _fail(self, r: ResponseState, exc: Exception) -> None:
+        if not isinstance(exc, PipelineError):
+            log.exception("response %s failed inside the engine", r.id)
+            exc = EngineFailure(f"the engine failed while generating: {type(exc).__name__}: {exc}")
+        if r.phase is Phase.PREFILL and isinstance(exc, PipelineError) and not isinstance(exc, EngineFailure):
+            r.conv.items.remove(r.item)  # refused before anything was generated: leave no trace
+        else:
+            r.conv.free()  # a stage may have died mid-update: never keep a possibly corrupt cache
+        self._finish(r, ResponseStatus.FAILED, "error", exc)
+
+    def _generator(self, device: torch.device) -> torch.Generator | None:
+        if self.seed is None:
+            return None
+        self._seed_counter += 1
+        gen = torch.Generator(device=device)
+        gen.manual_seed(self.seed + self._seed_counter)
+        return gen

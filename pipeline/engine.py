@@ -1,0 +1,331 @@
+"""The async engine: the public API of :mod:`pipeline` (implements :mod:`pipeline.api`).
+
+One engine thread owns the :class:`~pipeline.core.EngineCore` and every model tensor. Coroutines
+talk to it through a command queue; each command runs between two engine steps, in submission
+order, and its result or exception comes back through a future. Response events travel back with
+``loop.call_soon_threadsafe`` into the response's own queue.
+
+Backpressure: a response whose consumer has more than ``max_pending_events`` undelivered events
+is paused by the core (not stepped) until the consumer catches up, so output buffers stay bounded
+and a slow reader slows only its own response.
+
+Cancellation: ``Response.cancel`` marks the response in the core; the core ends it at the start of
+its next step (within one step of every stage) with ``ResponseDone(status=CANCELLED)``. If the
+consuming task itself is cancelled while iterating, the response is cancelled too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.api import INPUT_SAMPLE_RATE, Modality, Role
+from pipeline.config import StageGraphConfig, load_stage_config
+from pipeline.core import EngineCore
+from pipeline.errors import EngineClosedError, InvalidAudioError, InvalidInputError, ResponseActiveError, UnknownVoiceError
+from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint, load_checkpoint
+from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
+from pipeline.outputs import ResponseDone, ResponseEvent, ResponseStatus, Usage
+from pipeline.request import ResponseSpec
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+_ids = itertools.count(1)
+
+
+def validate_pcm(pcm: np.ndarray, *, sample_rate: int = INPUT_SAMPLE_RATE, allow_empty: bool = False) -> np.ndarray:
+    """User audio must be a 1-D float32 array of finite samples at 16 kHz."""
+    if sample_rate != INPUT_SAMPLE_RATE:
+        raise InvalidAudioError(f"audio must be {INPUT_SAMPLE_RATE} Hz, got {sample_rate} Hz", param="sample_rate")
+    if not isinstance(pcm, np.ndarray) or pcm.dtype != np.float32:
+        kind = pcm.dtype if isinstance(pcm, np.ndarray) else type(pcm).__name__
+        raise InvalidAudioError(f"audio must be a float32 numpy array, got {kind}", param="audio")
+    if pcm.ndim != 1:
+        raise InvalidAudioError(f"audio must be mono (1-D), got shape {pcm.shape}", param="audio")
+    if not allow_empty and pcm.size == 0:
+        raise InvalidAudioError("audio is empty", param="audio")
+    if not np.isfinite(pcm).all():
+        raise InvalidAudioError("audio contains NaN or infinite samples", param="audio")
+    return pcm
+
+
+class EngineThread:
+    """Runs commands and engine steps on one thread (the only one that touches model tensors)."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="omni-engine", daemon=True)
+        self._closed = False
+        self._thread.start()
+
+    def submit(self, fn: Callable[[EngineCore], object]) -> Future:
+        if self._closed:
+            raise EngineClosedError("the engine is shut down")
+        fut: Future = Future()
+        self._commands.put((fn, fut))
+        return fut
+
+    def close(self, timeout: float = 10.0) -> None:
+        if not self._closed:
+            self._closed = True
+            self._commands.put(_STOP)
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        progressed = True
+        while True:
+            idle = not self.core.has_work()
+            timeout = None if idle else (0 if progressed else 0.005)
+            if not self._run_commands(block=idle or not progressed, timeout=timeout):
+                return
+            if self.core.has_work():
+                progressed = self.core.step()
+
+    def _run_commands(self, *, block: bool, timeout: float | None) -> bool:
+        try:
+            first = self._commands.get(block=block, timeout=timeout) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return True
+        pending = [first]
+        while True:
+            try:
+                pending.append(self._commands.get_nowait())
+            except queue.Empty:
+                break
+        for cmd in pending:
+            if cmd is _STOP:
+                self._shutdown()
+                return False
+            fn, fut = cmd
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(self.core))
+                except BaseException as exc:  # noqa: BLE001 - delivered to the caller through its future
+                    fut.set_exception(exc)
+        return True
+
+    def _shutdown(self) -> None:
+        for conv_id in list(self.core.conversations):
+            self.core.close_conversation(conv_id)
+
+
+class Response:
+    """Async iterator over one reply's events (see :class:`pipeline.api.ResponseHandle`)."""
+
+    def __init__(self, engine: OmniEngine, conv: Conversation, item_id: str, *, max_pending: int) -> None:
+        self.id = f"resp_{next(_ids)}"
+        self.item_id = item_id
+        self._engine = engine
+        self._conv = conv
+        self._loop = asyncio.get_running_loop()
+        self._events: asyncio.Queue[ResponseEvent] = asyncio.Queue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._max_pending = max_pending
+        self.done: ResponseDone | None = None
+
+    # engine thread side
+    def _sink(self, event: ResponseEvent) -> None:
+        with self._lock:
+            self._pending += 1
+        try:
+            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except RuntimeError:  # the consumer's event loop is closed: nobody is listening any more
+            log.debug("dropped %s for %s: event loop closed", type(event).__name__, self.id)
+
+    def _can_accept(self) -> bool:
+        with self._lock:
+            return self._pending < self._max_pending
+
+    # async side
+    async def __aiter__(self) -> AsyncIterator[ResponseEvent]:
+        if self.done is not None:
+            return
+        try:
+            while True:
+                event = await self._events.get()
+                with self._lock:
+                    self._pending -= 1
+                if isinstance(event, ResponseDone):
+                    self._on_done(event)
+                    yield event
+                    return
+                yield event
+        except asyncio.CancelledError:
+            self.cancel("client_cancelled")
+            raise
+
+    def cancel(self, reason: str = "client_cancelled") -> None:
+        if self.done is None:
+            self._engine._submit_nowait(lambda core: core.cancel_response(self.id, reason))
+
+    async def wait(self) -> ResponseDone:
+        async for _ in self:
+            pass
+        assert self.done is not None
+        return self.done
+
+    def _on_done(self, event: ResponseDone) -> None:
+        self.done = event
+        if self._conv._active is self:
+            self._conv._active = None
+
+    def _fail_now(self, exc: Exception) -> None:
+        """Deliver a failed ResponseDone without the engine (the start command itself was refused)."""
+        self._sink(ResponseDone(status=ResponseStatus.FAILED, usage=Usage(), reason="error", error=exc))
+
+
+class AudioInput:
+    """A user audio message being streamed in (see :class:`pipeline.api.AudioInputHandle`).
+    Audio is buffered here and encoded when committed."""
+
+    def __init__(self, conv: Conversation, item_id: str) -> None:
+        self.item_id = item_id
+        self._conv = conv
+        self._chunks: list[np.ndarray] = []
+        self._closed = False
+
+    def append(self, pcm: np.ndarray) -> None:
+        if self._closed:
+            raise InvalidInputError("this audio message is already committed or discarded", param="audio")
+        self._chunks.append(validate_pcm(pcm, allow_empty=True))
+
+    async def commit(self) -> None:
+        self._closed = True
+        pcm = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
+        self._chunks = []
+        await self._conv.add_audio(self.item_id, pcm)
+
+    async def discard(self) -> None:
+        self._closed = True
+        self._chunks = []
+
+
+class Conversation:
+    """One conversation's history and KV state in the engine (see :class:`pipeline.api.ConversationHandle`)."""
+
+    def __init__(self, engine: OmniEngine, instructions: str) -> None:
+        self.id = f"conv_{next(_ids)}"
+        self._engine = engine
+        self._active: Response | None = None
+        engine._submit_nowait(lambda core: core.open_conversation(self.id, instructions))
+
+    async def set_instructions(self, instructions: str) -> None:
+        await self._engine._call(lambda core: core.set_instructions(self.id, instructions))
+
+    async def add_text(self, item_id: str, text: str, role: Role = "user") -> None:
+        if role not in ("system", "user", "assistant"):
+            raise InvalidInputError(f"unknown role {role!r}", param="role")
+        await self._engine._call(lambda core: core.add_text(self.id, item_id, role, text))
+
+    async def add_audio(self, item_id: str, pcm: np.ndarray) -> None:
+        validate_pcm(pcm)
+        await self._engine._call(lambda core: core.add_audio(self.id, item_id, pcm))
+
+    def open_audio(self, item_id: str) -> AudioInput:
+        return AudioInput(self, item_id)
+
+    async def delete_item(self, item_id: str) -> None:
+        await self._engine._call(lambda core: core.delete_item(self.id, item_id))
+
+    async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:
+        if audio_end_ms < 0:
+            raise InvalidInputError("audio_end_ms must be >= 0", param="audio_end_ms")
+        await self._engine._call(lambda core: core.truncate_item(self.id, item_id, audio_end_ms))
+
+    def respond(
+        self,
+        *,
+        item_id: str,
+        modalities: frozenset[Modality] = frozenset({"text", "audio"}),
+        voice: str | None = None,
+        max_output_tokens: int | None = None,
+    ) -> Response:
+        engine = self._engine
+        voice = voice or engine.default_voice
+        if voice not in engine.voices:
+            raise UnknownVoiceError(f"unknown voice {voice!r}; available: {', '.join(engine.voices)}", param="voice")
+        if not modalities or not set(modalities) <= {"text", "audio"}:
+            raise InvalidInputError(f"modalities must be a non-empty subset of text, audio: {modalities}", param="modalities")
+        if max_output_tokens is not None and max_output_tokens <= 0:
+            raise InvalidInputError("max_output_tokens must be positive", param="max_output_tokens")
+        if self._active is not None:
+            raise ResponseActiveError("a response is already in progress for this conversation", param="response")
+        resp = Response(engine, self, item_id, max_pending=engine.max_pending_events)
+        limit = engine.max_text_tokens if max_output_tokens is None else min(max_output_tokens, engine.max_text_tokens)
+        spec = ResponseSpec(
+            id=resp.id, conv_id=self.id, item_id=item_id, audio="audio" in modalities, voice=voice,
+            max_text_tokens=limit, sink=resp._sink, can_accept=resp._can_accept,
+        )
+        self._active = resp
+        fut = engine._submit_nowait(lambda core: core.start_response(spec))
+        fut.add_done_callback(lambda f: f.exception() and resp._fail_now(f.exception()))
+        return resp
+
+    async def close(self) -> None:
+        if self._engine.closed:
+            return
+        await self._engine._call(lambda core: core.close_conversation(self.id))
+
+
+class OmniEngine:
+    """Loads a checkpoint and serves conversations (implements :class:`pipeline.api.EngineHandle`)."""
+
+    def __init__(
+        self, ckpt: LoadedCheckpoint, cfg: StageGraphConfig, *, seed: int | None = None, max_pending_events: int = 256
+    ) -> None:
+        self.ckpt = ckpt
+        self.cfg = cfg
+        self.model_name = ckpt.source
+        self.voices = tuple(ckpt.speakers)
+        self.default_voice = "Chelsie" if "Chelsie" in ckpt.speakers else self.voices[0]
+        self.default_instructions = DEFAULT_SYSTEM_PROMPT
+        self.random_weights = ckpt.random_weights
+        self.max_text_tokens = cfg.thinker.max_tokens or 1024
+        self.max_pending_events = max_pending_events
+        self._thread = EngineThread(EngineCore(ckpt, cfg, seed=seed))
+        if self.random_weights:
+            log.warning(
+                "MODEL %s HAS RANDOM WEIGHTS: it is a test model, not an assistant; its speech and text are noise.",
+                self.model_name,
+            )
+
+    @classmethod
+    def from_pretrained(
+        cls, model: str | Path, stage_config: str | Path | StageGraphConfig | None = None, *, seed: int | None = None,
+        **kwargs,
+    ) -> OmniEngine:
+        cfg = stage_config if isinstance(stage_config, StageGraphConfig) else load_stage_config(stage_config)
+        ckpt = load_checkpoint(
+            str(model),
+            devices={name: cfg.stage(name).torch_device() for name in ("thinker", "talker", "token2wav")},
+            dtypes={name: cfg.stage(name).torch_dtype() for name in ("thinker", "talker", "token2wav")},
+        )
+        return cls(ckpt, cfg, seed=seed, **kwargs)
+
+    @property
+    def closed(self) -> bool:
+        return self._thread._closed
+
+    def conversation(self, *, instructions: str | None = None) -> Conversation:
+        return Conversation(self, instructions if instructions is not None else self.default_instructions)
+
+    def close(self) -> None:
+        """Stop the engine thread; running responses end cancelled."""
+        self._thread.close()
+
+    def _submit_nowait(self, fn: Callable[[EngineCore], object]) -> Future:
+        return self._thread.submit(fn)
+
+    async def _call(self, fn: Callable[[EngineCore], object]):
+        return await asyncio.wrap_future(self._thread.submit(fn))

@@ -1,0 +1,53 @@
+"""Conversation rendering for Qwen2.5-Omni: the token layout of its chat template, built
+message by message so the engine can prefill each message as it arrives.
+
+Layout (what the checkpoint's chat template renders)::
+
+    <|im_start|>{role}\\n{content}<|im_end|>\\n      per message
+    <|im_start|>assistant\\n                         generation prompt
+
+Audio content is ``<|audio_bos|>`` + one ``<|AUDIO|>`` placeholder per audio-encoder output token +
+``<|audio_eos|>``. The role header and text content are tokenized as one string, as the template
+does, so BPE merges across the newline match the reference exactly.
+"""
+
+from __future__ import annotations
+
+from pipeline.models.qwen2_5_omni.checkpoint import SpecialTokens
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
+    "auditory and visual inputs, as well as generating text and speech."
+)
+"""The system prompt Qwen2.5-Omni's audio output was trained with (model card); speech output is
+unreliable with any other, so it is the server's default instructions."""
+
+
+class PromptRenderer:
+    def __init__(self, tokenizer, special: SpecialTokens) -> None:
+        self.tokenizer = tokenizer
+        self.special = special
+        self._newline = self._encode("\n")
+        self._headers: dict[str, list[int]] = {}
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def header(self, role: str) -> list[int]:
+        """``<|im_start|>{role}\\n`` — also the generation prompt for ``assistant``."""
+        if role not in self._headers:
+            self._headers[role] = [self.special.im_start, *self._encode(f"{role}\n")]
+        return self._headers[role]
+
+    def footer(self) -> list[int]:
+        return [self.special.im_end, *self._newline]
+
+    def text_message(self, role: str, text: str) -> list[int]:
+        return [self.special.im_start, *self._encode(f"{role}\n{text}"), *self.footer()]
+
+    def audio_content(self, n_audio_tokens: int) -> list[int]:
+        s = self.special
+        return [s.audio_start, *([s.audio_token] * n_audio_tokens), s.audio_end]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)

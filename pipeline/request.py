@@ -1,0 +1,90 @@
+"""Per-response state held by the engine thread (vLLM-style request object)."""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.conversation_state import ConversationState, ConvItem
+from pipeline.detokenizer import IncrementalDetokenizer
+from pipeline.outputs import ResponseEvent
+
+
+class Phase(enum.IntEnum):
+    """Ordered: a response only moves forward."""
+
+    PREFILL = 0
+    DECODE = 1
+    FINISHED = 2
+
+
+class TextEnd(enum.Enum):
+    NOT_YET = "not_yet"
+    STOP = "stop"
+    MAX_TOKENS = "max_tokens"
+
+
+@dataclass
+class ResponseSpec:
+    """What the async layer asks for. ``sink`` is called on the engine thread with each event;
+    ``can_accept`` is polled before each step (False pauses the response: backpressure)."""
+
+    id: str
+    conv_id: str
+    item_id: str
+    audio: bool
+    voice: str
+    max_text_tokens: int
+    sink: Callable[[ResponseEvent], None]
+    can_accept: Callable[[], bool] = lambda: True
+
+
+@dataclass
+class ResponseState:
+    spec: ResponseSpec
+    conv: ConversationState
+    item: ConvItem
+    detok: IncrementalDetokenizer
+    generator: torch.Generator | None = None
+    phase: Phase = Phase.PREFILL
+    cancel_reason: str | None = None
+    # thinker
+    text_end: TextEnd = TextEnd.NOT_YET
+    pending_token: int | None = None
+    """Sampled but not yet fed through the thinker."""
+    seen_text: set[int] = field(default_factory=set)
+    prompt_len: int = 0
+    input_text_tokens: int = 0
+    input_audio_tokens: int = 0
+    cached_tokens: int = 0
+    # talker
+    talker_cache: object | None = None
+    talker_queue: deque = field(default_factory=deque)
+    talker_started: bool = False
+    talker_done: bool = False
+    text_eos_sent: bool = False
+    last_code: int | None = None
+    seen_codes: set[int] = field(default_factory=set)
+    codec_tokens: int = 0
+    # token2wav
+    t2w: object | None = None
+    samples: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def thinker_done(self) -> bool:
+        return self.text_end is not TextEnd.NOT_YET
+
+    def all_done(self) -> bool:
+        if not self.thinker_done:
+            return False
+        if not self.spec.audio:
+            return True
+        return self.talker_done and (self.t2w is None or self.t2w.done)

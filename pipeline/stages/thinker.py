@@ -1,0 +1,91 @@
+"""Thinker runner: the multimodal LLM that reads the conversation and writes the reply text.
+
+It exposes the three operations the engine core schedules — encode user audio, prefill a span of
+the conversation into a KV cache, decode one token — and returns for every position what the talker
+needs: the input embedding and the last hidden state (after the final norm).
+
+Positions: text and audio tokens use plain sequential positions on all three TMRoPE axes (the 3-D
+positions of Qwen2.5-Omni differ from ``arange`` only for images and video), so a span prefilled at
+offset ``start`` uses ``start .. start+T-1``. All methods run under ``torch.inference_mode`` and
+must be called from the engine thread only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from pipeline.api import INPUT_SAMPLE_RATE
+from pipeline.errors import InvalidAudioError
+
+
+@dataclass
+class ThinkerOutput:
+    """Per-position outputs of one forward pass over T positions."""
+
+    embeds: torch.Tensor
+    """(T, H) inputs of layer 0 (token embeddings, audio features at audio positions)."""
+    hidden: torch.Tensor
+    """(T, H) last hidden states after the final norm."""
+    last_logits: torch.Tensor
+    """(V,) float32 logits of the last position."""
+
+
+class ThinkerRunner:
+    def __init__(self, thinker, feature_extractor, *, device: torch.device, dtype: torch.dtype) -> None:
+        self.model = thinker
+        self.text_model = thinker.model.language_model
+        self.audio_tower = thinker.model.audio_tower
+        self.lm_head = thinker.lm_head
+        self.feature_extractor = feature_extractor
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.config = thinker.config
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.config.text_config)
+
+    @torch.inference_mode()
+    def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
+        """(T,) ids -> (T, H) input embeddings."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device)
+        return self.text_model.embed_tokens(ids)
+
+    def audio_features(self, pcm: np.ndarray) -> torch.Tensor:
+        """Whisper log-mel features (n_mels, frames) of 16 kHz float32 audio, as the reference
+        processor computes them (no 30 s padding or truncation)."""
+        out = self.feature_extractor(
+            pcm, sampling_rate=INPUT_SAMPLE_RATE, return_attention_mask=True, padding="longest",
+            truncation=False, return_tensors="pt",
+        )
+        frames = int(out["attention_mask"].sum())
+        return out["input_features"][0, :, :frames]
+
+    @torch.inference_mode()
+    def encode_audio(self, pcm: np.ndarray) -> torch.Tensor:
+        """Encode a whole user audio message: (N_audio_tokens, H), 25 tokens per second."""
+        if len(pcm) < self.feature_extractor.hop_length * 2:
+            raise InvalidAudioError("audio message is too short to encode (needs at least 20 ms)", param="audio")
+        features = self.audio_features(pcm).to(self.device, self.audio_tower.conv1.weight.dtype)
+        lens = torch.tensor([features.shape[1]], dtype=torch.long, device=self.device)
+        after_cnn, _ = self.audio_tower._get_feat_extract_output_lengths(lens)
+        out = self.audio_tower(features, feature_lens=lens, aftercnn_lens=after_cnn)
+        return out.last_hidden_state.to(self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, embeds: torch.Tensor, cache: DynamicCache, start: int) -> ThinkerOutput:
+        """Run ``embeds`` (T, H) at positions ``start..start+T-1``, extending ``cache``."""
+        t = embeds.shape[0]
+        positions = torch.arange(start, start + t, device=self.device).view(1, 1, -1).expand(3, 1, -1)
+        out = self.text_model(
+            inputs_embeds=embeds.unsqueeze(0).to(self.dtype),
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state[0]
+        logits = self.lm_head(hidden[-1:]).float()[0]
+        return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=logits)
