@@ -1,0 +1,180 @@
+"""Server VAD turn detection: per-frame speech probabilities → speech started / stopped events. Pure.
+
+Semantics (the OpenAI Realtime ``server_vad`` mode, with silero's hysteresis):
+
+- Audio is 16 kHz mono float32, fed in chunks of any size; it is cut into the VAD's frames
+  (512 samples = 32 ms for silero) and each frame gets one probability ``p``.
+- Speech starts at the first frame with ``p >= threshold``. ``SpeechStarted.speech_start_ms`` is
+  that frame's start; ``audio_start_ms`` is moved back by ``prefix_padding_ms`` (not below 0): the
+  user item's audio begins there.
+- While speaking, a frame with ``p < end_threshold`` (``max(threshold - 0.15, 0.01)``) starts a
+  silence run at its start time; a frame with ``p >= threshold`` cancels the run; frames in between
+  neither start nor cancel one. Speech stops at the end of the frame where the run reaches
+  ``silence_duration_ms``: ``SpeechStopped.audio_end_ms`` is that frame's end (the end of the audio
+  that belongs to the turn, so it includes the silence, as the API defines it) and
+  ``speech_end_ms`` is where the run began (the real end of speech, for latency metrics).
+- All times are integer milliseconds since the first sample ever fed (the session's audio
+  clock); :meth:`TurnDetector.reset` does not restart that clock. Events do not depend on how
+  the audio was chunked.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from realtime.errors import RealtimeError
+from realtime.vad import VAD_SAMPLE_RATE, SpeechProbability
+
+HYSTERESIS = 0.15
+"""Speech ends below ``threshold - HYSTERESIS``: silero-vad's own gap, so a flickering probability
+around the threshold does not split a turn."""
+
+MIN_END_THRESHOLD = 0.01
+"""Floor of the end threshold, so a low ``threshold`` still lets speech end."""
+
+
+@dataclass(frozen=True)
+class ServerVadParams:
+    """``turn_detection`` settings of type ``server_vad``; invalid values raise ``RealtimeError``.
+
+    ``create_response`` / ``interrupt_response`` are carried for the session layer (respond when
+    speech stops; cancel a playing response when speech starts); the detector itself ignores them.
+    """
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
+            _invalid("threshold", f"must be a number, got {self.threshold!r}")
+        if not 0.0 <= self.threshold <= 1.0:
+            _invalid("threshold", f"must be between 0.0 and 1.0, got {self.threshold}")
+        for name in ("prefix_padding_ms", "silence_duration_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                _invalid(name, f"must be a non-negative integer number of milliseconds, got {value!r}")
+        for name in ("create_response", "interrupt_response"):
+            if not isinstance(getattr(self, name), bool):
+                _invalid(name, f"must be a boolean, got {getattr(self, name)!r}")
+
+    @property
+    def end_threshold(self) -> float:
+        """Probability below which a frame counts as silence while speaking."""
+        return max(self.threshold - HYSTERESIS, MIN_END_THRESHOLD)
+
+
+def _invalid(name: str, problem: str) -> None:
+    raise RealtimeError(f"turn_detection.{name} {problem}", param=f"session.turn_detection.{name}")
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    """Speech began. ``audio_start_ms`` includes the prefix padding; ``speech_start_ms`` does not."""
+
+    audio_start_ms: int
+    speech_start_ms: int
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    """Speech ended. ``audio_end_ms`` includes the silence window; ``speech_end_ms`` is where it began."""
+
+    audio_end_ms: int
+    speech_end_ms: int
+
+
+TurnEvent = SpeechStarted | SpeechStopped
+
+
+class TurnState(enum.Enum):
+    SILENT = "silent"  # waiting for speech
+    SPEAKING = "speaking"  # in speech, no silence run
+    TRAILING = "trailing"  # in speech, counting a silence run that may end the turn
+
+
+class TurnDetector:
+    """Streaming speech start/stop detection over 16 kHz audio (see the module docstring)."""
+
+    def __init__(self, params: ServerVadParams, vad: SpeechProbability) -> None:
+        self.params = params
+        self._vad = vad
+        self._frame = vad.frame_samples
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._next_frame_start = 0  # sample index (session clock) of the first pending sample
+        self._state = TurnState.SILENT
+        self._silence_start_ms = 0
+
+    @property
+    def speaking(self) -> bool:
+        """True from a ``SpeechStarted`` until the next ``SpeechStopped``."""
+        return self._state is not TurnState.SILENT
+
+    @property
+    def state(self) -> TurnState:
+        return self._state
+
+    @property
+    def elapsed_ms(self) -> int:
+        """Milliseconds of audio fed since the first sample (the session's audio clock)."""
+        return _ms(self._next_frame_start + len(self._pending))
+
+    def feed(self, pcm16k: np.ndarray) -> list[TurnEvent]:
+        """Consume 16 kHz mono float audio; return the events of the frames it completed, in order.
+
+        A trailing partial frame is kept for the next call."""
+        chunk = np.asarray(pcm16k, dtype=np.float32)
+        if chunk.ndim != 1:
+            raise ValueError(f"expected mono 1-D audio, got an array of shape {chunk.shape}")
+        buffered = np.concatenate([self._pending, chunk]) if len(self._pending) else chunk
+        n_frames = len(buffered) // self._frame
+        events: list[TurnEvent] = []
+        for i in range(n_frames):
+            frame = buffered[i * self._frame : (i + 1) * self._frame]
+            start = self._next_frame_start + i * self._frame
+            event = self._step(self._vad(frame), _ms(start), _ms(start + self._frame))
+            if event is not None:
+                events.append(event)
+        self._pending = buffered[n_frames * self._frame :].copy()
+        self._next_frame_start += n_frames * self._frame
+        return events
+
+    def reset(self) -> None:
+        """Forget the speech state, the VAD's memory and any partial frame; the clock keeps running.
+
+        For ``input_audio_buffer.clear`` or a turn-detection change: the next sample fed starts a
+        fresh frame, and no ``SpeechStopped`` follows a ``SpeechStarted`` already returned."""
+        self._vad.reset()
+        self._next_frame_start += len(self._pending)
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._state = TurnState.SILENT
+
+    def _step(self, prob: float, start_ms: int, end_ms: int) -> TurnEvent | None:
+        """Advance the state machine by one frame spanning [start_ms, end_ms)."""
+        p = self.params
+        if self._state is TurnState.SILENT:
+            if prob < p.threshold:
+                return None
+            self._state = TurnState.SPEAKING
+            return SpeechStarted(audio_start_ms=max(0, start_ms - p.prefix_padding_ms), speech_start_ms=start_ms)
+        if prob >= p.threshold:
+            self._state = TurnState.SPEAKING
+            return None
+        if self._state is TurnState.SPEAKING:
+            if prob >= p.end_threshold:
+                return None
+            self._state = TurnState.TRAILING
+            self._silence_start_ms = start_ms
+        if end_ms - self._silence_start_ms < p.silence_duration_ms:
+            return None
+        self._state = TurnState.SILENT
+        return SpeechStopped(audio_end_ms=end_ms, speech_end_ms=self._silence_start_ms)
+
+
+def _ms(samples: int) -> int:
+    return samples * 1000 // VAD_SAMPLE_RATE
