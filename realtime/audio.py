@@ -79,10 +79,11 @@ def pcm16_to_float(pcm: np.ndarray) -> np.ndarray:
 def float_to_pcm16(samples: np.ndarray) -> np.ndarray:
     """float samples → int16: scaled by 32768, rounded to nearest, clipped to the int16 range.
 
-    NaN is not audio: it raises ``InvalidAudioData`` rather than turning into an arbitrary click."""
+    NaN is not audio: it raises ``ValueError`` (a bug upstream, not a client's fault) rather than
+    turning into an arbitrary click."""
     x = np.asarray(samples, dtype=np.float32)
     if np.isnan(x).any():
-        raise InvalidAudioData("audio samples contain NaN")
+        raise ValueError("audio samples contain NaN")
     scaled = np.rint(x.astype(np.float64) * _PCM16_SCALE)
     return np.clip(scaled, -32768, 32767).astype(np.int16)
 

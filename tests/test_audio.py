@@ -92,7 +92,7 @@ def test_float_to_pcm16_rounds_and_clips():
 
 
 def test_float_to_pcm16_rejects_nan():
-    with pytest.raises(InvalidAudioData, match="NaN"):
+    with pytest.raises(ValueError, match="NaN"):
         float_to_pcm16(np.array([0.0, np.nan]))
 
 
