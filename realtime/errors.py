@@ -1,8 +1,9 @@
 """The session layer's error hierarchy and its single mapping to protocol ``error`` events.
 
-Every problem a client can cause is a :class:`RealtimeError` with a stable wire ``code``; engine
-errors (:class:`pipeline.errors.PipelineError`) are translated by :func:`to_error_payload`, the one
-place where exceptions become ``{"type", "code", "message", "param", "event_id"}``.
+Every problem a client can cause is a :class:`RealtimeError` with a stable wire ``code`` (named in
+:mod:`realtime.protocol.codes`); engine errors (:class:`pipeline.errors.PipelineError`) are
+translated by :func:`to_error_payload`, the one place where exceptions become
+``{"type", "code", "message", "param", "event_id"}``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import enum
 
 from pipeline.errors import PipelineError
+from realtime.protocol.codes import ErrorCode
 
 
 class ErrorType(str, enum.Enum):
@@ -22,44 +24,66 @@ class ErrorType(str, enum.Enum):
 
 
 class RealtimeError(Exception):
-    code = "invalid_request"
+    """A client-caused problem. ``param`` is the dotted path of the offending field
+    (``session.audio.input.format.type``) when there is one; ``event_id`` the id of the client
+    event that caused it, when the raiser knows it (parsers do; the session passes it along)."""
+
+    code: str = ErrorCode.INVALID_REQUEST
     type = ErrorType.INVALID_REQUEST
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        event_id: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.event_id = event_id
         if code is not None:
             self.code = code
+
+
+class ProtocolError(RealtimeError):
+    """A client message that is not a valid event: bad JSON, unknown type, missing or invalid
+    field. The ``code`` says which (``ErrorCode.INVALID_JSON``, ``UNKNOWN_PARAMETER``…)."""
+
+    code = ErrorCode.INVALID_EVENT
 
 
 class InvalidAudioData(RealtimeError):
     """Undecodable base64, odd-length pcm16, or otherwise malformed audio bytes."""
 
-    code = "invalid_audio"
+    code = ErrorCode.INVALID_AUDIO
 
 
 class LimitExceeded(RealtimeError):
     type = ErrorType.RATE_LIMIT
-    code = "limit_exceeded"
+    code = ErrorCode.LIMIT_EXCEEDED
 
 
 class AuthError(RealtimeError):
     type = ErrorType.AUTHENTICATION
-    code = "invalid_api_key"
+    code = ErrorCode.INVALID_API_KEY
 
 
 def to_error_payload(exc: Exception, *, event_id: str | None = None) -> dict:
     """Map any exception to the body of a protocol ``error`` event.
 
+    ``event_id`` (the client event being handled) wins over the one the exception carries.
     Unexpected exceptions become a generic ``server_error`` without internals in the message
     (the caller logs the traceback)."""
     if isinstance(exc, RealtimeError):
-        etype, code, message, param = exc.type.value, exc.code, exc.message, exc.param
+        etype, code, message, param = exc.type.value, str(exc.code), exc.message, exc.param
+        event_id = event_id if event_id is not None else exc.event_id
     elif isinstance(exc, PipelineError):
         invalid = not exc.code.startswith("engine")
         etype = ErrorType.INVALID_REQUEST.value if invalid else ErrorType.SERVER.value
         code, message, param = exc.code, exc.message, exc.param
     else:
-        etype, code, message, param = ErrorType.SERVER.value, "server_error", "internal server error", None
+        etype, code = ErrorType.SERVER.value, ErrorCode.SERVER_ERROR.value
+        message, param = "internal server error", None
     return {"type": etype, "code": code, "message": message, "param": param, "event_id": event_id}
