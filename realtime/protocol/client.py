@@ -1,0 +1,363 @@
+"""Client events: JSON text → typed dataclasses, in either dialect.
+
+:func:`parse_client_event` raises nothing but :class:`realtime.errors.RealtimeError` subclasses,
+each with a specific ``code`` (:class:`realtime.protocol.codes.ErrorCode`), the dotted ``param``
+path of the offending field, and the client's ``event_id`` when the message had one.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from realtime.audio import AudioFormat
+from realtime.errors import InvalidAudioData, ProtocolError, RealtimeError
+from realtime.protocol import wire
+from realtime.protocol.codes import ErrorCode
+from realtime.protocol.model import (
+    DEFAULT_TURN_DETECTION,
+    KEEP,
+    Keep,
+    NewItem,
+    OutputModality,
+    ResponseParams,
+    Role,
+    SessionPatch,
+)
+from realtime.protocol.names import ClientEventType, ContentType, parse_content_type
+from realtime.turn import ServerVadParams
+
+
+@dataclass(frozen=True)
+class SessionUpdate:
+    event_id: str | None
+    patch: SessionPatch
+
+
+@dataclass(frozen=True)
+class InputAudioAppend:
+    """``audio`` is the decoded wire bytes, in whatever input format the session has."""
+
+    event_id: str | None
+    audio: bytes
+
+
+@dataclass(frozen=True)
+class InputAudioCommit:
+    event_id: str | None
+
+
+@dataclass(frozen=True)
+class InputAudioClear:
+    event_id: str | None
+
+
+@dataclass(frozen=True)
+class ItemCreate:
+    event_id: str | None
+    item: NewItem
+    previous_item_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ItemRetrieve:
+    event_id: str | None
+    item_id: str
+
+
+@dataclass(frozen=True)
+class ItemDelete:
+    event_id: str | None
+    item_id: str
+
+
+@dataclass(frozen=True)
+class ItemTruncate:
+    event_id: str | None
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class ResponseCreate:
+    event_id: str | None
+    params: ResponseParams = ResponseParams()
+
+
+@dataclass(frozen=True)
+class ResponseCancel:
+    event_id: str | None
+    response_id: str | None = None
+
+
+@dataclass(frozen=True)
+class OutputAudioClear:
+    event_id: str | None
+
+
+ClientEvent = (
+    SessionUpdate
+    | InputAudioAppend
+    | InputAudioCommit
+    | InputAudioClear
+    | ItemCreate
+    | ItemRetrieve
+    | ItemDelete
+    | ItemTruncate
+    | ResponseCreate
+    | ResponseCancel
+    | OutputAudioClear
+)
+
+
+def parse_client_event(message: str | bytes) -> ClientEvent:
+    """Parse one client message (a JSON object with a ``type``) into its typed event."""
+    body = _load_json(message)
+    event_id = body.get("event_id") if isinstance(body.get("event_id"), str) else None
+    kind = body.get("type")
+    if not isinstance(kind, str):
+        code = ErrorCode.MISSING_REQUIRED_PARAMETER if kind is None else ErrorCode.INVALID_TYPE
+        raise ProtocolError("event 'type' must be a string", code=code, param="type", event_id=event_id)
+    try:
+        event_type = ClientEventType(kind)
+    except ValueError:
+        raise ProtocolError(
+            f"unknown client event type {kind!r}", code=ErrorCode.UNKNOWN_EVENT_TYPE, param="type", event_id=event_id
+        ) from None
+    model_cls, convert = _PARSERS[event_type]
+    try:
+        model = model_cls.model_validate(body)
+        return convert(model)
+    except ValidationError as exc:
+        raise _from_validation_error(exc, event_id) from None
+    except RealtimeError as exc:  # raised by the converters, which do not see the event id
+        exc.event_id = event_id
+        raise
+
+
+def decode_base64(data: str, *, param: str) -> bytes:
+    """Strict base64 (RFC 4648 alphabet, padding required) → bytes."""
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidAudioData(f"'{param}' is not valid base64: {exc}", code=ErrorCode.INVALID_BASE64, param=param) from None
+
+
+def _load_json(message: str | bytes) -> dict:
+    try:
+        body = json.loads(message)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"message is not valid JSON: {exc}", code=ErrorCode.INVALID_JSON) from None
+    if not isinstance(body, dict):
+        raise ProtocolError("a client event must be a JSON object", code=ErrorCode.INVALID_EVENT)
+    return body
+
+
+def _from_validation_error(exc: ValidationError, event_id: str | None) -> ProtocolError:
+    """The first validation problem as a ProtocolError naming the field's dotted path."""
+    err = exc.errors(include_url=False)[0]
+    param = ".".join(str(part) for part in err["loc"]) or None
+    kind = err["type"]
+    detail = str(err["ctx"]["error"]) if kind == "value_error" else err["msg"]
+    if kind == "missing":
+        code, message = ErrorCode.MISSING_REQUIRED_PARAMETER, f"missing required parameter '{param}'"
+    elif kind == "extra_forbidden":
+        code, message = ErrorCode.UNKNOWN_PARAMETER, f"unknown parameter '{param}'"
+    elif kind.endswith("_type") or kind.endswith("_parsing"):
+        code, message = ErrorCode.INVALID_TYPE, f"invalid type for '{param}': {detail}"
+    else:
+        code, message = ErrorCode.INVALID_VALUE, f"invalid value for '{param}': {detail}"
+    return ProtocolError(message, code=code, param=param, event_id=event_id)
+
+
+def _unsupported(message: str, param: str) -> ProtocolError:
+    return ProtocolError(message, code=ErrorCode.UNSUPPORTED_VALUE, param=param)
+
+
+# --- per-event conversion -----------------------------------------------------------------------
+
+
+def _session_update(m: wire.SessionUpdateModel) -> SessionUpdate:
+    return SessionUpdate(m.event_id, _session_patch(m.session))
+
+
+def _session_patch(s: wire.SessionModel) -> SessionPatch:
+    """GA fields win over their beta spellings when a client sends both."""
+    audio_in = s.audio.input if s.audio and s.audio.input else None
+    audio_out = s.audio.output if s.audio and s.audio.output else None
+    voice, voice_param = KEEP, "session.voice"
+    if audio_out is not None and audio_out.voice is not None:
+        voice, voice_param = audio_out.voice, "session.audio.output.voice"
+    elif s.voice is not None:
+        voice = s.voice
+    return SessionPatch(
+        instructions=s.instructions if s.instructions is not None else KEEP,
+        voice=voice,
+        voice_param=voice_param,
+        modality=_modality(s.output_modalities or s.modalities),
+        input_format=_format(audio_in.format if audio_in else None, s.input_audio_format),
+        output_format=_format(audio_out.format if audio_out else None, s.output_audio_format),
+        turn_detection=_session_turn_detection(s, audio_in),
+        max_output_tokens=_max_tokens(s, "max_output_tokens", "max_response_output_tokens"),
+    )
+
+
+def _session_turn_detection(
+    s: wire.SessionModel, audio_in: wire.AudioInputModel | None
+) -> ServerVadParams | None | Keep:
+    if audio_in is not None and "turn_detection" in audio_in.model_fields_set:
+        return _turn_detection(audio_in.turn_detection)
+    if "turn_detection" in s.model_fields_set:
+        return _turn_detection(s.turn_detection)
+    return KEEP
+
+
+def _turn_detection(m: wire.TurnDetectionModel | None) -> ServerVadParams | None:
+    if m is None:
+        return None
+    d = DEFAULT_TURN_DETECTION
+    return ServerVadParams(
+        threshold=d.threshold if m.threshold is None else m.threshold,
+        prefix_padding_ms=d.prefix_padding_ms if m.prefix_padding_ms is None else m.prefix_padding_ms,
+        silence_duration_ms=d.silence_duration_ms if m.silence_duration_ms is None else m.silence_duration_ms,
+        create_response=d.create_response if m.create_response is None else m.create_response,
+        interrupt_response=d.interrupt_response if m.interrupt_response is None else m.interrupt_response,
+    )
+
+
+def _modality(names: list[str] | None) -> OutputModality | Keep:
+    if names is None:
+        return KEEP
+    return OutputModality.AUDIO if "audio" in names else OutputModality.TEXT
+
+
+def _format(ga: wire.FormatModel | None, beta: str | None) -> AudioFormat | Keep:
+    if ga is not None:
+        return AudioFormat(ga.type)
+    if beta is not None:
+        return next(fmt for fmt in AudioFormat if fmt.beta_name == beta)
+    return KEEP
+
+
+def _max_tokens(model: wire.SessionModel | wire.ResponseModel, ga: str, beta: str) -> int | None | Keep:
+    for name in (ga, beta):
+        if name in model.model_fields_set:
+            return getattr(model, name)
+    return KEEP
+
+
+def _append(m: wire.AppendModel) -> InputAudioAppend:
+    return InputAudioAppend(m.event_id, decode_base64(m.audio, param="audio"))
+
+
+def _bare(m: wire.BareEventModel) -> InputAudioCommit | InputAudioClear | OutputAudioClear:
+    kind = ClientEventType(m.type)
+    if kind is ClientEventType.INPUT_AUDIO_BUFFER_COMMIT:
+        return InputAudioCommit(m.event_id)
+    if kind is ClientEventType.INPUT_AUDIO_BUFFER_CLEAR:
+        return InputAudioClear(m.event_id)
+    return OutputAudioClear(m.event_id)
+
+
+def _item_create(m: wire.ItemCreateModel) -> ItemCreate:
+    return ItemCreate(m.event_id, _new_item(m.item), m.previous_item_id)
+
+
+_ALLOWED_CONTENT = {
+    Role.USER: (ContentType.INPUT_TEXT, ContentType.INPUT_AUDIO),
+    Role.SYSTEM: (ContentType.INPUT_TEXT,),
+    Role.ASSISTANT: (ContentType.OUTPUT_TEXT,),
+}
+
+
+def _new_item(m: wire.ItemModel) -> NewItem:
+    """One message of one content kind: text parts are joined, audio must be a single part."""
+    role = Role(m.role)
+    kinds = [parse_content_type(part.type) for part in m.content]
+    for i, kind in enumerate(kinds):
+        if kind not in _ALLOWED_CONTENT[role]:
+            allowed = ", ".join(k.value for k in _ALLOWED_CONTENT[role])
+            raise _unsupported(
+                f"{role.value} messages may hold {allowed}, not {m.content[i].type}", f"item.content.{i}.type"
+            )
+    if ContentType.INPUT_AUDIO in kinds:
+        if len(kinds) > 1:
+            raise _unsupported("an audio message must have exactly one content part", "item.content")
+        return _audio_item(m, role)
+    for i, part in enumerate(m.content):
+        if part.text is None:
+            raise ProtocolError(
+                f"missing required parameter 'item.content.{i}.text'",
+                code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+                param=f"item.content.{i}.text",
+            )
+    text = "".join(part.text or "" for part in m.content)
+    return NewItem(m.id, role, _ALLOWED_CONTENT[role][0], text=text)
+
+
+def _audio_item(m: wire.ItemModel, role: Role) -> NewItem:
+    part = m.content[0]
+    if part.audio is None:
+        raise ProtocolError(
+            "missing required parameter 'item.content.0.audio'",
+            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+            param="item.content.0.audio",
+        )
+    audio = decode_base64(part.audio, param="item.content.0.audio")
+    return NewItem(m.id, role, ContentType.INPUT_AUDIO, audio=audio, transcript=part.transcript)
+
+
+def _retrieve_or_delete(m: wire.ItemRefModel) -> ItemRetrieve | ItemDelete:
+    if ClientEventType(m.type) is ClientEventType.CONVERSATION_ITEM_RETRIEVE:
+        return ItemRetrieve(m.event_id, m.item_id)
+    return ItemDelete(m.event_id, m.item_id)
+
+
+def _truncate(m: wire.TruncateModel) -> ItemTruncate:
+    return ItemTruncate(m.event_id, m.item_id, m.content_index, m.audio_end_ms)
+
+
+def _response_create(m: wire.ResponseCreateModel) -> ResponseCreate:
+    r = m.response
+    if r is None:
+        return ResponseCreate(m.event_id)
+    out = r.audio.output if r.audio and r.audio.output else None
+    voice, voice_param = KEEP, "response.voice"
+    if out is not None and out.voice is not None:
+        voice, voice_param = out.voice, "response.audio.output.voice"
+    elif r.voice is not None:
+        voice = r.voice
+    params = ResponseParams(
+        modality=_modality(r.output_modalities or r.modalities),
+        voice=voice,
+        voice_param=voice_param,
+        output_format=_format(out.format if out else None, r.output_audio_format),
+        max_output_tokens=_max_tokens(r, "max_output_tokens", "max_response_output_tokens"),
+        instructions=r.instructions if r.instructions is not None else KEEP,
+        metadata=r.metadata,
+    )
+    return ResponseCreate(m.event_id, params)
+
+
+def _response_cancel(m: wire.ResponseCancelModel) -> ResponseCancel:
+    return ResponseCancel(m.event_id, m.response_id)
+
+
+_PARSERS = {
+    ClientEventType.SESSION_UPDATE: (wire.SessionUpdateModel, _session_update),
+    ClientEventType.INPUT_AUDIO_BUFFER_APPEND: (wire.AppendModel, _append),
+    ClientEventType.INPUT_AUDIO_BUFFER_COMMIT: (wire.BareEventModel, _bare),
+    ClientEventType.INPUT_AUDIO_BUFFER_CLEAR: (wire.BareEventModel, _bare),
+    ClientEventType.OUTPUT_AUDIO_BUFFER_CLEAR: (wire.BareEventModel, _bare),
+    ClientEventType.CONVERSATION_ITEM_CREATE: (wire.ItemCreateModel, _item_create),
+    ClientEventType.CONVERSATION_ITEM_RETRIEVE: (wire.ItemRefModel, _retrieve_or_delete),
+    ClientEventType.CONVERSATION_ITEM_DELETE: (wire.ItemRefModel, _retrieve_or_delete),
+    ClientEventType.CONVERSATION_ITEM_TRUNCATE: (wire.TruncateModel, _truncate),
+    ClientEventType.RESPONSE_CREATE: (wire.ResponseCreateModel, _response_create),
+    ClientEventType.RESPONSE_CANCEL: (wire.ResponseCancelModel, _response_cancel),
+}

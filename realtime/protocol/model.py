@@ -1,0 +1,176 @@
+"""Typed protocol objects: session configuration, conversation items, responses.
+
+Parsers (:mod:`.client`) produce these from either dialect's JSON; builders (:mod:`.server`)
+serialize them into either dialect's JSON; the session state machine works on them only.
+Times are milliseconds; audio formats are :class:`realtime.audio.AudioFormat`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+
+from pipeline.api import Modality
+from pipeline.outputs import Usage
+from realtime.audio import AudioFormat
+from realtime.protocol.codes import StatusReason
+from realtime.protocol.names import ContentType
+from realtime.turn import ServerVadParams
+
+
+class Keep(enum.Enum):
+    """Marks a field a ``session.update`` / ``response.create`` left out (``None`` is a value:
+    ``turn_detection: null`` turns detection off, ``max_output_tokens: "inf"`` is ``None``)."""
+
+    KEEP = "keep"
+
+
+KEEP = Keep.KEEP
+
+
+class OutputModality(enum.Enum):
+    """What a response produces. The API allows one of the two: audio always comes with its
+    transcript, so the engine is asked for text and audio."""
+
+    AUDIO = "audio"
+    TEXT = "text"
+
+    @property
+    def engine_modalities(self) -> frozenset[Modality]:
+        return frozenset({"text", "audio"}) if self is OutputModality.AUDIO else frozenset({"text"})
+
+
+class Role(str, enum.Enum):
+    USER = "user"
+    ASSISTANT = "assistant"
+    SYSTEM = "system"
+
+
+class ItemStatus(str, enum.Enum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    INCOMPLETE = "incomplete"
+
+
+class ResponseState(str, enum.Enum):
+    """``response.status`` on the wire (the engine's statuses plus ``in_progress``)."""
+
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    INCOMPLETE = "incomplete"
+
+
+DEFAULT_TURN_DETECTION = ServerVadParams()
+"""``server_vad`` with the API's defaults: threshold 0.5, 300 ms padding, 500 ms silence."""
+
+
+@dataclass(frozen=True)
+class SessionPatch:
+    """The fields one ``session.update`` sets; ``KEEP`` leaves a field as it is.
+
+    ``voice_param`` is where the voice was given (``session.audio.output.voice`` for GA,
+    ``session.voice`` for beta) so that an unknown voice is reported at the client's path."""
+
+    instructions: str | Keep = KEEP
+    voice: str | Keep = KEEP
+    modality: OutputModality | Keep = KEEP
+    input_format: AudioFormat | Keep = KEEP
+    output_format: AudioFormat | Keep = KEEP
+    turn_detection: ServerVadParams | None | Keep = KEEP
+    max_output_tokens: int | None | Keep = KEEP
+    voice_param: str = "session.voice"
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """The effective configuration of a session. ``max_output_tokens=None`` means ``"inf"``;
+    ``turn_detection=None`` means manual turns (client commits and asks for responses)."""
+
+    instructions: str
+    voice: str
+    modality: OutputModality = OutputModality.AUDIO
+    input_format: AudioFormat = AudioFormat.PCM
+    output_format: AudioFormat = AudioFormat.PCM
+    turn_detection: ServerVadParams | None = DEFAULT_TURN_DETECTION
+    max_output_tokens: int | None = None
+
+    def apply(self, patch: SessionPatch) -> SessionConfig:
+        """A copy with the patch's set fields replaced."""
+        changes = {
+            f.name: getattr(patch, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(patch, f.name) is not KEEP
+        }
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ResponseParams:
+    """Per-response overrides from ``response.create``; ``KEEP`` uses the session's setting.
+    ``instructions`` replaces the system prompt for this response only."""
+
+    modality: OutputModality | Keep = KEEP
+    voice: str | Keep = KEEP
+    output_format: AudioFormat | Keep = KEEP
+    max_output_tokens: int | None | Keep = KEEP
+    instructions: str | Keep = KEEP
+    metadata: dict[str, str] | None = None
+    voice_param: str = "response.voice"
+
+
+@dataclass
+class ContentPart:
+    """One content part of an item. ``audio_ms`` counts the audio of an output part actually
+    sent to the client (what ``conversation.item.truncate`` may cut); it is not serialized."""
+
+    type: ContentType
+    text: str | None = None
+    transcript: str | None = None
+    audio_ms: float = 0.0
+
+
+@dataclass
+class Item:
+    """A conversation item (always a message: this server has no tool calls)."""
+
+    id: str
+    role: Role
+    content: list[ContentPart] = field(default_factory=list)
+    status: ItemStatus = ItemStatus.COMPLETED
+
+
+@dataclass(frozen=True)
+class NewItem:
+    """A message from ``conversation.item.create``, validated: exactly one kind of content.
+
+    ``content`` is ``INPUT_TEXT`` (user/system), ``OUTPUT_TEXT`` (assistant) or ``INPUT_AUDIO``
+    (user; ``audio`` holds the decoded wire bytes, in the session's input format)."""
+
+    id: str | None
+    role: Role
+    content: ContentType
+    text: str | None = None
+    audio: bytes | None = None
+    transcript: str | None = None
+
+
+@dataclass(frozen=True)
+class ResponseSummary:
+    """A snapshot of a response for ``response.created`` / ``response.done``."""
+
+    id: str
+    conversation_id: str
+    state: ResponseState
+    modality: OutputModality
+    voice: str
+    output_format: AudioFormat
+    max_output_tokens: int | None
+    output: tuple[Item, ...] = ()
+    reason: StatusReason | None = None
+    error: dict | None = None
+    """``{"type", "code", "message"}`` of a failed response."""
+    usage: Usage | None = None
+    metadata: dict[str, str] | None = None

@@ -1,0 +1,210 @@
+"""Pydantic models of client events: the public JSON edge, GA and beta shapes in one model each.
+
+Validation is strict (no coercion of ``"5"`` to ``5``) and unknown fields are refused, so a typo
+gets an ``unknown_parameter`` error instead of being ignored. Fields the OpenAI API defines but this
+server does not implement are declared with the only value that means "off" (``null``, ``[]``)
+and refused otherwise, except ``model``, ``tool_choice`` and ``temperature``, which SDK clients send
+routinely and which cannot change what this server does (one model; no tools; the engine's
+sampling settings): those are accepted and ignored.
+
+Unions are kept out of field types on purpose: pydantic names union branches in error locations,
+and the error's ``param`` must be the client's field path.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+MAX_OUTPUT_TOKENS_LIMIT = 4096
+"""Largest integer ``max_output_tokens`` the API accepts (``"inf"`` means no limit)."""
+
+
+def _max_tokens(value: Any) -> int | None:
+    """``int`` in [1, 4096] or ``"inf"`` (→ ``None``)."""
+    if value == "inf":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f'must be an integer or "inf", got {value!r}')
+    if not 1 <= value <= MAX_OUTPUT_TOKENS_LIMIT:
+        raise ValueError(f"must be between 1 and {MAX_OUTPUT_TOKENS_LIMIT}, got {value}")
+    return value
+
+
+MaxTokens = Annotated[Any, AfterValidator(_max_tokens)]
+GaFormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
+BetaFormatName = Literal["pcm16", "g711_ulaw", "g711_alaw"]
+ModalityName = Literal["text", "audio"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class FormatModel(_Model):
+    """GA audio format object. ``rate`` exists for ``audio/pcm`` only and is always 24000."""
+
+    type: GaFormatType
+    rate: Literal[24000] | None = None
+
+
+class TurnDetectionModel(_Model):
+    """``server_vad`` settings; missing fields take the API defaults. ``semantic_vad`` and the idle
+    timeout are not implemented."""
+
+    type: Literal["server_vad"] = "server_vad"
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    prefix_padding_ms: int | None = Field(default=None, ge=0)
+    silence_duration_ms: int | None = Field(default=None, ge=0)
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+    idle_timeout_ms: None = None
+
+
+class AudioInputModel(_Model):
+    format: FormatModel | None = None
+    turn_detection: TurnDetectionModel | None = None
+    transcription: None = None
+    noise_reduction: None = None
+
+
+class AudioOutputModel(_Model):
+    format: FormatModel | None = None
+    voice: str | None = None
+    speed: Literal[1.0] | None = None
+
+
+class AudioModel(_Model):
+    input: AudioInputModel | None = None
+    output: AudioOutputModel | None = None
+
+
+class SessionModel(_Model):
+    """``session.update``'s ``session``: GA fields (``type``, ``audio``, ``output_modalities``,
+    ``max_output_tokens``) and beta fields (``modalities``, ``voice``, ``input_audio_format``,
+    ``output_audio_format``, ``turn_detection``, ``max_response_output_tokens``) side by side."""
+
+    type: Literal["realtime"] | None = None
+    instructions: str | None = None
+    output_modalities: list[ModalityName] | None = Field(default=None, min_length=1)
+    audio: AudioModel | None = None
+    max_output_tokens: MaxTokens = None
+    # beta spellings
+    modalities: list[ModalityName] | None = Field(default=None, min_length=1)
+    voice: str | None = None
+    input_audio_format: BetaFormatName | None = None
+    output_audio_format: BetaFormatName | None = None
+    turn_detection: TurnDetectionModel | None = None
+    max_response_output_tokens: MaxTokens = None
+    # defined by the API, off here
+    input_audio_transcription: None = None
+    input_audio_noise_reduction: None = None
+    tools: list[Any] | None = Field(default=None, max_length=0)
+    tracing: None = None
+    include: None = None
+    # accepted and ignored (see the module docstring)
+    model: str | None = None
+    tool_choice: Literal["auto", "none"] | None = None
+    temperature: float | None = None
+
+
+class SessionUpdateModel(_Model):
+    type: Literal["session.update"]
+    event_id: str | None = None
+    session: SessionModel
+
+
+class AppendModel(_Model):
+    type: Literal["input_audio_buffer.append"]
+    event_id: str | None = None
+    audio: str
+
+
+class BareEventModel(_Model):
+    """Events without payload: commit, clear, output_audio_buffer.clear."""
+
+    type: Literal["input_audio_buffer.commit", "input_audio_buffer.clear", "output_audio_buffer.clear"]
+    event_id: str | None = None
+
+
+class ContentModel(_Model):
+    """A content part of a created item; which fields must be set depends on ``type``."""
+
+    type: Literal["input_text", "input_audio", "output_text", "text"]
+    text: str | None = None
+    audio: str | None = None
+    transcript: str | None = None
+
+
+class ItemModel(_Model):
+    id: str | None = Field(default=None, min_length=1, max_length=32)
+    type: Literal["message"]
+    role: Literal["user", "assistant", "system"]
+    content: list[ContentModel] = Field(min_length=1)
+    status: Literal["completed", "incomplete", "in_progress"] | None = None
+    object: Literal["realtime.item"] | None = None
+
+
+class ItemCreateModel(_Model):
+    type: Literal["conversation.item.create"]
+    event_id: str | None = None
+    previous_item_id: str | None = None
+    item: ItemModel
+
+
+class ItemRefModel(_Model):
+    type: Literal["conversation.item.retrieve", "conversation.item.delete"]
+    event_id: str | None = None
+    item_id: str
+
+
+class TruncateModel(_Model):
+    type: Literal["conversation.item.truncate"]
+    event_id: str | None = None
+    item_id: str
+    content_index: int = Field(ge=0)
+    audio_end_ms: int = Field(ge=0)
+
+
+class ResponseAudioOutputModel(_Model):
+    format: FormatModel | None = None
+    voice: str | None = None
+
+
+class ResponseAudioModel(_Model):
+    output: ResponseAudioOutputModel | None = None
+
+
+class ResponseModel(_Model):
+    """``response.create``'s ``response`` (GA and beta spellings). Out-of-band responses
+    (``conversation: "none"``, ``input``) and tools are not implemented."""
+
+    output_modalities: list[ModalityName] | None = Field(default=None, min_length=1)
+    audio: ResponseAudioModel | None = None
+    max_output_tokens: MaxTokens = None
+    instructions: str | None = None
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    conversation: Literal["auto"] | None = None
+    input: None = None
+    tools: list[Any] | None = Field(default=None, max_length=0)
+    # beta spellings
+    modalities: list[ModalityName] | None = Field(default=None, min_length=1)
+    voice: str | None = None
+    output_audio_format: BetaFormatName | None = None
+    max_response_output_tokens: MaxTokens = None
+    # accepted and ignored (see the module docstring)
+    tool_choice: Literal["auto", "none"] | None = None
+    temperature: float | None = None
+
+
+class ResponseCreateModel(_Model):
+    type: Literal["response.create"]
+    event_id: str | None = None
+    response: ResponseModel | None = None
+
+
+class ResponseCancelModel(_Model):
+    type: Literal["response.cancel"]
+    event_id: str | None = None
+    response_id: str | None = None
