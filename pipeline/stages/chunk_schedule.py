@@ -1,0 +1,179 @@
+"""Chunk planning for streaming token2wav: which mel frames can be synthesized next.
+
+Pure arithmetic, no torch. Units: every ``*_frames`` quantity counts mel frames (Qwen2.5-Omni: 2 mel
+frames per codec token, 240 samples per frame at 24 kHz, so 1 codec token = 480 samples = 20 ms);
+``*_codes`` counts codec tokens and ``*_samples`` counts output samples.
+
+A chunk has these ranges (half-open, absolute positions from the start of the utterance):
+
+- ``frames``: the mel frames the chunk makes final. Over a stream these tile ``[0, total_frames)``.
+- ``dit_context``: the frames the DiT runs on, ``frames`` widened by up to ``past_frames`` before and
+  ``future_frames`` after (clipped to the utterance). The block attention of the DiT lets a frame see
+  neighbouring blocks, so the extra frames make the chunk's frames close to what a one-shot pass gives.
+- ``vocoder_frames``: the final mel frames fed to the vocoder: ``frames`` preceded by up to
+  ``vocoder_overlap_frames`` already-final frames, re-run so the vocoder sees left context.
+- ``samples``: the output samples the chunk emits. The vocoder's first ``vocoder_trim_frames`` frames of
+  output are discarded (they lack left context; they were emitted by an earlier chunk) and, unless the
+  chunk is the last, its final ``hold_frames = vocoder_overlap_frames - vocoder_trim_frames`` frames are held
+  back (they lack right context) and emitted by the next chunk. Over a stream these tile
+  ``[0, total_frames * samples_per_frame)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.errors import ConfigError
+
+__all__ = ["ChunkingConfig", "ChunkPlan", "FrameRange", "plan_next_chunk"]
+
+
+@dataclass(frozen=True)
+class ChunkingConfig:
+    """Streaming token2wav settings. All sizes in mel frames unless the name says otherwise.
+
+    ``first_chunk_frames`` defaults to 48 (two DiT blocks), below the official 72: the first audio then needs
+    (48 + 24) / 2 = 36 codec tokens instead of (72 + 24) / 2 = 48, i.e. 12 fewer talker steps (~240 ms at
+    real-time talker speed) before the first sample. The trade: the first chunk's last block is computed
+    with one block of look-ahead where the official schedule computes it with two, so those frames deviate
+    a little more from a one-shot pass; later chunks use the official 72/48/24 values. The first chunk
+    emits 48 - 20 = 28 frames (560 ms) of audio, which covers the 36 codes the talker needs for the next
+    chunk whenever the talker runs at least ~1.3x real time. ``ChunkingConfig(first_chunk_frames=72)`` is
+    the official schedule.
+
+    ``dit_block_frames`` is the DiT's attention block size; when given, the chunk, first-chunk and context
+    sizes must be multiples of it so that chunk boundaries fall on block boundaries. ``frames_per_code``
+    (DiT ``repeats``) and ``samples_per_frame`` (vocoder hop) are model facts; the streaming synthesizer
+    checks them against the checkpoint.
+    """
+
+    first_chunk_frames: int = 48
+    chunk_frames: int = 72
+    past_frames: int = 48
+    future_frames: int = 24
+    vocoder_overlap_frames: int = 40
+    vocoder_trim_frames: int = 20
+    ode_steps: int = 10
+    guidance_scale: float = 0.5
+    sway_coefficient: float = -1.0
+    frames_per_code: int = 2
+    samples_per_frame: int = 240
+    dit_block_frames: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("first_chunk_frames", "chunk_frames", "frames_per_code", "samples_per_frame"):
+            _require(getattr(self, name) >= 1, name, "must be >= 1")
+        for name in ("past_frames", "future_frames", "vocoder_overlap_frames", "vocoder_trim_frames"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0")
+        # The RK4 solver integrates between time points; fewer than 2 points means no integration.
+        _require(self.ode_steps >= 2, "ode_steps", "must be >= 2 (number of ODE time points)")
+        _require(self.guidance_scale >= 0, "guidance_scale", "must be >= 0")
+        _require(
+            self.vocoder_trim_frames <= self.vocoder_overlap_frames,
+            "vocoder_trim_frames",
+            f"must be <= vocoder_overlap_frames ({self.vocoder_overlap_frames})",
+        )
+        # Chunks end on codec-token boundaries: the DiT consumes whole tokens.
+        for name in ("first_chunk_frames", "chunk_frames", "past_frames", "future_frames"):
+            _require_multiple(self, name, self.frames_per_code, "frames_per_code")
+        if self.dit_block_frames is not None:
+            _require(self.dit_block_frames >= 1, "dit_block_frames", "must be >= 1")
+            for name in ("first_chunk_frames", "chunk_frames", "past_frames", "future_frames"):
+                _require_multiple(self, name, self.dit_block_frames, "dit_block_frames")
+
+    @property
+    def hold_frames(self) -> int:
+        """Frames at the end of a non-final chunk whose audio waits for the next chunk (right context)."""
+        return self.vocoder_overlap_frames - self.vocoder_trim_frames
+
+    @property
+    def first_audio_codes(self) -> int:
+        """Codec tokens needed before the first chunk is ready (unless the stream finishes earlier):
+        the first chunk plus its look-ahead, and at least one token beyond the chunk."""
+        need = max(self.first_chunk_frames + self.future_frames, self.first_chunk_frames + self.frames_per_code)
+        return need // self.frames_per_code
+
+
+def _require(ok: bool, name: str, what: str) -> None:
+    if not ok:
+        raise ConfigError(f"ChunkingConfig.{name} {what}", param=name)
+
+
+def _require_multiple(cfg: ChunkingConfig, name: str, unit: int, unit_name: str) -> None:
+    value = getattr(cfg, name)
+    _require(value % unit == 0, name, f"({value}) must be a multiple of {unit_name} ({unit})")
+
+
+@dataclass(frozen=True)
+class FrameRange:
+    """Half-open range ``[start, end)`` of mel frames (or samples, for ``ChunkPlan.samples``)."""
+
+    start: int
+    end: int
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """One synthesizable chunk; see the module docstring for what each range means.
+
+    Invariants: ``dit_context`` contains ``frames``; ``vocoder_frames.end == frames.end``; ``samples`` lies
+    inside ``vocoder_frames`` scaled to samples; ``dit_codes`` is ``dit_context`` in codec tokens.
+    """
+
+    index: int
+    frames: FrameRange
+    dit_context: FrameRange
+    dit_codes: FrameRange
+    vocoder_frames: FrameRange
+    samples: FrameRange
+    is_last: bool
+
+
+def plan_next_chunk(
+    cfg: ChunkingConfig, *, frames_done: int, codes_available: int, finished: bool, index: int = 0
+) -> ChunkPlan | None:
+    """The chunk that starts at ``frames_done`` (frames already final), or ``None`` if none is ready.
+
+    ``codes_available`` codec tokens have arrived; ``finished`` says no more will come. A chunk is ready
+    when its frames and its look-ahead context have arrived, or when the stream is finished (the tail is
+    then shortened to what exists). Before ``finished``, a chunk also needs at least one code beyond its
+    frames, so a chunk planned before the end is never the last one and the held-back vocoder tail is
+    always flushed by a later chunk. Returns ``None`` when everything is planned (``frames_done`` equals the
+    total and ``finished``) or more codes are needed. Never uses codes beyond ``codes_available``.
+    ``index`` is only copied into the plan (the caller counts chunks).
+    """
+    available = codes_available * cfg.frames_per_code
+    if not 0 <= frames_done <= available or frames_done % cfg.frames_per_code:
+        raise ValueError(f"frames_done={frames_done} is inconsistent with {codes_available} codes")
+    if frames_done == available:
+        return None  # everything planned, or waiting for codes
+    size = cfg.first_chunk_frames if frames_done == 0 else cfg.chunk_frames
+    end = frames_done + size
+    if finished:
+        end = min(end, available)
+    elif available < end + cfg.future_frames or available <= end:
+        return None
+    return _make_plan(cfg, index, frames_done, end, available, is_last=finished and end == available)
+
+
+def _make_plan(cfg: ChunkingConfig, index: int, start: int, end: int, available: int, *, is_last: bool) -> ChunkPlan:
+    context = FrameRange(max(0, start - cfg.past_frames), min(available, end + cfg.future_frames))
+    vocoder = FrameRange(max(0, start - cfg.vocoder_overlap_frames), end)
+    # Samples of the held-back frames of the previous chunk come first; this chunk's own last
+    # hold_frames wait for the next one. Clipping at 0 covers chunks shorter than the hold.
+    keep_from = max(0, start - cfg.hold_frames)
+    keep_to = end if is_last else max(0, end - cfg.hold_frames)
+    hop = cfg.samples_per_frame
+    fpc = cfg.frames_per_code
+    return ChunkPlan(
+        index=index,
+        frames=FrameRange(start, end),
+        dit_context=context,
+        dit_codes=FrameRange(context.start // fpc, context.end // fpc),
+        vocoder_frames=vocoder,
+        samples=FrameRange(keep_from * hop, keep_to * hop),
+        is_last=is_last,
+    )
