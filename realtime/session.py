@@ -1,0 +1,906 @@
+"""Sans-I/O state machine of one realtime session (python-websockets style).
+
+Inputs, each a method returning the list of :data:`Action` to execute, in order:
+
+- client messages (:meth:`Session.receive`, or already parsed events: :meth:`Session.handle`);
+- turn events from the server VAD (:meth:`Session.turn_event`: ``SpeechStarted`` / ``SpeechStopped``
+  of :mod:`realtime.turn`, in ms on the session's audio clock);
+- engine output of the active response (:meth:`Session.response_event`);
+- failures of engine commands (:meth:`Session.command_failed`) and, for WebRTC, the end of playback
+  (:meth:`Session.playback_stopped`).
+
+Outputs: :class:`Send` (a server event dict), engine commands (:class:`AddText`,
+:class:`AppendAudio`, :class:`StartResponse`, …), turn-detection commands (:class:`DetectSpeech`,
+:class:`ConfigureTurnDetection`) and output-audio commands (:class:`DropQueuedAudio`, and for
+WebRTC :class:`PlayAudio` / :class:`ClearOutputAudio`). Whoever drives the session (``runner``)
+executes engine commands in the order given; no engine call happens here, nothing blocks, and a
+client mistake is a ``Send(error)`` after which the session carries on.
+
+Audio input: in manual mode (``turn_detection: null``) every appended chunk goes to the engine at
+once. With ``server_vad`` the audio before speech is held back (prefix padding plus
+``SessionLimits.vad_lookback_ms`` for the detector's latency) and only the part from the detected
+``audio_start_ms`` on reaches the engine, so silence never fills the model's context.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from pipeline.api import EngineHandle, Modality
+from pipeline.outputs import OUTPUT_SAMPLE_RATE, AudioChunk, ResponseDone, ResponseEvent, ResponseStatus, TextDelta, Usage
+from realtime.audio import AudioFormat, OutputEncoder
+from realtime.errors import InvalidAudioData, RealtimeError, to_error_payload
+from realtime.ids import IdGenerator, IdKind, RandomIds
+from realtime.protocol.client import (
+    ClientEvent,
+    InputAudioAppend,
+    InputAudioClear,
+    InputAudioCommit,
+    ItemCreate,
+    ItemDelete,
+    ItemRetrieve,
+    ItemTruncate,
+    OutputAudioClear,
+    ResponseCancel,
+    ResponseCreate,
+    SessionUpdate,
+    parse_client_event,
+)
+from realtime.protocol.codes import ErrorCode, StatusReason
+from realtime.protocol.model import (
+    KEEP,
+    ContentPart,
+    Item,
+    ItemStatus,
+    OutputModality,
+    ResponseParams,
+    ResponseState,
+    ResponseSummary,
+    Role,
+    SessionConfig,
+)
+from realtime.protocol.names import ContentType, Dialect
+from realtime.protocol.server import ContentRef, ServerEvents
+from realtime.turn import ServerVadParams, SpeechStarted, SpeechStopped
+
+TurnEvent = SpeechStarted | SpeechStopped
+
+
+# --- actions ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send this server event to the client."""
+
+    event: dict
+
+
+@dataclass(frozen=True)
+class SetInstructions:
+    instructions: str
+
+
+@dataclass(frozen=True)
+class AddText:
+    item_id: str
+    text: str
+    role: Role
+
+
+@dataclass(frozen=True)
+class AddAudio:
+    """A complete user audio message: ``audio`` is wire bytes in ``format``."""
+
+    item_id: str
+    audio: bytes
+    format: AudioFormat
+
+
+@dataclass(frozen=True)
+class AppendAudio:
+    """The next chunk of the input buffer's message ``item_id`` (opened by its first chunk)."""
+
+    item_id: str
+    audio: bytes
+    format: AudioFormat
+
+
+@dataclass(frozen=True)
+class CommitAudio:
+    item_id: str
+
+
+@dataclass(frozen=True)
+class ClearAudio:
+    """Discard the open input message ``item_id``."""
+
+    item_id: str
+
+
+@dataclass(frozen=True)
+class StartResponse:
+    response_id: str
+    item_id: str
+    modalities: frozenset[Modality]
+    voice: str
+    max_output_tokens: int | None
+
+
+@dataclass(frozen=True)
+class CancelResponse:
+    response_id: str
+    reason: StatusReason
+
+
+@dataclass(frozen=True)
+class DeleteItem:
+    """Needs the conversation idle: the executor waits for a cancelled response to end first."""
+
+    item_id: str
+
+
+@dataclass(frozen=True)
+class TruncateItem:
+    """Needs the conversation idle, like :class:`DeleteItem`."""
+
+    item_id: str
+    audio_end_ms: int
+
+
+EngineCommand = (
+    SetInstructions
+    | AddText
+    | AddAudio
+    | AppendAudio
+    | CommitAudio
+    | ClearAudio
+    | StartResponse
+    | CancelResponse
+    | DeleteItem
+    | TruncateItem
+)
+
+
+@dataclass(frozen=True)
+class DetectSpeech:
+    """Feed this appended audio (wire bytes) to the turn detector; its events come back through
+    :meth:`Session.turn_event`. Always the last action of an append."""
+
+    audio: bytes
+    format: AudioFormat
+
+
+@dataclass(frozen=True)
+class ConfigureTurnDetection:
+    """(Re)start turn detection with ``params`` (``None``: stop). A restarted detector forgets any
+    speech in progress; its clock starts at ``start_ms`` of the session's audio clock."""
+
+    params: ServerVadParams | None
+    start_ms: int
+
+
+@dataclass(frozen=True)
+class DropQueuedAudio:
+    """Audio deltas of this response still waiting to be sent must not be sent."""
+
+    response_id: str
+
+
+@dataclass(frozen=True, eq=False)
+class PlayAudio:
+    """WebRTC: play this float32 24 kHz audio on the output track."""
+
+    response_id: str
+    pcm: np.ndarray
+
+
+@dataclass(frozen=True)
+class ClearOutputAudio:
+    """WebRTC: stop playing, and drop the unplayed audio of, this response."""
+
+    response_id: str
+
+
+Action = EngineCommand | Send | DetectSpeech | ConfigureTurnDetection | DropQueuedAudio | PlayAudio | ClearOutputAudio
+
+
+# --- settings -----------------------------------------------------------------------------------
+
+
+class AudioTransport(enum.Enum):
+    """How reply audio reaches the client."""
+
+    EVENTS = "events"
+    """As base64 ``response.output_audio.delta`` events (WebSocket)."""
+    MEDIA = "media"
+    """On a media track (WebRTC): :class:`PlayAudio` actions, ``output_audio_buffer.*`` events."""
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    max_buffer_ms: int = 300_000
+    """Most audio the input buffer holds before a commit; appends beyond it are refused."""
+    min_commit_ms: int = 100
+    """A manual commit needs at least this much audio (the OpenAI API's rule)."""
+    vad_lookback_ms: int = 500
+    """With server_vad, audio held back before speech beyond the prefix padding: the detector
+    reports a start up to its frame and resampler latency after the audio arrived."""
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What a session needs to know about its server and transport."""
+
+    model: str
+    voices: tuple[str, ...]
+    default_voice: str
+    default_instructions: str
+    dialect: Dialect = Dialect.GA
+    audio_transport: AudioTransport = AudioTransport.EVENTS
+    limits: SessionLimits = SessionLimits()
+
+    @classmethod
+    def for_engine(cls, engine: EngineHandle, **overrides: object) -> SessionSettings:
+        base = {
+            "model": engine.model_name,
+            "voices": tuple(engine.voices),
+            "default_voice": engine.default_voice,
+            "default_instructions": engine.default_instructions,
+        }
+        return cls(**(base | overrides))  # type: ignore[arg-type]
+
+
+class AudioEncoder(Protocol):
+    """Streaming float32 24 kHz → wire bytes (``realtime.audio.OutputEncoder`` is one)."""
+
+    def encode(self, samples: np.ndarray) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+EncoderFactory = Callable[[AudioFormat], AudioEncoder]
+
+
+# --- state --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    audio: bytes
+    format: AudioFormat
+    end_ms: float
+    duration_ms: float
+
+
+@dataclass
+class _InputBuffer:
+    """The user message being spoken. ``opened``: some of it went to the engine as ``item_id``;
+    ``held`` chunks (server_vad, before speech) did not, yet."""
+
+    item_id: str | None = None
+    opened: bool = False
+    sent_ms: float = 0.0
+    held: deque[_Chunk] = field(default_factory=deque)
+
+    @property
+    def duration_ms(self) -> float:
+        return self.sent_ms + sum(c.duration_ms for c in self.held)
+
+    def hold(self, chunk: _Chunk, keep_ms: float) -> None:
+        """Hold ``chunk``, forgetting chunks that ended more than ``keep_ms`` before it did."""
+        self.held.append(chunk)
+        while self.held and self.held[0].end_ms <= chunk.end_ms - keep_ms:
+            self.held.popleft()
+
+
+class ResponsePhase(enum.Enum):
+    IN_PROGRESS = "in_progress"
+    CANCELLING = "cancelling"
+    """Cancel decided: engine output is dropped until its ``ResponseDone`` arrives."""
+
+
+@dataclass
+class _Response:
+    id: str
+    item: Item
+    part: ContentPart
+    previous_item_id: str | None
+    modality: OutputModality
+    voice: str
+    output_format: AudioFormat
+    max_output_tokens: int | None
+    metadata: dict[str, str] | None
+    encoder: AudioEncoder | None
+    restore_instructions: bool
+    phase: ResponsePhase = ResponsePhase.IN_PROGRESS
+    cancel_reason: StatusReason | None = None
+
+    @property
+    def ref(self) -> ContentRef:
+        return ContentRef(self.id, self.item.id)
+
+    def summary(self, conversation_id: str, state: ResponseState, **done: object) -> ResponseSummary:
+        return ResponseSummary(
+            id=self.id,
+            conversation_id=conversation_id,
+            state=state,
+            modality=self.modality,
+            voice=self.voice,
+            output_format=self.output_format,
+            max_output_tokens=self.max_output_tokens,
+            metadata=self.metadata,
+            **done,  # type: ignore[arg-type]
+        )
+
+
+# --- the session --------------------------------------------------------------------------------
+
+
+class Session:
+    """One client's session. Not thread-safe; every method is synchronous and returns the
+    actions its input caused (an empty list when nothing follows)."""
+
+    def __init__(
+        self,
+        settings: SessionSettings,
+        *,
+        ids: IdGenerator | None = None,
+        encoder_factory: EncoderFactory = OutputEncoder,
+    ) -> None:
+        self.settings = settings
+        self._ids = ids or RandomIds()
+        self._events = ServerEvents(settings.dialect, self._ids)
+        self._encoder_factory = encoder_factory
+        self.session_id = self._ids.new(IdKind.SESSION)
+        self.conversation_id = self._ids.new(IdKind.CONVERSATION)
+        self.config = SessionConfig(instructions=settings.default_instructions, voice=settings.default_voice)
+        self._items: dict[str, Item] = {}  # the conversation mirror, in order
+        self._buffer = _InputBuffer()
+        self._clock_ms = 0.0  # all audio ever appended (the turn detector's clock too)
+        self._speaking = False
+        self._response: _Response | None = None
+        self._auto_response_pending = False  # speech stopped while a cancelled response winds down
+        self._audio_response_id: str | None = None  # last response whose audio reached the client
+        self._out: list[Action] = []
+        self._handlers: dict[type, Callable] = {
+            SessionUpdate: self._session_update,
+            InputAudioAppend: self._append,
+            InputAudioCommit: self._commit_request,
+            InputAudioClear: self._clear,
+            ItemCreate: self._item_create,
+            ItemRetrieve: self._item_retrieve,
+            ItemDelete: self._item_delete,
+            ItemTruncate: self._item_truncate,
+            ResponseCreate: self._response_create,
+            ResponseCancel: self._response_cancel,
+            OutputAudioClear: self._output_audio_clear,
+        }
+
+    # --- read-only views ---
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.settings.dialect
+
+    @property
+    def items(self) -> tuple[Item, ...]:
+        return tuple(self._items.values())
+
+    @property
+    def active_response_id(self) -> str | None:
+        return self._response.id if self._response else None
+
+    @property
+    def response_phase(self) -> ResponsePhase | None:
+        return self._response.phase if self._response else None
+
+    @property
+    def input_buffer_ms(self) -> float:
+        return self._buffer.duration_ms
+
+    @property
+    def audio_clock_ms(self) -> float:
+        return self._clock_ms
+
+    # --- inputs ---
+
+    def start(self) -> list[Action]:
+        """The first events of the session (call once, before anything else)."""
+        self._send(self._events.session_created(self.config, session_id=self.session_id, model=self.settings.model))
+        self._send(self._events.conversation_created(self.conversation_id))
+        if self.config.turn_detection is not None:
+            self._emit(ConfigureTurnDetection(self.config.turn_detection, 0))
+        return self._drain()
+
+    def receive(self, message: str | bytes) -> list[Action]:
+        """A raw client message: parsed, then handled like :meth:`handle`."""
+        try:
+            event = parse_client_event(message)
+        except RealtimeError as exc:
+            self._error(exc, exc.event_id)
+            return self._drain()
+        return self.handle(event)
+
+    def handle(self, event: ClientEvent) -> list[Action]:
+        """A parsed client event. A request the state does not allow yields only an error event."""
+        try:
+            self._handlers[type(event)](event)
+        except RealtimeError as exc:
+            self._error(exc, event.event_id)
+        return self._drain()
+
+    def turn_event(self, event: TurnEvent) -> list[Action]:
+        """Speech started/stopped, from the detector configured by the last ConfigureTurnDetection.
+        Events arriving after detection was turned off are stale and ignored."""
+        if self.config.turn_detection is not None:
+            if isinstance(event, SpeechStarted):
+                self._speech_started(event, self.config.turn_detection)
+            elif self._speaking:
+                self._speech_stopped(event, self.config.turn_detection)
+        return self._drain()
+
+    def response_event(self, response_id: str, event: ResponseEvent) -> list[Action]:
+        """Engine output of the active response ``response_id`` (``ResponseDone`` last)."""
+        response = self._response
+        if response is None or response.id != response_id:
+            raise ValueError(f"engine output for {response_id}, which is not the active response")
+        if isinstance(event, TextDelta):
+            self._text_delta(response, event)
+        elif isinstance(event, AudioChunk):
+            self._audio_chunk(response, event)
+        else:
+            self._finish(response, event)
+        return self._drain()
+
+    def command_failed(self, command: EngineCommand, exc: Exception) -> list[Action]:
+        """An engine command raised. A response that could not start ends as failed; any other
+        failure is reported as an error event."""
+        response = self._response
+        if isinstance(command, StartResponse) and response is not None and response.id == command.response_id:
+            self._finish(response, ResponseDone(ResponseStatus.FAILED, Usage(), reason="error", error=exc))
+        else:
+            self._send(self._events.error(to_error_payload(exc)))
+        return self._drain()
+
+    def playback_stopped(self, response_id: str) -> list[Action]:
+        """WebRTC: the output track played the last audio of ``response_id``."""
+        if self._audio_response_id == response_id:
+            self._audio_response_id = None
+            self._send(self._events.output_audio_buffer_stopped(response_id))
+        return self._drain()
+
+    # --- plumbing ---
+
+    def _emit(self, action: Action) -> None:
+        self._out.append(action)
+
+    def _send(self, event: dict | None) -> None:
+        if event is not None:  # None: the client's dialect has no such event
+            self._out.append(Send(event))
+
+    def _error(self, exc: RealtimeError, event_id: str | None) -> None:
+        self._send(self._events.error(to_error_payload(exc, event_id=event_id)))
+
+    def _drain(self) -> list[Action]:
+        out, self._out = self._out, []
+        return out
+
+    def _new_id(self, kind: IdKind) -> str:
+        return self._ids.new(kind)
+
+    def _last_item_id(self) -> str | None:
+        return next(reversed(self._items), None)
+
+    def _add_item(self, item: Item) -> str | None:
+        """Append ``item`` to the mirror; returns the id of the item before it."""
+        previous = self._last_item_id()
+        self._items[item.id] = item
+        return previous
+
+    def _get_item(self, item_id: str, param: str = "item_id") -> Item:
+        item = self._items.get(item_id)
+        if item is None:
+            raise RealtimeError(f"item {item_id!r} does not exist", code=ErrorCode.ITEM_NOT_FOUND, param=param)
+        return item
+
+    # --- session.update ---
+
+    def _session_update(self, event: SessionUpdate) -> None:
+        patch = event.patch
+        if patch.voice is not KEEP:
+            patch = dataclasses.replace(patch, voice=self._voice(patch.voice, patch.voice_param))
+        old, new = self.config, self.config.apply(patch)
+        self.config = new
+        if new.instructions != old.instructions:
+            self._emit(SetInstructions(new.instructions))
+        if new.turn_detection != old.turn_detection:
+            self._turn_detection_changed(new.turn_detection)
+        self._send(self._events.session_updated(new, session_id=self.session_id, model=self.settings.model))
+
+    def _voice(self, name: str, param: str) -> str:
+        """The engine's spelling of voice ``name`` (matched case-insensitively)."""
+        for voice in self.settings.voices:
+            if voice.lower() == name.lower():
+                return voice
+        known = ", ".join(self.settings.voices)
+        raise RealtimeError(f"unknown voice {name!r}; this model has: {known}", code=ErrorCode.UNKNOWN_VOICE, param=param)
+
+    def _turn_detection_changed(self, params: ServerVadParams | None) -> None:
+        self._speaking = False
+        if params is None:
+            self._stream_held()  # manual turns: everything in the buffer is the user's message
+        self._emit(ConfigureTurnDetection(params, int(self._clock_ms)))
+
+    # --- input audio buffer ---
+
+    def _append(self, event: InputAudioAppend) -> None:
+        fmt = self.config.input_format
+        if len(event.audio) % fmt.bytes_per_sample:
+            raise InvalidAudioData(
+                f"{fmt.value} audio has {fmt.bytes_per_sample} bytes per sample; got {len(event.audio)} bytes",
+                param="audio",
+            )
+        if not event.audio:
+            return
+        ms = fmt.duration_ms(len(event.audio))
+        limit = self.settings.limits.max_buffer_ms
+        if self._buffer.duration_ms + ms > limit:
+            raise RealtimeError(
+                f"the input audio buffer holds at most {limit} ms; commit or clear it",
+                code=ErrorCode.INPUT_AUDIO_BUFFER_FULL,
+                param="audio",
+            )
+        self._clock_ms += ms
+        chunk = _Chunk(event.audio, fmt, self._clock_ms, ms)
+        vad = self.config.turn_detection
+        if vad is None or self._buffer.opened or self._speaking:
+            self._stream(chunk)
+        else:
+            self._buffer.hold(chunk, vad.prefix_padding_ms + self.settings.limits.vad_lookback_ms)
+        if vad is not None:
+            self._emit(DetectSpeech(event.audio, fmt))
+
+    def _buffer_item_id(self) -> str:
+        if self._buffer.item_id is None:
+            self._buffer.item_id = self._new_id(IdKind.ITEM)
+        return self._buffer.item_id
+
+    def _stream(self, chunk: _Chunk) -> None:
+        self._emit(AppendAudio(self._buffer_item_id(), chunk.audio, chunk.format))
+        self._buffer.opened = True
+        self._buffer.sent_ms += chunk.duration_ms
+
+    def _stream_held(self, after_ms: float = float("-inf")) -> None:
+        """Send the held chunks that end after ``after_ms`` to the engine; forget the others."""
+        held, self._buffer.held = self._buffer.held, deque()
+        for chunk in held:
+            if chunk.end_ms > after_ms:
+                self._stream(chunk)
+
+    def _commit_request(self, event: InputAudioCommit) -> None:
+        have, need = self._buffer.duration_ms, self.settings.limits.min_commit_ms
+        if have < need:
+            raise RealtimeError(
+                f"buffer too small: a commit needs at least {need} ms of audio, the buffer has {have:.0f} ms",
+                code=ErrorCode.INPUT_AUDIO_BUFFER_COMMIT_EMPTY,
+            )
+        self._restart_detection_if_speaking()
+        self._commit()
+
+    def _commit(self) -> None:
+        self._stream_held()
+        item = Item(self._buffer_item_id(), Role.USER, [ContentPart(ContentType.INPUT_AUDIO)])
+        previous = self._add_item(item)
+        self._emit(CommitAudio(item.id))
+        self._send(self._events.input_audio_buffer_committed(item.id, previous))
+        self._send(self._events.item_added(item, previous))
+        self._send(self._events.item_done(item, previous))
+        self._buffer = _InputBuffer()
+
+    def _clear(self, event: InputAudioClear) -> None:
+        if self._buffer.opened and self._buffer.item_id is not None:
+            self._emit(ClearAudio(self._buffer.item_id))
+        self._buffer = _InputBuffer()
+        self._restart_detection_if_speaking()
+        self._send(self._events.input_audio_buffer_cleared())
+
+    def _restart_detection_if_speaking(self) -> None:
+        """The turn in progress was committed or dropped by the client: the detector must not
+        report its end later."""
+        if self._speaking:
+            self._speaking = False
+            self._emit(ConfigureTurnDetection(self.config.turn_detection, int(self._clock_ms)))
+
+    # --- turn detection ---
+
+    def _speech_started(self, event: SpeechStarted, vad: ServerVadParams) -> None:
+        self._speaking = True
+        self._stream_held(after_ms=event.audio_start_ms)
+        self._send(self._events.speech_started(event.audio_start_ms, self._buffer_item_id()))
+        if vad.interrupt_response:
+            self._interrupt()
+
+    def _speech_stopped(self, event: SpeechStopped, vad: ServerVadParams) -> None:
+        self._speaking = False
+        self._send(self._events.speech_stopped(event.audio_end_ms, self._buffer_item_id()))
+        if self._buffer.duration_ms <= 0:
+            return
+        self._commit()
+        if not vad.create_response:
+            return
+        if self._response is None:
+            self._start_response(ResponseParams())
+        elif self._response.phase is ResponsePhase.CANCELLING:
+            self._auto_response_pending = True
+        # else: a response the user did not interrupt (interrupt_response false) keeps going and
+        # no new one starts, as in the OpenAI API.
+
+    def _interrupt(self) -> None:
+        """Barge-in: cancel the response in progress and stop the audio the user talks over."""
+        if self._response is not None and self._response.phase is ResponsePhase.IN_PROGRESS:
+            self._cancel(self._response, StatusReason.TURN_DETECTED)
+        if self._audio_response_id is not None:  # an earlier response may still be playing
+            self._stop_output_audio(self._audio_response_id)
+
+    # --- conversation items ---
+
+    def _item_create(self, event: ItemCreate) -> None:
+        new = event.item
+        if new.id is not None and new.id in self._items:
+            raise RealtimeError(f"item {new.id!r} already exists", code=ErrorCode.DUPLICATE_ITEM_ID, param="item.id")
+        self._check_append_position(event.previous_item_id)
+        if new.audio is not None:
+            fmt = self.config.input_format
+            if not new.audio or len(new.audio) % fmt.bytes_per_sample:
+                raise InvalidAudioData(
+                    f"item audio must be non-empty {fmt.value} ({fmt.bytes_per_sample} bytes per sample)",
+                    param="item.content.0.audio",
+                )
+        item_id = new.id or self._new_id(IdKind.ITEM)
+        if new.audio is not None:
+            self._emit(AddAudio(item_id, new.audio, self.config.input_format))
+            part = ContentPart(ContentType.INPUT_AUDIO, transcript=new.transcript)
+        else:
+            self._emit(AddText(item_id, new.text or "", new.role))
+            part = ContentPart(new.content, text=new.text)
+        item = Item(item_id, new.role, [part])
+        previous = self._add_item(item)
+        self._send(self._events.item_added(item, previous))
+        self._send(self._events.item_done(item, previous))
+
+    def _check_append_position(self, previous_item_id: str | None) -> None:
+        """Items can only be appended: the engine's context is a prefix-cached sequence."""
+        if previous_item_id is None or previous_item_id == self._last_item_id():
+            return
+        self._get_item(previous_item_id, param="previous_item_id")
+        raise RealtimeError(
+            "items can only be added at the end of the conversation",
+            code=ErrorCode.UNSUPPORTED_VALUE,
+            param="previous_item_id",
+        )
+
+    def _item_retrieve(self, event: ItemRetrieve) -> None:
+        self._send(self._events.item_retrieved(self._get_item(event.item_id)))
+
+    def _check_mutable(self, item: Item) -> None:
+        """Deleting or truncating needs the conversation idle (or its response being cancelled)."""
+        response = self._response
+        if response is None:
+            return
+        if response.item.id == item.id:
+            raise RealtimeError(
+                f"item {item.id!r} is still being generated; wait for response.done",
+                code=ErrorCode.ITEM_IN_PROGRESS,
+                param="item_id",
+            )
+        if response.phase is ResponsePhase.IN_PROGRESS:
+            raise RealtimeError(
+                f"response {response.id} is in progress; cancel it or wait for response.done",
+                code=ErrorCode.CONVERSATION_BUSY,
+                param="item_id",
+            )
+
+    def _item_delete(self, event: ItemDelete) -> None:
+        item = self._get_item(event.item_id)
+        self._check_mutable(item)
+        del self._items[item.id]
+        self._emit(DeleteItem(item.id))
+        self._send(self._events.item_deleted(item.id))
+
+    def _item_truncate(self, event: ItemTruncate) -> None:
+        item = self._get_item(event.item_id)
+        if item.role is not Role.ASSISTANT:
+            raise RealtimeError("only assistant audio can be truncated", code=ErrorCode.INVALID_VALUE, param="item_id")
+        response = self._response
+        if response is not None and response.item.id == item.id and response.phase is ResponsePhase.IN_PROGRESS:
+            raise RealtimeError(
+                f"item {item.id!r} is still being generated; cancel its response before truncating it",
+                code=ErrorCode.ITEM_IN_PROGRESS,
+                param="item_id",
+            )
+        if response is not None and response.item.id != item.id:
+            self._check_mutable(item)
+        part = self._audio_part(item, event.content_index)
+        if event.audio_end_ms > part.audio_ms + 0.5:  # sent durations are fractional ms
+            raise RealtimeError(
+                f"audio_end_ms {event.audio_end_ms} is past the {part.audio_ms:.0f} ms of audio sent for this item",
+                code=ErrorCode.INVALID_VALUE,
+                param="audio_end_ms",
+            )
+        part.audio_ms = float(event.audio_end_ms)
+        part.transcript = None  # the text the user did not hear is dropped from the context
+        self._emit(TruncateItem(item.id, event.audio_end_ms))
+        self._send(self._events.item_truncated(item.id, event.content_index, event.audio_end_ms))
+
+    @staticmethod
+    def _audio_part(item: Item, index: int) -> ContentPart:
+        if index >= len(item.content) or item.content[index].type is not ContentType.OUTPUT_AUDIO:
+            raise RealtimeError(
+                f"item {item.id!r} has no audio content at index {index}",
+                code=ErrorCode.INVALID_VALUE,
+                param="content_index",
+            )
+        return item.content[index]
+
+    # --- responses: requests ---
+
+    def _response_create(self, event: ResponseCreate) -> None:
+        if self._response is not None:
+            raise RealtimeError(
+                f"conversation already has an active response in progress: {self._response.id}",
+                code=ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
+            )
+        self._start_response(event.params)
+
+    def _response_cancel(self, event: ResponseCancel) -> None:
+        response = self._response
+        if response is None or response.phase is not ResponsePhase.IN_PROGRESS:
+            raise RealtimeError("no active response to cancel", code=ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE)
+        if event.response_id is not None and event.response_id != response.id:
+            raise RealtimeError(
+                f"response {event.response_id!r} is not the active response",
+                code=ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE,
+                param="response_id",
+            )
+        self._cancel(response, StatusReason.CLIENT_CANCELLED)
+
+    def _output_audio_clear(self, event: OutputAudioClear) -> None:
+        if self.settings.audio_transport is not AudioTransport.MEDIA:
+            raise RealtimeError(
+                "output_audio_buffer.clear is for WebRTC sessions; over a WebSocket the client owns playback",
+                code=ErrorCode.UNSUPPORTED_EVENT,
+                param="type",
+            )
+        if self._audio_response_id is None:
+            raise RealtimeError("no response audio is playing", code=ErrorCode.OUTPUT_AUDIO_BUFFER_EMPTY)
+        self._stop_output_audio(self._audio_response_id)
+
+    def _cancel(self, response: _Response, reason: StatusReason) -> None:
+        response.phase = ResponsePhase.CANCELLING
+        response.cancel_reason = reason
+        self._emit(CancelResponse(response.id, reason))
+        if self._audio_response_id == response.id:
+            self._stop_output_audio(response.id)
+
+    def _stop_output_audio(self, response_id: str) -> None:
+        """Nothing more of this response's audio may reach the listener."""
+        self._audio_response_id = None
+        if self.settings.audio_transport is AudioTransport.MEDIA:
+            self._emit(ClearOutputAudio(response_id))
+            self._send(self._events.output_audio_buffer_cleared(response_id))
+        else:
+            self._emit(DropQueuedAudio(response_id))
+
+    # --- responses: lifecycle ---
+
+    def _start_response(self, params: ResponseParams) -> None:
+        cfg = self.config
+        voice = self._voice(params.voice, params.voice_param) if params.voice is not KEEP else cfg.voice
+        modality = cfg.modality if params.modality is KEEP else params.modality
+        fmt = cfg.output_format if params.output_format is KEEP else params.output_format
+        max_tokens = cfg.max_output_tokens if params.max_output_tokens is KEEP else params.max_output_tokens
+        override = params.instructions is not KEEP and params.instructions != cfg.instructions
+        if override:
+            self._emit(SetInstructions(params.instructions))  # type: ignore[arg-type]
+        audio = modality is OutputModality.AUDIO
+        part = ContentPart(ContentType.OUTPUT_AUDIO, transcript="") if audio else ContentPart(ContentType.OUTPUT_TEXT, text="")
+        item = Item(self._new_id(IdKind.ITEM), Role.ASSISTANT, [], ItemStatus.IN_PROGRESS)
+        encoder = self._encoder_factory(fmt) if audio and self.settings.audio_transport is AudioTransport.EVENTS else None
+        response = _Response(
+            id=self._new_id(IdKind.RESPONSE),
+            item=item,
+            part=part,
+            previous_item_id=self._add_item(item),
+            modality=modality,
+            voice=voice,
+            output_format=fmt,
+            max_output_tokens=max_tokens,
+            metadata=params.metadata,
+            encoder=encoder,
+            restore_instructions=override,
+        )
+        self._response = response
+        self._send(self._events.response_created(response.summary(self.conversation_id, ResponseState.IN_PROGRESS)))
+        self._send(self._events.output_item_added(response.id, 0, item))
+        self._send(self._events.item_added(item, response.previous_item_id))
+        item.content.append(part)
+        self._send(self._events.content_part_added(response.ref, part))
+        self._emit(StartResponse(response.id, item.id, modality.engine_modalities, voice, max_tokens))
+
+    def _text_delta(self, response: _Response, event: TextDelta) -> None:
+        if response.phase is ResponsePhase.CANCELLING or not event.text:
+            return
+        if response.modality is OutputModality.AUDIO:
+            response.part.transcript = (response.part.transcript or "") + event.text
+            self._send(self._events.transcript_delta(response.ref, event.text))
+        else:
+            response.part.text = (response.part.text or "") + event.text
+            self._send(self._events.text_delta(response.ref, event.text))
+
+    def _audio_chunk(self, response: _Response, event: AudioChunk) -> None:
+        # Audio after the cancel decision is never sent; audio of a text response is not either
+        # (the engine was asked for text only, so this is defensive).
+        if response.phase is ResponsePhase.CANCELLING or response.modality is OutputModality.TEXT:
+            return
+        if self.settings.audio_transport is AudioTransport.MEDIA:
+            if self._audio_response_id != response.id:
+                self._audio_response_id = response.id
+                self._send(self._events.output_audio_buffer_started(response.id))
+            response.part.audio_ms += 1000.0 * len(event.pcm) / OUTPUT_SAMPLE_RATE
+            self._emit(PlayAudio(response.id, event.pcm))
+            return
+        assert response.encoder is not None
+        self._send_audio(response, response.encoder.encode(event.pcm))
+
+    def _send_audio(self, response: _Response, data: bytes) -> None:
+        if not data:
+            return  # the resampler is still filling its window
+        self._audio_response_id = response.id
+        response.part.audio_ms += response.output_format.duration_ms(len(data))
+        self._send(self._events.audio_delta(response.ref, base64.b64encode(data).decode("ascii")))
+
+    def _finish(self, response: _Response, done: ResponseDone) -> None:
+        state, reason, error = self._outcome(response, done)
+        if state is ResponseState.COMPLETED and response.encoder is not None:
+            self._send_audio(response, response.encoder.flush())
+        item, part, ref = response.item, response.part, response.ref
+        item.status = ItemStatus.COMPLETED if state is ResponseState.COMPLETED else ItemStatus.INCOMPLETE
+        if response.modality is OutputModality.AUDIO:
+            self._send(self._events.audio_done(ref))
+            self._send(self._events.transcript_done(ref, part.transcript or ""))
+        else:
+            self._send(self._events.text_done(ref, part.text or ""))
+        self._send(self._events.content_part_done(ref, part))
+        self._send(self._events.output_item_done(response.id, 0, item))
+        self._send(self._events.item_done(item, response.previous_item_id))
+        summary = response.summary(
+            self.conversation_id, state, output=(item,), reason=reason, error=error, usage=done.usage
+        )
+        self._send(self._events.response_done(summary))
+        self._response = None
+        if response.restore_instructions:
+            self._emit(SetInstructions(self.config.instructions))
+        if self._auto_response_pending:
+            self._auto_response_pending = False
+            self._start_response(ResponseParams())
+
+    @staticmethod
+    def _outcome(response: _Response, done: ResponseDone) -> tuple[ResponseState, StatusReason | None, dict | None]:
+        """Our cancel decision wins over what the engine managed to finish."""
+        if response.cancel_reason is not None:
+            return ResponseState.CANCELLED, response.cancel_reason, None
+        state = ResponseState(done.status.value)
+        error = None
+        if state is ResponseState.FAILED:
+            payload = to_error_payload(done.error or RuntimeError("response failed"))
+            error = {"type": payload["type"], "code": payload["code"], "message": payload["message"]}
+        return state, StatusReason.from_engine(done.reason), error

@@ -1,0 +1,728 @@
+"""realtime.session: the sans-I/O state machine driven through full turns (manual and server VAD),
+barge-in, truncation and every error case. No engine, no sockets: actions are inspected directly,
+and every event sent is validated with the openai SDK's models for the session's dialect."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pydantic
+import pytest
+
+from pipeline.errors import EngineFailure, UnknownItemError
+from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta, Usage
+from realtime.audio import AudioFormat
+from realtime.ids import SequentialIds
+from realtime.protocol.codes import ErrorCode, StatusReason
+from realtime.protocol.model import ItemStatus, Role
+from realtime.protocol.names import Dialect
+from realtime.session import (
+    AddAudio,
+    AddText,
+    AppendAudio,
+    AudioTransport,
+    CancelResponse,
+    ClearAudio,
+    ClearOutputAudio,
+    CommitAudio,
+    ConfigureTurnDetection,
+    DeleteItem,
+    DetectSpeech,
+    DropQueuedAudio,
+    PlayAudio,
+    ResponsePhase,
+    Send,
+    Session,
+    SessionLimits,
+    SessionSettings,
+    SetInstructions,
+    StartResponse,
+    TruncateItem,
+)
+from realtime.turn import ServerVadParams, SpeechStarted, SpeechStopped
+
+openai = pytest.importorskip("openai")
+from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent  # noqa: E402
+from openai.types.realtime import RealtimeServerEvent  # noqa: E402
+
+ADAPTERS = {Dialect.GA: pydantic.TypeAdapter(RealtimeServerEvent), Dialect.BETA: pydantic.TypeAdapter(BetaServerEvent)}
+RATE = 24_000
+
+
+def pcm16(ms: int, amplitude: float = 0.0) -> bytes:
+    n = RATE * ms // 1000
+    tone = amplitude * np.sin(2 * np.pi * 300 * np.arange(n) / RATE)
+    return (tone * 32767).astype("<i2").tobytes()
+
+
+def chunk(ms: int, start: int = 0) -> AudioChunk:
+    n = RATE * ms // 1000
+    pcm = (0.1 * np.sin(2 * np.pi * 440 * (start + np.arange(n)) / RATE)).astype(np.float32)
+    return AudioChunk(pcm, start)
+
+
+class Driver:
+    """Drives a Session; keeps every action, and checks every event against the SDK models."""
+
+    def __init__(self, dialect=Dialect.GA, transport=AudioTransport.EVENTS, limits=SessionLimits(), manual=False):
+        settings = SessionSettings(
+            model="fake-omni",
+            voices=("Chelsie", "Ethan"),
+            default_voice="Chelsie",
+            default_instructions="You are helpful.",
+            dialect=dialect,
+            audio_transport=transport,
+            limits=limits,
+        )
+        self.session = Session(settings, ids=SequentialIds())
+        self.adapter = ADAPTERS[dialect]
+        self.log: list = []
+        self.start_actions = self._record(self.session.start())
+        if manual:
+            self.send({"type": "session.update", "session": {"turn_detection": None}})
+
+    def _record(self, actions: list) -> list:
+        for action in actions:
+            if isinstance(action, Send):
+                json.dumps(action.event)
+                self.adapter.validate_python(action.event)
+        self.log.extend(actions)
+        return actions
+
+    def send(self, event: dict) -> list:
+        return self._record(self.session.receive(json.dumps(event)))
+
+    def append(self, ms: int, amplitude: float = 0.0) -> list:
+        return self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16(ms, amplitude)).decode()})
+
+    def turn(self, event) -> list:
+        return self._record(self.session.turn_event(event))
+
+    def engine(self, event, response_id: str | None = None) -> list:
+        return self._record(self.session.response_event(response_id or self.session.active_response_id, event))
+
+    def respond(self) -> list:
+        return self.send({"type": "response.create"})
+
+    def done(self, status=ResponseStatus.COMPLETED, reason=None, error=None, usage=Usage(1, 2, 0, 3, 4)) -> list:
+        return self.engine(ResponseDone(status, usage, reason=reason, error=error))
+
+
+def events(actions: list) -> list[dict]:
+    return [a.event for a in actions if isinstance(a, Send)]
+
+
+def types(actions: list) -> list[str]:
+    return [e["type"] for e in events(actions)]
+
+
+def of(actions: list, cls) -> list:
+    return [a for a in actions if isinstance(a, cls)]
+
+
+def error_of(actions: list) -> dict:
+    (event,) = events(actions)
+    assert event["type"] == "error"
+    return event["error"]
+
+
+def commit_turn(d: Driver, ms: int = 200) -> str:
+    """Manual mode: append and commit a user turn; returns the user item id."""
+    d.append(ms)
+    (commit,) = of(d.send({"type": "input_audio_buffer.commit"}), CommitAudio)
+    return commit.item_id
+
+
+# --- start and session.update -------------------------------------------------------------------
+
+
+def test_start_announces_the_session_and_starts_vad():
+    d = Driver()
+    assert types(d.start_actions) == ["session.created"]
+    session = events(d.start_actions)[0]["session"]
+    assert session["instructions"] == "You are helpful."
+    assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    assert session["audio"]["output"]["voice"] == "Chelsie"
+    assert of(d.start_actions, ConfigureTurnDetection) == [ConfigureTurnDetection(ServerVadParams(), 0)]
+
+
+def test_beta_start_also_announces_the_conversation():
+    d = Driver(Dialect.BETA)
+    assert types(d.start_actions) == ["session.created", "conversation.created"]
+    assert events(d.start_actions)[0]["session"]["input_audio_format"] == "pcm16"
+
+
+def test_session_update_applies_and_reports_the_full_config():
+    d = Driver()
+    acts = d.send(
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "instructions": "Be terse.", "audio": {"output": {"voice": "ethan"}}},
+        }
+    )
+    assert of(acts, SetInstructions) == [SetInstructions("Be terse.")]
+    (updated,) = events(acts)
+    assert updated["type"] == "session.updated"
+    assert updated["session"]["instructions"] == "Be terse."
+    assert updated["session"]["audio"]["output"]["voice"] == "Ethan"  # the engine's spelling
+    assert d.session.config.voice == "Ethan"
+
+
+def test_session_update_with_an_unknown_voice_changes_nothing():
+    d = Driver()
+    acts = d.send({"type": "session.update", "event_id": "u1", "session": {"instructions": "x", "voice": "alloy"}})
+    err = error_of(acts)
+    assert (err["code"], err["param"], err["event_id"]) == (ErrorCode.UNKNOWN_VOICE, "session.voice", "u1")
+    assert d.session.config.instructions == "You are helpful." and d.session.config.voice == "Chelsie"
+
+
+def test_turning_vad_off_reconfigures_detection_at_the_current_clock():
+    d = Driver()
+    d.append(100)
+    acts = d.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+    assert of(acts, ConfigureTurnDetection) == [ConfigureTurnDetection(None, 100)]
+    assert d.session.config.turn_detection is None
+
+
+# --- manual turns -------------------------------------------------------------------------------
+
+
+def test_manual_turn_with_audio_reply():
+    d = Driver(manual=True)
+    appended = d.append(200)
+    assert of(appended, AppendAudio) == [AppendAudio("item_1", pcm16(200), AudioFormat.PCM)]
+    assert events(appended) == [] and of(appended, DetectSpeech) == []
+
+    acts = d.send({"type": "input_audio_buffer.commit"})
+    assert of(acts, CommitAudio) == [CommitAudio("item_1")]
+    assert types(acts) == ["input_audio_buffer.committed", "conversation.item.added", "conversation.item.done"]
+    assert events(acts)[1]["item"]["content"] == [{"type": "input_audio", "transcript": None}]
+
+    acts = d.respond()
+    assert types(acts) == [
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+    ]
+    (start,) = of(acts, StartResponse)
+    assert start == StartResponse("resp_1", "item_2", frozenset({"text", "audio"}), "Chelsie", None)
+    assert events(acts)[2]["previous_item_id"] == "item_1"
+
+    streamed = d.engine(TextDelta("Hi", (1,))) + d.engine(chunk(40)) + d.engine(TextDelta(" you", (2,)))
+    assert types(streamed) == [
+        "response.output_audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.output_audio_transcript.delta",
+    ]
+    audio = base64.b64decode(events(streamed)[1]["delta"])
+    expected = np.clip(np.rint(chunk(40).pcm.astype(np.float64) * 32768), -32768, 32767).astype("<i2").tobytes()
+    assert audio == expected
+
+    acts = d.done()
+    assert types(acts) == [
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    by_type = {e["type"]: e for e in events(acts)}
+    assert by_type["response.output_audio_transcript.done"]["transcript"] == "Hi you"
+    response = by_type["response.done"]["response"]
+    assert (response["status"], response["status_details"]) == ("completed", {"type": "completed"})
+    assert response["output"][0]["content"] == [{"type": "output_audio", "transcript": "Hi you"}]
+    assert response["usage"]["total_tokens"] == 10 and response["usage"]["output_token_details"]["audio_tokens"] == 4
+    assert [(i.id, i.role, i.status) for i in d.session.items] == [
+        ("item_1", Role.USER, ItemStatus.COMPLETED),
+        ("item_2", Role.ASSISTANT, ItemStatus.COMPLETED),
+    ]
+    assert d.session.items[1].content[0].audio_ms == pytest.approx(40.0)
+    assert d.session.active_response_id is None
+
+
+def test_beta_names_for_the_same_turn():
+    d = Driver(Dialect.BETA, manual=True)
+    commit = d.send({"type": "input_audio_buffer.commit"})  # nothing appended yet
+    assert error_of(commit)["code"] == ErrorCode.INPUT_AUDIO_BUFFER_COMMIT_EMPTY
+    d.append(200)
+    assert types(d.send({"type": "input_audio_buffer.commit"})) == [
+        "input_audio_buffer.committed",
+        "conversation.item.created",
+    ]
+    acts = d.respond() + d.engine(TextDelta("Hi", (1,))) + d.engine(chunk(20)) + d.done()
+    assert types(acts) == [
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.created",
+        "response.content_part.added",
+        "response.audio_transcript.delta",
+        "response.audio.delta",
+        "response.audio.done",
+        "response.audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
+    assert events(acts)[-1]["response"]["output"][0]["content"][0]["type"] == "audio"
+
+
+def test_text_only_response():
+    d = Driver(manual=True)
+    commit_turn(d)
+    acts = d.send({"type": "response.create", "response": {"output_modalities": ["text"], "max_output_tokens": 7}})
+    assert of(acts, StartResponse)[0].modalities == frozenset({"text"})
+    assert of(acts, StartResponse)[0].max_output_tokens == 7
+    assert events(acts)[-1]["part"] == {"type": "text", "text": ""}
+    acts = d.engine(TextDelta("Paris", (1,))) + d.engine(chunk(20)) + d.done()
+    assert types(acts)[:2] == ["response.output_text.delta", "response.output_text.done"]
+    assert events(acts)[1]["text"] == "Paris"
+    assert "response.output_audio.delta" not in types(acts)
+
+
+def test_g711_output_is_counted_in_wire_milliseconds():
+    d = Driver(manual=True)
+    d.send({"type": "session.update", "session": {"audio": {"output": {"format": {"type": "audio/pcmu"}}}}})
+    commit_turn(d)
+    d.respond()
+    for i in range(5):
+        d.engine(chunk(40, start=i * 960))
+    d.done()
+    sent = [base64.b64decode(e["delta"]) for e in events(d.log) if e["type"] == "response.output_audio.delta"]
+    total = sum(len(s) for s in sent)
+    assert total == 8000 * 200 // 1000  # every sample arrives, at 8 kHz, one byte each
+    assert d.session.items[-1].content[0].audio_ms == pytest.approx(200.0)
+
+
+def test_response_instructions_apply_to_that_response_only():
+    d = Driver(manual=True)
+    commit_turn(d)
+    acts = d.send({"type": "response.create", "response": {"instructions": "Say bye."}})
+    assert [type(a) for a in acts if not isinstance(a, Send)] == [SetInstructions, StartResponse]
+    assert of(acts, SetInstructions) == [SetInstructions("Say bye.")]
+    assert of(d.done(), SetInstructions) == [SetInstructions("You are helpful.")]
+
+
+def test_failed_and_incomplete_responses():
+    d = Driver(manual=True)
+    commit_turn(d)
+    d.respond()
+    acts = d.done(ResponseStatus.FAILED, reason="error", error=EngineFailure("talker crashed"))
+    response = events(acts)[-1]["response"]
+    assert response["status"] == "failed"
+    assert response["status_details"]["error"] == {"type": "server_error", "code": "engine_failure", "message": "talker crashed"}
+    assert response["output"][0]["status"] == "incomplete"
+
+    d.respond()
+    acts = d.done(ResponseStatus.INCOMPLETE, reason="max_output_tokens")
+    assert events(acts)[-1]["response"]["status_details"] == {"type": "incomplete", "reason": "max_output_tokens"}
+
+
+def test_a_response_that_cannot_start_ends_as_failed():
+    d = Driver(manual=True)
+    commit_turn(d)
+    (start,) = of(d.respond(), StartResponse)
+    acts = d._record(d.session.command_failed(start, UnknownItemError("no such item", param="item_id")))
+    response = events(acts)[-1]["response"]
+    assert (response["status"], response["status_details"]["error"]["code"]) == ("failed", "item_not_found")
+    assert d.session.active_response_id is None
+
+
+def test_other_command_failures_become_error_events():
+    d = Driver(manual=True)
+    item_id = commit_turn(d)
+    err = error_of(d._record(d.session.command_failed(CommitAudio(item_id), EngineFailure("prefill failed"))))
+    assert (err["type"], err["code"]) == ("server_error", "engine_failure")
+
+
+# --- server VAD turns ---------------------------------------------------------------------------
+
+
+def test_vad_holds_silence_and_sends_speech_from_its_start():
+    d = Driver()
+    held = []
+    for _ in range(10):  # 1 s of silence: detected on, nothing reaches the engine
+        acts = d.append(100)
+        assert of(acts, AppendAudio) == []
+        assert of(acts, DetectSpeech) == [DetectSpeech(pcm16(100), AudioFormat.PCM)]
+        held.append(acts)
+    assert d.session.input_buffer_ms <= 300 + 500  # prefix padding + lookback
+
+    acts = d.append(100, amplitude=0.5)  # speech in the 1000–1100 ms chunk
+    assert of(acts, AppendAudio) == []
+    acts = d.turn(SpeechStarted(audio_start_ms=700, speech_start_ms=1000))
+    assert types(acts) == ["input_audio_buffer.speech_started"]
+    assert events(acts)[0]["audio_start_ms"] == 700 and events(acts)[0]["item_id"] == "item_1"
+    # the held chunks ending after 700 ms: 700–800, 800–900, 900–1000 and the speech chunk
+    assert len(of(acts, AppendAudio)) == 4 and of(acts, AppendAudio)[-1].audio == pcm16(100, 0.5)
+
+    assert len(of(d.append(100, amplitude=0.5), AppendAudio)) == 1  # speaking: streamed at once
+    for _ in range(5):
+        assert len(of(d.append(100), AppendAudio)) == 1
+    acts = d.turn(SpeechStopped(audio_end_ms=1700, speech_end_ms=1200))
+    assert types(acts) == [
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+    ]
+    assert events(acts)[0]["audio_end_ms"] == 1700
+    assert of(acts, CommitAudio) == [CommitAudio("item_1")]
+    assert of(acts, StartResponse)[0].item_id == "item_2"
+    # the next turn's audio belongs to a new item
+    d.append(100)
+    acts = d.turn(SpeechStarted(1800, 1800))
+    assert events(acts)[0]["item_id"] == "item_3"
+
+
+def test_vad_without_create_response_only_commits():
+    d = Driver()
+    d.send({"type": "session.update", "session": {"turn_detection": {"create_response": False}}})
+    d.append(100, 0.5)
+    d.turn(SpeechStarted(0, 0))
+    d.append(600)
+    acts = d.turn(SpeechStopped(700, 100))
+    assert "input_audio_buffer.committed" in types(acts) and of(acts, StartResponse) == []
+
+
+def test_stale_turn_events_after_vad_was_turned_off_are_ignored():
+    d = Driver(manual=True)
+    assert d.turn(SpeechStarted(0, 0)) == [] and d.turn(SpeechStopped(500, 0)) == []
+
+
+def test_manual_commit_during_speech_restarts_detection():
+    d = Driver()
+    d.append(200, 0.5)
+    d.turn(SpeechStarted(0, 0))
+    acts = d.send({"type": "input_audio_buffer.commit"})
+    assert of(acts, ConfigureTurnDetection) == [ConfigureTurnDetection(ServerVadParams(), 200)]
+    assert "input_audio_buffer.committed" in types(acts)
+    assert d.turn(SpeechStopped(700, 200)) == []  # no longer speaking: nothing to stop
+
+
+def test_turning_vad_off_keeps_held_audio_for_the_manual_commit():
+    d = Driver()
+    d.append(200)
+    acts = d.send({"type": "session.update", "session": {"turn_detection": None}})
+    assert of(acts, AppendAudio) == [AppendAudio("item_1", pcm16(200), AudioFormat.PCM)]
+    assert of(d.send({"type": "input_audio_buffer.commit"}), CommitAudio) == [CommitAudio("item_1")]
+
+
+# --- barge-in -----------------------------------------------------------------------------------
+
+
+def start_vad_response(d: Driver) -> str:
+    d.append(300, 0.5)
+    d.turn(SpeechStarted(0, 0))
+    d.append(600)
+    d.turn(SpeechStopped(900, 300))
+    assert d.session.active_response_id is not None
+    return d.session.active_response_id
+
+
+def test_barge_in_cancels_and_no_audio_follows_the_decision():
+    d = Driver()
+    rid = start_vad_response(d)
+    sent = d.engine(TextDelta("Once upon", (1,))) + d.engine(chunk(40)) + d.engine(chunk(40, 960))
+    assert types(sent).count("response.output_audio.delta") == 2
+
+    d.append(100, 0.5)
+    acts = d.turn(SpeechStarted(1000, 1000))
+    assert types(acts) == ["input_audio_buffer.speech_started"]
+    assert of(acts, CancelResponse) == [CancelResponse(rid, StatusReason.TURN_DETECTED)]
+    assert of(acts, DropQueuedAudio) == [DropQueuedAudio(rid)]
+    assert d.session.response_phase is ResponsePhase.CANCELLING
+
+    late = d.engine(chunk(40, 1920)) + d.engine(TextDelta(" a time", (2,)))  # the engine's last step
+    assert late == []
+    acts = d.done(ResponseStatus.COMPLETED)  # even if the engine managed to finish
+    response = events(acts)[-1]["response"]
+    assert (response["status"], response["status_details"]) == ("cancelled", {"type": "cancelled", "reason": "turn_detected"})
+    assert response["output"][0]["status"] == "incomplete"
+    assert response["output"][0]["content"][0]["transcript"] == "Once upon"
+    assert "response.output_audio.delta" not in types(acts)  # no flush of a cancelled response
+    assert d.session.items[-1].content[0].audio_ms == pytest.approx(80.0)
+
+
+def test_speech_stopping_while_the_cancel_winds_down_starts_the_next_response_after_it():
+    d = Driver()
+    first = start_vad_response(d)
+    d.append(300, 0.5)
+    d.turn(SpeechStarted(1000, 1000))
+    d.append(600)
+    acts = d.turn(SpeechStopped(1900, 1300))
+    assert "input_audio_buffer.committed" in types(acts) and of(acts, StartResponse) == []
+    acts = d.done(ResponseStatus.CANCELLED, reason="turn_detected")
+    assert types(acts)[-5:] == [
+        "response.done",
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+    ]
+    (start,) = of(acts, StartResponse)
+    assert start.response_id != first and d.session.active_response_id == start.response_id
+
+
+def test_without_interrupt_response_speech_does_not_cancel():
+    d = Driver()
+    d.send({"type": "session.update", "session": {"turn_detection": {"interrupt_response": False}}})
+    rid = start_vad_response(d)
+    d.engine(chunk(40))
+    d.append(100, 0.5)
+    acts = d.turn(SpeechStarted(1000, 1000))
+    assert of(acts, CancelResponse) == [] and of(acts, DropQueuedAudio) == []
+    d.append(600)
+    acts = d.turn(SpeechStopped(1700, 1100))
+    assert of(acts, StartResponse) == []  # the running response keeps going; none is queued
+    assert d.session.active_response_id == rid
+    assert "response.output_audio.delta" in types(d.engine(chunk(40, 960)))
+
+
+def test_barge_in_after_the_response_finished_drops_its_unsent_audio():
+    d = Driver()
+    rid = start_vad_response(d)
+    d.engine(chunk(40))
+    d.done()
+    d.append(100, 0.5)
+    acts = d.turn(SpeechStarted(1000, 1000))
+    assert of(acts, CancelResponse) == [] and of(acts, DropQueuedAudio) == [DropQueuedAudio(rid)]
+
+
+# --- truncation ---------------------------------------------------------------------------------
+
+
+def cancelled_audio_response(d: Driver, chunks: int = 3) -> str:
+    commit_turn(d)
+    d.respond()
+    for i in range(chunks):
+        d.engine(chunk(40, i * 960))
+    d.send({"type": "response.cancel"})
+    return d.session.items[-1].id
+
+
+def test_truncate_after_cancel():
+    d = Driver(manual=True)
+    item_id = cancelled_audio_response(d)
+    acts = d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 50})
+    assert of(acts, TruncateItem) == [TruncateItem(item_id, 50)]
+    assert events(acts) == [
+        {"type": "conversation.item.truncated", "event_id": events(acts)[0]["event_id"], "item_id": item_id,
+         "content_index": 0, "audio_end_ms": 50}
+    ]  # fmt: skip
+    part = d.session.items[-1].content[0]
+    assert (part.audio_ms, part.transcript) == (50.0, None)
+    acts = d.done(ResponseStatus.CANCELLED, reason="client_cancelled")
+    assert events(acts)[-1]["response"]["status_details"]["reason"] == "client_cancelled"
+
+
+@pytest.mark.parametrize(
+    ("change", "code", "param"),
+    [
+        ({"audio_end_ms": 121}, ErrorCode.INVALID_VALUE, "audio_end_ms"),
+        ({"content_index": 1}, ErrorCode.INVALID_VALUE, "content_index"),
+        ({"item_id": "item_1"}, ErrorCode.INVALID_VALUE, "item_id"),  # the user's item
+        ({"item_id": "nope"}, ErrorCode.ITEM_NOT_FOUND, "item_id"),
+    ],
+)
+def test_truncate_is_validated_against_the_audio_sent(change, code, param):
+    d = Driver(manual=True)
+    item_id = cancelled_audio_response(d)  # 3 × 40 ms sent
+    request = {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 120}
+    assert of(d.send(request), TruncateItem)  # exactly what was sent is fine
+    err = error_of(d.send({**request, **change, "event_id": "t"}))
+    assert (err["code"], err["param"], err["event_id"]) == (code, param, "t")
+
+
+def test_truncate_of_an_item_still_being_generated_is_refused():
+    d = Driver(manual=True)
+    commit_turn(d)
+    d.respond()
+    d.engine(chunk(40))
+    item_id = d.session.items[-1].id
+    err = error_of(d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 10}))
+    assert err["code"] == ErrorCode.ITEM_IN_PROGRESS
+
+
+# --- conversation items -------------------------------------------------------------------------
+
+
+def test_item_create_retrieve_delete():
+    d = Driver(manual=True)
+    text = {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "Rules."}]}
+    acts = d.send({"type": "conversation.item.create", "item": {**text, "id": "sys1"}})
+    assert of(acts, AddText) == [AddText("sys1", "Rules.", Role.SYSTEM)]
+    assert types(acts) == ["conversation.item.added", "conversation.item.done"]
+
+    audio = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": base64.b64encode(pcm16(100)).decode()}]}
+    acts = d.send({"type": "conversation.item.create", "previous_item_id": "sys1", "item": audio})
+    assert of(acts, AddAudio) == [AddAudio("item_1", pcm16(100), AudioFormat.PCM)]
+    assert events(acts)[0]["previous_item_id"] == "sys1"
+
+    acts = d.send({"type": "conversation.item.retrieve", "item_id": "sys1"})
+    assert events(acts)[0]["type"] == "conversation.item.retrieved"
+    assert events(acts)[0]["item"]["content"] == [{"type": "input_text", "text": "Rules."}]
+
+    acts = d.send({"type": "conversation.item.delete", "item_id": "sys1"})
+    assert of(acts, DeleteItem) == [DeleteItem("sys1")] and types(acts) == ["conversation.item.deleted"]
+    assert [i.id for i in d.session.items] == ["item_1"]
+
+
+@pytest.mark.parametrize(
+    ("event", "code", "param"),
+    [
+        ({"type": "conversation.item.retrieve", "item_id": "ghost"}, ErrorCode.ITEM_NOT_FOUND, "item_id"),
+        ({"type": "conversation.item.delete", "item_id": "ghost"}, ErrorCode.ITEM_NOT_FOUND, "item_id"),
+        (
+            {"type": "conversation.item.create", "previous_item_id": "ghost",
+             "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}},
+            ErrorCode.ITEM_NOT_FOUND, "previous_item_id",
+        ),
+        (
+            {"type": "conversation.item.create", "previous_item_id": "first",
+             "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}},
+            ErrorCode.UNSUPPORTED_VALUE, "previous_item_id",
+        ),
+        (
+            {"type": "conversation.item.create",
+             "item": {"id": "first", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}},
+            ErrorCode.DUPLICATE_ITEM_ID, "item.id",
+        ),
+        (
+            {"type": "conversation.item.create",
+             "item": {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": "AAAA"}]}},
+            ErrorCode.INVALID_AUDIO, "item.content.0.audio",  # 3 bytes of pcm16
+        ),
+    ],
+)  # fmt: skip
+def test_item_errors(event, code, param):
+    d = Driver(manual=True)
+    for item_id in ("first", "second"):
+        item = {"id": item_id, "type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
+        d.send({"type": "conversation.item.create", "item": item})
+    err = error_of(d.send(event))
+    assert (err["code"], err["param"]) == (code, param)
+    assert [i.id for i in d.session.items] == ["first", "second"]
+
+
+def test_deleting_during_a_response():
+    d = Driver(manual=True)
+    user = commit_turn(d)
+    d.respond()
+    assistant = d.session.items[-1].id
+    assert error_of(d.send({"type": "conversation.item.delete", "item_id": user}))["code"] == ErrorCode.CONVERSATION_BUSY
+    d.send({"type": "response.cancel"})
+    assert error_of(d.send({"type": "conversation.item.delete", "item_id": assistant}))["code"] == ErrorCode.ITEM_IN_PROGRESS
+    assert of(d.send({"type": "conversation.item.delete", "item_id": user}), DeleteItem) == [DeleteItem(user)]
+
+
+# --- input buffer and response errors -----------------------------------------------------------
+
+
+def test_commit_needs_enough_audio_and_clear_discards_it():
+    d = Driver(manual=True)
+    d.append(50)
+    err = error_of(d.send({"type": "input_audio_buffer.commit", "event_id": "c"}))
+    assert (err["code"], err["event_id"]) == (ErrorCode.INPUT_AUDIO_BUFFER_COMMIT_EMPTY, "c")
+    acts = d.send({"type": "input_audio_buffer.clear"})
+    assert of(acts, ClearAudio) == [ClearAudio("item_1")] and types(acts) == ["input_audio_buffer.cleared"]
+    assert d.session.input_buffer_ms == 0
+    assert of(d.append(100), AppendAudio)[0].item_id == "item_2"
+
+
+def test_buffer_limit_refuses_the_chunk_and_keeps_the_rest():
+    d = Driver(manual=True, limits=SessionLimits(max_buffer_ms=300))
+    d.append(200)
+    err = error_of(d.append(200))
+    assert (err["code"], err["param"]) == (ErrorCode.INPUT_AUDIO_BUFFER_FULL, "audio")
+    assert d.session.input_buffer_ms == 200 and d.session.audio_clock_ms == 200
+    assert of(d.send({"type": "input_audio_buffer.commit"}), CommitAudio)
+
+
+def test_misaligned_pcm16_is_refused():
+    d = Driver(manual=True)
+    err = error_of(d.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\0\0\0").decode()}))
+    assert (err["code"], err["param"]) == (ErrorCode.INVALID_AUDIO, "audio")
+    d.send({"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}})
+    acts = d.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\xff" * 800).decode()})
+    assert of(acts, AppendAudio)[0].format is AudioFormat.PCMU and d.session.input_buffer_ms == 100
+
+
+def test_response_request_errors_and_the_session_keeps_working():
+    d = Driver(manual=True)
+    err = error_of(d.send({"type": "response.cancel", "event_id": "x"}))
+    assert (err["code"], err["event_id"]) == (ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE, "x")
+    commit_turn(d)
+    rid = of(d.respond(), StartResponse)[0].response_id
+    assert error_of(d.respond())["code"] == ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE
+    err = error_of(d.send({"type": "response.cancel", "response_id": "resp_other"}))
+    assert (err["code"], err["param"]) == (ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE, "response_id")
+    err = error_of(d.send({"type": "response.create", "response": {"voice": "alloy"}}))
+    assert err["code"] == ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE
+    acts = d.send({"type": "response.cancel", "response_id": rid})
+    assert of(acts, CancelResponse) == [CancelResponse(rid, StatusReason.CLIENT_CANCELLED)]
+    assert error_of(d.send({"type": "response.cancel"}))["code"] == ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE
+    d.done(ResponseStatus.CANCELLED, reason="client_cancelled")
+    err = error_of(d.send({"type": "response.create", "response": {"audio": {"output": {"voice": "alloy"}}}}))
+    assert (err["code"], err["param"]) == (ErrorCode.UNKNOWN_VOICE, "response.audio.output.voice")
+    assert of(d.respond(), StartResponse)  # and it still works
+
+
+def test_malformed_messages_become_error_events():
+    d = Driver()
+    assert error_of(d._record(d.session.receive("{oops")))["code"] == ErrorCode.INVALID_JSON
+    err = error_of(d.send({"type": "session.update", "event_id": "s", "session": {"bogus": 1}}))
+    assert (err["code"], err["param"], err["event_id"]) == (ErrorCode.UNKNOWN_PARAMETER, "session.bogus", "s")
+
+
+def test_output_audio_buffer_clear_is_webrtc_only():
+    d = Driver()
+    err = error_of(d.send({"type": "output_audio_buffer.clear"}))
+    assert err["code"] == ErrorCode.UNSUPPORTED_EVENT
+
+
+def test_engine_output_for_another_response_is_a_bug():
+    d = Driver(manual=True)
+    with pytest.raises(ValueError):
+        d.session.response_event("resp_9", TextDelta("x", ()))
+
+
+# --- WebRTC (media) sessions --------------------------------------------------------------------
+
+
+def test_media_sessions_play_audio_on_the_track():
+    d = Driver(transport=AudioTransport.MEDIA, manual=True)
+    commit_turn(d)
+    rid = of(d.respond(), StartResponse)[0].response_id
+    acts = d.engine(chunk(40)) + d.engine(chunk(40, 960))
+    assert types(acts) == ["output_audio_buffer.started"]
+    assert [a.response_id for a in of(acts, PlayAudio)] == [rid, rid]
+    d.done()
+    assert types(d._record(d.session.playback_stopped(rid))) == ["output_audio_buffer.stopped"]
+    assert error_of(d.send({"type": "output_audio_buffer.clear"}))["code"] == ErrorCode.OUTPUT_AUDIO_BUFFER_EMPTY
+
+
+def test_media_barge_in_and_clear():
+    d = Driver(transport=AudioTransport.MEDIA)
+    rid = start_vad_response(d)
+    d.engine(chunk(40))
+    d.append(300, 0.5)
+    acts = d.turn(SpeechStarted(1000, 1000))
+    assert of(acts, ClearOutputAudio) == [ClearOutputAudio(rid)]
+    assert types(acts) == ["input_audio_buffer.speech_started", "output_audio_buffer.cleared"]
+    assert of(d.engine(chunk(40, 960)), PlayAudio) == []
+    d.done(ResponseStatus.CANCELLED, reason="turn_detected")
+
+    d.append(600)
+    d.turn(SpeechStopped(1800, 1300))
+    rid2 = d.session.active_response_id
+    d.engine(chunk(40))
+    acts = d.send({"type": "output_audio_buffer.clear"})
+    assert of(acts, ClearOutputAudio) == [ClearOutputAudio(rid2)] and types(acts) == ["output_audio_buffer.cleared"]
