@@ -1,0 +1,720 @@
+"""Random-weight Qwen2.5-Omni checkpoints: a tiny one for CPU tests, the full 7B shape for GPU benchmarks.
+
+:func:`make_random_checkpoint` writes the exact Hugging Face layout of the released checkpoints
+(config.json, model.safetensors, spk_dict.pt, tokenizer files, preprocessor_config.json,
+generation_config.json) plus :data:`~.checkpoint.RANDOM_MARKER_FILE`, so the same loader serves
+test and real models. Everything is built offline and deterministically from ``spec.seed``: the
+same seed and software versions give a byte-identical ``model.safetensors``.
+
+Two changes to the random initialisation keep the tiny model useful for end-to-end tests (see
+:func:`_tune_random_weights`): the vocoder's last convolution is scaled by ``spec.output_gain`` (a
+random BigVGAN otherwise outputs ~1e-7, silence for any audibility check), and the talker's codec
+stop rows are shrunk by ``spec.stop_logit_scale`` so that greedy decoding does not stop at the first
+steps while sampling can still stop.
+
+The tokenizer is a byte-level BPE trained at build time on :mod:`.tokenizer_corpus`, with the Qwen
+special tokens appended in the released order; the thinker vocabulary is padded beyond it (like the
+released 152064-entry table) and the talker's ``tts_text_*`` ids and the speakers' bos ids live in
+that padding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.errors import CheckpointError
+from pipeline.models.qwen2_5_omni import checkpoint as ckpt
+from pipeline.models.qwen2_5_omni.tokenizer_corpus import CORPUS
+
+SPEAKER_NAMES = ("Chelsie", "Ethan")
+"""Voices of the released checkpoints; Chelsie is the reference default."""
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+"""What the released chat template inserts when a conversation has no system message."""
+
+SAMPLE_RATE_IN = 16_000
+MEL_BINS_IN = 128
+REF_MEL_FRAMES = 64
+"""Frames of the random speakers' reference mel (the released ones are a few hundred)."""
+MAX_SHARD_SIZE = "5GB"
+"""Shard size of written weights (the released 7B ships five shards)."""
+
+# Qwen's added tokens in their released order (ids follow the BPE vocabulary). The flag says
+# whether the token is "special" (skipped when decoding with skip_special_tokens).
+QWEN_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    (ckpt.ENDOFTEXT, True),
+    (ckpt.IM_START, True),
+    (ckpt.IM_END, True),
+    (ckpt.AUDIO_PLACEHOLDER, True),
+    (ckpt.AUDIO_BOS, True),
+    (ckpt.AUDIO_EOS, True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    (ckpt.VISION_BOS, True),
+    (ckpt.VISION_EOS, True),
+    ("<|vision_pad|>", True),
+    (ckpt.IMAGE_PLACEHOLDER, True),
+    (ckpt.VIDEO_PLACEHOLDER, True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+)
+
+# Attributes the released tokenizer_config.json names (the processor reads them).
+_TOKENIZER_NAMED_TOKENS = {
+    "audio_token": ckpt.AUDIO_PLACEHOLDER,
+    "audio_bos_token": ckpt.AUDIO_BOS,
+    "audio_eos_token": ckpt.AUDIO_EOS,
+    "image_token": ckpt.IMAGE_PLACEHOLDER,
+    "video_token": ckpt.VIDEO_PLACEHOLDER,
+    "vision_bos_token": ckpt.VISION_BOS,
+    "vision_eos_token": ckpt.VISION_EOS,
+}
+
+# Qwen2's pre-tokenization split (contractions, letters, single digits, punctuation, spaces).
+_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+@dataclass(frozen=True)
+class RandomModelSpec:
+    """Every size of a random Qwen2.5-Omni. Units: hidden sizes in channels, ``*_vocab`` in ids.
+
+    ``codec_speech_vocab`` is the number of speech codes (ids below it); the codec special ids sit
+    above it. ``dit_num_embeds`` must cover the speech codes. ``output_gain`` multiplies the
+    vocoder's last convolution; ``stop_logit_scale`` multiplies the talker's codec-head rows of
+    the stop ids (1.0 leaves the random init alone).
+    """
+
+    # thinker language model
+    thinker_hidden: int = 64
+    thinker_layers: int = 2
+    thinker_heads: int = 2
+    thinker_kv_heads: int = 1
+    thinker_intermediate: int = 128
+    thinker_vocab: int = 1024
+    thinker_mrope_section: tuple[int, int, int] = (4, 6, 6)
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 32_768
+    # audio encoder (Whisper-like, 128 mel bins in)
+    audio_d_model: int = 32
+    audio_layers: int = 2
+    audio_heads: int = 1
+    audio_ffn: int = 64
+    audio_output_dim: int = 64
+    # vision encoder (small but valid)
+    vision_hidden: int = 32
+    vision_depth: int = 1
+    vision_heads: int = 1
+    vision_intermediate: int = 64
+    vision_out_hidden: int = 64
+    vision_fullatt_blocks: tuple[int, ...] = (0,)
+    # talker
+    talker_hidden: int = 32
+    talker_layers: int = 2
+    talker_heads: int = 1
+    talker_kv_heads: int = 1
+    talker_head_dim: int = 32
+    talker_intermediate: int = 64
+    talker_vocab: int = 128
+    talker_mrope_section: tuple[int, int, int] = (8, 8, 0)
+    codec_speech_vocab: int = 120
+    codec_pad_id: int = 120
+    codec_bos_id: int = 121
+    codec_eos_id: int = 122
+    codec_mask_id: int = 124
+    # token2wav: DiT
+    dit_hidden: int = 32
+    dit_layers: int = 3
+    dit_heads: int = 1
+    dit_head_dim: int = 32
+    dit_ff_mult: int = 2
+    dit_codec_emb_dim: int = 16
+    dit_num_embeds: int = 128
+    dit_block_size: int = 24
+    dit_look_ahead_layers: tuple[int, ...] = (1,)
+    dit_look_backward_layers: tuple[int, ...] = (0, 2)
+    mel_dim: int = 80
+    speaker_dim: int = 32
+    speaker_enc_dim: int = 16
+    speaker_enc_channels: tuple[int, ...] = (32, 32, 32)
+    speaker_enc_kernels: tuple[int, ...] = (5, 3, 1)
+    speaker_enc_dilations: tuple[int, ...] = (1, 2, 1)
+    speaker_enc_attention_channels: int = 16
+    speaker_enc_se_channels: int = 16
+    # token2wav: BigVGAN
+    bigvgan_channels: int = 128
+    bigvgan_upsample_rates: tuple[int, ...] = (5, 3, 2, 2, 2, 2)
+    bigvgan_upsample_kernels: tuple[int, ...] = (11, 7, 4, 4, 4, 4)
+    bigvgan_resblock_kernels: tuple[int, ...] = (3,)
+    bigvgan_resblock_dilations: tuple[tuple[int, int, int], ...] = ((1, 3, 5),)
+    # ids in the thinker vocabulary beyond the tokenizer (tts_text_*: as the talker embeds them)
+    tokenizer_bpe_vocab: int = 512
+    tts_text_pad_id: int = 1000
+    tts_text_start_id: int = 1001
+    tts_text_end_id: int = 1002
+    speaker_bos_ids: tuple[int, int] = (1010, 1011)
+    # randomness and the audibility tweaks
+    seed: int = 0
+    output_gain: float = 8.0e5
+    stop_logit_scale: float = 0.7
+
+    @classmethod
+    def tiny(cls, seed: int = 0) -> RandomModelSpec:
+        """~5 MB; a short spoken turn runs well under a second on one CPU core."""
+        return cls(seed=seed)
+
+    @classmethod
+    def qwen2_5_omni_7b(cls, seed: int = 0) -> RandomModelSpec:
+        """The released 7B architecture (10.69 B parameters), with the released codec ids."""
+        return cls(
+            thinker_hidden=3584,
+            thinker_layers=28,
+            thinker_heads=28,
+            thinker_kv_heads=4,
+            thinker_intermediate=18944,
+            thinker_vocab=152064,
+            thinker_mrope_section=(16, 24, 24),
+            audio_d_model=1280,
+            audio_layers=32,
+            audio_heads=20,
+            audio_ffn=5120,
+            audio_output_dim=3584,
+            vision_hidden=1280,
+            vision_depth=32,
+            vision_heads=16,
+            vision_intermediate=3420,
+            vision_out_hidden=3584,
+            vision_fullatt_blocks=(7, 15, 23, 31),
+            talker_hidden=896,
+            talker_layers=24,
+            talker_heads=12,
+            talker_kv_heads=4,
+            talker_head_dim=64,
+            talker_intermediate=18944,
+            talker_vocab=8448,
+            talker_mrope_section=(16, 16, 0),
+            codec_speech_vocab=8192,
+            codec_pad_id=8292,
+            codec_bos_id=8293,
+            codec_eos_id=8294,
+            codec_mask_id=8296,
+            dit_hidden=1024,
+            dit_layers=22,
+            dit_heads=16,
+            dit_head_dim=64,
+            dit_codec_emb_dim=512,
+            dit_num_embeds=8193,
+            dit_look_ahead_layers=(10,),
+            dit_look_backward_layers=(0, 20),
+            speaker_dim=192,
+            speaker_enc_dim=128,
+            speaker_enc_channels=(256, 256, 256, 256, 768),
+            speaker_enc_kernels=(5, 3, 3, 3, 1),
+            speaker_enc_dilations=(1, 2, 3, 4, 1),
+            speaker_enc_attention_channels=64,
+            speaker_enc_se_channels=64,
+            bigvgan_channels=1536,
+            bigvgan_resblock_kernels=(3, 7, 11),
+            bigvgan_resblock_dilations=((1, 3, 5), (1, 3, 5), (1, 3, 5)),
+            tts_text_pad_id=151859,
+            tts_text_start_id=151860,
+            tts_text_end_id=151861,
+            speaker_bos_ids=(151870, 151871),
+            # 1536 vocoder channels keep a random signal at RMS ~0.035; 3x brings it to ~0.1.
+            output_gain=3.0,
+            seed=seed,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --- Tokenizer --------------------------------------------------------------------------------
+def added_token_ids(bpe_vocab_size: int) -> dict[str, int]:
+    """Ids of the Qwen added tokens when they follow a BPE vocabulary of ``bpe_vocab_size``."""
+    return {token: bpe_vocab_size + i for i, (token, _) in enumerate(QWEN_ADDED_TOKENS)}
+
+
+def chat_template() -> str:
+    """A Jinja chat template that renders like the released Qwen2.5-Omni one:
+    ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, a default system message when the
+    first message is not one, media parts as ``<|audio_bos|><|AUDIO|><|audio_eos|>`` (and the vision
+    equivalents, optionally numbered with ``add_audio_id`` / ``add_vision_id``), and
+    ``<|im_start|>assistant\\n`` for ``add_generation_prompt``. Written on one line: transformers
+    renders with ``trim_blocks``, which would eat a newline written after a block tag."""
+    im_start, im_end = ckpt.IM_START, ckpt.IM_END
+    audio = ckpt.AUDIO_BOS + ckpt.AUDIO_PLACEHOLDER + ckpt.AUDIO_EOS
+    image = ckpt.VISION_BOS + ckpt.IMAGE_PLACEHOLDER + ckpt.VISION_EOS
+    video = ckpt.VISION_BOS + ckpt.VIDEO_PLACEHOLDER + ckpt.VISION_EOS
+    return "".join(
+        [
+            "{% set n = namespace(audio=0, image=0, video=0) %}",
+            "{% for message in messages %}",
+            "{% if loop.first and message['role'] != 'system' %}",
+            f"{im_start}system\n{DEFAULT_SYSTEM_PROMPT}{im_end}\n",
+            "{% endif %}",
+            f"{im_start}{{{{ message['role'] }}}}\n",
+            "{% if message['content'] is string %}{{ message['content'] }}{% else %}",
+            "{% for part in message['content'] %}",
+            "{% if part['type'] == 'image' or 'image' in part or 'image_url' in part %}",
+            "{% set n.image = n.image + 1 %}{% if add_vision_id %}Picture {{ n.image }}: {% endif %}",
+            image,
+            "{% elif part['type'] == 'audio' or 'audio' in part or 'audio_url' in part %}",
+            "{% set n.audio = n.audio + 1 %}{% if add_audio_id %}Audio {{ n.audio }}: {% endif %}",
+            audio,
+            "{% elif part['type'] == 'video' or 'video' in part %}",
+            "{% set n.video = n.video + 1 %}{% if add_vision_id %}Video {{ n.video }}: {% endif %}",
+            video,
+            "{% elif 'text' in part %}{{ part['text'] }}{% endif %}",
+            "{% endfor %}{% endif %}",
+            f"{im_end}\n",
+            "{% endfor %}",
+            f"{{% if add_generation_prompt %}}{im_start}assistant\n{{% endif %}}",
+        ]
+    )
+
+
+def train_bpe(bpe_vocab_size: int) -> Any:
+    """Train the byte-level BPE (Qwen2's normalizer, split regex and byte mapping) on the corpus.
+    Returns a ``tokenizers.Tokenizer`` with exactly ``bpe_vocab_size`` entries, added tokens not yet
+    appended. Deterministic: same corpus, same vocabulary."""
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+    from tokenizers.trainers import BpeTrainer
+
+    tokenizer = Tokenizer(BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=bpe_vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    if tokenizer.get_vocab_size() != bpe_vocab_size:
+        raise CheckpointError(
+            f"tokenizer: the embedded corpus yields {tokenizer.get_vocab_size()} BPE tokens, "
+            f"not the {bpe_vocab_size} requested (spec.tokenizer_bpe_vocab)",
+            param="tokenizer_bpe_vocab",
+        )
+    return tokenizer
+
+
+def write_tokenizer(out_dir: Path, spec: RandomModelSpec) -> dict[str, int]:
+    """Write tokenizer.json, vocab.json, merges.txt, tokenizer_config.json and chat_template.json
+    (the released file set) and return the added tokens' ids."""
+    from tokenizers import AddedToken
+
+    tokenizer = train_bpe(spec.tokenizer_bpe_vocab)
+    tokenizer.add_tokens([AddedToken(tok, special=special, normalized=False) for tok, special in QWEN_ADDED_TOKENS])
+    ids = added_token_ids(spec.tokenizer_bpe_vocab)
+    for token, expected in ids.items():
+        if tokenizer.token_to_id(token) != expected:
+            raise CheckpointError(f"tokenizer: {token} got id {tokenizer.token_to_id(token)}, expected {expected}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    model = json.loads(tokenizer.to_str())["model"]
+    (out_dir / "vocab.json").write_text(json.dumps(model["vocab"], ensure_ascii=False))
+    merges = ["#version: 0.2"] + [" ".join(pair) for pair in model["merges"]]
+    (out_dir / "merges.txt").write_text("\n".join(merges) + "\n")
+    template = chat_template()
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(ids, template), indent=2))
+    (out_dir / "chat_template.json").write_text(json.dumps({"chat_template": template}, indent=2))
+    return ids
+
+
+def _tokenizer_config(ids: dict[str, int], template: str) -> dict[str, Any]:
+    specials = [token for token, special in QWEN_ADDED_TOKENS if special]
+    return {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "add_prefix_space": False,
+        "bos_token": None,
+        "eos_token": ckpt.IM_END,
+        "pad_token": ckpt.ENDOFTEXT,
+        "unk_token": None,
+        "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+        "model_max_length": 32768,
+        "split_special_tokens": False,
+        "extra_special_tokens": [t for t in specials if t != ckpt.ENDOFTEXT],
+        **_TOKENIZER_NAMED_TOKENS,
+        "added_tokens_decoder": {
+            str(ids[token]): {
+                "content": token,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": special,
+            }
+            for token, special in QWEN_ADDED_TOKENS
+        },
+        "chat_template": template,
+    }
+
+
+# --- Config -----------------------------------------------------------------------------------
+def build_config(spec: RandomModelSpec) -> Any:
+    """A ``transformers.Qwen2_5OmniConfig`` for ``spec``, checked by
+    :func:`~.checkpoint.validate_config` and the spec-only rules of :func:`check_spec`."""
+    from transformers import Qwen2_5OmniConfig
+
+    check_spec(spec)
+    ids = added_token_ids(spec.tokenizer_bpe_vocab)
+    markers = {
+        "audio_token_index": ids[ckpt.AUDIO_PLACEHOLDER],
+        "image_token_index": ids[ckpt.IMAGE_PLACEHOLDER],
+        "video_token_index": ids[ckpt.VIDEO_PLACEHOLDER],
+        "audio_start_token_id": ids[ckpt.AUDIO_BOS],
+        "audio_end_token_id": ids[ckpt.AUDIO_EOS],
+        "vision_start_token_id": ids[ckpt.VISION_BOS],
+        "vision_end_token_id": ids[ckpt.VISION_EOS],
+    }
+    config = Qwen2_5OmniConfig(
+        thinker_config=_thinker_config(spec, markers, ids),
+        talker_config=_talker_config(spec, markers),
+        token2wav_config={"dit_config": _dit_config(spec), "bigvgan_config": _bigvgan_config(spec)},
+        enable_audio_output=True,
+    )
+    ckpt.validate_config(config)
+    return config
+
+
+def _rope(spec: RandomModelSpec, section: tuple[int, int, int]) -> dict[str, Any]:
+    return {"rope_type": "default", "rope_theta": spec.rope_theta, "mrope_section": list(section)}
+
+
+def _thinker_config(spec: RandomModelSpec, markers: dict[str, int], ids: dict[str, int]) -> dict[str, Any]:
+    text = {
+        "vocab_size": spec.thinker_vocab,
+        "hidden_size": spec.thinker_hidden,
+        "intermediate_size": spec.thinker_intermediate,
+        "num_hidden_layers": spec.thinker_layers,
+        "num_attention_heads": spec.thinker_heads,
+        "num_key_value_heads": spec.thinker_kv_heads,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rope_parameters": _rope(spec, spec.thinker_mrope_section),
+        # The released thinker has separate input and output embeddings.
+        "tie_word_embeddings": False,
+        "eos_token_id": ids[ckpt.IM_END],
+    }
+    audio = {
+        "num_mel_bins": MEL_BINS_IN,
+        "encoder_layers": spec.audio_layers,
+        "encoder_attention_heads": spec.audio_heads,
+        "encoder_ffn_dim": spec.audio_ffn,
+        "d_model": spec.audio_d_model,
+        "output_dim": spec.audio_output_dim,
+    }
+    vision = {
+        "depth": spec.vision_depth,
+        "hidden_size": spec.vision_hidden,
+        "num_heads": spec.vision_heads,
+        "intermediate_size": spec.vision_intermediate,
+        "out_hidden_size": spec.vision_out_hidden,
+        "fullatt_block_indexes": list(spec.vision_fullatt_blocks),
+    }
+    return {"text_config": text, "audio_config": audio, "vision_config": vision, "tie_word_embeddings": False, **markers}
+
+
+def _talker_config(spec: RandomModelSpec, markers: dict[str, int]) -> dict[str, Any]:
+    return {
+        **markers,
+        "vocab_size": spec.talker_vocab,
+        "embedding_size": spec.thinker_hidden,
+        "hidden_size": spec.talker_hidden,
+        "intermediate_size": spec.talker_intermediate,
+        "num_hidden_layers": spec.talker_layers,
+        "num_attention_heads": spec.talker_heads,
+        "num_key_value_heads": spec.talker_kv_heads,
+        "head_dim": spec.talker_head_dim,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rope_parameters": _rope(spec, spec.talker_mrope_section),
+        "tts_text_start_token_id": spec.tts_text_start_id,
+        "tts_text_end_token_id": spec.tts_text_end_id,
+        "tts_text_pad_token_id": spec.tts_text_pad_id,
+        "tts_codec_start_token_id": spec.codec_bos_id,
+        "tts_codec_end_token_id": spec.codec_eos_id,
+        "tts_codec_pad_token_id": spec.codec_pad_id,
+        "tts_codec_mask_token_id": spec.codec_mask_id,
+    }
+
+
+def _dit_config(spec: RandomModelSpec) -> dict[str, Any]:
+    return {
+        "hidden_size": spec.dit_hidden,
+        "num_hidden_layers": spec.dit_layers,
+        "num_attention_heads": spec.dit_heads,
+        "head_dim": spec.dit_head_dim,
+        "ff_mult": spec.dit_ff_mult,
+        "emb_dim": spec.dit_codec_emb_dim,
+        "num_embeds": spec.dit_num_embeds,
+        "block_size": spec.dit_block_size,
+        "look_ahead_layers": list(spec.dit_look_ahead_layers),
+        "look_backward_layers": list(spec.dit_look_backward_layers),
+        "mel_dim": spec.mel_dim,
+        "enc_emb_dim": spec.speaker_dim,
+        "enc_dim": spec.speaker_enc_dim,
+        "enc_channels": list(spec.speaker_enc_channels),
+        "enc_kernel_sizes": list(spec.speaker_enc_kernels),
+        "enc_dilations": list(spec.speaker_enc_dilations),
+        "enc_attention_channels": spec.speaker_enc_attention_channels,
+        "enc_se_channels": spec.speaker_enc_se_channels,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0},
+    }
+
+
+def _bigvgan_config(spec: RandomModelSpec) -> dict[str, Any]:
+    return {
+        "mel_dim": spec.mel_dim,
+        "upsample_initial_channel": spec.bigvgan_channels,
+        "upsample_rates": list(spec.bigvgan_upsample_rates),
+        "upsample_kernel_sizes": list(spec.bigvgan_upsample_kernels),
+        "resblock_kernel_sizes": list(spec.bigvgan_resblock_kernels),
+        "resblock_dilation_sizes": [list(d) for d in spec.bigvgan_resblock_dilations],
+    }
+
+
+def check_spec(spec: RandomModelSpec) -> None:
+    """Rules specific to random checkpoints (the generic ones are in ``validate_config``)."""
+    tokenizer_size = spec.tokenizer_bpe_vocab + len(QWEN_ADDED_TOKENS)
+    if tokenizer_size > spec.thinker_vocab:
+        raise CheckpointError(
+            f"spec: the tokenizer has {tokenizer_size} tokens, more than thinker_vocab={spec.thinker_vocab}",
+            param="thinker_vocab",
+        )
+    padding_ids = {
+        "tts_text_pad_id": spec.tts_text_pad_id,
+        "tts_text_start_id": spec.tts_text_start_id,
+        "tts_text_end_id": spec.tts_text_end_id,
+        **{f"speaker_bos_ids[{i}]": v for i, v in enumerate(spec.speaker_bos_ids)},
+    }
+    for name, value in padding_ids.items():
+        # Above the tokenizer so that no text ever encodes to them, below the embedding size.
+        if not tokenizer_size <= value < spec.thinker_vocab:
+            raise CheckpointError(
+                f"spec: {name}={value} must lie in the thinker vocabulary padding [{tokenizer_size}, {spec.thinker_vocab})",
+                param=name,
+            )
+    if len(set(padding_ids.values())) != len(padding_ids):
+        raise CheckpointError("spec: tts_text_* ids and speaker bos ids must be distinct", param="speaker_bos_ids")
+    codec = {"codec_pad_id": spec.codec_pad_id, "codec_bos_id": spec.codec_bos_id, "codec_eos_id": spec.codec_eos_id,
+             "codec_mask_id": spec.codec_mask_id}
+    for name, value in codec.items():
+        if not spec.codec_speech_vocab <= value < spec.talker_vocab:
+            raise CheckpointError(
+                f"spec: {name}={value} must lie above the speech codes, in [{spec.codec_speech_vocab}, {spec.talker_vocab})",
+                param=name,
+            )
+    if spec.dit_num_embeds < spec.codec_speech_vocab:
+        raise CheckpointError(
+            f"spec: dit_num_embeds={spec.dit_num_embeds} cannot embed all {spec.codec_speech_vocab} speech codes",
+            param="dit_num_embeds",
+        )
+    if len(spec.speaker_bos_ids) != len(SPEAKER_NAMES):
+        raise CheckpointError(f"spec: speaker_bos_ids needs one id per voice {SPEAKER_NAMES}", param="speaker_bos_ids")
+
+
+# --- Weights ----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _default_device_and_dtype(device: str | torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Build modules directly on ``device`` in ``dtype`` (a 7B model built in float32 then cast
+    would need twice the memory). Restores torch's defaults on exit."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_model(spec: RandomModelSpec, config: Any, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Any:
+    """A seeded random ``Qwen2_5OmniForConditionalGeneration`` (token2wav float32), tuned by
+    :func:`_tune_random_weights`, in eval mode."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    torch.manual_seed(spec.seed)  # seeds every device's generator
+    with _default_device_and_dtype(device, dtype):
+        model = Qwen2_5OmniForConditionalGeneration(config)
+    model.token2wav.float()
+    _tune_random_weights(model, spec)
+    return model.eval()
+
+
+@torch.no_grad()
+def _tune_random_weights(model: Any, spec: RandomModelSpec) -> None:
+    """Make random weights behave enough like a voice model for end-to-end tests.
+
+    * Audibility: BigVGAN's six upsampling stages shrink a random signal to ~1e-7; scaling the
+      last convolution (``conv_post``, linear, no bias) by ``output_gain`` brings typical outputs to
+      an RMS of roughly 0.05-0.3 without touching anything the streaming code depends on.
+    * Stopping: with random logits each of the two stop ids (eos, pad) would be the greedy argmax
+      about 1/vocab of the time, often within the first few codes. Shrinking their codec-head rows
+      shrinks their logits toward 0 while the best of the other codes stays clearly positive, so
+      greedy decoding rarely stops early; the logits stay finite, so sampling (and occasionally
+      greedy decoding) still stops.
+    """
+    model.token2wav.code2wav_bigvgan_model.conv_post.weight.mul_(spec.output_gain)
+    talker = model.talker
+    for stop_id in (talker.codec_eos_token, talker.codec_pad_token):
+        talker.codec_head.weight[stop_id].mul_(spec.stop_logit_scale)
+
+
+def make_speakers(spec: RandomModelSpec) -> dict[str, dict[str, Any]]:
+    """Random voices in the ``spk_dict.pt`` format: ``{name: {"bos_token", "cond", "ref_mel"}}``.
+    ``ref_mel`` values sit in the log-mel range the vocoder expects (about -11 to 2)."""
+    generator = torch.Generator().manual_seed(spec.seed + 1)
+    speakers = {}
+    for name, bos in zip(SPEAKER_NAMES, spec.speaker_bos_ids, strict=True):
+        cond = torch.randn(1, spec.speaker_dim, generator=generator)
+        ref_mel = torch.randn(1, REF_MEL_FRAMES, spec.mel_dim, generator=generator) * 2.0 - 5.0
+        speakers[name] = {"bos_token": bos, "cond": cond, "ref_mel": ref_mel}
+    return speakers
+
+
+def _generation_config(ids: dict[str, int]) -> Any:
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        eos_token_id=[ids[ckpt.IM_END], ids[ckpt.ENDOFTEXT]],
+        pad_token_id=ids[ckpt.ENDOFTEXT],
+    )
+
+
+def _write_feature_extractor(out_dir: Path) -> None:
+    from transformers import WhisperFeatureExtractor
+
+    WhisperFeatureExtractor(
+        feature_size=MEL_BINS_IN, sampling_rate=SAMPLE_RATE_IN, return_attention_mask=True
+    ).save_pretrained(out_dir)
+
+
+def make_random_checkpoint(
+    out_dir: str | Path, spec: RandomModelSpec = RandomModelSpec.tiny(), *, dtype: torch.dtype = torch.float32
+) -> Path:
+    """Write a random checkpoint in the released Hugging Face layout to ``out_dir`` and return it.
+
+    Offline, deterministic from ``spec.seed`` (byte-identical model.safetensors for the same seed
+    and software), seconds for the tiny preset. Thinker and talker weights are stored in ``dtype``
+    (token2wav in float32); weights above :data:`MAX_SHARD_SIZE` are split into
+    ``model-0000X-of-0000N.safetensors`` + index like the released 7B. ``out_dir`` may exist; files
+    of the same names are replaced.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = build_config(spec)
+    ids = write_tokenizer(out, spec)
+    model = build_model(spec, config, dtype=dtype)
+    model.generation_config = _generation_config(ids)
+    model.save_pretrained(out, max_shard_size=MAX_SHARD_SIZE)
+    torch.save(make_speakers(spec), out / ckpt.SPEAKERS_FILE)
+    _write_feature_extractor(out)
+    marker = {"random_weights": True, "spec": spec.to_dict()}
+    (out / ckpt.RANDOM_MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+    return out
+
+
+def build_random_model(
+    spec: RandomModelSpec, *, device: str = "cpu", dtype: torch.dtype = torch.bfloat16
+) -> ckpt.LoadedCheckpoint:
+    """The checkpoint of ``spec`` built in memory (no weights on disk), e.g. the 7B architecture
+    on a GPU for benchmarks. Thinker and talker use ``dtype``, token2wav float32. The tokenizer and
+    feature extractor are written to a fresh temp folder (``LoadedCheckpoint.path``), which the
+    caller may delete once the tokenizer is loaded."""
+    config = build_config(spec)
+    folder = Path(tempfile.mkdtemp(prefix="omni-random-"))
+    try:
+        write_tokenizer(folder, spec)
+        _write_feature_extractor(folder)
+        model = build_model(spec, config, device=device, dtype=dtype)
+        tokenizer = ckpt.load_tokenizer(folder)
+        feature_extractor = ckpt.load_feature_extractor(folder, config)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return ckpt.LoadedCheckpoint(
+        source=f"random:seed{spec.seed}",
+        path=folder,
+        config=config,
+        thinker=model.thinker,
+        talker=model.talker,
+        token2wav=model.token2wav,
+        tokenizer=tokenizer,
+        feature_extractor=feature_extractor,
+        speakers=ckpt.speakers_from_dict(make_speakers(spec), config, source="random speakers"),
+        special=ckpt.SpecialTokens.from_config(config, tokenizer),
+        random_weights=True,
+    )
+
+
+def parameter_count(spec: RandomModelSpec) -> int:
+    """Parameters of the model ``spec`` describes, counted on the meta device (nothing allocated)."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    with torch.device("meta"):
+        model = Qwen2_5OmniForConditionalGeneration(build_config(spec))
+    return sum(p.numel() for p in model.parameters())
+
+
+# --- Command line -----------------------------------------------------------------------------
+PRESETS = {"tiny": RandomModelSpec.tiny, "7b": RandomModelSpec.qwen2_5_omni_7b}
+PRESET_DTYPES = {"tiny": torch.float32, "7b": torch.bfloat16}
+"""The 7B preset is stored in bfloat16 like the released checkpoint (about 22 GB)."""
+
+
+def build_arg_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Write a random-weight Qwen2.5-Omni checkpoint.")
+    parser.add_argument("--out", required=True, type=Path, help="output folder (created if missing)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model size (default: tiny)")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``make-tiny-model`` entry point: parse ``argv`` (default ``sys.argv[1:]``), write, report."""
+    args = build_arg_parser().parse_args(argv)
+    spec = PRESETS[args.preset](seed=args.seed)
+    start = time.perf_counter()
+    out = make_random_checkpoint(args.out, spec, dtype=PRESET_DTYPES[args.preset])
+    size_mb = sum(f.stat().st_size for f in out.iterdir() if f.is_file()) / 1e6
+    print(f"wrote {args.preset} random checkpoint (seed {args.seed}) to {out}: {size_mb:.1f} MB "
+          f"in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+__all__ = [
+    "RandomModelSpec",
+    "build_config",
+    "build_random_model",
+    "make_random_checkpoint",
+    "parameter_count",
+    "main",
+]
