@@ -13,7 +13,9 @@ from pipeline.stages.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_
 def drain(cfg: ChunkingConfig, frames_done: int, codes: int, finished: bool, index: int) -> list[ChunkPlan]:
     """Plan every chunk that is ready now, as a stream that steps greedily would."""
     plans = []
-    while (plan := plan_next_chunk(cfg, frames_done=frames_done, codes_available=codes, finished=finished, index=index)):
+    while plan := plan_next_chunk(
+        cfg, frames_done=frames_done, codes_available=codes, finished=finished, index=index
+    ):
         plans.append(plan)
         frames_done, index = plan.frames.end, index + 1
     return plans
@@ -23,7 +25,8 @@ def test_official_schedule_is_expressible() -> None:
     cfg = ChunkingConfig(first_chunk_frames=72, dit_block_frames=24)
     assert cfg.first_audio_codes == 48  # the official "first chunk needs 48 codec tokens"
     plans = drain(cfg, 0, 200, True, 0)
-    assert [(p.frames.start, p.frames.end) for p in plans] == [(0, 72), (72, 144), (144, 216), (216, 288), (288, 360), (360, 400)]
+    bounds = [(0, 72), (72, 144), (144, 216), (216, 288), (288, 360), (360, 400)]
+    assert [(p.frames.start, p.frames.end) for p in plans] == bounds
     second = plans[1]
     assert (second.dit_context.start, second.dit_context.end) == (72 - 48, 144 + 24)
     assert (second.dit_codes.start, second.dit_codes.end) == (12, 84)
