@@ -1,0 +1,491 @@
+"""The asyncio driver of one :class:`realtime.session.Session` over any message transport.
+
+A :class:`SessionRunner` owns four kinds of tasks, all tracked and all cancelled when it stops:
+
+- the *reader* feeds client messages to the session and executes the resulting actions;
+- the *writer* sends server events from the :class:`OutboundQueue` to the transport, in order;
+- the *worker* executes engine commands one at a time, in the order the session emitted them
+  (the engine seam requires it), except cancellation, which is executed at once;
+- one *pump* per response feeds the engine's output stream back into the session.
+
+The runner stops when the client goes away (the transport's message iterator ends, or ``send``
+raises :class:`TransportClosed`), when the client stops reading (:class:`OutboundOverflow`), or
+when it is cancelled. Stopping cancels the running response, cancels every task, closes the engine
+conversation and closes the transport. Turn detection and input decoding run inline in the reader
+(both are cheap per chunk). The WebSocket endpoint and the WebRTC data channel both use this class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from pipeline.api import AudioInputHandle, ConversationHandle, EngineHandle, ResponseHandle
+from pipeline.errors import EngineFailure, PipelineError
+from pipeline.outputs import ResponseDone, ResponseEvent, ResponseStatus, Usage
+from realtime.audio import AudioFormat, InputDecoder, OutputEncoder
+from realtime.errors import RealtimeError
+from realtime.ids import IdGenerator
+from realtime.protocol.names import ServerEvent, server_event_name
+from realtime.session import (
+    Action,
+    AddAudio,
+    AddText,
+    AppendAudio,
+    AudioTransport,
+    CancelResponse,
+    ClearAudio,
+    ClearOutputAudio,
+    CommitAudio,
+    ConfigureTurnDetection,
+    DeleteItem,
+    DetectSpeech,
+    DropQueuedAudio,
+    EncoderFactory,
+    EngineCommand,
+    PlayAudio,
+    Send,
+    Session,
+    SessionSettings,
+    SetInstructions,
+    StartResponse,
+    TruncateItem,
+    TurnEvent,
+)
+from realtime.turn import ServerVadParams, SpeechStarted
+
+logger = logging.getLogger(__name__)
+
+DISCONNECT_REASON = "client_disconnected"
+"""Cancel reason given to the engine for a response whose client went away."""
+
+
+# --- what the runner is plugged into ------------------------------------------------------------
+
+
+class TransportClosed(Exception):
+    """Raised by :meth:`Transport.send` when the client is gone."""
+
+
+class Transport(Protocol):
+    """One client's message channel (a WebSocket, a WebRTC data channel…).
+
+    Iterating it yields the client's text messages and ends when the client disconnects.
+    ``send`` delivers one server event (JSON-encoding it) or raises :class:`TransportClosed`;
+    ``close`` ends the connection and may be called more than once."""
+
+    def __aiter__(self) -> AsyncIterator[str | bytes]: ...
+
+    async def send(self, event: dict) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class AudioDecoder(Protocol):
+    """Wire bytes → float32 16 kHz, streaming (``realtime.audio.InputDecoder`` is one)."""
+
+    def decode(self, data: bytes) -> np.ndarray: ...
+
+    def flush(self) -> np.ndarray: ...
+
+
+DecoderFactory = Callable[[AudioFormat], AudioDecoder]
+
+
+class TurnDetector(Protocol):
+    """Speech start/stop over 16 kHz audio (``realtime.turn.TurnDetector`` is one). Times are ms
+    since the first sample it was fed; the runner shifts them onto the session's audio clock."""
+
+    def feed(self, pcm16k: np.ndarray) -> list[TurnEvent]: ...
+
+    def reset(self) -> None: ...
+
+
+TurnDetectorFactory = Callable[[ServerVadParams], TurnDetector]
+
+
+class MediaSink(Protocol):
+    """WebRTC output track: plays reply audio (float32, 24 kHz) paced in real time."""
+
+    def play(self, response_id: str, pcm: np.ndarray) -> None: ...
+
+    def clear(self, response_id: str) -> None:
+        """Drop the unplayed audio of ``response_id``."""
+        ...
+
+
+# --- outbound queue -----------------------------------------------------------------------------
+
+
+class OutboundOverflow(Exception):
+    """The client stopped reading: its outbound queue reached the hard limit."""
+
+
+class OutboundQueue:
+    """FIFO of server events waiting for the transport.
+
+    Policy: events are never reordered and never dropped, except audio deltas the session asked to
+    drop (:meth:`drop`, after a cancel). Putting never blocks, so the session's event order is
+    kept across producers. Bulk producers (response pumps) call :meth:`wait_for_room` before
+    pulling more engine output: they pause while ``high_water`` or more events wait. Client
+    requests are still served then; if the queue nevertheless reaches ``hard_limit``, the client
+    is not reading at all and :meth:`put` raises :class:`OutboundOverflow`, which ends the session.
+    """
+
+    def __init__(self, high_water: int = 256, hard_limit: int = 4096) -> None:
+        if not 0 < high_water <= hard_limit:
+            raise ValueError(f"need 0 < high_water <= hard_limit, got {high_water}, {hard_limit}")
+        self.high_water = high_water
+        self.hard_limit = hard_limit
+        self._events: deque[dict] = deque()
+        self._readable = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def put(self, event: dict) -> None:
+        if len(self._events) >= self.hard_limit:
+            raise OutboundOverflow(f"{len(self._events)} server events unsent: the client is not reading")
+        self._events.append(event)
+        self._update()
+
+    async def get(self) -> dict:
+        """The oldest event (waits for one)."""
+        while not self._events:
+            await self._readable.wait()
+        event = self._events.popleft()
+        self._update()
+        return event
+
+    async def wait_for_room(self) -> None:
+        """Return once fewer than ``high_water`` events wait."""
+        await self._room.wait()
+
+    def drop(self, keep: Callable[[dict], bool]) -> int:
+        """Remove the waiting events ``keep`` rejects; returns how many were removed."""
+        before = len(self._events)
+        self._events = deque(e for e in self._events if keep(e))
+        self._update()
+        return before - len(self._events)
+
+    def _update(self) -> None:
+        if self._events:
+            self._readable.set()
+        else:
+            self._readable.clear()
+        if len(self._events) < self.high_water:
+            self._room.set()
+        else:
+            self._room.clear()
+
+
+# --- the runner ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _InputStream:
+    """An input audio message being streamed to the engine, with its own resampler."""
+
+    handle: AudioInputHandle
+    decoder: AudioDecoder
+    format: AudioFormat
+
+
+@dataclass
+class _Detection:
+    """The running turn detector; its clock starts at ``offset_ms`` of the session's clock."""
+
+    detector: TurnDetector
+    offset_ms: int
+    decoder: AudioDecoder | None = None
+    decoder_format: AudioFormat | None = None
+
+
+def _shift(event: TurnEvent, offset_ms: int) -> TurnEvent:
+    if isinstance(event, SpeechStarted):
+        return dataclasses.replace(
+            event, audio_start_ms=event.audio_start_ms + offset_ms, speech_start_ms=event.speech_start_ms + offset_ms
+        )
+    return dataclasses.replace(
+        event, audio_end_ms=event.audio_end_ms + offset_ms, speech_end_ms=event.speech_end_ms + offset_ms
+    )
+
+
+class SessionRunner:
+    """Runs one session between ``transport`` and ``engine`` until the client leaves.
+
+    ``turn_detector_factory`` makes a detector for ``server_vad`` settings (the server passes
+    ``lambda p: TurnDetector(p, vad)`` with one ``SileroVad`` per session); ``media`` is required
+    when ``settings.audio_transport`` is ``MEDIA`` (WebRTC)."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        engine: EngineHandle,
+        *,
+        turn_detector_factory: TurnDetectorFactory,
+        settings: SessionSettings | None = None,
+        decoder_factory: DecoderFactory = InputDecoder,
+        encoder_factory: EncoderFactory = OutputEncoder,
+        media: MediaSink | None = None,
+        outbound: OutboundQueue | None = None,
+        ids: IdGenerator | None = None,
+    ) -> None:
+        settings = settings or SessionSettings.for_engine(engine)
+        if settings.audio_transport is AudioTransport.MEDIA and media is None:
+            raise ValueError("a MEDIA (WebRTC) session needs a media sink for its audio")
+        self.session = Session(settings, ids=ids, encoder_factory=encoder_factory)
+        self.outbound = outbound if outbound is not None else OutboundQueue()  # an empty queue is falsy
+        self._transport = transport
+        self._engine = engine
+        self._turn_detector_factory = turn_detector_factory
+        self._decoder_factory = decoder_factory
+        self._media = media
+        self._audio_delta_type = server_event_name(ServerEvent.AUDIO_DELTA, settings.dialect)
+        self._conversation: ConversationHandle | None = None
+        self._commands: asyncio.Queue[EngineCommand] = asyncio.Queue()
+        self._inputs: dict[str, _InputStream] = {}
+        self._detection: _Detection | None = None
+        self._responses: dict[str, ResponseHandle] = {}
+        self._early_cancels: dict[str, CancelResponse] = {}  # cancelled before StartResponse ran
+        self._pump_task: asyncio.Task | None = None  # the latest response's pump
+        self._loops: set[asyncio.Task] = set()  # reader, writer, worker: the session ends with any
+        self._tasks: set[asyncio.Task] = set()  # every task this runner started and has not seen end
+        self._stopped = asyncio.Event()
+        self._failure: BaseException | None = None
+
+    # --- lifecycle ---
+
+    async def run(self) -> None:
+        """Serve the session until the client leaves. Re-raises an unexpected failure of any of
+        its tasks after cleaning up; cancelling ``run`` cleans up too."""
+        self._conversation = self._engine.conversation(instructions=self.session.config.instructions)
+        try:
+            for loop in (self._read_loop, self._write_loop, self._command_loop):
+                self._loops.add(self._spawn(loop()))
+            self._dispatch(self.session.start())
+            await self._stopped.wait()
+        finally:
+            await self._shutdown()
+        if self._failure is not None:
+            raise self._failure
+
+    def playback_finished(self, response_id: str) -> None:
+        """WebRTC: the media sink played the last audio of ``response_id``."""
+        self._dispatch(self.session.playback_stopped(response_id))
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            if task in self._loops:
+                self._stopped.set()  # the reader ended: the client left
+            return
+        if isinstance(exc, TransportClosed):
+            logger.info("session %s: client gone", self.session.session_id)
+        elif isinstance(exc, OutboundOverflow):
+            logger.warning("session %s: %s", self.session.session_id, exc)
+        elif self._failure is None:
+            self._failure = exc
+        self._stopped.set()
+
+    async def _shutdown(self) -> None:
+        for handle in self._responses.values():
+            handle.cancel(DISCONNECT_REASON)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._conversation is not None:
+            try:
+                await self._conversation.close()
+            except Exception:  # the client is gone either way; the engine logs its own state
+                logger.exception("session %s: closing the conversation failed", self.session.session_id)
+        try:
+            await self._transport.close()
+        except Exception:
+            logger.exception("session %s: closing the transport failed", self.session.session_id)
+
+    # --- loops ---
+
+    async def _read_loop(self) -> None:
+        async for message in self._transport:
+            self._dispatch(self.session.receive(message))
+
+    async def _write_loop(self) -> None:
+        while True:
+            event = await self.outbound.get()
+            await self._transport.send(event)
+
+    async def _command_loop(self) -> None:
+        while True:
+            command = await self._commands.get()
+            try:
+                await self._execute(command)
+            except Exception as exc:  # reported to the client; the session carries on
+                if not _expected(exc):
+                    logger.exception("session %s: %s failed", self.session.session_id, type(command).__name__)
+                self._dispatch(self.session.command_failed(command, exc))
+
+    async def _pump(self, response_id: str, handle: ResponseHandle) -> None:
+        """Feed one response's engine output to the session, pausing while the client lags."""
+        stream = aiter(handle)
+        while True:
+            await self.outbound.wait_for_room()
+            event = await _next_event(stream)
+            self._dispatch(self.session.response_event(response_id, event))
+            if isinstance(event, ResponseDone):
+                self._responses.pop(response_id, None)
+                return
+
+    # --- actions ---
+
+    def _dispatch(self, actions: list[Action]) -> None:
+        """Execute actions in order; actions they cause (turn events) run after them."""
+        pending = deque(actions)
+        while pending:
+            action = pending.popleft()
+            if isinstance(action, Send):
+                self.outbound.put(action.event)
+            elif isinstance(action, DetectSpeech):
+                pending.extend(self._detect(action))
+            elif isinstance(action, ConfigureTurnDetection):
+                self._configure_detection(action)
+            elif isinstance(action, CancelResponse):
+                self._cancel(action)  # jumps the command queue: a cancel must not wait for a commit
+            elif isinstance(action, DropQueuedAudio):
+                rid, kind = action.response_id, self._audio_delta_type
+                self.outbound.drop(lambda e: not (e.get("type") == kind and e.get("response_id") == rid))
+            elif isinstance(action, PlayAudio):
+                self._media_sink().play(action.response_id, action.pcm)
+            elif isinstance(action, ClearOutputAudio):
+                self._media_sink().clear(action.response_id)
+            else:
+                self._commands.put_nowait(action)
+
+    def _media_sink(self) -> MediaSink:
+        assert self._media is not None, "checked in __init__ for MEDIA sessions"
+        return self._media
+
+    def _configure_detection(self, action: ConfigureTurnDetection) -> None:
+        self._detection = None
+        if action.params is not None:
+            detector = self._turn_detector_factory(action.params)
+            detector.reset()  # a fresh stream: forget what a shared VAD model saw before
+            self._detection = _Detection(detector, action.start_ms)
+
+    def _detect(self, action: DetectSpeech) -> list[Action]:
+        detection = self._detection
+        if detection is None:
+            return []  # detection was turned off after this audio was accepted
+        if detection.decoder is None or detection.decoder_format is not action.format:
+            detection.decoder = self._decoder_factory(action.format)
+            detection.decoder_format = action.format
+        events = detection.detector.feed(detection.decoder.decode(action.audio))
+        actions: list[Action] = []
+        for event in events:
+            actions.extend(self.session.turn_event(_shift(event, detection.offset_ms)))
+        return actions
+
+    def _cancel(self, action: CancelResponse) -> None:
+        handle = self._responses.get(action.response_id)
+        if handle is None:
+            self._early_cancels[action.response_id] = action
+        else:
+            handle.cancel(action.reason.value)
+
+    # --- engine commands ---
+
+    async def _execute(self, command: EngineCommand) -> None:
+        conversation = self._conversation
+        assert conversation is not None, "run() creates the conversation before any command"
+        if isinstance(command, SetInstructions):
+            await conversation.set_instructions(command.instructions)
+        elif isinstance(command, AddText):
+            await conversation.add_text(command.item_id, command.text, command.role.value)
+        elif isinstance(command, AddAudio):
+            decoder = self._decoder_factory(command.format)
+            pcm = np.concatenate([decoder.decode(command.audio), decoder.flush()])
+            await conversation.add_audio(command.item_id, pcm)
+        elif isinstance(command, AppendAudio):
+            self._append(conversation, command)
+        elif isinstance(command, CommitAudio):
+            stream = self._inputs.pop(command.item_id)
+            stream.handle.append(stream.decoder.flush())
+            await stream.handle.commit()
+        elif isinstance(command, ClearAudio):
+            await self._inputs.pop(command.item_id).handle.discard()
+        elif isinstance(command, StartResponse):
+            self._start_response(conversation, command)
+        elif isinstance(command, DeleteItem):
+            await self._wait_idle()
+            await conversation.delete_item(command.item_id)
+        elif isinstance(command, TruncateItem):
+            await self._wait_idle()
+            await conversation.truncate_item(command.item_id, command.audio_end_ms)
+        else:
+            raise TypeError(f"not an engine command: {command!r}")
+
+    def _append(self, conversation: ConversationHandle, command: AppendAudio) -> None:
+        stream = self._inputs.get(command.item_id)
+        if stream is None:
+            handle = conversation.open_audio(command.item_id)
+            stream = _InputStream(handle, self._decoder_factory(command.format), command.format)
+            self._inputs[command.item_id] = stream
+        elif stream.format is not command.format:  # the client switched formats mid-message
+            stream.handle.append(stream.decoder.flush())
+            stream.decoder, stream.format = self._decoder_factory(command.format), command.format
+        stream.handle.append(stream.decoder.decode(command.audio))
+
+    def _start_response(self, conversation: ConversationHandle, command: StartResponse) -> None:
+        handle = conversation.respond(
+            item_id=command.item_id,
+            modalities=command.modalities,
+            voice=command.voice,
+            max_output_tokens=command.max_output_tokens,
+        )
+        self._responses[command.response_id] = handle
+        early = self._early_cancels.pop(command.response_id, None)
+        if early is not None:
+            handle.cancel(early.reason.value)
+        self._pump_task = self._spawn(self._pump(command.response_id, handle))
+
+    async def _wait_idle(self) -> None:
+        """Wait for the running response (already cancelled by the session) to end."""
+        task = self._pump_task
+        if task is not None and not task.done():
+            await asyncio.wait({task})
+
+
+async def _next_event(stream: AsyncIterator[ResponseEvent]) -> ResponseEvent:
+    """The next engine event; a broken stream becomes the failed ``ResponseDone`` it should have sent."""
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        error: Exception = EngineFailure("the response stream ended without ResponseDone")
+    except Exception as exc:
+        logger.exception("response stream raised")
+        error = exc
+    return ResponseDone(ResponseStatus.FAILED, Usage(), reason="error", error=error)
+
+
+def _expected(exc: Exception) -> bool:
+    """Errors with a wire code are the client's or the engine's documented failures, not bugs."""
+    return isinstance(exc, (PipelineError, RealtimeError))

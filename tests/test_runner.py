@@ -1,0 +1,390 @@
+"""realtime.runner: the async driver over an in-memory transport and the scripted FakeEngine.
+No model, no sockets; every test finishes in well under a second."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from pipeline.errors import ContextLimitError
+from realtime.ids import SequentialIds
+from realtime.protocol.codes import ErrorCode
+from realtime.runner import OutboundOverflow, OutboundQueue, SessionRunner, TransportClosed
+from realtime.session import AudioTransport, SessionSettings
+from tests.fakes import FakeEngine, FakeTurnDetector, MemoryTransport, Script
+
+RATE = 24_000
+TIMEOUT = 5.0
+
+
+def pcm16(ms: int, amplitude: float = 0.0) -> bytes:
+    n = RATE * ms // 1000
+    tone = amplitude * np.sin(2 * np.pi * 300 * np.arange(n) / RATE)
+    return (tone * 32767).astype("<i2").tobytes()
+
+
+def append(ms: int, amplitude: float = 0.0) -> dict:
+    return {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16(ms, amplitude)).decode()}
+
+
+MANUAL = {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}}
+TEXT_ITEM = {
+    "type": "conversation.item.create",
+    "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi!"}]},
+}
+
+
+async def until(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+class Harness:
+    """A runner on a MemoryTransport and a FakeEngine, started on entry, disconnected on exit."""
+
+    def __init__(self, engine: FakeEngine | None = None, transport: MemoryTransport | None = None, **kwargs):
+        self.engine = engine or FakeEngine()
+        self.transport = transport or MemoryTransport()
+        self.detectors: list[FakeTurnDetector] = []
+        self.runner = SessionRunner(
+            self.transport, self.engine, turn_detector_factory=self._detector, ids=SequentialIds(), **kwargs
+        )
+        self.task: asyncio.Task | None = None
+
+    def _detector(self, params) -> FakeTurnDetector:
+        detector = FakeTurnDetector(params)
+        self.detectors.append(detector)
+        return detector
+
+    async def __aenter__(self) -> Harness:
+        self.task = asyncio.create_task(self.runner.run())
+        await self.transport.wait_for("session.created")
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        self.transport.disconnect()
+        await asyncio.wait_for(self.task, TIMEOUT)
+
+    @property
+    def conversation(self):
+        return self.engine.conversations[0]
+
+    def send(self, *events: dict) -> None:
+        for event in events:
+            self.transport.client_send(event)
+
+    def calls(self, name: str) -> list[tuple]:
+        return [c for c in self.conversation.calls if c[0] == name]
+
+
+# --- full turns ---------------------------------------------------------------------------------
+
+
+async def test_text_turn_end_to_end():
+    async with Harness() as h:
+        h.send(MANUAL, TEXT_ITEM, {"type": "response.create"})
+        done = await h.transport.wait_for("response.done")
+        assert done["response"]["status"] == "completed"
+        assert done["response"]["output"][0]["content"][0]["transcript"] == "Hello there!"
+        assert [c[0] for c in h.conversation.calls] == ["open", "add_text", "respond"]
+        assert h.calls("respond") == [("respond", "item_2", ("audio", "text"), "Chelsie", None)]
+    types = h.transport.types()
+    assert types[:2] == ["session.created", "session.updated"]
+    assert types.count("response.output_audio.delta") == 3
+    assert types.index("response.output_audio_transcript.done") > types.index("response.output_audio.delta")
+    assert h.conversation.calls[-1] == ("close",) and h.transport.closed
+    assert h.runner._tasks == set()
+
+
+async def test_streamed_audio_reaches_the_engine_at_16_khz_and_reply_audio_is_pcm16():
+    engine = FakeEngine(Script(text=("Hi",), audio_chunks=2, chunk_ms=40))
+    async with Harness(engine) as h:
+        h.send(MANUAL, append(100), append(150), {"type": "input_audio_buffer.commit"}, {"type": "response.create"})
+        await h.transport.wait_for("response.done")
+        (commit,) = h.calls("commit")
+        assert commit[1] == "item_1" and commit[2] == pytest.approx(16_000 * 250 // 1000, abs=2)
+        assert h.calls("open_audio") == [("open_audio", "item_1")]
+    deltas = [e for e in h.transport.sent if e["type"] == "response.output_audio.delta"]
+    assert sum(len(base64.b64decode(e["delta"])) for e in deltas) == 2 * 2 * RATE * 40 // 1000
+
+
+async def test_server_vad_turn_sends_only_speech_and_answers():
+    async with Harness() as h:
+        for _ in range(10):
+            h.send(append(100))  # 1 s of silence
+        for _ in range(3):
+            h.send(append(100, amplitude=0.5))
+        for _ in range(7):
+            h.send(append(100))
+        started = await h.transport.wait_for("input_audio_buffer.speech_started")
+        stopped = await h.transport.wait_for("input_audio_buffer.speech_stopped")
+        assert started["audio_start_ms"] == pytest.approx(1000 - 300, abs=100)  # speech at ~1 s, minus the padding
+        assert started["item_id"] == stopped["item_id"]
+        await h.transport.wait_for("input_audio_buffer.committed")
+        done = await h.transport.wait_for("response.done")
+        assert done["response"]["status"] == "completed"
+        await until(lambda: h.calls("commit"))
+        sent_samples = h.calls("commit")[0][2]
+        assert sent_samples < 16_000 * 1.6  # the leading silence (beyond padding + lookback) never reached the engine
+        assert sent_samples > 16_000 * 0.9  # speech and the trailing silence did
+        assert len(h.detectors) == 1
+
+
+# --- barge-in, cancellation, truncation ---------------------------------------------------------
+
+
+async def test_barge_in_stops_audio_at_the_cancel_decision():
+    engine = FakeEngine()
+    engine.script(Script(text=("a", "b", "c", "d", "e"), audio_chunks=5, manual=True, events_after_cancel=2))
+    async with Harness(engine) as h:
+        h.send(append(300, 0.5), *[append(100) for _ in range(6)])
+        await h.transport.wait_for("response.created")
+        await until(lambda: h.conversation.responses)
+        response = h.conversation.responses[0]
+        response.release(4)  # a, chunk, b, chunk
+        await until(lambda: h.transport.types().count("response.output_audio.delta") == 2)
+        h.send(append(300, 0.5))  # the user talks over the reply
+        await h.transport.wait_for("input_audio_buffer.speech_started")
+        done = await h.transport.wait_for("response.done")
+        assert done["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+        assert response.cancel_reason == "turn_detected"
+        assert len(response.yielded) == 6  # the engine delivered two more events after the cancel
+    types = h.transport.types()
+    barge_in = types.index("input_audio_buffer.speech_started", types.index("response.created"))
+    assert "response.output_audio.delta" not in types[barge_in:]
+    assert "response.output_audio_transcript.delta" not in types[barge_in:]
+
+
+async def test_cancel_then_truncate_waits_for_the_engine_to_be_idle():
+    engine = FakeEngine(Script(audio_chunks=4, manual=True))
+    async with Harness(engine) as h:
+        h.send(MANUAL, TEXT_ITEM, {"type": "response.create"})
+        await until(lambda: h.conversation.responses)
+        h.conversation.responses[0].release(4)
+        await until(lambda: h.transport.types().count("response.output_audio.delta") == 2)
+        item_id = h.conversation.responses[0].item_id
+        h.send(
+            {"type": "response.cancel"},
+            {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 60},
+        )
+        await h.transport.wait_for("conversation.item.truncated")
+        await h.transport.wait_for("response.done")
+        await until(lambda: h.calls("truncate"))
+        assert h.calls("truncate") == [("truncate", item_id, 60)]
+    assert "error" not in h.transport.types()
+
+
+async def test_a_cancel_before_the_engine_started_the_response():
+    async with Harness() as h:
+        h.send(MANUAL, TEXT_ITEM, {"type": "response.create"}, {"type": "response.cancel"})
+        done = await h.transport.wait_for("response.done")
+        assert done["response"]["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
+        assert h.conversation.responses[0].cancel_reason == "client_cancelled"
+
+
+async def test_disconnect_mid_response_cancels_it_and_closes_everything():
+    engine = FakeEngine(Script(manual=True))
+    h = Harness(engine)
+    async with h:
+        h.send(MANUAL, TEXT_ITEM, {"type": "response.create"})
+        await until(lambda: h.conversation.responses)
+    response = h.conversation.responses[0]
+    assert response.cancel_reason in ("client_disconnected", "conversation_closed")
+    assert h.conversation.closed and h.transport.closed
+    assert h.runner._tasks == set()
+
+
+async def test_cancelling_run_cleans_up_and_propagates():
+    engine = FakeEngine(Script(manual=True))
+    h = Harness(engine)
+    h.task = asyncio.create_task(h.runner.run())
+    await h.transport.wait_for("session.created")
+    h.send(MANUAL, TEXT_ITEM, {"type": "response.create"})
+    await until(lambda: h.conversation.responses)
+    h.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await h.task
+    assert h.conversation.responses[0].cancel_reason is not None
+    assert h.conversation.closed and h.transport.closed and h.runner._tasks == set()
+
+
+# --- failures -----------------------------------------------------------------------------------
+
+
+async def test_engine_command_errors_are_reported_and_the_session_goes_on():
+    engine = FakeEngine()
+    engine.fail_next("add_text", ContextLimitError("the conversation is full", param="item"))
+    async with Harness(engine) as h:
+        h.send(MANUAL, TEXT_ITEM)
+        error = await h.transport.wait_for("error")
+        assert error["error"]["code"] == ContextLimitError.code and error["error"]["type"] == "invalid_request_error"
+        h.send(TEXT_ITEM, {"type": "response.create"})
+        assert (await h.transport.wait_for("response.done"))["response"]["status"] == "completed"
+
+
+async def test_a_response_that_fails_to_start_or_crashes_ends_as_failed():
+    engine = FakeEngine()
+    engine.fail_next("respond", ContextLimitError("too long"))
+    engine.script(Script(crash_after=2))
+    async with Harness(engine) as h:
+        h.send(MANUAL, TEXT_ITEM, {"type": "response.create"})
+        done = await h.transport.wait_for("response.done")
+        assert done["response"]["status_details"]["error"]["code"] == ContextLimitError.code
+        h.send({"type": "response.create"})
+        done = await h.transport.wait_for("response.done")
+        assert done["response"]["status"] == "failed"
+        assert done["response"]["status_details"]["error"] == {
+            "type": "server_error",
+            "code": "server_error",
+            "message": "internal server error",
+        }
+        h.send({"type": "response.create"})
+        assert (await h.transport.wait_for("response.done"))["response"]["status"] == "completed"
+
+
+async def test_an_unexpected_failure_ends_the_session_and_is_raised():
+    class BrokenDetector(FakeTurnDetector):
+        def feed(self, pcm16k):
+            raise RuntimeError("detector bug")
+
+    h = Harness()
+    h.runner._turn_detector_factory = BrokenDetector
+    h.task = asyncio.create_task(h.runner.run())
+    h.send(append(100))
+    with pytest.raises(RuntimeError, match="detector bug"):
+        await asyncio.wait_for(h.task, TIMEOUT)
+    assert h.conversation.closed and h.transport.closed
+
+
+async def test_client_errors_do_not_end_the_session():
+    async with Harness() as h:
+        h.send({"type": "response.cancel", "event_id": "e1"})
+        error = await h.transport.wait_for("error")
+        assert (error["error"]["code"], error["error"]["event_id"]) == (ErrorCode.RESPONSE_CANCEL_NOT_ACTIVE, "e1")
+        h.transport.client_send("not json")
+        assert (await h.transport.wait_for("error"))["error"]["code"] == ErrorCode.INVALID_JSON
+        h.send(MANUAL)
+        await h.transport.wait_for("session.updated")
+
+
+# --- outbound queue and backpressure ------------------------------------------------------------
+
+
+async def test_outbound_queue_policy():
+    queue = OutboundQueue(high_water=2, hard_limit=3)
+    queue.put({"type": "a"})
+    await asyncio.wait_for(queue.wait_for_room(), 1)
+    queue.put({"type": "b", "response_id": "r"})
+    room = asyncio.create_task(queue.wait_for_room())
+    await asyncio.sleep(0)
+    assert not room.done()  # at high water: bulk producers wait
+    queue.put({"type": "c"})  # control events still go in
+    with pytest.raises(OutboundOverflow):
+        queue.put({"type": "d"})
+    assert queue.drop(lambda e: e.get("response_id") != "r") == 1
+    assert [await queue.get(), await queue.get()] == [{"type": "a"}, {"type": "c"}]
+    await asyncio.wait_for(room, 1)
+    getter = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    assert not getter.done()
+    queue.put({"type": "e"})
+    assert await asyncio.wait_for(getter, 1) == {"type": "e"}
+    with pytest.raises(ValueError):
+        OutboundQueue(high_water=5, hard_limit=4)
+
+
+class GatedTransport(MemoryTransport):
+    """A client that reads only when the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def send(self, event: dict) -> None:
+        await self.gate.wait()
+        await super().send(event)
+
+
+async def test_a_slow_client_pauses_the_response_without_losing_events():
+    engine = FakeEngine(Script(text=tuple("abcdefghij"), audio_chunks=40, chunk_ms=20))
+    transport = GatedTransport()
+    h = Harness(engine, transport, outbound=OutboundQueue(high_water=8, hard_limit=64))
+    h.task = asyncio.create_task(h.runner.run())
+    h.send(MANUAL, TEXT_ITEM, {"type": "response.create"})
+    await until(lambda: h.conversation.responses and len(h.runner.outbound) >= 8)
+    await asyncio.sleep(0.05)
+    response = h.conversation.responses[0]
+    assert len(response.yielded) < 10  # the pump waits for the client instead of queueing it all
+    assert len(h.runner.outbound) <= 8 + 8  # high water plus one batch of a response's events
+    transport.gate.set()
+    done = await transport.wait_for("response.done")
+    assert done["response"]["status"] == "completed"
+    assert transport.types().count("response.output_audio.delta") == 40
+    ids = [e["event_id"] for e in transport.sent]
+    assert ids == sorted(ids, key=lambda i: int(i.split("_")[1]))  # in the order the session made them
+    transport.disconnect()
+    await asyncio.wait_for(h.task, TIMEOUT)
+
+
+async def test_a_client_that_never_reads_is_disconnected():
+    transport = GatedTransport()
+    h = Harness(transport=transport, outbound=OutboundQueue(high_water=4, hard_limit=16))
+    h.task = asyncio.create_task(h.runner.run())
+    for _ in range(40):
+        transport.client_send("not json")  # each is answered with an error event nobody reads
+    await asyncio.wait_for(h.task, TIMEOUT)  # returns: overflow is the client's problem, not ours
+    assert transport.closed and h.conversation.closed
+
+
+async def test_a_closed_transport_ends_the_session():
+    class ClosingTransport(MemoryTransport):
+        async def send(self, event: dict) -> None:
+            raise TransportClosed("peer went away")
+
+    h = Harness(transport=ClosingTransport())
+    await asyncio.wait_for(h.runner.run(), TIMEOUT)
+    assert h.conversation.closed
+
+
+# --- WebRTC media sink --------------------------------------------------------------------------
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.played: list[tuple[str, int]] = []
+        self.cleared: list[str] = []
+
+    def play(self, response_id: str, pcm: np.ndarray) -> None:
+        self.played.append((response_id, len(pcm)))
+
+    def clear(self, response_id: str) -> None:
+        self.cleared.append(response_id)
+
+
+async def test_media_sessions_send_audio_to_the_sink():
+    engine = FakeEngine()
+    sink = RecordingSink()
+    settings = SessionSettings.for_engine(engine, audio_transport=AudioTransport.MEDIA)
+    async with Harness(engine, settings=settings, media=sink) as h:
+        h.send(MANUAL, TEXT_ITEM, {"type": "response.create"})
+        done = await h.transport.wait_for("response.done")
+        rid = done["response"]["id"]
+        assert sink.played == [(rid, 960)] * 3
+        h.runner.playback_finished(rid)
+        await h.transport.wait_for("output_audio_buffer.stopped")
+    assert "response.output_audio.delta" not in h.transport.types()
+    assert h.transport.types().count("output_audio_buffer.started") == 1
+
+
+def test_media_sessions_need_a_sink():
+    engine = FakeEngine()
+    settings = SessionSettings.for_engine(engine, audio_transport=AudioTransport.MEDIA)
+    with pytest.raises(ValueError, match="media sink"):
+        SessionRunner(MemoryTransport(), engine, turn_detector_factory=FakeTurnDetector, settings=settings)
