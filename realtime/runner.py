@@ -201,6 +201,18 @@ class _InputStream:
 
 
 @dataclass
+class _Running:
+    """A started response; ``cancelled`` wakes its pump when it waits for a lagging client."""
+
+    handle: ResponseHandle
+    cancelled: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    def cancel(self, reason: str) -> None:
+        self.handle.cancel(reason)
+        self.cancelled.set()
+
+
+@dataclass
 class _Detection:
     """The running turn detector; its clock starts at ``offset_ms`` of the session's clock."""
 
@@ -255,7 +267,7 @@ class SessionRunner:
         self._commands: asyncio.Queue[EngineCommand] = asyncio.Queue()
         self._inputs: dict[str, _InputStream] = {}
         self._detection: _Detection | None = None
-        self._responses: dict[str, ResponseHandle] = {}
+        self._responses: dict[str, _Running] = {}
         self._early_cancels: dict[str, CancelResponse] = {}  # cancelled before StartResponse ran
         self._pump_task: asyncio.Task | None = None  # the latest response's pump
         self._loops: set[asyncio.Task] = set()  # reader, writer, worker: the session ends with any
@@ -307,8 +319,8 @@ class SessionRunner:
         self._stopped.set()
 
     async def _shutdown(self) -> None:
-        for handle in self._responses.values():
-            handle.cancel(DISCONNECT_REASON)
+        for running in self._responses.values():
+            running.cancel(DISCONNECT_REASON)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -344,16 +356,27 @@ class SessionRunner:
                     logger.exception("session %s: %s failed", self.session.session_id, type(command).__name__)
                 self._dispatch(self.session.command_failed(command, exc))
 
-    async def _pump(self, response_id: str, handle: ResponseHandle) -> None:
-        """Feed one response's engine output to the session, pausing while the client lags."""
-        stream = aiter(handle)
+    async def _pump(self, response_id: str, running: _Running) -> None:
+        """Feed one response's engine output to the session, pausing while the client lags
+        (but not once cancelled: the session drops that output, so the engine is drained at once)."""
+        stream = aiter(running.handle)
         while True:
-            await self.outbound.wait_for_room()
+            await self._room_unless_cancelled(running.cancelled)
             event = await _next_event(stream)
             self._dispatch(self.session.response_event(response_id, event))
             if isinstance(event, ResponseDone):
                 self._responses.pop(response_id, None)
                 return
+
+    async def _room_unless_cancelled(self, cancelled: asyncio.Event) -> None:
+        if cancelled.is_set():
+            return
+        waiters = {asyncio.ensure_future(self.outbound.wait_for_room()), asyncio.ensure_future(cancelled.wait())}
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
 
     # --- actions ---
 
@@ -405,11 +428,11 @@ class SessionRunner:
         return actions
 
     def _cancel(self, action: CancelResponse) -> None:
-        handle = self._responses.get(action.response_id)
-        if handle is None:
+        running = self._responses.get(action.response_id)
+        if running is None:
             self._early_cancels[action.response_id] = action
         else:
-            handle.cancel(action.reason.value)
+            running.cancel(action.reason.value)
 
     # --- engine commands ---
 
@@ -461,11 +484,12 @@ class SessionRunner:
             voice=command.voice,
             max_output_tokens=command.max_output_tokens,
         )
-        self._responses[command.response_id] = handle
+        running = _Running(handle)
+        self._responses[command.response_id] = running
         early = self._early_cancels.pop(command.response_id, None)
         if early is not None:
-            handle.cancel(early.reason.value)
-        self._pump_task = self._spawn(self._pump(command.response_id, handle))
+            running.cancel(early.reason.value)
+        self._pump_task = self._spawn(self._pump(command.response_id, running))
 
     async def _wait_idle(self) -> None:
         """Wait for the running response (already cancelled by the session) to end."""

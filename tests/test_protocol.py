@@ -167,6 +167,42 @@ def test_session_update_leaves_out_what_is_not_given():
     assert patch.turn_detection is KEEP and patch.max_output_tokens is KEEP
 
 
+def test_settings_sdk_clients_send_routinely_are_accepted():
+    ga = {
+        "type": "realtime",
+        "model": "gpt-realtime",
+        "tool_choice": "auto",
+        "tools": [],
+        "tracing": "auto",
+        "include": ["item.input_audio_transcription.logprobs"],
+        "truncation": "auto",
+        "audio": {
+            "input": {
+                "transcription": {"model": "whisper-1"},
+                "noise_reduction": {"type": "near_field"},
+                "turn_detection": {"type": "server_vad", "idle_timeout_ms": None},
+            },
+            "output": {"speed": 1.0},
+        },
+    }
+    beta = {"temperature": 0.7, "input_audio_transcription": {"model": "whisper-1"}, "input_audio_noise_reduction": None}
+    assert parse({"type": "session.update", "session": ga}).patch.turn_detection == ServerVadParams()
+    assert parse({"type": "session.update", "session": beta}).patch == SessionPatch()
+
+
+@pytest.mark.parametrize(
+    ("session", "param"),
+    [
+        ({"audio": {"output": {"speed": 1.2}}}, "session.audio.output.speed"),
+        ({"turn_detection": {"idle_timeout_ms": 5000}}, "session.turn_detection.idle_timeout_ms"),
+        ({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
+    ],
+)
+def test_settings_that_would_change_the_result_are_refused(session, param):
+    error = parse_error({"type": "session.update", "session": session})
+    assert (error.code, error.param) == (ErrorCode.INVALID_VALUE, param)
+
+
 def test_turn_detection_defaults_fill_missing_fields():
     patch = parse({"type": "session.update", "session": {"turn_detection": {"silence_duration_ms": 200}}}).patch
     assert patch.turn_detection == ServerVadParams(silence_duration_ms=200)

@@ -333,6 +333,25 @@ async def test_a_slow_client_pauses_the_response_without_losing_events():
     await asyncio.wait_for(h.task, TIMEOUT)
 
 
+async def test_a_cancel_is_honoured_while_the_client_lags_and_its_queued_audio_is_dropped():
+    engine = FakeEngine(Script(text=("x",) * 30, audio_chunks=30, chunk_ms=20))
+    transport = GatedTransport()
+    h = Harness(engine, transport, outbound=OutboundQueue(high_water=8, hard_limit=64))
+    h.task = asyncio.create_task(h.runner.run())
+    h.send(MANUAL, TEXT_ITEM, {"type": "response.create"})
+    await until(lambda: h.conversation.responses and len(h.runner.outbound) >= 8)
+    response = h.conversation.responses[0]
+    h.send({"type": "response.cancel"})
+    await until(lambda: response.done is not None)  # the pump drained the engine without waiting
+    queued = [e["type"] for e in h.runner.outbound._events]
+    assert "response.output_audio.delta" not in queued and queued[-1] == "response.done"
+    transport.gate.set()
+    done = await transport.wait_for("response.done")
+    assert done["response"]["status_details"]["reason"] == "client_cancelled"
+    transport.disconnect()
+    await asyncio.wait_for(h.task, TIMEOUT)
+
+
 async def test_a_client_that_never_reads_is_disconnected():
     transport = GatedTransport()
     h = Harness(transport=transport, outbound=OutboundQueue(high_water=4, hard_limit=16))

@@ -2,10 +2,15 @@
 
 Validation is strict (no coercion of ``"5"`` to ``5``) and unknown fields are refused, so a typo
 gets an ``unknown_parameter`` error instead of being ignored. Fields the OpenAI API defines but this
-server does not implement are declared with the only value that means "off" (``null``, ``[]``)
-and refused otherwise, except ``model``, ``tool_choice`` and ``temperature``, which SDK clients send
-routinely and which cannot change what this server does (one model; no tools; the engine's
-sampling settings): those are accepted and ignored.
+server does not implement are of two kinds:
+
+- refused unless "off" (``null``, ``[]``, ``1.0``) because ignoring them would change what the client
+  gets: ``tools``, ``idle_timeout_ms``, ``semantic_vad``, ``speed``, out-of-band responses;
+- accepted and ignored, because SDK clients send them routinely and nothing the client relies on
+  changes: ``model`` (one model per server), ``tool_choice`` (no tools), ``temperature`` (the engine's
+  sampling settings apply), input ``transcription`` and ``noise_reduction`` (the model hears the
+  audio itself; no transcription events are sent), ``tracing``, ``include``, ``truncation``. The
+  ``session.updated`` reply shows the effective configuration (``transcription: null``...).
 
 Unions are kept out of field types on purpose: pydantic names union branches in error locations,
 and the error's ``param`` must be the client's field path.
@@ -65,8 +70,8 @@ class TurnDetectionModel(_Model):
 class AudioInputModel(_Model):
     format: FormatModel | None = None
     turn_detection: TurnDetectionModel | None = None
-    transcription: None = None
-    noise_reduction: None = None
+    transcription: Any = None  # accepted and ignored (module docstring)
+    noise_reduction: Any = None  # accepted and ignored
 
 
 class AudioOutputModel(_Model):
@@ -97,16 +102,17 @@ class SessionModel(_Model):
     output_audio_format: BetaFormatName | None = None
     turn_detection: TurnDetectionModel | None = None
     max_response_output_tokens: MaxTokens = None
-    # defined by the API, off here
-    input_audio_transcription: None = None
-    input_audio_noise_reduction: None = None
+    # defined by the API, refused unless off
     tools: list[Any] | None = Field(default=None, max_length=0)
-    tracing: None = None
-    include: None = None
     # accepted and ignored (see the module docstring)
     model: str | None = None
     tool_choice: Literal["auto", "none"] | None = None
     temperature: float | None = None
+    input_audio_transcription: Any = None
+    input_audio_noise_reduction: Any = None
+    tracing: Any = None
+    include: Any = None
+    truncation: Any = None
 
 
 class SessionUpdateModel(_Model):
