@@ -73,6 +73,9 @@ from realtime.turn import ServerVadParams, SpeechStarted, SpeechStopped
 
 TurnEvent = SpeechStarted | SpeechStopped
 
+ROOT_ITEM_ID = "root"
+"""``previous_item_id`` meaning "at the start of the conversation"."""
+
 
 # --- actions ------------------------------------------------------------------------------------
 
@@ -678,9 +681,17 @@ class Session:
         self._send(self._events.item_done(item, previous))
 
     def _check_append_position(self, previous_item_id: str | None) -> None:
-        """Items can only be appended: the engine's context is a prefix-cached sequence."""
-        if previous_item_id is None or previous_item_id == self._last_item_id():
+        """Items can only be appended: the engine's context is a prefix-cached sequence.
+        (``root``, the API's name for "first", is the end of an empty conversation.)"""
+        last = self._last_item_id()
+        if previous_item_id is None or previous_item_id == last or (previous_item_id == ROOT_ITEM_ID and last is None):
             return
+        if previous_item_id == ROOT_ITEM_ID:
+            raise RealtimeError(
+                "items can only be added at the end of the conversation",
+                code=ErrorCode.UNSUPPORTED_VALUE,
+                param="previous_item_id",
+            )
         self._get_item(previous_item_id, param="previous_item_id")
         raise RealtimeError(
             "items can only be added at the end of the conversation",

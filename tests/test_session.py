@@ -612,6 +612,15 @@ def test_item_errors(event, code, param):
     assert [i.id for i in d.session.items] == ["first", "second"]
 
 
+def test_root_means_the_start_of_an_empty_conversation():
+    d = Driver(manual=True)
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
+    acts = d.send({"type": "conversation.item.create", "previous_item_id": "root", "item": item})
+    assert types(acts) == ["conversation.item.added", "conversation.item.done"]
+    err = error_of(d.send({"type": "conversation.item.create", "previous_item_id": "root", "item": item}))
+    assert (err["code"], err["param"]) == (ErrorCode.UNSUPPORTED_VALUE, "previous_item_id")
+
+
 def test_deleting_during_a_response():
     d = Driver(manual=True)
     user = commit_turn(d)
