@@ -139,7 +139,7 @@ def test_config_in_the_released_format_loads(tiny_dir: Path, tmp_path: Path) -> 
             rope = sub.pop("rope_parameters")
             sub["rope_theta"] = rope["rope_theta"]
             if "mrope_section" in rope:
-                sub["rope_scaling"] = {"mrope_section": rope["mrope_section"], "rope_type": "default", "type": "default"}
+                sub["rope_scaling"] = {"mrope_section": rope["mrope_section"], "rope_type": "default"}
             sub.pop("layer_types", None)
 
     _edit_config(copy, to_released_format)
@@ -220,6 +220,12 @@ def _fake_shard_index(path: Path) -> None:
     (path / ckpt.WEIGHTS_INDEX_FILE).write_text(json.dumps(index))
 
 
+def _rename_audio_token(path: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.json"):
+        file = path / name
+        file.write_text(file.read_text().replace("<|AUDIO|>", "<|SOUND|>"))
+
+
 def _narrow_cond(raw: dict) -> None:
     raw["Ethan"]["cond"] = torch.zeros(1, 8)
 
@@ -244,6 +250,7 @@ BROKEN = {
     "speaker bos clash": (_speakers(_same_bos), "distinct bos_token"),
     "no tokenizer": (lambda p: [(p / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")],
                      "tokenizer"),
+    "tokenizer lacks a marker": (_rename_audio_token, "<|AUDIO|> is missing"),
     "marker id differs from tokenizer": (_set("thinker_config", "audio_token_index", 600), "tokenizer's id"),
     "codec id outside talker vocab": (_set("talker_config", "tts_codec_end_token_id", 4096), "codec_eos"),
     "tts text id outside thinker vocab": (_set("talker_config", "tts_text_pad_token_id", 5000), "tts_text_pad"),

@@ -36,13 +36,14 @@ def _sha256(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import transformers  # noqa: F401  (import cost is not build cost)
+    # Import the model classes first: the build time should not include transformers' import.
+    from transformers import Qwen2_5OmniForConditionalGeneration, WhisperFeatureExtractor  # noqa: F401
 
     start = time.perf_counter()
     out = tiny.make_random_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt")
     elapsed = time.perf_counter() - start
     print(f"tiny checkpoint built in {elapsed:.2f} s")
-    assert elapsed < 15.0
+    assert elapsed < 10.0  # ~1 s on an idle core
     return out
 
 

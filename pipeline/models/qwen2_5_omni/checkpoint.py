@@ -170,7 +170,8 @@ def _tokenizer_ids(tokenizer: Any) -> dict[str, int]:
     ids: dict[str, int] = {}
     for token in TOKENIZER_NAMED_FIELDS.values():
         token_id = tokenizer.convert_tokens_to_ids(token)
-        if token_id is None or token_id == tokenizer.unk_token_id and token != tokenizer.unk_token:
+        unknown = tokenizer.unk_token_id is not None and token_id == tokenizer.unk_token_id
+        if token_id is None or (unknown and token != tokenizer.unk_token):
             raise CheckpointError(f"tokenizer: special token {token} is missing", param=token)
         ids[token] = int(token_id)
     return ids
@@ -208,7 +209,9 @@ def validate_config(config: Any) -> None:
     for the released checkpoints and for our random ones). Raises :class:`CheckpointError` naming
     the offending field."""
     if not getattr(config, "enable_audio_output", False):
-        raise CheckpointError(f"{CONFIG_FILE}: enable_audio_output is false; a talker is required", param="enable_audio_output")
+        raise CheckpointError(
+            f"{CONFIG_FILE}: enable_audio_output is false; a talker is required", param="enable_audio_output"
+        )
     thinker, talker = config.thinker_config, config.talker_config
     text, audio, vision = thinker.text_config, thinker.audio_config, thinker.vision_config
     dit, bigvgan = config.token2wav_config.dit_config, config.token2wav_config.bigvgan_config
@@ -565,7 +568,8 @@ def _load_submodels(path: Path, placement: dict[str, Placement]) -> tuple[Any, A
     load_device = placement["thinker"].device if len(devices) == 1 and "cpu" not in devices else None
     # The class's own from_pretrained only adds speaker loading (done by us, with checks) and cannot
     # return the loading info; the generic PreTrainedModel one can, so call that for this class.
-    generic_from_pretrained = super(Qwen2_5OmniForConditionalGeneration, Qwen2_5OmniForConditionalGeneration).from_pretrained
+    model_class = Qwen2_5OmniForConditionalGeneration
+    generic_from_pretrained = super(model_class, model_class).from_pretrained
     try:
         model, info = generic_from_pretrained(path, dtype="auto", device_map=load_device, output_loading_info=True)
     except Exception as exc:  # safetensors / transformers raise assorted types on bad weights

@@ -91,7 +91,8 @@ _TOKENIZER_NAMED_TOKENS = {
 
 # Qwen2's pre-tokenization split (contractions, letters, single digits, punctuation, spaces).
 _PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
 
@@ -441,7 +442,13 @@ def _thinker_config(spec: RandomModelSpec, markers: dict[str, int], ids: dict[st
         "out_hidden_size": spec.vision_out_hidden,
         "fullatt_block_indexes": list(spec.vision_fullatt_blocks),
     }
-    return {"text_config": text, "audio_config": audio, "vision_config": vision, "tie_word_embeddings": False, **markers}
+    return {
+        "text_config": text,
+        "audio_config": audio,
+        "vision_config": vision,
+        "tie_word_embeddings": False,
+        **markers,
+    }
 
 
 def _talker_config(spec: RandomModelSpec, markers: dict[str, int]) -> dict[str, Any]:
@@ -520,7 +527,8 @@ def check_spec(spec: RandomModelSpec) -> None:
         # Above the tokenizer so that no text ever encodes to them, below the embedding size.
         if not tokenizer_size <= value < spec.thinker_vocab:
             raise CheckpointError(
-                f"spec: {name}={value} must lie in the thinker vocabulary padding [{tokenizer_size}, {spec.thinker_vocab})",
+                f"spec: {name}={value} must lie in the thinker vocabulary padding "
+                f"[{tokenizer_size}, {spec.thinker_vocab})",
                 param=name,
             )
     if len(set(padding_ids.values())) != len(padding_ids):
@@ -530,7 +538,8 @@ def check_spec(spec: RandomModelSpec) -> None:
     for name, value in codec.items():
         if not spec.codec_speech_vocab <= value < spec.talker_vocab:
             raise CheckpointError(
-                f"spec: {name}={value} must lie above the speech codes, in [{spec.codec_speech_vocab}, {spec.talker_vocab})",
+                f"spec: {name}={value} must lie above the speech codes, "
+                f"in [{spec.codec_speech_vocab}, {spec.talker_vocab})",
                 param=name,
             )
     if spec.dit_num_embeds < spec.codec_speech_vocab:
