@@ -279,9 +279,10 @@ class SessionRunner:
 
     async def run(self) -> None:
         """Serve the session until the client leaves. Re-raises an unexpected failure of any of
-        its tasks after cleaning up; cancelling ``run`` cleans up too."""
-        self._conversation = self._engine.conversation(instructions=self.session.config.instructions)
+        its tasks after cleaning up; cancelling ``run`` cleans up too. If the engine refuses the
+        conversation, its error is raised after the transport is closed."""
         try:
+            self._conversation = self._engine.conversation(instructions=self.session.config.instructions)
             for loop in (self._read_loop, self._write_loop, self._command_loop):
                 self._loops.add(self._spawn(loop()))
             self._dispatch(self.session.start())

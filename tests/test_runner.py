@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from pipeline.errors import ContextLimitError
+from pipeline.errors import ContextLimitError, EngineClosedError
 from realtime.ids import SequentialIds
 from realtime.protocol.codes import ErrorCode
 from realtime.runner import OutboundOverflow, OutboundQueue, SessionRunner, TransportClosed
@@ -261,6 +261,17 @@ async def test_an_unexpected_failure_ends_the_session_and_is_raised():
     with pytest.raises(RuntimeError, match="detector bug"):
         await asyncio.wait_for(h.task, TIMEOUT)
     assert h.conversation.closed and h.transport.closed
+
+
+async def test_an_engine_that_refuses_the_conversation_closes_the_transport():
+    class ClosedEngine(FakeEngine):
+        def conversation(self, *, instructions=None):
+            raise EngineClosedError("shutting down")
+
+    h = Harness(ClosedEngine())
+    with pytest.raises(EngineClosedError):
+        await asyncio.wait_for(h.runner.run(), TIMEOUT)
+    assert h.transport.closed and h.transport.sent == []
 
 
 async def test_client_errors_do_not_end_the_session():
