@@ -479,6 +479,7 @@ class SessionRunner:
         stream.handle.append(stream.decoder.decode(command.audio))
 
     def _start_response(self, conversation: ConversationHandle, command: StartResponse) -> None:
+        early = self._early_cancels.pop(command.response_id, None)
         handle = conversation.respond(
             item_id=command.item_id,
             modalities=command.modalities,
@@ -487,7 +488,6 @@ class SessionRunner:
         )
         running = _Running(handle)
         self._responses[command.response_id] = running
-        early = self._early_cancels.pop(command.response_id, None)
         if early is not None:
             running.cancel(early.reason.value)
         self._pump_task = self._spawn(self._pump(command.response_id, running))
