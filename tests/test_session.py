@@ -735,3 +735,91 @@ def test_media_barge_in_and_clear():
     d.engine(chunk(40))
     acts = d.send({"type": "output_audio_buffer.clear"})
     assert of(acts, ClearOutputAudio) == [ClearOutputAudio(rid2)] and types(acts) == ["output_audio_buffer.cleared"]
+
+
+# --- random sequences ---------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_OPS = st.sampled_from(
+    [
+        "silence", "speech", "commit", "clear", "respond", "respond_text", "cancel", "create_item",
+        "delete_first", "delete_ghost", "truncate_last", "vad_on", "vad_off", "g711_out",
+        "engine_text", "engine_audio", "engine_done", "engine_cancelled", "speech_started", "speech_stopped",
+    ]
+)  # fmt: skip
+
+
+def _step(d: Driver, op: str, data) -> list:
+    s = d.session
+    if op in ("silence", "speech"):
+        return d.append(100, 0.5 if op == "speech" else 0.0)
+    if op in ("commit", "clear"):
+        return d.send({"type": f"input_audio_buffer.{op}"})
+    if op == "respond":
+        return d.respond()
+    if op == "respond_text":
+        return d.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+    if op == "cancel":
+        return d.send({"type": "response.cancel"})
+    if op == "create_item":
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+        return d.send({"type": "conversation.item.create", "item": item})
+    if op in ("delete_first", "delete_ghost"):
+        item_id = s.items[0].id if s.items and op == "delete_first" else "ghost"
+        return d.send({"type": "conversation.item.delete", "item_id": item_id})
+    if op == "truncate_last":
+        item_id = s.items[-1].id if s.items else "ghost"
+        ms = data.draw(st.integers(0, 200))
+        return d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": ms})
+    if op in ("vad_on", "vad_off"):
+        detection = {"type": "server_vad"} if op == "vad_on" else None
+        return d.send({"type": "session.update", "session": {"turn_detection": detection}})
+    if op == "g711_out":
+        return d.send({"type": "session.update", "session": {"output_audio_format": "g711_ulaw"}})
+    if op.startswith("engine_"):
+        if s.active_response_id is None:
+            return []
+        if op == "engine_text":
+            return d.engine(TextDelta("w", (1,)))
+        if op == "engine_audio":
+            return d.engine(chunk(40))
+        status = ResponseStatus.COMPLETED if op == "engine_done" else ResponseStatus.CANCELLED
+        return d.done(status, reason=None if op == "engine_done" else "client_cancelled")
+    clock = int(s.audio_clock_ms)
+    if op == "speech_started":
+        return d.turn(SpeechStarted(max(0, clock - 300), clock))
+    return d.turn(SpeechStopped(clock, clock))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(_OPS, max_size=40), data=st.data())
+def test_random_sequences_keep_the_protocol_invariants(ops, data):
+    d = Driver()
+    cancelled: set[str] = set()
+    created: list[str] = []
+    done: list[str] = []
+    for op in ops:
+        active_before = d.session.response_phase
+        for action in _step(d, op, data):
+            if isinstance(action, CancelResponse):
+                cancelled.add(action.response_id)
+            if isinstance(action, (DeleteItem, TruncateItem)):
+                assert active_before is not ResponsePhase.IN_PROGRESS
+            if isinstance(action, StartResponse):
+                assert len(created) == len(done) + 1  # one response at a time
+            if not isinstance(action, Send):
+                continue
+            event = action.event
+            if event["type"] == "response.created":
+                created.append(event["response"]["id"])
+            elif event["type"] == "response.done":
+                done.append(event["response"]["id"])
+                assert event["response"]["id"] == created[-1]
+                if event["response"]["id"] in cancelled:  # (the engine may also end one as cancelled)
+                    assert event["response"]["status"] == "cancelled"
+            elif event["type"] == "response.output_audio.delta":
+                assert event["response_id"] not in cancelled  # nothing after the cancel decision
+        assert d.session.input_buffer_ms <= SessionLimits().max_buffer_ms
+    assert len(set(done)) == len(done) and len(created) - len(done) in (0, 1)
