@@ -154,7 +154,12 @@ class ConversationState:
         if length >= len(self.cached_keys):
             return
         if self.cache is not None:
-            self.cache.crop(length)
+            remove = self.cache.get_seq_length() - length
+            if length == 0:
+                self.cache = None
+            elif remove > 0:
+                # negative = "drop this many": the one form every transformers 5.x accepts
+                self.cache.crop(-remove)
         self.cached_keys = self.cached_keys[:length]
         vectors = torch.cat(self.talker_vectors) if self.talker_vectors else None
         self.talker_vectors = [vectors[:length]] if vectors is not None and length else []

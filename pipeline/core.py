@@ -267,6 +267,7 @@ class EngineCore:
             self._end_talker(r)
             return
         r.seen_codes.add(code)
+        r.codes.append(code)
         r.codec_tokens += 1
         r.last_code = code
         r.t2w.push([dit_code])
@@ -285,7 +286,7 @@ class EngineCore:
             return
         pcm = r.t2w.step()
         if len(pcm):
-            r.spec.sink(AudioChunk(pcm=pcm, start_sample=r.samples))
+            r.spec.sink(AudioChunk(pcm=pcm, start_sample=r.samples, codec_tokens_so_far=r.codec_tokens))
             r.samples += len(pcm)
             r.item.audio_ms = 1000.0 * r.samples / 24_000
 
@@ -309,7 +310,8 @@ class EngineCore:
             output_audio_tokens=r.codec_tokens,
         )
         r.spec.sink(ResponseDone(
-            status=status, usage=usage, text=r.detok.text, audio_samples=r.samples, reason=reason, error=error,
+            status=status, usage=usage, text=r.detok.text, text_token_ids=tuple(r.item.reply_ids),
+            audio_codes=tuple(r.codes), audio_samples=r.samples, reason=reason, error=error,
         ))
 
     def _fail(self, r: ResponseState, exc: Exception) -> None:

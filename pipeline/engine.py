@@ -26,6 +26,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from pipeline.api import INPUT_SAMPLE_RATE, Modality, Role
 from pipeline.config import StageGraphConfig, load_stage_config
@@ -82,6 +83,11 @@ class EngineThread:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
+        # Everything on this thread is inference: no autograd bookkeeping, in-place edits allowed.
+        with torch.inference_mode():
+            self._serve()
+
+    def _serve(self) -> None:
         progressed = True
         while True:
             idle = not self.core.has_work()

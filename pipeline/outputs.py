@@ -59,8 +59,9 @@ class AudioChunk:
 
     pcm: np.ndarray
     start_sample: int
-    codec_tokens: int = 0
-    """Talker codec tokens covered by this chunk (50 per second of audio)."""
+    codec_tokens_so_far: int = 0
+    """How many codec tokens the talker had sampled when this chunk was yielded (50 per second of
+    audio); fewer than the reply's total means audio started while the talker was still running."""
 
     @property
     def duration_ms(self) -> float:
@@ -76,6 +77,10 @@ class ResponseDone:
     status: ResponseStatus
     usage: Usage
     text: str = ""
+    text_token_ids: tuple[int, ...] = ()
+    """The reply's thinker tokens (the final end-of-turn token excluded)."""
+    audio_codes: tuple[int, ...] = ()
+    """The reply's talker codec tokens (the stop token excluded)."""
     audio_samples: int = 0
     reason: str | None = None
     error: Exception | None = field(default=None, compare=False)

@@ -69,6 +69,7 @@ class ResponseState:
     text_eos_sent: bool = False
     last_code: int | None = None
     seen_codes: set[int] = field(default_factory=set)
+    codes: list[int] = field(default_factory=list)
     codec_tokens: int = 0
     # token2wav
     t2w: object | None = None

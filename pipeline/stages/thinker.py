@@ -55,11 +55,16 @@ class ThinkerRunner:
         return self.text_model.embed_tokens(ids)
 
     def audio_features(self, pcm: np.ndarray) -> torch.Tensor:
-        """Whisper log-mel features (n_mels, frames) of 16 kHz float32 audio, as the reference
-        processor computes them (no 30 s padding or truncation)."""
-        out = self.feature_extractor(
-            pcm, sampling_rate=INPUT_SAMPLE_RATE, return_attention_mask=True, padding="longest",
-            truncation=False, return_tensors="pt",
+        """Whisper log-mel features (n_mels, frames) of 16 kHz float32 audio.
+
+        Up to the extractor's window (30 s) they are computed exactly as the reference processor
+        does (zero-padded to the window, padding frames dropped); longer audio, which the reference
+        would truncate, is computed over its own length."""
+        fe = self.feature_extractor
+        fits = len(pcm) <= fe.n_samples
+        out = fe(
+            pcm, sampling_rate=INPUT_SAMPLE_RATE, return_attention_mask=True,
+            padding="max_length" if fits else "longest", truncation=False, return_tensors="pt",
         )
         frames = int(out["attention_mask"].sum())
         return out["input_features"][0, :, :frames]

@@ -1,0 +1,235 @@
+"""Engine behaviour: cancellation, errors, multi-turn state."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from conftest import greedy_stage_config
+from pipeline.engine import OmniEngine, validate_pcm
+from pipeline.errors import (
+    CheckpointError,
+    ContextLimitError,
+    EmptyInputError,
+    InvalidAudioError,
+    ResponseActiveError,
+    UnknownItemError,
+    UnknownVoiceError,
+)
+from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta
+
+
+async def test_cancel_mid_response_stops_every_stage_and_next_response_works(tiny_engine):
+    conv = tiny_engine.conversation()
+    await conv.add_text("u1", "Talk to me.")
+    resp = conv.respond(item_id="a1", max_output_tokens=12)
+    events = []
+    async for ev in resp:
+        events.append(ev)
+        if isinstance(ev, AudioChunk):
+            resp.cancel("turn_detected")
+            break
+    rest = [ev async for ev in resp]
+    done = rest[-1]
+    assert isinstance(done, ResponseDone) and done.status is ResponseStatus.CANCELLED
+    assert done.reason == "turn_detected"
+    # nothing but what the engine had already queued before the cancel landed; then done
+    core = tiny_engine._thread.core
+    assert resp.id not in core.responses
+    assert core.conversations[conv.id].active_response is None
+    # the partial reply stays in history; a new response works
+    second = await conv.respond(item_id="a2", max_output_tokens=4).wait()
+    assert second.status in (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE)
+    assert second.usage.cached_tokens > 0, "history was not prefilled again"
+    await conv.close()
+
+
+async def test_cancel_before_first_step(tiny_engine):
+    conv = tiny_engine.conversation()
+    await conv.add_text("u1", "Hi")
+    resp = conv.respond(item_id="a1")
+    resp.cancel()
+    done = await resp.wait()
+    assert done.status is ResponseStatus.CANCELLED and done.reason == "client_cancelled"
+    await conv.close()
+
+
+async def test_consumer_task_cancellation_cancels_the_response(tiny_engine):
+    import asyncio
+
+    conv = tiny_engine.conversation()
+    await conv.add_text("u1", "Hi")
+    resp = conv.respond(item_id="a1", max_output_tokens=12)
+
+    async def consume():
+        async for _ in resp:
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    done = await resp.wait()
+    assert done.status in (ResponseStatus.CANCELLED, ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE)
+    assert resp.id not in tiny_engine._thread.core.responses
+    await conv.close()
+
+
+async def test_text_only_modality_has_no_audio(tiny_engine):
+    conv = tiny_engine.conversation()
+    await conv.add_text("u1", "Hi")
+    events = [ev async for ev in conv.respond(item_id="a1", modalities=frozenset({"text"}), max_output_tokens=5)]
+    assert not any(isinstance(e, AudioChunk) for e in events)
+    assert events[-1].usage.output_audio_tokens == 0
+    assert events[-1].status is ResponseStatus.INCOMPLETE or events[-1].text_token_ids
+    await conv.close()
+
+
+async def test_max_output_tokens_gives_incomplete(tiny_engine):
+    conv = tiny_engine.conversation()
+    await conv.add_text("u1", "Say a lot")
+    done = await conv.respond(item_id="a1", modalities=frozenset({"text"}), max_output_tokens=1).wait()
+    if done.text_token_ids:  # the tiny model may end its turn at once; then the reply is complete
+        assert done.status is ResponseStatus.INCOMPLETE and done.reason == "max_output_tokens"
+        assert len(done.text_token_ids) == 1
+    await conv.close()
+
+
+async def test_multi_turn_reuses_history_cache(tiny_engine):
+    conv = tiny_engine.conversation()
+    await conv.add_text("u1", "First question")
+    first = await conv.respond(item_id="a1", modalities=frozenset({"text"}), max_output_tokens=4).wait()
+    await conv.add_text("u2", "Second question")
+    second = await conv.respond(item_id="a2", modalities=frozenset({"text"}), max_output_tokens=4).wait()
+    assert second.usage.cached_tokens >= first.usage.input_tokens
+    await conv.close()
+
+
+async def test_unknown_voice(tiny_engine):
+    conv = tiny_engine.conversation()
+    await conv.add_text("u1", "Hi")
+    with pytest.raises(UnknownVoiceError) as err:
+        conv.respond(item_id="a1", voice="Nobody")
+    assert "Chelsie" in str(err.value) and err.value.param == "voice"
+    await conv.close()
+
+
+async def test_empty_inputs(tiny_engine):
+    conv = tiny_engine.conversation()
+    with pytest.raises(EmptyInputError):
+        await conv.add_text("u1", "   ")
+    done = await conv.respond(item_id="a1").wait()
+    assert done.status is ResponseStatus.FAILED and isinstance(done.error, EmptyInputError)
+    # the conversation still works after the refusal
+    await conv.add_text("u1", "Now something")
+    ok = await conv.respond(item_id="a1", modalities=frozenset({"text"}), max_output_tokens=2).wait()
+    assert ok.status is not ResponseStatus.FAILED
+    await conv.close()
+
+
+@pytest.mark.parametrize(
+    "pcm, message",
+    [
+        (np.zeros(1600, np.int16), "float32"),
+        (np.zeros((2, 1600), np.float32), "mono"),
+        (np.array([0.0, np.nan] * 800, np.float32), "NaN"),
+        (np.zeros(0, np.float32), "empty"),
+    ],
+)
+async def test_malformed_audio(tiny_engine, pcm, message):
+    conv = tiny_engine.conversation()
+    with pytest.raises(InvalidAudioError, match=message):
+        await conv.add_audio("u1", pcm)
+    await conv.close()
+
+
+def test_wrong_sample_rate():
+    with pytest.raises(InvalidAudioError, match="16000 Hz"):
+        validate_pcm(np.zeros(100, np.float32), sample_rate=24000)
+
+
+async def test_too_short_audio_is_refused_not_crashing(tiny_engine):
+    conv = tiny_engine.conversation()
+    with pytest.raises(InvalidAudioError, match="too short"):
+        await conv.add_audio("u1", np.zeros(100, np.float32))
+    await conv.close()
+
+
+async def test_context_limit(tiny_model_dir):
+    cfg = greedy_stage_config(thinker={"max_context_tokens": 64})
+    engine = OmniEngine.from_pretrained(tiny_model_dir, cfg)
+    try:
+        conv = engine.conversation(instructions="short")
+        await conv.add_text("u1", "word " * 80)
+        done = await conv.respond(item_id="a1", max_output_tokens=8).wait()
+        assert done.status is ResponseStatus.FAILED and isinstance(done.error, ContextLimitError)
+        assert "context limit of 64" in str(done.error)
+        # the refused reply left no item behind; deleting the long message makes room again
+        await conv.delete_item("u1")
+        await conv.add_text("u2", "hi")
+        ok = await conv.respond(item_id="a1", modalities=frozenset({"text"}), max_output_tokens=4).wait()
+        assert ok.status is not ResponseStatus.FAILED
+    finally:
+        engine.close()
+
+
+async def test_one_response_at_a_time_and_busy_mutations(tiny_engine):
+    conv = tiny_engine.conversation()
+    await conv.add_text("u1", "Hi")
+    resp = conv.respond(item_id="a1", max_output_tokens=12)
+    with pytest.raises(ResponseActiveError):
+        conv.respond(item_id="a2")
+    with pytest.raises(ResponseActiveError):
+        await conv.delete_item("u1")
+    resp.cancel()
+    await resp.wait()
+    with pytest.raises(UnknownItemError):
+        await conv.delete_item("missing")
+    await conv.close()
+
+
+async def test_truncate_rolls_back_reply_text(tiny_engine):
+    conv = tiny_engine.conversation()
+    await conv.add_text("u1", "Hi there")
+    done = await conv.respond(item_id="a1", max_output_tokens=10).wait()
+    item = tiny_engine._thread.core.conversations[conv.id].find("a1")
+    total_ms = item.audio_ms
+    assert total_ms > 0
+    await conv.truncate_item("a1", int(total_ms / 2))
+    assert len(item.reply_ids) == int(len(done.text_token_ids) * int(total_ms / 2) / total_ms)
+    await conv.add_text("u2", "And?")
+    again = await conv.respond(item_id="a2", modalities=frozenset({"text"}), max_output_tokens=3).wait()
+    assert again.status is not ResponseStatus.FAILED
+    await conv.close()
+
+
+def test_missing_checkpoint_files(tiny_model_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "spk_dict.pt").unlink()
+    with pytest.raises(CheckpointError, match="spk_dict.pt"):
+        OmniEngine.from_pretrained(broken, greedy_stage_config())
+    with pytest.raises(CheckpointError):
+        OmniEngine.from_pretrained(tmp_path / "nowhere", greedy_stage_config())
+
+
+async def test_two_conversations_interleave_independently(tiny_engine):
+    import asyncio
+
+    a, b = tiny_engine.conversation(), tiny_engine.conversation()
+    await a.add_text("u1", "Hello from A")
+    await b.add_text("u1", "Hello from B")
+    solo = tiny_engine.conversation()
+    await solo.add_text("u1", "Hello from A")
+    ref = await solo.respond(item_id="a1", max_output_tokens=6).wait()
+    da, db = await asyncio.gather(
+        a.respond(item_id="a1", max_output_tokens=6).wait(), b.respond(item_id="a1", max_output_tokens=6).wait()
+    )
+    assert da.text_token_ids == ref.text_token_ids and da.audio_codes == ref.audio_codes
+    assert db.status is not ResponseStatus.FAILED
+    for conv in (a, b, solo):
+        await conv.close()
