@@ -1,0 +1,136 @@
+"""``omni-realtime`` command line: serve, demo, make-tiny-model, bench.
+
+Every option maps onto a typed config object; nothing is read from environment variables here
+except what the standard libraries themselves honour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("omni-realtime")
+
+
+def _setup_torch_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run one spoken turn through the streaming pipeline and write the reply to a WAV."""
+    import numpy as np
+    import soundfile as sf
+
+    from pipeline.embedded import resolve_model
+    from pipeline.engine import OmniEngine
+    from pipeline.outputs import OUTPUT_SAMPLE_RATE, AudioChunk, ResponseDone, TextDelta
+
+    _setup_torch_threads(args.threads)
+    engine = OmniEngine.from_pretrained(resolve_model(args.model, args.cache_dir), args.stage_config, seed=args.seed)
+
+    async def run() -> ResponseDone:
+        conv = engine.conversation()
+        if args.input_wav:
+            pcm, rate = sf.read(args.input_wav, dtype="float32", always_2d=True)
+            pcm = _to_16k(pcm.mean(axis=1), rate)
+            await conv.add_audio("user_1", pcm)
+        else:
+            await conv.add_text("user_1", args.text)
+        start = time.perf_counter()
+        first_audio = None
+        chunks = []
+        async for ev in conv.respond(item_id="reply_1", voice=args.voice, max_output_tokens=args.max_output_tokens):
+            if isinstance(ev, TextDelta):
+                print(ev.text, end="", flush=True)
+            elif isinstance(ev, AudioChunk):
+                first_audio = first_audio or time.perf_counter() - start
+                chunks.append(ev.pcm)
+            else:
+                done = ev
+        print()
+        audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+        sf.write(args.out, audio, OUTPUT_SAMPLE_RATE, subtype="PCM_16")
+        first = f"{first_audio * 1000:.0f} ms" if first_audio else "n/a"
+        print(f"{done.status.value}: {len(audio) / OUTPUT_SAMPLE_RATE:.2f} s of audio -> {args.out} "
+              f"(first audio after {first}, {done.usage.output_text_tokens} text / "
+              f"{done.usage.output_audio_tokens} codec tokens)")
+        await conv.close()
+        return done
+
+    try:
+        done = asyncio.run(run())
+    finally:
+        engine.close()
+    return 0 if done.status.value in ("completed", "incomplete") else 1
+
+
+def _to_16k(pcm, rate: int):
+    import numpy as np
+
+    if rate == 16000:
+        return pcm.astype(np.float32)
+    import soxr
+
+    return soxr.resample(pcm, rate, 16000).astype(np.float32)
+
+
+def cmd_make_tiny_model(argv: list[str]) -> int:
+    from pipeline.models.qwen2_5_omni.tiny import main as make_main
+
+    return make_main(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omni-realtime", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def model_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", default=None,
+                       help="checkpoint folder or hub id already in the local cache; default: the embedded tiny "
+                            "random-weight model (built on first run)")
+        p.add_argument("--stage-config", type=Path, default=None, help="stage graph YAML (default: packaged)")
+        p.add_argument("--cache-dir", type=Path, default=None, help="where the embedded tiny model is built")
+        p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+        p.add_argument("--seed", type=int, default=None)
+
+    demo = sub.add_parser("demo", help="one turn through the streaming pipeline, reply written to a WAV")
+    model_args(demo)
+    demo.add_argument("--text", default="Hello! Who are you?")
+    demo.add_argument("--input-wav", type=Path, default=None, help="speak this WAV instead of --text")
+    demo.add_argument("--voice", default=None)
+    demo.add_argument("--max-output-tokens", type=int, default=64)
+    demo.add_argument("--out", type=Path, default=Path("reply.wav"))
+    demo.set_defaults(func=cmd_demo)
+
+    sub.add_parser("make-tiny-model", help="write a random Qwen2.5-Omni checkpoint (see --help)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["make-tiny-model"]:
+        return cmd_make_tiny_model(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except Exception as exc:  # noqa: BLE001 - the CLI turns our errors into one clear line
+        from pipeline.errors import PipelineError
+
+        if isinstance(exc, PipelineError):
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
