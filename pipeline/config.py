@@ -51,6 +51,9 @@ class StageConfig:
     connector: str | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     max_tokens: int | None = None
+    min_tokens: int | None = None
+    """Stop tokens are suppressed until this many tokens were generated (like ``min_new_tokens``):
+    forces reply lengths for benchmarks with random weights."""
     max_context_tokens: int | None = None
     chunking: dict[str, Any] = field(default_factory=dict)
 
@@ -132,7 +135,7 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     _check_type(values, "dtype", str, path)
     if values.get("dtype", "auto") not in DTYPES:
         raise ConfigError(f"{path}.dtype must be one of {DTYPES}", param=f"{path}.dtype")
-    for key in ("max_tokens", "max_context_tokens"):
+    for key in ("max_tokens", "min_tokens", "max_context_tokens"):
         value = values.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ConfigError(f"{path}.{key} must be a positive integer", param=f"{path}.{key}")

@@ -195,7 +195,8 @@ class EngineCore:
         self._accept_text_token(r, self._sample_text(r, out.last_logits))
 
     def _sample_text(self, r: ResponseState, logits: torch.Tensor) -> int:
-        sampler = Sampler(self.cfg.thinker.sampling, generator=r.generator)
+        forced = len(r.item.reply_ids) < (self.cfg.thinker.min_tokens or 0)
+        sampler = Sampler(self.cfg.thinker.sampling, suppress=self.text_stop if forced else (), generator=r.generator)
         return sampler(logits, torch.tensor(sorted(r.seen_text), dtype=torch.long))
 
     def _accept_text_token(self, r: ResponseState, token: int) -> None:
@@ -260,7 +261,10 @@ class EngineCore:
         return self._text_end_vectors[index]
 
     def _accept_code(self, r: ResponseState, logits: torch.Tensor) -> None:
-        sampler = Sampler(self.cfg.talker.sampling, suppress=self._talker_suppress, generator=r.generator)
+        suppress = self._talker_suppress
+        if r.codec_tokens < (self.cfg.talker.min_tokens or 0):
+            suppress = [*suppress, *self.codec_stop]
+        sampler = Sampler(self.cfg.talker.sampling, suppress=suppress, generator=r.generator)
         code = sampler(logits, torch.tensor(sorted(r.seen_codes), dtype=torch.long))
         dit_code = self.to_token2wav(code, self.codec_stop)
         if dit_code is None:
