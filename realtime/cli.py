@@ -81,6 +81,81 @@ def _to_16k(pcm, rate: int):
     return soxr.resample(pcm, rate, 16000).astype(np.float32)
 
 
+def server_config(args: argparse.Namespace):
+    """The :class:`realtime.config.ServerConfig` of ``serve``'s flags (``ValueError`` if invalid)."""
+    from dataclasses import replace
+
+    from realtime.config import ServerConfig
+    from realtime.limits import RateLimit
+
+    defaults = ServerConfig()
+    api_key = args.api_key
+    if args.api_key_file is not None:
+        api_key = args.api_key_file.read_text(encoding="utf-8").strip()
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        api_key=api_key,
+        max_sessions=args.max_sessions,
+        max_message_bytes=args.max_message_bytes,
+        allowed_origins=tuple(args.allowed_origins) if args.allowed_origins else None,
+        model=args.model,
+        stage_config=args.stage_config,
+        cache_dir=args.cache_dir,
+        seed=args.seed,
+        torch_threads=args.threads or defaults.torch_threads,
+        ice_host_addresses=tuple(args.ice_hosts),
+        webrtc=not args.no_webrtc,
+        session_limits=replace(defaults.session_limits, max_buffer_ms=args.max_buffer_ms),
+        rate_limit=RateLimit(args.events_per_second, args.event_burst),
+        web_demo_dir=args.web_demo_dir,
+        log_level=args.log_level.lower(),
+        ws_implementation=args.ws,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve the OpenAI Realtime API (WebSocket, WebRTC, web demo) until interrupted."""
+    try:
+        config = server_config(args)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from realtime.server import run_server
+
+    run_server(config)
+    return 0
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    from realtime.config import WS_IMPLEMENTATIONS, ServerConfig
+
+    d = ServerConfig()
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--api-key", default=None,
+                   help="require this key (Authorization: Bearer, or the browser subprotocol "
+                        "openai-insecure-api-key.<key>); other users can read it in the process list: "
+                        "prefer --api-key-file")
+    p.add_argument("--api-key-file", type=Path, default=None, help="read the key from this file")
+    p.add_argument("--max-sessions", type=int, default=d.max_sessions, help="concurrent sessions")
+    p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes,
+                   help="largest client message; larger ones get an error event")
+    p.add_argument("--max-buffer-ms", type=int, default=d.session_limits.max_buffer_ms,
+                   help="most uncommitted input audio per session")
+    p.add_argument("--events-per-second", type=float, default=d.rate_limit.events_per_second,
+                   help="client event rate per session")
+    p.add_argument("--event-burst", type=int, default=d.rate_limit.burst, help="events allowed in a burst")
+    p.add_argument("--allowed-origin", dest="allowed_origins", action="append", default=None,
+                   help="browser origin allowed to connect (repeat; default: any)")
+    p.add_argument("--ice-host", dest="ice_hosts", action="append", default=[],
+                   help="WebRTC: address announced as an ICE host candidate (repeat), e.g. a public IP behind NAT")
+    p.add_argument("--no-webrtc", action="store_true", help="disable POST /v1/realtime/calls")
+    p.add_argument("--web-demo-dir", type=Path, default=None, help="static files served at / (default: packaged)")
+    p.add_argument("--ws", choices=WS_IMPLEMENTATIONS, default=d.ws_implementation,
+                   help="uvicorn WebSocket implementation")
+
+
 def cmd_make_tiny_model(argv: list[str]) -> int:
     from pipeline.models.qwen2_5_omni.tiny import main as make_main
 
@@ -98,8 +173,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "random-weight model (built on first run)")
         p.add_argument("--stage-config", type=Path, default=None, help="stage graph YAML (default: packaged)")
         p.add_argument("--cache-dir", type=Path, default=None, help="where the embedded tiny model is built")
-        p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+        p.add_argument("--threads", type=int, default=None,
+                       help="torch CPU threads of the engine (serve: default 1, enough for a GPU engine)")
         p.add_argument("--seed", type=int, default=None)
+
+    serve = sub.add_parser("serve", help="the realtime server: OpenAI Realtime API over WebSocket and WebRTC")
+    model_args(serve)
+    _serve_args(serve)
+    serve.set_defaults(func=cmd_serve)
 
     demo = sub.add_parser("demo", help="one turn through the streaming pipeline, reply written to a WAV")
     model_args(demo)

@@ -1,0 +1,91 @@
+"""The server's configuration: one frozen, self-validating dataclass.
+
+``omni-realtime serve`` builds it from its flags; :func:`realtime.server.create_app` takes it.
+Nothing here reads environment variables: a deployment passes everything explicitly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from realtime.limits import RateLimit
+from realtime.session import SessionLimits
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+WS_IMPLEMENTATIONS = ("websockets", "websockets-sansio")
+"""uvicorn's WebSocket implementations on the ``websockets`` library. ``websockets`` is the
+default although uvicorn deprecates it: ``websockets-sansio`` (uvicorn 0.54) logs a spurious
+"ASGI callable returned without completing handshake" error after every HTTP 401/403 refusal."""
+
+_KEY_CHARS = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+"""RFC 7230 token characters: a key must fit both a header and a WebSocket subprotocol name."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything ``create_app`` and ``omni-realtime serve`` need. Invalid values raise
+    ``ValueError`` naming the field. Sizes are bytes, durations seconds unless named ``_ms``."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = field(default=None, repr=False)
+    """``None``: no authentication. Never logged (hidden from ``repr``)."""
+    max_sessions: int = 16
+    """Concurrent sessions (WebSocket); one more is refused with close code 1013."""
+    max_message_bytes: int = 8 * 1024 * 1024
+    """Largest client message (UTF-8 bytes) handed to the session; larger ones get a
+    ``message_too_large`` error and the connection stays open, up to :attr:`ws_max_frame_bytes`."""
+    allowed_origins: tuple[str, ...] | None = None
+    """Browser origins allowed to open sessions (``https://host:port``); ``None`` allows any.
+    Requests without an ``Origin`` header (non-browser clients) are always allowed."""
+    model: str | None = None
+    """Checkpoint folder or cached hub id; ``None`` (or ``embedded:tiny``): the embedded tiny
+    random-weight model, built on first run into :attr:`cache_dir`."""
+    stage_config: Path | None = None
+    cache_dir: Path | None = None
+    seed: int | None = None
+    torch_threads: int = 1
+    """torch CPU threads of the engine, set before it loads. One by default: the VAD models are
+    tiny and a GPU engine needs no CPU threads; raise it for a real model on CPU."""
+    ice_host_addresses: tuple[str, ...] = ()
+    """WebRTC: addresses announced as ICE host candidates (a public address behind NAT; tests use
+    127.0.0.1). Empty: the machine's own interface addresses."""
+    webrtc: bool = True
+    """Serve ``POST /v1/realtime/calls`` when aiortc and the WebRTC transport are installed."""
+    session_limits: SessionLimits = SessionLimits()
+    rate_limit: RateLimit = RateLimit()
+    web_demo_dir: Path | None = None
+    """Static files served at ``/`` when the folder has an index.html; ``None``: the packaged
+    ``web_demo``."""
+    log_level: str = "info"
+    ws_implementation: str = "websockets"
+    shutdown_timeout_s: float = 5.0
+    """How long a shutdown waits for live sessions to close before giving up on them."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.api_key is not None and not _KEY_CHARS.match(self.api_key):
+            raise ValueError("api_key must be a non-empty token (letters, digits, -._~ and similar; no spaces)")
+        for name in ("max_sessions", "torch_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_message_bytes < 1024:
+            raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        if self.ws_implementation not in WS_IMPLEMENTATIONS:
+            raise ValueError(f"ws_implementation must be one of {', '.join(WS_IMPLEMENTATIONS)}")
+        if self.shutdown_timeout_s <= 0:
+            raise ValueError(f"shutdown_timeout_s must be positive, got {self.shutdown_timeout_s}")
+        if isinstance(self.allowed_origins, (str, list)):
+            raise ValueError("allowed_origins must be a tuple of origins or None")
+
+    @property
+    def ws_max_frame_bytes(self) -> int:
+        """The transport's hard cap (uvicorn's ``ws_max_size``): a bigger message closes the
+        connection with 1009. Twice :attr:`max_message_bytes`, so oversized messages up to that
+        size are answered with an error event instead."""
+        return 2 * self.max_message_bytes

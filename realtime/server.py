@@ -1,0 +1,528 @@
+"""The ASGI app: :func:`create_app` builds a Starlette app serving the OpenAI Realtime API.
+
+Routes:
+
+- ``WebSocket /v1/realtime``: one session per connection (``?model=`` is accepted and ignored:
+  the server serves one model, and SDKs always send one). Order of admission: origin and API key
+  (refused before the handshake with HTTP 403 / 401, see :mod:`realtime.auth`), then the session
+  limit (accepted, one ``error`` event ``session_limit_reached``, closed with 1013 "try again
+  later"), then the session runs (:class:`realtime.runner.SessionRunner`).
+- ``POST /v1/realtime/calls``: WebRTC; the SDP offer (``application/sdp``, or a multipart form
+  with ``sdp`` and ``session`` fields) goes to ``app.state.webrtc``; 201 with the SDP answer.
+  Without a WebRTC endpoint: 501 with a JSON error.
+- ``GET /healthz`` (JSON) and ``GET /metrics`` (Prometheus text), unauthenticated.
+- ``/``: the static voice chat page (``web_demo/``) when its folder has an index.html.
+
+Lifespan: startup loads the engine (unless one was injected: tests, or :func:`run_server`, which
+loads it first to fail early) and the WebRTC endpoint; shutdown closes every live session (close
+code 1001), the WebRTC endpoint, and the engine if the app loaded it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket
+
+from pipeline.api import EngineHandle
+from pipeline.errors import PipelineError
+from realtime.auth import AccessPolicy, Refusal
+from realtime.config import ServerConfig
+from realtime.errors import LimitExceeded, RealtimeError, to_error_payload
+from realtime.ids import RandomIds
+from realtime.limits import MessageGate
+from realtime.limits import SessionSlots
+from realtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from realtime.metrics import ServerMetrics
+from realtime.protocol.names import Dialect
+from realtime.protocol.server import ServerEvents
+from realtime.runner import SessionRunner, TurnDetectorFactory
+from realtime.session import SessionSettings
+from realtime.transports.websocket import BETA_HEADER, BETA_HEADER_VALUE, CloseCode, WebSocketTransport, negotiate
+from realtime.turn import TurnDetector
+from realtime.vad import SpeechProbability
+
+logger = logging.getLogger(__name__)
+
+REALTIME_PATH = "/v1/realtime"
+CALLS_PATH = "/v1/realtime/calls"
+SDP_MEDIA_TYPE = "application/sdp"
+
+
+class ServerCode(str, enum.Enum):
+    """Wire error codes of the HTTP endpoints."""
+
+    WEBRTC_UNAVAILABLE = "webrtc_unavailable"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class WebRTCEndpoint(Protocol):
+    """What ``POST /v1/realtime/calls`` delegates to (``realtime.transports.webrtc`` provides it)."""
+
+    async def create_call(self, offer_sdp: str, *, dialect: Dialect, session_overrides: dict | None) -> str:
+        """Start a call for the SDP offer; returns the SDP answer."""
+        ...
+
+    async def close(self) -> None:
+        """Hang up every call and free its resources."""
+        ...
+
+
+VadFactory = Callable[[], SpeechProbability]
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What transports need from the server to run sessions (the WebRTC factory gets it)."""
+
+    config: ServerConfig
+    engine: EngineHandle
+    metrics: ServerMetrics
+    vad_factory: VadFactory
+
+    def session_settings(self, dialect: Dialect, **overrides: object) -> SessionSettings:
+        return SessionSettings.for_engine(self.engine, dialect=dialect, limits=self.config.session_limits, **overrides)
+
+    async def turn_detector_factory(self) -> TurnDetectorFactory:
+        """Turn detectors over one fresh VAD (a session's own: it carries stream state), loaded
+        off the event loop."""
+        vad = await asyncio.to_thread(self.vad_factory)
+        return lambda params: TurnDetector(params, vad)
+
+
+WebRTCFactory = Callable[[ServerContext], "WebRTCEndpoint | None"]
+
+
+# --- engine and VAD -----------------------------------------------------------------------------
+
+
+def load_engine(config: ServerConfig) -> EngineHandle:
+    """Load ``config.model`` (building the embedded tiny model on first use), with torch set to
+    ``config.torch_threads`` CPU threads first."""
+    import torch
+
+    # Importing silero_vad sets torch's default thread count to 1; import it before our setting.
+    import silero_vad  # noqa: F401
+
+    from pipeline.embedded import resolve_model
+    from pipeline.engine import OmniEngine
+
+    torch.set_num_threads(config.torch_threads)
+    path = resolve_model(config.model, config.cache_dir)
+    return OmniEngine.from_pretrained(path, config.stage_config, seed=config.seed)
+
+
+def silero_vad_factory(torch_threads: int) -> VadFactory:
+    """A factory of :class:`realtime.vad.SileroVad`. Constructing one sets torch's default thread
+    count to 1; the factory restores ``torch_threads`` so threads started later (an engine's)
+    get the configured count."""
+
+    def make() -> SpeechProbability:
+        import torch
+
+        from realtime.vad import SileroVad
+
+        vad = SileroVad()
+        torch.set_num_threads(torch_threads)
+        return vad
+
+    return make
+
+
+def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
+    """The aiortc transport, when it and aiortc are installed."""
+    try:
+        from realtime.transports.webrtc import WebRTCCalls
+    except ImportError as exc:
+        logger.warning("WebRTC disabled (POST %s answers 501): %s", CALLS_PATH, exc)
+        return None
+    return WebRTCCalls(
+        context.engine,
+        turn_detector_factory=context.turn_detector_factory,
+        settings_factory=context.session_settings,
+        ice_host_addresses=context.config.ice_host_addresses,
+        max_calls=context.config.max_sessions,
+    )
+
+
+def _announce(engine: EngineHandle, config: ServerConfig) -> None:
+    if engine.random_weights:
+        logger.warning(
+            "\n%s\n  MODEL %s HAS RANDOM WEIGHTS: a test model, not an assistant.\n"
+            "  Its replies are noise. Pass --model PATH_OR_ID for a real checkpoint.\n%s",
+            "!" * 78, engine.model_name, "!" * 78,
+        )
+    auth = "API key required" if config.api_key is not None else "NO API KEY (anyone who can connect may use it)"
+    logger.info("serving %s: %s, at most %d sessions", engine.model_name, auth, config.max_sessions)
+
+
+# --- the server ---------------------------------------------------------------------------------
+
+
+class RealtimeServer:
+    """The app's state (``app.state.realtime``): engine, limits, metrics and live sessions."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        engine: EngineHandle | None,
+        vad_factory: VadFactory,
+        webrtc_factory: WebRTCFactory | None,
+    ) -> None:
+        self.config = config
+        self.metrics = ServerMetrics()
+        self.access = AccessPolicy(config.api_key, config.allowed_origins)
+        self.slots = SessionSlots(config.max_sessions)
+        self.webrtc: WebRTCEndpoint | None = None
+        self._engine = engine
+        self._owns_engine = engine is None
+        self._vad_factory = vad_factory
+        self._webrtc_factory = webrtc_factory
+        self._context: ServerContext | None = None
+        self._sessions: dict[asyncio.Task, WebSocketTransport] = {}
+
+    @property
+    def context(self) -> ServerContext:
+        if self._context is None:
+            raise RuntimeError("the server has not started (its lifespan loads the engine)")
+        return self._context
+
+    @property
+    def engine(self) -> EngineHandle:
+        return self.context.engine
+
+    async def start(self) -> None:
+        engine = self._engine or await asyncio.to_thread(load_engine, self.config)
+        self._engine = engine
+        self._context = ServerContext(self.config, engine, self.metrics, self._vad_factory)
+        _announce(engine, self.config)
+        if self.config.webrtc and self._webrtc_factory is not None:
+            try:
+                self.webrtc = self._webrtc_factory(self._context)
+            except BaseException:
+                await self._close_engine()
+                raise
+
+    async def stop(self) -> None:
+        await self._close_sessions()
+        if self.webrtc is not None:
+            await self.webrtc.close()
+        await self._close_engine()
+
+    async def _close_engine(self) -> None:
+        engine, self._engine = self._engine, None
+        if self._owns_engine and engine is not None:
+            await asyncio.to_thread(engine.close)  # type: ignore[attr-defined]  (OmniEngine; joins its thread)
+
+    async def _close_sessions(self) -> None:
+        if not self._sessions:
+            return
+        for task, transport in self._sessions.items():
+            transport.close_code, transport.close_reason = CloseCode.GOING_AWAY, "server shutting down"
+            task.cancel()
+        _, pending = await asyncio.wait(set(self._sessions), timeout=self.config.shutdown_timeout_s)
+        if pending:
+            logger.warning("%d sessions did not close within %.1f s", len(pending), self.config.shutdown_timeout_s)
+
+    def health(self) -> dict:
+        engine = self.engine
+        return {
+            "ok": True,
+            "model": engine.model_name,
+            "random_weights": engine.random_weights,
+            "sessions": self.slots.active,
+            "max_sessions": self.slots.limit,
+            "webrtc": self.webrtc is not None,
+        }
+
+    # --- WebSocket sessions ---
+
+    async def serve_websocket(self, websocket: WebSocket) -> None:
+        """Admit (or refuse) one WebSocket client and run its session until it leaves."""
+        subprotocols = list(websocket.scope.get("subprotocols", ()))
+        refusal = self.access.check(websocket.headers, subprotocols)
+        if refusal is not None:
+            await self._deny(websocket, refusal)
+            return
+        handshake = negotiate(websocket.headers, subprotocols)
+        slot = self.slots.try_acquire()
+        await websocket.accept(subprotocol=handshake.subprotocol)
+        if slot is None:
+            await self._refuse_busy(websocket, handshake.dialect)
+            return
+        with slot:
+            await self._run_session(websocket, handshake.dialect)
+
+    async def _deny(self, websocket: WebSocket, refusal: Refusal) -> None:
+        reason = str(refusal.error.code)
+        self.metrics.refused(reason)
+        logger.warning("refused a session from %s: %s", _peer(websocket), reason)
+        if "websocket.http.response" in websocket.scope.get("extensions", {}):
+            await websocket.send_denial_response(error_response(refusal.status, refusal.error))
+        else:
+            await websocket.close(CloseCode.POLICY_VIOLATION, refusal.error.message[:120])
+
+    async def _refuse_busy(self, websocket: WebSocket, dialect: Dialect) -> None:
+        error = self.slots.refusal()
+        self.metrics.refused(str(error.code))
+        logger.warning("refused a session from %s: %d sessions live (the limit)", _peer(websocket), self.slots.limit)
+        event = ServerEvents(dialect, RandomIds()).error(to_error_payload(error))
+        await websocket.send_text(json.dumps(event))
+        await websocket.close(CloseCode.TRY_AGAIN_LATER, "try again later")
+
+    async def _run_session(self, websocket: WebSocket, dialect: Dialect) -> None:
+        context = self.context
+        observer = self.metrics.session("websocket")
+        gate = MessageGate(max_message_bytes=self.config.max_message_bytes, rate=self.config.rate_limit)
+        transport = WebSocketTransport(websocket, gate=gate, dialect=dialect, on_send=observer)
+        try:
+            runner = SessionRunner(
+                transport,
+                context.engine,
+                turn_detector_factory=await context.turn_detector_factory(),
+                settings=context.session_settings(dialect),
+            )
+            await self._supervise(runner, transport, _peer(websocket))
+        finally:
+            observer.close()
+
+    async def _supervise(self, runner: SessionRunner, transport: WebSocketTransport, peer: str) -> None:
+        """Run the session as a task the shutdown can cancel; a failure ends this session only."""
+        session_id, started = runner.session.session_id, time.monotonic()
+        logger.info("session %s started (%s, %s)", session_id, peer, runner.session.dialect.value)
+        task = asyncio.create_task(runner.run(), name=f"realtime session {session_id}")
+        self._sessions[task] = transport
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:  # the ASGI server cancelled this handler: stop the session too
+            task.cancel()
+            await asyncio.wait({task})
+            raise
+        finally:
+            del self._sessions[task]
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("session %s failed", session_id, exc_info=task.exception())
+        logger.info("session %s ended after %.1f s", session_id, time.monotonic() - started)
+
+    # --- WebRTC calls ---
+
+    async def create_call(self, request: Request) -> Response:
+        refusal = self.access.check(request.headers)
+        if refusal is not None:
+            self.metrics.refused(str(refusal.error.code))
+            return error_response(refusal.status, refusal.error)
+        if self.webrtc is None:
+            error = RealtimeError(
+                "WebRTC is not available on this server (install aiortc, or it was disabled); use the WebSocket "
+                f"endpoint {REALTIME_PATH}",
+                code=ServerCode.WEBRTC_UNAVAILABLE,
+            )
+            return error_response(501, error)
+        dialect = Dialect.BETA if _beta_header(request.headers.get(BETA_HEADER)) else Dialect.GA
+        try:
+            offer, overrides = await _read_offer(request)
+            answer = await self.webrtc.create_call(offer, dialect=dialect, session_overrides=overrides)
+        except (RealtimeError, PipelineError) as exc:
+            return error_response(_status_for(exc), exc)
+        except Exception as exc:  # a bug in the call setup: logged, answered without internals
+            logger.exception("WebRTC call setup failed")
+            return error_response(500, exc)
+        return Response(answer, status_code=201, media_type=SDP_MEDIA_TYPE)
+
+
+def _status_for(exc: Exception) -> int:
+    if isinstance(exc, LimitExceeded):
+        return 429
+    if isinstance(exc, PipelineError) and exc.code.startswith("engine"):
+        return 503
+    return 415 if getattr(exc, "code", None) == ServerCode.UNSUPPORTED_MEDIA_TYPE else 400
+
+
+def _beta_header(value: str | None) -> bool:
+    return any(part.strip().lower() == BETA_HEADER_VALUE for part in (value or "").split(","))
+
+
+async def _read_offer(request: Request) -> tuple[str, dict | None]:
+    """The SDP offer and the optional session overrides of a calls request."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type == SDP_MEDIA_TYPE:
+        return _text((await request.body()), "body"), None
+    if media_type == "multipart/form-data":
+        form = await request.form()
+        sdp, session = form.get("sdp"), form.get("session")
+        if not isinstance(sdp, str) or not sdp:
+            raise RealtimeError("the form needs an 'sdp' field with the SDP offer", param="sdp")
+        return sdp, _session_overrides(session)
+    raise RealtimeError(
+        f"send the SDP offer as {SDP_MEDIA_TYPE} (or multipart/form-data with 'sdp' and 'session')",
+        code=ServerCode.UNSUPPORTED_MEDIA_TYPE,
+        param="content-type",
+    )
+
+
+def _text(body: bytes, param: str) -> str:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RealtimeError("the SDP offer is not UTF-8 text", param=param) from None
+    if not text.strip():
+        raise RealtimeError("the SDP offer is empty", param=param)
+    return text
+
+
+def _session_overrides(session: object) -> dict | None:
+    if session is None:
+        return None
+    try:
+        value = json.loads(session) if isinstance(session, str) else None
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise RealtimeError("the 'session' field must be a JSON object", param="session")
+    return value
+
+
+def error_response(status: int, error: Exception) -> JSONResponse:
+    """An HTTP error with the same ``{"error": {...}}`` body as the protocol's error events."""
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": to_error_payload(error)}, status_code=status, headers=headers)
+
+
+def _peer(websocket: WebSocket) -> str:
+    client = websocket.client
+    return f"{client.host}:{client.port}" if client else "unknown peer"
+
+
+# --- the app ------------------------------------------------------------------------------------
+
+
+def create_app(
+    config: ServerConfig,
+    *,
+    engine: EngineHandle | None = None,
+    vad_factory: VadFactory | None = None,
+    webrtc_factory: WebRTCFactory | None = _default_webrtc,
+) -> Starlette:
+    """The ASGI app for ``config``. ``engine``: serve this engine (the caller keeps ownership)
+    instead of loading ``config.model`` at startup. ``vad_factory``: one VAD per session
+    (default silero). ``webrtc_factory``: builds ``app.state.webrtc`` at startup (``None``, or
+    ``config.webrtc`` false: no WebRTC, the calls endpoint answers 501)."""
+    server = RealtimeServer(
+        config,
+        engine=engine,
+        vad_factory=vad_factory or silero_vad_factory(config.torch_threads),
+        webrtc_factory=webrtc_factory,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await server.start()
+        app.state.webrtc = server.webrtc
+        try:
+            yield
+        finally:
+            await server.stop()
+
+    async def realtime_ws(websocket: WebSocket) -> None:
+        await server.serve_websocket(websocket)
+
+    async def calls(request: Request) -> Response:
+        return await server.create_call(request)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse(server.health())
+
+    async def metrics(request: Request) -> Response:
+        return Response(server.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    routes: list[BaseRoute] = [
+        WebSocketRoute(REALTIME_PATH, realtime_ws),
+        Route(CALLS_PATH, calls, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    demo = _web_demo_dir(config)
+    if demo is not None:
+        routes.append(Mount("/", app=StaticFiles(directory=demo, html=True), name="web_demo"))
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.realtime = server
+    app.state.webrtc = None
+    return app
+
+
+def _web_demo_dir(config: ServerConfig) -> Path | None:
+    if config.web_demo_dir is not None:
+        folder = config.web_demo_dir
+    else:
+        import web_demo
+
+        folder = Path(web_demo.__file__).parent
+    return folder if (folder / "index.html").is_file() else None
+
+
+# --- running it ---------------------------------------------------------------------------------
+
+
+def _uvicorn_config(app: Starlette, config: ServerConfig, **overrides: object):
+    import uvicorn
+
+    options: dict = {
+        "host": config.host,
+        "port": config.port,
+        "ws": config.ws_implementation,
+        "ws_max_size": config.ws_max_frame_bytes,
+        "lifespan": "on",
+        "log_level": config.log_level,
+    } | overrides
+    return uvicorn.Config(app, **options)
+
+
+def run_server(config: ServerConfig) -> None:
+    """Serve until interrupted (the CLI's ``serve``). The engine is loaded before the socket is
+    bound, so a bad checkpoint fails here with its own error."""
+    import uvicorn
+
+    engine = load_engine(config)
+    try:
+        uvicorn.Server(_uvicorn_config(create_app(config, engine=engine), config)).run()
+    finally:
+        engine.close()  # type: ignore[attr-defined]  (OmniEngine)
+
+
+@contextlib.asynccontextmanager
+async def serve_in_background(app: Starlette, config: ServerConfig) -> AsyncIterator[str]:
+    """Run ``app`` on uvicorn in this event loop (tests, benchmarks); yields its base URL
+    (``http://host:port``; ``config.port`` 0 picks a free port). Leaving the block shuts the
+    server down, lifespan included."""
+    import uvicorn
+
+    server = uvicorn.Server(_uvicorn_config(app, config, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            raise RuntimeError("the server did not start (see its log)") from task.exception()
+        await asyncio.sleep(0.01)
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        await task
