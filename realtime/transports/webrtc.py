@@ -1,0 +1,504 @@
+"""WebRTC calls (OpenAI's GA convention) on aiortc: ``POST /v1/realtime/calls`` → one session.
+
+A call is one ``RTCPeerConnection`` serving one :class:`realtime.runner.SessionRunner`:
+
+- the browser's offer carries an audio track (its microphone) and the ``oai-events`` data
+  channel; :meth:`WebRTCCalls.create_call` answers it once every ICE candidate is gathered (aiortc
+  has no trickle ICE), announcing only the configured host addresses and using no STUN server;
+- microphone frames (Opus → s16 stereo 48 kHz) become ``input_audio_buffer.append`` messages in
+  the session's input format, interleaved with the data channel's messages in arrival order, so
+  the session, server VAD and barge-in work exactly as over a WebSocket;
+- the data channel carries the same JSON server events as the WebSocket, except that reply audio
+  plays on the outgoing :class:`PacedAudioTrack` (``AudioTransport.MEDIA``) and the session
+  reports ``output_audio_buffer.started|stopped|cleared``;
+- the call ends when the data channel closes, the connection fails or closes, the connection is
+  not up within ``connect_timeout_s``, the session ends, or the server shuts down
+  (:meth:`WebRTCCalls.close`); every task, track and the peer connection are released then.
+
+Only ``webrtc`` extras (aiortc, av) are needed; the ASGI route lives in ``realtime.server``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import enum
+import ipaddress
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtcicetransport import RTCIceGatherer
+
+from pipeline.api import EngineHandle
+from realtime.errors import ErrorType, LimitExceeded, RealtimeError
+from realtime.protocol.client import parse_client_event
+from realtime.protocol.codes import ErrorCode
+from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, server_event_name
+from realtime.runner import SessionRunner, TransportClosed, TurnDetectorFactory
+from realtime.session import AudioTransport, SessionSettings
+from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
+
+logger = logging.getLogger(__name__)
+
+OAI_EVENTS_LABEL = "oai-events"
+"""Label of the data channel that carries the JSON events (OpenAI's name)."""
+
+CHANNEL_HIGH_WATER = 1 << 20
+"""Bytes queued on the data channel above which ``send`` waits for the peer to catch up."""
+CHANNEL_LOW_WATER = 1 << 18
+
+
+class WebRTCUnavailable(RealtimeError):
+    """The server cannot take calls now (shutting down)."""
+
+    type = ErrorType.SERVER
+    code = ErrorCode.SERVER_ERROR
+
+
+# --- ICE host candidates -------------------------------------------------------------------------
+
+
+def _ice_gatherers(pc: RTCPeerConnection) -> Iterator[RTCIceGatherer]:
+    seen: set[int] = set()
+    transports = [t.receiver.transport for t in pc.getTransceivers()]
+    if pc.sctp is not None:
+        transports.append(pc.sctp.transport)
+    for dtls in transports:
+        gatherer = dtls.transport.iceGatherer
+        if id(gatherer) not in seen:
+            seen.add(id(gatherer))
+            yield gatherer
+
+
+@dataclass(frozen=True)
+class IceHostAddress:
+    """A host candidate to offer: UDP bound on ``bind`` (a local address, or ``0.0.0.0`` / ``::``),
+    announced as ``announce``, which differs from ``bind`` behind a 1:1 NAT (a cloud VM's public
+    address), as mediasoup's ``announcedIp`` or LiveKit's ``node_ip`` do."""
+
+    bind: str
+    announce: str
+
+    @classmethod
+    def parse(cls, spec: str) -> IceHostAddress:
+        """``"ADDRESS"`` (bind and announce it) or ``"ANNOUNCED@BIND"``; raises ``ValueError``."""
+        announce, at, bind = spec.partition("@")
+        bind = bind if at else announce
+        for part in (announce, bind):
+            try:
+                ipaddress.ip_address(part)
+            except ValueError:
+                raise ValueError(f"ICE host address {spec!r}: {part!r} is not an IP address") from None
+        if ipaddress.ip_address(announce).version != ipaddress.ip_address(bind).version:
+            raise ValueError(f"ICE host address {spec!r}: announced and bound addresses differ in IP version")
+        return cls(bind=bind, announce=announce)
+
+
+async def announce_host_addresses(pc: RTCPeerConnection, addresses: Sequence[IceHostAddress]) -> None:
+    """Make ``pc`` offer host candidates on exactly ``addresses``, and no other candidate.
+
+    aioice lists the machine's interfaces itself and skips loopback, and aiortc has no option to
+    choose them, so this gathers the candidates beforehand; the gathering that
+    ``setLocalDescription`` starts then finds them done. Call it after the transports exist
+    (after ``setRemoteDescription`` for an answer, after adding transceivers / the data channel
+    for an offer) and before ``setLocalDescription``. This reaches into aioice's ``Connection``
+    (private attributes, aioice 0.9–0.13); the tests check the resulting SDP, so a change there
+    fails loudly. Raises ``OSError`` when none of the addresses can be bound."""
+    for gatherer in _ice_gatherers(pc):
+        connection = gatherer._connection
+        if connection._local_candidates_start:
+            continue  # already gathered (a bundled transport seen twice)
+        connection._local_candidates_start = True
+        for component in sorted(connection._components):
+            candidates = []
+            for address in addresses:
+                for candidate in await connection.get_component_candidates(component=component, addresses=[address.bind]):
+                    candidate.host = address.announce  # what the SDP offers; the socket stays bound on `bind`
+                    candidates.append(candidate)
+            if not candidates:
+                raise OSError(f"no ICE host candidate could be bound on {[a.bind for a in addresses]}")
+            connection._local_candidates += candidates
+        connection._local_candidates_end = True
+
+
+# --- the data-channel transport ------------------------------------------------------------------
+
+
+class DataChannelTransport:
+    """A :class:`realtime.runner.Transport` over the ``oai-events`` data channel.
+
+    Iteration yields the client's messages and the microphone's synthesized appends
+    (:meth:`push`), in the order they arrived, and ends after :meth:`disconnect`. ``send`` waits
+    until the channel is open (events of a session that starts before the browser's channel opens
+    are queued, in order), then JSON-encodes the event, waits while more than
+    :data:`CHANNEL_HIGH_WATER` bytes are unsent, and raises :class:`TransportClosed` once the
+    client is gone. ``on_sent(event)`` runs for each event handed to the channel."""
+
+    _END = object()
+
+    def __init__(self, on_sent: Callable[[dict], None] | None = None) -> None:
+        self.channel: RTCDataChannel | None = None
+        self._on_sent = on_sent
+        self._incoming: asyncio.Queue = asyncio.Queue()
+        self._open = asyncio.Event()
+        self._gone = asyncio.Event()
+        self._drained = asyncio.Event()
+
+    @property
+    def connected(self) -> bool:
+        return self._open.is_set() and not self._gone.is_set()
+
+    def attach(self, channel: RTCDataChannel) -> None:
+        """Use ``channel`` (the peer's ``oai-events`` channel) from now on."""
+        self.channel = channel
+        channel.bufferedAmountLowThreshold = CHANNEL_LOW_WATER
+        channel.on("message", self.push)
+        channel.on("close", self.disconnect)
+        channel.on("bufferedamountlow", self._drained.set)
+        if channel.readyState == "open":
+            self._open.set()
+        else:
+            channel.on("open", self._open.set)
+
+    def push(self, message: str | bytes) -> None:
+        """A client message (from the channel, or synthesized from the microphone)."""
+        if not self._gone.is_set():
+            self._incoming.put_nowait(message)
+
+    def disconnect(self) -> None:
+        """The client left: iteration ends after the messages already pushed."""
+        if not self._gone.is_set():
+            self._gone.set()
+            self._incoming.put_nowait(self._END)
+
+    async def __aiter__(self) -> AsyncIterator[str | bytes]:
+        while True:
+            message = await self._incoming.get()
+            if message is self._END:
+                return
+            yield message
+
+    async def send(self, event: dict) -> None:
+        await self._wait_until(self._open)
+        channel = self.channel
+        if self._gone.is_set() or channel is None or channel.readyState != "open":
+            raise TransportClosed("the data channel is closed")
+        while channel.bufferedAmount > CHANNEL_HIGH_WATER:
+            self._drained.clear()
+            await self._wait_until(self._drained)
+            if self._gone.is_set():
+                raise TransportClosed("the data channel is closed")
+        if self._on_sent is not None:
+            self._on_sent(event)
+        channel.send(json.dumps(event))
+
+    async def close(self) -> None:
+        self.disconnect()
+        if self.channel is not None and self.channel.readyState not in ("closing", "closed"):
+            self.channel.close()
+
+    async def _wait_until(self, event: asyncio.Event) -> None:
+        """Wait for ``event`` or for the client to leave, whichever comes first."""
+        if event.is_set() or self._gone.is_set():
+            return
+        waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._gone.wait())}
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+
+def append_message(audio: bytes) -> str:
+    """The ``input_audio_buffer.append`` client message carrying ``audio`` (wire bytes)."""
+    payload = {"type": ClientEventType.INPUT_AUDIO_BUFFER_APPEND.value, "audio": base64.b64encode(audio).decode("ascii")}
+    return json.dumps(payload)
+
+
+# --- calls ---------------------------------------------------------------------------------------
+
+
+class CallStatus(enum.Enum):
+    CONNECTING = "connecting"
+    """Answered; ICE/DTLS not up yet."""
+    CONNECTED = "connected"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class Call:
+    """One call: its peer connection, session runner, data-channel transport and audio queue.
+
+    ``tasks`` are the call's own tasks (microphone pump, watchdog); the runner tracks its own."""
+
+    def __init__(
+        self,
+        call_id: str,
+        pc: RTCPeerConnection,
+        dialect: Dialect,
+        make_runner: Callable[[DataChannelTransport, OutputAudioQueue], SessionRunner],
+    ) -> None:
+        self.id = call_id
+        self.pc = pc
+        self.status = CallStatus.CONNECTING
+        self.connected = asyncio.Event()
+        self.tasks: set[asyncio.Task] = set()
+        self.microphone_frames = 0
+        self._done_type = server_event_name(ServerEvent.RESPONSE_DONE, dialect)
+        self.output = OutputAudioQueue()
+        self.transport = DataChannelTransport(on_sent=self._on_sent)
+        self.runner = make_runner(self.transport, self.output)
+        self.track = PacedAudioTrack(self.output, self._playback_finished)
+
+    @property
+    def live(self) -> bool:
+        return self.status in (CallStatus.CONNECTING, CallStatus.CONNECTED)
+
+    def spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _on_sent(self, event: dict) -> None:
+        # A response is done: all its audio is in the queue (the session emits PlayAudio before
+        # response.done), so the track may report its end once it has played it.
+        if event.get("type") == self._done_type:
+            self.output.end(event["response"]["id"])
+
+    def _playback_finished(self, response_id: str) -> None:
+        if self.live:
+            self.runner.playback_finished(response_id)
+
+
+def default_turn_detection() -> TurnDetectorFactory:
+    """Server VAD for one call: silero-vad with its own state (loading takes ~0.1 s)."""
+    from realtime.turn import TurnDetector
+    from realtime.vad import SileroVad
+
+    vad = SileroVad()
+    return lambda params: TurnDetector(params, vad)
+
+
+class WebRTCCalls:
+    """The server's WebRTC calls (``app.state.webrtc``).
+
+    ``turn_detection()`` is called once per call and returns the call's turn-detector factory
+    (default: :func:`default_turn_detection`). ``settings_factory(dialect)`` gives a call's session
+    settings (default: the engine's, for ``dialect``); the audio transport is always ``MEDIA``.
+    ``ice_host_addresses``: the ICE host candidates to offer, each ``"ADDRESS"`` (a local address)
+    or ``"ANNOUNCED@BIND"`` (see :class:`IceHostAddress`; tests use ``127.0.0.1``); empty: every
+    non-loopback interface, aioice's choice. No STUN/TURN server is ever used, so a server behind
+    NAT must announce the address clients reach it on. ``max_calls``: live calls at most; more are refused
+    with :class:`LimitExceeded`."""
+
+    def __init__(
+        self,
+        engine: EngineHandle,
+        *,
+        turn_detection: Callable[[], TurnDetectorFactory] = default_turn_detection,
+        settings_factory: Callable[[Dialect], SessionSettings] | None = None,
+        ice_host_addresses: tuple[str, ...] = (),
+        max_calls: int = 16,
+        connect_timeout_s: float = 20.0,
+    ) -> None:
+        if max_calls < 1:
+            raise ValueError(f"max_calls must be at least 1, got {max_calls}")
+        self._engine = engine
+        self._turn_detection = turn_detection
+        self._settings_factory = settings_factory or (lambda d: SessionSettings.for_engine(engine, dialect=d))
+        self.ice_host_addresses = tuple(IceHostAddress.parse(a) for a in ice_host_addresses)
+        self.max_calls = max_calls
+        self.connect_timeout_s = connect_timeout_s
+        self._calls: dict[str, Call] = {}
+        self._serving: dict[str, asyncio.Task] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+        self.calls_started = 0
+        self.calls_ended = 0
+
+    @property
+    def live_calls(self) -> int:
+        """Calls not yet torn down (their peer connection is open)."""
+        return len(self._calls)
+
+    def calls(self) -> tuple[Call, ...]:
+        return tuple(self._calls.values())
+
+    async def create_call(
+        self, offer_sdp: str, *, dialect: Dialect = Dialect.GA, session_overrides: dict | None = None
+    ) -> str:
+        """Answer the browser's SDP offer and start its session; returns the SDP answer.
+
+        ``session_overrides`` (the ``session`` object of the request) is applied as the session's
+        first ``session.update``. Raises :class:`RealtimeError` for an invalid offer or overrides
+        (``param`` ``sdp`` / ``session``), :class:`LimitExceeded` when ``max_calls`` calls are live,
+        :class:`WebRTCUnavailable` after :meth:`close`."""
+        if self._closed:
+            raise WebRTCUnavailable("the server is shutting down")
+        if len(self._calls) >= self.max_calls:
+            raise LimitExceeded(f"this server takes at most {self.max_calls} WebRTC calls at once")
+        first_message = _overrides_message(session_overrides)
+        # The call (and its handlers) must exist before the offer is set: aiortc announces the
+        # browser's tracks while it applies the offer.
+        call = self._new_call(RTCPeerConnection(RTCConfiguration(iceServers=[])), dialect)
+        pc = call.pc
+        try:
+            await _accept_offer(pc, offer_sdp)
+            if first_message is not None:
+                call.transport.push(first_message)
+            pc.addTrack(call.track)
+            if self.ice_host_addresses:
+                await announce_host_addresses(pc, self.ice_host_addresses)
+            await pc.setLocalDescription(await pc.createAnswer())
+        except BaseException:
+            await self._teardown(call)
+            raise
+        self._calls[call.id] = call
+        self.calls_started += 1
+        self._serving[call.id] = asyncio.create_task(self._serve(call), name=f"webrtc-{call.id}")
+        logger.info("webrtc %s: answered", call.id)
+        return pc.localDescription.sdp
+
+    async def close(self) -> None:
+        """Refuse new calls, end every call and wait until all are torn down."""
+        self._closed = True
+        for call in list(self._calls.values()):
+            call.transport.disconnect()
+        serving = list(self._serving.values())
+        if serving:
+            _, late = await asyncio.wait(serving, timeout=5.0)
+            for task in late:  # a session stuck in its engine: cancelling it still tears down
+                task.cancel()
+            await asyncio.gather(*serving, return_exceptions=True)
+
+    # --- one call ---
+
+    def _new_call(self, pc: RTCPeerConnection, dialect: Dialect) -> Call:
+        settings = replace(self._settings_factory(dialect), audio_transport=AudioTransport.MEDIA, dialect=dialect)
+        turn_detector_factory = self._turn_detection()
+
+        def make_runner(transport: DataChannelTransport, output: OutputAudioQueue) -> SessionRunner:
+            return SessionRunner(
+                transport, self._engine, turn_detector_factory=turn_detector_factory, settings=settings, media=output
+            )
+
+        call = Call(f"rtc_{next(self._ids)}", pc, dialect, make_runner)
+        self._watch(call)
+        return call
+
+    def _watch(self, call: Call) -> None:
+        pc = call.pc
+
+        @pc.on("datachannel")
+        def on_datachannel(channel: RTCDataChannel) -> None:
+            if channel.label != OAI_EVENTS_LABEL or call.transport.channel is not None:
+                logger.info("webrtc %s: ignoring data channel %r", call.id, channel.label)
+                return
+            call.transport.attach(channel)
+
+        @pc.on("track")
+        def on_track(track: MediaStreamTrack) -> None:
+            pump = self._microphone(call, track) if track.kind == "audio" else _discard(track)
+            call.spawn(pump)
+
+        @pc.on("connectionstatechange")
+        def on_state() -> None:
+            state = pc.connectionState
+            logger.info("webrtc %s: connection %s", call.id, state)
+            if state == "connected" and call.status is CallStatus.CONNECTING:
+                call.status = CallStatus.CONNECTED
+                call.connected.set()
+            elif state in ("failed", "closed"):
+                call.transport.disconnect()
+
+    async def _serve(self, call: Call) -> None:
+        call.spawn(self._connect_watchdog(call))
+        try:
+            await call.runner.run()
+        except Exception:
+            logger.exception("webrtc %s: session failed", call.id)
+        finally:
+            await self._teardown(call)
+
+    async def _connect_watchdog(self, call: Call) -> None:
+        try:
+            await asyncio.wait_for(call.connected.wait(), self.connect_timeout_s)
+        except TimeoutError:
+            logger.warning("webrtc %s: not connected after %.0f s: closing", call.id, self.connect_timeout_s)
+            call.transport.disconnect()
+
+    async def _microphone(self, call: Call, track: MediaStreamTrack) -> None:
+        """Feed the browser's microphone to the session until the track ends."""
+        encoder = MicrophoneEncoder()
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            call.microphone_frames += 1
+            fmt = call.runner.session.config.input_format
+            data = encoder.encode(frame_to_mono(frame), frame.sample_rate, fmt)
+            if data:
+                call.transport.push(append_message(data))
+
+    async def _teardown(self, call: Call) -> None:
+        """Release everything the call holds; safe whatever state it is in."""
+        call.status = CallStatus.CLOSING
+        call.transport.disconnect()
+        tasks = list(call.tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        call.track.stop()
+        call.output.clear_all()
+        try:
+            await call.pc.close()
+        except Exception:  # the peer is gone either way; the call must still be forgotten
+            logger.exception("webrtc %s: closing the peer connection failed", call.id)
+        call.status = CallStatus.CLOSED
+        self._serving.pop(call.id, None)
+        if self._calls.pop(call.id, None) is not None:
+            self.calls_ended += 1
+            logger.info("webrtc %s: closed", call.id)
+
+
+async def _discard(track: MediaStreamTrack) -> None:
+    """Consume a track the session has no use for (video), so aiortc does not queue its frames."""
+    while True:
+        try:
+            await track.recv()
+        except MediaStreamError:
+            return
+
+
+def _overrides_message(overrides: dict | None) -> str | None:
+    """The ``session.update`` message applying ``overrides``, validated now (so a bad request
+    fails the HTTP call, not the session)."""
+    if not overrides:
+        return None
+    message = json.dumps({"type": ClientEventType.SESSION_UPDATE.value, "session": overrides})
+    parse_client_event(message)
+    return message
+
+
+async def _accept_offer(pc: RTCPeerConnection, offer_sdp: str) -> None:
+    """Set the remote offer; it must bring an audio track and a data channel."""
+    if "m=" not in offer_sdp:
+        raise RealtimeError("the request body is not an SDP offer", code=ErrorCode.INVALID_VALUE, param="sdp")
+    try:
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+    except (ValueError, TypeError, KeyError) as exc:  # aiortc's parse/validation errors
+        raise RealtimeError(f"invalid SDP offer: {exc}", code=ErrorCode.INVALID_VALUE, param="sdp") from None
+    if not any(t.kind == "audio" for t in pc.getTransceivers()):
+        raise RealtimeError("the SDP offer has no audio track", code=ErrorCode.INVALID_VALUE, param="sdp")
+    if pc.sctp is None:
+        raise RealtimeError(
+            f"the SDP offer has no data channel (create one named {OAI_EVENTS_LABEL!r})",
+            code=ErrorCode.INVALID_VALUE,
+            param="sdp",
+        )

@@ -1,0 +1,423 @@
+"""WebRTC calls (realtime.transports.webrtc / .media) against an aiortc client peer, no browser.
+
+Everything stays on loopback: both peers offer only 127.0.0.1 host candidates and use no STUN
+server, so no packet leaves the machine (``scripts/run_browser_tests.sh`` also runs this file in a
+loopback-only network namespace). The client plays the spoken fixtures on its microphone track
+in real time, reads the ``oai-events`` channel and records the audio it receives. Each call test
+takes a few seconds of real time (speech is paced like a microphone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import soundfile as sf
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from realtime.audio import AudioFormat, decode_audio
+from realtime.errors import LimitExceeded, ProtocolError, RealtimeError
+from realtime.transports.media import (
+    FRAME_SAMPLES,
+    TRACK_RATE,
+    MicrophoneEncoder,
+    OutputAudioQueue,
+    PacedAudioTrack,
+    frame_to_mono,
+)
+from realtime.transports.webrtc import (
+    CallStatus,
+    IceHostAddress,
+    WebRTCCalls,
+    WebRTCUnavailable,
+    announce_host_addresses,
+)
+from tests.fakes import FakeEngine, Script
+
+SPEECH = Path(__file__).parent / "fixtures" / "speech"
+LOOPBACK = IceHostAddress.parse("127.0.0.1")
+pytestmark = pytest.mark.timeout(60)
+
+
+def speech(name: str) -> np.ndarray:
+    """A spoken fixture: float32 mono 24 kHz."""
+    pcm, rate = sf.read(SPEECH / f"{name}.wav", dtype="float32")
+    assert rate == 24_000
+    return pcm
+
+
+def rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))) if len(x) else 0.0
+
+
+class ClientPeer:
+    """The browser's side of a call: a microphone track, the ``oai-events`` channel, and a
+    recorder of the audio received (48 kHz mono frames with their arrival times)."""
+
+    def __init__(self) -> None:
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.mic = OutputAudioQueue()
+        self.spoken: list[str] = []
+        self.pc.addTrack(PacedAudioTrack(self.mic, self.spoken.append))
+        self.channel = self.pc.createDataChannel("oai-events")
+        self.events: list[tuple[float, dict]] = []
+        self.frames: list[tuple[float, np.ndarray]] = []
+        self._read = 0
+        self._tasks: set[asyncio.Task] = set()
+        self.channel.on("message", lambda m: self.events.append((self._now(), json.loads(m))))
+        self.pc.on("track", self._record)
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def _record(self, track) -> None:
+        async def read() -> None:
+            while True:
+                try:
+                    frame = await track.recv()
+                except MediaStreamError:
+                    return
+                self.frames.append((self._now(), frame_to_mono(frame)))
+
+        task = asyncio.ensure_future(read())
+        self._tasks.add(task)
+
+    async def offer(self) -> str:
+        await announce_host_addresses(self.pc, [LOOPBACK])
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        return self.pc.localDescription.sdp
+
+    async def call(self, calls: WebRTCCalls, **kwargs) -> str:
+        answer = await calls.create_call(await self.offer(), **kwargs)
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        return answer
+
+    def say(self, name: str) -> None:
+        self.mic.play(name, speech(name))
+        self.mic.end(name)
+
+    def send(self, event: dict) -> None:
+        self.channel.send(json.dumps(event))
+
+    async def wait_for(self, event_type: str, timeout: float = 15.0) -> tuple[float, dict]:
+        """The next unread event of ``event_type`` and its arrival time (earlier ones count as read)."""
+        deadline = self._now() + timeout
+        while True:
+            for i in range(self._read, len(self.events)):
+                if self.events[i][1]["type"] == event_type:
+                    self._read = i + 1
+                    return self.events[i]
+            if self._now() > deadline:
+                raise AssertionError(f"no {event_type} within {timeout} s; got {self.types()}")
+            await asyncio.sleep(0.01)
+
+    def types(self) -> list[str]:
+        return [e["type"] for _, e in self.events]
+
+    def received(self, start: float, end: float) -> np.ndarray:
+        """The audio that arrived between ``start`` and ``end`` (loop time)."""
+        parts = [f for t, f in self.frames if start <= t <= end]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+    async def close(self) -> None:
+        await self.pc.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def wait_until(predicate, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def fake_calls():
+    engine = FakeEngine()
+    calls = WebRTCCalls(engine, ice_host_addresses=("127.0.0.1",))
+    yield engine, calls
+    await calls.close()
+
+
+@pytest.fixture
+async def client():
+    peer = ClientPeer()
+    yield peer
+    await peer.close()
+
+
+# --- media pieces (no network) -------------------------------------------------------------------
+
+
+def _tone(ms: int, rate: int = 24_000, amplitude: float = 0.3) -> np.ndarray:
+    t = np.arange(rate * ms // 1000) / rate
+    return (amplitude * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+
+
+def test_output_queue_frames_plays_in_order_and_reports_ends():
+    queue = OutputAudioQueue()
+    idle = queue.next_frame()
+    assert idle.samples.shape == (FRAME_SAMPLES,) and not idle.audible and not idle.samples.any()
+    queue.play("r1", _tone(50))  # 50 ms at 24 kHz → 2400 samples at 48 kHz (after the tail flush)
+    queue.play("r2", _tone(30))
+    queue.end("r2")
+    frames = [queue.next_frame() for _ in range(3)]
+    assert all(f.audible for f in frames[:2]) and not any(f.finished for f in frames)  # r1 not ended: underrun
+    queue.end("r1")
+    out = [queue.next_frame() for _ in range(8)]
+    finished = [rid for f in out for rid in f.finished]
+    assert finished == ["r1", "r2"]
+    total = np.concatenate([f.samples for f in frames + out])
+    loud = np.count_nonzero(np.abs(total) > 0.05)  # |sin| > 1/6 for ~89% of a tone's samples
+    assert 0.8 * (2400 + 1440) < loud <= 2400 + 1440
+    assert queue.response_ids() == () and queue.queued_samples == 0
+
+
+def test_output_queue_clear_drops_audio_without_finishing():
+    queue = OutputAudioQueue()
+    queue.play("r1", _tone(200))
+    queue.end("r1")
+    assert queue.next_frame().audible
+    queue.clear("r1")
+    frame = queue.next_frame()
+    assert not frame.audible and frame.finished == () and not frame.samples.any()
+    queue.end("unknown")  # a response without audio: ignored
+    queue.clear("unknown")
+    queue.play("r2", _tone(10))
+    queue.end("r2")
+    with pytest.raises(ValueError):
+        queue.play("r2", _tone(10))  # audio after the end is a caller bug
+
+
+def test_frame_to_mono_downmixes_packed_and_planar_frames():
+    left = np.linspace(-0.5, 0.5, 960, dtype=np.float32)
+    right = -0.25 * np.ones(960, dtype=np.float32)
+    packed = np.stack([left, right], axis=1).reshape(1, -1)
+    s16 = av.AudioFrame.from_ndarray(np.round(packed * 32768).astype(np.int16), format="s16", layout="stereo")
+    s16.sample_rate = TRACK_RATE
+    np.testing.assert_allclose(frame_to_mono(s16), (left + right) / 2, atol=1e-4)
+    planar = av.AudioFrame.from_ndarray(np.stack([left, right]), format="fltp", layout="stereo")
+    np.testing.assert_allclose(frame_to_mono(planar), (left + right) / 2, atol=1e-6)
+
+
+def test_microphone_encoder_resamples_to_the_session_format():
+    encoder = MicrophoneEncoder()
+    tone48 = _tone(1000, rate=TRACK_RATE)
+    pcm = b"".join(encoder.encode(tone48[i : i + 960], TRACK_RATE, AudioFormat.PCM) for i in range(0, 48_000, 960))
+    decoded = decode_audio(pcm, AudioFormat.PCM)
+    assert 24_000 - 1200 <= len(decoded) <= 24_000  # soxr holds back a few ms
+    assert abs(rms(decoded[2400:]) - rms(tone48)) < 0.01
+    ulaw = encoder.encode(tone48[:9600], TRACK_RATE, AudioFormat.PCMU)  # format switched: 8 kHz bytes
+    assert 0 < len(ulaw) <= 1600
+
+
+async def test_paced_track_keeps_real_time_and_reports_the_last_frame():
+    queue = OutputAudioQueue()
+    finished: list[str] = []
+    track = PacedAudioTrack(queue, finished.append)
+    queue.play("r1", _tone(60))
+    queue.end("r1")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    frames = [await track.recv() for _ in range(6)]
+    elapsed = loop.time() - start
+    assert [f.pts for f in frames] == [i * FRAME_SAMPLES for i in range(6)]
+    assert frames[0].time_base == fractions.Fraction(1, TRACK_RATE) and frames[0].sample_rate == TRACK_RATE
+    assert 0.09 <= elapsed < 0.3  # 5 frame periods after the first
+    assert finished == ["r1"] and track.audible_frames_sent == 3
+    track.stop()
+    with pytest.raises(MediaStreamError):
+        await track.recv()
+
+
+def test_ice_host_address_parsing():
+    assert IceHostAddress.parse("127.0.0.1") == IceHostAddress("127.0.0.1", "127.0.0.1")
+    assert IceHostAddress.parse("203.0.113.7@10.0.0.5") == IceHostAddress(bind="10.0.0.5", announce="203.0.113.7")
+    for bad in ("localhost", "1.2.3.4@::1", "1.2.3.4@"):
+        with pytest.raises(ValueError):
+            IceHostAddress.parse(bad)
+    with pytest.raises(ValueError):
+        WebRTCCalls(FakeEngine(), ice_host_addresses=("not-an-ip",))
+
+
+# --- calls ---------------------------------------------------------------------------------------
+
+
+def _candidates(sdp: str) -> list[list[str]]:
+    return [line.split()[4:8] for line in sdp.splitlines() if line.startswith("a=candidate:")]
+
+
+async def test_answer_offers_only_the_configured_host_candidates(fake_calls, client):
+    _, calls = fake_calls
+    answer = await client.call(calls)
+    found = _candidates(answer)
+    assert found and all(c[0] == "127.0.0.1" and c[2:] == ["typ", "host"] for c in found), found
+    assert "a=end-of-candidates" in answer  # gathered before answering: aiortc cannot trickle
+
+
+async def test_announced_address_differs_from_the_bound_one(client):
+    calls = WebRTCCalls(FakeEngine(), ice_host_addresses=("127.0.0.1@0.0.0.0",))
+    try:
+        answer = await client.call(calls)
+        assert {c[0] for c in _candidates(answer)} == {"127.0.0.1"}
+        await client.wait_for("session.created")  # connected through the wildcard-bound socket
+    finally:
+        await calls.close()
+
+
+async def test_spoken_turn_round_trip(tiny_engine, client):
+    """Real model and server VAD: the microphone's question is detected, answered, and the
+    answer's audio arrives on the remote track while the data channel narrates it."""
+    calls = WebRTCCalls(tiny_engine, ice_host_addresses=("127.0.0.1",))
+    try:
+        # A short reply: the random model would otherwise write ~350 tokens of noise.
+        await client.call(calls, session_overrides={"type": "realtime", "max_output_tokens": 8})
+        client.say("capital_of_france")
+        await client.wait_for("session.created")
+        assert client.types()[0] == "session.created"
+        await client.wait_for("input_audio_buffer.speech_started")
+        await client.wait_for("input_audio_buffer.speech_stopped")
+        _, committed = await client.wait_for("input_audio_buffer.committed")
+        await client.wait_for("response.created")
+        started_at, started = await client.wait_for("output_audio_buffer.started")
+        _, done = await client.wait_for("response.done")
+        stopped_at, stopped = await client.wait_for("output_audio_buffer.stopped")
+        # A random model may run into the talker's token cap ("incomplete"); either way it spoke.
+        assert done["response"]["status"] in ("completed", "incomplete")
+        assert started["response_id"] == stopped["response_id"] == done["response"]["id"]
+        assert "response.output_audio.delta" not in client.types()  # audio goes on the track
+        assert "response.output_audio_transcript.done" in client.types()
+        reply = client.received(started_at, stopped_at + 0.3)
+        assert rms(reply) > 0.01, rms(reply)
+        (call,) = calls.calls()
+        assert call.status is CallStatus.CONNECTED and call.microphone_frames > 100
+        assert call.track.audible_frames_sent > 10
+    finally:
+        await calls.close()
+
+
+async def test_barge_in_cancels_the_reply_and_clears_output(fake_calls, client):
+    engine, calls = fake_calls
+    # A reply still being generated when the user talks over it, then a short one.
+    engine.script(Script(text=("word",) * 60, audio_chunks=60, chunk_ms=100, delay_s=0.05), Script())
+    await client.call(calls)
+    client.say("capital_of_france")
+    _, first = await client.wait_for("response.created")
+    await client.wait_for("output_audio_buffer.started")
+    client.say("short_joke")
+    await client.wait_for("input_audio_buffer.speech_started")
+    cleared_at, cleared = await client.wait_for("output_audio_buffer.cleared")
+    _, done = await client.wait_for("response.done")
+    assert cleared["response_id"] == first["response"]["id"] == done["response"]["id"]
+    assert done["response"]["status"] == "cancelled"
+    assert done["response"]["status_details"]["reason"] == "turn_detected"
+    assert engine.conversations[0].responses[0].cancel_reason == "turn_detected"
+    await asyncio.sleep(0.6)
+    assert rms(client.received(cleared_at - 0.5, cleared_at)) > 0.01  # it was playing
+    assert rms(client.received(cleared_at + 0.3, cleared_at + 0.6)) < 0.002  # and stopped at once
+    _, second = await client.wait_for("response.done")  # the interrupting turn gets its answer
+    assert second["response"]["status"] == "completed"
+
+
+async def test_client_clear_stops_playback_of_a_finished_reply(fake_calls, client):
+    engine, calls = fake_calls
+    engine.script(Script(audio_chunks=100, chunk_ms=40))  # 4 s of audio, generated at once
+    await client.call(calls)
+    client.say("weather_today")
+    _, done = await client.wait_for("response.done")
+    await asyncio.sleep(0.4)
+    client.send({"type": "output_audio_buffer.clear"})
+    cleared_at, cleared = await client.wait_for("output_audio_buffer.cleared")
+    assert cleared["response_id"] == done["response"]["id"]
+    await asyncio.sleep(0.7)
+    assert rms(client.received(cleared_at + 0.3, cleared_at + 0.7)) < 0.002
+    assert "output_audio_buffer.stopped" not in client.types()
+    (call,) = calls.calls()
+    assert call.output.response_ids() == ()
+
+
+async def test_peer_is_released_when_the_client_leaves(fake_calls, client):
+    engine, calls = fake_calls
+    await client.call(calls)
+    await client.wait_for("session.created")
+    (call,) = calls.calls()
+    await client.close()
+    await wait_until(lambda: calls.live_calls == 0)
+    assert call.status is CallStatus.CLOSED and call.pc.connectionState == "closed"
+    assert not call.tasks and call.track.readyState == "ended"
+    assert engine.conversations[0].closed
+    assert calls.calls_started == calls.calls_ended == 1
+
+
+async def test_close_ends_every_call_and_refuses_new_ones(client):
+    engine = FakeEngine()
+    calls = WebRTCCalls(engine, ice_host_addresses=("127.0.0.1",))
+    await client.call(calls)
+    await client.wait_for("session.created")
+    await calls.close()
+    assert calls.live_calls == 0 and engine.conversations[0].closed
+    await wait_until(lambda: client.channel.readyState == "closed")
+    with pytest.raises(WebRTCUnavailable):
+        await calls.create_call(await ClientPeer().offer())
+
+
+async def test_a_call_that_never_connects_is_dropped(fake_calls):
+    engine, _ = fake_calls
+    calls = WebRTCCalls(engine, ice_host_addresses=("127.0.0.1",), connect_timeout_s=0.3)
+    silent = ClientPeer()
+    try:
+        await calls.create_call(await silent.offer())  # the answer is never applied
+        assert calls.live_calls == 1
+        await wait_until(lambda: calls.live_calls == 0, timeout=3.0)
+        assert engine.conversations[0].closed
+    finally:
+        await silent.close()
+        await calls.close()
+
+
+async def test_bad_offers_and_limits_are_refused(fake_calls):
+    engine, _ = fake_calls
+    calls = WebRTCCalls(engine, ice_host_addresses=("127.0.0.1",), max_calls=1)
+    peers = [ClientPeer() for _ in range(2)]
+    try:
+        with pytest.raises(RealtimeError) as exc:
+            await calls.create_call("hello")
+        assert exc.value.param == "sdp"
+        no_channel = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        no_channel.addTransceiver("audio")
+        await announce_host_addresses(no_channel, [LOOPBACK])
+        await no_channel.setLocalDescription(await no_channel.createOffer())
+        with pytest.raises(RealtimeError, match="data channel"):
+            await calls.create_call(no_channel.localDescription.sdp)
+        await no_channel.close()
+        with pytest.raises(ProtocolError) as exc:
+            await calls.create_call(await peers[0].offer(), session_overrides={"bogus": 1})
+        assert exc.value.param == "session.bogus"
+        assert calls.live_calls == 0
+        await calls.create_call(await peers[0].offer())
+        with pytest.raises(LimitExceeded):
+            await calls.create_call(await peers[1].offer())
+    finally:
+        for peer in peers:
+            await peer.close()
+        await calls.close()
+    assert calls.live_calls == 0
+
+
+async def test_session_overrides_apply_before_anything_else(fake_calls, client):
+    _, calls = fake_calls
+    await client.call(calls, session_overrides={"type": "realtime", "instructions": "Be brief."})
+    await client.wait_for("session.created")
+    _, updated = await client.wait_for("session.updated")
+    assert updated["session"]["instructions"] == "Be brief."
