@@ -20,6 +20,7 @@ STAGE_ORDER = ("thinker", "talker", "token2wav")
 """Stage names in stream order; each stage's ``input`` must be the one before it."""
 STAGE_INPUTS = {"thinker": "request", "talker": "thinker", "token2wav": "talker"}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+CONTEXT_POLICIES = ("error", "drop_oldest")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,13 @@ class StageConfig:
     """Stop tokens are suppressed until this many tokens were generated (like ``min_new_tokens``):
     forces reply lengths for benchmarks with random weights."""
     max_context_tokens: int | None = None
+    context_policy: str = "error"
+    """What happens when a reply would not fit in ``max_context_tokens``: ``error`` refuses the
+    response (ContextLimitError); ``drop_oldest`` drops the oldest turns (after the instructions)
+    until it fits, then re-prefills the shortened history."""
+    prefill_chunk_tokens: int = 512
+    """Thinker prefill runs in chunks of at most this many positions, one chunk per engine step,
+    so a long prefill never stalls the decoding of other sessions for long."""
     chunking: dict[str, Any] = field(default_factory=dict)
 
     def torch_device(self) -> str:
@@ -135,10 +143,12 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     _check_type(values, "dtype", str, path)
     if values.get("dtype", "auto") not in DTYPES:
         raise ConfigError(f"{path}.dtype must be one of {DTYPES}", param=f"{path}.dtype")
-    for key in ("max_tokens", "min_tokens", "max_context_tokens"):
+    for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens"):
         value = values.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ConfigError(f"{path}.{key} must be a positive integer", param=f"{path}.{key}")
+    if values.get("context_policy", "error") not in CONTEXT_POLICIES:
+        raise ConfigError(f"{path}.context_policy must be one of {CONTEXT_POLICIES}", param=f"{path}.context_policy")
     _check_connector(name, values.get("connector"), path)
     values["sampling"] = _parse_sampling(values.get("sampling", {}), f"{path}.sampling")
     chunking = values.get("chunking", {})

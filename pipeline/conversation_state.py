@@ -2,8 +2,8 @@
 cache that mirrors a prefix of that rendering.
 
 The cache is kept consistent by one rule: before any prefill, the conversation is rendered to a
-list of per-position *keys* (the token id for text, ``(item_id, i)`` for the i-th audio position of
-an item), the longest common prefix with the keys already in the cache is kept, the cache is cropped
+list of per-position *keys* (the token id for text, ``(item_id, block, version, i)`` for audio
+positions), the longest common prefix with the keys already in the cache is kept, the cache is cropped
 to it and only the rest is prefilled. Deleting or truncating an item, changing the instructions or
 cancelling a reply therefore rolls the cache back exactly as far as needed and never further, and
 history is never prefilled twice.
@@ -32,13 +32,38 @@ class ItemKind(enum.Enum):
 
 
 @dataclass
+class AudioBlock:
+    """Audio-encoder output for one 2 s block of a user audio message (or its final tail)."""
+
+    embeds: torch.Tensor
+    """(n_tokens, H) on the thinker device: 50 tokens for a full block."""
+    version: int = 0
+    """Bumped when the block is re-encoded (its features changed at commit), so its cache keys change."""
+    floor: float | None = None
+    """The log-mel floor its features were computed with (None: the final floor)."""
+
+
+@dataclass
+class OpenAudio:
+    """A user audio message still being spoken: not in the conversation yet (it joins at commit),
+    but its complete blocks are encoded, and prefilled when it would extend the cached context."""
+
+    id: str
+    features: object
+    """IncrementalLogMel of the samples so far."""
+    blocks: list[AudioBlock] = field(default_factory=list)
+    error: Exception | None = None
+    """First failure while encoding in the background; raised at commit."""
+
+
+@dataclass
 class ConvItem:
     id: str
     role: str
     kind: ItemKind
     text: str = ""
-    audio: torch.Tensor | None = None
-    """AUDIO: encoder outputs (N, H) on the thinker device."""
+    audio_blocks: list[AudioBlock] = field(default_factory=list)
+    """AUDIO: encoder outputs, block by block."""
     reply_ids: list[int] = field(default_factory=list)
     """REPLY: generated thinker tokens (the final eos excluded)."""
     open: bool = False
@@ -63,7 +88,13 @@ class ConversationState:
         self.instructions = instructions
         self.max_context_tokens = max_context_tokens
         self.items: list[ConvItem] = []
+        self.open_audio: dict[str, OpenAudio] = {}
         self.active_response: str | None = None
+        self.talker_cache: DynamicCache | None = None
+        self.talker_keys: list[Hashable] = []
+        """Keys of the prompt positions held in ``talker_cache`` (reused across turns)."""
+        self.dirty = True
+        """The rendering may extend beyond the cache: the engine prefills in the background."""
         self.cache: DynamicCache | None = None
         self.cached_keys: list[Hashable] = []
         self.talker_vectors: list[torch.Tensor] = []
@@ -77,7 +108,7 @@ class ConversationState:
         raise UnknownItemError(f"no conversation item with id {item_id!r}", param="item_id")
 
     def has_item(self, item_id: str) -> bool:
-        return any(item.id == item_id for item in self.items)
+        return item_id in self.open_audio or any(item.id == item_id for item in self.items)
 
     def add(self, item: ConvItem) -> None:
         if self.has_item(item.id):
@@ -85,10 +116,12 @@ class ConversationState:
 
             raise InvalidInputError(f"item id {item.id!r} already exists", param="item_id")
         self.items.append(item)
+        self.dirty = True
 
     def delete(self, item_id: str) -> None:
         self._require_idle("delete an item")
         self.items.remove(self.find(item_id))
+        self.dirty = True
 
     def truncate_reply(self, item_id: str, audio_end_ms: int) -> None:
         """Keep the share of the reply's text that was spoken by ``audio_end_ms``."""
@@ -103,37 +136,45 @@ class ConversationState:
         keep = int(len(item.reply_ids) * max(audio_end_ms, 0) / item.audio_ms)
         item.reply_ids = item.reply_ids[:keep]
         item.audio_ms = float(max(audio_end_ms, 0))
+        self.dirty = True
 
     def _require_idle(self, what: str) -> None:
         if self.active_response is not None:
             raise ResponseActiveError(f"cannot {what} while a response is in progress", param="item_id")
 
     # -- rendering ----------------------------------------------------------------------------
-    def render(self, *, generation_prompt: bool) -> Rendering:
+    def render(self, *, with_open_audio: bool = False) -> Rendering:
+        """The conversation's token layout. ``with_open_audio`` appends the first message still
+        being spoken, as far as it is encoded (a prefix of its rendering once committed)."""
         r = Rendering(keys=[], token_ids=[], audio={})
         self._append_tokens(r, self.renderer.text_message("system", self.instructions))
         for item in self.items:
             self._render_item(r, item)
-        if generation_prompt:
-            self._append_tokens(r, self.renderer.header("assistant"))
+        if with_open_audio and self.open_audio:
+            pending = next(iter(self.open_audio.values()))
+            self._render_audio(r, pending.id, "user", pending.blocks, closed=False)
         return r
 
     def _render_item(self, r: Rendering, item: ConvItem) -> None:
         if item.kind is ItemKind.TEXT:
             self._append_tokens(r, self.renderer.text_message(item.role, item.text))
         elif item.kind is ItemKind.AUDIO:
-            n = item.audio.shape[0]
-            content = self.renderer.audio_content(n)
-            self._append_tokens(r, self.renderer.header(item.role) + content[:1])
-            for i in range(n):
-                r.audio[len(r.keys)] = (item.audio, i)
-                r.keys.append((item.id, i))
-                r.token_ids.append(content[1 + i])
-            self._append_tokens(r, content[-1:] + self.renderer.footer())
+            self._render_audio(r, item.id, item.role, item.audio_blocks, closed=True)
         else:
             self._append_tokens(r, self.renderer.header(item.role) + item.reply_ids)
             if not item.open:
                 self._append_tokens(r, self.renderer.footer())
+
+    def _render_audio(self, r: Rendering, item_id: str, role: str, blocks: list[AudioBlock], *, closed: bool) -> None:
+        s = self.renderer.special
+        self._append_tokens(r, self.renderer.header(role) + [s.audio_start])
+        for b, block in enumerate(blocks):
+            for i in range(block.embeds.shape[0]):
+                r.audio[len(r.keys)] = (block.embeds, i)
+                r.keys.append((item_id, b, block.version, i))
+                r.token_ids.append(s.audio_token)
+        if closed:
+            self._append_tokens(r, [s.audio_end] + self.renderer.footer())
 
     @staticmethod
     def _append_tokens(r: Rendering, ids: list[int]) -> None:
@@ -142,9 +183,13 @@ class ConversationState:
 
     # -- cache bookkeeping ----------------------------------------------------------------------
     def common_prefix(self, keys: list[Hashable]) -> int:
+        return self.common_prefix_of(self.cached_keys, keys)
+
+    @staticmethod
+    def common_prefix_of(a: list[Hashable], b: list[Hashable]) -> int:
         n = 0
-        for a, b in zip(self.cached_keys, keys):
-            if a != b:
+        for x, y in zip(a, b):
+            if x != y:
                 break
             n += 1
         return n
@@ -173,6 +218,17 @@ class ConversationState:
         self.talker_vectors = [vectors]
         return vectors
 
+    def make_room(self, reply_budget: int, *, drop_oldest: bool) -> None:
+        """Ensure the prompt plus ``reply_budget`` tokens fits the context limit, dropping the
+        oldest items (never the instructions, the last user input or the reply being made) when
+        ``drop_oldest``; otherwise, or when even that cannot make room, raise ContextLimitError."""
+        while drop_oldest and len(self.render().keys) + reply_budget > self.max_context_tokens:
+            if len(self.items) <= 2:
+                break
+            self.items.pop(0)
+            self.dirty = True
+        self.check_context(len(self.render().keys), reply_budget)
+
     def check_context(self, prompt_len: int, reply_budget: int) -> None:
         if prompt_len + reply_budget > self.max_context_tokens:
             raise ContextLimitError(
@@ -181,7 +237,21 @@ class ConversationState:
                 param="max_output_tokens",
             )
 
+    def crop_talker(self, length: int) -> None:
+        """Keep only the first ``length`` prompt positions of the talker cache."""
+        if self.talker_cache is None:
+            return
+        remove = self.talker_cache.get_seq_length() - length
+        if length == 0:
+            self.talker_cache, self.talker_keys = None, []
+        elif remove > 0:
+            self.talker_cache.crop(-remove)
+        self.talker_keys = self.talker_keys[:length]
+
     def free(self) -> None:
+        """Drop every cache (they are rebuilt from the items on the next prefill)."""
         self.cache = None
         self.cached_keys = []
         self.talker_vectors = []
+        self.talker_cache = None
+        self.talker_keys = []

@@ -14,9 +14,18 @@ import numpy as np
 import torch
 
 from pipeline.config import StageGraphConfig
-from pipeline.conversation_state import ConversationState, ConvItem, ItemKind
+from pipeline.conversation_state import AudioBlock, ConversationState, ConvItem, ItemKind, OpenAudio
 from pipeline.detokenizer import IncrementalDetokenizer
-from pipeline.errors import EmptyInputError, EngineFailure, InvalidInputError, PipelineError, ResponseActiveError
+from pipeline.errors import (
+    EmptyInputError,
+    EngineFailure,
+    InvalidAudioError,
+    InvalidInputError,
+    PipelineError,
+    ResponseActiveError,
+    UnknownItemError,
+)
+from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
 from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint
 from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
@@ -30,6 +39,9 @@ from pipeline.stages.thinker import ThinkerRunner
 
 log = logging.getLogger(__name__)
 
+MIN_AUDIO_FRAMES = 2
+"""Shortest audio message the encoder accepts (mel frames of 10 ms)."""
+
 
 class EngineCore:
     def __init__(self, ckpt: LoadedCheckpoint, cfg: StageGraphConfig, *, seed: int | None = None) -> None:
@@ -38,7 +50,7 @@ class EngineCore:
         self.special = ckpt.special
         self.renderer = PromptRenderer(ckpt.tokenizer, ckpt.special)
         th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
-        self.thinker = ThinkerRunner(ckpt.thinker, ckpt.feature_extractor, device=th.torch_device(), dtype=th.torch_dtype())
+        self.thinker = ThinkerRunner(ckpt.thinker, device=th.torch_device(), dtype=th.torch_dtype())
         self.talker = TalkerRunner(ckpt.talker, device=ta.torch_device(), dtype=ta.torch_dtype())
         self.token2wav = StreamingToken2Wav(ckpt.token2wav, ChunkingConfig(**tw.chunking))
         self.t2w_device = torch.device(tw.torch_device())
@@ -47,6 +59,7 @@ class EngineCore:
         self.text_stop = {self.special.im_end, self.special.endoftext}
         self.codec_stop = tuple(self.special.codec_stop_ids())
         self.max_context = th.max_context_tokens or ckpt.config.thinker_config.text_config.max_position_embeddings
+        self.prefill_chunk = th.prefill_chunk_tokens
         self.seed = seed
         self._seed_counter = 0
         self.conversations: dict[str, ConversationState] = {}
@@ -85,18 +98,67 @@ class EngineCore:
         conv = self.conv(conv_id)
         conv._require_idle("change the instructions")
         conv.instructions = instructions
+        conv.dirty = True
 
     def add_text(self, conv_id: str, item_id: str, role: str, text: str) -> None:
         if not text.strip():
             raise EmptyInputError("text message is empty", param="text")
         self.conv(conv_id).add(ConvItem(id=item_id, role=role, kind=ItemKind.TEXT, text=text))
 
-    def add_audio(self, conv_id: str, item_id: str, pcm: np.ndarray) -> None:
+    def append_audio(self, conv_id: str, item_id: str, pcm: np.ndarray) -> None:
+        """Feed user audio (16 kHz float32) of a message still being spoken. Each complete 2 s
+        block is encoded now and prefilled in the background while the conversation is idle."""
         conv = self.conv(conv_id)
-        if conv.has_item(item_id):
-            raise InvalidInputError(f"item id {item_id!r} already exists", param="item_id")
-        audio = self.thinker.encode_audio(pcm)
-        conv.add(ConvItem(id=item_id, role="user", kind=ItemKind.AUDIO, audio=audio))
+        pending = conv.open_audio.get(item_id)
+        if pending is None:
+            pending = conv.open_audio[item_id] = OpenAudio(item_id, IncrementalLogMel(self.ckpt.feature_extractor))
+            if any(item.id == item_id for item in conv.items):  # reported at commit, where the caller waits
+                pending.error = InvalidInputError(f"item id {item_id!r} already exists", param="item_id")
+        if pending.error is not None:
+            return
+        try:
+            pending.features.append(pcm)
+            for k in range(len(pending.blocks), pending.features.ready_blocks()):
+                floor = pending.features.running_floor
+                feats = pending.features.features(pending.features.raw_block(k), floor)
+                pending.blocks.append(AudioBlock(self.thinker.encode_features(feats), floor=floor))
+                conv.dirty = True
+        except Exception as exc:  # noqa: BLE001 - kept and raised at commit, where the caller waits
+            log.exception("encoding audio of %s failed", item_id)
+            pending.error = exc
+
+    def commit_audio(self, conv_id: str, item_id: str) -> None:
+        """Close a spoken message: re-encode blocks whose features the final loudness changed,
+        encode the tail, and add the message to the conversation."""
+        conv = self.conv(conv_id)
+        pending = conv.open_audio.pop(item_id, None)
+        if pending is None:
+            raise UnknownItemError(f"no audio message {item_id!r} is being recorded", param="item_id")
+        if pending.error is not None:
+            raise pending.error
+        feats = pending.features
+        feats.finish()
+        if feats.total_frames < MIN_AUDIO_FRAMES:
+            raise InvalidAudioError("audio message is too short to encode (needs at least 20 ms)", param="audio")
+        final = feats.final_floor()
+        for k, block in enumerate(pending.blocks):
+            if feats.block_changes(k, block.floor):
+                embeds = self.thinker.encode_features(feats.features(feats.raw_block(k), final))
+                pending.blocks[k] = AudioBlock(embeds, version=block.version + 1, floor=final)
+        tail = feats.raw_tail()
+        if tail.shape[1]:
+            pending.blocks.append(AudioBlock(self.thinker.encode_features(feats.features(tail, final)), floor=final))
+        conv.add(ConvItem(id=item_id, role="user", kind=ItemKind.AUDIO, audio_blocks=pending.blocks))
+
+    def discard_audio(self, conv_id: str, item_id: str) -> None:
+        conv = self.conv(conv_id)
+        if conv.open_audio.pop(item_id, None) is not None:
+            conv.dirty = True  # its prefilled positions are rolled back in the background
+
+    def add_audio(self, conv_id: str, item_id: str, pcm: np.ndarray) -> None:
+        """A whole audio message: the same path as streamed audio, so features are identical."""
+        self.append_audio(conv_id, item_id, pcm)
+        self.commit_audio(conv_id, item_id)
 
     def delete_item(self, conv_id: str, item_id: str) -> None:
         self.conv(conv_id).delete(item_id)
@@ -124,9 +186,6 @@ class EngineCore:
         if state is not None and state.cancel_reason is None:
             state.cancel_reason = reason
 
-    def has_work(self) -> bool:
-        return bool(self.responses)
-
     def step(self) -> bool:
         """Advance every active response by one unit per stage. Returns False when nothing could
         progress (every response is paused by backpressure), so the caller can wait instead of spin."""
@@ -137,7 +196,33 @@ class EngineCore:
             except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
                 self._fail(state, exc)
                 progressed = True
+        for conv in self.conversations.values():
+            progressed |= self._background_prefill(conv)
         return progressed
+
+    def has_work(self) -> bool:
+        return bool(self.responses) or any(self._needs_prefill(c) for c in self.conversations.values())
+
+    def _needs_prefill(self, conv: ConversationState) -> bool:
+        return conv.active_response is None and conv.dirty
+
+    def _background_prefill(self, conv: ConversationState) -> bool:
+        """While a conversation is idle, prefill what the user has said so far (one chunk per step)."""
+        if not self._needs_prefill(conv):
+            return False
+        try:
+            rendering = conv.render(with_open_audio=True)
+            if conv.common_prefix(rendering.keys) == len(rendering.keys):
+                conv.crop(len(rendering.keys))  # items were removed: drop what follows
+                done = True
+            else:
+                done = self._prefill_chunk(conv, rendering, need_logits=False) is not None
+        except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
+            log.exception("background prefill of %s failed; its cache is dropped", conv.id)
+            conv.free()
+            done = True
+        conv.dirty = not done
+        return True
 
     def _step_response(self, r: ResponseState) -> bool:
         if r.cancel_reason is not None:
@@ -161,28 +246,46 @@ class EngineCore:
 
     # -- thinker ----------------------------------------------------------------------------------
     def _prefill(self, r: ResponseState) -> None:
+        """Prefill the conversation up to the reply's header, one chunk per step; the last chunk's
+        logits give the first reply token."""
         conv = r.conv
-        rendering = conv.render(generation_prompt=False)
-        conv.check_context(len(rendering.keys), r.spec.max_text_tokens)
-        start = min(conv.common_prefix(rendering.keys), len(rendering.keys) - 1)
+        if r.prompt_len == 0:  # first prefill step of this response
+            conv.make_room(r.spec.max_text_tokens, drop_oldest=self.cfg.thinker.context_policy == "drop_oldest")
+        rendering = conv.render()
+        if r.prompt_len == 0:
+            r.cached_tokens = min(conv.common_prefix(rendering.keys), len(rendering.keys) - 1)
+            r.prompt_len = len(rendering.keys)
+            r.input_audio_tokens = len(rendering.audio)
+            r.input_text_tokens = r.prompt_len - len(rendering.audio)
+            r.seen_text = set(rendering.token_ids)
+        out = self._prefill_chunk(conv, rendering, need_logits=True)
+        if out is None:
+            return
+        r.phase = Phase.DECODE
+        self._accept_text_token(r, self._sample_text(r, out.last_logits))
+
+    def _prefill_chunk(self, conv: ConversationState, rendering, *, need_logits: bool):
+        """Prefill the next chunk (at most ``prefill_chunk_tokens``) of ``rendering`` missing from
+        the cache. Returns the chunk's output when it reaches the end of the rendering, else None.
+        With ``need_logits`` the last position is recomputed if it is already cached."""
+        keys = rendering.keys
+        start = conv.common_prefix(keys)
+        if need_logits:
+            start = min(start, len(keys) - 1)
         conv.crop(start)
+        end = min(len(keys), start + self.prefill_chunk)
         if conv.cache is None:
             conv.cache = self.thinker.new_cache()
-        ids = rendering.token_ids[start:]
-        embeds = self.thinker.embed(ids)
+        embeds = self.thinker.embed(rendering.token_ids[start:end])
         talker_embeds = embeds.clone()
-        for pos, (audio, row) in rendering.audio.items():
-            if pos >= start:
+        for pos in range(start, end):
+            if pos in rendering.audio:
+                audio, row = rendering.audio[pos]
                 embeds[pos - start] = audio[row]
                 talker_embeds[pos - start] = 0  # the reference zeroes multimodal positions for the talker
         out = self.thinker.forward(embeds, conv.cache, start)
-        conv.extend(rendering.keys[start:], self.to_talker(out.hidden, talker_embeds))
-        n_audio = sum(1 for pos in rendering.audio if pos >= start)
-        r.input_audio_tokens, r.input_text_tokens = n_audio, len(ids) - n_audio
-        r.cached_tokens, r.prompt_len = start, len(rendering.keys)
-        r.seen_text = set(rendering.token_ids)
-        r.phase = Phase.DECODE
-        self._accept_text_token(r, self._sample_text(r, out.last_logits))
+        conv.extend(keys[start:end], self.to_talker(out.hidden, talker_embeds))
+        return out if end == len(keys) else None
 
     def _thinker_decode(self, r: ResponseState) -> None:
         token = r.pending_token
@@ -232,12 +335,22 @@ class EngineCore:
         self._accept_code(r, logits)
 
     def _talker_prefill(self, r: ResponseState) -> torch.Tensor:
+        """Talker prefill: the prompt positions not already in the conversation's talker cache
+        (kept across turns: the prompt of turn N+1 extends the prompt of turn N), then the speaker's
+        bos and the first reply vector."""
+        conv = r.conv
         speaker = self.ckpt.speakers[r.spec.voice]
-        prompt = r.conv.talker_prompt()[: r.prompt_len]
+        prompt_keys = conv.cached_keys[: r.prompt_len]
+        reuse = conv.common_prefix_of(conv.talker_keys, prompt_keys)
+        conv.crop_talker(reuse)
+        if conv.talker_cache is None:
+            conv.talker_cache, reuse = self.talker.new_cache(), 0
+        prompt = conv.talker_prompt()[reuse : r.prompt_len]
         bos = self.thinker.embed([speaker.bos_token])
         first = r.talker_queue.popleft().view(1, -1)
         vectors = torch.cat([prompt, bos, first]).to(self.talker.device)
-        r.talker_cache = self.talker.new_cache()
+        conv.talker_keys = list(prompt_keys)
+        r.talker_cache = conv.talker_cache
         r.talker_started = True
         r.seen_codes = {self.special.codec_pad, self.special.codec_bos}
         if r.prompt_len:
@@ -247,7 +360,8 @@ class EngineCore:
             generator=self._generator(self.t2w_device), max_codes=self.cfg.talker.max_tokens or 4096,
         )
         return self.talker.prefill(
-            vectors, codec_pad=self.special.codec_pad, codec_bos=self.special.codec_bos, cache=r.talker_cache
+            vectors, codec_pad=self.special.codec_pad, codec_bos=self.special.codec_bos, cache=r.talker_cache,
+            start=reuse,
         )
 
     def _next_talker_vector(self, r: ResponseState) -> torch.Tensor | None:
@@ -280,9 +394,15 @@ class EngineCore:
 
     def _end_talker(self, r: ResponseState) -> None:
         r.talker_done = True
-        r.talker_cache = None
+        self._release_talker(r)
         if r.t2w is not None:
             r.t2w.finish()
+
+    def _release_talker(self, r: ResponseState) -> None:
+        """Drop this reply's positions from the conversation's talker cache; keep the prompt."""
+        if r.talker_cache is not None and r.conv.talker_cache is r.talker_cache:
+            r.conv.crop_talker(r.prompt_len)
+        r.talker_cache = None
 
     # -- token2wav --------------------------------------------------------------------------------
     def _token2wav_step(self, r: ResponseState) -> None:
@@ -301,7 +421,8 @@ class EngineCore:
         r.item.open = False
         if r.conv.active_response == r.id:
             r.conv.active_response = None
-        r.talker_cache = None
+            r.conv.dirty = True  # the reply's footer and anything said meanwhile get prefilled
+        self._release_talker(r)
         if r.t2w is not None:
             r.t2w.close()
             r.t2w = None

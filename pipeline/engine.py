@@ -193,28 +193,32 @@ class Response:
 
 class AudioInput:
     """A user audio message being streamed in (see :class:`pipeline.api.AudioInputHandle`).
-    Audio is buffered here and encoded when committed."""
+
+    ``append`` hands the samples to the engine thread at once; there every complete 2 s block is
+    encoded and, while the conversation is idle, prefilled — so at commit only the tail is left."""
 
     def __init__(self, conv: Conversation, item_id: str) -> None:
         self.item_id = item_id
         self._conv = conv
-        self._chunks: list[np.ndarray] = []
         self._closed = False
 
     def append(self, pcm: np.ndarray) -> None:
         if self._closed:
             raise InvalidInputError("this audio message is already committed or discarded", param="audio")
-        self._chunks.append(validate_pcm(pcm, allow_empty=True))
+        pcm = validate_pcm(pcm, allow_empty=True).copy()
+        if pcm.size:
+            conv_id, item_id = self._conv.id, self.item_id
+            self._conv._engine._submit_nowait(lambda core: core.append_audio(conv_id, item_id, pcm))
 
     async def commit(self) -> None:
         self._closed = True
-        pcm = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
-        self._chunks = []
-        await self._conv.add_audio(self.item_id, pcm)
+        conv_id, item_id = self._conv.id, self.item_id
+        await self._conv._engine._call(lambda core: core.commit_audio(conv_id, item_id))
 
     async def discard(self) -> None:
         self._closed = True
-        self._chunks = []
+        conv_id, item_id = self._conv.id, self.item_id
+        await self._conv._engine._call(lambda core: core.discard_audio(conv_id, item_id))
 
 
 class Conversation:
@@ -325,6 +329,12 @@ class OmniEngine:
 
     def conversation(self, *, instructions: str | None = None) -> Conversation:
         return Conversation(self, instructions if instructions is not None else self.default_instructions)
+
+    async def wait_idle(self, poll_s: float = 0.001) -> None:
+        """Wait until the engine has nothing to do: no response running and every conversation's
+        background prefill caught up (benchmarks and tests use it)."""
+        while await self._call(lambda core: core.has_work()):
+            await asyncio.sleep(poll_s)
 
     def close(self) -> None:
         """Stop the engine thread; running responses end cancelled."""

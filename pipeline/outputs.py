@@ -26,8 +26,9 @@ class ResponseStatus(enum.Enum):
 
 @dataclass(frozen=True)
 class Usage:
-    """Token counts of one response. Input counts only what this response prefilled
-    (history already in the KV cache is not counted again)."""
+    """Token counts of one response. Input counts the whole prompt (the conversation so far),
+    split into text and audio positions; ``cached_tokens`` of it were already in the KV cache when
+    the response started (prefilled earlier, in the background or by earlier turns)."""
 
     input_text_tokens: int = 0
     input_audio_tokens: int = 0

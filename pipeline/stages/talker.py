@@ -32,13 +32,14 @@ class TalkerRunner:
 
     @torch.inference_mode()
     def prefill(
-        self, vectors: torch.Tensor, *, codec_pad: int, codec_bos: int, cache: DynamicCache
+        self, vectors: torch.Tensor, *, codec_pad: int, codec_bos: int, cache: DynamicCache, start: int = 0
     ) -> torch.Tensor:
-        """``vectors`` (P, H_thinker) ends with [speaker bos, reply token 0]; returns (V,) logits."""
+        """``vectors`` (P, H_thinker) — the prompt positions from ``start`` on (earlier ones are
+        already in ``cache``), then [speaker bos, reply token 0]; returns (V,) logits."""
         x = vectors.to(self.device, self.dtype).clone()
         special = self.codec_embed(torch.tensor([codec_pad, codec_bos], device=self.device))
         x[-2:] = x[-2:] + special
-        return self._run(x, cache, start=0)
+        return self._run(x, cache, start=start)
 
     @torch.inference_mode()
     def decode(self, prev_code: int, vector: torch.Tensor, *, cache: DynamicCache) -> torch.Tensor:

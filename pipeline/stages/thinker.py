@@ -14,12 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from transformers import DynamicCache
 
-from pipeline.api import INPUT_SAMPLE_RATE
-from pipeline.errors import InvalidAudioError
 
 
 @dataclass
@@ -35,12 +32,11 @@ class ThinkerOutput:
 
 
 class ThinkerRunner:
-    def __init__(self, thinker, feature_extractor, *, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, thinker, *, device: torch.device, dtype: torch.dtype) -> None:
         self.model = thinker
         self.text_model = thinker.model.language_model
         self.audio_tower = thinker.model.audio_tower
         self.lm_head = thinker.lm_head
-        self.feature_extractor = feature_extractor
         self.device = torch.device(device)
         self.dtype = dtype
         self.config = thinker.config
@@ -54,27 +50,11 @@ class ThinkerRunner:
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device)
         return self.text_model.embed_tokens(ids)
 
-    def audio_features(self, pcm: np.ndarray) -> torch.Tensor:
-        """Whisper log-mel features (n_mels, frames) of 16 kHz float32 audio.
-
-        Up to the extractor's window (30 s) they are computed exactly as the reference processor
-        does (zero-padded to the window, padding frames dropped); longer audio, which the reference
-        would truncate, is computed over its own length."""
-        fe = self.feature_extractor
-        fits = len(pcm) <= fe.n_samples
-        out = fe(
-            pcm, sampling_rate=INPUT_SAMPLE_RATE, return_attention_mask=True,
-            padding="max_length" if fits else "longest", truncation=False, return_tensors="pt",
-        )
-        frames = int(out["attention_mask"].sum())
-        return out["input_features"][0, :, :frames]
-
     @torch.inference_mode()
-    def encode_audio(self, pcm: np.ndarray) -> torch.Tensor:
-        """Encode a whole user audio message: (N_audio_tokens, H), 25 tokens per second."""
-        if len(pcm) < self.feature_extractor.hop_length * 2:
-            raise InvalidAudioError("audio message is too short to encode (needs at least 20 ms)", param="audio")
-        features = self.audio_features(pcm).to(self.device, self.audio_tower.conv1.weight.dtype)
+    def encode_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Encode log-mel features (n_mels, T) of one audio block (T <= 200 frames: the encoder
+        attends within 2 s blocks, so blocks encode independently): (ceil-ish T/4, H) tokens."""
+        features = features.to(self.device, self.audio_tower.conv1.weight.dtype)
         lens = torch.tensor([features.shape[1]], dtype=torch.long, device=self.device)
         after_cnn, _ = self.audio_tower._get_feat_extract_output_lengths(lens)
         out = self.audio_tower(features, feature_lens=lens, aftercnn_lens=after_cnn)

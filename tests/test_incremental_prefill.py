@@ -1,0 +1,181 @@
+"""Listen while the user speaks: incremental prefill and conversation KV state (issue 4).
+
+Every reply of a conversation built incrementally (audio streamed in 20 ms pieces and prefilled
+block by block in the background, history kept in the KV caches across turns, rolled back on
+truncate and cancel) is token-identical, text and codec, to the reply computed from a one-shot
+prefill of the same conversation (all caches dropped first, the whole context in one chunk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import soxr
+
+from conftest import greedy_stage_config
+from pipeline.engine import OmniEngine
+from pipeline.outputs import AudioChunk, ResponseStatus
+
+FIXTURES = Path(__file__).parent / "fixtures" / "speech"
+
+
+def speech_16k(name: str, repeat: int = 1) -> np.ndarray:
+    pcm, rate = sf.read(FIXTURES / name, dtype="float32")
+    pcm = soxr.resample(pcm, rate, 16000).astype(np.float32)
+    return np.concatenate([pcm] * repeat)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    # one-shot comparisons prefill the whole conversation as one chunk
+    eng = OmniEngine.from_pretrained(
+        tiny_model_dir, greedy_stage_config(thinker={"prefill_chunk_tokens": 100_000}, talker={"max_tokens": 60}),
+        seed=7,
+    )
+    yield eng
+    eng.close()
+
+
+def core_conv(engine, conv):
+    return engine._thread.core.conversations[conv.id]
+
+
+async def stream_audio(engine, conv, item_id: str, pcm: np.ndarray, *, piece: int = 320) -> None:
+    """Append in 20 ms pieces, letting the engine work between them, as a live microphone would."""
+    audio = conv.open_audio(item_id)
+    for start in range(0, len(pcm), piece):
+        audio.append(pcm[start:start + piece])
+        if start % (piece * 25) == 0:
+            await engine.wait_idle()
+    await engine.wait_idle()
+    await audio.commit()
+
+
+async def reply_and_one_shot(engine, conv, item_id: str, **kwargs):
+    """The reply as the incremental engine gives it, then the same reply recomputed from a one-shot
+    prefill (delete it, drop every cache, respond again); returns both ResponseDone."""
+    first = await conv.respond(item_id=item_id, **kwargs).wait()
+    state = core_conv(engine, conv)
+    await conv.delete_item(item_id)
+    await engine._call(lambda core: state.free())
+    again = await conv.respond(item_id=item_id, **kwargs).wait()
+    return first, again
+
+
+def assert_same_reply(a, b):
+    assert a.status is not ResponseStatus.FAILED, a.error
+    assert a.text_token_ids == b.text_token_ids
+    assert a.audio_codes == b.audio_codes
+
+
+async def test_streamed_audio_is_prefilled_before_commit(engine):
+    conv = engine.conversation()
+    pcm = speech_16k("capital_of_france.wav", repeat=2)  # ~5.8 s: two complete 2 s blocks + a tail
+    audio = conv.open_audio("u1")
+    audio.append(pcm[: 16000 * 5])
+    await engine.wait_idle()
+    state = core_conv(engine, conv)
+    # two full blocks (50 tokens each) are in the thinker cache while the user is still speaking
+    assert sum(1 for k in state.cached_keys if isinstance(k, tuple) and k[0] == "u1") == 100
+    audio.append(pcm[16000 * 5:])
+    await audio.commit()
+    done = await conv.respond(item_id="a1", max_output_tokens=6).wait()
+    assert done.usage.cached_tokens >= 100
+    assert done.usage.input_tokens - done.usage.cached_tokens < 50, "only the tail was left to prefill at commit"
+    await conv.close()
+
+
+async def test_multi_turn_incremental_equals_one_shot(engine):
+    conv = engine.conversation()
+    await stream_audio(engine, conv, "u1", speech_16k("pair_turn1_name.wav"))
+    a, b = await reply_and_one_shot(engine, conv, "a1", max_output_tokens=8)
+    assert_same_reply(a, b)
+
+    await conv.add_text("u2", "And what else?")
+    a, b = await reply_and_one_shot(engine, conv, "a2", max_output_tokens=8)
+    assert_same_reply(a, b)
+    assert a.usage.cached_tokens > 0
+
+    # a cancelled reply, then a truncate of what was heard, then a new spoken turn
+    await stream_audio(engine, conv, "u3", speech_16k("weather_today.wav", repeat=3))
+    resp = conv.respond(item_id="a3", max_output_tokens=12)
+    async for ev in resp:
+        if isinstance(ev, AudioChunk):
+            resp.cancel("turn_detected")
+    assert resp.done.status is ResponseStatus.CANCELLED
+    await conv.truncate_item("a3", 100)
+    await stream_audio(engine, conv, "u4", speech_16k("pair_turn2_recall.wav"))
+    a, b = await reply_and_one_shot(engine, conv, "a4", max_output_tokens=8)
+    assert_same_reply(a, b)
+    await conv.close()
+
+
+async def test_delete_rolls_cache_back_and_history_is_not_prefilled_twice(engine):
+    conv = engine.conversation()
+    await conv.add_text("u1", "first")
+    first = await conv.respond(item_id="a1", modalities=frozenset({"text"}), max_output_tokens=4).wait()
+    await engine.wait_idle()
+    state = core_conv(engine, conv)
+    history = len(state.cached_keys)
+    await conv.add_text("u2", "second")
+    second = await conv.respond(item_id="a2", modalities=frozenset({"text"}), max_output_tokens=4).wait()
+    # the history and the new message were prefilled before the response: only its header is left
+    assert second.usage.cached_tokens > history
+    header = len(engine._thread.core.renderer.header("assistant"))
+    assert second.usage.input_tokens - second.usage.cached_tokens == header
+    await conv.delete_item("u2")
+    await conv.delete_item("a2")
+    await engine.wait_idle()
+    assert len(state.cached_keys) == history
+    assert first.status is not ResponseStatus.FAILED
+    await conv.close()
+
+
+async def test_talker_prompt_cache_is_reused_across_turns(engine):
+    conv = engine.conversation()
+    await conv.add_text("u1", "hello")
+    await conv.respond(item_id="a1", max_output_tokens=5).wait()
+    state = core_conv(engine, conv)
+    first_prompt = len(state.talker_keys)
+    assert first_prompt > 0 and state.talker_cache.get_seq_length() == first_prompt
+    await conv.add_text("u2", "again")
+    await conv.respond(item_id="a2", max_output_tokens=5).wait()
+    assert state.talker_keys[:first_prompt] == state.cached_keys[:first_prompt]
+    assert state.talker_cache.get_seq_length() == len(state.talker_keys) > first_prompt
+    await conv.close()
+
+
+async def test_discarded_audio_leaves_no_trace(engine):
+    conv = engine.conversation()
+    await conv.add_text("u1", "hi")
+    await engine.wait_idle()
+    state = core_conv(engine, conv)
+    before = list(state.cached_keys)
+    audio = conv.open_audio("u2")
+    audio.append(speech_16k("short_joke.wav", repeat=2))
+    await engine.wait_idle()
+    assert len(state.cached_keys) > len(before)
+    await audio.discard()
+    await engine.wait_idle()
+    assert state.cached_keys == before
+    await conv.close()
+
+
+async def test_context_policy_drop_oldest(tiny_model_dir):
+    cfg = greedy_stage_config(thinker={"max_context_tokens": 160, "context_policy": "drop_oldest"})
+    eng = OmniEngine.from_pretrained(tiny_model_dir, cfg)
+    try:
+        conv = eng.conversation(instructions="short")
+        for i in range(6):
+            await conv.add_text(f"u{i}", "some words to fill the context " * 2)
+            done = await conv.respond(item_id=f"a{i}", modalities=frozenset({"text"}), max_output_tokens=8).wait()
+            assert done.status is not ResponseStatus.FAILED, done.error
+        state = eng._thread.core.conversations[conv.id]
+        assert state.items[0].id != "u0", "the oldest turns were dropped"
+        assert len(state.cached_keys) <= 160
+    finally:
+        eng.close()
