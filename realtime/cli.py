@@ -123,7 +123,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     from realtime.server import run_server
 
-    run_server(config)
+    try:
+        run_server(config)
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown: the normal way out
+        log.info("stopped")
     return 0
 
 

@@ -365,17 +365,27 @@ async def _read_offer(request: Request) -> tuple[str, dict | None]:
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type == SDP_MEDIA_TYPE:
         return _text((await request.body()), "body"), None
-    if media_type == "multipart/form-data":
+    if media_type == "multipart/form-data" and _multipart_parser_installed():
         form = await request.form()
         sdp, session = form.get("sdp"), form.get("session")
         if not isinstance(sdp, str) or not sdp:
             raise RealtimeError("the form needs an 'sdp' field with the SDP offer", param="sdp")
         return sdp, _session_overrides(session)
+    multipart = "multipart/form-data with 'sdp' and 'session'"
+    if not _multipart_parser_installed():
+        multipart += " once python-multipart is installed on the server"
     raise RealtimeError(
-        f"send the SDP offer as {SDP_MEDIA_TYPE} (or multipart/form-data with 'sdp' and 'session')",
+        f"send the SDP offer as {SDP_MEDIA_TYPE} (or {multipart})",
         code=ServerCode.UNSUPPORTED_MEDIA_TYPE,
         param="content-type",
     )
+
+
+def _multipart_parser_installed() -> bool:
+    """Starlette parses forms with python-multipart, an optional dependency."""
+    import importlib.util
+
+    return importlib.util.find_spec("python_multipart") is not None
 
 
 def _text(body: bytes, param: str) -> str:

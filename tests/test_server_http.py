@@ -1,0 +1,278 @@
+"""The HTTP side of the server on loopback: /healthz, /metrics (sessions, responses, TTFA, errors),
+POST /v1/realtime/calls delegation, the static web demo, the lifespan that owns an engine, and
+``omni-realtime serve`` itself."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx2
+import pytest
+import websockets
+
+from realtime.cli import build_parser, server_config
+from realtime.config import ServerConfig
+from realtime.errors import LimitExceeded
+from realtime.metrics import ServerMetrics
+from realtime.protocol.names import Dialect
+from realtime.server import create_app, serve_in_background
+from tests.fakes import FakeEngine
+
+REPO = Path(__file__).resolve().parent.parent
+KEY = "http-key"
+
+
+class SilentVad:
+    frame_samples = 512
+
+    def __call__(self, frame) -> float:
+        return 0.0
+
+    def reset(self) -> None:
+        pass
+
+
+class FakeCalls:
+    """A WebRTC endpoint that answers every offer with a fixed SDP (or raises ``fail``)."""
+
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.offers: list[tuple[str, Dialect, dict | None]] = []
+        self.closed = False
+        self.fail = fail
+
+    async def create_call(self, offer_sdp: str, *, dialect: Dialect, session_overrides: dict | None) -> str:
+        self.offers.append((offer_sdp, dialect, session_overrides))
+        if self.fail is not None:
+            raise self.fail
+        return "v=0\r\ns=answer\r\n"
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@contextlib.asynccontextmanager
+async def served(engine=None, *, webrtc=None, **config) -> AsyncIterator[tuple[httpx2.AsyncClient, object]]:
+    cfg = ServerConfig(port=0, **config)
+    app = create_app(cfg, engine=engine, vad_factory=SilentVad, webrtc_factory=(lambda ctx: webrtc) if webrtc else None)
+    async with serve_in_background(app, cfg) as url, httpx2.AsyncClient(base_url=url) as http:
+        yield http, app
+
+
+def ws_url(http: httpx2.AsyncClient) -> str:
+    return str(http.base_url).rstrip("/").replace("http://", "ws://") + "/v1/realtime"
+
+
+def sample(metrics: str, name: str, **labels: str) -> float:
+    """The value of one Prometheus sample in a text exposition (0 when absent)."""
+    label_text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = re.escape(name + (f"{{{label_text}}}" if labels else "")) + r" ([0-9.e+-]+)"
+    found = re.search(r"^" + pattern + r"$", metrics, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+async def until(ws, event_type: str) -> dict:
+    async with asyncio.timeout(10):
+        while True:
+            event = json.loads(await ws.recv())
+            if event["type"] == event_type:
+                return event
+
+
+# --- health and metrics -------------------------------------------------------------------------
+
+
+async def test_healthz_reports_model_weights_and_sessions():
+    async with served(FakeEngine(), webrtc=None) as (http, _):
+        body = (await http.get("/healthz")).json()
+        assert body == {"ok": True, "model": "fake-omni", "random_weights": True, "sessions": 0,
+                        "max_sessions": 16, "webrtc": False}
+        async with websockets.connect(ws_url(http)) as ws:
+            await until(ws, "session.created")
+            assert (await http.get("/healthz")).json()["sessions"] == 1
+
+
+async def test_metrics_count_sessions_responses_ttfa_and_errors():
+    async with served(FakeEngine()) as (http, _):
+        before = (await http.get("/metrics"))
+        assert before.headers["content-type"].startswith("text/plain")
+        assert sample(before.text, "omni_realtime_time_to_first_audio_seconds_count") == 0
+        async with websockets.connect(ws_url(http)) as ws:
+            await until(ws, "session.created")
+            live = (await http.get("/metrics")).text
+            assert sample(live, "omni_realtime_sessions_active", transport="websocket") == 1
+            await ws.send(json.dumps({"type": "response.create"}))  # audio reply
+            await until(ws, "response.done")
+            await ws.send(json.dumps({"type": "response.cancel"}))
+            await until(ws, "error")
+            await ws.send("{broken")
+            await until(ws, "error")
+        async with asyncio.timeout(5):
+            while sample((await http.get("/metrics")).text, "omni_realtime_sessions_active", transport="websocket"):
+                await asyncio.sleep(0.02)
+        text = (await http.get("/metrics")).text
+        assert sample(text, "omni_realtime_sessions_total", transport="websocket") == 1
+        assert sample(text, "omni_realtime_responses_total", status="completed") == 1
+        assert sample(text, "omni_realtime_time_to_first_audio_seconds_count") == 1
+        assert 0 < sample(text, "omni_realtime_time_to_first_audio_seconds_sum") < 5
+        assert sample(text, "omni_realtime_errors_total", code="response_cancel_not_active") == 1
+        assert sample(text, "omni_realtime_errors_total", code="invalid_json") == 1
+
+
+def test_metrics_of_two_apps_are_independent():
+    first, second = ServerMetrics(), ServerMetrics()
+    observer = first.session("websocket")
+    observer({"type": "error", "error": {"code": "invalid_json"}})
+    assert sample(first.render().decode(), "omni_realtime_errors_total", code="invalid_json") == 1
+    assert sample(second.render().decode(), "omni_realtime_errors_total", code="invalid_json") == 0
+
+
+def test_ttfa_runs_from_response_created_to_the_first_audio_only():
+    now = [10.0]
+    metrics = ServerMetrics()
+    observer = metrics.session("webrtc", clock=lambda: now[0])
+    observer({"type": "response.created", "response": {"id": "r1"}})
+    now[0] = 10.25
+    observer({"type": "output_audio_buffer.started", "response_id": "r1"})  # WebRTC's first audio
+    now[0] = 11.0
+    observer({"type": "response.output_audio.delta", "response_id": "r1", "delta": ""})  # not the first
+    observer({"type": "response.done", "response": {"id": "r1", "status": "completed"}})
+    observer({"type": "response.created", "response": {"id": "r2"}})
+    observer({"type": "response.done", "response": {"id": "r2", "status": "cancelled"}})  # no audio: no sample
+    observer.close()
+    observer.close()
+    text = metrics.render().decode()
+    assert sample(text, "omni_realtime_time_to_first_audio_seconds_count") == 1
+    assert sample(text, "omni_realtime_time_to_first_audio_seconds_sum") == 0.25
+    assert sample(text, "omni_realtime_responses_total", status="cancelled") == 1
+    assert sample(text, "omni_realtime_sessions_active", transport="webrtc") == 0
+
+
+# --- WebRTC calls -------------------------------------------------------------------------------
+
+
+async def test_calls_without_webrtc_answer_501():
+    async with served(FakeEngine()) as (http, app):
+        response = await http.post("/v1/realtime/calls", content="v=0", headers={"content-type": "application/sdp"})
+        assert response.status_code == 501
+        error = response.json()["error"]
+        assert error["code"] == "webrtc_unavailable" and "/v1/realtime" in error["message"]
+        assert app.state.webrtc is None
+
+
+async def test_calls_are_delegated_to_the_webrtc_endpoint():
+    calls = FakeCalls()
+    async with served(FakeEngine(), webrtc=calls, api_key=KEY) as (http, app):
+        assert app.state.webrtc is calls and (await http.get("/healthz")).json()["webrtc"]
+        sdp = {"content-type": "application/sdp"}
+        assert (await http.post("/v1/realtime/calls", content="v=0", headers=sdp)).status_code == 401
+        auth = sdp | {"authorization": f"Bearer {KEY}"}
+        answer = await http.post("/v1/realtime/calls", content="v=0 offer", headers=auth)
+        assert answer.status_code == 201
+        assert answer.headers["content-type"].startswith("application/sdp") and answer.text == "v=0\r\ns=answer\r\n"
+        beta = await http.post("/v1/realtime/calls", content="v=0 beta", headers=auth | {"openai-beta": "realtime=v1"})
+        assert beta.status_code == 201
+        assert calls.offers == [("v=0 offer", Dialect.GA, None), ("v=0 beta", Dialect.BETA, None)]
+        wrong_type = await http.post("/v1/realtime/calls", content="{}", headers={
+            "content-type": "application/json", "authorization": f"Bearer {KEY}"})
+        assert wrong_type.status_code == 415 and wrong_type.json()["error"]["code"] == "unsupported_media_type"
+        empty = await http.post("/v1/realtime/calls", content="  ", headers=auth)
+        assert empty.status_code == 400 and len(calls.offers) == 2
+    assert calls.closed, "shutdown closes the WebRTC endpoint"
+
+
+@pytest.mark.parametrize(("failure", "status", "code"), [
+    (LimitExceeded("too many calls"), 429, "limit_exceeded"),
+    (RuntimeError("secret internals"), 500, "server_error"),
+])
+async def test_call_setup_failures_map_to_http_errors(failure, status, code):
+    async with served(FakeEngine(), webrtc=FakeCalls(fail=failure)) as (http, _):
+        response = await http.post("/v1/realtime/calls", content="v=0", headers={"content-type": "application/sdp"})
+        assert response.status_code == status
+        assert response.json()["error"]["code"] == code and "secret" not in response.text
+
+
+# --- static web demo ----------------------------------------------------------------------------
+
+
+async def test_web_demo_is_served_without_path_traversal(tmp_path):
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    (demo / "index.html").write_text("<h1>voice chat</h1>")
+    (demo / "app.js").write_text("console.log(1)")
+    (tmp_path / "secret.txt").write_text("do not serve")
+    async with served(FakeEngine(), web_demo_dir=demo) as (http, _):
+        assert (await http.get("/")).text == "<h1>voice chat</h1>"
+        assert (await http.get("/app.js")).text == "console.log(1)"
+        for path in ("/../secret.txt", "/%2e%2e/secret.txt", "/..%2fsecret.txt"):
+            response = await http.get(path)
+            assert response.status_code == 404 and "do not serve" not in response.text, path
+        assert (await http.get("/healthz")).json()["ok"], "routes win over the static mount"
+
+
+async def test_no_index_html_no_static_mount(tmp_path):
+    async with served(FakeEngine(), web_demo_dir=tmp_path) as (http, _):
+        assert (await http.get("/")).status_code == 404
+
+
+# --- engine ownership and the CLI ---------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+async def test_the_lifespan_loads_and_closes_its_own_engine(tiny_model_dir):
+    config = ServerConfig(port=0, webrtc=False, model=str(tiny_model_dir))
+    app = create_app(config, vad_factory=SilentVad)
+    async with serve_in_background(app, config) as url, httpx2.AsyncClient(base_url=url) as http:
+        health = (await http.get("/healthz")).json()
+        assert health["random_weights"] is True and health["model"] == str(tiny_model_dir)
+        engine = app.state.realtime.engine
+    assert engine.closed
+
+
+def test_serve_flags_become_the_server_config(tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file\n")
+    args = build_parser().parse_args([
+        "serve", "--port", "0", "--api-key-file", str(key_file), "--max-sessions", "3", "--ice-host", "127.0.0.1",
+        "--ice-host", "10.0.0.2", "--allowed-origin", "http://a.example", "--max-buffer-ms", "5000",
+        "--events-per-second", "20", "--event-burst", "40", "--threads", "2", "--no-webrtc",
+    ])
+    config = server_config(args)
+    assert (config.port, config.api_key, config.max_sessions) == (0, "from-file", 3)
+    assert config.ice_host_addresses == ("127.0.0.1", "10.0.0.2")
+    assert config.allowed_origins == ("http://a.example",)
+    assert config.session_limits.max_buffer_ms == 5000
+    assert (config.rate_limit.events_per_second, config.rate_limit.burst) == (20.0, 40)
+    assert config.torch_threads == 2 and config.webrtc is False and config.model is None
+
+
+@pytest.mark.timeout(180)
+def test_omni_realtime_serve_starts_on_the_embedded_model_and_stops_on_sigint(tmp_path):
+    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "realtime.cli", "serve", "--port", "0", "--cache-dir", str(tmp_path), "--no-webrtc"],
+        cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+    )
+    log: list[str] = []
+    try:
+        for line in proc.stderr:
+            log.append(line)
+            running = re.search(r"Uvicorn running on (http://\S+)", line)
+            if running:
+                break
+        assert running, "".join(log)
+        health = httpx2.get(running.group(1) + "/healthz").json()
+        assert health["random_weights"] is True and str(tmp_path) in health["model"]
+        assert "RANDOM WEIGHTS" in "".join(log)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 0, "".join(log) + rest
