@@ -16,6 +16,7 @@ import soxr
 import torch
 from transformers import WhisperFeatureExtractor
 
+from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower
 from pipeline.errors import InvalidAudioError
 from pipeline.models.qwen2_5_omni.audio_features import (
     IncrementalLogMel,
@@ -286,7 +287,7 @@ def tiny_checkpoint(tiny_model_dir):
 def test_encoder_blocks_equal_one_shot(tiny_checkpoint, seconds):
     """The thinker's audio tower on each 200-frame block and on the tail separately, concatenated, equals the
     tower on the whole feature sequence."""
-    tower = tiny_checkpoint.thinker.model.audio_tower
+    tower = thinker_audio_tower(tiny_checkpoint.thinker)
     block_frames = 2 * tiny_checkpoint.config.thinker_config.audio_config.n_window
     n = round(seconds * SR)
     mel, _ = stream(tiny_checkpoint.feature_extractor, make_signal("speech", n), chunk_sizes("100ms", n, 0))

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration, WhisperFeatureExtractor
 
+from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower
 from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
 from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta
@@ -94,7 +95,7 @@ async def test_audio_prompt_matches_reference(tiny_engine, reference):
 
     feats = fe(pcm, sampling_rate=16000, return_attention_mask=True, padding="max_length", return_tensors="pt")
     n_frames = int(feats["attention_mask"].sum())
-    _, n_audio = model.thinker.model.audio_tower._get_feat_extract_output_lengths(torch.tensor(n_frames))
+    _, n_audio = thinker_audio_tower(model.thinker)._get_feat_extract_output_lengths(torch.tensor(n_frames))
     system = tokenizer.encode(f"system\n{DEFAULT_SYSTEM_PROMPT}", add_special_tokens=False)
     nl = tokenizer.encode("\n", add_special_tokens=False)
     user = tokenizer.encode("user\n", add_special_tokens=False)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
+
 
 
 @dataclass
@@ -34,8 +36,8 @@ class ThinkerOutput:
 class ThinkerRunner:
     def __init__(self, thinker, *, device: torch.device, dtype: torch.dtype) -> None:
         self.model = thinker
-        self.text_model = thinker.model.language_model
-        self.audio_tower = thinker.model.audio_tower
+        self.text_model = thinker_text_model(thinker)
+        self.audio_tower = thinker_audio_tower(thinker)
         self.lm_head = thinker.lm_head
         self.device = torch.device(device)
         self.dtype = dtype

@@ -1,0 +1,84 @@
+"""Shared setup of the benchmark scripts: which model, on which device, with forced reply lengths."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "speech"
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="checkpoint folder (default: the embedded tiny model)")
+    p.add_argument("--random-7b", action="store_true",
+                   help="build the full Qwen2.5-Omni-7B architecture with random weights in memory (GPU)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--text-tokens", type=int, default=20)
+    p.add_argument("--codec-tokens", type=int, default=150, help="50 per second of audio")
+    p.add_argument("--runs", type=int, default=5)
+
+
+def stage_config(args, **thinker):
+    """The packaged stage graph on ``args.device`` with reply lengths forced (stop tokens
+    suppressed until the lengths are reached) so runs with random weights do the same work."""
+    from pipeline.config import load_stage_config
+
+    cfg = load_stage_config()
+    return replace(
+        cfg,
+        thinker=replace(cfg.thinker, device=args.device, min_tokens=args.text_tokens, max_tokens=args.text_tokens,
+                        **thinker),
+        talker=replace(cfg.talker, device=args.device, min_tokens=args.codec_tokens, max_tokens=args.codec_tokens),
+        token2wav=replace(cfg.token2wav, device=args.device),
+    )
+
+
+def build_engine(args, cfg):
+    """Returns (engine, model label). Random 7B weights are built in memory (nothing downloaded)."""
+    from pipeline.engine import OmniEngine
+
+    torch.set_num_threads(args.threads)
+    if args.random_7b:
+        from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, build_random_model
+
+        ckpt = build_random_model(RandomModelSpec.qwen2_5_omni_7b(), device=args.device, dtype=torch.bfloat16)
+        return OmniEngine(ckpt, cfg, seed=0), "Qwen2.5-Omni-7B architecture, random weights (bf16)"
+    from pipeline.embedded import resolve_model
+
+    path = resolve_model(args.model)
+    return OmniEngine.from_pretrained(path, cfg, seed=0), str(path)
+
+
+def reference_model(ckpt):
+    """transformers' Qwen2_5OmniForConditionalGeneration sharing the engine's loaded parts."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    with torch.device("meta"):
+        model = Qwen2_5OmniForConditionalGeneration(ckpt.config)
+    model.thinker, model.talker, model.token2wav = ckpt.thinker, ckpt.talker, ckpt.token2wav
+    model.speaker_map = {
+        name: {"bos_token": s.bos_token, "cond": s.cond, "ref_mel": s.ref_mel} for name, s in ckpt.speakers.items()
+    }
+    return model.eval()
+
+
+def load_wav_16k(path: Path) -> np.ndarray:
+    import soundfile as sf
+    import soxr
+
+    pcm, rate = sf.read(path, dtype="float32", always_2d=True)
+    return soxr.resample(pcm.mean(axis=1), rate, 16000).astype(np.float32)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def percentile(values, q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))

@@ -1,0 +1,113 @@
+"""Incremental-prefill benchmark (issue 4): time to first audio after the end of a user turn, for a
+short and a long utterance and for an early and a late turn of a conversation.
+
+    python scripts/bench_prefill.py                                   # tiny model, CPU
+    python scripts/bench_prefill.py --random-7b --device cuda --runs 5
+
+The user's audio is appended in 20 ms pieces, as a microphone delivers it; the engine encodes and
+prefills complete 2 s blocks in the background while "the user speaks" (the script waits for the
+engine to catch up, as it would in real time, where 2 s of speech takes 2 s to arrive). TTFA is
+measured from the commit (end of turn known to the engine) to the first audio chunk. The baseline
+drops every cache before the commit, so the whole conversation is prefilled at the end of the turn
+(what an engine without incremental prefill does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import FIXTURES, add_model_args, build_engine, load_wav_16k, percentile, stage_config, sync  # noqa: E402
+
+PIECE = 320  # 20 ms at 16 kHz
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    p.set_defaults(text_tokens=8, codec_tokens=60)
+    p.add_argument("--turns", type=int, default=6)
+    return p.parse_args(argv)
+
+
+def utterance(seconds: float) -> np.ndarray:
+    """Speech of the given length from the fixtures (the long story, cut or repeated)."""
+    speech = load_wav_16k(FIXTURES / "long_story.wav")
+    n = int(seconds * 16000)
+    return np.resize(speech, n).astype(np.float32)
+
+
+async def spoken_turn(engine, conv, item_id: str, pcm: np.ndarray, *, baseline: bool) -> float:
+    """Stream ``pcm``, commit, respond; returns ms from commit to the first audio chunk."""
+    from pipeline.outputs import AudioChunk
+
+    audio = conv.open_audio(item_id)
+    for start in range(0, len(pcm), PIECE):
+        audio.append(pcm[start:start + PIECE])
+    await engine.wait_idle()
+    if baseline:
+        state = engine._thread.core.conversations[conv.id]
+        await engine._call(lambda core: state.free())
+    sync(engine.cfg.thinker.torch_device())
+    t0 = time.perf_counter()
+    await audio.commit()
+    ttfa = None
+    resp = conv.respond(item_id=f"reply_{item_id}")
+    async for ev in resp:
+        if isinstance(ev, AudioChunk) and ttfa is None:
+            ttfa = (time.perf_counter() - t0) * 1000
+    return ttfa
+
+
+async def length_case(engine, seconds: float, baseline: bool) -> float:
+    conv = engine.conversation()
+    ttfa = await spoken_turn(engine, conv, "u", utterance(seconds), baseline=baseline)
+    await conv.close()
+    return ttfa
+
+
+async def turn_case(engine, turns: int, baseline: bool) -> list[float]:
+    conv = engine.conversation()
+    out = [await spoken_turn(engine, conv, f"u{i}", utterance(2.0), baseline=baseline) for i in range(turns)]
+    await conv.close()
+    return out
+
+
+def row(name: str, values: list[float]) -> str:
+    return f"| {name} | {percentile(values, 50):.0f} | {percentile(values, 90):.0f} | {len(values)} |"
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    engine, label = build_engine(args, stage_config(args))
+    asyncio.run(length_case(engine, 2.0, False))  # warm-up
+    rows = []
+    for baseline in (False, True):
+        tag = "one-shot prefill at commit (baseline)" if baseline else "incremental"
+        for seconds in (2.0, 20.0):
+            values = [asyncio.run(length_case(engine, seconds, baseline)) for _ in range(args.runs)]
+            rows.append(row(f"{tag}: {seconds:.0f} s utterance, turn 1", values))
+        firsts, lasts = [], []
+        for _ in range(max(1, args.runs // 2)):
+            t = asyncio.run(turn_case(engine, args.turns, baseline))
+            firsts.append(t[0])
+            lasts.append(t[-1])
+        rows.append(row(f"{tag}: 2 s utterance, turn 1 of {args.turns}", firsts))
+        rows.append(row(f"{tag}: 2 s utterance, turn {args.turns} of {args.turns}", lasts))
+    engine.close()
+    print(f"\nmodel: {label}\ndevice: {args.device}, torch threads: {args.threads}")
+    print(f"reply forced to {args.text_tokens} text / {args.codec_tokens} codec tokens; first chunk "
+          f"= {engine.cfg.token2wav.chunking.get('first_chunk_frames')} mel frames\n")
+    print("| case | TTFA p50 (ms) | TTFA p90 (ms) | n |")
+    print("|---|---:|---:|---:|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
