@@ -23,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import enum
+import inspect
 import ipaddress
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
@@ -287,8 +288,9 @@ def default_turn_detection() -> TurnDetectorFactory:
 class WebRTCCalls:
     """The server's WebRTC calls (``app.state.webrtc``).
 
-    ``turn_detection()`` is called once per call and returns the call's turn-detector factory
-    (default: :func:`default_turn_detection`). ``settings_factory(dialect)`` gives a call's session
+    ``turn_detector_factory()`` is called once per call and returns (or, when it is a coroutine
+    function, resolves to) that call's turn-detector factory, with its own VAD state (default:
+    :func:`default_turn_detection`). ``settings_factory(dialect)`` gives a call's session
     settings (default: the engine's, for ``dialect``); the audio transport is always ``MEDIA``.
     ``ice_host_addresses``: the ICE host candidates to offer, each ``"ADDRESS"`` (a local address)
     or ``"ANNOUNCED@BIND"`` (see :class:`IceHostAddress`; tests use ``127.0.0.1``); empty: every
@@ -300,7 +302,9 @@ class WebRTCCalls:
         self,
         engine: EngineHandle,
         *,
-        turn_detection: Callable[[], TurnDetectorFactory] = default_turn_detection,
+        turn_detector_factory: Callable[[], TurnDetectorFactory | Awaitable[TurnDetectorFactory]] = (
+            default_turn_detection
+        ),
         settings_factory: Callable[[Dialect], SessionSettings] | None = None,
         ice_host_addresses: tuple[str, ...] = (),
         max_calls: int = 16,
@@ -309,7 +313,7 @@ class WebRTCCalls:
         if max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, got {max_calls}")
         self._engine = engine
-        self._turn_detection = turn_detection
+        self._turn_detector_factory = turn_detector_factory
         self._settings_factory = settings_factory or (lambda d: SessionSettings.for_engine(engine, dialect=d))
         self.ice_host_addresses = tuple(IceHostAddress.parse(a) for a in ice_host_addresses)
         self.max_calls = max_calls
@@ -318,6 +322,7 @@ class WebRTCCalls:
         self._serving: dict[str, asyncio.Task] = {}
         self._ids = itertools.count(1)
         self._closed = False
+        self._setting_up = 0
         self.calls_started = 0
         self.calls_ended = 0
 
@@ -340,13 +345,30 @@ class WebRTCCalls:
         :class:`WebRTCUnavailable` after :meth:`close`."""
         if self._closed:
             raise WebRTCUnavailable("the server is shutting down")
-        if len(self._calls) >= self.max_calls:
+        if len(self._calls) + self._setting_up >= self.max_calls:
             raise LimitExceeded(f"this server takes at most {self.max_calls} WebRTC calls at once")
         first_message = _overrides_message(session_overrides)
+        self._setting_up += 1  # holds a slot while the answer is prepared
+        try:
+            call = await self._set_up(first_message, offer_sdp, dialect)
+        finally:
+            self._setting_up -= 1
+        self._calls[call.id] = call
+        self.calls_started += 1
+        self._serving[call.id] = asyncio.create_task(self._serve(call), name=f"webrtc-{call.id}")
+        logger.info("webrtc %s: answered", call.id)
+        return call.pc.localDescription.sdp
+
+    async def _set_up(self, first_message: str | None, offer_sdp: str, dialect: Dialect) -> Call:
+        """A call with its answer set; on any failure everything it holds is released."""
         # The call (and its handlers) must exist before the offer is set: aiortc announces the
         # browser's tracks while it applies the offer.
-        call = self._new_call(RTCPeerConnection(RTCConfiguration(iceServers=[])), dialect)
-        pc = call.pc
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        try:
+            call = await self._new_call(pc, dialect)
+        except BaseException:
+            await pc.close()
+            raise
         try:
             await _accept_offer(pc, offer_sdp)
             if first_message is not None:
@@ -355,14 +377,12 @@ class WebRTCCalls:
             if self.ice_host_addresses:
                 await announce_host_addresses(pc, self.ice_host_addresses)
             await pc.setLocalDescription(await pc.createAnswer())
+            if self._closed:  # close() ran meanwhile and will not see this call
+                raise WebRTCUnavailable("the server is shutting down")
         except BaseException:
             await self._teardown(call)
             raise
-        self._calls[call.id] = call
-        self.calls_started += 1
-        self._serving[call.id] = asyncio.create_task(self._serve(call), name=f"webrtc-{call.id}")
-        logger.info("webrtc %s: answered", call.id)
-        return pc.localDescription.sdp
+        return call
 
     async def close(self) -> None:
         """Refuse new calls, end every call and wait until all are torn down."""
@@ -378,9 +398,10 @@ class WebRTCCalls:
 
     # --- one call ---
 
-    def _new_call(self, pc: RTCPeerConnection, dialect: Dialect) -> Call:
+    async def _new_call(self, pc: RTCPeerConnection, dialect: Dialect) -> Call:
         settings = replace(self._settings_factory(dialect), audio_transport=AudioTransport.MEDIA, dialect=dialect)
-        turn_detector_factory = self._turn_detection()
+        made = self._turn_detector_factory()
+        turn_detector_factory = await made if inspect.isawaitable(made) else made
 
         def make_runner(transport: DataChannelTransport, output: OutputAudioQueue) -> SessionRunner:
             return SessionRunner(

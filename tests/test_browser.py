@@ -1,0 +1,219 @@
+"""The voice chat page in headless Chromium (Debian's package, driven by Playwright), talking to a
+real server: uvicorn on 127.0.0.1 serving ``realtime.server.create_app`` (the page, WebSocket
+``/v1/realtime``, WebRTC ``/v1/realtime/calls``, ``/healthz``) over the tiny random model.
+
+Chromium's fake microphone plays a spoken fixture once (``%noloop``), padded with silence so the
+question starts after the connection is up. Each test connects through one transport and waits
+until the page shows a user speech item and an assistant transcript, and has played assistant
+audio (its AnalyserNode read RMS > 0.01 on the played output); then it saves a screenshot under
+``tests/artifacts/`` (git-ignored).
+
+WebRTC stays on loopback: the server offers only 127.0.0.1 and the test strips every other
+candidate from the page's offer, so no STUN and no packet off the machine even outside a network
+namespace (``scripts/run_browser_tests.sh`` also runs it inside a loopback-only one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+SPEECH = Path(__file__).parent / "fixtures" / "speech"
+ARTIFACTS = Path(__file__).parent / "artifacts"
+LEAD_IN_S = 1.5  # silence before the question: the page connects meanwhile (~0.3 s)
+TAIL_S = 2.0  # silence after it, so the server VAD sees the end of the turn
+TURN_TIMEOUT_MS = 40_000
+
+if not CHROMIUM.exists():
+    pytest.skip("Chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
+playwright_sync = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+
+class ServerThread:
+    """uvicorn serving ``app`` on a loopback port from its own thread and event loop."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(("127.0.0.1", 0))
+        self.port = self.socket.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.socket])))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        for _ in range(300):
+            if self.server.started:
+                return self
+            if not self.thread.is_alive():
+                break
+            self.thread.join(0.05)
+        raise RuntimeError("the server did not start")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.socket.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_engine):
+    from realtime.config import ServerConfig
+    from realtime.server import create_app
+
+    app = create_app(ServerConfig(ice_host_addresses=("127.0.0.1",)), engine=tiny_engine)
+    with ServerThread(app) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def microphone_wav(tmp_path_factory) -> Path:
+    """The fake microphone's input: a question padded with silence (16-bit, 24 kHz mono)."""
+    pcm, rate = sf.read(SPEECH / "capital_of_france.wav", dtype="float32")
+    padded = np.concatenate([np.zeros(int(LEAD_IN_S * rate), np.float32), pcm, np.zeros(int(TAIL_S * rate), np.float32)])
+    path = tmp_path_factory.mktemp("mic") / "question.wav"
+    sf.write(path, padded, rate, subtype="PCM_16")
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser(microphone_wav):
+    with playwright_sync.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=[
+                "--use-fake-ui-for-media-stream",
+                "--use-fake-device-for-media-stream",
+                f"--use-file-for-fake-audio-capture={microphone_wav}%noloop",
+                "--autoplay-policy=no-user-gesture-required",
+                "--allow-loopback-in-peer-connection",
+                # Raw host addresses instead of mDNS names: nothing to resolve by multicast.
+                "--disable-features=WebRtcHideLocalIpsWithMdns",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        yield browser
+        browser.close()
+
+
+_CANDIDATE = re.compile(r"^a=candidate:\S+ \d+ \S+ \d+ (\S+) ")
+
+
+def loopback_only(sdp: str) -> str:
+    """The offer without candidates other than 127.0.0.1 (keeps the test on loopback)."""
+    lines = [line for line in sdp.split("\r\n") if not (_CANDIDATE.match(line) and _CANDIDATE.match(line)[1] != "127.0.0.1")]
+    return "\r\n".join(lines)
+
+
+def talk(browser, server, transport: str, screenshot: str) -> dict:
+    """Open the page, connect over ``transport``, wait for one full spoken turn; returns the
+    page's ``window.omniDemo`` state."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    context = browser.new_context()
+    page = context.new_page()
+    offers: list[str] = []
+
+    def keep_on_loopback(route) -> None:
+        offer = route.request.post_data or ""
+        offers.append(offer)
+        route.continue_(post_data=loopback_only(offer))
+
+    page.route("**/v1/realtime/calls", keep_on_loopback)
+    console: list[str] = []
+    page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
+    page.on("pageerror", lambda error: console.append(f"pageerror: {error}"))
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("#banner:not([hidden])", timeout=5_000)  # random weights, said plainly
+        page.select_option("#transport", transport)
+        page.fill("#max-tokens", "8")  # a short reply: the random model would ramble for seconds
+        page.click("#connect")
+        page.wait_for_function("() => window.omniDemo.state === 'connected'", timeout=15_000)
+        page.wait_for_function(
+            """() => {
+                const d = window.omniDemo;
+                return d.transcript.some(t => t.role === 'user')
+                    && d.transcript.some(t => t.role === 'assistant' && t.text.length > 0)
+                    && d.events.includes('response.done')
+                    && d.stats.outputMaxRms > 0.01;
+            }""",
+            timeout=TURN_TIMEOUT_MS,
+        )
+        page.wait_for_timeout(300)  # let the latency readout and transcript settle for the picture
+        page.screenshot(path=str(ARTIFACTS / screenshot), full_page=True)
+        state = page.evaluate("() => window.omniDemo")
+        state["remote_audio_playing"] = page.evaluate(
+            "() => { const a = document.getElementById('remote-audio'); return a.srcObject !== null && !a.paused; }"
+        )
+        state["offers"] = offers
+        state["latency_text"] = page.inner_text("#latency")
+        page.click("#connect")  # disconnect
+        page.wait_for_function("() => window.omniDemo.state === 'closed'", timeout=5_000)
+        return state
+    except playwright_sync.Error as exc:
+        log = page.inner_text("#log") if not page.is_closed() else ""
+        raise AssertionError(f"{exc.message}\nconsole:\n" + "\n".join(console) + f"\npage log:\n{log}") from None
+    finally:
+        context.close()
+
+
+def test_voice_turn_over_webrtc(browser, server):
+    state = talk(browser, server, "webrtc", "browser_webrtc.png")
+    assert state["error"] is None
+    assert "input_audio_buffer.speech_stopped" in state["events"]
+    assert "output_audio_buffer.started" in state["events"]
+    assert "response.output_audio.delta" not in state["events"]  # the reply came on the media track
+    assert state["stats"]["micMaxRms"] > 0.01  # the fake microphone was heard
+    assert state["stats"]["outputMaxRms"] > 0.01 and state["remote_audio_playing"]
+    assert state["stats"]["latenciesMs"] and state["latency_text"].endswith("ms")
+    assert len(state["offers"]) == 1
+    assert _wait(lambda: server_app_calls(server) == 0)  # the call was torn down after disconnect
+
+
+def test_voice_turn_over_websocket(browser, server):
+    state = talk(browser, server, "websocket", "browser_websocket.png")
+    assert state["error"] is None
+    assert state["stats"]["audioDeltas"] > 0
+    assert state["stats"]["outputMaxRms"] > 0.01  # measured after the playback worklet
+    assert state["stats"]["latenciesMs"]
+    assert state["offers"] == []
+
+
+def server_app_calls(server: ServerThread) -> int:
+    webrtc = server.server.config.app.state.webrtc
+    return webrtc.live_calls
+
+
+def _wait(predicate, timeout_s: float = 5.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
