@@ -8,8 +8,8 @@ for browsers that cannot set headers on a WebSocket, the subprotocol
 Refusal happens before the WebSocket is accepted and before any model work: the endpoint answers
 the upgrade with HTTP 401 (bad or missing key: ``authentication_error`` / ``invalid_api_key``) or
 403 (origin not allowed: ``origin_not_allowed``) and a JSON ``{"error": {...}}`` body; a server
-without the ASGI denial-response extension closes the handshake with 1008 instead. Keys are never logged or put in error messages; :class:`ApiKeyAuth` hides
-its key from ``repr``.
+without the ASGI denial-response extension closes the handshake with 1008 instead. Keys are never
+logged or put in error messages; :class:`ApiKeyAuth` hides its key from ``repr``.
 """
 
 from __future__ import annotations

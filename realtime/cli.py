@@ -152,7 +152,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-origin", dest="allowed_origins", action="append", default=None,
                    help="browser origin allowed to connect (repeat; default: any)")
     p.add_argument("--ice-host", dest="ice_hosts", action="append", default=[],
-                   help="WebRTC: address announced as an ICE host candidate (repeat), e.g. a public IP behind NAT")
+                   help="WebRTC: ICE host candidate (repeat): ADDRESS, or ANNOUNCED@BIND behind a 1:1 NAT "
+                        "(a public address announced, a local one bound)")
     p.add_argument("--no-webrtc", action="store_true", help="disable POST /v1/realtime/calls")
     p.add_argument("--web-demo-dir", type=Path, default=None, help="static files served at / (default: packaged)")
     p.add_argument("--ws", choices=WS_IMPLEMENTATIONS, default=d.ws_implementation,

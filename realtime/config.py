@@ -50,8 +50,9 @@ class ServerConfig:
     """torch CPU threads of the engine, set before it loads. One by default: the VAD models are
     tiny and a GPU engine needs no CPU threads; raise it for a real model on CPU."""
     ice_host_addresses: tuple[str, ...] = ()
-    """WebRTC: addresses announced as ICE host candidates (a public address behind NAT; tests use
-    127.0.0.1). Empty: the machine's own interface addresses."""
+    """WebRTC: ICE host candidates, each ``ADDRESS`` or ``ANNOUNCED@BIND`` (behind a 1:1 NAT: the
+    public address announced, the local one bound; tests use 127.0.0.1). Empty: the machine's own
+    non-loopback interface addresses. No STUN server is ever used."""
     webrtc: bool = True
     """Serve ``POST /v1/realtime/calls`` when aiortc and the WebRTC transport are installed."""
     session_limits: SessionLimits = SessionLimits()

@@ -10,7 +10,9 @@ Routes:
 - ``POST /v1/realtime/calls``: WebRTC; the SDP offer (``application/sdp``, or a multipart form
   with ``sdp`` and ``session`` fields) goes to ``app.state.webrtc``; 201 with the SDP answer.
   Without a WebRTC endpoint: 501 with a JSON error.
-- ``GET /healthz`` (JSON) and ``GET /metrics`` (Prometheus text), unauthenticated.
+- ``GET /healthz`` (JSON: ``ok``, ``model``, ``random_weights``, ``sessions`` (WebSocket),
+  ``max_sessions``, ``webrtc``, ``calls`` (live WebRTC calls)) and ``GET /metrics`` (Prometheus
+  text): both unauthenticated.
 - ``/``: the static voice chat page (``web_demo/``) when its folder has an index.html.
 
 Lifespan: startup loads the engine (unless one was injected: tests, or :func:`run_server`, which
@@ -44,15 +46,14 @@ from realtime.auth import AccessPolicy, Refusal
 from realtime.config import ServerConfig
 from realtime.errors import LimitExceeded, RealtimeError, to_error_payload
 from realtime.ids import RandomIds
-from realtime.limits import MessageGate
-from realtime.limits import SessionSlots
+from realtime.limits import MessageGate, SessionSlots
 from realtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from realtime.metrics import ServerMetrics
 from realtime.protocol.names import Dialect
 from realtime.protocol.server import ServerEvents
 from realtime.runner import SessionRunner, TurnDetectorFactory
 from realtime.session import SessionSettings
-from realtime.transports.websocket import BETA_HEADER, BETA_HEADER_VALUE, CloseCode, WebSocketTransport, negotiate
+from realtime.transports.websocket import BETA_HEADER, CloseCode, WebSocketTransport, beta_requested, negotiate
 from realtime.turn import TurnDetector
 from realtime.vad import SpeechProbability
 
@@ -75,6 +76,11 @@ class ServerCode(str, enum.Enum):
 
 class WebRTCEndpoint(Protocol):
     """What ``POST /v1/realtime/calls`` delegates to (``realtime.transports.webrtc`` provides it)."""
+
+    @property
+    def live_calls(self) -> int:
+        """Calls whose peer connection is open."""
+        ...
 
     async def create_call(self, offer_sdp: str, *, dialect: Dialect, session_overrides: dict | None) -> str:
         """Start a call for the SDP offer; returns the SDP answer."""
@@ -251,6 +257,7 @@ class RealtimeServer:
             "sessions": self.slots.active,
             "max_sessions": self.slots.limit,
             "webrtc": self.webrtc is not None,
+            "calls": self.webrtc.live_calls if self.webrtc is not None else 0,
         }
 
     # --- WebSocket sessions ---
@@ -336,7 +343,7 @@ class RealtimeServer:
                 code=ServerCode.WEBRTC_UNAVAILABLE,
             )
             return error_response(501, error)
-        dialect = Dialect.BETA if _beta_header(request.headers.get(BETA_HEADER)) else Dialect.GA
+        dialect = Dialect.BETA if beta_requested(request.headers.get(BETA_HEADER)) else Dialect.GA
         try:
             offer, overrides = await _read_offer(request)
             answer = await self.webrtc.create_call(offer, dialect=dialect, session_overrides=overrides)
@@ -354,10 +361,6 @@ def _status_for(exc: Exception) -> int:
     if isinstance(exc, PipelineError) and exc.code.startswith("engine"):
         return 503
     return 415 if getattr(exc, "code", None) == ServerCode.UNSUPPORTED_MEDIA_TYPE else 400
-
-
-def _beta_header(value: str | None) -> bool:
-    return any(part.strip().lower() == BETA_HEADER_VALUE for part in (value or "").split(","))
 
 
 async def _read_offer(request: Request) -> tuple[str, dict | None]:

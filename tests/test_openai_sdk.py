@@ -69,7 +69,9 @@ GA_SESSION = {
     "audio": {
         "input": {
             "format": {"type": "audio/pcm", "rate": 24000},
-            "turn_detection": {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500},
+            "turn_detection": {
+                "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
+            },
         },
         "output": {"format": {"type": "audio/pcm", "rate": 24000}},
     },

@@ -48,6 +48,7 @@ class FakeCalls:
         self.offers: list[tuple[str, Dialect, dict | None]] = []
         self.closed = False
         self.fail = fail
+        self.live_calls = 0
 
     async def create_call(self, offer_sdp: str, *, dialect: Dialect, session_overrides: dict | None) -> str:
         self.offers.append((offer_sdp, dialect, session_overrides))
@@ -94,7 +95,7 @@ async def test_healthz_reports_model_weights_and_sessions():
     async with served(FakeEngine(), webrtc=None) as (http, _):
         body = (await http.get("/healthz")).json()
         assert body == {"ok": True, "model": "fake-omni", "random_weights": True, "sessions": 0,
-                        "max_sessions": 16, "webrtc": False}
+                        "max_sessions": 16, "webrtc": False, "calls": 0}
         async with websockets.connect(ws_url(http)) as ws:
             await until(ws, "session.created")
             assert (await http.get("/healthz")).json()["sessions"] == 1
@@ -187,6 +188,21 @@ async def test_calls_are_delegated_to_the_webrtc_endpoint():
         empty = await http.post("/v1/realtime/calls", content="  ", headers=auth)
         assert empty.status_code == 400 and len(calls.offers) == 2
     assert calls.closed, "shutdown closes the WebRTC endpoint"
+
+
+async def test_the_default_webrtc_endpoint_is_the_aiortc_transport():
+    from realtime.transports.webrtc import WebRTCCalls
+
+    config = ServerConfig(port=0, ice_host_addresses=("127.0.0.1",), max_sessions=3)
+    app = create_app(config, engine=FakeEngine(), vad_factory=SilentVad)
+    async with serve_in_background(app, config) as url, httpx2.AsyncClient(base_url=url) as http:
+        calls = app.state.webrtc
+        assert isinstance(calls, WebRTCCalls) and calls.max_calls == 3 and calls.live_calls == 0
+        assert [(a.bind, a.announce) for a in calls.ice_host_addresses] == [("127.0.0.1", "127.0.0.1")]
+        health = (await http.get("/healthz")).json()
+        assert health["webrtc"] is True and health["calls"] == 0
+        bad = await http.post("/v1/realtime/calls", content="not sdp", headers={"content-type": "application/sdp"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "sdp"
 
 
 @pytest.mark.parametrize(("failure", "status", "code"), [

@@ -186,12 +186,16 @@ async def test_a_wrong_or_missing_key_is_refused_before_any_model_work(headers, 
         assert json.loads(response.body)["error"]["code"] == "invalid_api_key"
         assert b"wrong" not in response.body
         assert engine.conversations == [] and SilentVad.made == vads
-        assert 'omni_realtime_sessions_refused_total{reason="invalid_api_key"} 1.0' in app.state.realtime.metrics.render().decode()
+        metrics = app.state.realtime.metrics.render().decode()
+        assert 'omni_realtime_sessions_refused_total{reason="invalid_api_key"} 1.0' in metrics
 
 
 @pytest.mark.parametrize(
     ("headers", "subprotocols", "echoed"),
-    [({"Authorization": f"Bearer {KEY}"}, None, None), ({}, ["realtime", f"openai-insecure-api-key.{KEY}"], "realtime")],
+    [
+        ({"Authorization": f"Bearer {KEY}"}, None, None),
+        ({}, ["realtime", f"openai-insecure-api-key.{KEY}"], "realtime"),
+    ],
 )
 async def test_bearer_and_subprotocol_keys_are_accepted(headers, subprotocols, echoed):
     async with served(FakeEngine(), api_key=KEY) as (url, _):

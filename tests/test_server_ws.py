@@ -12,7 +12,6 @@ import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import websockets
 

@@ -60,13 +60,16 @@ class Handshake:
     """The subprotocol to accept (echo), or ``None``."""
 
 
+def beta_requested(openai_beta_header: str | None) -> bool:
+    """True when an ``OpenAI-Beta`` header value (a comma-separated list) asks for ``realtime=v1``."""
+    return any(part.strip().lower() == BETA_HEADER_VALUE for part in (openai_beta_header or "").split(","))
+
+
 def negotiate(headers: Mapping[str, str], subprotocols: Sequence[str]) -> Handshake:
     """The dialect and the subprotocol to echo for an upgrade request (``headers`` lower-case keys
     or case-insensitive)."""
-    beta_header = any(
-        part.strip().lower() == BETA_HEADER_VALUE for part in (headers.get(BETA_HEADER) or "").split(",")
-    )
-    dialect = Dialect.BETA if beta_header or BETA_SUBPROTOCOL in subprotocols else Dialect.GA
+    beta = beta_requested(headers.get(BETA_HEADER)) or BETA_SUBPROTOCOL in subprotocols
+    dialect = Dialect.BETA if beta else Dialect.GA
     echo = next((p for p in (REALTIME_SUBPROTOCOL, BETA_SUBPROTOCOL) if p in subprotocols), None)
     assert echo is None or not is_key_subprotocol(echo)
     return Handshake(dialect, echo)
