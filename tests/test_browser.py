@@ -86,7 +86,8 @@ def server(tiny_engine):
 def microphone_wav(tmp_path_factory) -> Path:
     """The fake microphone's input: a question padded with silence (16-bit, 24 kHz mono)."""
     pcm, rate = sf.read(SPEECH / "capital_of_france.wav", dtype="float32")
-    padded = np.concatenate([np.zeros(int(LEAD_IN_S * rate), np.float32), pcm, np.zeros(int(TAIL_S * rate), np.float32)])
+    silence = lambda seconds: np.zeros(int(seconds * rate), np.float32)  # noqa: E731
+    padded = np.concatenate([silence(LEAD_IN_S), pcm, silence(TAIL_S)])
     path = tmp_path_factory.mktemp("mic") / "question.wav"
     sf.write(path, padded, rate, subtype="PCM_16")
     return path
@@ -124,8 +125,11 @@ _CANDIDATE = re.compile(r"^a=candidate:\S+ \d+ \S+ \d+ (\S+) ")
 
 def loopback_only(sdp: str) -> str:
     """The offer without candidates other than 127.0.0.1 (keeps the test on loopback)."""
-    lines = [line for line in sdp.split("\r\n") if not (_CANDIDATE.match(line) and _CANDIDATE.match(line)[1] != "127.0.0.1")]
-    return "\r\n".join(lines)
+    def foreign(line: str) -> bool:
+        match = _CANDIDATE.match(line)
+        return match is not None and match[1] != "127.0.0.1"
+
+    return "\r\n".join(line for line in sdp.split("\r\n") if not foreign(line))
 
 
 def talk(browser, server, transport: str, screenshot: str) -> dict:

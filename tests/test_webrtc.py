@@ -347,8 +347,27 @@ async def test_client_clear_stops_playback_of_a_finished_reply(fake_calls, clien
     assert call.output.response_ids() == ()
 
 
-async def test_peer_is_released_when_the_client_leaves(fake_calls, client):
-    engine, calls = fake_calls
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.closed = False
+
+    def __call__(self, event: dict) -> None:
+        self.events.append(event["type"])
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_peer_is_released_when_the_client_leaves(client):
+    engine = FakeEngine()
+    observers: list[RecordingObserver] = []
+
+    def observe() -> RecordingObserver:
+        observers.append(RecordingObserver())
+        return observers[-1]
+
+    calls = WebRTCCalls(engine, ice_host_addresses=("127.0.0.1",), session_observer=observe)
     await client.call(calls)
     await client.wait_for("session.created")
     (call,) = calls.calls()
@@ -358,6 +377,9 @@ async def test_peer_is_released_when_the_client_leaves(fake_calls, client):
     assert not call.tasks and call.track.readyState == "ended"
     assert engine.conversations[0].closed
     assert calls.calls_started == calls.calls_ended == 1
+    (observer,) = observers
+    assert observer.events[0] == "session.created" and observer.closed
+    await calls.close()
 
 
 async def test_close_ends_every_call_and_refuses_new_ones(client):

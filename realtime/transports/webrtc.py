@@ -31,6 +31,8 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from typing import Protocol
+
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcicetransport import RTCIceGatherer
@@ -118,9 +120,10 @@ async def announce_host_addresses(pc: RTCPeerConnection, addresses: Sequence[Ice
         for component in sorted(connection._components):
             candidates = []
             for address in addresses:
-                for candidate in await connection.get_component_candidates(component=component, addresses=[address.bind]):
+                bound = await connection.get_component_candidates(component=component, addresses=[address.bind])
+                for candidate in bound:
                     candidate.host = address.announce  # what the SDP offers; the socket stays bound on `bind`
-                    candidates.append(candidate)
+                candidates += bound
             if not candidates:
                 raise OSError(f"no ICE host candidate could be bound on {[a.bind for a in addresses]}")
             connection._local_candidates += candidates
@@ -217,11 +220,21 @@ class DataChannelTransport:
 
 def append_message(audio: bytes) -> str:
     """The ``input_audio_buffer.append`` client message carrying ``audio`` (wire bytes)."""
-    payload = {"type": ClientEventType.INPUT_AUDIO_BUFFER_APPEND.value, "audio": base64.b64encode(audio).decode("ascii")}
-    return json.dumps(payload)
+    encoded = base64.b64encode(audio).decode("ascii")
+    return json.dumps({"type": ClientEventType.INPUT_AUDIO_BUFFER_APPEND.value, "audio": encoded})
 
 
 # --- calls ---------------------------------------------------------------------------------------
+
+
+class EventObserver(Protocol):
+    """Watches a call's outgoing events (``realtime.metrics.SessionObserver`` is one)."""
+
+    def __call__(self, event: dict) -> None: ...
+
+    def close(self) -> None:
+        """The call ended."""
+        ...
 
 
 class CallStatus(enum.Enum):
@@ -250,6 +263,7 @@ class Call:
         self.connected = asyncio.Event()
         self.tasks: set[asyncio.Task] = set()
         self.microphone_frames = 0
+        self.observer: EventObserver | None = None
         self._done_type = server_event_name(ServerEvent.RESPONSE_DONE, dialect)
         self.output = OutputAudioQueue()
         self.transport = DataChannelTransport(on_sent=self._on_sent)
@@ -266,6 +280,8 @@ class Call:
         task.add_done_callback(self.tasks.discard)
 
     def _on_sent(self, event: dict) -> None:
+        if self.observer is not None:
+            self.observer(event)
         # A response is done: all its audio is in the queue (the session emits PlayAudio before
         # response.done), so the track may report its end once it has played it.
         if event.get("type") == self._done_type:
@@ -295,8 +311,10 @@ class WebRTCCalls:
     ``ice_host_addresses``: the ICE host candidates to offer, each ``"ADDRESS"`` (a local address)
     or ``"ANNOUNCED@BIND"`` (see :class:`IceHostAddress`; tests use ``127.0.0.1``); empty: every
     non-loopback interface, aioice's choice. No STUN/TURN server is ever used, so a server behind
-    NAT must announce the address clients reach it on. ``max_calls``: live calls at most; more are refused
-    with :class:`LimitExceeded`."""
+    NAT must announce the address clients reach it on. ``max_calls``: live calls at most; more are
+    refused with :class:`LimitExceeded`. ``connect_timeout_s``: a call whose connection is not up
+    by then is dropped. ``session_observer()`` (metrics) is called once per answered call; its
+    observer sees every event sent on the data channel and is closed when the call ends."""
 
     def __init__(
         self,
@@ -309,6 +327,7 @@ class WebRTCCalls:
         ice_host_addresses: tuple[str, ...] = (),
         max_calls: int = 16,
         connect_timeout_s: float = 20.0,
+        session_observer: Callable[[], EventObserver] | None = None,
     ) -> None:
         if max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, got {max_calls}")
@@ -318,6 +337,7 @@ class WebRTCCalls:
         self.ice_host_addresses = tuple(IceHostAddress.parse(a) for a in ice_host_addresses)
         self.max_calls = max_calls
         self.connect_timeout_s = connect_timeout_s
+        self._session_observer = session_observer
         self._calls: dict[str, Call] = {}
         self._serving: dict[str, asyncio.Task] = {}
         self._ids = itertools.count(1)
@@ -355,6 +375,8 @@ class WebRTCCalls:
             self._setting_up -= 1
         self._calls[call.id] = call
         self.calls_started += 1
+        if self._session_observer is not None:
+            call.observer = self._session_observer()
         self._serving[call.id] = asyncio.create_task(self._serve(call), name=f"webrtc-{call.id}")
         logger.info("webrtc %s: answered", call.id)
         return call.pc.localDescription.sdp
@@ -482,6 +504,8 @@ class WebRTCCalls:
         except Exception:  # the peer is gone either way; the call must still be forgotten
             logger.exception("webrtc %s: closing the peer connection failed", call.id)
         call.status = CallStatus.CLOSED
+        if call.observer is not None:
+            call.observer.close()
         self._serving.pop(call.id, None)
         if self._calls.pop(call.id, None) is not None:
             self.calls_ended += 1
