@@ -218,6 +218,25 @@ async def test_two_concurrent_sessions_never_see_each_others_state(tiny_engine):
         assert prompt_b > prompt_a
 
 
+async def test_a_failure_inside_one_session_never_affects_another():
+    engine = FakeEngine()
+    async with served(engine) as (url, _), connect(url) as a, connect(url) as b:
+        engine.script(Script(crash_after=1))  # the next response's stream breaks mid-way
+        engine.fail_next("add_text", RuntimeError("engine bug"))
+        await a.send({"type": "response.create"})
+        failed = await a.until("response.done")
+        assert failed["response"]["status"] == "failed"
+        assert failed["response"]["status_details"]["error"]["code"] == "server_error"
+        await a.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}})
+        error = (await a.until("error"))["error"]
+        assert error["code"] == "server_error" and "engine bug" not in error["message"]
+        # the other session, and the failed one, keep working
+        for client in (b, a):
+            await client.send({"type": "response.create"})
+            assert (await client.until("response.done"))["response"]["status"] == "completed"
+
+
 def prompt_tokens(usage: dict) -> int:
     """The whole prompt of a response: what it prefilled plus what was already cached."""
     return usage["input_tokens"] + usage["input_token_details"]["cached_tokens"]
