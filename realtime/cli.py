@@ -12,6 +12,10 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported lazily at run time: `--help` and `demo` need no server stack
+    from realtime.config import ServerConfig
 
 log = logging.getLogger("omni-realtime")
 
@@ -81,7 +85,7 @@ def _to_16k(pcm, rate: int):
     return soxr.resample(pcm, rate, 16000).astype(np.float32)
 
 
-def server_config(args: argparse.Namespace):
+def server_config(args: argparse.Namespace) -> ServerConfig:
     """The :class:`realtime.config.ServerConfig` of ``serve``'s flags (``ValueError`` if invalid)."""
     from dataclasses import replace
 
