@@ -30,7 +30,6 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-
 from typing import Protocol
 
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
@@ -476,7 +475,8 @@ class WebRTCCalls:
             call.transport.disconnect()
 
     async def _microphone(self, call: Call, track: MediaStreamTrack) -> None:
-        """Feed the browser's microphone to the session until the track ends."""
+        """Feed the browser's microphone to the session until the track ends. Audio it cannot
+        convert ends the call: a session that silently stopped hearing its user is worse."""
         encoder = MicrophoneEncoder()
         while True:
             try:
@@ -485,7 +485,12 @@ class WebRTCCalls:
                 return
             call.microphone_frames += 1
             fmt = call.runner.session.config.input_format
-            data = encoder.encode(frame_to_mono(frame), frame.sample_rate, fmt)
+            try:
+                data = encoder.encode(frame_to_mono(frame), frame.sample_rate, fmt)
+            except ValueError:
+                logger.exception("webrtc %s: unusable microphone audio: ending the call", call.id)
+                call.transport.disconnect()
+                return
             if data:
                 call.transport.push(append_message(data))
 
@@ -522,8 +527,9 @@ async def _discard(track: MediaStreamTrack) -> None:
 
 
 def _overrides_message(overrides: dict | None) -> str | None:
-    """The ``session.update`` message applying ``overrides``, validated now (so a bad request
-    fails the HTTP call, not the session)."""
+    """The ``session.update`` message applying ``overrides``, parsed now so that a malformed one
+    fails the HTTP request (values the session refuses, such as an unknown voice, come back as an
+    ``error`` event on the data channel, as for any ``session.update``)."""
     if not overrides:
         return None
     message = json.dumps({"type": ClientEventType.SESSION_UPDATE.value, "session": overrides})
