@@ -165,6 +165,7 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
         settings_factory=context.session_settings,
         ice_host_addresses=context.config.ice_host_addresses,
         max_calls=context.config.max_sessions,
+        session_observer=lambda: context.metrics.session("webrtc"),
     )
 
 
