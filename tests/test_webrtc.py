@@ -188,8 +188,11 @@ def test_output_queue_clear_drops_audio_without_finishing():
     queue = OutputAudioQueue()
     queue.play("r1", _tone(200))
     queue.end("r1")
-    assert queue.next_frame().audible
+    assert queue.played_ms("r1") == 0.0
+    assert queue.next_frame().audible and queue.next_frame().audible
+    assert queue.played_ms("r1") == 2 * 20.0
     queue.clear("r1")
+    assert queue.played_ms("r1") is None
     frame = queue.next_frame()
     assert not frame.audible and frame.finished == () and not frame.samples.any()
     queue.end("unknown")  # a response without audio: ignored
@@ -314,16 +317,21 @@ async def test_barge_in_cancels_the_reply_and_clears_output(fake_calls, client):
     await client.call(calls)
     client.say("capital_of_france")
     _, first = await client.wait_for("response.created")
+    _, added = await client.wait_for("response.output_item.added")
     await client.wait_for("output_audio_buffer.started")
     client.say("short_joke")
     await client.wait_for("input_audio_buffer.speech_started")
     cleared_at, cleared = await client.wait_for("output_audio_buffer.cleared")
+    # The model's context keeps only what went out before the interruption.
+    _, truncated = await client.wait_for("conversation.item.truncated")
     _, done = await client.wait_for("response.done")
     assert cleared["response_id"] == first["response"]["id"] == done["response"]["id"]
     assert done["response"]["status"] == "cancelled"
     assert done["response"]["status_details"]["reason"] == "turn_detected"
     assert engine.conversations[0].responses[0].cancel_reason == "turn_detected"
+    assert truncated["item_id"] == added["item"]["id"] and 0 < truncated["audio_end_ms"] < 6000
     await asyncio.sleep(0.6)
+    assert ("truncate", truncated["item_id"], truncated["audio_end_ms"]) in engine.conversations[0].calls
     assert rms(client.received(cleared_at - 0.5, cleared_at)) > 0.01  # it was playing
     assert rms(client.received(cleared_at + 0.3, cleared_at + 0.6)) < 0.002  # and stopped at once
     _, second = await client.wait_for("response.done")  # the interrupting turn gets its answer
@@ -340,6 +348,9 @@ async def test_client_clear_stops_playback_of_a_finished_reply(fake_calls, clien
     client.send({"type": "output_audio_buffer.clear"})
     cleared_at, cleared = await client.wait_for("output_audio_buffer.cleared")
     assert cleared["response_id"] == done["response"]["id"]
+    _, truncated = await client.wait_for("conversation.item.truncated")
+    assert truncated["item_id"] == done["response"]["output"][0]["id"]
+    assert 300 < truncated["audio_end_ms"] < 4000  # played ~0.4 s of the 4 s
     await asyncio.sleep(0.7)
     assert rms(client.received(cleared_at + 0.3, cleared_at + 0.7)) < 0.002
     assert "output_audio_buffer.stopped" not in client.types()

@@ -97,6 +97,8 @@ class _Playing:
     chunks: deque[np.ndarray] = field(default_factory=deque)
     ended: bool = False
     """No more audio will come (``response.done`` was sent)."""
+    played: int = 0
+    """Samples handed to the track so far."""
 
     def take(self, n: int) -> np.ndarray:
         """Up to ``n`` samples from the front."""
@@ -110,7 +112,9 @@ class _Playing:
                 out.append(head[:n])
                 self.chunks[0] = head[n:]
                 n = 0
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+        taken = np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+        self.played += len(taken)
+        return taken
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,12 @@ class OutputAudioQueue:
 
     def response_ids(self) -> tuple[str, ...]:
         return tuple(p.response_id for p in self._playing)
+
+    def played_ms(self, response_id: str) -> float | None:
+        """How much of ``response_id`` went out on the track (ms); ``None`` if it is not queued
+        (never played, finished, or cleared)."""
+        entry = self._find(response_id)
+        return None if entry is None else 1000.0 * entry.played / TRACK_RATE
 
     def play(self, response_id: str, pcm: np.ndarray) -> None:
         entry = self._find(response_id)

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+import numpy as np
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcicetransport import RTCIceGatherer
@@ -41,8 +42,8 @@ from realtime.errors import ErrorType, LimitExceeded, RealtimeError
 from realtime.protocol.client import parse_client_event
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, server_event_name
-from realtime.runner import SessionRunner, TransportClosed, TurnDetectorFactory
-from realtime.session import AudioTransport, SessionSettings
+from realtime.runner import MediaSink, SessionRunner, TransportClosed, TurnDetectorFactory
+from realtime.session import AudioTransport, ResponsePhase, SessionSettings
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
 
 logger = logging.getLogger(__name__)
@@ -217,6 +218,18 @@ class DataChannelTransport:
                 waiter.cancel()
 
 
+def truncate_message(item_id: str, audio_end_ms: int) -> str:
+    """The ``conversation.item.truncate`` client message for an assistant item's audio."""
+    return json.dumps(
+        {
+            "type": ClientEventType.CONVERSATION_ITEM_TRUNCATE.value,
+            "item_id": item_id,
+            "content_index": 0,
+            "audio_end_ms": audio_end_ms,
+        }
+    )
+
+
 def append_message(audio: bytes) -> str:
     """The ``input_audio_buffer.append`` client message carrying ``audio`` (wire bytes)."""
     encoded = base64.b64encode(audio).decode("ascii")
@@ -245,7 +258,8 @@ class CallStatus(enum.Enum):
 
 
 class Call:
-    """One call: its peer connection, session runner, data-channel transport and audio queue.
+    """One call: its peer connection, session runner, data-channel transport and audio queue;
+    it is its session's :class:`realtime.runner.MediaSink`.
 
     ``tasks`` are the call's own tasks (microphone pump, watchdog); the runner tracks its own."""
 
@@ -254,7 +268,7 @@ class Call:
         call_id: str,
         pc: RTCPeerConnection,
         dialect: Dialect,
-        make_runner: Callable[[DataChannelTransport, OutputAudioQueue], SessionRunner],
+        make_runner: Callable[[DataChannelTransport, MediaSink], SessionRunner],
     ) -> None:
         self.id = call_id
         self.pc = pc
@@ -264,9 +278,11 @@ class Call:
         self.microphone_frames = 0
         self.observer: EventObserver | None = None
         self._done_type = server_event_name(ServerEvent.RESPONSE_DONE, dialect)
+        self._item_added_type = server_event_name(ServerEvent.OUTPUT_ITEM_ADDED, dialect)
+        self._items: dict[str, str] = {}  # response id → its assistant item id
         self.output = OutputAudioQueue()
         self.transport = DataChannelTransport(on_sent=self._on_sent)
-        self.runner = make_runner(self.transport, self.output)
+        self.runner = make_runner(self.transport, self)
         self.track = PacedAudioTrack(self.output, self._playback_finished)
 
     @property
@@ -278,15 +294,41 @@ class Call:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    # --- the session's MediaSink ---
+
+    def play(self, response_id: str, pcm: np.ndarray) -> None:
+        self.output.play(response_id, pcm)
+
+    def clear(self, response_id: str) -> None:
+        """Stop ``response_id``'s audio now, and cut the conversation to what was played.
+
+        Over WebRTC the client cannot know how much it heard, so the call sends the session the
+        ``conversation.item.truncate`` a WebSocket client would send (the session then reports
+        ``conversation.item.truncated``). Not while the response is still being generated (a
+        client's ``output_audio_buffer.clear`` without a cancel): the session refuses that."""
+        played_ms = self.output.played_ms(response_id)
+        self.output.clear(response_id)
+        item_id = self._items.pop(response_id, None)
+        session = self.runner.session
+        generating = session.active_response_id == response_id and session.response_phase is ResponsePhase.IN_PROGRESS
+        if played_ms is not None and item_id is not None and not generating:
+            self.transport.push(truncate_message(item_id, int(played_ms)))
+
+    # --- events ---
+
     def _on_sent(self, event: dict) -> None:
         if self.observer is not None:
             self.observer(event)
-        # A response is done: all its audio is in the queue (the session emits PlayAudio before
-        # response.done), so the track may report its end once it has played it.
-        if event.get("type") == self._done_type:
+        kind = event.get("type")
+        if kind == self._item_added_type:
+            self._items[event["response_id"]] = event["item"]["id"]
+        elif kind == self._done_type:
+            # All the response's audio is queued (the session emits PlayAudio before
+            # response.done), so the track may report its end once it has played it.
             self.output.end(event["response"]["id"])
 
     def _playback_finished(self, response_id: str) -> None:
+        self._items.pop(response_id, None)
         if self.live:
             self.runner.playback_finished(response_id)
 
@@ -424,9 +466,9 @@ class WebRTCCalls:
         made = self._turn_detector_factory()
         turn_detector_factory = await made if inspect.isawaitable(made) else made
 
-        def make_runner(transport: DataChannelTransport, output: OutputAudioQueue) -> SessionRunner:
+        def make_runner(transport: DataChannelTransport, media: MediaSink) -> SessionRunner:
             return SessionRunner(
-                transport, self._engine, turn_detector_factory=turn_detector_factory, settings=settings, media=output
+                transport, self._engine, turn_detector_factory=turn_detector_factory, settings=settings, media=media
             )
 
         call = Call(f"rtc_{next(self._ids)}", pc, dialect, make_runner)
