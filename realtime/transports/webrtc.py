@@ -10,7 +10,8 @@ A call is one ``RTCPeerConnection`` serving one :class:`realtime.runner.SessionR
   the session, server VAD and barge-in work exactly as over a WebSocket;
 - the data channel carries the same JSON server events as the WebSocket, except that reply audio
   plays on the outgoing :class:`PacedAudioTrack` (``AudioTransport.MEDIA``) and the session
-  reports ``output_audio_buffer.started|stopped|cleared``;
+  reports ``output_audio_buffer.started|stopped|cleared``; a cleared reply (barge-in,
+  ``output_audio_buffer.clear``) is truncated in the conversation to what went out on the track;
 - the call ends when the data channel closes, the connection fails or closes, the connection is
   not up within ``connect_timeout_s``, the session ends, or the server shuts down
   (:meth:`WebRTCCalls.close`); every task, track and the peer connection are released then.
