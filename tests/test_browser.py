@@ -8,6 +8,9 @@ until the page shows a user speech item and an assistant transcript, and has pla
 audio (its AnalyserNode read RMS > 0.01 on the played output); then it saves a screenshot under
 ``tests/artifacts/`` (git-ignored).
 
+The WebSocket path's AudioWorklet code (resampler, playback jitter buffer) is also checked as
+plain logic in a blank page, with the worklet globals stubbed.
+
 WebRTC stays on loopback: the server offers only 127.0.0.1 and the test strips every other
 candidate from the page's offer, so no STUN and no packet off the machine even outside a network
 namespace (``scripts/run_browser_tests.sh`` also runs it inside a loopback-only one).
@@ -221,3 +224,100 @@ def _wait(predicate, timeout_s: float = 5.0) -> bool:
         time.sleep(0.05)
     return predicate()
 
+
+
+WORKLETS = Path(__file__).parent.parent / "web_demo" / "worklets.js"
+
+_WORKLET_STUBS = """
+window.sampleRate = 48000;
+window.AudioWorkletProcessor = class {
+    constructor() { this.port = { posted: [], postMessage(m) { this.posted.push(m); } }; }
+};
+window.processors = {};
+window.registerProcessor = (name, cls) => { window.processors[name] = cls; };
+"""
+
+_RESAMPLE = """([inRate, outRate, freq]) => {
+    const r = new SincResampler(inRate, outRate);
+    const x = new Float32Array(inRate);  // one second of a 0.5 sine
+    for (let i = 0; i < x.length; i++) x[i] = 0.5 * Math.sin(2 * Math.PI * freq * i / inRate);
+    const parts = [];
+    for (let i = 0; i < x.length; i += 128) parts.push(...r.process(x.subarray(i, i + 128)));
+    parts.push(...r.flush());
+    let err = 0, sum = 0;
+    for (let i = 200; i < parts.length - 200; i++) {
+        err = Math.max(err, Math.abs(parts[i] - 0.5 * Math.sin(2 * Math.PI * freq * i / outRate)));
+        sum += parts[i] * parts[i];
+    }
+    return { length: parts.length, maxError: err, rms: Math.sqrt(sum / (parts.length - 400)) };
+}"""
+
+_JITTER = """() => {
+    const p = new processors["omni-playback"]({ processorOptions: { inputRate: 24000, prebufferMs: 120 } });
+    const quantum = () => {  // one render quantum; true if it carried sound
+        const out = [[new Float32Array(128)]];
+        p.process([], out);
+        return out[0][0].some(v => Math.abs(v) > 0.01);
+    };
+    const audio = (itemId, ms) => {
+        const samples = new Float32Array(24 * ms);
+        for (let i = 0; i < samples.length; i++) samples[i] = 0.5 * Math.sin(i / 3);
+        p.port.onmessage({ data: { type: "audio", itemId, samples } });
+    };
+    const result = {};
+    audio("a", 40);
+    result.belowPrebuffer = quantum();
+    audio("a", 100);
+    result.abovePrebuffer = quantum();
+    let quanta = 1;
+    while (quantum()) quanta++;
+    result.playedMsBeforeUnderrun = quanta * 128 / 48;
+    audio("a", 40);
+    p.port.onmessage({ data: { type: "end" } });
+    result.endPlaysShortTail = quantum();
+    for (let i = 0; i < 30; i++) quantum();
+    audio("b", 200);
+    for (let i = 0; i < 20; i++) quantum();
+    p.port.onmessage({ data: { type: "clear" } });
+    result.afterClear = quantum();
+    result.reports = p.port.posted
+        .filter(m => m.type !== "progress")
+        .map(m => [m.type, m.itemId, Math.round(m.playedMs)]);
+    return result;
+}"""
+
+
+@pytest.fixture
+def worklet_page(browser):
+    context = browser.new_context()
+    page = context.new_page()
+    page.add_init_script(_WORKLET_STUBS)
+    page.goto("about:blank")
+    page.add_script_tag(path=str(WORKLETS))
+    yield page
+    context.close()
+
+
+@pytest.mark.parametrize(
+    "in_rate,out_rate,freq", [(48_000, 24_000, 1000), (44_100, 24_000, 1000), (24_000, 48_000, 3000)]
+)
+def test_worklet_resampler_is_accurate(worklet_page, in_rate, out_rate, freq):
+    """The worklets' resampler (capture 48/44.1 kHz → 24 kHz, playback 24 kHz → device) keeps
+    a tone's level, phase and length."""
+    result = worklet_page.evaluate(_RESAMPLE, [in_rate, out_rate, freq])
+    assert abs(result["length"] - out_rate) <= 4
+    assert result["maxError"] < 0.002 and abs(result["rms"] - 0.5 / np.sqrt(2)) < 0.001
+
+
+def test_worklet_resampler_removes_what_the_new_rate_cannot_carry(worklet_page):
+    result = worklet_page.evaluate(_RESAMPLE, [48_000, 24_000, 20_000])  # above 12 kHz: aliasing
+    assert result["rms"] < 0.002
+
+
+def test_worklet_playback_jitter_buffer(worklet_page):
+    result = worklet_page.evaluate(_JITTER)
+    assert not result["belowPrebuffer"] and result["abovePrebuffer"]  # waits for 120 ms
+    assert abs(result["playedMsBeforeUnderrun"] - 140) <= 6  # then plays everything queued
+    assert result["endPlaysShortTail"]  # a reply's end plays out even below the prebuffer
+    assert not result["afterClear"]
+    assert result["reports"] == [["underrun", "a", 139], ["drained", "a", 180], ["cleared", "b", 53]]

@@ -180,7 +180,7 @@ class PlaybackProcessor extends AudioWorkletProcessor {
       this.report(this.ending ? "drained" : "underrun");
       this.ending = false;
     }
-    this.sinceProgress += out.length;
+    this.sinceProgress += written;
     if (this.sinceProgress >= sampleRate / 10 && this.item) {
       this.sinceProgress = 0;
       this.report("progress");
