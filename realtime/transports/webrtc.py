@@ -326,7 +326,10 @@ class Call:
         elif kind == self._done_type:
             # All the response's audio is queued (the session emits PlayAudio before
             # response.done), so the track may report its end once it has played it.
-            self.output.end(event["response"]["id"])
+            response_id = event["response"]["id"]
+            self.output.end(response_id)
+            if self.output.played_ms(response_id) is None:  # no audio left to cut: forget it
+                self._items.pop(response_id, None)
 
     def _playback_finished(self, response_id: str) -> None:
         self._items.pop(response_id, None)
