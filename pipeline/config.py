@@ -21,6 +21,7 @@ STAGE_ORDER = ("thinker", "talker", "token2wav")
 STAGE_INPUTS = {"thinker": "request", "talker": "thinker", "token2wav": "talker"}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 CONTEXT_POLICIES = ("error", "drop_oldest")
+AUDIO_FLOORS = ("streaming", "exact")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,12 @@ class StageConfig:
     """What happens when a reply would not fit in ``max_context_tokens``: ``error`` refuses the
     response (ContextLimitError); ``drop_oldest`` drops the oldest turns (after the instructions)
     until it fits, then re-prefills the shortened history."""
+    audio_floor: str = "streaming"
+    """How the log-mel floor (loudest value - 80 dB, as Whisper features clamp) is chosen for the
+    2 s blocks encoded while the user still speaks: ``streaming`` uses the loudest value heard so
+    far and keeps the block as encoded (no work at commit); ``exact`` re-encodes, at commit, every
+    block the final floor changes, so features are bit-identical to the reference processor's, at
+    the cost of re-prefilling from the first changed block (speech that gets louder later)."""
     prefill_chunk_tokens: int = 512
     """Thinker prefill runs in chunks of at most this many positions, one chunk per engine step,
     so a long prefill never stalls the decoding of other sessions for long."""
@@ -147,6 +154,8 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
         value = values.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ConfigError(f"{path}.{key} must be a positive integer", param=f"{path}.{key}")
+    if values.get("audio_floor", "streaming") not in AUDIO_FLOORS:
+        raise ConfigError(f"{path}.audio_floor must be one of {AUDIO_FLOORS}", param=f"{path}.audio_floor")
     if values.get("context_policy", "error") not in CONTEXT_POLICIES:
         raise ConfigError(f"{path}.context_policy must be one of {CONTEXT_POLICIES}", param=f"{path}.context_policy")
     _check_connector(name, values.get("connector"), path)

@@ -9,6 +9,7 @@ between steps by the engine thread (see :mod:`pipeline.engine`).
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
 from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint
 from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta, Usage
+from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, StageTimings, TextDelta, Usage
 from pipeline.registry import CONNECTORS
 from pipeline.request import Phase, ResponseSpec, ResponseState, TextEnd
 from pipeline.sampling import Sampler
@@ -128,8 +129,8 @@ class EngineCore:
             pending.error = exc
 
     def commit_audio(self, conv_id: str, item_id: str) -> None:
-        """Close a spoken message: re-encode blocks whose features the final loudness changed,
-        encode the tail, and add the message to the conversation."""
+        """Close a spoken message: encode the tail (and, with ``audio_floor: exact``, re-encode the
+        blocks whose features the final loudness changed), and add it to the conversation."""
         conv = self.conv(conv_id)
         pending = conv.open_audio.pop(item_id, None)
         if pending is None:
@@ -141,10 +142,14 @@ class EngineCore:
         if feats.total_frames < MIN_AUDIO_FRAMES:
             raise InvalidAudioError("audio message is too short to encode (needs at least 20 ms)", param="audio")
         final = feats.final_floor()
+        exact = self.cfg.thinker.audio_floor == "exact"
         for k, block in enumerate(pending.blocks):
-            if feats.block_changes(k, block.floor):
+            if exact and feats.block_changes(k, block.floor):
                 embeds = self.thinker.encode_features(feats.features(feats.raw_block(k), final))
                 pending.blocks[k] = AudioBlock(embeds, version=block.version + 1, floor=final)
+        for k in range(len(pending.blocks), feats.ready_blocks()):  # completed by the end of the signal
+            pending.blocks.append(AudioBlock(self.thinker.encode_features(feats.features(feats.raw_block(k), final)),
+                                             floor=final))
         tail = feats.raw_tail()
         if tail.shape[1]:
             pending.blocks.append(AudioBlock(self.thinker.encode_features(feats.features(tail, final)), floor=final))
@@ -178,7 +183,7 @@ class EngineCore:
         conv.active_response = spec.id
         self.responses[spec.id] = ResponseState(
             spec=spec, conv=conv, item=item, detok=IncrementalDetokenizer(self.renderer.decode),
-            generator=self._generator(self.thinker.device),
+            generator=self._generator(self.thinker.device), started_at=time.perf_counter(),
         )
 
     def cancel_response(self, response_id: str, reason: str) -> None:
@@ -262,6 +267,7 @@ class EngineCore:
         if out is None:
             return
         r.phase = Phase.DECODE
+        r.mark("prefill_done_ms")
         self._accept_text_token(r, self._sample_text(r, out.last_logits))
 
     def _prefill_chunk(self, conv: ConversationState, rendering, *, need_logits: bool):
@@ -386,6 +392,7 @@ class EngineCore:
             return
         r.seen_codes.add(code)
         r.codes.append(code)
+        r.mark("talker_first_code_ms")
         r.codec_tokens += 1
         r.last_code = code
         r.t2w.push([dit_code])
@@ -410,6 +417,7 @@ class EngineCore:
             return
         pcm = r.t2w.step()
         if len(pcm):
+            r.mark("token2wav_first_chunk_ms")
             r.spec.sink(AudioChunk(pcm=pcm, start_sample=r.samples, codec_tokens_so_far=r.codec_tokens))
             r.samples += len(pcm)
             r.item.audio_ms = 1000.0 * r.samples / 24_000
@@ -437,6 +445,7 @@ class EngineCore:
         r.spec.sink(ResponseDone(
             status=status, usage=usage, text=r.detok.text, text_token_ids=tuple(r.item.reply_ids),
             audio_codes=tuple(r.codes), audio_samples=r.samples, reason=reason, error=error,
+            timings=StageTimings(**r.milestones),
         ))
 
     def _fail(self, r: ResponseState, exc: Exception) -> None:

@@ -46,6 +46,19 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class StageTimings:
+    """Milliseconds from the moment the engine thread started the response to each milestone
+    (None if not reached). Measured on the engine thread; GPU work is synchronised by the
+    milestones themselves (each needs its result on the host)."""
+
+    prefill_done_ms: float | None = None
+    """The conversation is prefilled and the first reply token sampled."""
+    talker_first_code_ms: float | None = None
+    token2wav_first_chunk_ms: float | None = None
+    """The first audio chunk left the engine."""
+
+
+@dataclass(frozen=True)
 class TextDelta:
     """Newly decoded reply text. ``token_ids`` are the thinker tokens behind it (may be empty
     text when a token ends mid UTF-8 sequence; the bytes arrive with a later delta)."""
@@ -85,6 +98,7 @@ class ResponseDone:
     audio_samples: int = 0
     reason: str | None = None
     error: Exception | None = field(default=None, compare=False)
+    timings: StageTimings = field(default_factory=StageTimings, compare=False)
 
 
 ResponseEvent = TextDelta | AudioChunk | ResponseDone

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,10 @@ class ResponseState:
     detok: IncrementalDetokenizer
     generator: torch.Generator | None = None
     phase: Phase = Phase.PREFILL
+    started_at: float = 0.0
+    """perf_counter() when the engine thread took the response."""
+    milestones: dict[str, float] = field(default_factory=dict)
+    """StageTimings field -> ms since ``started_at`` (first occurrence only)."""
     cancel_reason: str | None = None
     # thinker
     text_end: TextEnd = TextEnd.NOT_YET
@@ -78,6 +83,10 @@ class ResponseState:
     @property
     def id(self) -> str:
         return self.spec.id
+
+    def mark(self, milestone: str) -> None:
+        if milestone not in self.milestones:
+            self.milestones[milestone] = (time.perf_counter() - self.started_at) * 1000
 
     @property
     def thinker_done(self) -> bool:

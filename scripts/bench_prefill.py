@@ -43,9 +43,10 @@ def utterance(seconds: float) -> np.ndarray:
     return np.resize(speech, n).astype(np.float32)
 
 
-async def spoken_turn(engine, conv, item_id: str, pcm: np.ndarray, *, baseline: bool) -> float:
-    """Stream ``pcm``, commit, respond; returns ms from commit to the first audio chunk."""
-    from pipeline.outputs import AudioChunk
+async def spoken_turn(engine, conv, item_id: str, pcm: np.ndarray, *, baseline: bool) -> dict:
+    """Stream ``pcm``, commit, respond. Returns ms from the commit to: the end of the prefill
+    (commit + prefill tail: what incremental prefill shortens) and the first audio chunk."""
+    from pipeline.outputs import AudioChunk, ResponseDone
 
     audio = conv.open_audio(item_id)
     for start in range(0, len(pcm), PIECE):
@@ -57,30 +58,35 @@ async def spoken_turn(engine, conv, item_id: str, pcm: np.ndarray, *, baseline: 
     sync(engine.cfg.thinker.torch_device())
     t0 = time.perf_counter()
     await audio.commit()
+    committed = (time.perf_counter() - t0) * 1000
     ttfa = None
-    resp = conv.respond(item_id=f"reply_{item_id}")
-    async for ev in resp:
+    async for ev in conv.respond(item_id=f"reply_{item_id}"):
         if isinstance(ev, AudioChunk) and ttfa is None:
             ttfa = (time.perf_counter() - t0) * 1000
-    return ttfa
+        if isinstance(ev, ResponseDone):
+            prefill = committed + ev.timings.prefill_done_ms
+    return {"prefill": prefill, "ttfa": ttfa}
 
 
-async def length_case(engine, seconds: float, baseline: bool) -> float:
+async def length_case(engine, seconds: float, baseline: bool) -> dict:
     conv = engine.conversation()
     ttfa = await spoken_turn(engine, conv, "u", utterance(seconds), baseline=baseline)
     await conv.close()
     return ttfa
 
 
-async def turn_case(engine, turns: int, baseline: bool) -> list[float]:
+async def turn_case(engine, turns: int, baseline: bool) -> list[dict]:
     conv = engine.conversation()
     out = [await spoken_turn(engine, conv, f"u{i}", utterance(2.0), baseline=baseline) for i in range(turns)]
     await conv.close()
     return out
 
 
-def row(name: str, values: list[float]) -> str:
-    return f"| {name} | {percentile(values, 50):.0f} | {percentile(values, 90):.0f} | {len(values)} |"
+def row(name: str, values: list[dict]) -> str:
+    pre = [v["prefill"] for v in values]
+    ttfa = [v["ttfa"] for v in values]
+    return (f"| {name} | {percentile(pre, 50):.1f} | {percentile(pre, 90):.1f} | {percentile(ttfa, 50):.0f} "
+            f"| {percentile(ttfa, 90):.0f} | {len(values)} |")
 
 
 def main(argv=None) -> None:
@@ -94,7 +100,7 @@ def main(argv=None) -> None:
             values = [asyncio.run(length_case(engine, seconds, baseline)) for _ in range(args.runs)]
             rows.append(row(f"{tag}: {seconds:.0f} s utterance, turn 1", values))
         firsts, lasts = [], []
-        for _ in range(max(1, args.runs // 2)):
+        for _ in range(args.runs):
             t = asyncio.run(turn_case(engine, args.turns, baseline))
             firsts.append(t[0])
             lasts.append(t[-1])
@@ -104,8 +110,8 @@ def main(argv=None) -> None:
     print(f"\nmodel: {label}\ndevice: {args.device}, torch threads: {args.threads}")
     print(f"reply forced to {args.text_tokens} text / {args.codec_tokens} codec tokens; first chunk "
           f"= {engine.cfg.token2wav.chunking.get('first_chunk_frames')} mel frames\n")
-    print("| case | TTFA p50 (ms) | TTFA p90 (ms) | n |")
-    print("|---|---:|---:|---:|")
+    print("| case | commit → prefill done p50 (ms) | p90 (ms) | commit → first audio p50 (ms) | p90 (ms) | n |")
+    print("|---|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
 
 

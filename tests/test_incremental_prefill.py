@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import soxr
+import torch
 
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
@@ -29,13 +30,12 @@ def speech_16k(name: str, repeat: int = 1) -> np.ndarray:
     return np.concatenate([pcm] * repeat)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    # one-shot comparisons prefill the whole conversation as one chunk
-    eng = OmniEngine.from_pretrained(
-        tiny_model_dir, greedy_stage_config(thinker={"prefill_chunk_tokens": 100_000}, talker={"max_tokens": 60}),
-        seed=7,
-    )
+@pytest.fixture(scope="module", params=["streaming", "exact"])
+def engine(tiny_model_dir, request):
+    """Both audio-floor policies; one-shot comparisons prefill the whole conversation as one chunk."""
+    thinker = {"prefill_chunk_tokens": 100_000, "audio_floor": request.param}
+    eng = OmniEngine.from_pretrained(tiny_model_dir, greedy_stage_config(thinker=thinker, talker={"max_tokens": 60}),
+                                     seed=7)
     yield eng
     eng.close()
 
@@ -86,6 +86,30 @@ async def test_streamed_audio_is_prefilled_before_commit(engine):
     done = await conv.respond(item_id="a1", max_output_tokens=6).wait()
     assert done.usage.cached_tokens >= 100
     assert done.usage.input_tokens - done.usage.cached_tokens < 50, "only the tail was left to prefill at commit"
+    await conv.close()
+
+
+async def test_exact_floor_features_equal_the_reference_processor(engine):
+    """With ``audio_floor: exact`` the encoded message equals the reference features of the whole
+    signal (speech that gets louder later changes early blocks); ``streaming`` keeps early blocks."""
+    from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
+
+    pcm = np.concatenate([0.05 * speech_16k("short_joke.wav"), speech_16k("long_story.wav")[: 16000 * 3]])
+    conv = engine.conversation()
+    await stream_audio(engine, conv, "u1", pcm)
+    core = engine._thread.core
+    item = core_conv(engine, conv).find("u1")
+    one_shot = IncrementalLogMel(core.ckpt.feature_extractor)
+    one_shot.append(pcm)
+    one_shot.finish()
+    reference = core.thinker.encode_features(one_shot.one_shot_features()[:, :200])
+    first_block = item.audio_blocks[0].embeds
+    if core.cfg.thinker.audio_floor == "exact":
+        assert item.audio_blocks[0].version == 1, "the first block was re-encoded at commit"
+        assert torch.allclose(first_block, reference, atol=1e-5)
+    else:
+        assert item.audio_blocks[0].version == 0
+        assert not torch.allclose(first_block, reference, atol=1e-5)
     await conv.close()
 
 
