@@ -8,8 +8,8 @@ The user's audio is appended in 20 ms pieces, as a microphone delivers it; the e
 prefills complete 2 s blocks in the background while "the user speaks" (the script waits for the
 engine to catch up, as it would in real time, where 2 s of speech takes 2 s to arrive). TTFA is
 measured from the commit (end of turn known to the engine) to the first audio chunk. The baseline
-drops every cache before the commit, so the whole conversation is prefilled at the end of the turn
-(what an engine without incremental prefill does).
+is an engine that does not listen while the user speaks: every cache is dropped and the whole
+message is encoded and the whole conversation prefilled at the end of the turn.
 """
 
 from __future__ import annotations
@@ -48,23 +48,28 @@ async def spoken_turn(engine, conv, item_id: str, pcm: np.ndarray, *, baseline: 
     (commit + prefill tail: what incremental prefill shortens) and the first audio chunk."""
     from pipeline.outputs import AudioChunk, ResponseDone
 
-    audio = conv.open_audio(item_id)
-    for start in range(0, len(pcm), PIECE):
-        audio.append(pcm[start:start + PIECE])
-    await engine.wait_idle()
     if baseline:
+        # no listening while speaking: nothing is encoded or prefilled before the end of the turn
         state = engine._thread.core.conversations[conv.id]
         await engine._call(lambda core: state.free())
-    sync(engine.cfg.thinker.torch_device())
-    t0 = time.perf_counter()
-    await audio.commit()
-    committed = (time.perf_counter() - t0) * 1000
+        sync(engine.cfg.thinker.torch_device())
+        t0 = time.perf_counter()
+        await conv.add_audio(item_id, pcm)
+    else:
+        audio = conv.open_audio(item_id)
+        for start in range(0, len(pcm), PIECE):
+            audio.append(pcm[start:start + PIECE])
+        await engine.wait_idle()
+        sync(engine.cfg.thinker.torch_device())
+        t0 = time.perf_counter()
+        await audio.commit()
     ttfa = None
+    responded = (time.perf_counter() - t0) * 1000
     async for ev in conv.respond(item_id=f"reply_{item_id}"):
         if isinstance(ev, AudioChunk) and ttfa is None:
             ttfa = (time.perf_counter() - t0) * 1000
         if isinstance(ev, ResponseDone):
-            prefill = committed + ev.timings.prefill_done_ms
+            prefill = responded + ev.timings.prefill_done_ms
     return {"prefill": prefill, "ttfa": ttfa}
 
 
