@@ -30,7 +30,7 @@ from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
 from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint
 from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, StageTimings, TextDelta, Usage
+from pipeline.outputs import AudioChunk, EngineStats, ResponseDone, ResponseStatus, StageTimings, TextDelta, Usage
 from pipeline.registry import CONNECTORS
 from pipeline.request import Phase, ResponseSpec, ResponseState, TextEnd
 from pipeline.sampling import Sampler
@@ -204,6 +204,16 @@ class EngineCore:
         for conv in self.conversations.values():
             progressed |= self._background_prefill(conv)
         return progressed
+
+    def stats(self, pending_commands: int = 0) -> EngineStats:
+        convs = self.conversations.values()
+        return EngineStats(
+            conversations=len(self.conversations), responses=len(self.responses),
+            open_audio_messages=sum(len(c.open_audio) for c in convs),
+            cached_tokens=sum(len(c.cached_keys) for c in convs),
+            talker_cached_tokens=sum(len(c.talker_keys) for c in convs if c.talker_cache is not None),
+            pending_commands=pending_commands,
+        )
 
     def has_work(self) -> bool:
         return bool(self.responses) or any(self._needs_prefill(c) for c in self.conversations.values())

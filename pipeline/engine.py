@@ -34,7 +34,7 @@ from pipeline.core import EngineCore
 from pipeline.errors import EngineClosedError, InvalidAudioError, InvalidInputError, ResponseActiveError, UnknownVoiceError
 from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint, load_checkpoint
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
-from pipeline.outputs import ResponseDone, ResponseEvent, ResponseStatus, Usage
+from pipeline.outputs import EngineStats, ResponseDone, ResponseEvent, ResponseStatus, Usage
 from pipeline.request import ResponseSpec
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,9 @@ class EngineThread:
         fut: Future = Future()
         self._commands.put((fn, fut))
         return fut
+
+    def pending(self) -> int:
+        return self._commands.qsize()
 
     def close(self, timeout: float = 10.0) -> None:
         if not self._closed:
@@ -329,6 +332,11 @@ class OmniEngine:
 
     def conversation(self, *, instructions: str | None = None) -> Conversation:
         return Conversation(self, instructions if instructions is not None else self.default_instructions)
+
+    async def stats(self) -> EngineStats:
+        """What the engine holds now (conversations, responses, KV positions, queued commands)."""
+        queued = self._thread.pending()
+        return await self._call(lambda core: core.stats(queued))
 
     async def wait_idle(self, poll_s: float = 0.001) -> None:
         """Wait until the engine has nothing to do: no response running and every conversation's

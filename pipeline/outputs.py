@@ -102,3 +102,19 @@ class ResponseDone:
 
 
 ResponseEvent = TextDelta | AudioChunk | ResponseDone
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of what the engine holds, for resource-hygiene checks and metrics."""
+
+    conversations: int
+    responses: int
+    """Responses being generated."""
+    open_audio_messages: int
+    """User audio messages being recorded (not committed yet)."""
+    cached_tokens: int
+    """Thinker KV positions held over all conversations."""
+    talker_cached_tokens: int
+    pending_commands: int
+    """Commands queued for the engine thread."""

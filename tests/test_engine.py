@@ -233,3 +233,20 @@ async def test_two_conversations_interleave_independently(tiny_engine):
     assert db.status is not ResponseStatus.FAILED
     for conv in (a, b, solo):
         await conv.close()
+
+
+async def test_stats_show_what_the_engine_holds(tiny_engine):
+    before = await tiny_engine.stats()
+    conv = tiny_engine.conversation()
+    await conv.add_text("u1", "Hi")
+    audio = conv.open_audio("u2")
+    audio.append(np.zeros(1600, np.float32))
+    await tiny_engine.wait_idle()
+    during = await tiny_engine.stats()
+    assert during.conversations == before.conversations + 1
+    assert during.open_audio_messages == before.open_audio_messages + 1
+    assert during.cached_tokens > before.cached_tokens
+    await conv.close()
+    after = await tiny_engine.stats()
+    assert after.conversations == before.conversations and after.cached_tokens == before.cached_tokens
+    assert after.responses == 0 and after.open_audio_messages == before.open_audio_messages
