@@ -120,9 +120,7 @@ class EngineCore:
         try:
             pending.features.append(pcm)
             for k in range(len(pending.blocks), pending.features.ready_blocks()):
-                floor = pending.features.running_floor
-                feats = pending.features.features(pending.features.raw_block(k), floor)
-                pending.blocks.append(AudioBlock(self.thinker.encode_features(feats), floor=floor))
+                pending.blocks.append(self._encode_block(pending.features, k, pending.features.running_floor))
                 conv.dirty = True
         except Exception as exc:  # noqa: BLE001 - kept and raised at commit, where the caller waits
             log.exception("encoding audio of %s failed", item_id)
@@ -135,6 +133,7 @@ class EngineCore:
         pending = conv.open_audio.pop(item_id, None)
         if pending is None:
             raise UnknownItemError(f"no audio message {item_id!r} is being recorded", param="item_id")
+        conv.dirty = True  # whatever happens below, its prefilled positions must be re-synced
         if pending.error is not None:
             raise pending.error
         feats = pending.features
@@ -142,18 +141,20 @@ class EngineCore:
         if feats.total_frames < MIN_AUDIO_FRAMES:
             raise InvalidAudioError("audio message is too short to encode (needs at least 20 ms)", param="audio")
         final = feats.final_floor()
-        exact = self.cfg.thinker.audio_floor == "exact"
-        for k, block in enumerate(pending.blocks):
-            if exact and feats.block_changes(k, block.floor):
-                embeds = self.thinker.encode_features(feats.features(feats.raw_block(k), final))
-                pending.blocks[k] = AudioBlock(embeds, version=block.version + 1, floor=final)
+        if self.cfg.thinker.audio_floor == "exact":
+            for k, block in enumerate(pending.blocks):
+                if feats.block_changes(k, block.floor):
+                    pending.blocks[k] = self._encode_block(feats, k, final, version=block.version + 1)
         for k in range(len(pending.blocks), feats.ready_blocks()):  # completed by the end of the signal
-            pending.blocks.append(AudioBlock(self.thinker.encode_features(feats.features(feats.raw_block(k), final)),
-                                             floor=final))
+            pending.blocks.append(self._encode_block(feats, k, final))
         tail = feats.raw_tail()
         if tail.shape[1]:
             pending.blocks.append(AudioBlock(self.thinker.encode_features(feats.features(tail, final)), floor=final))
         conv.add(ConvItem(id=item_id, role="user", kind=ItemKind.AUDIO, audio_blocks=pending.blocks))
+
+    def _encode_block(self, feats: IncrementalLogMel, k: int, floor: float, version: int = 0) -> AudioBlock:
+        embeds = self.thinker.encode_features(feats.features(feats.raw_block(k), floor))
+        return AudioBlock(embeds, version=version, floor=floor)
 
     def discard_audio(self, conv_id: str, item_id: str) -> None:
         conv = self.conv(conv_id)
