@@ -164,6 +164,13 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help="uvicorn WebSocket implementation")
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Latency benchmark: concurrent simulated users, optional reference, JSON/Markdown/PNG report."""
+    from realtime.bench.cli import run
+
+    return run(args, args.argv)
+
+
 def cmd_make_tiny_model(argv: list[str]) -> int:
     from pipeline.models.qwen2_5_omni.tiny import main as make_main
 
@@ -199,6 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", type=Path, default=Path("reply.wav"))
     demo.set_defaults(func=cmd_demo)
 
+    from realtime.bench.cli import add_arguments as add_bench_arguments
+
+    bench = sub.add_parser("bench", help="latency benchmark: concurrent simulated users (TTFA, voice-to-voice, RTF, "
+                                         "underruns, barge-in) beside transformers' reference")
+    add_bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
+
     sub.add_parser("make-tiny-model", help="write a random Qwen2.5-Omni checkpoint (see --help)", add_help=False)
     return parser
 
@@ -209,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_make_tiny_model(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = argv
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)

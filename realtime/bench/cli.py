@@ -1,0 +1,257 @@
+"""``omni-realtime bench``: options, and the run that ties server, users, reference and report.
+
+Without ``--url`` the bench loads the model itself and serves it in process (uvicorn on a free
+loopback port, the users in a child process); with ``--url`` it measures a running server (which
+must have been started with the same forced reply lengths, e.g. ``--stage-config
+pipeline/stage_configs/bench_forced.yaml``, for the reference to be comparable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import logging
+import os
+import platform
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_OUT = Path("bench_out")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """The resolved options of one bench run (``--quick`` applied)."""
+
+    url: str | None
+    model: str | None
+    device: str | None
+    stage_config: Path | None
+    text_tokens: int | None
+    codec_tokens: int | None
+    transport: str
+    levels: tuple[int, ...]
+    turns: int
+    min_samples: int
+    warmup_turns: int
+    wavs: Path
+    max_wav_s: float
+    barge_in_every: int
+    barge_in_after_ms: float
+    ramp_s: float
+    jitter_ms: float
+    turn_timeout_s: float
+    reference: bool
+    out: Path
+    threads: int
+    seed: int
+    api_key: str | None
+    plots: bool
+
+
+QUICK = {"levels": (1,), "turns": 2, "min_samples": 0, "warmup_turns": 0, "barge_in_every": 1, "text_tokens": 4,
+         "codec_tokens": 40, "max_wav_s": 5.0, "ramp_s": 0.0, "turn_timeout_s": 60.0}
+"""``--quick``: one user, two turns (the first interrupted by the second), short replies."""
+NORMAL = {"levels": (1, 2, 4), "turns": 3, "min_samples": 8, "warmup_turns": 1, "barge_in_every": 0,
+          "text_tokens": None, "codec_tokens": None, "max_wav_s": 10.0, "ramp_s": 1.0, "turn_timeout_s": 300.0}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from realtime.bench.speech import DEFAULT_FOLDER
+
+    p.add_argument("--url", default=None,
+                   help="a running server (http://host:port or ws://host:port); default: serve --model in process")
+    p.add_argument("--model", default=None,
+                   help="checkpoint folder / cached hub id, random:7b or random:tiny (random weights built in "
+                        "memory, nothing downloaded), default: the embedded tiny model")
+    p.add_argument("--device", default=None, help="every stage on this device (default: the stage config's, auto)")
+    p.add_argument("--stage-config", type=Path, default=None,
+                   help="stage graph YAML (default: pipeline/stage_configs/bench_forced.yaml, forced reply lengths)")
+    p.add_argument("--text-tokens", type=int, default=None, help="forced reply text length (thinker tokens)")
+    p.add_argument("--codec-tokens", type=int, default=None, help="forced reply audio length (50 per second)")
+    p.add_argument("--transport", choices=("ws", "webrtc"), default="ws")
+    p.add_argument("--concurrency", default=None, help="comma-separated levels (default 1,2,4)")
+    p.add_argument("--turns", type=int, default=None, help="turns per user (default 3)")
+    p.add_argument("--min-samples", type=int, default=None,
+                   help="at least this many turns per level in all: low levels run more turns per user (default 8)")
+    p.add_argument("--warmup-turns", type=int, default=None, help="unrecorded turns before the sweep (default 1)")
+    p.add_argument("--wavs", type=Path, default=DEFAULT_FOLDER, help="folder of spoken WAVs (any rate; mono or not)")
+    p.add_argument("--max-wav-s", type=float, default=None, help="leave out longer WAVs (default 10)")
+    p.add_argument("--barge-in-every", type=int, default=None,
+                   help="every K-th turn the user talks over the reply with its next utterance (default 0: never)")
+    p.add_argument("--barge-in-after-ms", type=float, default=300.0,
+                   help="the interrupting file starts this long after the first audible reply audio")
+    p.add_argument("--ramp-s", type=float, default=None, help="users' starts spread over this many seconds (default 1)")
+    p.add_argument("--jitter-ms", type=float, default=60.0, help="the modelled player's jitter buffer")
+    p.add_argument("--turn-timeout-s", type=float, default=None, help="longest wait for one reply (default 300)")
+    p.add_argument("--reference", action="store_true",
+                   help="also serve the same turns with transformers' generate, one request at a time")
+    p.add_argument("--quick", action="store_true",
+                   help="CI smoke: 1 user, 2 turns (one barge-in), 4 text + 40 codec tokens, no warm-up")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results.json, report.md and PNGs go here")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api-key", default=None, help="key of a --url server that requires one")
+
+
+def resolve_options(args: argparse.Namespace) -> BenchOptions:
+    """Apply ``--quick`` (or the normal defaults) to the options left unset; ``ValueError`` on
+    nonsense."""
+    base = QUICK if args.quick else NORMAL
+
+    def pick(name: str, value):
+        return base[name] if value is None else value
+
+    levels = base["levels"] if args.concurrency is None else _levels(args.concurrency)
+    return BenchOptions(
+        url=args.url, model=args.model, device=args.device, stage_config=args.stage_config,
+        text_tokens=pick("text_tokens", args.text_tokens), codec_tokens=pick("codec_tokens", args.codec_tokens),
+        transport=args.transport, levels=levels, turns=pick("turns", args.turns),
+        min_samples=pick("min_samples", args.min_samples), warmup_turns=pick("warmup_turns", args.warmup_turns),
+        wavs=args.wavs, max_wav_s=pick("max_wav_s", args.max_wav_s),
+        barge_in_every=pick("barge_in_every", args.barge_in_every), barge_in_after_ms=args.barge_in_after_ms,
+        ramp_s=pick("ramp_s", args.ramp_s), jitter_ms=args.jitter_ms,
+        turn_timeout_s=pick("turn_timeout_s", args.turn_timeout_s), reference=args.reference, out=args.out,
+        threads=args.threads, seed=args.seed, api_key=args.api_key, plots=not args.no_plots,
+    )
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"--concurrency must be comma-separated integers, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise ValueError(f"--concurrency levels must be >= 1, got {text!r}")
+    return levels
+
+
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    """The ``bench`` subcommand. Returns the exit status (2: bad options or inputs)."""
+    from realtime.bench.speech import SpeechFolderError, load_speech_folder
+
+    try:
+        options = resolve_options(args)
+        speeches = load_speech_folder(options.wavs, max_seconds=options.max_wav_s)
+    except (ValueError, SpeechFolderError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    command = "omni-realtime " + shlex.join(argv if argv is not None else sys.argv[1:])
+    return asyncio.run(_bench(options, speeches, command))
+
+
+async def _bench(options: BenchOptions, speeches, command: str) -> int:
+    from realtime.bench.client import ClientOptions, Transport
+    from realtime.bench.models import ReplyLength, bench_stage_config, reply_length
+    from realtime.bench.report import REPORT_MD, write_report
+    from realtime.bench.sweep import SweepPlan, run_sweep
+
+    length = None
+    if options.text_tokens is not None or options.codec_tokens is not None:
+        default = reply_length(bench_stage_config(options.stage_config, device=None, length=None))
+        length = ReplyLength(options.text_tokens or default.text_tokens, options.codec_tokens or default.codec_tokens)
+    cfg = bench_stage_config(options.stage_config, device=options.device, length=length)
+    length = reply_length(cfg)
+    plan = SweepPlan(options.levels, options.turns, options.min_samples, options.barge_in_every, options.ramp_s,
+                     options.warmup_turns)
+    client = ClientOptions(Transport(options.transport), options.api_key, options.barge_in_after_ms,
+                           options.jitter_ms, turn_timeout_s=options.turn_timeout_s)
+    loaded = await asyncio.to_thread(_load, options, cfg) if options.url is None or options.reference else None
+    info = _run_info(options, command, cfg, length, loaded)
+    results = []
+
+    def on_level(level) -> None:
+        results.append(level)
+        write_report(options.out, info, results, plots=options.plots)
+
+    reference = None
+    if options.reference:
+        from realtime.bench.reference import ReferenceGenerator
+
+        reference = ReferenceGenerator(loaded.ckpt, length)
+    try:
+        if options.url is not None:
+            await run_sweep(options.url, speeches, plan, client, reference=reference, on_level=on_level)
+        else:
+            async with _in_process_server(loaded.engine, options) as url:
+                await run_sweep(url, speeches, plan, client, reference=reference, on_level=on_level)
+    finally:
+        if loaded is not None and loaded.engine is not None:
+            await asyncio.to_thread(loaded.engine.close)
+    info.load_average["end"] = list(os.getloadavg())
+    write_report(options.out, info, results, plots=options.plots)
+    print((options.out / REPORT_MD).read_text(encoding="utf-8"))
+    return 0
+
+
+@dataclass
+class _Loaded:
+    ckpt: object
+    engine: object | None
+    label: str
+
+
+def _load(options: BenchOptions, cfg) -> _Loaded:
+    import torch
+
+    from realtime.bench.models import load_model, model_label
+
+    torch.set_num_threads(options.threads)
+    ckpt = load_model(options.model, cfg)
+    engine = None
+    if options.url is None:
+        from pipeline.engine import OmniEngine
+
+        engine = OmniEngine(ckpt, cfg, seed=options.seed)
+    return _Loaded(ckpt, engine, model_label(options.model, ckpt, cfg))
+
+
+def _in_process_server(engine, options: BenchOptions):
+    from realtime.config import ServerConfig
+    from realtime.server import create_app, serve_in_background
+
+    config = ServerConfig(
+        host="127.0.0.1", port=0, max_sessions=max(options.levels) + 1, webrtc=options.transport == "webrtc",
+        ice_host_addresses=("127.0.0.1",), torch_threads=options.threads, log_level="warning",
+    )
+    return serve_in_background(create_app(config, engine=engine), config)
+
+
+def _run_info(options: BenchOptions, command: str, cfg, length, loaded: _Loaded | None):
+    from realtime.bench.report import RunInfo
+
+    return RunInfo(
+        command=command,
+        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        model=loaded.label if loaded is not None else f"the server at {options.url}",
+        device=_device_name(cfg.thinker.torch_device()) if loaded is not None else "the server's",
+        transport=options.transport,
+        server=options.url or "in process (uvicorn on loopback; users in a child process)",
+        text_tokens=length.text_tokens,
+        codec_tokens=length.codec_tokens,
+        wavs=str(options.wavs),
+        torch_threads=options.threads,
+        load_average={"start": list(os.getloadavg())},
+        versions=_versions(),
+    )
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"CPU ({os.cpu_count()} cores, {platform.machine()})"
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}

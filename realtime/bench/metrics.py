@@ -1,0 +1,337 @@
+"""Per-turn latency metrics from timestamped client observations: pure functions, no I/O.
+
+A simulated user (:mod:`realtime.bench.client`) writes down *when* things happened on its own
+monotonic clock (seconds) in a :class:`TurnLog`; :func:`turn_metrics` turns one log into the
+numbers users feel (DESIGN.md §4), :func:`summarize` turns many into percentiles.
+
+Definitions (all times measured at the client, in ms unless named otherwise):
+
+- **end of turn**: arrival of ``input_audio_buffer.speech_stopped`` (the server's VAD decided the
+  user stopped), else of ``input_audio_buffer.committed``.
+- **TTFA**: end of turn → arrival of the first audio (delta or WebRTC frame) holding a non-silent
+  sample (:data:`SILENCE_THRESHOLD`).
+- **voice-to-voice**: the real end of speech in the input file, as played in real time → the
+  moment that first non-silent sample would leave a player started on its arrival (arrival + its
+  offset in the chunk). Includes the VAD silence window.
+- **first transcript**: end of turn → first ``response.output_audio_transcript.delta``.
+- **RTF** (WebSocket only): (arrival of the last audio delta − arrival of the first) / duration of
+  the reply's audio; < 1 means the server synthesises faster than real time. WebRTC audio is paced
+  by the server in real time, so there is no RTF to see on the wire.
+- **underruns** (replies not talked over): WebSocket: a player starts at the first delta's arrival + a jitter buffer and
+  plays continuously; whenever the next delta is not there when needed it starves until it arrives
+  (one underrun, its wait counted in ``starved_ms``). WebRTC: the server pads a late reply with
+  silence, so every run of silent frames between the reply's first and last audible frame counts.
+- **barge-in stop**: for a reply the user talked over, from the ``speech_started`` arrival (and from
+  the injected speech's real onset) to the cancelled reply's ``response.done`` and to the end of its
+  last audible audio (:func:`_barge_in` says which replies count on each transport).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+
+import numpy as np
+
+SILENCE_THRESHOLD = 33
+"""pcm16 magnitude at and above which a sample counts as sound (about -60 dBFS; 33 / 32768)."""
+
+DEFAULT_JITTER_MS = 60.0
+"""The jitter buffer of the modelled WebSocket player: it starts this long after the first delta."""
+
+
+class ResponseStatus(str, enum.Enum):
+    """``response.done`` statuses (the wire values), plus what the client saw instead of one."""
+
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    INCOMPLETE = "incomplete"
+    TIMED_OUT = "timed_out"
+    """No ``response.done`` within the bench's turn timeout."""
+    NO_RESPONSE = "no_response"
+    """The turn ended without any response (the VAD never heard the speech, or a server error)."""
+
+
+def first_audible(samples: np.ndarray, threshold: int = SILENCE_THRESHOLD) -> int | None:
+    """Index of the first sample whose pcm16 magnitude is >= ``threshold``; float input is taken as
+    [-1, 1] and scaled to pcm16. ``None`` when the chunk is silent."""
+    values = np.asarray(samples)
+    if values.dtype.kind == "f":
+        values = np.round(values * 32768.0)
+    loud = np.flatnonzero(np.abs(values.astype(np.int64)) >= threshold)
+    return int(loud[0]) if len(loud) else None
+
+
+@dataclass(frozen=True)
+class AudioArrival:
+    """One piece of reply audio as it reached the client."""
+
+    at: float
+    """Client clock (s) when it arrived."""
+    samples: int
+    first_audible: int | None
+    """Index (in samples) of its first non-silent sample, ``None`` when all silent."""
+
+
+@dataclass
+class ResponseLog:
+    """What the client saw of one ``response`` (client clock, seconds)."""
+
+    response_id: str
+    created_at: float
+    first_transcript_at: float | None = None
+    audio: list[AudioArrival] = field(default_factory=list)
+    done_at: float | None = None
+    status: ResponseStatus | None = None
+    reason: str | None = None
+    output_stopped_at: float | None = None
+    """WebRTC: arrival of ``output_audio_buffer.stopped`` (or ``.cleared``) for this reply."""
+
+
+@dataclass
+class BargeInLog:
+    """The user talked over this turn's reply."""
+
+    onset_at: float
+    """When the real speech onset of the interrupting utterance was played."""
+    detected_at: float | None = None
+    """Arrival of the ``speech_started`` that interrupted the reply (None: not detected)."""
+
+
+@dataclass
+class TurnLog:
+    """Raw, timestamped observations of one user turn (client clock, seconds)."""
+
+    user: int
+    turn: int
+    wav: str
+    speech_start_at: float
+    """When the real speech onset of the file was played (file start + its speech start)."""
+    speech_end_at: float
+    """When the real end of speech of the file was played."""
+    sample_rate: int = 24_000
+    """Rate of the reply audio (samples of :class:`AudioArrival`)."""
+    paced_audio: bool = False
+    """Reply audio came as real-time-paced media frames (WebRTC) rather than deltas."""
+    speech_started_at: float | None = None
+    speech_stopped_at: float | None = None
+    committed_at: float | None = None
+    responses: list[ResponseLog] = field(default_factory=list)
+    """Normally one; a VAD that split the utterance gives several (all but the last cancelled)."""
+    barge_in: BargeInLog | None = None
+    timed_out: bool = False
+
+    @property
+    def response(self) -> ResponseLog | None:
+        """The response that answered the whole turn: the last one."""
+        return self.responses[-1] if self.responses else None
+
+    @property
+    def end_of_turn_at(self) -> float | None:
+        return self.speech_stopped_at if self.speech_stopped_at is not None else self.committed_at
+
+
+@dataclass(frozen=True)
+class Playback:
+    """A modelled player's run over one reply (client clock, seconds)."""
+
+    start: float
+    end: float
+    underruns: int
+    starved_s: float
+
+
+def paced_playback(arrivals: Sequence[AudioArrival], rate: int, jitter_s: float) -> Playback | None:
+    """A player that starts ``jitter_s`` after the first arrival and plays at ``rate``; when the
+    next piece is not there in time it waits for it (an underrun) and resumes on its arrival.
+    ``None`` for no audio. Arrivals must be in arrival order."""
+    if not arrivals:
+        return None
+    start = clock = arrivals[0].at + jitter_s
+    underruns, starved = 0, 0.0
+    for piece in arrivals:
+        if piece.at > clock:
+            underruns += 1
+            starved += piece.at - clock
+            clock = piece.at
+        clock += piece.samples / rate
+    return Playback(start, clock, underruns, starved)
+
+
+def media_gaps(arrivals: Sequence[AudioArrival], rate: int) -> tuple[int, float]:
+    """Runs of silent frames between the first and the last audible frame, and their total length
+    (s): what a listener hears as dropouts when the sender pads a late reply with silence."""
+    audible = [i for i, a in enumerate(arrivals) if a.first_audible is not None]
+    if len(audible) < 2:
+        return 0, 0.0
+    runs, silent, previous_silent = 0, 0, False
+    for piece in arrivals[audible[0]:audible[-1] + 1]:
+        is_silent = piece.first_audible is None
+        if is_silent:
+            silent += piece.samples
+            runs += not previous_silent
+        previous_silent = is_silent
+    return runs, silent / rate
+
+
+@dataclass(frozen=True)
+class TurnMetrics:
+    """The figures of one turn; ``None`` where the turn gives no value (see the module docstring)."""
+
+    user: int
+    turn: int
+    wav: str
+    status: str
+    ttfa_ms: float | None = None
+    voice_to_voice_ms: float | None = None
+    first_transcript_ms: float | None = None
+    end_of_turn_ms: float | None = None
+    """Real end of speech → end of turn known (the VAD's silence window plus transport)."""
+    rtf: float | None = None
+    audio_ms: float | None = None
+    underruns: int | None = None
+    starved_ms: float | None = None
+    barge_in_stop_ms: float | None = None
+    """``speech_started`` arrival → the cancelled reply's ``response.done``."""
+    barge_in_audio_stop_ms: float | None = None
+    """``speech_started`` arrival → the end of the reply's last audible audio (≤ 0: none came after)."""
+    barge_in_from_onset_ms: float | None = None
+    """Injected speech's real onset → the reply stopped: its ``response.done`` (WebSocket), the end
+    of its last audible frame (WebRTC)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+NUMERIC_METRICS = tuple(f.name for f in fields(TurnMetrics) if f.name not in ("user", "turn", "wav", "status"))
+
+
+def _ms(later: float | None, earlier: float | None) -> float | None:
+    return None if later is None or earlier is None else 1000.0 * (later - earlier)
+
+
+def _first_sound(response: ResponseLog, rate: int) -> tuple[float, float] | None:
+    """(arrival, play time) of the reply's first non-silent sample."""
+    for piece in response.audio:
+        if piece.first_audible is not None:
+            return piece.at, piece.at + piece.first_audible / rate
+    return None
+
+
+def turn_metrics(log: TurnLog, *, jitter_ms: float = DEFAULT_JITTER_MS) -> TurnMetrics:
+    """The metrics of one turn (module docstring). Statuses: the last response's, or
+    ``timed_out`` / ``no_response``."""
+    response = log.response
+    status = _status(log, response)
+    base = TurnMetrics(log.user, log.turn, log.wav, status.value,
+                       end_of_turn_ms=_ms(log.end_of_turn_at, log.speech_end_at))
+    if response is None:
+        return base
+    values: dict = {"first_transcript_ms": _ms(response.first_transcript_at, log.end_of_turn_at)}
+    sound = _first_sound(response, log.sample_rate)
+    if sound is not None:
+        values["ttfa_ms"] = _ms(sound[0], log.end_of_turn_at)
+        values["voice_to_voice_ms"] = _ms(sound[1], log.speech_end_at)
+    played_out = status in (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE) and log.barge_in is None
+    if played_out and response.audio:
+        values.update(_delivery(log, response, jitter_ms))
+    if log.barge_in is not None:
+        values.update(_barge_in(log, response, status))
+    return replace(base, **values)
+
+
+def _status(log: TurnLog, response: ResponseLog | None) -> ResponseStatus:
+    if response is None:
+        return ResponseStatus.TIMED_OUT if log.timed_out else ResponseStatus.NO_RESPONSE
+    if response.status is None:
+        return ResponseStatus.TIMED_OUT
+    return response.status
+
+
+def _delivery(log: TurnLog, response: ResponseLog, jitter_ms: float) -> dict:
+    """Audio length, RTF and underruns of a reply that played to its end."""
+    rate, audio = log.sample_rate, response.audio
+    if log.paced_audio:
+        runs, starved = media_gaps(audio, rate)
+        audible = [a for a in audio if a.first_audible is not None]
+        audio_s = (audible[-1].at - audible[0].at) + audible[-1].samples / rate if audible else 0.0
+        return {"audio_ms": 1000.0 * audio_s, "underruns": runs, "starved_ms": 1000.0 * starved}
+    audio_s = sum(a.samples for a in audio) / rate
+    playback = paced_playback(audio, rate, jitter_ms / 1000.0)
+    assert playback is not None  # audio is non-empty
+    return {
+        "audio_ms": 1000.0 * audio_s,
+        "rtf": (audio[-1].at - audio[0].at) / audio_s if audio_s > 0 else None,
+        "underruns": playback.underruns,
+        "starved_ms": 1000.0 * playback.starved_s,
+    }
+
+
+def _barge_in(log: TurnLog, response: ResponseLog, status: ResponseStatus) -> dict:
+    """Stop latencies of a reply the user talked over. Over WebSocket the server stops a reply
+    only by cancelling it (a finished reply is the client player's to drop); over WebRTC it also
+    clears the track, so a finished reply still playing there counts too. The last *audible*
+    audio is used: a WebRTC track keeps sending silence after the clear."""
+    barge = log.barge_in
+    cancelled = status is ResponseStatus.CANCELLED
+    audible = [a for a in response.audio if a.first_audible is not None]
+    last_audio = None
+    if audible:  # a delta: when the server's last audio arrived; a paced frame: when it ended
+        last_audio = audible[-1].at + (audible[-1].samples / log.sample_rate if log.paced_audio else 0.0)
+    if log.paced_audio:
+        if barge.detected_at is None or last_audio is None or last_audio <= barge.detected_at:
+            return {}  # the reply had stopped playing before the user was heard: nothing to stop
+        return {
+            "barge_in_stop_ms": _ms(response.done_at, barge.detected_at) if cancelled else None,
+            "barge_in_audio_stop_ms": _ms(last_audio, barge.detected_at),
+            "barge_in_from_onset_ms": _ms(last_audio, barge.onset_at),
+        }
+    if not cancelled:
+        return {}
+    return {
+        "barge_in_stop_ms": _ms(response.done_at, barge.detected_at),
+        "barge_in_audio_stop_ms": _ms(last_audio, barge.detected_at),
+        "barge_in_from_onset_ms": _ms(response.done_at, barge.onset_at),
+    }
+
+
+# --- distributions -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Percentiles (linear interpolation) of the values that exist; NaN when there are none."""
+
+    n: int
+    p50: float
+    p90: float
+    p95: float
+    mean: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Iterable[float | None]) -> Distribution:
+        data = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+        if not len(data):
+            nan = float("nan")
+            return cls(0, nan, nan, nan, nan, nan)
+        p50, p90, p95 = (float(np.percentile(data, q)) for q in (50, 90, 95))
+        return cls(len(data), p50, p90, p95, float(data.mean()), float(data.max()))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(metrics: Sequence[TurnMetrics]) -> dict[str, Distribution]:
+    """One :class:`Distribution` per numeric metric over ``metrics``."""
+    return {name: Distribution.of(getattr(m, name) for m in metrics) for name in NUMERIC_METRICS}
+
+
+def status_counts(metrics: Sequence[TurnMetrics]) -> dict[str, int]:
+    counts = {s.value: 0 for s in ResponseStatus}
+    for m in metrics:
+        counts[m.status] += 1
+    return counts

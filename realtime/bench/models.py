@@ -1,0 +1,84 @@
+"""Which model the bench serves (in process) and hands to the reference, with forced reply lengths.
+
+``--model`` values: ``None`` / ``embedded:tiny`` (the embedded tiny random model), ``random:tiny`` or
+``random:7b`` (that random architecture built in memory on the stage device, nothing downloaded
+or written: the 7B one is the full Qwen2.5-Omni-7B architecture, 10.69 B parameters, bf16 on a
+GPU), or a checkpoint folder / cached hub id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pipeline.config import StageGraphConfig, load_stage_config
+
+FORCED_STAGE_CONFIG = Path(__file__).resolve().parents[2] / "pipeline" / "stage_configs" / "bench_forced.yaml"
+RANDOM_PREFIX = "random:"
+
+
+@dataclass(frozen=True)
+class ReplyLength:
+    """Forced reply length: thinker tokens and talker codec tokens (50 per second of audio)."""
+
+    text_tokens: int
+    codec_tokens: int
+
+    @property
+    def audio_s(self) -> float:
+        return self.codec_tokens / 50.0
+
+
+def bench_stage_config(path: Path | None, *, device: str | None, length: ReplyLength | None) -> StageGraphConfig:
+    """The stage graph at ``path`` (default :data:`FORCED_STAGE_CONFIG`), every stage on ``device``
+    when given, reply lengths forced to ``length`` when given (min = max tokens)."""
+    cfg = load_stage_config(path or FORCED_STAGE_CONFIG)
+    placed = {} if device is None else {"device": device}
+    thinker, talker = dict(placed), dict(placed)
+    if length is not None:
+        thinker.update(min_tokens=length.text_tokens, max_tokens=length.text_tokens)
+        talker.update(min_tokens=length.codec_tokens, max_tokens=length.codec_tokens)
+    return replace(cfg, thinker=replace(cfg.thinker, **thinker), talker=replace(cfg.talker, **talker),
+                   token2wav=replace(cfg.token2wav, **placed))
+
+
+def reply_length(cfg: StageGraphConfig) -> ReplyLength:
+    """The forced reply length of ``cfg``; ``ValueError`` when it does not force one (min < max),
+    since the reference must do the same work."""
+    th, ta = cfg.thinker, cfg.talker
+    if th.min_tokens is None or th.min_tokens != th.max_tokens or ta.min_tokens is None or ta.min_tokens != ta.max_tokens:
+        raise ValueError("the bench needs forced reply lengths: set min_tokens = max_tokens for thinker and talker "
+                         "(pipeline/stage_configs/bench_forced.yaml does, or pass --text-tokens/--codec-tokens)")
+    return ReplyLength(th.max_tokens, ta.max_tokens)
+
+
+def load_model(model: str | None, cfg: StageGraphConfig, *, cache_dir: Path | None = None):
+    """The :class:`~pipeline.models.qwen2_5_omni.checkpoint.LoadedCheckpoint` of ``model`` placed as
+    ``cfg`` says (a random architecture on the thinker's device and dtype; token2wav float32)."""
+    if model is not None and model.startswith(RANDOM_PREFIX):
+        from pipeline.models.qwen2_5_omni.tiny import PRESETS, build_random_model
+
+        preset = model[len(RANDOM_PREFIX):]
+        if preset not in PRESETS:
+            raise ValueError(f"--model {model}: unknown random architecture (one of: "
+                             f"{', '.join(RANDOM_PREFIX + p for p in sorted(PRESETS))})")
+        return build_random_model(PRESETS[preset](), device=cfg.thinker.torch_device(), dtype=cfg.thinker.torch_dtype())
+    from pipeline.embedded import resolve_model
+    from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
+
+    stages = ("thinker", "talker", "token2wav")
+    return load_checkpoint(
+        resolve_model(model, cache_dir),
+        devices={name: cfg.stage(name).torch_device() for name in stages},
+        dtypes={name: cfg.stage(name).torch_dtype() for name in stages},
+    )
+
+
+def model_label(model: str | None, ckpt, cfg: StageGraphConfig) -> str:
+    """A one-line description of what ``--model`` loaded, for reports."""
+    dtype = str(cfg.thinker.torch_dtype()).removeprefix("torch.")
+    if model is not None and model.startswith(RANDOM_PREFIX):
+        return f"Qwen2.5-Omni {model[len(RANDOM_PREFIX):]} architecture, random weights built in memory ({dtype})"
+    if model in (None, "embedded:tiny"):
+        return f"embedded tiny model (random weights, {dtype})"
+    return f"{ckpt.source} ({'random weights, ' if ckpt.random_weights else ''}{dtype})"

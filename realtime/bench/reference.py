@@ -1,0 +1,170 @@
+"""The reference: transformers' non-streaming ``generate`` on the bench's inputs, one at a time.
+
+:class:`ReferenceGenerator` runs ``Qwen2_5OmniForConditionalGeneration.generate`` (thinker, then
+talker, then one-shot token2wav) on the same checkpoint objects the engine serves, with the same
+forced reply lengths, the same system prompt and speaker, and the codec ids the DiT cannot embed
+banned (the engine bans them too). It returns audio only when everything is done, so its time to
+first audio is its whole run.
+
+:func:`serve_one_worker` measures the reference under load the way it would serve it: every user of
+a concurrency level speaks the same turns as in the streaming sweep, each request joins one queue,
+and one worker serves the queue in arrival order. Every request is really run; only the worker's
+idle time (no request waiting) is skipped on a virtual clock, which changes no figure of a
+one-worker FIFO queue. A user's next request arrives after it heard the whole reply (its audio
+duration), then spoke its next file up to the end of speech, plus the server's VAD silence window.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.outputs import OUTPUT_SAMPLE_RATE
+from realtime.bench.client import UserPlan
+from realtime.bench.metrics import ResponseStatus, TurnMetrics
+from realtime.bench.models import ReplyLength
+from realtime.bench.speech import RATE, Speech
+
+MODEL_INPUT_RATE = 16_000
+"""The thinker's audio encoder input rate (Hz)."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """One reference run: wall time (s) and the reply audio's duration (s)."""
+
+    seconds: float
+    audio_s: float
+
+
+@dataclass(frozen=True)
+class QueuedTurn:
+    """One request of the one-worker queue (seconds from the level's start, virtual clock)."""
+
+    user: int
+    turn: int
+    wav: str
+    arrival_s: float
+    start_s: float
+    done_s: float
+    audio_s: float
+    silence_window_s: float
+
+    @property
+    def service_s(self) -> float:
+        return self.done_s - self.start_s
+
+    def metrics(self) -> TurnMetrics:
+        """As a streaming turn's metrics: audio and transcript both come at the end of the run; the
+        player gets the whole reply at once (no underrun); RTF is run time / audio duration."""
+        ttfa = 1000.0 * (self.done_s - self.arrival_s)
+        return TurnMetrics(
+            self.user, self.turn, self.wav, ResponseStatus.COMPLETED.value,
+            ttfa_ms=ttfa, voice_to_voice_ms=ttfa + 1000.0 * self.silence_window_s, first_transcript_ms=ttfa,
+            end_of_turn_ms=1000.0 * self.silence_window_s,
+            rtf=self.service_s / self.audio_s if self.audio_s > 0 else None, audio_ms=1000.0 * self.audio_s,
+            underruns=0, starved_ms=0.0,
+        )
+
+
+def serve_one_worker(plans: Sequence[UserPlan], serve: Callable[[Speech], Served], *,
+                     silence_window_s: float, on_done: Callable[[QueuedTurn], None] | None = None) -> list[QueuedTurn]:
+    """Run every plan's turns through ``serve`` on one worker, first come first served (module
+    docstring). A user's first request arrives at its start delay + its first file's end of speech
+    + ``silence_window_s``. Returns the turns in the order they were served."""
+    queue: list[tuple[float, int, int]] = []
+    for plan in plans:
+        if plan.speeches:
+            heapq.heappush(queue, (_arrival(plan.start_delay_s, plan.speeches[0], silence_window_s), plan.user, 0))
+    by_user = {plan.user: plan for plan in plans}
+    clock, served = 0.0, []
+    while queue:
+        arrival, user, turn = heapq.heappop(queue)
+        speech = by_user[user].speeches[turn]
+        start = max(clock, arrival)
+        result = serve(speech)
+        clock = start + result.seconds
+        done = QueuedTurn(user, turn, speech.name, arrival, start, clock, result.audio_s, silence_window_s)
+        served.append(done)
+        if on_done is not None:
+            on_done(done)
+        if turn + 1 < len(by_user[user].speeches):
+            heard = clock + result.audio_s
+            heapq.heappush(queue, (_arrival(heard, by_user[user].speeches[turn + 1], silence_window_s), user, turn + 1))
+    return served
+
+
+def _arrival(speech_start_s: float, speech: Speech, silence_window_s: float) -> float:
+    return speech_start_s + speech.speech_end_ms / 1000.0 + silence_window_s
+
+
+class ReferenceGenerator:
+    """``generate`` on a loaded checkpoint (sharing its modules: no second copy of the weights)."""
+
+    def __init__(self, ckpt, length: ReplyLength, *, instructions: str | None = None) -> None:
+        import torch
+        from transformers import Qwen2_5OmniForConditionalGeneration
+
+        from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT, PromptRenderer
+
+        self.ckpt = ckpt
+        self.length = length
+        self.device = next(ckpt.thinker.parameters()).device
+        with torch.device("meta"):
+            model = Qwen2_5OmniForConditionalGeneration(ckpt.config)
+        model.thinker, model.talker, model.token2wav = ckpt.thinker, ckpt.talker, ckpt.token2wav
+        model.speaker_map = {name: {"bos_token": s.bos_token, "cond": s.cond, "ref_mel": s.ref_mel}
+                             for name, s in ckpt.speakers.items()}
+        self.model = model.eval()
+        self.renderer = PromptRenderer(ckpt.tokenizer, ckpt.special)
+        self.instructions = instructions or DEFAULT_SYSTEM_PROMPT
+        self.banned = self._banned_codes()
+
+    def _banned_codes(self) -> list[list[int]]:
+        """Codec ids the DiT cannot embed (random talkers sample them), stop ids excepted."""
+        config = self.ckpt.config
+        stops = set(self.ckpt.special.codec_stop_ids())
+        dit_vocab = config.token2wav_config.dit_config.num_embeds
+        return [[i] for i in range(dit_vocab, config.talker_config.vocab_size) if i not in stops]
+
+    def inputs(self, pcm_16k: np.ndarray) -> dict:
+        """``generate`` keyword arguments of one spoken user turn after the system prompt."""
+        import torch
+
+        r = self.renderer
+        n_audio = self.ckpt.audio_tokens_for_samples(len(pcm_16k))
+        ids = [*r.text_message("system", self.instructions), *r.header("user"), *r.audio_content(n_audio),
+               *r.footer(), *r.header("assistant")]
+        features = self.ckpt.feature_extractor(pcm_16k, sampling_rate=MODEL_INPUT_RATE, return_attention_mask=True,
+                                               padding="max_length", return_tensors="pt")
+        input_ids = torch.tensor([ids], device=self.device)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones_like(input_ids),
+            "input_features": features["input_features"].to(self.device),
+            "feature_attention_mask": features["attention_mask"].to(self.device),
+        }
+
+    def __call__(self, speech: Speech) -> Served:
+        """Generate the reply to ``speech``; the time includes feature extraction, like a server's."""
+        import soxr
+        import torch
+
+        start = time.perf_counter()
+        kwargs = self.inputs(soxr.resample(speech.pcm, RATE, MODEL_INPUT_RATE).astype(np.float32))
+        if self.banned:
+            kwargs["talker_bad_words_ids"] = self.banned
+        with torch.inference_mode():
+            _, wav = self.model.generate(
+                speaker=self.ckpt.default_speaker,
+                thinker_max_new_tokens=self.length.text_tokens, thinker_min_new_tokens=self.length.text_tokens,
+                talker_max_new_tokens=self.length.codec_tokens, talker_min_new_tokens=self.length.codec_tokens,
+                talker_eos_token_id=list(self.ckpt.special.codec_stop_ids()), **kwargs,
+            )
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return Served(time.perf_counter() - start, wav.numel() / OUTPUT_SAMPLE_RATE)

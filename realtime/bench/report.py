@@ -1,0 +1,252 @@
+"""Reports of a sweep: ``results.json`` (everything), ``report.md`` (tables), PNG plots.
+
+Every table and plot shows our streaming server beside the reference (transformers' ``generate``
+served one request at a time) when the run had one. Percentiles are over all turns of a level.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from realtime.bench.metrics import Distribution, TurnMetrics, status_counts, summarize
+from realtime.bench.sweep import LevelResult
+
+RESULTS_JSON = "results.json"
+REPORT_MD = "report.md"
+PLOTS = ("latency_cdf.png", "ttfa_vs_concurrency.png", "rtf_vs_concurrency.png")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """How the numbers were made: enough to rerun and to judge them."""
+
+    command: str
+    date: str
+    model: str
+    device: str
+    transport: str
+    server: str
+    text_tokens: int
+    codec_tokens: int
+    wavs: str
+    torch_threads: int
+    load_average: dict[str, list[float]] = field(default_factory=dict)
+    """``/proc/loadavg``-style 1/5/15 min averages, ``start`` and ``end`` of the run."""
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+# --- JSON ----------------------------------------------------------------------------------------
+
+
+def results_dict(info: RunInfo, levels: Sequence[LevelResult]) -> dict:
+    return {"info": asdict(info), "levels": [_level_dict(level) for level in levels]}
+
+
+def _level_dict(level: LevelResult) -> dict:
+    out = {
+        "concurrency": level.concurrency,
+        "turns_per_user": level.turns_per_user,
+        "wall_s": level.wall_s,
+        "silence_window_ms": level.silence_window_ms,
+        "statuses": status_counts(level.turns),
+        "summary": _summary_dict(level.turns),
+        "turns": [t.to_dict() for t in level.turns],
+        "errors": level.errors,
+    }
+    if level.reference is not None:
+        out["reference"] = {
+            "wall_s": level.reference_wall_s,
+            "summary": _summary_dict(level.reference_metrics()),
+            "service_ms": Distribution.of(1000.0 * q.service_s for q in level.reference).to_dict(),
+            "turns": [asdict(q) | {"service_s": q.service_s} for q in level.reference],
+        }
+    return out
+
+
+def _summary_dict(turns: Sequence[TurnMetrics]) -> dict:
+    return {name: dist.to_dict() for name, dist in summarize(turns).items()}
+
+
+def write_json(path: Path, info: RunInfo, levels: Sequence[LevelResult]) -> None:
+    """Strict JSON: NaN (a metric no turn had) is written as null."""
+    path.write_text(json.dumps(_finite(results_dict(info, levels)), indent=1) + "\n", encoding="utf-8")
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+# --- Markdown ------------------------------------------------------------------------------------
+
+
+def _f(value: float, digits: int = 0) -> str:
+    return "–" if not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _ppp(d: Distribution, digits: int = 0) -> str:
+    return f"{_f(d.p50, digits)} / {_f(d.p90, digits)} / {_f(d.p95, digits)}"
+
+
+def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
+    """Two tables (latency; delivery and barge-in), one row per concurrency level."""
+    has_ref = any(level.reference is not None for level in levels)
+    lines = [
+        f"Model: {info.model}; device: {info.device}; transport: {info.transport}; server: {info.server}.",
+        f"Reply forced to {info.text_tokens} text + {info.codec_tokens} codec tokens "
+        f"({info.codec_tokens / 50:.1f} s of audio); inputs: {info.wavs}.",
+        "",
+        "Latency, ms, p50 / p90 / p95" + (" (reference: transformers `generate`, one request at a time)" if has_ref else ""),
+        "",
+    ]
+    head = ["users", "turns", "TTFA (ours)", "voice-to-voice (ours)", "first transcript (ours)"]
+    if has_ref:
+        head += ["TTFA (reference)", "voice-to-voice (reference)"]
+    lines += [_row(head), _row(["---:"] * len(head))]
+    for level in levels:
+        ours = summarize(level.turns)
+        row = [str(level.concurrency), str(len(level.turns)), _ppp(ours["ttfa_ms"]), _ppp(ours["voice_to_voice_ms"]),
+               _ppp(ours["first_transcript_ms"])]
+        if has_ref:
+            ref = summarize(level.reference_metrics())
+            row += [_ppp(ref["ttfa_ms"]), _ppp(ref["voice_to_voice_ms"])]
+        lines.append(_row(row))
+    lines += ["", "Delivery and barge-in", ""]
+    head = ["users", "RTF p50 / p90 (ours)"] + (["RTF p50 (reference)"] if has_ref else []) + [
+        "turns with underruns", "underruns", "starved ms p95", "barge-in: speech_started → done, ms p50 / p95",
+        "→ last audio, ms p50 / p95", "speech onset → stop, ms p50", "statuses"]
+    lines += [_row(head), _row(["---:"] * (len(head) - 1) + [":---"])]
+    for level in levels:
+        lines.append(_row(_delivery_row(level, has_ref)))
+    return "\n".join(lines) + "\n"
+
+
+def _delivery_row(level: LevelResult, has_ref: bool) -> list[str]:
+    ours = summarize(level.turns)
+    rtf = ours["rtf"]
+    row = [str(level.concurrency), f"{_f(rtf.p50, 2)} / {_f(rtf.p90, 2)}"]
+    if has_ref:
+        row.append(_f(summarize(level.reference_metrics())["rtf"].p50, 2))
+    underruns = [t.underruns for t in level.turns if t.underruns is not None]
+    barge, audio = ours["barge_in_stop_ms"], ours["barge_in_audio_stop_ms"]
+    statuses = ", ".join(f"{k} {v}" for k, v in status_counts(level.turns).items() if v)
+    row += [
+        f"{sum(1 for u in underruns if u)} / {len(underruns)}", str(sum(underruns)),
+        _f(ours["starved_ms"].p95), f"{_f(barge.p50)} / {_f(barge.p95)} (n={barge.n})",
+        f"{_f(audio.p50)} / {_f(audio.p95)} (n={audio.n})", _f(ours["barge_in_from_onset_ms"].p50), statuses,
+    ]
+    return row
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+# --- plots ---------------------------------------------------------------------------------------
+
+
+def write_plots(out: Path, levels: Sequence[LevelResult], title: str) -> list[Path]:
+    """The PNGs of :data:`PLOTS` in ``out`` (matplotlib, Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = [out / name for name in PLOTS]
+    for path, draw in zip(paths, (_cdf, _ttfa_vs_level, _rtf_vs_level), strict=True):
+        fig = draw(plt, levels)
+        fig.suptitle(title, fontsize=9)
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+    return paths
+
+
+def _cdf(plt, levels: Sequence[LevelResult]):
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, level in enumerate(levels):
+        color = colors[i % len(colors)]
+        for ax, metric in zip(axes, ("ttfa_ms", "voice_to_voice_ms"), strict=True):
+            _cdf_line(ax, [getattr(t, metric) for t in level.turns], color, "-", f"ours, {level.concurrency} users")
+            if level.reference is not None:
+                _cdf_line(ax, [getattr(t, metric) for t in level.reference_metrics()], color, "--",
+                          f"reference, {level.concurrency} users")
+    for ax, label in zip(axes, ("time to first audio (ms)", "voice-to-voice (ms)"), strict=True):
+        ax.set_xscale("log")
+        _plain_ticks(ax.xaxis)
+        ax.set_xlabel(label)
+        ax.set_ylabel("fraction of turns")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize=7)
+    return fig
+
+
+def _cdf_line(ax, values: list, color: str, style: str, label: str) -> None:
+    data = sorted(v for v in values if v is not None and math.isfinite(v) and v > 0)
+    if data:
+        fractions = [0.0] + [(i + 1) / len(data) for i in range(len(data))]
+        ax.step([data[0], *data], fractions, where="post", color=color, linestyle=style, label=label)
+
+
+def _plain_ticks(axis) -> None:
+    from matplotlib.ticker import ScalarFormatter
+
+    formatter = ScalarFormatter()
+    formatter.set_scientific(False)
+    axis.set_major_formatter(formatter)
+    axis.set_minor_formatter(formatter)
+
+
+def _percentile_lines(ax, levels: Sequence[LevelResult], metric: str, digits_label: str) -> None:
+    """p50 / p90 / p95 against the level: one colour per source, one line style per percentile."""
+    xs = [level.concurrency for level in levels]
+    for source, color in (("ours", "tab:blue"), ("reference", "tab:red")):
+        if source == "reference" and all(level.reference is None for level in levels):
+            continue
+        summaries = [summarize(level.turns if source == "ours" else level.reference_metrics()) for level in levels]
+        for q, style, marker in (("p50", "-", "o"), ("p90", "--", "^"), ("p95", ":", "s")):
+            ys = [getattr(s[metric], q) for s in summaries]
+            ax.plot(xs, ys, color=color, linestyle=style, marker=marker, label=f"{source} {q}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("concurrent users")
+    ax.set_ylabel(digits_label)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _ttfa_vs_level(plt, levels: Sequence[LevelResult]):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    _percentile_lines(ax, levels, "ttfa_ms", "time to first audio (ms)")
+    ax.set_yscale("log")
+    _plain_ticks(ax.yaxis)
+    return fig
+
+
+def _rtf_vs_level(plt, levels: Sequence[LevelResult]):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    _percentile_lines(ax, levels, "rtf", "real-time factor (synthesis time / audio)")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    return fig
+
+
+def write_report(out: Path, info: RunInfo, levels: Sequence[LevelResult], *, plots: bool = True) -> list[Path]:
+    """Write ``results.json``, ``report.md`` and (``plots``) the PNGs into ``out``; returns the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / RESULTS_JSON, info, levels)
+    md = f"Command: `{info.command}`\n\n{markdown(info, levels)}"
+    (out / REPORT_MD).write_text(md, encoding="utf-8")
+    paths = [out / RESULTS_JSON, out / REPORT_MD]
+    if plots and levels:
+        paths += write_plots(out, levels, f"{info.model} · {info.device} · {info.transport}")
+    return paths
