@@ -14,7 +14,7 @@ import torch
 from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniToken2WavConfig
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 
-from pipeline.errors import CheckpointError, InvalidInputError
+from pipeline.errors import CheckpointError, ConfigError, InvalidInputError
 from pipeline.models.qwen2_5_omni.token2wav_stream import (
     StreamingToken2Wav,
     StreamStatus,
@@ -266,17 +266,57 @@ def test_empty_stream_is_done_at_finish(realistic_model) -> None:
     assert stream.done and stream.samples_emitted == 0
 
 
-def test_speaker_conditioning_runs_once_per_stream(realistic_model, realistic_case) -> None:
-    codes, cond, ref_mel, noise, _ = realistic_case
+@pytest.fixture
+def ecapa_calls(realistic_model):
+    """Counts forward calls of the speaker encoder (ECAPA) during a test."""
     calls = []
     hook = realistic_model.code2wav_dit_model.input_embed.spk_encoder.register_forward_hook(
         lambda *args: calls.append(1)
     )
-    try:
-        chunks = stream_chunks(realistic_model, ChunkingConfig(), codes, cond, ref_mel, noise)
-    finally:
-        hook.remove()
-    assert len(chunks) == 3 and len(calls) == 1
+    yield calls
+    hook.remove()
+
+
+def test_speaker_conditioning_runs_once_per_stream(realistic_model, realistic_case, ecapa_calls) -> None:
+    codes, cond, ref_mel, noise, _ = realistic_case
+    chunks = stream_chunks(realistic_model, ChunkingConfig(), codes, cond, ref_mel, noise)
+    assert len(chunks) == 3 and len(ecapa_calls) == 1
+
+
+def test_speaker_conditioning_is_cached_per_voice(realistic_model, ecapa_calls) -> None:
+    """Same tensors: one ECAPA pass for many streams. Fresh copies hit only under a voice name; a name reused
+    with other values, an in-place edit and another voice all recompute."""
+    _, cond, ref_mel, _ = utterance(4, seed=2)
+    _, other_cond, other_ref_mel, _ = utterance(4, seed=3)
+    t2w = StreamingToken2Wav(realistic_model)
+    start = lambda c, r, **kw: t2w.start(c, r, generator=torch.Generator(), max_codes=4, **kw)  # noqa: E731
+    for _ in range(3):
+        start(cond, ref_mel)
+    assert len(ecapa_calls) == t2w.speaker_computations == 1
+    start(cond.clone(), ref_mel.clone())  # unnamed copies: other tensors, another entry
+    assert len(ecapa_calls) == 2
+    for _ in range(3):
+        start(cond.clone(), ref_mel.clone(), voice="Chelsie")
+    assert len(ecapa_calls) == 3
+    start(other_cond, other_ref_mel, voice="Chelsie")  # the name now means other values
+    start(other_cond, other_ref_mel, voice="Ethan")
+    assert len(ecapa_calls) == 5
+    cond.mul_(2.0)  # in place: the cached conditioning of these tensors is stale
+    start(cond, ref_mel)
+    assert len(ecapa_calls) == t2w.speaker_computations == 6
+
+
+def test_cached_speaker_gives_the_same_audio(realistic_model) -> None:
+    codes, cond, ref_mel, noise = utterance(30)
+    t2w = StreamingToken2Wav(realistic_model)
+    outputs = []
+    for voice in (None, "Chelsie", "Chelsie"):  # computed, computed under the name, cached
+        stream = t2w.start(cond.clone(), ref_mel.clone(), voice=voice, noise=noise, max_codes=30)
+        stream.push(codes)
+        stream.finish()
+        outputs.append(np.concatenate([stream.step() for _ in iter(lambda s=stream: s.done, True)]))
+    assert t2w.speaker_computations == 2
+    np.testing.assert_array_equal(outputs[0], outputs[2])
 
 
 def test_generator_noise_equals_given_noise(realistic_model) -> None:
@@ -346,3 +386,83 @@ def test_misuse_raises_clear_errors(realistic_model) -> None:
     assert info.value.param == "cond"
     with pytest.raises(CheckpointError, match="block_size"):
         StreamingToken2Wav(realistic_model, ChunkingConfig(dit_block_frames=12))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Several streams in one batched DiT solve
+
+
+BATCH_LENGTHS = (70, 23, 100)
+BATCH_ROUNDS = (  # per stream: codes pushed so far, finished?
+    ((70, False), (23, True), (60, False)),  # 3 first chunks (windows of 72, 46 and 72 frames)
+    ((70, True), (23, True), (100, False)),  # 2 second chunks (windows of 140 and 144)
+    ((70, True), (23, True), (100, True)),  # a last chunk (68) beside a middle one (128), then C's last alone
+)
+
+
+def drive_together(t2w: StreamingToken2Wav, cases) -> tuple[list[list[np.ndarray]], list[int]]:
+    """Play :data:`BATCH_ROUNDS`: push and finish as scripted, then one ``step_many`` over every ready stream;
+    drain at the end. Returns each stream's chunks and the size of every ``step_many`` batch."""
+    streams = [t2w.start(cond, ref_mel, noise=noise, max_codes=len(codes)) for codes, cond, ref_mel, noise in cases]
+    chunks, batches = [[] for _ in streams], []
+
+    def step_ready() -> None:
+        ready = [i for i, s in enumerate(streams) if s.ready()]
+        batches.append(len(ready))
+        for i, samples in zip(ready, t2w.step_many([streams[i] for i in ready])):
+            chunks[i].append(samples)
+
+    for scripted in BATCH_ROUNDS:
+        for stream, (codes, _, _, _), (pushed, finished) in zip(streams, cases, scripted):
+            if stream.status is StreamStatus.OPEN:
+                stream.push(codes[stream.codes_received : pushed])
+                if finished:
+                    stream.finish()
+        step_ready()
+    while not all(s.done for s in streams):
+        step_ready()
+    return chunks, batches
+
+
+@pytest.mark.parametrize("max_batch", [8, 2])
+def test_step_many_equals_each_stream_stepped_alone(realistic_model, max_batch: int) -> None:
+    """Streams of different lengths and progress (first, steady and short last chunks at once) batched:
+    3 streams in 4 slots (one blank), or split in batches of 2 and 1. Windows are padded to the first/steady
+    window lengths; padding is masked out, so each stream's audio equals its own step() up to float noise."""
+    cases = [utterance(n, seed=10 + n) for n in BATCH_LENGTHS]
+    t2w = StreamingToken2Wav(realistic_model, max_batch=max_batch)
+    together, batches = drive_together(t2w, cases)
+    assert batches == [3, 2, 2, 1]
+    stats = t2w.graph_stats()
+    assert not stats.enabled and stats.dit_replays == 0
+    assert stats.eager_dit_solves == (3 if max_batch == 8 else 4) + 1  # padded batches + C's last chunk alone
+    for (codes, cond, ref_mel, noise), chunks in zip(cases, together):
+        alone = stream_chunks(realistic_model, ChunkingConfig(), codes, cond, ref_mel, noise)
+        assert [len(c) for c in chunks] == [len(c) for c in alone]
+        np.testing.assert_allclose(np.concatenate(chunks), np.concatenate(alone), rtol=0, atol=FLOAT_NOISE)
+
+
+def test_step_many_refuses_bad_batches_before_touching_a_stream(realistic_model) -> None:
+    codes, cond, ref_mel, noise = utterance(40)
+    t2w = StreamingToken2Wav(realistic_model)
+    ready = t2w.start(cond, ref_mel, noise=noise, max_codes=40)
+    ready.push(codes)
+    waiting = t2w.start(cond, ref_mel, noise=noise, max_codes=40)
+    waiting.push(codes[:5])
+    foreign = StreamingToken2Wav(realistic_model).start(cond, ref_mel, noise=noise, max_codes=40)
+    foreign.push(codes)
+    with pytest.raises(Token2WavStreamStateError, match="5 codes received"):
+        t2w.step_many([ready, waiting])
+    with pytest.raises(ValueError, match="more than once"):
+        t2w.step_many([ready, ready])
+    with pytest.raises(ValueError, match="this StreamingToken2Wav"):
+        t2w.step_many([ready, foreign])
+    assert ready.chunks_emitted == 0 and ready.ready()
+    assert t2w.step_many([]) == []
+
+
+def test_cuda_graphs_need_a_cuda_model(realistic_model) -> None:
+    with pytest.raises(ConfigError) as info:
+        StreamingToken2Wav(realistic_model, cuda_graphs=True)
+    assert info.value.param == "cuda_graphs"
+    assert not StreamingToken2Wav(realistic_model).cuda_graphs  # CPU default: the eager path

@@ -14,14 +14,22 @@ audio chunk by chunk, following the plan of :mod:`pipeline.stages.chunk_schedule
   drops the output of the first ``vocoder_trim_frames`` and holds back its own last
   ``overlap - trim`` frames until the next chunk supplies their right context: no seam clicks.
 
-Speaker conditioning (ECAPA on the reference mel, the ``cond`` vector) is computed once per stream.
-All model calls run under ``torch.inference_mode()``. The model must be float32 (the reference requires it).
+Speaker conditioning (ECAPA on the reference mel, the ``cond`` vector) is computed once per voice and cached by the
+synthesizer (keyed by an explicit voice name or by the identity of the speaker tensors). All model calls run under
+``torch.inference_mode()``. The model must be float32 (the reference requires it).
+
+GPU path (model on CUDA, ``cuda_graphs`` on by default there): the DiT windows of one or several streams
+(:meth:`StreamingToken2Wav.step_many`) are padded into a few static shapes and the whole ODE solve of a shape is
+replayed from a CUDA graph, as is BigVGAN for the regular chunk lengths (:mod:`.token2wav_graphs`); other vocoder
+lengths (the last chunk) run eagerly. Padding frames are masked out of the real frames' attention, so the audio
+equals the eager path's up to float rounding. On CPU, ``step()`` runs exactly the eager computation.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -30,13 +38,40 @@ import torch
 from torch import Tensor
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 
-from pipeline.errors import CheckpointError, InvalidInputError, PipelineError
+from pipeline.errors import CheckpointError, ConfigError, InvalidInputError, PipelineError
+from pipeline.models.qwen2_5_omni.token2wav_graphs import (
+    CapturedCall,
+    WindowJob,
+    bucket_at_least,
+    pack_windows,
+    slot_bucket,
+)
 from pipeline.stages.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
 
-__all__ = ["StreamStatus", "Token2WavStream", "Token2WavStreamStateError", "StreamingToken2Wav", "one_shot"]
+__all__ = [
+    "DEFAULT_MAX_BATCH",
+    "GraphStats",
+    "StreamStatus",
+    "StreamingToken2Wav",
+    "Token2WavStream",
+    "Token2WavStreamStateError",
+    "one_shot",
+]
 
 _CFG_OFF_BELOW = 1e-5
 """Guidance scales below this run the conditioned branch alone (same threshold as the reference sampler)."""
+
+DEFAULT_MAX_BATCH = 8
+"""Streams whose DiT windows share one batched solve (and one CUDA graph launch) in ``step_many``."""
+
+MAX_CACHED_VOICES = 32
+"""Speaker conditionings kept per synthesizer (least recently used dropped first)."""
+
+_VOCODER_MIN_DB = -115.0
+_VOCODER_DB_SHIFT = 20.0
+"""BigVGAN's input normalisation (the reference's ``process_mel_spectrogram``): log-mel -> dB floored at
+-115 dB, shifted by -20 dB, scaled to [-1, 1]. Restated here only for the capturable vocoder; a test checks it
+against the reference module."""
 
 Velocity = Callable[[Tensor, Tensor], Tensor]
 
@@ -63,7 +98,8 @@ class StreamStatus(enum.Enum):
 
 @dataclass(frozen=True)
 class _Speaker:
-    """Per-stream speaker conditioning, batched as [conditioned, unconditioned] when CFG is on.
+    """Speaker conditioning of one voice (cached by the synthesizer), batched as [conditioned, unconditioned]
+    when CFG is on.
 
     ``ref_embedding``: ECAPA(ref_mel) and ECAPA(zeros), (B, enc_dim); ``cond``: cond and zeros, (B, enc_emb_dim).
     """
@@ -109,18 +145,14 @@ def _guided(prediction: Tensor, guidance_scale: float, use_cfg: bool) -> Tensor:
     return conditioned + (conditioned - unconditioned) * guidance_scale
 
 
-def _window_velocity(dit, speaker: _Speaker, codes: Tensor, first_frame: int, guidance_scale: float) -> Velocity:
-    """The guided DiT velocity field on mel frames ``[first_frame, first_frame + len(codes) * repeats)``.
-
-    Everything that does not depend on (t, x) is computed once here: code embeddings, speaker features,
-    RoPE tables and the block mask, all at absolute frame positions so that the window sees exactly the
-    attention pattern a one-shot pass has on those frames.
-    """
+def _features(dit, speaker: _Speaker, codes: Tensor) -> Tensor:
+    """Per-row conditioning of a window, (rows, len(codes) * repeats, enc_dim + emb_dim + enc_emb_dim): speaker
+    embedding, code embedding (codes dropped in the unconditioned row) and ``cond``, concatenated per frame."""
     use_cfg = speaker.batch == 2
     embeds = [dit.text_embed(codes)] + ([dit.text_embed(codes, drop_code=True)] if use_cfg else [])
     code_embed = torch.cat(embeds, dim=0)
     batch, length = code_embed.shape[0], code_embed.shape[1]
-    static = torch.cat(
+    return torch.cat(
         [
             speaker.ref_embedding.unsqueeze(1).expand(batch, length, -1),
             code_embed,
@@ -128,25 +160,84 @@ def _window_velocity(dit, speaker: _Speaker, codes: Tensor, first_frame: int, gu
         ],
         dim=-1,
     )
+
+
+@dataclass(frozen=True)
+class _Window:
+    """Everything the DiT velocity field of a batch of windows needs besides (t, x), per row (rows are
+    ``[conditioned..., unconditioned...]`` with CFG): ``features`` (rows, L, feat); ``rope`` cos and sin
+    (rows, L, head_dim) at absolute positions; ``block_diff`` (rows, heads, L, L), key block minus query block."""
+
+    features: Tensor
+    rope: tuple[Tensor, Tensor]
+    block_diff: Tensor
+
+
+def _window_inputs(dit, speaker: _Speaker, codes: Tensor, first_frame: int) -> _Window:
+    """One stream's window on mel frames ``[first_frame, first_frame + len(codes) * repeats)``, unpadded.
+
+    Everything that does not depend on (t, x) is computed once here: code embeddings, speaker features,
+    RoPE tables and the block mask, all at absolute frame positions so that the window sees exactly the
+    attention pattern a one-shot pass has on those frames.
+    """
+    static = _features(dit, speaker, codes)
+    batch, length = static.shape[0], static.shape[1]
     positions = torch.arange(first_frame, first_frame + length, device=codes.device)
     rope = dit.rotary_embed(static, positions.unsqueeze(0).expand(batch, -1))
     blocks = positions // dit.block_size
     block_diff = (blocks.unsqueeze(0) - blocks.unsqueeze(1)).expand(batch, dit.num_attention_heads, -1, -1)
+    return _Window(static, rope, block_diff)
+
+
+def _velocity(dit, window: _Window, guidance_scale: float, use_cfg: bool) -> Velocity:
+    """The guided DiT velocity field of ``window``: x (streams, L, mel_dim) -> (streams, L, mel_dim)."""
+    rows = window.features.shape[0]
 
     def velocity(t: Tensor, x: Tensor) -> Tensor:
-        time_embedding = dit.time_embed(t.reshape(1).expand(batch))
-        hidden = dit.input_embed.proj(torch.cat([x.expand(batch, -1, -1), static], dim=-1))
+        time_embedding = dit.time_embed(t.reshape(1).expand(rows))
+        # x holds one row per stream; each stream's row feeds its conditioned and unconditioned rows.
+        hidden = dit.input_embed.proj(torch.cat([x.repeat(rows // x.shape[0], 1, 1), window.features], dim=-1))
         for layer in dit.transformer_blocks:
-            hidden = layer(hidden, time_embedding, position_embeddings=rope, block_diff=block_diff)
+            hidden = layer(hidden, time_embedding, position_embeddings=window.rope, block_diff=window.block_diff)
         out = dit.proj_out(dit.norm_out(hidden, time_embedding))
         return _guided(out, guidance_scale, use_cfg)
 
     return velocity
 
 
+def _solve_packed(dit, times: Tensor, guidance_scale: float, use_cfg: bool, noise: Tensor, features: Tensor,
+                  cos: Tensor, sin: Tensor, block_diff: Tensor) -> Tensor:  # fmt: skip
+    """The ODE solve of packed windows (see :class:`.token2wav_graphs.PackedWindows`), a pure function of its
+    tensors so that it can be captured: (slots, frames, mel_dim) noise -> (slots, frames, mel_dim) mel."""
+    heads = dit.num_attention_heads
+    window = _Window(features, (cos, sin), block_diff.unsqueeze(1).expand(-1, heads, -1, -1))
+    return _integrate(_velocity(dit, window, guidance_scale, use_cfg), noise, times)
+
+
 def _vocode(bigvgan, mel: Tensor) -> Tensor:
     """(1, mel_dim, frames) -> (frames * hop,) float32 samples on CPU."""
     return bigvgan(mel).reshape(-1).float()
+
+
+def _vocoder_min_amplitude(device: torch.device) -> Tensor:
+    """The -115 dB amplitude floor as a device scalar, computed as the reference computes it."""
+    exponent = torch.tensor(_VOCODER_MIN_DB / 20.0 * np.log(10), device=device, dtype=torch.float32)
+    return torch.exp(exponent)
+
+
+def _vocoder_waveform(bigvgan, min_amplitude: Tensor, mel: Tensor) -> Tensor:
+    """BigVGAN's forward without its final copy to the host, so that it can be captured: (1, mel_dim, frames) ->
+    (frames * hop,) on the model's device. The reference builds its dB floor from a Python float on every call
+    (a host-to-device copy, which capture forbids); here it is ``min_amplitude``, made once."""
+    decibels = 20 * torch.log10(torch.clamp(torch.exp(mel), min=min_amplitude)) - _VOCODER_DB_SHIFT
+    hidden = bigvgan.conv_pre(bigvgan.normalize_spectrogram(decibels, 1, _VOCODER_MIN_DB))
+    per_layer = bigvgan.num_residual_blocks
+    for layer in range(bigvgan.num_upsample_layers):
+        hidden = bigvgan.ups[layer][0](hidden)
+        blocks = bigvgan.resblocks[layer * per_layer : (layer + 1) * per_layer]
+        hidden = sum(block(hidden) for block in blocks) / per_layer
+    waveform = bigvgan.conv_post(bigvgan.activation_post(hidden))
+    return torch.clamp(waveform, min=-1.0, max=1.0).reshape(-1)
 
 
 def _check_model(model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig) -> ChunkingConfig:
@@ -182,12 +273,202 @@ def _check_conditioning(dit, cond: Tensor, ref_mel: Tensor) -> None:
 
 
 def _codes_tensor(dit, codes: Sequence[int] | Tensor, device: torch.device) -> Tensor:
-    """Codes as a (n,) long tensor, validated against the DiT's code embedding table."""
-    tensor = torch.as_tensor(codes, dtype=torch.long).reshape(-1).to(device)
+    """Codes as a (n,) long tensor on ``device``, validated against the DiT's code embedding table on the host
+    (a check on a GPU tensor would wait for all queued GPU work)."""
+    tensor = torch.as_tensor(codes, dtype=torch.long).reshape(-1).cpu()
     table = dit.text_embed.codec_embed.num_embeddings
     if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= table):
         raise InvalidInputError(f"codec ids must lie in [0, {table}); strip talker special tokens", param="codes")
-    return tensor
+    return tensor.to(device)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Speaker conditioning, cached per voice
+
+
+def _version(tensor: Tensor) -> int | None:
+    """The in-place write counter of ``tensor`` (None for inference tensors, which have none)."""
+    return None if tensor.is_inference() else tensor._version
+
+
+@dataclass(frozen=True)
+class _CachedSpeaker:
+    speaker: _Speaker
+    cond: Tensor  # the tensors it was computed from (strong references: their ids cannot be reused meanwhile)
+    ref_mel: Tensor
+    versions: tuple[int | None, int | None]
+
+    def made_from(self, cond: Tensor, ref_mel: Tensor) -> bool:
+        """The very same tensors, not written in place since."""
+        same = self.cond is cond and self.ref_mel is ref_mel
+        return same and self.versions == (_version(cond), _version(ref_mel))
+
+    def same_values(self, cond: Tensor, ref_mel: Tensor) -> bool:
+        """Other tensors holding the values this entry was computed from."""
+        unchanged = self.versions == (_version(self.cond), _version(self.ref_mel))
+        shapes = self.cond.shape == cond.shape and self.ref_mel.shape == ref_mel.shape
+        return unchanged and shapes and torch.equal(self.cond, cond) and torch.equal(self.ref_mel, ref_mel)
+
+
+class _SpeakerCache:
+    """Speaker conditioning (ECAPA on the reference mel, with the unconditioned branch) per voice, LRU-bounded.
+
+    Key: the explicit voice name when given (then other tensors with equal values also hit: callers that copy
+    the speaker tensors to the device per request still compute ECAPA once), else the identity of the
+    ``(cond, ref_mel)`` pair. A hit needs tensors unchanged since (version counters; inference tensors have none,
+    so in-place writes to those are not detected). A name given with different values recomputes and replaces.
+    """
+
+    def __init__(self, compute: Callable[[Tensor, Tensor], _Speaker], capacity: int = MAX_CACHED_VOICES) -> None:
+        self._compute = compute
+        self._capacity = capacity
+        self._entries: OrderedDict[tuple, _CachedSpeaker] = OrderedDict()
+        self.computed = 0
+
+    def get(self, cond: Tensor, ref_mel: Tensor, voice: str | None) -> _Speaker:
+        key = ("voice", voice) if voice is not None else ("tensors", id(cond), id(ref_mel))
+        entry = self._entries.get(key)
+        if entry is not None and self._hit(entry, cond, ref_mel, named=voice is not None):
+            self._entries.move_to_end(key)
+            return entry.speaker
+        speaker = self._compute(cond, ref_mel)
+        self.computed += 1
+        self._entries[key] = _CachedSpeaker(speaker, cond, ref_mel, (_version(cond), _version(ref_mel)))
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
+        return speaker
+
+    @staticmethod
+    def _hit(entry: _CachedSpeaker, cond: Tensor, ref_mel: Tensor, *, named: bool) -> bool:
+        return entry.made_from(cond, ref_mel) or (named and entry.same_values(cond, ref_mel))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Batched DiT solves and the vocoder, CUDA graphs on GPU
+
+
+@dataclass(frozen=True)
+class GraphStats:
+    """What a synthesizer's GPU path did so far. ``dit_graphs``: captured (window frames, slots) shapes;
+    ``vocoder_graphs``: captured vocoder lengths in mel frames; ``*_replays``: graph launches; ``eager_*``: DiT
+    solves (one per batch or per single window) and vocoder calls that ran without a graph."""
+
+    enabled: bool
+    dit_graphs: tuple[tuple[int, int], ...]
+    vocoder_graphs: tuple[int, ...]
+    dit_replays: int
+    vocoder_replays: int
+    eager_dit_solves: int
+    eager_vocoder_calls: int
+
+
+def _window_frames(cfg: ChunkingConfig) -> tuple[int, ...]:
+    """DiT window lengths worth a graph: the first chunk with its look-ahead and a steady chunk with its full past
+    and look-ahead. No window is longer than the larger (a chunk after the first has at most ``past_frames`` of
+    past); shorter ones (early chunks, the last) are padded up to the nearest."""
+    first = cfg.first_chunk_frames + cfg.future_frames
+    steady = cfg.past_frames + cfg.chunk_frames + cfg.future_frames
+    return tuple(sorted({first, steady}))
+
+
+def _vocoder_frames(cfg: ChunkingConfig) -> tuple[int, ...]:
+    """Vocoder input lengths worth a graph: the first chunk, and a steady chunk after its re-run overlap. The
+    vocoder cannot be padded exactly (its right edge would see the padding), so other lengths run eagerly."""
+    return tuple(sorted({cfg.first_chunk_frames, cfg.vocoder_overlap_frames + cfg.chunk_frames}))
+
+
+class _BatchedDit:
+    """ODE solves of DiT windows of one or more streams, in padded batches of static shape (frames, slots):
+    frames rounded up to a :func:`_window_frames` length, slots to a power of two up to ``max_batch``. With
+    ``graphs`` each shape replays its CUDA graph (captured on first use or by :meth:`capture`); without, the same
+    padded computation runs eagerly."""
+
+    def __init__(self, dit, cfg: ChunkingConfig, times: Tensor, *, graphs: bool, max_batch: int) -> None:
+        self.dit, self.cfg, self.times = dit, cfg, times
+        self.use_cfg = cfg.guidance_scale >= _CFG_OFF_BELOW
+        self.frame_buckets = _window_frames(cfg)
+        self.graphs, self.max_batch = graphs, max_batch
+        self.captured: dict[tuple[int, int], CapturedCall] = {}
+        self.eager_solves = 0
+
+    def solve(self, jobs: Sequence[WindowJob]) -> list[Tensor]:
+        """Solved windows, (1, L, mel_dim) each, in the order of ``jobs``; tensors the caller owns."""
+        out: list[Tensor] = []
+        for start in range(0, len(jobs), self.max_batch):
+            out += self._solve_batch(jobs[start : start + self.max_batch])
+        return out
+
+    def capture(self, frames: int, slots: int) -> None:
+        """Capture the graph of one shape now (no-op if captured or graphs are off)."""
+        if self.graphs and (frames, slots) not in self.captured:
+            mel_dim = self.dit.config.mel_dim
+            width = self.dit.input_embed.proj.in_features - mel_dim
+            groups = 2 if self.use_cfg else 1
+            device = self.times.device
+            blank = WindowJob(torch.zeros(1, frames, mel_dim, device=device),
+                              torch.zeros(groups, frames, width, device=device), first_frame=0)  # fmt: skip
+            self._replay_or_capture(frames, slots, self._inputs(pack_windows(
+                [blank], frames=frames, slots=slots, block_size=self.dit.block_size)))  # fmt: skip
+
+    def _solve_batch(self, jobs: Sequence[WindowJob]) -> list[Tensor]:
+        longest = max(job.frames for job in jobs)
+        frames = bucket_at_least(longest, self.frame_buckets) or longest
+        slots = slot_bucket(len(jobs), self.max_batch)
+        packed = pack_windows(jobs, frames=frames, slots=slots, block_size=self.dit.block_size)
+        inputs = self._inputs(packed)
+        if self.graphs and frames in self.frame_buckets:
+            solved = self._replay_or_capture(frames, slots, inputs)
+        else:
+            solved = self._solve(*inputs)
+            self.eager_solves += 1
+        # Copies: a graph's output buffer is overwritten by its next replay.
+        return [packed.window(solved, slot).clone() for slot in range(len(jobs))]
+
+    def _inputs(self, packed) -> tuple[Tensor, ...]:
+        cos, sin = self.dit.rotary_embed(packed.features, packed.positions)
+        return packed.noise, packed.features, cos, sin, packed.block_diff
+
+    def _replay_or_capture(self, frames: int, slots: int, inputs: tuple[Tensor, ...]) -> Tensor:
+        call = self.captured.get((frames, slots))
+        if call is None:
+            call = self.captured[(frames, slots)] = CapturedCall(self._solve, inputs)
+        return call(*inputs)
+
+    def _solve(self, *inputs: Tensor) -> Tensor:
+        return _solve_packed(self.dit, self.times, self.cfg.guidance_scale, self.use_cfg, *inputs)
+
+
+class _Vocoder:
+    """BigVGAN over a chunk's mel frames; a CUDA graph per :func:`_vocoder_frames` length when ``graphs``."""
+
+    def __init__(self, bigvgan, cfg: ChunkingConfig, device: torch.device, *, graphs: bool) -> None:
+        self.bigvgan, self.graphs = bigvgan, graphs
+        self.lengths = _vocoder_frames(cfg)
+        self.min_amplitude = _vocoder_min_amplitude(device) if graphs else None
+        self.captured: dict[int, CapturedCall] = {}
+        self.eager_calls = 0
+
+    def __call__(self, mel: Tensor) -> Tensor:
+        """(1, mel_dim, frames) -> (frames * hop,) float32 samples: a graph's output buffer on the device (valid
+        until the next call) or a CPU tensor."""
+        frames = mel.shape[2]
+        if not (self.graphs and frames in self.lengths):
+            self.eager_calls += 1
+            return _vocode(self.bigvgan, mel)
+        call = self.captured.get(frames)
+        if call is None:
+            call = self.captured[frames] = CapturedCall(self._waveform, (mel,))
+        return call(mel)
+
+    def capture(self, frames: int) -> None:
+        if self.graphs and frames in self.lengths and frames not in self.captured:
+            mel_dim = self.bigvgan.config.mel_dim
+            blank = torch.zeros(1, mel_dim, frames, device=self.min_amplitude.device)
+            self.captured[frames] = CapturedCall(self._waveform, (blank,))
+
+    def _waveform(self, mel: Tensor) -> Tensor:
+        return _vocoder_waveform(self.bigvgan, self.min_amplitude, mel)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -200,33 +481,58 @@ class StreamingToken2Wav:
     ``cfg.frames_per_code`` / ``samples_per_frame`` / ``dit_block_frames`` must match the checkpoint
     (``dit_block_frames=None`` takes the checkpoint's); mismatches raise :class:`CheckpointError`.
     Streams share the model and are independent of each other; none is thread-safe.
+
+    ``cuda_graphs`` (default: on when the model is on CUDA) replays the DiT solve and the vocoder from CUDA graphs
+    (see the module docstring); a shape is captured the first time it is needed (about three solves' time), or up
+    front by :meth:`warm_up`. ``max_batch`` bounds the streams of one batched DiT solve in :meth:`step_many`.
     """
 
-    def __init__(self, model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig | None = None) -> None:
+    def __init__(self, model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig | None = None, *,
+                 cuda_graphs: bool | None = None, max_batch: int = DEFAULT_MAX_BATCH) -> None:  # fmt: skip
         self.cfg = _check_model(model, cfg or ChunkingConfig())
         self.model = model.eval()
         self.dit = model.code2wav_dit_model
         self.bigvgan = model.code2wav_bigvgan_model
         self.device = next(model.parameters()).device
+        on_cuda = self.device.type == "cuda"
+        if cuda_graphs and not on_cuda:
+            raise ConfigError("cuda_graphs needs the token2wav model on a CUDA device", param="cuda_graphs")
+        if max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {max_batch}", param="max_batch")
+        self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+        self.max_batch = max_batch
+        self._times = _ode_time_points(self.cfg, self.device)
+        self._speakers = _SpeakerCache(lambda cond, ref_mel: _speaker(self.dit, cond, ref_mel, self.use_cfg))
+        self._dit_batches = _BatchedDit(self.dit, self.cfg, self._times, graphs=self.cuda_graphs, max_batch=max_batch)
+        self._vocoder = _Vocoder(self.bigvgan, self.cfg, self.device, graphs=self.cuda_graphs)
+        self._eager_windows = 0
 
     @property
     def use_cfg(self) -> bool:
         return self.cfg.guidance_scale >= _CFG_OFF_BELOW
+
+    @property
+    def speaker_computations(self) -> int:
+        """How many times speaker conditioning (ECAPA) ran: once per voice while it stays cached."""
+        return self._speakers.computed
 
     def start(
         self,
         cond: Tensor,
         ref_mel: Tensor,
         *,
+        voice: str | None = None,
         noise: Tensor | None = None,
         generator: torch.Generator | None = None,
         max_codes: int,
     ) -> Token2WavStream:
         """Open a stream for one utterance of at most ``max_codes`` codec tokens.
 
-        ``cond`` (1, enc_emb_dim) and ``ref_mel`` (1, T, mel_dim) are the speaker's (``spk_dict.pt``).
-        ``noise`` (1, >= max_codes * frames_per_code, mel_dim) is the utterance's initial ODE state; when
-        omitted it is drawn once, here, from ``generator`` (torch's default generator when None).
+        ``cond`` (1, enc_emb_dim) and ``ref_mel`` (1, T, mel_dim) are the speaker's (``spk_dict.pt``); their
+        conditioning is cached per ``voice`` name, or per tensor pair when no name is given (pass the name when
+        the tensors are fresh copies each time). ``noise`` (1, >= max_codes * frames_per_code, mel_dim) is the
+        utterance's initial ODE state; when omitted it is drawn once, here, from ``generator`` (torch's default
+        generator when None).
         """
         frames = max_codes * self.cfg.frames_per_code
         limit = self.dit.config.max_position_embeddings // self.cfg.frames_per_code
@@ -236,8 +542,60 @@ class StreamingToken2Wav:
         cond, ref_mel = cond.to(self.device, torch.float32), ref_mel.to(self.device, torch.float32)
         with torch.inference_mode():
             noise = self._noise(noise, generator, frames)
-            speaker = _speaker(self.dit, cond, ref_mel, self.use_cfg)
+            speaker = self._speakers.get(cond, ref_mel, voice)
         return Token2WavStream(self, speaker, noise, max_codes)
+
+    def warm_up(self, max_batch: int = 1) -> None:
+        """Capture the graphs of the regular shapes now, so that no stream pays a capture: DiT windows of the first
+        and steady chunks for batches of up to ``max_batch`` streams (powers of two, capped at the synthesizer's
+        ``max_batch``) and the vocoder of the first and steady chunks. Seconds; no-op without CUDA graphs."""
+        if not self.cuda_graphs:
+            return
+        slots = sorted({slot_bucket(n, self.max_batch) for n in range(1, min(max_batch, self.max_batch) + 1)})
+        with torch.inference_mode():
+            for frames in _window_frames(self.cfg):
+                for slot_count in slots:
+                    self._dit_batches.capture(frames, slot_count)
+            for frames in _vocoder_frames(self.cfg):
+                self._vocoder.capture(frames)
+
+    def step_many(self, streams: Sequence[Token2WavStream]) -> list[np.ndarray]:
+        """Synthesize the next chunk of each of ``streams``, their DiT windows batched (``max_batch`` at a time,
+        one graph launch per batch on GPU). Returns each stream's samples, in order, as its ``step()`` would (equal
+        up to float rounding). Every stream must be ready, opened by this synthesizer and listed once; otherwise
+        :class:`Token2WavStreamStateError` (or ValueError) is raised before any stream changes."""
+        if len({id(s) for s in streams}) != len(streams):
+            raise ValueError("a stream is listed more than once")
+        if any(s._owner is not self for s in streams):
+            raise ValueError("every stream must come from this StreamingToken2Wav")
+        plans = [s.next_plan() for s in streams]
+        for stream, plan in zip(streams, plans):
+            if plan is None:
+                raise Token2WavStreamStateError(stream._not_ready_message())
+        return self._synthesize(list(zip(streams, plans)))
+
+    def graph_stats(self) -> GraphStats:
+        return GraphStats(
+            enabled=self.cuda_graphs,
+            dit_graphs=tuple(sorted(self._dit_batches.captured)),
+            vocoder_graphs=tuple(sorted(self._vocoder.captured)),
+            dit_replays=sum(c.replays for c in self._dit_batches.captured.values()),
+            vocoder_replays=sum(c.replays for c in self._vocoder.captured.values()),
+            eager_dit_solves=self._dit_batches.eager_solves + self._eager_windows,
+            eager_vocoder_calls=self._vocoder.eager_calls,
+        )
+
+    # -- internals
+
+    def _synthesize(self, chunks: list[tuple[Token2WavStream, ChunkPlan]]) -> list[np.ndarray]:
+        with torch.inference_mode():
+            if len(chunks) == 1 and not self.cuda_graphs:
+                (stream, plan), = chunks  # fmt: skip
+                windows = [stream._solve_window(plan)]  # the unpadded eager computation
+                self._eager_windows += 1
+            else:
+                windows = self._dit_batches.solve([stream._window_job(plan) for stream, plan in chunks])
+            return [stream._emit(plan, window) for (stream, plan), window in zip(chunks, windows)]
 
     def _noise(self, noise: Tensor | None, generator: torch.Generator | None, frames: int) -> Tensor:
         mel_dim = self.dit.config.mel_dim
@@ -254,11 +612,11 @@ class StreamingToken2Wav:
 class Token2WavStream:
     """Streaming synthesis state of one utterance. Create with :meth:`StreamingToken2Wav.start`.
 
-    Calling order: any interleaving of ``push(codes)`` and, whenever ``ready()``, ``step()``; then
-    ``finish()``; then ``step()`` until ``done``; ``close()`` at any time (idempotent) frees the tensors.
-    Each ``step()`` synthesizes exactly one chunk and returns its samples (float32, 24 kHz, contiguous with
-    the previous chunk's; possibly empty for a first chunk shorter than the vocoder hold). An engine that
-    interleaves one step per tick can cancel within one chunk by calling ``close()``.
+    Calling order: any interleaving of ``push(codes)`` and, whenever ``ready()``, ``step()`` (or the owner's
+    ``step_many([...])``); then ``finish()``; then ``step()`` until ``done``; ``close()`` at any time (idempotent)
+    frees the tensors. Each ``step()`` synthesizes exactly one chunk and returns its samples (float32, 24 kHz,
+    contiguous with the previous chunk's; possibly empty for a first chunk shorter than the vocoder hold). An
+    engine that interleaves one step per tick can cancel within one chunk by calling ``close()``.
     """
 
     def __init__(self, owner: StreamingToken2Wav, speaker: _Speaker, noise: Tensor, max_codes: int) -> None:
@@ -266,7 +624,8 @@ class Token2WavStream:
         self._cfg = owner.cfg
         self._speaker: _Speaker | None = speaker
         self._noise: Tensor | None = noise
-        self._codes: Tensor | None = torch.zeros(max_codes, dtype=torch.long, device=owner.device)
+        # Codes stay on the host: pushing one per talker step must not wait on the GPU.
+        self._codes: Tensor | None = torch.zeros(max_codes, dtype=torch.long)
         self._mel_tail: Tensor | None = None  # final mel (1, mel_dim, n) ending at frames_done
         self.max_codes = max_codes
         self.status = StreamStatus.OPEN
@@ -283,7 +642,7 @@ class Token2WavStream:
     def push(self, codes: Sequence[int]) -> None:
         """Append codec tokens (DiT code ids, talker specials stripped). Raises InvalidInputError past max_codes."""
         self._require(StreamStatus.OPEN, "push")
-        tensor = _codes_tensor(self._owner.dit, codes, self._owner.device)
+        tensor = _codes_tensor(self._owner.dit, codes, self._codes.device)
         end = self.codes_received + tensor.numel()
         if end > self.max_codes:
             raise InvalidInputError(f"stream holds at most {self.max_codes} codes, got {end}", param="codes")
@@ -310,22 +669,14 @@ class Token2WavStream:
         plan = self._plan()
         if plan is None:
             raise Token2WavStreamStateError(self._not_ready_message())
-        with torch.inference_mode():
-            mel = self._final_mel(plan)
-            samples = self._vocode(plan, mel)
-        self.frames_done = plan.frames.end
-        self.samples_emitted += samples.size
-        self.chunks_emitted += 1
-        if plan.is_last:
-            self._set_done()
-        return samples
+        return self._owner._synthesize([(self, plan)])[0]
 
     def close(self) -> None:
         """Release every tensor; the stream is unusable afterwards. Safe to call more than once."""
         self._release()
         self.status = StreamStatus.CLOSED
 
-    # -- internals
+    # -- internals (the owner drives the synthesis of a chunk: _solve_window or _window_job, then _emit)
 
     def _plan(self) -> ChunkPlan | None:
         if self.status not in (StreamStatus.OPEN, StreamStatus.FINISHED):
@@ -338,14 +689,34 @@ class Token2WavStream:
             index=self.chunks_emitted,
         )
 
-    def _final_mel(self, plan: ChunkPlan) -> Tensor:
-        """Run the DiT ODE over the chunk's context window; return the chunk's frames, (1, mel_dim, n)."""
-        owner, context = self._owner, plan.dit_context
+    def _window_codes(self, plan: ChunkPlan) -> Tensor:
         codes = self._codes[plan.dit_codes.start : plan.dit_codes.end].unsqueeze(0)
-        velocity = _window_velocity(owner.dit, self._speaker, codes, context.start, self._cfg.guidance_scale)
-        times = _ode_time_points(self._cfg, owner.device)
-        window = _integrate(velocity, self._noise[:, context.start : context.end], times)
-        return window[:, plan.frames.start - context.start : plan.frames.end - context.start].transpose(1, 2)
+        return codes.to(self._owner.device, non_blocking=True)
+
+    def _solve_window(self, plan: ChunkPlan) -> Tensor:
+        """Run the DiT ODE over the chunk's context window, unpadded; (1, L, mel_dim)."""
+        owner, context = self._owner, plan.dit_context
+        window = _window_inputs(owner.dit, self._speaker, self._window_codes(plan), context.start)
+        velocity = _velocity(owner.dit, window, self._cfg.guidance_scale, self._speaker.batch == 2)
+        return _integrate(velocity, self._noise[:, context.start : context.end], owner._times)
+
+    def _window_job(self, plan: ChunkPlan) -> WindowJob:
+        """The chunk's context window for a batched solve."""
+        context = plan.dit_context
+        features = _features(self._owner.dit, self._speaker, self._window_codes(plan))
+        return WindowJob(self._noise[:, context.start : context.end], features, context.start)
+
+    def _emit(self, plan: ChunkPlan, window: Tensor) -> np.ndarray:
+        """Vocode the chunk's frames of its solved ``window``, advance the stream, return the samples."""
+        offset = plan.dit_context.start
+        mel = window[:, plan.frames.start - offset : plan.frames.end - offset].transpose(1, 2)
+        samples = self._vocode(plan, mel)
+        self.frames_done = plan.frames.end
+        self.samples_emitted += samples.size
+        self.chunks_emitted += 1
+        if plan.is_last:
+            self._set_done()
+        return samples
 
     def _vocode(self, plan: ChunkPlan, mel: Tensor) -> np.ndarray:
         """Vocode ``mel`` after the re-run overlap frames; keep ``plan.samples``; update the mel tail."""
@@ -353,9 +724,10 @@ class Token2WavStream:
         if overlap:
             mel = torch.cat([self._mel_tail[:, :, -overlap:], mel], dim=2)
         self._mel_tail = mel[:, :, -self._cfg.vocoder_overlap_frames :] if self._cfg.vocoder_overlap_frames else None
-        wav = _vocode(self._owner.bigvgan, mel)
+        wav = self._owner._vocoder(mel)
         offset = plan.vocoder_frames.start * self._cfg.samples_per_frame
-        return wav[plan.samples.start - offset : plan.samples.end - offset].numpy().astype(np.float32, copy=True)
+        kept = wav[plan.samples.start - offset : plan.samples.end - offset].cpu()
+        return kept.numpy().astype(np.float32, copy=True)
 
     def _set_done(self) -> None:
         self.status = StreamStatus.DONE
