@@ -199,12 +199,15 @@ def _cdf_line(ax, values: list, color: str, style: str, label: str) -> None:
 
 
 def _plain_ticks(axis) -> None:
-    from matplotlib.ticker import ScalarFormatter
+    """Log-scale ticks at 1, 2, 5 × 10^k, written as plain numbers."""
+    from matplotlib.ticker import LogLocator, NullFormatter, NullLocator, ScalarFormatter
 
     formatter = ScalarFormatter()
     formatter.set_scientific(False)
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(formatter)
-    axis.set_minor_formatter(formatter)
+    axis.set_minor_locator(NullLocator())
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _percentile_lines(ax, levels: Sequence[LevelResult], metric: str, digits_label: str) -> None:
