@@ -2,7 +2,7 @@
 Markdown tables).
 
     python scripts/bench_token2wav.py --device cuda                     # 7B token2wav, random weights, GPU
-    python scripts/bench_token2wav.py --device cuda --batches 1,4,8 --tf32 --json out.json
+    python scripts/bench_token2wav.py --device cuda --batches 4,8 --tf32 --json out.json
     python scripts/bench_token2wav.py --tiny                            # tiny token2wav on CPU (smoke run)
 
 Builds only the token2wav of the Qwen2.5-Omni-7B architecture (DiT 22 layers, BigVGAN 1536 channels; float32, as
@@ -45,8 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--codes", type=int, default=250, help="codec tokens per utterance (50 per second of audio)")
     p.add_argument("--runs", type=int, default=3, help="timed utterances per mode (median reported)")
     p.add_argument("--eager-runs", type=int, default=2)
-    p.add_argument("--batches", default="1,4,8", help="stream counts for the batched rows")
-    p.add_argument("--tf32", action="store_true", help="add a graphs row with TF32 matmuls in the DiT")
+    p.add_argument("--batches", default="4,8", help="stream counts for the batched rows")
+    p.add_argument("--tf32", action="store_true", help="add rows with TF32 matmuls in the DiT (tf32_matmul=True)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None, help="also write the results here")
     return p.parse_args(argv)
@@ -183,8 +183,7 @@ def main(argv=None) -> None:
         if cuda:
             modes = [("CUDA graphs", False)] + ([("CUDA graphs + TF32 matmul", True)] if args.tf32 else [])
             for label, tf32 in modes:
-                torch.backends.cuda.matmul.allow_tf32 = tf32  # graphs record kernels: a fresh synthesizer per mode
-                t2w = StreamingToken2Wav(model, cuda_graphs=True)
+                t2w = StreamingToken2Wav(model, cuda_graphs=True, tf32_matmul=tf32)
                 started = time.perf_counter()
                 t2w.warm_up(max_batch=max(int(n) for n in args.batches.split(",")))
                 warm_up_s = time.perf_counter() - started
@@ -193,20 +192,21 @@ def main(argv=None) -> None:
                 rows.append(summarize(label, runs, reference, extra))
                 if not tf32:
                     breakdown = steady_breakdown(eager, t2w, sync)
-                    for n in (int(n) for n in args.batches.split(",")):
-                        for together in (False, True):
-                            seconds = run_batched(t2w, cond, ref_mel, codes, noise, n, together, sync)
-                            how = "step_many" if together else "step() in turn"
-                            batched.append({"streams": n, "how": how, "seconds": seconds,
-                                            "rtf_per_stream": seconds / rows[0]["audio_s"]})  # fmt: skip
-            torch.backends.cuda.matmul.allow_tf32 = False
+                for n in (int(n) for n in args.batches.split(",")):
+                    for together in (False, True):
+                        seconds = run_batched(t2w, cond, ref_mel, codes, noise, n, together, sync)
+                        how = "step_many" if together else "step() in turn"
+                        batched.append({"mode": label, "streams": n, "how": how, "seconds": seconds,
+                                        "rtf_per_stream": seconds / rows[0]["audio_s"]})  # fmt: skip
 
     device = torch.cuda.get_device_name() if cuda else "CPU"
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
     import transformers
 
     print(f"\ntoken2wav: {'tiny' if args.tiny else 'Qwen2.5-Omni-7B architecture'}, random weights, float32; "
           f"built in {build_s:.1f} s")
-    print(f"device: {device}; torch {torch.__version__}, transformers {transformers.__version__}")
+    print(f"device: {device}; torch {torch.__version__}, transformers {transformers.__version__}; "
+          f"peak GPU memory allocated {peak_gib:.2f} GiB (model, every captured graph, 8-stream batches)")
     print(f"utterance: {args.codes} codes = {rows[0]['audio_s']:.2f} s of audio, {rows[0]['chunks']} chunks "
           f"(default schedule: first 48 frames, then 72; past 48, future 24)\n")
     print("| mode | first chunk (ms) | steady chunk (ms) | total (ms) | RTF | graph capture (s) "
@@ -217,10 +217,11 @@ def main(argv=None) -> None:
         print(f"| {r['mode']} | {r['first_chunk_ms']:.1f} | {r['steady_chunk_ms']:.1f} | {r['total_ms']:.0f} "
               f"| {r['rtf']:.3f} | {r['warm_up_s']:.1f} | {diff} |")
     if batched:
-        print("\n| streams | CUDA graphs, stepped | wall (ms) | RTF per stream |")
-        print("|---:|---|---:|---:|")
+        print("\n| mode | streams | stepped | wall (ms) | RTF per stream |")
+        print("|---|---:|---|---:|---:|")
         for b in batched:
-            print(f"| {b['streams']} | {b['how']} | {b['seconds'] * 1000:.0f} | {b['rtf_per_stream']:.3f} |")
+            print(f"| {b['mode']} | {b['streams']} | {b['how']} | {b['seconds'] * 1000:.0f} "
+                  f"| {b['rtf_per_stream']:.3f} |")
     if breakdown:
         print("\n| steady chunk part | eager (ms) | CUDA graph (ms) |")
         print("|---|---:|---:|")
@@ -232,7 +233,8 @@ def main(argv=None) -> None:
             print(f"\n{r['mode']} graph stats: {r['stats']}")
     if args.json:
         with open(args.json, "w") as f:
-            result = {"device": device, "rows": rows, "batched": batched, "breakdown": breakdown, "build_s": build_s}
+            result = {"device": device, "rows": rows, "batched": batched, "breakdown": breakdown, "build_s": build_s,
+                      "peak_gpu_mem_gib": peak_gib}  # fmt: skip
             json.dump(result, f, indent=2)
 
 

@@ -210,6 +210,21 @@ def test_step_many_with_graphs_equals_eager_steps(cuda_model) -> None:
 
 
 @needs_cuda
+def test_tf32_matmuls_stay_close_and_leave_the_global_switch_alone(cuda_model) -> None:
+    """Opt-in TF32 DiT products: the audio stays within a few per mille of the float32 path (tf32 rounds inputs to
+    10 mantissa bits); the process-wide switch is only on while the synthesizer works."""
+    codes, cond, ref_mel, noise = utterance(70, seed=3)
+    before = torch.backends.cuda.matmul.allow_tf32
+    fast = StreamingToken2Wav(cuda_model, tf32_matmul=True)
+    chunks = run_stream(fast, codes, cond, ref_mel, noise)
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+    expected = np.concatenate(run_stream(StreamingToken2Wav(cuda_model, cuda_graphs=False), codes, cond, ref_mel,
+                                         noise))  # fmt: skip
+    diff = np.abs(np.concatenate(chunks) - expected).max()
+    assert diff < 2e-2 * np.abs(expected).max(), f"max |tf32 - float32| = {diff:.3g}"
+
+
+@needs_cuda
 def test_warm_up_captures_every_regular_shape(cuda_model) -> None:
     t2w = StreamingToken2Wav(cuda_model, ChunkingConfig(), max_batch=4)
     t2w.warm_up(max_batch=3)

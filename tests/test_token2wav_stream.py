@@ -462,7 +462,8 @@ def test_step_many_refuses_bad_batches_before_touching_a_stream(realistic_model)
 
 
 def test_cuda_graphs_need_a_cuda_model(realistic_model) -> None:
-    with pytest.raises(ConfigError) as info:
-        StreamingToken2Wav(realistic_model, cuda_graphs=True)
-    assert info.value.param == "cuda_graphs"
+    for option in ("cuda_graphs", "tf32_matmul"):
+        with pytest.raises(ConfigError) as info:
+            StreamingToken2Wav(realistic_model, **{option: True})
+        assert info.value.param == option
     assert not StreamingToken2Wav(realistic_model).cuda_graphs  # CPU default: the eager path
