@@ -413,6 +413,23 @@ def test_stage_config_forces_reply_lengths():
         reply_length(bench_stage_config(packaged, device=None, length=None))
 
 
+def test_bench_refuses_bad_options_models_and_servers(tmp_path, capsys):
+    import socket
+
+    from realtime.cli import main
+
+    assert main(["bench", "--turns", "0", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "--wavs", str(tmp_path), "--out", str(tmp_path)]) == 2  # no WAVs there
+    assert main(["bench", "--quick", "--model", "random:13b", "--out", str(tmp_path)]) == 2
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["bench", "--quick", "--url", f"http://127.0.0.1:{port}", "--no-plots", "--out", str(tmp_path)]) == 1
+    errors = capsys.readouterr().err
+    assert "turns must be >= 1" in errors and "no .wav files" in errors and "unknown random architecture" in errors
+    assert "no session" in errors
+
+
 # --- end to end ------------------------------------------------------------------------------------
 
 

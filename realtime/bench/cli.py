@@ -133,33 +133,40 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    """The ``bench`` subcommand. Returns the exit status (2: bad options or inputs)."""
+    """The ``bench`` subcommand. Returns the exit status: 2 for bad options, inputs or model, 1 when
+    the server could not be used."""
+    from realtime.bench.client import BenchClientError
+    from realtime.bench.models import BenchConfigError
     from realtime.bench.speech import SpeechFolderError, load_speech_folder
+    from realtime.bench.sweep import SweepPlan
 
     try:
         options = resolve_options(args)
+        plan = SweepPlan(options.levels, options.turns, options.min_samples, options.barge_in_every, options.ramp_s,
+                         options.warmup_turns)
         speeches = load_speech_folder(options.wavs, max_seconds=options.max_wav_s)
-    except (ValueError, SpeechFolderError) as exc:
+    except (ValueError, SpeechFolderError) as exc:  # the options' and the folder's own checks
         print(f"error: {exc}", file=sys.stderr)
         return 2
     command = "omni-realtime " + shlex.join(argv if argv is not None else sys.argv[1:])
-    return asyncio.run(_bench(options, speeches, command))
+    try:
+        return asyncio.run(_bench(options, plan, speeches, command))
+    except BenchConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except BenchClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
-async def _bench(options: BenchOptions, speeches, command: str) -> int:
+async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
     from realtime.bench.client import ClientOptions, Transport
-    from realtime.bench.models import ReplyLength, bench_stage_config, reply_length
+    from realtime.bench.models import reply_length
     from realtime.bench.report import REPORT_MD, write_report
-    from realtime.bench.sweep import SweepPlan, run_sweep
+    from realtime.bench.sweep import run_sweep
 
-    length = None
-    if options.text_tokens is not None or options.codec_tokens is not None:
-        default = reply_length(bench_stage_config(options.stage_config, device=None, length=None))
-        length = ReplyLength(options.text_tokens or default.text_tokens, options.codec_tokens or default.codec_tokens)
-    cfg = bench_stage_config(options.stage_config, device=options.device, length=length)
+    cfg = _stage_config(options)
     length = reply_length(cfg)
-    plan = SweepPlan(options.levels, options.turns, options.min_samples, options.barge_in_every, options.ramp_s,
-                     options.warmup_turns)
     client = ClientOptions(Transport(options.transport), options.api_key, options.barge_in_after_ms,
                            options.jitter_ms, turn_timeout_s=options.turn_timeout_s)
     loaded = await asyncio.to_thread(_load, options, cfg) if options.url is None or options.reference else None
@@ -188,6 +195,18 @@ async def _bench(options: BenchOptions, speeches, command: str) -> int:
     write_report(options.out, info, results, plots=options.plots)
     print((options.out / REPORT_MD).read_text(encoding="utf-8"))
     return 0
+
+
+def _stage_config(options: BenchOptions):
+    """The stage graph with ``--text-tokens`` / ``--codec-tokens`` (either alone keeps the config's
+    other length) and ``--device`` applied."""
+    from realtime.bench.models import ReplyLength, bench_stage_config, reply_length
+
+    length = None
+    if options.text_tokens is not None or options.codec_tokens is not None:
+        default = reply_length(bench_stage_config(options.stage_config, device=None, length=None))
+        length = ReplyLength(options.text_tokens or default.text_tokens, options.codec_tokens or default.codec_tokens)
+    return bench_stage_config(options.stage_config, device=options.device, length=length)
 
 
 @dataclass

@@ -187,7 +187,10 @@ class WebSocketLink:
         import websockets
 
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        self._ws = await websockets.connect(self.url, max_size=None, additional_headers=headers)
+        try:
+            self._ws = await websockets.connect(self.url, max_size=None, additional_headers=headers)
+        except websockets.exceptions.InvalidHandshake as exc:  # refused: HTTP 401/403, not a WebSocket
+            raise BenchClientError(f"{self.url} refused the session: {exc}") from exc
         self._t0 = asyncio.get_running_loop().time()
         self._tasks = [asyncio.create_task(self._pump(), name="bench microphone"),
                        asyncio.create_task(self._read(listener), name="bench reader")]

@@ -13,6 +13,10 @@ from pathlib import Path
 
 from pipeline.config import StageGraphConfig, load_stage_config
 
+class BenchConfigError(ValueError):
+    """A model or stage config the bench cannot use (the message says why)."""
+
+
 FORCED_STAGE_CONFIG = Path(__file__).resolve().parents[2] / "pipeline" / "stage_configs" / "bench_forced.yaml"
 RANDOM_PREFIX = "random:"
 
@@ -43,12 +47,13 @@ def bench_stage_config(path: Path | None, *, device: str | None, length: ReplyLe
 
 
 def reply_length(cfg: StageGraphConfig) -> ReplyLength:
-    """The forced reply length of ``cfg``; ``ValueError`` when it does not force one (min < max),
+    """The forced reply length of ``cfg``; :class:`BenchConfigError` when it does not force one (min < max),
     since the reference must do the same work."""
     th, ta = cfg.thinker, cfg.talker
-    if th.min_tokens is None or th.min_tokens != th.max_tokens or ta.min_tokens is None or ta.min_tokens != ta.max_tokens:
-        raise ValueError("the bench needs forced reply lengths: set min_tokens = max_tokens for thinker and talker "
-                         "(pipeline/stage_configs/bench_forced.yaml does, or pass --text-tokens/--codec-tokens)")
+    if any(stage.min_tokens is None or stage.min_tokens != stage.max_tokens for stage in (th, ta)):
+        raise BenchConfigError("the bench needs forced reply lengths: set min_tokens = max_tokens for thinker and "
+                               "talker (pipeline/stage_configs/bench_forced.yaml does, or pass --text-tokens and "
+                               "--codec-tokens)")
     return ReplyLength(th.max_tokens, ta.max_tokens)
 
 
@@ -60,7 +65,7 @@ def load_model(model: str | None, cfg: StageGraphConfig, *, cache_dir: Path | No
 
         preset = model[len(RANDOM_PREFIX):]
         if preset not in PRESETS:
-            raise ValueError(f"--model {model}: unknown random architecture (one of: "
+            raise BenchConfigError(f"--model {model}: unknown random architecture (one of: "
                              f"{', '.join(RANDOM_PREFIX + p for p in sorted(PRESETS))})")
         return build_random_model(PRESETS[preset](), device=cfg.thinker.torch_device(), dtype=cfg.thinker.torch_dtype())
     from pipeline.embedded import resolve_model

@@ -105,7 +105,8 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
         f"Reply forced to {info.text_tokens} text + {info.codec_tokens} codec tokens "
         f"({info.codec_tokens / 50:.1f} s of audio); inputs: {info.wavs}.",
         "",
-        "Latency, ms, p50 / p90 / p95" + (" (reference: transformers `generate`, one request at a time)" if has_ref else ""),
+        "Latency, ms, p50 / p90 / p95"
+        + (" (reference: transformers `generate`, one request at a time)" if has_ref else ""),
         "",
     ]
     head = ["users", "turns", "TTFA (ours)", "voice-to-voice (ours)", "first transcript (ours)"]

@@ -10,6 +10,9 @@ User *u* of *N* starts ``ramp_s · u / N`` seconds into the level (arrivals spre
 all in the same instant), speaks the files of the folder in turn starting at file *u* (users say
 different things), and runs ``max(turns, ceil(min_samples / N))`` turns, so low levels still give
 enough samples for percentiles.
+
+The child is started with ``spawn`` (no fork of a process holding CUDA and an engine thread), so a
+script that calls :func:`run_sweep` needs the usual ``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ class LevelResult:
         return [q.metrics() for q in self.reference or ()]
 
 
-def run_clients(url: str, plans: list[UserPlan], options: ClientOptions, label: str) -> tuple[list[TurnMetrics], list[dict], float | None]:
+def run_clients(url: str, plans: list[UserPlan], options: ClientOptions,
+                label: str) -> tuple[list[TurnMetrics], list[dict], float | None]:
     """Child-process entry: run the users with a progress bar; returns their turns' metrics, the
     server errors and the sessions' silence window (ms)."""
     from tqdm import tqdm
