@@ -64,6 +64,9 @@ class ServerConfig:
     ws_implementation: str = "websockets"
     shutdown_timeout_s: float = 5.0
     """How long a shutdown waits for live sessions to close before giving up on them."""
+    send_timeout_s: float = 30.0
+    """A WebSocket client whose socket takes none of one event for this long has stopped reading:
+    its session ends, closed with 1008 (RELIABILITY.md). Its queued events are bounded meanwhile."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -79,8 +82,9 @@ class ServerConfig:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.ws_implementation not in WS_IMPLEMENTATIONS:
             raise ValueError(f"ws_implementation must be one of {', '.join(WS_IMPLEMENTATIONS)}")
-        if self.shutdown_timeout_s <= 0:
-            raise ValueError(f"shutdown_timeout_s must be positive, got {self.shutdown_timeout_s}")
+        for name in ("shutdown_timeout_s", "send_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if isinstance(self.allowed_origins, (str, list)):
             raise ValueError("allowed_origins must be a tuple of origins or None")
 

@@ -6,15 +6,26 @@ transport sends: ``error`` (counted by code), ``response.created`` → first aud
 time-to-first-audio histogram, seconds, measured when the events are handed to the transport;
 on WebRTC the first audio is ``output_audio_buffer.started``) and ``response.done`` (counted by
 status).
+
+Resource hygiene gauges are set from a :class:`Hygiene` snapshot the server takes when ``/metrics``
+is scraped (:meth:`ServerMetrics.observe_hygiene`): live sessions' asyncio tasks, all tasks of the
+event loop, open WebRTC peer connections, what the engine holds (conversations, responses, open
+audio messages, KV positions, queued commands) and the process's resident memory and open file
+descriptors. Once every session has ended each returns to its idle value; a count that keeps
+growing is a leak.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from pipeline.outputs import EngineStats
 from realtime.protocol.names import Dialect, ServerEvent, server_event_name
 
 PREFIX = "omni_realtime"
@@ -36,6 +47,68 @@ _FIRST_AUDIO = frozenset(
 start of playback on a WebRTC media track."""
 
 
+@runtime_checkable
+class EngineStatsSource(Protocol):
+    """An engine that reports what it holds (``pipeline.engine.OmniEngine`` does)."""
+
+    async def stats(self) -> EngineStats: ...
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """The process's resident memory (bytes) and open file descriptors (sockets included)."""
+
+    rss_bytes: int
+    open_fds: int
+
+
+def process_memory() -> ProcessMemory | None:
+    """Read from ``/proc/self`` (Linux); ``None`` where there is no procfs."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            resident_pages = int(statm.read().split()[1])
+        open_fds = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+    return ProcessMemory(resident_pages * os.sysconf("SC_PAGE_SIZE"), open_fds)
+
+
+@dataclass(frozen=True)
+class Hygiene:
+    """What a server holds at one moment. With no session live: ``sessions``, ``session_tasks``,
+    ``webrtc_peers`` and the engine's conversations, responses, open audio messages and KV
+    positions are all zero; ``loop_tasks`` is back to the server's own few."""
+
+    sessions: int
+    """Live sessions (WebSocket and WebRTC)."""
+    session_tasks: int
+    """asyncio tasks named as a session's (``realtime.runner.live_session_tasks``)."""
+    loop_tasks: int
+    """Every unfinished task of the event loop (the ASGI server's included)."""
+    webrtc_peers: int
+    """RTCPeerConnections created for calls and not closed."""
+    outbound_events: int
+    """Server events queued for clients and not sent yet (each session's queue is bounded by its
+    hard limit: a client that stops reading is disconnected)."""
+    engine: EngineStats | None
+    """``None`` when the engine does not report (:class:`EngineStatsSource`)."""
+    memory: ProcessMemory | None
+
+    def leaks(self) -> dict[str, int]:
+        """The per-session resources still held (all zero when no session is live)."""
+        held = {"session_tasks": self.session_tasks, "webrtc_peers": self.webrtc_peers,
+                "outbound_events": self.outbound_events}
+        if self.engine is not None:
+            e = self.engine
+            held |= {
+                "engine_conversations": e.conversations,
+                "engine_responses": e.responses,
+                "engine_open_audio_messages": e.open_audio_messages,
+                "engine_kv_positions": e.cached_tokens + e.talker_cached_tokens,
+            }
+        return {name: count for name, count in held.items() if count}
+
+
 class ServerMetrics:
     """The server's metrics, registered in ``registry`` (a fresh one by default)."""
 
@@ -55,6 +128,43 @@ class ServerMetrics:
             registry=r,
         )
         self.errors = Counter(f"{PREFIX}_errors", "error events sent to clients, by code", ["code"], registry=r)
+        self._hygiene_gauges(r)
+
+    def _hygiene_gauges(self, r: CollectorRegistry) -> None:
+        self.session_tasks = Gauge(f"{PREFIX}_session_tasks", "asyncio tasks of live sessions", registry=r)
+        self.loop_tasks = Gauge(f"{PREFIX}_event_loop_tasks", "Unfinished asyncio tasks of the server", registry=r)
+        self.webrtc_peers = Gauge(f"{PREFIX}_webrtc_peers", "Open WebRTC peer connections", registry=r)
+        self.outbound_events = Gauge(f"{PREFIX}_outbound_events", "Server events queued for clients", registry=r)
+        self.engine_conversations = Gauge(f"{PREFIX}_engine_conversations", "Conversations in the engine", registry=r)
+        self.engine_responses = Gauge(f"{PREFIX}_engine_responses", "Responses being generated", registry=r)
+        self.engine_open_audio = Gauge(
+            f"{PREFIX}_engine_open_audio_messages", "User audio messages being recorded", registry=r
+        )
+        self.engine_kv_positions = Gauge(
+            f"{PREFIX}_engine_kv_positions", "KV cache positions held, by stage", ["stage"], registry=r
+        )
+        self.engine_pending = Gauge(f"{PREFIX}_engine_pending_commands", "Commands queued for the engine", registry=r)
+        self.rss = Gauge(f"{PREFIX}_process_resident_memory_bytes", "Resident memory of the process", registry=r)
+        self.open_fds = Gauge(f"{PREFIX}_process_open_fds", "Open file descriptors of the process", registry=r)
+
+    def observe_hygiene(self, hygiene: Hygiene) -> None:
+        """Set the hygiene gauges from a snapshot (engine and process gauges keep their last
+        value when the snapshot lacks them)."""
+        self.session_tasks.set(hygiene.session_tasks)
+        self.loop_tasks.set(hygiene.loop_tasks)
+        self.webrtc_peers.set(hygiene.webrtc_peers)
+        self.outbound_events.set(hygiene.outbound_events)
+        engine = hygiene.engine
+        if engine is not None:
+            self.engine_conversations.set(engine.conversations)
+            self.engine_responses.set(engine.responses)
+            self.engine_open_audio.set(engine.open_audio_messages)
+            self.engine_kv_positions.labels("thinker").set(engine.cached_tokens)
+            self.engine_kv_positions.labels("talker").set(engine.talker_cached_tokens)
+            self.engine_pending.set(engine.pending_commands)
+        if hygiene.memory is not None:
+            self.rss.set(hygiene.memory.rss_bytes)
+            self.open_fds.set(hygiene.memory.open_fds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition (:data:`CONTENT_TYPE`)."""

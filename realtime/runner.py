@@ -9,16 +9,23 @@ A :class:`SessionRunner` owns four kinds of tasks, all tracked and all cancelled
 - one *pump* per response feeds the engine's output stream back into the session.
 
 The runner stops when the client goes away (the transport's message iterator ends, or ``send``
-raises :class:`TransportClosed`), when the client stops reading (:class:`OutboundOverflow`), or
-when it is cancelled. Stopping cancels the running response, cancels every task, closes the engine
-conversation and closes the transport. Turn detection and input decoding run inline in the reader
-(both are cheap per chunk). The WebSocket endpoint and the WebRTC data channel both use this class.
+raises :class:`TransportClosed`), when the client stops reading (:class:`ClientNotReading`: its
+outbound queue reached the hard limit, or the transport gave up on a stalled send), when one of its
+tasks fails, or when it is cancelled. Stopping cancels the running response, cancels every task,
+closes the engine conversation, reports why it stopped (:class:`SessionEnd`, to ``on_end``: the
+WebSocket endpoint picks its close code from it) and closes the transport. Turn detection and input
+decoding run inline in the reader (both are cheap per chunk). The WebSocket endpoint and the WebRTC
+data channel both use this class.
+
+Every task a session owns is named ``omni-session:<session id>:<role>``
+(:func:`session_task_name`), so :func:`live_session_tasks` finds a task that outlived its session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -65,6 +72,34 @@ logger = logging.getLogger(__name__)
 
 DISCONNECT_REASON = "client_disconnected"
 """Cancel reason given to the engine for a response whose client went away."""
+
+SESSION_TASK_PREFIX = "omni-session:"
+"""Name prefix of every asyncio task a session owns (runner loops, response pumps, the
+transports' per-session tasks, the server's supervisor)."""
+
+
+def session_task_name(session_id: str, role: str) -> str:
+    """The name of a task of session ``session_id`` doing ``role`` (``reader``, ``pump``…)."""
+    return f"{SESSION_TASK_PREFIX}{session_id}:{role}"
+
+
+def live_session_tasks() -> int:
+    """Session tasks (named by :func:`session_task_name`) not yet done in the running event loop.
+    Zero once every session has ended: anything else is a leaked task."""
+    return sum(1 for task in asyncio.all_tasks() if task.get_name().startswith(SESSION_TASK_PREFIX))
+
+
+class SessionEnd(enum.Enum):
+    """Why a session stopped (the WebSocket endpoint maps each to a close code)."""
+
+    CLIENT_LEFT = "client_left"
+    """The client closed the connection, or it broke."""
+    CLIENT_NOT_READING = "client_not_reading"
+    """The client stopped reading its events (:class:`ClientNotReading`)."""
+    FAILED = "failed"
+    """A task of the session failed unexpectedly (a bug), or the engine refused the conversation."""
+    CANCELLED = "cancelled"
+    """:meth:`SessionRunner.run` was cancelled: the server is shutting down."""
 
 
 # --- what the runner is plugged into ------------------------------------------------------------
@@ -124,7 +159,12 @@ class MediaSink(Protocol):
 # --- outbound queue -----------------------------------------------------------------------------
 
 
-class OutboundOverflow(Exception):
+class ClientNotReading(Exception):
+    """The client stopped reading: the session ends (:attr:`SessionEnd.CLIENT_NOT_READING`). A
+    transport raises it from ``send`` when one send makes no progress for too long."""
+
+
+class OutboundOverflow(ClientNotReading):
     """The client stopped reading: its outbound queue reached the hard limit."""
 
 
@@ -237,7 +277,8 @@ class SessionRunner:
 
     ``turn_detector_factory`` makes a detector for ``server_vad`` settings (the server passes
     ``lambda p: TurnDetector(p, vad)`` with one ``SileroVad`` per session); ``media`` is required
-    when ``settings.audio_transport`` is ``MEDIA`` (WebRTC)."""
+    when ``settings.audio_transport`` is ``MEDIA`` (WebRTC). ``on_end(end)`` is called once, when
+    the session stops, just before the transport is closed; :attr:`end` holds the same value."""
 
     def __init__(
         self,
@@ -251,6 +292,7 @@ class SessionRunner:
         media: MediaSink | None = None,
         outbound: OutboundQueue | None = None,
         ids: IdGenerator | None = None,
+        on_end: Callable[[SessionEnd], None] | None = None,
     ) -> None:
         settings = settings or SessionSettings.for_engine(engine)
         if settings.audio_transport is AudioTransport.MEDIA and media is None:
@@ -274,6 +316,9 @@ class SessionRunner:
         self._tasks: set[asyncio.Task] = set()  # every task this runner started and has not seen end
         self._stopped = asyncio.Event()
         self._failure: BaseException | None = None
+        self._on_end = on_end
+        self.end: SessionEnd | None = None
+        """Why the session stopped (the first reason wins); ``None`` while it runs."""
 
     # --- lifecycle ---
 
@@ -283,10 +328,17 @@ class SessionRunner:
         conversation, its error is raised after the transport is closed."""
         try:
             self._conversation = self._engine.conversation(instructions=self.session.config.instructions)
-            for loop in (self._read_loop, self._write_loop, self._command_loop):
-                self._loops.add(self._spawn(loop()))
+            loops = {"reader": self._read_loop, "writer": self._write_loop, "worker": self._command_loop}
+            for role, loop in loops.items():
+                self._loops.add(self._spawn(loop(), role))
             self._dispatch(self.session.start())
             await self._stopped.wait()
+        except asyncio.CancelledError:
+            self._ended(SessionEnd.CANCELLED)
+            raise
+        except BaseException:  # the engine refused the conversation: re-raised after the cleanup
+            self._ended(SessionEnd.FAILED)
+            raise
         finally:
             await self._shutdown()
         if self._failure is not None:
@@ -296,8 +348,8 @@ class SessionRunner:
         """WebRTC: the media sink played the last audio of ``response_id``."""
         self._dispatch(self.session.playback_stopped(response_id))
 
-    def _spawn(self, coro) -> asyncio.Task:
-        task = asyncio.create_task(coro)
+    def _spawn(self, coro, role: str) -> asyncio.Task:
+        task = asyncio.create_task(coro, name=session_task_name(self.session.session_id, role))
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
@@ -308,16 +360,25 @@ class SessionRunner:
             return
         exc = task.exception()
         if exc is None:
-            if task in self._loops:
-                self._stopped.set()  # the reader ended: the client left
+            if task in self._loops:  # the reader ended: the client left
+                self._ended(SessionEnd.CLIENT_LEFT)
+                self._stopped.set()
             return
         if isinstance(exc, TransportClosed):
             logger.info("session %s: client gone", self.session.session_id)
-        elif isinstance(exc, OutboundOverflow):
+            self._ended(SessionEnd.CLIENT_LEFT)
+        elif isinstance(exc, ClientNotReading):
             logger.warning("session %s: %s", self.session.session_id, exc)
-        elif self._failure is None:
-            self._failure = exc
+            self._ended(SessionEnd.CLIENT_NOT_READING)
+        else:
+            if self._failure is None:
+                self._failure = exc
+            self._ended(SessionEnd.FAILED)
         self._stopped.set()
+
+    def _ended(self, end: SessionEnd) -> None:
+        if self.end is None:
+            self.end = end
 
     async def _shutdown(self) -> None:
         for running in self._responses.values():
@@ -331,6 +392,8 @@ class SessionRunner:
                 await self._conversation.close()
             except Exception:  # the client is gone either way; the engine logs its own state
                 logger.exception("session %s: closing the conversation failed", self.session.session_id)
+        if self._on_end is not None:
+            self._on_end(self.end or SessionEnd.CLIENT_LEFT)
         try:
             await self._transport.close()
         except Exception:
@@ -490,7 +553,7 @@ class SessionRunner:
         self._responses[command.response_id] = running
         if early is not None:
             running.cancel(early.reason.value)
-        self._pump_task = self._spawn(self._pump(command.response_id, running))
+        self._pump_task = self._spawn(self._pump(command.response_id, running), f"pump {command.response_id}")
 
     async def _wait_idle(self) -> None:
         """Wait for the running response (already cancelled by the session) to end."""

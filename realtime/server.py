@@ -6,13 +6,16 @@ Routes:
   the server serves one model, and SDKs always send one). Order of admission: origin and API key
   (refused before the handshake with HTTP 403 / 401, see :mod:`realtime.auth`), then the session
   limit (accepted, one ``error`` event ``session_limit_reached``, closed with 1013 "try again
-  later"), then the session runs (:class:`realtime.runner.SessionRunner`).
+  later"), then the session runs (:class:`realtime.runner.SessionRunner`) until the client leaves
+  (1000), stops reading (1008), the session fails (1011) or the server shuts down (1001; 1012 when
+  uvicorn closes the connections first).
 - ``POST /v1/realtime/calls``: WebRTC; the SDP offer (``application/sdp``, or a multipart form
   with ``sdp`` and ``session`` fields) goes to ``app.state.webrtc``; 201 with the SDP answer.
   Without a WebRTC endpoint: 501 with a JSON error.
 - ``GET /healthz`` (JSON: ``ok``, ``model``, ``random_weights``, ``sessions`` (WebSocket),
-  ``max_sessions``, ``webrtc``, ``calls`` (live WebRTC calls)) and ``GET /metrics`` (Prometheus
-  text): both unauthenticated.
+  ``max_sessions``, ``webrtc``, ``calls`` (live WebRTC calls)) and ``GET /metrics``
+  (Prometheus text; each scrape first samples the hygiene gauges, :meth:`RealtimeServer.hygiene`):
+  both unauthenticated, and neither shows content of any session.
 - ``/``: the static voice chat page (``web_demo/``) when its folder has an index.html.
 
 Lifespan: startup loads the engine (unless one was injected: tests, or :func:`run_server`, which
@@ -48,10 +51,10 @@ from realtime.errors import LimitExceeded, RealtimeError, to_error_payload
 from realtime.ids import RandomIds
 from realtime.limits import MessageGate, SessionSlots
 from realtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from realtime.metrics import ServerMetrics
+from realtime.metrics import EngineStatsSource, Hygiene, ServerMetrics, process_memory
 from realtime.protocol.names import Dialect
 from realtime.protocol.server import ServerEvents
-from realtime.runner import SessionRunner, TurnDetectorFactory
+from realtime.runner import SessionRunner, TurnDetectorFactory, live_session_tasks, session_task_name
 from realtime.session import SessionSettings
 from realtime.transports.websocket import BETA_HEADER, CloseCode, WebSocketTransport, beta_requested, negotiate
 from realtime.turn import TurnDetector
@@ -82,6 +85,16 @@ class WebRTCEndpoint(Protocol):
         """Calls whose peer connection is open."""
         ...
 
+    @property
+    def open_peers(self) -> int:
+        """Peer connections created and not closed (hygiene: zero without calls)."""
+        ...
+
+    @property
+    def outbound_events(self) -> int:
+        """Server events waiting to be sent, over all calls."""
+        ...
+
     async def create_call(self, offer_sdp: str, *, dialect: Dialect, session_overrides: dict | None) -> str:
         """Start a call for the SDP offer; returns the SDP answer."""
         ...
@@ -102,6 +115,10 @@ class ServerContext:
     engine: EngineHandle
     metrics: ServerMetrics
     vad_factory: VadFactory
+
+    def message_gate(self) -> MessageGate:
+        """A fresh gate for one session's client messages (size, kind, event rate)."""
+        return MessageGate(max_message_bytes=self.config.max_message_bytes, rate=self.config.rate_limit)
 
     def session_settings(self, dialect: Dialect, **overrides: object) -> SessionSettings:
         return SessionSettings.for_engine(self.engine, dialect=dialect, limits=self.config.session_limits, **overrides)
@@ -204,7 +221,7 @@ class RealtimeServer:
         self._vad_factory = vad_factory
         self._webrtc_factory = webrtc_factory
         self._context: ServerContext | None = None
-        self._sessions: dict[asyncio.Task, WebSocketTransport] = {}
+        self._sessions: dict[asyncio.Task, SessionRunner] = {}  # WebSocket sessions
 
     @property
     def context(self) -> ServerContext:
@@ -242,12 +259,25 @@ class RealtimeServer:
     async def _close_sessions(self) -> None:
         if not self._sessions:
             return
-        for task, transport in self._sessions.items():
-            transport.close_code, transport.close_reason = CloseCode.GOING_AWAY, "server shutting down"
-            task.cancel()
+        for task in self._sessions:
+            task.cancel()  # the session ends as CANCELLED: its transport closes with 1001
         _, pending = await asyncio.wait(set(self._sessions), timeout=self.config.shutdown_timeout_s)
         if pending:
             logger.warning("%d sessions did not close within %.1f s", len(pending), self.config.shutdown_timeout_s)
+
+    async def hygiene(self) -> Hygiene:
+        """What the server holds now (the ``/metrics`` hygiene gauges; tests check it after faults)."""
+        engine = self.engine
+        return Hygiene(
+            sessions=self.slots.active,
+            session_tasks=live_session_tasks(),
+            loop_tasks=len(asyncio.all_tasks()),
+            webrtc_peers=self.webrtc.open_peers if self.webrtc is not None else 0,
+            outbound_events=sum(len(runner.outbound) for runner in self._sessions.values())
+            + (self.webrtc.outbound_events if self.webrtc is not None else 0),
+            engine=await engine.stats() if isinstance(engine, EngineStatsSource) else None,
+            memory=process_memory(),
+        )
 
     def health(self) -> dict:
         engine = self.engine
@@ -299,25 +329,31 @@ class RealtimeServer:
     async def _run_session(self, websocket: WebSocket, dialect: Dialect) -> None:
         context = self.context
         observer = self.metrics.session("websocket")
-        gate = MessageGate(max_message_bytes=self.config.max_message_bytes, rate=self.config.rate_limit)
-        transport = WebSocketTransport(websocket, gate=gate, dialect=dialect, on_send=observer)
+        transport = WebSocketTransport(
+            websocket,
+            gate=context.message_gate(),
+            dialect=dialect,
+            on_send=observer,
+            send_timeout_s=self.config.send_timeout_s,
+        )
         try:
             runner = SessionRunner(
                 transport,
                 context.engine,
                 turn_detector_factory=await context.turn_detector_factory(),
                 settings=context.session_settings(dialect),
+                on_end=transport.session_ended,
             )
-            await self._supervise(runner, transport, _peer(websocket))
+            await self._supervise(runner, _peer(websocket))
         finally:
             observer.close()
 
-    async def _supervise(self, runner: SessionRunner, transport: WebSocketTransport, peer: str) -> None:
+    async def _supervise(self, runner: SessionRunner, peer: str) -> None:
         """Run the session as a task the shutdown can cancel; a failure ends this session only."""
         session_id, started = runner.session.session_id, time.monotonic()
         logger.info("session %s started (%s, %s)", session_id, peer, runner.session.dialect.value)
-        task = asyncio.create_task(runner.run(), name=f"realtime session {session_id}")
-        self._sessions[task] = transport
+        task = asyncio.create_task(runner.run(), name=session_task_name(session_id, "websocket"))
+        self._sessions[task] = runner
         try:
             await asyncio.wait({task})
         except asyncio.CancelledError:  # the ASGI server cancelled this handler: stop the session too
@@ -328,7 +364,8 @@ class RealtimeServer:
             del self._sessions[task]
         if not task.cancelled() and task.exception() is not None:
             logger.error("session %s failed", session_id, exc_info=task.exception())
-        logger.info("session %s ended after %.1f s", session_id, time.monotonic() - started)
+        end = runner.end.value if runner.end is not None else "unknown"
+        logger.info("session %s ended (%s) after %.1f s", session_id, end, time.monotonic() - started)
 
     # --- WebRTC calls ---
 
@@ -465,6 +502,7 @@ def create_app(
         return JSONResponse(server.health())
 
     async def metrics(request: Request) -> Response:
+        server.metrics.observe_hygiene(await server.hygiene())
         return Response(server.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     routes: list[BaseRoute] = [

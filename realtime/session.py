@@ -465,8 +465,9 @@ class Session:
         return self._drain()
 
     def command_failed(self, command: EngineCommand, exc: Exception) -> list[Action]:
-        """An engine command raised. A response that could not start ends as failed; any other
-        failure is reported as an error event."""
+        """An engine command raised. A response that could not start ends as failed (an ``error``
+        event, then ``response.done`` failed, as for a response that fails while generating); any
+        other failure is reported as an error event."""
         response = self._response
         if isinstance(command, StartResponse) and response is not None and response.id == command.response_id:
             self._finish(response, ResponseDone(ResponseStatus.FAILED, Usage(), reason="error", error=exc))
@@ -896,6 +897,8 @@ class Session:
         summary = response.summary(
             self.conversation_id, state, output=(item,), reason=reason, error=error, usage=done.usage
         )
+        if state is ResponseState.FAILED:  # also as an error event: clients that only watch errors see it
+            self._send(self._events.error(to_error_payload(_failure(done))))
         self._send(self._events.response_done(summary))
         self._response = None
         if response.restore_instructions:
@@ -912,6 +915,11 @@ class Session:
         state = ResponseState(done.status.value)
         error = None
         if state is ResponseState.FAILED:
-            payload = to_error_payload(done.error or RuntimeError("response failed"))
+            payload = to_error_payload(_failure(done))
             error = {"type": payload["type"], "code": payload["code"], "message": payload["message"]}
         return state, StatusReason.from_engine(done.reason), error
+
+
+def _failure(done: ResponseDone) -> Exception:
+    """Why a failed response failed (an engine that gave no reason failed internally)."""
+    return done.error or RuntimeError("response failed")

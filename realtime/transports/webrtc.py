@@ -14,7 +14,9 @@ A call is one ``RTCPeerConnection`` serving one :class:`realtime.runner.SessionR
   ``output_audio_buffer.clear``) is truncated in the conversation to what went out on the track;
 - the call ends when the data channel closes, the connection fails or closes, the connection is
   not up within ``connect_timeout_s``, the session ends, or the server shuts down
-  (:meth:`WebRTCCalls.close`); every task, track and the peer connection are released then.
+  (:meth:`WebRTCCalls.close`); every task, track and the peer connection are released then. Every
+  call task is named as a session task (``realtime.runner.session_task_name``) and
+  :attr:`WebRTCCalls.open_peers` counts the peer connections not closed, for the hygiene counters.
 
 Only ``webrtc`` extras (aiortc, av) are needed; the ASGI route lives in ``realtime.server``.
 """
@@ -29,6 +31,7 @@ import ipaddress
 import itertools
 import json
 import logging
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -43,7 +46,7 @@ from realtime.errors import ErrorType, LimitExceeded, RealtimeError
 from realtime.protocol.client import parse_client_event
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, server_event_name
-from realtime.runner import MediaSink, SessionRunner, TransportClosed, TurnDetectorFactory
+from realtime.runner import MediaSink, SessionRunner, TransportClosed, TurnDetectorFactory, session_task_name
 from realtime.session import AudioTransport, ResponsePhase, SessionSettings
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
 
@@ -290,8 +293,11 @@ class Call:
     def live(self) -> bool:
         return self.status in (CallStatus.CONNECTING, CallStatus.CONNECTED)
 
-    def spawn(self, coro) -> None:
-        task = asyncio.create_task(coro)
+    def task_name(self, role: str) -> str:
+        return session_task_name(self.runner.session.session_id, f"webrtc {self.id} {role}")
+
+    def spawn(self, coro, role: str) -> None:
+        task = asyncio.create_task(coro, name=self.task_name(role))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -376,6 +382,7 @@ class WebRTCCalls:
     ) -> None:
         if max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, got {max_calls}")
+        self._peers: weakref.WeakSet[RTCPeerConnection] = weakref.WeakSet()
         self._engine = engine
         self._turn_detector_factory = turn_detector_factory
         self._settings_factory = settings_factory or (lambda d: SessionSettings.for_engine(engine, dialect=d))
@@ -395,6 +402,18 @@ class WebRTCCalls:
     def live_calls(self) -> int:
         """Calls not yet torn down (their peer connection is open)."""
         return len(self._calls)
+
+    @property
+    def open_peers(self) -> int:
+        """Peer connections this endpoint created that are not closed (a call being answered
+        included); zero when no call is live, else one leaked."""
+        return sum(1 for pc in self._peers if pc.connectionState != "closed")
+
+    @property
+    def outbound_events(self) -> int:
+        """Server events waiting to be sent, over all calls (bounded per call by the runner's
+        outbound queue)."""
+        return sum(len(call.runner.outbound) for call in self._calls.values())
 
     def calls(self) -> tuple[Call, ...]:
         return tuple(self._calls.values())
@@ -422,7 +441,7 @@ class WebRTCCalls:
         self.calls_started += 1
         if self._session_observer is not None:
             call.observer = self._session_observer()
-        self._serving[call.id] = asyncio.create_task(self._serve(call), name=f"webrtc-{call.id}")
+        self._serving[call.id] = asyncio.create_task(self._serve(call), name=call.task_name("session"))
         logger.info("webrtc %s: answered", call.id)
         return call.pc.localDescription.sdp
 
@@ -431,6 +450,7 @@ class WebRTCCalls:
         # The call (and its handlers) must exist before the offer is set: aiortc announces the
         # browser's tracks while it applies the offer.
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self._peers.add(pc)
         try:
             call = await self._new_call(pc, dialect)
         except BaseException:
@@ -492,7 +512,7 @@ class WebRTCCalls:
         @pc.on("track")
         def on_track(track: MediaStreamTrack) -> None:
             pump = self._microphone(call, track) if track.kind == "audio" else _discard(track)
-            call.spawn(pump)
+            call.spawn(pump, f"{track.kind} track")
 
         @pc.on("connectionstatechange")
         def on_state() -> None:
@@ -505,7 +525,7 @@ class WebRTCCalls:
                 call.transport.disconnect()
 
     async def _serve(self, call: Call) -> None:
-        call.spawn(self._connect_watchdog(call))
+        call.spawn(self._connect_watchdog(call), "connect watchdog")
         try:
             await call.runner.run()
         except Exception:

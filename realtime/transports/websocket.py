@@ -11,6 +11,11 @@ Messages (:class:`WebSocketTransport`): each client message passes a
 over the event rate) never reaches the session: the transport answers it with an ``error`` event
 and keeps the connection. Sends are serialized by a lock, so these answers never interleave with
 the runner's own sends.
+
+Close codes (:data:`CLOSE_FOR`, from the runner's :class:`~realtime.runner.SessionEnd`): 1000 when
+the client left, 1008 when it stopped reading (its outbound queue reached the hard limit, or one
+send made no progress for ``send_timeout_s``), 1011 when the session failed, 1001 when the server
+shuts down.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from realtime.ids import IdGenerator, RandomIds
 from realtime.limits import MessageGate
 from realtime.protocol.names import Dialect
 from realtime.protocol.server import ServerEvents
-from realtime.runner import TransportClosed
+from realtime.runner import ClientNotReading, SessionEnd, TransportClosed
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +56,15 @@ class CloseCode(enum.IntEnum):
     INTERNAL_ERROR = 1011
     TRY_AGAIN_LATER = 1013
     """Too many sessions: the client may retry later."""
+
+
+CLOSE_FOR: dict[SessionEnd, tuple[CloseCode, str]] = {
+    SessionEnd.CLIENT_LEFT: (CloseCode.NORMAL, ""),
+    SessionEnd.CLIENT_NOT_READING: (CloseCode.POLICY_VIOLATION, "the client is not reading its events"),
+    SessionEnd.FAILED: (CloseCode.INTERNAL_ERROR, "internal server error"),
+    SessionEnd.CANCELLED: (CloseCode.GOING_AWAY, "server shutting down"),
+}
+"""The close code and reason of each way a session ends."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +94,10 @@ class WebSocketTransport:
 
     Iterating yields the admitted text messages and ends when the client disconnects.
     ``send`` JSON-encodes one event, reports it to ``on_send`` (metrics) and raises
-    :class:`TransportClosed` once the socket is closed. ``close`` is idempotent and uses
-    :attr:`close_code` (set it before cancelling a runner to close with another code)."""
+    :class:`TransportClosed` once the socket is closed, or :class:`ClientNotReading` when the
+    socket took none of it for ``send_timeout_s`` seconds (``None``: wait forever). ``close`` is
+    idempotent and uses :attr:`close_code` / :attr:`close_reason`, which :meth:`session_ended`
+    sets (the runner's ``on_end``)."""
 
     def __init__(
         self,
@@ -91,8 +107,10 @@ class WebSocketTransport:
         dialect: Dialect,
         on_send: Callable[[dict], None] | None = None,
         ids: IdGenerator | None = None,
+        send_timeout_s: float | None = None,
     ) -> None:
         self._ws = websocket
+        self._send_timeout_s = send_timeout_s
         self._gate = gate
         self._events = ServerEvents(dialect, ids or RandomIds())
         self._on_send = on_send
@@ -125,18 +143,42 @@ class WebSocketTransport:
             if self._ws.application_state is not WebSocketState.CONNECTED:
                 raise TransportClosed("the WebSocket is closed")
             try:
-                await self._ws.send_text(text)
+                async with asyncio.timeout(self._send_timeout_s):
+                    await self._ws.send_text(text)
+            except TimeoutError:
+                raise ClientNotReading(f"a send made no progress for {self._send_timeout_s:g} s") from None
             except (WebSocketDisconnect, RuntimeError, OSError) as exc:
                 raise TransportClosed(f"the WebSocket closed while sending: {exc!r}") from exc
         if self._on_send is not None:
             self._on_send(event)
 
+    def session_ended(self, end: SessionEnd) -> None:
+        """Close with the code of ``end`` (:data:`CLOSE_FOR`)."""
+        self.close_code, self.close_reason = CLOSE_FOR[end]
+
     async def close(self) -> None:
         async with self._lock:
             if self._ws.application_state is not WebSocketState.CONNECTED:
                 return
+            # The closing handshake ends when the server's WebSocket library reads the client's
+            # close frame, behind whatever the client sent before it: keep reading meanwhile, or a
+            # client that flooded us (and stopped reading) holds the connection for twice the
+            # library's close timeout.
+            discard = asyncio.create_task(self._discard_incoming())
             try:
                 await self._ws.close(int(self.close_code), self.close_reason or None)
             except (WebSocketDisconnect, RuntimeError, OSError) as exc:
                 # The peer went away first: the socket is closed either way.
                 logger.debug("closing an already broken WebSocket: %r", exc)
+            finally:
+                discard.cancel()
+                await asyncio.wait({discard})
+
+    async def _discard_incoming(self) -> None:
+        """Read and drop client messages until the client's side is closed."""
+        try:
+            while self._ws.client_state is WebSocketState.CONNECTED:
+                if (await self._ws.receive())["type"] == "websocket.disconnect":
+                    return
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:  # gone: nothing left to read
+            logger.debug("stopped reading a closing WebSocket: %r", exc)

@@ -1,0 +1,194 @@
+"""Faults on a real server on loopback: an engine failure inside one session (the fake engine and the
+tiny engine with one stage broken for one conversation), clients that vanish mid-response (WebSocket
+close, TCP reset), a client that stops reading. After each fault the server holds nothing of the failed session: no task,
+peer connection, engine conversation, response or KV position (``RealtimeServer.hygiene``)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import pytest
+
+from realtime.limits import RateLimit
+from tests.fakes import Script
+from tests.test_hygiene import (
+    RawClient,
+    StatsEngine,
+    assert_clean,
+    connect,
+    served,
+    user_text,
+)
+
+# --- an engine failure in one session -----------------------------------------------------------
+
+
+async def test_a_failing_response_gets_an_error_and_a_failed_done_and_others_carry_on():
+    engine = StatsEngine()
+    async with served(engine) as (url, app), connect(url) as victim, connect(url) as other:
+        engine.script(Script(text=("a", "b", "c"), crash_after=1))  # the victim's stream breaks mid-way
+        await victim.send(user_text("hello"))
+        await victim.send({"type": "response.create", "event_id": "boom"})
+        done = await victim.until("response.done")
+        errors = victim.of_type("error")
+        assert len(errors) == 1, victim.types()
+        error = errors[0]["error"]
+        assert set(error) == {"type", "code", "message", "param", "event_id"}
+        assert (error["type"], error["code"], error["message"]) == ("server_error", "server_error", "internal server error")
+        assert victim.types().index("error") < victim.types().index("response.done")
+        assert done["response"]["status"] == "failed"
+        assert done["response"]["status_details"]["error"]["code"] == "server_error"
+        # the other session never saw it, and both keep working
+        for client in (other, victim):
+            await client.send(user_text("again"))
+            await client.send({"type": "response.create"})
+            assert (await client.until("response.done"))["response"]["status"] == "completed"
+        assert not other.of_type("error")
+    await assert_clean(app)
+
+
+@pytest.mark.timeout(120)
+async def test_a_stage_that_fails_for_one_conversation_of_the_tiny_engine(tiny_engine, monkeypatch):
+    """The talker breaks for one conversation only: that response fails (error + response.done
+    failed, its cache dropped), a concurrent session's response completes, and the failed session
+    answers its next turn normally."""
+    core = tiny_engine._thread.core
+    talker_step = core._talker_step
+    broken = {"on": True}
+
+    def flaky_talker(r):
+        if broken["on"] and any(item.text == "FAIL ME" for item in r.conv.items):
+            broken["on"] = False
+            raise RuntimeError("injected talker fault")
+        talker_step(r)
+
+    monkeypatch.setattr(core, "_talker_step", flaky_talker)
+    async with served(tiny_engine) as (url, app), connect(url) as victim, connect(url) as other:
+        for client, text in ((victim, "FAIL ME"), (other, "Hello there, how are you?")):
+            await client.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 12}})
+            await client.send(user_text(text))
+            await client.send({"type": "response.create"})
+        failed, completed = await asyncio.gather(victim.until("response.done"), other.until("response.done"))
+        assert failed["response"]["status"] == "failed"
+        (error,) = victim.of_type("error")
+        assert (error["error"]["type"], error["error"]["code"]) == ("server_error", "engine_failure")
+        assert completed["response"]["status"] in ("completed", "incomplete")
+        assert not other.of_type("error")
+        assert other.of_type("response.output_audio.delta")
+        # the failed session carries on: its conversation is re-prefilled from scratch
+        await victim.send(user_text("Are you still there?"))
+        await victim.send({"type": "response.create"})
+        again = await victim.until("response.done")
+        assert again["response"]["status"] in ("completed", "incomplete")
+        assert not broken["on"]
+    await assert_clean(app)
+
+
+# --- clients that vanish mid-response -----------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["close", "reset"])
+async def test_a_client_that_leaves_mid_response_frees_everything(tiny_engine, how):
+    """A WebSocket close, or a TCP reset (no close frame, no FIN), while the tiny engine streams a
+    reply: the response is cancelled and the conversation, its KV cache and every task are freed."""
+    async with served(tiny_engine) as (url, app):
+        client = await RawClient.open(url)
+        await client.until("session.created")
+        await client.send(user_text("Tell me a long story about the sea."))
+        await client.send({"type": "response.create"})
+        await client.until("response.output_audio.delta", timeout=60)
+        live = await app.state.realtime.hygiene()
+        assert live.engine.responses == app.state.idle.engine.responses + 1
+        if how == "reset":
+            client.reset()
+        else:
+            client.protocol.send_close(1000)
+            await client.flush()
+            client.close()
+        await assert_clean(app, timeout=30)
+        assert "response.done" not in [e["type"] for e in client.events]
+
+
+class BrokenVad:
+    """A speech detector with a bug: the session that feeds it audio fails."""
+
+    frame_samples = 512
+
+    def __call__(self, frame) -> float:
+        raise ZeroDivisionError("vad bug")
+
+    def reset(self) -> None:
+        pass
+
+
+async def test_a_bug_inside_one_session_closes_it_with_1011_and_the_others_carry_on(caplog):
+    """(Every session gets the broken detector; only the one fed audio calls it.)"""
+    async with served(StatsEngine(), vad_factory=BrokenVad) as (url, app), connect(url) as other:
+        client = await RawClient.open(url)
+        await client.until("session.created")
+        await client.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(4800)).decode()})
+        assert await client.until_closed() == 1011
+        assert client.close_reason == "internal server error"
+        await other.send(user_text("still there?"))
+        await other.send({"type": "response.create"})
+        assert (await other.until("response.done"))["response"]["status"] == "completed"
+        client.close()
+        await other.ws.close()
+        await assert_clean(app)
+    (failure,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert failure.getMessage().endswith("failed") and "vad bug" in str(failure.exc_info[1])
+
+
+# --- a client that stops reading ----------------------------------------------------------------
+
+
+async def test_a_client_that_stops_reading_while_sending_hits_the_hard_limit_and_gets_1008():
+    """The client floods requests and reads nothing: its outbound queue grows to the hard limit
+    (never beyond), then the session ends; reading again, the client finds its events up to then
+    and the close frame 1008."""
+    engine = StatsEngine()
+    async with served(engine, rate_limit=RateLimit(events_per_second=1e6, burst=10**6)) as (url, app):
+        client = await RawClient.open(url, rcvbuf=1 << 16)
+        await client.until("session.created")
+        server = app.state.realtime
+        ghost = "g" * 2000  # each request is answered with an error quoting this id: ~2 KB
+        most_queued = 0
+        for n in range(3 * 4096):
+            if not await client.send({"type": "conversation.item.retrieve", "item_id": ghost}, timeout=2.0):
+                break  # the server stopped reading: the session is over
+            if n % 64 == 0:
+                most_queued = max(most_queued, (await server.hygiene()).outbound_events)
+        assert 1000 < most_queued <= 4096, most_queued
+        assert await client.until_closed(timeout=30) == 1008
+        assert client.close_reason == "the client is not reading its events"
+        errors = [e for e in client.events if e["type"] == "error"]
+        assert errors and all(e["error"]["code"] == "item_not_found" for e in errors)
+        client.close()
+        # (the server keeps reading while it closes: the flood behind the close frame is dropped)
+        await assert_clean(app, timeout=5)
+        assert engine.conversations[0].closed
+
+
+async def test_a_client_that_stops_reading_mid_response_is_closed_after_the_send_timeout():
+    """The client reads nothing while a long reply streams: buffers fill, the response pauses
+    (bounded queue), and once one send makes no progress for ``send_timeout_s`` the session ends
+    with 1008 and the engine's response is cancelled."""
+    engine = StatsEngine(Script(text=("word ",) * 4000, audio_chunks=4000))
+    async with served(engine, send_timeout_s=0.5) as (url, app):
+        client = await RawClient.open(url, rcvbuf=1 << 16)
+        await client.until("session.created")
+        await client.send(user_text("talk"))
+        await client.send({"type": "response.create"})
+        async with asyncio.timeout(20):
+            while not engine.conversations[0].closed:  # the session gave up on the client
+                queued = (await app.state.realtime.hygiene()).outbound_events
+                assert queued <= 4096
+                await asyncio.sleep(0.05)
+        response = engine.conversations[0].responses[0]
+        assert response.cancel_reason == "client_disconnected"
+        assert len(response.yielded) < 8000, "the engine was paused while the client did not read"
+        assert await client.until_closed(timeout=30) == 1008
+        client.close()
+        await assert_clean(app, timeout=30)
