@@ -20,7 +20,8 @@ Routes:
 
 Lifespan: startup loads the engine (unless one was injected: tests, or :func:`run_server`, which
 loads it first to fail early) and the WebRTC endpoint; shutdown closes every live session (close
-code 1001), the WebRTC endpoint, and the engine if the app loaded it.
+code 1001), the WebRTC endpoint, and the engine if the app loaded it. :func:`run_server` stops on
+SIGINT and SIGTERM alike, and keeps the API key out of every log line (:class:`SecretFilter`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import contextlib
 import enum
 import json
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -547,34 +549,103 @@ def _uvicorn_config(app: Starlette, config: ServerConfig, **overrides: object):
     return uvicorn.Config(app, **options)
 
 
+REDACTED = "[REDACTED]"
+
+
+class SecretFilter(logging.Filter):
+    """Replaces ``secret`` with :data:`REDACTED` in a record's message (its arguments merged in)
+    and exception text. Installed on handlers, it sees the records of every logger, among them the
+    request headers (``Authorization``, the browser's key subprotocol) that the ``websockets``
+    library logs at debug level."""
+
+    def __init__(self, secret: str) -> None:
+        super().__init__()
+        self._secret = secret
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self._secret in message:
+            record.msg, record.args = message.replace(self._secret, REDACTED), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text and self._secret in record.exc_text:
+            record.exc_text = record.exc_text.replace(self._secret, REDACTED)
+        return True
+
+
+@contextlib.contextmanager
+def _redacting(secret: str | None):
+    """Keep ``secret`` out of every handler's output while the block runs (handlers configured
+    before it: call it after uvicorn has set up its logging)."""
+    if secret is None:
+        yield
+        return
+    secret_filter = SecretFilter(secret)
+    named = (x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger))
+    handlers = {handler for logger_ in (logging.getLogger(), *named) for handler in logger_.handlers}
+    for handler in handlers:
+        handler.addFilter(secret_filter)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(secret_filter)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM stops the server as Ctrl-C does: uvicorn shuts down gracefully on either, then
+    re-raises the signal with the previous handler restored; this one turns it into
+    ``KeyboardInterrupt``, which the CLI treats as a normal exit (status 0)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_server(config: ServerConfig) -> None:
-    """Serve until interrupted (the CLI's ``serve``). The engine is loaded before the socket is
-    bound, so a bad checkpoint fails here with its own error."""
+    """Serve until interrupted (the CLI's ``serve``): SIGINT or SIGTERM shut down gracefully and
+    raise ``KeyboardInterrupt``. The engine is loaded before the socket is bound, so a bad
+    checkpoint fails here with its own error."""
     import uvicorn
 
-    engine = load_engine(config)
-    try:
-        uvicorn.Server(_uvicorn_config(create_app(config, engine=engine), config)).run()
-    finally:
-        engine.close()  # type: ignore[attr-defined]  (OmniEngine)
+    with _sigterm_interrupts():
+        engine = load_engine(config)
+        try:
+            server = uvicorn.Server(_uvicorn_config(create_app(config, engine=engine), config))
+            with _redacting(config.api_key):
+                server.run()
+        finally:
+            engine.close()  # type: ignore[attr-defined]  (OmniEngine)
 
 
 @contextlib.asynccontextmanager
 async def serve_in_background(app: Starlette, config: ServerConfig) -> AsyncIterator[str]:
     """Run ``app`` on uvicorn in this event loop (tests, benchmarks); yields its base URL
     (``http://host:port``; ``config.port`` 0 picks a free port). Leaving the block shuts the
-    server down, lifespan included."""
+    server down, lifespan included. The API key is kept out of the logs meanwhile."""
     import uvicorn
 
     server = uvicorn.Server(_uvicorn_config(app, config, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            raise RuntimeError("the server did not start (see its log)") from task.exception()
-        await asyncio.sleep(0.01)
-    host, port = server.servers[0].sockets[0].getsockname()[:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    with _redacting(config.api_key):
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            if task.done():
+                raise RuntimeError("the server did not start (see its log)") from task.exception()
+            await asyncio.sleep(0.01)
+        host, port = server.servers[0].sockets[0].getsockname()[:2]
+        try:
+            yield f"http://{host}:{port}"
+        finally:
+            server.should_exit = True
+            await task

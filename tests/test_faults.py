@@ -1,19 +1,22 @@
 """Faults on a real server on loopback: an engine failure inside one session (the fake engine and the
 tiny engine with one stage broken for one conversation), clients that vanish mid-response (WebSocket
-close, TCP reset), a client that stops reading. After each fault the server holds nothing of the failed session: no task,
+close, TCP reset), a client that stops reading, and SIGTERM on ``omni-realtime serve``. After each fault the server holds nothing of the failed session: no task,
 peer connection, engine conversation, response or KV position (``RealtimeServer.hygiene``)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import signal
 
 import pytest
+import websockets
 
 from realtime.limits import RateLimit
 from tests.fakes import Script
 from tests.test_hygiene import (
     RawClient,
+    ServeProcess,
     StatsEngine,
     assert_clean,
     connect,
@@ -192,3 +195,39 @@ async def test_a_client_that_stops_reading_mid_response_is_closed_after_the_send
         assert await client.until_closed(timeout=30) == 1008
         client.close()
         await assert_clean(app, timeout=30)
+
+
+# --- SIGTERM ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_ends_sessions_with_a_close_code_and_exits_0(tiny_model_dir, tmp_path):
+    """``omni-realtime serve`` with two sessions, one in the middle of a reply: SIGTERM closes both
+    with a close code (1012 from uvicorn, or 1001 from our lifespan), the process exits 0, and its
+    log has no traceback."""
+    server = ServeProcess(tiny_model_dir, tmp_path)
+    try:
+        async def sessions() -> list[int]:
+            async with connect(server.ws_url) as busy, connect(server.ws_url) as idle:
+                await busy.send(user_text("Tell me a story."))
+                await busy.send({"type": "response.create"})
+                await busy.until("response.output_audio.delta", timeout=60)
+                server.process.send_signal(signal.SIGTERM)
+                return [await closed_with(client) for client in (busy, idle)]
+
+        codes = asyncio.run(sessions())
+    finally:
+        log = server.stop()
+    assert all(code in (1001, 1012) for code in codes), codes
+    assert server.process.returncode == 0, log
+    assert "Traceback" not in log and "Application shutdown complete" in log
+    assert "session" in log and "ended" in log
+
+
+async def closed_with(client) -> int:
+    """Read until the server closes; its close code."""
+    with pytest.raises(websockets.ConnectionClosed) as info:
+        while True:
+            await client.next(timeout=30)
+    assert info.value.rcvd is not None, "closed without a close frame"
+    return info.value.rcvd.code
