@@ -8,12 +8,13 @@ Routes:
   limit (accepted, one ``error`` event ``session_limit_reached``, closed with 1013 "try again
   later"), then the session runs (:class:`realtime.runner.SessionRunner`) until the client leaves
   (1000), stops reading (1008), the session fails (1011) or the server shuts down (1001; 1012 when
-  uvicorn closes the connections first).
+  uvicorn closes the connections first). The session limit counts WebSocket sessions and WebRTC
+  calls together.
 - ``POST /v1/realtime/calls``: WebRTC; the SDP offer (``application/sdp``, or a multipart form
   with ``sdp`` and ``session`` fields) goes to ``app.state.webrtc``; 201 with the SDP answer.
   Without a WebRTC endpoint: 501 with a JSON error.
-- ``GET /healthz`` (JSON: ``ok``, ``model``, ``random_weights``, ``sessions`` (WebSocket),
-  ``max_sessions``, ``webrtc``, ``calls`` (live WebRTC calls)) and ``GET /metrics``
+- ``GET /healthz`` (JSON: ``ok``, ``model``, ``random_weights``, ``sessions`` (WebSocket and
+  WebRTC), ``max_sessions``, ``webrtc``, ``calls`` (live WebRTC calls)) and ``GET /metrics``
   (Prometheus text; each scrape first samples the hygiene gauges, :meth:`RealtimeServer.hygiene`):
   both unauthenticated, and neither shows content of any session.
 - ``/``: the static voice chat page (``web_demo/``) when its folder has an index.html.
@@ -117,6 +118,8 @@ class ServerContext:
     engine: EngineHandle
     metrics: ServerMetrics
     vad_factory: VadFactory
+    slots: SessionSlots
+    """Live sessions of every transport, under ``config.max_sessions``."""
 
     def message_gate(self) -> MessageGate:
         """A fresh gate for one session's client messages (size, kind, event rate)."""
@@ -183,7 +186,8 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
         turn_detector_factory=context.turn_detector_factory,
         settings_factory=context.session_settings,
         ice_host_addresses=context.config.ice_host_addresses,
-        max_calls=context.config.max_sessions,
+        slots=context.slots,
+        message_gate=context.message_gate,
         session_observer=lambda: context.metrics.session("webrtc"),
     )
 
@@ -238,7 +242,7 @@ class RealtimeServer:
     async def start(self) -> None:
         engine = self._engine or await asyncio.to_thread(load_engine, self.config)
         self._engine = engine
-        self._context = ServerContext(self.config, engine, self.metrics, self._vad_factory)
+        self._context = ServerContext(self.config, engine, self.metrics, self._vad_factory, self.slots)
         _announce(engine, self.config)
         if self.config.webrtc and self._webrtc_factory is not None:
             try:

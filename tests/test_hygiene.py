@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx2
+import pytest
 import websockets
 from websockets.client import ClientProtocol
 from websockets.frames import Close, Frame, Opcode
@@ -33,9 +34,12 @@ from websockets.uri import parse_uri
 
 from pipeline.outputs import EngineStats
 from realtime.config import ServerConfig
+from realtime.errors import RealtimeError
+from realtime.limits import SessionSlots
 from realtime.metrics import Hygiene, ServerMetrics
 from realtime.runner import live_session_tasks, session_task_name
 from realtime.server import create_app, serve_in_background
+from realtime.transports.webrtc import WebRTCCalls
 from tests.fakes import FakeEngine, Script
 
 REPO = Path(__file__).resolve().parent.parent
@@ -378,3 +382,14 @@ def test_hygiene_gauges_keep_their_last_engine_value_without_a_new_one():
     assert sample(text, "omni_realtime_engine_kv_positions", stage="talker") == 10
     assert sample(text, "omni_realtime_engine_pending_commands") == 4
 
+
+async def test_a_refused_offer_leaves_no_peer_connection_and_frees_its_slot():
+    slots = SessionSlots(2)
+    calls = WebRTCCalls(FakeEngine(), ice_host_addresses=("127.0.0.1",), slots=slots)
+    try:
+        for offer in ("not sdp", "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"):
+            with pytest.raises(RealtimeError):
+                await calls.create_call(offer)
+        assert calls.open_peers == 0 and calls.live_calls == 0 and slots.active == 0
+    finally:
+        await calls.close()

@@ -12,11 +12,16 @@ A call is one ``RTCPeerConnection`` serving one :class:`realtime.runner.SessionR
   plays on the outgoing :class:`PacedAudioTrack` (``AudioTransport.MEDIA``) and the session
   reports ``output_audio_buffer.started|stopped|cleared``; a cleared reply (barge-in,
   ``output_audio_buffer.clear``) is truncated in the conversation to what went out on the track;
-- the call ends when the data channel closes, the connection fails or closes, the connection is
-  not up within ``connect_timeout_s``, the session ends, or the server shuts down
-  (:meth:`WebRTCCalls.close`); every task, track and the peer connection are released then. Every
-  call task is named as a session task (``realtime.runner.session_task_name``) and
-  :attr:`WebRTCCalls.open_peers` counts the peer connections not closed, for the hygiene counters.
+- the data channel's messages pass the same :class:`~realtime.limits.MessageGate` as WebSocket
+  messages (size, kind and event rate; a refused one is answered with an ``error`` event);
+- a call holds one of the server's :class:`~realtime.limits.SessionSlots` (shared with the
+  WebSocket endpoint) from its offer to its teardown;
+- the call ends when the data channel closes, the connection fails or closes (a peer that vanishes
+  without closing fails ICE consent freshness, RFC 7675: ~30 s), the connection is not up within
+  ``connect_timeout_s``, the session ends, or the server shuts down (:meth:`WebRTCCalls.close`);
+  every task, track, the slot and the peer connection are released then. Every call task is named
+  as a session task (``realtime.runner.session_task_name``) and :attr:`WebRTCCalls.open_peers`
+  counts the peer connections not closed, for the hygiene counters.
 
 Only ``webrtc`` extras (aiortc, av) are needed; the ASGI route lives in ``realtime.server``.
 """
@@ -42,10 +47,13 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcicetransport import RTCIceGatherer
 
 from pipeline.api import EngineHandle
-from realtime.errors import ErrorType, LimitExceeded, RealtimeError
+from realtime.errors import ErrorType, LimitExceeded, RealtimeError, to_error_payload
+from realtime.ids import RandomIds
+from realtime.limits import MessageGate, SessionSlot, SessionSlots
 from realtime.protocol.client import parse_client_event
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, server_event_name
+from realtime.protocol.server import ServerEvents
 from realtime.runner import MediaSink, SessionRunner, TransportClosed, TurnDetectorFactory, session_task_name
 from realtime.session import AudioTransport, ResponsePhase, SessionSettings
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
@@ -137,21 +145,38 @@ async def announce_host_addresses(pc: RTCPeerConnection, addresses: Sequence[Ice
 # --- the data-channel transport ------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Refused:
+    """A channel message the gate refused: iteration answers it with this error."""
+
+    error: RealtimeError
+
+
 class DataChannelTransport:
     """A :class:`realtime.runner.Transport` over the ``oai-events`` data channel.
 
     Iteration yields the client's messages and the microphone's synthesized appends
-    (:meth:`push`), in the order they arrived, and ends after :meth:`disconnect`. ``send`` waits
-    until the channel is open (events of a session that starts before the browser's channel opens
-    are queued, in order), then JSON-encodes the event, waits while more than
-    :data:`CHANNEL_HIGH_WATER` bytes are unsent, and raises :class:`TransportClosed` once the
-    client is gone. ``on_sent(event)`` runs for each event handed to the channel."""
+    (:meth:`push`), in the order they arrived, and ends after :meth:`disconnect`. A channel
+    message ``gate`` refuses is answered with an ``error`` event (in ``dialect``) instead; the
+    server's own messages (:meth:`push`) are not gated. ``send`` waits until the channel is open
+    (events of a session that starts before the browser's channel opens are queued, in order),
+    then JSON-encodes the event, waits while more than :data:`CHANNEL_HIGH_WATER` bytes are
+    unsent, and raises :class:`TransportClosed` once the client is gone. ``on_sent(event)`` runs
+    for each event handed to the channel."""
 
     _END = object()
 
-    def __init__(self, on_sent: Callable[[dict], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_sent: Callable[[dict], None] | None = None,
+        *,
+        gate: MessageGate | None = None,
+        dialect: Dialect = Dialect.GA,
+    ) -> None:
         self.channel: RTCDataChannel | None = None
         self._on_sent = on_sent
+        self._gate = gate
+        self._events = ServerEvents(dialect, RandomIds())
         self._incoming: asyncio.Queue = asyncio.Queue()
         self._open = asyncio.Event()
         self._gone = asyncio.Event()
@@ -165,7 +190,7 @@ class DataChannelTransport:
         """Use ``channel`` (the peer's ``oai-events`` channel) from now on."""
         self.channel = channel
         channel.bufferedAmountLowThreshold = CHANNEL_LOW_WATER
-        channel.on("message", self.push)
+        channel.on("message", self._from_client)
         channel.on("close", self.disconnect)
         channel.on("bufferedamountlow", self._drained.set)
         if channel.readyState == "open":
@@ -174,9 +199,15 @@ class DataChannelTransport:
             channel.on("open", self._open.set)
 
     def push(self, message: str | bytes) -> None:
-        """A client message (from the channel, or synthesized from the microphone)."""
+        """A client message synthesized by the server (microphone audio, truncation)."""
         if not self._gone.is_set():
             self._incoming.put_nowait(message)
+
+    def _from_client(self, message: str | bytes) -> None:
+        """A message from the data channel, through the gate."""
+        refusal = self._gate.check(message) if self._gate is not None else None
+        if not self._gone.is_set():
+            self._incoming.put_nowait(message if refusal is None else _Refused(refusal))
 
     def disconnect(self) -> None:
         """The client left: iteration ends after the messages already pushed."""
@@ -189,6 +220,9 @@ class DataChannelTransport:
             message = await self._incoming.get()
             if message is self._END:
                 return
+            if isinstance(message, _Refused):
+                await self.send(self._events.error(to_error_payload(message.error)))
+                continue
             yield message
 
     async def send(self, event: dict) -> None:
@@ -265,7 +299,8 @@ class Call:
     """One call: its peer connection, session runner, data-channel transport and audio queue;
     it is its session's :class:`realtime.runner.MediaSink`.
 
-    ``tasks`` are the call's own tasks (microphone pump, watchdog); the runner tracks its own."""
+    ``tasks`` are the call's own tasks (microphone pump, watchdog); the runner tracks its own.
+    ``slot`` is the call's session slot, released at teardown."""
 
     def __init__(
         self,
@@ -273,6 +308,9 @@ class Call:
         pc: RTCPeerConnection,
         dialect: Dialect,
         make_runner: Callable[[DataChannelTransport, MediaSink], SessionRunner],
+        *,
+        gate: MessageGate | None = None,
+        slot: SessionSlot | None = None,
     ) -> None:
         self.id = call_id
         self.pc = pc
@@ -284,8 +322,9 @@ class Call:
         self._done_type = server_event_name(ServerEvent.RESPONSE_DONE, dialect)
         self._item_added_type = server_event_name(ServerEvent.OUTPUT_ITEM_ADDED, dialect)
         self._items: dict[str, str] = {}  # response id → its assistant item id
+        self.slot = slot
         self.output = OutputAudioQueue()
-        self.transport = DataChannelTransport(on_sent=self._on_sent)
+        self.transport = DataChannelTransport(on_sent=self._on_sent, gate=gate, dialect=dialect)
         self.runner = make_runner(self.transport, self)
         self.track = PacedAudioTrack(self.output, self._playback_finished)
 
@@ -363,9 +402,12 @@ class WebRTCCalls:
     or ``"ANNOUNCED@BIND"`` (see :class:`IceHostAddress`; tests use ``127.0.0.1``); empty: every
     non-loopback interface, aioice's choice. No STUN/TURN server is ever used, so a server behind
     NAT must announce the address clients reach it on. ``max_calls``: live calls at most; more are
-    refused with :class:`LimitExceeded`. ``connect_timeout_s``: a call whose connection is not up
-    by then is dropped. ``session_observer()`` (metrics) is called once per answered call; its
-    observer sees every event sent on the data channel and is closed when the call ends."""
+    refused with :class:`LimitExceeded`; ``slots``: take each call's slot from these instead (the
+    server's, shared with its WebSocket sessions; ``max_calls`` is then their limit).
+    ``message_gate()``: a fresh gate for each call's data channel messages (default: none).
+    ``connect_timeout_s``: a call whose connection is not up by then is dropped.
+    ``session_observer()`` (metrics) is called once per answered call; its observer sees every
+    event sent on the data channel and is closed when the call ends."""
 
     def __init__(
         self,
@@ -377,24 +419,27 @@ class WebRTCCalls:
         settings_factory: Callable[[Dialect], SessionSettings] | None = None,
         ice_host_addresses: tuple[str, ...] = (),
         max_calls: int = 16,
+        slots: SessionSlots | None = None,
+        message_gate: Callable[[], MessageGate] | None = None,
         connect_timeout_s: float = 20.0,
         session_observer: Callable[[], EventObserver] | None = None,
     ) -> None:
         if max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, got {max_calls}")
+        self._slots = slots if slots is not None else SessionSlots(max_calls)
+        self._message_gate = message_gate
         self._peers: weakref.WeakSet[RTCPeerConnection] = weakref.WeakSet()
         self._engine = engine
         self._turn_detector_factory = turn_detector_factory
         self._settings_factory = settings_factory or (lambda d: SessionSettings.for_engine(engine, dialect=d))
         self.ice_host_addresses = tuple(IceHostAddress.parse(a) for a in ice_host_addresses)
-        self.max_calls = max_calls
+        self.max_calls = self._slots.limit
         self.connect_timeout_s = connect_timeout_s
         self._session_observer = session_observer
         self._calls: dict[str, Call] = {}
         self._serving: dict[str, asyncio.Task] = {}
         self._ids = itertools.count(1)
         self._closed = False
-        self._setting_up = 0
         self.calls_started = 0
         self.calls_ended = 0
 
@@ -429,14 +474,15 @@ class WebRTCCalls:
         :class:`WebRTCUnavailable` after :meth:`close`."""
         if self._closed:
             raise WebRTCUnavailable("the server is shutting down")
-        if len(self._calls) + self._setting_up >= self.max_calls:
-            raise LimitExceeded(f"this server takes at most {self.max_calls} WebRTC calls at once")
         first_message = _overrides_message(session_overrides)
-        self._setting_up += 1  # holds a slot while the answer is prepared
+        slot = self._slots.try_acquire()  # held while the answer is prepared, then by the call
+        if slot is None:
+            raise self._slots.refusal()
         try:
-            call = await self._set_up(first_message, offer_sdp, dialect)
-        finally:
-            self._setting_up -= 1
+            call = await self._set_up(first_message, offer_sdp, dialect, slot)
+        except BaseException:
+            slot.release()
+            raise
         self._calls[call.id] = call
         self.calls_started += 1
         if self._session_observer is not None:
@@ -445,14 +491,15 @@ class WebRTCCalls:
         logger.info("webrtc %s: answered", call.id)
         return call.pc.localDescription.sdp
 
-    async def _set_up(self, first_message: str | None, offer_sdp: str, dialect: Dialect) -> Call:
-        """A call with its answer set; on any failure everything it holds is released."""
+    async def _set_up(self, first_message: str | None, offer_sdp: str, dialect: Dialect, slot: SessionSlot) -> Call:
+        """A call with its answer set; on any failure everything it holds is released (but the
+        slot: the caller's)."""
         # The call (and its handlers) must exist before the offer is set: aiortc announces the
         # browser's tracks while it applies the offer.
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self._peers.add(pc)
         try:
-            call = await self._new_call(pc, dialect)
+            call = await self._new_call(pc, dialect, slot)
         except BaseException:
             await pc.close()
             raise
@@ -485,7 +532,7 @@ class WebRTCCalls:
 
     # --- one call ---
 
-    async def _new_call(self, pc: RTCPeerConnection, dialect: Dialect) -> Call:
+    async def _new_call(self, pc: RTCPeerConnection, dialect: Dialect, slot: SessionSlot) -> Call:
         settings = replace(self._settings_factory(dialect), audio_transport=AudioTransport.MEDIA, dialect=dialect)
         made = self._turn_detector_factory()
         turn_detector_factory = await made if inspect.isawaitable(made) else made
@@ -495,7 +542,8 @@ class WebRTCCalls:
                 transport, self._engine, turn_detector_factory=turn_detector_factory, settings=settings, media=media
             )
 
-        call = Call(f"rtc_{next(self._ids)}", pc, dialect, make_runner)
+        gate = self._message_gate() if self._message_gate is not None else None
+        call = Call(f"rtc_{next(self._ids)}", pc, dialect, make_runner, gate=gate, slot=slot)
         self._watch(call)
         return call
 
@@ -575,6 +623,8 @@ class WebRTCCalls:
         except Exception:  # the peer is gone either way; the call must still be forgotten
             logger.exception("webrtc %s: closing the peer connection failed", call.id)
         call.status = CallStatus.CLOSED
+        if call.slot is not None:
+            call.slot.release()
         if call.observer is not None:
             call.observer.close()
         self._serving.pop(call.id, None)
