@@ -1,13 +1,18 @@
 """Faults on a real server on loopback: an engine failure inside one session (the fake engine and the
 tiny engine with one stage broken for one conversation), clients that vanish mid-response (WebSocket
-close, TCP reset), a client that stops reading, and SIGTERM on ``omni-realtime serve``. After each fault the server holds nothing of the failed session: no task,
+close, TCP reset, a WebRTC peer process killed), a client that stops reading, and SIGTERM on
+``omni-realtime serve``. After each fault the server holds nothing of the failed session: no task,
 peer connection, engine conversation, response or KV position (``RealtimeServer.hygiene``)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import gc
+import logging
 import signal
+import subprocess
+import sys
 
 import pytest
 import websockets
@@ -15,6 +20,7 @@ import websockets
 from realtime.limits import RateLimit
 from tests.fakes import Script
 from tests.test_hygiene import (
+    REPO,
     RawClient,
     ServeProcess,
     StatsEngine,
@@ -195,6 +201,78 @@ async def test_a_client_that_stops_reading_mid_response_is_closed_after_the_send
         assert await client.until_closed(timeout=30) == 1008
         client.close()
         await assert_clean(app, timeout=30)
+
+
+# --- a WebRTC peer that vanishes ----------------------------------------------------------------
+
+PEER_PROCESS = """
+import asyncio, json, sys
+import httpx2
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from realtime.transports.webrtc import IceHostAddress, announce_host_addresses
+
+async def main(base_url, speak):
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio", direction="sendrecv")
+    channel = pc.createDataChannel("oai-events")
+    seen = asyncio.Queue()
+    channel.on("message", lambda m: seen.put_nowait(json.loads(m)["type"]))
+    await announce_host_addresses(pc, [IceHostAddress.parse("127.0.0.1")])
+    await pc.setLocalDescription(await pc.createOffer())
+    async with httpx2.AsyncClient() as http:
+        answer = await http.post(base_url + "/v1/realtime/calls", content=pc.localDescription.sdp,
+                                 headers={"content-type": "application/sdp"})
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
+    while await seen.get() != "session.created":
+        pass
+    if not speak:
+        print("READY", flush=True)
+        await asyncio.sleep(3600)
+    channel.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                           "content": [{"type": "input_text", "text": "hi"}]}}))
+    channel.send(json.dumps({"type": "response.create"}))
+    while await seen.get() != "output_audio_buffer.started":
+        pass
+    print("READY", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(sys.argv[1], sys.argv[2] == "speak"))
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("speaking", [True, False], ids=["mid-response", "idle"])
+async def test_a_webrtc_peer_that_vanishes_is_torn_down(monkeypatch, caplog, speaking):
+    """The client process is killed (no DTLS close, no SCTP abort, no ICE goodbye), while its
+    reply plays or while idle: ICE consent checks fail (RFC 7675; every 5 s, 6 misses: ~30 s by
+    default, shortened here), and the call is torn down: peer connection closed, response
+    cancelled, nothing left, and no background task of the teardown fails unobserved."""
+    import aioice.ice
+
+    monkeypatch.setattr(aioice.ice, "CONSENT_INTERVAL", 0.2)
+    engine = StatsEngine(Script(text=("word ",) * 2000, audio_chunks=2000, delay_s=0.02))
+    async with served(engine, webrtc=True, ice_host_addresses=("127.0.0.1",)) as (_, app):
+        peer = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", PEER_PROCESS, app.state.base_url, "speak" if speaking else "idle", cwd=REPO,
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert await asyncio.wait_for(peer.stdout.readline(), 30) == b"READY\n"
+            live = await app.state.realtime.hygiene()
+            assert (live.sessions, live.webrtc_peers, live.engine.responses) == (1, 1, int(speaking))
+            assert live.session_tasks >= 4  # the call, its runner's loops (+ the pump), the microphone
+        finally:
+            peer.kill()
+            await peer.wait()
+        calls = app.state.webrtc
+        await assert_clean(app, timeout=20)
+        assert calls.live_calls == 0 and calls.calls_ended == 1
+        assert engine.conversations[0].closed
+        if speaking:
+            response = engine.conversations[0].responses[0]
+            assert response.cancel_reason is not None and len(response.yielded) < 4000
+        gc.collect()  # a failed task nobody awaited is reported when it is collected
+        assert not [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR], caplog.text
 
 
 # --- SIGTERM ------------------------------------------------------------------------------------

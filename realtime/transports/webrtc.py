@@ -241,8 +241,13 @@ class DataChannelTransport:
 
     async def close(self) -> None:
         self.disconnect()
-        if self.channel is not None and self.channel.readyState not in ("closing", "closed"):
-            self.channel.close()
+        channel = self.channel
+        if channel is None or channel.readyState in ("closing", "closed"):
+            return
+        # Closing a channel sends an SCTP reset; over a dead DTLS transport (the peer vanished)
+        # aiortc's task for it fails unobserved. The peer connection's close ends it then.
+        if channel.transport.transport.state == "connected":
+            channel.close()
 
     async def _wait_until(self, event: asyncio.Event) -> None:
         """Wait for ``event`` or for the client to leave, whichever comes first."""
