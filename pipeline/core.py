@@ -53,8 +53,13 @@ class EngineCore:
         th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
         self.thinker = ThinkerRunner(ckpt.thinker, device=th.torch_device(), dtype=th.torch_dtype())
         self.talker = TalkerRunner(ckpt.talker, device=ta.torch_device(), dtype=ta.torch_dtype())
-        self.token2wav = StreamingToken2Wav(ckpt.token2wav, ChunkingConfig(**tw.chunking))
         self.t2w_device = torch.device(tw.torch_device())
+        self.token2wav = StreamingToken2Wav(
+            ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch,
+            tf32_matmul=tw.tf32_matmul and self.t2w_device.type == "cuda",
+        )
+        # capture token2wav's CUDA graphs now (seconds), not during the first replies
+        self.token2wav.warm_up(max_batch=tw.max_batch)
         self.to_talker = CONNECTORS[ta.connector].fn
         self.to_token2wav = CONNECTORS[tw.connector].fn
         self.text_stop = {self.special.im_end, self.special.endoftext}
@@ -196,12 +201,21 @@ class EngineCore:
         """Advance every active response by one unit per stage. Returns False when nothing could
         progress (every response is paused by backpressure), so the caller can wait instead of spin."""
         progressed = False
+        stepped = []
         for state in list(self.responses.values()):
             try:
-                progressed |= self._step_response(state)
+                if self._step_response(state):
+                    progressed = True
+                    stepped.append(state)
             except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
                 self._fail(state, exc)
                 progressed = True
+        self._token2wav_step([r for r in stepped if r.t2w is not None and r.t2w.ready()])
+        for state in stepped:
+            if state.id in self.responses and state.all_done():
+                incomplete = state.text_end is TextEnd.MAX_TOKENS
+                status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
+                self._finish(state, status, "max_output_tokens" if incomplete else None)
         for conv in self.conversations.values():
             progressed |= self._background_prefill(conv)
         return progressed
@@ -253,11 +267,6 @@ class EngineCore:
             self._thinker_decode(r)
         if r.spec.audio:
             self._talker_step(r)
-            self._token2wav_step(r)
-        if r.all_done():
-            incomplete = r.text_end is TextEnd.MAX_TOKENS
-            status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
-            self._finish(r, status, "max_output_tokens" if incomplete else None)
         return True
 
     # -- thinker ----------------------------------------------------------------------------------
@@ -373,7 +382,7 @@ class EngineCore:
         if r.prompt_len:
             r.seen_codes.add(self.special.codec_mask)
         r.t2w = self.token2wav.start(
-            speaker.cond.to(self.t2w_device), speaker.ref_mel.to(self.t2w_device),
+            speaker.cond.to(self.t2w_device), speaker.ref_mel.to(self.t2w_device), voice=r.spec.voice,
             generator=self._generator(self.t2w_device), max_codes=self.cfg.talker.max_tokens or 4096,
         )
         return self.talker.prefill(
@@ -423,10 +432,26 @@ class EngineCore:
         r.talker_cache = None
 
     # -- token2wav --------------------------------------------------------------------------------
-    def _token2wav_step(self, r: ResponseState) -> None:
-        if r.t2w is None or not r.t2w.ready():
+    def _token2wav_step(self, ready: list[ResponseState]) -> None:
+        """One chunk for every response whose token2wav stream is ready, their DiT windows batched in
+        one pass (one graph launch per batch on GPU). If the batch fails, each response is retried
+        alone so that only the faulty one fails."""
+        if not ready:
             return
-        pcm = r.t2w.step()
+        try:
+            chunks = self.token2wav.step_many([r.t2w for r in ready])
+        except Exception:  # noqa: BLE001 - find the faulty stream by retrying one by one
+            log.exception("batched token2wav step failed; retrying each stream alone")
+            for r in ready:
+                try:
+                    self._emit_audio(r, r.t2w.step())
+                except Exception as exc:  # noqa: BLE001 - isolate this response's failure
+                    self._fail(r, exc)
+            return
+        for r, pcm in zip(ready, chunks):
+            self._emit_audio(r, pcm)
+
+    def _emit_audio(self, r: ResponseState, pcm: np.ndarray) -> None:
         if len(pcm):
             r.mark("token2wav_first_chunk_ms")
             r.spec.sink(AudioChunk(pcm=pcm, start_sample=r.samples, codec_tokens_so_far=r.codec_tokens))

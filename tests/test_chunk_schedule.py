@@ -153,3 +153,56 @@ def test_first_chunk_ready_exactly_at_first_audio_codes(cfg) -> None:
     assert plan_next_chunk(cfg, frames_done=0, codes_available=need - 1, finished=False) is None
     plan = plan_next_chunk(cfg, frames_done=0, codes_available=need, finished=False)
     assert plan is not None and plan.frames.end == cfg.first_chunk_frames
+
+
+def starvation_ms(cfg: ChunkingConfig, total_codes: int, speed: float) -> float:
+    """Longest gap (ms) a player starting at the first chunk would hear, with codec tokens arriving at
+    ``speed`` x real time (50 tokens/s at 1x) and synthesis itself taking no time."""
+    frames_done, index, emitted, start, worst, n = 0, 0, 0, None, 0.0, 0
+    while True:
+        plan = None
+        while plan is None and n < total_codes:
+            n += 1
+            plan = plan_next_chunk(cfg, frames_done=frames_done, codes_available=n, finished=False, index=index)
+        if plan is None:
+            plan = plan_next_chunk(cfg, frames_done=frames_done, codes_available=total_codes, finished=True, index=index)
+            if plan is None:
+                return worst
+        ready = n / (50 * speed)
+        if start is None:
+            start = ready
+        worst = max(worst, (ready - (start + emitted / 24000)) * 1000)
+        emitted += len(plan.samples)
+        frames_done, index = plan.frames.end, index + 1
+        if plan.is_last:
+            return worst
+
+
+def test_packaged_schedule_never_starves_a_player_at_one_and_a_half_real_time():
+    from pipeline.config import load_stage_config
+
+    cfg = ChunkingConfig(**load_stage_config().token2wav.chunking, dit_block_frames=24)
+    assert cfg.first_audio_codes == 36
+    for speed in (1.5, 2.0, 4.0):
+        assert starvation_ms(cfg, 500, speed) == 0.0, speed
+    # without the ramp the same first chunk starves the player at 1.5x: the check can fail
+    no_ramp = ChunkingConfig(first_chunk_frames=48, chunk_frames=72, dit_block_frames=24)
+    assert starvation_ms(no_ramp, 500, 1.5) > 100
+
+
+def test_ramp_sizes_are_used_in_order_then_the_steady_size():
+    cfg = ChunkingConfig(first_chunk_frames=48, ramp_frames=[24, 48], chunk_frames=72, dit_block_frames=24)
+    assert cfg.ramp_frames == (24, 48)
+    assert [cfg.chunk_size(i) for i in range(5)] == [48, 24, 48, 72, 72]
+    sizes, frames_done, index = [], 0, 0
+    while (plan := plan_next_chunk(cfg, frames_done=frames_done, codes_available=200, finished=True, index=index)):
+        sizes.append(len(plan.frames))
+        frames_done, index = plan.frames.end, index + 1
+    assert sizes[:4] == [48, 24, 48, 72] and sum(sizes) == 400
+
+
+def test_ramp_sizes_are_validated():
+    with pytest.raises(ConfigError, match="ramp_frames"):
+        ChunkingConfig(ramp_frames=(25,))
+    with pytest.raises(ConfigError, match="ramp_frames"):
+        ChunkingConfig(ramp_frames=(48,), dit_block_frames=36)

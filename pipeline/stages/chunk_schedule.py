@@ -49,6 +49,11 @@ class ChunkingConfig:
 
     first_chunk_frames: int = 48
     chunk_frames: int = 72
+    ramp_frames: tuple[int, ...] = ()
+    """Sizes of the chunks after the first, before ``chunk_frames`` takes over. Why: a short first chunk
+    plays for less time than the talker needs to produce a full 72-frame chunk (plus look-ahead), so the
+    player would starve; small early chunks keep the audio ahead of the player while the talker catches up.
+    Deterministic: chunk boundaries depend only on the chunk index, never on code arrival times."""
     past_frames: int = 48
     future_frames: int = 24
     vocoder_overlap_frames: int = 40
@@ -61,6 +66,15 @@ class ChunkingConfig:
     dit_block_frames: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.ramp_frames, tuple):  # YAML gives a list
+            object.__setattr__(self, "ramp_frames", tuple(self.ramp_frames))
+        for i, size in enumerate(self.ramp_frames):
+            _require(isinstance(size, int) and size >= 1, "ramp_frames", f"[{i}] must be an integer >= 1")
+            _require(size % self.frames_per_code == 0, "ramp_frames",
+                     f"[{i}] ({size}) must be a multiple of frames_per_code ({self.frames_per_code})")
+            if self.dit_block_frames:
+                _require(size % self.dit_block_frames == 0, "ramp_frames",
+                         f"[{i}] ({size}) must be a multiple of dit_block_frames ({self.dit_block_frames})")
         for name in ("first_chunk_frames", "chunk_frames", "frames_per_code", "samples_per_frame"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")
         for name in ("past_frames", "future_frames", "vocoder_overlap_frames", "vocoder_trim_frames"):
@@ -80,6 +94,14 @@ class ChunkingConfig:
             _require(self.dit_block_frames >= 1, "dit_block_frames", "must be >= 1")
             for name in ("first_chunk_frames", "chunk_frames", "past_frames", "future_frames"):
                 _require_multiple(self, name, self.dit_block_frames, "dit_block_frames")
+
+    def chunk_size(self, index: int) -> int:
+        """Frames made final by chunk ``index`` (0-based) of an utterance."""
+        if index == 0:
+            return self.first_chunk_frames
+        if index <= len(self.ramp_frames):
+            return self.ramp_frames[index - 1]
+        return self.chunk_frames
 
     @property
     def hold_frames(self) -> int:
@@ -143,14 +165,15 @@ def plan_next_chunk(
     frames, so a chunk planned before the end is never the last one and the held-back vocoder tail is
     always flushed by a later chunk. Returns ``None`` when everything is planned (``frames_done`` equals the
     total and ``finished``) or more codes are needed. Never uses codes beyond ``codes_available``.
-    ``index`` is only copied into the plan (the caller counts chunks).
+    ``index`` is the chunk's position in the utterance (the caller counts chunks): it picks the chunk's
+    size (``ChunkingConfig.chunk_size``).
     """
     available = codes_available * cfg.frames_per_code
     if not 0 <= frames_done <= available or frames_done % cfg.frames_per_code:
         raise ValueError(f"frames_done={frames_done} is inconsistent with {codes_available} codes")
     if frames_done == available:
         return None  # everything planned, or waiting for codes
-    size = cfg.first_chunk_frames if frames_done == 0 else cfg.chunk_frames
+    size = cfg.chunk_size(index)
     end = frames_done + size
     if finished:
         end = min(end, available)

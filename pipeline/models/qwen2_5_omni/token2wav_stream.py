@@ -365,18 +365,19 @@ class GraphStats:
 
 
 def _window_frames(cfg: ChunkingConfig) -> tuple[int, ...]:
-    """DiT window lengths worth a graph: the first chunk with its look-ahead and a steady chunk with its full past
-    and look-ahead. No window is longer than the larger (a chunk after the first has at most ``past_frames`` of
-    past); shorter ones (early chunks, the last) are padded up to the nearest."""
+    """DiT window lengths worth a graph: the first chunk with its look-ahead, and each later chunk size (ramp and
+    steady) with its full past and look-ahead. No window is longer than the largest (a chunk after the first has at
+    most ``past_frames`` of past); shorter ones (early chunks, the last) are padded up to the nearest."""
     first = cfg.first_chunk_frames + cfg.future_frames
-    steady = cfg.past_frames + cfg.chunk_frames + cfg.future_frames
-    return tuple(sorted({first, steady}))
+    later = {cfg.past_frames + size + cfg.future_frames for size in (*cfg.ramp_frames, cfg.chunk_frames)}
+    return tuple(sorted({first, *later}))
 
 
 def _vocoder_frames(cfg: ChunkingConfig) -> tuple[int, ...]:
-    """Vocoder input lengths worth a graph: the first chunk, and a steady chunk after its re-run overlap. The
+    """Vocoder input lengths worth a graph: the first chunk, and each later chunk size after its re-run overlap. The
     vocoder cannot be padded exactly (its right edge would see the padding), so other lengths run eagerly."""
-    return tuple(sorted({cfg.first_chunk_frames, cfg.vocoder_overlap_frames + cfg.chunk_frames}))
+    later = {cfg.vocoder_overlap_frames + size for size in (*cfg.ramp_frames, cfg.chunk_frames)}
+    return tuple(sorted({cfg.first_chunk_frames, *later}))
 
 
 class _BatchedDit:
