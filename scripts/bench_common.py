@@ -21,6 +21,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-tokens", type=int, default=20)
     p.add_argument("--codec-tokens", type=int, default=150, help="50 per second of audio")
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--tf32", action="store_true", help="token2wav: TF32 DiT matmuls on CUDA")
 
 
 def stage_config(args, **thinker):
@@ -34,7 +35,7 @@ def stage_config(args, **thinker):
         thinker=replace(cfg.thinker, device=args.device, min_tokens=args.text_tokens, max_tokens=args.text_tokens,
                         **thinker),
         talker=replace(cfg.talker, device=args.device, min_tokens=args.codec_tokens, max_tokens=args.codec_tokens),
-        token2wav=replace(cfg.token2wav, device=args.device),
+        token2wav=replace(cfg.token2wav, device=args.device, tf32_matmul=args.tf32),
     )
 
 
