@@ -153,6 +153,8 @@ def _load_json(message: str | bytes) -> dict:
         body = json.loads(message)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"message is not valid JSON: {exc}", code=ErrorCode.INVALID_JSON) from None
+    except RecursionError:  # the decoder recurses per nesting level: a message may nest deeper than the stack
+        raise ProtocolError("message is nested too deeply to decode", code=ErrorCode.INVALID_JSON) from None
     if not isinstance(body, dict):
         raise ProtocolError("a client event must be a JSON object", code=ErrorCode.INVALID_EVENT)
     return body
