@@ -44,7 +44,8 @@ async def test_a_failing_response_gets_an_error_and_a_failed_done_and_others_car
         assert len(errors) == 1, victim.types()
         error = errors[0]["error"]
         assert set(error) == {"type", "code", "message", "param", "event_id"}
-        assert (error["type"], error["code"], error["message"]) == ("server_error", "server_error", "internal server error")
+        assert (error["type"], error["code"]) == ("server_error", "server_error")
+        assert error["message"] == "internal server error"
         assert victim.types().index("error") < victim.types().index("response.done")
         assert done["response"]["status"] == "failed"
         assert done["response"]["status_details"]["error"]["code"] == "server_error"
@@ -228,8 +229,9 @@ async def main(base_url, speak):
     if not speak:
         print("READY", flush=True)
         await asyncio.sleep(3600)
-    channel.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
-                                                                           "content": [{"type": "input_text", "text": "hi"}]}}))
+    content = [{"type": "input_text", "text": "hi"}]
+    channel.send(json.dumps({"type": "conversation.item.create",
+                             "item": {"type": "message", "role": "user", "content": content}}))
     channel.send(json.dumps({"type": "response.create"}))
     while await seen.get() != "output_audio_buffer.started":
         pass

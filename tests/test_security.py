@@ -62,11 +62,11 @@ async def test_browser_origins_are_checked_on_both_session_routes():
     allowed = "https://app.example"
     async with served(StatsEngine(), api_key=KEY, allowed_origins=(allowed,)) as (url, app):
         async with httpx2.AsyncClient(base_url=app.state.base_url) as http:
-            foreign = await http.post("/v1/realtime/calls", content="v=0",
-                                      headers=BEARER | {"content-type": "application/sdp", "origin": "https://evil.example"})
+            sdp = BEARER | {"content-type": "application/sdp"}
+            evil = {"origin": "https://evil.example"}
+            foreign = await http.post("/v1/realtime/calls", content="v=0", headers=sdp | evil)
             assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "origin_not_allowed"
-            ours = await http.post("/v1/realtime/calls", content="v=0",
-                                   headers=BEARER | {"content-type": "application/sdp", "origin": allowed})
+            ours = await http.post("/v1/realtime/calls", content="v=0", headers=sdp | {"origin": allowed})
             assert ours.status_code == 501  # past access control: this server has no WebRTC
         with pytest.raises(InvalidStatus) as refused:
             await websockets.connect(url, origin="https://evil.example", additional_headers=BEARER)

@@ -47,7 +47,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcicetransport import RTCIceGatherer
 
 from pipeline.api import EngineHandle
-from realtime.errors import ErrorType, LimitExceeded, RealtimeError, to_error_payload
+from realtime.errors import ErrorType, RealtimeError, to_error_payload
 from realtime.ids import RandomIds
 from realtime.limits import MessageGate, SessionSlot, SessionSlots
 from realtime.protocol.client import parse_client_event
@@ -407,7 +407,7 @@ class WebRTCCalls:
     or ``"ANNOUNCED@BIND"`` (see :class:`IceHostAddress`; tests use ``127.0.0.1``); empty: every
     non-loopback interface, aioice's choice. No STUN/TURN server is ever used, so a server behind
     NAT must announce the address clients reach it on. ``max_calls``: live calls at most; more are
-    refused with :class:`LimitExceeded`; ``slots``: take each call's slot from these instead (the
+    refused with ``LimitExceeded``; ``slots``: take each call's slot from these instead (the
     server's, shared with its WebSocket sessions; ``max_calls`` is then their limit).
     ``message_gate()``: a fresh gate for each call's data channel messages (default: none).
     ``connect_timeout_s``: a call whose connection is not up by then is dropped.
@@ -475,8 +475,8 @@ class WebRTCCalls:
 
         ``session_overrides`` (the ``session`` object of the request) is applied as the session's
         first ``session.update``. Raises :class:`RealtimeError` for an invalid offer or overrides
-        (``param`` ``sdp`` / ``session``), :class:`LimitExceeded` when ``max_calls`` calls are live,
-        :class:`WebRTCUnavailable` after :meth:`close`."""
+        (``param`` ``sdp`` / ``session``), ``LimitExceeded`` (``session_limit_reached``) when no
+        session slot is free, :class:`WebRTCUnavailable` after :meth:`close`."""
         if self._closed:
             raise WebRTCUnavailable("the server is shutting down")
         first_message = _overrides_message(session_overrides)
