@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from pipeline.errors import EngineFailure
 from pipeline.outputs import OUTPUT_SAMPLE_RATE, AudioChunk, ResponseDone, ResponseStatus, TextDelta, Usage
 from realtime.auth import AccessCode
+from realtime.config import ServerConfig
 from realtime.errors import ErrorType, RealtimeError
 from realtime.ids import SequentialIds
 from realtime.limits import LimitCode, RateLimit
@@ -326,7 +327,11 @@ def _as_text(message: str | bytes) -> str:
 
 
 def _verdict(message: str | bytes) -> str | None:
-    error = refusal(_as_text(message))
+    """The error code a text frame must get: the transport's size limit first, then the parser's."""
+    text = _as_text(message)
+    if len(text.encode()) > ServerConfig().max_message_bytes:
+        return str(LimitCode.MESSAGE_TOO_LARGE)
+    error = refusal(text)
     return None if error is None else str(error.code)
 
 
