@@ -487,7 +487,8 @@ class EngineCore:
     def _fail(self, r: ResponseState, exc: Exception) -> None:
         if not isinstance(exc, PipelineError):
             log.exception("response %s failed inside the engine", r.id)
-            exc = EngineFailure(f"the engine failed while generating: {type(exc).__name__}: {exc}")
+            # the traceback is in the server log; clients get no internals
+            exc = EngineFailure("the engine failed while generating this response")
         if r.phase is Phase.PREFILL and isinstance(exc, PipelineError) and not isinstance(exc, EngineFailure):
             r.conv.items.remove(r.item)  # refused before anything was generated: leave no trace
         else:
