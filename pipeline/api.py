@@ -18,7 +18,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from pipeline.outputs import ResponseDone, ResponseEvent
+from pipeline.outputs import EngineStats, ResponseDone, ResponseEvent
 
 INPUT_SAMPLE_RATE = 16_000
 """Sample rate (Hz) of user audio handed to the engine."""
@@ -108,3 +108,7 @@ class EngineHandle(Protocol):
     """True when the checkpoint is one of our random-weight test models: never an assistant."""
 
     def conversation(self, *, instructions: str | None = None) -> ConversationHandle: ...
+
+    async def stats(self) -> EngineStats:
+        """What the engine holds now (for hygiene checks and /metrics)."""
+        ...
