@@ -96,6 +96,14 @@ _PRETOKENIZE_REGEX = (
 )
 
 
+RELEASED_7B_IDS: dict = {
+    "codec_pad": 8292, "codec_bos": 8293, "codec_eos": 8294, "codec_mask": 8296,
+    "speaker_bos": (151870, 151871),
+}
+"""Special ids of the released Qwen2.5-Omni-7B config.json. This module *writes* configs, so the
+7B preset needs them as values; the engine itself reads every id from the checkpoint config."""
+
+
 @dataclass(frozen=True)
 class RandomModelSpec:
     """Every size of a random Qwen2.5-Omni. Units: hidden sizes in channels, ``*_vocab`` in ids.
@@ -215,10 +223,10 @@ class RandomModelSpec:
             talker_vocab=8448,
             talker_mrope_section=(16, 16, 0),
             codec_speech_vocab=8192,
-            codec_pad_id=8292,
-            codec_bos_id=8293,
-            codec_eos_id=8294,
-            codec_mask_id=8296,
+            codec_pad_id=RELEASED_7B_IDS["codec_pad"],
+            codec_bos_id=RELEASED_7B_IDS["codec_bos"],
+            codec_eos_id=RELEASED_7B_IDS["codec_eos"],
+            codec_mask_id=RELEASED_7B_IDS["codec_mask"],
             dit_hidden=1024,
             dit_layers=22,
             dit_heads=16,
@@ -240,7 +248,7 @@ class RandomModelSpec:
             tts_text_pad_id=151859,
             tts_text_start_id=151860,
             tts_text_end_id=151861,
-            speaker_bos_ids=(151870, 151871),
+            speaker_bos_ids=RELEASED_7B_IDS["speaker_bos"],
             # 1536 vocoder channels keep a random signal at RMS ~0.035; 3x brings it to ~0.1.
             output_gain=3.0,
             seed=seed,
