@@ -71,6 +71,13 @@ class StageConfig:
     """Thinker prefill runs in chunks of at most this many positions, one chunk per engine step,
     so a long prefill never stalls the decoding of other sessions for long."""
     chunking: dict[str, Any] = field(default_factory=dict)
+    kv_slots: int = 16
+    """thinker/talker: conversations whose KV cache stays on the device at once (a fixed pool allocated at
+    start, ``kv_slots x max_context_tokens`` positions for the thinker). An idle conversation beyond it loses its
+    cache to a new one (least recently used first) and is prefilled again at its next response."""
+    cuda_graphs: bool = True
+    """thinker/talker on CUDA: replay decode steps from CUDA graphs captured at start for batch sizes up to
+    ``kv_slots`` (needs Triton, which CUDA builds of torch include)."""
     max_batch: int = 8
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
     tf32_matmul: bool = False
@@ -155,7 +162,8 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     if values.get("dtype", "auto") not in DTYPES:
         raise ConfigError(f"{path}.dtype must be one of {DTYPES}", param=f"{path}.dtype")
     _check_type(values, "tf32_matmul", bool, path)
-    for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens", "max_batch"):
+    _check_type(values, "cuda_graphs", bool, path)
+    for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens", "max_batch", "kv_slots"):
         value = values.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ConfigError(f"{path}.{key} must be a positive integer", param=f"{path}.{key}")

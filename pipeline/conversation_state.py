@@ -1,7 +1,8 @@
 """A conversation as the engine thread holds it: items, their token rendering, and the thinker KV
 cache that mirrors a prefix of that rendering.
 
-The cache is kept consistent by one rule: before any prefill, the conversation is rendered to a
+The cache lives in a KV slot of the thinker's pool (``slot``); its logical length is ``len(cached_keys)``. It
+is kept consistent by one rule: before any prefill, the conversation is rendered to a
 list of per-position *keys* (the token id for text, ``(item_id, block, version, i)`` for audio
 positions), the longest common prefix with the keys already in the cache is kept, the cache is cropped
 to it and only the rest is prefilled. Deleting or truncating an item, changing the instructions or
@@ -19,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Hashable
 
 import torch
-from transformers import DynamicCache
 
 from pipeline.errors import ContextLimitError, ResponseActiveError, UnknownItemError
 from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
@@ -90,12 +90,14 @@ class ConversationState:
         self.items: list[ConvItem] = []
         self.open_audio: dict[str, OpenAudio] = {}
         self.active_response: str | None = None
-        self.talker_cache: DynamicCache | None = None
+        self.talker_slot: int | None = None
+        """The talker KV slot holding this conversation's talker prompt (reused across turns)."""
         self.talker_keys: list[Hashable] = []
-        """Keys of the prompt positions held in ``talker_cache`` (reused across turns)."""
+        """Keys of the prompt positions held in the talker slot, its first ``len(talker_keys)`` positions."""
         self.dirty = True
         """The rendering may extend beyond the cache: the engine prefills in the background."""
-        self.cache: DynamicCache | None = None
+        self.slot: int | None = None
+        """The thinker KV slot holding the first ``len(cached_keys)`` positions of the rendering."""
         self.cached_keys: list[Hashable] = []
         self.talker_vectors: list[torch.Tensor] = []
         """Chunks of (T, H) talker input vectors, together aligned with ``cached_keys``."""
@@ -195,16 +197,10 @@ class ConversationState:
         return n
 
     def crop(self, length: int) -> None:
-        """Roll the KV cache and talker vectors back to the first ``length`` positions."""
+        """Roll the KV cache and talker vectors back to the first ``length`` positions (the slot keeps its
+        data; positions past the logical length are overwritten by the next prefill)."""
         if length >= len(self.cached_keys):
             return
-        if self.cache is not None:
-            remove = self.cache.get_seq_length() - length
-            if length == 0:
-                self.cache = None
-            elif remove > 0:
-                # negative = "drop this many": the one form every transformers 5.x accepts
-                self.cache.crop(-remove)
         self.cached_keys = self.cached_keys[:length]
         vectors = torch.cat(self.talker_vectors) if self.talker_vectors else None
         self.talker_vectors = [vectors[:length]] if vectors is not None and length else []
@@ -239,19 +235,11 @@ class ConversationState:
 
     def crop_talker(self, length: int) -> None:
         """Keep only the first ``length`` prompt positions of the talker cache."""
-        if self.talker_cache is None:
-            return
-        remove = self.talker_cache.get_seq_length() - length
-        if length == 0:
-            self.talker_cache, self.talker_keys = None, []
-        elif remove > 0:
-            self.talker_cache.crop(-remove)
         self.talker_keys = self.talker_keys[:length]
 
     def free(self) -> None:
-        """Drop every cache (they are rebuilt from the items on the next prefill)."""
-        self.cache = None
+        """Forget every cached position (they are rebuilt from the items on the next prefill). The slots stay
+        assigned; the engine releases them (:meth:`EngineCore.release_slots`)."""
         self.cached_keys = []
         self.talker_vectors = []
-        self.talker_cache = None
         self.talker_keys = []

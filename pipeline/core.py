@@ -33,7 +33,7 @@ from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
 from pipeline.outputs import AudioChunk, EngineStats, ResponseDone, ResponseStatus, StageTimings, TextDelta, Usage
 from pipeline.registry import CONNECTORS
 from pipeline.request import Phase, ResponseSpec, ResponseState, TextEnd
-from pipeline.sampling import Sampler
+from pipeline.sampling import BatchSampler
 from pipeline.stages.chunk_schedule import ChunkingConfig
 from pipeline.stages.talker import TalkerRunner
 from pipeline.stages.thinker import ThinkerRunner
@@ -51,8 +51,14 @@ class EngineCore:
         self.special = ckpt.special
         self.renderer = PromptRenderer(ckpt.tokenizer, ckpt.special)
         th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
-        self.thinker = ThinkerRunner(ckpt.thinker, device=th.torch_device(), dtype=th.torch_dtype())
-        self.talker = TalkerRunner(ckpt.talker, device=ta.torch_device(), dtype=ta.torch_dtype())
+        self.max_context = th.max_context_tokens or ckpt.config.thinker_config.text_config.max_position_embeddings
+        self.max_codes = ta.max_tokens or 4096
+        self.thinker = ThinkerRunner(ckpt.thinker, device=th.torch_device(), dtype=th.torch_dtype(),
+                                     kv_slots=th.kv_slots, max_len=self.max_context, cuda_graphs=th.cuda_graphs)
+        # talker positions: the thinker prompt, speaker bos, then one per codec token
+        self.talker = TalkerRunner(ckpt.talker, device=ta.torch_device(), dtype=ta.torch_dtype(),
+                                   kv_slots=ta.kv_slots, max_len=self.max_context + self.max_codes + 2,
+                                   cuda_graphs=ta.cuda_graphs)  # fmt: skip
         self.t2w_device = torch.device(tw.torch_device())
         self.token2wav = StreamingToken2Wav(
             ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch,
@@ -64,14 +70,23 @@ class EngineCore:
         self.to_token2wav = CONNECTORS[tw.connector].fn
         self.text_stop = {self.special.im_end, self.special.endoftext}
         self.codec_stop = tuple(self.special.codec_stop_ids())
-        self.max_context = th.max_context_tokens or ckpt.config.thinker_config.text_config.max_position_embeddings
         self.prefill_chunk = th.prefill_chunk_tokens
         self.seed = seed
         self._seed_counter = 0
         self.conversations: dict[str, ConversationState] = {}
         self.responses: dict[str, ResponseState] = {}
-        self._talker_suppress = self._codec_suppress_ids()
         self._text_end_vectors = self.thinker.embed([self.special.tts_text_end, self.special.tts_text_pad])
+        self.text_sampler = BatchSampler(
+            th.sampling, vocab=self.thinker.lm_head.out_features, rows=self.thinker.pool.scratch_slot + 1,
+            device=self.thinker.device, stop=self.text_stop,
+        )
+        self.code_sampler = BatchSampler(
+            ta.sampling, vocab=self.talker.head.out_features, rows=self.talker.pool.scratch_slot + 1,
+            device=self.talker.device, suppress=self._codec_suppress_ids(), stop=self.codec_stop,
+        )
+        # capture the decode graphs now (seconds on a 7B model), not during the first replies
+        self.thinker.batched.capture()
+        self.talker.batched.capture()
 
     def _codec_suppress_ids(self) -> list[int]:
         """The talker must never emit codec bos, nor ids the DiT cannot embed (except stop ids)."""
@@ -92,7 +107,52 @@ class EngineCore:
             return
         if conv.active_response in self.responses:
             self._finish(self.responses[conv.active_response], ResponseStatus.CANCELLED, "conversation_closed")
+        self.release_slots(conv)
+
+    # -- KV slots ---------------------------------------------------------------------------------
+    def release_slots(self, conv: ConversationState) -> None:
+        """Forget the conversation's caches and give its KV slots back to the pools."""
         conv.free()
+        self.thinker.pool.slots.release(conv.id)
+        self.talker.pool.slots.release(conv.id)
+        conv.slot = conv.talker_slot = None
+
+    def _idle_owner(self, allocator, exclude: ConversationState) -> ConversationState | None:
+        """The least recently used conversation of ``allocator`` that no response is using."""
+        for owner in allocator.lru_owners():
+            conv = self.conversations.get(owner)
+            if conv is not None and conv is not exclude and conv.active_response is None:
+                return conv
+        return None
+
+    def _thinker_slot(self, conv: ConversationState, *, evict: bool) -> int | None:
+        """The conversation's thinker slot; a free one, or (``evict``) one taken from the least recently used
+        idle conversation, which is prefilled again at its next response. None while every slot is busy."""
+        slot = self.thinker.pool.slots.acquire(conv.id)
+        if slot is None and evict:
+            victim = self._idle_owner(self.thinker.pool.slots, exclude=conv)
+            if victim is not None:
+                log.info("KV pool full: conversation %s loses its cache to %s", victim.id, conv.id)
+                self.release_slots(victim)
+                slot = self.thinker.pool.slots.acquire(conv.id)
+        if slot is not None and slot != conv.slot:
+            conv.free()  # a new slot holds nothing yet
+            conv.slot = slot
+        return slot
+
+    def _talker_slot(self, conv: ConversationState) -> int | None:
+        slot = self.talker.pool.slots.acquire(conv.id)
+        if slot is None:
+            victim = self._idle_owner(self.talker.pool.slots, exclude=conv)
+            if victim is not None:
+                victim.crop_talker(0)
+                self.talker.pool.slots.release(victim.id)
+                victim.talker_slot = None
+                slot = self.talker.pool.slots.acquire(conv.id)
+        if slot is not None and slot != conv.talker_slot:
+            conv.crop_talker(0)
+            conv.talker_slot = slot
+        return slot
 
     def conv(self, conv_id: str) -> ConversationState:
         try:
@@ -198,20 +258,27 @@ class EngineCore:
             state.cancel_reason = reason
 
     def step(self) -> bool:
-        """Advance every active response by one unit per stage. Returns False when nothing could
-        progress (every response is paused by backpressure), so the caller can wait instead of spin."""
+        """Advance every active response by one unit per stage: responses still prefilling get one prefill
+        chunk each; all decoding responses get one thinker token in one batched step, then one talker token in
+        another, then one token2wav chunk for those with enough codes (batched too). Returns False when nothing
+        could progress (every response is paused by backpressure or waits for a KV slot), so the caller can
+        wait instead of spin."""
         progressed = False
-        stepped = []
+        decoding = []
         for state in list(self.responses.values()):
             try:
-                if self._step_response(state):
-                    progressed = True
-                    stepped.append(state)
+                advanced, decodes = self._step_response(state)
             except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
                 self._fail(state, exc)
-                progressed = True
-        self._token2wav_step([r for r in stepped if r.t2w is not None and r.t2w.ready()])
-        for state in stepped:
+                advanced, decodes = True, False
+            progressed |= advanced
+            if decodes:
+                decoding.append(state)
+        self._thinker_decode([r for r in decoding if not r.thinker_done])
+        self._talker_decode(self._talker_rows([r for r in decoding if r.id in self.responses and r.spec.audio]))
+        live = [r for r in decoding if r.id in self.responses]
+        self._token2wav_step([r for r in live if r.t2w is not None and r.t2w.ready()])
+        for state in live:
             if state.id in self.responses and state.all_done():
                 incomplete = state.text_end is TextEnd.MAX_TOKENS
                 status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
@@ -226,7 +293,7 @@ class EngineCore:
             conversations=len(self.conversations), responses=len(self.responses),
             open_audio_messages=sum(len(c.open_audio) for c in convs),
             cached_tokens=sum(len(c.cached_keys) for c in convs),
-            talker_cached_tokens=sum(len(c.talker_keys) for c in convs if c.talker_cache is not None),
+            talker_cached_tokens=sum(len(c.talker_keys) for c in convs if c.talker_slot is not None),
             pending_commands=pending_commands,
         )
 
@@ -237,8 +304,9 @@ class EngineCore:
         return conv.active_response is None and conv.dirty
 
     def _background_prefill(self, conv: ConversationState) -> bool:
-        """While a conversation is idle, prefill what the user has said so far (one chunk per step)."""
-        if not self._needs_prefill(conv):
+        """While a conversation is idle, prefill what the user has said so far (one chunk per step), if a KV
+        slot is free (a background prefill never takes another conversation's slot)."""
+        if not self._needs_prefill(conv) or self._thinker_slot(conv, evict=False) is None:
             return False
         try:
             rendering = conv.render(with_open_audio=True)
@@ -254,41 +322,42 @@ class EngineCore:
         conv.dirty = not done
         return True
 
-    def _step_response(self, r: ResponseState) -> bool:
+    def _step_response(self, r: ResponseState) -> tuple[bool, bool]:
+        """Returns (progressed, joins this step's decode batches)."""
         if r.cancel_reason is not None:
             self._finish(r, ResponseStatus.CANCELLED, r.cancel_reason)
-            return True
+            return True, False
         if not r.spec.can_accept():
-            return False
+            return False, False
         if r.phase is Phase.PREFILL:
-            self._prefill(r)
-            return True
-        if not r.thinker_done:
-            self._thinker_decode(r)
-        if r.spec.audio:
-            self._talker_step(r)
-        return True
+            return self._prefill(r), False
+        return True, True
 
     # -- thinker ----------------------------------------------------------------------------------
-    def _prefill(self, r: ResponseState) -> None:
+    def _prefill(self, r: ResponseState) -> bool:
         """Prefill the conversation up to the reply's header, one chunk per step; the last chunk's
-        logits give the first reply token."""
+        logits give the first reply token. False while the response waits for a KV slot."""
         conv = r.conv
         if r.prompt_len == 0:  # first prefill step of this response
             conv.make_room(r.spec.max_text_tokens, drop_oldest=self.cfg.thinker.context_policy == "drop_oldest")
+        if self._thinker_slot(conv, evict=True) is None:
+            return False
         rendering = conv.render()
         if r.prompt_len == 0:
             r.cached_tokens = min(conv.common_prefix(rendering.keys), len(rendering.keys) - 1)
             r.prompt_len = len(rendering.keys)
             r.input_audio_tokens = len(rendering.audio)
             r.input_text_tokens = r.prompt_len - len(rendering.audio)
-            r.seen_text = set(rendering.token_ids)
+            self.text_sampler.reset(conv.slot, rendering.token_ids)
         out = self._prefill_chunk(conv, rendering, need_logits=True)
         if out is None:
-            return
+            return True
         r.phase = Phase.DECODE
         r.mark("prefill_done_ms")
-        self._accept_text_token(r, self._sample_text(r, out.last_logits))
+        (token,) = self.text_sampler.sample(out.last_logits.unsqueeze(0), [conv.slot],
+                                            force_continue=[self._force_text(r)], generators=[r.generator])  # fmt: skip
+        self._accept_text_token(r, token)
+        return True
 
     def _prefill_chunk(self, conv: ConversationState, rendering, *, need_logits: bool):
         """Prefill the next chunk (at most ``prefill_chunk_tokens``) of ``rendering`` missing from
@@ -300,8 +369,6 @@ class EngineCore:
             start = min(start, len(keys) - 1)
         conv.crop(start)
         end = min(len(keys), start + self.prefill_chunk)
-        if conv.cache is None:
-            conv.cache = self.thinker.new_cache()
         embeds = self.thinker.embed(rendering.token_ids[start:end])
         talker_embeds = embeds.clone()
         for pos in range(start, end):
@@ -309,31 +376,57 @@ class EngineCore:
                 audio, row = rendering.audio[pos]
                 embeds[pos - start] = audio[row]
                 talker_embeds[pos - start] = 0  # the reference zeroes multimodal positions for the talker
-        out = self.thinker.forward(embeds, conv.cache, start)
+        out = self.thinker.prefill(embeds, conv.slot, start)
         conv.extend(keys[start:end], self.to_talker(out.hidden, talker_embeds))
         return out if end == len(keys) else None
 
-    def _thinker_decode(self, r: ResponseState) -> None:
-        token = r.pending_token
-        embeds = self.thinker.embed([token])
-        out = self.thinker.forward(embeds, r.conv.cache, len(r.conv.cached_keys))
-        vector = self.to_talker(out.hidden, embeds)
-        r.conv.extend([token], vector)
-        if r.spec.audio:
-            r.talker_queue.append(vector[0])
-        self._accept_text_token(r, self._sample_text(r, out.last_logits))
+    def _thinker_decode(self, rows: list[ResponseState]) -> None:
+        """Feed every row's pending token through the thinker in one batch and sample the next ones."""
+        def run(batch: list[ResponseState], done: set[str]) -> None:
+            step = self.thinker.decode([r.pending_token for r in batch], [r.conv.slot for r in batch],
+                                       [len(r.conv.cached_keys) for r in batch])  # fmt: skip
+            vectors = self.to_talker(step.hidden, step.embeds)
+            tokens = self.text_sampler.sample(step.logits, [r.conv.slot for r in batch],
+                                              force_continue=[self._force_text(r) for r in batch],
+                                              generators=[r.generator for r in batch])  # fmt: skip
+            for i, (r, token) in enumerate(zip(batch, tokens)):
+                r.conv.extend([r.pending_token], vectors[i : i + 1])
+                if r.spec.audio:
+                    r.talker_queue.append(vectors[i])
+                self._accept_text_token(r, token)
+                done.add(r.id)
 
-    def _sample_text(self, r: ResponseState, logits: torch.Tensor) -> int:
-        forced = len(r.item.reply_ids) < (self.cfg.thinker.min_tokens or 0)
-        sampler = Sampler(self.cfg.thinker.sampling, suppress=self.text_stop if forced else (), generator=r.generator)
-        return sampler(logits, torch.tensor(sorted(r.seen_text), dtype=torch.long))
+        self._run_batch("thinker", rows, run)
+
+    def _run_batch(self, stage: str, rows: list[ResponseState], run) -> None:
+        """Run one batched stage step, ``run(batch, done)`` adding each row to ``done`` once its state is
+        updated. If it raises, the rows not done are retried one by one so that only a faulty row fails."""
+        if not rows:
+            return
+        done: set[str] = set()
+        try:
+            run(rows, done)
+            return
+        except Exception as exc:  # noqa: BLE001 - find the faulty row by retrying one by one
+            left = [r for r in rows if r.id not in done and r.id in self.responses]
+            if len(left) == 1:
+                self._fail(left[0], exc)
+                return
+            log.exception("batched %s step of %d rows failed; retrying each row alone", stage, len(left))
+        for r in left:
+            try:
+                run([r], done)
+            except Exception as exc:  # noqa: BLE001 - isolate this response's failure
+                self._fail(r, exc)
+
+    def _force_text(self, r: ResponseState) -> bool:
+        return len(r.item.reply_ids) < (self.cfg.thinker.min_tokens or 0)
 
     def _accept_text_token(self, r: ResponseState, token: int) -> None:
         r.pending_token = None
         if token in self.text_stop:
             r.text_end = TextEnd.STOP
             return
-        r.seen_text.add(token)
         r.item.reply_ids.append(token)
         delta = r.detok.push(token)
         if delta:
@@ -343,50 +436,86 @@ class EngineCore:
         else:
             r.pending_token = token
 
-    # -- talker -----------------------------------------------------------------------------------
-    def _talker_step(self, r: ResponseState) -> None:
+    # -- talker ---------------------------------------------------------------------------------
+    def _talker_rows(self, rows: list[ResponseState]) -> list[tuple[ResponseState, torch.Tensor]]:
+        """Each row's talker work this step: a response whose talker has not started is prefilled here (one
+        at a time: prompt lengths differ); the others yield (row, next thinker vector) for the batched decode,
+        or nothing while they wait for the thinker."""
+        batch = []
+        for r in rows:
+            try:
+                vector = self._talker_step(r)
+            except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
+                self._fail(r, exc)
+                continue
+            if vector is not None:
+                batch.append((r, vector))
+        return batch
+
+    def _talker_step(self, r: ResponseState) -> torch.Tensor | None:
+        """Start the talker (prefill and first code) or return the vector of its next decode step."""
         if r.talker_done:
-            return
+            return None
         if not r.talker_started:
             if not r.talker_queue:
                 if r.thinker_done:  # the reply had no token the talker could start from
                     self._end_talker(r)
-                return
+                return None
             logits = self._talker_prefill(r)
-        else:
-            vector = self._next_talker_vector(r)
-            if vector is None:
-                return
-            logits = self.talker.decode(r.last_code, vector, cache=r.talker_cache)
-        self._accept_code(r, logits)
+            if logits is not None:
+                (code,) = self.code_sampler.sample(logits.unsqueeze(0), [r.conv.talker_slot],
+                                                   force_continue=[self._force_codes(r)], generators=[r.generator])  # fmt: skip
+                self._accept_code(r, code)
+            return None
+        return self._next_talker_vector(r)
 
-    def _talker_prefill(self, r: ResponseState) -> torch.Tensor:
-        """Talker prefill: the prompt positions not already in the conversation's talker cache
+    def _talker_decode(self, rows: list[tuple[ResponseState, torch.Tensor]]) -> None:
+        """One codec token for every row, in one batched talker step."""
+        def run(batch: list[ResponseState], done: set[str]) -> None:
+            slots = [r.conv.talker_slot for r in batch]
+            logits = self.talker.decode([r.last_code for r in batch], torch.stack([vectors[r.id] for r in batch]),
+                                        slots, [r.talker_len for r in batch])  # fmt: skip
+            codes = self.code_sampler.sample(logits, slots, force_continue=[self._force_codes(r) for r in batch],
+                                             generators=[r.generator for r in batch])  # fmt: skip
+            for r, code in zip(batch, codes):
+                r.talker_len += 1
+                self._accept_code(r, code)
+                done.add(r.id)
+
+        vectors = {r.id: v for r, v in rows}
+        self._run_batch("talker", [r for r, _ in rows], run)
+
+    def _force_codes(self, r: ResponseState) -> bool:
+        return r.codec_tokens < (self.cfg.talker.min_tokens or 0)
+
+    def _talker_prefill(self, r: ResponseState) -> torch.Tensor | None:
+        """Talker prefill: the prompt positions not already in the conversation's talker slot
         (kept across turns: the prompt of turn N+1 extends the prompt of turn N), then the speaker's
-        bos and the first reply vector."""
+        bos and the first reply vector. None while every talker slot is busy."""
         conv = r.conv
+        if self._talker_slot(conv) is None:
+            return None
         speaker = self.ckpt.speakers[r.spec.voice]
         prompt_keys = conv.cached_keys[: r.prompt_len]
         reuse = conv.common_prefix_of(conv.talker_keys, prompt_keys)
         conv.crop_talker(reuse)
-        if conv.talker_cache is None:
-            conv.talker_cache, reuse = self.talker.new_cache(), 0
         prompt = conv.talker_prompt()[reuse : r.prompt_len]
         bos = self.thinker.embed([speaker.bos_token])
         first = r.talker_queue.popleft().view(1, -1)
         vectors = torch.cat([prompt, bos, first]).to(self.talker.device)
         conv.talker_keys = list(prompt_keys)
-        r.talker_cache = conv.talker_cache
         r.talker_started = True
-        r.seen_codes = {self.special.codec_pad, self.special.codec_bos}
+        r.talker_len = r.prompt_len + 2
+        seen = {self.special.codec_pad, self.special.codec_bos}
         if r.prompt_len:
-            r.seen_codes.add(self.special.codec_mask)
+            seen.add(self.special.codec_mask)
+        self.code_sampler.reset(conv.talker_slot, seen)
         r.t2w = self.token2wav.start(
             speaker.cond.to(self.t2w_device), speaker.ref_mel.to(self.t2w_device), voice=r.spec.voice,
-            generator=self._generator(self.t2w_device), max_codes=self.cfg.talker.max_tokens or 4096,
+            generator=self._generator(self.t2w_device), max_codes=self.max_codes,
         )
         return self.talker.prefill(
-            vectors, codec_pad=self.special.codec_pad, codec_bos=self.special.codec_bos, cache=r.talker_cache,
+            vectors, codec_pad=self.special.codec_pad, codec_bos=self.special.codec_bos, slot=conv.talker_slot,
             start=reuse,
         )
 
@@ -400,23 +529,17 @@ class EngineCore:
         r.text_eos_sent = True
         return self._text_end_vectors[index]
 
-    def _accept_code(self, r: ResponseState, logits: torch.Tensor) -> None:
-        suppress = self._talker_suppress
-        if r.codec_tokens < (self.cfg.talker.min_tokens or 0):
-            suppress = [*suppress, *self.codec_stop]
-        sampler = Sampler(self.cfg.talker.sampling, suppress=suppress, generator=r.generator)
-        code = sampler(logits, torch.tensor(sorted(r.seen_codes), dtype=torch.long))
+    def _accept_code(self, r: ResponseState, code: int) -> None:
         dit_code = self.to_token2wav(code, self.codec_stop)
         if dit_code is None:
             self._end_talker(r)
             return
-        r.seen_codes.add(code)
         r.codes.append(code)
         r.mark("talker_first_code_ms")
         r.codec_tokens += 1
         r.last_code = code
         r.t2w.push([dit_code])
-        if r.codec_tokens >= (self.cfg.talker.max_tokens or 4096):
+        if r.codec_tokens >= self.max_codes:
             self._end_talker(r)
 
     def _end_talker(self, r: ResponseState) -> None:
@@ -426,10 +549,9 @@ class EngineCore:
             r.t2w.finish()
 
     def _release_talker(self, r: ResponseState) -> None:
-        """Drop this reply's positions from the conversation's talker cache; keep the prompt."""
-        if r.talker_cache is not None and r.conv.talker_cache is r.talker_cache:
-            r.conv.crop_talker(r.prompt_len)
-        r.talker_cache = None
+        """Drop this reply's positions from the conversation's talker cache; keep the prompt (the reply's
+        positions lie past ``talker_keys`` in the slot and are overwritten by the next prefill)."""
+        r.talker_len = 0
 
     # -- token2wav --------------------------------------------------------------------------------
     def _token2wav_step(self, ready: list[ResponseState]) -> None:
@@ -492,7 +614,7 @@ class EngineCore:
         if r.phase is Phase.PREFILL and isinstance(exc, PipelineError) and not isinstance(exc, EngineFailure):
             r.conv.items.remove(r.item)  # refused before anything was generated: leave no trace
         else:
-            r.conv.free()  # a stage may have died mid-update: never keep a possibly corrupt cache
+            self.release_slots(r.conv)  # a stage may have died mid-update: never keep a possibly corrupt cache
         self._finish(r, ResponseStatus.FAILED, "error", exc)
 
     def _generator(self, device: torch.device) -> torch.Generator | None:

@@ -61,19 +61,18 @@ class ResponseState:
     text_end: TextEnd = TextEnd.NOT_YET
     pending_token: int | None = None
     """Sampled but not yet fed through the thinker."""
-    seen_text: set[int] = field(default_factory=set)
     prompt_len: int = 0
     input_text_tokens: int = 0
     input_audio_tokens: int = 0
     cached_tokens: int = 0
     # talker
-    talker_cache: object | None = None
+    talker_len: int = 0
+    """Positions of the conversation's talker slot in use by this reply (prompt, speaker bos, codes so far)."""
     talker_queue: deque = field(default_factory=deque)
     talker_started: bool = False
     talker_done: bool = False
     text_eos_sent: bool = False
     last_code: int | None = None
-    seen_codes: set[int] = field(default_factory=set)
     codes: list[int] = field(default_factory=list)
     codec_tokens: int = 0
     # token2wav

@@ -72,7 +72,7 @@ async def test_a_stage_that_fails_for_one_conversation_of_the_tiny_engine(tiny_e
         if broken["on"] and any(item.text == "FAIL ME" for item in r.conv.items):
             broken["on"] = False
             raise RuntimeError("injected talker fault")
-        talker_step(r)
+        return talker_step(r)
 
     monkeypatch.setattr(core, "_talker_step", flaky_talker)
     async with served(tiny_engine) as (url, app), connect(url) as victim, connect(url) as other:

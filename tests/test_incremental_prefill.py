@@ -159,17 +159,29 @@ async def test_delete_rolls_cache_back_and_history_is_not_prefilled_twice(engine
     await conv.close()
 
 
-async def test_talker_prompt_cache_is_reused_across_turns(engine):
+async def test_talker_prompt_cache_is_reused_across_turns(engine, monkeypatch):
+    talker = engine._thread.core.talker
+    starts = []
+    prefill = talker.prefill
+
+    def spy(vectors, **kwargs):
+        starts.append((kwargs["start"], vectors.shape[0]))
+        return prefill(vectors, **kwargs)
+
+    monkeypatch.setattr(talker, "prefill", spy)
     conv = engine.conversation()
     await conv.add_text("u1", "hello")
     await conv.respond(item_id="a1", max_output_tokens=5).wait()
     state = core_conv(engine, conv)
-    first_prompt = len(state.talker_keys)
-    assert first_prompt > 0 and state.talker_cache.get_seq_length() == first_prompt
+    first_prompt, slot = len(state.talker_keys), state.talker_slot
+    assert first_prompt > 0 and slot is not None
     await conv.add_text("u2", "again")
     await conv.respond(item_id="a2", max_output_tokens=5).wait()
+    assert state.talker_slot == slot
     assert state.talker_keys[:first_prompt] == state.cached_keys[:first_prompt]
-    assert state.talker_cache.get_seq_length() == len(state.talker_keys) > first_prompt
+    assert len(state.talker_keys) > first_prompt
+    # turn 2 prefilled only what turn 1's prompt lacked (+ speaker bos and the first reply vector)
+    assert starts == [(0, first_prompt + 2), (first_prompt, len(state.talker_keys) - first_prompt + 2)]
     await conv.close()
 
 

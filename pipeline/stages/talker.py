@@ -13,11 +13,14 @@ needs the thinker one token ahead — it never waits for the whole reply.
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
+
+from pipeline.stages.decode_graphs import BatchedDecode
+from pipeline.stages.decoder import PooledDecoder
 
 
 class TalkerRunner:
-    def __init__(self, talker, *, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, talker, *, device: torch.device, dtype: torch.dtype, kv_slots: int, max_len: int,
+                 cuda_graphs: bool = True, graph_batch_sizes: tuple[int, ...] = ()) -> None:  # fmt: skip
         self.model = talker
         self.proj = talker.thinker_to_talker_proj
         self.body = talker.model
@@ -26,32 +29,36 @@ class TalkerRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.config = talker.config
+        self.decoder = PooledDecoder(self.body, slots=kv_slots, max_len=max_len, dtype=dtype, device=self.device)
+        self.pool = self.decoder.pool
+        width = self.proj.in_features
 
-    def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.config)
+        def rows(b: int):
+            return (torch.zeros(b, dtype=torch.long, device=self.device),
+                    torch.zeros(b, width, dtype=dtype, device=self.device))  # fmt: skip
+
+        self.batched = BatchedDecode(self._decode_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
+                                     batch_sizes=graph_batch_sizes, row_inputs=rows)  # fmt: skip
 
     @torch.inference_mode()
-    def prefill(
-        self, vectors: torch.Tensor, *, codec_pad: int, codec_bos: int, cache: DynamicCache, start: int = 0
-    ) -> torch.Tensor:
+    def prefill(self, vectors: torch.Tensor, *, codec_pad: int, codec_bos: int, slot: int, start: int = 0) -> torch.Tensor:
         """``vectors`` (P, H_thinker) — the prompt positions from ``start`` on (earlier ones are
-        already in ``cache``), then [speaker bos, reply token 0]; returns (V,) logits."""
+        already in the slot), then [speaker bos, reply token 0]; returns (V,) logits."""
         x = vectors.to(self.device, self.dtype).clone()
         special = self.codec_embed(torch.tensor([codec_pad, codec_bos], device=self.device))
         x[-2:] = x[-2:] + special
-        return self._run(x, cache, start=start)
+        hidden = self.decoder.prefill(slot, self.proj(x), start)
+        return self.head(hidden[-1:]).float()[0]
 
     @torch.inference_mode()
-    def decode(self, prev_code: int, vector: torch.Tensor, *, cache: DynamicCache) -> torch.Tensor:
-        """One step: previous codec token + the next thinker vector (H_thinker,); returns (V,) logits."""
-        code = self.codec_embed(torch.tensor([prev_code], device=self.device))
-        x = code + vector.to(self.device, self.dtype).view(1, -1)
-        return self._run(x, cache, start=cache.get_seq_length())
+    def decode(self, prev_codes: list[int], vectors: torch.Tensor, slots: list[int], positions: list[int]) -> torch.Tensor:
+        """One step per row: previous codec token + the next thinker vector (B, H_thinker); returns (B, V)
+        float32 logits (a view of a static buffer on CUDA: consume it before the next step)."""
+        codes = torch.tensor(prev_codes, dtype=torch.long, device=self.device)
+        (logits,) = self.batched(slots, positions, codes, vectors.to(self.device, self.dtype))
+        return logits
 
-    def _run(self, x: torch.Tensor, cache: DynamicCache, start: int) -> torch.Tensor:
-        t = x.shape[0]
-        positions = torch.arange(start, start + t, device=self.device).view(1, 1, -1).expand(3, 1, -1)
-        out = self.body(
-            inputs_embeds=self.proj(x).unsqueeze(0), position_ids=positions, past_key_values=cache, use_cache=True
-        )
-        return self.head(out.last_hidden_state[0, -1:]).float()[0]
+    def _decode_fn(self, slots, positions, codes, vectors, *, graph_safe: bool):
+        x = self.proj(self.codec_embed(codes) + vectors)
+        hidden = self.decoder.decode(x, slots, positions, graph_safe=graph_safe)
+        return (self.head(hidden).float(),)

@@ -6,7 +6,8 @@ needs: the input embedding and the last hidden state (after the final norm).
 
 Positions: text and audio tokens use plain sequential positions on all three TMRoPE axes (the 3-D
 positions of Qwen2.5-Omni differ from ``arange`` only for images and video), so a span prefilled at
-offset ``start`` uses ``start .. start+T-1``. All methods run under ``torch.inference_mode`` and
+offset ``start`` uses ``start .. start+T-1``, and a position's rotary angle is its index in the KV slot
+(:class:`~pipeline.stages.decoder.PooledDecoder`). All methods run under ``torch.inference_mode`` and
 must be called from the engine thread only.
 """
 
@@ -15,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
-
+from pipeline.stages.decode_graphs import BatchedDecode
+from pipeline.stages.decoder import PooledDecoder
 
 
 @dataclass
@@ -33,8 +34,22 @@ class ThinkerOutput:
     """(V,) float32 logits of the last position."""
 
 
+@dataclass
+class ThinkerStep:
+    """Outputs of one batched decode step over B rows (views of static buffers on CUDA: consume them before the
+    next step)."""
+
+    embeds: torch.Tensor
+    """(B, H) input embeddings of the fed tokens."""
+    hidden: torch.Tensor
+    """(B, H) last hidden states after the final norm."""
+    logits: torch.Tensor
+    """(B, V) float32 logits."""
+
+
 class ThinkerRunner:
-    def __init__(self, thinker, *, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, thinker, *, device: torch.device, dtype: torch.dtype, kv_slots: int, max_len: int,
+                 cuda_graphs: bool = True, graph_batch_sizes: tuple[int, ...] = ()) -> None:  # fmt: skip
         self.model = thinker
         self.text_model = thinker_text_model(thinker)
         self.audio_tower = thinker_audio_tower(thinker)
@@ -42,9 +57,12 @@ class ThinkerRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.config = thinker.config
-
-    def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.config.text_config)
+        self.decoder = PooledDecoder(self.text_model, slots=kv_slots, max_len=max_len, dtype=dtype, device=self.device)
+        self.pool = self.decoder.pool
+        self.batched = BatchedDecode(
+            self._decode_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
+            batch_sizes=graph_batch_sizes, row_inputs=lambda b: (torch.zeros(b, dtype=torch.long, device=self.device),),
+        )
 
     @torch.inference_mode()
     def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
@@ -63,16 +81,21 @@ class ThinkerRunner:
         return out.last_hidden_state.to(self.dtype)
 
     @torch.inference_mode()
-    def forward(self, embeds: torch.Tensor, cache: DynamicCache, start: int) -> ThinkerOutput:
-        """Run ``embeds`` (T, H) at positions ``start..start+T-1``, extending ``cache``."""
-        t = embeds.shape[0]
-        positions = torch.arange(start, start + t, device=self.device).view(1, 1, -1).expand(3, 1, -1)
-        out = self.text_model(
-            inputs_embeds=embeds.unsqueeze(0).to(self.dtype),
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        hidden = out.last_hidden_state[0]
+    def prefill(self, embeds: torch.Tensor, slot: int, start: int) -> ThinkerOutput:
+        """Run ``embeds`` (T, H) at positions ``start..start+T-1`` of KV slot ``slot``."""
+        hidden = self.decoder.prefill(slot, embeds, start)
         logits = self.lm_head(hidden[-1:]).float()[0]
         return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=logits)
+
+    @torch.inference_mode()
+    def decode(self, tokens: list[int], slots: list[int], positions: list[int]) -> ThinkerStep:
+        """One token per row: row b feeds ``tokens[b]`` at ``positions[b]`` of slot ``slots[b]`` (all rows in
+        one batch; one CUDA graph replay on a GPU)."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        embeds, hidden, logits = self.batched(slots, positions, ids)
+        return ThinkerStep(embeds=embeds, hidden=hidden, logits=logits)
+
+    def _decode_fn(self, slots: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, *, graph_safe: bool):
+        embeds = self.text_model.embed_tokens(ids)
+        hidden = self.decoder.decode(embeds, slots, positions, graph_safe=graph_safe)
+        return embeds, hidden, self.lm_head(hidden).float()

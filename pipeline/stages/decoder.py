@@ -1,0 +1,108 @@
+"""A Qwen2-style decoder (the thinker's text model or the talker's body) run over a :class:`KVPool`.
+
+The weights stay in the Hugging Face modules (norms, projections and MLPs are called as they are, so the
+arithmetic is theirs); this module owns only what HF's cache classes cannot do for us: every batch row at its
+own position in its own slot, and a decode step with fixed shapes that a CUDA graph can capture.
+
+Positions: text and audio use sequential positions on all three TMRoPE axes, so the multimodal rotary embedding
+equals a 1-D one at position = cache index (see :mod:`.thinker`); the cos/sin table is computed the way HF
+computes it (float32 ``position * inv_freq``, cast to the model dtype).
+
+- :meth:`PooledDecoder.prefill`: one conversation, ``T`` positions from ``start``, causal over the slot's
+  first ``start + T`` positions. Eager (shapes vary).
+- :meth:`PooledDecoder.decode`: ``B`` rows, one position each; with ``graph_safe`` the attention reads the
+  lengths on the device (Triton), so the step can be captured.
+Both write the new keys/values into the pool before attending. Call under ``torch.inference_mode()``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.stages.decode_attention import attend_reference, attend_triton
+from pipeline.stages.kv_pool import KVPool
+
+__all__ = ["PooledDecoder"]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class PooledDecoder:
+    def __init__(self, body, *, slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+        """``body``: an HF decoder model with ``layers`` (each with ``input_layernorm``, ``self_attn`` having
+        ``q_proj/k_proj/v_proj/o_proj``, ``post_attention_layernorm``, ``mlp``), ``norm`` and ``rotary_emb``."""
+        cfg = body.config
+        self.layers = list(body.layers)
+        self.norm = body.norm
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scale = self.head_dim**-0.5
+        self.device, self.dtype = torch.device(device), dtype
+        self.pool = KVPool(layers=len(self.layers), slots=slots, max_len=max_len, kv_heads=self.kv_heads,
+                           head_dim=self.head_dim, dtype=dtype, device=device)  # fmt: skip
+        rotary = body.rotary_emb
+        positions = torch.arange(max_len, device=self.device, dtype=torch.float32)
+        freqs = positions[:, None] * rotary.inv_freq.to(self.device, torch.float32)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        scaling = getattr(rotary, "attention_scaling", 1.0)
+        self.cos = (emb.cos() * scaling).to(dtype)  # (max_len, D)
+        self.sin = (emb.sin() * scaling).to(dtype)
+
+    # -- public -----------------------------------------------------------------------------------
+    def prefill(self, slot: int, x: torch.Tensor, start: int) -> torch.Tensor:
+        """``x`` (T, H) at positions ``start .. start+T-1`` of ``slot``; returns (T, H) after the final norm."""
+        t = x.shape[0]
+        end = start + t
+        if end > self.pool.max_len:
+            raise ValueError(f"positions up to {end} exceed the KV pool's {self.pool.max_len}")
+        cos, sin = self.cos[start:end].unsqueeze(1), self.sin[start:end].unsqueeze(1)  # (T, 1, D)
+        # query i (absolute start+i) sees keys 0..start+i
+        mask = torch.arange(end, device=self.device)[None, :] <= torch.arange(start, end, device=self.device)[:, None]
+        h = x.to(self.dtype)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, h, cos, sin)  # (T, heads, D)
+            self.pool.keys[i][slot, start:end] = k
+            self.pool.values[i][slot, start:end] = v
+            keys = self.pool.keys[i][slot, :end].transpose(0, 1).unsqueeze(0)  # (1, Hkv, S, D)
+            values = self.pool.values[i][slot, :end].transpose(0, 1).unsqueeze(0)
+            att = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask,
+                                                 scale=self.scale, enable_gqa=self.kv_heads != self.heads)
+            h = self._finish_layer(layer, h, att[0].transpose(0, 1).reshape(t, -1))
+        return self.norm(h)
+
+    def decode(self, x: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, *,
+               graph_safe: bool = False) -> torch.Tensor:  # fmt: skip
+        """``x`` (B, H), row b at position ``positions[b]`` of slot ``slots[b]`` (int64 tensors on the
+        device); returns (B, H) after the final norm."""
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # (B, 1, D)
+        lengths = positions + 1
+        attend = attend_triton if graph_safe else attend_reference
+        h = x.to(self.dtype)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, h, cos, sin)  # (B, heads, D)
+            self.pool.keys[i][slots, positions] = k
+            self.pool.values[i][slots, positions] = v
+            att = attend(q.contiguous(), self.pool.keys[i], self.pool.values[i], slots, lengths, self.scale)
+            h = self._finish_layer(layer, h, att.reshape(x.shape[0], -1))
+        return self.norm(h)
+
+    # -- layer parts ------------------------------------------------------------------------------
+    def _qkv(self, layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        attn = layer.self_attn
+        n = layer.input_layernorm(h)
+        q = attn.q_proj(n).view(h.shape[0], self.heads, self.head_dim)
+        k = attn.k_proj(n).view(h.shape[0], self.kv_heads, self.head_dim)
+        v = attn.v_proj(n).view(h.shape[0], self.kv_heads, self.head_dim)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        return q, k, v
+
+    @staticmethod
+    def _finish_layer(layer, h: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        h = h + layer.self_attn.o_proj(att)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
