@@ -73,6 +73,9 @@ class EngineCore:
         self.prefill_chunk = th.prefill_chunk_tokens
         self.seed = seed
         self._seed_counter = 0
+        self.counters = {"thinker_tokens_total": 0, "talker_tokens_total": 0, "audio_samples_total": 0,
+                         "decode_steps_total": 0}
+        """Cumulative work counters reported by :meth:`stats` (tokens/s per stage in benchmarks)."""
         self.conversations: dict[str, ConversationState] = {}
         self.responses: dict[str, ResponseState] = {}
         self._text_end_vectors = self.thinker.embed([self.special.tts_text_end, self.special.tts_text_pad])
@@ -274,10 +277,15 @@ class EngineCore:
             progressed |= advanced
             if decodes:
                 decoding.append(state)
+        if decoding:
+            self.counters["decode_steps_total"] += 1
         self._thinker_decode([r for r in decoding if not r.thinker_done])
         self._talker_decode(self._talker_rows([r for r in decoding if r.id in self.responses and r.spec.audio]))
         live = [r for r in decoding if r.id in self.responses]
-        self._token2wav_step([r for r in live if r.t2w is not None and r.t2w.ready()])
+        ready = [r for r in live if r.t2w is not None and r.t2w.ready()]
+        for r in ready:
+            r.mark("talker_first_chunk_ms")
+        self._token2wav_step(ready)
         for state in live:
             if state.id in self.responses and state.all_done():
                 incomplete = state.text_end is TextEnd.MAX_TOKENS
@@ -294,8 +302,15 @@ class EngineCore:
             open_audio_messages=sum(len(c.open_audio) for c in convs),
             cached_tokens=sum(len(c.cached_keys) for c in convs),
             talker_cached_tokens=sum(len(c.talker_keys) for c in convs if c.talker_slot is not None),
-            pending_commands=pending_commands,
+            pending_commands=pending_commands, **self.counters, **self._device_memory(),
         )
+
+    def _device_memory(self) -> dict[str, int]:
+        device = self.thinker.device
+        if device.type != "cuda":
+            return {}
+        return {"device_memory_bytes": torch.cuda.memory_allocated(device),
+                "device_memory_peak_bytes": torch.cuda.max_memory_allocated(device)}  # fmt: skip
 
     def has_work(self) -> bool:
         return bool(self.responses) or any(self._needs_prefill(c) for c in self.conversations.values())
@@ -389,6 +404,7 @@ class EngineCore:
             tokens = self.text_sampler.sample(step.logits, [r.conv.slot for r in batch],
                                               force_continue=[self._force_text(r) for r in batch],
                                               generators=[r.generator for r in batch])  # fmt: skip
+            self.counters["thinker_tokens_total"] += len(batch)
             for i, (r, token) in enumerate(zip(batch, tokens)):
                 r.conv.extend([r.pending_token], vectors[i : i + 1])
                 if r.spec.audio:
@@ -530,6 +546,7 @@ class EngineCore:
         return self._text_end_vectors[index]
 
     def _accept_code(self, r: ResponseState, code: int) -> None:
+        self.counters["talker_tokens_total"] += 1
         dit_code = self.to_token2wav(code, self.codec_stop)
         if dit_code is None:
             self._end_talker(r)
@@ -578,6 +595,7 @@ class EngineCore:
             r.mark("token2wav_first_chunk_ms")
             r.spec.sink(AudioChunk(pcm=pcm, start_sample=r.samples, codec_tokens_so_far=r.codec_tokens))
             r.samples += len(pcm)
+            self.counters["audio_samples_total"] += len(pcm)
             r.item.audio_ms = 1000.0 * r.samples / 24_000
 
     # -- endings ----------------------------------------------------------------------------------

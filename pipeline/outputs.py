@@ -54,6 +54,8 @@ class StageTimings:
     prefill_done_ms: float | None = None
     """The conversation is prefilled and the first reply token sampled."""
     talker_first_code_ms: float | None = None
+    talker_first_chunk_ms: float | None = None
+    """The talker has produced every code the first token2wav chunk needs (its look-ahead included)."""
     token2wav_first_chunk_ms: float | None = None
     """The first audio chunk left the engine."""
 
@@ -118,3 +120,15 @@ class EngineStats:
     talker_cached_tokens: int
     pending_commands: int
     """Commands queued for the engine thread."""
+    thinker_tokens_total: int = 0
+    """Thinker tokens decoded since start (reply tokens; prefill positions not counted)."""
+    talker_tokens_total: int = 0
+    """Codec tokens sampled since start (50 per second of audio)."""
+    audio_samples_total: int = 0
+    """24 kHz samples of audio emitted since start."""
+    decode_steps_total: int = 0
+    """Engine steps that decoded at least one thinker or talker token."""
+    device_memory_bytes: int = 0
+    """Accelerator memory allocated by torch now (0 on the CPU)."""
+    device_memory_peak_bytes: int = 0
+    """Highest accelerator memory allocated by torch since start (0 on the CPU)."""

@@ -22,6 +22,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codec-tokens", type=int, default=150, help="50 per second of audio")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--tf32", action="store_true", help="token2wav: TF32 DiT matmuls on CUDA")
+    p.add_argument("--first-chunk-frames", type=int, default=None,
+                   help="token2wav first chunk in mel frames (default: the stage config's)")
+    p.add_argument("--ramp-frames", default=None, help="comma-separated chunk sizes after the first")
+    p.add_argument("--no-graphs", action="store_true", help="thinker/talker decode without CUDA graphs")
 
 
 def stage_config(args, **thinker):
@@ -30,12 +34,19 @@ def stage_config(args, **thinker):
     from pipeline.config import load_stage_config
 
     cfg = load_stage_config()
+    chunking = dict(cfg.token2wav.chunking)
+    if args.first_chunk_frames:
+        chunking["first_chunk_frames"] = args.first_chunk_frames
+    if args.ramp_frames is not None:
+        chunking["ramp_frames"] = tuple(int(x) for x in args.ramp_frames.split(",") if x)
+    thinker.setdefault("cuda_graphs", not args.no_graphs)
     return replace(
         cfg,
         thinker=replace(cfg.thinker, device=args.device, min_tokens=args.text_tokens, max_tokens=args.text_tokens,
                         **thinker),
-        talker=replace(cfg.talker, device=args.device, min_tokens=args.codec_tokens, max_tokens=args.codec_tokens),
-        token2wav=replace(cfg.token2wav, device=args.device, tf32_matmul=args.tf32),
+        talker=replace(cfg.talker, device=args.device, min_tokens=args.codec_tokens, max_tokens=args.codec_tokens,
+                       cuda_graphs=not args.no_graphs),
+        token2wav=replace(cfg.token2wav, device=args.device, tf32_matmul=args.tf32, chunking=chunking),
     )
 
 

@@ -63,7 +63,10 @@ async def run_streaming(engine, prompt) -> dict:
             done = ev
     await conv.close()
     audio_s = done.audio_samples / 24000
-    return {"ttfa": first, "total": total, "audio_s": audio_s, "rtf": total / audio_s if audio_s else float("nan")}
+    t = done.timings
+    return {"ttfa": first, "total": total, "audio_s": audio_s, "rtf": total / audio_s if audio_s else float("nan"),
+            "prefill": t.prefill_done_ms, "talker_first_code": t.talker_first_code_ms,
+            "talker_first_chunk": t.talker_first_chunk_ms, "first_chunk": t.token2wav_first_chunk_ms}
 
 
 def reference_inputs(ckpt, args, prompt):
@@ -111,7 +114,20 @@ def run_reference(model, ckpt, args, prompt) -> dict:
 
 
 def summarize(rows: list[dict]) -> dict:
-    return {k: statistics.median(r[k] for r in rows) for k in ("ttfa", "total", "audio_s", "rtf")}
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0] if all(r[k] is not None for r in rows)}
+
+
+BREAKDOWN = """
+Breakdown of the streaming engine's first audio (median ms from the engine taking the response; engine
+milestones, so the client's TTFA above adds the event path):
+
+| input | prefill tail + first token | + talker start (first code) | + thinker/talker steps to the first chunk's codes | + token2wav first chunk | = first chunk out |
+|---|---:|---:|---:|---:|---:|"""
+
+
+def breakdown_row(name: str, r: dict) -> str:
+    p, c, k, f = r["prefill"], r["talker_first_code"], r["talker_first_chunk"], r["first_chunk"]
+    return f"| {name} | {p:.1f} | {c - p:.1f} | {k - c:.1f} | {f - k:.1f} | {f:.1f} |"
 
 
 def main(argv=None) -> None:
@@ -129,10 +145,14 @@ def main(argv=None) -> None:
         print(f"| {kind} | {name} | {r['ttfa'] * 1000:.0f} | {r['total'] * 1000:.0f} | {r['audio_s']:.2f} "
               f"| {r['rtf']:.3f} |", flush=True)
 
+    breakdown = []
     for name, prompt in prompts.items():
         asyncio.run(run_streaming(engine, prompt))  # warm-up
-        report("streaming", name, summarize([asyncio.run(run_streaming(engine, prompt)) for _ in range(args.runs)]))
+        rows = summarize([asyncio.run(run_streaming(engine, prompt)) for _ in range(args.runs)])
+        report("streaming", name, rows)
+        breakdown.append(breakdown_row(name, rows))
     engine.close()
+    print("\n".join([BREAKDOWN, *breakdown, ""]), flush=True)
     if not args.skip_reference:
         model = reference_model(engine.ckpt)
         for name, prompt in prompts.items():

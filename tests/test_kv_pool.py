@@ -1,0 +1,221 @@
+"""KV slot pools and the pooled decoder: the decoder over a slot pool computes what transformers' own forward with
+a DynamicCache computes, for chunked prefill and for a batch of rows at different positions in different slots."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from pipeline.config import SamplingConfig
+from pipeline.sampling import BatchSampler, Sampler
+from pipeline.stages.decode_attention import attend_reference
+from pipeline.stages.decode_graphs import BatchedDecode, default_batch_sizes
+from pipeline.stages.decoder import PooledDecoder
+from pipeline.stages.kv_pool import KVPool, SlotAllocator
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- slot allocation ---------------------------------------------------------------------------------
+
+
+def test_slot_allocator_hands_out_each_slot_once_and_reuses_released_ones():
+    slots = SlotAllocator(2)
+    assert slots.acquire("a") == 0 and slots.acquire("b") == 1
+    assert slots.acquire("c") is None, "full: no eviction on its own"
+    assert slots.acquire("a") == 0, "an owner keeps its slot"
+    assert slots.lru_owners() == ["b", "a"], "acquire marks the owner most recently used"
+    slots.release("b")
+    slots.release("b")  # idempotent
+    assert slots.acquire("c") == 1 and slots.used == 2
+
+
+def test_slot_allocator_rejects_an_empty_pool():
+    with pytest.raises(ValueError):
+        SlotAllocator(0)
+
+
+def test_kv_pool_has_a_scratch_row_past_the_slots():
+    pool = KVPool(layers=3, slots=4, max_len=16, kv_heads=2, head_dim=8, dtype=torch.float32, device="cpu")
+    assert len(pool.keys) == len(pool.values) == 3
+    assert pool.keys[0].shape == (5, 16, 2, 8) and pool.scratch_slot == 4
+    assert pool.nbytes == 2 * 3 * 5 * 16 * 2 * 8 * 4
+
+
+def test_default_batch_sizes_cover_every_count_up_to_the_pool():
+    assert default_batch_sizes(1) == (1,)
+    assert default_batch_sizes(20) == (1, 2, 4, 8, 16, 20)
+    assert default_batch_sizes(64)[-1] == 64
+
+
+# -- the pooled decoder against transformers --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_bodies(tiny_model_dir):
+    from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
+    from pipeline.models.qwen2_5_omni.parts import thinker_text_model
+
+    ckpt = load_checkpoint(tiny_model_dir)
+    return {"thinker": thinker_text_model(ckpt.thinker), "talker": ckpt.talker.model}
+
+
+def hf_hidden(body, x: torch.Tensor, cache: DynamicCache, start: int) -> torch.Tensor:
+    positions = torch.arange(start, start + x.shape[0]).view(1, 1, -1).expand(3, 1, -1)
+    out = body(inputs_embeds=x.unsqueeze(0), position_ids=positions, past_key_values=cache, use_cache=True)
+    return out.last_hidden_state[0]
+
+
+@pytest.mark.parametrize("stage", ["thinker", "talker"])
+@torch.inference_mode()
+def test_pooled_decoder_matches_transformers_for_chunked_prefill_and_batched_decode(tiny_bodies, stage):
+    body = tiny_bodies[stage]
+    hidden = body.config.hidden_size
+    torch.manual_seed(0)
+    prompts = [torch.randn(n, hidden) for n in (9, 4, 13)]
+    steps = [torch.randn(3, hidden) for _ in prompts]
+    dec = PooledDecoder(body, slots=4, max_len=32, dtype=torch.float32, device=torch.device("cpu"))
+    slots = [3, 0, 1]  # rows in slots out of order
+    expected = []
+    for slot, prompt, step in zip(slots, prompts, steps):
+        cache = DynamicCache(config=body.config)
+        ref_prompt = hf_hidden(body, prompt, cache, 0)
+        half = prompt.shape[0] // 2
+        ours = torch.cat([dec.prefill(slot, prompt[:half], 0), dec.prefill(slot, prompt[half:], half)])  # two chunks
+        torch.testing.assert_close(ours, ref_prompt, rtol=1e-5, atol=1e-5)
+        expected.append([hf_hidden(body, step[i : i + 1], cache, prompt.shape[0] + i)[0] for i in range(3)])
+    for i in range(3):  # three batched steps, every row at its own position
+        positions = torch.tensor([p.shape[0] + i for p in prompts])
+        out = dec.decode(torch.stack([s[i] for s in steps]), torch.tensor(slots), positions)
+        for row in range(3):
+            torch.testing.assert_close(out[row], expected[row][i], rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_batched_decode_on_the_cpu_runs_the_step_eagerly(tiny_bodies):
+    body = tiny_bodies["thinker"]
+    dec = PooledDecoder(body, slots=2, max_len=8, dtype=torch.float32, device=torch.device("cpu"))
+    dec.prefill(0, torch.randn(2, body.config.hidden_size), 0)
+    calls = []
+
+    def step(slots, positions, x, *, graph_safe):
+        calls.append(graph_safe)
+        return (dec.decode(x, slots, positions, graph_safe=graph_safe),)
+
+    batched = BatchedDecode(step, pool=dec.pool, device=torch.device("cpu"), cuda_graphs=True, batch_sizes=(),
+                            row_inputs=lambda b: (torch.zeros(b, body.config.hidden_size),))
+    batched.capture()  # nothing to capture without CUDA
+    (out,) = batched([0], [2], torch.randn(1, body.config.hidden_size))
+    assert out.shape == (1, body.config.hidden_size)
+    assert calls == [False] and batched.captured == () and batched.eager_steps == 1
+
+
+# -- the Triton attention kernel ----------------------------------------------------------------------
+
+
+TRITON_CHECK = """
+import torch
+from pipeline.stages.decode_attention import attend_reference, attend_triton
+torch.manual_seed(0)
+for hq, hkv, d in ((8, 2, 32), (6, 2, 64), (4, 4, 16)):
+    keys, values = torch.randn(5, 100, hkv, d), torch.randn(5, 100, hkv, d)
+    q = torch.randn(3, hq, d)
+    slots, lengths = torch.tensor([4, 0, 2]), torch.tensor([1, 70, 33])
+    ref = attend_reference(q, keys, values, slots, lengths, d ** -0.5)
+    out = attend_triton(q, keys, values, slots, lengths, d ** -0.5, block_n=16)
+    assert (ref - out).abs().max() < 1e-5, (hq, hkv, d, (ref - out).abs().max())
+print("ok")
+"""
+
+
+def test_triton_decode_attention_matches_the_reference_in_the_interpreter():
+    """The kernel's arithmetic (GQA head mapping, per-row slot and length, online softmax over several blocks)
+    checked on the CPU through Triton's interpreter; the GPU test below runs it compiled."""
+    pytest.importorskip("triton", reason="Triton is not installed (CUDA builds of torch include it)")
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    done = subprocess.run([sys.executable, "-c", TRITON_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_decode_attention_on_the_gpu():
+    from pipeline.stages.decode_attention import attend_triton
+
+    torch.manual_seed(0)
+    keys = torch.randn(9, 700, 4, 128, device="cuda", dtype=torch.bfloat16)
+    values = torch.randn_like(keys)
+    q = torch.randn(5, 28, 128, device="cuda", dtype=torch.bfloat16)
+    slots = torch.tensor([8, 0, 3, 3, 1], device="cuda")
+    lengths = torch.tensor([1, 700, 64, 65, 333], device="cuda")
+    ref = attend_reference(q.float(), keys.float(), values.float(), slots, lengths, 128**-0.5)
+    out = attend_triton(q, keys, values, slots, lengths, 128**-0.5)
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@torch.inference_mode()
+def test_captured_decode_steps_match_eager_ones_on_the_gpu(tiny_model_dir):
+    from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
+    from pipeline.stages.thinker import ThinkerRunner
+
+    ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.float32})
+    runner = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=64)
+    runner.batched.capture()
+    assert runner.batched.captured == (1, 2, 4)
+    hidden = ckpt.thinker.config.text_config.hidden_size
+    for slot, n in ((0, 7), (2, 12), (3, 3)):
+        runner.prefill(torch.randn(n, hidden, device="cuda"), slot, 0)
+    graphed = runner.decode([5, 6, 7], [0, 2, 3], [7, 12, 3])  # a batch of 3 replays the graph of 4
+    graphed = [t.clone() for t in (graphed.hidden, graphed.logits)]
+    # eager recomputation: writes the same keys/values again at the same positions
+    eager = runner._decode_fn(torch.tensor([0, 2, 3], device="cuda"), torch.tensor([7, 12, 3], device="cuda"),
+                              torch.tensor([5, 6, 7], device="cuda"), graph_safe=False)
+    torch.testing.assert_close(graphed[0], eager[1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(graphed[1], eager[2], rtol=1e-4, atol=1e-4)
+    assert runner.batched.replays == 1
+
+
+# -- batched sampling ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(), SamplingConfig(repetition_penalty=1.3)])
+def test_batch_sampler_greedy_equals_the_one_row_sampler(cfg):
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50)
+    seen = [[1, 2, 3], [], [int(logits[2].argmax())], [7]]
+    sampler = BatchSampler(cfg, vocab=50, rows=6, device=torch.device("cpu"), suppress=[9], stop=[0, 1])
+    for row, ids in zip((5, 0, 2, 3), seen):
+        sampler.reset(row, ids)
+    forced = [False, True, False, True]
+    got = sampler.sample(logits, [5, 0, 2, 3], force_continue=forced, generators=[None] * 4)
+    for b, ids in enumerate(seen):
+        suppress = [9, 0, 1] if forced[b] else [9]
+        want = Sampler(cfg, suppress=suppress)(logits[b], torch.tensor(ids, dtype=torch.long))
+        assert got[b] == want
+    assert all(sampler.seen[row, token] for row, token in zip((5, 0, 2, 3), got)), "sampled ids count as seen"
+
+
+def test_batch_sampler_with_generators_samples_like_the_one_row_sampler():
+    cfg = SamplingConfig(do_sample=True, temperature=0.9, top_k=10, top_p=0.8, repetition_penalty=1.05)
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(1))
+    sampler = BatchSampler(cfg, vocab=40, rows=3, device=torch.device("cpu"))
+    got = sampler.sample(logits, [0, 1, 2], force_continue=[False] * 3,
+                         generators=[torch.Generator().manual_seed(s) for s in (1, 2, 3)])
+    want = [Sampler(cfg, generator=torch.Generator().manual_seed(s))(logits[b], torch.tensor([], dtype=torch.long))
+            for b, s in enumerate((1, 2, 3))]
+    assert got == want
+
+
+def test_batch_sampler_without_generators_keeps_to_top_k():
+    cfg = SamplingConfig(do_sample=True, temperature=1.0, top_k=2)
+    logits = torch.tensor([[0.0, 5.0, 4.0, -1.0]] * 64)
+    sampler = BatchSampler(cfg, vocab=4, rows=64, device=torch.device("cpu"))
+    got = sampler.sample(logits, list(range(64)), force_continue=[False] * 64, generators=[None] * 64)
+    assert set(got) <= {1, 2} and len(set(got)) == 2

@@ -1,0 +1,63 @@
+"""The engine with fewer KV slots than conversations: idle conversations lend their slots (and are prefilled again
+at their next response, with the same reply), concurrent responses beyond the pool wait for a slot, and every
+response of a batch gets the tokens it gets alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from conftest import greedy_stage_config
+from pipeline.engine import OmniEngine
+from pipeline.outputs import ResponseStatus
+
+
+@pytest.fixture(scope="module")
+def small_pool_engine(tiny_model_dir):
+    cfg = greedy_stage_config(thinker={"kv_slots": 2}, talker={"kv_slots": 2, "max_tokens": 120})  # as tiny_engine
+    engine = OmniEngine.from_pretrained(tiny_model_dir, cfg, seed=7)
+    yield engine
+    engine.close()
+
+
+async def reply(conv, item_id: str, text: str):
+    await conv.add_text(f"u-{item_id}", text)
+    done = await conv.respond(item_id=item_id, max_output_tokens=6).wait()
+    assert done.status is not ResponseStatus.FAILED, done.error
+    return done.text_token_ids, done.audio_codes
+
+
+async def test_idle_conversations_lend_their_slots_and_replies_do_not_change(small_pool_engine, tiny_engine):
+    engine = small_pool_engine
+    core = engine._thread.core
+    convs = [engine.conversation() for _ in range(3)]
+    first = [await reply(c, "a1", f"Hello number {i}") for i, c in enumerate(convs)]
+    owners = core.thinker.pool.slots.lru_owners()
+    assert len(owners) == 2 and convs[0].id not in owners, "the least recently used conversation was evicted"
+    evicted = core.conversations[convs[0].id]
+    assert evicted.slot is None and evicted.cached_keys == []
+    # the evicted conversation answers its next turn after a full re-prefill, exactly as an engine with room does
+    again = await reply(convs[0], "a2", "And again?")
+    roomy = tiny_engine.conversation()
+    want = [await reply(roomy, "a1", "Hello number 0"), await reply(roomy, "a2", "And again?")]
+    assert [first[0], again] == want
+    for c in (*convs, roomy):
+        await c.close()
+    await engine.wait_idle()
+    assert core.thinker.pool.slots.used == 0 and core.talker.pool.slots.used == 0
+
+
+async def test_responses_beyond_the_pool_wait_for_a_slot_and_batching_changes_no_token(small_pool_engine, tiny_engine):
+    engine = small_pool_engine
+    convs = [engine.conversation() for _ in range(4)]
+    texts = [f"Tell me about {w}" for w in ("cats", "the sea", "rain", "music")]
+    for c, t in zip(convs, texts):
+        await c.add_text("u1", t)
+    dones = await asyncio.gather(*(c.respond(item_id="a1", max_output_tokens=6).wait() for c in convs))
+    assert all(d.status is not ResponseStatus.FAILED for d in dones), [d.error for d in dones]
+    for c, t, d in zip(convs, texts, dones):
+        alone = tiny_engine.conversation()
+        assert await reply(alone, "a1", t) == (d.text_token_ids, d.audio_codes)
+        await alone.close()
+        await c.close()
