@@ -13,17 +13,24 @@ event loop, open WebRTC peer connections, what the engine holds (conversations, 
 audio messages, KV positions, queued commands) and the process's resident memory and open file
 descriptors. Once every session has ended each returns to its idle value; a count that keeps
 growing is a leak.
+
+The same snapshot carries the engine's cumulative work counters (thinker tokens, talker codec
+tokens, 24 kHz audio samples, decode steps: ``omni_realtime_engine_*_total`` counters) and the
+accelerator memory torch holds (``omni_realtime_engine_device_memory_bytes`` and ``..._peak_bytes``,
+0 on the CPU); ``omni-realtime bench --url`` reads them to report per-stage throughput. They are
+exported once the engine has reported (an engine without ``stats()`` exports none).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pipeline.outputs import EngineStats
 from realtime.protocol.names import Dialect, ServerEvent, server_event_name
@@ -146,6 +153,8 @@ class ServerMetrics:
         self.engine_pending = Gauge(f"{PREFIX}_engine_pending_commands", "Commands queued for the engine", registry=r)
         self.rss = Gauge(f"{PREFIX}_process_resident_memory_bytes", "Resident memory of the process", registry=r)
         self.open_fds = Gauge(f"{PREFIX}_process_open_fds", "Open file descriptors of the process", registry=r)
+        self.engine_work = EngineWorkCollector()
+        r.register(self.engine_work)
 
     def observe_hygiene(self, hygiene: Hygiene) -> None:
         """Set the hygiene gauges from a snapshot (engine and process gauges keep their last
@@ -162,6 +171,7 @@ class ServerMetrics:
             self.engine_kv_positions.labels("thinker").set(engine.cached_tokens)
             self.engine_kv_positions.labels("talker").set(engine.talker_cached_tokens)
             self.engine_pending.set(engine.pending_commands)
+            self.engine_work.stats = engine
         if hygiene.memory is not None:
             self.rss.set(hygiene.memory.rss_bytes)
             self.open_fds.set(hygiene.memory.open_fds)
@@ -178,6 +188,38 @@ class ServerMetrics:
 
     def refused(self, reason: str) -> None:
         self.sessions_refused.labels(reason).inc()
+
+
+class EngineWorkCollector:
+    """Exports the engine's cumulative counters and device memory from the last
+    :class:`EngineStats` it was given (``stats``); nothing before the first. Counters are copied
+    from the engine's own totals, hence a collector rather than incremented ``Counter`` objects."""
+
+    def __init__(self) -> None:
+        self.stats: EngineStats | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        return self._families(EngineStats(0, 0, 0, 0, 0, 0))
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(self.stats) if self.stats is not None else iter(())
+
+    @staticmethod
+    def _families(s: EngineStats) -> Iterator[Metric]:
+        engine = f"{PREFIX}_engine"
+        yield CounterMetricFamily(f"{engine}_thinker_tokens", "Thinker tokens decoded since the engine started",
+                                  value=s.thinker_tokens_total)
+        yield CounterMetricFamily(f"{engine}_talker_tokens", "Talker codec tokens sampled since the engine started",
+                                  value=s.talker_tokens_total)
+        yield CounterMetricFamily(f"{engine}_audio_samples", "24 kHz audio samples emitted since the engine started",
+                                  value=s.audio_samples_total)
+        yield CounterMetricFamily(f"{engine}_decode_steps", "Engine steps that decoded at least one token",
+                                  value=s.decode_steps_total)
+        yield GaugeMetricFamily(f"{engine}_device_memory_bytes", "Accelerator memory allocated by torch (0 on the CPU)",
+                                value=s.device_memory_bytes)
+        yield GaugeMetricFamily(f"{engine}_device_memory_peak_bytes",
+                                "Highest accelerator memory allocated by torch since start (0 on the CPU)",
+                                value=s.device_memory_peak_bytes)
 
 
 class SessionObserver:
