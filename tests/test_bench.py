@@ -1,7 +1,8 @@
 """The latency bench (realtime.bench): metric math on hand-made timelines, the WAV folder loader,
 the microphone, the simulated user's script against a scripted link (no sockets), the one-worker
-reference queue, the report writers, option resolution, and one quick end-to-end run on the tiny
-model (server in process, user in a child process, reference beside it)."""
+reference queue, stage throughput from counter snapshots (and /metrics), the report writers,
+option resolution, and one quick end-to-end run on the tiny model (server in process, user in a
+child process, reference beside it)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ from realtime.bench.metrics import (
 from realtime.bench.reference import Served, serve_one_worker
 from realtime.bench.speech import RATE, Speech, SpeechFolderError, energy_speech_bounds, load_speech_folder
 from realtime.bench.sweep import LevelResult, SweepPlan, user_plans
+from realtime.bench.throughput import (
+    EngineCounters,
+    counters_from_metrics,
+    level_throughput,
+    reference_throughput,
+    replying_seconds,
+    scrape_counters,
+)
 
 SPEECH_DIR = Path(__file__).parent / "fixtures" / "speech"
 
@@ -348,6 +357,81 @@ def test_reference_queue_serves_one_at_a_time_in_arrival_order():
     assert calls == ["b", "a", "b"]
 
 
+# --- stage throughput ------------------------------------------------------------------------------
+
+
+def test_level_throughput_divides_counter_deltas_by_the_window():
+    before = EngineCounters(10.0, thinker_tokens=100, talker_tokens=1000, audio_samples=240_000, decode_steps=500,
+                            device_memory_bytes=3 << 30, device_memory_peak_bytes=4 << 30)
+    after = EngineCounters(14.0, thinker_tokens=140, talker_tokens=1400, audio_samples=432_000, decode_steps=700,
+                           device_memory_bytes=2 << 30, device_memory_peak_bytes=5 << 30)
+    t = level_throughput(before, after, "engine")
+    assert (t.window_s, t.thinker_tokens, t.talker_tokens, t.decode_steps) == (4.0, 40, 400, 200)
+    assert t.thinker_tokens_per_s == pytest.approx(10.0) and t.talker_tokens_per_s == pytest.approx(100.0)
+    assert t.audio_s == pytest.approx(8.0) and t.audio_s_per_s == pytest.approx(2.0)  # 192 000 samples at 24 kHz
+    assert t.decode_steps_per_s == pytest.approx(50.0) and t.tokens_per_step == pytest.approx(2.2)
+    assert (t.device_memory_bytes, t.device_memory_peak_bytes) == (2 << 30, 5 << 30)  # the end's, not deltas
+    assert t.replying_s is None and t.talker_tokens_per_replying_s is None
+    busy = level_throughput(before, after, "engine", replying_s=2.0)
+    assert busy.talker_tokens_per_replying_s == pytest.approx(200.0)
+    assert busy.audio_s_per_replying_s == pytest.approx(4.0)
+    idle = level_throughput(before, EngineCounters(11.0, 100, 1000, 240_000, 500, 0, 0), "metrics", replying_s=0.0)
+    assert idle.tokens_per_step is None and idle.thinker_tokens_per_s == 0.0
+    assert idle.thinker_tokens_per_replying_s is None  # no time with a reply in flight
+    with pytest.raises(ValueError):
+        level_throughput(after, before, "engine")
+
+
+def test_replying_seconds_is_the_union_of_response_spans():
+    def log(*spans) -> TurnLog:
+        turn = TurnLog(0, 0, "a", 0.0, 1.0)
+        for start, end in spans:
+            turn.responses.append(ResponseLog("r", start, done_at=end))
+        return turn
+
+    overlapping = [log((1.0, 3.0), (2.5, 4.0)), log((2.0, 2.5)), log((6.0, 7.0))]
+    assert replying_seconds(overlapping) == pytest.approx(4.0)  # [1, 4] and [6, 7]
+    no_done = TurnLog(0, 1, "a", 0.0, 1.0, responses=[ResponseLog("r", 10.0, audio=[AudioArrival(10.5, 480, 0)])])
+    never = TurnLog(0, 2, "a", 0.0, 1.0, responses=[ResponseLog("r", 20.0)])
+    assert replying_seconds([no_done, never]) == pytest.approx(0.5) and replying_seconds([]) == 0.0
+
+
+def test_reference_throughput_is_per_busy_second():
+    plans = [UserPlan(0, (speech("a"), speech("b"))), UserPlan(1, (speech("a"),))]
+    served = serve_one_worker(plans, lambda s: Served(2.0, 1.0, thinker_tokens=8, talker_tokens=50),
+                              silence_window_s=0.5)
+    assert [(q.thinker_tokens, q.talker_tokens) for q in served] == [(8, 50)] * 3
+    r = reference_throughput(served)
+    assert (r.busy_s, r.thinker_tokens, r.talker_tokens) == (pytest.approx(6.0), 24, 150)
+    assert r.thinker_tokens_per_s == pytest.approx(4.0) and r.talker_tokens_per_s == pytest.approx(25.0)
+    assert r.audio_s_per_s == pytest.approx(0.5)
+    assert reference_throughput([]) is None
+
+
+async def test_counters_round_trip_through_the_servers_metrics():
+    from pipeline.outputs import EngineStats
+    from realtime.metrics import Hygiene, ServerMetrics
+
+    metrics = ServerMetrics()
+    assert counters_from_metrics(metrics.render().decode()) is None  # nothing before the engine reported
+    stats = EngineStats(1, 1, 0, 30, 10, 0, thinker_tokens_total=12, talker_tokens_total=345,
+                        audio_samples_total=96_000, decode_steps_total=350, device_memory_bytes=(17 << 30) + 5,
+                        device_memory_peak_bytes=81 << 30)
+    metrics.observe_hygiene(Hygiene(1, 3, 9, 0, 0, stats, None))
+    text = metrics.render().decode()
+    assert "# TYPE omni_realtime_engine_thinker_tokens_total counter" in text
+    got = counters_from_metrics(text, at=1.0)
+    assert got == EngineCounters(1.0, 12, 345, 96_000, 350, (17 << 30) + 5, 81 << 30)
+    assert got == EngineCounters.from_stats(stats, at=1.0)
+    assert counters_from_metrics(text.replace("decode_steps", "other")) is None  # one missing: none
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on: "–" in the report, not a failure
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert await scrape_counters(f"ws://127.0.0.1:{port}", timeout_s=2.0) is None
+
+
 # --- reports and options ----------------------------------------------------------------------------
 
 
@@ -357,7 +441,7 @@ def level(concurrency: int, ttfa: list[float], with_reference: bool = True) -> L
     result = LevelResult(concurrency, 1, 1.0, turns)
     if with_reference:
         result.reference = serve_one_worker([UserPlan(u, (speech("a"),)) for u in range(concurrency)],
-                                            lambda s: Served(1.0, 2.0), silence_window_s=0.5)
+                                            lambda s: Served(1.0, 2.0, 4, 100), silence_window_s=0.5)
     return result
 
 
@@ -380,6 +464,15 @@ def test_report_writes_json_markdown_and_plots(tmp_path):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     no_ref = markdown(info, [level(1, [100.0], with_reference=False)])
     assert "reference" not in no_ref
+    # stage throughput: "–" without counters; GiB from bytes, "–" for no device memory (CPU)
+    assert data["levels"][0]["throughput"] is None
+    assert data["levels"][1]["reference"]["throughput"]["talker_tokens_per_s"] == pytest.approx(100.0)
+    assert "| 2 | – | – | – | – | – | – | – | – | 4.0 | 100.0 | 2.00 |" in table
+    levels[1].throughput = level_throughput(EngineCounters(0.0, 0, 0, 0, 0, 0, 0),
+                                            EngineCounters(2.0, 8, 200, 96_000, 100, 3 << 29, 0), "engine",
+                                            replying_s=1.0)
+    assert ("| 2 | 4.0 / 8.0 | 100.0 / 200.0 | 2.00 / 4.00 | 50 | 50.0 | 2.08 | 1.50 | – | 4.0 | 100.0 | 2.00 |"
+            in markdown(info, levels))
 
 
 def bench_args(*argv: str) -> argparse.Namespace:
@@ -464,5 +557,19 @@ def test_quick_bench_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, caps
     assert [t["audio_s"] for t in lv["reference"]["turns"]] == pytest.approx([1.2, 1.2], abs=0.01)
     assert lv["reference"]["summary"]["ttfa_ms"]["n"] == 2
     assert data["info"]["codec_tokens"] == 60 and data["info"]["text_tokens"] == 4
-    assert "TTFA (reference)" in (out / "report.md").read_text()
+    # stage throughput over the level (the in-process engine's counters) and the reference's
+    t = lv["throughput"]
+    assert t["source"] == "engine" and 0 < t["window_s"] <= lv["wall_s"] + 1.0
+    assert t["device_memory_bytes"] == 0 and t["device_memory_peak_bytes"] == 0  # CPU
+    assert t["thinker_tokens"] > 0 and t["talker_tokens"] > 0 and t["decode_steps"] > 0  # the engine counts
+    assert t["thinker_tokens_per_s"] > 0 and t["talker_tokens_per_s"] > 0 and t["audio_s_per_s"] > 0
+    assert t["talker_tokens"] <= 2 * 60 and t["thinker_tokens"] <= 2 * 4 + 2  # two replies (one cut short)
+    assert 0 < t["replying_s"] == lv["replying_s"] < t["window_s"]
+    assert t["talker_tokens_per_replying_s"] > t["talker_tokens_per_s"]
+    ref = lv["reference"]["throughput"]
+    assert (ref["thinker_tokens"], ref["talker_tokens"]) == (2 * 4, 2 * 60)
+    assert ref["talker_tokens_per_s"] > ref["thinker_tokens_per_s"] > 0
+    assert ref["audio_s"] == pytest.approx(2.4, abs=0.02)
+    report = (out / "report.md").read_text()
+    assert "TTFA (reference)" in report and "thinker tok/s" in report and "GPU GiB peak" in report
     assert "| 1 | 2 |" in capsys.readouterr().out

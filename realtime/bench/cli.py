@@ -3,7 +3,9 @@
 Without ``--url`` the bench loads the model itself and serves it in process (uvicorn on a free
 loopback port, the users in a child process); with ``--url`` it measures a running server (which
 must have been started with the same forced reply lengths, e.g. ``--stage-config
-pipeline/stage_configs/bench_forced.yaml``, for the reference to be comparable).
+pipeline/stage_configs/bench_forced.yaml``, for the reference to be comparable). Stage throughput and
+device memory come from the in-process engine's counters, or from the ``--url`` server's ``/metrics``
+("–" in the report when it does not export them).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import functools
 import logging
 import os
 import platform
@@ -164,6 +167,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
     from realtime.bench.models import reply_length
     from realtime.bench.report import REPORT_MD, write_report
     from realtime.bench.sweep import run_sweep
+    from realtime.bench.throughput import engine_counters, scrape_counters
 
     cfg = _stage_config(options)
     length = reply_length(cfg)
@@ -184,10 +188,12 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
         reference = ReferenceGenerator(loaded.ckpt, length)
     try:
         if options.url is not None:
-            await run_sweep(options.url, speeches, plan, client, reference=reference, on_level=on_level)
+            await run_sweep(options.url, speeches, plan, client, reference=reference, on_level=on_level,
+                            counters=functools.partial(scrape_counters, options.url), counters_source="metrics")
         else:
             async with _in_process_server(loaded.engine, options) as url:
-                await run_sweep(url, speeches, plan, client, reference=reference, on_level=on_level)
+                await run_sweep(url, speeches, plan, client, reference=reference, on_level=on_level,
+                                counters=functools.partial(engine_counters, loaded.engine), counters_source="engine")
     finally:
         if loaded is not None and loaded.engine is not None:
             await asyncio.to_thread(loaded.engine.close)

@@ -16,6 +16,7 @@ duration), then spoke its next file up to the end of speech, plus the server's V
 
 from __future__ import annotations
 
+import functools
 import heapq
 import time
 from collections.abc import Callable, Sequence
@@ -35,10 +36,13 @@ MODEL_INPUT_RATE = 16_000
 
 @dataclass(frozen=True)
 class Served:
-    """One reference run: wall time (s) and the reply audio's duration (s)."""
+    """One reference run: wall time (s), the reply audio's duration (s), and the tokens it
+    generated (thinker reply tokens; talker codec tokens handed to token2wav)."""
 
     seconds: float
     audio_s: float
+    thinker_tokens: int = 0
+    talker_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class QueuedTurn:
     done_s: float
     audio_s: float
     silence_window_s: float
+    thinker_tokens: int = 0
+    talker_tokens: int = 0
 
     @property
     def service_s(self) -> float:
@@ -88,7 +94,8 @@ def serve_one_worker(plans: Sequence[UserPlan], serve: Callable[[Speech], Served
         start = max(clock, arrival)
         result = serve(speech)
         clock = start + result.seconds
-        done = QueuedTurn(user, turn, speech.name, arrival, start, clock, result.audio_s, silence_window_s)
+        done = QueuedTurn(user, turn, speech.name, arrival, start, clock, result.audio_s, silence_window_s,
+                          result.thinker_tokens, result.talker_tokens)
         served.append(done)
         if on_done is not None:
             on_done(done)
@@ -116,7 +123,8 @@ class ReferenceGenerator:
         self.device = next(ckpt.thinker.parameters()).device
         with torch.device("meta"):
             model = Qwen2_5OmniForConditionalGeneration(ckpt.config)
-        model.thinker, model.talker, model.token2wav = ckpt.thinker, ckpt.talker, ckpt.token2wav
+        model.thinker, model.talker = ckpt.thinker, ckpt.talker
+        model.token2wav = _counting_token2wav_class()(ckpt.token2wav)
         model.speaker_map = {name: {"bos_token": s.bos_token, "cond": s.cond, "ref_mel": s.ref_mel}
                              for name, s in ckpt.speakers.items()}
         self.model = model.eval()
@@ -158,8 +166,9 @@ class ReferenceGenerator:
         kwargs = self.inputs(soxr.resample(speech.pcm, RATE, MODEL_INPUT_RATE).astype(np.float32))
         if self.banned:
             kwargs["talker_bad_words_ids"] = self.banned
+        codes_before = self.model.token2wav.codes
         with torch.inference_mode():
-            _, wav = self.model.generate(
+            sequences, wav = self.model.generate(
                 speaker=self.ckpt.default_speaker,
                 thinker_max_new_tokens=self.length.text_tokens, thinker_min_new_tokens=self.length.text_tokens,
                 talker_max_new_tokens=self.length.codec_tokens, talker_min_new_tokens=self.length.codec_tokens,
@@ -167,4 +176,32 @@ class ReferenceGenerator:
             )
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return Served(time.perf_counter() - start, wav.numel() / OUTPUT_SAMPLE_RATE)
+        return Served(time.perf_counter() - start, wav.numel() / OUTPUT_SAMPLE_RATE,
+                      thinker_tokens=sequences.shape[-1] - kwargs["input_ids"].shape[-1],
+                      talker_tokens=self.model.token2wav.codes - codes_before)
+
+
+@functools.cache
+def _counting_token2wav_class():
+    """The class below, defined on first use (this module does not import torch at import time)."""
+    import torch
+
+    class CountingToken2Wav(torch.nn.Module):
+        """The checkpoint's token2wav, counting the codec tokens ``generate`` hands it (the talker's
+        output up to its stop token). Only the reference's own model holds it: the shared module
+        the engine uses is not touched."""
+
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+            self.codes = 0
+
+        @property
+        def dtype(self) -> torch.dtype:
+            return self.inner.dtype
+
+        def forward(self, code, *args, **kwargs):
+            self.codes += int(code.shape[-1])
+            return self.inner(code, *args, **kwargs)
+
+    return CountingToken2Wav

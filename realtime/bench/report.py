@@ -2,6 +2,7 @@
 
 Every table and plot shows our streaming server beside the reference (transformers' ``generate``
 served one request at a time) when the run had one. Percentiles are over all turns of a level.
+Stage throughput and device memory (:mod:`realtime.bench.throughput`) are one figure per level.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from realtime.bench.metrics import Distribution, TurnMetrics, status_counts, summarize
 from realtime.bench.sweep import LevelResult
+from realtime.bench.throughput import GIB
 
 RESULTS_JSON = "results.json"
 REPORT_MD = "report.md"
@@ -51,15 +53,19 @@ def _level_dict(level: LevelResult) -> dict:
         "concurrency": level.concurrency,
         "turns_per_user": level.turns_per_user,
         "wall_s": level.wall_s,
+        "replying_s": level.replying_s,
         "silence_window_ms": level.silence_window_ms,
         "statuses": status_counts(level.turns),
         "summary": _summary_dict(level.turns),
         "turns": [t.to_dict() for t in level.turns],
         "errors": level.errors,
+        "throughput": level.throughput.to_dict() if level.throughput is not None else None,
     }
     if level.reference is not None:
+        ref_throughput = level.reference_throughput()
         out["reference"] = {
             "wall_s": level.reference_wall_s,
+            "throughput": ref_throughput.to_dict() if ref_throughput is not None else None,
             "summary": _summary_dict(level.reference_metrics()),
             "service_ms": Distribution.of(1000.0 * q.service_s for q in level.reference).to_dict(),
             "turns": [asdict(q) | {"service_s": q.service_s} for q in level.reference],
@@ -128,8 +134,61 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
     lines += [_row(head), _row(["---:"] * (len(head) - 1) + [":---"])]
     for level in levels:
         lines.append(_row(_delivery_row(level, has_ref)))
+    lines += ["", *_throughput_table(levels, has_ref)]
     return "\n".join(lines) + "\n"
 
+
+def _throughput_table(levels: Sequence[LevelResult], has_ref: bool) -> list[str]:
+    """Stage rates and device memory, one row per level, with how to read them."""
+    sources = {level.throughput.source for level in levels if level.throughput is not None}
+    where = {"engine": "the in-process engine's counters", "metrics": "the server's /metrics"}
+    lines = [
+        "Stage throughput, ours per wall second of the level / per second with a reply in flight (from "
+        + (" and ".join(where[s] for s in sorted(sources)) if sources else "no engine counters") + ")"
+        + ("; reference: per second its one worker was busy" if has_ref else "")
+        + "; device memory in GiB at the end of the level (peak: since the server started)",
+        "",
+    ]
+    head = ["users", "thinker tok/s", "talker tok/s", "audio s/s", "replying %", "decode steps/s", "tokens/step",
+            "GPU GiB allocated", "GPU GiB peak"]
+    if has_ref:
+        head += ["thinker tok/s (reference)", "talker tok/s (reference)", "audio s/s (reference)"]
+    lines += [_row(head), _row(["---:"] * len(head))]
+    for level in levels:
+        t = level.throughput
+        row = [str(level.concurrency)]
+        if t is None:
+            row += ["–"] * 8
+        else:
+            row += [_pair(t.thinker_tokens_per_s, t.thinker_tokens_per_replying_s, 1),
+                    _pair(t.talker_tokens_per_s, t.talker_tokens_per_replying_s, 1),
+                    _pair(t.audio_s_per_s, t.audio_s_per_replying_s, 2),
+                    _f(100.0 * t.replying_s / t.window_s) if t.replying_s is not None else "–",
+                    _f(t.decode_steps_per_s, 1), _f(t.tokens_per_step, 2) if t.tokens_per_step is not None else "–",
+                    _gib(t.device_memory_bytes), _gib(t.device_memory_peak_bytes)]
+        if has_ref:
+            r = level.reference_throughput()
+            row += (["–"] * 3 if r is None else
+                    [_f(r.thinker_tokens_per_s, 1), _f(r.talker_tokens_per_s, 1), _f(r.audio_s_per_s, 2)])
+        lines.append(_row(row))
+    pace = "compares with the reference's" if has_ref else "is the engine's pace while it had work"
+    lines += [
+        "",
+        "audio s/s: seconds of reply audio token2wav produced per second (1.0 = one real-time stream). "
+        "Per wall second includes the users' speaking and VAD time (delivered load, not capacity); "
+        "per replying second (replying %: share of the level with a reply in flight, seen by the clients) "
+        f"{pace}. tokens/step: thinker + talker tokens per engine decode step (grows as steps batch more "
+        "responses). – : not reported (no engine counters from the server; GPU memory on the CPU).",
+    ]
+    return lines
+
+
+def _pair(wall: float, replying: float | None, digits: int) -> str:
+    return f"{_f(wall, digits)} / {_f(replying, digits) if replying is not None else '–'}"
+
+
+def _gib(count: int) -> str:
+    return "–" if count <= 0 else f"{count / GIB:.2f}"
 
 def _delivery_row(level: LevelResult, has_ref: bool) -> list[str]:
     ours = summarize(level.turns)

@@ -11,6 +11,10 @@ all in the same instant), speaks the files of the folder in turn starting at fil
 different things), and runs ``max(turns, ceil(min_samples / N))`` turns, so low levels still give
 enough samples for percentiles.
 
+Around each level's users (not the reference) the sweep snapshots the engine's cumulative
+counters (``counters``: the in-process engine's, or a remote server's ``/metrics``) and keeps the
+stage rates and device memory of the window (:mod:`realtime.bench.throughput`).
+
 The child is started with ``spawn`` (no fork of a process holding CUDA and an engine thread), so a
 script that calls :func:`run_sweep` needs the usual ``if __name__ == "__main__":`` guard.
 """
@@ -18,9 +22,10 @@ script that calls :func:`run_sweep` needs the usual ``if __name__ == "__main__":
 from __future__ import annotations
 
 import asyncio
+import importlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -29,6 +34,14 @@ from realtime.bench.client import ClientOptions, ClientRun, UserPlan, run_users
 from realtime.bench.metrics import TurnMetrics, turn_metrics
 from realtime.bench.reference import QueuedTurn, Served, serve_one_worker
 from realtime.bench.speech import Speech
+from realtime.bench.throughput import (
+    EngineCounters,
+    LevelThroughput,
+    ReferenceThroughput,
+    level_throughput,
+    reference_throughput,
+    replying_seconds,
+)
 
 DEFAULT_SILENCE_WINDOW_MS = 500.0
 """The API's default ``server_vad`` silence window, for the reference when the sessions did not say."""
@@ -83,32 +96,52 @@ class LevelResult:
     silence_window_ms: float | None = None
     reference: list[QueuedTurn] | None = None
     reference_wall_s: float | None = None
+    replying_s: float | None = None
+    """Seconds of the level with at least one reply in flight, as the clients saw it."""
+    throughput: LevelThroughput | None = None
+    """Our stage rates and device memory over the users' window; ``None`` when the server's
+    counters could not be read."""
 
     def reference_metrics(self) -> list[TurnMetrics]:
         return [q.metrics() for q in self.reference or ()]
 
+    def reference_throughput(self) -> ReferenceThroughput | None:
+        return reference_throughput(self.reference) if self.reference else None
+
+
+def _child_ready() -> None:
+    """Child-process entry: import what :func:`run_clients` needs."""
+    for module in ("tqdm", "realtime.bench.client"):
+        importlib.import_module(module)
+
 
 def run_clients(url: str, plans: list[UserPlan], options: ClientOptions,
-                label: str) -> tuple[list[TurnMetrics], list[dict], float | None]:
+                label: str) -> tuple[list[TurnMetrics], list[dict], float | None, float]:
     """Child-process entry: run the users with a progress bar; returns their turns' metrics, the
-    server errors and the sessions' silence window (ms)."""
+    server errors, the sessions' silence window (ms) and the seconds with a reply in flight."""
     from tqdm import tqdm
 
     total = sum(len(p.speeches) for p in plans)
     with tqdm(total=total, desc=label, unit="turn", leave=True) as bar:
         run: ClientRun = asyncio.run(run_users(url, plans, options, on_turn=lambda _log: bar.update()))
-    return [turn_metrics(log, jitter_ms=options.jitter_ms) for log in run.logs], run.errors, run.silence_window_ms
+    metrics = [turn_metrics(log, jitter_ms=options.jitter_ms) for log in run.logs]
+    return metrics, run.errors, run.silence_window_ms, replying_seconds(run.logs)
 
 
 async def run_sweep(url: str, speeches: Sequence[Speech], plan: SweepPlan, options: ClientOptions, *,
                     reference: Callable[[Speech], Served] | None = None,
-                    on_level: Callable[[LevelResult], None] | None = None) -> list[LevelResult]:
+                    on_level: Callable[[LevelResult], None] | None = None,
+                    counters: Callable[[], Awaitable[EngineCounters | None]] | None = None,
+                    counters_source: str = "engine") -> list[LevelResult]:
     """Run every level against the server at ``url`` (which this event loop may be serving), the
     reference after each. Levels run in order; ``on_level`` gets each result as soon as it is
-    complete."""
+    complete. ``counters`` snapshots the server's engine counters (``None``: no throughput), named
+    ``counters_source`` in the results."""
     loop = asyncio.get_running_loop()
     results = []
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        # start the child (interpreter, imports) before any level's window opens
+        await loop.run_in_executor(pool, _child_ready)
         if plan.warmup_turns:
             warm = user_plans(speeches, 1, plan, turns=plan.warmup_turns)
             await loop.run_in_executor(pool, run_clients, url, warm, options, "warm-up")
@@ -116,10 +149,15 @@ async def run_sweep(url: str, speeches: Sequence[Speech], plan: SweepPlan, optio
                 await asyncio.to_thread(reference, speeches[0])
         for level in plan.levels:
             plans = user_plans(speeches, level, plan)
+            before = await counters() if counters is not None else None
             start = time.perf_counter()
-            turns, errors, window = await loop.run_in_executor(
+            turns, errors, window, replying = await loop.run_in_executor(
                 pool, run_clients, url, plans, options, f"{level} user{'s' * (level > 1)}")
-            result = LevelResult(level, plan.turns_per_user(level), time.perf_counter() - start, turns, errors, window)
+            result = LevelResult(level, plan.turns_per_user(level), time.perf_counter() - start, turns, errors, window,
+                                 replying_s=replying)
+            after = await counters() if before is not None else None
+            if before is not None and after is not None:
+                result.throughput = level_throughput(before, after, counters_source, replying_s=replying)
             if reference is not None:
                 start = time.perf_counter()
                 result.reference = await asyncio.to_thread(_reference_level, plans, reference, window, level)
