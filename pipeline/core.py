@@ -404,7 +404,6 @@ class EngineCore:
             tokens = self.text_sampler.sample(step.logits, [r.conv.slot for r in batch],
                                               force_continue=[self._force_text(r) for r in batch],
                                               generators=[r.generator for r in batch])  # fmt: skip
-            self.counters["thinker_tokens_total"] += len(batch)
             for i, (r, token) in enumerate(zip(batch, tokens)):
                 r.conv.extend([r.pending_token], vectors[i : i + 1])
                 if r.spec.audio:
@@ -439,6 +438,7 @@ class EngineCore:
         return len(r.item.reply_ids) < (self.cfg.thinker.min_tokens or 0)
 
     def _accept_text_token(self, r: ResponseState, token: int) -> None:
+        self.counters["thinker_tokens_total"] += 1
         r.pending_token = None
         if token in self.text_stop:
             r.text_end = TextEnd.STOP

@@ -121,7 +121,8 @@ class EngineStats:
     pending_commands: int
     """Commands queued for the engine thread."""
     thinker_tokens_total: int = 0
-    """Thinker tokens decoded since start (reply tokens; prefill positions not counted)."""
+    """Thinker tokens sampled since start (reply tokens, the final stop token included; prefill positions are
+    not counted)."""
     talker_tokens_total: int = 0
     """Codec tokens sampled since start (50 per second of audio)."""
     audio_samples_total: int = 0

@@ -1,10 +1,13 @@
 """Per-stage decode step time against the time needed to read the stage's weights (GPU).
 
-    python scripts/bench_stages.py --random-7b --device cuda
+    python scripts/bench_stages.py --random-7b --device cuda --batches 1,4,16,32,64
 
-For the thinker and the talker at batch 1: eager step time (DynamicCache, as the engine runs today) and,
-with ``--graphs``, a CUDA-graph-captured step over a StaticCache (a prototype of issue 7's decode path).
-The roofline is the stage's weight bytes divided by the device-to-device copy bandwidth measured here.
+For the thinker and the talker: the engine's decode step (``ThinkerRunner.decode`` / ``TalkerRunner.decode``: KV
+slot pool, Triton attention, one CUDA graph replay per step, logits read back as the engine samples them) at each
+batch size, every row in its own slot after a ``--prompt``-position prefill; and, with ``--eager-baseline``,
+transformers' own forward at batch 1 over a DynamicCache (how the engine decoded before the slot pool). The
+roofline is the bytes a step must read (weights + the rows' KV) divided by the device-to-device copy bandwidth
+measured in the same run.
 """
 
 from __future__ import annotations
@@ -43,70 +46,59 @@ def weight_bytes(*modules) -> int:
     return total
 
 
-class Stage:
-    """One decoder: ``body`` (HF text model taking inputs_embeds), ``head``; ``pre`` maps inputs."""
-
-    def __init__(self, name, body, head, pre, hidden_in: int, dtype, device):
-        self.name, self.body, self.head, self.pre = name, body, head, pre
-        self.hidden_in, self.dtype, self.device = hidden_in, dtype, device
-
-    def forward(self, x, cache, positions, cache_position=None):
-        kwargs = {"cache_position": cache_position} if cache_position is not None else {}
-        out = self.body(inputs_embeds=self.pre(x), position_ids=positions, past_key_values=cache, use_cache=True,
-                        **kwargs)
-        return self.head(out.last_hidden_state[:, -1:])
-
-
 def positions(start: int, n: int, device) -> torch.Tensor:
     return torch.arange(start, start + n, device=device).view(1, 1, -1).expand(3, 1, -1)
 
 
 @torch.inference_mode()
-def eager_step_ms(stage: Stage, prompt: int, steps: int) -> float:
+def eager_hf_step_ms(body, head, pre, hidden_in: int, prompt: int, steps: int, device) -> float:
+    """transformers' forward at batch 1 over a DynamicCache, each token read back to the host."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=stage.body.config)
-    x = torch.randn(1, prompt, stage.hidden_in, device=stage.device, dtype=stage.dtype)
-    stage.forward(x, cache, positions(0, prompt, stage.device))
-    one = torch.randn(1, 1, stage.hidden_in, device=stage.device, dtype=stage.dtype)
-    for i in range(3):
-        stage.forward(one, cache, positions(prompt + i, 1, stage.device))
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for i in range(steps):
-        logits = stage.forward(one, cache, positions(prompt + 3 + i, 1, stage.device))
-        int(logits.argmax())  # the engine needs each token on the host
-    return (time.perf_counter() - start) * 1000 / steps
+    cache = DynamicCache(config=body.config)
+    x = torch.randn(1, prompt, hidden_in, device=device, dtype=torch.bfloat16)
+    body(inputs_embeds=pre(x), position_ids=positions(0, prompt, device), past_key_values=cache, use_cache=True)
+    one = torch.randn(1, 1, hidden_in, device=device, dtype=torch.bfloat16)
+    times = []
+    for i in range(steps + 3):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = body(inputs_embeds=pre(one), position_ids=positions(prompt + i, 1, device), past_key_values=cache,
+                   use_cache=True)
+        int(head(out.last_hidden_state[:, -1:]).argmax())
+        times.append(time.perf_counter() - start)
+    return sorted(times[3:])[len(times[3:]) // 2] * 1000
 
 
 @torch.inference_mode()
-def graph_step_ms(stage: Stage, prompt: int, steps: int) -> float:
-    from transformers import StaticCache
+def engine_step_ms(runner, kind: str, batch: int, prompt: int, steps: int, hidden_in: int) -> float:
+    """The engine's batched decode step (median of ``steps``), rows in slots 0..batch-1 after a prefill."""
+    dev = runner.device
+    for slot in range(batch):
+        x = torch.randn(prompt, hidden_in, device=dev, dtype=runner.dtype)
+        if kind == "thinker":
+            runner.prefill(x, slot, 0)
+        else:
+            runner.decoder.prefill(slot, runner.proj(x), 0)
+    slots = list(range(batch))
+    vectors = torch.randn(batch, hidden_in, device=dev, dtype=runner.dtype)
+    times = []
+    for i in range(steps + 3):
+        pos = [prompt + i] * batch
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        if kind == "thinker":
+            logits = runner.decode([7] * batch, slots, pos).logits
+        else:
+            logits = runner.decode([3] * batch, vectors, slots, pos)
+        logits.argmax(-1).tolist()  # the engine needs each token on the host
+        times.append(time.perf_counter() - start)
+    return sorted(times[3:])[len(times[3:]) // 2] * 1000
 
-    dev = stage.device
-    cache = StaticCache(config=stage.body.config, max_cache_len=prompt + steps + 16)
-    x = torch.randn(1, prompt, stage.hidden_in, device=dev, dtype=stage.dtype)
-    stage.forward(x, cache, positions(0, prompt, dev), torch.arange(prompt, device=dev))
-    static_x = torch.randn(1, 1, stage.hidden_in, device=dev, dtype=stage.dtype)
-    static_pos = positions(prompt, 1, dev).clone()
-    static_cp = torch.tensor([prompt], device=dev)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            stage.forward(static_x, cache, static_pos, static_cp)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = stage.forward(static_x, cache, static_pos, static_cp)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for i in range(steps):
-        static_pos.fill_(prompt + i)
-        static_cp.fill_(prompt + i)
-        graph.replay()
-        int(static_out.argmax())
-    return (time.perf_counter() - start) * 1000 / steps
+
+def kv_bytes_per_position(runner) -> int:
+    pool = runner.pool
+    return sum(k[0, 0].numel() * k.element_size() for k in (*pool.keys, *pool.values))
 
 
 def main(argv=None) -> None:
@@ -115,33 +107,47 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--prompt", type=int, default=300)
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--graphs", action="store_true")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--batches", default="1,4,16,32,64")
+    p.add_argument("--eager-baseline", action="store_true")
     args = p.parse_args(argv)
     from pipeline.models.qwen2_5_omni.parts import thinker_text_model
     from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, build_random_model
+    from pipeline.stages.talker import TalkerRunner
+    from pipeline.stages.thinker import ThinkerRunner
 
+    batches = [int(b) for b in args.batches.split(",")]
     ckpt = build_random_model(RandomModelSpec.qwen2_5_omni_7b(), device=args.device, dtype=torch.bfloat16)
     bw = measure_bandwidth(args.device)
     th, ta = ckpt.thinker, ckpt.talker
     text = thinker_text_model(th)
     hidden = text.config.hidden_size
-    stages = [
-        Stage("thinker", text, th.lm_head, lambda x: x, hidden, torch.bfloat16, args.device),
-        Stage("talker", ta.model, ta.codec_head, ta.thinker_to_talker_proj, hidden, torch.bfloat16, args.device),
-    ]
+    max_len = args.prompt + args.steps + 8
+    kw = dict(device=torch.device(args.device), dtype=torch.bfloat16, kv_slots=max(batches), max_len=max_len,
+              graph_batch_sizes=tuple(batches))
+    runners = {"thinker": ThinkerRunner(th, **kw), "talker": TalkerRunner(ta, **kw)}
     weights = {"thinker": weight_bytes(text.layers, text.norm, th.lm_head),
                "talker": weight_bytes(ta.model.layers, ta.model.norm, ta.codec_head, ta.thinker_to_talker_proj)}
-    print(f"\ndevice: {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s; batch 1, prompt "
-          f"{args.prompt} positions, {args.steps} steps\n")
-    print("| stage | weights read per step (GB) | roofline (ms) | eager step (ms) | CUDA-graph step (ms) |")
-    print("|---|---:|---:|---:|---:|", flush=True)
-    for stage in stages:
-        eager = eager_step_ms(stage, args.prompt, args.steps)
-        graphed = f"{graph_step_ms(stage, args.prompt, args.steps):.2f}" if args.graphs else "-"
-        gb = weights[stage.name] / 1e9
-        print(f"| {stage.name} | {gb:.2f} | {weights[stage.name] / bw * 1000:.2f} | {eager:.2f} | {graphed} |",
-              flush=True)
+    print(f"\ndevice: {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s; prompt {args.prompt} "
+          f"positions per row, median of {args.steps} steps\n")
+    if args.eager_baseline:
+        eager = {"thinker": eager_hf_step_ms(text, th.lm_head, lambda x: x, hidden, args.prompt, args.steps, args.device),
+                 "talker": eager_hf_step_ms(ta.model, ta.codec_head, ta.thinker_to_talker_proj, hidden, args.prompt,
+                                            args.steps, args.device)}
+        print("transformers forward, batch 1, DynamicCache (eager): " +
+              ", ".join(f"{k} {v:.2f} ms" for k, v in eager.items()) + "\n")
+    print("| stage | batch | bytes read per step (GB) | roofline (ms) | engine step (ms) | x roofline | tokens/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|", flush=True)
+    for name, runner in runners.items():
+        runner.batched.capture()
+        for b in batches:
+            ms = engine_step_ms(runner, name, b, args.prompt, args.steps, hidden)
+            read = weights[name] + b * (args.prompt + args.steps) * kv_bytes_per_position(runner)
+            roof = read / bw * 1000
+            print(f"| {name} | {b} | {read / 1e9:.2f} | {roof:.2f} | {ms:.2f} | {ms / roof:.2f} | {b / ms * 1000:.0f} |",
+                  flush=True)
+        print(f"<!-- {name}: graphs captured for {runner.batched.captured}, replays {runner.batched.replays}, "
+              f"eager steps {runner.batched.eager_steps} -->", flush=True)
 
 
 if __name__ == "__main__":
