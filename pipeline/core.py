@@ -40,6 +40,9 @@ from pipeline.stages.thinker import ThinkerRunner
 
 log = logging.getLogger(__name__)
 
+SLOW_STEP_MS = 250.0
+"""An engine step longer than this is logged: every live response waited that long for its next token."""
+
 MIN_AUDIO_FRAMES = 2
 """Shortest audio message the encoder accepts (mel frames of 10 ms)."""
 
@@ -266,6 +269,7 @@ class EngineCore:
         another, then one token2wav chunk for those with enough codes (batched too). Returns False when nothing
         could progress (every response is paused by backpressure or waits for a KV slot), so the caller can
         wait instead of spin."""
+        started = time.perf_counter()
         progressed = False
         decoding = []
         for state in list(self.responses.values()):
@@ -291,8 +295,15 @@ class EngineCore:
                 incomplete = state.text_end is TextEnd.MAX_TOKENS
                 status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
                 self._finish(state, status, "max_output_tokens" if incomplete else None)
+        prefills = 0
         for conv in self.conversations.values():
-            progressed |= self._background_prefill(conv)
+            prefilled = self._background_prefill(conv)
+            progressed |= prefilled
+            prefills += prefilled
+        elapsed = (time.perf_counter() - started) * 1000
+        if elapsed > SLOW_STEP_MS:
+            log.warning("slow engine step: %.0f ms (%d responses decoding, %d token2wav chunks, %d background prefills, "
+                        "%d responses)", elapsed, len(decoding), len(ready), prefills, len(self.responses))
         return progressed
 
     def stats(self, pending_commands: int = 0) -> EngineStats:
@@ -618,6 +629,9 @@ class EngineCore:
             cached_tokens=r.cached_tokens, output_text_tokens=len(r.item.reply_ids),
             output_audio_tokens=r.codec_tokens,
         )
+        log.info("response %s %s after %.0f ms: %d text + %d codec tokens, %d samples; milestones (ms) %s", r.id,
+                 status.value, (time.perf_counter() - r.started_at) * 1000, len(r.item.reply_ids), r.codec_tokens,
+                 r.samples, {k: round(v, 1) for k, v in r.milestones.items()})
         r.spec.sink(ResponseDone(
             status=status, usage=usage, text=r.detok.text, text_token_ids=tuple(r.item.reply_ids),
             audio_codes=tuple(r.codes), audio_samples=r.samples, reason=reason, error=error,
