@@ -47,6 +47,23 @@ MIN_AUDIO_FRAMES = 2
 """Shortest audio message the encoder accepts (mel frames of 10 ms)."""
 
 
+def _audio_runs(audio: dict[int, tuple[torch.Tensor, int]], start: int, end: int):
+    """The audio positions of ``[start, end)`` as runs ``(first position, encoder output, rows range)`` of
+    consecutive positions holding consecutive rows of the same block."""
+    runs: list[tuple[int, torch.Tensor, range]] = []
+    for pos in range(start, end):
+        if pos not in audio:
+            continue
+        tensor, row = audio[pos]
+        if runs:
+            first, last_tensor, rows = runs[-1]
+            if last_tensor is tensor and first + len(rows) == pos and rows.stop == row:
+                runs[-1] = (first, tensor, range(rows.start, row + 1))
+                continue
+        runs.append((pos, tensor, range(row, row + 1)))
+    return runs
+
+
 class EngineCore:
     def __init__(self, ckpt: LoadedCheckpoint, cfg: StageGraphConfig, *, seed: int | None = None) -> None:
         self.ckpt = ckpt
@@ -397,11 +414,9 @@ class EngineCore:
         end = min(len(keys), start + self.prefill_chunk)
         embeds = self.thinker.embed(rendering.token_ids[start:end])
         talker_embeds = embeds.clone()
-        for pos in range(start, end):
-            if pos in rendering.audio:
-                audio, row = rendering.audio[pos]
-                embeds[pos - start] = audio[row]
-                talker_embeds[pos - start] = 0  # the reference zeroes multimodal positions for the talker
+        for at, audio, rows in _audio_runs(rendering.audio, start, end):  # one copy per audio block, not per position
+            embeds[at - start : at - start + len(rows)] = audio[rows.start : rows.stop]
+            talker_embeds[at - start : at - start + len(rows)] = 0  # the reference zeroes multimodal positions
         out = self.thinker.prefill(embeds, conv.slot, start)
         conv.extend(keys[start:end], self.to_talker(out.hidden, talker_embeds))
         return out if end == len(keys) else None

@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import logging
 import queue
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
@@ -59,11 +60,21 @@ def validate_pcm(pcm: np.ndarray, *, sample_rate: int = INPUT_SAMPLE_RATE, allow
     return pcm
 
 
+ENGINE_SWITCH_INTERVAL_S = 0.0005
+"""The interpreter's thread switch interval while an engine runs (process-wide; Python's default is 5 ms)."""
+
+
 class EngineThread:
     """Runs commands and engine steps on one thread (the only one that touches model tensors)."""
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core
+        # Every torch call releases and re-takes the GIL; while the server's event loop runs Python (VAD,
+        # JSON, base64), each re-take can wait a whole switch interval (5 ms by default). An eager prefill
+        # makes hundreds of calls per step, so that convoy turned 30 ms prefills into 1-2 s ones on the GPU
+        # server (BENCHMARKS.md §4). A short interval bounds each wait.
+        if sys.getswitchinterval() > ENGINE_SWITCH_INTERVAL_S:
+            sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="omni-engine", daemon=True)
         self._closed = False

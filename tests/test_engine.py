@@ -250,3 +250,14 @@ async def test_stats_show_what_the_engine_holds(tiny_engine):
     after = await tiny_engine.stats()
     assert after.conversations == before.conversations and after.cached_tokens == before.cached_tokens
     assert after.responses == 0 and after.open_audio_messages == before.open_audio_messages
+
+
+def test_audio_positions_are_copied_block_by_block():
+    import torch
+
+    from pipeline.core import _audio_runs
+
+    a, b = torch.zeros(4, 2), torch.ones(3, 2)
+    audio = {2: (a, 0), 3: (a, 1), 4: (a, 2), 5: (a, 3), 6: (b, 0), 7: (b, 1), 9: (b, 2)}
+    runs = [(pos, t is a, r) for pos, t, r in _audio_runs(audio, 3, 10)]
+    assert runs == [(3, True, range(1, 4)), (6, False, range(0, 2)), (9, False, range(2, 3))]
