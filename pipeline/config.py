@@ -22,6 +22,7 @@ STAGE_INPUTS = {"thinker": "request", "talker": "thinker", "token2wav": "talker"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 CONTEXT_POLICIES = ("error", "drop_oldest")
 AUDIO_FLOORS = ("streaming", "exact")
+WORKER_THREAD = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ class StageConfig:
     cuda_graphs: bool = True
     """thinker/talker on CUDA: replay decode steps from CUDA graphs captured at start for batch sizes up to
     ``kv_slots`` (needs Triton, which CUDA builds of torch include)."""
+    worker_thread: str = "auto"
+    """token2wav: ``on`` runs chunk synthesis on a thread (and CUDA stream) of its own, so decode steps never wait
+    for it; ``off`` runs it inside the engine step; ``auto`` = on with CUDA, off on the CPU (where a second busy
+    thread only competes for the same cores)."""
     max_batch: int = 8
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
     tf32_matmul: bool = False
@@ -163,6 +168,8 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
         raise ConfigError(f"{path}.dtype must be one of {DTYPES}", param=f"{path}.dtype")
     _check_type(values, "tf32_matmul", bool, path)
     _check_type(values, "cuda_graphs", bool, path)
+    if values.get("worker_thread", "auto") not in WORKER_THREAD:
+        raise ConfigError(f"{path}.worker_thread must be one of {WORKER_THREAD}", param=f"{path}.worker_thread")
     for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens", "max_batch", "kv_slots"):
         value = values.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):

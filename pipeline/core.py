@@ -37,6 +37,7 @@ from pipeline.sampling import BatchSampler
 from pipeline.stages.chunk_schedule import ChunkingConfig
 from pipeline.stages.talker import TalkerRunner
 from pipeline.stages.thinker import ThinkerRunner
+from pipeline.stages.token2wav_worker import Token2WavWorker
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,10 @@ class EngineCore:
         )
         # capture token2wav's CUDA graphs now (seconds), not during the first replies
         self.token2wav.warm_up(max_batch=tw.max_batch)
+        threaded = tw.worker_thread == "on" or (tw.worker_thread == "auto" and self.t2w_device.type == "cuda")
+        self.t2w_worker = Token2WavWorker(self.token2wav, self.t2w_device) if threaded else None
+        self._t2w_jobs: dict[int, ResponseState] = {}
+        """Stream id -> its response, for the chunks the worker is synthesizing."""
         self.to_talker = CONNECTORS[ta.connector].fn
         self.to_token2wav = CONNECTORS[tw.connector].fn
         self.text_stop = {self.special.im_end, self.special.endoftext}
@@ -287,7 +292,7 @@ class EngineCore:
         could progress (every response is paused by backpressure or waits for a KV slot), so the caller can
         wait instead of spin."""
         started = time.perf_counter()
-        progressed = False
+        progressed = self._collect_token2wav()
         decoding = []
         for state in list(self.responses.values()):
             try:
@@ -303,12 +308,16 @@ class EngineCore:
         self._thinker_decode([r for r in decoding if not r.thinker_done])
         self._talker_decode(self._talker_rows([r for r in decoding if r.id in self.responses and r.spec.audio]))
         live = [r for r in decoding if r.id in self.responses]
-        ready = [r for r in live if r.t2w is not None and r.t2w.ready()]
-        for r in ready:
-            r.mark("talker_first_chunk_ms")
-        self._token2wav_step(ready)
+        ready = [r for r in live if r.t2w is not None and not self._t2w_busy(r) and r.t2w.ready()]
+        if self.t2w_worker is None:
+            self._token2wav_step(ready)
+        elif ready and self.t2w_worker.idle:
+            for r in ready:
+                r.mark("talker_first_chunk_ms")
+            self._t2w_jobs = {id(r.t2w): r for r in ready}
+            self.t2w_worker.submit([r.t2w for r in ready])
         for state in live:
-            if state.id in self.responses and state.all_done():
+            if state.id in self.responses and state.all_done() and not self._t2w_busy(state):
                 incomplete = state.text_end is TextEnd.MAX_TOKENS
                 status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
                 self._finish(state, status, "max_output_tokens" if incomplete else None)
@@ -341,7 +350,15 @@ class EngineCore:
                 "device_memory_peak_bytes": torch.cuda.max_memory_allocated(device)}  # fmt: skip
 
     def has_work(self) -> bool:
-        return bool(self.responses) or any(self._needs_prefill(c) for c in self.conversations.values())
+        return (bool(self.responses) or any(self._needs_prefill(c) for c in self.conversations.values())
+                or (self.t2w_worker is not None and not self.t2w_worker.idle))  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the token2wav worker (after its running job). Conversations are closed by the caller."""
+        if self.t2w_worker is not None:
+            for result in self.t2w_worker.poll(wait=True):
+                self._token2wav_done(result)
+            self.t2w_worker.close()
 
     def _needs_prefill(self, conv: ConversationState) -> bool:
         return conv.active_response is None and conv.dirty
@@ -597,12 +614,41 @@ class EngineCore:
         r.talker_len = 0
 
     # -- token2wav --------------------------------------------------------------------------------
+    def _t2w_busy(self, r: ResponseState) -> bool:
+        return self.t2w_worker is not None and r.t2w is not None and self.t2w_worker.busy_with(r.t2w)
+
+    def _collect_token2wav(self) -> bool:
+        """Emit the chunks the worker finished since the last step (engine thread: events stay in order)."""
+        if self.t2w_worker is None:
+            return False
+        results = self.t2w_worker.poll()
+        for result in results:
+            self._token2wav_done(result)
+        return bool(results)
+
+    def _token2wav_done(self, result) -> None:
+        jobs, self._t2w_jobs = self._t2w_jobs, {}
+        for i, stream in enumerate(result.streams):
+            r = jobs.get(id(stream))
+            if r is None or r.id not in self.responses or r.t2w is not stream:
+                stream.close()  # its response ended while the chunk was being made
+                continue
+            if result.error is None:
+                self._emit_audio(r, result.chunks[i])
+                continue
+            try:  # the batch failed: retry alone, so that only a faulty stream fails
+                self._emit_audio(r, r.t2w.step())
+            except Exception as exc:  # noqa: BLE001 - isolate this response's failure
+                self._fail(r, exc)
+
     def _token2wav_step(self, ready: list[ResponseState]) -> None:
         """One chunk for every response whose token2wav stream is ready, their DiT windows batched in
         one pass (one graph launch per batch on GPU). If the batch fails, each response is retried
         alone so that only the faulty one fails."""
         if not ready:
             return
+        for r in ready:
+            r.mark("talker_first_chunk_ms")
         try:
             chunks = self.token2wav.step_many([r.t2w for r in ready])
         except Exception:  # noqa: BLE001 - find the faulty stream by retrying one by one
@@ -634,7 +680,8 @@ class EngineCore:
             r.conv.dirty = True  # the reply's footer and anything said meanwhile get prefilled
         self._release_talker(r)
         if r.t2w is not None:
-            r.t2w.close()
+            if not self._t2w_busy(r):  # else closed when the worker hands it back
+                r.t2w.close()
             r.t2w = None
         tail = r.detok.flush()
         if tail and status is not ResponseStatus.FAILED:

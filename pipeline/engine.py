@@ -137,6 +137,7 @@ class EngineThread:
     def _shutdown(self) -> None:
         for conv_id in list(self.core.conversations):
             self.core.close_conversation(conv_id)
+        self.core.close()
 
 
 class Response:

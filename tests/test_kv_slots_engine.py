@@ -61,3 +61,67 @@ async def test_responses_beyond_the_pool_wait_for_a_slot_and_batching_changes_no
         assert await reply(alone, "a1", t) == (d.text_token_ids, d.audio_codes)
         await alone.close()
         await c.close()
+
+
+def t2w_engine(model_dir, worker_thread: str):
+    cfg = greedy_stage_config(talker={"max_tokens": 120}, token2wav={"worker_thread": worker_thread})
+    return OmniEngine.from_pretrained(model_dir, cfg, seed=1234)
+
+
+@pytest.fixture(scope="module")
+def threaded_t2w_engine(tiny_model_dir):
+    engine = t2w_engine(tiny_model_dir, "on")
+    yield engine
+    engine.close()
+
+
+async def test_token2wav_on_its_own_thread_makes_the_same_audio(tiny_model_dir):
+    """Same seed, same requests in the same order: the same codes and the same samples, in order, before done."""
+    import numpy as np
+
+    from pipeline.outputs import AudioChunk, ResponseDone
+
+    async def audio_of(engine, text):
+        conv = engine.conversation()
+        await conv.add_text("u1", text)
+        pcm, done = [], None
+        async for ev in conv.respond(item_id="a1", max_output_tokens=6):
+            if isinstance(ev, AudioChunk):
+                pcm.append(ev.pcm)
+            elif isinstance(ev, ResponseDone):
+                done = ev
+        await conv.close()
+        assert done is not None and done.status is not ResponseStatus.FAILED, done
+        assert sum(len(p) for p in pcm) == done.audio_samples > 0, "every chunk arrives before response.done"
+        return np.concatenate(pcm), done.audio_codes
+
+    results = {}
+    for mode in ("on", "off"):
+        engine = t2w_engine(tiny_model_dir, mode)
+        try:
+            results[mode] = await asyncio.gather(*(audio_of(engine, t) for t in ("One", "Two words")))
+            assert (engine._thread.core.t2w_worker is not None) == (mode == "on")
+        finally:
+            engine.close()
+    for (pcm, codes), (ref_pcm, ref_codes) in zip(results["on"], results["off"]):
+        assert codes == ref_codes
+        np.testing.assert_allclose(pcm, ref_pcm, atol=1e-5)
+
+
+async def test_a_response_cancelled_while_its_chunk_is_made_frees_its_stream(threaded_t2w_engine):
+    from pipeline.outputs import AudioChunk
+
+    engine = threaded_t2w_engine
+    conv = engine.conversation()
+    await conv.add_text("u1", "Talk for a while.")
+    resp = conv.respond(item_id="a1", max_output_tokens=12)
+    async for ev in resp:
+        if isinstance(ev, AudioChunk):
+            resp.cancel("client_cancelled")
+            break
+    done = await resp.wait()
+    assert done.status is ResponseStatus.CANCELLED
+    await conv.close()
+    await engine.wait_idle()
+    core = engine._thread.core
+    assert core.t2w_worker.idle and not core.responses
