@@ -19,11 +19,17 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pipeline.stages.decode_attention import attend_reference, attend_triton
 from pipeline.stages.kv_pool import KVPool
 
 __all__ = ["PooledDecoder"]
+
+
+PREFILL_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""Attention kernels for prefill (masked, every chunk a new shape). Not cuDNN: it builds an execution plan for each
+new shape, which made prefills of fresh utterances take ~1 s on the GPU server (BENCHMARKS.md §4)."""
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -64,14 +70,17 @@ class PooledDecoder:
         # query i (absolute start+i) sees keys 0..start+i
         mask = torch.arange(end, device=self.device)[None, :] <= torch.arange(start, end, device=self.device)[:, None]
         h = x.to(self.dtype)
+        group = self.heads // self.kv_heads
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)  # (T, heads, D)
             self.pool.keys[i][slot, start:end] = k
             self.pool.values[i][slot, start:end] = v
-            keys = self.pool.keys[i][slot, :end].transpose(0, 1).unsqueeze(0)  # (1, Hkv, S, D)
-            values = self.pool.values[i][slot, :end].transpose(0, 1).unsqueeze(0)
-            att = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask,
-                                                 scale=self.scale, enable_gqa=self.kv_heads != self.heads)
+            # (1, Hq, S, D): the kv heads repeated for their query heads (grouped-query attention)
+            keys = self.pool.keys[i][slot, :end].transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+            values = self.pool.values[i][slot, :end].transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+            with sdpa_kernel(PREFILL_BACKENDS):
+                att = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask,
+                                                     scale=self.scale)
             h = self._finish_layer(layer, h, att[0].transpose(0, 1).reshape(t, -1))
         return self.norm(h)
 
