@@ -293,6 +293,7 @@ class EngineCore:
         wait instead of spin."""
         started = time.perf_counter()
         progressed = self._collect_token2wav()
+        tokens_before = (self.counters["thinker_tokens_total"], self.counters["talker_tokens_total"])
         decoding = []
         for state in list(self.responses.values()):
             try:
@@ -309,6 +310,9 @@ class EngineCore:
         self._talker_decode(self._talker_rows([r for r in decoding if r.id in self.responses and r.spec.audio]))
         live = [r for r in decoding if r.id in self.responses]
         ready = [r for r in live if r.t2w is not None and not self._t2w_busy(r) and r.t2w.ready()]
+        # a response only waiting for the token2wav worker is not progress: the loop then waits for a wake-up
+        progressed |= tokens_before != (self.counters["thinker_tokens_total"], self.counters["talker_tokens_total"])
+        progressed |= bool(ready) and (self.t2w_worker is None or self.t2w_worker.idle)
         if self.t2w_worker is None:
             self._token2wav_step(ready)
         elif ready and self.t2w_worker.idle:
@@ -318,6 +322,7 @@ class EngineCore:
             self.t2w_worker.submit([r.t2w for r in ready])
         for state in live:
             if state.id in self.responses and state.all_done() and not self._t2w_busy(state):
+                progressed = True
                 incomplete = state.text_end is TextEnd.MAX_TOKENS
                 status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
                 self._finish(state, status, "max_output_tokens" if incomplete else None)
@@ -383,7 +388,8 @@ class EngineCore:
         return True
 
     def _step_response(self, r: ResponseState) -> tuple[bool, bool]:
-        """Returns (progressed, joins this step's decode batches)."""
+        """Returns (progressed, joins this step's decode batches); whether a decoding response progresses is
+        known after the batches ran (see :meth:`step`)."""
         if r.cancel_reason is not None:
             self._finish(r, ResponseStatus.CANCELLED, r.cancel_reason)
             return True, False
@@ -391,7 +397,7 @@ class EngineCore:
             return False, False
         if r.phase is Phase.PREFILL:
             return self._prefill(r), False
-        return True, True
+        return False, True
 
     # -- thinker ----------------------------------------------------------------------------------
     def _prefill(self, r: ResponseState) -> bool:

@@ -68,6 +68,10 @@ ENGINE_SWITCH_INTERVAL_S = 0.0005
 """The interpreter's thread switch interval while an engine runs (process-wide; Python's default is 5 ms)."""
 
 
+def _noop(core: EngineCore) -> None:
+    return None
+
+
 class EngineThread:
     """Runs commands and engine steps on one thread (the only one that touches model tensors)."""
 
@@ -80,6 +84,8 @@ class EngineThread:
         if sys.getswitchinterval() > ENGINE_SWITCH_INTERVAL_S:
             sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        if core.t2w_worker is not None:  # a finished chunk wakes the loop at once instead of at its next poll
+            core.t2w_worker.on_done = lambda: self._commands.put((_noop, Future()))
         self._thread = threading.Thread(target=self._loop, name="omni-engine", daemon=True)
         self._closed = False
         self._thread.start()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +48,8 @@ class Token2WavWorker:
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self.in_flight: set[int] = set()
         """``id()`` of the streams of the running job (engine thread only)."""
+        self.on_done: Callable[[], None] | None = None
+        """Called on the worker thread after each job's result is queued (the engine thread's wake-up)."""
         self._thread = threading.Thread(target=self._loop, name="omni-token2wav", daemon=True)
         self._thread.start()
 
@@ -94,6 +96,8 @@ class Token2WavWorker:
                     return
                 streams, event = job
                 self._results.put(self._run(streams, event))
+                if self.on_done is not None:
+                    self.on_done()
 
     def _run(self, streams: list, event) -> Token2WavResult:
         try:
