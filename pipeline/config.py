@@ -76,6 +76,10 @@ class StageConfig:
     """thinker/talker: conversations whose KV cache stays on the device at once (a fixed pool allocated at
     start, ``kv_slots x max_context_tokens`` positions for the thinker). An idle conversation beyond it loses its
     cache to a new one (least recently used first) and is prefilled again at its next response."""
+    max_prefills_per_step: int = 4
+    """thinker: prefill chunks per engine step (responses first, then conversations still being spoken, in turn);
+    talker: talker prefills per step. A prefill is eager and costs several decode steps, so a burst of turns
+    ending together would otherwise stall every session's next token for all of them."""
     cuda_graphs: bool = True
     """thinker/talker on CUDA: replay decode steps from CUDA graphs captured at start for batch sizes up to
     ``kv_slots`` (needs Triton, which CUDA builds of torch include)."""
@@ -170,7 +174,8 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     _check_type(values, "cuda_graphs", bool, path)
     if values.get("worker_thread", "auto") not in WORKER_THREAD:
         raise ConfigError(f"{path}.worker_thread must be one of {WORKER_THREAD}", param=f"{path}.worker_thread")
-    for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens", "max_batch", "kv_slots"):
+    for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens", "max_batch", "kv_slots",
+                "max_prefills_per_step"):
         value = values.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ConfigError(f"{path}.{key} must be a positive integer", param=f"{path}.{key}")

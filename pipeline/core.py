@@ -102,6 +102,9 @@ class EngineCore:
                          "decode_steps_total": 0}
         """Cumulative work counters reported by :meth:`stats` (tokens/s per stage in benchmarks)."""
         self.conversations: dict[str, ConversationState] = {}
+        self._prefills_left = self._talker_prefills_left = 0
+        """What is left this step of the stages' ``max_prefills_per_step``."""
+        self._background_turn = 0
         self.responses: dict[str, ResponseState] = {}
         self._text_end_vectors = self.thinker.embed([self.special.tts_text_end, self.special.tts_text_pad])
         self.text_sampler = BatchSampler(
@@ -295,6 +298,8 @@ class EngineCore:
         progressed = self._collect_token2wav()
         tokens_before = (self.counters["thinker_tokens_total"], self.counters["talker_tokens_total"])
         decoding = []
+        self._prefills_left = self.cfg.thinker.max_prefills_per_step
+        self._talker_prefills_left = self.cfg.talker.max_prefills_per_step
         for state in list(self.responses.values()):
             try:
                 advanced, decodes = self._step_response(state)
@@ -327,10 +332,15 @@ class EngineCore:
                 status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
                 self._finish(state, status, "max_output_tokens" if incomplete else None)
         prefills = 0
-        for conv in self.conversations.values():
+        convs = list(self.conversations.values())
+        self._background_turn = (self._background_turn + 1) % max(len(convs), 1)  # round robin under the budget
+        for conv in convs[self._background_turn :] + convs[: self._background_turn]:
+            if self._prefills_left <= 0:
+                break
             prefilled = self._background_prefill(conv)
             progressed |= prefilled
             prefills += prefilled
+            self._prefills_left -= prefilled
         elapsed = (time.perf_counter() - started) * 1000
         if elapsed > SLOW_STEP_MS:
             log.warning("slow engine step: %.0f ms (%d responses decoding, %d token2wav chunks, %d background prefills, "
@@ -396,6 +406,9 @@ class EngineCore:
         if not r.spec.can_accept():
             return False, False
         if r.phase is Phase.PREFILL:
+            if self._prefills_left <= 0:
+                return False, False  # next step: the prefill budget keeps decode steps short
+            self._prefills_left -= 1
             return self._prefill(r), False
         return False, True
 
@@ -526,6 +539,9 @@ class EngineCore:
                 if r.thinker_done:  # the reply had no token the talker could start from
                     self._end_talker(r)
                 return None
+            if self._talker_prefills_left <= 0:
+                return None
+            self._talker_prefills_left -= 1
             logits = self._talker_prefill(r)
             if logits is not None:
                 (code,) = self.code_sampler.sample(logits.unsqueeze(0), [r.conv.talker_slot],

@@ -125,3 +125,41 @@ async def test_a_response_cancelled_while_its_chunk_is_made_frees_its_stream(thr
     await engine.wait_idle()
     core = engine._thread.core
     assert core.t2w_worker.idle and not core.responses
+
+
+async def test_the_prefill_budget_spreads_a_burst_of_turns_over_steps(tiny_model_dir, tiny_engine):
+    budget = {"max_prefills_per_step": 1}
+    cfg = greedy_stage_config(thinker=budget, talker={"max_tokens": 120, **budget})
+    engine = OmniEngine.from_pretrained(tiny_model_dir, cfg, seed=1234)
+    core = engine._thread.core
+    per_step, counts = [], {"thinker": 0, "talker": 0}
+    prefill, talker_prefill, step = core._prefill, core._talker_prefill, core.step
+
+    def counting(name, fn):
+        def wrapper(r):
+            counts[name] += 1
+            return fn(r)
+        return wrapper
+
+    def counted_step():
+        counts.update(thinker=0, talker=0)
+        progressed = step()
+        per_step.append(dict(counts))
+        return progressed
+
+    core._prefill, core._talker_prefill = counting("thinker", prefill), counting("talker", talker_prefill)
+    core.step = counted_step
+    try:
+        convs = [engine.conversation() for _ in range(3)]
+        texts = ["One", "Two words", "Three more words"]
+        for c, t in zip(convs, texts):
+            await c.add_text("u1", t)
+        await engine.wait_idle()
+        dones = await asyncio.gather(*(c.respond(item_id="a1", max_output_tokens=6).wait() for c in convs))
+    finally:
+        engine.close()
+    assert max(s["thinker"] for s in per_step) == 1 and max(s["talker"] for s in per_step) == 1
+    for t, d in zip(texts, dones):
+        alone = tiny_engine.conversation()
+        assert await reply(alone, "a1", t) == (d.text_token_ids, d.audio_codes)
+        await alone.close()
