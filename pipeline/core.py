@@ -324,7 +324,7 @@ class EngineCore:
             for r in ready:
                 r.mark("talker_first_chunk_ms")
             self._t2w_jobs = {id(r.t2w): r for r in ready}
-            self.t2w_worker.submit([r.t2w for r in ready])
+            self.t2w_worker.submit([r.t2w for r in ready], urgent=any(r.t2w.chunks_emitted == 0 for r in ready))
         for state in live:
             if state.id in self.responses and state.all_done() and not self._t2w_busy(state):
                 progressed = True

@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 _STOP = object()
 
+URGENT_PRIORITY = -2
+"""CUDA stream priority of jobs holding a first chunk (the engine thread's decode stream has -1; torch's default is
+0, and out-of-range values are clamped to the device's range)."""
+
 
 @dataclass
 class Token2WavResult:
@@ -43,7 +47,10 @@ class Token2WavWorker:
     def __init__(self, synthesizer, device: torch.device) -> None:
         self.synthesizer = synthesizer
         self.device = torch.device(device)
-        self._cuda_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        cuda = self.device.type == "cuda"
+        self._cuda_stream = torch.cuda.Stream(self.device) if cuda else None
+        # a job with a first chunk is on someone's time-to-first-audio path: it outranks decode steps
+        self._urgent_stream = torch.cuda.Stream(self.device, priority=URGENT_PRIORITY) if cuda else None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self.in_flight: set[int] = set()
@@ -60,7 +67,8 @@ class Token2WavWorker:
     def busy_with(self, stream) -> bool:
         return id(stream) in self.in_flight
 
-    def submit(self, streams: Sequence) -> None:
+    def submit(self, streams: Sequence, *, urgent: bool = False) -> None:
+        """Start a job; ``urgent`` runs it on a CUDA stream of higher priority than the engine's decode steps."""
         if not self.idle:
             raise RuntimeError("the token2wav worker runs one job at a time")
         event = None
@@ -68,7 +76,7 @@ class Token2WavWorker:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.device))
         self.in_flight = {id(s) for s in streams}
-        self._jobs.put((list(streams), event))
+        self._jobs.put((list(streams), event, urgent))
 
     def poll(self, *, wait: bool = False) -> list[Token2WavResult]:
         """Finished jobs (at most one, as one runs at a time); with ``wait``, block until the running one ends."""
@@ -94,17 +102,18 @@ class Token2WavWorker:
                 job = self._jobs.get()
                 if job is _STOP:
                     return
-                streams, event = job
-                self._results.put(self._run(streams, event))
+                streams, event, urgent = job
+                self._results.put(self._run(streams, event, urgent))
                 if self.on_done is not None:
                     self.on_done()
 
-    def _run(self, streams: list, event) -> Token2WavResult:
+    def _run(self, streams: list, event, urgent: bool) -> Token2WavResult:
         try:
             if self._cuda_stream is None:
                 return Token2WavResult(streams, self.synthesizer.step_many(streams))
-            with torch.cuda.stream(self._cuda_stream):
-                self._cuda_stream.wait_event(event)
+            cuda_stream = self._urgent_stream if urgent else self._cuda_stream
+            with torch.cuda.stream(cuda_stream):
+                cuda_stream.wait_event(event)
                 return Token2WavResult(streams, self.synthesizer.step_many(streams))
         except Exception as exc:  # noqa: BLE001 - handed to the engine thread, which isolates the faulty stream
             log.warning("token2wav job of %d streams failed: %r", len(streams), exc)
