@@ -26,6 +26,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="token2wav first chunk in mel frames (default: the stage config's)")
     p.add_argument("--ramp-frames", default=None, help="comma-separated chunk sizes after the first")
     p.add_argument("--no-graphs", action="store_true", help="thinker/talker decode without CUDA graphs")
+    p.add_argument("--t2w-worker", choices=("auto", "on", "off"), default="auto",
+                   help="token2wav on its own thread (auto: on with CUDA)")
 
 
 def stage_config(args, **thinker):
@@ -46,7 +48,8 @@ def stage_config(args, **thinker):
                         **thinker),
         talker=replace(cfg.talker, device=args.device, min_tokens=args.codec_tokens, max_tokens=args.codec_tokens,
                        cuda_graphs=not args.no_graphs),
-        token2wav=replace(cfg.token2wav, device=args.device, tf32_matmul=args.tf32, chunking=chunking),
+        token2wav=replace(cfg.token2wav, device=args.device, tf32_matmul=args.tf32 or cfg.token2wav.tf32_matmul,
+                          chunking=chunking, worker_thread=args.t2w_worker),
     )
 
 
