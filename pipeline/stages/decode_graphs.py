@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from pipeline.models.qwen2_5_omni.token2wav_graphs import CapturedCall, bucket_at_least
+from pipeline.cuda_graphs import CapturedCall, bucket_at_least
 from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.kv_pool import KVPool
 

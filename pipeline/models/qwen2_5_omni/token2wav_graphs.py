@@ -5,8 +5,9 @@ batched) of ~700 small kernels each, and the eager cost barely depends on the wi
 solve once per shape in a CUDA graph and replaying it removes the launches. A graph replays fixed shapes from fixed
 buffers, so this module provides:
 
-- :class:`CapturedCall`: one function of tensors recorded in one ``torch.cuda.CUDAGraph`` over static input
-  buffers (warm-up on a side stream first, as capture requires), replayed with fresh input values.
+- :class:`CapturedCall` (from :mod:`pipeline.cuda_graphs`, shared with the decode steps): one function of tensors
+  recorded in one ``torch.cuda.CUDAGraph`` over static input buffers (warm-up on a side stream first, as capture
+  requires), replayed with fresh input values.
 - :func:`pack_windows`: the DiT windows of one or more streams (different lengths, different absolute positions)
   padded and stacked into one static shape ``(slots, frames)``. Padding frames get an attention block of their
   own, far from every real block, so no real frame attends to them and they attend only to each other (a fully
@@ -19,13 +20,13 @@ Nothing here knows the model; :mod:`.token2wav_stream` supplies the functions an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from pipeline.errors import PipelineError
+from pipeline.cuda_graphs import CapturedCall, GraphCaptureError, bucket_at_least  # re-exported: part of this API
 
 __all__ = [
     "PAD_BLOCK",
@@ -43,69 +44,8 @@ PAD_BLOCK = -(1 << 30)
 blocks apart, far beyond the one block the DiT's look-ahead/look-back layers reach; padding frames share the block."""
 
 
-class GraphCaptureError(PipelineError):
-    """A CUDA graph could not be captured or was replayed with inputs of the wrong shape."""
-
-    code = "cuda_graph_capture"
-
-
-class CapturedCall:
-    """``fn(*inputs)`` recorded in one CUDA graph over static copies of ``example`` (all CUDA tensors).
-
-    Contract for ``fn``: device work only (no host synchronisation, no copy from pageable host memory, no
-    data-dependent shapes), returning a tensor or a tuple of tensors. It runs ``warmup_runs`` times on a side
-    stream (lazy library initialisation must not happen during capture), then once under capture.
-
-    Calling copies the given tensors into the static inputs (shapes must equal the example's), replays the graph on
-    the current stream and returns the static outputs. They are overwritten by the next replay of this call, so
-    a caller copies what it keeps before calling again. Each call owns a private memory pool: replaying one
-    never touches another's outputs. Run capture and replay under ``torch.inference_mode()`` when ``fn`` runs a
-    model, so no autograd state is recorded.
-    """
-
-    def __init__(self, fn: Callable[..., Tensor | tuple[Tensor, ...]], example: Sequence[Tensor], *,
-                 warmup_runs: int = 2) -> None:  # fmt: skip
-        if not example or not all(t.is_cuda for t in example):
-            raise GraphCaptureError("CUDA graphs need CUDA tensors as inputs")
-        device = example[0].device
-        # Ordinary allocations, outside the graph's pool; contiguous whatever the example's layout.
-        self._inputs = tuple(t.clone(memory_format=torch.contiguous_format) for t in example)
-        with torch.cuda.device(device):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(warmup_runs):
-                    fn(*self._inputs)
-            torch.cuda.current_stream().wait_stream(side)
-            self._graph = torch.cuda.CUDAGraph()
-            # thread_local: other threads of the process (another stage) may keep using CUDA during the capture.
-            with torch.cuda.graph(self._graph, capture_error_mode="thread_local"):
-                self._outputs = fn(*self._inputs)
-        self.replays = 0
-
-    @property
-    def input_shapes(self) -> tuple[torch.Size, ...]:
-        return tuple(t.shape for t in self._inputs)
-
-    def __call__(self, *inputs: Tensor) -> Tensor | tuple[Tensor, ...]:
-        shapes = tuple(t.shape for t in inputs)
-        if shapes != self.input_shapes:
-            raise GraphCaptureError(f"captured for input shapes {self.input_shapes}, called with {shapes}")
-        for static, value in zip(self._inputs, inputs):
-            static.copy_(value, non_blocking=True)
-        self._graph.replay()
-        self.replays += 1
-        return self._outputs
-
-
 # ---------------------------------------------------------------------------------------------------
 # Static shapes
-
-
-def bucket_at_least(size: int, buckets: Sequence[int]) -> int | None:
-    """The smallest of ``buckets`` that holds ``size``, or None when all are smaller."""
-    fitting = [b for b in buckets if b >= size]
-    return min(fitting) if fitting else None
 
 
 def slot_bucket(streams: int, max_slots: int) -> int:

@@ -1,0 +1,78 @@
+"""One function of CUDA tensors recorded in a CUDA graph and replayed with fresh inputs, for every stage that
+captures its GPU work (the thinker/talker decode steps, token2wav's ODE solve and vocoder).
+
+A graph replays fixed shapes from fixed buffers; callers pick a few shapes worth capturing (:func:`bucket_at_least`)
+and pad their inputs to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from pipeline.errors import PipelineError
+
+__all__ = ["CapturedCall", "GraphCaptureError", "bucket_at_least"]
+
+
+class GraphCaptureError(PipelineError):
+    """A CUDA graph could not be captured or was replayed with inputs of the wrong shape."""
+
+    code = "cuda_graph_capture"
+
+
+class CapturedCall:
+    """``fn(*inputs)`` recorded in one CUDA graph over static copies of ``example`` (all CUDA tensors).
+
+    Contract for ``fn``: device work only (no host synchronisation, no copy from pageable host memory, no
+    data-dependent shapes), returning a tensor or a tuple of tensors. It runs ``warmup_runs`` times on a side
+    stream (lazy library initialisation must not happen during capture), then once under capture.
+
+    Calling copies the given tensors into the static inputs (shapes must equal the example's), replays the graph on
+    the current stream and returns the static outputs. They are overwritten by the next replay of this call, so
+    a caller copies what it keeps before calling again. Each call owns a private memory pool: replaying one
+    never touches another's outputs. Run capture and replay under ``torch.inference_mode()`` when ``fn`` runs a
+    model, so no autograd state is recorded.
+    """
+
+    def __init__(self, fn: Callable[..., Tensor | tuple[Tensor, ...]], example: Sequence[Tensor], *,
+                 warmup_runs: int = 2) -> None:  # fmt: skip
+        if not example or not all(t.is_cuda for t in example):
+            raise GraphCaptureError("CUDA graphs need CUDA tensors as inputs")
+        device = example[0].device
+        # Ordinary allocations, outside the graph's pool; contiguous whatever the example's layout.
+        self._inputs = tuple(t.clone(memory_format=torch.contiguous_format) for t in example)
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup_runs):
+                    fn(*self._inputs)
+            torch.cuda.current_stream().wait_stream(side)
+            self._graph = torch.cuda.CUDAGraph()
+            # thread_local: other threads of the process (another stage) may keep using CUDA during the capture.
+            with torch.cuda.graph(self._graph, capture_error_mode="thread_local"):
+                self._outputs = fn(*self._inputs)
+        self.replays = 0
+
+    @property
+    def input_shapes(self) -> tuple[torch.Size, ...]:
+        return tuple(t.shape for t in self._inputs)
+
+    def __call__(self, *inputs: Tensor) -> Tensor | tuple[Tensor, ...]:
+        shapes = tuple(t.shape for t in inputs)
+        if shapes != self.input_shapes:
+            raise GraphCaptureError(f"captured for input shapes {self.input_shapes}, called with {shapes}")
+        for static, value in zip(self._inputs, inputs):
+            static.copy_(value, non_blocking=True)
+        self._graph.replay()
+        self.replays += 1
+        return self._outputs
+
+
+def bucket_at_least(size: int, buckets: Sequence[int]) -> int | None:
+    """The smallest of ``buckets`` that holds ``size``, or None when all are smaller."""
+    fitting = [b for b in buckets if b >= size]
+    return min(fitting) if fitting else None
