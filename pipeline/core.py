@@ -41,10 +41,6 @@ from pipeline.stages.token2wav_worker import Token2WavWorker
 
 log = logging.getLogger(__name__)
 
-DECODE_STREAM_PRIORITY = -1
-"""CUDA stream priority of the engine thread's work and of the talker's decode stream (lower is more urgent; torch's
-streams default to 0; the token2wav worker's first chunks use -2)."""
-
 SLOW_STEP_MS = 250.0
 """An engine step longer than this is logged: every live response waited that long for its next token."""
 
@@ -97,8 +93,6 @@ class EngineCore:
         """Stream id -> its response, for the chunks the worker is synthesizing."""
         self.to_talker = CONNECTORS[ta.connector].fn
         self.to_token2wav = CONNECTORS[tw.connector].fn
-        talker_cuda = self.talker.device.type == "cuda"
-        self._talker_stream = torch.cuda.Stream(self.talker.device, priority=DECODE_STREAM_PRIORITY) if talker_cuda else None
         self.text_stop = {self.special.im_end, self.special.endoftext}
         self.codec_stop = tuple(self.special.codec_stop_ids())
         self.prefill_chunk = th.prefill_chunk_tokens
@@ -317,9 +311,8 @@ class EngineCore:
                 decoding.append(state)
         if decoding:
             self.counters["decode_steps_total"] += 1
-        # the talker consumes the vectors of earlier steps, so that its step can run beside the thinker's
-        talker_rows = self._talker_rows([r for r in decoding if r.spec.audio])
-        self._decode_both([r for r in decoding if r.id in self.responses and not r.thinker_done], talker_rows)
+        self._thinker_decode([r for r in decoding if not r.thinker_done])
+        self._talker_decode(self._talker_rows([r for r in decoding if r.id in self.responses and r.spec.audio]))
         live = [r for r in decoding if r.id in self.responses]
         ready = [r for r in live if r.t2w is not None and not self._t2w_busy(r) and r.t2w.ready()]
         # a response only waiting for the token2wav worker is not progress: the loop then waits for a wake-up
@@ -464,39 +457,12 @@ class EngineCore:
         conv.extend(keys[start:end], self.to_talker(out.hidden, talker_embeds))
         return out if end == len(keys) else None
 
-    def _decode_both(self, thinker_rows: list[ResponseState], talker_rows: list) -> None:
-        """This step's batched thinker and talker decodes. On CUDA the talker's runs on a stream of its own while the
-        thinker's graph runs: both are memory-bound single-token steps that leave bandwidth unused on their own."""
-        ran = False
-        ready = None
-        if self._talker_stream is not None:
-            ready = torch.cuda.Event()
-            ready.record()  # the talker prefills queued above come first
-
-        def talker() -> None:
-            nonlocal ran
-            if ran:
-                return
-            ran = True
-            if self._talker_stream is None:
-                self._talker_decode(talker_rows)
-                return
-            with torch.cuda.stream(self._talker_stream):
-                self._talker_stream.wait_event(ready)
-                self._talker_decode(talker_rows)  # its sampling waits for this stream only
-
-        self._thinker_decode(thinker_rows, between=talker)
-        talker()  # no thinker rows this step
-
-    def _thinker_decode(self, rows: list[ResponseState], between=None) -> None:
-        """Feed every row's pending token through the thinker in one batch and sample the next ones. ``between`` runs
-        after the thinker's step is launched and before its tokens are read back (the talker's step)."""
+    def _thinker_decode(self, rows: list[ResponseState]) -> None:
+        """Feed every row's pending token through the thinker in one batch and sample the next ones."""
         def run(batch: list[ResponseState], done: set[str]) -> None:
             step = self.thinker.decode([r.pending_token for r in batch], [r.conv.slot for r in batch],
                                        [len(r.conv.cached_keys) for r in batch])  # fmt: skip
             vectors = self.to_talker(step.hidden, step.embeds)
-            if between is not None:
-                between()
             tokens = self.text_sampler.sample(step.logits, [r.conv.slot for r in batch],
                                               force_continue=[self._force_text(r) for r in batch],
                                               generators=[r.generator for r in batch])  # fmt: skip

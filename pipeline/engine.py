@@ -32,7 +32,7 @@ import torch
 
 from pipeline.api import INPUT_SAMPLE_RATE, Modality, Role
 from pipeline.config import StageGraphConfig, load_stage_config
-from pipeline.core import DECODE_STREAM_PRIORITY, EngineCore
+from pipeline.core import EngineCore
 from pipeline.errors import EngineClosedError, InvalidAudioError, InvalidInputError, ResponseActiveError, UnknownVoiceError
 from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint, load_checkpoint
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
@@ -60,6 +60,9 @@ def validate_pcm(pcm: np.ndarray, *, sample_rate: int = INPUT_SAMPLE_RATE, allow
         raise InvalidAudioError("audio contains NaN or infinite samples", param="audio")
     return pcm
 
+
+DECODE_STREAM_PRIORITY = -1
+"""CUDA stream priority of the engine thread (lower is more urgent; torch's streams default to 0)."""
 
 ENGINE_SWITCH_INTERVAL_S = 0.0005
 """The interpreter's thread switch interval while an engine runs (process-wide; Python's default is 5 ms)."""
