@@ -69,19 +69,23 @@ class PooledDecoder:
         cos, sin = self.cos[start:end].unsqueeze(1), self.sin[start:end].unsqueeze(1)  # (T, 1, D)
         # query i (absolute start+i) sees keys 0..start+i
         mask = torch.arange(end, device=self.device)[None, :] <= torch.arange(start, end, device=self.device)[:, None]
-        h = x.to(self.dtype)
+        # Grouped-query attention without copying the cache: the `group` query heads that share a kv head become
+        # extra query rows of that head (rows ordered (g, t), the mask tiled the same way).
         group = self.heads // self.kv_heads
+        mask = mask.repeat(group, 1)
+        h = x.to(self.dtype)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)  # (T, heads, D)
             self.pool.keys[i][slot, start:end] = k
             self.pool.values[i][slot, start:end] = v
-            # (1, Hq, S, D): the kv heads repeated for their query heads (grouped-query attention)
-            keys = self.pool.keys[i][slot, :end].transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
-            values = self.pool.values[i][slot, :end].transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+            keys = self.pool.keys[i][slot, :end].transpose(0, 1).unsqueeze(0)  # (1, Hkv, S, D), a view
+            values = self.pool.values[i][slot, :end].transpose(0, 1).unsqueeze(0)
+            q = q.view(t, self.kv_heads, group, self.head_dim).permute(1, 2, 0, 3)
+            q = q.reshape(1, self.kv_heads, group * t, self.head_dim)
             with sdpa_kernel(PREFILL_BACKENDS):
-                att = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask,
-                                                     scale=self.scale)
-            h = self._finish_layer(layer, h, att[0].transpose(0, 1).reshape(t, -1))
+                att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
+            att = att.view(self.kv_heads, group, t, self.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
+            h = self._finish_layer(layer, h, att)
         return self.norm(h)
 
     def decode(self, x: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, *,
