@@ -453,7 +453,7 @@ class EngineCore:
         for at, audio, rows in _audio_runs(rendering.audio, start, end):  # one copy per audio block, not per position
             embeds[at - start : at - start + len(rows)] = audio[rows.start : rows.stop]
             talker_embeds[at - start : at - start + len(rows)] = 0  # the reference zeroes multimodal positions
-        out = self.thinker.prefill(embeds, conv.slot, start)
+        out = self.thinker.prefill(embeds, conv.slot, start, logits=need_logits and end == len(keys))
         conv.extend(keys[start:end], self.to_talker(out.hidden, talker_embeds))
         return out if end == len(keys) else None
 

@@ -30,8 +30,8 @@ class ThinkerOutput:
     """(T, H) inputs of layer 0 (token embeddings, audio features at audio positions)."""
     hidden: torch.Tensor
     """(T, H) last hidden states after the final norm."""
-    last_logits: torch.Tensor
-    """(V,) float32 logits of the last position."""
+    last_logits: torch.Tensor | None
+    """(V,) float32 logits of the last position (None when not asked for)."""
 
 
 @dataclass
@@ -81,11 +81,12 @@ class ThinkerRunner:
         return out.last_hidden_state.to(self.dtype)
 
     @torch.inference_mode()
-    def prefill(self, embeds: torch.Tensor, slot: int, start: int) -> ThinkerOutput:
-        """Run ``embeds`` (T, H) at positions ``start..start+T-1`` of KV slot ``slot``."""
+    def prefill(self, embeds: torch.Tensor, slot: int, start: int, *, logits: bool = True) -> ThinkerOutput:
+        """Run ``embeds`` (T, H) at positions ``start..start+T-1`` of KV slot ``slot``; ``logits=False`` skips the
+        vocabulary projection (a background prefill samples nothing)."""
         hidden = self.decoder.prefill(slot, embeds, start)
-        logits = self.lm_head(hidden[-1:]).float()[0]
-        return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=logits)
+        last = self.lm_head(hidden[-1:]).float()[0] if logits else None
+        return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=last)
 
     @torch.inference_mode()
     def decode(self, tokens: list[int], slots: list[int], positions: list[int]) -> ThinkerStep:
