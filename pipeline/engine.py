@@ -78,9 +78,9 @@ class EngineThread:
     def __init__(self, core: EngineCore) -> None:
         self.core = core
         # Every torch call releases and re-takes the GIL; while the server's event loop runs Python (VAD,
-        # JSON, base64), each re-take can wait a whole switch interval (5 ms by default). An eager prefill
-        # makes hundreds of calls per step, so that convoy turned 30 ms prefills into 1-2 s ones on the GPU
-        # server (BENCHMARKS.md §4). A short interval bounds each wait.
+        # JSON, base64), each re-take can wait a whole switch interval (5 ms by default), and an eager prefill
+        # makes hundreds of calls per step. A short interval bounds each wait. (Its effect was not measured on
+        # its own: the 1 s prefills first suspected of this convoy turned out to be cuDNN, BENCHMARKS.md §6.3.)
         if sys.getswitchinterval() > ENGINE_SWITCH_INTERVAL_S:
             sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
