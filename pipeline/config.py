@@ -83,6 +83,10 @@ class StageConfig:
     cuda_graphs: bool = True
     """thinker/talker on CUDA: replay decode steps from CUDA graphs captured at start for batch sizes up to
     ``kv_slots`` (needs Triton, which CUDA builds of torch include)."""
+    fused_decode: bool = True
+    """thinker/talker on CUDA: graph-captured decode steps run each layer as 9 kernels (fused q/k/v and gate/up
+    weights, Triton add+RMSNorm, RoPE+KV write and SiLU×up; pipeline/stages/fused_decode.py) instead of HF's ~37.
+    Same arithmetic up to the order of float32 sums; ``false`` runs HF's layer code in the graphs."""
     worker_thread: str = "auto"
     """token2wav: ``on`` runs chunk synthesis on a thread (and CUDA stream) of its own, so decode steps never wait
     for it; ``off`` runs it inside the engine step; ``auto`` = on with CUDA, off on the CPU (where a second busy
@@ -172,6 +176,7 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
         raise ConfigError(f"{path}.dtype must be one of {DTYPES}", param=f"{path}.dtype")
     _check_type(values, "tf32_matmul", bool, path)
     _check_type(values, "cuda_graphs", bool, path)
+    _check_type(values, "fused_decode", bool, path)
     if values.get("worker_thread", "auto") not in WORKER_THREAD:
         raise ConfigError(f"{path}.worker_thread must be one of {WORKER_THREAD}", param=f"{path}.worker_thread")
     for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens", "max_batch", "kv_slots",

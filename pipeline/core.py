@@ -75,11 +75,12 @@ class EngineCore:
         self.max_context = th.max_context_tokens or ckpt.config.thinker_config.text_config.max_position_embeddings
         self.max_codes = ta.max_tokens or 4096
         self.thinker = ThinkerRunner(ckpt.thinker, device=th.torch_device(), dtype=th.torch_dtype(),
-                                     kv_slots=th.kv_slots, max_len=self.max_context, cuda_graphs=th.cuda_graphs)
+                                     kv_slots=th.kv_slots, max_len=self.max_context, cuda_graphs=th.cuda_graphs,
+                                     fused_decode=th.fused_decode)
         # talker positions: the thinker prompt, speaker bos, then one per codec token
         self.talker = TalkerRunner(ckpt.talker, device=ta.torch_device(), dtype=ta.torch_dtype(),
                                    kv_slots=ta.kv_slots, max_len=self.max_context + self.max_codes + 2,
-                                   cuda_graphs=ta.cuda_graphs)  # fmt: skip
+                                   cuda_graphs=ta.cuda_graphs, fused_decode=ta.fused_decode)  # fmt: skip
         self.t2w_device = torch.device(tw.torch_device())
         self.token2wav = StreamingToken2Wav(
             ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch,

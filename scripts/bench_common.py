@@ -26,6 +26,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="token2wav first chunk in mel frames (default: the stage config's)")
     p.add_argument("--ramp-frames", default=None, help="comma-separated chunk sizes after the first")
     p.add_argument("--no-graphs", action="store_true", help="thinker/talker decode without CUDA graphs")
+    p.add_argument("--no-fused", action="store_true", help="thinker/talker graphs of HF's layer code (fused_decode off)")
     p.add_argument("--t2w-worker", choices=("auto", "on", "off"), default="auto",
                    help="token2wav on its own thread (auto: on with CUDA)")
 
@@ -42,12 +43,13 @@ def stage_config(args, **thinker):
     if args.ramp_frames is not None:
         chunking["ramp_frames"] = tuple(int(x) for x in args.ramp_frames.split(",") if x)
     thinker.setdefault("cuda_graphs", not args.no_graphs)
+    thinker.setdefault("fused_decode", not args.no_fused)
     return replace(
         cfg,
         thinker=replace(cfg.thinker, device=args.device, min_tokens=args.text_tokens, max_tokens=args.text_tokens,
                         **thinker),
         talker=replace(cfg.talker, device=args.device, min_tokens=args.codec_tokens, max_tokens=args.codec_tokens,
-                       cuda_graphs=not args.no_graphs),
+                       cuda_graphs=not args.no_graphs, fused_decode=not args.no_fused),
         token2wav=replace(cfg.token2wav, device=args.device, tf32_matmul=args.tf32 or cfg.token2wav.tf32_matmul,
                           chunking=chunking, worker_thread=args.t2w_worker),
     )

@@ -110,6 +110,8 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batches", default="1,4,16,32,64")
     p.add_argument("--eager-baseline", action="store_true")
+    p.add_argument("--unfused-baseline", action="store_true",
+                   help="also time the graphs of HF's own layer code (fused_decode off) beside the fused kernels")
     args = p.parse_args(argv)
     from pipeline.models.qwen2_5_omni.parts import thinker_text_model
     from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, build_random_model
@@ -125,7 +127,11 @@ def main(argv=None) -> None:
     max_len = args.prompt + args.steps + 8
     kw = dict(device=torch.device(args.device), dtype=torch.bfloat16, kv_slots=max(batches), max_len=max_len,
               graph_batch_sizes=tuple(batches))
-    runners = {"thinker": ThinkerRunner(th, **kw), "talker": TalkerRunner(ta, **kw)}
+    runners = {}
+    if args.unfused_baseline:  # built first: the fused runners re-point the HF weights at views (same values)
+        runners.update({("thinker", "HF layers"): ThinkerRunner(th, **kw, fused_decode=False),
+                        ("talker", "HF layers"): TalkerRunner(ta, **kw, fused_decode=False)})
+    runners.update({("thinker", "fused"): ThinkerRunner(th, **kw), ("talker", "fused"): TalkerRunner(ta, **kw)})
     weights = {"thinker": weight_bytes(text.layers, text.norm, th.lm_head),
                "talker": weight_bytes(ta.model.layers, ta.model.norm, ta.codec_head, ta.thinker_to_talker_proj)}
     print(f"\ndevice: {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s; prompt {args.prompt} "
@@ -136,17 +142,20 @@ def main(argv=None) -> None:
                                             args.steps, args.device)}
         print("transformers forward, batch 1, DynamicCache (eager): " +
               ", ".join(f"{k} {v:.2f} ms" for k, v in eager.items()) + "\n")
-    print("| stage | batch | bytes read per step (GB) | roofline (ms) | engine step (ms) | x roofline | tokens/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|", flush=True)
-    for name, runner in runners.items():
+    print("| stage | layer kernels | batch | bytes read per step (GB) | roofline (ms) | engine step (ms) | x roofline "
+          "| tokens/s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|", flush=True)
+    for (name, kernels), runner in sorted(runners.items()):
+        if kernels == "fused" and runner.decoder.fused is None:
+            kernels = "HF layers (fusing unavailable)"
         runner.batched.capture()
         for b in batches:
             ms = engine_step_ms(runner, name, b, args.prompt, args.steps, hidden)
             read = weights[name] + b * (args.prompt + args.steps) * kv_bytes_per_position(runner)
             roof = read / bw * 1000
-            print(f"| {name} | {b} | {read / 1e9:.2f} | {roof:.2f} | {ms:.2f} | {ms / roof:.2f} | {b / ms * 1000:.0f} |",
+            print(f"| {name} | {kernels} | {b} | {read / 1e9:.2f} | {roof:.2f} | {ms:.2f} | {ms / roof:.2f} | {b / ms * 1000:.0f} |",
                   flush=True)
-        print(f"<!-- {name}: graphs captured for {runner.batched.captured}, replays {runner.batched.replays}, "
+        print(f"<!-- {name} ({kernels}): graphs captured for {runner.batched.captured}, replays {runner.batched.replays}, "
               f"eager steps {runner.batched.eager_steps} -->", flush=True)
 
 

@@ -11,7 +11,8 @@ computes it (float32 ``position * inv_freq``, cast to the model dtype).
 - :meth:`PooledDecoder.prefill`: one conversation, ``T`` positions from ``start``, causal over the slot's
   first ``start + T`` positions. Eager (shapes vary).
 - :meth:`PooledDecoder.decode`: ``B`` rows, one position each; with ``graph_safe`` the attention reads the
-  lengths on the device (Triton), so the step can be captured.
+  lengths on the device (Triton), so the step can be captured, and, when the decoder was built with ``fuse``,
+  the layers run as the 9 kernels of :mod:`.fused_decode` instead of HF's ~37.
 Both write the new keys/values into the pool before attending. Call under ``torch.inference_mode()``.
 """
 
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pipeline.stages.decode_attention import attend_reference, attend_triton
+from pipeline.stages.fused_decode import FusedLayer, add_rms_norm, fusable, fuse_layer_weights, rope_and_store, silu_mul
 from pipeline.stages.kv_pool import KVPool
 
 __all__ = ["PooledDecoder"]
@@ -38,9 +40,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class PooledDecoder:
-    def __init__(self, body, *, slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, body, *, slots: int, max_len: int, dtype: torch.dtype, device: torch.device,
+                 fuse: bool = False) -> None:  # fmt: skip
         """``body``: an HF decoder model with ``layers`` (each with ``input_layernorm``, ``self_attn`` having
-        ``q_proj/k_proj/v_proj/o_proj``, ``post_attention_layernorm``, ``mlp``), ``norm`` and ``rotary_emb``."""
+        ``q_proj/k_proj/v_proj/o_proj``, ``post_attention_layernorm``, ``mlp``), ``norm`` and ``rotary_emb``.
+        ``fuse``: concatenate each layer's q/k/v and gate/up weights (in place, no extra memory) so that graph-safe
+        decode steps run the fused kernels; ignored (``self.fused`` is None) for layers of another structure."""
         cfg = body.config
         self.layers = list(body.layers)
         self.norm = body.norm
@@ -58,6 +63,9 @@ class PooledDecoder:
         scaling = getattr(rotary, "attention_scaling", 1.0)
         self.cos = (emb.cos() * scaling).to(dtype)  # (max_len, D)
         self.sin = (emb.sin() * scaling).to(dtype)
+        self.fused: list[FusedLayer] | None = None
+        if fuse and all(fusable(layer) for layer in self.layers) and hasattr(self.norm, "variance_epsilon"):
+            self.fused = [fuse_layer_weights(layer) for layer in self.layers]
 
     # -- public -----------------------------------------------------------------------------------
     def prefill(self, slot: int, x: torch.Tensor, start: int) -> torch.Tensor:
@@ -93,6 +101,8 @@ class PooledDecoder:
         """``x`` (B, H), row b at position ``positions[b]`` of slot ``slots[b]`` (int64 tensors on the
         device); returns (B, H) after the final norm."""
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # (B, 1, D)
+        if graph_safe and self.fused is not None:
+            return self.decode_fused(x, slots, positions)
         lengths = positions + 1
         attend = attend_triton if graph_safe else attend_reference
         h = x.to(self.dtype)
@@ -103,6 +113,24 @@ class PooledDecoder:
             att = attend(q.contiguous(), self.pool.keys[i], self.pool.values[i], slots, lengths, self.scale)
             h = self._finish_layer(layer, h, att.reshape(x.shape[0], -1))
         return self.norm(h)
+
+    def decode_fused(self, x: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """:meth:`decode` in 9 kernels per layer (:mod:`.fused_decode`); needs ``fuse`` and Triton. Same contract."""
+        lengths = positions + 1
+        rows = x.shape[0]
+        residual = x.to(self.dtype).contiguous()
+        delta = None  # what the previous sublayer adds to the residual stream
+        for i, w in enumerate(self.fused):
+            normed, residual = add_rms_norm(delta if delta is not None else residual, w.input_norm, w.eps,
+                                            residual if delta is not None else None)  # fmt: skip
+            qkv = F.linear(normed, w.qkv_weight, w.qkv_bias)
+            q = rope_and_store(qkv, self.cos, self.sin, self.pool.keys[i], self.pool.values[i], slots, positions,
+                               heads=self.heads, kv_heads=self.kv_heads)  # fmt: skip
+            att = attend_triton(q, self.pool.keys[i], self.pool.values[i], slots, lengths, self.scale)
+            normed, residual = add_rms_norm(w.o_proj(att.reshape(rows, -1)), w.post_norm, w.eps, residual)
+            delta = w.down_proj(silu_mul(F.linear(normed, w.gate_up_weight)))
+        out, _ = add_rms_norm(delta, self.norm.weight, float(self.norm.variance_epsilon), residual)
+        return out
 
     # -- layer parts ------------------------------------------------------------------------------
     def _qkv(self, layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

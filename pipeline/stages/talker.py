@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.decode_graphs import BatchedDecode
 from pipeline.stages.decoder import PooledDecoder
 
 
 class TalkerRunner:
     def __init__(self, talker, *, device: torch.device, dtype: torch.dtype, kv_slots: int, max_len: int,
-                 cuda_graphs: bool = True, graph_batch_sizes: tuple[int, ...] = ()) -> None:  # fmt: skip
+                 cuda_graphs: bool = True, graph_batch_sizes: tuple[int, ...] = (),
+                 fused_decode: bool = True) -> None:  # fmt: skip
         self.model = talker
         self.proj = talker.thinker_to_talker_proj
         self.body = talker.model
@@ -29,7 +31,8 @@ class TalkerRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.config = talker.config
-        self.decoder = PooledDecoder(self.body, slots=kv_slots, max_len=max_len, dtype=dtype, device=self.device)
+        self.decoder = PooledDecoder(self.body, slots=kv_slots, max_len=max_len, dtype=dtype, device=self.device,
+                                      fuse=fused_decode and triton_available(self.device))
         self.pool = self.decoder.pool
         width = self.proj.in_features
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
+from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.decode_graphs import BatchedDecode
 from pipeline.stages.decoder import PooledDecoder
 
@@ -49,7 +50,8 @@ class ThinkerStep:
 
 class ThinkerRunner:
     def __init__(self, thinker, *, device: torch.device, dtype: torch.dtype, kv_slots: int, max_len: int,
-                 cuda_graphs: bool = True, graph_batch_sizes: tuple[int, ...] = ()) -> None:  # fmt: skip
+                 cuda_graphs: bool = True, graph_batch_sizes: tuple[int, ...] = (),
+                 fused_decode: bool = True) -> None:  # fmt: skip
         self.model = thinker
         self.text_model = thinker_text_model(thinker)
         self.audio_tower = thinker_audio_tower(thinker)
@@ -57,7 +59,8 @@ class ThinkerRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.config = thinker.config
-        self.decoder = PooledDecoder(self.text_model, slots=kv_slots, max_len=max_len, dtype=dtype, device=self.device)
+        self.decoder = PooledDecoder(self.text_model, slots=kv_slots, max_len=max_len, dtype=dtype, device=self.device,
+                                      fuse=fused_decode and triton_available(self.device))
         self.pool = self.decoder.pool
         self.batched = BatchedDecode(
             self._decode_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
