@@ -69,32 +69,57 @@ class PooledDecoder:
 
     # -- public -----------------------------------------------------------------------------------
     def prefill(self, slot: int, x: torch.Tensor, start: int) -> torch.Tensor:
-        """``x`` (T, H) at positions ``start .. start+T-1`` of ``slot``; returns (T, H) after the final norm."""
+        """``x`` (T, H) at positions ``start .. start+T-1`` of ``slot``; returns (T, H) after the final norm.
+        With fused weights (``fuse`` on CUDA) the layers use the fused kernels around the same attention."""
         t = x.shape[0]
         end = start + t
         if end > self.pool.max_len:
             raise ValueError(f"positions up to {end} exceed the KV pool's {self.pool.max_len}")
-        cos, sin = self.cos[start:end].unsqueeze(1), self.sin[start:end].unsqueeze(1)  # (T, 1, D)
         # query i (absolute start+i) sees keys 0..start+i
         mask = torch.arange(end, device=self.device)[None, :] <= torch.arange(start, end, device=self.device)[:, None]
         # Grouped-query attention without copying the cache: the `group` query heads that share a kv head become
         # extra query rows of that head (rows ordered (g, t), the mask tiled the same way).
-        group = self.heads // self.kv_heads
-        mask = mask.repeat(group, 1)
+        mask = mask.repeat(self.heads // self.kv_heads, 1)
+        if self.fused is not None:
+            return self._prefill_fused(slot, x, start, mask)
+        cos, sin = self.cos[start:end].unsqueeze(1), self.sin[start:end].unsqueeze(1)  # (T, 1, D)
         h = x.to(self.dtype)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)  # (T, heads, D)
             self.pool.keys[i][slot, start:end] = k
             self.pool.values[i][slot, start:end] = v
-            keys = self.pool.keys[i][slot, :end].transpose(0, 1).unsqueeze(0)  # (1, Hkv, S, D), a view
-            values = self.pool.values[i][slot, :end].transpose(0, 1).unsqueeze(0)
-            q = q.view(t, self.kv_heads, group, self.head_dim).permute(1, 2, 0, 3)
-            q = q.reshape(1, self.kv_heads, group * t, self.head_dim)
-            with sdpa_kernel(PREFILL_BACKENDS):
-                att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
-            att = att.view(self.kv_heads, group, t, self.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
-            h = self._finish_layer(layer, h, att)
+            h = self._finish_layer(layer, h, self._prefill_attention(i, q, slot, end, mask))
         return self.norm(h)
+
+    def _prefill_fused(self, slot: int, x: torch.Tensor, start: int, mask: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        end = start + t
+        slots = torch.full((t,), slot, dtype=torch.long, device=self.device)
+        positions = torch.arange(start, end, device=self.device)
+        residual = x.to(self.dtype).contiguous()
+        delta = None
+        for i, w in enumerate(self.fused):
+            normed, residual = add_rms_norm(delta if delta is not None else residual, w.input_norm, w.eps,
+                                            residual if delta is not None else None)  # fmt: skip
+            q = rope_and_store(F.linear(normed, w.qkv_weight, w.qkv_bias), self.cos, self.sin, self.pool.keys[i],
+                               self.pool.values[i], slots, positions, heads=self.heads, kv_heads=self.kv_heads)  # fmt: skip
+            att = self._prefill_attention(i, q, slot, end, mask)
+            normed, residual = add_rms_norm(w.o_proj(att), w.post_norm, w.eps, residual)
+            delta = w.down_proj(silu_mul(F.linear(normed, w.gate_up_weight)))
+        out, _ = add_rms_norm(delta, self.norm.weight, float(self.norm.variance_epsilon), residual)
+        return out
+
+    def _prefill_attention(self, layer: int, q: torch.Tensor, slot: int, end: int, mask: torch.Tensor) -> torch.Tensor:
+        """Queries (T, heads, D) of the last T positions before ``end`` over the slot's first ``end`` positions
+        (their keys/values already written); returns (T, heads * D)."""
+        t, group = q.shape[0], self.heads // self.kv_heads
+        keys = self.pool.keys[layer][slot, :end].transpose(0, 1).unsqueeze(0)  # (1, Hkv, S, D), a view
+        values = self.pool.values[layer][slot, :end].transpose(0, 1).unsqueeze(0)
+        q = q.view(t, self.kv_heads, group, self.head_dim).permute(1, 2, 0, 3)
+        q = q.reshape(1, self.kv_heads, group * t, self.head_dim)
+        with sdpa_kernel(PREFILL_BACKENDS):
+            att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
+        return att.view(self.kv_heads, group, t, self.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
 
     def decode(self, x: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, *,
                graph_safe: bool = False) -> torch.Tensor:  # fmt: skip
