@@ -19,6 +19,12 @@ class PipelineError(Exception):
         self.message = message
         self.param = param
 
+    def __reduce__(self):
+        # Errors cross the pipe of an engine running in a child process. Pickle rebuilds them through the
+        # base signature (message, keyword-only param), then restores any other attribute a subclass set,
+        # so the receiver gets the same class, code, message and param whatever a subclass's __init__ takes.
+        return _rebuild_pipeline_error, (type(self), self.message, self.param, dict(self.__dict__))
+
 
 class ConfigError(PipelineError):
     """The stage-graph YAML is malformed; ``param`` is the dotted path of the bad field."""
@@ -72,7 +78,30 @@ class EngineClosedError(PipelineError):
     code = "engine_closed"
 
 
+class EngineDeadError(EngineClosedError):
+    """The engine's child process died (killed, crashed, CUDA error): every pending call and live response
+    failed with this error, and so does every later call. The engine must be restarted."""
+
+    code = "engine_dead"
+
+
 class EngineFailure(PipelineError):
     """An unexpected exception inside a stage; the failing response ends with status failed."""
 
     code = "engine_failure"
+
+
+class EngineProcessError(EngineFailure):
+    """An unexpected (non-:class:`PipelineError`) exception raised by a command in the engine's child process,
+    carried back by type name and message (its traceback is in the log, forwarded from the child)."""
+
+    def __init__(self, message: str, *, param: str | None = None, remote_type: str = "Exception") -> None:
+        super().__init__(message, param=param)
+        self.remote_type = remote_type
+
+
+def _rebuild_pipeline_error(cls: type[PipelineError], message: str, param: str | None, state: dict) -> PipelineError:
+    exc = cls.__new__(cls)
+    PipelineError.__init__(exc, message, param=param)
+    exc.__dict__.update(state)
+    return exc
