@@ -23,6 +23,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 CONTEXT_POLICIES = ("error", "drop_oldest")
 AUDIO_FLOORS = ("streaming", "exact")
 WORKER_THREAD = ("auto", "on", "off")
+ENGINE_PROCESS = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -113,15 +114,34 @@ class StageConfig:
 
 
 @dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs, beside what its stages do (the YAML's top-level ``engine:`` section)."""
+
+    process: str = "auto"
+    """``on``: the engine core (every model tensor, the step loop, the token2wav worker) runs in a child process
+    that owns the GPU, and the caller's process keeps only the async API (sockets, VAD, JSON stay off the
+    engine's GIL); ``off``: it runs on a thread of the caller's process; ``auto`` = on when the thinker's device
+    is CUDA, off on the CPU (where a second interpreter only costs start-up time and memory). See docs/engine.md,
+    "The engine core in a child process"."""
+
+
+@dataclass(frozen=True)
 class StageGraphConfig:
     model_family: str
     thinker: StageConfig
     talker: StageConfig
     token2wav: StageConfig
     source: str = "<dict>"
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     def stage(self, name: str) -> StageConfig:
         return getattr(self, name)
+
+    def engine_in_process(self) -> bool:
+        """Whether the engine core runs in a child process (``engine.process``, ``auto`` resolved)."""
+        if self.engine.process == "auto":
+            return self.thinker.torch_device().startswith("cuda")
+        return self.engine.process == "on"
 
 
 def load_stage_config(path: str | Path | None = None) -> StageGraphConfig:
@@ -141,7 +161,7 @@ def load_stage_config(path: str | Path | None = None) -> StageGraphConfig:
 def parse_stage_config(data: Any, *, source: str = "<dict>") -> StageGraphConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the stage config must be a mapping", param="<root>")
-    _reject_unknown(data, {"model_family", "stages"}, "")
+    _reject_unknown(data, {"model_family", "stages", "engine"}, "")
     family = data.get("model_family")
     if family != "qwen2_5_omni":
         raise ConfigError(f"{source}: model_family must be 'qwen2_5_omni', got {family!r}", param="model_family")
@@ -154,7 +174,20 @@ def parse_stage_config(data: Any, *, source: str = "<dict>") -> StageGraphConfig
         if name not in stages:
             raise ConfigError(f"{source}: stage {name!r} is missing", param=f"stages.{name}")
         parsed[name] = _parse_stage(name, stages[name])
-    return StageGraphConfig(model_family=family, source=source, **parsed)
+    engine = _parse_engine(data.get("engine", {}))
+    return StageGraphConfig(model_family=family, source=source, engine=engine, **parsed)
+
+
+def _parse_engine(raw: Any) -> EngineConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError("engine must be a mapping", param="engine")
+    _reject_unknown(raw, {f.name for f in fields(EngineConfig)}, "engine")
+    process = raw.get("process", "auto")
+    if isinstance(process, bool):  # YAML 1.1 reads a bare on / off as a boolean
+        process = "on" if process else "off"
+    if process not in ENGINE_PROCESS:
+        raise ConfigError(f"engine.process must be one of {ENGINE_PROCESS}, got {process!r}", param="engine.process")
+    return EngineConfig(process=process)
 
 
 def _parse_stage(name: str, raw: Any) -> StageConfig:
