@@ -1,9 +1,14 @@
 """The async engine: the public API of :mod:`pipeline` (implements :mod:`pipeline.api`).
 
 One engine thread owns the :class:`~pipeline.core.EngineCore` and every model tensor. Coroutines
-talk to it through a command queue; each command runs between two engine steps, in submission
-order, and its result or exception comes back through a future. Response events travel back with
-``loop.call_soon_threadsafe`` into the response's own queue.
+talk to it through a command queue; each command (:class:`~pipeline.commands.Command`) runs between
+two engine steps, in submission order, and its result or exception comes back through a future.
+Response events travel back with ``loop.call_soon_threadsafe`` into the response's own queue.
+
+The engine thread runs either in this process (:class:`EngineThread`) or in a child process that owns
+the GPU (:class:`pipeline.engine_process.EngineProcess`, chosen by the stage config's
+``engine.process``); both take the same commands and deliver the same events, so everything above
+them (:class:`OmniEngine`, :class:`Conversation`, :class:`AudioInput`, :class:`Response`) is one code path.
 
 Backpressure: a response whose consumer has more than ``max_pending_events`` undelivered events
 is paused by the core (not stepped) until the consumer catches up, so output buffers stay bounded
@@ -20,21 +25,35 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
+import platform
 import queue
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from pipeline.api import INPUT_SAMPLE_RATE, Modality, Role
+from pipeline.commands import Command
 from pipeline.config import StageGraphConfig, load_stage_config
 from pipeline.core import EngineCore
-from pipeline.errors import EngineClosedError, InvalidAudioError, InvalidInputError, ResponseActiveError, UnknownVoiceError
-from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint, load_checkpoint
+from pipeline.errors import (
+    ConfigError,
+    EngineClosedError,
+    InvalidAudioError,
+    InvalidInputError,
+    PipelineError,
+    ResponseActiveError,
+    UnknownVoiceError,
+)
+from pipeline.loaders import CheckpointLoader, PretrainedCheckpoint
+from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
 from pipeline.outputs import EngineStats, ResponseDone, ResponseEvent, ResponseStatus, Usage
 from pipeline.request import ResponseSpec
@@ -72,6 +91,62 @@ def _noop(core: EngineCore) -> None:
     return None
 
 
+CoreCall = Callable[[EngineCore], object]
+"""What an engine thread runs between two steps: a :class:`~pipeline.commands.Command`, or (in this
+process only: tests, and the child side of an engine process) any callable taking the core."""
+
+
+class EngineBackend(Protocol):
+    """Where the engine core runs: :class:`EngineThread` (this process) or
+    :class:`pipeline.engine_process.EngineProcess` (a child process). Commands run in submission order,
+    ``submit``'s and ``post``'s together; both raise :class:`EngineClosedError` once the backend is closed
+    (:class:`~pipeline.errors.EngineDeadError` once a child process died)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def submit(self, command: CoreCall) -> Future:
+        """Run ``command`` between two steps; its result or exception comes back through the future."""
+        ...
+
+    def post(self, command: CoreCall) -> None:
+        """Run ``command`` between two steps; nobody waits for it (a failure is logged)."""
+        ...
+
+    def consumed(self, response_id: str, *, done: bool) -> None:
+        """The consumer took one event of ``response_id`` (``done``: its last): backpressure credit."""
+        ...
+
+    def pending(self) -> int:
+        """Commands submitted and not run yet."""
+        ...
+
+    def close(self, timeout: float = 10.0) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the async API needs to know of the loaded checkpoint (an engine process sends it once, after
+    loading, so the caller's process never loads the weights)."""
+
+    model_name: str
+    voices: tuple[str, ...]
+    default_voice: str
+    random_weights: bool
+    device_name: str
+    """The thinker's device in words (the GPU's name on CUDA), for reports."""
+
+    @classmethod
+    def of(cls, ckpt: LoadedCheckpoint, cfg: StageGraphConfig) -> EngineFacts:
+        device = torch.device(cfg.thinker.torch_device())
+        if device.type == "cuda":
+            name = torch.cuda.get_device_name(device)
+        else:
+            name = f"{device.type.upper()} ({os.cpu_count()} cores, {platform.machine()})"
+        return cls(model_name=ckpt.source, voices=tuple(ckpt.speakers), default_voice=ckpt.default_speaker,
+                   random_weights=ckpt.random_weights, device_name=name)
+
+
 class EngineThread:
     """Runs commands and engine steps on one thread (the only one that touches model tensors)."""
 
@@ -85,17 +160,29 @@ class EngineThread:
             sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         if core.t2w_worker is not None:  # a finished chunk wakes the loop at once instead of at its next poll
-            core.t2w_worker.on_done = lambda: self._commands.put((_noop, Future()))
+            core.t2w_worker.on_done = lambda: self._commands.put((_noop, None))
         self._thread = threading.Thread(target=self._loop, name="omni-engine", daemon=True)
         self._closed = False
         self._thread.start()
 
-    def submit(self, fn: Callable[[EngineCore], object]) -> Future:
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def submit(self, fn: CoreCall) -> Future:
         if self._closed:
             raise EngineClosedError("the engine is shut down")
         fut: Future = Future()
         self._commands.put((fn, fut))
         return fut
+
+    def post(self, fn: CoreCall) -> None:
+        if self._closed:
+            raise EngineClosedError("the engine is shut down")
+        self._commands.put((fn, None))
+
+    def consumed(self, response_id: str, *, done: bool) -> None:
+        """Nothing to do: the core polls the response's own ``can_accept`` in this process."""
 
     def pending(self) -> int:
         return self._commands.qsize()
@@ -147,17 +234,31 @@ class EngineThread:
                 self._shutdown()
                 return False
             fn, fut = cmd
-            if fut.set_running_or_notify_cancel():
+            if fut is None:
+                self._run_posted(fn)
+            elif fut.set_running_or_notify_cancel():
                 try:
                     fut.set_result(fn(self.core))
                 except BaseException as exc:  # noqa: BLE001 - delivered to the caller through its future
                     fut.set_exception(exc)
         return True
 
+    def _run_posted(self, fn: CoreCall) -> None:
+        try:
+            fn(self.core)
+        except PipelineError as exc:  # e.g. audio appended to a conversation closed meanwhile
+            log.info("engine command %s failed (nobody waits for it): %s", _describe(fn), exc)
+        except Exception:  # noqa: BLE001 - a bug, but the engine thread must go on serving everyone else
+            log.exception("engine command %s failed (nobody waits for it)", _describe(fn))
+
     def _shutdown(self) -> None:
         for conv_id in list(self.core.conversations):
             self.core.close_conversation(conv_id)
         self.core.close()
+
+
+def _describe(fn: CoreCall) -> str:
+    return fn.method if isinstance(fn, Command) else getattr(fn, "__qualname__", type(fn).__name__)
 
 
 class Response:
@@ -195,9 +296,11 @@ class Response:
         try:
             while True:
                 event = await self._events.get()
+                last = isinstance(event, ResponseDone)
                 with self._lock:
                     self._pending -= 1
-                if isinstance(event, ResponseDone):
+                self._engine._backend.consumed(self.id, done=last)
+                if last:
                     self._on_done(event)
                     yield event
                     return
@@ -207,8 +310,12 @@ class Response:
             raise
 
     def cancel(self, reason: str = "client_cancelled") -> None:
-        if self.done is None:
-            self._engine._submit_nowait(lambda core: core.cancel_response(self.id, reason))
+        if self.done is not None or self._engine.closed:
+            return  # a closing engine ends every response itself (cancelled, or failed if its process died)
+        try:
+            self._engine._post(Command("cancel_response", (self.id, reason)))
+        except EngineClosedError:  # closed since the check above: the same as a closed engine
+            log.debug("cancel of %s after the engine closed: its shutdown ends the response", self.id)
 
     async def wait(self) -> ResponseDone:
         async for _ in self:
@@ -242,18 +349,15 @@ class AudioInput:
             raise InvalidInputError("this audio message is already committed or discarded", param="audio")
         pcm = validate_pcm(pcm, allow_empty=True).copy()
         if pcm.size:
-            conv_id, item_id = self._conv.id, self.item_id
-            self._conv._engine._submit_nowait(lambda core: core.append_audio(conv_id, item_id, pcm))
+            self._conv._engine._post(Command("append_audio", (self._conv.id, self.item_id, pcm)))
 
     async def commit(self) -> None:
         self._closed = True
-        conv_id, item_id = self._conv.id, self.item_id
-        await self._conv._engine._call(lambda core: core.commit_audio(conv_id, item_id))
+        await self._conv._engine._call(Command("commit_audio", (self._conv.id, self.item_id)))
 
     async def discard(self) -> None:
         self._closed = True
-        conv_id, item_id = self._conv.id, self.item_id
-        await self._conv._engine._call(lambda core: core.discard_audio(conv_id, item_id))
+        await self._conv._engine._call(Command("discard_audio", (self._conv.id, self.item_id)))
 
 
 class Conversation:
@@ -263,30 +367,30 @@ class Conversation:
         self.id = f"conv_{next(_ids)}"
         self._engine = engine
         self._active: Response | None = None
-        engine._submit_nowait(lambda core: core.open_conversation(self.id, instructions))
+        engine._post(Command("open_conversation", (self.id, instructions)))
 
     async def set_instructions(self, instructions: str) -> None:
-        await self._engine._call(lambda core: core.set_instructions(self.id, instructions))
+        await self._engine._call(Command("set_instructions", (self.id, instructions)))
 
     async def add_text(self, item_id: str, text: str, role: Role = "user") -> None:
         if role not in ("system", "user", "assistant"):
             raise InvalidInputError(f"unknown role {role!r}", param="role")
-        await self._engine._call(lambda core: core.add_text(self.id, item_id, role, text))
+        await self._engine._call(Command("add_text", (self.id, item_id, role, text)))
 
     async def add_audio(self, item_id: str, pcm: np.ndarray) -> None:
         validate_pcm(pcm)
-        await self._engine._call(lambda core: core.add_audio(self.id, item_id, pcm))
+        await self._engine._call(Command("add_audio", (self.id, item_id, pcm)))
 
     def open_audio(self, item_id: str) -> AudioInput:
         return AudioInput(self, item_id)
 
     async def delete_item(self, item_id: str) -> None:
-        await self._engine._call(lambda core: core.delete_item(self.id, item_id))
+        await self._engine._call(Command("delete_item", (self.id, item_id)))
 
     async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:
         if audio_end_ms < 0:
             raise InvalidInputError("audio_end_ms must be >= 0", param="audio_end_ms")
-        await self._engine._call(lambda core: core.truncate_item(self.id, item_id, audio_end_ms))
+        await self._engine._call(Command("truncate_item", (self.id, item_id, audio_end_ms)))
 
     def respond(
         self,
@@ -313,32 +417,56 @@ class Conversation:
             max_text_tokens=limit, sink=resp._sink, can_accept=resp._can_accept,
         )
         self._active = resp
-        fut = engine._submit_nowait(lambda core: core.start_response(spec))
+        try:
+            fut = engine._submit_nowait(Command("start_response", (spec,)))
+        except BaseException:
+            self._active = None
+            raise
         fut.add_done_callback(lambda f: f.exception() and resp._fail_now(f.exception()))
         return resp
 
     async def close(self) -> None:
         if self._engine.closed:
             return
-        await self._engine._call(lambda core: core.close_conversation(self.id))
+        await self._engine._call(Command("close_conversation", (self.id,)))
 
 
 class OmniEngine:
-    """Loads a checkpoint and serves conversations (implements :class:`pipeline.api.EngineHandle`)."""
+    """Serves conversations from one checkpoint (implements :class:`pipeline.api.EngineHandle`).
+
+    The engine core runs on a thread of this process, or in a child process that loads the checkpoint
+    itself (the stage config's ``engine.process``; :meth:`from_pretrained` and :meth:`from_loader` choose).
+    ``ckpt`` is the loaded checkpoint in the first case and None in the second."""
 
     def __init__(
         self, ckpt: LoadedCheckpoint, cfg: StageGraphConfig, *, seed: int | None = None, max_pending_events: int = 256
     ) -> None:
+        """An engine on a thread of this process over ``ckpt``, already loaded here (tensors cannot be handed
+        to a child process: use :meth:`from_loader` for ``engine.process``)."""
+        if cfg.engine.process == "on":
+            raise ConfigError("engine.process is 'on', but the checkpoint is already loaded in this process: "
+                              "use OmniEngine.from_pretrained or OmniEngine.from_loader", param="engine.process")
+        if cfg.engine_in_process():
+            log.warning("engine.process is auto on CUDA, but the checkpoint was loaded in this process: the engine "
+                        "core runs on a thread here (OmniEngine.from_loader runs it in a child process)")
+        backend = EngineThread(EngineCore(ckpt, cfg, seed=seed))
+        self._setup(cfg, EngineFacts.of(ckpt, cfg), backend, max_pending_events, ckpt)
+
+    def _setup(
+        self, cfg: StageGraphConfig, facts: EngineFacts, backend: EngineBackend, max_pending_events: int,
+        ckpt: LoadedCheckpoint | None,
+    ) -> None:
         self.ckpt = ckpt
         self.cfg = cfg
-        self.model_name = ckpt.source
-        self.voices = tuple(ckpt.speakers)
-        self.default_voice = "Chelsie" if "Chelsie" in ckpt.speakers else self.voices[0]
+        self.facts = facts
+        self.model_name = facts.model_name
+        self.voices = facts.voices
+        self.default_voice = facts.default_voice
         self.default_instructions = DEFAULT_SYSTEM_PROMPT
-        self.random_weights = ckpt.random_weights
+        self.random_weights = facts.random_weights
         self.max_text_tokens = cfg.thinker.max_tokens or 1024
         self.max_pending_events = max_pending_events
-        self._thread = EngineThread(EngineCore(ckpt, cfg, seed=seed))
+        self._backend = backend
         if self.random_weights:
             log.warning(
                 "MODEL %s HAS RANDOM WEIGHTS: it is a test model, not an assistant; its speech and text are noise.",
@@ -348,40 +476,75 @@ class OmniEngine:
     @classmethod
     def from_pretrained(
         cls, model: str | Path, stage_config: str | Path | StageGraphConfig | None = None, *, seed: int | None = None,
-        **kwargs,
+        max_pending_events: int = 256, torch_threads: int | None = None,
     ) -> OmniEngine:
+        """The checkpoint folder or cached hub id ``model`` served as ``stage_config`` says (the packaged
+        stage graph when None), its engine core in a child process or not per ``engine.process``."""
         cfg = stage_config if isinstance(stage_config, StageGraphConfig) else load_stage_config(stage_config)
-        ckpt = load_checkpoint(
-            str(model),
-            devices={name: cfg.stage(name).torch_device() for name in ("thinker", "talker", "token2wav")},
-            dtypes={name: cfg.stage(name).torch_dtype() for name in ("thinker", "talker", "token2wav")},
-        )
-        return cls(ckpt, cfg, seed=seed, **kwargs)
+        return cls.from_loader(PretrainedCheckpoint(str(model)), cfg, seed=seed, max_pending_events=max_pending_events,
+                               torch_threads=torch_threads)
+
+    @classmethod
+    def from_loader(
+        cls, loader: CheckpointLoader, cfg: StageGraphConfig, *, seed: int | None = None,
+        max_pending_events: int = 256, torch_threads: int | None = None,
+    ) -> OmniEngine:
+        """The checkpoint ``loader`` makes (:mod:`pipeline.loaders`). With ``engine.process`` on (or auto on
+        CUDA) the loader is handed to a child process, which loads the weights and runs the engine core; this
+        call returns once it is ready, and raises what loading raised there. ``torch_threads``: the child's
+        torch CPU threads (default: this process's ``torch.get_num_threads()``); unused on a thread."""
+        if not cfg.engine_in_process():
+            return cls(loader.load(cfg), cfg, seed=seed, max_pending_events=max_pending_events)
+        from pipeline.engine_process import EngineProcess, ProcessSpec
+
+        threads = torch_threads if torch_threads is not None else torch.get_num_threads()
+        backend = EngineProcess(ProcessSpec(loader=loader, cfg=cfg, seed=seed, max_pending_events=max_pending_events,
+                                            torch_threads=threads, log_level=logging.getLogger().getEffectiveLevel()))
+        engine = cls.__new__(cls)
+        engine._setup(cfg, backend.facts, backend, max_pending_events, None)
+        return engine
 
     @property
     def closed(self) -> bool:
-        return self._thread._closed
+        return self._backend.closed
+
+    @property
+    def uses_process(self) -> bool:
+        """Whether the engine core runs in a child process."""
+        return not isinstance(self._backend, EngineThread)
+
+    @property
+    def _thread(self) -> EngineThread:
+        """The engine thread of this process (tests reach its ``core``); only when the core runs here."""
+        if not isinstance(self._backend, EngineThread):
+            raise AttributeError("the engine core runs in a child process: its EngineCore is not reachable here")
+        return self._backend
 
     def conversation(self, *, instructions: str | None = None) -> Conversation:
         return Conversation(self, instructions if instructions is not None else self.default_instructions)
 
     async def stats(self) -> EngineStats:
         """What the engine holds now (conversations, responses, KV positions, queued commands)."""
-        queued = self._thread.pending()
-        return await self._call(lambda core: core.stats(queued))
+        queued = self._backend.pending()
+        return await self._call(Command("stats", (queued,)))
 
     async def wait_idle(self, poll_s: float = 0.001) -> None:
         """Wait until the engine has nothing to do: no response running and every conversation's
         background prefill caught up (benchmarks and tests use it)."""
-        while await self._call(lambda core: core.has_work()):
+        while await self._call(Command("has_work")):
             await asyncio.sleep(poll_s)
 
     def close(self) -> None:
-        """Stop the engine thread; running responses end cancelled."""
-        self._thread.close()
+        """Stop the engine thread (or child process); running responses end cancelled."""
+        self._backend.close()
 
-    def _submit_nowait(self, fn: Callable[[EngineCore], object]) -> Future:
-        return self._thread.submit(fn)
+    def _submit_nowait(self, command: CoreCall) -> Future:
+        return self._backend.submit(command)
 
-    async def _call(self, fn: Callable[[EngineCore], object]):
-        return await asyncio.wrap_future(self._thread.submit(fn))
+    def _post(self, command: CoreCall) -> None:
+        self._backend.post(command)
+
+    async def _call(self, command: CoreCall):
+        """Run ``command`` and return its result. A bare callable (not a :class:`Command`) works only
+        with the engine core in this process (tests)."""
+        return await asyncio.wrap_future(self._backend.submit(command))

@@ -6,7 +6,7 @@ import enum
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -29,10 +29,21 @@ class TextEnd(enum.Enum):
     MAX_TOKENS = "max_tokens"
 
 
+def _accept_always() -> bool:
+    return True
+
+
+def _unbound_sink(event: ResponseEvent) -> None:
+    raise RuntimeError("this ResponseSpec crossed a process boundary and was never bound to a sink")
+
+
 @dataclass
 class ResponseSpec:
     """What the async layer asks for. ``sink`` is called on the engine thread with each event;
-    ``can_accept`` is polled before each step (False pauses the response: backpressure)."""
+    ``can_accept`` is polled before each step (False pauses the response: backpressure).
+
+    The callables stay in the process that made them: :meth:`detached` is the picklable copy that an engine
+    in a child process receives, and the child gives it its own callables with :meth:`bind`."""
 
     id: str
     conv_id: str
@@ -41,7 +52,14 @@ class ResponseSpec:
     voice: str
     max_text_tokens: int
     sink: Callable[[ResponseEvent], None]
-    can_accept: Callable[[], bool] = lambda: True
+    can_accept: Callable[[], bool] = _accept_always
+
+    def detached(self) -> ResponseSpec:
+        """This spec without its callables (module-level placeholders, so it pickles); its sink raises."""
+        return replace(self, sink=_unbound_sink, can_accept=_accept_always)
+
+    def bind(self, sink: Callable[[ResponseEvent], None], can_accept: Callable[[], bool]) -> ResponseSpec:
+        return replace(self, sink=sink, can_accept=can_accept)
 
 
 @dataclass

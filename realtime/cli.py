@@ -37,7 +37,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.outputs import OUTPUT_SAMPLE_RATE, AudioChunk, ResponseDone, TextDelta
 
     _setup_torch_threads(args.threads)
-    engine = OmniEngine.from_pretrained(resolve_model(args.model, args.cache_dir), args.stage_config, seed=args.seed)
+    engine = OmniEngine.from_pretrained(resolve_model(args.model, args.cache_dir), args.stage_config, seed=args.seed,
+                                        torch_threads=args.threads or None)
 
     async def run() -> ResponseDone:
         conv = engine.conversation()

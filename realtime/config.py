@@ -47,8 +47,9 @@ class ServerConfig:
     cache_dir: Path | None = None
     seed: int | None = None
     torch_threads: int = 1
-    """torch CPU threads of the engine, set before it loads. One by default: the VAD models are
-    tiny and a GPU engine needs no CPU threads; raise it for a real model on CPU."""
+    """torch CPU threads of the engine, set before it loads (in its child process too, when the stage
+    config's ``engine.process`` runs it in one). One by default: the VAD models are tiny and a GPU engine
+    needs no CPU threads; raise it for a real model on CPU."""
     ice_host_addresses: tuple[str, ...] = ()
     """WebRTC: ICE host candidates, each ``ADDRESS`` or ``ANNOUNCED@BIND`` (behind a 1:1 NAT: the
     public address announced, the local one bound; tests use 127.0.0.1). Empty: the machine's own

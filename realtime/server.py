@@ -143,7 +143,9 @@ WebRTCFactory = Callable[[ServerContext], "WebRTCEndpoint | None"]
 
 def load_engine(config: ServerConfig) -> EngineHandle:
     """Load ``config.model`` (building the embedded tiny model on first use), with torch set to
-    ``config.torch_threads`` CPU threads first."""
+    ``config.torch_threads`` CPU threads first. The stage config's ``engine.process`` decides whether the
+    engine core runs in a child process (the default on CUDA: it loads the weights there, with the same
+    thread count) or on a thread of this one."""
     import torch
 
     # Importing silero_vad sets torch's default thread count to 1; import it before our setting.
@@ -154,7 +156,7 @@ def load_engine(config: ServerConfig) -> EngineHandle:
 
     torch.set_num_threads(config.torch_threads)
     path = resolve_model(config.model, config.cache_dir)
-    return OmniEngine.from_pretrained(path, config.stage_config, seed=config.seed)
+    return OmniEngine.from_pretrained(path, config.stage_config, seed=config.seed, torch_threads=config.torch_threads)
 
 
 def silero_vad_factory(torch_threads: int) -> VadFactory:
@@ -260,7 +262,7 @@ class RealtimeServer:
     async def _close_engine(self) -> None:
         engine, self._engine = self._engine, None
         if self._owns_engine and engine is not None:
-            await asyncio.to_thread(engine.close)  # type: ignore[attr-defined]  (OmniEngine; joins its thread)
+            await asyncio.to_thread(engine.close)  # type: ignore[attr-defined]  (OmniEngine: joins its thread/process)
 
     async def _close_sessions(self) -> None:
         if not self._sessions:
