@@ -13,8 +13,9 @@ Routes:
 - ``POST /v1/realtime/calls``: WebRTC; the SDP offer (``application/sdp``, or a multipart form
   with ``sdp`` and ``session`` fields) goes to ``app.state.webrtc``; 201 with the SDP answer.
   Without a WebRTC endpoint: 501 with a JSON error.
-- ``GET /healthz`` (JSON: ``ok``, ``model``, ``random_weights``, ``sessions`` (WebSocket and
-  WebRTC), ``max_sessions``, ``webrtc``, ``calls`` (live WebRTC calls)) and ``GET /metrics``
+- ``GET /healthz`` (JSON: ``ok`` (false, with status 503, once the engine is closed or its process died),
+  ``model``, ``random_weights``, ``sessions`` (WebSocket and WebRTC), ``max_sessions``, ``webrtc``,
+  ``calls`` (live WebRTC calls)) and ``GET /metrics``
   (Prometheus text; each scrape first samples the hygiene gauges, :meth:`RealtimeServer.hygiene`):
   both unauthenticated, and neither shows content of any session.
 - ``/``: the static voice chat page (``web_demo/``) when its folder has an index.html.
@@ -194,6 +195,11 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
     )
 
 
+def _closed(engine: EngineHandle) -> bool:
+    """Whether ``engine`` can serve no more (``OmniEngine.closed``: stopped, or its process died)."""
+    return bool(getattr(engine, "closed", False))
+
+
 def _announce(engine: EngineHandle, config: ServerConfig) -> None:
     if engine.random_weights:
         logger.warning(
@@ -283,14 +289,16 @@ class RealtimeServer:
             webrtc_peers=self.webrtc.open_peers if self.webrtc is not None else 0,
             outbound_events=sum(len(runner.outbound) for runner in self._sessions.values())
             + (self.webrtc.outbound_events if self.webrtc is not None else 0),
-            engine=await engine.stats() if isinstance(engine, EngineStatsSource) else None,
+            engine=await engine.stats() if isinstance(engine, EngineStatsSource) and not _closed(engine) else None,
             memory=process_memory(),
         )
 
     def health(self) -> dict:
+        """``ok`` is false once the engine is closed: stopped, or its child process died (the server stays up,
+        refusing sessions, until it is restarted)."""
         engine = self.engine
         return {
-            "ok": True,
+            "ok": not _closed(engine),
             "model": engine.model_name,
             "random_weights": engine.random_weights,
             "sessions": self.slots.active,
@@ -507,7 +515,8 @@ def create_app(
         return await server.create_call(request)
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse(server.health())
+        health = server.health()
+        return JSONResponse(health, status_code=200 if health["ok"] else 503)
 
     async def metrics(request: Request) -> Response:
         server.metrics.observe_hygiene(await server.hygiene())

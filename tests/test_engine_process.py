@@ -15,10 +15,12 @@ import signal
 import time
 from dataclasses import dataclass, replace
 
+import httpx2
 import numpy as np
 import pytest
 import soundfile as sf
 import soxr
+import websockets
 
 from conftest import greedy_stage_config
 from pipeline.commands import ENGINE_COMMANDS, Command
@@ -387,6 +389,15 @@ async def test_a_killed_engine_process_fails_pending_calls_live_responses_and_la
             await engine.stats()
         resp.cancel()  # no-op: the response is over
         await conv.close()  # nothing to close in a dead engine
+        async with served(engine) as (url, app):  # a server over the dead engine stays up, says so, refuses sessions
+            async with httpx2.AsyncClient(base_url=app.state.base_url) as http:
+                health = await http.get("/healthz")
+                assert health.status_code == 503 and health.json()["ok"] is False
+                assert (await http.get("/metrics")).status_code == 200
+            async with websockets.connect(url) as ws:
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await asyncio.wait_for(ws.recv(), 10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
     finally:
         started = time.perf_counter()
         engine.close()
