@@ -29,6 +29,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-fused", action="store_true", help="thinker/talker graphs of HF's layer code (fused_decode off)")
     p.add_argument("--t2w-worker", choices=("auto", "on", "off"), default="auto",
                    help="token2wav on its own thread (auto: on with CUDA)")
+    p.add_argument("--engine-process", choices=("auto", "on", "off"), default=None,
+                   help="engine core in a child process (default: the stage config's engine.process, auto: on with "
+                        "CUDA)")
 
 
 def stage_config(args, **thinker):
@@ -52,23 +55,41 @@ def stage_config(args, **thinker):
                        cuda_graphs=not args.no_graphs, fused_decode=not args.no_fused),
         token2wav=replace(cfg.token2wav, device=args.device, tf32_matmul=args.tf32 or cfg.token2wav.tf32_matmul,
                           chunking=chunking, worker_thread=args.t2w_worker),
+        engine=replace(cfg.engine, process=args.engine_process or cfg.engine.process),
     )
 
 
-def build_engine(args, cfg):
-    """Returns (engine, model label). Random 7B weights are built in memory (nothing downloaded)."""
-    from pipeline.engine import OmniEngine
+def checkpoint_loader(args):
+    """Returns (picklable checkpoint recipe, model label). Random 7B weights are built in memory (nothing
+    downloaded), on ``args.device`` in bf16."""
+    from pipeline.loaders import PretrainedCheckpoint, RandomCheckpoint
 
-    torch.set_num_threads(args.threads)
     if args.random_7b:
-        from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, build_random_model
+        from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec
 
-        ckpt = build_random_model(RandomModelSpec.qwen2_5_omni_7b(), device=args.device, dtype=torch.bfloat16)
-        return OmniEngine(ckpt, cfg, seed=0), "Qwen2.5-Omni-7B architecture, random weights (bf16)"
+        loader = RandomCheckpoint(RandomModelSpec.qwen2_5_omni_7b(), dtype=torch.bfloat16)
+        return loader, "Qwen2.5-Omni-7B architecture, random weights (bf16)"
     from pipeline.embedded import resolve_model
 
     path = resolve_model(args.model)
-    return OmniEngine.from_pretrained(path, cfg, seed=0), str(path)
+    return PretrainedCheckpoint(path), path
+
+
+def build_engine(args, cfg):
+    """Returns (engine, model label). With ``engine.process`` on (auto: on CUDA) the engine core runs in a child
+    process that builds or loads the weights itself; ``engine.ckpt`` is then None."""
+    from pipeline.engine import OmniEngine
+
+    torch.set_num_threads(args.threads)
+    loader, label = checkpoint_loader(args)
+    return OmniEngine.from_loader(loader, cfg, seed=0, torch_threads=args.threads), label
+
+
+def sync_engine(engine) -> None:
+    """Wait for the engine's queued GPU work, when it runs in this process (a child process's work is its own:
+    an idle engine's last results already reached the host)."""
+    if not engine.uses_process:
+        sync(engine.cfg.thinker.torch_device())
 
 
 def reference_model(ckpt):

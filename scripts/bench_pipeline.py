@@ -27,10 +27,12 @@ from bench_common import (  # noqa: E402
     FIXTURES,
     add_model_args,
     build_engine,
+    checkpoint_loader,
     load_wav_16k,
     reference_model,
     stage_config,
     sync,
+    sync_engine,
 )
 
 
@@ -52,7 +54,7 @@ async def run_streaming(engine, prompt) -> dict:
     else:
         await conv.add_audio("u", prompt)
     await engine.wait_idle()
-    sync(engine.cfg.thinker.torch_device())
+    sync_engine(engine)
     start = time.perf_counter()
     first = None
     async for ev in conv.respond(item_id="a"):
@@ -132,7 +134,8 @@ def breakdown_row(name: str, r: dict) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    engine, label = build_engine(args, stage_config(args))
+    cfg = stage_config(args)
+    engine, label = build_engine(args, cfg)
     all_prompts = {"text": "Hello! Can you tell me a story?", "audio": load_wav_16k(args.audio_in)}
     prompts = {name: all_prompts[name] for name in args.inputs.split(",")}
     print(f"\nmodel: {label}\ndevice: {args.device}, torch threads: {args.threads}, runs: {args.runs} (median)")
@@ -154,10 +157,12 @@ def main(argv=None) -> None:
     engine.close()
     print("\n".join([BREAKDOWN, *breakdown, ""]), flush=True)
     if not args.skip_reference:
-        model = reference_model(engine.ckpt)
+        # an engine core in a child process kept its weights there (freed by close): load them here
+        ckpt = engine.ckpt if engine.ckpt is not None else checkpoint_loader(args)[0].load(cfg)
+        model = reference_model(ckpt)
         for name, prompt in prompts.items():
-            run_reference(model, engine.ckpt, args, prompt)  # warm-up
-            rows = [run_reference(model, engine.ckpt, args, prompt) for _ in range(args.runs)]
+            run_reference(model, ckpt, args, prompt)  # warm-up
+            rows = [run_reference(model, ckpt, args, prompt) for _ in range(args.runs)]
             report("reference generate", name, summarize(rows))
 
 

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -96,7 +97,9 @@ def row(name: str, values: list[dict]) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    engine, label = build_engine(args, stage_config(args))
+    cfg = stage_config(args)
+    # the baseline drops a conversation's cache through the EngineCore itself: the core must run in this process
+    engine, label = build_engine(args, replace(cfg, engine=replace(cfg.engine, process="off")))
     asyncio.run(length_case(engine, 2.0, False))  # warm-up
     rows = []
     for baseline in (False, True):

@@ -1,7 +1,8 @@
 """``omni-realtime bench``: options, and the run that ties server, users, reference and report.
 
-Without ``--url`` the bench loads the model itself and serves it in process (uvicorn on a free
-loopback port, the users in a child process); with ``--url`` it measures a running server (which
+Without ``--url`` the bench serves the model itself (uvicorn on a free loopback port, the users in a child
+process; the engine core in a process of its own or on a thread, as the stage config's ``engine.process``
+says, like ``serve``); with ``--url`` it measures a running server (which
 must have been started with the same forced reply lengths, e.g. ``--stage-config
 pipeline/stage_configs/bench_forced.yaml``, for the reference to be comparable). Stage throughput and
 device memory come from the in-process engine's counters, or from the ``--url`` server's ``/metrics``
@@ -217,24 +218,38 @@ def _stage_config(options: BenchOptions):
 
 @dataclass
 class _Loaded:
-    ckpt: object
+    ckpt: object | None
+    """The reference's checkpoint in this process (``--reference`` only)."""
     engine: object | None
     label: str
+    device: str
+    """The thinker's device in words."""
 
 
 def _load(options: BenchOptions, cfg) -> _Loaded:
     import torch
 
-    from realtime.bench.models import load_model, model_label
+    from realtime.bench.models import model_label, model_loader
 
     torch.set_num_threads(options.threads)
-    ckpt = load_model(options.model, cfg)
-    engine = None
+    loader = model_loader(options.model)
+    engine = ckpt = None
     if options.url is None:
         from pipeline.engine import OmniEngine
 
-        engine = OmniEngine(ckpt, cfg, seed=options.seed)
-    return _Loaded(ckpt, engine, model_label(options.model, ckpt, cfg))
+        # with the engine core in a child process the child builds or loads the weights from the loader itself
+        engine = OmniEngine.from_loader(loader, cfg, seed=options.seed, torch_threads=options.threads)
+        ckpt = engine.ckpt
+    if options.reference and ckpt is None:
+        # transformers' generate runs in this process: it needs weights here, a second copy when the engine
+        # core loaded its own in a child process
+        ckpt = loader.load(cfg)
+    if engine is not None:
+        source, random_weights, device = engine.model_name, engine.random_weights, engine.facts.device_name
+    else:
+        source, random_weights, device = ckpt.source, ckpt.random_weights, _device_name(cfg.thinker.torch_device())
+    return _Loaded(ckpt if options.reference else None, engine,
+                   model_label(options.model, cfg, source=source, random_weights=random_weights), device)
 
 
 def _in_process_server(engine, options: BenchOptions):
@@ -255,7 +270,7 @@ def _run_info(options: BenchOptions, command: str, cfg, length, loaded: _Loaded 
         command=command,
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         model=loaded.label if loaded is not None else f"the server at {options.url}",
-        device=_device_name(cfg.thinker.torch_device()) if loaded is not None else "the server's",
+        device=loaded.device if loaded is not None else "the server's",
         transport=options.transport,
         server=options.url or "in process (uvicorn on loopback; users in a child process)",
         text_tokens=length.text_tokens,

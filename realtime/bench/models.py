@@ -1,4 +1,5 @@
-"""Which model the bench serves (in process) and hands to the reference, with forced reply lengths.
+"""Which model the bench serves (itself, without ``--url``) and hands to the reference, with forced reply
+lengths.
 
 ``--model`` values: ``None`` / ``embedded:tiny`` (the embedded tiny random model), ``random:tiny`` or
 ``random:7b`` (that random architecture built in memory on the stage device, nothing downloaded
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline.config import StageGraphConfig, load_stage_config
+from pipeline.loaders import CheckpointLoader, PretrainedCheckpoint, RandomCheckpoint
 
 class BenchConfigError(ValueError):
     """A model or stage config the bench cannot use (the message says why)."""
@@ -57,33 +59,35 @@ def reply_length(cfg: StageGraphConfig) -> ReplyLength:
     return ReplyLength(th.max_tokens, ta.max_tokens)
 
 
-def load_model(model: str | None, cfg: StageGraphConfig, *, cache_dir: Path | None = None):
-    """The :class:`~pipeline.models.qwen2_5_omni.checkpoint.LoadedCheckpoint` of ``model`` placed as
-    ``cfg`` says (a random architecture on the thinker's device and dtype; token2wav float32)."""
+def model_loader(model: str | None, *, cache_dir: Path | None = None) -> CheckpointLoader:
+    """The picklable recipe of ``model`` (:mod:`pipeline.loaders`): an engine whose core runs in a child
+    process hands it to the child, which builds or loads the weights itself (a random architecture on the
+    thinker's device and dtype; token2wav float32)."""
     if model is not None and model.startswith(RANDOM_PREFIX):
-        from pipeline.models.qwen2_5_omni.tiny import PRESETS, build_random_model
+        from pipeline.models.qwen2_5_omni.tiny import PRESETS
 
         preset = model[len(RANDOM_PREFIX):]
         if preset not in PRESETS:
             raise BenchConfigError(f"--model {model}: unknown random architecture (one of: "
                              f"{', '.join(RANDOM_PREFIX + p for p in sorted(PRESETS))})")
-        return build_random_model(PRESETS[preset](), device=cfg.thinker.torch_device(), dtype=cfg.thinker.torch_dtype())
+        return RandomCheckpoint(PRESETS[preset]())
     from pipeline.embedded import resolve_model
-    from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
-    stages = ("thinker", "talker", "token2wav")
-    return load_checkpoint(
-        resolve_model(model, cache_dir),
-        devices={name: cfg.stage(name).torch_device() for name in stages},
-        dtypes={name: cfg.stage(name).torch_dtype() for name in stages},
-    )
+    return PretrainedCheckpoint(resolve_model(model, cache_dir))
 
 
-def model_label(model: str | None, ckpt, cfg: StageGraphConfig) -> str:
-    """A one-line description of what ``--model`` loaded, for reports."""
+def load_model(model: str | None, cfg: StageGraphConfig, *, cache_dir: Path | None = None):
+    """The :class:`~pipeline.models.qwen2_5_omni.checkpoint.LoadedCheckpoint` of ``model``, loaded in this
+    process and placed as ``cfg`` says."""
+    return model_loader(model, cache_dir=cache_dir).load(cfg)
+
+
+def model_label(model: str | None, cfg: StageGraphConfig, *, source: str, random_weights: bool) -> str:
+    """A one-line description of what ``--model`` loaded (``source`` and ``random_weights`` as the engine or
+    the checkpoint reports them), for reports."""
     dtype = str(cfg.thinker.torch_dtype()).removeprefix("torch.")
     if model is not None and model.startswith(RANDOM_PREFIX):
         return f"Qwen2.5-Omni {model[len(RANDOM_PREFIX):]} architecture, random weights built in memory ({dtype})"
     if model in (None, "embedded:tiny"):
         return f"embedded tiny model (random weights, {dtype})"
-    return f"{ckpt.source} ({'random weights, ' if ckpt.random_weights else ''}{dtype})"
+    return f"{source} ({'random weights, ' if random_weights else ''}{dtype})"
