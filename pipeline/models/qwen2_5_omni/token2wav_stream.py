@@ -23,6 +23,12 @@ GPU path (model on CUDA, ``cuda_graphs`` on by default there): the DiT windows o
 replayed from a CUDA graph, as is BigVGAN for the regular chunk lengths (:mod:`.token2wav_graphs`); other vocoder
 lengths (the last chunk) run eagerly. Padding frames are masked out of the real frames' attention, so the audio
 equals the eager path's up to float rounding. On CPU, ``step()`` runs exactly the eager computation.
+
+Compiled DiT (``compile_dit``, the stage config's ``compile``; on by default with CUDA in the engine): each DiT
+transformer block runs through ``torch.compile`` (:class:`_CompiledDitBlock`, one compiled graph per attention
+reach, shared by all blocks and all window shapes), compiled at :meth:`StreamingToken2Wav.warm_up` before any graph
+is captured; the graphs then record the compiled kernels. On a GPU this cuts the ~40 small kernels a block runs
+eagerly (modulated norms, RoPE on the first head, masks, gates) that a replayed graph still pays one by one.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
+import time
+import types
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -167,7 +175,8 @@ def _features(dit, speaker: _Speaker, codes: Tensor) -> Tensor:
 class _Window:
     """Everything the DiT velocity field of a batch of windows needs besides (t, x), per row (rows are
     ``[conditioned..., unconditioned...]`` with CFG): ``features`` (rows, L, feat); ``rope`` cos and sin
-    (rows, L, head_dim) at absolute positions; ``block_diff`` (rows, heads, L, L), key block minus query block."""
+    (rows, L, head_dim) at absolute positions; ``block_diff`` (rows, L, L) contiguous, key block minus query block
+    (the same layout in the unpadded and the packed path, so that a compiled block serves both)."""
 
     features: Tensor
     rope: tuple[Tensor, Tensor]
@@ -186,33 +195,84 @@ def _window_inputs(dit, speaker: _Speaker, codes: Tensor, first_frame: int) -> _
     positions = torch.arange(first_frame, first_frame + length, device=codes.device)
     rope = dit.rotary_embed(static, positions.unsqueeze(0).expand(batch, -1))
     blocks = positions // dit.block_size
-    block_diff = (blocks.unsqueeze(0) - blocks.unsqueeze(1)).expand(batch, dit.num_attention_heads, -1, -1)
+    block_diff = (blocks.unsqueeze(0) - blocks.unsqueeze(1)).expand(batch, -1, -1).contiguous()
     return _Window(static, rope, block_diff)
 
 
-def _velocity(dit, window: _Window, guidance_scale: float, use_cfg: bool) -> Velocity:
-    """The guided DiT velocity field of ``window``: x (streams, L, mel_dim) -> (streams, L, mel_dim)."""
+DitBlock = Callable[[torch.nn.Module, Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+"""``(layer, hidden, time_embedding, cos, sin, block_diff) -> hidden``: one DiT transformer block applied to the
+rows of a window (:func:`_dit_block`, or its compiled form :class:`_CompiledDitBlock`)."""
+
+
+def _dit_block(layer: torch.nn.Module, hidden: Tensor, time_embedding: Tensor, cos: Tensor, sin: Tensor,
+               block_diff: Tensor) -> Tensor:  # fmt: skip
+    """One transformer block of the DiT (transformers' ``DiTDecoderLayer``) over (rows, L, hidden) states, with
+    ``block_diff`` (rows, L, L) shared by the attention heads. The unit that ``compile_dit`` compiles: every block
+    of the DiT runs this same code."""
+    heads = layer.attn.heads
+    block_diff = block_diff.unsqueeze(1).expand(-1, heads, -1, -1)
+    return layer(hidden, time_embedding, position_embeddings=(cos, sin), block_diff=block_diff)
+
+
+class _CompiledDitBlock:
+    """:func:`_dit_block` through ``torch.compile`` (inductor), a drop-in :data:`DitBlock`.
+
+    - Inductor's default mode: no CUDA graphs of its own (the synthesizer records the whole solve, compiled
+      kernels included, in its own graphs).
+    - Parameters are inputs of the compiled graph (dynamo inlines ``nn.Module`` calls), so one graph serves every
+      block with the same attention reach; the reach (``look_ahead_block``, ``look_backward_block``: plain Python
+      ints) is specialized, so the Qwen2.5-Omni layout (plain, look-ahead and look-back layers) compiles 3 graphs.
+    - Rows (streams x CFG branches) and frames are dynamic from the first compile (``mark_dynamic`` on every call),
+      so every window shape and batch size shares those graphs instead of compiling one per shape: dynamo compiles
+      a function at most 8 times (its recompile limit). A batch of a single row (no CFG, one stream) is
+      specialized by dynamo (sizes 0 and 1 always are) and adds its own graphs.
+    - ``fullgraph=True``: a graph break, or the recompile limit, raises instead of silently running (part of) the
+      block eagerly.
+    - Each instance compiles its own copy of the function's code: dynamo keeps compiled graphs, and counts them
+      against its limit, per code object, so synthesizers with different models or TF32 settings (a guarded global
+      switch) in one process do not spend one shared budget.
+
+    Compilation happens at the first call with a new guard outcome (the synthesizer's ``warm_up``); later calls only
+    check guards and run the compiled kernels.
+    """
+
+    def __init__(self) -> None:
+        code = _dit_block.__code__.replace()  # a distinct code object, same bytecode
+        function = types.FunctionType(code, _dit_block.__globals__, _dit_block.__name__, _dit_block.__defaults__)
+        self._compiled = torch.compile(function, fullgraph=True, mode="default")
+
+    def __call__(self, layer: torch.nn.Module, hidden: Tensor, time_embedding: Tensor, cos: Tensor, sin: Tensor,
+                 block_diff: Tensor) -> Tensor:  # fmt: skip
+        for tensor, dims in ((hidden, (0, 1)), (time_embedding, (0,)), (cos, (0, 1)), (sin, (0, 1)),
+                             (block_diff, (0, 1, 2))):  # fmt: skip
+            torch._dynamo.mark_dynamic(tensor, dims)
+        return self._compiled(layer, hidden, time_embedding, cos, sin, block_diff)
+
+
+def _velocity(dit, window: _Window, guidance_scale: float, use_cfg: bool, block: DitBlock = _dit_block) -> Velocity:
+    """The guided DiT velocity field of ``window``: x (streams, L, mel_dim) -> (streams, L, mel_dim), every
+    transformer block run by ``block``."""
     rows = window.features.shape[0]
+    cos, sin = window.rope
 
     def velocity(t: Tensor, x: Tensor) -> Tensor:
         time_embedding = dit.time_embed(t.reshape(1).expand(rows))
         # x holds one row per stream; each stream's row feeds its conditioned and unconditioned rows.
         hidden = dit.input_embed.proj(torch.cat([x.repeat(rows // x.shape[0], 1, 1), window.features], dim=-1))
         for layer in dit.transformer_blocks:
-            hidden = layer(hidden, time_embedding, position_embeddings=window.rope, block_diff=window.block_diff)
+            hidden = block(layer, hidden, time_embedding, cos, sin, window.block_diff)
         out = dit.proj_out(dit.norm_out(hidden, time_embedding))
         return _guided(out, guidance_scale, use_cfg)
 
     return velocity
 
 
-def _solve_packed(dit, times: Tensor, guidance_scale: float, use_cfg: bool, noise: Tensor, features: Tensor,
-                  cos: Tensor, sin: Tensor, block_diff: Tensor) -> Tensor:  # fmt: skip
+def _solve_packed(dit, times: Tensor, guidance_scale: float, use_cfg: bool, block: DitBlock, noise: Tensor,
+                  features: Tensor, cos: Tensor, sin: Tensor, block_diff: Tensor) -> Tensor:  # fmt: skip
     """The ODE solve of packed windows (see :class:`.token2wav_graphs.PackedWindows`), a pure function of its
     tensors so that it can be captured: (slots, frames, mel_dim) noise -> (slots, frames, mel_dim) mel."""
-    heads = dit.num_attention_heads
-    window = _Window(features, (cos, sin), block_diff.unsqueeze(1).expand(-1, heads, -1, -1))
-    return _integrate(_velocity(dit, window, guidance_scale, use_cfg), noise, times)
+    window = _Window(features, (cos, sin), block_diff)
+    return _integrate(_velocity(dit, window, guidance_scale, use_cfg, block), noise, times)
 
 
 def _vocode(bigvgan, mel: Tensor) -> Tensor:
@@ -353,7 +413,8 @@ class _SpeakerCache:
 class GraphStats:
     """What a synthesizer's GPU path did so far. ``dit_graphs``: captured (window frames, slots) shapes;
     ``vocoder_graphs``: captured vocoder lengths in mel frames; ``*_replays``: graph launches; ``eager_*``: DiT
-    solves (one per batch or per single window) and vocoder calls that ran without a graph."""
+    solves (one per batch or per single window) and vocoder calls that ran without a graph; ``dit_compiled``: the
+    DiT blocks run compiled (``compile_dit``), in graphs and eagerly alike."""
 
     enabled: bool
     dit_graphs: tuple[tuple[int, int], ...]
@@ -362,6 +423,7 @@ class GraphStats:
     vocoder_replays: int
     eager_dit_solves: int
     eager_vocoder_calls: int
+    dit_compiled: bool = False
 
 
 def _window_frames(cfg: ChunkingConfig) -> tuple[int, ...]:
@@ -384,10 +446,12 @@ class _BatchedDit:
     """ODE solves of DiT windows of one or more streams, in padded batches of static shape (frames, slots):
     frames rounded up to a :func:`_window_frames` length, slots to a power of two up to ``max_batch``. With
     ``graphs`` each shape replays its CUDA graph (captured on first use or by :meth:`capture`); without, the same
-    padded computation runs eagerly."""
+    padded computation runs eagerly. ``block`` runs each transformer block, in graphs and eagerly alike (the
+    compiled block when the synthesizer compiles the DiT)."""
 
-    def __init__(self, dit, cfg: ChunkingConfig, times: Tensor, *, graphs: bool, max_batch: int) -> None:
-        self.dit, self.cfg, self.times = dit, cfg, times
+    def __init__(self, dit, cfg: ChunkingConfig, times: Tensor, *, graphs: bool, max_batch: int,
+                 block: DitBlock = _dit_block) -> None:  # fmt: skip
+        self.dit, self.cfg, self.times, self.block = dit, cfg, times, block
         self.use_cfg = cfg.guidance_scale >= _CFG_OFF_BELOW
         self.frame_buckets = _window_frames(cfg)
         self.graphs, self.max_batch = graphs, max_batch
@@ -404,14 +468,23 @@ class _BatchedDit:
     def capture(self, frames: int, slots: int) -> None:
         """Capture the graph of one shape now, without replaying it (no-op if captured or graphs are off)."""
         if self.graphs and (frames, slots) not in self.captured:
-            mel_dim = self.dit.config.mel_dim
-            width = self.dit.input_embed.proj.in_features - mel_dim
-            groups = 2 if self.use_cfg else 1
-            device = self.times.device
-            blank = WindowJob(torch.zeros(1, frames, mel_dim, device=device),
-                              torch.zeros(groups, frames, width, device=device), first_frame=0)  # fmt: skip
-            packed = pack_windows([blank], frames=frames, slots=slots, block_size=self.dit.block_size)
-            self._capture(frames, slots, self._inputs(packed))
+            self._capture(frames, slots, self._blank_inputs(frames, slots))
+
+    def evaluate_blank(self, frames: int, slots: int) -> None:
+        """One velocity evaluation of a blank batch of this shape, eagerly (no graph): what compiles the blocks."""
+        noise, features, cos, sin, block_diff = self._blank_inputs(frames, slots)
+        window = _Window(features, (cos, sin), block_diff)
+        _velocity(self.dit, window, self.cfg.guidance_scale, self.use_cfg, self.block)(self.times[0], noise)
+
+    def _blank_inputs(self, frames: int, slots: int) -> tuple[Tensor, ...]:
+        mel_dim = self.dit.config.mel_dim
+        width = self.dit.input_embed.proj.in_features - mel_dim
+        groups = 2 if self.use_cfg else 1
+        device = self.times.device
+        blank = WindowJob(torch.zeros(1, frames, mel_dim, device=device),
+                          torch.zeros(groups, frames, width, device=device), first_frame=0)  # fmt: skip
+        packed = pack_windows([blank], frames=frames, slots=slots, block_size=self.dit.block_size)
+        return self._inputs(packed)
 
     def _solve_batch(self, jobs: Sequence[WindowJob]) -> list[Tensor]:
         longest = max(job.frames for job in jobs)
@@ -441,7 +514,7 @@ class _BatchedDit:
         return call
 
     def _solve(self, *inputs: Tensor) -> Tensor:
-        return _solve_packed(self.dit, self.times, self.cfg.guidance_scale, self.use_cfg, *inputs)
+        return _solve_packed(self.dit, self.times, self.cfg.guidance_scale, self.use_cfg, self.block, *inputs)
 
 
 class _Vocoder:
@@ -509,11 +582,17 @@ class StreamingToken2Wav:
     (10-bit mantissa inputs, float32 accumulation): about twice as fast on an H100/H200, no longer equal to the
     float32 reference (about 0.2% of the peak with random 7B weights; see BENCHMARKS.md). The global switch is set
     only while this synthesizer computes or captures, and captured graphs keep the kernels chosen at capture.
+
+    ``compile_dit`` (off by default; CPU or CUDA) runs every DiT transformer block through ``torch.compile``
+    (inductor fuses the elementwise work around the matrix products: modulated norms, RoPE, masks, gates), in the
+    CUDA graphs (which record the compiled kernels) and in eager solves alike; the audio equals the uncompiled
+    path's up to float rounding. Compiling takes seconds to a minute per attention-reach variant of the block (3 for
+    Qwen2.5-Omni, see :class:`_CompiledDitBlock`) and happens in :meth:`warm_up`; without it, in the first chunk.
     """
 
     def __init__(self, model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig | None = None, *,
                  cuda_graphs: bool | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                 tf32_matmul: bool = False) -> None:  # fmt: skip
+                 tf32_matmul: bool = False, compile_dit: bool = False) -> None:  # fmt: skip
         self.cfg = _check_model(model, cfg or ChunkingConfig())
         self.model = model.eval()
         self.dit = model.code2wav_dit_model
@@ -528,9 +607,14 @@ class StreamingToken2Wav:
         self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
         self.max_batch = max_batch
         self.tf32_matmul = tf32_matmul
+        self.compile_dit = compile_dit
+        self.compile_seconds = 0.0
+        """Wall time of the compile step of :meth:`warm_up` (0 when ``compile_dit`` is off or before it)."""
+        self._block: DitBlock = _CompiledDitBlock() if compile_dit else _dit_block
         self._times = _ode_time_points(self.cfg, self.device)
         self._speakers = _SpeakerCache(lambda cond, ref_mel: _speaker(self.dit, cond, ref_mel, self.use_cfg))
-        self._dit_batches = _BatchedDit(self.dit, self.cfg, self._times, graphs=self.cuda_graphs, max_batch=max_batch)
+        self._dit_batches = _BatchedDit(self.dit, self.cfg, self._times, graphs=self.cuda_graphs, max_batch=max_batch,
+                                        block=self._block)  # fmt: skip
         self._vocoder = _Vocoder(self.bigvgan, self.cfg, self.device, graphs=self.cuda_graphs)
         self._eager_windows = 0
 
@@ -573,16 +657,24 @@ class StreamingToken2Wav:
         return Token2WavStream(self, speaker, noise, max_codes)
 
     def warm_up(self, max_batch: int = 1) -> None:
-        """Capture the graphs of the regular shapes now, so that no stream pays a capture: DiT windows of the first
-        and steady chunks for batches of up to ``max_batch`` streams (powers of two, capped at the synthesizer's
-        ``max_batch``) and the vocoder of the first and steady chunks. Seconds; no-op without CUDA graphs."""
-        if not self.cuda_graphs:
-            return
+        """Compile the DiT blocks (``compile_dit``), then capture the graphs of the regular shapes (``cuda_graphs``),
+        so that no stream pays either: DiT windows of the first and steady chunks for batches of up to
+        ``max_batch`` streams (powers of two, capped at the synthesizer's ``max_batch``) and the vocoder of the first
+        and steady chunks. Seconds (a minute or more when compiling); no-op when both are off.
+
+        Raises :class:`ConfigError` (``param="compile_dit"``) when compiling, or capturing the compiled blocks,
+        fails: the synthesizer never falls back to the uncompiled DiT on its own; build it with
+        ``compile_dit=False`` for that."""
         slots = sorted({slot_bucket(n, self.max_batch) for n in range(1, min(max_batch, self.max_batch) + 1)})
         with torch.inference_mode(), _tf32_matmuls(self.tf32_matmul):
-            for frames in _window_frames(self.cfg):
-                for slot_count in slots:
-                    self._dit_batches.capture(frames, slot_count)
+            if self.compile_dit:
+                self._compile()
+            if not self.cuda_graphs:
+                return
+            with self._compiled_dit_errors("capturing the CUDA graphs of the compiled DiT blocks"):
+                for frames in _window_frames(self.cfg):
+                    for slot_count in slots:
+                        self._dit_batches.capture(frames, slot_count)
             for frames in _vocoder_frames(self.cfg):
                 self._vocoder.capture(frames)
 
@@ -610,9 +702,40 @@ class StreamingToken2Wav:
             vocoder_replays=sum(c.replays for c in self._vocoder.captured.values()),
             eager_dit_solves=self._dit_batches.eager_solves + self._eager_windows,
             eager_vocoder_calls=self._vocoder.eager_calls,
+            dit_compiled=self.compile_dit,
         )
 
     # -- internals
+
+    def _compile(self) -> None:
+        """Compile every variant of the DiT block that the solves will call: one velocity evaluation of a blank
+        window of one slot and, when batches can hold two, of two slots (without CFG one slot is one row, which
+        dynamo compiles apart), at the first window length (frames are dynamic). Outside any capture, on the current
+        stream; the caller holds inference mode and the TF32 setting (both are part of dynamo's guards)."""
+        started = time.perf_counter()
+        frames = _window_frames(self.cfg)[0]
+        with self._compiled_dit_errors("compiling the DiT blocks"):
+            for slot_count in (1, 2) if self.max_batch >= 2 else (1,):
+                self._dit_batches.evaluate_blank(frames, slot_count)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # kernel faults surface here, and the time is the compile's
+        self.compile_seconds = time.perf_counter() - started
+
+    @contextlib.contextmanager
+    def _compiled_dit_errors(self, doing: str) -> Iterator[None]:
+        """Re-raise any failure in the block as a ConfigError naming the option, when the DiT is compiled (dynamo,
+        inductor and the C++/Triton compilers raise many unrelated types; the original is chained)."""
+        if not self.compile_dit:
+            yield
+            return
+        try:
+            yield
+        except Exception as exc:
+            raise ConfigError(
+                f"token2wav: {doing} failed ({type(exc).__name__}: {exc}); run the DiT uncompiled with "
+                "compile_dit=False (stage config: stages.token2wav.compile: off)",
+                param="compile_dit",
+            ) from exc
 
     def _synthesize(self, chunks: list[tuple[Token2WavStream, ChunkPlan]]) -> list[np.ndarray]:
         with torch.inference_mode(), _tf32_matmuls(self.tf32_matmul):
@@ -724,7 +847,7 @@ class Token2WavStream:
         """Run the DiT ODE over the chunk's context window, unpadded; (1, L, mel_dim)."""
         owner, context = self._owner, plan.dit_context
         window = _window_inputs(owner.dit, self._speaker, self._window_codes(plan), context.start)
-        velocity = _velocity(owner.dit, window, self._cfg.guidance_scale, self._speaker.batch == 2)
+        velocity = _velocity(owner.dit, window, self._cfg.guidance_scale, self._speaker.batch == 2, owner._block)
         return _integrate(velocity, self._noise[:, context.start : context.end], owner._times)
 
     def _window_job(self, plan: ChunkPlan) -> WindowJob:
