@@ -23,6 +23,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 CONTEXT_POLICIES = ("error", "drop_oldest")
 AUDIO_FLOORS = ("streaming", "exact")
 WORKER_THREAD = ("auto", "on", "off")
+COMPILE = ("auto", "on", "off")
 ENGINE_PROCESS = ("auto", "on", "off")
 
 
@@ -96,6 +97,19 @@ class StageConfig:
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
     tf32_matmul: bool = False
     """token2wav on CUDA: TF32 matmuls in the DiT (about 2x faster; mel within ~2e-4 of float32)."""
+    compile: str = "auto"
+    """token2wav: ``on`` runs each DiT transformer block through ``torch.compile`` (inductor fuses its elementwise
+    kernels; the CUDA graphs then record the compiled kernels), compiled at engine start before the graphs are
+    captured (seconds to a minute or more); the audio equals ``off``'s up to float rounding. ``off`` runs the blocks
+    as transformers writes them; ``auto`` = on with CUDA, off on the CPU (there the compile is C++ builds of about a
+    minute at start; ``on`` works there too). A failure to compile stops the engine's start with a ConfigError whose
+    message names this field: nothing falls back to ``off`` on its own. Only the token2wav stage takes it."""
+
+    def compile_enabled(self) -> bool:
+        """Whether token2wav compiles its DiT: ``compile`` with ``auto`` resolved against this stage's device."""
+        if self.compile == "auto":
+            return self.torch_device().startswith("cuda")
+        return self.compile == "on"
 
     def torch_device(self) -> str:
         """Resolve ``auto`` to ``cuda`` when available, else ``cpu``."""
@@ -212,6 +226,14 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     _check_type(values, "fused_decode", bool, path)
     if values.get("worker_thread", "auto") not in WORKER_THREAD:
         raise ConfigError(f"{path}.worker_thread must be one of {WORKER_THREAD}", param=f"{path}.worker_thread")
+    if "compile" in values:
+        if name != "token2wav":
+            raise ConfigError(f"{path}.compile only applies to token2wav", param=f"{path}.compile")
+        if isinstance(values["compile"], bool):  # YAML 1.1 reads a bare on / off as a boolean
+            values["compile"] = "on" if values["compile"] else "off"
+        if values["compile"] not in COMPILE:
+            raise ConfigError(f"{path}.compile must be one of {COMPILE}, got {values['compile']!r}",
+                              param=f"{path}.compile")  # fmt: skip
     for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens", "max_batch", "kv_slots",
                 "max_prefills_per_step"):
         value = values.get(key)

@@ -84,9 +84,9 @@ class EngineCore:
         self.t2w_device = torch.device(tw.torch_device())
         self.token2wav = StreamingToken2Wav(
             ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch,
-            tf32_matmul=tw.tf32_matmul and self.t2w_device.type == "cuda",
+            tf32_matmul=tw.tf32_matmul and self.t2w_device.type == "cuda", compile_dit=tw.compile_enabled(),
         )
-        # capture token2wav's CUDA graphs now (seconds), not during the first replies
+        # compile token2wav's DiT and capture its CUDA graphs now (seconds to a minute), not during the first replies
         self.token2wav.warm_up(max_batch=tw.max_batch)
         threaded = tw.worker_thread == "on" or (tw.worker_thread == "auto" and self.t2w_device.type == "cuda")
         self.t2w_worker = Token2WavWorker(self.token2wav, self.t2w_device) if threaded else None

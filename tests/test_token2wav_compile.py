@@ -3,7 +3,7 @@
 What is checked: the compiled synthesizer's audio equals the uncompiled one's up to float rounding, through the
 unpadded single-stream path and the padded batches of ``step_many``; ``warm_up`` compiles one graph per attention
 reach of the blocks and no window shape, batch size or chunk compiles another; a failure to compile raises a
-ConfigError naming the option instead of falling back. CPU tests run inductor's
+ConfigError naming the option instead of falling back; the config field and its ``auto``. CPU tests run inductor's
 C++ backend (needs a C++ compiler) on the tiny token2wav of test_token2wav_stream; the GPU tests (skipped without
 CUDA) record the compiled solve in CUDA graphs and compare it with the eager, uncompiled solve.
 """
@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni
 
+from pipeline.config import parse_stage_config
 from pipeline.errors import ConfigError
 from pipeline.models.qwen2_5_omni.token2wav_graphs import WindowJob
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
@@ -107,6 +108,41 @@ def test_a_compile_failure_at_warm_up_names_the_option(model, monkeypatch) -> No
         t2w.warm_up()
     assert info.value.param == "compile_dit"
     assert "compiling the DiT blocks failed" in str(info.value) and "stages.token2wav.compile: off" in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Stage config
+
+
+def stages(**token2wav) -> dict:
+    return {"model_family": "qwen2_5_omni", "stages": {
+        "thinker": {"input": "request"}, "talker": {"input": "thinker", "connector": "thinker_to_talker"},
+        "token2wav": {"input": "talker", "connector": "talker_to_token2wav", **token2wav}}}  # fmt: skip
+
+
+def test_stage_config_compile_field() -> None:
+    assert parse_stage_config(stages()).token2wav.compile == "auto"
+    for value, expected in (("on", "on"), ("off", "off"), ("auto", "auto"), (True, "on"), (False, "off")):
+        assert parse_stage_config(stages(compile=value)).token2wav.compile == expected  # YAML reads on as True
+    cfg = parse_stage_config(stages(device="cpu"))
+    assert not cfg.token2wav.compile_enabled()  # auto: off on the CPU
+    assert parse_stage_config(stages(device="cpu", compile="on")).token2wav.compile_enabled()
+    assert parse_stage_config(stages(device="cuda")).token2wav.compile_enabled()  # auto: on with CUDA
+    assert not parse_stage_config(stages(device="cuda", compile="off")).token2wav.compile_enabled()
+    for bad in ("yes", 1, "max-autotune"):
+        with pytest.raises(ConfigError) as info:
+            parse_stage_config(stages(compile=bad))
+        assert info.value.param == "stages.token2wav.compile"
+    raw = stages()
+    raw["stages"]["talker"]["compile"] = "on"
+    with pytest.raises(ConfigError) as info:
+        parse_stage_config(raw)
+    assert info.value.param == "stages.talker.compile"
+
+
+def test_the_cpu_engine_runs_the_dit_uncompiled_by_default(tiny_engine) -> None:
+    assert tiny_engine.cfg.token2wav.compile == "auto"
+    assert not tiny_engine._thread.core.token2wav.compile_dit
 
 
 # ---------------------------------------------------------------------------------------------------
