@@ -10,6 +10,11 @@ CUDA) record the compiled solve in CUDA graphs and compare it with the eager, un
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -143,6 +148,30 @@ def test_stage_config_compile_field() -> None:
 def test_the_cpu_engine_runs_the_dit_uncompiled_by_default(tiny_engine) -> None:
     assert tiny_engine.cfg.token2wav.compile == "auto"
     assert not tiny_engine._thread.core.token2wav.compile_dit
+
+
+def bench_common():
+    """scripts/bench_common.py (the scripts folder is not a package)."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_common.py"
+    spec = importlib.util.spec_from_file_location("bench_common", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_flag_t2w_compile_overrides_the_stage_config_only_when_given(monkeypatch) -> None:
+    """``--t2w-compile`` absent means what the YAML says (an absent flag once switched the YAML's TF32 off)."""
+    import pipeline.config
+
+    bench = bench_common()
+    parser = argparse.ArgumentParser()
+    bench.add_model_args(parser)
+    packaged = pipeline.config.load_stage_config()
+    yaml_says_on = replace(packaged, token2wav=replace(packaged.token2wav, compile="on"))
+    monkeypatch.setattr(pipeline.config, "load_stage_config", lambda path=None: yaml_says_on)
+    assert bench.stage_config(parser.parse_args([])).token2wav.compile == "on"
+    for flag in ("auto", "on", "off"):
+        assert bench.stage_config(parser.parse_args(["--t2w-compile", flag])).token2wav.compile == flag
 
 
 # ---------------------------------------------------------------------------------------------------
