@@ -27,8 +27,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ramp-frames", default=None, help="comma-separated chunk sizes after the first")
     p.add_argument("--no-graphs", action="store_true", help="thinker/talker decode without CUDA graphs")
     p.add_argument("--no-fused", action="store_true", help="thinker/talker graphs of HF's layer code (fused_decode off)")
-    p.add_argument("--t2w-worker", choices=("auto", "on", "off"), default="auto",
-                   help="token2wav on its own thread (auto: on with CUDA)")
+    p.add_argument("--t2w-worker", choices=("auto", "on", "off"), default=None,
+                   help="token2wav on its own thread (default: the stage config's token2wav.worker_thread, auto: on "
+                        "with CUDA)")
     p.add_argument("--t2w-compile", choices=("auto", "on", "off"), default=None,
                    help="token2wav: torch.compile the DiT blocks at start (default: the stage config's "
                         "token2wav.compile, auto: on with CUDA)")
@@ -57,7 +58,7 @@ def stage_config(args, **thinker):
         talker=replace(cfg.talker, device=args.device, min_tokens=args.codec_tokens, max_tokens=args.codec_tokens,
                        cuda_graphs=not args.no_graphs, fused_decode=not args.no_fused),
         token2wav=replace(cfg.token2wav, device=args.device, tf32_matmul=args.tf32 or cfg.token2wav.tf32_matmul,
-                          chunking=chunking, worker_thread=args.t2w_worker,
+                          chunking=chunking, worker_thread=args.t2w_worker or cfg.token2wav.worker_thread,
                           compile=args.t2w_compile or cfg.token2wav.compile),
         engine=replace(cfg.engine, process=args.engine_process or cfg.engine.process),
     )

@@ -159,19 +159,22 @@ def bench_common():
     return module
 
 
-def test_bench_flag_t2w_compile_overrides_the_stage_config_only_when_given(monkeypatch) -> None:
-    """``--t2w-compile`` absent means what the YAML says (an absent flag once switched the YAML's TF32 off)."""
+def test_bench_t2w_flags_override_the_stage_config_only_when_given(monkeypatch) -> None:
+    """``--t2w-compile`` and ``--t2w-worker`` absent mean what the YAML says (an absent flag once switched the
+    YAML's TF32 off)."""
     import pipeline.config
 
     bench = bench_common()
     parser = argparse.ArgumentParser()
     bench.add_model_args(parser)
     packaged = pipeline.config.load_stage_config()
-    yaml_says_on = replace(packaged, token2wav=replace(packaged.token2wav, compile="on"))
+    yaml_says_on = replace(packaged, token2wav=replace(packaged.token2wav, compile="on", worker_thread="on"))
     monkeypatch.setattr(pipeline.config, "load_stage_config", lambda path=None: yaml_says_on)
-    assert bench.stage_config(parser.parse_args([])).token2wav.compile == "on"
+    absent = bench.stage_config(parser.parse_args([])).token2wav
+    assert (absent.compile, absent.worker_thread) == ("on", "on")
     for flag in ("auto", "on", "off"):
-        assert bench.stage_config(parser.parse_args(["--t2w-compile", flag])).token2wav.compile == flag
+        given = bench.stage_config(parser.parse_args(["--t2w-compile", flag, "--t2w-worker", flag])).token2wav
+        assert (given.compile, given.worker_thread) == (flag, flag)
 
 
 # ---------------------------------------------------------------------------------------------------
