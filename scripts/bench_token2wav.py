@@ -3,6 +3,7 @@ Markdown tables).
 
     python scripts/bench_token2wav.py --device cuda                     # 7B token2wav, random weights, GPU
     python scripts/bench_token2wav.py --device cuda --batches 4,8 --tf32 --json out.json
+    python scripts/bench_token2wav.py --device cuda --tf32 --compile    # + rows with the DiT blocks compiled
     python scripts/bench_token2wav.py --tiny                            # tiny token2wav on CPU (smoke run)
 
 Builds only the token2wav of the Qwen2.5-Omni-7B architecture (DiT 22 layers, BigVGAN 1536 channels; float32, as
@@ -18,6 +19,10 @@ available (the talker ahead of token2wav), so each chunk is timed as pure synthe
 
 Each chunk's time includes the copy of its samples to the host (``step()`` returns numpy). The graphs rows also
 report max |graphs - eager| over the whole utterance (same noise, same codes).
+
+``--compile`` adds, after each mode, the same mode with the DiT blocks run through ``torch.compile``
+(``compile_dit=True``; on the CPU: eager solves of compiled blocks), compiled by ``warm_up`` before its graphs are
+captured; the compile time is reported apart from the capture time, with the number of graphs dynamo compiled.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--eager-runs", type=int, default=2)
     p.add_argument("--batches", default="4,8", help="stream counts for the batched rows")
     p.add_argument("--tf32", action="store_true", help="add rows with TF32 matmuls in the DiT (tf32_matmul=True)")
+    p.add_argument("--compile", action="store_true",
+                   help="add rows with the DiT blocks through torch.compile (compile_dit=True) after each mode")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None, help="also write the results here")
     return p.parse_args(argv)
@@ -130,9 +137,10 @@ def run_batched(t2w, cond, ref_mel, codes, noise, streams: int, together: bool, 
     return time.perf_counter() - start
 
 
-def steady_breakdown(eager, graphed, sync, repeats: int = 5) -> dict:
-    """Median ms of a steady chunk's two parts, eager and graphed: the DiT solve of a 144-frame window and the
-    vocoder on 40 + 72 frames. Reaches into the synthesizers' internals: a measurement, not an API."""
+def steady_breakdown(eager, graphed, sync, compiled=None, repeats: int = 5) -> dict:
+    """Median ms of a steady chunk's two parts, eager and graphed (and graphed with compiled DiT blocks, when given):
+    the DiT solve of a 144-frame window and the vocoder on 40 + 72 frames. Reaches into the synthesizers' internals: a
+    measurement, not an API."""
     from pipeline.models.qwen2_5_omni.token2wav_graphs import WindowJob
 
     dit, device = eager.dit, eager.device
@@ -151,12 +159,20 @@ def steady_breakdown(eager, graphed, sync, repeats: int = 5) -> dict:
             samples.append(time.perf_counter() - start)
         return 1000 * statistics.median(samples)
 
-    return {
+    parts = {
         "dit_eager_ms": timed(lambda: eager._dit_batches.solve([job])),
         "dit_graph_ms": timed(lambda: graphed._dit_batches.solve([job])),
         "vocoder_eager_ms": timed(lambda: eager._vocoder(mel)),
         "vocoder_graph_ms": timed(lambda: graphed._vocoder(mel).cpu()),
     }
+    if compiled is not None:
+        parts["dit_compiled_graph_ms"] = timed(lambda: compiled._dit_batches.solve([job]))
+    return parts
+
+
+def graphs_compiled() -> int:
+    """Graphs dynamo compiled so far in this process (every function)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def main(argv=None) -> None:
@@ -179,25 +195,34 @@ def main(argv=None) -> None:
         synthesize(eager, cond, ref_mel, codes, noise, sync)  # warm-up (kernels, allocator, speaker cache)
         eager_runs = [synthesize(eager, cond, ref_mel, codes, noise, sync) for _ in range(args.eager_runs)]
         reference = eager_runs[0].audio
-        rows.append(summarize("eager", eager_runs, None, {"warm_up_s": 0.0}))
+        rows.append(summarize("eager", eager_runs, None, {"warm_up_s": 0.0, "compile_s": 0.0}))
+        base = [("CUDA graphs", True, False)] if cuda else []  # (label, graphs, tf32)
+        base += [("CUDA graphs + TF32 matmul", True, True)] if cuda and args.tf32 else []
+        modes = []  # each mode, then the same with compiled DiT blocks: (label, graphs, tf32, compile_dit)
+        for label, graphs, tf32 in base:
+            modes += [(label, graphs, tf32, False)] + ([(f"{label} + compiled DiT", graphs, tf32, True)] * args.compile)
+        modes += [("eager + compiled DiT", False, False, True)] if args.compile and not cuda else []
+        graphed = {}  # (tf32, compile_dit) -> synthesizer, for the breakdown
+        for label, graphs, tf32, compile_dit in modes:
+            t2w = StreamingToken2Wav(model, cuda_graphs=graphs, tf32_matmul=tf32, compile_dit=compile_dit)
+            graphs_before = graphs_compiled()
+            started = time.perf_counter()
+            t2w.warm_up(max_batch=max(int(n) for n in args.batches.split(",")))
+            sync()
+            warm_up_s = time.perf_counter() - started
+            runs = [synthesize(t2w, cond, ref_mel, codes, noise, sync) for _ in range(args.runs)]
+            extra = {"warm_up_s": warm_up_s, "compile_s": t2w.compile_seconds,
+                     "compiled_graphs": graphs_compiled() - graphs_before, "stats": asdict(t2w.graph_stats())}
+            rows.append(summarize(label, runs, reference, extra))
+            graphed[(tf32, compile_dit)] = t2w
+            for n in (int(n) for n in args.batches.split(",")):
+                for together in (False, True):
+                    seconds = run_batched(t2w, cond, ref_mel, codes, noise, n, together, sync)
+                    how = "step_many" if together else "step() in turn"
+                    batched.append({"mode": label, "streams": n, "how": how, "seconds": seconds,
+                                    "rtf_per_stream": seconds / rows[0]["audio_s"]})  # fmt: skip
         if cuda:
-            modes = [("CUDA graphs", False)] + ([("CUDA graphs + TF32 matmul", True)] if args.tf32 else [])
-            for label, tf32 in modes:
-                t2w = StreamingToken2Wav(model, cuda_graphs=True, tf32_matmul=tf32)
-                started = time.perf_counter()
-                t2w.warm_up(max_batch=max(int(n) for n in args.batches.split(",")))
-                warm_up_s = time.perf_counter() - started
-                runs = [synthesize(t2w, cond, ref_mel, codes, noise, sync) for _ in range(args.runs)]
-                extra = {"warm_up_s": warm_up_s, "stats": asdict(t2w.graph_stats())}
-                rows.append(summarize(label, runs, reference, extra))
-                if not tf32:
-                    breakdown = steady_breakdown(eager, t2w, sync)
-                for n in (int(n) for n in args.batches.split(",")):
-                    for together in (False, True):
-                        seconds = run_batched(t2w, cond, ref_mel, codes, noise, n, together, sync)
-                        how = "step_many" if together else "step() in turn"
-                        batched.append({"mode": label, "streams": n, "how": how, "seconds": seconds,
-                                        "rtf_per_stream": seconds / rows[0]["audio_s"]})  # fmt: skip
+            breakdown = steady_breakdown(eager, graphed[(False, False)], sync, graphed.get((False, True)))
 
     device = torch.cuda.get_device_name() if cuda else "CPU"
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
@@ -209,13 +234,14 @@ def main(argv=None) -> None:
           f"peak GPU memory allocated {peak_gib:.2f} GiB (model, every captured graph, 8-stream batches)")
     print(f"utterance: {args.codes} codes = {rows[0]['audio_s']:.2f} s of audio, {rows[0]['chunks']} chunks "
           f"(default schedule: first 48 frames, then 72; past 48, future 24)\n")
-    print("| mode | first chunk (ms) | steady chunk (ms) | total (ms) | RTF | graph capture (s) "
+    print("| mode | first chunk (ms) | steady chunk (ms) | total (ms) | RTF | graph capture (s) | compile (s) "
           "| max abs diff vs eager |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         diff = "—" if r["mode"] == "eager" else f"{r['max_abs_diff']:.2g} (peak {r['peak']:.2g})"
+        compiled = f"{r['compile_s']:.1f} ({r['compiled_graphs']} graphs)" if r["compile_s"] else "—"
         print(f"| {r['mode']} | {r['first_chunk_ms']:.1f} | {r['steady_chunk_ms']:.1f} | {r['total_ms']:.0f} "
-              f"| {r['rtf']:.3f} | {r['warm_up_s']:.1f} | {diff} |")
+              f"| {r['rtf']:.3f} | {r['warm_up_s'] - r['compile_s']:.1f} | {compiled} | {diff} |")
     if batched:
         print("\n| mode | streams | stepped | wall (ms) | RTF per stream |")
         print("|---|---:|---|---:|---:|")
@@ -223,11 +249,13 @@ def main(argv=None) -> None:
             print(f"| {b['mode']} | {b['streams']} | {b['how']} | {b['seconds'] * 1000:.0f} "
                   f"| {b['rtf_per_stream']:.3f} |")
     if breakdown:
-        print("\n| steady chunk part | eager (ms) | CUDA graph (ms) |")
-        print("|---|---:|---:|")
+        compiled = "dit_compiled_graph_ms" in breakdown
+        print("\n| steady chunk part | eager (ms) | CUDA graph (ms) |" + (" CUDA graph, compiled DiT (ms) |" * compiled))
+        print("|---|---:|---:|" + ("---:|" * compiled))
         print(f"| DiT ODE solve, 144-frame window (36 evaluations, CFG batched) | {breakdown['dit_eager_ms']:.1f} "
-              f"| {breakdown['dit_graph_ms']:.1f} |")
-        print(f"| BigVGAN, 112 frames | {breakdown['vocoder_eager_ms']:.1f} | {breakdown['vocoder_graph_ms']:.1f} |")
+              f"| {breakdown['dit_graph_ms']:.1f} |" + (f" {breakdown.get('dit_compiled_graph_ms', 0):.1f} |" * compiled))
+        print(f"| BigVGAN, 112 frames | {breakdown['vocoder_eager_ms']:.1f} | {breakdown['vocoder_graph_ms']:.1f} |"
+              + (" — |" * compiled))
     for r in rows:
         if "stats" in r:
             print(f"\n{r['mode']} graph stats: {r['stats']}")
