@@ -710,13 +710,16 @@ class StreamingToken2Wav:
     def _compile(self) -> None:
         """Compile every variant of the DiT block that the solves will call: one velocity evaluation of a blank
         window of one slot and, when batches can hold two, of two slots (without CFG one slot is one row, which
-        dynamo compiles apart), at the first window length (frames are dynamic). Outside any capture, on the current
-        stream; the caller holds inference mode and the TF32 setting (both are part of dynamo's guards)."""
+        dynamo compiles apart) at each window length worth a graph. Frames and rows are dynamic, so the first
+        evaluation compiles and the others only check that the guards hold (a backend that specializes on some
+        property of the length, e.g. an alignment, compiles its variant here rather than during a capture or a
+        chunk). Outside any capture, on the current stream; the caller holds inference mode and the TF32 setting
+        (both are part of dynamo's guards)."""
         started = time.perf_counter()
-        frames = _window_frames(self.cfg)[0]
         with self._compiled_dit_errors("compiling the DiT blocks"):
-            for slot_count in (1, 2) if self.max_batch >= 2 else (1,):
-                self._dit_batches.evaluate_blank(frames, slot_count)
+            for frames in _window_frames(self.cfg):
+                for slot_count in (1, 2) if self.max_batch >= 2 else (1,):
+                    self._dit_batches.evaluate_blank(frames, slot_count)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # kernel faults surface here, and the time is the compile's
         self.compile_seconds = time.perf_counter() - started
