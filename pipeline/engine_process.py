@@ -279,6 +279,11 @@ class EngineProcess:
 
     def _read_loop(self) -> None:
         while True:
+            # the process's sentinel too, not only the pipe's end: a grandchild that inherited the child's end of
+            # the pipe (a fork-started worker pool) would keep it open after the child died
+            ready = wait([self._conn, self._process.sentinel])
+            if self._conn not in ready and not self._conn.poll():
+                break  # the child exited and everything it sent has been read
             try:
                 message = self._conn.recv()
             except (EOFError, OSError):
