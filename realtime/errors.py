@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from pipeline.errors import PipelineError
+from pipeline.errors import EngineProcessError, PipelineError
 from realtime.protocol.codes import ErrorCode
 
 
@@ -75,11 +75,12 @@ def to_error_payload(exc: Exception, *, event_id: str | None = None) -> dict:
 
     ``event_id`` (the client event being handled) wins over the one the exception carries.
     Unexpected exceptions become a generic ``server_error`` without internals in the message
-    (the caller logs the traceback)."""
+    (the caller logs the traceback); so does an unexpected exception raised in the engine's child process
+    (:class:`~pipeline.errors.EngineProcessError`), whose message names internal types."""
     if isinstance(exc, RealtimeError):
         etype, code, message, param = exc.type.value, str(exc.code), exc.message, exc.param
         event_id = event_id if event_id is not None else exc.event_id
-    elif isinstance(exc, PipelineError):
+    elif isinstance(exc, PipelineError) and not isinstance(exc, EngineProcessError):
         invalid = not exc.code.startswith("engine")
         etype = ErrorType.INVALID_REQUEST.value if invalid else ErrorType.SERVER.value
         code, message, param = exc.code, exc.message, exc.param

@@ -663,3 +663,17 @@ def test_a_session_object_sent_back_as_an_update_gives_the_same_config(dialect, 
     del body["id"], body["object"]
     patch = parse({"type": "session.update", "session": body}).patch
     assert SessionConfig("other", "Chelsie", OutputModality.AUDIO, turn_detection=ServerVadParams()).apply(patch) == config
+
+
+def test_engine_errors_map_to_protocol_errors_without_internals():
+    from pipeline.errors import EngineDeadError, EngineProcessError, InvalidAudioError
+    from realtime.errors import to_error_payload
+
+    bad = to_error_payload(InvalidAudioError("audio must be mono", param="audio"))
+    assert (bad["type"], bad["code"], bad["param"]) == ("invalid_request_error", "invalid_audio", "audio")
+    dead = to_error_payload(EngineDeadError("the engine process died (killed by signal SIGKILL)"))
+    assert dead["type"] == "server_error" and dead["code"] == "engine_dead"
+    # an unexpected exception inside the engine's child process names internal types: clients see none of it
+    crash = to_error_payload(EngineProcessError("KeyError: 'conv_7' in core.add_text", remote_type="KeyError"))
+    assert crash == {"type": "server_error", "code": "server_error", "message": "internal server error",
+                     "param": None, "event_id": None}
