@@ -181,8 +181,9 @@ def test_bench_t2w_flags_override_the_stage_config_only_when_given(monkeypatch) 
 # CUDA graphs of the compiled solve (GPU)
 
 GPU_SOLVE_TOLERANCE = 1e-4
-"""Compiled and graph-replayed DiT solve vs the eager, uncompiled one on the same GPU, relative to the mel's peak
-(~5): float32 rounding of fused kernels over 36 evaluations (the uncompiled graphs equal eager bit for bit)."""
+"""Compiled and graph-replayed DiT solve vs the eager, uncompiled one on the same GPU, relative to the mel's peak:
+float32 rounding of the fused kernels, compounded over 36 evaluations (uncompiled, the replayed solve equals the
+eager one bit for bit: BENCHMARKS.md §5)."""
 
 
 @pytest.fixture(scope="module")
@@ -263,8 +264,9 @@ def test_compiled_graphs_stream_like_the_eager_path(cuda_model, cuda_compiled) -
 
 @needs_cuda
 def test_compiled_graphs_with_tf32_stay_close(cuda_model) -> None:
-    """TF32 products in the compiled blocks (the packaged GPU setting): compiled under the synthesizer's TF32 switch,
-    which dynamo guards, so the graphs hold TF32 kernels; the process-wide switch is left as it was."""
+    """TF32 products in the compiled blocks (the packaged GPU setting; compiled and captured under the synthesizer's
+    TF32 switch, which dynamo guards): within TF32's error of the float32 eager path, every solve a replay, and the
+    process-wide switch left as it was."""
     before = torch.backends.cuda.matmul.allow_tf32
     fast = StreamingToken2Wav(cuda_model, tf32_matmul=True, compile_dit=True)
     fast.warm_up(max_batch=1)
