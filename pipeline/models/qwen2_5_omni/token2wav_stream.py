@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import math
 import time
 import types
@@ -56,6 +57,8 @@ from pipeline.models.qwen2_5_omni.token2wav_graphs import (
     slot_bucket,
 )
 from pipeline.stages.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
@@ -723,6 +726,7 @@ class StreamingToken2Wav:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # kernel faults surface here, and the time is the compile's
         self.compile_seconds = time.perf_counter() - started
+        log.info("token2wav: DiT blocks compiled in %.1f s", self.compile_seconds)
 
     @contextlib.contextmanager
     def _compiled_dit_errors(self, doing: str) -> Iterator[None]:
