@@ -10,9 +10,9 @@ Builds only the token2wav of the Qwen2.5-Omni-7B architecture (DiT 22 layers, Bi
 the reference requires) with random weights, one random speaker, random codes. One utterance has all its codes
 available (the talker ahead of token2wav), so each chunk is timed as pure synthesis:
 
-- first chunk: the first ``step()`` (48 frames = 0.96 s of audio with the default schedule; DiT window 72 frames);
+- first chunk: the first ``step()`` (48 mel frames = 0.48 s of audio with the default schedule; DiT window 72 frames);
   this is token2wav's share of the time to first audio;
-- steady chunk: median of the middle chunks (72 frames = 1.44 s of audio; DiT window 144 frames);
+- steady chunk: median of the middle chunks (72 frames = 0.72 s of audio; DiT window 144 frames);
 - RTF: total synthesis time / audio duration (< 1 is faster than real time);
 - batched: N streams advanced together, ``step_many`` (one DiT launch per round) vs ``step()`` one stream after
   the other; RTF per stream = wall time until every stream is done / one stream's audio duration.
