@@ -18,6 +18,8 @@ Both write the new keys/values into the pool before attending. Call under ``torc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -93,21 +95,9 @@ class PooledDecoder:
 
     def _prefill_fused(self, slot: int, x: torch.Tensor, start: int, mask: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        end = start + t
         slots = torch.full((t,), slot, dtype=torch.long, device=self.device)
-        positions = torch.arange(start, end, device=self.device)
-        residual = x.to(self.dtype).contiguous()
-        delta = None
-        for i, w in enumerate(self.fused):
-            normed, residual = add_rms_norm(delta if delta is not None else residual, w.input_norm, w.eps,
-                                            residual if delta is not None else None)  # fmt: skip
-            q = rope_and_store(F.linear(normed, w.qkv_weight, w.qkv_bias), self.cos, self.sin, self.pool.keys[i],
-                               self.pool.values[i], slots, positions, heads=self.heads, kv_heads=self.kv_heads)  # fmt: skip
-            att = self._prefill_attention(i, q, slot, end, mask)
-            normed, residual = add_rms_norm(w.o_proj(att), w.post_norm, w.eps, residual)
-            delta = w.down_proj(silu_mul(F.linear(normed, w.gate_up_weight)))
-        out, _ = add_rms_norm(delta, self.norm.weight, float(self.norm.variance_epsilon), residual)
-        return out
+        positions = torch.arange(start, start + t, device=self.device)
+        return self._fused_layers(x, slots, positions, lambda i, q: self._prefill_attention(i, q, slot, start + t, mask))
 
     def _prefill_attention(self, layer: int, q: torch.Tensor, slot: int, end: int, mask: torch.Tensor) -> torch.Tensor:
         """Queries (T, heads, D) of the last T positions before ``end`` over the slot's first ``end`` positions
@@ -125,9 +115,9 @@ class PooledDecoder:
                graph_safe: bool = False) -> torch.Tensor:  # fmt: skip
         """``x`` (B, H), row b at position ``positions[b]`` of slot ``slots[b]`` (int64 tensors on the
         device); returns (B, H) after the final norm."""
-        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # (B, 1, D)
         if graph_safe and self.fused is not None:
             return self.decode_fused(x, slots, positions)
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # (B, 1, D)
         lengths = positions + 1
         attend = attend_triton if graph_safe else attend_reference
         h = x.to(self.dtype)
@@ -143,16 +133,21 @@ class PooledDecoder:
         """:meth:`decode` in 9 kernels per layer (:mod:`.fused_decode`); needs ``fuse`` and Triton. Same contract."""
         lengths = positions + 1
         rows = x.shape[0]
+        return self._fused_layers(x, slots, positions, lambda i, q: attend_triton(
+            q, self.pool.keys[i], self.pool.values[i], slots, lengths, self.scale).reshape(rows, -1))
+
+    def _fused_layers(self, x: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                      attend: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:  # fmt: skip
+        """Every layer through the fused kernels: row r of ``x`` (R, H) at ``positions[r]`` of ``slots[r]`` (its key
+        and value written there); ``attend(layer, q)`` maps the rotated queries (R, heads, D) to (R, heads * D)."""
         residual = x.to(self.dtype).contiguous()
         delta = None  # what the previous sublayer adds to the residual stream
         for i, w in enumerate(self.fused):
             normed, residual = add_rms_norm(delta if delta is not None else residual, w.input_norm, w.eps,
                                             residual if delta is not None else None)  # fmt: skip
-            qkv = F.linear(normed, w.qkv_weight, w.qkv_bias)
-            q = rope_and_store(qkv, self.cos, self.sin, self.pool.keys[i], self.pool.values[i], slots, positions,
-                               heads=self.heads, kv_heads=self.kv_heads)  # fmt: skip
-            att = attend_triton(q, self.pool.keys[i], self.pool.values[i], slots, lengths, self.scale)
-            normed, residual = add_rms_norm(w.o_proj(att.reshape(rows, -1)), w.post_norm, w.eps, residual)
+            q = rope_and_store(F.linear(normed, w.qkv_weight, w.qkv_bias), self.cos, self.sin, self.pool.keys[i],
+                               self.pool.values[i], slots, positions, heads=self.heads, kv_heads=self.kv_heads)  # fmt: skip
+            normed, residual = add_rms_norm(w.o_proj(attend(i, q)), w.post_norm, w.eps, residual)
             delta = w.down_proj(silu_mul(F.linear(normed, w.gate_up_weight)))
         out, _ = add_rms_norm(delta, self.norm.weight, float(self.norm.variance_epsilon), residual)
         return out
