@@ -29,11 +29,12 @@ from pipeline.errors import (
 from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
 from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint
 from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
-from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
+from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav, StreamStatus
 from pipeline.outputs import AudioChunk, EngineStats, ResponseDone, ResponseStatus, StageTimings, TextDelta, Usage
 from pipeline.registry import CONNECTORS
 from pipeline.request import Phase, ResponseSpec, ResponseState, TextEnd
 from pipeline.sampling import BatchSampler
+from pipeline.stall_watch import StallWatch
 from pipeline.stages.chunk_schedule import ChunkingConfig
 from pipeline.stages.talker import TalkerRunner
 from pipeline.stages.thinker import ThinkerRunner
@@ -107,6 +108,8 @@ class EngineCore:
         """What is left this step of the stages' ``max_prefills_per_step``."""
         self._background_turn = 0
         self.responses: dict[str, ResponseState] = {}
+        self._finished = 0
+        self._stall = StallWatch()
         self._text_end_vectors = self.thinker.embed([self.special.tts_text_end, self.special.tts_text_pad])
         self.text_sampler = BatchSampler(
             th.sampling, vocab=self.thinker.lm_head.out_features, rows=self.thinker.pool.scratch_slot + 1,
@@ -346,7 +349,38 @@ class EngineCore:
         if elapsed > SLOW_STEP_MS:
             log.warning("slow engine step: %.0f ms (%d responses decoding, %d token2wav chunks, %d background prefills, "
                         "%d responses)", elapsed, len(decoding), len(ready), prefills, len(self.responses))
+        self._watch_for_stall()
         return progressed
+
+    def _watch_for_stall(self) -> None:
+        marks = (self.counters["thinker_tokens_total"], self.counters["talker_tokens_total"],
+                 self.counters["audio_samples_total"], self._finished)  # fmt: skip
+        stalled = self._stall.check(marks, live=bool(self.responses), now=time.monotonic())
+        if stalled is not None:
+            log.warning("engine stalled: no token, audio or finished response for %.0f s with %d responses live\n%s",
+                        stalled, len(self.responses), "\n".join(self.describe()))
+
+    def describe(self) -> list[str]:
+        """One line per live response (where it is in each stage) and per shared resource (KV slots, token2wav
+        worker): what a stalled or slow engine waits on. Engine thread only."""
+        lines = []
+        for r in self.responses.values():
+            t2w = r.t2w
+            t2w_state = "none" if t2w is None else (
+                f"{t2w.status.value} codes={t2w.codes_received} chunks={t2w.chunks_emitted} "
+                f"ready={t2w.status in (StreamStatus.OPEN, StreamStatus.FINISHED) and t2w.ready()} "
+                f"busy={self._t2w_busy(r)}")
+            lines.append(
+                f"  {r.id} conv={r.conv.id} phase={r.phase.name} accepts={r.spec.can_accept()} "
+                f"text={len(r.item.reply_ids)} end={r.text_end.name} talker_started={r.talker_started} "
+                f"talker_done={r.talker_done} queue={len(r.talker_queue)} codes={r.codec_tokens} "
+                f"thinker_slot={r.conv.slot} talker_slot={r.conv.talker_slot} samples={r.samples} t2w: {t2w_state}")
+        for name, pool in (("thinker", self.thinker.pool), ("talker", self.talker.pool)):
+            lines.append(f"  {name} KV slots: {pool.slots.used} of {pool.slots.capacity} used")
+        if self.t2w_worker is not None:
+            lines.append(f"  token2wav worker: {len(self.t2w_worker.in_flight)} streams in flight, "
+                         f"{len(self._t2w_jobs)} jobs known")
+        return lines
 
     def stats(self, pending_commands: int = 0) -> EngineStats:
         convs = self.conversations.values()
@@ -696,6 +730,7 @@ class EngineCore:
     # -- endings ----------------------------------------------------------------------------------
     def _finish(self, r: ResponseState, status: ResponseStatus, reason: str | None, error: Exception | None = None):
         self.responses.pop(r.id, None)
+        self._finished += 1
         r.phase = Phase.FINISHED
         r.item.open = False
         if r.conv.active_response == r.id:
