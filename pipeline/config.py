@@ -91,8 +91,9 @@ class StageConfig:
     Same arithmetic up to the order of float32 sums; ``false`` runs HF's layer code in the graphs."""
     worker_thread: str = "auto"
     """token2wav: ``on`` runs chunk synthesis on a thread (and CUDA stream) of its own, so decode steps never wait
-    for it; ``off`` runs it inside the engine step; ``auto`` = on with CUDA, off on the CPU (where a second busy
-    thread only competes for the same cores)."""
+    for it; ``off`` runs it inside the engine step; ``auto`` = off. On the H100 the worker made replies stop for good
+    once more than 16 were live (the GPU stuck with both threads inside CUDA calls; cause not found, BENCHMARKS.md §8);
+    inline synthesis served 32 users. On the CPU a second busy thread only competes for the same cores."""
     max_batch: int = 8
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
     tf32_matmul: bool = False
