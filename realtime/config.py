@@ -68,12 +68,18 @@ class ServerConfig:
     send_timeout_s: float = 30.0
     """A WebSocket client whose socket takes none of one event for this long has stopped reading:
     its session ends, closed with 1008 (RELIABILITY.md). Its queued events are bounded meanwhile."""
+    engine_probe_timeout_s: float = 5.0
+    """How long ``/healthz`` and ``/metrics`` wait for the engine's stats. The engine answers commands between
+    steps (a step is well under a second under load), so no answer in this time means it is stuck inside a step:
+    ``/healthz`` then answers 503 with ``engine_responsive: false`` and ``/metrics`` leaves the engine's stats out."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.api_key is not None and not _KEY_CHARS.match(self.api_key):
             raise ValueError("api_key must be a non-empty token (letters, digits, -._~ and similar; no spaces)")
+        if self.engine_probe_timeout_s <= 0:
+            raise ValueError(f"engine_probe_timeout_s must be > 0, got {self.engine_probe_timeout_s}")
         for name in ("max_sessions", "torch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

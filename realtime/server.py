@@ -13,7 +13,8 @@ Routes:
 - ``POST /v1/realtime/calls``: WebRTC; the SDP offer (``application/sdp``, or a multipart form
   with ``sdp`` and ``session`` fields) goes to ``app.state.webrtc``; 201 with the SDP answer.
   Without a WebRTC endpoint: 501 with a JSON error.
-- ``GET /healthz`` (JSON: ``ok`` (false, with status 503, once the engine is closed or its process died),
+- ``GET /healthz`` (JSON: ``ok`` (false, with status 503, once the engine is closed or its process died, or when
+  it answers no stats request within ``engine_probe_timeout_s``: ``engine_responsive`` false),
   ``model``, ``random_weights``, ``sessions`` (WebSocket and WebRTC), ``max_sessions``, ``webrtc``,
   ``calls`` (live WebRTC calls)) and ``GET /metrics``
   (Prometheus text; each scrape first samples the hygiene gauges, :meth:`RealtimeServer.hygiene`):
@@ -49,6 +50,7 @@ from starlette.websockets import WebSocket
 
 from pipeline.api import EngineHandle
 from pipeline.errors import PipelineError
+from pipeline.outputs import EngineStats
 from realtime.auth import AccessPolicy, Refusal
 from realtime.config import ServerConfig
 from realtime.errors import LimitExceeded, RealtimeError, to_error_payload
@@ -289,9 +291,34 @@ class RealtimeServer:
             webrtc_peers=self.webrtc.open_peers if self.webrtc is not None else 0,
             outbound_events=sum(len(runner.outbound) for runner in self._sessions.values())
             + (self.webrtc.outbound_events if self.webrtc is not None else 0),
-            engine=await engine.stats() if isinstance(engine, EngineStatsSource) and not _closed(engine) else None,
+            engine=(await self.probe_engine())[1],
             memory=process_memory(),
         )
+
+    async def probe_engine(self) -> tuple[bool, EngineStats | None]:
+        """(responsive, stats): the engine's stats within ``engine_probe_timeout_s``. An engine that reports no
+        stats, or is closed, counts as responsive with None (closed shows in :meth:`health`); one that does not
+        answer in time is stuck inside a step (the request is withdrawn and logged)."""
+        engine = self.engine
+        if not isinstance(engine, EngineStatsSource) or _closed(engine):
+            return True, None
+        timeout = self.config.engine_probe_timeout_s
+        try:
+            return True, await asyncio.wait_for(engine.stats(), timeout)
+        except TimeoutError:
+            logger.error("the engine answered no stats request within %.1f s: it is stuck inside a step", timeout)
+            return False, None
+        except PipelineError as exc:  # closed or died between the check and the call: health() shows it
+            logger.info("engine stats unavailable: %s", exc)
+            return True, None
+
+    async def probe_health(self) -> dict:
+        """:meth:`health` plus ``engine_responsive`` (see :meth:`probe_engine`); ``ok`` needs both."""
+        responsive, _ = await self.probe_engine()
+        health = self.health()
+        health["engine_responsive"] = responsive
+        health["ok"] = health["ok"] and responsive
+        return health
 
     def health(self) -> dict:
         """``ok`` is false once the engine is closed: stopped, or its child process died (the server stays up,
@@ -515,7 +542,7 @@ def create_app(
         return await server.create_call(request)
 
     async def healthz(request: Request) -> Response:
-        health = server.health()
+        health = await server.probe_health()
         return JSONResponse(health, status_code=200 if health["ok"] else 503)
 
     async def metrics(request: Request) -> Response:

@@ -95,10 +95,35 @@ async def test_healthz_reports_model_weights_and_sessions():
     async with served(FakeEngine(), webrtc=None) as (http, _):
         body = (await http.get("/healthz")).json()
         assert body == {"ok": True, "model": "fake-omni", "random_weights": True, "sessions": 0,
-                        "max_sessions": 16, "webrtc": False, "calls": 0}
+                        "max_sessions": 16, "webrtc": False, "calls": 0, "engine_responsive": True}
         async with websockets.connect(ws_url(http)) as ws:
             await until(ws, "session.created")
             assert (await http.get("/healthz")).json()["sessions"] == 1
+
+
+class StuckEngine(FakeEngine):
+    """An engine stuck inside a step: it never answers a stats request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stats_requests = 0
+
+    async def stats(self):
+        self.stats_requests += 1
+        await asyncio.Event().wait()
+
+
+async def test_healthz_and_metrics_do_not_wait_on_an_engine_stuck_inside_a_step(caplog):
+    engine = StuckEngine()
+    async with served(engine, engine_probe_timeout_s=0.2) as (http, _):
+        async with asyncio.timeout(10):  # neither route hangs with the engine
+            health = await http.get("/healthz")
+            metrics = await http.get("/metrics")
+        assert health.status_code == 503
+        assert health.json()["ok"] is False and health.json()["engine_responsive"] is False
+        assert metrics.status_code == 200 and "omni_realtime_sessions" in metrics.text
+        assert engine.stats_requests == 2
+    assert "stuck inside a step" in caplog.text
 
 
 async def test_metrics_count_sessions_responses_ttfa_and_errors():
