@@ -92,8 +92,9 @@ class StageConfig:
     worker_thread: str = "auto"
     """token2wav: ``on`` runs chunk synthesis on a thread (and CUDA stream) of its own, so decode steps never wait
     for it; ``off`` runs it inside the engine step; ``auto`` = off. On the H100 the worker made replies stop for good
-    once more than 16 were live (the GPU stuck with both threads inside CUDA calls; cause not found, BENCHMARKS.md §8);
-    inline synthesis served 32 users. On the CPU a second busy thread only competes for the same cores."""
+    once more than 16 were live (the GPU stuck with both threads inside CUDA calls, BENCHMARKS.md §8.1; likely the
+    cuBLAS workspace that every graph shared through one capture stream, since fixed but not verified on a GPU);
+    inline synthesis served 64 users. On the CPU a second busy thread only competes for the same cores."""
     max_batch: int = 8
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
     tf32_matmul: bool = False

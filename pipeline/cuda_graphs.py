@@ -35,17 +35,26 @@ class CapturedCall:
     a caller copies what it keeps before calling again. Each call owns a private memory pool: replaying one
     never touches another's outputs. Run capture and replay under ``torch.inference_mode()`` when ``fn`` runs a
     model, so no autograd state is recorded.
+
+    ``capture_stream``: where the warm-up runs and the capture happens (default: a new stream for this call).
+    cuBLAS keeps one workspace per stream, and a captured matrix product keeps the workspace of the stream it was
+    captured on, so graphs captured on one stream must never replay at the same time (torch's default capture
+    stream is shared by every graph of the process: pytorch/pytorch#193402). Graphs that always replay one after
+    the other (the batch sizes of one decode step, the shapes of one synthesizer) share a stream, which saves a
+    workspace per graph; graphs that may replay concurrently (decode on the engine thread, token2wav on its
+    worker) must not.
     """
 
     def __init__(self, fn: Callable[..., Tensor | tuple[Tensor, ...]], example: Sequence[Tensor], *,
-                 warmup_runs: int = 2) -> None:  # fmt: skip
+                 warmup_runs: int = 2, capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
         if not example or not all(t.is_cuda for t in example):
             raise GraphCaptureError("CUDA graphs need CUDA tensors as inputs")
         device = example[0].device
         # Ordinary allocations, outside the graph's pool; contiguous whatever the example's layout.
         self._inputs = tuple(t.clone(memory_format=torch.contiguous_format) for t in example)
         with torch.cuda.device(device):
-            side = torch.cuda.Stream()
+            side = capture_stream if capture_stream is not None else torch.cuda.Stream(device)
+            self.capture_stream = side
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(warmup_runs):
@@ -53,7 +62,7 @@ class CapturedCall:
             torch.cuda.current_stream().wait_stream(side)
             self._graph = torch.cuda.CUDAGraph()
             # thread_local: other threads of the process (another stage) may keep using CUDA during the capture.
-            with torch.cuda.graph(self._graph, capture_error_mode="thread_local"):
+            with torch.cuda.graph(self._graph, stream=side, capture_error_mode="thread_local"):
                 self._outputs = fn(*self._inputs)
         self.replays = 0
 

@@ -171,6 +171,9 @@ def test_captured_decode_steps_match_eager_ones_on_the_gpu(tiny_model_dir):
     runner = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=64)
     runner.batched.capture()
     assert runner.batched.captured == (1, 2, 4)
+    # the step's graphs share one capture stream of their own (one cuBLAS workspace, never the default stream's)
+    streams = {call.capture_stream for call in runner.batched._graphs.values()}
+    assert streams == {runner.batched.capture_stream} and runner.batched.capture_stream != torch.cuda.current_stream()
     hidden = ckpt.thinker.config.text_config.hidden_size
     for slot, n in ((0, 7), (2, 12), (3, 3)):
         runner.prefill(torch.randn(n, hidden, device="cuda"), slot, 0)

@@ -146,6 +146,20 @@ def test_captured_call_replays_with_new_inputs() -> None:
         call(a[:4], b)
 
 
+@needs_cuda
+def test_captured_calls_capture_on_their_own_stream_unless_given_one() -> None:
+    """Each call captures on its own stream by default (cuBLAS keeps a workspace per stream, so graphs that may
+    replay at the same time must not share one, pytorch/pytorch#193402); calls given a stream share it."""
+    a, b = torch.randn(8, 16, device="cuda"), torch.randn(16, 4, device="cuda")
+    first, second = CapturedCall(torch.matmul, (a, b)), CapturedCall(torch.matmul, (a, b))
+    assert first.capture_stream != second.capture_stream
+    assert first.capture_stream != torch.cuda.current_stream()
+    shared = torch.cuda.Stream()
+    calls = [CapturedCall(torch.matmul, (a, b), capture_stream=shared) for _ in range(2)]
+    assert all(call.capture_stream == shared for call in calls)
+    torch.testing.assert_close(calls[1](a, b), a @ b)
+
+
 @pytest.fixture(scope="module")
 def cuda_model():
     if not torch.cuda.is_available():
@@ -233,6 +247,9 @@ def test_warm_up_captures_every_regular_shape(cuda_model) -> None:
     stats = t2w.graph_stats()
     assert stats.dit_graphs == expected_dit and stats.vocoder_graphs == (48, 112)
     assert stats.dit_replays == stats.vocoder_replays == 0
+    # every graph of the synthesizer on its one capture stream, which no decode step's graphs use
+    graphs = [*t2w._dit_batches.captured.values(), *t2w._vocoder.captured.values()]
+    assert {call.capture_stream for call in graphs} == {t2w.capture_stream}
     run_stream(t2w, *utterance(100, seed=5))
     after = t2w.graph_stats()
     assert after.dit_graphs == expected_dit and after.vocoder_graphs == (48, 112)  # nothing new captured

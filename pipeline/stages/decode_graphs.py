@@ -49,6 +49,9 @@ class BatchedDecode:
         self.batch_sizes = tuple(sorted(batch_sizes)) or default_batch_sizes(pool.slots.capacity)
         self.row_inputs = row_inputs
         self._graphs: dict[int, CapturedCall] = {}
+        self.capture_stream: torch.cuda.Stream | None = None
+        """One stream (so one cuBLAS workspace) for this step's graphs: they replay one at a time, on the engine
+        thread; another stage's graphs get their own (see :class:`~pipeline.cuda_graphs.CapturedCall`)."""
         self.replays = 0
         self.eager_steps = 0
 
@@ -56,12 +59,15 @@ class BatchedDecode:
         """Record one graph per batch size (largest first). Seconds for a 7B model; call once at start."""
         if not self.use_graphs:
             return
+        if self.capture_stream is None:
+            self.capture_stream = torch.cuda.Stream(self.device)
         for b in sorted(self.batch_sizes, reverse=True):
             if b in self._graphs:
                 continue
             slots = torch.full((b,), self.pool.scratch_slot, dtype=torch.long, device=self.device)
             positions = torch.zeros(b, dtype=torch.long, device=self.device)
-            self._graphs[b] = CapturedCall(self._graph_fn, (slots, positions, *self.row_inputs(b)))
+            self._graphs[b] = CapturedCall(self._graph_fn, (slots, positions, *self.row_inputs(b)),
+                                           capture_stream=self.capture_stream)
 
     @property
     def captured(self) -> tuple[int, ...]:

@@ -453,8 +453,9 @@ class _BatchedDit:
     compiled block when the synthesizer compiles the DiT)."""
 
     def __init__(self, dit, cfg: ChunkingConfig, times: Tensor, *, graphs: bool, max_batch: int,
-                 block: DitBlock = _dit_block) -> None:  # fmt: skip
+                 block: DitBlock = _dit_block, capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
         self.dit, self.cfg, self.times, self.block = dit, cfg, times, block
+        self.capture_stream = capture_stream
         self.use_cfg = cfg.guidance_scale >= _CFG_OFF_BELOW
         self.frame_buckets = _window_frames(cfg)
         self.graphs, self.max_batch = graphs, max_batch
@@ -513,7 +514,8 @@ class _BatchedDit:
 
     def _capture(self, frames: int, slots: int, inputs: tuple[Tensor, ...]) -> CapturedCall:
         # One warm-up solve (36 evaluations) initialises every library handle the capture needs.
-        call = self.captured[(frames, slots)] = CapturedCall(self._solve, inputs, warmup_runs=1)
+        call = self.captured[(frames, slots)] = CapturedCall(self._solve, inputs, warmup_runs=1,
+                                                             capture_stream=self.capture_stream)
         return call
 
     def _solve(self, *inputs: Tensor) -> Tensor:
@@ -523,8 +525,9 @@ class _BatchedDit:
 class _Vocoder:
     """BigVGAN over a chunk's mel frames; a CUDA graph per :func:`_vocoder_frames` length when ``graphs``."""
 
-    def __init__(self, bigvgan, cfg: ChunkingConfig, device: torch.device, *, graphs: bool) -> None:
-        self.bigvgan, self.graphs = bigvgan, graphs
+    def __init__(self, bigvgan, cfg: ChunkingConfig, device: torch.device, *, graphs: bool,
+                 capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
+        self.bigvgan, self.graphs, self.capture_stream = bigvgan, graphs, capture_stream
         self.lengths = _vocoder_frames(cfg)
         self.min_amplitude = _vocoder_min_amplitude(device) if graphs else None
         self.captured: dict[int, CapturedCall] = {}
@@ -539,14 +542,14 @@ class _Vocoder:
             return _vocode(self.bigvgan, mel)
         call = self.captured.get(frames)
         if call is None:
-            call = self.captured[frames] = CapturedCall(self._waveform, (mel,))
+            call = self.captured[frames] = CapturedCall(self._waveform, (mel,), capture_stream=self.capture_stream)
         return call(mel)
 
     def capture(self, frames: int) -> None:
         if self.graphs and frames in self.lengths and frames not in self.captured:
             mel_dim = self.bigvgan.config.mel_dim
             blank = torch.zeros(1, mel_dim, frames, device=self.min_amplitude.device)
-            self.captured[frames] = CapturedCall(self._waveform, (blank,))
+            self.captured[frames] = CapturedCall(self._waveform, (blank,), capture_stream=self.capture_stream)
 
     def _waveform(self, mel: Tensor) -> Tensor:
         return _vocoder_waveform(self.bigvgan, self.min_amplitude, mel)
@@ -616,9 +619,13 @@ class StreamingToken2Wav:
         self._block: DitBlock = _CompiledDitBlock() if compile_dit else _dit_block
         self._times = _ode_time_points(self.cfg, self.device)
         self._speakers = _SpeakerCache(lambda cond, ref_mel: _speaker(self.dit, cond, ref_mel, self.use_cfg))
+        # One capture stream (one cuBLAS workspace) for every graph of this synthesizer: its solves and vocoder calls
+        # run one at a time, but may run beside the decode steps' graphs, which have streams of their own.
+        self.capture_stream = torch.cuda.Stream(self.device) if self.cuda_graphs else None
         self._dit_batches = _BatchedDit(self.dit, self.cfg, self._times, graphs=self.cuda_graphs, max_batch=max_batch,
-                                        block=self._block)  # fmt: skip
-        self._vocoder = _Vocoder(self.bigvgan, self.cfg, self.device, graphs=self.cuda_graphs)
+                                        block=self._block, capture_stream=self.capture_stream)  # fmt: skip
+        self._vocoder = _Vocoder(self.bigvgan, self.cfg, self.device, graphs=self.cuda_graphs,
+                                 capture_stream=self.capture_stream)
         self._eager_windows = 0
 
     @property
