@@ -365,11 +365,12 @@ class EngineCore:
         worker): what a stalled or slow engine waits on. Engine thread only."""
         lines = []
         for r in self.responses.values():
-            t2w = r.t2w
+            t2w, busy = r.t2w, self._t2w_busy(r)
+            # a stream in the worker is being changed there: its readiness is not read from this thread
+            steppable = t2w is not None and t2w.status in (StreamStatus.OPEN, StreamStatus.FINISHED)
+            ready = steppable and not busy and t2w.ready()
             t2w_state = "none" if t2w is None else (
-                f"{t2w.status.value} codes={t2w.codes_received} chunks={t2w.chunks_emitted} "
-                f"ready={t2w.status in (StreamStatus.OPEN, StreamStatus.FINISHED) and t2w.ready()} "
-                f"busy={self._t2w_busy(r)}")
+                f"{t2w.status.value} codes={t2w.codes_received} chunks={t2w.chunks_emitted} ready={ready} busy={busy}")
             lines.append(
                 f"  {r.id} conv={r.conv.id} phase={r.phase.name} accepts={r.spec.can_accept()} "
                 f"text={len(r.item.reply_ids)} end={r.text_end.name} talker_started={r.talker_started} "
