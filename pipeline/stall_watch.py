@@ -8,7 +8,7 @@ stall lasts. What goes into the report is the caller's (:meth:`pipeline.core.Eng
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Hashable
 
 DEFAULT_STALL_S = 10.0
@@ -22,7 +22,7 @@ class StallWatch:
     _marks: Hashable = None
     _since: float | None = None
     """monotonic seconds when the marks last changed (or responses became live)."""
-    _reported_at: float | None = field(default=None)
+    _reported_at: float | None = None
 
     def check(self, marks: Hashable, *, live: bool, now: float) -> float | None:
         """Seconds without progress when a report is due now, else None. ``live``: responses exist."""

@@ -298,7 +298,8 @@ class RealtimeServer:
     async def probe_engine(self) -> tuple[bool, EngineStats | None]:
         """(responsive, stats): the engine's stats within ``engine_probe_timeout_s``. An engine that reports no
         stats, or is closed, counts as responsive with None (closed shows in :meth:`health`); one that does not
-        answer in time is stuck inside a step (the request is withdrawn and logged)."""
+        answer in time is stuck inside a step (logged). The caller stops waiting: an engine thread drops the
+        request unrun; an engine process still runs it, cheaply, if it ever answers again."""
         engine = self.engine
         if not isinstance(engine, EngineStatsSource) or _closed(engine):
             return True, None
