@@ -91,10 +91,11 @@ class StageConfig:
     Same arithmetic up to the order of float32 sums; ``false`` runs HF's layer code in the graphs."""
     worker_thread: str = "auto"
     """token2wav: ``on`` runs chunk synthesis on a thread (and CUDA stream) of its own, so decode steps never wait
-    for it; ``off`` runs it inside the engine step; ``auto`` = off. On the H100 the worker made replies stop for good
-    once more than 16 were live (the GPU stuck with both threads inside CUDA calls, BENCHMARKS.md §8.1; likely the
-    cuBLAS workspace that every graph shared through one capture stream, since fixed but not verified on a GPU);
-    inline synthesis served 64 users. On the CPU a second busy thread only competes for the same cores."""
+    for it; ``off`` runs it inside the engine step; ``auto`` = on with CUDA, off on the CPU (there a second busy
+    thread only competes for the same cores). The worker once made replies stop for good above 16 live replies on
+    the H100: every CUDA graph shared one capture stream, hence one cuBLAS workspace, which the decode and token2wav
+    graphs then used at the same time. Each stage now captures on a stream of its own; BENCHMARKS.md §9.1 has the
+    runs that show the stall before that change and none after."""
     max_batch: int = 8
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
     tf32_matmul: bool = False
@@ -106,6 +107,13 @@ class StageConfig:
     as transformers writes them; ``auto`` = on with CUDA, off on the CPU (there the compile is C++ builds of about a
     minute at start; ``on`` works there too). A failure to compile stops the engine's start with a ConfigError whose
     message names this field: nothing falls back to ``off`` on its own. Only the token2wav stage takes it."""
+
+    def worker_enabled(self) -> bool:
+        """Whether token2wav synthesizes on its worker thread: ``worker_thread`` with ``auto`` resolved against this
+        stage's device."""
+        if self.worker_thread == "auto":
+            return self.torch_device().startswith("cuda")
+        return self.worker_thread == "on"
 
     def compile_enabled(self) -> bool:
         """Whether token2wav compiles its DiT: ``compile`` with ``auto`` resolved against this stage's device."""
@@ -226,6 +234,8 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     _check_type(values, "tf32_matmul", bool, path)
     _check_type(values, "cuda_graphs", bool, path)
     _check_type(values, "fused_decode", bool, path)
+    if isinstance(values.get("worker_thread"), bool):  # YAML 1.1 reads a bare on / off as a boolean
+        values["worker_thread"] = "on" if values["worker_thread"] else "off"
     if values.get("worker_thread", "auto") not in WORKER_THREAD:
         raise ConfigError(f"{path}.worker_thread must be one of {WORKER_THREAD}", param=f"{path}.worker_thread")
     if "compile" in values:

@@ -89,7 +89,7 @@ class EngineCore:
         )
         # compile token2wav's DiT and capture its CUDA graphs now (seconds to a minute), not during the first replies
         self.token2wav.warm_up(max_batch=tw.max_batch)
-        threaded = tw.worker_thread == "on"  # auto = off: see StageConfig.worker_thread
+        threaded = tw.worker_enabled()  # auto = on with CUDA: see StageConfig.worker_thread
         self.t2w_worker = Token2WavWorker(self.token2wav, self.t2w_device) if threaded else None
         self._t2w_jobs: dict[int, ResponseState] = {}
         """Stream id -> its response, for the chunks the worker is synthesizing."""

@@ -28,7 +28,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-graphs", action="store_true", help="thinker/talker decode without CUDA graphs")
     p.add_argument("--no-fused", action="store_true", help="thinker/talker graphs of HF's layer code (fused_decode off)")
     p.add_argument("--t2w-worker", choices=("auto", "on", "off"), default=None,
-                   help="token2wav on its own thread (default: the stage config's token2wav.worker_thread, auto: off)")
+                   help="token2wav on its own thread (default: the stage config's token2wav.worker_thread; auto: on with CUDA)")
     p.add_argument("--t2w-compile", choices=("auto", "on", "off"), default=None,
                    help="token2wav: torch.compile the DiT blocks at start (default: the stage config's "
                         "token2wav.compile, auto: on with CUDA)")

@@ -125,6 +125,21 @@ def stages(**token2wav) -> dict:
         "token2wav": {"input": "talker", "connector": "talker_to_token2wav", **token2wav}}}  # fmt: skip
 
 
+def test_stage_config_worker_thread_field() -> None:
+    """``worker_thread``: ``auto`` = the worker with CUDA, inline on the CPU; a bare YAML on / off (a boolean) reads
+    as the word."""
+    assert parse_stage_config(stages()).token2wav.worker_thread == "auto"
+    assert not parse_stage_config(stages(device="cpu")).token2wav.worker_enabled()
+    assert parse_stage_config(stages(device="cuda")).token2wav.worker_enabled()
+    assert not parse_stage_config(stages(device="cuda", worker_thread="off")).token2wav.worker_enabled()
+    assert parse_stage_config(stages(device="cpu", worker_thread="on")).token2wav.worker_enabled()
+    for value, expected in ((True, "on"), (False, "off")):
+        assert parse_stage_config(stages(worker_thread=value)).token2wav.worker_thread == expected
+    with pytest.raises(ConfigError) as info:
+        parse_stage_config(stages(worker_thread="sometimes"))
+    assert info.value.param == "stages.token2wav.worker_thread"
+
+
 def test_stage_config_compile_field() -> None:
     assert parse_stage_config(stages()).token2wav.compile == "auto"
     for value, expected in (("on", "on"), ("off", "off"), ("auto", "auto"), (True, "on"), (False, "off")):
