@@ -24,6 +24,7 @@ CONTEXT_POLICIES = ("error", "drop_oldest")
 AUDIO_FLOORS = ("streaming", "exact")
 WORKER_THREAD = ("auto", "on", "off")
 COMPILE = ("auto", "on", "off")
+DIT_DTYPES = ("float32", "bfloat16", "float16")
 ENGINE_PROCESS = ("auto", "on", "off")
 
 
@@ -98,6 +99,10 @@ class StageConfig:
     runs that show the stall before that change and none after."""
     max_batch: int = 8
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
+    dit_dtype: str = "float32"
+    """token2wav: precision of the DiT's transformer blocks (``float32``, ``bfloat16`` or ``float16``). A half
+    precision runs copies of the blocks on the tensor cores; the ODE state, the time embedding and the vocoder stay
+    float32 (StreamingToken2Wav's ``dit_dtype``). Only the token2wav stage takes it."""
     tf32_matmul: bool = False
     """token2wav on CUDA: TF32 matmuls in the DiT (about 2x faster; mel within ~2e-4 of float32)."""
     compile: str = "auto"
@@ -236,6 +241,12 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     _check_type(values, "fused_decode", bool, path)
     if isinstance(values.get("worker_thread"), bool):  # YAML 1.1 reads a bare on / off as a boolean
         values["worker_thread"] = "on" if values["worker_thread"] else "off"
+    if "dit_dtype" in values:
+        if name != "token2wav":
+            raise ConfigError(f"{path}.dit_dtype only applies to token2wav", param=f"{path}.dit_dtype")
+        if values["dit_dtype"] not in DIT_DTYPES:
+            raise ConfigError(f"{path}.dit_dtype must be one of {DIT_DTYPES}, got {values['dit_dtype']!r}",
+                              param=f"{path}.dit_dtype")  # fmt: skip
     if values.get("worker_thread", "auto") not in WORKER_THREAD:
         raise ConfigError(f"{path}.worker_thread must be one of {WORKER_THREAD}", param=f"{path}.worker_thread")
     if "compile" in values:

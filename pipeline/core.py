@@ -86,6 +86,7 @@ class EngineCore:
         self.token2wav = StreamingToken2Wav(
             ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch,
             tf32_matmul=tw.tf32_matmul and self.t2w_device.type == "cuda", compile_dit=tw.compile_enabled(),
+            dit_dtype=getattr(torch, tw.dit_dtype),
         )
         # compile token2wav's DiT and capture its CUDA graphs now (seconds to a minute), not during the first replies
         self.token2wav.warm_up(max_batch=tw.max_batch)

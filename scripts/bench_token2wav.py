@@ -54,6 +54,12 @@ def parse_args(argv=None):
     p.add_argument("--tf32", action="store_true", help="add rows with TF32 matmuls in the DiT (tf32_matmul=True)")
     p.add_argument("--compile", action="store_true",
                    help="add rows with the DiT blocks through torch.compile (compile_dit=True) after each mode")
+    p.add_argument("--dit-dtypes", default="",
+                   help="comma-separated half precisions (bfloat16, float16): after the float32 modes, the best one "
+                        "(graphs, with TF32 and compile when given) again with the DiT blocks in each")
+    p.add_argument("--together-only", action="store_true", help="batched rows: only step_many, not step() in turn")
+    p.add_argument("--only-best", action="store_true",
+                   help="of the float32 modes, run only the best one (graphs, with TF32 and compile when given)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None, help="also write the results here")
     return p.parse_args(argv)
@@ -198,30 +204,39 @@ def main(argv=None) -> None:
         rows.append(summarize("eager", eager_runs, None, {"warm_up_s": 0.0, "compile_s": 0.0}))
         base = [("CUDA graphs", True, False)] if cuda else []  # (label, graphs, tf32)
         base += [("CUDA graphs + TF32 matmul", True, True)] if cuda and args.tf32 else []
-        modes = []  # each mode, then the same with compiled DiT blocks: (label, graphs, tf32, compile_dit)
+        modes = []  # each mode, then the same with compiled DiT blocks: (label, graphs, tf32, compile_dit, dtype)
         for label, graphs, tf32 in base:
-            modes += [(label, graphs, tf32, False)] + ([(f"{label} + compiled DiT", graphs, tf32, True)] * args.compile)
-        modes += [("eager + compiled DiT", False, False, True)] if args.compile and not cuda else []
-        graphed = {}  # (tf32, compile_dit) -> synthesizer, for the breakdown
-        for label, graphs, tf32, compile_dit in modes:
-            t2w = StreamingToken2Wav(model, cuda_graphs=graphs, tf32_matmul=tf32, compile_dit=compile_dit)
+            modes += [(label, graphs, tf32, False, "float32")]
+            modes += [(f"{label} + compiled DiT", graphs, tf32, True, "float32")] * args.compile
+        modes += [("eager + compiled DiT", False, False, True, "float32")] if args.compile and not cuda else []
+        if args.only_best:
+            modes = modes[-1:]
+        label, graphs, tf32, compile_dit, _ = modes[-1] if modes else ("eager", False, False, False, "float32")
+        for dtype in filter(None, args.dit_dtypes.split(",")):
+            modes.append((f"{label}, DiT in {dtype}", graphs, tf32, compile_dit, dtype))
+        max_batch = max(int(n) for n in args.batches.split(","))
+        graphed = {}  # (tf32, compile_dit) -> float32 synthesizer, for the breakdown
+        for label, graphs, tf32, compile_dit, dtype in modes:
+            t2w = StreamingToken2Wav(model, cuda_graphs=graphs, tf32_matmul=tf32, compile_dit=compile_dit,
+                                     max_batch=max_batch, dit_dtype=getattr(torch, dtype))
             graphs_before = graphs_compiled()
             started = time.perf_counter()
-            t2w.warm_up(max_batch=max(int(n) for n in args.batches.split(",")))
+            t2w.warm_up(max_batch=max_batch)
             sync()
             warm_up_s = time.perf_counter() - started
             runs = [synthesize(t2w, cond, ref_mel, codes, noise, sync) for _ in range(args.runs)]
             extra = {"warm_up_s": warm_up_s, "compile_s": t2w.compile_seconds,
                      "compiled_graphs": graphs_compiled() - graphs_before, "stats": asdict(t2w.graph_stats())}
             rows.append(summarize(label, runs, reference, extra))
-            graphed[(tf32, compile_dit)] = t2w
+            if dtype == "float32":
+                graphed[(tf32, compile_dit)] = t2w
             for n in (int(n) for n in args.batches.split(",")):
-                for together in (False, True):
+                for together in (True,) if args.together_only else (False, True):
                     seconds = run_batched(t2w, cond, ref_mel, codes, noise, n, together, sync)
                     how = "step_many" if together else "step() in turn"
                     batched.append({"mode": label, "streams": n, "how": how, "seconds": seconds,
                                     "rtf_per_stream": seconds / rows[0]["audio_s"]})  # fmt: skip
-        if cuda:
+        if cuda and (False, False) in graphed:
             breakdown = steady_breakdown(eager, graphed[(False, False)], sync, graphed.get((False, True)))
 
     device = torch.cuda.get_device_name() if cuda else "CPU"
@@ -243,11 +258,11 @@ def main(argv=None) -> None:
         print(f"| {r['mode']} | {r['first_chunk_ms']:.1f} | {r['steady_chunk_ms']:.1f} | {r['total_ms']:.0f} "
               f"| {r['rtf']:.3f} | {r['warm_up_s'] - r['compile_s']:.1f} | {compiled} | {diff} |")
     if batched:
-        print("\n| mode | streams | stepped | wall (ms) | RTF per stream |")
-        print("|---|---:|---|---:|---:|")
+        print("\n| mode | streams | stepped | wall (ms) | RTF per stream | audio s per s |")
+        print("|---|---:|---|---:|---:|---:|")
         for b in batched:
             print(f"| {b['mode']} | {b['streams']} | {b['how']} | {b['seconds'] * 1000:.0f} "
-                  f"| {b['rtf_per_stream']:.3f} |")
+                  f"| {b['rtf_per_stream']:.3f} | {b['streams'] / b['rtf_per_stream']:.1f} |")
     if breakdown:
         compiled = "dit_compiled_graph_ms" in breakdown
         print("\n| steady chunk part | eager (ms) | CUDA graph (ms) |" + (" CUDA graph, compiled DiT (ms) |" * compiled))

@@ -140,6 +140,20 @@ def test_stage_config_worker_thread_field() -> None:
     assert info.value.param == "stages.token2wav.worker_thread"
 
 
+def test_stage_config_dit_dtype_field() -> None:
+    assert parse_stage_config(stages()).token2wav.dit_dtype == "float32"
+    assert parse_stage_config(stages(dit_dtype="bfloat16")).token2wav.dit_dtype == "bfloat16"
+    for bad in ("int8", "auto", 16):
+        with pytest.raises(ConfigError) as info:
+            parse_stage_config(stages(dit_dtype=bad))
+        assert info.value.param == "stages.token2wav.dit_dtype"
+    doc = stages()
+    doc["stages"]["talker"]["dit_dtype"] = "bfloat16"
+    with pytest.raises(ConfigError) as info:
+        parse_stage_config(doc)
+    assert info.value.param == "stages.talker.dit_dtype"
+
+
 def test_stage_config_compile_field() -> None:
     assert parse_stage_config(stages()).token2wav.compile == "auto"
     for value, expected in (("on", "on"), ("off", "off"), ("auto", "auto"), (True, "on"), (False, "off")):

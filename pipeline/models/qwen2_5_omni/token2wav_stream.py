@@ -34,6 +34,7 @@ eagerly (modulated norms, RoPE on the first head, masks, gates) that a replayed 
 from __future__ import annotations
 
 import contextlib
+import copy
 import enum
 import logging
 import math
@@ -252,30 +253,64 @@ class _CompiledDitBlock:
         return self._compiled(layer, hidden, time_embedding, cos, sin, block_diff)
 
 
-def _velocity(dit, window: _Window, guidance_scale: float, use_cfg: bool, block: DitBlock = _dit_block) -> Velocity:
-    """The guided DiT velocity field of ``window``: x (streams, L, mel_dim) -> (streams, L, mel_dim), every
-    transformer block run by ``block``."""
-    rows = window.features.shape[0]
-    cos, sin = window.rope
+DIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""Precisions the DiT's transformer can compute in (``dit_dtype``)."""
+
+
+@dataclass(frozen=True)
+class _DitCompute:
+    """The modules one velocity evaluation runs, and the dtype the transformer computes in.
+
+    With float32 these are the model's own modules. With a half precision they are copies in that dtype of the input
+    projection, the transformer blocks and the output norm and projection (the model itself stays float32 for
+    anything else that uses it); the time embedding stays the model's float32 module, because the flow-matching time
+    t must keep its precision (bfloat16 would round it to ~3 digits), and its output is then cast. The ODE state,
+    the conditioning features and the RoPE tables stay float32 outside; each evaluation casts its inputs and returns
+    a float32 velocity, so the RK4 sums accumulate in float32."""
+
+    time_embed: torch.nn.Module
+    input_proj: torch.nn.Module
+    blocks: torch.nn.ModuleList
+    norm_out: torch.nn.Module
+    proj_out: torch.nn.Module
+    dtype: torch.dtype
+
+
+def _dit_compute(dit, dtype: torch.dtype) -> _DitCompute:
+    if dtype not in DIT_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in DIT_DTYPES)
+        raise ConfigError(f"dit_dtype must be one of {names}, got {dtype}", param="dit_dtype")
+    parts = (dit.input_embed.proj, dit.transformer_blocks, dit.norm_out, dit.proj_out)
+    if dtype != torch.float32:
+        parts = tuple(copy.deepcopy(part).to(dtype) for part in parts)
+    return _DitCompute(dit.time_embed, *parts, dtype=dtype)
+
+
+def _velocity(net: _DitCompute, window: _Window, guidance_scale: float, use_cfg: bool,
+              block: DitBlock = _dit_block) -> Velocity:  # fmt: skip
+    """The guided DiT velocity field of ``window``: x (streams, L, mel_dim) float32 -> (streams, L, mel_dim) float32,
+    every transformer block run by ``block`` in ``net.dtype`` (casts are no-ops in float32)."""
+    rows, dtype = window.features.shape[0], net.dtype
 
     def velocity(t: Tensor, x: Tensor) -> Tensor:
-        time_embedding = dit.time_embed(t.reshape(1).expand(rows))
+        time_embedding = net.time_embed(t.reshape(1).expand(rows)).to(dtype)
+        cos, sin = (table.to(dtype) for table in window.rope)
         # x holds one row per stream; each stream's row feeds its conditioned and unconditioned rows.
-        hidden = dit.input_embed.proj(torch.cat([x.repeat(rows // x.shape[0], 1, 1), window.features], dim=-1))
-        for layer in dit.transformer_blocks:
+        hidden = net.input_proj(torch.cat([x.repeat(rows // x.shape[0], 1, 1), window.features], dim=-1).to(dtype))
+        for layer in net.blocks:
             hidden = block(layer, hidden, time_embedding, cos, sin, window.block_diff)
-        out = dit.proj_out(dit.norm_out(hidden, time_embedding))
+        out = net.proj_out(net.norm_out(hidden, time_embedding)).float()
         return _guided(out, guidance_scale, use_cfg)
 
     return velocity
 
 
-def _solve_packed(dit, times: Tensor, guidance_scale: float, use_cfg: bool, block: DitBlock, noise: Tensor,
-                  features: Tensor, cos: Tensor, sin: Tensor, block_diff: Tensor) -> Tensor:  # fmt: skip
+def _solve_packed(net: _DitCompute, times: Tensor, guidance_scale: float, use_cfg: bool, block: DitBlock,
+                  noise: Tensor, features: Tensor, cos: Tensor, sin: Tensor, block_diff: Tensor) -> Tensor:  # fmt: skip
     """The ODE solve of packed windows (see :class:`.token2wav_graphs.PackedWindows`), a pure function of its
     tensors so that it can be captured: (slots, frames, mel_dim) noise -> (slots, frames, mel_dim) mel."""
     window = _Window(features, (cos, sin), block_diff)
-    return _integrate(_velocity(dit, window, guidance_scale, use_cfg, block), noise, times)
+    return _integrate(_velocity(net, window, guidance_scale, use_cfg, block), noise, times)
 
 
 def _vocode(bigvgan, mel: Tensor) -> Tensor:
@@ -452,9 +487,9 @@ class _BatchedDit:
     padded computation runs eagerly. ``block`` runs each transformer block, in graphs and eagerly alike (the
     compiled block when the synthesizer compiles the DiT)."""
 
-    def __init__(self, dit, cfg: ChunkingConfig, times: Tensor, *, graphs: bool, max_batch: int,
+    def __init__(self, dit, net: _DitCompute, cfg: ChunkingConfig, times: Tensor, *, graphs: bool, max_batch: int,
                  block: DitBlock = _dit_block, capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
-        self.dit, self.cfg, self.times, self.block = dit, cfg, times, block
+        self.dit, self.net, self.cfg, self.times, self.block = dit, net, cfg, times, block
         self.capture_stream = capture_stream
         self.use_cfg = cfg.guidance_scale >= _CFG_OFF_BELOW
         self.frame_buckets = _window_frames(cfg)
@@ -478,7 +513,7 @@ class _BatchedDit:
         """One velocity evaluation of a blank batch of this shape, eagerly (no graph): what compiles the blocks."""
         noise, features, cos, sin, block_diff = self._blank_inputs(frames, slots)
         window = _Window(features, (cos, sin), block_diff)
-        _velocity(self.dit, window, self.cfg.guidance_scale, self.use_cfg, self.block)(self.times[0], noise)
+        _velocity(self.net, window, self.cfg.guidance_scale, self.use_cfg, self.block)(self.times[0], noise)
 
     def _blank_inputs(self, frames: int, slots: int) -> tuple[Tensor, ...]:
         mel_dim = self.dit.config.mel_dim
@@ -519,7 +554,7 @@ class _BatchedDit:
         return call
 
     def _solve(self, *inputs: Tensor) -> Tensor:
-        return _solve_packed(self.dit, self.times, self.cfg.guidance_scale, self.use_cfg, self.block, *inputs)
+        return _solve_packed(self.net, self.times, self.cfg.guidance_scale, self.use_cfg, self.block, *inputs)
 
 
 class _Vocoder:
@@ -594,14 +629,22 @@ class StreamingToken2Wav:
     CUDA graphs (which record the compiled kernels) and in eager solves alike; the audio equals the uncompiled
     path's up to float rounding. Compiling takes seconds to a minute per attention-reach variant of the block (3 for
     Qwen2.5-Omni, see :class:`_CompiledDitBlock`) and happens in :meth:`warm_up`; without it, in the first chunk.
+
+    ``dit_dtype`` (float32 by default, as the reference) is the precision of the DiT's transformer: ``bfloat16`` or
+    ``float16`` run copies of its blocks in that dtype on the tensor cores, at half the bytes of every activation;
+    the ODE state, time embedding and sums stay float32 (:class:`_DitCompute`). Not equal to float32: the mel moves by
+    what BENCHMARKS.md measures. The vocoder stays float32.
     """
 
     def __init__(self, model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig | None = None, *,
                  cuda_graphs: bool | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                 tf32_matmul: bool = False, compile_dit: bool = False) -> None:  # fmt: skip
+                 tf32_matmul: bool = False, compile_dit: bool = False,
+                 dit_dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
         self.cfg = _check_model(model, cfg or ChunkingConfig())
         self.model = model.eval()
         self.dit = model.code2wav_dit_model
+        self.dit_dtype = dit_dtype
+        self._net = _dit_compute(self.dit, dit_dtype)
         self.bigvgan = model.code2wav_bigvgan_model
         self.device = next(model.parameters()).device
         on_cuda = self.device.type == "cuda"
@@ -622,8 +665,9 @@ class StreamingToken2Wav:
         # One capture stream (one cuBLAS workspace) for every graph of this synthesizer: its solves and vocoder calls
         # run one at a time, but may run beside the decode steps' graphs, which have streams of their own.
         self.capture_stream = torch.cuda.Stream(self.device) if self.cuda_graphs else None
-        self._dit_batches = _BatchedDit(self.dit, self.cfg, self._times, graphs=self.cuda_graphs, max_batch=max_batch,
-                                        block=self._block, capture_stream=self.capture_stream)  # fmt: skip
+        self._dit_batches = _BatchedDit(self.dit, self._net, self.cfg, self._times, graphs=self.cuda_graphs,
+                                        max_batch=max_batch, block=self._block,
+                                        capture_stream=self.capture_stream)  # fmt: skip
         self._vocoder = _Vocoder(self.bigvgan, self.cfg, self.device, graphs=self.cuda_graphs,
                                  capture_stream=self.capture_stream)
         self._eager_windows = 0
@@ -861,7 +905,7 @@ class Token2WavStream:
         """Run the DiT ODE over the chunk's context window, unpadded; (1, L, mel_dim)."""
         owner, context = self._owner, plan.dit_context
         window = _window_inputs(owner.dit, self._speaker, self._window_codes(plan), context.start)
-        velocity = _velocity(owner.dit, window, self._cfg.guidance_scale, self._speaker.batch == 2, owner._block)
+        velocity = _velocity(owner._net, window, self._cfg.guidance_scale, self._speaker.batch == 2, owner._block)
         return _integrate(velocity, self._noise[:, context.start : context.end], owner._times)
 
     def _window_job(self, plan: ChunkPlan) -> WindowJob:
