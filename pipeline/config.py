@@ -24,7 +24,7 @@ CONTEXT_POLICIES = ("error", "drop_oldest")
 AUDIO_FLOORS = ("streaming", "exact")
 WORKER_THREAD = ("auto", "on", "off")
 COMPILE = ("auto", "on", "off")
-DIT_DTYPES = ("float32", "bfloat16", "float16")
+DIT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 ENGINE_PROCESS = ("auto", "on", "off")
 
 
@@ -99,10 +99,21 @@ class StageConfig:
     runs that show the stall before that change and none after."""
     max_batch: int = 8
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
-    dit_dtype: str = "float32"
-    """token2wav: precision of the DiT's transformer blocks (``float32``, ``bfloat16`` or ``float16``). A half
-    precision runs copies of the blocks on the tensor cores; the ODE state, the time embedding and the vocoder stay
-    float32 (StreamingToken2Wav's ``dit_dtype``). Only the token2wav stage takes it."""
+    dit_dtype: str = "auto"
+    """token2wav: precision of the DiT's transformer blocks (``float32``, ``bfloat16``, ``float16``, or ``auto`` =
+    bfloat16 with CUDA, float32 on the CPU, where half precision is slower). A half precision runs copies of the
+    blocks on the tensor cores; the ODE state, the time embedding and the vocoder stay float32 (StreamingToken2Wav's
+    ``dit_dtype``). On the H100 bfloat16 made a chunk ~1.5x faster than TF32 and moved the audio by 0.3% of its
+    peak against 0.2% for TF32 (BENCHMARKS.md §9.2); bfloat16 rather than float16 (as fast, closer) because its
+    range cannot overflow on activations nobody here has seen. Only the token2wav stage takes it."""
+
+    def dit_torch_dtype(self):
+        """``dit_dtype`` with ``auto`` resolved against this stage's device."""
+        import torch
+
+        if self.dit_dtype == "auto":
+            return torch.bfloat16 if self.torch_device().startswith("cuda") else torch.float32
+        return getattr(torch, self.dit_dtype)
     tf32_matmul: bool = False
     """token2wav on CUDA: TF32 matmuls in the DiT (about 2x faster; mel within ~2e-4 of float32)."""
     compile: str = "auto"

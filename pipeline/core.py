@@ -30,7 +30,16 @@ from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
 from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint
 from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav, StreamStatus
-from pipeline.outputs import AudioChunk, EngineStats, ResponseDone, ResponseStatus, StageTimings, TextDelta, Usage
+from pipeline.outputs import (
+    OUTPUT_SAMPLE_RATE,
+    AudioChunk,
+    EngineStats,
+    ResponseDone,
+    ResponseStatus,
+    StageTimings,
+    TextDelta,
+    Usage,
+)
 from pipeline.registry import CONNECTORS
 from pipeline.request import Phase, ResponseSpec, ResponseState, TextEnd
 from pipeline.sampling import BatchSampler
@@ -38,6 +47,7 @@ from pipeline.stall_watch import StallWatch
 from pipeline.stages.chunk_schedule import ChunkingConfig
 from pipeline.stages.talker import TalkerRunner
 from pipeline.stages.thinker import ThinkerRunner
+from pipeline.stages.token2wav_schedule import ChunkCandidate, pick_job
 from pipeline.stages.token2wav_worker import Token2WavWorker
 
 log = logging.getLogger(__name__)
@@ -86,7 +96,7 @@ class EngineCore:
         self.token2wav = StreamingToken2Wav(
             ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch,
             tf32_matmul=tw.tf32_matmul and self.t2w_device.type == "cuda", compile_dit=tw.compile_enabled(),
-            dit_dtype=getattr(torch, tw.dit_dtype),
+            dit_dtype=tw.dit_torch_dtype(),
         )
         # compile token2wav's DiT and capture its CUDA graphs now (seconds to a minute), not during the first replies
         self.token2wav.warm_up(max_batch=tw.max_batch)
@@ -296,7 +306,8 @@ class EngineCore:
     def step(self) -> bool:
         """Advance every active response by one unit per stage: responses still prefilling get one prefill
         chunk each; all decoding responses get one thinker token in one batched step, then one talker token in
-        another, then one token2wav chunk for those with enough codes (batched too). Returns False when nothing
+        another, then one token2wav job: a batch of the streams with their next chunk ready, first chunks alone
+        (pipeline/stages/token2wav_schedule.py), inline or handed to the worker. Returns False when nothing
         could progress (every response is paused by backpressure or waits for a KV slot), so the caller can
         wait instead of spin."""
         started = time.perf_counter()
@@ -324,12 +335,13 @@ class EngineCore:
         progressed |= tokens_before != (self.counters["thinker_tokens_total"], self.counters["talker_tokens_total"])
         progressed |= bool(ready) and (self.t2w_worker is None or self.t2w_worker.idle)
         if self.t2w_worker is None:
-            self._token2wav_step(ready)
+            self._token2wav_step(self._token2wav_job(ready)[0])
         elif ready and self.t2w_worker.idle:
-            for r in ready:
+            chosen, urgent = self._token2wav_job(ready)
+            for r in chosen:
                 r.mark("talker_first_chunk_ms")
-            self._t2w_jobs = {id(r.t2w): r for r in ready}
-            self.t2w_worker.submit([r.t2w for r in ready], urgent=any(r.t2w.chunks_emitted == 0 for r in ready))
+            self._t2w_jobs = {id(r.t2w): r for r in chosen}
+            self.t2w_worker.submit([r.t2w for r in chosen], urgent=urgent)
         for state in live:
             if state.id in self.responses and state.all_done() and not self._t2w_busy(state):
                 progressed = True
@@ -676,6 +688,23 @@ class EngineCore:
     def _t2w_busy(self, r: ResponseState) -> bool:
         return self.t2w_worker is not None and r.t2w is not None and self.t2w_worker.busy_with(r.t2w)
 
+    def _token2wav_job(self, ready: list[ResponseState]) -> tuple[list[ResponseState], bool]:
+        """The responses whose next chunk to make now, and whether they are first chunks (pipeline/stages/
+        token2wav_schedule.py: first chunks alone, then the streams with the least audio ahead, one batch at most)."""
+        now = time.perf_counter()
+        candidates = [
+            ChunkCandidate(i, first=r.first_audio_at is None,
+                           audio_ahead_ms=self._audio_ahead_ms(r, now) if r.first_audio_at is not None else 0.0)
+            for i, r in enumerate(ready)
+        ]  # fmt: skip
+        job = pick_job(candidates, self.token2wav.max_batch)
+        return ([ready[i] for i in job.keys], job.urgent) if job else ([], False)
+
+    @staticmethod
+    def _audio_ahead_ms(r: ResponseState, now: float) -> float:
+        """Audio sent minus audio a real-time player started at the first chunk has played, in ms."""
+        return 1000.0 * r.samples / OUTPUT_SAMPLE_RATE - 1000.0 * (now - r.first_audio_at)
+
     def _collect_token2wav(self) -> bool:
         """Emit the chunks the worker finished since the last step (engine thread: events stay in order)."""
         if self.t2w_worker is None:
@@ -724,10 +753,12 @@ class EngineCore:
     def _emit_audio(self, r: ResponseState, pcm: np.ndarray) -> None:
         if len(pcm):
             r.mark("token2wav_first_chunk_ms")
+            if r.first_audio_at is None:
+                r.first_audio_at = time.perf_counter()
             r.spec.sink(AudioChunk(pcm=pcm, start_sample=r.samples, codec_tokens_so_far=r.codec_tokens))
             r.samples += len(pcm)
             self.counters["audio_samples_total"] += len(pcm)
-            r.item.audio_ms = 1000.0 * r.samples / 24_000
+            r.item.audio_ms = 1000.0 * r.samples / OUTPUT_SAMPLE_RATE
 
     # -- endings ----------------------------------------------------------------------------------
     def _finish(self, r: ResponseState, status: ResponseStatus, reason: str | None, error: Exception | None = None):

@@ -96,6 +96,8 @@ class ResponseState:
     # token2wav
     t2w: object | None = None
     samples: int = 0
+    first_audio_at: float | None = None
+    """``time.perf_counter()`` when the first non-empty audio chunk was emitted (None before)."""
 
     @property
     def id(self) -> str:

@@ -168,8 +168,8 @@ def steady_breakdown(eager, graphed, sync, compiled=None, repeats: int = 5) -> d
     parts = {
         "dit_eager_ms": timed(lambda: eager._dit_batches.solve([job])),
         "dit_graph_ms": timed(lambda: graphed._dit_batches.solve([job])),
-        "vocoder_eager_ms": timed(lambda: eager._vocoder(mel)),
-        "vocoder_graph_ms": timed(lambda: graphed._vocoder(mel).cpu()),
+        "vocoder_eager_ms": timed(lambda: eager._vocoder.many([mel])),
+        "vocoder_graph_ms": timed(lambda: graphed._vocoder.many([mel])),
     }
     if compiled is not None:
         parts["dit_compiled_graph_ms"] = timed(lambda: compiled._dit_batches.solve([job]))

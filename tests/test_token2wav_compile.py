@@ -141,9 +141,12 @@ def test_stage_config_worker_thread_field() -> None:
 
 
 def test_stage_config_dit_dtype_field() -> None:
-    assert parse_stage_config(stages()).token2wav.dit_dtype == "float32"
-    assert parse_stage_config(stages(dit_dtype="bfloat16")).token2wav.dit_dtype == "bfloat16"
-    for bad in ("int8", "auto", 16):
+    assert parse_stage_config(stages()).token2wav.dit_dtype == "auto"
+    assert parse_stage_config(stages(device="cpu")).token2wav.dit_torch_dtype() == torch.float32  # auto on the CPU
+    assert parse_stage_config(stages(device="cuda")).token2wav.dit_torch_dtype() == torch.bfloat16
+    assert parse_stage_config(stages(device="cuda", dit_dtype="float32")).token2wav.dit_torch_dtype() == torch.float32
+    assert parse_stage_config(stages(dit_dtype="float16")).token2wav.dit_torch_dtype() == torch.float16
+    for bad in ("int8", "half", 16):
         with pytest.raises(ConfigError) as info:
             parse_stage_config(stages(dit_dtype=bad))
         assert info.value.param == "stages.token2wav.dit_dtype"

@@ -519,3 +519,51 @@ def test_dit_dtype_must_be_a_float_type(realistic_model) -> None:
     with pytest.raises(ConfigError) as info:
         StreamingToken2Wav(realistic_model, dit_dtype=torch.int8)
     assert info.value.param == "dit_dtype"
+
+
+def test_step_many_vocodes_chunks_of_one_length_together(realistic_model) -> None:
+    """The first round of :data:`BATCH_ROUNDS`: A and C make 48-frame first chunks, B its whole 46 frames: two vocoder
+    calls, the 48-frame one with both rows (max_batch 2 still fits them)."""
+    cases = [utterance(n, seed=10 + n) for n in BATCH_LENGTHS]
+    t2w = StreamingToken2Wav(realistic_model, max_batch=2)
+    calls = []
+    original = t2w._vocoder._call
+    t2w._vocoder._call = lambda mel, frames: calls.append((mel.shape[0], frames)) or original(mel, frames)
+    streams = [t2w.start(cond, ref_mel, noise=noise, max_codes=len(codes)) for codes, cond, ref_mel, noise in cases]
+    for stream, (codes, *_), (pushed, finished) in zip(streams, cases, BATCH_ROUNDS[0]):
+        stream.push(codes[:pushed])
+        if finished:
+            stream.finish()
+    t2w.step_many(streams)
+    assert sorted(calls) == [(1, 46), (2, 48)]
+
+
+def test_a_failing_batch_leaves_every_stream_as_it_was(realistic_model) -> None:
+    """step_many advances no stream unless every chunk of the batch was made: the engine then retries each stream
+    alone and gets the audio the batch would have given."""
+    cases = [utterance(n, seed=10 + n) for n in BATCH_LENGTHS]
+    t2w = StreamingToken2Wav(realistic_model)
+    streams = [t2w.start(cond, ref_mel, noise=noise, max_codes=len(codes)) for codes, cond, ref_mel, noise in cases]
+    for stream, (codes, *_) in zip(streams, cases):
+        stream.push(codes)
+        stream.finish()
+    original, calls = t2w._vocoder._call, []
+
+    def second_call_fails(mel, frames):
+        calls.append(frames)
+        if len(calls) == 2:
+            raise RuntimeError("vocoder failed")
+        return original(mel, frames)
+
+    t2w._vocoder._call = second_call_fails
+    with pytest.raises(RuntimeError, match="vocoder failed"):
+        t2w.step_many(streams)
+    assert [(s.chunks_emitted, s.frames_done, s.samples_emitted) for s in streams] == [(0, 0, 0)] * 3
+    t2w._vocoder._call = original
+    retried = [s.step() for s in streams]
+    fresh = [t2w.start(cond, ref_mel, noise=noise, max_codes=len(codes)) for codes, cond, ref_mel, noise in cases]
+    for stream, (codes, *_) in zip(fresh, cases):
+        stream.push(codes)
+        stream.finish()
+    for got, expected in zip(retried, t2w.step_many(fresh)):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=FLOAT_NOISE)

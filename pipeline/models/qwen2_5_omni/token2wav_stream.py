@@ -314,8 +314,8 @@ def _solve_packed(net: _DitCompute, times: Tensor, guidance_scale: float, use_cf
 
 
 def _vocode(bigvgan, mel: Tensor) -> Tensor:
-    """(1, mel_dim, frames) -> (frames * hop,) float32 samples on CPU."""
-    return bigvgan(mel).reshape(-1).float()
+    """(rows, mel_dim, frames) -> (rows, frames * hop) float32 samples on CPU (BigVGAN's own forward)."""
+    return bigvgan(mel).reshape(mel.shape[0], -1).float()
 
 
 def _vocoder_min_amplitude(device: torch.device) -> Tensor:
@@ -325,8 +325,9 @@ def _vocoder_min_amplitude(device: torch.device) -> Tensor:
 
 
 def _vocoder_waveform(bigvgan, min_amplitude: Tensor, mel: Tensor) -> Tensor:
-    """BigVGAN's forward without its final copy to the host, so that it can be captured: (1, mel_dim, frames) ->
-    (frames * hop,) on the model's device. The reference builds its dB floor from a Python float on every call
+    """BigVGAN's forward without its final copy to the host, so that it can be captured: (rows, mel_dim, frames) ->
+    (rows, frames * hop) on the model's device (rows are independent: every layer is a per-row convolution or
+    activation). The reference builds its dB floor from a Python float on every call
     (a host-to-device copy, which capture forbids); here it is ``min_amplitude``, made once."""
     decibels = 20 * torch.log10(torch.clamp(torch.exp(mel), min=min_amplitude)) - _VOCODER_DB_SHIFT
     hidden = bigvgan.conv_pre(bigvgan.normalize_spectrogram(decibels, 1, _VOCODER_MIN_DB))
@@ -336,7 +337,7 @@ def _vocoder_waveform(bigvgan, min_amplitude: Tensor, mel: Tensor) -> Tensor:
         blocks = bigvgan.resblocks[layer * per_layer : (layer + 1) * per_layer]
         hidden = sum(block(hidden) for block in blocks) / per_layer
     waveform = bigvgan.conv_post(bigvgan.activation_post(hidden))
-    return torch.clamp(waveform, min=-1.0, max=1.0).reshape(-1)
+    return torch.clamp(waveform, min=-1.0, max=1.0).reshape(mel.shape[0], -1)
 
 
 def _check_model(model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig) -> ChunkingConfig:
@@ -450,13 +451,13 @@ class _SpeakerCache:
 @dataclass(frozen=True)
 class GraphStats:
     """What a synthesizer's GPU path did so far. ``dit_graphs``: captured (window frames, slots) shapes;
-    ``vocoder_graphs``: captured vocoder lengths in mel frames; ``*_replays``: graph launches; ``eager_*``: DiT
+    ``vocoder_graphs``: captured (mel frames, rows) vocoder shapes; ``*_replays``: graph launches; ``eager_*``: DiT
     solves (one per batch or per single window) and vocoder calls that ran without a graph; ``dit_compiled``: the
     DiT blocks run compiled (``compile_dit``), in graphs and eagerly alike."""
 
     enabled: bool
     dit_graphs: tuple[tuple[int, int], ...]
-    vocoder_graphs: tuple[int, ...]
+    vocoder_graphs: tuple[tuple[int, int], ...]
     dit_replays: int
     vocoder_replays: int
     eager_dit_solves: int
@@ -558,33 +559,56 @@ class _BatchedDit:
 
 
 class _Vocoder:
-    """BigVGAN over a chunk's mel frames; a CUDA graph per :func:`_vocoder_frames` length when ``graphs``."""
+    """BigVGAN over chunks' mel frames, chunks of equal length batched (``max_batch`` rows at a time); with ``graphs``
+    a CUDA graph per (:func:`_vocoder_frames` length, power-of-two rows), the batch padded with blank rows (rows are
+    independent, so padding changes nothing in the real ones). Other lengths (a last chunk) run eagerly."""
 
-    def __init__(self, bigvgan, cfg: ChunkingConfig, device: torch.device, *, graphs: bool,
+    def __init__(self, bigvgan, cfg: ChunkingConfig, device: torch.device, *, graphs: bool, max_batch: int,
                  capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
         self.bigvgan, self.graphs, self.capture_stream = bigvgan, graphs, capture_stream
+        self.max_batch = max_batch
         self.lengths = _vocoder_frames(cfg)
         self.min_amplitude = _vocoder_min_amplitude(device) if graphs else None
-        self.captured: dict[int, CapturedCall] = {}
+        self.captured: dict[tuple[int, int], CapturedCall] = {}
         self.eager_calls = 0
 
-    def __call__(self, mel: Tensor) -> Tensor:
-        """(1, mel_dim, frames) -> (frames * hop,) float32 samples: a graph's output buffer on the device (valid
-        until the next call) or a CPU tensor."""
-        frames = mel.shape[2]
+    def many(self, mels: Sequence[Tensor]) -> list[Tensor]:
+        """(1, mel_dim, frames_i) each -> (frames_i * hop,) float32 samples each, on the CPU, in order. Chunks of one
+        length share a call; each call's samples are copied to the host before the next call (a graph's output
+        buffer is overwritten by its next replay)."""
+        by_length: dict[int, list[int]] = {}
+        for i, mel in enumerate(mels):
+            by_length.setdefault(mel.shape[2], []).append(i)
+        out: list[Tensor | None] = [None] * len(mels)
+        for frames, indices in by_length.items():
+            for start in range(0, len(indices), self.max_batch):
+                part = indices[start : start + self.max_batch]
+                wav = self._call(torch.cat([mels[i] for i in part]), frames)
+                for row, i in enumerate(part):
+                    out[i] = wav[row]
+        return out
+
+    def capture(self, frames: int, rows: int) -> None:
+        slots = slot_bucket(rows, self.max_batch)
+        if self.graphs and frames in self.lengths and (frames, slots) not in self.captured:
+            mel_dim = self.bigvgan.config.mel_dim
+            blank = torch.zeros(slots, mel_dim, frames, device=self.min_amplitude.device)
+            self.captured[(frames, slots)] = CapturedCall(self._waveform, (blank,), capture_stream=self.capture_stream)
+
+    def _call(self, mel: Tensor, frames: int) -> Tensor:
+        """(rows, mel_dim, frames) -> (rows, frames * hop) on the CPU."""
+        rows = mel.shape[0]
         if not (self.graphs and frames in self.lengths):
             self.eager_calls += 1
             return _vocode(self.bigvgan, mel)
-        call = self.captured.get(frames)
+        slots = slot_bucket(rows, self.max_batch)
+        if slots > rows:
+            mel = torch.cat([mel, mel.new_zeros(slots - rows, *mel.shape[1:])])
+        call = self.captured.get((frames, slots))
         if call is None:
-            call = self.captured[frames] = CapturedCall(self._waveform, (mel,), capture_stream=self.capture_stream)
-        return call(mel)
-
-    def capture(self, frames: int) -> None:
-        if self.graphs and frames in self.lengths and frames not in self.captured:
-            mel_dim = self.bigvgan.config.mel_dim
-            blank = torch.zeros(1, mel_dim, frames, device=self.min_amplitude.device)
-            self.captured[frames] = CapturedCall(self._waveform, (blank,), capture_stream=self.capture_stream)
+            call = self.captured[(frames, slots)] = CapturedCall(self._waveform, (mel,),
+                                                                 capture_stream=self.capture_stream)  # fmt: skip
+        return call(mel)[:rows].cpu()
 
     def _waveform(self, mel: Tensor) -> Tensor:
         return _vocoder_waveform(self.bigvgan, self.min_amplitude, mel)
@@ -668,7 +692,7 @@ class StreamingToken2Wav:
         self._dit_batches = _BatchedDit(self.dit, self._net, self.cfg, self._times, graphs=self.cuda_graphs,
                                         max_batch=max_batch, block=self._block,
                                         capture_stream=self.capture_stream)  # fmt: skip
-        self._vocoder = _Vocoder(self.bigvgan, self.cfg, self.device, graphs=self.cuda_graphs,
+        self._vocoder = _Vocoder(self.bigvgan, self.cfg, self.device, graphs=self.cuda_graphs, max_batch=max_batch,
                                  capture_stream=self.capture_stream)
         self._eager_windows = 0
 
@@ -730,7 +754,8 @@ class StreamingToken2Wav:
                     for slot_count in slots:
                         self._dit_batches.capture(frames, slot_count)
             for frames in _vocoder_frames(self.cfg):
-                self._vocoder.capture(frames)
+                for slot_count in slots:
+                    self._vocoder.capture(frames, slot_count)
 
     def step_many(self, streams: Sequence[Token2WavStream]) -> list[np.ndarray]:
         """Synthesize the next chunk of each of ``streams``, their DiT windows batched (``max_batch`` at a time,
@@ -803,7 +828,10 @@ class StreamingToken2Wav:
                 self._eager_windows += 1
             else:
                 windows = self._dit_batches.solve([stream._window_job(plan) for stream, plan in chunks])
-            return [stream._emit(plan, window) for (stream, plan), window in zip(chunks, windows)]
+            mels = [stream._vocoder_input(plan, window) for (stream, plan), window in zip(chunks, windows)]
+            wavs = self._vocoder.many(mels)
+        # only now, with every chunk made, does any stream advance: a failure above leaves them all as they were
+        return [stream._advance(plan, mel, wav) for (stream, plan), mel, wav in zip(chunks, mels, wavs)]
 
     def _noise(self, noise: Tensor | None, generator: torch.Generator | None, frames: int) -> Tensor:
         mel_dim = self.dit.config.mel_dim
@@ -884,7 +912,8 @@ class Token2WavStream:
         self._release()
         self.status = StreamStatus.CLOSED
 
-    # -- internals (the owner drives the synthesis of a chunk: _solve_window or _window_job, then _emit)
+    # -- internals (the owner drives the synthesis of a chunk: _solve_window or _window_job, then
+    # _vocoder_input, the vocoder, and _advance)
 
     def _plan(self) -> ChunkPlan | None:
         if self.status not in (StreamStatus.OPEN, StreamStatus.FINISHED):
@@ -914,28 +943,27 @@ class Token2WavStream:
         features = _features(self._owner.dit, self._speaker, self._window_codes(plan))
         return WindowJob(self._noise[:, context.start : context.end], features, context.start)
 
-    def _emit(self, plan: ChunkPlan, window: Tensor) -> np.ndarray:
-        """Vocode the chunk's frames of its solved ``window``, advance the stream, return the samples."""
+    def _vocoder_input(self, plan: ChunkPlan, window: Tensor) -> Tensor:
+        """The mel frames (1, mel_dim, n) the vocoder runs for the chunk: the re-run overlap frames of the previous
+        chunks, then the chunk's frames of its solved ``window``. Changes nothing."""
         offset = plan.dit_context.start
         mel = window[:, plan.frames.start - offset : plan.frames.end - offset].transpose(1, 2)
-        samples = self._vocode(plan, mel)
+        overlap = plan.frames.start - plan.vocoder_frames.start
+        return torch.cat([self._mel_tail[:, :, -overlap:], mel], dim=2) if overlap else mel
+
+    def _advance(self, plan: ChunkPlan, vocoder_mel: Tensor, wav: Tensor) -> np.ndarray:
+        """Keep the chunk's ``plan.samples`` of the vocoder output ``wav`` (CPU, for ``vocoder_mel``), advance the
+        stream past the chunk, return the samples."""
+        hold = self._cfg.vocoder_overlap_frames
+        self._mel_tail = vocoder_mel[:, :, -hold:] if hold else None
+        offset = plan.vocoder_frames.start * self._cfg.samples_per_frame
+        samples = wav[plan.samples.start - offset : plan.samples.end - offset].numpy().astype(np.float32, copy=True)
         self.frames_done = plan.frames.end
         self.samples_emitted += samples.size
         self.chunks_emitted += 1
         if plan.is_last:
             self._set_done()
         return samples
-
-    def _vocode(self, plan: ChunkPlan, mel: Tensor) -> np.ndarray:
-        """Vocode ``mel`` after the re-run overlap frames; keep ``plan.samples``; update the mel tail."""
-        overlap = plan.frames.start - plan.vocoder_frames.start
-        if overlap:
-            mel = torch.cat([self._mel_tail[:, :, -overlap:], mel], dim=2)
-        self._mel_tail = mel[:, :, -self._cfg.vocoder_overlap_frames :] if self._cfg.vocoder_overlap_frames else None
-        wav = self._owner._vocoder(mel)
-        offset = plan.vocoder_frames.start * self._cfg.samples_per_frame
-        kept = wav[plan.samples.start - offset : plan.samples.end - offset].cpu()
-        return kept.numpy().astype(np.float32, copy=True)
 
     def _set_done(self) -> None:
         self.status = StreamStatus.DONE
@@ -1001,4 +1029,4 @@ def one_shot(
             return _guided(out, cfg.guidance_scale, use_cfg)
 
         mel = _integrate(velocity, noise[:, :frames].to(device, torch.float32), _ode_time_points(cfg, device))
-        return _vocode(model.code2wav_bigvgan_model, mel.transpose(1, 2)).numpy().astype(np.float32, copy=True)
+        return _vocode(model.code2wav_bigvgan_model, mel.transpose(1, 2))[0].numpy().astype(np.float32, copy=True)

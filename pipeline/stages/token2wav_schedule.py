@@ -1,0 +1,60 @@
+"""Which token2wav chunks to make next: first chunks before steady ones, and among steady ones the streams closest to
+running dry. Pure logic, no torch and no clock: the engine passes in how much audio each stream has ahead.
+
+Why a policy at all: one token2wav job (a batched DiT solve plus its vocoder calls) runs at a time, and a batch costs
+about as much as its longest window times its rows. Mixed into a batch of steady chunks, a first chunk (72-frame
+window) would be padded to the steady 144 frames and wait for every steady stream's chunk, while the steady streams
+usually have audio in hand. So:
+
+- A job holds only first chunks or only later chunks, never both.
+- A job holds at most ``max_streams`` streams (one batched pass), so a first chunk that becomes ready while a job
+  runs waits for one pass, not for every stream in the engine.
+- The most urgent candidate decides the kind of job. A first chunk has 0 ms of audio ahead (someone is waiting for
+  the first sample); a later chunk has the audio its stream sent minus what a real-time player has played since
+  its first sample. A steady stream already starving (< 0 ms ahead) outranks first chunks; otherwise first chunks
+  go first. Ties keep the callers' order (responses in the order they started).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["ChunkCandidate", "Token2WavJob", "pick_job"]
+
+
+@dataclass(frozen=True)
+class ChunkCandidate:
+    """A stream with its next chunk ready. ``audio_ahead_ms``: audio sent minus audio played at real time since
+    its first sample (ms; negative = a player would be starving); ignored for a first chunk (counted as 0)."""
+
+    key: Hashable
+    first: bool
+    audio_ahead_ms: float = 0.0
+
+    @property
+    def urgency_ms(self) -> float:
+        """Sort key: less audio ahead = more urgent."""
+        return 0.0 if self.first else self.audio_ahead_ms
+
+
+@dataclass(frozen=True)
+class Token2WavJob:
+    """The streams of one job, most urgent first; ``urgent``: a job of first chunks (it runs on the CUDA stream that
+    outranks decode)."""
+
+    keys: tuple[Hashable, ...]
+    urgent: bool
+
+
+def pick_job(candidates: Sequence[ChunkCandidate], max_streams: int) -> Token2WavJob | None:
+    """The next job among ``candidates`` (None when there is none): see the module docstring."""
+    if max_streams < 1:
+        raise ValueError(f"max_streams must be >= 1, got {max_streams}")
+    # stable sort: equal urgency keeps the callers' order; a first chunk beats a later chunk with 0 ms ahead
+    ranked = sorted(candidates, key=lambda c: (c.urgency_ms, not c.first))
+    if not ranked:
+        return None
+    first = ranked[0].first
+    chosen = [c for c in ranked if c.first == first][:max_streams]
+    return Token2WavJob(tuple(c.key for c in chosen), urgent=first)

@@ -1,0 +1,64 @@
+"""The token2wav job policy (pipeline/stages/token2wav_schedule.py): pure, no engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.stages.token2wav_schedule import ChunkCandidate, Token2WavJob, pick_job
+
+
+def steady(key: str, ahead_ms: float) -> ChunkCandidate:
+    return ChunkCandidate(key, first=False, audio_ahead_ms=ahead_ms)
+
+
+def first(key: str) -> ChunkCandidate:
+    return ChunkCandidate(key, first=True)
+
+
+def test_nothing_ready_is_no_job() -> None:
+    assert pick_job([], 8) is None
+
+
+def test_first_chunks_run_alone_and_urgent() -> None:
+    job = pick_job([steady("a", 300), first("b"), steady("c", 50), first("d")], 8)
+    assert job == Token2WavJob(("b", "d"), urgent=True)
+
+
+def test_steady_chunks_least_audio_ahead_first_one_batch_at_most() -> None:
+    job = pick_job([steady("a", 900), steady("b", 100), steady("c", 500), steady("d", 100)], 3)
+    assert job == Token2WavJob(("b", "d", "c"), urgent=False)  # ties keep the callers' order
+
+
+def test_a_starving_stream_outranks_first_chunks() -> None:
+    job = pick_job([first("new"), steady("late", -40), steady("fine", 800)], 8)
+    assert job == Token2WavJob(("late", "fine"), urgent=False)
+    # at exactly 0 ms ahead the first chunk still goes first
+    assert pick_job([steady("edge", 0.0), first("new")], 8) == Token2WavJob(("new",), urgent=True)
+
+
+def test_first_chunks_beyond_one_batch_wait_in_order() -> None:
+    job = pick_job([first(k) for k in "abcde"], 2)
+    assert job == Token2WavJob(("a", "b"), urgent=True)
+
+
+def test_the_batch_bound_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_streams"):
+        pick_job([first("a")], 0)
+
+
+def test_the_engine_picks_by_audio_ahead_of_a_real_time_player() -> None:
+    """EngineCore._token2wav_job on stand-in responses: one waiting for its first audio, one that sent 2 s of audio
+    1 s ago (1 s ahead), one that sent 0.5 s of audio 1 s ago (starving: -0.5 s)."""
+    import time
+    from types import SimpleNamespace
+
+    from pipeline.core import EngineCore
+
+    now = time.perf_counter()
+    new = SimpleNamespace(first_audio_at=None, samples=0)
+    ahead = SimpleNamespace(first_audio_at=now - 1.0, samples=48_000)
+    starving = SimpleNamespace(first_audio_at=now - 1.0, samples=12_000)
+    core = SimpleNamespace(token2wav=SimpleNamespace(max_batch=8), _audio_ahead_ms=EngineCore._audio_ahead_ms)
+    assert EngineCore._token2wav_job(core, [new, ahead]) == ([new], True)
+    assert EngineCore._token2wav_job(core, [ahead, new, starving]) == ([starving, ahead], False)
+    assert EngineCore._token2wav_job(core, []) == ([], False)
