@@ -99,6 +99,11 @@ class StageConfig:
     runs that show the stall before that change and none after."""
     max_batch: int = 8
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
+    worker_sms: int | None = None
+    """token2wav with the worker on CUDA: run the synthesizer's graphs on a CUDA green context of this many SMs
+    (rounded by the driver to its partition granularity), so that the other SMs stay free for decode steps: the
+    DiT's large kernels otherwise fill every SM, and each of a decode step's ~500 small kernels waits for a slot.
+    None (default): every SM. Needs torch's ``torch.cuda.green_contexts``. Only the token2wav stage takes it."""
     dit_dtype: str = "auto"
     """token2wav: precision of the DiT's transformer blocks (``float32``, ``bfloat16``, ``float16``, or ``auto`` =
     bfloat16 with CUDA, float32 on the CPU, where half precision is slower). A half precision runs copies of the
@@ -252,6 +257,12 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     _check_type(values, "fused_decode", bool, path)
     if isinstance(values.get("worker_thread"), bool):  # YAML 1.1 reads a bare on / off as a boolean
         values["worker_thread"] = "on" if values["worker_thread"] else "off"
+    if "worker_sms" in values and values["worker_sms"] is not None:
+        sms = values["worker_sms"]
+        if name != "token2wav":
+            raise ConfigError(f"{path}.worker_sms only applies to token2wav", param=f"{path}.worker_sms")
+        if not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0:
+            raise ConfigError(f"{path}.worker_sms must be a positive integer", param=f"{path}.worker_sms")
     if "dit_dtype" in values:
         if name != "token2wav":
             raise ConfigError(f"{path}.dit_dtype only applies to token2wav", param=f"{path}.dit_dtype")

@@ -18,6 +18,7 @@ from pipeline.config import StageGraphConfig
 from pipeline.conversation_state import AudioBlock, ConversationState, ConvItem, ItemKind, OpenAudio
 from pipeline.detokenizer import IncrementalDetokenizer
 from pipeline.errors import (
+    ConfigError,
     EmptyInputError,
     EngineFailure,
     InvalidAudioError,
@@ -76,6 +77,28 @@ def _audio_runs(audio: dict[int, tuple[torch.Tensor, int]], start: int, end: int
     return runs
 
 
+def _green_stream(sms: int | None, device: torch.device, threaded: bool):
+    """(green context, its stream) for token2wav's ``worker_sms``, or (None, None) when it is not set. The context is
+    returned so that its owner keeps it alive as long as the stream is used."""
+    if sms is None:
+        return None, None
+    if device.type != "cuda" or not threaded:
+        raise ConfigError("stages.token2wav.worker_sms needs token2wav on CUDA with its worker thread on",
+                          param="stages.token2wav.worker_sms")  # fmt: skip
+    try:
+        from torch.cuda.green_contexts import GreenContext
+    except ImportError as exc:
+        raise ConfigError(f"stages.token2wav.worker_sms needs torch.cuda.green_contexts ({exc})",
+                          param="stages.token2wav.worker_sms") from exc  # fmt: skip
+    total = torch.cuda.get_device_properties(device).multi_processor_count
+    if sms >= total:
+        raise ConfigError(f"stages.token2wav.worker_sms ({sms}) must leave some of the device's {total} SMs",
+                          param="stages.token2wav.worker_sms")  # fmt: skip
+    context = GreenContext.create(num_sms=sms, device_id=device.index or 0)
+    log.info("token2wav: a green context of %d of %d SMs", sms, total)
+    return context, context.Stream()
+
+
 class EngineCore:
     def __init__(self, ckpt: LoadedCheckpoint, cfg: StageGraphConfig, *, seed: int | None = None) -> None:
         self.ckpt = ckpt
@@ -93,15 +116,16 @@ class EngineCore:
                                    kv_slots=ta.kv_slots, max_len=self.max_context + self.max_codes + 2,
                                    cuda_graphs=ta.cuda_graphs, fused_decode=ta.fused_decode)  # fmt: skip
         self.t2w_device = torch.device(tw.torch_device())
+        threaded = tw.worker_enabled()  # auto = on with CUDA: see StageConfig.worker_thread
+        self._t2w_green, t2w_stream = _green_stream(tw.worker_sms, self.t2w_device, threaded)
         self.token2wav = StreamingToken2Wav(
             ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch,
             tf32_matmul=tw.tf32_matmul and self.t2w_device.type == "cuda", compile_dit=tw.compile_enabled(),
-            dit_dtype=tw.dit_torch_dtype(),
+            dit_dtype=tw.dit_torch_dtype(), capture_stream=t2w_stream,
         )
         # compile token2wav's DiT and capture its CUDA graphs now (seconds to a minute), not during the first replies
         self.token2wav.warm_up(max_batch=tw.max_batch)
-        threaded = tw.worker_enabled()  # auto = on with CUDA: see StageConfig.worker_thread
-        self.t2w_worker = Token2WavWorker(self.token2wav, self.t2w_device) if threaded else None
+        self.t2w_worker = Token2WavWorker(self.token2wav, self.t2w_device, stream=t2w_stream) if threaded else None
         self._t2w_jobs: dict[int, ResponseState] = {}
         """Stream id -> its response, for the chunks the worker is synthesizing."""
         self.to_talker = CONNECTORS[ta.connector].fn

@@ -29,10 +29,11 @@ from tests.test_token2wav_stream import MEL_DIM, BATCH_LENGTHS, build_token2wav,
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-GPU_TOLERANCE = 1e-4
+GPU_TOLERANCE = 3e-4
 """Graph replay vs eager on the same GPU, against a ~0.4 peak. On an H200 the replayed DiT solve (padded or not)
 equalled the eager one bit for bit; what differs is the vocoder, whose cuDNN convolutions (TF32 by default in
-PyTorch) may round differently from call to call."""
+PyTorch) round differently from call to call and from one batch size to another: vocoding a batch of streams
+against each stream alone differed by up to 1.5e-4 on the H100 (0.04 % of the peak)."""
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -658,12 +658,17 @@ class StreamingToken2Wav:
     ``float16`` run copies of its blocks in that dtype on the tensor cores, at half the bytes of every activation;
     the ODE state, time embedding and sums stay float32 (:class:`_DitCompute`). Not equal to float32: the mel moves by
     what BENCHMARKS.md measures. The vocoder stays float32.
+
+    ``capture_stream`` (CUDA graphs only; default: a new stream) is where every graph of the synthesizer is warmed up
+    and captured. A stream of a CUDA green context makes the graphs run on that context's SMs only, wherever they are
+    replayed.
     """
 
     def __init__(self, model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig | None = None, *,
                  cuda_graphs: bool | None = None, max_batch: int = DEFAULT_MAX_BATCH,
                  tf32_matmul: bool = False, compile_dit: bool = False,
-                 dit_dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
+                 dit_dtype: torch.dtype = torch.float32, capture_stream: torch.cuda.Stream | None = None,
+                 ) -> None:  # fmt: skip
         self.cfg = _check_model(model, cfg or ChunkingConfig())
         self.model = model.eval()
         self.dit = model.code2wav_dit_model
@@ -688,7 +693,9 @@ class StreamingToken2Wav:
         self._speakers = _SpeakerCache(lambda cond, ref_mel: _speaker(self.dit, cond, ref_mel, self.use_cfg))
         # One capture stream (one cuBLAS workspace) for every graph of this synthesizer: its solves and vocoder calls
         # run one at a time, but may run beside the decode steps' graphs, which have streams of their own.
-        self.capture_stream = torch.cuda.Stream(self.device) if self.cuda_graphs else None
+        # A given stream (a green context's, which then bounds the SMs every graph of this synthesizer runs on) or
+        # a new one.
+        self.capture_stream = (capture_stream or torch.cuda.Stream(self.device)) if self.cuda_graphs else None
         self._dit_batches = _BatchedDit(self.dit, self._net, self.cfg, self._times, graphs=self.cuda_graphs,
                                         max_batch=max_batch, block=self._block,
                                         capture_stream=self.capture_stream)  # fmt: skip
