@@ -125,6 +125,20 @@ def stages(**token2wav) -> dict:
         "token2wav": {"input": "talker", "connector": "talker_to_token2wav", **token2wav}}}  # fmt: skip
 
 
+def assert_refused(doc: dict, param: str) -> None:
+    """The stage config ``doc`` is refused with a ConfigError naming ``param``."""
+    with pytest.raises(ConfigError) as info:
+        parse_stage_config(doc)
+    assert info.value.param == param
+
+
+def on_the_talker(field: str, value) -> dict:
+    """A stage config that gives the talker a token2wav-only ``field``."""
+    doc = stages()
+    doc["stages"]["talker"][field] = value
+    return doc
+
+
 def test_stage_config_worker_thread_field() -> None:
     """``worker_thread``: ``auto`` = the worker with CUDA, inline on the CPU; a bare YAML on / off (a boolean) reads
     as the word."""
@@ -135,9 +149,7 @@ def test_stage_config_worker_thread_field() -> None:
     assert parse_stage_config(stages(device="cpu", worker_thread="on")).token2wav.worker_enabled()
     for value, expected in ((True, "on"), (False, "off")):
         assert parse_stage_config(stages(worker_thread=value)).token2wav.worker_thread == expected
-    with pytest.raises(ConfigError) as info:
-        parse_stage_config(stages(worker_thread="sometimes"))
-    assert info.value.param == "stages.token2wav.worker_thread"
+    assert_refused(stages(worker_thread="sometimes"), "stages.token2wav.worker_thread")
 
 
 def test_stage_config_dit_dtype_field() -> None:
@@ -147,14 +159,8 @@ def test_stage_config_dit_dtype_field() -> None:
     assert parse_stage_config(stages(device="cuda", dit_dtype="float32")).token2wav.dit_torch_dtype() == torch.float32
     assert parse_stage_config(stages(dit_dtype="float16")).token2wav.dit_torch_dtype() == torch.float16
     for bad in ("int8", "half", 16):
-        with pytest.raises(ConfigError) as info:
-            parse_stage_config(stages(dit_dtype=bad))
-        assert info.value.param == "stages.token2wav.dit_dtype"
-    doc = stages()
-    doc["stages"]["talker"]["dit_dtype"] = "bfloat16"
-    with pytest.raises(ConfigError) as info:
-        parse_stage_config(doc)
-    assert info.value.param == "stages.talker.dit_dtype"
+        assert_refused(stages(dit_dtype=bad), "stages.token2wav.dit_dtype")
+    assert_refused(on_the_talker("dit_dtype", "bfloat16"), "stages.talker.dit_dtype")
 
 
 def test_stage_config_compile_field() -> None:
@@ -167,14 +173,8 @@ def test_stage_config_compile_field() -> None:
     assert parse_stage_config(stages(device="cuda")).token2wav.compile_enabled()  # auto: on with CUDA
     assert not parse_stage_config(stages(device="cuda", compile="off")).token2wav.compile_enabled()
     for bad in ("yes", 1, "max-autotune"):
-        with pytest.raises(ConfigError) as info:
-            parse_stage_config(stages(compile=bad))
-        assert info.value.param == "stages.token2wav.compile"
-    raw = stages()
-    raw["stages"]["talker"]["compile"] = "on"
-    with pytest.raises(ConfigError) as info:
-        parse_stage_config(raw)
-    assert info.value.param == "stages.talker.compile"
+        assert_refused(stages(compile=bad), "stages.token2wav.compile")
+    assert_refused(on_the_talker("compile", "on"), "stages.talker.compile")
 
 
 def test_the_cpu_engine_runs_the_dit_uncompiled_by_default(tiny_engine) -> None:
@@ -314,9 +314,8 @@ def test_stage_config_worker_sms_field() -> None:
     assert parse_stage_config(stages()).token2wav.worker_sms is None
     assert parse_stage_config(stages(worker_sms=96)).token2wav.worker_sms == 96
     for bad in (0, -4, True, "96"):
-        with pytest.raises(ConfigError) as info:
-            parse_stage_config(stages(worker_sms=bad))
-        assert info.value.param == "stages.token2wav.worker_sms"
+        assert_refused(stages(worker_sms=bad), "stages.token2wav.worker_sms")
+    assert_refused(on_the_talker("worker_sms", 96), "stages.talker.worker_sms")
 
 
 def test_worker_sms_needs_the_worker_on_cuda() -> None:
