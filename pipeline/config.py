@@ -103,7 +103,8 @@ class StageConfig:
     """token2wav with the worker on CUDA: run the synthesizer's graphs on a CUDA green context of this many SMs
     (rounded by the driver to its partition granularity), so that the other SMs stay free for decode steps: the
     DiT's large kernels otherwise fill every SM, and each of a decode step's ~500 small kernels waits for a slot.
-    None (default): every SM. Needs torch's ``torch.cuda.green_contexts``. Only the token2wav stage takes it."""
+    None (default): every SM. On the H100, 100 of 132 SMs sped decode up at 32 users (BENCHMARKS.md §9.3). Needs
+    torch's ``torch.cuda.green_contexts``. Only the token2wav stage takes it."""
     dit_dtype: str = "auto"
     """token2wav: precision of the DiT's transformer blocks (``float32``, ``bfloat16``, ``float16``, or ``auto`` =
     bfloat16 with CUDA, float32 on the CPU, where half precision is slower). A half precision runs copies of the
