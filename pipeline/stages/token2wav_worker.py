@@ -45,8 +45,8 @@ class Token2WavResult:
 
 class Token2WavWorker:
     def __init__(self, synthesizer, device: torch.device, *, stream: torch.cuda.Stream | None = None) -> None:
-        """``stream``: where jobs without a first chunk run (default: a new stream of default priority); a green
-        context's stream keeps them on that context's SMs."""
+        """``stream``: where jobs without a first chunk run (default: a new stream of default priority), e.g. a green
+        context's stream, to keep them on that context's SMs."""
         self.synthesizer = synthesizer
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"

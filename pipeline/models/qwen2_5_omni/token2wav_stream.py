@@ -660,8 +660,9 @@ class StreamingToken2Wav:
     what BENCHMARKS.md measures. The vocoder stays float32.
 
     ``capture_stream`` (CUDA graphs only; default: a new stream) is where every graph of the synthesizer is warmed up
-    and captured. A stream of a CUDA green context makes the graphs run on that context's SMs only, wherever they are
-    replayed.
+    and captured. The engine passes a CUDA green context's stream here to keep the graphs' kernels on that context's
+    SMs; that graphs captured there stay on them wherever they are replayed is what the driver is expected to do, not
+    something checked here (BENCHMARKS.md §9.3 has the decode speed-up seen with it).
     """
 
     def __init__(self, model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig | None = None, *,
