@@ -319,7 +319,8 @@ class EngineCore:
         conv.active_response = spec.id
         self.responses[spec.id] = ResponseState(
             spec=spec, conv=conv, item=item, detok=IncrementalDetokenizer(self.renderer.decode),
-            generator=self._generator(self.thinker.device), started_at=time.perf_counter(),
+            generator=self._generator(self.thinker.device),
+            started_at=time.perf_counter(), started_at_s=time.monotonic(),
         )
 
     def cancel_response(self, response_id: str, reason: str) -> None:
@@ -812,7 +813,7 @@ class EngineCore:
         r.spec.sink(ResponseDone(
             status=status, usage=usage, text=r.detok.text, text_token_ids=tuple(r.item.reply_ids),
             audio_codes=tuple(r.codes), audio_samples=r.samples, reason=reason, error=error,
-            timings=StageTimings(**r.milestones),
+            timings=StageTimings(**r.milestones, started_at_s=r.started_at_s),
         ))
 
     def _fail(self, r: ResponseState, exc: Exception) -> None:

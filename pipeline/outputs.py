@@ -58,6 +58,9 @@ class StageTimings:
     """The talker has produced every code the first token2wav chunk needs (its look-ahead included)."""
     token2wav_first_chunk_ms: float | None = None
     """The first audio chunk left the engine."""
+    started_at_s: float | None = None
+    """``time.monotonic()`` (seconds) when the engine took the response: a host-wide clock, so a caller in
+    another process on the same host can place the milestones on its own timeline."""
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,9 @@ class ResponseState:
     phase: Phase = Phase.PREFILL
     started_at: float = 0.0
     """perf_counter() when the engine thread took the response."""
+    started_at_s: float = 0.0
+    """The same moment on ``time.monotonic()`` (host-wide; reported in StageTimings for callers in other
+    processes)."""
     milestones: dict[str, float] = field(default_factory=dict)
     """StageTimings field -> ms since ``started_at`` (first occurrence only)."""
     cancel_reason: str | None = None

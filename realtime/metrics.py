@@ -33,12 +33,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pipeline.outputs import EngineStats
+from realtime.first_audio import FirstAudioTrace
 from realtime.protocol.names import Dialect, ServerEvent, server_event_name
 
 PREFIX = "omni_realtime"
 
 TTFA_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 """Seconds: fine around the 0.2–1 s that matters for voice, coarse beyond."""
+
+HOP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+"""Seconds: one hop of the first audio's path is milliseconds when all is well, seconds under overload."""
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 """Content type of :meth:`ServerMetrics.render`'s output."""
@@ -134,6 +138,14 @@ class ServerMetrics:
             buckets=TTFA_BUCKETS,
             registry=r,
         )
+        self.first_audio_hops = Histogram(
+            f"{PREFIX}_first_audio_path_seconds",
+            "Time between consecutive hops of a response's first audio through the server "
+            "(realtime/first_audio.py: turn end, commit, request, engine start, engine first audio, received, sent)",
+            ["segment"],
+            buckets=HOP_BUCKETS,
+            registry=r,
+        )
         self.errors = Counter(f"{PREFIX}_errors", "error events sent to clients, by code", ["code"], registry=r)
         self._hygiene_gauges(r)
 
@@ -185,6 +197,11 @@ class ServerMetrics:
         self.sessions_total.labels(transport).inc()
         self.sessions_active.labels(transport).inc()
         return SessionObserver(self, transport, clock=clock)
+
+    def first_audio_path(self, trace: FirstAudioTrace) -> None:
+        """Observe one response's first-audio hops (the runner's ``on_first_audio``)."""
+        for segment, ms in trace.segments().items():
+            self.first_audio_hops.labels(segment).observe(max(ms, 0.0) / 1000.0)
 
     def refused(self, reason: str) -> None:
         self.sessions_refused.labels(reason).inc()

@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import enum
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -36,9 +37,10 @@ import numpy as np
 
 from pipeline.api import AudioInputHandle, ConversationHandle, EngineHandle, ResponseHandle
 from pipeline.errors import EngineFailure, PipelineError
-from pipeline.outputs import ResponseDone, ResponseEvent, ResponseStatus, Usage
+from pipeline.outputs import AudioChunk, ResponseDone, ResponseEvent, ResponseStatus, Usage
 from realtime.audio import AudioFormat, InputDecoder, OutputEncoder
 from realtime.errors import RealtimeError
+from realtime.first_audio import FirstAudioTrace, FirstAudioTracer
 from realtime.ids import IdGenerator
 from realtime.protocol.names import ServerEvent, server_event_name
 from realtime.session import (
@@ -293,6 +295,7 @@ class SessionRunner:
         outbound: OutboundQueue | None = None,
         ids: IdGenerator | None = None,
         on_end: Callable[[SessionEnd], None] | None = None,
+        on_first_audio: Callable[[FirstAudioTrace], None] | None = None,
     ) -> None:
         settings = settings or SessionSettings.for_engine(engine)
         if settings.audio_transport is AudioTransport.MEDIA and media is None:
@@ -319,6 +322,8 @@ class SessionRunner:
         self._on_end = on_end
         self.end: SessionEnd | None = None
         """Why the session stopped (the first reason wins); ``None`` while it runs."""
+        self._on_first_audio = on_first_audio
+        self._traces = FirstAudioTracer(time.monotonic, self._first_audio)
 
     # --- lifecycle ---
 
@@ -409,6 +414,8 @@ class SessionRunner:
         while True:
             event = await self.outbound.get()
             await self._transport.send(event)
+            if event.get("type") == self._audio_delta_type:
+                self._traces.sent_audio(event["response_id"])
 
     async def _command_loop(self) -> None:
         while True:
@@ -427,8 +434,11 @@ class SessionRunner:
         while True:
             await self._room_unless_cancelled(running.cancelled)
             event = await _next_event(stream)
+            if isinstance(event, AudioChunk):
+                self._traces.received_audio(response_id)
             self._dispatch(self.session.response_event(response_id, event))
             if isinstance(event, ResponseDone):
+                self._traces.done(response_id, event.timings)
                 self._responses.pop(response_id, None)
                 return
 
@@ -460,11 +470,15 @@ class SessionRunner:
             elif isinstance(action, DropQueuedAudio):
                 rid, kind = action.response_id, self._audio_delta_type
                 self.outbound.drop(lambda e: not (e.get("type") == kind and e.get("response_id") == rid))
+                self._traces.dropped(rid)
             elif isinstance(action, PlayAudio):
                 self._media_sink().play(action.response_id, action.pcm)
+                self._traces.sent_audio(action.response_id)
             elif isinstance(action, ClearOutputAudio):
                 self._media_sink().clear(action.response_id)
             else:
+                if isinstance(action, CommitAudio):
+                    self._traces.turn_ended()
                 self._commands.put_nowait(action)
 
     def _media_sink(self) -> MediaSink:
@@ -517,6 +531,7 @@ class SessionRunner:
             stream = self._inputs.pop(command.item_id)
             stream.handle.append(stream.decoder.flush())
             await stream.handle.commit()
+            self._traces.committed()
         elif isinstance(command, ClearAudio):
             await self._inputs.pop(command.item_id).handle.discard()
         elif isinstance(command, StartResponse):
@@ -551,9 +566,17 @@ class SessionRunner:
         )
         running = _Running(handle)
         self._responses[command.response_id] = running
+        self._traces.requested(command.response_id)
         if early is not None:
             running.cancel(early.reason.value)
         self._pump_task = self._spawn(self._pump(command.response_id, running), f"pump {command.response_id}")
+
+    def _first_audio(self, trace: FirstAudioTrace) -> None:
+        segments = ", ".join(f"{name} {ms:.1f}" for name, ms in trace.segments().items())
+        logger.info("session %s response %s first audio path (ms): %s", self.session.session_id,
+                    trace.response_id, segments or "-")
+        if self._on_first_audio is not None:
+            self._on_first_audio(trace)
 
     async def _wait_idle(self) -> None:
         """Wait for the running response (already cancelled by the session) to end."""

@@ -194,6 +194,7 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
         slots=context.slots,
         message_gate=context.message_gate,
         session_observer=lambda: context.metrics.session("webrtc"),
+        on_first_audio=context.metrics.first_audio_path,
     )
 
 
@@ -387,6 +388,7 @@ class RealtimeServer:
                 turn_detector_factory=await context.turn_detector_factory(),
                 settings=context.session_settings(dialect),
                 on_end=transport.session_ended,
+                on_first_audio=self.metrics.first_audio_path,
             )
             await self._supervise(runner, _peer(websocket))
         finally:

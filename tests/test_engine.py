@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -86,6 +87,18 @@ async def test_text_only_modality_has_no_audio(tiny_engine):
     assert not any(isinstance(e, AudioChunk) for e in events)
     assert events[-1].usage.output_audio_tokens == 0
     assert events[-1].status is ResponseStatus.INCOMPLETE or events[-1].text_token_ids
+    await conv.close()
+
+
+async def test_timings_place_the_response_on_the_host_clock(tiny_engine):
+    conv = tiny_engine.conversation()
+    await conv.add_text("u1", "Hi")
+    before = time.monotonic()
+    done = await conv.respond(item_id="a1", max_output_tokens=6).wait()
+    after = time.monotonic()
+    t = done.timings
+    assert before <= t.started_at_s <= after  # time.monotonic(): comparable with the caller's clock
+    assert 0 < t.prefill_done_ms <= t.token2wav_first_chunk_ms <= 1000 * (after - t.started_at_s)
     await conv.close()
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pipeline.errors import ContextLimitError, EngineClosedError
+from realtime.first_audio import Hop
 from realtime.ids import SequentialIds
 from realtime.protocol.codes import ErrorCode
 from realtime.runner import OutboundOverflow, OutboundQueue, SessionRunner, TransportClosed
@@ -135,6 +136,21 @@ async def test_server_vad_turn_sends_only_speech_and_answers():
         assert sent_samples < 16_000 * 1.6  # the leading silence (beyond padding + lookback) never reached the engine
         assert sent_samples > 16_000 * 0.9  # speech and the trailing silence did
         assert len(h.detectors) == 1
+
+
+async def test_each_response_reports_its_first_audio_path():
+    traces = []
+    async with Harness(on_first_audio=traces.append) as h:
+        h.send(append(300, 0.5), *[append(100) for _ in range(6)])  # a spoken turn ended by the VAD
+        await h.transport.wait_for("response.done")
+        h.send(MANUAL, TEXT_ITEM, {"type": "response.create"})  # then a response to text
+        await until(lambda: len(traces) == 2)
+    spoken, text = traces
+    assert [hop for hop in Hop if hop in spoken.at] == [Hop.TURN_END, Hop.COMMITTED, Hop.REQUESTED, Hop.RECEIVED, Hop.SENT]
+    assert sorted(spoken.at.values()) == [spoken.at[hop] for hop in Hop if hop in spoken.at]  # in hop order
+    assert spoken.response_id != text.response_id
+    assert [hop for hop in Hop if hop in text.at] == [Hop.REQUESTED, Hop.RECEIVED, Hop.SENT]
+    assert text.total_ms() >= 0
 
 
 # --- barge-in, cancellation, truncation ---------------------------------------------------------

@@ -151,6 +151,9 @@ async def test_metrics_count_sessions_responses_ttfa_and_errors():
         assert 0 < sample(text, "omni_realtime_time_to_first_audio_seconds_sum") < 5
         assert sample(text, "omni_realtime_errors_total", code="response_cancel_not_active") == 1
         assert sample(text, "omni_realtime_errors_total", code="invalid_json") == 1
+        for segment in ("requested->received", "received->sent"):  # a response to no spoken turn
+            assert sample(text, "omni_realtime_first_audio_path_seconds_count", segment=segment) == 1
+        assert sample(text, "omni_realtime_first_audio_path_seconds_count", segment="turn_end->committed") == 0
 
 
 def test_metrics_of_two_apps_are_independent():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -42,6 +43,8 @@ from realtime.bench.throughput import (
     reference_throughput,
     replying_seconds,
 )
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SILENCE_WINDOW_MS = 500.0
 """The API's default ``server_vad`` silence window, for the reference when the sessions did not say."""
@@ -149,6 +152,7 @@ async def run_sweep(url: str, speeches: Sequence[Speech], plan: SweepPlan, optio
                 await asyncio.to_thread(reference, speeches[0])
         for level in plan.levels:
             plans = user_plans(speeches, level, plan)
+            log.info("bench level %d: %d users start", level, level)  # scripts/first_audio_path.py splits here
             before = await counters() if counters is not None else None
             start = time.perf_counter()
             turns, errors, window, replying = await loop.run_in_executor(

@@ -48,6 +48,7 @@ from aiortc.rtcicetransport import RTCIceGatherer
 
 from pipeline.api import EngineHandle
 from realtime.errors import ErrorType, RealtimeError, to_error_payload
+from realtime.first_audio import FirstAudioTrace
 from realtime.ids import RandomIds
 from realtime.limits import MessageGate, SessionSlot, SessionSlots
 from realtime.protocol.client import parse_client_event
@@ -428,6 +429,7 @@ class WebRTCCalls:
         message_gate: Callable[[], MessageGate] | None = None,
         connect_timeout_s: float = 20.0,
         session_observer: Callable[[], EventObserver] | None = None,
+        on_first_audio: Callable[[FirstAudioTrace], None] | None = None,
     ) -> None:
         if max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, got {max_calls}")
@@ -441,6 +443,7 @@ class WebRTCCalls:
         self.max_calls = self._slots.limit
         self.connect_timeout_s = connect_timeout_s
         self._session_observer = session_observer
+        self._on_first_audio = on_first_audio
         self._calls: dict[str, Call] = {}
         self._serving: dict[str, asyncio.Task] = {}
         self._ids = itertools.count(1)
@@ -544,7 +547,8 @@ class WebRTCCalls:
 
         def make_runner(transport: DataChannelTransport, media: MediaSink) -> SessionRunner:
             return SessionRunner(
-                transport, self._engine, turn_detector_factory=turn_detector_factory, settings=settings, media=media
+                transport, self._engine, turn_detector_factory=turn_detector_factory, settings=settings, media=media,
+                on_first_audio=self._on_first_audio,
             )
 
         gate = self._message_gate() if self._message_gate is not None else None

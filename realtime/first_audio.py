@@ -1,0 +1,141 @@
+"""Where a response's first audio spends its time on the server: one trace per response. Pure (the
+runner passes the clock readings in).
+
+A trace holds the moments (``time.monotonic()`` seconds, a host-wide clock, so the engine's own
+moments from a child process fit on the same line) of each hop, in the order they happen:
+
+- ``turn_end``: the runner queued the audio commit (the server VAD's ``speech_stopped``, or the
+  client's ``input_audio_buffer.commit``); absent for a response to text or to an earlier commit;
+- ``committed``: the engine answered the commit (the tail is encoded and the item is in the conversation);
+- ``requested``: the runner asked the engine for the response;
+- ``engine_started``: the engine took it (``StageTimings.started_at_s``);
+- ``engine_first_audio``: its first audio chunk left the engine (``token2wav_first_chunk_ms`` later);
+- ``received``: the runner got that chunk from the engine's output stream;
+- ``sent``: its first audio delta was handed to the transport (WebSocket), or the chunk to the media
+  track (WebRTC).
+
+:meth:`FirstAudioTrace.segments` gives the time between consecutive hops that both happened (ms):
+what the engine spent, and what the server path around it (commit round trip, command hand-off,
+output transport, the outbound queue) added. The engine's inner milestones (prefill tail, talker's
+first code, first chunk's codes) are in the response's ``StageTimings``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pipeline.outputs import StageTimings
+
+
+class Hop(enum.Enum):
+    TURN_END = "turn_end"
+    COMMITTED = "committed"
+    REQUESTED = "requested"
+    ENGINE_STARTED = "engine_started"
+    ENGINE_FIRST_AUDIO = "engine_first_audio"
+    RECEIVED = "received"
+    SENT = "sent"
+
+
+HOPS = tuple(Hop)
+"""In the order a response passes them."""
+
+
+@dataclass
+class FirstAudioTrace:
+    response_id: str
+    at: dict[Hop, float] = field(default_factory=dict)
+    """Hop -> ``time.monotonic()`` seconds; the first mark of a hop wins."""
+
+    def mark(self, hop: Hop, at: float) -> None:
+        self.at.setdefault(hop, at)
+
+    def engine(self, timings: StageTimings) -> None:
+        """Place the engine's start and first audio (from its ``ResponseDone``) on the trace."""
+        if timings.started_at_s is None:
+            return
+        self.mark(Hop.ENGINE_STARTED, timings.started_at_s)
+        if timings.token2wav_first_chunk_ms is not None:
+            self.mark(Hop.ENGINE_FIRST_AUDIO, timings.started_at_s + timings.token2wav_first_chunk_ms / 1000.0)
+
+    def segments(self) -> dict[str, float]:
+        """``"a->b"`` -> ms from hop a to the next hop b that happened, in hop order."""
+        present = [hop for hop in HOPS if hop in self.at]
+        return {f"{a.value}->{b.value}": 1000.0 * (self.at[b] - self.at[a]) for a, b in zip(present, present[1:])}
+
+    def total_ms(self) -> float | None:
+        """From the first hop (the turn's end, else the request) to the first audio sent."""
+        present = [hop for hop in HOPS if hop in self.at]
+        if not present or present[-1] is not Hop.SENT:
+            return None
+        return 1000.0 * (self.at[Hop.SENT] - self.at[present[0]])
+
+
+class FirstAudioTracer:
+    """The traces of one session's responses, from the runner's hooks, called in event order.
+
+    A turn's end waits for the next response request (``pending``); a response's trace is handed to
+    ``on_trace`` once its ``ResponseDone`` has been seen and its first audio was sent (or at the done,
+    for a response without audio), then forgotten. Bounded: one trace per response in flight."""
+
+    def __init__(self, clock: Callable[[], float], on_trace: Callable[[FirstAudioTrace], None]) -> None:
+        self._clock = clock
+        self._on_trace = on_trace
+        self._turn_end: float | None = None
+        self._committed: float | None = None
+        self._traces: dict[str, FirstAudioTrace] = {}
+        self._done: set[str] = set()  # ResponseDone seen, first audio not sent yet
+        self._dropped: set[str] = set()  # queued audio dropped (a cancel): no send to wait for
+
+    def turn_ended(self) -> None:
+        self._turn_end, self._committed = self._clock(), None
+
+    def committed(self) -> None:
+        if self._turn_end is not None:
+            self._committed = self._clock()
+
+    def requested(self, response_id: str) -> None:
+        trace = FirstAudioTrace(response_id)
+        if self._turn_end is not None:
+            trace.mark(Hop.TURN_END, self._turn_end)
+            if self._committed is not None:
+                trace.mark(Hop.COMMITTED, self._committed)
+        self._turn_end = self._committed = None
+        trace.mark(Hop.REQUESTED, self._clock())
+        self._traces[response_id] = trace
+
+    def received_audio(self, response_id: str) -> None:
+        trace = self._traces.get(response_id)
+        if trace is not None:
+            trace.mark(Hop.RECEIVED, self._clock())
+
+    def sent_audio(self, response_id: str) -> None:
+        trace = self._traces.get(response_id)
+        if trace is not None and Hop.SENT not in trace.at:
+            trace.mark(Hop.SENT, self._clock())
+            if response_id in self._done:
+                self._finish(response_id)
+
+    def done(self, response_id: str, timings: StageTimings) -> None:
+        trace = self._traces.get(response_id)
+        if trace is None:
+            return
+        trace.engine(timings)
+        if Hop.SENT in trace.at or Hop.RECEIVED not in trace.at or response_id in self._dropped:
+            self._finish(response_id)  # nothing left to wait for
+        else:
+            self._done.add(response_id)
+
+    def dropped(self, response_id: str) -> None:
+        """The response's queued audio was dropped (a cancel): its first audio may never be sent."""
+        if response_id in self._traces:
+            self._dropped.add(response_id)
+            if response_id in self._done:
+                self._finish(response_id)
+
+    def _finish(self, response_id: str) -> None:
+        self._done.discard(response_id)
+        self._dropped.discard(response_id)
+        self._on_trace(self._traces.pop(response_id))

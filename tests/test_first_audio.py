@@ -1,0 +1,146 @@
+"""realtime.first_audio: the per-response trace of the first audio's hops through the server. Pure:
+a fake clock, no runner."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from pipeline.outputs import StageTimings
+from realtime.first_audio import FirstAudioTrace, FirstAudioTracer, Hop
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, ms: float) -> None:
+        self.now += ms / 1000.0
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def traces() -> list[FirstAudioTrace]:
+    return []
+
+
+def test_a_spoken_turn_is_traced_hop_by_hop(clock, traces):
+    tracer = FirstAudioTracer(clock, traces.append)
+    tracer.turn_ended()
+    clock.advance(12)
+    tracer.committed()
+    clock.advance(1)
+    tracer.requested("r1")
+    engine_start = clock.now + 0.003
+    clock.advance(300)
+    tracer.received_audio("r1")
+    clock.advance(2)
+    tracer.sent_audio("r1")
+    clock.advance(50)
+    tracer.received_audio("r1")  # later chunks change nothing
+    tracer.sent_audio("r1")
+    assert traces == []  # reported at the done, with the engine's moments
+    tracer.done("r1", StageTimings(token2wav_first_chunk_ms=290.0, started_at_s=engine_start))
+    (trace,) = traces
+    assert list(trace.segments()) == [
+        "turn_end->committed", "committed->requested", "requested->engine_started",
+        "engine_started->engine_first_audio", "engine_first_audio->received", "received->sent",
+    ]
+    assert list(trace.segments().values()) == pytest.approx([12.0, 1.0, 3.0, 290.0, 7.0, 2.0])
+    assert trace.total_ms() == pytest.approx(315.0)
+
+
+def test_a_response_to_text_starts_at_its_request(clock, traces):
+    tracer = FirstAudioTracer(clock, traces.append)
+    tracer.requested("r1")
+    clock.advance(40)
+    tracer.received_audio("r1")
+    tracer.sent_audio("r1")
+    tracer.done("r1", StageTimings())  # an engine that reports no start: no engine hops
+    (trace,) = traces
+    assert trace.segments() == pytest.approx({"requested->received": 40.0, "received->sent": 0.0})
+    assert trace.total_ms() == pytest.approx(40.0)
+
+
+def test_a_turn_end_belongs_to_the_next_request_only(clock, traces):
+    tracer = FirstAudioTracer(clock, traces.append)
+    tracer.turn_ended()
+    tracer.requested("r1")
+    tracer.done("r1", StageTimings())
+    tracer.requested("r2")
+    tracer.done("r2", StageTimings())
+    assert [set(t.at) for t in traces] == [{Hop.TURN_END, Hop.REQUESTED}, {Hop.REQUESTED}]
+
+
+def test_a_done_before_the_first_audio_left_waits_for_it(clock, traces):
+    tracer = FirstAudioTracer(clock, traces.append)
+    tracer.requested("r1")
+    tracer.received_audio("r1")
+    tracer.done("r1", StageTimings())
+    assert traces == []
+    clock.advance(5)
+    tracer.sent_audio("r1")
+    (trace,) = traces
+    assert trace.total_ms() == pytest.approx(5.0)
+
+
+def test_dropped_audio_and_no_audio_end_the_trace_at_the_done(clock, traces):
+    tracer = FirstAudioTracer(clock, traces.append)
+    tracer.requested("r1")
+    tracer.received_audio("r1")
+    tracer.done("r1", StageTimings())
+    tracer.dropped("r1")  # a cancel dropped the queued audio after the done
+    tracer.requested("r2")
+    tracer.received_audio("r2")
+    tracer.dropped("r2")  # ... or before it
+    tracer.done("r2", StageTimings())
+    tracer.requested("r3")  # text only
+    tracer.done("r3", StageTimings())
+    assert [t.response_id for t in traces] == ["r1", "r2", "r3"]
+    assert all(t.total_ms() is None for t in traces)
+    tracer.sent_audio("r1")  # nothing is held any more
+    tracer.dropped("r9")
+    assert len(traces) == 3 and tracer._traces == {} and tracer._done == set() and tracer._dropped == set()
+
+
+def first_audio_path_script():
+    """scripts/first_audio_path.py (the scripts folder is not a package)."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / "first_audio_path.py"
+    spec = importlib.util.spec_from_file_location("first_audio_path", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_log_summary_splits_bench_levels_and_leaves_out_the_warm_up(tmp_path, capsys):
+    def line(session: str, committed: float, sent: float) -> str:
+        return (f"2026-11-22 05:48:38,296 INFO realtime.runner: session {session} response r first audio path (ms): "
+                f"turn_end->committed {committed}, committed->requested 0.1, received->sent {sent}\n")
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        line("s0", 99.0, 99.0)  # the warm-up
+        + "2026-11-22 05:48:39,000 INFO realtime.bench.sweep: bench level 1: 1 users start\n"
+        + line("s1", 10.0, 2.0) + line("s1", 12.0, 4.0)
+        + "2026-11-22 05:49:39,000 INFO realtime.bench.sweep: bench level 2: 2 users start\n"
+        + line("s2", 30.0, 5.0) + line("s3", 50.0, 7.0)
+    )
+    script = first_audio_path_script()
+    levels = script.parse(log.read_text().splitlines())
+    assert list(levels) == ["warm-up", "1 users", "2 users"]
+    summary = script.summarize(levels["1 users"], skip=1)
+    assert {name: list(v) for name, v in summary.items()} == {
+        "turn_end->committed": [12.0], "committed->requested": [0.1], "received->sent": [4.0]}
+    assert script.main([str(log)]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert "| 2 users | turn_end->committed | 2 | 40.0 |" in "\n".join(rows)
+    assert not any("99.0" in row for row in rows)
