@@ -13,7 +13,7 @@ next response), but deleting or truncating items needs the conversation idle.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Literal, Protocol
 
 import numpy as np
@@ -50,13 +50,18 @@ class ResponseHandle(Protocol):
 class AudioInputHandle(Protocol):
     """A user audio message being spoken. ``append`` never blocks on model work: complete
     encoder blocks may be prefilled in the background. ``commit`` closes the message (it becomes
-    part of the context); ``discard`` drops it and whatever was prefilled for it."""
+    part of the context); ``discard`` drops it and whatever was prefilled for it.
+
+    ``commit`` reaches the engine when it is *called*, not when its result is awaited: a command issued
+    after the call (``respond`` on the same conversation) runs after the commit, so a caller may ask for
+    the response at once and await the commit's outcome (its errors) later, saving a round trip to the
+    engine at the end of every spoken turn."""
 
     item_id: str
 
     def append(self, pcm: np.ndarray) -> None: ...
 
-    async def commit(self) -> None: ...
+    def commit(self) -> Awaitable[None]: ...
 
     async def discard(self) -> None: ...
 

@@ -30,7 +30,7 @@ import platform
 import queue
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -351,9 +351,11 @@ class AudioInput:
         if pcm.size:
             self._conv._engine._post(Command("append_audio", (self._conv.id, self.item_id, pcm)))
 
-    async def commit(self) -> None:
+    def commit(self) -> Awaitable[None]:
+        """Sent to the engine now (ordered before any later command); await the result for its errors."""
         self._closed = True
-        await self._conv._engine._call(Command("commit_audio", (self._conv.id, self.item_id)))
+        command = Command("commit_audio", (self._conv.id, self.item_id))
+        return asyncio.wrap_future(self._conv._engine._submit_nowait(command))
 
     async def discard(self) -> None:
         self._closed = True

@@ -6,18 +6,21 @@ moments from a child process fit on the same line) of each hop, in the order the
 
 - ``turn_end``: the runner queued the audio commit (the server VAD's ``speech_stopped``, or the
   client's ``input_audio_buffer.commit``); absent for a response to text or to an earlier commit;
-- ``committed``: the engine answered the commit (the tail is encoded and the item is in the conversation);
-- ``requested``: the runner asked the engine for the response;
+- ``requested``: the runner asked the engine for the response (right behind the commit, which it does
+  not wait for: the engine runs the two in order);
 - ``engine_started``: the engine took it (``StageTimings.started_at_s``);
 - ``engine_first_audio``: its first audio chunk left the engine (``token2wav_first_chunk_ms`` later);
 - ``received``: the runner got that chunk from the engine's output stream;
 - ``sent``: its first audio delta was handed to the transport (WebSocket), or the chunk to the media
   track (WebRTC).
 
-:meth:`FirstAudioTrace.segments` gives the time between consecutive hops that both happened (ms):
-what the engine spent, and what the server path around it (commit round trip, command hand-off,
-output transport, the outbound queue) added. The engine's inner milestones (prefill tail, talker's
-first code, first chunk's codes) are in the response's ``StageTimings``.
+Off that path, ``committed`` is when the engine's answer to the commit (the tail encoded, the item in the
+conversation) reached the runner.
+
+:meth:`FirstAudioTrace.segments` gives the time between consecutive path hops that both happened (ms):
+what the engine spent, and what the server path around it (command hand-off, output transport, the
+outbound queue) added; plus ``turn_end->committed``, the commit's round trip. The engine's inner
+milestones (prefill tail, talker's first code, first chunk's codes) are in the response's ``StageTimings``.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ class Hop(enum.Enum):
     SENT = "sent"
 
 
-HOPS = tuple(Hop)
-"""In the order a response passes them."""
+PATH = (Hop.TURN_END, Hop.REQUESTED, Hop.ENGINE_STARTED, Hop.ENGINE_FIRST_AUDIO, Hop.RECEIVED, Hop.SENT)
+"""The hops on the first audio's path, in the order a response passes them (``committed`` is beside it)."""
 
 
 @dataclass
@@ -61,13 +64,17 @@ class FirstAudioTrace:
             self.mark(Hop.ENGINE_FIRST_AUDIO, timings.started_at_s + timings.token2wav_first_chunk_ms / 1000.0)
 
     def segments(self) -> dict[str, float]:
-        """``"a->b"`` -> ms from hop a to the next hop b that happened, in hop order."""
-        present = [hop for hop in HOPS if hop in self.at]
-        return {f"{a.value}->{b.value}": 1000.0 * (self.at[b] - self.at[a]) for a, b in zip(present, present[1:])}
+        """``"a->b"`` -> ms from path hop a to the next path hop b that happened, in path order; then
+        ``turn_end->committed`` when both happened."""
+        present = [hop for hop in PATH if hop in self.at]
+        out = {f"{a.value}->{b.value}": 1000.0 * (self.at[b] - self.at[a]) for a, b in zip(present, present[1:])}
+        if Hop.TURN_END in self.at and Hop.COMMITTED in self.at:
+            out["turn_end->committed"] = 1000.0 * (self.at[Hop.COMMITTED] - self.at[Hop.TURN_END])
+        return out
 
     def total_ms(self) -> float | None:
         """From the first hop (the turn's end, else the request) to the first audio sent."""
-        present = [hop for hop in HOPS if hop in self.at]
+        present = [hop for hop in PATH if hop in self.at]
         if not present or present[-1] is not Hop.SENT:
             return None
         return 1000.0 * (self.at[Hop.SENT] - self.at[present[0]])
@@ -76,7 +83,8 @@ class FirstAudioTrace:
 class FirstAudioTracer:
     """The traces of one session's responses, from the runner's hooks, called in event order.
 
-    A turn's end waits for the next response request (``pending``); a response's trace is handed to
+    A turn's end waits for the next response request; the commit's answer goes to the response requested
+    after that turn's end (or waits for it); a response's trace is handed to
     ``on_trace`` once its ``ResponseDone`` has been seen and its first audio was sent (or at the done,
     for a response without audio), then forgotten. Bounded: one trace per response in flight."""
 
@@ -84,24 +92,31 @@ class FirstAudioTracer:
         self._clock = clock
         self._on_trace = on_trace
         self._turn_end: float | None = None
-        self._committed: float | None = None
+        self._committed: float | None = None  # the commit answered before the response was requested
+        self._awaiting_commit: FirstAudioTrace | None = None  # requested after a turn end, commit not answered
         self._traces: dict[str, FirstAudioTrace] = {}
         self._done: set[str] = set()  # ResponseDone seen, first audio not sent yet
         self._dropped: set[str] = set()  # queued audio dropped (a cancel): no send to wait for
 
     def turn_ended(self) -> None:
-        self._turn_end, self._committed = self._clock(), None
+        self._turn_end, self._committed, self._awaiting_commit = self._clock(), None, None
 
     def committed(self) -> None:
-        if self._turn_end is not None:
+        if self._awaiting_commit is not None:
+            self._awaiting_commit.mark(Hop.COMMITTED, self._clock())
+            self._awaiting_commit = None
+        elif self._turn_end is not None:
             self._committed = self._clock()
 
     def requested(self, response_id: str) -> None:
         trace = FirstAudioTrace(response_id)
+        self._awaiting_commit = None
         if self._turn_end is not None:
             trace.mark(Hop.TURN_END, self._turn_end)
             if self._committed is not None:
                 trace.mark(Hop.COMMITTED, self._committed)
+            else:
+                self._awaiting_commit = trace
         self._turn_end = self._committed = None
         trace.mark(Hop.REQUESTED, self._clock())
         self._traces[response_id] = trace

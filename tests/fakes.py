@@ -173,11 +173,24 @@ class FakeAudioInput:
         self.chunks.append(pcm)
         self._conversation.calls.append(("append", self.item_id, len(pcm)))
 
-    async def commit(self) -> None:
+    def commit(self) -> asyncio.Future:
+        """Like the engine's: takes effect when called; the returned future holds the outcome."""
         assert self.state == "open"
         self.state = "committed"
+        done = asyncio.get_running_loop().create_future()
+        try:
+            self._conversation._check_open("commit")
+        except Exception as exc:  # the engine reports it through the awaitable, not at the call
+            done.set_exception(exc)
+            return done
         self._conversation.items.append(self.item_id)
         self._conversation.calls.append(("commit", self.item_id, self.samples))
+        held = self._conversation._engine.held_commits
+        if held is not None:
+            held.append(done)  # the test answers it
+        else:
+            done.set_result(None)
+        return done
 
     async def discard(self) -> None:
         assert self.state == "open"
@@ -296,6 +309,8 @@ class FakeEngine:
         self.scripts: deque[Script] = deque()
         self.conversations: list[FakeConversation] = []
         self.failures: dict[str, Exception] = {}
+        self.held_commits: list[asyncio.Future] | None = None
+        """When a list, commits take effect but their answers wait there for the test to set them."""
 
     def fail_next(self, method: str, exc: Exception) -> None:
         """The next call of conversation method ``method`` raises ``exc``."""

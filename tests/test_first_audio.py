@@ -36,12 +36,12 @@ def traces() -> list[FirstAudioTrace]:
 def test_a_spoken_turn_is_traced_hop_by_hop(clock, traces):
     tracer = FirstAudioTracer(clock, traces.append)
     tracer.turn_ended()
+    clock.advance(1)
+    tracer.requested("r1")  # right behind the commit, not waiting for it
+    engine_start = clock.now + 0.003
     clock.advance(12)
     tracer.committed()
-    clock.advance(1)
-    tracer.requested("r1")
-    engine_start = clock.now + 0.003
-    clock.advance(300)
+    clock.advance(288)
     tracer.received_audio("r1")
     clock.advance(2)
     tracer.sent_audio("r1")
@@ -52,11 +52,24 @@ def test_a_spoken_turn_is_traced_hop_by_hop(clock, traces):
     tracer.done("r1", StageTimings(token2wav_first_chunk_ms=290.0, started_at_s=engine_start))
     (trace,) = traces
     assert list(trace.segments()) == [
-        "turn_end->committed", "committed->requested", "requested->engine_started",
-        "engine_started->engine_first_audio", "engine_first_audio->received", "received->sent",
+        "turn_end->requested", "requested->engine_started", "engine_started->engine_first_audio",
+        "engine_first_audio->received", "received->sent", "turn_end->committed",
     ]
-    assert list(trace.segments().values()) == pytest.approx([12.0, 1.0, 3.0, 290.0, 7.0, 2.0])
-    assert trace.total_ms() == pytest.approx(315.0)
+    assert list(trace.segments().values()) == pytest.approx([1.0, 3.0, 290.0, 7.0, 2.0, 13.0])
+    assert trace.total_ms() == pytest.approx(303.0)
+
+
+def test_a_commit_answered_before_the_request_is_kept_for_it(clock, traces):
+    tracer = FirstAudioTracer(clock, traces.append)
+    tracer.turn_ended()
+    clock.advance(5)
+    tracer.committed()
+    clock.advance(1)
+    tracer.requested("r1")
+    tracer.committed()  # a later commit without a turn end of its own changes nothing
+    tracer.done("r1", StageTimings())
+    (trace,) = traces
+    assert trace.segments() == pytest.approx({"turn_end->requested": 6.0, "turn_end->committed": 5.0})
 
 
 def test_a_response_to_text_starts_at_its_request(clock, traces):

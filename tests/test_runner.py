@@ -146,11 +146,41 @@ async def test_each_response_reports_its_first_audio_path():
         h.send(MANUAL, TEXT_ITEM, {"type": "response.create"})  # then a response to text
         await until(lambda: len(traces) == 2)
     spoken, text = traces
-    assert [hop for hop in Hop if hop in spoken.at] == [Hop.TURN_END, Hop.COMMITTED, Hop.REQUESTED, Hop.RECEIVED, Hop.SENT]
-    assert sorted(spoken.at.values()) == [spoken.at[hop] for hop in Hop if hop in spoken.at]  # in hop order
+    path = [Hop.TURN_END, Hop.REQUESTED, Hop.RECEIVED, Hop.SENT]  # the fake engine reports no engine moments
+    assert set(spoken.at) == {*path, Hop.COMMITTED}
+    assert sorted(spoken.at[hop] for hop in path) == [spoken.at[hop] for hop in path]  # passed in path order
+    assert spoken.at[Hop.TURN_END] <= spoken.at[Hop.COMMITTED]
     assert spoken.response_id != text.response_id
     assert [hop for hop in Hop if hop in text.at] == [Hop.REQUESTED, Hop.RECEIVED, Hop.SENT]
     assert text.total_ms() >= 0
+
+
+async def test_the_response_to_a_spoken_turn_does_not_wait_for_the_commits_answer():
+    engine = FakeEngine()
+    engine.held_commits = []
+    traces = []
+    async with Harness(engine, on_first_audio=traces.append) as h:
+        h.send(append(300, 0.5), *[append(100) for _ in range(6)])
+        await h.transport.wait_for("response.done")  # answered while the commit's answer is still held
+        assert [c[0] for c in h.conversation.calls if c[0] in ("commit", "respond")] == ["commit", "respond"]
+        (held,) = engine.held_commits
+        held.set_result(None)
+        await until(lambda: traces and Hop.COMMITTED in traces[0].at)
+
+
+async def test_a_failed_commit_is_reported_and_the_session_goes_on():
+    engine = FakeEngine()
+    engine.held_commits = []
+    async with Harness(engine) as h:
+        h.send(MANUAL, append(200, 0.5), {"type": "input_audio_buffer.commit"})
+        await until(lambda: engine.held_commits)
+        engine.held_commits[0].set_exception(ContextLimitError("the conversation is full", param="item"))
+        error = await h.transport.wait_for("error")
+        assert error["error"]["code"] == ContextLimitError.code
+        engine.held_commits = None
+        h.send(TEXT_ITEM, {"type": "response.create"})
+        assert (await h.transport.wait_for("response.done"))["response"]["status"] == "completed"
+        assert h.runner._tasks and all("commit" not in t.get_name() for t in h.runner._tasks)
 
 
 # --- barge-in, cancellation, truncation ---------------------------------------------------------

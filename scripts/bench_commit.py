@@ -1,0 +1,152 @@
+"""What an audio commit costs in the engine: the user stops speaking, the session commits the message, and
+the engine encodes the tail (the audio after the last complete 2 s block) before it can answer.
+
+Streams a spoken fixture into a conversation (100 ms appends, faster than real time but waiting for the engine
+to be idle before the commit, as after a VAD silence window), then times the commit as the caller sees it and,
+inside the engine thread (``engine.process`` off, so the core can be instrumented), the whole ``commit_audio``
+and its audio-encoder calls, each synchronised with the device. Then the encoder alone on blocks of 50–200 mel
+frames. Times in ms; medians over ``--turns`` turns after one warm-up turn.
+
+    python scripts/bench_commit.py --model random:7b --device cuda --threads 4 --turns 6
+    python scripts/bench_commit.py --turns 2          # the embedded tiny model on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+import torch
+
+from pipeline.engine import OmniEngine
+from realtime.bench.models import ReplyLength, bench_stage_config, model_loader
+
+FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "speech" / "count_to_five.wav"
+RATE = 16_000
+APPEND_MS = 100
+SILENCE_MS = 500
+"""The server VAD's default silence window: audio the commit includes after the speech."""
+
+
+def speech() -> np.ndarray:
+    pcm, rate = sf.read(FIXTURE, dtype="float32", always_2d=True)
+    pcm = soxr.resample(pcm.mean(axis=1), rate, RATE).astype(np.float32)
+    return np.concatenate([pcm, np.zeros(RATE * SILENCE_MS // 1000, np.float32)])
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Timers:
+    """Wraps the core's ``commit_audio`` and the thinker's ``encode_features`` with device-synchronised timers."""
+
+    def __init__(self, core) -> None:
+        self.device = core.thinker.device
+        self.commit_ms: list[float] = []
+        self.encode_ms: list[tuple[int, float]] = []  # (mel frames, ms), commits only
+        self._in_commit = False
+        commit, encode = core.commit_audio, core.thinker.encode_features
+
+        def timed_commit(*args):
+            sync(self.device)
+            start, self._in_commit = time.perf_counter(), True
+            try:
+                return commit(*args)
+            finally:
+                sync(self.device)
+                self._in_commit = False
+                self.commit_ms.append(1000 * (time.perf_counter() - start))
+
+        def timed_encode(features):
+            if not self._in_commit:
+                return encode(features)
+            sync(self.device)
+            start = time.perf_counter()
+            out = encode(features)
+            sync(self.device)
+            self.encode_ms.append((int(features.shape[1]), 1000 * (time.perf_counter() - start)))
+            return out
+
+        core.commit_audio, core.thinker.encode_features = timed_commit, timed_encode
+
+
+async def turns(engine: OmniEngine, n: int) -> list[float]:
+    """Caller-side commit times (ms) of ``n`` turns (the first is a warm-up, left out)."""
+    pcm, step = speech(), RATE * APPEND_MS // 1000
+    conv, caller_ms = engine.conversation(), []
+    for turn in range(n + 1):
+        audio = conv.open_audio(f"u{turn}")
+        for start in range(0, len(pcm), step):
+            audio.append(pcm[start:start + step])
+            await asyncio.sleep(APPEND_MS / 4000)
+        while (await engine.stats()).pending_commands or engine._thread.core.has_work():
+            await asyncio.sleep(0.01)  # the blocks heard so far are encoded and prefilled
+        start = time.perf_counter()
+        await audio.commit()
+        if turn:
+            caller_ms.append(1000 * (time.perf_counter() - start))
+        await conv.respond(item_id=f"a{turn}").wait()
+    await conv.close()
+    return caller_ms
+
+
+def encoder_alone(core, frames: list[int], reps: int) -> dict[int, float]:
+    thinker, out = core.thinker, {}
+    n_mels = core.ckpt.feature_extractor.feature_size
+    with torch.inference_mode():
+        for t in frames:
+            feats = torch.randn(n_mels, t)
+            times = []
+            for _ in range(reps + 1):
+                sync(thinker.device)
+                start = time.perf_counter()
+                thinker.encode_features(feats)
+                sync(thinker.device)
+                times.append(1000 * (time.perf_counter() - start))
+            out[t] = statistics.median(times[1:])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="random:7b, random:tiny, a checkpoint (default: the embedded tiny one)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--json", default=None, help="write the result here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cfg = bench_stage_config(None, device=args.device, length=ReplyLength(4, 30))
+    cfg = replace(cfg, engine=replace(cfg.engine, process="off"))
+    engine = OmniEngine.from_loader(model_loader(args.model), cfg, seed=0, torch_threads=args.threads)
+    try:
+        core = engine._thread.core
+        timers = Timers(core)
+        caller = asyncio.run(turns(engine, args.turns))
+        alone = engine._thread.submit(lambda c: encoder_alone(c, [50, 100, 150, 200], 5)).result()
+    finally:
+        engine.close()
+    result = {
+        "commit_caller_ms": caller, "commit_engine_ms": timers.commit_ms[1:],
+        "tail_encode": timers.encode_ms[1:], "encoder_alone_ms": alone,
+        "commit_caller_p50": statistics.median(caller), "commit_engine_p50": statistics.median(timers.commit_ms[1:]),
+    }
+    print(json.dumps(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
