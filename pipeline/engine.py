@@ -30,6 +30,7 @@ import platform
 import queue
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -82,6 +83,10 @@ def validate_pcm(pcm: np.ndarray, *, sample_rate: int = INPUT_SAMPLE_RATE, allow
 
 DECODE_STREAM_PRIORITY = -1
 """CUDA stream priority of the engine thread (lower is more urgent; torch's streams default to 0)."""
+
+SLOW_COMMAND_MS = 50.0
+"""An engine command (a commit's tail encode, an audio block) running longer than this is logged: it delays
+every response's next step and the command behind it."""
 
 ENGINE_SWITCH_INTERVAL_S = 0.0005
 """The interpreter's thread switch interval while an engine runs (process-wide; Python's default is 5 ms)."""
@@ -234,6 +239,7 @@ class EngineThread:
                 self._shutdown()
                 return False
             fn, fut = cmd
+            started = time.perf_counter()
             if fut is None:
                 self._run_posted(fn)
             elif fut.set_running_or_notify_cancel():
@@ -241,6 +247,9 @@ class EngineThread:
                     fut.set_result(fn(self.core))
                 except BaseException as exc:  # noqa: BLE001 - delivered to the caller through its future
                     fut.set_exception(exc)
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            if elapsed_ms > SLOW_COMMAND_MS:
+                log.info("slow engine command: %s took %.0f ms", _describe(fn), elapsed_ms)
         return True
 
     def _run_posted(self, fn: CoreCall) -> None:

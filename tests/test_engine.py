@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from dataclasses import replace
@@ -99,6 +100,19 @@ async def test_timings_place_the_response_on_the_host_clock(tiny_engine):
     t = done.timings
     assert before <= t.started_at_s <= after  # time.monotonic(): comparable with the caller's clock
     assert 0 < t.prefill_done_ms <= t.token2wav_first_chunk_ms <= 1000 * (after - t.started_at_s)
+    await conv.close()
+
+
+async def test_slow_engine_commands_are_logged(tiny_engine, monkeypatch, caplog):
+    import pipeline.engine
+
+    caplog.set_level(logging.INFO, logger="pipeline.engine")
+    conv = tiny_engine.conversation()
+    await conv.add_text("u0", "Hi")
+    assert "slow engine command" not in caplog.text  # far below the threshold
+    monkeypatch.setattr(pipeline.engine, "SLOW_COMMAND_MS", -1.0)
+    await conv.add_text("u1", "Hi")
+    assert "slow engine command: add_text took" in caplog.text
     await conv.close()
 
 
