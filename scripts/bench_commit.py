@@ -81,16 +81,18 @@ class Timers:
         core.commit_audio, core.thinker.encode_features = timed_commit, timed_encode
 
 
-async def turns(engine: OmniEngine, n: int) -> list[float]:
-    """Caller-side commit times (ms) of ``n`` turns (the first is a warm-up, left out)."""
-    pcm, step = speech(), RATE * APPEND_MS // 1000
+async def turns(engine: OmniEngine, n: int, vary_ms: int) -> list[float]:
+    """Caller-side commit times (ms) of ``n`` turns (the first is a warm-up, left out). Each turn's speech is
+    ``vary_ms`` shorter than the one before, so its tail (and the encoder's input length) differs."""
+    step = RATE * APPEND_MS // 1000
     conv, caller_ms = engine.conversation(), []
     for turn in range(n + 1):
+        pcm = speech()[RATE * vary_ms * turn // 1000:]
         audio = conv.open_audio(f"u{turn}")
         for start in range(0, len(pcm), step):
             audio.append(pcm[start:start + step])
             await asyncio.sleep(APPEND_MS / 4000)
-        while (await engine.stats()).pending_commands or engine._thread.core.has_work():
+        while (stats := await engine.stats()).pending_commands or stats.responses:
             await asyncio.sleep(0.01)  # the blocks heard so far are encoded and prefilled
         start = time.perf_counter()
         await audio.commit()
@@ -101,7 +103,8 @@ async def turns(engine: OmniEngine, n: int) -> list[float]:
     return caller_ms
 
 
-def encoder_alone(core, frames: list[int], reps: int) -> dict[int, float]:
+def encoder_alone(core, frames: list[int], reps: int) -> dict[int, tuple[float, float]]:
+    """Mel frames -> (ms of the first call at that length, median ms of ``reps`` calls after it)."""
     thinker, out = core.thinker, {}
     n_mels = core.ckpt.feature_extractor.feature_size
     with torch.inference_mode():
@@ -114,7 +117,7 @@ def encoder_alone(core, frames: list[int], reps: int) -> dict[int, float]:
                 thinker.encode_features(feats)
                 sync(thinker.device)
                 times.append(1000 * (time.perf_counter() - start))
-            out[t] = statistics.median(times[1:])
+            out[t] = (times[0], statistics.median(times[1:]))
     return out
 
 
@@ -124,24 +127,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--vary-ms", type=int, default=37, help="each turn's speech this much shorter (new tail lengths)")
+    p.add_argument("--cudnn-benchmark", choices=("on", "off"), default=None,
+                   help="set torch.backends.cudnn.benchmark (default: leave torch's setting)")
+    p.add_argument("--engine-process", choices=("on", "off"), default="off",
+                   help="on: the engine core in its child process, timed from the caller only")
     p.add_argument("--json", default=None, help="write the result here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
     cfg = bench_stage_config(None, device=args.device, length=ReplyLength(4, 30))
-    cfg = replace(cfg, engine=replace(cfg.engine, process="off"))
+    cfg = replace(cfg, engine=replace(cfg.engine, process=args.engine_process))
     engine = OmniEngine.from_loader(model_loader(args.model), cfg, seed=0, torch_threads=args.threads)
     try:
-        core = engine._thread.core
-        timers = Timers(core)
-        caller = asyncio.run(turns(engine, args.turns))
-        alone = engine._thread.submit(lambda c: encoder_alone(c, [50, 100, 150, 200], 5)).result()
+        if engine.uses_process:
+            caller = asyncio.run(turns(engine, args.turns, args.vary_ms))
+            result = {"engine_process": True, "commit_caller_ms": caller, "commit_caller_p50": statistics.median(caller)}
+        else:
+            timers = Timers(engine._thread.core)
+            caller = asyncio.run(turns(engine, args.turns, args.vary_ms))
+            result = {
+                "cudnn_benchmark": torch.backends.cudnn.benchmark, "commit_caller_ms": caller,
+                "warm_up_commit_engine_ms": timers.commit_ms[0], "commit_engine_ms": timers.commit_ms[1:],
+                "tail_encode": timers.encode_ms[1:],
+                "encoder_alone_ms": engine._thread.submit(lambda c: encoder_alone(c, [53, 97, 151, 200], 5)).result(),
+                "commit_caller_p50": statistics.median(caller),
+                "commit_engine_p50": statistics.median(timers.commit_ms[1:]),
+            }
     finally:
         engine.close()
-    result = {
-        "commit_caller_ms": caller, "commit_engine_ms": timers.commit_ms[1:],
-        "tail_encode": timers.encode_ms[1:], "encoder_alone_ms": alone,
-        "commit_caller_p50": statistics.median(caller), "commit_engine_p50": statistics.median(timers.commit_ms[1:]),
-    }
     print(json.dumps(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
