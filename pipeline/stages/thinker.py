@@ -16,11 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import sdpa_kernel
 
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
 from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.decode_graphs import BatchedDecode
-from pipeline.stages.decoder import PooledDecoder
+from pipeline.stages.decoder import PREFILL_BACKENDS, PooledDecoder
 
 
 @dataclass
@@ -80,7 +81,8 @@ class ThinkerRunner:
         features = features.to(self.device, self.audio_tower.conv1.weight.dtype)
         lens = torch.tensor([features.shape[1]], dtype=torch.long, device=self.device)
         after_cnn, _ = self.audio_tower._get_feat_extract_output_lengths(lens)
-        out = self.audio_tower(features, feature_lens=lens, aftercnn_lens=after_cnn)
+        with sdpa_kernel(PREFILL_BACKENDS):  # a tail of any length: no per-shape cuDNN plan
+            out = self.audio_tower(features, feature_lens=lens, aftercnn_lens=after_cnn)
         return out.last_hidden_state.to(self.dtype)
 
     @torch.inference_mode()
