@@ -121,6 +121,16 @@ def encoder_alone(core, frames: list[int], reps: int) -> dict[int, tuple[float, 
     return out
 
 
+def without_cudnn(thinker) -> None:
+    encode = thinker.encode_features
+
+    def encode_without_cudnn(features):
+        with torch.backends.cudnn.flags(enabled=False):
+            return encode(features)
+
+    thinker.encode_features = encode_without_cudnn
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="random:7b, random:tiny, a checkpoint (default: the embedded tiny one)")
@@ -130,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vary-ms", type=int, default=37, help="each turn's speech this much shorter (new tail lengths)")
     p.add_argument("--cudnn-benchmark", choices=("on", "off"), default=None,
                    help="set torch.backends.cudnn.benchmark (default: leave torch's setting)")
+    p.add_argument("--encoder-cudnn", choices=("on", "off"), default="on",
+                   help="off: the audio encoder's convolutions without cuDNN (a plan per new length?)")
     p.add_argument("--engine-process", choices=("on", "off"), default="off",
                    help="on: the engine core in its child process, timed from the caller only")
     p.add_argument("--json", default=None, help="write the result here")
@@ -145,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             caller = asyncio.run(turns(engine, args.turns, args.vary_ms))
             result = {"engine_process": True, "commit_caller_ms": caller, "commit_caller_p50": statistics.median(caller)}
         else:
+            if args.encoder_cudnn == "off":
+                without_cudnn(engine._thread.core.thinker)
             timers = Timers(engine._thread.core)
             caller = asyncio.run(turns(engine, args.turns, args.vary_ms))
             result = {
