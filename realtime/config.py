@@ -50,6 +50,10 @@ class ServerConfig:
     """torch CPU threads of the engine, set before it loads (in its child process too, when the stage
     config's ``engine.process`` runs it in one). One by default: the VAD models are tiny and a GPU engine
     needs no CPU threads; raise it for a real model on CPU."""
+    vad_threads: int = 4
+    """Threads that run the server VAD (and input resampling) of every session, off the event loop: ~1 ms of
+    CPU per 32 ms frame per session, which filled the loop at 32 sessions (BENCHMARKS.md §10). ``0`` runs them
+    on the event loop."""
     ice_host_addresses: tuple[str, ...] = ()
     """WebRTC: ICE host candidates, each ``ADDRESS`` or ``ANNOUNCED@BIND`` (behind a 1:1 NAT: the
     public address announced, the local one bound; tests use 127.0.0.1). Empty: the machine's own
@@ -83,6 +87,8 @@ class ServerConfig:
         for name in ("max_sessions", "torch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if isinstance(self.vad_threads, bool) or not isinstance(self.vad_threads, int) or self.vad_threads < 0:
+            raise ValueError(f"vad_threads must be an integer >= 0, got {self.vad_threads!r}")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
         if self.log_level not in LOG_LEVELS:
