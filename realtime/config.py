@@ -50,10 +50,13 @@ class ServerConfig:
     """torch CPU threads of the engine, set before it loads (in its child process too, when the stage
     config's ``engine.process`` runs it in one). One by default: the VAD models are tiny and a GPU engine
     needs no CPU threads; raise it for a real model on CPU."""
-    vad_threads: int = 4
-    """Threads that run the server VAD (and input resampling) of every session, off the event loop: ~1 ms of
-    CPU per 32 ms frame per session, which filled the loop at 32 sessions (BENCHMARKS.md §10). ``0`` runs them
-    on the event loop."""
+    vad_threads: int = 0
+    """Threads that run the server VAD (and input resampling) of every session off the event loop; ``0`` (the
+    default) runs them on the loop. The VAD is ~1 ms of CPU per 32 ms frame per session: at 64 sessions ~75 % of
+    the loop's time (py-spy). On one H100 host, 4 threads at 32 users cut the loop's delays (first audio reaching
+    the session 234 → 18 ms, the commit's round trip 725 → 382 ms p50) without changing time to first audio
+    (engine-bound); on another host, 4 threads let readers fall behind (sessions ended ~6 s after their clients),
+    so it stays opt-in (BENCHMARKS.md §10)."""
     ice_host_addresses: tuple[str, ...] = ()
     """WebRTC: ICE host candidates, each ``ADDRESS`` or ``ANNOUNCED@BIND`` (behind a 1:1 NAT: the
     public address announced, the local one bound; tests use 127.0.0.1). Empty: the machine's own

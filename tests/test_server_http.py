@@ -287,7 +287,7 @@ def test_serve_flags_become_the_server_config(tmp_path):
     args = build_parser().parse_args([
         "serve", "--port", "0", "--api-key-file", str(key_file), "--max-sessions", "3", "--ice-host", "127.0.0.1",
         "--ice-host", "10.0.0.2", "--allowed-origin", "http://a.example", "--max-buffer-ms", "5000",
-        "--events-per-second", "20", "--event-burst", "40", "--threads", "2", "--no-webrtc", "--vad-threads", "0",
+        "--events-per-second", "20", "--event-burst", "40", "--threads", "2", "--no-webrtc", "--vad-threads", "2",
     ])
     config = server_config(args)
     assert (config.port, config.api_key, config.max_sessions) == (0, "from-file", 3)
@@ -296,7 +296,7 @@ def test_serve_flags_become_the_server_config(tmp_path):
     assert config.session_limits.max_buffer_ms == 5000
     assert (config.rate_limit.events_per_second, config.rate_limit.burst) == (20.0, 40)
     assert config.torch_threads == 2 and config.webrtc is False and config.model is None
-    assert config.vad_threads == 0
+    assert config.vad_threads == 2
 
 
 @pytest.mark.timeout(180)

@@ -87,8 +87,9 @@ def of_response(events: list[dict], event_type: str, response_id: str) -> list[d
 
 
 @pytest.mark.timeout(120)
-async def test_barge_in_cancels_the_response_and_truncate_works(tiny_engine):
-    async with served(tiny_engine) as (url, _), connect(url) as client:
+@pytest.mark.parametrize("vad_threads", [0, 2], ids=["vad-on-the-loop", "vad-threads"])
+async def test_barge_in_cancels_the_response_and_truncate_works(tiny_engine, vad_threads):
+    async with served(tiny_engine, vad_threads=vad_threads) as (url, _), connect(url) as client:
         await client.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 200}})
         await client.until("session.updated")
         await client.append(wav_pcm("capital_of_france.wav"))

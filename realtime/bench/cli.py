@@ -56,7 +56,7 @@ class BenchOptions:
     seed: int
     api_key: str | None
     plots: bool
-    vad_threads: int = 4
+    vad_threads: int = 0
 
 
 QUICK = {"levels": (1,), "turns": 2, "min_samples": 0, "warmup_turns": 0, "barge_in_every": 1, "text_tokens": 4,
@@ -101,8 +101,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results.json, report.md and PNGs go here")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    p.add_argument("--vad-threads", type=int, default=4,
-                   help="the in-process server's VAD threads (0: on its event loop; default 4)")
+    p.add_argument("--vad-threads", type=int, default=0,
+                   help="the in-process server's VAD threads (default 0: on its event loop)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None, help="key of a --url server that requires one")
 
