@@ -28,6 +28,19 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return make_random_checkpoint(tmp_path_factory.mktemp("tiny-omni"))
 
 
+def load_script(name: str):
+    """``scripts/<name>.py`` as a module (the scripts folder is not a package); registered in ``sys.modules`` so
+    dataclasses resolve the module's annotations."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def greedy_stage_config(**overrides):
     """The packaged stage graph on CPU with greedy sampling in both LM stages (for equivalence tests).
     The thinker keeps no repetition penalty; the talker keeps the reference's 1.05."""

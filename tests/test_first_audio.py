@@ -3,11 +3,9 @@ a fake clock, no runner."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+from conftest import load_script
 from pipeline.outputs import StageTimings
 from realtime.first_audio import FirstAudioTrace, FirstAudioTracer, Hop
 
@@ -125,15 +123,6 @@ def test_dropped_audio_and_no_audio_end_the_trace_at_the_done(clock, traces):
     assert len(traces) == 3 and tracer._traces == {} and tracer._done == set() and tracer._dropped == set()
 
 
-def first_audio_path_script():
-    """scripts/first_audio_path.py (the scripts folder is not a package)."""
-    path = Path(__file__).resolve().parent.parent / "scripts" / "first_audio_path.py"
-    spec = importlib.util.spec_from_file_location("first_audio_path", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_log_summary_splits_bench_levels_and_leaves_out_the_warm_up(tmp_path, capsys):
     def line(session: str, committed: float, sent: float) -> str:
         return (f"2026-11-22 05:48:38,296 INFO realtime.runner: session {session} response r first audio path (ms): "
@@ -147,7 +136,7 @@ def test_the_log_summary_splits_bench_levels_and_leaves_out_the_warm_up(tmp_path
         + "2026-11-22 05:49:39,000 INFO realtime.bench.sweep: bench level 2: 2 users start\n"
         + line("s2", 30.0, 5.0) + line("s3", 50.0, 7.0)
     )
-    script = first_audio_path_script()
+    script = load_script("first_audio_path")
     levels = script.parse(log.read_text().splitlines())
     assert list(levels) == ["warm-up", "1 users", "2 users"]
     summary = script.summarize(levels["1 users"], skip=1)

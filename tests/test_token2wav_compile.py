@@ -11,15 +11,14 @@ CUDA) record the compiled solve in CUDA graphs and compare it with the eager, un
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni
 
+from conftest import load_script
 from pipeline.config import parse_stage_config
 from pipeline.errors import ConfigError
 from pipeline.models.qwen2_5_omni.token2wav_graphs import WindowJob
@@ -182,21 +181,12 @@ def test_the_cpu_engine_runs_the_dit_uncompiled_by_default(tiny_engine) -> None:
     assert not tiny_engine._thread.core.token2wav.compile_dit
 
 
-def bench_common():
-    """scripts/bench_common.py (the scripts folder is not a package)."""
-    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_common.py"
-    spec = importlib.util.spec_from_file_location("bench_common", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bench_t2w_flags_override_the_stage_config_only_when_given(monkeypatch) -> None:
     """``--t2w-compile`` and ``--t2w-worker`` absent mean what the YAML says (an absent flag once switched the
     YAML's TF32 off)."""
     import pipeline.config
 
-    bench = bench_common()
+    bench = load_script("bench_common")
     parser = argparse.ArgumentParser()
     bench.add_model_args(parser)
     packaged = pipeline.config.load_stage_config()
