@@ -519,8 +519,8 @@ class SessionRunner:
 
     async def _dispatch_received(self, actions: list[Action]) -> None:
         """:meth:`_dispatch` for a client message's actions, with speech detection on the detection executor
-        (when there is one) instead of the event loop: the VAD is ~1 ms of CPU a frame per session, which at
-        32 sessions filled the loop. The reader awaits each chunk's result, so a session's actions keep their
+        (when there is one) instead of the event loop: the VAD is ~1 ms of CPU a frame per session, ~75 % of the
+        loop's time at 64 sessions (BENCHMARKS.md §10.4). The reader awaits each chunk's result, so a session's actions keep their
         order; sessions run side by side (torch releases the GIL inside the model)."""
         if self._detect_executor is None or not any(isinstance(a, DetectSpeech) for a in actions):
             self._dispatch(actions)
