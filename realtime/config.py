@@ -57,6 +57,10 @@ class ServerConfig:
     the session 234 → 18 ms, the commit's round trip 725 → 382 ms p50) without changing time to first audio
     (engine-bound); on another host, 4 threads let readers fall behind (sessions ended ~6 s after their clients),
     so it stays opt-in (BENCHMARKS.md §10)."""
+    vad_batching: bool = False
+    """Score every session's VAD frames together: frames that arrive within 4 ms run as one silero call on the
+    event loop (``realtime/vad_batch.py``) instead of one call per frame per session (BENCHMARKS.md §10.6).
+    Not with ``vad_threads``."""
     ice_host_addresses: tuple[str, ...] = ()
     """WebRTC: ICE host candidates, each ``ADDRESS`` or ``ANNOUNCED@BIND`` (behind a 1:1 NAT: the
     public address announced, the local one bound; tests use 127.0.0.1). Empty: the machine's own
@@ -92,6 +96,8 @@ class ServerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if isinstance(self.vad_threads, bool) or not isinstance(self.vad_threads, int) or self.vad_threads < 0:
             raise ValueError(f"vad_threads must be an integer >= 0, got {self.vad_threads!r}")
+        if self.vad_batching and self.vad_threads:
+            raise ValueError("vad_batching and vad_threads are alternatives: set one of them")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
         if self.log_level not in LOG_LEVELS:

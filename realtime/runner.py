@@ -143,6 +143,10 @@ class TurnDetector(Protocol):
 
     def feed(self, pcm16k: np.ndarray) -> list[TurnEvent]: ...
 
+    async def afeed(self, pcm16k: np.ndarray) -> list[TurnEvent]:
+        """``feed``, possibly waiting for a VAD shared with other sessions (``realtime.vad_batch``)."""
+        ...
+
     def reset(self) -> None: ...
 
 
@@ -468,7 +472,7 @@ class SessionRunner:
             if isinstance(action, Send):
                 self.outbound.put(action.event)
             elif isinstance(action, DetectSpeech):
-                pending.extend(self._detect(action))
+                raise TypeError("speech detection comes with client messages: see _dispatch_received")
             elif isinstance(action, ConfigureTurnDetection):
                 self._configure_detection(action)
             elif isinstance(action, CancelResponse):
@@ -498,18 +502,28 @@ class SessionRunner:
             detector.reset()  # a fresh stream: forget what a shared VAD model saw before
             self._detection = _Detection(detector, action.start_ms)
 
-    def _detect(self, action: DetectSpeech) -> list[Action]:
+    async def _detect(self, action: DetectSpeech) -> list[Action]:
+        """The turn events of one chunk of client audio, as session actions. Its VAD runs on the detect executor
+        when there is one, else on the event loop: per frame, or in calls shared with other sessions when the
+        detector's VAD is batched (``realtime.vad_batch``)."""
         detection = self._detection
         if detection is None:
             return []  # detection was turned off after this audio was accepted
-        return self._turn_actions(detection, self._feed(detection, action))
+        if self._detect_executor is not None:
+            loop = asyncio.get_running_loop()
+            events = await loop.run_in_executor(self._detect_executor, self._feed, detection, action)
+        else:
+            events = await detection.detector.afeed(self._decode(detection, action))
+        return self._turn_actions(detection, events)
 
     def _feed(self, detection: _Detection, action: DetectSpeech) -> list[TurnEvent]:
-        """Decode and run the VAD over one chunk (the CPU work of detection; no session state touched)."""
+        return detection.detector.feed(self._decode(detection, action))
+
+    def _decode(self, detection: _Detection, action: DetectSpeech) -> np.ndarray:
         if detection.decoder is None or detection.decoder_format is not action.format:
             detection.decoder = self._decoder_factory(action.format)
             detection.decoder_format = action.format
-        return detection.detector.feed(detection.decoder.decode(action.audio))
+        return detection.decoder.decode(action.audio)
 
     def _turn_actions(self, detection: _Detection, events: list[TurnEvent]) -> list[Action]:
         actions: list[Action] = []
@@ -518,21 +532,15 @@ class SessionRunner:
         return actions
 
     async def _dispatch_received(self, actions: list[Action]) -> None:
-        """:meth:`_dispatch` for a client message's actions, with speech detection on the detection executor
-        (when there is one) instead of the event loop: the VAD is ~1 ms of CPU a frame per session, ~75 % of the
-        loop's time at 64 sessions (BENCHMARKS.md §10.4). The reader awaits each chunk's result, so a session's actions keep their
-        order; sessions run side by side (torch releases the GIL inside the model)."""
-        if self._detect_executor is None or not any(isinstance(a, DetectSpeech) for a in actions):
-            self._dispatch(actions)
-            return
-        loop = asyncio.get_running_loop()
+        """:meth:`_dispatch` for a client message's actions, speech detection included (:meth:`_detect`). The VAD
+        is ~1 ms of CPU a frame per session, ~75 % of the loop's time at 64 sessions (BENCHMARKS.md §10.4), hence
+        the executor and batched options. The reader awaits each chunk's turn events before the next message, so
+        a session's actions keep their order while other sessions' readers run."""
         for action in actions:
-            detection = self._detection
-            if not isinstance(action, DetectSpeech):
+            if isinstance(action, DetectSpeech):
+                self._dispatch(await self._detect(action))
+            else:
                 self._dispatch([action])
-            elif detection is not None:
-                events = await loop.run_in_executor(self._detect_executor, self._feed, detection, action)
-                self._dispatch(self._turn_actions(detection, events))
 
     def _cancel(self, action: CancelResponse) -> None:
         running = self._responses.get(action.response_id)

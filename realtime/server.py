@@ -35,6 +35,7 @@ import enum
 import json
 import logging
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -163,6 +164,26 @@ def load_engine(config: ServerConfig) -> EngineHandle:
     torch.set_num_threads(config.torch_threads)
     path = resolve_model(config.model, config.cache_dir)
     return OmniEngine.from_pretrained(path, config.stage_config, seed=config.seed, torch_threads=config.torch_threads)
+
+
+def batched_silero_vad_factory(torch_threads: int) -> VadFactory:
+    """A factory of sessions' streams on one shared :class:`realtime.vad_batch.VadBatcher` (``vad_batching``):
+    the model is loaded by the first call; torch's thread count is restored as in :func:`silero_vad_factory`."""
+    lock = threading.Lock()
+    batcher: list = []  # the one VadBatcher, once made
+
+    def make() -> SpeechProbability:
+        import torch
+
+        from realtime.vad_batch import SileroBatchModel, VadBatcher
+
+        with lock:
+            if not batcher:
+                batcher.append(VadBatcher(SileroBatchModel()))
+                torch.set_num_threads(torch_threads)
+        return batcher[0].stream()
+
+    return make
 
 
 def silero_vad_factory(torch_threads: int) -> VadFactory:
@@ -537,7 +558,8 @@ def create_app(
     server = RealtimeServer(
         config,
         engine=engine,
-        vad_factory=vad_factory or silero_vad_factory(config.torch_threads),
+        vad_factory=vad_factory or (batched_silero_vad_factory if config.vad_batching else silero_vad_factory)(
+            config.torch_threads),
         webrtc_factory=webrtc_factory,
     )
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from realtime.errors import RealtimeError
-from realtime.vad import VAD_SAMPLE_RATE, SpeechProbability
+from realtime.vad import VAD_SAMPLE_RATE, BatchedSpeechProbability, SpeechProbability
 
 HYSTERESIS = 0.15
 """Speech ends below ``threshold - HYSTERESIS``: silero-vad's own gap, so a flickering probability
@@ -128,21 +128,38 @@ class TurnDetector:
         """Consume 16 kHz mono float audio; return the events of the frames it completed, in order.
 
         A trailing partial frame is kept for the next call."""
+        frames = self._take_frames(pcm16k)
+        return self._advance(frames, [self._vad(frame) for frame, _ in frames])
+
+    async def afeed(self, pcm16k: np.ndarray) -> list[TurnEvent]:
+        """:meth:`feed`, with each frame scored by ``await vad.probability(frame)`` when the VAD is a
+        :class:`~realtime.vad.BatchedSpeechProbability` (shared with other sessions' frames). Calls must not
+        overlap (one session feeds its chunks in order)."""
+        frames = self._take_frames(pcm16k)
+        if isinstance(self._vad, BatchedSpeechProbability):
+            probs = [await self._vad.probability(frame) for frame, _ in frames]
+        else:
+            probs = [self._vad(frame) for frame, _ in frames]
+        return self._advance(frames, probs)
+
+    def _take_frames(self, pcm16k: np.ndarray) -> list[tuple[np.ndarray, int]]:
+        """The complete frames of the pending samples plus ``pcm16k``, each with its first sample's index on the
+        session clock; the rest is kept."""
         chunk = np.asarray(pcm16k, dtype=np.float32)
         if chunk.ndim != 1:
             raise ValueError(f"expected mono 1-D audio, got an array of shape {chunk.shape}")
         buffered = np.concatenate([self._pending, chunk]) if len(self._pending) else chunk
         n_frames = len(buffered) // self._frame
-        events: list[TurnEvent] = []
-        for i in range(n_frames):
-            frame = buffered[i * self._frame : (i + 1) * self._frame]
-            start = self._next_frame_start + i * self._frame
-            event = self._step(self._vad(frame), _ms(start), _ms(start + self._frame))
-            if event is not None:
-                events.append(event)
+        frames = [(buffered[i * self._frame : (i + 1) * self._frame], self._next_frame_start + i * self._frame)
+                  for i in range(n_frames)]
         self._pending = buffered[n_frames * self._frame :].copy()
         self._next_frame_start += n_frames * self._frame
-        return events
+        return frames
+
+    def _advance(self, frames: list[tuple[np.ndarray, int]], probs: list[float]) -> list[TurnEvent]:
+        steps = zip(frames, probs, strict=True)
+        events = [self._step(p, _ms(start), _ms(start + self._frame)) for (_, start), p in steps]
+        return [event for event in events if event is not None]
 
     def reset(self) -> None:
         """Forget the speech state, the VAD's memory and any partial frame; the clock keeps running.

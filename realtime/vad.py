@@ -1,12 +1,13 @@
 """Streaming speech probability for server VAD: silero-vad's packaged model, one instance per session.
 
 The turn detector (:mod:`realtime.turn`) depends only on the :class:`SpeechProbability` protocol,
-so it is tested with scripted probabilities and runs with :class:`SileroVad` in the server.
+so it is tested with scripted probabilities and runs with :class:`SileroVad` in the server, or with a stream of
+:mod:`realtime.vad_batch` (:class:`BatchedSpeechProbability`: every session's frames scored in shared calls).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -61,3 +62,11 @@ class SileroVad:
     def reset(self) -> None:
         """Forget the stream: clear the model's recurrent state and context."""
         self._model.reset_states()
+
+
+@runtime_checkable
+class BatchedSpeechProbability(SpeechProbability, Protocol):
+    """A :class:`SpeechProbability` whose frames may also be scored together with other streams' frames:
+    ``await probability(frame)`` returns the same value as ``__call__`` would, once a batched call ran."""
+
+    async def probability(self, frame: np.ndarray) -> float: ...

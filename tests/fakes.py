@@ -348,6 +348,9 @@ class FakeTurnDetector:
     threads: set[int] = field(default_factory=set)
     """Idents of the threads that fed it."""
 
+    async def afeed(self, pcm16k: np.ndarray) -> list[SpeechStarted | SpeechStopped]:
+        return self.feed(pcm16k)
+
     def feed(self, pcm16k: np.ndarray) -> list[SpeechStarted | SpeechStopped]:
         self.threads.add(threading.get_ident())
         self.log.append(pcm16k)

@@ -289,6 +289,7 @@ def test_serve_flags_become_the_server_config(tmp_path):
         "--ice-host", "10.0.0.2", "--allowed-origin", "http://a.example", "--max-buffer-ms", "5000",
         "--events-per-second", "20", "--event-burst", "40", "--threads", "2", "--no-webrtc", "--vad-threads", "2",
     ])
+    assert server_config(build_parser().parse_args(["serve", "--vad-batching"])).vad_batching
     config = server_config(args)
     assert (config.port, config.api_key, config.max_sessions) == (0, "from-file", 3)
     assert config.ice_host_addresses == ("127.0.0.1", "10.0.0.2")

@@ -87,9 +87,10 @@ def of_response(events: list[dict], event_type: str, response_id: str) -> list[d
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("vad_threads", [0, 2], ids=["vad-on-the-loop", "vad-threads"])
-async def test_barge_in_cancels_the_response_and_truncate_works(tiny_engine, vad_threads):
-    async with served(tiny_engine, vad_threads=vad_threads) as (url, _), connect(url) as client:
+@pytest.mark.parametrize("vad", [{}, {"vad_threads": 2}, {"vad_batching": True}],
+                         ids=["vad-on-the-loop", "vad-threads", "vad-batching"])
+async def test_barge_in_cancels_the_response_and_truncate_works(tiny_engine, vad):
+    async with served(tiny_engine, **vad) as (url, _), connect(url) as client:
         await client.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 200}})
         await client.until("session.updated")
         await client.append(wav_pcm("capital_of_france.wav"))

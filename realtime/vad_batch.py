@@ -1,0 +1,119 @@
+"""The server VAD of every session scored together: one silero call for the frames that many sessions sent
+within a few milliseconds, instead of one call per frame per session on the event loop (~1 ms of CPU each: at 64
+sessions ~75 % of the loop's time, BENCHMARKS.md §10.4).
+
+:class:`SileroBatchModel` is the network run over a batch with each stream's state kept by the caller (pure);
+:class:`VadBatcher` gathers frames on the event loop and runs them; :class:`BatchedSileroStream` is one session's
+:class:`~realtime.vad.BatchedSpeechProbability` on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class SileroState:
+    """One stream's memory in the batched silero model: its recurrent state (2, 1, 128) and the last
+    ``context`` samples of its previous frame (1, 64)."""
+
+    rnn: torch.Tensor
+    context: torch.Tensor
+
+
+class SileroBatchModel:
+    """silero-vad's 16 kHz network run over frames of many streams in one call, each stream's state kept by
+    the caller (:class:`SileroState`). Row by row it computes what :class:`SileroVad` computes (the packaged
+    model's own wrapper prepends the previous frame's last 64 samples and carries the recurrent state); one
+    call for 64 frames costs ~5 ms of CPU against ~0.5 ms for one (measured on the 2-core VM)."""
+
+    frame_samples = 512
+
+    def __init__(self) -> None:
+        from silero_vad import load_silero_vad  # deferred: the import sets torch's thread count
+
+        torch.set_num_threads(1)
+        self._net = load_silero_vad()._model
+        self.context_samples = int(self._net.context_size_samples)
+
+    def new_state(self) -> SileroState:
+        return SileroState(torch.zeros(2, 1, 128), torch.zeros(1, self.context_samples))
+
+    def run(self, states: list[SileroState], frames: np.ndarray) -> np.ndarray:
+        """P(speech) of ``frames`` (B, 512), row b the next frame of the stream whose state is ``states[b]``
+        (each state at most once); the states advance."""
+        frames = np.asarray(frames, dtype=np.float32)
+        if frames.shape != (len(states), self.frame_samples):
+            raise ValueError(f"expected frames of shape ({len(states)}, {self.frame_samples}), got {frames.shape}")
+        with torch.inference_mode():
+            x = torch.cat([torch.cat([s.context for s in states]), torch.from_numpy(frames.copy())], dim=1)
+            out, rnn = self._net(x, torch.cat([s.rnn for s in states], dim=1))
+        for b, state in enumerate(states):
+            state.rnn, state.context = rnn[:, b : b + 1].clone(), x[b : b + 1, -self.context_samples :].clone()
+        return out[:, 0].numpy()
+
+
+class VadBatcher:
+    """Scores the frames of every session's VAD together: frames that arrive within ``window_s`` of the first
+    one pending run as one batched call on the event loop (BENCHMARKS.md §10.6). Each session awaits a frame's
+    probability before sending its next, so a stream appears at most once in a call. Bounded: one pending
+    frame per live session. A failing call fails every frame of that call (their sessions get the error)."""
+
+    def __init__(self, model: SileroBatchModel, *, window_s: float = 0.004) -> None:
+        self.model = model
+        self.window_s = window_s
+        self.calls = 0
+        """Batched model calls so far (for tests and metrics)."""
+        self._pending: list[tuple[SileroState, np.ndarray, asyncio.Future]] = []
+        self._flush_at: asyncio.TimerHandle | None = None
+
+    def stream(self) -> BatchedSileroStream:
+        """A fresh stream (one session's VAD)."""
+        return BatchedSileroStream(self)
+
+    async def probability(self, state: SileroState, frame: np.ndarray) -> float:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._pending.append((state, frame, done))
+        if self._flush_at is None:
+            self._flush_at = loop.call_later(self.window_s, self._flush)
+        return await done
+
+    def _flush(self) -> None:
+        self._flush_at = None
+        batch, self._pending = self._pending, []
+        self.calls += 1
+        try:
+            probs = self.model.run([state for state, _, _ in batch], np.stack([frame for _, frame, _ in batch]))
+        except Exception as exc:  # delivered to every session that waits on this call
+            for _, _, done in batch:
+                if not done.done():
+                    done.set_exception(exc)
+            return
+        for (_, _, done), prob in zip(batch, probs, strict=True):
+            if not done.done():  # its session may have been cancelled meanwhile
+                done.set_result(float(prob))
+
+
+class BatchedSileroStream:
+    """One session's VAD on a shared :class:`VadBatcher` (a :class:`BatchedSpeechProbability`)."""
+
+    frame_samples = SileroBatchModel.frame_samples
+
+    def __init__(self, batcher: VadBatcher) -> None:
+        self._batcher = batcher
+        self._state = batcher.model.new_state()
+
+    def __call__(self, frame: np.ndarray) -> float:
+        """Score one frame now, alone (a batch of one)."""
+        return float(self._batcher.model.run([self._state], np.asarray(frame, dtype=np.float32)[None])[0])
+
+    async def probability(self, frame: np.ndarray) -> float:
+        return await self._batcher.probability(self._state, np.asarray(frame, dtype=np.float32))
+
+    def reset(self) -> None:
+        self._state = self._batcher.model.new_state()

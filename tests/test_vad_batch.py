@@ -1,0 +1,95 @@
+"""realtime.vad_batch: every session's VAD frames scored in shared silero calls, equal to one model per session."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from realtime.turn import ServerVadParams, TurnDetector
+from realtime.vad import BatchedSpeechProbability, SileroVad
+from realtime.vad_batch import SileroBatchModel, VadBatcher
+from tests.test_vad import load_16k
+
+CLIPS = ["capital_of_france.wav", "short_joke.wav", "count_to_five.wav"]
+N = SileroBatchModel.frame_samples
+
+
+@pytest.fixture(scope="module")
+def model() -> SileroBatchModel:
+    return SileroBatchModel()
+
+
+def frames_of(name: str, count: int) -> np.ndarray:
+    x = load_16k(name)
+    return np.stack([x[i * N : (i + 1) * N] for i in range(count)])
+
+
+def test_a_batch_scores_each_stream_as_its_own_model_would(model):
+    clips = [frames_of(name, 40) for name in CLIPS]
+    alone = []
+    for clip in clips:
+        vad = SileroVad()
+        alone.append([vad(frame) for frame in clip])
+    states = [model.new_state() for _ in clips]
+    together = [model.run(states, np.stack([clip[t] for clip in clips])) for t in range(40)]
+    np.testing.assert_allclose(np.array(together).T, np.array(alone), atol=1e-5)
+    assert max(max(p) for p in alone) > 0.5  # speech is in there: the comparison is not of zeros
+
+
+def test_streams_join_and_reset_independently(model):
+    a, b = frames_of("capital_of_france.wav", 12), frames_of("short_joke.wav", 12)
+    sa, sb = model.new_state(), model.new_state()
+    for t in range(6):
+        model.run([sa], a[t][None])
+    late = model.run([sa, sb], np.stack([a[6], b[0]]))  # b joins mid-stream
+    vad_a, vad_b = SileroVad(), SileroVad()
+    expected_a = [vad_a(frame) for frame in a[:7]][-1]
+    assert late == pytest.approx([expected_a, vad_b(b[0])], abs=1e-5)
+    with pytest.raises(ValueError, match="shape"):
+        model.run([sa], np.stack([a[0], b[0]]))
+
+
+async def test_concurrent_sessions_share_calls_and_keep_their_order(model):
+    batcher = VadBatcher(model, window_s=0.002)
+    clips = [frames_of(name, 20) for name in CLIPS]
+
+    async def session(clip: np.ndarray) -> list[float]:
+        stream = batcher.stream()
+        assert isinstance(stream, BatchedSpeechProbability)
+        return [await stream.probability(frame) for frame in clip]
+
+    batched = await asyncio.gather(*(session(clip) for clip in clips))
+    alone = []
+    for clip in clips:
+        vad = SileroVad()
+        alone.append([vad(frame) for frame in clip])
+    np.testing.assert_allclose(batched, alone, atol=1e-5)
+    assert batcher.calls == 20  # three sessions' frames per call, not 60 calls
+
+
+async def test_a_failed_call_fails_the_frames_that_wait_on_it():
+    class Broken(SileroBatchModel):
+        def __init__(self) -> None:
+            self.context_samples = 64
+
+        def run(self, states, frames):
+            raise RuntimeError("model failed")
+
+    batcher = VadBatcher(Broken(), window_s=0.001)
+    results = await asyncio.gather(*(batcher.stream().probability(np.zeros(N, np.float32)) for _ in range(2)),
+                                   return_exceptions=True)
+    assert [str(r) for r in results] == ["model failed", "model failed"]
+
+
+async def test_turns_detected_on_a_shared_vad_equal_those_on_a_session_vad(model):
+    pcm = np.concatenate([load_16k("count_to_five.wav"), np.zeros(16_000, np.float32)])
+    params = ServerVadParams()
+    alone = TurnDetector(params, SileroVad())
+    shared = TurnDetector(params, VadBatcher(model, window_s=0.001).stream())
+    expected, got = [], []
+    for start in range(0, len(pcm), 320):  # 20 ms chunks, as a microphone sends them
+        expected += alone.feed(pcm[start : start + 320])
+        got += await shared.afeed(pcm[start : start + 320])
+    assert got == expected and len(expected) == 2  # speech started, speech stopped
