@@ -109,8 +109,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         cache_dir=args.cache_dir,
         seed=args.seed,
         torch_threads=args.threads or defaults.torch_threads,
-        vad_threads=args.vad_threads,
-        vad_batching=args.vad_batching,
+        vad_batching=not args.no_vad_batching,
         ice_host_addresses=tuple(args.ice_hosts),
         webrtc=not args.no_webrtc,
         session_limits=replace(defaults.session_limits, max_buffer_ms=args.max_buffer_ms),
@@ -149,10 +148,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "prefer --api-key-file")
     p.add_argument("--api-key-file", type=Path, default=None, help="read the key from this file")
     p.add_argument("--max-sessions", type=int, default=d.max_sessions, help="concurrent sessions")
-    p.add_argument("--vad-threads", type=int, default=d.vad_threads,
-                   help="threads running every session's server VAD off the event loop (0: on the loop)")
-    p.add_argument("--vad-batching", action="store_true",
-                   help="score every session's VAD frames together in shared calls (not with --vad-threads)")
+    p.add_argument("--no-vad-batching", action="store_true",
+                   help="one VAD call per frame per session instead of every session's frames in shared calls")
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes,
                    help="largest client message; larger ones get an error event")
     p.add_argument("--max-buffer-ms", type=int, default=d.session_limits.max_buffer_ms,

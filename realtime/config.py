@@ -50,17 +50,11 @@ class ServerConfig:
     """torch CPU threads of the engine, set before it loads (in its child process too, when the stage
     config's ``engine.process`` runs it in one). One by default: the VAD models are tiny and a GPU engine
     needs no CPU threads; raise it for a real model on CPU."""
-    vad_threads: int = 0
-    """Threads that run the server VAD (and input resampling) of every session off the event loop; ``0`` (the
-    default) runs them on the loop. The VAD is ~1 ms of CPU per 32 ms frame per session: at 64 sessions ~75 % of
-    the loop's time (py-spy). On one H100 host, 4 threads at 32 users cut the loop's delays (first audio reaching
-    the session 234 → 18 ms, the commit's round trip 725 → 382 ms p50) without changing time to first audio
-    (engine-bound); on another host, 4 threads let readers fall behind (sessions ended ~6 s after their clients),
-    so it stays opt-in (BENCHMARKS.md §10)."""
-    vad_batching: bool = False
+    vad_batching: bool = True
     """Score every session's VAD frames together: frames that arrive within 4 ms run as one silero call on the
-    event loop (``realtime/vad_batch.py``) instead of one call per frame per session (BENCHMARKS.md §10.6).
-    Not with ``vad_threads``."""
+    event loop (``realtime/vad_batch.py``). ``False``: one silero model per session, one call per 32 ms frame
+    (~1 ms of CPU each: at 64 sessions ~75 % of the event loop, and turn ends were detected seconds late;
+    BENCHMARKS.md §10.5)."""
     ice_host_addresses: tuple[str, ...] = ()
     """WebRTC: ICE host candidates, each ``ADDRESS`` or ``ANNOUNCED@BIND`` (behind a 1:1 NAT: the
     public address announced, the local one bound; tests use 127.0.0.1). Empty: the machine's own
@@ -94,10 +88,6 @@ class ServerConfig:
         for name in ("max_sessions", "torch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if isinstance(self.vad_threads, bool) or not isinstance(self.vad_threads, int) or self.vad_threads < 0:
-            raise ValueError(f"vad_threads must be an integer >= 0, got {self.vad_threads!r}")
-        if self.vad_batching and self.vad_threads:
-            raise ValueError("vad_batching and vad_threads are alternatives: set one of them")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
         if self.log_level not in LOG_LEVELS:

@@ -30,7 +30,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -286,9 +285,7 @@ class SessionRunner:
     ``lambda p: TurnDetector(p, vad)`` with one ``SileroVad`` per session); ``media`` is required
     when ``settings.audio_transport`` is ``MEDIA`` (WebRTC). ``on_end(end)`` is called once, when
     the session stops, just before the transport is closed; :attr:`end` holds the same value.
-    ``on_first_audio`` gets each response's :class:`~realtime.first_audio.FirstAudioTrace`.
-    ``detect_executor`` (the server's VAD threads) runs the decoding and VAD of incoming audio off the
-    event loop; ``None`` runs them inline."""
+    ``on_first_audio`` gets each response's :class:`~realtime.first_audio.FirstAudioTrace`."""
 
     def __init__(
         self,
@@ -304,7 +301,6 @@ class SessionRunner:
         ids: IdGenerator | None = None,
         on_end: Callable[[SessionEnd], None] | None = None,
         on_first_audio: Callable[[FirstAudioTrace], None] | None = None,
-        detect_executor: Executor | None = None,
     ) -> None:
         settings = settings or SessionSettings.for_engine(engine)
         if settings.audio_transport is AudioTransport.MEDIA and media is None:
@@ -332,7 +328,6 @@ class SessionRunner:
         self.end: SessionEnd | None = None
         """Why the session stopped (the first reason wins); ``None`` while it runs."""
         self._on_first_audio = on_first_audio
-        self._detect_executor = detect_executor
         self._traces = FirstAudioTracer(time.monotonic, self._first_audio)
 
     # --- lifecycle ---
@@ -503,27 +498,16 @@ class SessionRunner:
             self._detection = _Detection(detector, action.start_ms)
 
     async def _detect(self, action: DetectSpeech) -> list[Action]:
-        """The turn events of one chunk of client audio, as session actions. Its VAD runs on the detect executor
-        when there is one, else on the event loop: per frame, or in calls shared with other sessions when the
-        detector's VAD is batched (``realtime.vad_batch``)."""
+        """The turn events of one chunk of client audio, as session actions. The VAD runs on the event loop, in
+        calls shared with other sessions when the detector's VAD is batched (``realtime.vad_batch``)."""
         detection = self._detection
         if detection is None:
             return []  # detection was turned off after this audio was accepted
-        if self._detect_executor is not None:
-            loop = asyncio.get_running_loop()
-            events = await loop.run_in_executor(self._detect_executor, self._feed, detection, action)
-        else:
-            events = await detection.detector.afeed(self._decode(detection, action))
-        return self._turn_actions(detection, events)
-
-    def _feed(self, detection: _Detection, action: DetectSpeech) -> list[TurnEvent]:
-        return detection.detector.feed(self._decode(detection, action))
-
-    def _decode(self, detection: _Detection, action: DetectSpeech) -> np.ndarray:
         if detection.decoder is None or detection.decoder_format is not action.format:
             detection.decoder = self._decoder_factory(action.format)
             detection.decoder_format = action.format
-        return detection.decoder.decode(action.audio)
+        events = await detection.detector.afeed(detection.decoder.decode(action.audio))
+        return self._turn_actions(detection, events)
 
     def _turn_actions(self, detection: _Detection, events: list[TurnEvent]) -> list[Action]:
         actions: list[Action] = []
@@ -534,7 +518,7 @@ class SessionRunner:
     async def _dispatch_received(self, actions: list[Action]) -> None:
         """:meth:`_dispatch` for a client message's actions, speech detection included (:meth:`_detect`). The VAD
         is ~1 ms of CPU a frame per session, ~75 % of the loop's time at 64 sessions (BENCHMARKS.md §10.4), hence
-        the executor and batched options. The reader awaits each chunk's turn events before the next message, so
+        the batched VAD. The reader awaits each chunk's turn events before the next message, so
         a session's actions keep their order while other sessions' readers run."""
         for action in actions:
             if isinstance(action, DetectSpeech):

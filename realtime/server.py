@@ -38,7 +38,6 @@ import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -125,8 +124,6 @@ class ServerContext:
     vad_factory: VadFactory
     slots: SessionSlots
     """Live sessions of every transport, under ``config.max_sessions``."""
-    detect_executor: Executor | None = None
-    """The VAD threads (``config.vad_threads``) every session's speech detection runs on; ``None``: inline."""
 
     def message_gate(self) -> MessageGate:
         """A fresh gate for one session's client messages (size, kind, event rate)."""
@@ -219,7 +216,6 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
         message_gate=context.message_gate,
         session_observer=lambda: context.metrics.session("webrtc"),
         on_first_audio=context.metrics.first_audio_path,
-        detect_executor=context.detect_executor,
     )
 
 
@@ -261,7 +257,6 @@ class RealtimeServer:
         self._engine = engine
         self._owns_engine = engine is None
         self._vad_factory = vad_factory
-        self._detect_executor: ThreadPoolExecutor | None = None
         self._webrtc_factory = webrtc_factory
         self._context: ServerContext | None = None
         self._sessions: dict[asyncio.Task, SessionRunner] = {}  # WebSocket sessions
@@ -279,10 +274,7 @@ class RealtimeServer:
     async def start(self) -> None:
         engine = self._engine or await asyncio.to_thread(load_engine, self.config)
         self._engine = engine
-        if self.config.vad_threads and self._detect_executor is None:
-            self._detect_executor = ThreadPoolExecutor(self.config.vad_threads, thread_name_prefix="omni-vad")
-        self._context = ServerContext(self.config, engine, self.metrics, self._vad_factory, self.slots,
-                                      self._detect_executor)
+        self._context = ServerContext(self.config, engine, self.metrics, self._vad_factory, self.slots)
         _announce(engine, self.config)
         if self.config.webrtc and self._webrtc_factory is not None:
             try:
@@ -296,9 +288,6 @@ class RealtimeServer:
         if self.webrtc is not None:
             await self.webrtc.close()
         await self._close_engine()
-        executor, self._detect_executor = self._detect_executor, None
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)  # sessions are closed: nothing waits on it
 
     async def _close_engine(self) -> None:
         engine, self._engine = self._engine, None
@@ -421,7 +410,6 @@ class RealtimeServer:
                 settings=context.session_settings(dialect),
                 on_end=transport.session_ended,
                 on_first_audio=self.metrics.first_audio_path,
-                detect_executor=context.detect_executor,
             )
             await self._supervise(runner, _peer(websocket))
         finally:

@@ -15,7 +15,6 @@ Also here: :class:`FakeTurnDetector` (scripted speech events, no model) and :cla
 from __future__ import annotations
 
 import asyncio
-import threading
 import json
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -345,14 +344,11 @@ class FakeTurnDetector:
     silence_ms: float = 0.0
     resets: int = 0
     log: list[np.ndarray] = field(default_factory=list)
-    threads: set[int] = field(default_factory=set)
-    """Idents of the threads that fed it."""
 
     async def afeed(self, pcm16k: np.ndarray) -> list[SpeechStarted | SpeechStopped]:
         return self.feed(pcm16k)
 
     def feed(self, pcm16k: np.ndarray) -> list[SpeechStarted | SpeechStopped]:
-        self.threads.add(threading.get_ident())
         self.log.append(pcm16k)
         start_ms = self.fed_samples * 1000 // INPUT_SAMPLE_RATE
         self.fed_samples += len(pcm16k)

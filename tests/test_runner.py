@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -183,19 +181,6 @@ async def test_a_failed_commit_is_reported_and_the_session_goes_on():
         h.send(TEXT_ITEM, {"type": "response.create"})
         assert (await h.transport.wait_for("response.done"))["response"]["status"] == "completed"
         assert h.runner._tasks and all("commit" not in t.get_name() for t in h.runner._tasks)
-
-
-async def test_speech_detection_runs_on_the_detect_executor_in_order():
-    with ThreadPoolExecutor(2) as pool:
-        async with Harness(detect_executor=pool) as h:
-            h.send(append(300, 0.5), *[append(100) for _ in range(6)])  # a spoken turn ended by the VAD
-            await h.transport.wait_for("response.done")
-    turn = [t for t in h.transport.types() if t.startswith("input_audio_buffer.") or t == "response.created"]
-    assert turn == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-                    "input_audio_buffer.committed", "response.created"]
-    (detector,) = h.detectors
-    assert detector.threads and threading.get_ident() not in detector.threads  # never on the event loop
-    assert sum(len(chunk) for chunk in detector.log) == pytest.approx(16_000 * 0.9, rel=0.03)  # every chunk (less the resampler delay)
 
 
 # --- barge-in, cancellation, truncation ---------------------------------------------------------

@@ -287,9 +287,8 @@ def test_serve_flags_become_the_server_config(tmp_path):
     args = build_parser().parse_args([
         "serve", "--port", "0", "--api-key-file", str(key_file), "--max-sessions", "3", "--ice-host", "127.0.0.1",
         "--ice-host", "10.0.0.2", "--allowed-origin", "http://a.example", "--max-buffer-ms", "5000",
-        "--events-per-second", "20", "--event-burst", "40", "--threads", "2", "--no-webrtc", "--vad-threads", "2",
+        "--events-per-second", "20", "--event-burst", "40", "--threads", "2", "--no-webrtc", "--no-vad-batching",
     ])
-    assert server_config(build_parser().parse_args(["serve", "--vad-batching"])).vad_batching
     config = server_config(args)
     assert (config.port, config.api_key, config.max_sessions) == (0, "from-file", 3)
     assert config.ice_host_addresses == ("127.0.0.1", "10.0.0.2")
@@ -297,7 +296,7 @@ def test_serve_flags_become_the_server_config(tmp_path):
     assert config.session_limits.max_buffer_ms == 5000
     assert (config.rate_limit.events_per_second, config.rate_limit.burst) == (20.0, 40)
     assert config.torch_threads == 2 and config.webrtc is False and config.model is None
-    assert config.vad_threads == 2
+    assert config.vad_batching is False and ServerConfig().vad_batching is True
 
 
 @pytest.mark.timeout(180)

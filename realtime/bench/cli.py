@@ -56,8 +56,7 @@ class BenchOptions:
     seed: int
     api_key: str | None
     plots: bool
-    vad_threads: int = 0
-    vad_batching: bool = False
+    vad_batching: bool = True
 
 
 QUICK = {"levels": (1,), "turns": 2, "min_samples": 0, "warmup_turns": 0, "barge_in_every": 1, "text_tokens": 4,
@@ -102,9 +101,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results.json, report.md and PNGs go here")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    p.add_argument("--vad-threads", type=int, default=0,
-                   help="the in-process server's VAD threads (default 0: on its event loop)")
-    p.add_argument("--vad-batching", action="store_true", help="the in-process server scores VAD frames in batches")
+    p.add_argument("--no-vad-batching", action="store_true",
+                   help="the in-process server runs one VAD call per frame per session (the default batches them)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None, help="key of a --url server that requires one")
 
@@ -127,7 +125,7 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         barge_in_every=pick("barge_in_every", args.barge_in_every), barge_in_after_ms=args.barge_in_after_ms,
         ramp_s=pick("ramp_s", args.ramp_s), jitter_ms=args.jitter_ms,
         turn_timeout_s=pick("turn_timeout_s", args.turn_timeout_s), reference=args.reference, out=args.out,
-        threads=args.threads, vad_threads=args.vad_threads, vad_batching=args.vad_batching, seed=args.seed,
+        threads=args.threads, vad_batching=not args.no_vad_batching, seed=args.seed,
         api_key=args.api_key, plots=not args.no_plots,
     )
 
@@ -264,7 +262,7 @@ def _in_process_server(engine, options: BenchOptions):
 
     config = ServerConfig(
         host="127.0.0.1", port=0, max_sessions=max(options.levels) + 1, webrtc=options.transport == "webrtc",
-        ice_host_addresses=("127.0.0.1",), torch_threads=options.threads, vad_threads=options.vad_threads,
+        ice_host_addresses=("127.0.0.1",), torch_threads=options.threads,
         vad_batching=options.vad_batching, log_level="warning",
     )
     return serve_in_background(create_app(config, engine=engine), config)

@@ -38,7 +38,6 @@ import json
 import logging
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -431,7 +430,6 @@ class WebRTCCalls:
         connect_timeout_s: float = 20.0,
         session_observer: Callable[[], EventObserver] | None = None,
         on_first_audio: Callable[[FirstAudioTrace], None] | None = None,
-        detect_executor: Executor | None = None,
     ) -> None:
         if max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, got {max_calls}")
@@ -446,7 +444,6 @@ class WebRTCCalls:
         self.connect_timeout_s = connect_timeout_s
         self._session_observer = session_observer
         self._on_first_audio = on_first_audio
-        self._detect_executor = detect_executor
         self._calls: dict[str, Call] = {}
         self._serving: dict[str, asyncio.Task] = {}
         self._ids = itertools.count(1)
@@ -551,7 +548,7 @@ class WebRTCCalls:
         def make_runner(transport: DataChannelTransport, media: MediaSink) -> SessionRunner:
             return SessionRunner(
                 transport, self._engine, turn_detector_factory=turn_detector_factory, settings=settings, media=media,
-                on_first_audio=self._on_first_audio, detect_executor=self._detect_executor,
+                on_first_audio=self._on_first_audio,
             )
 
         gate = self._message_gate() if self._message_gate is not None else None
