@@ -5,7 +5,9 @@ A :class:`SessionRunner` owns four kinds of tasks, all tracked and all cancelled
 - the *reader* feeds client messages to the session and executes the resulting actions;
 - the *writer* sends server events from the :class:`OutboundQueue` to the transport, in order;
 - the *worker* executes engine commands one at a time, in the order the session emitted them
-  (the engine seam requires it), except cancellation, which is executed at once;
+  (the engine seam requires it), except cancellation, which is executed at once; an audio commit is
+  sent and not waited for, so the response that follows it reaches the engine with it;
+- one *commit* task per audio commit awaits its outcome and reports a failure as an ``error`` event;
 - one *pump* per response feeds the engine's output stream back into the session.
 
 The runner stops when the client goes away (the transport's message iterator ends, or ``send``
