@@ -610,6 +610,9 @@ class SessionRunner:
 
     def _first_audio(self, trace: FirstAudioTrace) -> None:
         segments = ", ".join(f"{name} {ms:.1f}" for name, ms in trace.segments().items())
+        total = trace.total_ms()
+        if total is not None:  # the server's own time to first audio: turn end (or request) to the first delta out
+            segments += f", total {total:.1f}"
         logger.info("session %s response %s first audio path (ms): %s", self.session.session_id,
                     trace.response_id, segments or "-")
         if self._on_first_audio is not None:

@@ -18,7 +18,7 @@ import numpy as np
 LINE = re.compile(r"session (\S+) response (\S+) first audio path \(ms\): (.*)$")
 LEVEL = re.compile(r"bench level (\d+): ")
 """``omni-realtime bench`` logs this at the start of each level; the lines before the first are the warm-up."""
-SEGMENT = re.compile(r"([a-z_]+->[a-z_]+) (-?[0-9.]+)")
+SEGMENT = re.compile(r"([a-z_]+->[a-z_]+|total) (-?[0-9.]+)")
 
 
 def parse(lines) -> dict[str, dict[str, list[dict[str, float]]]]:

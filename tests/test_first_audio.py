@@ -126,7 +126,7 @@ def test_dropped_audio_and_no_audio_end_the_trace_at_the_done(clock, traces):
 def test_the_log_summary_splits_bench_levels_and_leaves_out_the_warm_up(tmp_path, capsys):
     def line(session: str, committed: float, sent: float) -> str:
         return (f"2026-11-22 05:48:38,296 INFO realtime.runner: session {session} response r first audio path (ms): "
-                f"turn_end->committed {committed}, committed->requested 0.1, received->sent {sent}\n")
+                f"turn_end->committed {committed}, committed->requested 0.1, received->sent {sent}, total 9.5\n")
 
     log = tmp_path / "server.log"
     log.write_text(
@@ -141,7 +141,7 @@ def test_the_log_summary_splits_bench_levels_and_leaves_out_the_warm_up(tmp_path
     assert list(levels) == ["warm-up", "1 users", "2 users"]
     summary = script.summarize(levels["1 users"], skip=1)
     assert {name: list(v) for name, v in summary.items()} == {
-        "turn_end->committed": [12.0], "committed->requested": [0.1], "received->sent": [4.0]}
+        "turn_end->committed": [12.0], "committed->requested": [0.1], "received->sent": [4.0], "total": [9.5]}
     assert script.main([str(log)]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert "| 2 users | turn_end->committed | 2 | 40.0 |" in "\n".join(rows)
