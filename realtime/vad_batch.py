@@ -29,7 +29,7 @@ class SileroBatchModel:
     """silero-vad's 16 kHz network run over frames of many streams in one call, each stream's state kept by
     the caller (:class:`SileroState`). Row by row it computes what :class:`SileroVad` computes (the packaged
     model's own wrapper prepends the previous frame's last 64 samples and carries the recurrent state); one
-    call for 64 frames costs ~5 ms of CPU against ~0.5 ms for one (measured on the 2-core VM)."""
+    call for 64 frames costs ~6 ms of CPU against ~0.7 ms for one (``scripts/bench_vad.py``, 2-core VM)."""
 
     frame_samples = 512
 
