@@ -1,0 +1,178 @@
+"""Where an engine step's time goes: host work against GPU work, per step, under torch.profiler.
+
+Runs the engine in a thread of this process (so the profiler sees its CPU ops and its kernels), replies of forced
+length to ``--users`` concurrent conversations (one burst per level), and prints per level:
+
+- the step's wall time (host) and the time the GPU was busy inside it, split by the kind of step (thinker and
+  talker decoding, talker only, other), as medians;
+- the median host time of each labelled part of a step (thinker decode launch, samplers, talker prefill, ...);
+- the busiest GPU kernels.
+
+    python scripts/profile_steps.py --model random:7b --device cuda --threads 4 --users 1,16
+    python scripts/profile_steps.py --users 1 --codec-tokens 30          # tiny model, CPU (no GPU figures)
+
+Units: ms. "GPU busy" is the union of every kernel interval (any stream) that lies inside the step; a step whose
+GPU busy time is far below its wall time waits on the host (launches, Python, host copies, syncs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import gzip
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from pipeline.engine import OmniEngine
+from pipeline.outputs import AudioChunk
+from realtime.bench.models import ReplyLength, bench_stage_config, model_loader
+
+LABELS = {
+    "thinker.decode": ("thinker", "decode"),
+    "talker.decode": ("talker", "decode"),
+    "talker.prefill": ("talker", "prefill"),
+    "thinker.prefill": ("thinker", "prefill"),
+    "text_sampler.sample": ("text_sampler", "sample"),
+    "code_sampler.sample": ("code_sampler", "sample"),
+}
+"""Label -> (attribute of the engine core, method) wrapped in a ``record_function`` of that label."""
+
+
+def instrument(core) -> None:
+    """Wrap ``core.step`` and the parts in :data:`LABELS` in profiler labels (instance attributes: the class and
+    other engines are untouched)."""
+    def labelled(label, fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            with torch.profiler.record_function(label):
+                return fn(*args, **kwargs)
+        return call
+
+    for label, (owner, method) in LABELS.items():
+        obj = getattr(core, owner)
+        setattr(obj, method, labelled(label, getattr(obj, method)))
+    core.step = labelled("engine.step", core.step)
+
+
+async def burst(engine: OmniEngine, users: int) -> list[float]:
+    """One spoken reply per user, all asked at once; returns the first-audio times (ms from the ask)."""
+    convs = [engine.conversation() for _ in range(users)]
+    for i, conv in enumerate(convs):
+        await conv.add_text("u", f"Hello, this is user {i}. Please tell me something.")
+    await engine.wait_idle()
+
+    async def one(conv) -> float:
+        t0, first = time.perf_counter(), None
+        async for event in conv.respond(item_id="a", modalities=frozenset({"text", "audio"})):
+            if first is None and isinstance(event, AudioChunk) and len(event.pcm):
+                first = (time.perf_counter() - t0) * 1000
+        await conv.close()
+        return first
+
+    return await asyncio.gather(*(one(c) for c in convs))
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def summarize(trace: dict) -> dict:
+    """Per-step wall / GPU-busy medians by step kind, label medians and top kernels from a chrome trace (us)."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    steps = sorted((e for e in events if e.get("name") == "engine.step"), key=lambda e: e["ts"])
+    kernels = sorted(((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel"))
+    labels = [e for e in events if e.get("name") in LABELS]
+    by_kind: dict[str, list[tuple[float, float]]] = {}
+    label_ms: dict[str, list[float]] = {}
+    for step in steps:
+        a, b = step["ts"], step["ts"] + step["dur"]
+        inside = [lab for lab in labels if a <= lab["ts"] < b]
+        names = {lab["name"] for lab in inside}
+        kind = ("thinker+talker" if {"thinker.decode", "talker.decode"} <= names else
+                "talker only" if "talker.decode" in names else
+                "thinker only" if "thinker.decode" in names else "other")  # fmt: skip
+        busy = _union([(max(x, a), min(y, b)) for x, y in kernels if y > a and x < b])
+        by_kind.setdefault(kind, []).append((step["dur"] / 1000, busy / 1000))
+        for lab in inside:
+            label_ms.setdefault(lab["name"], []).append(lab["dur"] / 1000)
+    kernel_totals: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("cat") == "kernel":
+            kernel_totals.setdefault(e["name"][:80], []).append(e["dur"] / 1000)
+    top = sorted(kernel_totals.items(), key=lambda kv: -sum(kv[1]))[:12]
+    return {
+        "steps": {kind: {"count": len(v), "wall_ms_p50": statistics.median(w for w, _ in v),
+                         "gpu_busy_ms_p50": statistics.median(g for _, g in v),
+                         "wall_ms_sum": sum(w for w, _ in v), "gpu_busy_ms_sum": sum(g for _, g in v)}
+                  for kind, v in by_kind.items()},  # fmt: skip
+        "labels_ms_p50": {k: round(statistics.median(v), 3) for k, v in sorted(label_ms.items())},
+        "labels_count": {k: len(v) for k, v in sorted(label_ms.items())},
+        "top_kernels_ms": [(name, round(sum(d), 2), len(d)) for name, d in top],
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="random:7b, random:tiny, a checkpoint (default: the embedded tiny one)")
+    p.add_argument("--device", default=None, help="every stage on this device (default: the stage config's)")
+    p.add_argument("--users", default="1", help="comma-separated burst sizes, profiled one after the other")
+    p.add_argument("--text-tokens", type=int, default=10)
+    p.add_argument("--codec-tokens", type=int, default=50)
+    p.add_argument("--stage-config", type=Path, default=None, help="default: bench_forced.yaml")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--out", type=Path, default=None, help="write the summaries (JSON) and traces here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cfg = bench_stage_config(args.stage_config, device=args.device,
+                             length=ReplyLength(args.text_tokens, args.codec_tokens))  # fmt: skip
+    cfg = replace(cfg, engine=replace(cfg.engine, process="off"))  # the profiler must see the engine's thread
+    engine = OmniEngine.from_loader(model_loader(args.model), cfg, seed=0, torch_threads=args.threads)
+    core = engine._backend.core
+    instrument(core)
+    cuda = core.thinker.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    results = {}
+    try:
+        asyncio.run(burst(engine, 1))  # warm-up: first-use allocations, lazy inits
+        for users in (int(u) for u in args.users.split(",")):
+            path = Path(f"/tmp/profile_steps_{users}.json")
+            # started and stopped on the engine's thread: the profiler records CPU ops of the thread that starts it
+            prof = torch.profiler.profile(activities=activities)
+            engine._backend.submit(lambda _core: prof.start()).result()
+            first_audio = asyncio.run(burst(engine, users))
+            engine._backend.submit(lambda _core: prof.stop()).result()
+            prof.export_chrome_trace(str(path))
+            summary = summarize(json.loads(path.read_text()))
+            summary["first_audio_ms"] = sorted(round(x, 1) for x in first_audio if x is not None)
+            results[users] = summary
+            print(f"== {users} users", json.dumps(summary, indent=1), flush=True)
+            if args.out:
+                args.out.mkdir(parents=True, exist_ok=True)
+                with gzip.open(args.out / f"trace_{users}.json.gz", "wb") as fh:
+                    fh.write(path.read_bytes())
+    finally:
+        engine.close()
+    if args.out:
+        (args.out / "summary.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
