@@ -9,6 +9,8 @@ between steps by the engine thread (see :mod:`pipeline.engine`).
 from __future__ import annotations
 
 import logging
+import secrets
+from collections.abc import Callable
 import time
 
 import numpy as np
@@ -43,7 +45,7 @@ from pipeline.outputs import (
 )
 from pipeline.registry import CONNECTORS
 from pipeline.request import Phase, ResponseSpec, ResponseState, TextEnd
-from pipeline.sampling import BatchSampler
+from pipeline.sampling import SampleRows, SamplerSpec
 from pipeline.stall_watch import StallWatch
 from pipeline.stages.chunk_schedule import ChunkingConfig
 from pipeline.stages.talker import TalkerRunner
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 
 SLOW_STEP_MS = 250.0
 """An engine step longer than this is logged: every live response waited that long for its next token."""
+
+Sampled = tuple[list[ResponseState], torch.Tensor]
+"""Rows of one batched decode step and their sampled ids (a device tensor of the same length), not read yet."""
 
 MIN_AUDIO_FRAMES = 2
 """Shortest audio message the encoder accepts (mel frames of 10 ms)."""
@@ -108,13 +113,19 @@ class EngineCore:
         th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
         self.max_context = th.max_context_tokens or ckpt.config.thinker_config.text_config.max_position_embeddings
         self.max_codes = ta.max_tokens or 4096
+        self.text_stop = {self.special.im_end, self.special.endoftext}
+        self.codec_stop = tuple(self.special.codec_stop_ids())
+        # each decode step samples inside its graph; the salts keep the two stages' noise apart
         self.thinker = ThinkerRunner(ckpt.thinker, device=th.torch_device(), dtype=th.torch_dtype(),
                                      kv_slots=th.kv_slots, max_len=self.max_context, cuda_graphs=th.cuda_graphs,
-                                     fused_decode=th.fused_decode)
+                                     fused_decode=th.fused_decode,
+                                     sampler=SamplerSpec(th.sampling, stop=tuple(sorted(self.text_stop)), salt=0))
         # talker positions: the thinker prompt, speaker bos, then one per codec token
         self.talker = TalkerRunner(ckpt.talker, device=ta.torch_device(), dtype=ta.torch_dtype(),
                                    kv_slots=ta.kv_slots, max_len=self.max_context + self.max_codes + 2,
-                                   cuda_graphs=ta.cuda_graphs, fused_decode=ta.fused_decode)  # fmt: skip
+                                   cuda_graphs=ta.cuda_graphs, fused_decode=ta.fused_decode,
+                                   sampler=SamplerSpec(ta.sampling, suppress=tuple(self._codec_suppress_ids()),
+                                                       stop=self.codec_stop, salt=1))  # fmt: skip
         self.t2w_device = torch.device(tw.torch_device())
         threaded = tw.worker_enabled()  # auto = on with CUDA: see StageConfig.worker_thread
         self._t2w_green, t2w_stream = _green_stream(tw.worker_sms, self.t2w_device, threaded)
@@ -130,8 +141,6 @@ class EngineCore:
         """Stream id -> its response, for the chunks the worker is synthesizing."""
         self.to_talker = CONNECTORS[ta.connector].fn
         self.to_token2wav = CONNECTORS[tw.connector].fn
-        self.text_stop = {self.special.im_end, self.special.endoftext}
-        self.codec_stop = tuple(self.special.codec_stop_ids())
         self.prefill_chunk = th.prefill_chunk_tokens
         self.seed = seed
         self._seed_counter = 0
@@ -146,14 +155,7 @@ class EngineCore:
         self._finished = 0
         self._stall = StallWatch()
         self._text_end_vectors = self.thinker.embed([self.special.tts_text_end, self.special.tts_text_pad])
-        self.text_sampler = BatchSampler(
-            th.sampling, vocab=self.thinker.lm_head.out_features, rows=self.thinker.pool.scratch_slot + 1,
-            device=self.thinker.device, stop=self.text_stop,
-        )
-        self.code_sampler = BatchSampler(
-            ta.sampling, vocab=self.talker.head.out_features, rows=self.talker.pool.scratch_slot + 1,
-            device=self.talker.device, suppress=self._codec_suppress_ids(), stop=self.codec_stop,
-        )
+        self.text_sampler, self.code_sampler = self.thinker.sampler, self.talker.sampler
         # capture the decode graphs now (seconds on a 7B model), not during the first replies
         self.thinker.batched.capture()
         self.talker.batched.capture()
@@ -319,8 +321,7 @@ class EngineCore:
         conv.active_response = spec.id
         self.responses[spec.id] = ResponseState(
             spec=spec, conv=conv, item=item, detok=IncrementalDetokenizer(self.renderer.decode),
-            generator=self._generator(self.thinker.device),
-            started_at=time.perf_counter(), started_at_s=time.monotonic(),
+            seed=self._response_seed(), started_at=time.perf_counter(), started_at_s=time.monotonic(),
         )
 
     def cancel_response(self, response_id: str, reason: str) -> None:
@@ -352,8 +353,13 @@ class EngineCore:
                 decoding.append(state)
         if decoding:
             self.counters["decode_steps_total"] += 1
-        self._thinker_decode([r for r in decoding if not r.thinker_done])
-        self._talker_decode(self._talker_rows([r for r in decoding if r.id in self.responses and r.spec.audio]))
+        # Both stages' steps are queued before either's tokens are read: the talker's step needs the thinker's
+        # vectors (device tensors), not its new tokens, so the device runs the two back to back.
+        thinker_tokens = self._thinker_decode([r for r in decoding if not r.thinker_done])
+        talker_rows = self._talker_rows([r for r in decoding if r.id in self.responses and r.spec.audio])
+        talker_codes = self._talker_decode(talker_rows)
+        self._accept_sampled(thinker_tokens, self._accept_text_token)
+        self._accept_sampled(talker_codes, self._accept_code)
         live = [r for r in decoding if r.id in self.responses]
         ready = [r for r in live if r.t2w is not None and not self._t2w_busy(r) and r.t2w.ready()]
         # a response only waiting for the token2wav worker is not progress: the loop then waits for a wake-up
@@ -508,7 +514,8 @@ class EngineCore:
         r.phase = Phase.DECODE
         r.mark("prefill_done_ms")
         (token,) = self.text_sampler.sample(out.last_logits.unsqueeze(0), [conv.slot],
-                                            force_continue=[self._force_text(r)], generators=[r.generator])  # fmt: skip
+                                            force_continue=[self._force_text(r)], seeds=[r.seed],
+                                            counters=[len(r.item.reply_ids)])  # fmt: skip
         self._accept_text_token(r, token)
         return True
 
@@ -531,23 +538,38 @@ class EngineCore:
         conv.extend(keys[start:end], self.to_talker(out.hidden, talker_embeds))
         return out if end == len(keys) else None
 
-    def _thinker_decode(self, rows: list[ResponseState]) -> None:
-        """Feed every row's pending token through the thinker in one batch and sample the next ones."""
+    def _thinker_decode(self, rows: list[ResponseState]) -> list[Sampled]:
+        """Feed every row's pending token through the thinker in one batch, which samples the next ones on the
+        device. Returns the batches run and their sampled tokens (device tensors), for :meth:`_accept_sampled`:
+        the rows' caches and talker queues are updated here, their new tokens are not read yet."""
+        sampled = []
+
         def run(batch: list[ResponseState], done: set[str]) -> None:
+            rows = SampleRows.of([r.conv.slot for r in batch], force_continue=[self._force_text(r) for r in batch],
+                                 seeds=[r.seed for r in batch], counters=[len(r.item.reply_ids) for r in batch])
             step = self.thinker.decode([r.pending_token for r in batch], [r.conv.slot for r in batch],
-                                       [len(r.conv.cached_keys) for r in batch])  # fmt: skip
+                                       [len(r.conv.cached_keys) for r in batch], rows)  # fmt: skip
             vectors = self.to_talker(step.hidden, step.embeds)
-            tokens = self.text_sampler.sample(step.logits, [r.conv.slot for r in batch],
-                                              force_continue=[self._force_text(r) for r in batch],
-                                              generators=[r.generator for r in batch])  # fmt: skip
-            for i, (r, token) in enumerate(zip(batch, tokens)):
+            sampled.append((batch, step.tokens.clone()))  # the graph's buffer is overwritten by the next replay
+            for i, r in enumerate(batch):
                 r.conv.extend([r.pending_token], vectors[i : i + 1])
                 if r.spec.audio:
                     r.talker_queue.append(vectors[i])
-                self._accept_text_token(r, token)
                 done.add(r.id)
 
         self._run_batch("thinker", rows, run)
+        return sampled
+
+    def _accept_sampled(self, sampled: list[Sampled], accept: Callable[[ResponseState, int], None]) -> None:
+        """Read each batch's sampled ids (one host transfer per batch) and ``accept(row, id)`` them, in row order."""
+        for batch, tokens in sampled:
+            for r, token in zip(batch, tokens.tolist()):
+                if r.id not in self.responses:
+                    continue
+                try:
+                    accept(r, token)
+                except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
+                    self._fail(r, exc)
 
     def _run_batch(self, stage: str, rows: list[ResponseState], run) -> None:
         """Run one batched stage step, ``run(batch, done)`` adding each row to ``done`` once its state is
@@ -619,26 +641,31 @@ class EngineCore:
             logits = self._talker_prefill(r)
             if logits is not None:
                 (code,) = self.code_sampler.sample(logits.unsqueeze(0), [r.conv.talker_slot],
-                                                   force_continue=[self._force_codes(r)], generators=[r.generator])  # fmt: skip
+                                                   force_continue=[self._force_codes(r)], seeds=[r.seed],
+                                                   counters=[r.codec_tokens])  # fmt: skip
                 self._accept_code(r, code)
             return None
         return self._next_talker_vector(r)
 
-    def _talker_decode(self, rows: list[tuple[ResponseState, torch.Tensor]]) -> None:
-        """One codec token for every row, in one batched talker step."""
+    def _talker_decode(self, rows: list[tuple[ResponseState, torch.Tensor]]) -> list[Sampled]:
+        """One codec token for every row, sampled on the device in one batched talker step. Returns the batches and
+        their codes (device tensors) for :meth:`_accept_sampled`."""
+        sampled = []
+
         def run(batch: list[ResponseState], done: set[str]) -> None:
             slots = [r.conv.talker_slot for r in batch]
-            logits = self.talker.decode([r.last_code for r in batch], torch.stack([vectors[r.id] for r in batch]),
-                                        slots, [r.talker_len for r in batch])  # fmt: skip
-            codes = self.code_sampler.sample(logits, slots, force_continue=[self._force_codes(r) for r in batch],
-                                             generators=[r.generator for r in batch])  # fmt: skip
-            for r, code in zip(batch, codes):
+            rows = SampleRows.of(slots, force_continue=[self._force_codes(r) for r in batch],
+                                 seeds=[r.seed for r in batch], counters=[r.codec_tokens for r in batch])
+            _, codes = self.talker.decode([r.last_code for r in batch], torch.stack([vectors[r.id] for r in batch]),
+                                          slots, [r.talker_len for r in batch], rows)  # fmt: skip
+            sampled.append((batch, codes.clone()))
+            for r in batch:
                 r.talker_len += 1
-                self._accept_code(r, code)
                 done.add(r.id)
 
         vectors = {r.id: v for r, v in rows}
         self._run_batch("talker", [r for r, _ in rows], run)
+        return sampled
 
     def _force_codes(self, r: ResponseState) -> bool:
         return r.codec_tokens < (self.cfg.talker.min_tokens or 0)
@@ -826,6 +853,14 @@ class EngineCore:
         else:
             self.release_slots(r.conv)  # a stage may have died mid-update: never keep a possibly corrupt cache
         self._finish(r, ResponseStatus.FAILED, "error", exc)
+
+    def _response_seed(self) -> int:
+        """The noise seed of a new response's sampling (pipeline/sampling.py): drawn from the OS, or with an engine
+        seed, the seed and the response's number (so a seeded engine repeats its replies)."""
+        if self.seed is None:
+            return secrets.randbits(32)
+        self._seed_counter += 1
+        return (self.seed * 1_000_003 + self._seed_counter) & 0xFFFFFFFF
 
     def _generator(self, device: torch.device) -> torch.Generator | None:
         if self.seed is None:

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from pipeline.errors import PipelineError
 
-__all__ = ["CapturedCall", "GraphCaptureError", "bucket_at_least"]
+__all__ = ["CapturedCall", "GraphCaptureError", "bucket_at_least", "host_tensor", "host_to_device"]
 
 
 class GraphCaptureError(PipelineError):
@@ -85,3 +85,20 @@ def bucket_at_least(size: int, buckets: Sequence[int]) -> int | None:
     """The smallest of ``buckets`` that holds ``size``, or None when all are smaller."""
     fitting = [b for b in buckets if b >= size]
     return min(fitting) if fitting else None
+
+
+def host_tensor(values: Sequence | Tensor, dtype: torch.dtype, *, pinned: bool) -> Tensor:
+    """A host tensor of ``values``; ``pinned``: in page-locked memory, so that a ``non_blocking`` copy of it to a GPU
+    is queued on the stream without the host waiting (from pageable memory, torch's copy waits for the stream's
+    queued work to finish: in a decode step that stalled the host for the whole graph, BENCHMARKS.md §11)."""
+    t = values.to(dtype) if isinstance(values, Tensor) else torch.tensor(list(values), dtype=dtype)
+    return t.pin_memory() if pinned and not t.is_pinned() else t
+
+
+def host_to_device(values: Sequence | Tensor, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    """``values`` (host values or a host tensor) as a tensor on ``device``, queued without waiting for the device
+    (see :func:`host_tensor`)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return host_tensor(values, dtype, pinned=False).to(device)
+    return host_tensor(values, dtype, pinned=True).to(device, non_blocking=True)

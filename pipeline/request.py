@@ -8,7 +8,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-import torch
 
 from pipeline.conversation_state import ConversationState, ConvItem
 from pipeline.detokenizer import IncrementalDetokenizer
@@ -68,7 +67,8 @@ class ResponseState:
     conv: ConversationState
     item: ConvItem
     detok: IncrementalDetokenizer
-    generator: torch.Generator | None = None
+    seed: int = 0
+    """Noise seed of this response's thinker and talker sampling (pipeline/sampling.py)."""
     phase: Phase = Phase.PREFILL
     started_at: float = 0.0
     """perf_counter() when the engine thread took the response."""

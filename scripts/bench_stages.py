@@ -90,7 +90,7 @@ def engine_step_ms(runner, kind: str, batch: int, prompt: int, steps: int, hidde
         if kind == "thinker":
             logits = runner.decode([7] * batch, slots, pos).logits
         else:
-            logits = runner.decode([3] * batch, vectors, slots, pos)
+            logits, _ = runner.decode([3] * batch, vectors, slots, pos)
         logits.argmax(-1).tolist()  # the engine needs each token on the host
         times.append(time.perf_counter() - start)
     return sorted(times[3:])[len(times[3:]) // 2] * 1000

@@ -12,8 +12,6 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from pipeline.config import SamplingConfig
-from pipeline.sampling import BatchSampler
 from pipeline.stages.decode_attention import attend_reference
 from pipeline.stages.decode_graphs import BatchedDecode, default_batch_sizes
 from pipeline.stages.decoder import PooledDecoder
@@ -185,68 +183,3 @@ def test_captured_decode_steps_match_eager_ones_on_the_gpu(tiny_model_dir):
     torch.testing.assert_close(graphed[0], eager[1], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(graphed[1], eager[2], rtol=1e-4, atol=1e-4)
     assert runner.batched.replays == 1
-
-
-# -- batched sampling ---------------------------------------------------------------------------------
-
-
-def hf_processed(cfg: SamplingConfig, logits: torch.Tensor, seen: list[int], suppress: list[int]) -> torch.Tensor:
-    """One row through transformers' own logits processors, in ``generate``'s order (the reference)."""
-    from transformers.generation.logits_process import (
-        RepetitionPenaltyLogitsProcessor,
-        SuppressTokensLogitsProcessor,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
-
-    ids = torch.tensor([seen], dtype=torch.long)
-    scores = logits.unsqueeze(0).clone()
-    if cfg.repetition_penalty != 1.0 and seen:
-        scores = RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty)(ids, scores)
-    if suppress:
-        scores = SuppressTokensLogitsProcessor(suppress, device="cpu")(ids, scores)
-    if cfg.do_sample:
-        scores = TemperatureLogitsWarper(cfg.temperature)(ids, scores)
-        if cfg.top_k:
-            scores = TopKLogitsWarper(cfg.top_k)(ids, scores)
-        if cfg.top_p < 1.0:
-            scores = TopPLogitsWarper(cfg.top_p)(ids, scores)
-    return scores[0]
-
-
-@pytest.mark.parametrize("cfg", [SamplingConfig(), SamplingConfig(repetition_penalty=1.3)])
-def test_batch_sampler_greedy_equals_transformers_processing(cfg):
-    torch.manual_seed(0)
-    logits = torch.randn(4, 50)
-    seen = [[1, 2, 3], [], [int(logits[2].argmax())], [7]]
-    sampler = BatchSampler(cfg, vocab=50, rows=6, device=torch.device("cpu"), suppress=[9], stop=[0, 1])
-    for row, ids in zip((5, 0, 2, 3), seen):
-        sampler.reset(row, ids)
-    forced = [False, True, False, True]
-    got = sampler.sample(logits, [5, 0, 2, 3], force_continue=forced, generators=[None] * 4)
-    for b, ids in enumerate(seen):
-        suppress = [9, 0, 1] if forced[b] else [9]
-        assert got[b] == int(hf_processed(cfg, logits[b], ids, suppress).argmax())
-    assert all(sampler.seen[row, token] for row, token in zip((5, 0, 2, 3), got)), "sampled ids count as seen"
-
-
-def test_batch_sampler_with_generators_samples_as_transformers_processing_does():
-    cfg = SamplingConfig(do_sample=True, temperature=0.9, top_k=10, top_p=0.8, repetition_penalty=1.05)
-    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(1))
-    sampler = BatchSampler(cfg, vocab=40, rows=3, device=torch.device("cpu"))
-    sampler.reset(1, [4, 5])
-    got = sampler.sample(logits, [0, 1, 2], force_continue=[False] * 3,
-                         generators=[torch.Generator().manual_seed(s) for s in (1, 2, 3)])
-    want = [int(torch.multinomial(hf_processed(cfg, logits[b], seen, []).softmax(-1), 1,
-                                  generator=torch.Generator().manual_seed(s)))
-            for b, (s, seen) in enumerate(zip((1, 2, 3), ([], [4, 5], [])))]
-    assert got == want
-
-
-def test_batch_sampler_without_generators_keeps_to_top_k():
-    cfg = SamplingConfig(do_sample=True, temperature=1.0, top_k=2)
-    logits = torch.tensor([[0.0, 5.0, 4.0, -1.0]] * 64)
-    sampler = BatchSampler(cfg, vocab=4, rows=64, device=torch.device("cpu"))
-    got = sampler.sample(logits, list(range(64)), force_continue=[False] * 64, generators=[None] * 64)
-    assert set(got) <= {1, 2} and len(set(got)) == 2

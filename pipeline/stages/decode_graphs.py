@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from pipeline.cuda_graphs import CapturedCall, bucket_at_least
+from pipeline.cuda_graphs import CapturedCall, bucket_at_least, host_tensor, host_to_device
 from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.kv_pool import KVPool
 
@@ -35,13 +35,20 @@ def default_batch_sizes(max_rows: int) -> tuple[int, ...]:
 class BatchedDecode:
     """Runs ``fn(slots, positions, *rows, graph_safe=...)`` and returns its tuple of (B, ...) outputs.
 
+    Row inputs may be device tensors or host tensors (ids known on the host): host ones are copied through pinned
+    memory, so a step is queued without the host waiting for the device's earlier work.
+
     ``row_inputs(b)`` builds example row inputs for a batch of ``b`` (used for capture and padding).
     Returned tensors of a replay are views of the graph's static outputs: valid until the next call.
     """
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], *, pool: KVPool, device: torch.device,
-                 cuda_graphs: bool, batch_sizes: Sequence[int], row_inputs: Callable[[int], tuple]) -> None:  # fmt: skip
+                 cuda_graphs: bool, batch_sizes: Sequence[int], row_inputs: Callable[[int], tuple],
+                 row_fill: Sequence[int | float] = ()) -> None:  # fmt: skip
+        """``row_fill[i]``: the value padding rows get in row input ``i`` (default 0), e.g. the scratch slot for an
+        input that indexes per-slot state."""
         self.fn = fn
+        self.row_fill = tuple(row_fill)
         self.pool = pool
         self.device = torch.device(device)
         self.graph_safe = triton_available(self.device)
@@ -81,13 +88,22 @@ class BatchedDecode:
         bucket = bucket_at_least(b, self.captured) if self._graphs else None
         if bucket is None:
             self.eager_steps += 1
-            slot_t = torch.tensor(slots, dtype=torch.long, device=self.device)
-            pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+            slot_t = host_to_device(slots, torch.long, self.device)
+            pos_t = host_to_device(positions, torch.long, self.device)
+            rows = [x if x.device == self.device else host_to_device(x, x.dtype, self.device) for x in rows]
             return self.fn(slot_t, pos_t, *rows, graph_safe=self.graph_safe)
         pad = bucket - b
-        slot_t = torch.tensor(slots + [self.pool.scratch_slot] * pad, dtype=torch.long)
-        pos_t = torch.tensor(positions + [0] * pad, dtype=torch.long)
-        padded = [torch.cat([x, x.new_zeros((pad, *x.shape[1:]))]) if pad else x for x in rows]
+        # pinned: the graph's input copies are queued without the host waiting for the device
+        slot_t = host_tensor(slots + [self.pool.scratch_slot] * pad, torch.long, pinned=True)
+        pos_t = host_tensor(positions + [0] * pad, torch.long, pinned=True)
+        padded = [self._pad(i, x, pad) for i, x in enumerate(rows)]  # host rows (token ids) stay on the host
         outputs = self._graphs[bucket](slot_t, pos_t, *padded)
         self.replays += 1
         return tuple(o[:b] for o in outputs)
+
+    def _pad(self, index: int, x: torch.Tensor, pad: int) -> torch.Tensor:
+        """Row input ``index`` padded by ``pad`` rows of its fill value; a host input comes back pinned."""
+        if pad:
+            fill = self.row_fill[index] if index < len(self.row_fill) else 0
+            x = torch.cat([x, x.new_full((pad, *x.shape[1:]), fill)])
+        return x.pin_memory() if x.device.type == "cpu" and not x.is_pinned() else x

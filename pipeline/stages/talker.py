@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.sampling import SampleRows, SamplerSpec, sample_inputs, sample_row_fill, sample_row_inputs
 from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.decode_graphs import BatchedDecode
 from pipeline.stages.decoder import PooledDecoder
@@ -22,7 +23,8 @@ from pipeline.stages.decoder import PooledDecoder
 class TalkerRunner:
     def __init__(self, talker, *, device: torch.device, dtype: torch.dtype, kv_slots: int, max_len: int,
                  cuda_graphs: bool = True, graph_batch_sizes: tuple[int, ...] = (),
-                 fused_decode: bool = True) -> None:  # fmt: skip
+                 fused_decode: bool = True, sampler: SamplerSpec | None = None) -> None:  # fmt: skip
+        """``sampler``: how decode steps sample the next codec token (inside the step's CUDA graph)."""
         self.model = talker
         self.proj = talker.thinker_to_talker_proj
         self.body = talker.model
@@ -35,13 +37,18 @@ class TalkerRunner:
                                       fuse=fused_decode and triton_available(self.device))
         self.pool = self.decoder.pool
         width = self.proj.in_features
+        self.sampler = sampler.build(vocab=self.head.out_features, rows=self.pool.scratch_slot + 1,
+                                     device=self.device) \
+            if sampler else None  # fmt: skip
 
         def rows(b: int):
             return (torch.zeros(b, dtype=torch.long, device=self.device),
-                    torch.zeros(b, width, dtype=dtype, device=self.device))  # fmt: skip
+                    torch.zeros(b, width, dtype=dtype, device=self.device),
+                    *sample_row_inputs(b, self.pool.scratch_slot, self.sampler))  # fmt: skip
 
         self.batched = BatchedDecode(self._decode_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
-                                     batch_sizes=graph_batch_sizes, row_inputs=rows)  # fmt: skip
+                                     batch_sizes=graph_batch_sizes, row_inputs=rows,
+                                     row_fill=(0, 0, *sample_row_fill(self.pool.scratch_slot)))  # fmt: skip
 
     @torch.inference_mode()
     def prefill(self, vectors: torch.Tensor, *, codec_pad: int, codec_bos: int, slot: int, start: int = 0) -> torch.Tensor:
@@ -54,14 +61,20 @@ class TalkerRunner:
         return self.head(hidden[-1:]).float()[0]
 
     @torch.inference_mode()
-    def decode(self, prev_codes: list[int], vectors: torch.Tensor, slots: list[int], positions: list[int]) -> torch.Tensor:
-        """One step per row: previous codec token + the next thinker vector (B, H_thinker); returns (B, V)
-        float32 logits (a view of a static buffer on CUDA: consume it before the next step)."""
-        codes = torch.tensor(prev_codes, dtype=torch.long, device=self.device)
-        (logits,) = self.batched(slots, positions, codes, vectors.to(self.device, self.dtype))
-        return logits
+    def decode(self, prev_codes: list[int], vectors: torch.Tensor, slots: list[int], positions: list[int],
+               sample: SampleRows | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """One step per row: previous codec token + the next thinker vector (B, H_thinker). Returns (B, V) float32
+        logits and, with a sampler, the (B,) codes sampled with ``sample``'s rows (views of static buffers on CUDA:
+        consume them before the next step). Nothing here waits for the device."""
+        codes = torch.tensor(prev_codes, dtype=torch.long)
+        sampling = sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample)
+        outputs = self.batched(slots, positions, codes, vectors.to(self.device, self.dtype), *sampling)
+        return outputs[0], outputs[1] if self.sampler else None
 
-    def _decode_fn(self, slots, positions, codes, vectors, *, graph_safe: bool):
+    def _decode_fn(self, slots, positions, codes, vectors, *sample: torch.Tensor, graph_safe: bool):
         x = self.proj(self.codec_embed(codes) + vectors)
         hidden = self.decoder.decode(x, slots, positions, graph_safe=graph_safe)
-        return (self.head(hidden).float(),)
+        logits = self.head(hidden).float()
+        if self.sampler is None:
+            return (logits,)
+        return logits, self.sampler.sample_device(logits, SampleRows(*sample))

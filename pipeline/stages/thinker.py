@@ -19,6 +19,7 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
+from pipeline.sampling import SampleRows, SamplerSpec, sample_inputs, sample_row_fill, sample_row_inputs
 from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.decode_graphs import BatchedDecode
 from pipeline.stages.decoder import PREFILL_BACKENDS, PooledDecoder
@@ -47,12 +48,16 @@ class ThinkerStep:
     """(B, H) last hidden states after the final norm."""
     logits: torch.Tensor
     """(B, V) float32 logits."""
+    tokens: torch.Tensor | None = None
+    """(B,) int64 ids sampled on the device by the runner's sampler (None without one)."""
 
 
 class ThinkerRunner:
     def __init__(self, thinker, *, device: torch.device, dtype: torch.dtype, kv_slots: int, max_len: int,
                  cuda_graphs: bool = True, graph_batch_sizes: tuple[int, ...] = (),
-                 fused_decode: bool = True) -> None:  # fmt: skip
+                 fused_decode: bool = True, sampler: SamplerSpec | None = None) -> None:  # fmt: skip
+        """``sampler``: how decode steps sample the next token (inside the step, so inside its CUDA graph); without
+        it a step only returns logits."""
         self.model = thinker
         self.text_model = thinker_text_model(thinker)
         self.audio_tower = thinker_audio_tower(thinker)
@@ -63,9 +68,14 @@ class ThinkerRunner:
         self.decoder = PooledDecoder(self.text_model, slots=kv_slots, max_len=max_len, dtype=dtype, device=self.device,
                                       fuse=fused_decode and triton_available(self.device))
         self.pool = self.decoder.pool
+        self.sampler = sampler.build(vocab=self.lm_head.out_features, rows=self.pool.scratch_slot + 1,
+                                     device=self.device) \
+            if sampler else None  # fmt: skip
         self.batched = BatchedDecode(
             self._decode_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
-            batch_sizes=graph_batch_sizes, row_inputs=lambda b: (torch.zeros(b, dtype=torch.long, device=self.device),),
+            batch_sizes=graph_batch_sizes, row_fill=(0, *sample_row_fill(self.pool.scratch_slot)),
+            row_inputs=lambda b: (torch.zeros(b, dtype=torch.long, device=self.device),
+                                  *sample_row_inputs(b, self.pool.scratch_slot, self.sampler)),
         )
 
     @torch.inference_mode()
@@ -94,14 +104,22 @@ class ThinkerRunner:
         return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=last)
 
     @torch.inference_mode()
-    def decode(self, tokens: list[int], slots: list[int], positions: list[int]) -> ThinkerStep:
+    def decode(self, tokens: list[int], slots: list[int], positions: list[int],
+               sample: SampleRows | None = None) -> ThinkerStep:  # fmt: skip
         """One token per row: row b feeds ``tokens[b]`` at ``positions[b]`` of slot ``slots[b]`` (all rows in
-        one batch; one CUDA graph replay on a GPU)."""
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        embeds, hidden, logits = self.batched(slots, positions, ids)
-        return ThinkerStep(embeds=embeds, hidden=hidden, logits=logits)
+        one batch; one CUDA graph replay on a GPU), and, with a sampler, samples the next token of each row with
+        ``sample``'s rows. Nothing here waits for the device: read ``tokens`` (one transfer) when needed."""
+        ids = torch.tensor(tokens, dtype=torch.long)
+        sampling = sample_inputs(len(tokens), self.pool.scratch_slot, self.sampler, sample)
+        outputs = self.batched(slots, positions, ids, *sampling)
+        embeds, hidden, logits = outputs[:3]
+        return ThinkerStep(embeds=embeds, hidden=hidden, logits=logits, tokens=outputs[3] if self.sampler else None)
 
-    def _decode_fn(self, slots: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, *, graph_safe: bool):
+    def _decode_fn(self, slots: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, *sample: torch.Tensor,
+                   graph_safe: bool):  # fmt: skip
         embeds = self.text_model.embed_tokens(ids)
         hidden = self.decoder.decode(embeds, slots, positions, graph_safe=graph_safe)
-        return embeds, hidden, self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        if self.sampler is None:
+            return embeds, hidden, logits
+        return embeds, hidden, logits, self.sampler.sample_device(logits, SampleRows(*sample))
