@@ -156,9 +156,9 @@ class EngineCore:
         self._stall = StallWatch()
         self._text_end_vectors = self.thinker.embed([self.special.tts_text_end, self.special.tts_text_pad])
         self.text_sampler, self.code_sampler = self.thinker.sampler, self.talker.sampler
-        # capture the decode graphs now (seconds on a 7B model), not during the first replies
-        self.thinker.batched.capture()
-        self.talker.batched.capture()
+        # capture the decode and prefill graphs now (seconds on a 7B model), not during the first replies
+        self.thinker.capture()
+        self.talker.capture()
 
     def _codec_suppress_ids(self) -> list[int]:
         """The talker must never emit codec bos, nor ids the DiT cannot embed (except stop ids)."""

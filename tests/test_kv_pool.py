@@ -183,3 +183,33 @@ def test_captured_decode_steps_match_eager_ones_on_the_gpu(tiny_model_dir):
     torch.testing.assert_close(graphed[0], eager[1], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(graphed[1], eager[2], rtol=1e-4, atol=1e-4)
     assert runner.batched.replays == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@torch.inference_mode()
+def test_captured_prefills_match_eager_ones_on_the_gpu(tiny_model_dir):
+    """A prefill span as rows of a captured step (padded to the next captured size) gives the eager prefill's hidden
+    states and writes the same keys and values, causally, at any start; a span longer than every graph runs eagerly."""
+    from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
+    from pipeline.stages.thinker import ThinkerRunner
+
+    ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.float32})
+    graphed = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=1024)
+    eager = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=1024,
+                          cuda_graphs=False)  # fmt: skip
+    graphed.capture()
+    assert graphed.prefills.captured == (8, 16, 32, 64, 128, 256, 512) and not eager.prefills.fits(3)
+    hidden = ckpt.thinker.config.text_config.hidden_size
+    torch.manual_seed(0)
+    for slot, start, n in ((1, 0, 5), (1, 5, 40), (2, 0, 300), (1, 45, 600)):
+        x = torch.randn(n, hidden, device="cuda")
+        want = eager.prefill(x, slot, start)
+        got = graphed.prefill(x, slot, start)
+        torch.testing.assert_close(got.hidden, want.hidden, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got.last_logits, want.last_logits, rtol=1e-4, atol=1e-4)
+    for layer in (0, len(graphed.decoder.layers) - 1):
+        for pool in ("keys", "values"):
+            got_kv, want_kv = getattr(graphed.pool, pool)[layer], getattr(eager.pool, pool)[layer]
+            torch.testing.assert_close(got_kv[1, :645], want_kv[1, :645], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(got_kv[2, :300], want_kv[2, :300], rtol=1e-4, atol=1e-4)
+    assert graphed.prefills.replays == 3 and graphed.prefills.eager_steps == 0, "600 positions: the eager prefill"

@@ -21,7 +21,12 @@ from pipeline.cuda_graphs import CapturedCall, bucket_at_least, host_tensor, hos
 from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.kv_pool import KVPool
 
-__all__ = ["BatchedDecode", "default_batch_sizes"]
+__all__ = ["PREFILL_GRAPH_SIZES", "BatchedDecode", "default_batch_sizes", "graphed_prefill"]
+
+PREFILL_GRAPH_SIZES = (8, 16, 32, 64, 128, 256, 512)
+"""Prefill lengths (positions) captured as graphs; a span of T positions replays the smallest size >= T. Why: an
+eager prefill launches ~1100 kernels one by one from Python, ~30 ms of host time against ~10 ms of device work for a
+short span (BENCHMARKS.md §11), and every response's prefill tail and talker start is on its first audio's path."""
 
 
 def default_batch_sizes(max_rows: int) -> tuple[int, ...]:
@@ -101,9 +106,25 @@ class BatchedDecode:
         self.replays += 1
         return tuple(o[:b] for o in outputs)
 
+    def fits(self, rows: int) -> bool:
+        """Whether a call of ``rows`` rows replays a captured graph."""
+        return bool(self._graphs) and rows <= max(self._graphs)
+
     def _pad(self, index: int, x: torch.Tensor, pad: int) -> torch.Tensor:
         """Row input ``index`` padded by ``pad`` rows of its fill value; a host input comes back pinned."""
         if pad:
             fill = self.row_fill[index] if index < len(self.row_fill) else 0
             x = torch.cat([x, x.new_full((pad, *x.shape[1:]), fill)])
         return x.pin_memory() if x.device.type == "cpu" and not x.is_pinned() else x
+
+
+def graphed_prefill(prefill: BatchedDecode, slot: int, x: torch.Tensor, start: int) -> torch.Tensor:
+    """The positions ``start .. start+T-1`` of ``slot`` as T rows of one captured step (``prefill`` runs a decoder's
+    graph-safe row step over input vectors ``x`` (T, H)): each row writes its key/value, then attends over the slot
+    up to its own position, so the rows see each other causally as in a prefill. Returns (T, H), a copy (the graph's
+    buffer is reused by the next call). The caller checks :meth:`BatchedDecode.fits` first."""
+    t = x.shape[0]
+    if start + t > prefill.pool.max_len:
+        raise ValueError(f"positions up to {start + t} exceed the KV pool's {prefill.pool.max_len}")
+    (hidden,) = prefill([slot] * t, list(range(start, start + t)), x)
+    return hidden.clone()

@@ -16,7 +16,7 @@ import torch
 
 from pipeline.sampling import SampleRows, SamplerSpec, sample_inputs, sample_row_fill, sample_row_inputs
 from pipeline.stages.decode_attention import triton_available
-from pipeline.stages.decode_graphs import BatchedDecode
+from pipeline.stages.decode_graphs import PREFILL_GRAPH_SIZES, BatchedDecode, graphed_prefill
 from pipeline.stages.decoder import PooledDecoder
 
 
@@ -46,9 +46,21 @@ class TalkerRunner:
                     torch.zeros(b, width, dtype=dtype, device=self.device),
                     *sample_row_inputs(b, self.pool.scratch_slot, self.sampler))  # fmt: skip
 
+        hidden_size = self.body.config.hidden_size
+        self.prefills = BatchedDecode(
+            self._prefill_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
+            batch_sizes=PREFILL_GRAPH_SIZES,
+            row_inputs=lambda b: (torch.zeros(b, hidden_size, dtype=dtype, device=self.device),),
+        )
+        """Prefill spans of up to 512 positions as captured row steps (see :func:`graphed_prefill`)."""
         self.batched = BatchedDecode(self._decode_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
                                      batch_sizes=graph_batch_sizes, row_inputs=rows,
                                      row_fill=(0, 0, *sample_row_fill(self.pool.scratch_slot)))  # fmt: skip
+
+    def capture(self) -> None:
+        """Record the decode and prefill graphs (CUDA with Triton only): call once at start."""
+        self.batched.capture()
+        self.prefills.capture()
 
     @torch.inference_mode()
     def prefill(self, vectors: torch.Tensor, *, codec_pad: int, codec_bos: int, slot: int, start: int = 0) -> torch.Tensor:
@@ -57,7 +69,11 @@ class TalkerRunner:
         x = vectors.to(self.device, self.dtype).clone()
         special = self.codec_embed(torch.tensor([codec_pad, codec_bos], device=self.device))
         x[-2:] = x[-2:] + special
-        hidden = self.decoder.prefill(slot, self.proj(x), start)
+        x = self.proj(x)
+        if self.prefills.fits(x.shape[0]):
+            hidden = graphed_prefill(self.prefills, slot, x, start)
+        else:
+            hidden = self.decoder.prefill(slot, x, start)
         return self.head(hidden[-1:]).float()[0]
 
     @torch.inference_mode()
@@ -70,6 +86,9 @@ class TalkerRunner:
         sampling = sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample)
         outputs = self.batched(slots, positions, codes, vectors.to(self.device, self.dtype), *sampling)
         return outputs[0], outputs[1] if self.sampler else None
+
+    def _prefill_fn(self, slots, positions, x, *, graph_safe: bool):
+        return (self.decoder.decode(x, slots, positions, graph_safe=graph_safe),)
 
     def _decode_fn(self, slots, positions, codes, vectors, *sample: torch.Tensor, graph_safe: bool):
         x = self.proj(self.codec_embed(codes) + vectors)

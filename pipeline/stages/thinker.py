@@ -21,7 +21,7 @@ from torch.nn.attention import sdpa_kernel
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
 from pipeline.sampling import SampleRows, SamplerSpec, sample_inputs, sample_row_fill, sample_row_inputs
 from pipeline.stages.decode_attention import triton_available
-from pipeline.stages.decode_graphs import BatchedDecode
+from pipeline.stages.decode_graphs import PREFILL_GRAPH_SIZES, BatchedDecode, graphed_prefill
 from pipeline.stages.decoder import PREFILL_BACKENDS, PooledDecoder
 
 
@@ -71,12 +71,24 @@ class ThinkerRunner:
         self.sampler = sampler.build(vocab=self.lm_head.out_features, rows=self.pool.scratch_slot + 1,
                                      device=self.device) \
             if sampler else None  # fmt: skip
+        hidden_size = self.text_model.config.hidden_size
+        self.prefills = BatchedDecode(
+            self._prefill_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
+            batch_sizes=PREFILL_GRAPH_SIZES,
+            row_inputs=lambda b: (torch.zeros(b, hidden_size, dtype=dtype, device=self.device),),
+        )
+        """Prefill spans of up to 512 positions as captured row steps (see :func:`graphed_prefill`)."""
         self.batched = BatchedDecode(
             self._decode_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
             batch_sizes=graph_batch_sizes, row_fill=(0, *sample_row_fill(self.pool.scratch_slot)),
             row_inputs=lambda b: (torch.zeros(b, dtype=torch.long, device=self.device),
                                   *sample_row_inputs(b, self.pool.scratch_slot, self.sampler)),
         )
+
+    def capture(self) -> None:
+        """Record the decode and prefill graphs (CUDA with Triton only; seconds for a 7B model): call once at start."""
+        self.batched.capture()
+        self.prefills.capture()
 
     @torch.inference_mode()
     def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
@@ -99,7 +111,10 @@ class ThinkerRunner:
     def prefill(self, embeds: torch.Tensor, slot: int, start: int, *, logits: bool = True) -> ThinkerOutput:
         """Run ``embeds`` (T, H) at positions ``start..start+T-1`` of KV slot ``slot``; ``logits=False`` skips the
         vocabulary projection (a background prefill samples nothing)."""
-        hidden = self.decoder.prefill(slot, embeds, start)
+        if self.prefills.fits(embeds.shape[0]):
+            hidden = graphed_prefill(self.prefills, slot, embeds, start)
+        else:
+            hidden = self.decoder.prefill(slot, embeds, start)
         last = self.lm_head(hidden[-1:]).float()[0] if logits else None
         return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=last)
 
@@ -114,6 +129,9 @@ class ThinkerRunner:
         outputs = self.batched(slots, positions, ids, *sampling)
         embeds, hidden, logits = outputs[:3]
         return ThinkerStep(embeds=embeds, hidden=hidden, logits=logits, tokens=outputs[3] if self.sampler else None)
+
+    def _prefill_fn(self, slots: torch.Tensor, positions: torch.Tensor, x: torch.Tensor, *, graph_safe: bool):
+        return (self.decoder.decode(x, slots, positions, graph_safe=graph_safe),)
 
     def _decode_fn(self, slots: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, *sample: torch.Tensor,
                    graph_safe: bool):  # fmt: skip
