@@ -693,7 +693,7 @@ class EngineCore:
             seen.add(self.special.codec_mask)
         self.code_sampler.reset(conv.talker_slot, seen)
         r.t2w = self.token2wav.start(
-            speaker.cond.to(self.t2w_device), speaker.ref_mel.to(self.t2w_device), voice=r.spec.voice,
+            speaker.cond, speaker.ref_mel, voice=r.spec.voice,
             generator=self._generator(self.t2w_device), max_codes=self.max_codes,
         )
         return self.talker.prefill(

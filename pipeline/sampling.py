@@ -12,9 +12,10 @@ costs one graph replay and one transfer of the sampled ids.
 The draw: top-k first, then top-p and the draw over those k values only (the tokens top-k removed have probability 0,
 so top-p over the k survivors removes the same tokens as over the whole vocabulary; ties at the k-th value are the
 only difference: ``topk`` keeps exactly k). The draw is the Gumbel-max trick, argmax(logit + Gumbel noise), which
-samples exactly from the softmax. The noise is a hash of (row seed, row counter, rank, sampler salt), not torch's RNG:
-a graph replays it without generator state, and a seeded response samples the same tokens whatever it is batched
-with, since its noise depends only on its own seed and how many tokens it has sampled.
+samples exactly from the softmax. The noise is a hash of (row seed, row counter, rank, sampler salt)
+(:mod:`pipeline.noise`), not torch's RNG: a graph replays it without generator state, and a seeded response samples
+the same tokens whatever it is batched with, since its noise depends only on its own seed and how many tokens it has
+sampled.
 """
 
 from __future__ import annotations
@@ -26,57 +27,31 @@ import torch
 
 from pipeline.config import SamplingConfig
 from pipeline.cuda_graphs import host_to_device
+from pipeline.noise import uniform_noise
+from pipeline.stages.decode_graphs import HostRow
 
-__all__ = ["BatchSampler", "SampleRows", "SamplerSpec", "sample_inputs", "sample_row_fill", "sample_row_inputs",
-           "uniform_noise"]
-
-_MASK32 = 0xFFFFFFFF
-
-
-def _mul32(x: torch.Tensor, m: int) -> torch.Tensor:
-    """``x * m mod 2**32`` for int64 ``x`` in [0, 2**32): split in 16-bit halves so no product overflows int64."""
-    lo, hi = x & 0xFFFF, x >> 16
-    return (lo * m + (((hi * m) & 0xFFFF) << 16)) & _MASK32
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (the "lowbias32" mixer: xor-shift / multiply rounds) of int64 values in [0, 2**32)."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, width: int, salt: int = 0) -> torch.Tensor:
-    """(B, width) float32 values uniform in (0, 1), a pure function of each row's (seed, counter) (int64, (B,)),
-    the column and ``salt``. Seeds and counters are taken modulo 2**32."""
-    row = _mix32((_mix32(seeds & _MASK32) + _mix32((counters + salt * 0x9E3779B9) & _MASK32)) & _MASK32)
-    cols = torch.arange(width, device=seeds.device, dtype=torch.int64)
-    bits = _mix32((row[:, None] ^ _mix32(cols + 0x632BE5AB)[None, :]) & _MASK32)
-    # 24 random bits, centred in their interval: never exactly 0 or 1
-    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
-
+__all__ = ["BatchSampler", "SampleRows", "SamplerSpec", "sample_host_rows", "sample_inputs"]
 
 @dataclass(frozen=True)
 class SampleRows:
-    """Per-row sampling inputs of one batch: int64 / bool tensors of shape (B,), built on the host
-    (:meth:`of`) and moved with :meth:`on` (or as row inputs of a decode graph).
+    """Per-row sampling inputs of one batch: host lists (:meth:`of`), or (B,) device tensors (:meth:`on`, or the row
+    inputs of a decode graph: :data:`SAMPLE_HOST_ROWS`).
 
     ``rows``: the sampler table row of each batch row (its KV slot); ``force_continue``: stop ids suppressed (the
     row has not reached its minimum length); ``seeds`` and ``counters``: the row's noise seed and how many tokens it
-    has sampled in this stage (see :func:`uniform_noise`)."""
+    has sampled in this stage (see :func:`~pipeline.noise.uniform_noise`)."""
 
-    rows: torch.Tensor
-    force_continue: torch.Tensor
-    seeds: torch.Tensor
-    counters: torch.Tensor
+    rows: Sequence[int] | torch.Tensor
+    force_continue: Sequence[bool] | torch.Tensor
+    seeds: Sequence[int] | torch.Tensor
+    counters: Sequence[int] | torch.Tensor
 
     @classmethod
     def of(cls, rows: Sequence[int], *, force_continue: Sequence[bool], seeds: Sequence[int],
            counters: Sequence[int]) -> SampleRows:  # fmt: skip
-        return cls(torch.tensor(list(rows), dtype=torch.long), torch.tensor(list(force_continue), dtype=torch.bool),
-                   torch.tensor(list(seeds), dtype=torch.long), torch.tensor(list(counters), dtype=torch.long))
+        if not len(rows) == len(force_continue) == len(seeds) == len(counters):
+            raise ValueError("sampling inputs of different lengths")
+        return cls(tuple(rows), tuple(force_continue), tuple(seeds), tuple(counters))
 
     @classmethod
     def neutral(cls, size: int, row: int) -> SampleRows:
@@ -84,12 +59,13 @@ class SampleRows:
         nothing."""
         return cls.of([row] * size, force_continue=[False] * size, seeds=[0] * size, counters=[0] * size)
 
-    def tensors(self) -> tuple[torch.Tensor, ...]:
+    def columns(self) -> tuple:
         return (self.rows, self.force_continue, self.seeds, self.counters)
 
     def on(self, device: torch.device) -> SampleRows:
-        """These rows on ``device``, queued without waiting for the device's work (:func:`host_to_device`)."""
-        return SampleRows(*(host_to_device(t, t.dtype, device) for t in self.tensors()))
+        """Host rows as device tensors, queued without waiting for the device's work (:func:`host_to_device`)."""
+        dtypes = (torch.long, torch.bool, torch.long, torch.long)
+        return SampleRows(*(host_to_device(c, d, device) for c, d in zip(self.columns(), dtypes)))
 
 
 class BatchSampler:
@@ -179,26 +155,15 @@ class SamplerSpec:
                             salt=self.salt)  # fmt: skip
 
 
-# A decode graph takes a sampler's four row inputs after its own (see SampleRows.tensors); padding rows sample in the
-# scratch row of the sampler's table, so they never mark a real slot's tokens as seen.
-
-def sample_row_fill(scratch_row: int) -> tuple[int, ...]:
-    """Padding values of the four sampler row inputs."""
-    return (scratch_row, 0, 0, 0)
+def sample_host_rows(scratch_row: int) -> tuple[HostRow, ...]:
+    """The four sampler row inputs of a decode graph (after the step's own), in :meth:`SampleRows.columns` order;
+    padding rows sample in the scratch row of the table, so they never mark a real slot's tokens as seen."""
+    return (HostRow(torch.long, scratch_row), HostRow(torch.bool, 0), HostRow(torch.long, 0), HostRow(torch.long, 0))
 
 
-def sample_row_inputs(size: int, scratch_row: int, sampler: BatchSampler | None) -> tuple[torch.Tensor, ...]:
-    """Example sampler row inputs of a batch of ``size`` on the sampler's device (for a graph capture); none
-    without a sampler."""
+def sample_inputs(size: int, scratch_row: int, sampler: BatchSampler | None, sample: SampleRows | None) -> tuple:
+    """The sampler's host row inputs for a step of ``size`` rows: ``sample``'s, or neutral rows (scratch row) when
+    the caller samples nothing; none without a sampler."""
     if sampler is None:
         return ()
-    return SampleRows.neutral(size, scratch_row).on(sampler.device).tensors()
-
-
-def sample_inputs(size: int, scratch_row: int, sampler: BatchSampler | None,
-                  sample: SampleRows | None) -> tuple[torch.Tensor, ...]:  # fmt: skip
-    """The sampler row inputs of a step of ``size`` rows: ``sample``'s, or neutral rows (scratch row) when the caller
-    samples nothing; none without a sampler."""
-    if sampler is None:
-        return ()
-    return (sample if sample is not None else SampleRows.neutral(size, scratch_row)).tensors()
+    return (sample if sample is not None else SampleRows.neutral(size, scratch_row)).columns()

@@ -92,9 +92,11 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 def summarize(trace: dict) -> dict:
     """Per-step wall / GPU-busy medians by step kind, label medians and top kernels from a chrome trace (us)."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
-    steps = sorted((e for e in events if e.get("name") == "engine.step"), key=lambda e: e["ts"])
+    # the host's labels only: each also appears as a "gpu_user_annotation" spanning its kernels
+    annotations = [e for e in events if e.get("cat") == "user_annotation"]
+    steps = sorted((e for e in annotations if e["name"] == "engine.step"), key=lambda e: e["ts"])
     kernels = sorted(((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel"))
-    labels = [e for e in events if e.get("name") in LABELS]
+    labels = [e for e in annotations if e["name"] in LABELS]
     by_kind: dict[str, list[tuple[float, float]]] = {}
     label_ms: dict[str, list[float]] = {}
     for step in steps:

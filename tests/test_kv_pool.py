@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from pipeline.stages.decode_attention import attend_reference
-from pipeline.stages.decode_graphs import BatchedDecode, default_batch_sizes
+from pipeline.stages.decode_graphs import BatchedDecode, HostRow, default_batch_sizes
 from pipeline.stages.decoder import PooledDecoder
 from pipeline.stages.kv_pool import KVPool, SlotAllocator
 
@@ -102,16 +102,19 @@ def test_batched_decode_on_the_cpu_runs_the_step_eagerly(tiny_bodies):
     dec.prefill(0, torch.randn(2, body.config.hidden_size), 0)
     calls = []
 
-    def step(slots, positions, x, *, graph_safe):
-        calls.append(graph_safe)
+    def step(slots, positions, flags, x, *, graph_safe):
+        calls.append((graph_safe, flags.dtype, flags.tolist()))
         return (dec.decode(x, slots, positions, graph_safe=graph_safe),)
 
     batched = BatchedDecode(step, pool=dec.pool, device=torch.device("cpu"), cuda_graphs=True, batch_sizes=(),
-                            row_inputs=lambda b: (torch.zeros(b, body.config.hidden_size),))
+                            host_rows=(HostRow(torch.bool, 0),),
+                            device_rows=lambda b: (torch.zeros(b, body.config.hidden_size),))  # fmt: skip
     batched.capture()  # nothing to capture without CUDA
-    (out,) = batched([0], [2], torch.randn(1, body.config.hidden_size))
+    (out,) = batched([0], [2], ([True],), torch.randn(1, body.config.hidden_size))
     assert out.shape == (1, body.config.hidden_size)
-    assert calls == [False] and batched.captured == () and batched.eager_steps == 1
+    assert calls == [(False, torch.bool, [True])] and batched.captured == () and batched.eager_steps == 1
+    with pytest.raises(ValueError, match="host row inputs"):
+        batched([0], [2], (), torch.randn(1, body.config.hidden_size))
 
 
 # -- the Triton attention kernel ----------------------------------------------------------------------

@@ -3,11 +3,17 @@ noise, determinism per row whatever the batch, and (GPU) the same tokens from a 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from pipeline.config import SamplingConfig
-from pipeline.sampling import BatchSampler, SampleRows, SamplerSpec, uniform_noise
+from pipeline.noise import uniform_noise_reference as uniform_noise
+from pipeline.sampling import BatchSampler, SampleRows, SamplerSpec
 
 
 def hf_processed(cfg: SamplingConfig, logits: torch.Tensor, seen: list[int], suppress: list[int]) -> torch.Tensor:
@@ -138,7 +144,7 @@ def test_a_decode_step_with_a_sampler_samples_what_the_sampler_gives_for_its_log
     rows = SampleRows.of([0, 2], force_continue=[True, False], seeds=[9, 10], counters=[1, 4])
     step = runner.decode([5, 6], [0, 2], [7, 12], rows)
     reference = spec.build(vocab=runner.lm_head.out_features, rows=5, device=torch.device("cpu"))
-    assert step.tokens.tolist() == reference.sample_device(step.logits, rows).tolist()
+    assert step.tokens.tolist() == reference.sample_device(step.logits, rows.on(torch.device("cpu"))).tolist()
     assert runner.sampler.seen[0, step.tokens[0]] and runner.sampler.seen[2, step.tokens[1]]
     assert not runner.sampler.seen[1].any() and not runner.sampler.seen[3].any()
 
@@ -166,3 +172,29 @@ def test_a_captured_step_samples_what_the_eager_step_samples_on_the_gpu(tiny_mod
     assert not runner.sampler.seen[1].any(), "the padding row sampled into the scratch row only"
     runner.sampler.seen.zero_()
     assert runner.sampler.sample_device(logits, rows.on(torch.device("cuda"))).tolist() == tokens
+
+
+NOISE_CHECK = """
+import torch
+from pipeline.noise import uniform_noise_reference, uniform_noise_triton
+device = "cuda" if torch.cuda.is_available() else "cpu"
+seeds = torch.tensor([0, 1, 2**32 - 1, 123456789, 2**40 + 5], device=device)
+counters = torch.tensor([0, 7, 2**31, 99, 2**33], device=device)
+for width, salt in ((40, 0), (20, 1), (8448, 1)):
+    want = uniform_noise_reference(seeds, counters, width, salt)
+    got = uniform_noise_triton(seeds, counters, width, salt)
+    assert torch.equal(got, want), (width, salt, (got - want).abs().max())
+print("ok")
+"""
+
+
+def test_the_triton_noise_kernel_equals_the_reference_bit_for_bit():
+    """On the GPU the compiled kernel; without one, the same kernel in Triton's interpreter."""
+    pytest.importorskip("triton", reason="Triton is not installed (CUDA builds of torch include it)")
+    root = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    done = subprocess.run([sys.executable, "-c", NOISE_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

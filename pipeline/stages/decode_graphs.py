@@ -14,6 +14,7 @@ than reading the weights (BENCHMARKS.md §3).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -21,7 +22,7 @@ from pipeline.cuda_graphs import CapturedCall, bucket_at_least, host_tensor, hos
 from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.kv_pool import KVPool
 
-__all__ = ["PREFILL_GRAPH_SIZES", "BatchedDecode", "default_batch_sizes", "graphed_prefill"]
+__all__ = ["PREFILL_GRAPH_SIZES", "BatchedDecode", "HostRow", "default_batch_sizes", "graphed_prefill"]
 
 PREFILL_GRAPH_SIZES = (8, 16, 32, 64, 128, 256, 512)
 """Prefill lengths (positions) captured as graphs; a span of T positions replays the smallest size >= T. Why: an
@@ -37,29 +38,37 @@ def default_batch_sizes(max_rows: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+@dataclass(frozen=True)
+class HostRow:
+    """A row input whose values the host knows (token ids, sampling settings): given as a list, ``dtype`` on the
+    device, ``fill`` in padding rows (e.g. the scratch slot for an input that indexes per-slot state)."""
+
+    dtype: torch.dtype = torch.long
+    fill: int = 0
+
+
 class BatchedDecode:
-    """Runs ``fn(slots, positions, *rows, graph_safe=...)`` and returns its tuple of (B, ...) outputs.
+    """Runs ``fn(slots, positions, *host_rows, *device_rows, graph_safe=...)`` and returns its tuple of (B, ...)
+    outputs, where every argument is a (B, ...) device tensor.
 
-    Row inputs may be device tensors or host tensors (ids known on the host): host ones are copied through pinned
-    memory, so a step is queued without the host waiting for the device's earlier work.
-
-    ``row_inputs(b)`` builds example row inputs for a batch of ``b`` (used for capture and padding).
-    Returned tensors of a replay are views of the graph's static outputs: valid until the next call.
+    Inputs known on the host (slots, positions and the ``host_rows`` declared at construction) travel together: one
+    pinned (2 + H, B) int64 tensor and one copy per step, so a step is queued without the host waiting for the
+    device's earlier work and with one transfer instead of one per input. ``device_rows(b)`` builds example device
+    row inputs for a batch of ``b`` (used for capture); padding rows get zeros in them. Returned tensors of a replay
+    are views of the graph's static outputs: valid until the next call.
     """
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], *, pool: KVPool, device: torch.device,
-                 cuda_graphs: bool, batch_sizes: Sequence[int], row_inputs: Callable[[int], tuple],
-                 row_fill: Sequence[int | float] = ()) -> None:  # fmt: skip
-        """``row_fill[i]``: the value padding rows get in row input ``i`` (default 0), e.g. the scratch slot for an
-        input that indexes per-slot state."""
+                 cuda_graphs: bool, batch_sizes: Sequence[int], host_rows: Sequence[HostRow] = (),
+                 device_rows: Callable[[int], tuple] = lambda b: ()) -> None:  # fmt: skip
         self.fn = fn
-        self.row_fill = tuple(row_fill)
+        self.host_rows = tuple(host_rows)
         self.pool = pool
         self.device = torch.device(device)
         self.graph_safe = triton_available(self.device)
         self.use_graphs = cuda_graphs and self.graph_safe
         self.batch_sizes = tuple(sorted(batch_sizes)) or default_batch_sizes(pool.slots.capacity)
-        self.row_inputs = row_inputs
+        self.device_rows = device_rows
         self._graphs: dict[int, CapturedCall] = {}
         self.capture_stream: torch.cuda.Stream | None = None
         """One stream (so one cuBLAS workspace) for this step's graphs: they replay one at a time, on the engine
@@ -76,46 +85,51 @@ class BatchedDecode:
         for b in sorted(self.batch_sizes, reverse=True):
             if b in self._graphs:
                 continue
-            slots = torch.full((b,), self.pool.scratch_slot, dtype=torch.long, device=self.device)
-            positions = torch.zeros(b, dtype=torch.long, device=self.device)
-            self._graphs[b] = CapturedCall(self._graph_fn, (slots, positions, *self.row_inputs(b)),
+            packed = self._pack([], [], [[] for _ in self.host_rows], pad=b).to(self.device)
+            self._graphs[b] = CapturedCall(self._graph_fn, (packed, *self.device_rows(b)),
                                            capture_stream=self.capture_stream)
 
     @property
     def captured(self) -> tuple[int, ...]:
         return tuple(sorted(self._graphs))
 
-    def _graph_fn(self, slots, positions, *rows):
-        return self.fn(slots, positions, *rows, graph_safe=True)
-
-    def __call__(self, slots: list[int], positions: list[int], *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        b = len(slots)
-        bucket = bucket_at_least(b, self.captured) if self._graphs else None
-        if bucket is None:
-            self.eager_steps += 1
-            slot_t = host_to_device(slots, torch.long, self.device)
-            pos_t = host_to_device(positions, torch.long, self.device)
-            rows = [x if x.device == self.device else host_to_device(x, x.dtype, self.device) for x in rows]
-            return self.fn(slot_t, pos_t, *rows, graph_safe=self.graph_safe)
-        pad = bucket - b
-        # pinned: the graph's input copies are queued without the host waiting for the device
-        slot_t = host_tensor(slots + [self.pool.scratch_slot] * pad, torch.long, pinned=True)
-        pos_t = host_tensor(positions + [0] * pad, torch.long, pinned=True)
-        padded = [self._pad(i, x, pad) for i, x in enumerate(rows)]  # host rows (token ids) stay on the host
-        outputs = self._graphs[bucket](slot_t, pos_t, *padded)
-        self.replays += 1
-        return tuple(o[:b] for o in outputs)
-
     def fits(self, rows: int) -> bool:
         """Whether a call of ``rows`` rows replays a captured graph."""
         return bool(self._graphs) and rows <= max(self._graphs)
 
-    def _pad(self, index: int, x: torch.Tensor, pad: int) -> torch.Tensor:
-        """Row input ``index`` padded by ``pad`` rows of its fill value; a host input comes back pinned."""
-        if pad:
-            fill = self.row_fill[index] if index < len(self.row_fill) else 0
-            x = torch.cat([x, x.new_full((pad, *x.shape[1:]), fill)])
-        return x.pin_memory() if x.device.type == "cpu" and not x.is_pinned() else x
+    def _pack(self, slots: Sequence[int], positions: Sequence[int], host: Sequence[Sequence[int | bool]],
+              pad: int) -> torch.Tensor:  # fmt: skip
+        """The host inputs as one (2 + H, B + pad) int64 host tensor, padding rows at the scratch slot, position 0."""
+        if len(host) != len(self.host_rows):
+            raise ValueError(f"expected {len(self.host_rows)} host row inputs, got {len(host)}")
+        columns = [list(slots) + [self.pool.scratch_slot] * pad, list(positions) + [0] * pad]
+        columns += [[int(v) for v in values] + [row.fill] * pad for values, row in zip(host, self.host_rows)]
+        return torch.tensor(columns, dtype=torch.long)
+
+    def _unpack(self, packed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        host = [packed[2 + i] if row.dtype == torch.long else packed[2 + i].to(row.dtype)
+                for i, row in enumerate(self.host_rows)]  # fmt: skip
+        return (packed[0], packed[1], *host)
+
+    def _graph_fn(self, packed, *device_rows):
+        return self.fn(*self._unpack(packed), *device_rows, graph_safe=True)
+
+    def __call__(self, slots: Sequence[int], positions: Sequence[int], host: Sequence[Sequence[int | bool]] = (),
+                 *device_rows: torch.Tensor) -> tuple[torch.Tensor, ...]:  # fmt: skip
+        """``host[i]``: the values of host row input ``i`` (one per row); ``device_rows``: (B, ...) device tensors."""
+        b = len(slots)
+        bucket = bucket_at_least(b, self.captured) if self._graphs else None
+        if bucket is None:
+            self.eager_steps += 1
+            packed = host_to_device(self._pack(slots, positions, host, pad=0), torch.long, self.device)
+            return self.fn(*self._unpack(packed), *device_rows, graph_safe=self.graph_safe)
+        pad = bucket - b
+        # pinned: the graph's input copy is queued without the host waiting for the device
+        packed = host_tensor(self._pack(slots, positions, host, pad=pad), torch.long, pinned=True)
+        padded = [torch.cat([x, x.new_zeros((pad, *x.shape[1:]))]) if pad else x for x in device_rows]
+        outputs = self._graphs[bucket](packed, *padded)
+        self.replays += 1
+        return tuple(o[:b] for o in outputs)
 
 
 def graphed_prefill(prefill: BatchedDecode, slot: int, x: torch.Tensor, start: int) -> torch.Tensor:
@@ -126,5 +140,5 @@ def graphed_prefill(prefill: BatchedDecode, slot: int, x: torch.Tensor, start: i
     t = x.shape[0]
     if start + t > prefill.pool.max_len:
         raise ValueError(f"positions up to {start + t} exceed the KV pool's {prefill.pool.max_len}")
-    (hidden,) = prefill([slot] * t, list(range(start, start + t)), x)
+    (hidden,) = prefill([slot] * t, list(range(start, start + t)), (), x)
     return hidden.clone()

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.sampling import SampleRows, SamplerSpec, sample_inputs, sample_row_fill, sample_row_inputs
+from pipeline.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 from pipeline.stages.decode_attention import triton_available
-from pipeline.stages.decode_graphs import PREFILL_GRAPH_SIZES, BatchedDecode, graphed_prefill
+from pipeline.stages.decode_graphs import PREFILL_GRAPH_SIZES, BatchedDecode, HostRow, graphed_prefill
 from pipeline.stages.decoder import PooledDecoder
 
 
@@ -37,25 +37,20 @@ class TalkerRunner:
                                       fuse=fused_decode and triton_available(self.device))
         self.pool = self.decoder.pool
         width = self.proj.in_features
-        self.sampler = sampler.build(vocab=self.head.out_features, rows=self.pool.scratch_slot + 1,
-                                     device=self.device) \
-            if sampler else None  # fmt: skip
-
-        def rows(b: int):
-            return (torch.zeros(b, dtype=torch.long, device=self.device),
-                    torch.zeros(b, width, dtype=dtype, device=self.device),
-                    *sample_row_inputs(b, self.pool.scratch_slot, self.sampler))  # fmt: skip
-
+        self.sampler = None if sampler is None else sampler.build(
+            vocab=self.head.out_features, rows=self.pool.scratch_slot + 1, device=self.device)
         hidden_size = self.body.config.hidden_size
         self.prefills = BatchedDecode(
             self._prefill_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
             batch_sizes=PREFILL_GRAPH_SIZES,
-            row_inputs=lambda b: (torch.zeros(b, hidden_size, dtype=dtype, device=self.device),),
+            device_rows=lambda b: (torch.zeros(b, hidden_size, dtype=dtype, device=self.device),),
         )
         """Prefill spans of up to 512 positions as captured row steps (see :func:`graphed_prefill`)."""
         self.batched = BatchedDecode(self._decode_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
-                                     batch_sizes=graph_batch_sizes, row_inputs=rows,
-                                     row_fill=(0, 0, *sample_row_fill(self.pool.scratch_slot)))  # fmt: skip
+                                     batch_sizes=graph_batch_sizes,
+                                     host_rows=(HostRow(), *(sample_host_rows(self.pool.scratch_slot)
+                                                             if self.sampler else ())),
+                                     device_rows=lambda b: (torch.zeros(b, width, dtype=dtype, device=self.device),))
 
     def capture(self) -> None:
         """Record the decode and prefill graphs (CUDA with Triton only): call once at start."""
@@ -82,15 +77,15 @@ class TalkerRunner:
         """One step per row: previous codec token + the next thinker vector (B, H_thinker). Returns (B, V) float32
         logits and, with a sampler, the (B,) codes sampled with ``sample``'s rows (views of static buffers on CUDA:
         consume them before the next step). Nothing here waits for the device."""
-        codes = torch.tensor(prev_codes, dtype=torch.long)
         sampling = sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample)
-        outputs = self.batched(slots, positions, codes, vectors.to(self.device, self.dtype), *sampling)
+        outputs = self.batched(slots, positions, (prev_codes, *sampling), vectors.to(self.device, self.dtype))
         return outputs[0], outputs[1] if self.sampler else None
 
     def _prefill_fn(self, slots, positions, x, *, graph_safe: bool):
         return (self.decoder.decode(x, slots, positions, graph_safe=graph_safe),)
 
-    def _decode_fn(self, slots, positions, codes, vectors, *sample: torch.Tensor, graph_safe: bool):
+    def _decode_fn(self, slots, positions, codes, *rest: torch.Tensor, graph_safe: bool):
+        *sample, vectors = rest  # host rows (sampling) come before the device row (vectors)
         x = self.proj(self.codec_embed(codes) + vectors)
         hidden = self.decoder.decode(x, slots, positions, graph_safe=graph_safe)
         logits = self.head(hidden).float()

@@ -19,9 +19,9 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
-from pipeline.sampling import SampleRows, SamplerSpec, sample_inputs, sample_row_fill, sample_row_inputs
+from pipeline.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 from pipeline.stages.decode_attention import triton_available
-from pipeline.stages.decode_graphs import PREFILL_GRAPH_SIZES, BatchedDecode, graphed_prefill
+from pipeline.stages.decode_graphs import PREFILL_GRAPH_SIZES, BatchedDecode, HostRow, graphed_prefill
 from pipeline.stages.decoder import PREFILL_BACKENDS, PooledDecoder
 
 
@@ -68,21 +68,19 @@ class ThinkerRunner:
         self.decoder = PooledDecoder(self.text_model, slots=kv_slots, max_len=max_len, dtype=dtype, device=self.device,
                                       fuse=fused_decode and triton_available(self.device))
         self.pool = self.decoder.pool
-        self.sampler = sampler.build(vocab=self.lm_head.out_features, rows=self.pool.scratch_slot + 1,
-                                     device=self.device) \
-            if sampler else None  # fmt: skip
+        self.sampler = None if sampler is None else sampler.build(
+            vocab=self.lm_head.out_features, rows=self.pool.scratch_slot + 1, device=self.device)
         hidden_size = self.text_model.config.hidden_size
         self.prefills = BatchedDecode(
             self._prefill_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
             batch_sizes=PREFILL_GRAPH_SIZES,
-            row_inputs=lambda b: (torch.zeros(b, hidden_size, dtype=dtype, device=self.device),),
+            device_rows=lambda b: (torch.zeros(b, hidden_size, dtype=dtype, device=self.device),),
         )
         """Prefill spans of up to 512 positions as captured row steps (see :func:`graphed_prefill`)."""
         self.batched = BatchedDecode(
             self._decode_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
-            batch_sizes=graph_batch_sizes, row_fill=(0, *sample_row_fill(self.pool.scratch_slot)),
-            row_inputs=lambda b: (torch.zeros(b, dtype=torch.long, device=self.device),
-                                  *sample_row_inputs(b, self.pool.scratch_slot, self.sampler)),
+            batch_sizes=graph_batch_sizes,
+            host_rows=(HostRow(), *(sample_host_rows(self.pool.scratch_slot) if self.sampler else ())),
         )
 
     def capture(self) -> None:
@@ -124,9 +122,8 @@ class ThinkerRunner:
         """One token per row: row b feeds ``tokens[b]`` at ``positions[b]`` of slot ``slots[b]`` (all rows in
         one batch; one CUDA graph replay on a GPU), and, with a sampler, samples the next token of each row with
         ``sample``'s rows. Nothing here waits for the device: read ``tokens`` (one transfer) when needed."""
-        ids = torch.tensor(tokens, dtype=torch.long)
         sampling = sample_inputs(len(tokens), self.pool.scratch_slot, self.sampler, sample)
-        outputs = self.batched(slots, positions, ids, *sampling)
+        outputs = self.batched(slots, positions, (tokens, *sampling))
         embeds, hidden, logits = outputs[:3]
         return ThinkerStep(embeds=embeds, hidden=hidden, logits=logits, tokens=outputs[3] if self.sampler else None)
 
