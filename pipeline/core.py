@@ -43,6 +43,7 @@ from pipeline.outputs import (
     TextDelta,
     Usage,
 )
+from pipeline.prefill_batch import PrefillBatch, PrefillJob
 from pipeline.registry import CONNECTORS
 from pipeline.request import Phase, ResponseSpec, ResponseState, TextEnd
 from pipeline.sampling import SampleRows, SamplerSpec
@@ -148,8 +149,10 @@ class EngineCore:
                          "decode_steps_total": 0}
         """Cumulative work counters reported by :meth:`stats` (tokens/s per stage in benchmarks)."""
         self.conversations: dict[str, ConversationState] = {}
-        self._prefills_left = self._talker_prefills_left = 0
-        """What is left this step of the stages' ``max_prefills_per_step``."""
+        self._prefills = PrefillBatch(th.max_prefills_per_step, None)
+        """This step's thinker prefill chunks (pipeline/prefill_batch.py)."""
+        self._talker_prefills_left = 0
+        """What is left this step of the talker's ``max_prefills_per_step``."""
         self._background_turn = 0
         self.responses: dict[str, ResponseState] = {}
         self._finished = 0
@@ -340,7 +343,7 @@ class EngineCore:
         progressed = self._collect_token2wav()
         tokens_before = (self.counters["thinker_tokens_total"], self.counters["talker_tokens_total"])
         decoding = []
-        self._prefills_left = self.cfg.thinker.max_prefills_per_step
+        self._prefills = PrefillBatch(self.cfg.thinker.max_prefills_per_step, self.thinker.prefill_rows)
         self._talker_prefills_left = self.cfg.talker.max_prefills_per_step
         for state in list(self.responses.values()):
             try:
@@ -351,6 +354,9 @@ class EngineCore:
             progressed |= advanced
             if decodes:
                 decoding.append(state)
+        background = self._plan_background_prefills()
+        progressed |= bool(background)
+        self._run_prefills(self._prefills.jobs)
         if decoding:
             self.counters["decode_steps_total"] += 1
         # Both stages' steps are queued before either's tokens are read: the talker's step needs the thinker's
@@ -379,20 +385,10 @@ class EngineCore:
                 incomplete = state.text_end is TextEnd.MAX_TOKENS
                 status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
                 self._finish(state, status, "max_output_tokens" if incomplete else None)
-        prefills = 0
-        convs = list(self.conversations.values())
-        self._background_turn = (self._background_turn + 1) % max(len(convs), 1)  # round robin under the budget
-        for conv in convs[self._background_turn :] + convs[: self._background_turn]:
-            if self._prefills_left <= 0:
-                break
-            prefilled = self._background_prefill(conv)
-            progressed |= prefilled
-            prefills += prefilled
-            self._prefills_left -= prefilled
         elapsed = (time.perf_counter() - started) * 1000
         if elapsed > SLOW_STEP_MS:
             log.warning("slow engine step: %.0f ms (%d responses decoding, %d token2wav chunks, %d background prefills, "
-                        "%d responses)", elapsed, len(decoding), len(ready), prefills, len(self.responses))
+                        "%d responses)", elapsed, len(decoding), len(ready), background, len(self.responses))
         self._watch_for_stall()
         return progressed
 
@@ -458,24 +454,35 @@ class EngineCore:
     def _needs_prefill(self, conv: ConversationState) -> bool:
         return conv.active_response is None and conv.dirty
 
+    def _plan_background_prefills(self) -> int:
+        """Conversations whose background prefill progressed this step (planned chunks, in turn, under the step's
+        prefill budget)."""
+        planned = 0
+        convs = list(self.conversations.values())
+        self._background_turn = (self._background_turn + 1) % max(len(convs), 1)  # round robin under the budget
+        for conv in convs[self._background_turn :] + convs[: self._background_turn]:
+            if not self._prefills.has_room():
+                break
+            planned += self._background_prefill(conv)
+        return planned
+
     def _background_prefill(self, conv: ConversationState) -> bool:
-        """While a conversation is idle, prefill what the user has said so far (one chunk per step), if a KV
-        slot is free (a background prefill never takes another conversation's slot)."""
+        """While a conversation is idle, plan the prefill of what the user has said so far (one chunk per step), if
+        a KV slot is free (a background prefill never takes another conversation's slot)."""
         if not self._needs_prefill(conv) or self._thinker_slot(conv, evict=False) is None:
             return False
         try:
             rendering = conv.render(with_open_audio=True)
             if conv.common_prefix(rendering.keys) == len(rendering.keys):
                 conv.crop(len(rendering.keys))  # items were removed: drop what follows
-                done = True
-            else:
-                done = self._prefill_chunk(conv, rendering, need_logits=False) is not None
+                conv.dirty = False
+                return True
+            return self._prefills.admit(self._plan_chunk(conv, rendering, need_logits=False))
         except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
             log.exception("background prefill of %s failed; its cache is dropped", conv.id)
             conv.free()
-            done = True
-        conv.dirty = not done
-        return True
+            conv.dirty = False
+            return True
 
     def _step_response(self, r: ResponseState) -> tuple[bool, bool]:
         """Returns (progressed, joins this step's decode batches); whether a decoding response progresses is
@@ -486,16 +493,16 @@ class EngineCore:
         if not r.spec.can_accept():
             return False, False
         if r.phase is Phase.PREFILL:
-            if self._prefills_left <= 0:
+            if not self._prefills.has_room():
                 return False, False  # next step: the prefill budget keeps decode steps short
-            self._prefills_left -= 1
             return self._prefill(r), False
         return False, True
 
     # -- thinker ----------------------------------------------------------------------------------
     def _prefill(self, r: ResponseState) -> bool:
-        """Prefill the conversation up to the reply's header, one chunk per step; the last chunk's
-        logits give the first reply token. False while the response waits for a KV slot."""
+        """Plan the next chunk of the conversation's prefill up to the reply's header (one per step; it runs with the
+        step's other chunks, :meth:`_run_prefills`); the last chunk's logits give the first reply token. False while
+        the response waits for a KV slot or the step's prefill budget."""
         conv = r.conv
         if r.prompt_len == 0:  # first prefill step of this response
             conv.make_room(r.spec.max_text_tokens, drop_oldest=self.cfg.thinker.context_policy == "drop_oldest")
@@ -508,21 +515,61 @@ class EngineCore:
             r.input_audio_tokens = len(rendering.audio)
             r.input_text_tokens = r.prompt_len - len(rendering.audio)
             self.text_sampler.reset(conv.slot, rendering.token_ids)
-        out = self._prefill_chunk(conv, rendering, need_logits=True)
-        if out is None:
-            return True
-        r.phase = Phase.DECODE
-        r.mark("prefill_done_ms")
-        (token,) = self.text_sampler.sample(out.last_logits.unsqueeze(0), [conv.slot],
-                                            force_continue=[self._force_text(r)], seeds=[r.seed],
-                                            counters=[len(r.item.reply_ids)])  # fmt: skip
-        self._accept_text_token(r, token)
-        return True
+        job = self._plan_chunk(conv, rendering, need_logits=True)
+        job.owner = r
+        return self._prefills.admit(job)
 
-    def _prefill_chunk(self, conv: ConversationState, rendering, *, need_logits: bool):
-        """Prefill the next chunk (at most ``prefill_chunk_tokens``) of ``rendering`` missing from
-        the cache. Returns the chunk's output when it reaches the end of the rendering, else None.
-        With ``need_logits`` the last position is recomputed if it is already cached."""
+    def _run_prefills(self, jobs: list[PrefillJob]) -> None:
+        """Run the step's prefill chunks together, then extend each conversation's cache and start the responses
+        whose prompt is complete (their first tokens sampled in one batch). If the batch fails, each chunk is retried
+        alone, so that only a faulty one fails."""
+        if not jobs:
+            return
+        spans = [(job.embeds, job.conv.slot, job.start, job.logits) for job in jobs]
+        try:
+            outputs = list(zip(jobs, self.thinker.prefill_many(spans)))
+        except Exception:  # noqa: BLE001 - find the faulty chunk by retrying one by one
+            log.exception("batched prefill of %d chunks failed; retrying each alone", len(jobs))
+            outputs = []
+            for job, span in zip(jobs, spans):
+                try:
+                    outputs.append((job, self.thinker.prefill_many([span])[0]))
+                except Exception as exc:  # noqa: BLE001 - isolate this conversation's failure
+                    self._prefill_failed(job, exc)
+        started = []
+        for job, out in outputs:
+            try:
+                job.conv.extend(job.keys, self.to_talker(out.hidden, job.talker_embeds))
+            except Exception as exc:  # noqa: BLE001 - isolate this conversation's failure
+                self._prefill_failed(job, exc)
+                continue
+            if job.owner is None:
+                job.conv.dirty = not job.last
+            elif job.last and job.owner.id in self.responses:
+                job.owner.phase = Phase.DECODE
+                job.owner.mark("prefill_done_ms")
+                started.append((job.owner, out.last_logits))
+        if started:
+            rows = [r for r, _ in started]
+            logits = torch.stack([logits for _, logits in started])
+            tokens = self.text_sampler.sample(logits, [r.conv.slot for r in rows],
+                                              force_continue=[self._force_text(r) for r in rows],
+                                              seeds=[r.seed for r in rows],
+                                              counters=[len(r.item.reply_ids) for r in rows])  # fmt: skip
+            self._accept_each(rows, tokens, self._accept_text_token)
+
+    def _prefill_failed(self, job: PrefillJob, exc: Exception) -> None:
+        if job.owner is None:
+            log.error("background prefill of %s failed; its cache is dropped", job.conv.id, exc_info=exc)
+            job.conv.free()
+            job.conv.dirty = False
+        elif job.owner.id in self.responses:
+            self._fail(job.owner, exc)
+
+    def _plan_chunk(self, conv: ConversationState, rendering, *, need_logits: bool) -> PrefillJob:
+        """The next chunk (at most ``prefill_chunk_tokens``) of ``rendering`` missing from the cache, cropping the
+        cache to what the rendering shares with it. With ``need_logits`` the last position is recomputed if it is
+        already cached (its logits are wanted)."""
         keys = rendering.keys
         start = conv.common_prefix(keys)
         if need_logits:
@@ -534,9 +581,8 @@ class EngineCore:
         for at, audio, rows in _audio_runs(rendering.audio, start, end):  # one copy per audio block, not per position
             embeds[at - start : at - start + len(rows)] = audio[rows.start : rows.stop]
             talker_embeds[at - start : at - start + len(rows)] = 0  # the reference zeroes multimodal positions
-        out = self.thinker.prefill(embeds, conv.slot, start, logits=need_logits and end == len(keys))
-        conv.extend(keys[start:end], self.to_talker(out.hidden, talker_embeds))
-        return out if end == len(keys) else None
+        return PrefillJob(conv, keys[start:end], embeds, talker_embeds, start, last=end == len(keys),
+                          logits=need_logits and end == len(keys))  # fmt: skip
 
     def _thinker_decode(self, rows: list[ResponseState]) -> list[Sampled]:
         """Feed every row's pending token through the thinker in one batch, which samples the next ones on the
@@ -563,13 +609,17 @@ class EngineCore:
     def _accept_sampled(self, sampled: list[Sampled], accept: Callable[[ResponseState, int], None]) -> None:
         """Read each batch's sampled ids (one host transfer per batch) and ``accept(row, id)`` them, in row order."""
         for batch, tokens in sampled:
-            for r, token in zip(batch, tokens.tolist()):
-                if r.id not in self.responses:
-                    continue
-                try:
-                    accept(r, token)
-                except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
-                    self._fail(r, exc)
+            self._accept_each(batch, tokens.tolist(), accept)
+
+    def _accept_each(self, rows: list[ResponseState], tokens: list[int],
+                     accept: Callable[[ResponseState, int], None]) -> None:  # fmt: skip
+        for r, token in zip(rows, tokens):
+            if r.id not in self.responses:
+                continue
+            try:
+                accept(r, token)
+            except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
+                self._fail(r, exc)
 
     def _run_batch(self, stage: str, rows: list[ResponseState], run) -> None:
         """Run one batched stage step, ``run(batch, done)`` adding each row to ``done`` once its state is

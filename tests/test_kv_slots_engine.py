@@ -5,6 +5,7 @@ response of a batch gets the tokens it gets alone."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -159,6 +160,42 @@ async def test_the_prefill_budget_spreads_a_burst_of_turns_over_steps(tiny_model
     finally:
         engine.close()
     assert max(s["thinker"] for s in per_step) == 1 and max(s["talker"] for s in per_step) == 1
+    for t, d in zip(texts, dones):
+        alone = tiny_engine.conversation()
+        assert await reply(alone, "a1", t) == (d.text_token_ids, d.audio_codes)
+        await alone.close()
+
+
+async def test_a_burst_of_turns_prefills_together_and_answers_as_each_alone(tiny_model_dir, tiny_engine):
+    """The prompts of turns asked in one step run as one batch of chunks (on CUDA one graph replay); each reply is
+    the one its conversation gets alone."""
+    cfg = greedy_stage_config(thinker={"max_prefills_per_step": 16}, talker={"max_tokens": 120})
+    engine = OmniEngine.from_pretrained(tiny_model_dir, cfg, seed=1234)
+    core = engine._thread.core
+    batches = []
+    prefill_many = core.thinker.prefill_many
+
+    def recording(spans):
+        batches.append([logits for _, _, _, logits in spans])
+        return prefill_many(spans)
+
+    core.thinker.prefill_many = recording
+    try:
+        convs = [engine.conversation() for _ in range(3)]
+        texts = ["One", "Two words", "Three more words"]
+        for c, t in zip(convs, texts):
+            await c.add_text("u1", t)
+        await engine.wait_idle()
+        batches.clear()
+        gate = threading.Event()
+        engine._thread.submit(lambda _core: gate.wait(10))  # hold the engine thread: the turns start in one step
+        tasks = [asyncio.create_task(c.respond(item_id="a1", max_output_tokens=6).wait()) for c in convs]
+        await asyncio.sleep(0.2)
+        gate.set()
+        dones = await asyncio.gather(*tasks)
+    finally:
+        engine.close()
+    assert [True, True, True] in batches, f"the three prompts' last chunks in one batch: {batches}"
     for t, d in zip(texts, dones):
         alone = tiny_engine.conversation()
         assert await reply(alone, "a1", t) == (d.text_token_ids, d.audio_codes)

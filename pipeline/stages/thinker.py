@@ -116,6 +116,33 @@ class ThinkerRunner:
         last = self.lm_head(hidden[-1:]).float()[0] if logits else None
         return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=last)
 
+    @property
+    def prefill_rows(self) -> int | None:
+        """Positions one batched prefill replays from a graph (:meth:`prefill_many`); None without prefill graphs."""
+        return max(self.prefills.captured) if self.prefills.captured else None
+
+    @torch.inference_mode()
+    def prefill_many(self, spans: list[tuple[torch.Tensor, int, int, bool]]) -> list[ThinkerOutput]:
+        """Several :meth:`prefill` calls, ``(embeds, slot, start, logits)`` each, in one replay when their positions
+        together fit the largest prefill graph (one row per position; each span's rows attend within their own
+        slot), else one by one. Spans must be in different slots (or not overlap)."""
+        sizes = [embeds.shape[0] for embeds, _, _, _ in spans]
+        if len(spans) < 2 or not self.prefills.fits(sum(sizes)):
+            return [self.prefill(embeds, slot, start, logits=want) for embeds, slot, start, want in spans]
+        slots, positions = [], []
+        for (embeds, slot, start, _), size in zip(spans, sizes):
+            if start + size > self.pool.max_len:
+                raise ValueError(f"positions up to {start + size} exceed the KV pool's {self.pool.max_len}")
+            slots += [slot] * size
+            positions += range(start, start + size)
+        (hidden,) = self.prefills(slots, positions, (), torch.cat([embeds for embeds, _, _, _ in spans]))
+        hiddens = hidden.clone().split(sizes)
+        wanted = [i for i, span in enumerate(spans) if span[3]]
+        logits = self.lm_head(torch.stack([hiddens[i][-1] for i in wanted])).float() if wanted else None
+        last = {i: logits[k] for k, i in enumerate(wanted)}
+        return [ThinkerOutput(embeds=span[0], hidden=h, last_logits=last.get(i))
+                for i, (span, h) in enumerate(zip(spans, hiddens))]  # fmt: skip
+
     @torch.inference_mode()
     def decode(self, tokens: list[int], slots: list[int], positions: list[int],
                sample: SampleRows | None = None) -> ThinkerStep:  # fmt: skip

@@ -1,0 +1,73 @@
+"""The thinker prefill chunks of one engine step, gathered so that they run together.
+
+Each step the engine plans at most one chunk per conversation (a response's prompt, or the speech of a user still
+talking), admits them here under two budgets, then runs the admitted ones as one batch
+(:meth:`~pipeline.stages.thinker.ThinkerRunner.prefill_many`): a burst of turns ending together costs one replay of
+a prefill graph instead of one eager prefill each (BENCHMARKS.md §11).
+
+Budgets: ``max_jobs`` chunks (the stage's ``max_prefills_per_step``) and ``max_rows`` positions (the largest captured
+prefill graph, so an admitted batch replays one graph; None: no row budget, as on the CPU). A chunk longer than
+``max_rows`` is admitted only as the first of its step, and then runs alone, eagerly. What is not admitted waits for
+the next step. Pure bookkeeping: no torch calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.conversation_state import ConversationState
+
+__all__ = ["PrefillBatch", "PrefillJob"]
+
+
+@dataclass
+class PrefillJob:
+    """One chunk: positions ``start .. start + len(keys) - 1`` of ``conv``'s rendering."""
+
+    conv: ConversationState
+    keys: list
+    """The rendering's keys of the chunk (what the conversation's cache holds once it ran)."""
+    embeds: torch.Tensor
+    """(T, H) thinker inputs (token embeddings, audio features at audio positions)."""
+    talker_embeds: torch.Tensor
+    """(T, H) the embeddings the talker's vectors add (zero at audio positions)."""
+    start: int
+    last: bool
+    """The chunk reaches the end of the rendering."""
+    logits: bool
+    """The last position's logits are needed (a response's final chunk: its first reply token)."""
+    owner: object | None = None
+    """The response whose prompt this is (None: a background prefill of an idle conversation)."""
+
+    @property
+    def rows(self) -> int:
+        return len(self.keys)
+
+
+@dataclass
+class PrefillBatch:
+    max_jobs: int
+    max_rows: int | None
+    jobs: list[PrefillJob] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return sum(job.rows for job in self.jobs)
+
+    def has_room(self) -> bool:
+        """Whether another chunk may still be planned this step (the job budget)."""
+        return len(self.jobs) < self.max_jobs and not self._oversized()
+
+    def admit(self, job: PrefillJob) -> bool:
+        """Add ``job`` if both budgets allow it (see the module docstring)."""
+        if not self.has_room():
+            return False
+        if self.max_rows is not None and self.jobs and self.rows + job.rows > self.max_rows:
+            return False
+        self.jobs.append(job)
+        return True
+
+    def _oversized(self) -> bool:
+        return self.max_rows is not None and self.rows > self.max_rows
