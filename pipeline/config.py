@@ -80,9 +80,10 @@ class StageConfig:
     start, ``kv_slots x max_context_tokens`` positions for the thinker). An idle conversation beyond it loses its
     cache to a new one (least recently used first) and is prefilled again at its next response."""
     max_prefills_per_step: int = 4
-    """thinker: prefill chunks per engine step (responses first, then conversations still being spoken, in turn);
-    talker: talker prefills per step. A prefill is eager and costs several decode steps, so a burst of turns
-    ending together would otherwise stall every session's next token for all of them."""
+    """thinker: prefill chunks per engine step (responses first, then conversations still being spoken, in turn),
+    run together as one batch (on CUDA at most 512 positions, one graph replay; what does not fit waits a step);
+    talker: talker prefills per step. The budget keeps a burst of long prompts from stalling every session's next
+    token."""
     cuda_graphs: bool = True
     """thinker/talker on CUDA: replay decode steps from CUDA graphs captured at start for batch sizes up to
     ``kv_slots`` (needs Triton, which CUDA builds of torch include)."""

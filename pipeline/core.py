@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch

@@ -35,7 +35,7 @@ __all__ = ["BatchSampler", "SampleRows", "SamplerSpec", "sample_host_rows", "sam
 @dataclass(frozen=True)
 class SampleRows:
     """Per-row sampling inputs of one batch: host lists (:meth:`of`), or (B,) device tensors (:meth:`on`, or the row
-    inputs of a decode graph: :data:`SAMPLE_HOST_ROWS`).
+    inputs of a decode graph: :func:`sample_host_rows`).
 
     ``rows``: the sampler table row of each batch row (its KV slot); ``force_continue``: stop ids suppressed (the
     row has not reached its minimum length); ``seeds`` and ``counters``: the row's noise seed and how many tokens it
