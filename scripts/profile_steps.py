@@ -45,6 +45,42 @@ LABELS = {
 """Label -> (attribute of the engine core, method) wrapped in a ``record_function`` of that label."""
 
 
+class StepClock:
+    """Without the profiler (whose kernel tracing slows graph launches): each step's wall time by kind, from
+    wrappers that note which decode ran in it. Each step ends by reading its sampled ids, so its wall time includes
+    its device work."""
+
+    def __init__(self, core) -> None:
+        self.walls: dict[str, list[float]] = {}
+        self._ran: set[str] = set()
+        for stage in ("thinker", "talker"):
+            runner = getattr(core, stage)
+            runner.decode = self._noting(stage, runner.decode)
+        step = core.step
+
+        def timed_step():
+            self._ran = set()
+            t0 = time.perf_counter()
+            progressed = step()
+            kind = ("thinker+talker" if self._ran == {"thinker", "talker"} else
+                    f"{next(iter(self._ran))} only" if self._ran else "other")  # fmt: skip
+            self.walls.setdefault(kind, []).append((time.perf_counter() - t0) * 1000)
+            return progressed
+
+        core.step = timed_step
+
+    def _noting(self, stage, fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            self._ran.add(stage)
+            return fn(*args, **kwargs)
+        return call
+
+    def summary(self) -> dict:
+        return {kind: {"count": len(v), "wall_ms_p50": statistics.median(v), "wall_ms_sum": sum(v)}
+                for kind, v in self.walls.items()}  # fmt: skip
+
+
 def instrument(core) -> None:
     """Wrap ``core.step`` and the parts in :data:`LABELS` in profiler labels (instance attributes: the class and
     other engines are untouched)."""
@@ -136,7 +172,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage-config", type=Path, default=None, help="default: bench_forced.yaml")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", type=Path, default=None, help="write the summaries (JSON) and traces here")
+    p.add_argument("--no-trace", action="store_true",
+                   help="no profiler: only each kind of step's wall time (the profiler's kernel tracing slows launches)")
     return p
+
+
+def clock_only(engine: OmniEngine, core, args) -> int:
+    clock = StepClock(core)
+    results = {}
+    try:
+        asyncio.run(burst(engine, 1))  # warm-up
+        for users in (int(u) for u in args.users.split(",")):
+            clock.walls.clear()
+            first_audio = asyncio.run(burst(engine, users))
+            results[users] = {"steps": clock.summary(),
+                              "first_audio_ms": sorted(round(x, 1) for x in first_audio if x is not None)}
+            print(f"== {users} users (no profiler)", json.dumps(results[users], indent=1), flush=True)
+    finally:
+        engine.close()
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "clock.json").write_text(json.dumps(results, indent=1))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = replace(cfg, engine=replace(cfg.engine, process="off"))  # the profiler must see the engine's thread
     engine = OmniEngine.from_loader(model_loader(args.model), cfg, seed=0, torch_threads=args.threads)
     core = engine._backend.core
+    if args.no_trace:
+        return clock_only(engine, core, args)
     instrument(core)
     cuda = core.thinker.device.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
