@@ -41,6 +41,8 @@ class AudioBlock:
     """Bumped when the block is re-encoded (its features changed at commit), so its cache keys change."""
     floor: float | None = None
     """The log-mel floor its features were computed with (None: the final floor)."""
+    error: Exception | None = None
+    """Why its encode failed (pipeline/audio_encodes.py); a response reading it fails with it."""
 
 
 @dataclass
@@ -111,6 +113,12 @@ class ConversationState:
 
     def has_item(self, item_id: str) -> bool:
         return item_id in self.open_audio or any(item.id == item_id for item in self.items)
+
+    def audio_error(self) -> Exception | None:
+        """The first failed encode among the conversation's audio blocks (committed or still being spoken)."""
+        blocks = [b for item in self.items if item.kind is ItemKind.AUDIO for b in item.audio_blocks]
+        blocks += [b for pending in self.open_audio.values() for b in pending.blocks]
+        return next((b.error for b in blocks if b.error is not None), None)
 
     def add(self, item: ConvItem) -> None:
         if self.has_item(item.id):

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from pipeline.config import StageGraphConfig
+from pipeline.audio_encodes import AudioEncodes
 from pipeline.conversation_state import AudioBlock, ConversationState, ConvItem, ItemKind, OpenAudio
 from pipeline.detokenizer import IncrementalDetokenizer
 from pipeline.errors import (
@@ -158,6 +159,10 @@ class EngineCore:
         self._finished = 0
         self._stall = StallWatch()
         self._text_end_vectors = self.thinker.embed([self.special.tts_text_end, self.special.tts_text_pad])
+        self.audio_encodes = AudioEncodes(self.thinker.encode_many, self.thinker.audio_tokens,
+                                          width=self.thinker.text_model.config.hidden_size, dtype=self.thinker.dtype,
+                                          device=self.thinker.device)  # fmt: skip
+        """User audio blocks and tails queued by commands, encoded together at the start of each step."""
         self.text_sampler, self.code_sampler = self.thinker.sampler, self.talker.sampler
         # capture the decode and prefill graphs now (seconds on a 7B model), not during the first replies
         self.thinker.capture()
@@ -247,8 +252,9 @@ class EngineCore:
         self.conv(conv_id).add(ConvItem(id=item_id, role=role, kind=ItemKind.TEXT, text=text))
 
     def append_audio(self, conv_id: str, item_id: str, pcm: np.ndarray) -> None:
-        """Feed user audio (16 kHz float32) of a message still being spoken. Each complete 2 s
-        block is encoded now and prefilled in the background while the conversation is idle."""
+        """Feed user audio (16 kHz float32) of a message still being spoken. Each complete 2 s block is queued for
+        the next step's encode (pipeline/audio_encodes.py) and prefilled in the background while the conversation
+        is idle."""
         conv = self.conv(conv_id)
         pending = conv.open_audio.get(item_id)
         if pending is None:
@@ -267,8 +273,8 @@ class EngineCore:
             pending.error = exc
 
     def commit_audio(self, conv_id: str, item_id: str) -> None:
-        """Close a spoken message: encode the tail (and, with ``audio_floor: exact``, re-encode the
-        blocks whose features the final loudness changed), and add it to the conversation."""
+        """Close a spoken message: queue the tail's encode (and, with ``audio_floor: exact``, the re-encode of the
+        blocks whose features the final loudness changed) for the next step, and add it to the conversation."""
         conv = self.conv(conv_id)
         pending = conv.open_audio.pop(item_id, None)
         if pending is None:
@@ -289,12 +295,11 @@ class EngineCore:
             pending.blocks.append(self._encode_block(feats, k, final))
         tail = feats.raw_tail()
         if tail.shape[1]:
-            pending.blocks.append(AudioBlock(self.thinker.encode_features(feats.features(tail, final)), floor=final))
+            pending.blocks.append(self.audio_encodes.block(feats.features(tail, final), floor=final))
         conv.add(ConvItem(id=item_id, role="user", kind=ItemKind.AUDIO, audio_blocks=pending.blocks))
 
     def _encode_block(self, feats: IncrementalLogMel, k: int, floor: float, version: int = 0) -> AudioBlock:
-        embeds = self.thinker.encode_features(feats.features(feats.raw_block(k), floor))
-        return AudioBlock(embeds, version=version, floor=floor)
+        return self.audio_encodes.block(feats.features(feats.raw_block(k), floor), floor=floor, version=version)
 
     def discard_audio(self, conv_id: str, item_id: str) -> None:
         conv = self.conv(conv_id)
@@ -340,7 +345,9 @@ class EngineCore:
         could progress (every response is paused by backpressure or waits for a KV slot), so the caller can
         wait instead of spin."""
         started = time.perf_counter()
-        progressed = self._collect_token2wav()
+        # before anything renders a conversation: the commands since the last step queued their audio encodes
+        progressed = self.audio_encodes.flush() > 0
+        progressed |= self._collect_token2wav()
         tokens_before = (self.counters["thinker_tokens_total"], self.counters["talker_tokens_total"])
         decoding = []
         self._prefills = PrefillBatch(self.cfg.thinker.max_prefills_per_step, self.thinker.prefill_rows)
@@ -441,7 +448,8 @@ class EngineCore:
                 "device_memory_peak_bytes": torch.cuda.max_memory_allocated(device)}  # fmt: skip
 
     def has_work(self) -> bool:
-        return (bool(self.responses) or any(self._needs_prefill(c) for c in self.conversations.values())
+        return (bool(self.responses) or self.audio_encodes.pending > 0
+                or any(self._needs_prefill(c) for c in self.conversations.values())
                 or (self.t2w_worker is not None and not self.t2w_worker.idle))  # fmt: skip
 
     def close(self) -> None:
@@ -472,6 +480,8 @@ class EngineCore:
         if not self._needs_prefill(conv) or self._thinker_slot(conv, evict=False) is None:
             return False
         try:
+            if (error := conv.audio_error()) is not None:
+                raise error
             rendering = conv.render(with_open_audio=True)
             if conv.common_prefix(rendering.keys) == len(rendering.keys):
                 conv.crop(len(rendering.keys))  # items were removed: drop what follows
@@ -504,6 +514,8 @@ class EngineCore:
         step's other chunks, :meth:`_run_prefills`); the last chunk's logits give the first reply token. False while
         the response waits for a KV slot or the step's prefill budget."""
         conv = r.conv
+        if (error := conv.audio_error()) is not None:
+            raise error  # the response fails with it (step isolates it)
         if r.prompt_len == 0:  # first prefill step of this response
             conv.make_room(r.spec.max_text_tokens, drop_oldest=self.cfg.thinker.context_policy == "drop_oldest")
         if self._thinker_slot(conv, evict=True) is None:

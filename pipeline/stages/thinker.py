@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention import sdpa_kernel
 
+from pipeline.cuda_graphs import host_to_device
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
 from pipeline.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 from pipeline.stages.decode_attention import triton_available
@@ -104,6 +105,25 @@ class ThinkerRunner:
         with sdpa_kernel(PREFILL_BACKENDS):  # a tail of any length: no per-shape cuDNN plan
             out = self.audio_tower(features, feature_lens=lens, aftercnn_lens=after_cnn)
         return out.last_hidden_state.to(self.dtype)
+
+    def audio_tokens(self, frames: int) -> int:
+        """Tokens the audio encoder makes of ``frames`` mel frames (one block or tail)."""
+        _, out = self.audio_tower._get_feat_extract_output_lengths(torch.tensor([frames]))
+        return int(out[0])
+
+    @torch.inference_mode()
+    def encode_many(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
+        """:meth:`encode_features` of several blocks (each at most 200 frames) in one encoder call: the encoder
+        attends within each block, so the blocks of different conversations batch without mixing."""
+        lengths = [f.shape[1] for f in features]
+        joined = host_to_device(torch.cat([f.float().cpu() for f in features], dim=1), torch.float32, self.device)
+        lens = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        after_cnn, _ = self.audio_tower._get_feat_extract_output_lengths(lens)
+        with sdpa_kernel(PREFILL_BACKENDS):
+            out = self.audio_tower(joined.to(self.audio_tower.conv1.weight.dtype), feature_lens=lens,
+                                   aftercnn_lens=after_cnn)  # fmt: skip
+        sizes = [self.audio_tokens(n) for n in lengths]
+        return list(out.last_hidden_state.to(self.dtype).split(sizes))
 
     @torch.inference_mode()
     def prefill(self, embeds: torch.Tensor, slot: int, start: int, *, logits: bool = True) -> ThinkerOutput:

@@ -1,0 +1,86 @@
+"""Queued audio encodes: blocks are allocated at once and filled by the step's one batched encode; a failing batch
+is retried block by block; a block that cannot be encoded fails the response that reads it, not the engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.audio_encodes import AudioEncodes
+
+
+def fake_encoder(calls: list, fail_on: set[int] = frozenset()):
+    def encode_many(features):
+        calls.append([f.shape[1] for f in features])
+        if any(f.shape[1] in fail_on for f in features):
+            raise RuntimeError("boom")
+        return [torch.full((f.shape[1] // 4, 3), float(f.shape[1])) for f in features]
+    return encode_many
+
+
+def test_blocks_are_filled_by_one_batched_call_at_flush():
+    calls = []
+    encodes = AudioEncodes(fake_encoder(calls), lambda frames: frames // 4, width=3, dtype=torch.float32,
+                           device=torch.device("cpu"))  # fmt: skip
+    a, b = encodes.block(torch.zeros(128, 200), floor=None), encodes.block(torch.zeros(128, 40), floor=-1.0)
+    assert a.embeds.shape == (50, 3) and b.embeds.shape == (10, 3) and encodes.pending == 2
+    assert encodes.flush() == 2 and calls == [[200, 40]] and encodes.pending == 0
+    assert torch.all(a.embeds == 200) and torch.all(b.embeds == 40) and a.error is None
+    assert encodes.flush() == 0 and calls == [[200, 40]], "nothing queued: no call"
+
+
+def test_a_failing_block_keeps_its_error_and_the_others_are_encoded_alone():
+    calls = []
+    encodes = AudioEncodes(fake_encoder(calls, fail_on={40}), lambda frames: frames // 4, width=3,
+                           dtype=torch.float32, device=torch.device("cpu"))  # fmt: skip
+    good, bad = encodes.block(torch.zeros(128, 200), floor=None), encodes.block(torch.zeros(128, 40), floor=None)
+    encodes.flush()
+    assert calls == [[200, 40], [200], [40]]
+    assert torch.all(good.embeds == 200) and good.error is None
+    assert isinstance(bad.error, RuntimeError)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+@torch.inference_mode()
+def test_encoding_blocks_together_equals_encoding_each(tiny_model_dir, device):
+    from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
+    from pipeline.stages.thinker import ThinkerRunner
+
+    ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": device}, dtypes={"thinker": torch.float32})
+    runner = ThinkerRunner(ckpt.thinker, device=torch.device(device), dtype=torch.float32, kv_slots=2, max_len=64)
+    gen = torch.Generator().manual_seed(0)
+    features = [torch.randn(128, n, generator=gen) for n in (200, 37, 200, 3)]
+    together = runner.encode_many(features)
+    for f, got in zip(features, together):
+        assert got.shape[0] == runner.audio_tokens(f.shape[1])
+        torch.testing.assert_close(got, runner.encode_features(f), rtol=1e-5, atol=1e-5)
+
+
+async def test_a_block_that_cannot_be_encoded_fails_the_reply_and_the_engine_serves_on(tiny_engine, caplog):
+    core = tiny_engine._thread.core
+    encode_many = core.thinker.encode_many
+
+    def failing(features):
+        if any(f.shape[1] == 57 for f in features):
+            raise RuntimeError("encoder broke")
+        return encode_many(features)
+
+    core.thinker.encode_many = failing
+    core.audio_encodes._encode_many = failing
+    try:
+        conv = tiny_engine.conversation()
+        await conv.add_audio("u1", np.zeros(16000 * 57 // 100, dtype=np.float32) + 0.01)  # a 57-frame tail
+        done = await conv.respond(item_id="a1").wait()
+        assert done.status.value == "failed" and done.error is not None
+        assert "encoding an audio block failed" in caplog.text
+        other = tiny_engine.conversation()
+        await other.add_text("u1", "Hello")
+        assert (await other.respond(item_id="a1", max_output_tokens=3).wait()).status.value in ("completed",
+                                                                                                "incomplete")
+        await conv.close()
+        await other.close()
+    finally:
+        core.thinker.encode_many = encode_many
+        core.audio_encodes._encode_many = encode_many
