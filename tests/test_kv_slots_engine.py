@@ -128,6 +128,16 @@ async def test_a_response_cancelled_while_its_chunk_is_made_frees_its_stream(thr
     assert core.t2w_worker.idle and not core.responses
 
 
+async def three_conversations(engine):
+    """Three conversations with one short text message each, prefilled in the background."""
+    convs = [engine.conversation() for _ in range(3)]
+    texts = ["One", "Two words", "Three more words"]
+    for c, t in zip(convs, texts):
+        await c.add_text("u1", t)
+    await engine.wait_idle()
+    return convs, texts
+
+
 async def test_the_prefill_budget_spreads_a_burst_of_turns_over_steps(tiny_model_dir, tiny_engine):
     budget = {"max_prefills_per_step": 1}
     cfg = greedy_stage_config(thinker=budget, talker={"max_tokens": 120, **budget})
@@ -151,11 +161,7 @@ async def test_the_prefill_budget_spreads_a_burst_of_turns_over_steps(tiny_model
     core._prefill, core._talker_prefill = counting("thinker", prefill), counting("talker", talker_prefill)
     core.step = counted_step
     try:
-        convs = [engine.conversation() for _ in range(3)]
-        texts = ["One", "Two words", "Three more words"]
-        for c, t in zip(convs, texts):
-            await c.add_text("u1", t)
-        await engine.wait_idle()
+        convs, texts = await three_conversations(engine)
         dones = await asyncio.gather(*(c.respond(item_id="a1", max_output_tokens=6).wait() for c in convs))
     finally:
         engine.close()
@@ -181,11 +187,7 @@ async def test_a_burst_of_turns_prefills_together_and_answers_as_each_alone(tiny
 
     core.thinker.prefill_many = recording
     try:
-        convs = [engine.conversation() for _ in range(3)]
-        texts = ["One", "Two words", "Three more words"]
-        for c, t in zip(convs, texts):
-            await c.add_text("u1", t)
-        await engine.wait_idle()
+        convs, texts = await three_conversations(engine)
         batches.clear()
         gate = threading.Event()
         engine._thread.submit(lambda _core: gate.wait(10))  # hold the engine thread: the turns start in one step

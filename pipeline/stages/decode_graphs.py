@@ -22,7 +22,8 @@ from pipeline.cuda_graphs import CapturedCall, bucket_at_least, host_tensor, hos
 from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.kv_pool import KVPool
 
-__all__ = ["PREFILL_GRAPH_SIZES", "BatchedDecode", "HostRow", "default_batch_sizes", "graphed_prefill"]
+__all__ = ["PREFILL_GRAPH_SIZES", "BatchedDecode", "HostRow", "default_batch_sizes", "graphed_prefill",
+           "prefill_graphs"]
 
 PREFILL_GRAPH_SIZES = (8, 16, 32, 64, 128, 256, 512)
 """Prefill lengths (positions) captured as graphs; a span of T positions replays the smallest size >= T. Why: an
@@ -130,6 +131,18 @@ class BatchedDecode:
         outputs = self._graphs[bucket](packed, *padded)
         self.replays += 1
         return tuple(o[:b] for o in outputs)
+
+
+def prefill_graphs(decoder, *, width: int, dtype: torch.dtype, cuda_graphs: bool) -> BatchedDecode:
+    """Graphs of ``decoder``'s graph-safe row step over input vectors (T, ``width``), captured at
+    :data:`PREFILL_GRAPH_SIZES` rows, for :func:`graphed_prefill` (``decoder``: a
+    :class:`~pipeline.stages.decoder.PooledDecoder`)."""
+    def step(slots, positions, x, *, graph_safe: bool):
+        return (decoder.decode(x, slots, positions, graph_safe=graph_safe),)
+
+    return BatchedDecode(step, pool=decoder.pool, device=decoder.device, cuda_graphs=cuda_graphs,
+                         batch_sizes=PREFILL_GRAPH_SIZES,
+                         device_rows=lambda b: (torch.zeros(b, width, dtype=dtype, device=decoder.device),))
 
 
 def graphed_prefill(prefill: BatchedDecode, slot: int, x: torch.Tensor, start: int) -> torch.Tensor:

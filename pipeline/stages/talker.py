@@ -16,7 +16,7 @@ import torch
 
 from pipeline.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 from pipeline.stages.decode_attention import triton_available
-from pipeline.stages.decode_graphs import PREFILL_GRAPH_SIZES, BatchedDecode, HostRow, graphed_prefill
+from pipeline.stages.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
 from pipeline.stages.decoder import PooledDecoder
 
 
@@ -39,12 +39,8 @@ class TalkerRunner:
         width = self.proj.in_features
         self.sampler = None if sampler is None else sampler.build(
             vocab=self.head.out_features, rows=self.pool.scratch_slot + 1, device=self.device)
-        hidden_size = self.body.config.hidden_size
-        self.prefills = BatchedDecode(
-            self._prefill_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
-            batch_sizes=PREFILL_GRAPH_SIZES,
-            device_rows=lambda b: (torch.zeros(b, hidden_size, dtype=dtype, device=self.device),),
-        )
+        self.prefills = prefill_graphs(self.decoder, width=self.body.config.hidden_size, dtype=dtype,
+                                       cuda_graphs=cuda_graphs)
         """Prefill spans of up to 512 positions as captured row steps (see :func:`graphed_prefill`)."""
         self.batched = BatchedDecode(self._decode_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
                                      batch_sizes=graph_batch_sizes,
@@ -80,9 +76,6 @@ class TalkerRunner:
         sampling = sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample)
         outputs = self.batched(slots, positions, (prev_codes, *sampling), vectors.to(self.device, self.dtype))
         return outputs[0], outputs[1] if self.sampler else None
-
-    def _prefill_fn(self, slots, positions, x, *, graph_safe: bool):
-        return (self.decoder.decode(x, slots, positions, graph_safe=graph_safe),)
 
     def _decode_fn(self, slots, positions, codes, *rest: torch.Tensor, graph_safe: bool):
         *sample, vectors = rest  # host rows (sampling) come before the device row (vectors)

@@ -22,7 +22,7 @@ from pipeline.cuda_graphs import host_to_device
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
 from pipeline.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 from pipeline.stages.decode_attention import triton_available
-from pipeline.stages.decode_graphs import PREFILL_GRAPH_SIZES, BatchedDecode, HostRow, graphed_prefill
+from pipeline.stages.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
 from pipeline.stages.decoder import PREFILL_BACKENDS, PooledDecoder
 
 
@@ -71,12 +71,8 @@ class ThinkerRunner:
         self.pool = self.decoder.pool
         self.sampler = None if sampler is None else sampler.build(
             vocab=self.lm_head.out_features, rows=self.pool.scratch_slot + 1, device=self.device)
-        hidden_size = self.text_model.config.hidden_size
-        self.prefills = BatchedDecode(
-            self._prefill_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
-            batch_sizes=PREFILL_GRAPH_SIZES,
-            device_rows=lambda b: (torch.zeros(b, hidden_size, dtype=dtype, device=self.device),),
-        )
+        self.prefills = prefill_graphs(self.decoder, width=self.text_model.config.hidden_size, dtype=dtype,
+                                       cuda_graphs=cuda_graphs)
         """Prefill spans of up to 512 positions as captured row steps (see :func:`graphed_prefill`)."""
         self.batched = BatchedDecode(
             self._decode_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
@@ -173,9 +169,6 @@ class ThinkerRunner:
         outputs = self.batched(slots, positions, (tokens, *sampling))
         embeds, hidden, logits = outputs[:3]
         return ThinkerStep(embeds=embeds, hidden=hidden, logits=logits, tokens=outputs[3] if self.sampler else None)
-
-    def _prefill_fn(self, slots: torch.Tensor, positions: torch.Tensor, x: torch.Tensor, *, graph_safe: bool):
-        return (self.decoder.decode(x, slots, positions, graph_safe=graph_safe),)
 
     def _decode_fn(self, slots: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, *sample: torch.Tensor,
                    graph_safe: bool):  # fmt: skip
