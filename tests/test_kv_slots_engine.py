@@ -202,3 +202,44 @@ async def test_a_burst_of_turns_prefills_together_and_answers_as_each_alone(tiny
         alone = tiny_engine.conversation()
         assert await reply(alone, "a1", t) == (d.text_token_ids, d.audio_codes)
         await alone.close()
+
+
+async def test_a_failing_prefill_batch_is_retried_chunk_by_chunk_and_fails_only_its_faulty_turn(tiny_model_dir,
+                                                                                                tiny_engine):  # fmt: skip
+    """A batch that raises is retried one chunk at a time: the healthy turns answer as they would alone, the turn
+    whose chunk fails on its own ends ``failed``, and its conversation answers its next turn."""
+    cfg = greedy_stage_config(thinker={"max_prefills_per_step": 16}, talker={"max_tokens": 120})
+    engine = OmniEngine.from_pretrained(tiny_model_dir, cfg, seed=1234)
+    core = engine._thread.core
+    prefill_many = core.thinker.prefill_many
+    batches = []
+
+    def flaky(spans):
+        batches.append(len(spans))
+        if len(spans) > 1 or spans[0][1] == core.conversations[faulty_id].slot and spans[0][3] and not healed:
+            raise RuntimeError("prefill kernel fault")
+        return prefill_many(spans)
+
+    healed = False
+    core.thinker.prefill_many = flaky
+    try:
+        convs, texts = await three_conversations(engine)
+        faulty_id = convs[1].id
+        batches.clear()
+        gate = threading.Event()
+        engine._thread.submit(lambda _core: gate.wait(10))  # the three turns start in one step
+        tasks = [asyncio.create_task(c.respond(item_id="a1", max_output_tokens=6).wait()) for c in convs]
+        await asyncio.sleep(0.2)
+        gate.set()
+        dones = await asyncio.gather(*tasks)
+        assert batches[:4] == [3, 1, 1, 1], "the batch, then each chunk alone"
+        assert [d.status.value for d in dones] == ["incomplete", "failed", "incomplete"]
+        healed = True
+        again = await convs[1].respond(item_id="a2", max_output_tokens=6).wait()
+        assert again.status.value == "incomplete"
+    finally:
+        engine.close()
+    for i in (0, 2):
+        alone = tiny_engine.conversation()
+        assert await reply(alone, "a1", texts[i]) == (dones[i].text_token_ids, dones[i].audio_codes)
+        await alone.close()
