@@ -346,7 +346,7 @@ class EngineCore:
         wait instead of spin."""
         started = time.perf_counter()
         # before anything renders a conversation: the commands since the last step queued their audio encodes
-        progressed = self.audio_encodes.flush() > 0
+        progressed = self.encode_audio() > 0
         progressed |= self._collect_token2wav()
         tokens_before = (self.counters["thinker_tokens_total"], self.counters["talker_tokens_total"])
         decoding = []
@@ -398,6 +398,11 @@ class EngineCore:
                         "%d responses)", elapsed, len(decoding), len(ready), background, len(self.responses))
         self._watch_for_stall()
         return progressed
+
+    def encode_audio(self) -> int:
+        """Run the audio encodes the commands queued (pipeline/audio_encodes.py), every conversation's in one call;
+        :meth:`step` starts with it. Returns how many blocks were encoded."""
+        return self.audio_encodes.flush()
 
     def _watch_for_stall(self) -> None:
         marks = (self.counters["thinker_tokens_total"], self.counters["talker_tokens_total"],

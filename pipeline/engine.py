@@ -220,6 +220,10 @@ class EngineThread:
             timeout = None if idle else (0 if progressed else 0.005)
             if not self._run_commands(block=idle or not progressed, timeout=timeout):
                 return
+            # The audio encodes the commands queued run here, before the step, and what arrived meanwhile joins
+            # that step: a response asked right behind its commit starts with it instead of one step later.
+            if self.core.encode_audio() and not self._run_commands(block=False, timeout=None):
+                return
             if self.core.has_work():
                 progressed = self.core.step()
 

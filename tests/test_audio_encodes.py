@@ -3,6 +3,9 @@ is retried block by block; a block that cannot be encoded fails the response tha
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -84,3 +87,54 @@ async def test_a_block_that_cannot_be_encoded_fails_the_reply_and_the_engine_ser
     finally:
         core.thinker.encode_many = encode_many
         core.audio_encodes._encode_many = encode_many
+
+
+class StubCore:
+    """Just what the engine thread's loop calls, recording the order."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.queued = 0
+        self.step_wanted = False
+        self.t2w_worker = None
+        self.thinker = SimpleNamespace(device=torch.device("cpu"))
+        self.conversations: dict = {}
+        self.backend = None
+
+    def has_work(self) -> bool:
+        return self.queued > 0 or self.step_wanted
+
+    def encode_audio(self) -> int:
+        encoded, self.queued = self.queued, 0
+        if encoded:
+            self.events.append("encode")
+            self.backend.submit(lambda core: core.events.append("response asked meanwhile"))
+        return encoded
+
+    def step(self) -> bool:
+        self.events.append("step")
+        self.step_wanted = False
+        return False
+
+    def close(self) -> None:
+        self.events.append("closed")
+
+
+def test_commands_that_arrive_during_the_encode_join_the_next_step():
+    from pipeline.engine import EngineThread
+
+    core = StubCore()
+    engine = EngineThread(core)
+    core.backend = engine
+    try:
+        def commit(c):
+            c.events.append("commit")
+            c.queued, c.step_wanted = 1, True
+
+        engine.submit(commit).result(timeout=5)
+        deadline = time.monotonic() + 5
+        while "step" not in core.events and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        engine.close()
+    assert core.events[:4] == ["commit", "encode", "response asked meanwhile", "step"]
