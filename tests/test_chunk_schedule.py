@@ -10,14 +10,16 @@ from pipeline.errors import ConfigError
 from pipeline.stages.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
 
 
-def drain(cfg: ChunkingConfig, frames_done: int, codes: int, finished: bool, index: int) -> list[ChunkPlan]:
-    """Plan every chunk that is ready now, as a stream that steps greedily would."""
+def drain(cfg: ChunkingConfig, frames_done: int, codes: int, finished: bool, index: int,
+          emitted: int | None = None) -> list[ChunkPlan]:  # fmt: skip
+    """Plan every chunk that is ready now, as a stream that steps greedily would (``emitted``: frames whose samples
+    earlier chunks emitted, as the stream counts them)."""
     plans = []
     while plan := plan_next_chunk(
-        cfg, frames_done=frames_done, codes_available=codes, finished=finished, index=index
+        cfg, frames_done=frames_done, codes_available=codes, finished=finished, index=index, emitted_frames=emitted
     ):
         plans.append(plan)
-        frames_done, index = plan.frames.end, index + 1
+        frames_done, index, emitted = plan.frames.end, index + 1, plan.samples.end // cfg.samples_per_frame
     return plans
 
 
@@ -89,11 +91,13 @@ def configs(draw) -> ChunkingConfig:
     block = draw(st.one_of(st.none(), st.integers(1, 3).map(lambda k: k * fpc)))
     unit = block or fpc
     overlap = draw(st.integers(0, 12))
+    future = unit * draw(st.integers(0, 3))
     return ChunkingConfig(
         first_chunk_frames=unit * draw(st.integers(1, 4)),
         chunk_frames=unit * draw(st.integers(1, 4)),
         past_frames=unit * draw(st.integers(0, 3)),
-        future_frames=unit * draw(st.integers(0, 3)),
+        future_frames=future,
+        first_vocoder_lookahead_frames=draw(st.integers(0, future)),
         vocoder_overlap_frames=overlap,
         vocoder_trim_frames=draw(st.integers(0, overlap)),
         frames_per_code=fpc,
@@ -114,25 +118,28 @@ def check_ready_plan(cfg: ChunkingConfig, plan: ChunkPlan, codes: int, finished:
     assert context.start == max(0, frames.start - cfg.past_frames)
     if not finished:  # before the end a chunk always gets its full look-ahead, and is never last
         assert context.end == frames.end + cfg.future_frames and frames.end < available and not plan.is_last
-    assert vocoder.end == frames.end and vocoder.start == max(0, frames.start - cfg.vocoder_overlap_frames)
+    lookahead = vocoder.end - frames.end  # provisional right context: a first chunk's only
+    assert lookahead == 0 or (plan.index == 0 and not plan.is_last and vocoder.end <= context.end)
+    assert lookahead <= cfg.first_vocoder_lookahead_frames
+    assert vocoder.start == max(0, frames.start - cfg.vocoder_overlap_frames)
     assert vocoder.start * hop <= samples.start <= samples.end <= frames.end * hop
     if not plan.is_last:  # held-back frames wait for right context
-        assert samples.end <= max(0, frames.end - cfg.hold_frames) * hop
+        assert samples.end <= max(samples.start // hop, frames.end - max(0, cfg.hold_frames - lookahead)) * hop
 
 
 @settings(max_examples=300, deadline=None)
 @given(cfg=configs(), arrivals=st.lists(st.integers(0, 9), max_size=25), step_every=st.integers(1, 3))
 def test_chunks_tile_the_utterance_and_never_need_missing_codes(cfg, arrivals, step_every) -> None:
-    codes, frames_done, plans = 0, 0, []
+    codes, frames_done, emitted, plans = 0, 0, 0, []
     for tick, count in enumerate(arrivals):
         codes += count
         if tick % step_every:
             continue  # the engine may fall behind; plans must stay valid when it catches up
-        for plan in drain(cfg, frames_done, codes, False, len(plans)):
+        for plan in drain(cfg, frames_done, codes, False, len(plans), emitted):
             check_ready_plan(cfg, plan, codes, finished=False)
             plans.append(plan)
-            frames_done = plan.frames.end
-    for plan in drain(cfg, frames_done, codes, True, len(plans)):
+            frames_done, emitted = plan.frames.end, plan.samples.end // cfg.samples_per_frame
+    for plan in drain(cfg, frames_done, codes, True, len(plans), emitted):
         check_ready_plan(cfg, plan, codes, finished=True)
         plans.append(plan)
 

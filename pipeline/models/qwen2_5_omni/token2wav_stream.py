@@ -478,7 +478,7 @@ def _vocoder_frames(cfg: ChunkingConfig) -> tuple[int, ...]:
     """Vocoder input lengths worth a graph: the first chunk, and each later chunk size after its re-run overlap. The
     vocoder cannot be padded exactly (its right edge would see the padding), so other lengths run eagerly."""
     later = {cfg.vocoder_overlap_frames + size for size in (*cfg.ramp_frames, cfg.chunk_frames)}
-    return tuple(sorted({cfg.first_chunk_frames, *later}))
+    return tuple(sorted({cfg.first_chunk_frames + cfg.first_vocoder_lookahead_frames, *later}))
 
 
 class _BatchedDit:
@@ -934,6 +934,7 @@ class Token2WavStream:
             codes_available=self.codes_received,
             finished=self.status is StreamStatus.FINISHED,
             index=self.chunks_emitted,
+            emitted_frames=self.samples_emitted // self._cfg.samples_per_frame,
         )
 
     def _window_codes(self, plan: ChunkPlan) -> Tensor:
@@ -955,9 +956,10 @@ class Token2WavStream:
 
     def _vocoder_input(self, plan: ChunkPlan, window: Tensor) -> Tensor:
         """The mel frames (1, mel_dim, n) the vocoder runs for the chunk: the re-run overlap frames of the previous
-        chunks, then the chunk's frames of its solved ``window``. Changes nothing."""
+        chunks, then the chunk's frames of its solved ``window`` (and, for a first chunk with provisional look-ahead,
+        the window's frames after them). Changes nothing."""
         offset = plan.dit_context.start
-        mel = window[:, plan.frames.start - offset : plan.frames.end - offset].transpose(1, 2)
+        mel = window[:, plan.frames.start - offset : plan.vocoder_frames.end - offset].transpose(1, 2)
         overlap = plan.frames.start - plan.vocoder_frames.start
         return torch.cat([self._mel_tail[:, :, -overlap:], mel], dim=2) if overlap else mel
 
@@ -965,7 +967,8 @@ class Token2WavStream:
         """Keep the chunk's ``plan.samples`` of the vocoder output ``wav`` (CPU, for ``vocoder_mel``), advance the
         stream past the chunk, return the samples."""
         hold = self._cfg.vocoder_overlap_frames
-        self._mel_tail = vocoder_mel[:, :, -hold:] if hold else None
+        final = plan.frames.end - plan.vocoder_frames.start  # provisional look-ahead frames after it are not kept
+        self._mel_tail = vocoder_mel[:, :, max(0, final - hold) : final] if hold else None
         offset = plan.vocoder_frames.start * self._cfg.samples_per_frame
         samples = wav[plan.samples.start - offset : plan.samples.end - offset].numpy().astype(np.float32, copy=True)
         self.frames_done = plan.frames.end
