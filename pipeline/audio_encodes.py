@@ -16,14 +16,14 @@ the exception in ``AudioBlock.error``; the response that would read it fails wit
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from pipeline.conversation_state import AudioBlock
 
-__all__ = ["AudioEncodes"]
+__all__ = ["AudioEncoder", "AudioEncodes"]
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,21 @@ class _Encode:
     block: AudioBlock
 
 
+class AudioEncoder(Protocol):
+    """What encodes (the thinker's runner)."""
+
+    def encode_many(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Log-mel features (n_mels, T) each -> their encodings (tokens, width), in one call."""
+        ...
+
+    def audio_tokens(self, frames: int) -> int:
+        """How many tokens ``frames`` mel frames encode to."""
+        ...
+
+
 class AudioEncodes:
-    def __init__(self, encode_many: Callable[[list[torch.Tensor]], list[torch.Tensor]],
-                 tokens: Callable[[int], int], *, width: int, dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
-        """``encode_many``: log-mel features (n_mels, T) each -> their encodings (tokens, width), in one call;
-        ``tokens(T)``: how many tokens T frames encode to."""
-        self._encode_many = encode_many
-        self._tokens = tokens
+    def __init__(self, encoder: AudioEncoder, *, width: int, dtype: torch.dtype, device: torch.device) -> None:
+        self._encoder = encoder
         self._width, self._dtype, self._device = width, dtype, torch.device(device)
         self._queue: list[_Encode] = []
 
@@ -50,7 +58,7 @@ class AudioEncodes:
 
     def block(self, features: torch.Tensor, *, floor: float | None, version: int = 0) -> AudioBlock:
         """A block for ``features`` (n_mels, T), encoded at the next :meth:`flush`."""
-        embeds = torch.empty(self._tokens(features.shape[1]), self._width, dtype=self._dtype, device=self._device)
+        embeds = torch.empty(self._encoder.audio_tokens(features.shape[1]), self._width, dtype=self._dtype, device=self._device)
         block = AudioBlock(embeds, version=version, floor=floor)
         self._queue.append(_Encode(features, block))
         return block
@@ -62,12 +70,12 @@ class AudioEncodes:
         if not queued:
             return 0
         try:
-            self._fill(queued, self._encode_many([q.features for q in queued]))
+            self._fill(queued, self._encoder.encode_many([q.features for q in queued]))
         except Exception:  # noqa: BLE001 - find the faulty block by encoding one by one
             log.exception("batched encode of %d audio blocks failed; encoding each alone", len(queued))
             for q in queued:
                 try:
-                    self._fill([q], self._encode_many([q.features]))
+                    self._fill([q], self._encoder.encode_many([q.features]))
                 except Exception as exc:  # noqa: BLE001 - kept on the block: its response fails with it
                     log.exception("encoding an audio block failed")
                     q.block.error = exc

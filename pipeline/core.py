@@ -159,9 +159,8 @@ class EngineCore:
         self._finished = 0
         self._stall = StallWatch()
         self._text_end_vectors = self.thinker.embed([self.special.tts_text_end, self.special.tts_text_pad])
-        self.audio_encodes = AudioEncodes(self.thinker.encode_many, self.thinker.audio_tokens,
-                                          width=self.thinker.text_model.config.hidden_size, dtype=self.thinker.dtype,
-                                          device=self.thinker.device)  # fmt: skip
+        self.audio_encodes = AudioEncodes(self.thinker, width=self.thinker.text_model.config.hidden_size,
+                                          dtype=self.thinker.dtype, device=self.thinker.device)  # fmt: skip
         """User audio blocks and tails queued by commands, encoded together at the start of each step."""
         self.text_sampler, self.code_sampler = self.thinker.sampler, self.talker.sampler
         # capture the decode and prefill graphs now (seconds on a 7B model), not during the first replies

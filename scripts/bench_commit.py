@@ -1,10 +1,11 @@
 """What an audio commit costs in the engine: the user stops speaking, the session commits the message, and
-the engine encodes the tail (the audio after the last complete 2 s block) before it can answer.
+the engine encodes the tail (the audio after the last complete 2 s block) before it can answer (since f871cc8 the
+commit command queues the encode and the engine's next step runs it: pipeline/audio_encodes.py).
 
 Streams a spoken fixture into a conversation (100 ms appends, faster than real time but waiting for the engine
 to be idle before the commit, as after a VAD silence window), then times the commit as the caller sees it and,
-inside the engine thread (``engine.process`` off, so the core can be instrumented), the whole ``commit_audio``
-and its audio-encoder calls, each synchronised with the device. Then the encoder alone on blocks of 50–200 mel
+inside the engine thread (``engine.process`` off, so the core can be instrumented), the ``commit_audio`` command
+and the encoder call that follows it, each synchronised with the device. Then the encoder alone on blocks of 50–200 mel
 frames. Times in ms; medians over ``--turns`` turns after one warm-up turn.
 
     python scripts/bench_commit.py --model random:7b --device cuda --threads 4 --turns 6
@@ -49,36 +50,38 @@ def sync(device: torch.device) -> None:
 
 
 class Timers:
-    """Wraps the core's ``commit_audio`` and the thinker's ``encode_features`` with device-synchronised timers."""
+    """Wraps the core's ``commit_audio`` and the thinker's ``encode_many`` with device-synchronised timers; an encoder
+    call is timed when it is the first after a commit (the one that encodes the commit's tail, its last block)."""
 
     def __init__(self, core) -> None:
         self.device = core.thinker.device
         self.commit_ms: list[float] = []
-        self.encode_ms: list[tuple[int, float]] = []  # (mel frames, ms), commits only
-        self._in_commit = False
-        commit, encode = core.commit_audio, core.thinker.encode_features
+        self.encode_ms: list[tuple[int, float]] = []  # (the tail's mel frames, ms of the call), commits only
+        self._after_commit = False
+        commit, encode = core.commit_audio, core.thinker.encode_many
 
         def timed_commit(*args):
             sync(self.device)
-            start, self._in_commit = time.perf_counter(), True
+            start = time.perf_counter()
             try:
                 return commit(*args)
             finally:
                 sync(self.device)
-                self._in_commit = False
+                self._after_commit = True
                 self.commit_ms.append(1000 * (time.perf_counter() - start))
 
         def timed_encode(features):
-            if not self._in_commit:
+            if not self._after_commit:
                 return encode(features)
             sync(self.device)
             start = time.perf_counter()
             out = encode(features)
             sync(self.device)
-            self.encode_ms.append((int(features.shape[1]), 1000 * (time.perf_counter() - start)))
+            self._after_commit = False
+            self.encode_ms.append((int(features[-1].shape[1]), 1000 * (time.perf_counter() - start)))
             return out
 
-        core.commit_audio, core.thinker.encode_features = timed_commit, timed_encode
+        core.commit_audio, core.thinker.encode_many = timed_commit, timed_encode
 
 
 async def turns(engine: OmniEngine, n: int, vary_ms: int) -> list[float]:
@@ -122,13 +125,13 @@ def encoder_alone(core, frames: list[int], reps: int) -> dict[int, tuple[float, 
 
 
 def without_cudnn(thinker) -> None:
-    encode = thinker.encode_features
+    encode = thinker.encode_many
 
     def encode_without_cudnn(features):
         with torch.backends.cudnn.flags(enabled=False):
             return encode(features)
 
-    thinker.encode_features = encode_without_cudnn
+    thinker.encode_many = encode_without_cudnn
 
 
 def main(argv: list[str] | None = None) -> int:

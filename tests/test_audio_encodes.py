@@ -13,19 +13,25 @@ import torch
 from pipeline.audio_encodes import AudioEncodes
 
 
-def fake_encoder(calls: list, fail_on: set[int] = frozenset()):
-    def encode_many(features):
-        calls.append([f.shape[1] for f in features])
-        if any(f.shape[1] in fail_on for f in features):
+class FakeEncoder:
+    """Encodes T frames to T // 4 rows of the value T; raises for the lengths in ``fail_on``."""
+
+    def __init__(self, calls: list, fail_on: set[int] = frozenset()) -> None:
+        self.calls, self.fail_on = calls, fail_on
+
+    def audio_tokens(self, frames: int) -> int:
+        return frames // 4
+
+    def encode_many(self, features):
+        self.calls.append([f.shape[1] for f in features])
+        if any(f.shape[1] in self.fail_on for f in features):
             raise RuntimeError("boom")
         return [torch.full((f.shape[1] // 4, 3), float(f.shape[1])) for f in features]
-    return encode_many
 
 
 def test_blocks_are_filled_by_one_batched_call_at_flush():
     calls = []
-    encodes = AudioEncodes(fake_encoder(calls), lambda frames: frames // 4, width=3, dtype=torch.float32,
-                           device=torch.device("cpu"))  # fmt: skip
+    encodes = AudioEncodes(FakeEncoder(calls), width=3, dtype=torch.float32, device=torch.device("cpu"))
     a, b = encodes.block(torch.zeros(128, 200), floor=None), encodes.block(torch.zeros(128, 40), floor=-1.0)
     assert a.embeds.shape == (50, 3) and b.embeds.shape == (10, 3) and encodes.pending == 2
     assert encodes.flush() == 2 and calls == [[200, 40]] and encodes.pending == 0
@@ -35,8 +41,8 @@ def test_blocks_are_filled_by_one_batched_call_at_flush():
 
 def test_a_failing_block_keeps_its_error_and_the_others_are_encoded_alone():
     calls = []
-    encodes = AudioEncodes(fake_encoder(calls, fail_on={40}), lambda frames: frames // 4, width=3,
-                           dtype=torch.float32, device=torch.device("cpu"))  # fmt: skip
+    encodes = AudioEncodes(FakeEncoder(calls, fail_on={40}), width=3, dtype=torch.float32,
+                           device=torch.device("cpu"))  # fmt: skip
     good, bad = encodes.block(torch.zeros(128, 200), floor=None), encodes.block(torch.zeros(128, 40), floor=None)
     encodes.flush()
     assert calls == [[200, 40], [200], [40]]
@@ -71,7 +77,6 @@ async def test_a_block_that_cannot_be_encoded_fails_the_reply_and_the_engine_ser
         return encode_many(features)
 
     core.thinker.encode_many = failing
-    core.audio_encodes._encode_many = failing
     try:
         conv = tiny_engine.conversation()
         await conv.add_audio("u1", np.zeros(16000 * 57 // 100, dtype=np.float32) + 0.01)  # a 57-frame tail
@@ -86,7 +91,6 @@ async def test_a_block_that_cannot_be_encoded_fails_the_reply_and_the_engine_ser
         await other.close()
     finally:
         core.thinker.encode_many = encode_many
-        core.audio_encodes._encode_many = encode_many
 
 
 class StubCore:

@@ -145,13 +145,17 @@ def prefill_graphs(decoder, *, width: int, dtype: torch.dtype, cuda_graphs: bool
                          device_rows=lambda b: (torch.zeros(b, width, dtype=dtype, device=decoder.device),))
 
 
-def graphed_prefill(prefill: BatchedDecode, slot: int, x: torch.Tensor, start: int) -> torch.Tensor:
-    """The positions ``start .. start+T-1`` of ``slot`` as T rows of one captured step (``prefill`` runs a decoder's
-    graph-safe row step over input vectors ``x`` (T, H)): each row writes its key/value, then attends over the slot
-    up to its own position, so the rows see each other causally as in a prefill. Returns (T, H), a copy (the graph's
-    buffer is reused by the next call). The caller checks :meth:`BatchedDecode.fits` first."""
-    t = x.shape[0]
-    if start + t > prefill.pool.max_len:
-        raise ValueError(f"positions up to {start + t} exceed the KV pool's {prefill.pool.max_len}")
-    (hidden,) = prefill([slot] * t, list(range(start, start + t)), (), x)
-    return hidden.clone()
+def graphed_prefill(prefill: BatchedDecode, spans: Sequence[tuple[int, torch.Tensor, int]]) -> list[torch.Tensor]:
+    """Spans ``(slot, x, start)``: the positions ``start .. start+T-1`` of ``slot`` with input vectors ``x`` (T, H),
+    every span's positions as rows of one captured step (``prefill`` runs a decoder's graph-safe row step): each row
+    writes its key/value, then attends over its slot up to its own position, so a span's rows see each other causally
+    as in a prefill (spans must not share positions of a slot). Returns each span's (T, H), copies (the graph's buffer
+    is reused by the next call). The caller checks :meth:`BatchedDecode.fits` for the total first."""
+    slots, positions = [], []
+    for slot, x, start in spans:
+        if start + x.shape[0] > prefill.pool.max_len:
+            raise ValueError(f"positions up to {start + x.shape[0]} exceed the KV pool's {prefill.pool.max_len}")
+        slots += [slot] * x.shape[0]
+        positions += range(start, start + x.shape[0])
+    (hidden,) = prefill(slots, positions, (), torch.cat([x for _, x, _ in spans]))
+    return list(hidden.clone().split([x.shape[0] for _, x, _ in spans]))

@@ -62,7 +62,7 @@ class TalkerRunner:
         x[-2:] = x[-2:] + special
         x = self.proj(x)
         if self.prefills.fits(x.shape[0]):
-            hidden = graphed_prefill(self.prefills, slot, x, start)
+            (hidden,) = graphed_prefill(self.prefills, [(slot, x, start)])
         else:
             hidden = self.decoder.prefill(slot, x, start)
         return self.head(hidden[-1:]).float()[0]

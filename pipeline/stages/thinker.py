@@ -95,12 +95,7 @@ class ThinkerRunner:
     def encode_features(self, features: torch.Tensor) -> torch.Tensor:
         """Encode log-mel features (n_mels, T) of one audio block (T <= 200 frames: the encoder
         attends within 2 s blocks, so blocks encode independently): (ceil-ish T/4, H) tokens."""
-        features = features.to(self.device, self.audio_tower.conv1.weight.dtype)
-        lens = torch.tensor([features.shape[1]], dtype=torch.long, device=self.device)
-        after_cnn, _ = self.audio_tower._get_feat_extract_output_lengths(lens)
-        with sdpa_kernel(PREFILL_BACKENDS):  # a tail of any length: no per-shape cuDNN plan
-            out = self.audio_tower(features, feature_lens=lens, aftercnn_lens=after_cnn)
-        return out.last_hidden_state.to(self.dtype)
+        return self.encode_many([features])[0]
 
     def audio_tokens(self, frames: int) -> int:
         """Tokens the audio encoder makes of ``frames`` mel frames (one block or tail)."""
@@ -115,7 +110,7 @@ class ThinkerRunner:
         joined = host_to_device(torch.cat([f.float().cpu() for f in features], dim=1), torch.float32, self.device)
         lens = torch.tensor(lengths, dtype=torch.long, device=self.device)
         after_cnn, _ = self.audio_tower._get_feat_extract_output_lengths(lens)
-        with sdpa_kernel(PREFILL_BACKENDS):
+        with sdpa_kernel(PREFILL_BACKENDS):  # tails of any length: no per-shape cuDNN plan
             out = self.audio_tower(joined.to(self.audio_tower.conv1.weight.dtype), feature_lens=lens,
                                    aftercnn_lens=after_cnn)  # fmt: skip
         sizes = [self.audio_tokens(n) for n in lengths]
@@ -125,12 +120,7 @@ class ThinkerRunner:
     def prefill(self, embeds: torch.Tensor, slot: int, start: int, *, logits: bool = True) -> ThinkerOutput:
         """Run ``embeds`` (T, H) at positions ``start..start+T-1`` of KV slot ``slot``; ``logits=False`` skips the
         vocabulary projection (a background prefill samples nothing)."""
-        if self.prefills.fits(embeds.shape[0]):
-            hidden = graphed_prefill(self.prefills, slot, embeds, start)
-        else:
-            hidden = self.decoder.prefill(slot, embeds, start)
-        last = self.lm_head(hidden[-1:]).float()[0] if logits else None
-        return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=last)
+        return self.prefill_many([(embeds, slot, start, logits)])[0]
 
     @property
     def prefill_rows(self) -> int | None:
@@ -143,21 +133,19 @@ class ThinkerRunner:
         together fit the largest prefill graph (one row per position; each span's rows attend within their own
         slot), else one by one. Spans must be in different slots (or not overlap)."""
         sizes = [embeds.shape[0] for embeds, _, _, _ in spans]
-        if len(spans) < 2 or not self.prefills.fits(sum(sizes)):
-            return [self.prefill(embeds, slot, start, logits=want) for embeds, slot, start, want in spans]
-        slots, positions = [], []
-        for (embeds, slot, start, _), size in zip(spans, sizes):
-            if start + size > self.pool.max_len:
-                raise ValueError(f"positions up to {start + size} exceed the KV pool's {self.pool.max_len}")
-            slots += [slot] * size
-            positions += range(start, start + size)
-        (hidden,) = self.prefills(slots, positions, (), torch.cat([embeds for embeds, _, _, _ in spans]))
-        hiddens = hidden.clone().split(sizes)
+        if not self.prefills.fits(sum(sizes)):
+            return [self._prefill_eager(*span) for span in spans]
+        hiddens = graphed_prefill(self.prefills, [(slot, embeds, start) for embeds, slot, start, _ in spans])
         wanted = [i for i, span in enumerate(spans) if span[3]]
         logits = self.lm_head(torch.stack([hiddens[i][-1] for i in wanted])).float() if wanted else None
         last = {i: logits[k] for k, i in enumerate(wanted)}
         return [ThinkerOutput(embeds=span[0], hidden=h, last_logits=last.get(i))
                 for i, (span, h) in enumerate(zip(spans, hiddens))]  # fmt: skip
+
+    def _prefill_eager(self, embeds: torch.Tensor, slot: int, start: int, logits: bool) -> ThinkerOutput:
+        hidden = self.decoder.prefill(slot, embeds, start)
+        last = self.lm_head(hidden[-1:]).float()[0] if logits else None
+        return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=last)
 
     @torch.inference_mode()
     def decode(self, tokens: list[int], slots: list[int], positions: list[int],

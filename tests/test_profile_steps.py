@@ -1,0 +1,45 @@
+"""scripts/profile_steps.py: the trace summary (host labels only, GPU busy as the union of kernel intervals inside a
+step) and the profiler-free step clock on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import load_script
+
+
+@pytest.fixture(scope="module")
+def profile_steps():
+    return load_script("profile_steps")
+
+
+def event(name, cat, ts, dur):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur}
+
+
+def test_the_summary_splits_steps_by_kind_and_counts_each_host_label_once(profile_steps):
+    trace = {"traceEvents": [
+        event("engine.step", "user_annotation", 0, 1000),
+        event("thinker.decode", "user_annotation", 10, 100),
+        event("talker.decode", "user_annotation", 200, 100),
+        event("talker.decode", "gpu_user_annotation", 250, 700),  # the label's GPU-side copy: ignored
+        event("k1", "kernel", 100, 300), event("k2", "kernel", 300, 200), event("k3", "kernel", 900, 300),
+        event("engine.step", "user_annotation", 2000, 500),
+        event("talker.decode", "user_annotation", 2010, 50),
+        event("k4", "kernel", 2100, 100),
+    ]}  # fmt: skip
+    summary = profile_steps.summarize(trace)
+    both, talker = summary["steps"]["thinker+talker"], summary["steps"]["talker only"]
+    assert both["count"] == 1 and both["wall_ms_p50"] == 1.0
+    assert both["gpu_busy_ms_p50"] == pytest.approx(0.5), "k1 and k2 overlap; k3 counts up to the step's end"
+    assert talker["count"] == 1 and talker["gpu_busy_ms_p50"] == pytest.approx(0.1)
+    assert summary["labels_count"] == {"talker.decode": 2, "thinker.decode": 1}
+
+
+def test_the_step_clock_times_each_kind_of_step_without_the_profiler(profile_steps, tmp_path):
+    assert profile_steps.main(["--users", "1", "--codec-tokens", "20", "--no-trace", "--out", str(tmp_path)]) == 0
+    clock = json.loads((tmp_path / "clock.json").read_text())["1"]
+    assert clock["steps"]["talker only"]["count"] >= 10 and clock["steps"]["thinker+talker"]["count"] >= 1
+    assert len(clock["first_audio_ms"]) == 1
