@@ -58,7 +58,8 @@ class AudioEncodes:
 
     def block(self, features: torch.Tensor, *, floor: float | None, version: int = 0) -> AudioBlock:
         """A block for ``features`` (n_mels, T), encoded at the next :meth:`flush`."""
-        embeds = torch.empty(self._encoder.audio_tokens(features.shape[1]), self._width, dtype=self._dtype, device=self._device)
+        tokens = self._encoder.audio_tokens(features.shape[1])
+        embeds = torch.empty(tokens, self._width, dtype=self._dtype, device=self._device)
         block = AudioBlock(embeds, version=version, floor=floor)
         self._queue.append(_Encode(features, block))
         return block

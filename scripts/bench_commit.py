@@ -5,8 +5,8 @@ commit command queues the encode and the engine's next step runs it: pipeline/au
 Streams a spoken fixture into a conversation (100 ms appends, faster than real time but waiting for the engine
 to be idle before the commit, as after a VAD silence window), then times the commit as the caller sees it and,
 inside the engine thread (``engine.process`` off, so the core can be instrumented), the ``commit_audio`` command
-and the encoder call that follows it, each synchronised with the device. Then the encoder alone on blocks of 50–200 mel
-frames. Times in ms; medians over ``--turns`` turns after one warm-up turn.
+and the encoder call that follows it, each synchronised with the device. Then the encoder alone on blocks of 50–200
+mel frames. Times in ms; medians over ``--turns`` turns after one warm-up turn.
 
     python scripts/bench_commit.py --model random:7b --device cuda --threads 4 --turns 6
     python scripts/bench_commit.py --turns 2          # the embedded tiny model on the CPU
