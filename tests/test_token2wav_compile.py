@@ -1,8 +1,9 @@
-"""token2wav's DiT blocks through torch.compile (``compile_dit``; the stage config's ``token2wav.compile``).
+"""token2wav's DiT blocks and vocoder activations through torch.compile (``compile_dit``, ``compile_vocoder``; the
+stage config's ``token2wav.compile``).
 
 What is checked: the compiled synthesizer's audio equals the uncompiled one's up to float rounding, through the
-unpadded single-stream path and the padded batches of ``step_many``; ``warm_up`` compiles one graph per attention
-reach of the blocks and no window shape, batch size or chunk compiles another; a failure to compile raises a
+unpadded single-stream path and the padded batches of ``step_many``; ``warm_up`` compiles one graph for every DiT block
+(whatever its attention reach) and the vocoder's few, and no window shape, batch size or chunk compiles another; a failure to compile raises a
 ConfigError naming the option instead of falling back; the config field and its ``auto``. CPU tests run inductor's
 C++ backend (needs a C++ compiler) on the tiny token2wav of test_token2wav_stream; the GPU tests (skipped without
 CUDA) record the compiled solve in CUDA graphs and compare it with the eager, uncompiled solve.
@@ -16,11 +17,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni
 
 from conftest import load_script
 from pipeline.config import parse_stage_config
 from pipeline.errors import ConfigError
+from pipeline.models.qwen2_5_omni import dit as dit_module
 from pipeline.models.qwen2_5_omni.token2wav_graphs import WindowJob
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
 from pipeline.stages.token2wav_worker import Token2WavWorker
@@ -55,19 +56,26 @@ def model():
 def compiled(model):
     """One compiled, warmed-up synthesizer for the module (compiling is the slow part: ~10-30 s per graph on two
     CPU cores) and the number of graphs its warm-up compiled."""
-    t2w = StreamingToken2Wav(model, compile_dit=True)
+    t2w = StreamingToken2Wav(model, compile_dit=True, compile_vocoder=True)
     before = graphs_compiled()
     t2w.warm_up(max_batch=8)
     return t2w, graphs_compiled() - before
 
 
-def test_warm_up_compiles_one_graph_per_attention_reach(model, compiled) -> None:
-    """The tiny DiT has the 7B's three kinds of block (look-back, look-ahead, neither) in 4 layers: three graphs,
-    whatever the window shapes (frames and rows are dynamic)."""
+VOCODER_GRAPHS = 4
+"""The vocoder's compiled graphs: its two functions (upsample + SnakeBeta, low-pass), each for a single row (dynamo
+specializes a size of 1) and for any other row count."""
+
+
+def test_warm_up_compiles_one_graph_for_every_block(model, compiled) -> None:
+    """The tiny DiT has the 7B's three kinds of block (look-back, look-ahead, neither) in 4 layers: one graph serves
+    them all (the mask is an input), whatever the window shapes (frames and rows are dynamic); the vocoder adds its
+    own few."""
     t2w, count = compiled
     assert attention_reaches(model) == {(0, 1), (1, 0), (0, 0)}
-    assert count == 3
-    assert t2w.compile_seconds > 0 and t2w.graph_stats().dit_compiled
+    assert count == 1 + VOCODER_GRAPHS
+    stats = t2w.graph_stats()
+    assert t2w.compile_seconds > 0 and stats.dit_compiled and stats.vocoder_compiled
     uncompiled = StreamingToken2Wav(model)
     assert not uncompiled.compile_dit and not uncompiled.graph_stats().dit_compiled
     uncompiled.warm_up()  # nothing to compile or capture on the CPU
@@ -98,20 +106,20 @@ def test_compiled_dit_equals_the_uncompiled_path(model, compiled) -> None:
 
 
 def test_a_compile_failure_at_warm_up_names_the_option(model, monkeypatch) -> None:
-    """A block dynamo cannot trace whole (here: a graph break, as a transformers update could bring) stops the
-    warm-up with a ConfigError naming the option; the synthesizer does not quietly run the block uncompiled."""
-    forward = modeling_qwen2_5_omni.DiTDecoderLayer.forward
+    """A block dynamo cannot trace whole (here: a graph break in the RoPE head, as a torch update could bring) stops
+    the warm-up with a ConfigError naming the option; the synthesizer does not quietly run the block uncompiled."""
+    rope_head = dit_module._rope_head
 
-    def breaking_forward(self, *args, **kwargs):
+    def breaking_rope_head(*args):
         torch._dynamo.graph_break()
-        return forward(self, *args, **kwargs)
+        return rope_head(*args)
 
-    monkeypatch.setattr(modeling_qwen2_5_omni.DiTDecoderLayer, "forward", breaking_forward)
+    monkeypatch.setattr(dit_module, "_rope_head", breaking_rope_head)
     t2w = StreamingToken2Wav(model, compile_dit=True)
     with pytest.raises(ConfigError) as info:
         t2w.warm_up()
     assert info.value.param == "compile_dit"
-    assert "compiling the DiT blocks failed" in str(info.value) and "stages.token2wav.compile: off" in str(info.value)
+    assert "compiling the DiT blocks or the vocoder's activations failed" in str(info.value) and "stages.token2wav.compile: off" in str(info.value)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -217,7 +225,7 @@ def cuda_model():
 
 @pytest.fixture(scope="module")
 def cuda_compiled(cuda_model):
-    t2w = StreamingToken2Wav(cuda_model, compile_dit=True, max_batch=4)
+    t2w = StreamingToken2Wav(cuda_model, compile_dit=True, compile_vocoder=True, max_batch=4)
     before = graphs_compiled()
     t2w.warm_up(max_batch=4)
     return t2w, graphs_compiled() - before
@@ -251,7 +259,7 @@ def test_compiled_graphs_stream_like_the_eager_path(cuda_model, cuda_compiled) -
     uncompiled path (:data:`GPU_TOLERANCE`: the vocoder's cuDNN rounding), every DiT solve a replay, and no graph
     compiled after the warm-up."""
     t2w, count = cuda_compiled
-    assert 3 <= count < torch._dynamo.config.recompile_limit
+    assert count == 1 + VOCODER_GRAPHS
     after_warm_up = graphs_compiled()
     eager = StreamingToken2Wav(cuda_model, cuda_graphs=False)
     case = utterance(141, seed=141)
@@ -280,7 +288,7 @@ def test_compiled_graphs_stream_like_the_eager_path(cuda_model, cuda_compiled) -
         expected = np.concatenate(run_stream(eager, *case))
         assert np.abs(np.concatenate(got) - expected).max() < GPU_TOLERANCE
     stats = t2w.graph_stats()
-    assert stats.eager_dit_solves == 0 and stats.dit_compiled
+    assert stats.eager_dit_solves == 0 and stats.dit_compiled and stats.vocoder_compiled
     assert graphs_compiled() == after_warm_up
 
 

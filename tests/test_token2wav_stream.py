@@ -498,8 +498,10 @@ def test_half_precision_dit_stays_close_and_leaves_the_model_float32(realistic_m
     assert 0 < diff < (0.01 if dtype == torch.bfloat16 else 0.002), f"max |{dtype} - float32| / peak = {diff:.3g}"
     dit = realistic_model.code2wav_dit_model
     assert {p.dtype for p in dit.parameters()} == {torch.float32}
-    assert {p.dtype for p in half_t2w._net.blocks.parameters()} == {dtype}
-    assert half_t2w._net.time_embed is dit.time_embed  # t keeps float32 precision
+    weights = half_t2w._weights
+    assert {t.dtype for layer in weights.layers for t in (layer.qkv_weight, layer.ff_out_weight)} == {dtype}
+    assert weights.input_proj.weight.dtype == weights.proj_out.weight.dtype == dtype
+    assert weights.time_embed is dit.time_embed  # t keeps float32 precision
     again = _chunks_with(StreamingToken2Wav(realistic_model), codes, cond, ref_mel, noise)
     np.testing.assert_array_equal(again, full)
 

@@ -24,22 +24,22 @@ replayed from a CUDA graph, as is BigVGAN for the regular chunk lengths (:mod:`.
 lengths (the last chunk) run eagerly. Padding frames are masked out of the real frames' attention, so the audio
 equals the eager path's up to float rounding. On CPU, ``step()`` runs exactly the eager computation.
 
-Compiled DiT (``compile_dit``, the stage config's ``compile``; on by default with CUDA in the engine): each DiT
-transformer block runs through ``torch.compile`` (:class:`_CompiledDitBlock`, one compiled graph per attention
-reach, shared by all blocks and all window shapes), compiled at :meth:`StreamingToken2Wav.warm_up` before any graph
-is captured; the graphs then record the compiled kernels. On a GPU this cuts the ~40 small kernels a block runs
-eagerly (modulated norms, RoPE on the first head, masks, gates) that a replayed graph still pays one by one.
+The DiT's velocity field is :mod:`.dit`'s (transformers' arithmetic, with what does not depend on the ODE state made
+once: the modulation of every evaluation time per synthesizer, the attention masks per solve). Compiled
+(``compile_dit``, the stage config's ``compile``; on by default with CUDA in the engine), each DiT block runs through
+``torch.compile`` (:class:`.dit.CompiledDitBlock`, one compiled graph shared by all blocks and all window shapes), and
+with ``compile_vocoder`` each of BigVGAN's anti-aliased activations in its fused form (:mod:`.vocoder`); both are
+compiled at :meth:`StreamingToken2Wav.warm_up` before any graph is captured, and the graphs then record the compiled
+kernels.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import enum
 import logging
 import math
 import time
-import types
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -50,6 +50,19 @@ from torch import Tensor
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 
 from pipeline.errors import CheckpointError, ConfigError, InvalidInputError, PipelineError
+from pipeline.models.qwen2_5_omni import vocoder
+from pipeline.models.qwen2_5_omni.dit import (
+    CompiledDitBlock,
+    DitBlock,
+    DitWeights,
+    TimeModulation,
+    WindowInputs,
+    guided,
+    dit_block,
+    dit_velocity,
+    dit_weights,
+    integrate,
+)
 from pipeline.models.qwen2_5_omni.token2wav_graphs import (
     CapturedCall,
     WindowJob,
@@ -80,13 +93,6 @@ DEFAULT_MAX_BATCH = 8
 MAX_CACHED_VOICES = 32
 """Speaker conditionings kept per synthesizer (least recently used dropped first)."""
 
-_VOCODER_MIN_DB = -115.0
-_VOCODER_DB_SHIFT = 20.0
-"""BigVGAN's input normalisation (the reference's ``process_mel_spectrogram``): log-mel -> dB floored at
--115 dB, shifted by -20 dB, scaled to [-1, 1]. Restated here only for the capturable vocoder; a test checks it
-against the reference module."""
-
-Velocity = Callable[[Tensor, Tensor], Tensor]
 
 
 class Token2WavStreamStateError(PipelineError):
@@ -138,26 +144,6 @@ def _ode_time_points(cfg: ChunkingConfig, device: torch.device) -> Tensor:
     return t + cfg.sway_coefficient * (torch.cos(torch.pi / 2 * t) - 1 + t)
 
 
-def _integrate(velocity: Velocity, y0: Tensor, times: Tensor) -> Tensor:
-    """Fixed-step RK4 (Kutta's 3/8 rule) from ``times[0]`` to ``times[-1]``; the reference's solver."""
-    y = y0
-    for t0, t1 in zip(times[:-1], times[1:]):
-        h = t1 - t0
-        k1 = velocity(t0, y)
-        k2 = velocity(t0 + h / 3, y + h * k1 / 3)
-        k3 = velocity(t0 + 2 * h / 3, y + h * (k2 - k1 / 3))
-        k4 = velocity(t1, y + h * (k1 - k2 + k3))
-        y = y + (k1 + 3 * (k2 + k3) + k4) * h / 8
-    return y
-
-
-def _guided(prediction: Tensor, guidance_scale: float, use_cfg: bool) -> Tensor:
-    if not use_cfg:
-        return prediction
-    conditioned, unconditioned = prediction.chunk(2, dim=0)
-    return conditioned + (conditioned - unconditioned) * guidance_scale
-
-
 def _features(dit, speaker: _Speaker, codes: Tensor) -> Tensor:
     """Per-row conditioning of a window, (rows, len(codes) * repeats, enc_dim + emb_dim + enc_emb_dim): speaker
     embedding, code embedding (codes dropped in the unconditioned row) and ``cond``, concatenated per frame."""
@@ -175,19 +161,7 @@ def _features(dit, speaker: _Speaker, codes: Tensor) -> Tensor:
     )
 
 
-@dataclass(frozen=True)
-class _Window:
-    """Everything the DiT velocity field of a batch of windows needs besides (t, x), per row (rows are
-    ``[conditioned..., unconditioned...]`` with CFG): ``features`` (rows, L, feat); ``rope`` cos and sin
-    (rows, L, head_dim) at absolute positions; ``block_diff`` (rows, L, L) contiguous, key block minus query block
-    (the same layout in the unpadded and the packed path, so that a compiled block serves both)."""
-
-    features: Tensor
-    rope: tuple[Tensor, Tensor]
-    block_diff: Tensor
-
-
-def _window_inputs(dit, speaker: _Speaker, codes: Tensor, first_frame: int) -> _Window:
+def _window_inputs(dit, speaker: _Speaker, codes: Tensor, first_frame: int) -> WindowInputs:
     """One stream's window on mel frames ``[first_frame, first_frame + len(codes) * repeats)``, unpadded.
 
     Everything that does not depend on (t, x) is computed once here: code embeddings, speaker features,
@@ -200,144 +174,21 @@ def _window_inputs(dit, speaker: _Speaker, codes: Tensor, first_frame: int) -> _
     rope = dit.rotary_embed(static, positions.unsqueeze(0).expand(batch, -1))
     blocks = positions // dit.block_size
     block_diff = (blocks.unsqueeze(0) - blocks.unsqueeze(1)).expand(batch, -1, -1).contiguous()
-    return _Window(static, rope, block_diff)
+    return WindowInputs(static, rope, block_diff)
 
 
-DitBlock = Callable[[torch.nn.Module, Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
-"""``(layer, hidden, time_embedding, cos, sin, block_diff) -> hidden``: one DiT transformer block applied to the
-rows of a window (:func:`_dit_block`, or its compiled form :class:`_CompiledDitBlock`)."""
-
-
-def _dit_block(layer: torch.nn.Module, hidden: Tensor, time_embedding: Tensor, cos: Tensor, sin: Tensor,
-               block_diff: Tensor) -> Tensor:  # fmt: skip
-    """One transformer block of the DiT (transformers' ``DiTDecoderLayer``) over (rows, L, hidden) states, with
-    ``block_diff`` (rows, L, L) shared by the attention heads. The unit that ``compile_dit`` compiles: every block
-    of the DiT runs this same code."""
-    heads = layer.attn.heads
-    block_diff = block_diff.unsqueeze(1).expand(-1, heads, -1, -1)
-    return layer(hidden, time_embedding, position_embeddings=(cos, sin), block_diff=block_diff)
-
-
-class _CompiledDitBlock:
-    """:func:`_dit_block` through ``torch.compile`` (inductor), a drop-in :data:`DitBlock`.
-
-    - Inductor's default mode: no CUDA graphs of its own (the synthesizer records the whole solve, compiled
-      kernels included, in its own graphs).
-    - Parameters are inputs of the compiled graph (dynamo inlines ``nn.Module`` calls), so one graph serves every
-      block with the same attention reach; the reach (``look_ahead_block``, ``look_backward_block``: plain Python
-      ints) is specialized, so the Qwen2.5-Omni layout (plain, look-ahead and look-back layers) compiles 3 graphs.
-    - Rows (streams x CFG branches) and frames are dynamic from the first compile (``mark_dynamic`` on every call),
-      so every window shape and batch size shares those graphs instead of compiling one per shape: dynamo compiles
-      a function at most 8 times (its recompile limit). A batch of a single row (no CFG, one stream) is
-      specialized by dynamo (sizes 0 and 1 always are) and adds its own graphs.
-    - ``fullgraph=True``: a graph break, or the recompile limit, raises instead of silently running (part of) the
-      block eagerly.
-    - Each instance compiles its own copy of the function's code: dynamo keeps compiled graphs, and counts them
-      against its limit, per code object, so synthesizers with different models or TF32 settings (a guarded global
-      switch) in one process do not spend one shared budget.
-
-    Compilation happens at the first call with a new guard outcome (the synthesizer's ``warm_up``); later calls only
-    check guards and run the compiled kernels.
-    """
-
-    def __init__(self) -> None:
-        code = _dit_block.__code__.replace()  # a distinct code object, same bytecode
-        function = types.FunctionType(code, _dit_block.__globals__, _dit_block.__name__, _dit_block.__defaults__)
-        self._compiled = torch.compile(function, fullgraph=True, mode="default")
-
-    def __call__(self, layer: torch.nn.Module, hidden: Tensor, time_embedding: Tensor, cos: Tensor, sin: Tensor,
-                 block_diff: Tensor) -> Tensor:  # fmt: skip
-        for tensor, dims in ((hidden, (0, 1)), (time_embedding, (0,)), (cos, (0, 1)), (sin, (0, 1)),
-                             (block_diff, (0, 1, 2))):  # fmt: skip
-            torch._dynamo.mark_dynamic(tensor, dims)
-        return self._compiled(layer, hidden, time_embedding, cos, sin, block_diff)
-
-
-DIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-"""Precisions the DiT's transformer can compute in (``dit_dtype``)."""
-
-
-@dataclass(frozen=True)
-class _DitCompute:
-    """The modules one velocity evaluation runs, and the dtype the transformer computes in.
-
-    With float32 these are the model's own modules. With a half precision they are copies in that dtype of the input
-    projection, the transformer blocks and the output norm and projection (the model itself stays float32 for
-    anything else that uses it); the time embedding stays the model's float32 module, because the flow-matching time
-    t must keep its precision (bfloat16 would round it to ~3 digits), and its output is then cast. The ODE state,
-    the conditioning features and the RoPE tables stay float32 outside; each evaluation casts its inputs and returns
-    a float32 velocity, so the RK4 sums accumulate in float32."""
-
-    time_embed: torch.nn.Module
-    input_proj: torch.nn.Module
-    blocks: torch.nn.ModuleList
-    norm_out: torch.nn.Module
-    proj_out: torch.nn.Module
-    dtype: torch.dtype
-
-
-def _dit_compute(dit, dtype: torch.dtype) -> _DitCompute:
-    if dtype not in DIT_DTYPES:
-        names = ", ".join(str(d).removeprefix("torch.") for d in DIT_DTYPES)
-        raise ConfigError(f"dit_dtype must be one of {names}, got {dtype}", param="dit_dtype")
-    parts = (dit.input_embed.proj, dit.transformer_blocks, dit.norm_out, dit.proj_out)
-    if dtype != torch.float32:
-        parts = tuple(copy.deepcopy(part).to(dtype) for part in parts)
-    return _DitCompute(dit.time_embed, *parts, dtype=dtype)
-
-
-def _velocity(net: _DitCompute, window: _Window, guidance_scale: float, use_cfg: bool,
-              block: DitBlock = _dit_block) -> Velocity:  # fmt: skip
-    """The guided DiT velocity field of ``window``: x (streams, L, mel_dim) float32 -> (streams, L, mel_dim) float32,
-    every transformer block run by ``block`` in ``net.dtype`` (casts are no-ops in float32)."""
-    rows, dtype = window.features.shape[0], net.dtype
-
-    def velocity(t: Tensor, x: Tensor) -> Tensor:
-        time_embedding = net.time_embed(t.reshape(1).expand(rows)).to(dtype)
-        cos, sin = (table.to(dtype) for table in window.rope)
-        # x holds one row per stream; each stream's row feeds its conditioned and unconditioned rows.
-        hidden = net.input_proj(torch.cat([x.repeat(rows // x.shape[0], 1, 1), window.features], dim=-1).to(dtype))
-        for layer in net.blocks:
-            hidden = block(layer, hidden, time_embedding, cos, sin, window.block_diff)
-        out = net.proj_out(net.norm_out(hidden, time_embedding)).float()
-        return _guided(out, guidance_scale, use_cfg)
-
-    return velocity
-
-
-def _solve_packed(net: _DitCompute, times: Tensor, guidance_scale: float, use_cfg: bool, block: DitBlock,
-                  noise: Tensor, features: Tensor, cos: Tensor, sin: Tensor, block_diff: Tensor) -> Tensor:  # fmt: skip
+def _solve_packed(weights: DitWeights, modulation: TimeModulation, times: Tensor, guidance_scale: float,
+                  use_cfg: bool, block: DitBlock, noise: Tensor, features: Tensor, cos: Tensor, sin: Tensor,
+                  block_diff: Tensor) -> Tensor:  # fmt: skip
     """The ODE solve of packed windows (see :class:`.token2wav_graphs.PackedWindows`), a pure function of its
     tensors so that it can be captured: (slots, frames, mel_dim) noise -> (slots, frames, mel_dim) mel."""
-    window = _Window(features, (cos, sin), block_diff)
-    return _integrate(_velocity(net, window, guidance_scale, use_cfg, block), noise, times)
+    window = WindowInputs(features, (cos, sin), block_diff)
+    return integrate(dit_velocity(weights, modulation, window, guidance_scale, use_cfg, block), noise, times)
 
 
 def _vocode(bigvgan, mel: Tensor) -> Tensor:
     """(rows, mel_dim, frames) -> (rows, frames * hop) float32 samples on CPU (BigVGAN's own forward)."""
     return bigvgan(mel).reshape(mel.shape[0], -1).float()
-
-
-def _vocoder_min_amplitude(device: torch.device) -> Tensor:
-    """The -115 dB amplitude floor as a device scalar, computed as the reference computes it."""
-    exponent = torch.tensor(_VOCODER_MIN_DB / 20.0 * np.log(10), device=device, dtype=torch.float32)
-    return torch.exp(exponent)
-
-
-def _vocoder_waveform(bigvgan, min_amplitude: Tensor, mel: Tensor) -> Tensor:
-    """BigVGAN's forward without its final copy to the host, so that it can be captured: (rows, mel_dim, frames) ->
-    (rows, frames * hop) on the model's device (rows are independent: every layer is a per-row convolution or
-    activation). The reference builds its dB floor from a Python float on every call
-    (a host-to-device copy, which capture forbids); here it is ``min_amplitude``, made once."""
-    decibels = 20 * torch.log10(torch.clamp(torch.exp(mel), min=min_amplitude)) - _VOCODER_DB_SHIFT
-    hidden = bigvgan.conv_pre(bigvgan.normalize_spectrogram(decibels, 1, _VOCODER_MIN_DB))
-    per_layer = bigvgan.num_residual_blocks
-    for layer in range(bigvgan.num_upsample_layers):
-        hidden = bigvgan.ups[layer][0](hidden)
-        blocks = bigvgan.resblocks[layer * per_layer : (layer + 1) * per_layer]
-        hidden = sum(block(hidden) for block in blocks) / per_layer
-    waveform = bigvgan.conv_post(bigvgan.activation_post(hidden))
-    return torch.clamp(waveform, min=-1.0, max=1.0).reshape(mel.shape[0], -1)
 
 
 def _check_model(model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig) -> ChunkingConfig:
@@ -453,7 +304,8 @@ class GraphStats:
     """What a synthesizer's GPU path did so far. ``dit_graphs``: captured (window frames, slots) shapes;
     ``vocoder_graphs``: captured (mel frames, rows) vocoder shapes; ``*_replays``: graph launches; ``eager_*``: DiT
     solves (one per batch or per single window) and vocoder calls that ran without a graph; ``dit_compiled``: the
-    DiT blocks run compiled (``compile_dit``), in graphs and eagerly alike."""
+    DiT blocks run compiled (``compile_dit``), in graphs and eagerly alike; ``vocoder_compiled``: the vocoder's
+    anti-aliased activations run fused and compiled (``compile_vocoder``)."""
 
     enabled: bool
     dit_graphs: tuple[tuple[int, int], ...]
@@ -463,6 +315,7 @@ class GraphStats:
     eager_dit_solves: int
     eager_vocoder_calls: int
     dit_compiled: bool = False
+    vocoder_compiled: bool = False
 
 
 def _window_frames(cfg: ChunkingConfig) -> tuple[int, ...]:
@@ -488,9 +341,11 @@ class _BatchedDit:
     padded computation runs eagerly. ``block`` runs each transformer block, in graphs and eagerly alike (the
     compiled block when the synthesizer compiles the DiT)."""
 
-    def __init__(self, dit, net: _DitCompute, cfg: ChunkingConfig, times: Tensor, *, graphs: bool, max_batch: int,
-                 block: DitBlock = _dit_block, capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
-        self.dit, self.net, self.cfg, self.times, self.block = dit, net, cfg, times, block
+    def __init__(self, dit, weights: DitWeights, modulation: TimeModulation, cfg: ChunkingConfig, times: Tensor, *,
+                 graphs: bool, max_batch: int, block: DitBlock = dit_block,
+                 capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
+        self.dit, self.weights, self.modulation, self.cfg, self.times = dit, weights, modulation, cfg, times
+        self.block = block
         self.capture_stream = capture_stream
         self.use_cfg = cfg.guidance_scale >= _CFG_OFF_BELOW
         self.frame_buckets = _window_frames(cfg)
@@ -513,8 +368,9 @@ class _BatchedDit:
     def evaluate_blank(self, frames: int, slots: int) -> None:
         """One velocity evaluation of a blank batch of this shape, eagerly (no graph): what compiles the blocks."""
         noise, features, cos, sin, block_diff = self._blank_inputs(frames, slots)
-        window = _Window(features, (cos, sin), block_diff)
-        _velocity(self.net, window, self.cfg.guidance_scale, self.use_cfg, self.block)(self.times[0], noise)
+        window = WindowInputs(features, (cos, sin), block_diff)
+        dit_velocity(self.weights, self.modulation, window, self.cfg.guidance_scale, self.use_cfg, self.block)(
+            0, self.times[0], noise)
 
     def _blank_inputs(self, frames: int, slots: int) -> tuple[Tensor, ...]:
         mel_dim = self.dit.config.mel_dim
@@ -555,20 +411,25 @@ class _BatchedDit:
         return call
 
     def _solve(self, *inputs: Tensor) -> Tensor:
-        return _solve_packed(self.net, self.times, self.cfg.guidance_scale, self.use_cfg, self.block, *inputs)
+        return _solve_packed(self.weights, self.modulation, self.times, self.cfg.guidance_scale, self.use_cfg,
+                             self.block, *inputs)
 
 
 class _Vocoder:
     """BigVGAN over chunks' mel frames, chunks of equal length batched (``max_batch`` rows at a time); with ``graphs``
     a CUDA graph per (:func:`_vocoder_frames` length, power-of-two rows), the batch padded with blank rows (rows are
-    independent, so padding changes nothing in the real ones). Other lengths (a last chunk) run eagerly."""
+    independent, so padding changes nothing in the real ones). Other lengths (a last chunk) run eagerly. Both run
+    :func:`.vocoder.waveform` with ``activation`` for the anti-aliased activations (the modules' own forward, or
+    the compiled fused form)."""
 
     def __init__(self, bigvgan, cfg: ChunkingConfig, device: torch.device, *, graphs: bool, max_batch: int,
+                 activation: vocoder.Activation = vocoder.reference_activation,
                  capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
         self.bigvgan, self.graphs, self.capture_stream = bigvgan, graphs, capture_stream
+        self.activation = activation
         self.max_batch = max_batch
         self.lengths = _vocoder_frames(cfg)
-        self.min_amplitude = _vocoder_min_amplitude(device) if graphs else None
+        self.floor = vocoder.min_amplitude(device)
         self.captured: dict[tuple[int, int], CapturedCall] = {}
         self.eager_calls = 0
 
@@ -592,15 +453,19 @@ class _Vocoder:
         slots = slot_bucket(rows, self.max_batch)
         if self.graphs and frames in self.lengths and (frames, slots) not in self.captured:
             mel_dim = self.bigvgan.config.mel_dim
-            blank = torch.zeros(slots, mel_dim, frames, device=self.min_amplitude.device)
+            blank = torch.zeros(slots, mel_dim, frames, device=self.floor.device)
             self.captured[(frames, slots)] = CapturedCall(self._waveform, (blank,), capture_stream=self.capture_stream)
+
+    def evaluate_blank(self, frames: int, rows: int) -> None:
+        """One eager call on a blank batch of this shape (no graph): what compiles the activations."""
+        self._waveform(torch.zeros(rows, self.bigvgan.config.mel_dim, frames, device=self.floor.device))
 
     def _call(self, mel: Tensor, frames: int) -> Tensor:
         """(rows, mel_dim, frames) -> (rows, frames * hop) on the CPU."""
         rows = mel.shape[0]
         if not (self.graphs and frames in self.lengths):
             self.eager_calls += 1
-            return _vocode(self.bigvgan, mel)
+            return self._waveform(mel).cpu()
         slots = slot_bucket(rows, self.max_batch)
         if slots > rows:
             mel = torch.cat([mel, mel.new_zeros(slots - rows, *mel.shape[1:])])
@@ -611,7 +476,7 @@ class _Vocoder:
         return call(mel)[:rows].cpu()
 
     def _waveform(self, mel: Tensor) -> Tensor:
-        return _vocoder_waveform(self.bigvgan, self.min_amplitude, mel)
+        return vocoder.waveform(self.bigvgan, self.floor, mel, self.activation)
 
 
 @contextlib.contextmanager
@@ -654,9 +519,14 @@ class StreamingToken2Wav:
     path's up to float rounding. Compiling takes seconds to a minute per attention-reach variant of the block (3 for
     Qwen2.5-Omni, see :class:`_CompiledDitBlock`) and happens in :meth:`warm_up`; without it, in the first chunk.
 
+    ``compile_vocoder`` (off by default; CPU or CUDA) runs each of BigVGAN's anti-aliased activations in its fused
+    form (:func:`.vocoder.anti_aliased_snake`) through ``torch.compile``: a few kernels instead of ~10 and a slow
+    depthwise transposed convolution, which is most of a vocoder call's GPU time (BENCHMARKS.md §12.1). One compiled
+    graph for every activation; compiled in :meth:`warm_up` as the DiT is.
+
     ``dit_dtype`` (float32 by default, as the reference) is the precision of the DiT's transformer: ``bfloat16`` or
     ``float16`` run copies of its blocks in that dtype on the tensor cores, at half the bytes of every activation;
-    the ODE state, time embedding and sums stay float32 (:class:`_DitCompute`). Not equal to float32: the mel moves by
+    the ODE state, time embedding and sums stay float32 (:class:`.dit.DitWeights`). Not equal to float32: the mel moves by
     what BENCHMARKS.md measures. The vocoder stays float32.
 
     ``capture_stream`` (CUDA graphs only; default: a new stream) is where every graph of the synthesizer is warmed up
@@ -667,14 +537,14 @@ class StreamingToken2Wav:
 
     def __init__(self, model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig | None = None, *,
                  cuda_graphs: bool | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                 tf32_matmul: bool = False, compile_dit: bool = False,
+                 tf32_matmul: bool = False, compile_dit: bool = False, compile_vocoder: bool = False,
                  dit_dtype: torch.dtype = torch.float32, capture_stream: torch.cuda.Stream | None = None,
                  ) -> None:  # fmt: skip
         self.cfg = _check_model(model, cfg or ChunkingConfig())
         self.model = model.eval()
         self.dit = model.code2wav_dit_model
         self.dit_dtype = dit_dtype
-        self._net = _dit_compute(self.dit, dit_dtype)
+        self._weights = dit_weights(self.dit, dit_dtype)
         self.bigvgan = model.code2wav_bigvgan_model
         self.device = next(model.parameters()).device
         on_cuda = self.device.type == "cuda"
@@ -687,10 +557,13 @@ class StreamingToken2Wav:
         self.max_batch = max_batch
         self.tf32_matmul = tf32_matmul
         self.compile_dit = compile_dit
+        self.compile_vocoder = compile_vocoder
         self.compile_seconds = 0.0
-        """Wall time of the compile step of :meth:`warm_up` (0 when ``compile_dit`` is off or before it)."""
-        self._block: DitBlock = _CompiledDitBlock() if compile_dit else _dit_block
+        """Wall time of the compile step of :meth:`warm_up` (0 when nothing is compiled, or before it)."""
+        self._block: DitBlock = CompiledDitBlock() if compile_dit else dit_block
         self._times = _ode_time_points(self.cfg, self.device)
+        with _tf32_matmuls(tf32_matmul):
+            self._modulation = TimeModulation.build(self._weights, self._times)
         self._speakers = _SpeakerCache(lambda cond, ref_mel: _speaker(
             self.dit, cond.to(self.device, torch.float32), ref_mel.to(self.device, torch.float32), self.use_cfg))
         # One capture stream (one cuBLAS workspace) for every graph of this synthesizer: its solves and vocoder calls
@@ -698,11 +571,13 @@ class StreamingToken2Wav:
         # A given stream (a green context's, which then bounds the SMs every graph of this synthesizer runs on) or
         # a new one.
         self.capture_stream = (capture_stream or torch.cuda.Stream(self.device)) if self.cuda_graphs else None
-        self._dit_batches = _BatchedDit(self.dit, self._net, self.cfg, self._times, graphs=self.cuda_graphs,
+        self._dit_batches = _BatchedDit(self.dit, self._weights, self._modulation, self.cfg, self._times,
+                                        graphs=self.cuda_graphs,
                                         max_batch=max_batch, block=self._block,
                                         capture_stream=self.capture_stream)  # fmt: skip
+        activation = vocoder.CompiledActivation() if compile_vocoder else vocoder.reference_activation
         self._vocoder = _Vocoder(self.bigvgan, self.cfg, self.device, graphs=self.cuda_graphs, max_batch=max_batch,
-                                 capture_stream=self.capture_stream)
+                                 activation=activation, capture_stream=self.capture_stream)
         self._eager_windows = 0
 
     @property
@@ -745,21 +620,21 @@ class StreamingToken2Wav:
         return Token2WavStream(self, speaker, noise, max_codes)
 
     def warm_up(self, max_batch: int = 1) -> None:
-        """Compile the DiT blocks (``compile_dit``), then capture the graphs of the regular shapes (``cuda_graphs``),
+        """Compile the DiT blocks and the vocoder's activations (``compile_dit``, ``compile_vocoder``), then capture the graphs of the regular shapes (``cuda_graphs``),
         so that no stream pays either: DiT windows of the first and steady chunks for batches of up to
         ``max_batch`` streams (powers of two, capped at the synthesizer's ``max_batch``) and the vocoder of the first
         and steady chunks. Seconds (a minute or more when compiling); no-op when both are off.
 
-        Raises :class:`ConfigError` (``param="compile_dit"``) when compiling, or capturing the compiled blocks,
-        fails: the synthesizer never falls back to the uncompiled DiT on its own; build it with
-        ``compile_dit=False`` for that."""
+        Raises :class:`ConfigError` (``param="compile_dit"``) when compiling, or capturing what was compiled, fails:
+        the synthesizer never falls back to the uncompiled code on its own; build it with ``compile_dit=False,
+        compile_vocoder=False`` for that."""
         slots = sorted({slot_bucket(n, self.max_batch) for n in range(1, min(max_batch, self.max_batch) + 1)})
         with torch.inference_mode(), _tf32_matmuls(self.tf32_matmul):
-            if self.compile_dit:
+            if self.compile_dit or self.compile_vocoder:
                 self._compile()
             if not self.cuda_graphs:
                 return
-            with self._compiled_dit_errors("capturing the CUDA graphs of the compiled DiT blocks"):
+            with self._compiled_errors("capturing the CUDA graphs of the compiled DiT blocks or vocoder"):
                 for frames in _window_frames(self.cfg):
                     for slot_count in slots:
                         self._dit_batches.capture(frames, slot_count)
@@ -792,41 +667,48 @@ class StreamingToken2Wav:
             eager_dit_solves=self._dit_batches.eager_solves + self._eager_windows,
             eager_vocoder_calls=self._vocoder.eager_calls,
             dit_compiled=self.compile_dit,
+            vocoder_compiled=self.compile_vocoder,
         )
 
     # -- internals
 
     def _compile(self) -> None:
-        """Compile every variant of the DiT block that the solves will call: one velocity evaluation of a blank
-        window of one slot and, when batches can hold two, of two slots (without CFG one slot is one row, which
-        dynamo compiles apart) at each window length worth a graph. Frames and rows are dynamic, so the first
-        evaluation compiles and the others only check that the guards hold (a backend that specializes on some
-        property of the length, e.g. an alignment, compiles its variant here rather than during a capture or a
-        chunk). Outside any capture, on the current stream; the caller holds inference mode and the TF32 setting
-        (both are part of dynamo's guards)."""
+        """Compile what the synthesizer runs compiled. DiT (``compile_dit``): every variant of the block that the
+        solves will call, by one velocity evaluation of a blank window of one slot and, when batches can hold two,
+        of two slots (without CFG one slot is one row, which dynamo compiles apart) at each window length worth a
+        graph. Vocoder (``compile_vocoder``): one call at each vocoder length worth a graph, one row and (when
+        batches can hold two) two. Shapes are dynamic, so the first call compiles and the others only check that the
+        guards hold (a backend that specializes on some property of a length, e.g. an alignment, compiles its
+        variant here rather than during a capture or a chunk). Outside any capture, on the current stream; the
+        caller holds inference mode and the TF32 setting (both are part of dynamo's guards)."""
         started = time.perf_counter()
-        with self._compiled_dit_errors("compiling the DiT blocks"):
-            for frames in _window_frames(self.cfg):
-                for slot_count in (1, 2) if self.max_batch >= 2 else (1,):
+        rows = (1, 2) if self.max_batch >= 2 else (1,)
+        with self._compiled_errors("compiling the DiT blocks or the vocoder's activations"):
+            for frames in _window_frames(self.cfg) if self.compile_dit else ():
+                for slot_count in rows:
                     self._dit_batches.evaluate_blank(frames, slot_count)
+            for frames in _vocoder_frames(self.cfg) if self.compile_vocoder else ():
+                for row_count in rows:
+                    self._vocoder.evaluate_blank(frames, row_count)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # kernel faults surface here, and the time is the compile's
         self.compile_seconds = time.perf_counter() - started
-        log.info("token2wav: DiT blocks compiled in %.1f s", self.compile_seconds)
+        log.info("token2wav: compiled (DiT blocks %s, vocoder activations %s) in %.1f s",
+                 "on" if self.compile_dit else "off", "on" if self.compile_vocoder else "off", self.compile_seconds)
 
     @contextlib.contextmanager
-    def _compiled_dit_errors(self, doing: str) -> Iterator[None]:
-        """Re-raise any failure in the block as a ConfigError naming the option, when the DiT is compiled (dynamo,
-        inductor and the C++/Triton compilers raise many unrelated types; the original is chained)."""
-        if not self.compile_dit:
+    def _compiled_errors(self, doing: str) -> Iterator[None]:
+        """Re-raise any failure as a ConfigError naming the options, when anything is compiled (dynamo, inductor and
+        the C++/Triton compilers raise many unrelated types; the original is chained)."""
+        if not (self.compile_dit or self.compile_vocoder):
             yield
             return
         try:
             yield
         except Exception as exc:
             raise ConfigError(
-                f"token2wav: {doing} failed ({type(exc).__name__}: {exc}); run the DiT uncompiled with "
-                "compile_dit=False (stage config: stages.token2wav.compile: off)",
+                f"token2wav: {doing} failed ({type(exc).__name__}: {exc}); run uncompiled with "
+                "compile_dit=False, compile_vocoder=False (stage config: stages.token2wav.compile: off)",
                 param="compile_dit",
             ) from exc
 
@@ -945,8 +827,9 @@ class Token2WavStream:
         """Run the DiT ODE over the chunk's context window, unpadded; (1, L, mel_dim)."""
         owner, context = self._owner, plan.dit_context
         window = _window_inputs(owner.dit, self._speaker, self._window_codes(plan), context.start)
-        velocity = _velocity(owner._net, window, self._cfg.guidance_scale, self._speaker.batch == 2, owner._block)
-        return _integrate(velocity, self._noise[:, context.start : context.end], owner._times)
+        velocity = dit_velocity(owner._weights, owner._modulation, window, self._cfg.guidance_scale,
+                                self._speaker.batch == 2, owner._block)  # fmt: skip
+        return integrate(velocity, self._noise[:, context.start : context.end], owner._times)
 
     def _window_job(self, plan: ChunkPlan) -> WindowJob:
         """The chunk's context window for a batched solve."""
@@ -1030,7 +913,7 @@ def one_shot(
         speaker = cond.unsqueeze(1).repeat(1, frames, 1)
         use_cfg = cfg.guidance_scale >= _CFG_OFF_BELOW
 
-        def velocity(t: Tensor, x: Tensor) -> Tensor:
+        def velocity(number: int, t: Tensor, x: Tensor) -> Tensor:
             out = dit(
                 hidden_states=x,
                 condition_vector=ref_mel,
@@ -1039,7 +922,7 @@ def one_shot(
                 time_step=t,
                 apply_cfg=use_cfg,
             )
-            return _guided(out, cfg.guidance_scale, use_cfg)
+            return guided(out, cfg.guidance_scale, use_cfg)
 
-        mel = _integrate(velocity, noise[:, :frames].to(device, torch.float32), _ode_time_points(cfg, device))
+        mel = integrate(velocity, noise[:, :frames].to(device, torch.float32), _ode_time_points(cfg, device))
         return _vocode(model.code2wav_bigvgan_model, mel.transpose(1, 2))[0].numpy().astype(np.float32, copy=True)

@@ -1,0 +1,175 @@
+"""Where token2wav's time goes on a GPU: the DiT solve and the vocoder per chunk shape and batch, and the kernels of
+one DiT velocity evaluation and one vocoder call (a diagnostic, not a test; prints Markdown, ``--json`` keeps it all).
+
+    python scripts/profile_token2wav.py --device cuda --threads 4 --slots 1,4,16
+    python scripts/profile_token2wav.py --tiny --device cpu --slots 1,2        # smoke run on the CPU
+
+Builds the token2wav of the Qwen2.5-Omni-7B architecture with random weights (as ``bench_token2wav.py``) and a
+synthesizer with the packaged GPU settings (CUDA graphs, TF32, compiled bfloat16 DiT blocks, compiled fused vocoder
+activations; ``--plain`` for none of them, ``--vocoder reference`` for the activations as transformers writes them),
+warmed up for the largest slot count. Then, per slot count (streams in one batch):
+
+- ``solve_ms``: one DiT ODE solve (36 evaluations, CFG batched) of the first chunk's window and of a steady chunk's
+  window, through the synthesizer's batched path (a graph replay on CUDA), median of ``--repeats``;
+- ``vocoder_ms``: the vocoder on the first chunk's and a steady chunk's mel frames for that many rows;
+- kernels: with ``torch.profiler``, one velocity evaluation of the steady window run eagerly (the compiled blocks'
+  kernels, without a graph) and one vocoder call: kernel count and GPU time, the top kernels by time.
+
+Kernel times under the profiler are the GPU's own; the host launch gaps between them are what the graphs remove, so
+``solve_ms / 36`` against the evaluation's summed kernel time shows how much of a replayed evaluation is gaps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, when not installed
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_token2wav, beside this script
+
+from bench_token2wav import build_token2wav  # noqa: E402
+
+EVALUATIONS = 36
+"""Velocity evaluations per ODE solve: RK4 (4 each) over the 9 intervals of the packaged 10 time points."""
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="the tiny random token2wav of the tests")
+    p.add_argument("--slots", default="1,4,16", help="streams per batch to time")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--plain", action="store_true", help="no graphs, TF32, compile or bfloat16 (the float32 reference)")
+    p.add_argument("--vocoder", choices=("compiled", "reference"), default="compiled",
+                   help="the vocoder's activations: fused and compiled (packaged on CUDA) or the modules' own forward")
+    p.add_argument("--top", type=int, default=12, help="kernels listed per profile")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+def synthesizer(model, device: str, plain: bool, max_batch: int, compile_vocoder: bool):
+    from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
+
+    cuda = device.startswith("cuda")
+    fast = cuda and not plain
+    return StreamingToken2Wav(model, cuda_graphs=fast, tf32_matmul=fast, compile_dit=fast, max_batch=max_batch,
+                              compile_vocoder=fast and compile_vocoder,
+                              dit_dtype=torch.bfloat16 if fast else torch.float32)  # fmt: skip
+
+
+def window_job(t2w, frames: int, first_frame: int):
+    from pipeline.models.qwen2_5_omni.token2wav_graphs import WindowJob
+
+    dit = t2w.dit
+    width = dit.input_embed.proj.in_features - dit.config.mel_dim
+    groups = 2 if t2w.use_cfg else 1
+    return WindowJob(torch.randn(1, frames, dit.config.mel_dim, device=t2w.device),
+                     torch.randn(groups, frames, width, device=t2w.device), first_frame=first_frame)  # fmt: skip
+
+
+def timed_ms(fn, sync, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return 1000 * statistics.median(samples)
+
+
+def kernel_table(fn, sync, top: int) -> dict:
+    """Kernels (CUDA) or operators (CPU) of one call of ``fn`` under the profiler: count, summed time, the top ones."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    fn()  # outside the profile: anything lazy (allocator, handles) happens here
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        fn()
+        sync()
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        on_gpu = event.device_type == torch.autograd.DeviceType.CUDA
+        if on_gpu or (not cuda and event.cpu_parent is None):
+            kernels.setdefault(event.name, []).append(event.device_time if on_gpu else event.cpu_time)
+    rows = sorted(((name, len(us), sum(us)) for name, us in kernels.items()), key=lambda r: -r[2])
+    return {
+        "kernels": sum(r[1] for r in rows),
+        "total_us": sum(r[2] for r in rows),
+        "top": [{"name": name[:90], "count": count, "us": us} for name, count, us in rows[:top]],
+    }
+
+
+def measure(t2w, slots: int, sync, repeats: int, top: int) -> dict:
+    cfg = t2w.cfg
+    first = cfg.first_chunk_frames + cfg.future_frames
+    steady = cfg.past_frames + cfg.chunk_frames + cfg.future_frames
+    mel_dim = t2w.dit.config.mel_dim
+    out = {"slots": slots, "first_window": first, "steady_window": steady}
+    for name, frames, first_frame in (("first", first, 0), ("steady", steady, 480)):
+        jobs = [window_job(t2w, frames, first_frame) for _ in range(slots)]
+        out[f"{name}_solve_ms"] = timed_ms(lambda: t2w._dit_batches.solve(jobs), sync, repeats)
+    voc_first = cfg.first_chunk_frames + cfg.first_vocoder_lookahead_frames
+    voc_steady = cfg.vocoder_overlap_frames + cfg.chunk_frames
+    for name, frames in (("first", voc_first), ("steady", voc_steady)):
+        mels = [torch.randn(1, mel_dim, frames, device=t2w.device) - 4.0 for _ in range(slots)]
+        out[f"{name}_vocoder_ms"] = timed_ms(lambda: t2w._vocoder.many(mels), sync, repeats)
+    out["evaluation"] = kernel_table(lambda: t2w._dit_batches.evaluate_blank(steady, slots), sync, top)
+    mels = [torch.randn(1, mel_dim, voc_steady, device=t2w.device) - 4.0 for _ in range(slots)]
+    out["vocoder"] = kernel_table(lambda: t2w._vocoder._call(torch.cat(mels), voc_steady), sync, top)
+    return out
+
+
+def print_report(results: list[dict], device: str) -> None:
+    print(f"\ntoken2wav profile on {device}\n")
+    print("| slots | first window solve (ms) | per evaluation | steady window solve (ms) | per evaluation "
+          "| eval kernels | eval kernel time (ms) | vocoder first / steady (ms) | vocoder kernels / time (ms) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        ev, voc = r["evaluation"], r["vocoder"]
+        print(f"| {r['slots']} | {r['first_solve_ms']:.1f} | {r['first_solve_ms'] / EVALUATIONS:.2f} "
+              f"| {r['steady_solve_ms']:.1f} | {r['steady_solve_ms'] / EVALUATIONS:.2f} | {ev['kernels']} "
+              f"| {ev['total_us'] / 1000:.2f} | {r['first_vocoder_ms']:.1f} / {r['steady_vocoder_ms']:.1f} "
+              f"| {voc['kernels']} / {voc['total_us'] / 1000:.2f} |")
+    for r in results:
+        for part in ("evaluation", "vocoder"):
+            print(f"\n{part}, {r['slots']} slots, steady shape: top kernels\n")
+            print("| kernel | count | ms |")
+            print("|---|---:|---:|")
+            for k in r[part]["top"]:
+                print(f"| `{k['name']}` | {k['count']} | {k['us'] / 1000:.3f} |")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cuda = args.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    slots = [int(n) for n in args.slots.split(",")]
+    model, _cond, _ref_mel, _vocab = build_token2wav(args.device, args.tiny)
+    with torch.inference_mode():
+        t2w = synthesizer(model, args.device, args.plain, max(slots), args.vocoder == "compiled")
+        started = time.perf_counter()
+        t2w.warm_up(max_batch=max(slots))
+        sync()
+        warm_up_s = time.perf_counter() - started
+        results = [measure(t2w, n, sync, args.repeats, args.top) for n in slots]
+    device = torch.cuda.get_device_name() if cuda else "CPU"
+    print(f"warm-up (compile + capture) {warm_up_s:.1f} s; graphs: {t2w.graph_stats()}")
+    print_report(results, device)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device, "warm_up_s": warm_up_s, "results": results},
+                                              indent=2))
+
+
+if __name__ == "__main__":
+    main()
