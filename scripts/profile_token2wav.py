@@ -5,8 +5,8 @@ one DiT velocity evaluation and one vocoder call (a diagnostic, not a test; prin
     python scripts/profile_token2wav.py --tiny --device cpu --slots 1,2        # smoke run on the CPU
 
 Builds the token2wav of the Qwen2.5-Omni-7B architecture with random weights (as ``bench_token2wav.py``) and a
-synthesizer with the packaged GPU settings (CUDA graphs, TF32, compiled bfloat16 DiT blocks, compiled fused vocoder
-activations; ``--plain`` for none of them, ``--vocoder reference`` for the activations as transformers writes them),
+synthesizer with the packaged GPU settings (CUDA graphs, TF32, compiled bfloat16 DiT blocks, the vocoder's
+activations fused; ``--plain`` for none of them, ``--vocoder reference`` for the activations as transformers writes them),
 warmed up for the largest slot count. Then, per slot count (streams in one batch):
 
 - ``solve_ms``: one DiT ODE solve (36 evaluations, CFG batched) of the first chunk's window and of a steady chunk's
@@ -46,21 +46,21 @@ def parse_args(argv=None):
     p.add_argument("--slots", default="1,4,16", help="streams per batch to time")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--plain", action="store_true", help="no graphs, TF32, compile or bfloat16 (the float32 reference)")
-    p.add_argument("--vocoder", choices=("compiled", "reference"), default="compiled",
-                   help="the vocoder's activations: fused and compiled (packaged on CUDA) or the modules' own forward")
+    p.add_argument("--vocoder", choices=("fused", "reference"), default="fused",
+                   help="the vocoder's activations: one Triton kernel each (packaged on CUDA) or the modules' forward")
     p.add_argument("--top", type=int, default=12, help="kernels listed per profile")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 
 
-def synthesizer(model, device: str, plain: bool, max_batch: int, compile_vocoder: bool):
+def synthesizer(model, device: str, plain: bool, max_batch: int, fused_vocoder: bool):
     from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
 
     cuda = device.startswith("cuda")
     fast = cuda and not plain
     return StreamingToken2Wav(model, cuda_graphs=fast, tf32_matmul=fast, compile_dit=fast, max_batch=max_batch,
-                              compile_vocoder=fast and compile_vocoder,
+                              fused_vocoder=fast and fused_vocoder,
                               dit_dtype=torch.bfloat16 if fast else torch.float32)  # fmt: skip
 
 
@@ -157,7 +157,7 @@ def main(argv=None) -> None:
     slots = [int(n) for n in args.slots.split(",")]
     model, _cond, _ref_mel, _vocab = build_token2wav(args.device, args.tiny)
     with torch.inference_mode():
-        t2w = synthesizer(model, args.device, args.plain, max(slots), args.vocoder == "compiled")
+        t2w = synthesizer(model, args.device, args.plain, max(slots), args.vocoder == "fused")
         started = time.perf_counter()
         t2w.warm_up(max_batch=max(slots))
         sync()

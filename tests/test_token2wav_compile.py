@@ -1,9 +1,8 @@
-"""token2wav's DiT blocks and vocoder activations through torch.compile (``compile_dit``, ``compile_vocoder``; the
-stage config's ``token2wav.compile``).
+"""token2wav's DiT blocks through torch.compile (``compile_dit``; the stage config's ``token2wav.compile``).
 
 What is checked: the compiled synthesizer's audio equals the uncompiled one's up to float rounding, through the
 unpadded single-stream path and the padded batches of ``step_many``; ``warm_up`` compiles one graph for every DiT block
-(whatever its attention reach) and the vocoder's few, and no window shape, batch size or chunk compiles another; a failure to compile raises a
+(whatever its attention reach), and no window shape, batch size or chunk compiles another; a failure to compile raises a
 ConfigError naming the option instead of falling back; the config field and its ``auto``. CPU tests run inductor's
 C++ backend (needs a C++ compiler) on the tiny token2wav of test_token2wav_stream; the GPU tests (skipped without
 CUDA) record the compiled solve in CUDA graphs and compare it with the eager, uncompiled solve.
@@ -56,26 +55,19 @@ def model():
 def compiled(model):
     """One compiled, warmed-up synthesizer for the module (compiling is the slow part: ~10-30 s per graph on two
     CPU cores) and the number of graphs its warm-up compiled."""
-    t2w = StreamingToken2Wav(model, compile_dit=True, compile_vocoder=True)
+    t2w = StreamingToken2Wav(model, compile_dit=True)
     before = graphs_compiled()
     t2w.warm_up(max_batch=8)
     return t2w, graphs_compiled() - before
 
 
-VOCODER_GRAPHS = 4
-"""The vocoder's compiled graphs: its two functions (upsample + SnakeBeta, low-pass), each for a single row (dynamo
-specializes a size of 1) and for any other row count."""
-
-
 def test_warm_up_compiles_one_graph_for_every_block(model, compiled) -> None:
     """The tiny DiT has the 7B's three kinds of block (look-back, look-ahead, neither) in 4 layers: one graph serves
-    them all (the mask is an input), whatever the window shapes (frames and rows are dynamic); the vocoder adds its
-    own few."""
+    them all (the mask is an input), whatever the window shapes (frames and rows are dynamic)."""
     t2w, count = compiled
     assert attention_reaches(model) == {(0, 1), (1, 0), (0, 0)}
-    assert count == 1 + VOCODER_GRAPHS
-    stats = t2w.graph_stats()
-    assert t2w.compile_seconds > 0 and stats.dit_compiled and stats.vocoder_compiled
+    assert count == 1
+    assert t2w.compile_seconds > 0 and t2w.graph_stats().dit_compiled
     uncompiled = StreamingToken2Wav(model)
     assert not uncompiled.compile_dit and not uncompiled.graph_stats().dit_compiled
     uncompiled.warm_up()  # nothing to compile or capture on the CPU
@@ -119,7 +111,7 @@ def test_a_compile_failure_at_warm_up_names_the_option(model, monkeypatch) -> No
     with pytest.raises(ConfigError) as info:
         t2w.warm_up()
     assert info.value.param == "compile_dit"
-    assert "compiling the DiT blocks or the vocoder's activations failed" in str(info.value) and "stages.token2wav.compile: off" in str(info.value)
+    assert "compiling the DiT blocks failed" in str(info.value) and "stages.token2wav.compile: off" in str(info.value)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -225,7 +217,7 @@ def cuda_model():
 
 @pytest.fixture(scope="module")
 def cuda_compiled(cuda_model):
-    t2w = StreamingToken2Wav(cuda_model, compile_dit=True, compile_vocoder=True, max_batch=4)
+    t2w = StreamingToken2Wav(cuda_model, compile_dit=True, fused_vocoder=True, max_batch=4)
     before = graphs_compiled()
     t2w.warm_up(max_batch=4)
     return t2w, graphs_compiled() - before
@@ -254,12 +246,12 @@ def test_captured_compiled_solve_equals_the_eager_uncompiled_solve(cuda_model, c
 
 @needs_cuda
 def test_compiled_graphs_stream_like_the_eager_path(cuda_model, cuda_compiled) -> None:
-    """Whole utterances through the compiled, graph-captured synthesizer, stepped alone and batched on the token2wav
-    worker's thread and CUDA stream (as the engine runs it): audio within the graphs tests' tolerance of the eager
-    uncompiled path (:data:`GPU_TOLERANCE`: the vocoder's cuDNN rounding), every DiT solve a replay, and no graph
+    """Whole utterances through the compiled, graph-captured synthesizer with the fused vocoder activations (as the
+    engine builds it), stepped alone and batched on the token2wav worker's thread and CUDA stream (as the engine runs
+    it): audio within the graphs tests' tolerance of the eager uncompiled path (:data:`GPU_TOLERANCE`: the vocoder's cuDNN rounding), every DiT solve a replay, and no graph
     compiled after the warm-up."""
     t2w, count = cuda_compiled
-    assert count == 1 + VOCODER_GRAPHS
+    assert count == 1
     after_warm_up = graphs_compiled()
     eager = StreamingToken2Wav(cuda_model, cuda_graphs=False)
     case = utterance(141, seed=141)
@@ -288,7 +280,7 @@ def test_compiled_graphs_stream_like_the_eager_path(cuda_model, cuda_compiled) -
         expected = np.concatenate(run_stream(eager, *case))
         assert np.abs(np.concatenate(got) - expected).max() < GPU_TOLERANCE
     stats = t2w.graph_stats()
-    assert stats.eager_dit_solves == 0 and stats.dit_compiled and stats.vocoder_compiled
+    assert stats.eager_dit_solves == 0 and stats.dit_compiled and stats.vocoder_fused
     assert graphs_compiled() == after_warm_up
 
 

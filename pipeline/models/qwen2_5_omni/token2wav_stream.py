@@ -28,9 +28,8 @@ The DiT's velocity field is :mod:`.dit`'s (transformers' arithmetic, with what d
 once: the modulation of every evaluation time per synthesizer, the attention masks per solve). Compiled
 (``compile_dit``, the stage config's ``compile``; on by default with CUDA in the engine), each DiT block runs through
 ``torch.compile`` (:class:`.dit.CompiledDitBlock`, one compiled graph shared by all blocks and all window shapes), and
-with ``compile_vocoder`` each of BigVGAN's anti-aliased activations in its fused form (:mod:`.vocoder`); both are
-compiled at :meth:`StreamingToken2Wav.warm_up` before any graph is captured, and the graphs then record the compiled
-kernels.
+compiled at :meth:`StreamingToken2Wav.warm_up` before any graph is captured (the graphs then record the compiled
+kernels). With ``fused_vocoder`` each of BigVGAN's anti-aliased activations is one Triton kernel (:mod:`.vocoder`).
 """
 
 from __future__ import annotations
@@ -304,8 +303,8 @@ class GraphStats:
     """What a synthesizer's GPU path did so far. ``dit_graphs``: captured (window frames, slots) shapes;
     ``vocoder_graphs``: captured (mel frames, rows) vocoder shapes; ``*_replays``: graph launches; ``eager_*``: DiT
     solves (one per batch or per single window) and vocoder calls that ran without a graph; ``dit_compiled``: the
-    DiT blocks run compiled (``compile_dit``), in graphs and eagerly alike; ``vocoder_compiled``: the vocoder's
-    anti-aliased activations run fused and compiled (``compile_vocoder``)."""
+    DiT blocks run compiled (``compile_dit``), in graphs and eagerly alike; ``vocoder_fused``: the vocoder's
+    anti-aliased activations run as one kernel each (``fused_vocoder``)."""
 
     enabled: bool
     dit_graphs: tuple[tuple[int, int], ...]
@@ -315,7 +314,7 @@ class GraphStats:
     eager_dit_solves: int
     eager_vocoder_calls: int
     dit_compiled: bool = False
-    vocoder_compiled: bool = False
+    vocoder_fused: bool = False
 
 
 def _window_frames(cfg: ChunkingConfig) -> tuple[int, ...]:
@@ -420,7 +419,7 @@ class _Vocoder:
     a CUDA graph per (:func:`_vocoder_frames` length, power-of-two rows), the batch padded with blank rows (rows are
     independent, so padding changes nothing in the real ones). Other lengths (a last chunk) run eagerly. Both run
     :func:`.vocoder.waveform` with ``activation`` for the anti-aliased activations (the modules' own forward, or
-    the compiled fused form)."""
+    the fused kernel)."""
 
     def __init__(self, bigvgan, cfg: ChunkingConfig, device: torch.device, *, graphs: bool, max_batch: int,
                  activation: vocoder.Activation = vocoder.reference_activation,
@@ -455,10 +454,6 @@ class _Vocoder:
             mel_dim = self.bigvgan.config.mel_dim
             blank = torch.zeros(slots, mel_dim, frames, device=self.floor.device)
             self.captured[(frames, slots)] = CapturedCall(self._waveform, (blank,), capture_stream=self.capture_stream)
-
-    def evaluate_blank(self, frames: int, rows: int) -> None:
-        """One eager call on a blank batch of this shape (no graph): what compiles the activations."""
-        self._waveform(torch.zeros(rows, self.bigvgan.config.mel_dim, frames, device=self.floor.device))
 
     def _call(self, mel: Tensor, frames: int) -> Tensor:
         """(rows, mel_dim, frames) -> (rows, frames * hop) on the CPU."""
@@ -519,10 +514,9 @@ class StreamingToken2Wav:
     path's up to float rounding. Compiling takes seconds to a minute per attention-reach variant of the block (3 for
     Qwen2.5-Omni, see :class:`_CompiledDitBlock`) and happens in :meth:`warm_up`; without it, in the first chunk.
 
-    ``compile_vocoder`` (off by default; CPU or CUDA) runs each of BigVGAN's anti-aliased activations in its fused
-    form (:func:`.vocoder.anti_aliased_snake`) through ``torch.compile``: a few kernels instead of ~10 and a slow
-    depthwise transposed convolution, which is most of a vocoder call's GPU time (BENCHMARKS.md §12.1). One compiled
-    graph for every activation; compiled in :meth:`warm_up` as the DiT is.
+    ``fused_vocoder`` (off by default; CUDA only) runs each of BigVGAN's anti-aliased activations as one Triton kernel
+    (:func:`.vocoder.triton_activation`) instead of ~10 kernels and a slow depthwise transposed convolution, which
+    were most of a vocoder call's GPU time (BENCHMARKS.md §12.1); equal up to float rounding.
 
     ``dit_dtype`` (float32 by default, as the reference) is the precision of the DiT's transformer: ``bfloat16`` or
     ``float16`` run copies of its blocks in that dtype on the tensor cores, at half the bytes of every activation;
@@ -537,7 +531,7 @@ class StreamingToken2Wav:
 
     def __init__(self, model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig | None = None, *,
                  cuda_graphs: bool | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                 tf32_matmul: bool = False, compile_dit: bool = False, compile_vocoder: bool = False,
+                 tf32_matmul: bool = False, compile_dit: bool = False, fused_vocoder: bool = False,
                  dit_dtype: torch.dtype = torch.float32, capture_stream: torch.cuda.Stream | None = None,
                  ) -> None:  # fmt: skip
         self.cfg = _check_model(model, cfg or ChunkingConfig())
@@ -548,7 +542,8 @@ class StreamingToken2Wav:
         self.bigvgan = model.code2wav_bigvgan_model
         self.device = next(model.parameters()).device
         on_cuda = self.device.type == "cuda"
-        for name, wanted in (("cuda_graphs", cuda_graphs), ("tf32_matmul", tf32_matmul)):
+        for name, wanted in (("cuda_graphs", cuda_graphs), ("tf32_matmul", tf32_matmul),
+                             ("fused_vocoder", fused_vocoder)):
             if wanted and not on_cuda:
                 raise ConfigError(f"{name} needs the token2wav model on a CUDA device", param=name)
         if max_batch < 1:
@@ -557,7 +552,9 @@ class StreamingToken2Wav:
         self.max_batch = max_batch
         self.tf32_matmul = tf32_matmul
         self.compile_dit = compile_dit
-        self.compile_vocoder = compile_vocoder
+        self.fused_vocoder = fused_vocoder
+        if fused_vocoder:
+            vocoder.check_fusable(model.code2wav_bigvgan_model)
         self.compile_seconds = 0.0
         """Wall time of the compile step of :meth:`warm_up` (0 when nothing is compiled, or before it)."""
         self._block: DitBlock = CompiledDitBlock() if compile_dit else dit_block
@@ -575,7 +572,7 @@ class StreamingToken2Wav:
                                         graphs=self.cuda_graphs,
                                         max_batch=max_batch, block=self._block,
                                         capture_stream=self.capture_stream)  # fmt: skip
-        activation = vocoder.CompiledActivation() if compile_vocoder else vocoder.reference_activation
+        activation = vocoder.triton_activation if fused_vocoder else vocoder.reference_activation
         self._vocoder = _Vocoder(self.bigvgan, self.cfg, self.device, graphs=self.cuda_graphs, max_batch=max_batch,
                                  activation=activation, capture_stream=self.capture_stream)
         self._eager_windows = 0
@@ -620,21 +617,21 @@ class StreamingToken2Wav:
         return Token2WavStream(self, speaker, noise, max_codes)
 
     def warm_up(self, max_batch: int = 1) -> None:
-        """Compile the DiT blocks and the vocoder's activations (``compile_dit``, ``compile_vocoder``), then capture the graphs of the regular shapes (``cuda_graphs``),
+        """Compile the DiT blocks (``compile_dit``), then capture the graphs of the regular shapes (``cuda_graphs``),
         so that no stream pays either: DiT windows of the first and steady chunks for batches of up to
         ``max_batch`` streams (powers of two, capped at the synthesizer's ``max_batch``) and the vocoder of the first
         and steady chunks. Seconds (a minute or more when compiling); no-op when both are off.
 
-        Raises :class:`ConfigError` (``param="compile_dit"``) when compiling, or capturing what was compiled, fails:
-        the synthesizer never falls back to the uncompiled code on its own; build it with ``compile_dit=False,
-        compile_vocoder=False`` for that."""
+        Raises :class:`ConfigError` (``param="compile_dit"``) when compiling, or capturing the compiled blocks, fails:
+        the synthesizer never falls back to the uncompiled DiT on its own; build it with ``compile_dit=False`` for
+        that."""
         slots = sorted({slot_bucket(n, self.max_batch) for n in range(1, min(max_batch, self.max_batch) + 1)})
         with torch.inference_mode(), _tf32_matmuls(self.tf32_matmul):
-            if self.compile_dit or self.compile_vocoder:
+            if self.compile_dit:
                 self._compile()
             if not self.cuda_graphs:
                 return
-            with self._compiled_errors("capturing the CUDA graphs of the compiled DiT blocks or vocoder"):
+            with self._compiled_dit_errors("capturing the CUDA graphs of the compiled DiT blocks"):
                 for frames in _window_frames(self.cfg):
                     for slot_count in slots:
                         self._dit_batches.capture(frames, slot_count)
@@ -667,48 +664,42 @@ class StreamingToken2Wav:
             eager_dit_solves=self._dit_batches.eager_solves + self._eager_windows,
             eager_vocoder_calls=self._vocoder.eager_calls,
             dit_compiled=self.compile_dit,
-            vocoder_compiled=self.compile_vocoder,
+            vocoder_fused=self.fused_vocoder,
         )
 
     # -- internals
 
     def _compile(self) -> None:
-        """Compile what the synthesizer runs compiled. DiT (``compile_dit``): every variant of the block that the
-        solves will call, by one velocity evaluation of a blank window of one slot and, when batches can hold two,
-        of two slots (without CFG one slot is one row, which dynamo compiles apart) at each window length worth a
-        graph. Vocoder (``compile_vocoder``): one call at each vocoder length worth a graph, one row and (when
-        batches can hold two) two. Shapes are dynamic, so the first call compiles and the others only check that the
-        guards hold (a backend that specializes on some property of a length, e.g. an alignment, compiles its
-        variant here rather than during a capture or a chunk). Outside any capture, on the current stream; the
-        caller holds inference mode and the TF32 setting (both are part of dynamo's guards)."""
+        """Compile every variant of the DiT block that the solves will call: one velocity evaluation of a blank
+        window of one slot and, when batches can hold two, of two slots (without CFG one slot is one row, which
+        dynamo compiles apart) at each window length worth a graph. Frames and rows are dynamic, so the first
+        evaluation compiles and the others only check that the guards hold (a backend that specializes on some
+        property of the length, e.g. an alignment, compiles its variant here rather than during a capture or a
+        chunk). Outside any capture, on the current stream; the caller holds inference mode and the TF32 setting
+        (both are part of dynamo's guards)."""
         started = time.perf_counter()
-        rows = (1, 2) if self.max_batch >= 2 else (1,)
-        with self._compiled_errors("compiling the DiT blocks or the vocoder's activations"):
-            for frames in _window_frames(self.cfg) if self.compile_dit else ():
-                for slot_count in rows:
+        with self._compiled_dit_errors("compiling the DiT blocks"):
+            for frames in _window_frames(self.cfg):
+                for slot_count in (1, 2) if self.max_batch >= 2 else (1,):
                     self._dit_batches.evaluate_blank(frames, slot_count)
-            for frames in _vocoder_frames(self.cfg) if self.compile_vocoder else ():
-                for row_count in rows:
-                    self._vocoder.evaluate_blank(frames, row_count)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # kernel faults surface here, and the time is the compile's
         self.compile_seconds = time.perf_counter() - started
-        log.info("token2wav: compiled (DiT blocks %s, vocoder activations %s) in %.1f s",
-                 "on" if self.compile_dit else "off", "on" if self.compile_vocoder else "off", self.compile_seconds)
+        log.info("token2wav: DiT blocks compiled in %.1f s", self.compile_seconds)
 
     @contextlib.contextmanager
-    def _compiled_errors(self, doing: str) -> Iterator[None]:
-        """Re-raise any failure as a ConfigError naming the options, when anything is compiled (dynamo, inductor and
-        the C++/Triton compilers raise many unrelated types; the original is chained)."""
-        if not (self.compile_dit or self.compile_vocoder):
+    def _compiled_dit_errors(self, doing: str) -> Iterator[None]:
+        """Re-raise any failure in the block as a ConfigError naming the option, when the DiT is compiled (dynamo,
+        inductor and the C++/Triton compilers raise many unrelated types; the original is chained)."""
+        if not self.compile_dit:
             yield
             return
         try:
             yield
         except Exception as exc:
             raise ConfigError(
-                f"token2wav: {doing} failed ({type(exc).__name__}: {exc}); run uncompiled with "
-                "compile_dit=False, compile_vocoder=False (stage config: stages.token2wav.compile: off)",
+                f"token2wav: {doing} failed ({type(exc).__name__}: {exc}); run the DiT uncompiled with "
+                "compile_dit=False (stage config: stages.token2wav.compile: off)",
                 param="compile_dit",
             ) from exc
 

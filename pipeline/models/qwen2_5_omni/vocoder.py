@@ -1,39 +1,48 @@
-"""BigVGAN (Qwen2.5-Omni's vocoder) as a function of tensors that CUDA graphs can capture, with an optional fused
-form of its anti-aliased activations.
+"""BigVGAN (Qwen2.5-Omni's vocoder) as a function of tensors that CUDA graphs can capture, with its anti-aliased
+activations optionally run as one Triton kernel each.
 
 Where a vocoder call's time goes on a GPU (BENCHMARKS.md §12.1): not its convolutions but its 109 anti-aliased
 SnakeBeta activations (18 per upsampling stage, one after the last). Each is a replicate pad, a 2x upsampling by a
 depthwise transposed convolution with a 12-tap Kaiser-sinc filter, a crop, SnakeBeta (exp, sin, pow, mul, add), a
 second replicate pad and a depthwise 12-tap low-pass convolution of stride 2: ~10 memory-bound float32 kernels over
 signals at up to twice the output sample rate, and cuDNN runs the depthwise transposed convolution as a slow grouped
-``dgrad`` kernel. :func:`anti_aliased_snake` computes the same thing from the input signal directly: each upsampled
-sample is a 6-tap sum of input samples (polyphase form of the transposed convolution), each output sample a 12-tap
-sum of SnakeBeta of upsampled samples, with the replicate padding of both stages as clamped reads. Written in plain
-tensor ops it is slow eagerly, but ``torch.compile`` turns it into two fused kernels (:class:`CompiledActivation`);
-the synthesizer uses it when it compiles the vocoder, on CUDA by default.
+``dgrad`` kernel (142 of a 16-row steady call's 144 ms were these). :func:`triton_activation` computes the same
+thing in one kernel that reads the input signal and writes the output: output sample t is the 12-tap low-pass of the
+activated upsampled samples n = 2t + k - 5 (k = 0..11, n clamped to the signal: the second replicate padding), and
+upsampled sample n = 2m + phase is a 6-tap sum of input samples m - 3 + phase .. m + 2 + phase (the polyphase form of
+the transposed convolution, input indices clamped: the first replicate padding). SnakeBeta is recomputed for each
+of an output's 12 taps rather than stored (the kernel is bound by its reads either way).
 
-Equal to the reference up to float rounding (sums in another order); ``tests/test_vocoder.py`` checks both forms
-against transformers' modules.
+Equal to the reference up to float rounding (sums in another order); ``tests/test_vocoder.py`` checks the kernel
+against transformers' modules (on the GPU, or in Triton's interpreter on the CPU). Torch's own compilation of the
+same arithmetic was tried first: 4-12x slower than this kernel on an H100 (its generated index arithmetic over
+dynamic shapes dominated; BENCHMARKS.md §12.1).
 """
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from pipeline.errors import ConfigError
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU installs without triton
+    triton = None
 
 __all__ = [
     "Activation",
-    "CompiledActivation",
     "VOCODER_DB_SHIFT",
     "VOCODER_MIN_DB",
-    "anti_aliased_snake",
+    "check_fusable",
     "min_amplitude",
     "reference_activation",
+    "triton_activation",
     "waveform",
 ]
 
@@ -46,10 +55,16 @@ reference module."""
 SNAKE_EPS = 1e-9
 """SnakeBeta's guard against division by zero (the reference's ``no_div_by_zero``)."""
 
+FUSED_GEOMETRY = {"up_ratio": 2, "up_taps": 12, "down_ratio": 2, "down_taps": 12, "down_pad": (5, 6)}
+"""The anti-aliased activation the kernel implements (transformers' defaults, every Qwen2.5-Omni checkpoint's)."""
+
+BLOCK = 256
+"""Output samples per kernel program."""
+
 Activation = Callable[[torch.nn.Module, Tensor], Tensor]
-"""``(anti-aliased activation module, (rows, channels, T) signal) -> (rows, channels, T)``: one of BigVGAN's
-``Qwen2_5OmniAntiAliasedActivation1d`` applied to a signal (:func:`reference_activation`, :func:`fused_activation`
-or :class:`CompiledActivation`)."""
+"""``(anti-aliased activation module, (rows, channels, T) float32 signal) -> (rows, channels, T)``: one of BigVGAN's
+``Qwen2_5OmniAntiAliasedActivation1d`` applied to a signal (:func:`reference_activation` or
+:func:`triton_activation`)."""
 
 
 def reference_activation(module: torch.nn.Module, hidden: Tensor) -> Tensor:
@@ -57,91 +72,65 @@ def reference_activation(module: torch.nn.Module, hidden: Tensor) -> Tensor:
     return module(hidden)
 
 
-def upsampled_snake(hidden: Tensor, up_filter: Tensor, up_ratio: int, alpha: Tensor, beta: Tensor) -> Tensor:
-    """Upsample by ``up_ratio`` (transposed convolution with the 1-D ``up_filter``, whose length is a multiple of the
-    ratio, over the replicate-padded input, cropped as the reference crops it), then SnakeBeta with log-scale
-    ``alpha``/``beta`` (channels,): (rows, channels, T) -> (rows, channels, up_ratio * T)."""
-    length = hidden.shape[-1]
-    taps = up_filter.shape[0]
-    pad = taps // up_ratio - 1
-    crop = pad * up_ratio + (taps - up_ratio) // 2
-    # Output sample n = up_ratio * m + phase of the transposed convolution reads input i = (n + crop - k) / up_ratio
-    # (padded index) for the taps k of the right parity: input sample m + shift, shift = (phase + crop - k) // ratio
-    # - pad, clamped to the signal (the replicate padding).
-    shifts = {(phase, k): (phase + crop - k) // up_ratio - pad
-              for phase in range(up_ratio) for k in range(taps) if (phase + crop - k) % up_ratio == 0}  # fmt: skip
-    reach = max(abs(s) for s in shifts.values())
-    padded = F.pad(hidden, (reach, reach), mode="replicate")
-    phases = []
-    for phase in range(up_ratio):
-        terms = [up_filter[k] * padded[..., reach + s : reach + s + length] for (p, k), s in shifts.items() if p == phase]
-        phases.append(up_ratio * sum(terms[1:], terms[0]))
-    upsampled = torch.stack(phases, dim=-1).flatten(-2)
-    alpha = torch.exp(alpha)[:, None]
-    beta = torch.exp(beta)[:, None]
-    return upsampled + (1.0 / (beta + SNAKE_EPS)) * torch.pow(torch.sin(upsampled * alpha), 2)
+def _geometry(module: torch.nn.Module) -> dict:
+    up, down = module.upsample, module.downsample
+    return {"up_ratio": up.ratio, "up_taps": up.kernel_size, "down_ratio": down.stride,
+            "down_taps": down.kernel_size, "down_pad": (down.pad_left, down.pad_right)}  # fmt: skip
 
 
-def downsampled(hidden: Tensor, down_filter: Tensor, down_ratio: int, down_pad: tuple[int, int]) -> Tensor:
-    """Low-pass with the 1-D ``down_filter`` over the signal replicate-padded by ``down_pad`` (left, right), stride
-    ``down_ratio``: (rows, channels, T) -> (rows, channels, (T + left + right - taps) // down_ratio + 1)."""
-    left, right = down_pad
-    padded = F.pad(hidden, (left, right), mode="replicate")
-    out_length = (hidden.shape[-1] + left + right - down_filter.shape[0]) // down_ratio + 1
-    span = down_ratio * (out_length - 1) + 1
-    terms = [down_filter[k] * padded[..., k : k + span : down_ratio] for k in range(down_filter.shape[0])]
-    return sum(terms[1:], terms[0])
+def check_fusable(bigvgan) -> None:
+    """Raise :class:`ConfigError` unless every anti-aliased activation of ``bigvgan`` has :data:`FUSED_GEOMETRY`."""
+    modules = [bigvgan.activation_post, *(act for block in bigvgan.resblocks for act in block.activations)]
+    odd = {str(_geometry(m)) for m in modules} - {str(FUSED_GEOMETRY)}
+    if odd:
+        raise ConfigError(f"the fused vocoder activation needs {FUSED_GEOMETRY}, the checkpoint has {sorted(odd)}; "
+                          "run it unfused (stage config: stages.token2wav.compile: off)", param="compile")
 
 
-def anti_aliased_snake(hidden: Tensor, up_filter: Tensor, up_ratio: int, down_filter: Tensor, down_ratio: int,
-                       down_pad: tuple[int, int], alpha: Tensor, beta: Tensor) -> Tensor:  # fmt: skip
-    """One anti-aliased activation: :func:`upsampled_snake`, then :func:`downsampled`. (rows, channels, T) ->
-    (rows, channels, T) for the packaged ratios (2, 2) and 12-tap filters."""
-    return downsampled(upsampled_snake(hidden, up_filter, up_ratio, alpha, beta), down_filter, down_ratio, down_pad)
+if triton is not None:
+
+    @triton.jit
+    def _anti_aliased_snake_kernel(X, Out, UpFilter, DownFilter, Alpha, Beta, channels, length,
+                                   BLOCK: tl.constexpr):  # fmt: skip
+        row_channel = tl.program_id(0)
+        t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        valid = t < length
+        base = row_channel.to(tl.int64) * length
+        channel = row_channel % channels
+        alpha = tl.exp(tl.load(Alpha + channel))
+        inv_beta = 1.0 / (tl.exp(tl.load(Beta + channel)) + 1e-9)
+        last = 2 * length - 1
+        out = tl.zeros([BLOCK], dtype=tl.float32)
+        for k in tl.static_range(12):
+            n = tl.minimum(tl.maximum(2 * t + (k - 5), 0), last)  # upsampled sample, replicate-padded
+            phase = n % 2
+            m = n // 2
+            up = tl.zeros([BLOCK], dtype=tl.float32)
+            for j in tl.static_range(6):
+                # phase 0 reads input m + 2 - j with tap 2j + 1; phase 1 reads m + 3 - j with tap 2j
+                i = tl.minimum(tl.maximum(m + (2 - j) + phase, 0), length - 1)
+                tap = tl.load(UpFilter + 2 * j + 1 - phase)
+                up += tap * tl.load(X + base + i, mask=valid, other=0.0)
+            up = 2.0 * up
+            s = tl.sin(up * alpha)
+            out += tl.load(DownFilter + k) * (up + inv_beta * (s * s))
+        tl.store(Out + base + t, out, mask=valid)
 
 
-def _fused_arguments(module: torch.nn.Module) -> tuple:
-    up, down, act = module.upsample, module.downsample, module.act
-    # detached: dynamo keeps a parameter's shape static, and the channel count must stay dynamic (one graph for all)
-    return (up.filter.reshape(-1), up.ratio, down.filter.reshape(-1), down.stride, (down.pad_left, down.pad_right),
-            act.alpha.detach(), act.beta.detach())  # fmt: skip
-
-
-def fused_activation(module: torch.nn.Module, hidden: Tensor) -> Tensor:
-    """:func:`anti_aliased_snake` with the module's filters and parameters, eagerly."""
-    return anti_aliased_snake(hidden, *_fused_arguments(module))
-
-
-def _compiled(function: Callable) -> Callable:
-    """``torch.compile`` of a private copy of ``function``'s code (dynamo's recompile limit counts per code object,
-    so each instance gets its own budget); ``fullgraph``: a graph break raises instead of running partly eagerly."""
-    code = function.__code__.replace()
-    copy = types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__)
-    return torch.compile(copy, fullgraph=True, mode="default")
-
-
-class CompiledActivation:
-    """:func:`anti_aliased_snake` through ``torch.compile`` (inductor), an :data:`Activation`: two compiled
-    functions, so that the activated upsampled signal is written once and read by the low-pass (one function would
-    let inductor inline SnakeBeta into each of the low-pass's 12 taps, a sine per tap and output sample: measured
-    4x slower on an H100, BENCHMARKS.md §12.1). Two kernels per activation.
-
-    Rows, channels and length are dynamic (marked on every call), filters and SnakeBeta parameters are inputs; the
-    ratios and padding are plain ints (specialized, the same in every layer of a checkpoint), so one pair of graphs
-    serves every activation of the vocoder (plus dynamo's own specialization of a single row)."""
-
-    def __init__(self) -> None:
-        self._up = _compiled(upsampled_snake)
-        self._down = _compiled(downsampled)
-
-    def __call__(self, module: torch.nn.Module, hidden: Tensor) -> Tensor:
-        up_filter, up_ratio, down_filter, down_ratio, down_pad, alpha, beta = _fused_arguments(module)
-        torch._dynamo.mark_dynamic(hidden, (0, 1, 2))
-        torch._dynamo.mark_dynamic(alpha, 0)
-        torch._dynamo.mark_dynamic(beta, 0)
-        activated = self._up(hidden, up_filter, up_ratio, alpha, beta)
-        torch._dynamo.mark_dynamic(activated, (0, 1, 2))
-        return self._down(activated, down_filter, down_ratio, down_pad)
+def triton_activation(module: torch.nn.Module, hidden: Tensor) -> Tensor:
+    """The module's anti-aliased SnakeBeta in one Triton kernel (see the module docstring); ``hidden`` float32 on a
+    device Triton runs on (a GPU, or the CPU under ``TRITON_INTERPRET=1``), the module of :data:`FUSED_GEOMETRY`
+    (:func:`check_fusable`)."""
+    if triton is None:
+        raise RuntimeError("triton is not installed")
+    rows, channels, length = hidden.shape
+    signal = hidden.contiguous()
+    out = torch.empty_like(signal)
+    grid = (rows * channels, triton.cdiv(length, BLOCK))
+    _anti_aliased_snake_kernel[grid](signal, out, module.upsample.filter.reshape(-1),
+                                     module.downsample.filter.reshape(-1), module.act.alpha, module.act.beta,
+                                     channels, length, BLOCK=BLOCK)  # fmt: skip
+    return out
 
 
 def min_amplitude(device: torch.device) -> Tensor:
