@@ -1,22 +1,22 @@
 """BigVGAN (Qwen2.5-Omni's vocoder) as a function of tensors that CUDA graphs can capture, with its anti-aliased
-activations optionally run as one Triton kernel each.
+activations optionally run as two Triton kernels each.
 
 Where a vocoder call's time goes on a GPU (BENCHMARKS.md §12.1): not its convolutions but its 109 anti-aliased
 SnakeBeta activations (18 per upsampling stage, one after the last). Each is a replicate pad, a 2x upsampling by a
 depthwise transposed convolution with a 12-tap Kaiser-sinc filter, a crop, SnakeBeta (exp, sin, pow, mul, add), a
 second replicate pad and a depthwise 12-tap low-pass convolution of stride 2: ~10 memory-bound float32 kernels over
 signals at up to twice the output sample rate, and cuDNN runs the depthwise transposed convolution as a slow grouped
-``dgrad`` kernel (142 of a 16-row steady call's 144 ms were these). :func:`triton_activation` computes the same
-thing in one kernel that reads the input signal and writes the output: output sample t is the 12-tap low-pass of the
-activated upsampled samples n = 2t + k - 5 (k = 0..11, n clamped to the signal: the second replicate padding), and
-upsampled sample n = 2m + phase is a 6-tap sum of input samples m - 3 + phase .. m + 2 + phase (the polyphase form of
-the transposed convolution, input indices clamped: the first replicate padding). SnakeBeta is recomputed for each
-of an output's 12 taps rather than stored (the kernel is bound by its reads either way).
+``dgrad`` kernel. :func:`triton_activation` computes the same thing in two kernels:
 
-Equal to the reference up to float rounding (sums in another order); ``tests/test_vocoder.py`` checks the kernel
-against transformers' modules (on the GPU, or in Triton's interpreter on the CPU). Torch's own compilation of the
-same arithmetic was tried first: 4-12x slower than this kernel on an H100 (its generated index arithmetic over
-dynamic shapes dominated; BENCHMARKS.md §12.1).
+- upsampled samples 2m and 2m + 1 are 6-tap sums of input samples m - 3 .. m + 3 (the polyphase form of the
+  transposed convolution; input indices clamped: the first replicate padding), SnakeBeta applied, written once;
+- output sample t is the 12-tap low-pass of activated samples 2t - 5 .. 2t + 6 (clamped: the second replicate
+  padding).
+
+Equal to the reference up to float rounding (sums in another order); ``tests/test_vocoder.py`` checks the kernels
+against transformers' modules (on the GPU, or in Triton's interpreter on the CPU). Two other forms were measured
+slower on an H100 (§12.1): torch.compile of the same arithmetic (its index arithmetic over dynamic shapes
+dominated), and one kernel recomputing SnakeBeta for each of an output's 12 taps.
 """
 
 from __future__ import annotations
@@ -90,46 +90,59 @@ def check_fusable(bigvgan) -> None:
 if triton is not None:
 
     @triton.jit
-    def _anti_aliased_snake_kernel(X, Out, UpFilter, DownFilter, Alpha, Beta, channels, length,
-                                   BLOCK: tl.constexpr):  # fmt: skip
+    def _upsampled_snake_kernel(X, Activated, UpFilter, Alpha, Beta, channels, length, BLOCK: tl.constexpr):
+        # input samples m of one row and channel -> activated upsampled samples 2m (phase 0) and 2m + 1 (phase 1)
         row_channel = tl.program_id(0)
-        t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        valid = t < length
+        m = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        valid = m < length
         base = row_channel.to(tl.int64) * length
         channel = row_channel % channels
         alpha = tl.exp(tl.load(Alpha + channel))
         inv_beta = 1.0 / (tl.exp(tl.load(Beta + channel)) + 1e-9)
+        even = tl.zeros([BLOCK], dtype=tl.float32)
+        odd = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in tl.static_range(7):  # input samples m - 3 .. m + 3, clamped: the replicate padding
+            x = tl.load(X + base + tl.minimum(tl.maximum(m + (s - 3), 0), length - 1), mask=valid, other=0.0)
+            if s < 6:  # phase 0 reads m + 2 - j with tap 2j + 1: s = 5 - j
+                even += tl.load(UpFilter + 11 - 2 * s) * x
+            if s > 0:  # phase 1 reads m + 3 - j with tap 2j: s = 6 - j
+                odd += tl.load(UpFilter + 12 - 2 * s) * x
+        even = 2.0 * even
+        odd = 2.0 * odd
+        sin_even = tl.sin(even * alpha)
+        sin_odd = tl.sin(odd * alpha)
+        tl.store(Activated + 2 * base + 2 * m, even + inv_beta * (sin_even * sin_even), mask=valid)
+        tl.store(Activated + 2 * base + 2 * m + 1, odd + inv_beta * (sin_odd * sin_odd), mask=valid)
+
+    @triton.jit
+    def _lowpass_kernel(Activated, Out, DownFilter, length, BLOCK: tl.constexpr):
+        # output sample t = the 12-tap low-pass of activated samples 2t - 5 .. 2t + 6, clamped: the replicate padding
+        row_channel = tl.program_id(0)
+        t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        valid = t < length
+        base = row_channel.to(tl.int64) * length
         last = 2 * length - 1
         out = tl.zeros([BLOCK], dtype=tl.float32)
         for k in tl.static_range(12):
-            n = tl.minimum(tl.maximum(2 * t + (k - 5), 0), last)  # upsampled sample, replicate-padded
-            phase = n % 2
-            m = n // 2
-            up = tl.zeros([BLOCK], dtype=tl.float32)
-            for j in tl.static_range(6):
-                # phase 0 reads input m + 2 - j with tap 2j + 1; phase 1 reads m + 3 - j with tap 2j
-                i = tl.minimum(tl.maximum(m + (2 - j) + phase, 0), length - 1)
-                tap = tl.load(UpFilter + 2 * j + 1 - phase)
-                up += tap * tl.load(X + base + i, mask=valid, other=0.0)
-            up = 2.0 * up
-            s = tl.sin(up * alpha)
-            out += tl.load(DownFilter + k) * (up + inv_beta * (s * s))
+            n = tl.minimum(tl.maximum(2 * t + (k - 5), 0), last)
+            out += tl.load(DownFilter + k) * tl.load(Activated + 2 * base + n, mask=valid, other=0.0)
         tl.store(Out + base + t, out, mask=valid)
 
 
 def triton_activation(module: torch.nn.Module, hidden: Tensor) -> Tensor:
-    """The module's anti-aliased SnakeBeta in one Triton kernel (see the module docstring); ``hidden`` float32 on a
+    """The module's anti-aliased SnakeBeta in two Triton kernels (see the module docstring); ``hidden`` float32 on a
     device Triton runs on (a GPU, or the CPU under ``TRITON_INTERPRET=1``), the module of :data:`FUSED_GEOMETRY`
     (:func:`check_fusable`)."""
     if triton is None:
         raise RuntimeError("triton is not installed")
     rows, channels, length = hidden.shape
     signal = hidden.contiguous()
+    activated = signal.new_empty(rows, channels, 2 * length)
     out = torch.empty_like(signal)
     grid = (rows * channels, triton.cdiv(length, BLOCK))
-    _anti_aliased_snake_kernel[grid](signal, out, module.upsample.filter.reshape(-1),
-                                     module.downsample.filter.reshape(-1), module.act.alpha, module.act.beta,
-                                     channels, length, BLOCK=BLOCK)  # fmt: skip
+    _upsampled_snake_kernel[grid](signal, activated, module.upsample.filter.reshape(-1), module.act.alpha,
+                                  module.act.beta, channels, length, BLOCK=BLOCK)  # fmt: skip
+    _lowpass_kernel[grid](activated, out, module.downsample.filter.reshape(-1), length, BLOCK=BLOCK)
     return out
 
 
