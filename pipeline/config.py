@@ -126,10 +126,10 @@ class StageConfig:
     compile: str = "auto"
     """token2wav: ``on`` runs each DiT transformer block through ``torch.compile`` (inductor fuses its elementwise
     kernels; the CUDA graphs then record the compiled kernels), compiled at engine start before the graphs are
-    captured (seconds to a minute or more), and with CUDA each of the vocoder's anti-aliased activations as one Triton
-    kernel (:mod:`pipeline.models.qwen2_5_omni.vocoder`); the audio equals ``off``'s up to float rounding. ``off``
-    runs both as transformers writes them; ``auto`` = on with CUDA, off on the CPU (there the compile is C++ builds of about a
-    minute at start; ``on`` works there too). A failure to compile stops the engine's start with a ConfigError whose
+    captured (seconds to a minute or more), and with CUDA each of the vocoder's anti-aliased activations as two Triton
+    kernels (:mod:`pipeline.models.qwen2_5_omni.vocoder`); the audio equals ``off``'s up to float rounding. ``off``
+    runs both as transformers writes them; ``auto`` = on with CUDA, off on the CPU (there the compile is C++ builds of
+    about a minute at start; ``on`` works there too). A failure to compile stops the engine's start with a ConfigError whose
     message names this field: nothing falls back to ``off`` on its own. Only the token2wav stage takes it."""
 
     def worker_enabled(self) -> bool:
@@ -140,7 +140,8 @@ class StageConfig:
         return self.worker_thread == "on"
 
     def compile_enabled(self) -> bool:
-        """Whether token2wav compiles its DiT (and fuses its vocoder's activations): ``compile`` with ``auto`` resolved against this stage's device."""
+        """Whether token2wav compiles its DiT (and, with CUDA, fuses its vocoder's activations): ``compile`` with
+        ``auto`` resolved against this stage's device."""
         if self.compile == "auto":
             return self.torch_device().startswith("cuda")
         return self.compile == "on"

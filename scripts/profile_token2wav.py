@@ -6,8 +6,8 @@ one DiT velocity evaluation and one vocoder call (a diagnostic, not a test; prin
 
 Builds the token2wav of the Qwen2.5-Omni-7B architecture with random weights (as ``bench_token2wav.py``) and a
 synthesizer with the packaged GPU settings (CUDA graphs, TF32, compiled bfloat16 DiT blocks, the vocoder's
-activations fused; ``--plain`` for none of them, ``--vocoder reference`` for the activations as transformers writes them),
-warmed up for the largest slot count. Then, per slot count (streams in one batch):
+activations fused; ``--plain`` for none of them, ``--vocoder reference`` for the activations as transformers writes
+them), warmed up for the largest slot count. Then, per slot count (streams in one batch):
 
 - ``solve_ms``: one DiT ODE solve (36 evaluations, CFG batched) of the first chunk's window and of a steady chunk's
   window, through the synthesizer's batched path (a graph replay on CUDA), median of ``--repeats``;

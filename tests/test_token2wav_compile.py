@@ -248,7 +248,8 @@ def test_captured_compiled_solve_equals_the_eager_uncompiled_solve(cuda_model, c
 def test_compiled_graphs_stream_like_the_eager_path(cuda_model, cuda_compiled) -> None:
     """Whole utterances through the compiled, graph-captured synthesizer with the fused vocoder activations (as the
     engine builds it), stepped alone and batched on the token2wav worker's thread and CUDA stream (as the engine runs
-    it): audio within the graphs tests' tolerance of the eager uncompiled path (:data:`GPU_TOLERANCE`: the vocoder's cuDNN rounding), every DiT solve a replay, and no graph
+    it): audio within the graphs tests' tolerance of the eager uncompiled path (:data:`GPU_TOLERANCE`: the vocoder's
+    cuDNN rounding), every DiT solve a replay, and no graph
     compiled after the warm-up."""
     t2w, count = cuda_compiled
     assert count == 1

@@ -192,7 +192,8 @@ class TimeModulation:
                     F.linear(embedded, layer.modulation_weight, layer.modulation_bias).reshape(6, -1)
                     for layer in weights.layers
                 ]))  # fmt: skip
-                out.append(F.linear(embedded, weights.out_modulation_weight, weights.out_modulation_bias).reshape(2, -1))
+                out_modulation = F.linear(embedded, weights.out_modulation_weight, weights.out_modulation_bias)
+                out.append(out_modulation.reshape(2, -1))
         return cls(blocks=torch.stack(blocks), out=torch.stack(out))
 
 

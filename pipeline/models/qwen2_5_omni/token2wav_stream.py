@@ -27,9 +27,9 @@ equals the eager path's up to float rounding. On CPU, ``step()`` runs exactly th
 The DiT's velocity field is :mod:`.dit`'s (transformers' arithmetic, with what does not depend on the ODE state made
 once: the modulation of every evaluation time per synthesizer, the attention masks per solve). Compiled
 (``compile_dit``, the stage config's ``compile``; on by default with CUDA in the engine), each DiT block runs through
-``torch.compile`` (:class:`.dit.CompiledDitBlock`, one compiled graph shared by all blocks and all window shapes), and
+``torch.compile`` (:class:`.dit.CompiledDitBlock`, one compiled graph shared by all blocks and all window shapes),
 compiled at :meth:`StreamingToken2Wav.warm_up` before any graph is captured (the graphs then record the compiled
-kernels). With ``fused_vocoder`` each of BigVGAN's anti-aliased activations is one Triton kernel (:mod:`.vocoder`).
+kernels). With ``fused_vocoder`` each of BigVGAN's anti-aliased activations runs as two Triton kernels (:mod:`.vocoder`).
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ class GraphStats:
     ``vocoder_graphs``: captured (mel frames, rows) vocoder shapes; ``*_replays``: graph launches; ``eager_*``: DiT
     solves (one per batch or per single window) and vocoder calls that ran without a graph; ``dit_compiled``: the
     DiT blocks run compiled (``compile_dit``), in graphs and eagerly alike; ``vocoder_fused``: the vocoder's
-    anti-aliased activations run as one kernel each (``fused_vocoder``)."""
+    anti-aliased activations run as two Triton kernels each (``fused_vocoder``)."""
 
     enabled: bool
     dit_graphs: tuple[tuple[int, int], ...]
@@ -509,19 +509,19 @@ class StreamingToken2Wav:
     only while this synthesizer computes or captures, and captured graphs keep the kernels chosen at capture.
 
     ``compile_dit`` (off by default; CPU or CUDA) runs every DiT transformer block through ``torch.compile``
-    (inductor fuses the elementwise work around the matrix products: modulated norms, RoPE, masks, gates), in the
+    (inductor fuses the elementwise work around the matrix products: modulated norms, RoPE head, gates), in the
     CUDA graphs (which record the compiled kernels) and in eager solves alike; the audio equals the uncompiled
-    path's up to float rounding. Compiling takes seconds to a minute per attention-reach variant of the block (3 for
-    Qwen2.5-Omni, see :class:`_CompiledDitBlock`) and happens in :meth:`warm_up`; without it, in the first chunk.
+    path's up to float rounding. Compiling takes seconds to a minute (one graph for every block, see
+    :class:`.dit.CompiledDitBlock`) and happens in :meth:`warm_up`; without it, in the first chunk.
 
-    ``fused_vocoder`` (off by default; CUDA only) runs each of BigVGAN's anti-aliased activations as one Triton kernel
+    ``fused_vocoder`` (off by default; CUDA only) runs each of BigVGAN's anti-aliased activations as two Triton kernels
     (:func:`.vocoder.triton_activation`) instead of ~10 kernels and a slow depthwise transposed convolution, which
     were most of a vocoder call's GPU time (BENCHMARKS.md §12.1); equal up to float rounding.
 
     ``dit_dtype`` (float32 by default, as the reference) is the precision of the DiT's transformer: ``bfloat16`` or
     ``float16`` run copies of its blocks in that dtype on the tensor cores, at half the bytes of every activation;
-    the ODE state, time embedding and sums stay float32 (:class:`.dit.DitWeights`). Not equal to float32: the mel moves by
-    what BENCHMARKS.md measures. The vocoder stays float32.
+    the ODE state, time embedding and sums stay float32 (:class:`.dit.DitWeights`). Not equal to float32: the mel moves
+    by what BENCHMARKS.md measures. The vocoder stays float32.
 
     ``capture_stream`` (CUDA graphs only; default: a new stream) is where every graph of the synthesizer is warmed up
     and captured. The engine passes a CUDA green context's stream here to keep the graphs' kernels on that context's
