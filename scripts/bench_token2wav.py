@@ -21,7 +21,8 @@ Each chunk's time includes the copy of its samples to the host (``step()`` retur
 report max |graphs - eager| over the whole utterance (same noise, same codes).
 
 ``--compile`` adds, after each mode, the same mode with the DiT blocks run through ``torch.compile``
-(``compile_dit=True``; on the CPU: eager solves of compiled blocks), compiled by ``warm_up`` before its graphs are
+(``compile_dit=True``; on the CPU: eager solves of compiled blocks) and, on CUDA, the vocoder's activations fused
+(``fused_vocoder=True``, as the engine's ``compile`` does), compiled by ``warm_up`` before its graphs are
 captured; the compile time is reported apart from the capture time, with the number of graphs dynamo compiled.
 """
 
@@ -218,7 +219,8 @@ def main(argv=None) -> None:
         graphed = {}  # (tf32, compile_dit) -> float32 synthesizer, for the breakdown
         for label, graphs, tf32, compile_dit, dtype in modes:
             t2w = StreamingToken2Wav(model, cuda_graphs=graphs, tf32_matmul=tf32, compile_dit=compile_dit,
-                                     max_batch=max_batch, dit_dtype=getattr(torch, dtype))
+                                     fused_vocoder=compile_dit and cuda, max_batch=max_batch,
+                                     dit_dtype=getattr(torch, dtype))  # fmt: skip
             graphs_before = graphs_compiled()
             started = time.perf_counter()
             t2w.warm_up(max_batch=max_batch)

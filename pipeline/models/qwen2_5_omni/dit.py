@@ -120,8 +120,10 @@ class DitLayer:
 class DitWeights:
     """What one velocity evaluation runs, and the dtype the transformer computes in. The time embedding stays the
     model's float32 module (the flow-matching time must keep its precision: bfloat16 would round it to ~3 digits);
-    everything else is in ``dtype`` (the model's own tensors for float32, copies otherwise, so the model stays
-    float32 for anything else that uses it). The ODE state, the conditioning features and the RoPE tables stay
+    everything else is in ``dtype`` (the model's own tensors for float32 but the concatenated query/key/value
+    projection, copies otherwise, so the model stays float32 for anything else that uses it). Taken when the
+    synthesizer is made, as the :class:`TimeModulation` table is: later changes to the model's weights are not seen.
+    The ODE state, the conditioning features and the RoPE tables stay
     float32 outside; each evaluation casts its inputs and returns a float32 velocity, so the RK4 sums accumulate in
     float32."""
 
