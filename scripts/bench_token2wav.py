@@ -144,6 +144,18 @@ def run_batched(t2w, cond, ref_mel, codes, noise, streams: int, together: bool, 
     return time.perf_counter() - start
 
 
+def timed_ms(fn, sync, repeats: int) -> float:
+    """Median wall time of ``repeats`` calls of ``fn``, each between two ``sync()``s, in ms."""
+    samples = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return 1000 * statistics.median(samples)
+
+
 def steady_breakdown(eager, graphed, sync, compiled=None, repeats: int = 5) -> dict:
     """Median ms of a steady chunk's two parts, eager and graphed (and graphed with compiled DiT blocks, when given):
     the DiT solve of a 144-frame window and the vocoder on 40 + 72 frames. Reaches into the synthesizers' internals: a
@@ -157,14 +169,7 @@ def steady_breakdown(eager, graphed, sync, compiled=None, repeats: int = 5) -> d
     mel = torch.randn(1, dit.config.mel_dim, 112, device=device) - 4.0
 
     def timed(fn) -> float:
-        samples = []
-        for _ in range(repeats):
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            samples.append(time.perf_counter() - start)
-        return 1000 * statistics.median(samples)
+        return timed_ms(fn, sync, repeats)
 
     parts = {
         "dit_eager_ms": timed(lambda: eager._dit_batches.solve([job])),

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, when not installed
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_token2wav, beside this script
 
-from bench_token2wav import build_token2wav  # noqa: E402
+from bench_token2wav import build_token2wav, timed_ms  # noqa: E402
 
 EVALUATIONS = 36
 """Velocity evaluations per ODE solve: RK4 (4 each) over the 9 intervals of the packaged 10 time points."""
@@ -72,17 +71,6 @@ def window_job(t2w, frames: int, first_frame: int):
     groups = 2 if t2w.use_cfg else 1
     return WindowJob(torch.randn(1, frames, dit.config.mel_dim, device=t2w.device),
                      torch.randn(groups, frames, width, device=t2w.device), first_frame=first_frame)  # fmt: skip
-
-
-def timed_ms(fn, sync, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - start)
-    return 1000 * statistics.median(samples)
 
 
 def kernel_table(fn, sync, top: int) -> dict:

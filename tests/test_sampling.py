@@ -3,14 +3,10 @@ noise, determinism per row whatever the batch, and (GPU) the same tokens from a 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+from conftest import run_triton_check
 from pipeline.config import SamplingConfig
 from pipeline.noise import uniform_noise_reference as uniform_noise
 from pipeline.sampling import BatchSampler, SampleRows, SamplerSpec
@@ -190,11 +186,4 @@ print("ok")
 
 def test_the_triton_noise_kernel_equals_the_reference_bit_for_bit():
     """On the GPU the compiled kernel; without one, the same kernel in Triton's interpreter."""
-    pytest.importorskip("triton", reason="Triton is not installed (CUDA builds of torch include it)")
-    root = Path(__file__).resolve().parents[1]
-    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    done = subprocess.run([sys.executable, "-c", NOISE_CHECK], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    run_triton_check(NOISE_CHECK, timeout=300)

@@ -5,14 +5,10 @@ or in Triton's interpreter on the CPU (a subprocess: the interpreter is chosen a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+from conftest import run_triton_check
 from pipeline.errors import ConfigError
 from pipeline.models.qwen2_5_omni import vocoder
 from tests.test_token2wav_stream import MEL_DIM, build_token2wav
@@ -89,15 +85,8 @@ print("ok")
 
 
 def test_the_fused_activation_kernel_equals_the_module() -> None:
-    """On the GPU the compiled kernel; without one, the same kernel in Triton's interpreter."""
-    pytest.importorskip("triton", reason="Triton is not installed (CUDA builds of torch include it)")
-    root = Path(__file__).resolve().parents[1]
-    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    done = subprocess.run([sys.executable, "-c", KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    """On the GPU the compiled kernels; without one, the same kernels in Triton's interpreter."""
+    run_triton_check(KERNEL_CHECK)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
