@@ -129,8 +129,9 @@ class StageConfig:
     captured (seconds to a minute or more), and with CUDA each of the vocoder's anti-aliased activations as two Triton
     kernels (:mod:`pipeline.models.qwen2_5_omni.vocoder`); the audio equals ``off``'s up to float rounding. ``off``
     runs both as transformers writes them; ``auto`` = on with CUDA, off on the CPU (there the compile is C++ builds of
-    about a minute at start; ``on`` works there too). A failure to compile stops the engine's start with a ConfigError whose
-    message names this field: nothing falls back to ``off`` on its own. Only the token2wav stage takes it."""
+    about a minute at start; ``on`` works there too). A failure to compile stops the engine's start with a
+    ConfigError whose message names this field: nothing falls back to ``off`` on its own. Only the token2wav stage
+    takes it."""
 
     def worker_enabled(self) -> bool:
         """Whether token2wav synthesizes on its worker thread: ``worker_thread`` with ``auto`` resolved against this

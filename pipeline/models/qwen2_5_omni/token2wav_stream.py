@@ -29,7 +29,8 @@ once: the modulation of every evaluation time per synthesizer, the attention mas
 (``compile_dit``, the stage config's ``compile``; on by default with CUDA in the engine), each DiT block runs through
 ``torch.compile`` (:class:`.dit.CompiledDitBlock`, one compiled graph shared by all blocks and all window shapes),
 compiled at :meth:`StreamingToken2Wav.warm_up` before any graph is captured (the graphs then record the compiled
-kernels). With ``fused_vocoder`` each of BigVGAN's anti-aliased activations runs as two Triton kernels (:mod:`.vocoder`).
+kernels). With ``fused_vocoder`` each of BigVGAN's anti-aliased activations runs as two Triton kernels
+(:mod:`.vocoder`).
 """
 
 from __future__ import annotations
@@ -91,7 +92,6 @@ DEFAULT_MAX_BATCH = 8
 
 MAX_CACHED_VOICES = 32
 """Speaker conditionings kept per synthesizer (least recently used dropped first)."""
-
 
 
 class Token2WavStreamStateError(PipelineError):
