@@ -73,11 +73,11 @@ def window_job(t2w, frames: int, first_frame: int):
                      torch.randn(groups, frames, width, device=t2w.device), first_frame=first_frame)  # fmt: skip
 
 
-def kernel_table(fn, sync, top: int) -> dict:
-    """Kernels (CUDA) or operators (CPU) of one call of ``fn`` under the profiler: count, summed time, the top ones."""
+def kernel_table(fn, sync, top: int, cuda: bool) -> dict:
+    """Kernels (``cuda``: the work is on the GPU) or top-level operators (CPU) of one call of ``fn`` under the
+    profiler: count, summed time, the top ones."""
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = torch.cuda.is_available()
     fn()  # outside the profile: anything lazy (allocator, handles) happens here
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -111,9 +111,10 @@ def measure(t2w, slots: int, sync, repeats: int, top: int) -> dict:
     for name, frames in (("first", voc_first), ("steady", voc_steady)):
         mels = [torch.randn(1, mel_dim, frames, device=t2w.device) - 4.0 for _ in range(slots)]
         out[f"{name}_vocoder_ms"] = timed_ms(lambda: t2w._vocoder.many(mels), sync, repeats)
-    out["evaluation"] = kernel_table(lambda: t2w._dit_batches.evaluate_blank(steady, slots), sync, top)
+    cuda = t2w.device.type == "cuda"
+    out["evaluation"] = kernel_table(lambda: t2w._dit_batches.evaluate_blank(steady, slots), sync, top, cuda)
     mels = [torch.randn(1, mel_dim, voc_steady, device=t2w.device) - 4.0 for _ in range(slots)]
-    out["vocoder"] = kernel_table(lambda: t2w._vocoder._call(torch.cat(mels), voc_steady), sync, top)
+    out["vocoder"] = kernel_table(lambda: t2w._vocoder._call(torch.cat(mels), voc_steady), sync, top, cuda)
     return out
 
 
