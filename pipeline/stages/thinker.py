@@ -16,14 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.nn.attention import sdpa_kernel
 
-from pipeline.cuda_graphs import host_to_device
+from pipeline.models.qwen2_5_omni.audio_encoder import BlockEncoder, block_tokens
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
 from pipeline.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
-from pipeline.stages.decoder import PREFILL_BACKENDS, PooledDecoder
+from pipeline.stages.decoder import PooledDecoder
 
 
 @dataclass
@@ -65,6 +64,8 @@ class ThinkerRunner:
         self.lm_head = thinker.lm_head
         self.device = torch.device(device)
         self.dtype = dtype
+        self.audio = BlockEncoder(self.audio_tower, device=self.device, cuda_graphs=cuda_graphs)
+        """User audio blocks, batched; on CUDA replayed from graphs (pipeline/models/qwen2_5_omni/audio_encoder.py)."""
         self.config = thinker.config
         self.decoder = PooledDecoder(self.text_model, slots=kv_slots, max_len=max_len, dtype=dtype, device=self.device,
                                       fuse=fused_decode and triton_available(self.device))
@@ -81,9 +82,10 @@ class ThinkerRunner:
         )
 
     def capture(self) -> None:
-        """Record the decode and prefill graphs (CUDA with Triton only; seconds for a 7B model): call once at start."""
+        """Record the decode, prefill and audio-encode graphs (CUDA; seconds for a 7B model): call once at start."""
         self.batched.capture()
         self.prefills.capture()
+        self.audio.capture()
 
     @torch.inference_mode()
     def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
@@ -99,22 +101,12 @@ class ThinkerRunner:
 
     def audio_tokens(self, frames: int) -> int:
         """Tokens the audio encoder makes of ``frames`` mel frames (one block or tail)."""
-        _, out = self.audio_tower._get_feat_extract_output_lengths(torch.tensor([frames]))
-        return int(out[0])
+        return int(block_tokens(frames))
 
-    @torch.inference_mode()
     def encode_many(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
-        """:meth:`encode_features` of several blocks (each at most 200 frames) in one encoder call: the encoder
+        """:meth:`encode_features` of several blocks (each at most 200 frames) in one batched encode: the encoder
         attends within each block, so the blocks of different conversations batch without mixing."""
-        lengths = [f.shape[1] for f in features]
-        joined = host_to_device(torch.cat([f.float().cpu() for f in features], dim=1), torch.float32, self.device)
-        lens = torch.tensor(lengths, dtype=torch.long, device=self.device)
-        after_cnn, _ = self.audio_tower._get_feat_extract_output_lengths(lens)
-        with sdpa_kernel(PREFILL_BACKENDS):  # tails of any length: no per-shape cuDNN plan
-            out = self.audio_tower(joined.to(self.audio_tower.conv1.weight.dtype), feature_lens=lens,
-                                   aftercnn_lens=after_cnn)  # fmt: skip
-        sizes = [self.audio_tokens(n) for n in lengths]
-        return list(out.last_hidden_state.to(self.dtype).split(sizes))
+        return [out.to(self.dtype) for out in self.audio.encode_many(features)]
 
     @torch.inference_mode()
     def prefill(self, embeds: torch.Tensor, slot: int, start: int, *, logits: bool = True) -> ThinkerOutput:
