@@ -84,13 +84,6 @@ class StageConfig:
     run together as one batch (on CUDA at most 512 positions, one graph replay; what does not fit waits a step);
     talker: talker prefills per step. The budget keeps a burst of long prompts from stalling every session's next
     token."""
-    catch_up_steps: int = 0
-    """talker: extra decode steps per engine step, in the steps where the thinker also ran, for the replies whose
-    talker needs no new text (their text is done, or their thinker vectors are already queued). Why: a step with a
-    thinker batch costs ~3.7x a talker-only one on the H100 (9.2 against 2.5 ms at 16 rows), and while any reply is
-    still writing text every step has one, so under load a reply past its text made one codec token per thinker
-    step. Each catch-up step gives those replies one more token for one talker step's time; the replies still writing
-    text wait that long for their next one (BENCHMARKS.md §13)."""
     cuda_graphs: bool = True
     """thinker/talker on CUDA: replay decode steps from CUDA graphs captured at start for batch sizes up to
     ``kv_slots`` (needs Triton, which CUDA builds of torch include)."""
@@ -283,11 +276,6 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
                               param=f"{path}.dit_dtype")  # fmt: skip
     if values.get("worker_thread", "auto") not in WORKER_THREAD:
         raise ConfigError(f"{path}.worker_thread must be one of {WORKER_THREAD}", param=f"{path}.worker_thread")
-    catch_up = values.get("catch_up_steps", 0)
-    if not isinstance(catch_up, int) or isinstance(catch_up, bool) or catch_up < 0:
-        raise ConfigError(f"{path}.catch_up_steps must be an integer >= 0", param=f"{path}.catch_up_steps")
-    if catch_up and name != "talker":
-        raise ConfigError(f"{path}.catch_up_steps only applies to the talker", param=f"{path}.catch_up_steps")
     if "compile" in values:
         if name != "token2wav":
             raise ConfigError(f"{path}.compile only applies to token2wav", param=f"{path}.compile")

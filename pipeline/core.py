@@ -148,7 +148,7 @@ class EngineCore:
         self.seed = seed
         self._seed_counter = 0
         self.counters = {"thinker_tokens_total": 0, "talker_tokens_total": 0, "audio_samples_total": 0,
-                         "decode_steps_total": 0, "talker_catch_up_steps_total": 0}
+                         "decode_steps_total": 0}
         """Cumulative work counters reported by :meth:`stats` (tokens/s per stage in benchmarks)."""
         self.conversations: dict[str, ConversationState] = {}
         self._prefills = PrefillBatch(th.max_prefills_per_step, None)
@@ -373,8 +373,6 @@ class EngineCore:
         talker_codes = self._talker_decode(talker_rows)
         self._accept_sampled(thinker_tokens, self._accept_text_token)
         self._accept_sampled(talker_codes, self._accept_code)
-        if thinker_tokens:
-            self._talker_catch_up([r for r, _ in talker_rows])
         live = [r for r in decoding if r.id in self.responses]
         ready = [r for r in live if r.t2w is not None and not self._t2w_busy(r) and r.t2w.ready()]
         # a response only waiting for the token2wav worker is not progress: the loop then waits for a wake-up
@@ -735,20 +733,6 @@ class EngineCore:
         vectors = {r.id: v for r, v in rows}
         self._run_batch("talker", [r for r, _ in rows], run)
         return sampled
-
-    def _talker_catch_up(self, rows: list[ResponseState]) -> None:
-        """Up to ``talker.catch_up_steps`` more talker steps, this engine step, for the rows of its talker batch that
-        need no new thinker vector (their text is done or their vectors are queued): the thinker step that set this
-        step's pace gave the rest of the batch one token; these get one more per catch-up step (see
-        ``StageConfig.catch_up_steps``). Each step's codes are read before the next (its inputs)."""
-        for _ in range(self.cfg.talker.catch_up_steps):
-            rows = [r for r in rows if r.id in self.responses and not r.talker_done
-                    and (r.talker_queue or r.thinker_done)]  # fmt: skip
-            if not rows:
-                return
-            self.counters["talker_catch_up_steps_total"] += 1
-            self._accept_sampled(self._talker_decode([(r, self._next_talker_vector(r)) for r in rows]),
-                                 self._accept_code)  # fmt: skip
 
     def _force_codes(self, r: ResponseState) -> bool:
         return r.codec_tokens < (self.cfg.talker.min_tokens or 0)

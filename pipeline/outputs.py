@@ -132,8 +132,6 @@ class EngineStats:
     """24 kHz samples of audio emitted since start."""
     decode_steps_total: int = 0
     """Engine steps that decoded at least one thinker or talker token."""
-    talker_catch_up_steps_total: int = 0
-    """Extra talker decode steps run inside engine steps (``StageConfig.catch_up_steps``), not counted above."""
     device_memory_bytes: int = 0
     """Accelerator memory allocated by torch now (0 on the CPU)."""
     device_memory_peak_bytes: int = 0
