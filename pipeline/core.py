@@ -761,12 +761,21 @@ class EngineCore:
         self.code_sampler.reset(conv.talker_slot, seen)
         r.t2w = self.token2wav.start(
             speaker.cond, speaker.ref_mel, voice=r.spec.voice,
-            generator=self._generator(self.t2w_device), max_codes=self.max_codes,
+            generator=self._generator(self.t2w_device), max_codes=self.max_codes, quick=self._quick_first_chunk(),
         )
         return self.talker.prefill(
             vectors, codec_pad=self.special.codec_pad, codec_bos=self.special.codec_bos, slot=conv.talker_slot,
             start=reuse,
         )
+
+    def _quick_first_chunk(self) -> bool:
+        """Whether a reply's audio starts with the quick first chunk (``ChunkingConfig.quick_first_chunk_frames``):
+        only while at most ``quick_first_chunk_max_open`` other replies' audio is still being synthesized."""
+        chunking = self.token2wav.cfg
+        if chunking.quick_first_chunk_frames is None:
+            return False
+        open_streams = sum(1 for r in self.responses.values() if r.t2w is not None and not r.t2w.done)
+        return open_streams <= chunking.quick_first_chunk_max_open
 
     def _next_talker_vector(self, r: ResponseState) -> torch.Tensor | None:
         """Next thinker vector for the talker: reply tokens, then text-eos once, then text-pad."""

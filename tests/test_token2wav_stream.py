@@ -607,3 +607,50 @@ def test_a_look_ahead_first_chunk_stays_close_to_one_shot_and_click_free(realist
     codes, cond, ref_mel, noise = utterance(100)
     at_seams, normal = seam_jumps(stream_chunks(smooth, LOOKAHEAD_FIRST, codes, cond, ref_mel, noise))
     assert at_seams.max() <= np.percentile(normal, 99)
+
+
+QUICK = ChunkingConfig(first_chunk_frames=48, ramp_frames=(24, 24, 48, 48), quick_first_chunk_frames=24)
+"""The packaged schedule with a quick first chunk for streams opened while token2wav is idle."""
+
+
+def test_the_quick_first_chunk_is_the_look_ahead_schedule() -> None:
+    assert QUICK.quick() == LOOKAHEAD_FIRST
+    assert QUICK.schedules() == (QUICK, LOOKAHEAD_FIRST) and LOOKAHEAD_FIRST.schedules() == (LOOKAHEAD_FIRST,)
+    assert QUICK.first_audio_codes == 36 and QUICK.quick().first_audio_codes == 24
+    with pytest.raises(ConfigError, match="quick_first_chunk_frames is not set"):
+        ChunkingConfig().quick()
+    for bad in ({"quick_first_chunk_frames": 0}, {"quick_first_chunk_frames": 25},
+                {"quick_first_chunk_frames": 12, "dit_block_frames": 24}, {"quick_first_chunk_max_open": -1}):
+        with pytest.raises(ConfigError, match="quick_first_chunk"):
+            ChunkingConfig(**bad)
+
+
+def test_a_quick_stream_makes_the_look_ahead_schedules_audio_and_a_plain_one_the_packaged(realistic_model) -> None:
+    codes, cond, ref_mel, noise = utterance(70)
+    t2w = StreamingToken2Wav(realistic_model, QUICK)
+    quick = t2w.start(cond, ref_mel, noise=noise, max_codes=70, quick=True)
+    plain = t2w.start(cond, ref_mel, noise=noise, max_codes=70)
+    quick.push(codes[:24])
+    plain.push(codes[:24])
+    assert quick.ready() and not plain.ready()
+    got = {"quick": [quick.step()], "plain": []}
+    for name, stream in (("quick", quick), ("plain", plain)):
+        stream.push(codes[24:])
+        stream.finish()
+        got[name] += [stream.step() for _ in iter(lambda: not stream.done, False)]
+    for name, cfg in (("quick", LOOKAHEAD_FIRST), ("plain", QUICK)):
+        want = stream_chunks(realistic_model, cfg, codes, cond, ref_mel, noise, push_size=70)
+        np.testing.assert_allclose(np.concatenate(got[name]), np.concatenate(want), rtol=0, atol=FLOAT_NOISE)
+    with pytest.raises(ConfigError, match="quick_first_chunk_frames"):
+        StreamingToken2Wav(realistic_model, ChunkingConfig()).start(cond, ref_mel, noise=noise, max_codes=70,
+                                                                    quick=True)  # fmt: skip
+
+
+def test_graph_shapes_cover_both_schedules() -> None:
+    from pipeline.models.qwen2_5_omni.token2wav_stream import _vocoder_frames, _window_frames
+
+    packaged = ChunkingConfig(first_chunk_frames=48, ramp_frames=(24, 24, 48, 48))
+    assert _window_frames(packaged) == (72, 96, 120, 144)
+    assert _vocoder_frames(packaged) == (48, 64, 88, 112)
+    assert _window_frames(QUICK) == (48, 72, 96, 120, 144), "+ the quick first chunk's window"
+    assert _vocoder_frames(QUICK) == (44, 48, 64, 88, 112), "+ its vocoded 24 + 20, and 24 + 24 for the next chunk"

@@ -24,7 +24,7 @@ A chunk has these ranges (half-open, absolute positions from the start of the ut
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.errors import ConfigError
 
@@ -73,6 +73,14 @@ class ChunkingConfig:
     first chunk holds back only ``hold_frames`` minus these (none when >= ``hold_frames``): with a 24-frame first chunk
     and 20 here, the first audio is 240 ms long after 24 codes instead of 40 ms. The trade: the samples just before the
     first seam are computed from look-ahead mel frames that the next chunk recomputes (at most ``future_frames``)."""
+    quick_first_chunk_frames: int | None = None
+    """A shorter first chunk for streams opened while token2wav is nearly idle (the engine asks for it when at most
+    ``quick_first_chunk_max_open`` other streams are open): its stream uses :meth:`quick` (this first chunk, vocoded
+    with ``hold_frames`` of its look-ahead, so it emits all of its frames). Why only then: 24 frames need 24 codes
+    instead of 36 (12 fewer talker steps before the first audio, ~25 ms at one user on the H100), but every reply then
+    makes one more token2wav job, which under load costs more than it saves (BENCHMARKS.md §11.5). None: off."""
+    quick_first_chunk_max_open: int = 0
+    """Other open streams (replies still being synthesized) up to which a new stream gets the quick first chunk."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.ramp_frames, tuple):  # YAML gives a list
@@ -93,6 +101,13 @@ class ChunkingConfig:
         _require(self.guidance_scale >= 0, "guidance_scale", "must be >= 0")
         _require(0 <= self.first_vocoder_lookahead_frames <= self.future_frames, "first_vocoder_lookahead_frames",
                  f"must be in [0, future_frames ({self.future_frames})]")
+        _require(self.quick_first_chunk_max_open >= 0, "quick_first_chunk_max_open", "must be >= 0")
+        if self.quick_first_chunk_frames is not None:
+            _require(isinstance(self.quick_first_chunk_frames, int) and self.quick_first_chunk_frames >= 1,
+                     "quick_first_chunk_frames", "must be an integer >= 1")
+            _require_multiple(self, "quick_first_chunk_frames", self.frames_per_code, "frames_per_code")
+            if self.dit_block_frames is not None:
+                _require_multiple(self, "quick_first_chunk_frames", self.dit_block_frames, "dit_block_frames")
         _require(
             self.vocoder_trim_frames <= self.vocoder_overlap_frames,
             "vocoder_trim_frames",
@@ -113,6 +128,19 @@ class ChunkingConfig:
         if index <= len(self.ramp_frames):
             return self.ramp_frames[index - 1]
         return self.chunk_frames
+
+    def quick(self) -> ChunkingConfig:
+        """The schedule of a stream opened with the quick first chunk (``quick_first_chunk_frames``): that first chunk,
+        its vocoder running ``hold_frames`` (at most ``future_frames``) of its look-ahead; everything else as here."""
+        if self.quick_first_chunk_frames is None:
+            raise ConfigError("ChunkingConfig.quick_first_chunk_frames is not set", param="quick_first_chunk_frames")
+        return replace(self, first_chunk_frames=self.quick_first_chunk_frames, quick_first_chunk_frames=None,
+                       first_vocoder_lookahead_frames=min(self.hold_frames, self.future_frames))
+
+    def schedules(self) -> tuple[ChunkingConfig, ...]:
+        """This schedule and, when ``quick_first_chunk_frames`` is set, its :meth:`quick` variant: what a synthesizer's
+        streams may use (the shapes worth a CUDA graph are theirs together)."""
+        return (self,) if self.quick_first_chunk_frames is None else (self, self.quick())
 
     @property
     def hold_frames(self) -> int:

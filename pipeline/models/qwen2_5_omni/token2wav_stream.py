@@ -318,19 +318,28 @@ class GraphStats:
 
 
 def _window_frames(cfg: ChunkingConfig) -> tuple[int, ...]:
-    """DiT window lengths worth a graph: the first chunk with its look-ahead, and each later chunk size (ramp and
-    steady) with its full past and look-ahead. No window is longer than the largest (a chunk after the first has at
-    most ``past_frames`` of past); shorter ones (early chunks, the last) are padded up to the nearest."""
-    first = cfg.first_chunk_frames + cfg.future_frames
-    later = {cfg.past_frames + size + cfg.future_frames for size in (*cfg.ramp_frames, cfg.chunk_frames)}
-    return tuple(sorted({first, *later}))
+    """DiT window lengths worth a graph, over ``cfg``'s schedules (with its quick first chunk, if set): each first chunk
+    with its look-ahead, and each later chunk size (ramp and steady) with its full past and look-ahead. No window is
+    longer than the largest (a chunk after the first has at most ``past_frames`` of past); shorter ones (early chunks,
+    the last) are padded up to the nearest."""
+    lengths = set()
+    for c in cfg.schedules():
+        lengths.add(c.first_chunk_frames + c.future_frames)
+        lengths |= {c.past_frames + size + c.future_frames for size in (*c.ramp_frames, c.chunk_frames)}
+    return tuple(sorted(lengths))
 
 
 def _vocoder_frames(cfg: ChunkingConfig) -> tuple[int, ...]:
-    """Vocoder input lengths worth a graph: the first chunk, and each later chunk size after its re-run overlap. The
-    vocoder cannot be padded exactly (its right edge would see the padding), so other lengths run eagerly."""
-    later = {cfg.vocoder_overlap_frames + size for size in (*cfg.ramp_frames, cfg.chunk_frames)}
-    return tuple(sorted({cfg.first_chunk_frames + cfg.first_vocoder_lookahead_frames, *later}))
+    """Vocoder input lengths worth a graph, over ``cfg``'s schedules: each first chunk (with its vocoded look-ahead),
+    the second chunk after the re-run overlap that the first chunk can give, and each later chunk size after the full
+    overlap. The vocoder cannot be padded exactly (its right edge would see the padding), so other lengths (a last
+    chunk) run eagerly."""
+    lengths = set()
+    for c in cfg.schedules():
+        lengths.add(c.first_chunk_frames + c.first_vocoder_lookahead_frames)
+        lengths.add(min(c.vocoder_overlap_frames, c.first_chunk_frames) + c.chunk_size(1))
+        lengths |= {c.vocoder_overlap_frames + size for size in (*c.ramp_frames, c.chunk_frames)}
+    return tuple(sorted(lengths))
 
 
 class _BatchedDit:
@@ -595,6 +604,7 @@ class StreamingToken2Wav:
         noise: Tensor | None = None,
         generator: torch.Generator | None = None,
         max_codes: int,
+        quick: bool = False,
     ) -> Token2WavStream:
         """Open a stream for one utterance of at most ``max_codes`` codec tokens.
 
@@ -602,8 +612,12 @@ class StreamingToken2Wav:
         conditioning is cached per ``voice`` name, or per tensor pair when no name is given (pass the name when
         the tensors are fresh copies each time). ``noise`` (1, >= max_codes * frames_per_code, mel_dim) is the
         utterance's initial ODE state; when omitted it is drawn once, here, from ``generator`` (torch's default
-        generator when None).
+        generator when None). ``quick``: the stream makes the quick first chunk (``ChunkingConfig.quick``; the
+        synthesizer's chunking must set ``quick_first_chunk_frames``, else ConfigError).
         """
+        if quick and self.cfg.quick_first_chunk_frames is None:
+            raise ConfigError("a quick first chunk needs chunking.quick_first_chunk_frames",
+                              param="quick_first_chunk_frames")  # fmt: skip
         frames = max_codes * self.cfg.frames_per_code
         limit = self.dit.config.max_position_embeddings // self.cfg.frames_per_code
         if not 0 <= max_codes <= limit:  # the DiT's trained position range, as the reference enforces
@@ -614,7 +628,7 @@ class StreamingToken2Wav:
         with torch.inference_mode():
             noise = self._noise(noise, generator, frames)
             speaker = self._speakers.get(cond, ref_mel, voice)
-        return Token2WavStream(self, speaker, noise, max_codes)
+        return Token2WavStream(self, speaker, noise, max_codes, self.cfg.quick() if quick else self.cfg)
 
     def warm_up(self, max_batch: int = 1) -> None:
         """Compile the DiT blocks (``compile_dit``), then capture the graphs of the regular shapes (``cuda_graphs``),
@@ -738,9 +752,11 @@ class Token2WavStream:
     engine that interleaves one step per tick can cancel within one chunk by calling ``close()``.
     """
 
-    def __init__(self, owner: StreamingToken2Wav, speaker: _Speaker, noise: Tensor, max_codes: int) -> None:
+    def __init__(self, owner: StreamingToken2Wav, speaker: _Speaker, noise: Tensor, max_codes: int,
+                 cfg: ChunkingConfig) -> None:  # fmt: skip
         self._owner = owner
-        self._cfg = owner.cfg
+        self._cfg = cfg
+        """This stream's schedule: the owner's, or its quick variant."""
         self._speaker: _Speaker | None = speaker
         self._noise: Tensor | None = noise
         # Codes stay on the host: pushing one per talker step must not wait on the GPU.
