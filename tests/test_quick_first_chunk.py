@@ -59,7 +59,8 @@ def test_only_a_reply_that_finds_token2wav_idle_gets_the_quick_first_chunk(tiny_
 
 @torch.inference_mode()
 def test_without_the_setting_every_reply_starts_with_the_packaged_first_chunk(tiny_model_dir):
-    core = make_core(tiny_model_dir)
+    assert load_stage_config().token2wav.chunking["quick_first_chunk_frames"] == 24, "the packaged config has it"
+    core = make_core(tiny_model_dir, quick_first_chunk_frames=None)
     events = start(core, "a")
     while core.responses:
         core.step()
