@@ -369,7 +369,8 @@ class EngineCore:
         # Both stages' steps are queued before either's tokens are read: the talker's step needs the thinker's
         # vectors (device tensors), not its new tokens, so the device runs the two back to back.
         thinker_tokens = self._thinker_decode([r for r in decoding if not r.thinker_done])
-        talker_rows = self._talker_rows([r for r in decoding if r.id in self.responses and r.spec.audio])
+        talker_rows = self._talker_rows(self._talker_may_step([r for r in decoding if r.id in self.responses
+                                                                and r.spec.audio]))  # fmt: skip
         talker_codes = self._talker_decode(talker_rows)
         self._accept_sampled(thinker_tokens, self._accept_text_token)
         self._accept_sampled(talker_codes, self._accept_code)
@@ -692,6 +693,17 @@ class EngineCore:
             if vector is not None:
                 batch.append((r, vector))
         return batch
+
+    def _talker_may_step(self, rows: list[ResponseState]) -> list[ResponseState]:
+        """``rows``, or none when every one still talking is a reply whose first chunk the token2wav worker is making
+        now. Why: then nothing else needs the GPU, and their talker steps would only slow that chunk, which someone is
+        waiting to hear (at one user on the H100 a first chunk took 71 ms beside the talker's remaining steps, ~47 ms
+        alone; BENCHMARKS.md §13.5); their next codes are needed for the second chunk, 240-280 ms of audio later. With
+        any other row decoding, the GPU is shared anyway and everyone steps."""
+        talking = [r for r in rows if not r.talker_done]
+        if talking and all(id(r.t2w) in self._t2w_jobs and r.first_audio_at is None for r in talking):
+            return []
+        return rows
 
     def _talker_step(self, r: ResponseState) -> torch.Tensor | None:
         """Start the talker (prefill and first code) or return the vector of its next decode step."""

@@ -1,0 +1,99 @@
+"""While the token2wav worker makes the first chunk of every reply still talking, the talker does not step (nothing
+else needs the device, and its steps would slow that chunk); with any other reply decoding, everyone steps."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+from conftest import greedy_stage_config
+
+from pipeline.outputs import AudioChunk
+from pipeline.request import ResponseSpec
+
+
+def make_core(tiny_model_dir):
+    from pipeline.core import EngineCore
+    from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
+
+    cfg = greedy_stage_config(thinker={"min_tokens": 4, "max_tokens": 4}, talker={"min_tokens": 60, "max_tokens": 60},
+                              token2wav={"worker_thread": "on"})  # fmt: skip
+    core = EngineCore(load_checkpoint(tiny_model_dir), cfg, seed=5)
+    assert core.t2w_worker is not None
+    return core
+
+
+def hold_jobs(core) -> threading.Event:
+    """Make the worker's jobs wait for the returned event (so the test decides when a chunk is done)."""
+    release = threading.Event()
+    run = core.t2w_worker._run
+
+    def held(*args):
+        release.wait(30)
+        return run(*args)
+
+    core.t2w_worker._run = held
+    return release
+
+
+def start(core, name: str) -> list:
+    events: list = []
+    core.open_conversation(name, "You are a test.")
+    core.add_text(name, f"{name}-u", "user", f"Hello from {name}")
+    core.start_response(ResponseSpec(id=f"r-{name}", conv_id=name, item_id=f"{name}-a", audio=True, voice="Chelsie",
+                                     max_text_tokens=4, sink=events.append))  # fmt: skip
+    return events
+
+
+def until_first_chunk_submitted(core, name: str) -> None:
+    r = core.responses[f"r-{name}"]
+    for _ in range(500):
+        if r.t2w is not None and core.t2w_worker.busy_with(r.t2w):
+            return
+        core.step()
+    raise AssertionError("no first-chunk job")
+
+
+@torch.inference_mode()
+def test_a_lone_reply_talks_again_once_its_first_chunk_is_out(tiny_model_dir):
+    core = make_core(tiny_model_dir)
+    try:
+        release = hold_jobs(core)
+        events = start(core, "a")
+        until_first_chunk_submitted(core, "a")
+        codes = core.counters["talker_tokens_total"]
+        for _ in range(5):
+            assert core.step() is False, "nothing to do but wait for the chunk"
+        assert core.counters["talker_tokens_total"] == codes
+        release.set()
+        deadline = time.monotonic() + 60
+        while not any(isinstance(e, AudioChunk) for e in events):
+            assert time.monotonic() < deadline, "the first chunk never came"
+            if not core.step():
+                time.sleep(0.005)  # the engine's loop would wait for the worker's wake-up
+        for _ in range(3):
+            core.step()
+        assert core.counters["talker_tokens_total"] > codes, "the talker resumes after the first chunk"
+    finally:
+        release.set()
+        core.close()
+
+
+@torch.inference_mode()
+def test_with_another_reply_decoding_every_talker_steps(tiny_model_dir):
+    core = make_core(tiny_model_dir)
+    try:
+        release = hold_jobs(core)
+        start(core, "a")
+        until_first_chunk_submitted(core, "a")
+        start(core, "b")
+        a, b = core.responses["r-a"], core.responses["r-b"]
+        while not b.talker_started:
+            core.step()
+        before = len(a.codes), len(b.codes)
+        core.step()
+        assert (len(a.codes), len(b.codes)) == (before[0] + 1, before[1] + 1)
+    finally:
+        release.set()
+        core.close()
