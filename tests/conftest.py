@@ -74,6 +74,19 @@ def greedy_stage_config(**overrides):
     return replace(cfg, thinker=thinker, talker=talker, token2wav=token2wav)
 
 
+def start_spoken_reply(core, name: str, max_text_tokens: int = 4) -> list:
+    """Open conversation ``name`` on an ``EngineCore`` driven by the test, add a user text and start a spoken reply
+    ``r-<name>``; returns the list its events are appended to."""
+    from pipeline.request import ResponseSpec
+
+    events: list = []
+    core.open_conversation(name, "You are a test.")
+    core.add_text(name, f"{name}-u", "user", f"Hello from {name}")
+    core.start_response(ResponseSpec(id=f"r-{name}", conv_id=name, item_id=f"{name}-a", audio=True, voice="Chelsie",
+                                     max_text_tokens=max_text_tokens, sink=events.append))  # fmt: skip
+    return events
+
+
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_dir):
     """A greedy engine on the tiny checkpoint, shared by the tests of a session (each test opens

@@ -4,11 +4,10 @@ most ``quick_first_chunk_max_open`` other replies' audio to make; the others sta
 from __future__ import annotations
 
 import torch
-from conftest import greedy_stage_config
+from conftest import greedy_stage_config, start_spoken_reply
 
 from pipeline.config import load_stage_config
 from pipeline.outputs import AudioChunk
-from pipeline.request import ResponseSpec
 
 HOP = 240
 """24 kHz samples per mel frame."""
@@ -26,12 +25,7 @@ def make_core(tiny_model_dir, **chunking):
 
 
 def start(core, name: str) -> list:
-    events: list = []
-    core.open_conversation(name, "You are a test.")
-    core.add_text(name, f"{name}-u", "user", f"Hello from {name}")
-    core.start_response(ResponseSpec(id=f"r-{name}", conv_id=name, item_id=f"{name}-a", audio=True, voice="Chelsie",
-                                     max_text_tokens=4, sink=events.append))  # fmt: skip
-    return events
+    return start_spoken_reply(core, name)
 
 
 def first_chunk(events: list) -> AudioChunk:

@@ -7,10 +7,9 @@ import threading
 import time
 
 import torch
-from conftest import greedy_stage_config
+from conftest import greedy_stage_config, start_spoken_reply
 
 from pipeline.outputs import AudioChunk
-from pipeline.request import ResponseSpec
 
 
 def make_core(tiny_model_dir):
@@ -38,12 +37,7 @@ def hold_jobs(core) -> threading.Event:
 
 
 def start(core, name: str) -> list:
-    events: list = []
-    core.open_conversation(name, "You are a test.")
-    core.add_text(name, f"{name}-u", "user", f"Hello from {name}")
-    core.start_response(ResponseSpec(id=f"r-{name}", conv_id=name, item_id=f"{name}-a", audio=True, voice="Chelsie",
-                                     max_text_tokens=4, sink=events.append))  # fmt: skip
-    return events
+    return start_spoken_reply(core, name)
 
 
 def until_first_chunk_submitted(core, name: str) -> None:
