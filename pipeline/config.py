@@ -86,7 +86,8 @@ class StageConfig:
     token."""
     cuda_graphs: bool = True
     """thinker/talker on CUDA: replay decode steps from CUDA graphs captured at start for batch sizes up to
-    ``kv_slots`` (needs Triton, which CUDA builds of torch include)."""
+    ``kv_slots`` (needs Triton, which CUDA builds of torch include); the thinker's prefill chunks and user audio encodes
+    (batches of 1-16 padded 2 s blocks) too."""
     fused_decode: bool = True
     """thinker/talker on CUDA: graph-captured decode steps run each layer as 9 kernels (fused q/k/v and gate/up
     weights, Triton add+RMSNorm, RoPE+KV write and SiLU×up; pipeline/stages/fused_decode.py) instead of HF's ~37.
