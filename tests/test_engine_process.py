@@ -150,8 +150,11 @@ async def test_streamed_audio_then_commit_and_respond(engine, tiny_engine):
         replies.append(done)
         await conv.close()
     ours, theirs = replies
-    assert (ours.text_token_ids, ours.audio_codes, ours.usage) == (theirs.text_token_ids, theirs.audio_codes,
-                                                                  theirs.usage)
+    # cached_tokens is left out: whether the engine runs a step (encoding the tail and prefilling it in the background)
+    # between the commit and the response's start depends on whether the two commands reach it in one pass, which is
+    # timing (seen once in a full suite on 2 loaded cores: 192 against 166 cached positions, tokens identical).
+    assert (ours.text_token_ids, ours.audio_codes) == (theirs.text_token_ids, theirs.audio_codes)
+    assert replace(ours.usage, cached_tokens=0) == replace(theirs.usage, cached_tokens=0)
 
 
 async def test_stats_and_wait_idle(engine):
