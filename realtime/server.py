@@ -305,7 +305,6 @@ class RealtimeServer:
 
     async def hygiene(self) -> Hygiene:
         """What the server holds now (the ``/metrics`` hygiene gauges; tests check it after faults)."""
-        engine = self.engine
         return Hygiene(
             sessions=self.slots.active,
             session_tasks=live_session_tasks(),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from pipeline.errors import (
     UnknownItemError,
     UnknownVoiceError,
 )
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta
+from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
 
 
 async def test_cancel_mid_response_stops_every_stage_and_next_response_works(tiny_engine):

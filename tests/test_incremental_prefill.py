@@ -8,7 +8,6 @@ prefill of the same conversation (all caches dropped first, the whole context in
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np

@@ -8,7 +8,6 @@ import torch
 from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration, WhisperFeatureExtractor
 
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower
-from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
 from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta
 
