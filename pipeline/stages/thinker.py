@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.models.qwen2_5_omni.audio_encoder import BlockEncoder, block_tokens
+from pipeline.models.qwen2_5_omni.audio_encoder import BlockEncoder
+from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
 from pipeline.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 from pipeline.stages.decode_attention import triton_available
@@ -101,7 +102,7 @@ class ThinkerRunner:
 
     def audio_tokens(self, frames: int) -> int:
         """Tokens the audio encoder makes of ``frames`` mel frames (one block or tail)."""
-        return int(block_tokens(frames))
+        return audio_tokens_for_mel_frames(frames)
 
     def encode_many(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
         """:meth:`encode_features` of several blocks (each at most 200 frames) in one batched encode: the encoder

@@ -27,25 +27,21 @@ from torch import Tensor, nn
 from torch.nn.attention import sdpa_kernel
 
 from pipeline.cuda_graphs import CapturedCall, bucket_at_least, host_to_device
+from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
 from pipeline.stages.decoder import PREFILL_BACKENDS
 
-__all__ = ["BlockEncoder", "GRAPH_BATCHES", "block_tokens", "encode_blocks"]
+__all__ = ["BlockEncoder", "GRAPH_BATCHES", "encode_blocks"]
 
 GRAPH_BATCHES = (1, 2, 4, 8, 16)
 """Blocks per captured encode. A step's encodes (every conversation's new blocks and tails) are padded to the next
 size; more than the largest run as several replays."""
 
 
-def block_tokens(frames: Tensor | int) -> Tensor | int:
-    """Tokens the encoder makes of a block of ``frames`` mel frames (transformers'
-    ``_get_feat_extract_output_lengths``)."""
-    return ((frames - 1) // 2 + 1 - 2) // 2 + 1
-
-
 def encode_blocks(tower: nn.Module, features: Tensor, lengths: Tensor) -> Tensor:
     """``features`` (B, n_mels, W) float, zero beyond each block's length; ``lengths`` (B,) int64 mel frames, each in
     1..W (W at most the tower's ``n_window * 2``). Returns (B, P // 2, output_dim) in the tower's dtype, with
-    ``P = (W - 1) // 2 + 1``: block i's tokens are its first :func:`block_tokens` rows. Device work only."""
+    ``P = (W - 1) // 2 + 1``: block i's tokens are its first ``audio_tokens_for_mel_frames(lengths[i])`` rows. Device
+    work only."""
     dtype = tower.conv1.weight.dtype
     frames = torch.arange(features.shape[2], device=features.device)
     x = F.gelu(tower.conv1(features.to(dtype))) * (frames < lengths[:, None]).unsqueeze(1).to(dtype)
@@ -119,8 +115,8 @@ class BlockEncoder:
 
     @torch.inference_mode()
     def encode_many(self, features: list[Tensor]) -> list[Tensor]:
-        """Log-mel features (n_mels, T) of blocks (1 <= T <= ``block_frames``) -> their tokens (block_tokens(T),
-        output_dim) each, in the tower's dtype, in order."""
+        """Log-mel features (n_mels, T) of blocks (1 <= T <= ``block_frames``) -> their tokens
+        (``audio_tokens_for_mel_frames(T)``, output_dim) each, in the tower's dtype, in order."""
         lengths = [f.shape[1] for f in features]
         if any(not 1 <= n <= self.block_frames for n in lengths):
             raise ValueError(f"audio blocks must have 1..{self.block_frames} frames, got {lengths}")
@@ -149,4 +145,4 @@ class BlockEncoder:
 
     @staticmethod
     def _split(encoded: Tensor, lengths: list[int]) -> list[Tensor]:
-        return [encoded[i, : block_tokens(n)] for i, n in enumerate(lengths)]
+        return [encoded[i, : audio_tokens_for_mel_frames(n)] for i, n in enumerate(lengths)]
