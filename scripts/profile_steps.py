@@ -52,6 +52,8 @@ class StepClock:
 
     def __init__(self, core) -> None:
         self.walls: dict[str, list[float]] = {}
+        self.timeline: list[tuple[float, float, str, int, int]] = []
+        """Every step: (start, ``time.perf_counter()`` in ms; wall ms; kind; thinker and talker tokens so far)."""
         self._ran: set[str] = set()
         for stage in ("thinker", "talker"):
             runner = getattr(core, stage)
@@ -64,7 +66,11 @@ class StepClock:
             progressed = step()
             kind = ("thinker+talker" if self._ran == {"thinker", "talker"} else
                     f"{next(iter(self._ran))} only" if self._ran else "other")  # fmt: skip
-            self.walls.setdefault(kind, []).append((time.perf_counter() - t0) * 1000)
+            wall = (time.perf_counter() - t0) * 1000
+            self.walls.setdefault(kind, []).append(wall)
+            counters = core.counters
+            self.timeline.append((t0 * 1000, wall, kind, counters["thinker_tokens_total"],
+                                  counters["talker_tokens_total"]))
             return progressed
 
         core.step = timed_step
@@ -97,8 +103,9 @@ def instrument(core) -> None:
     core.step = labelled("engine.step", core.step)
 
 
-async def burst(engine: OmniEngine, users: int) -> list[float]:
-    """One spoken reply per user, all asked at once; returns the first-audio times (ms from the ask)."""
+async def burst(engine: OmniEngine, users: int, asked: list[float] | None = None) -> list[float]:
+    """One spoken reply per user, all asked at once; returns the first-audio times (ms from the ask). ``asked``
+    gets each ask's ``time.perf_counter()``."""
     convs = [engine.conversation() for _ in range(users)]
     for i, conv in enumerate(convs):
         await conv.add_text("u", f"Hello, this is user {i}. Please tell me something.")
@@ -106,6 +113,8 @@ async def burst(engine: OmniEngine, users: int) -> list[float]:
 
     async def one(conv) -> float:
         t0, first = time.perf_counter(), None
+        if asked is not None:
+            asked.append(t0)
         async for event in conv.respond(item_id="a", modalities=frozenset({"text", "audio"})):
             if first is None and isinstance(event, AudioChunk) and len(event.pcm):
                 first = (time.perf_counter() - t0) * 1000
@@ -174,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="write the summaries (JSON) and traces here")
     p.add_argument("--no-trace", action="store_true",
                    help="no profiler: only each kind of step's wall time (the profiler's kernel tracing slows launches)")
+    p.add_argument("--timeline", action="store_true",
+                   help="with --no-trace: also every step (start ms, wall ms, kind, text and codec tokens so far)")
     return p
 
 
@@ -184,10 +195,20 @@ def clock_only(engine: OmniEngine, core, args) -> int:
         asyncio.run(burst(engine, 1))  # warm-up
         for users in (int(u) for u in args.users.split(",")):
             clock.walls.clear()
-            first_audio = asyncio.run(burst(engine, users))
+            clock.timeline.clear()
+            asked: list[float] = []
+            first_audio = asyncio.run(burst(engine, users, asked))
             results[users] = {"steps": clock.summary(),
                               "first_audio_ms": sorted(round(x, 1) for x in first_audio if x is not None)}
-            print(f"== {users} users (no profiler)", json.dumps(results[users], indent=1), flush=True)
+            if args.timeline:
+                # ms from the first ask; steps before it (the prompts' prefills) are left out
+                origin = min(asked) * 1000
+                results[users]["timeline"] = [(round(a - origin, 2), round(w, 2), kind, text, codes)
+                                              for a, w, kind, text, codes in clock.timeline if a >= origin - 1]
+            shown = {k: v for k, v in results[users].items() if k != "timeline"}
+            print(f"== {users} users (no profiler)", json.dumps(shown, indent=1), flush=True)
+            for step in results[users].get("timeline", ()):
+                print("step", json.dumps(step), flush=True)
     finally:
         engine.close()
     if args.out:
