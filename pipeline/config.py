@@ -92,11 +92,6 @@ class StageConfig:
     """thinker/talker on CUDA: graph-captured decode steps run each layer as 9 kernels (fused q/k/v and gate/up
     weights, Triton add+RMSNorm, RoPE+KV write and SiLU×up; pipeline/stages/fused_decode.py) instead of HF's ~37.
     Same arithmetic up to the order of float32 sums; ``false`` runs HF's layer code in the graphs."""
-    skinny_gemm: bool = True
-    """thinker/talker on CUDA with ``fused_decode``: each of a decode layer's four products over at most 16 rows runs
-    whichever was fastest when timed on the device at start, cuBLAS or one of a few Triton configurations
-    (pipeline/stages/skinny_gemm.py): cuBLAS's tiles leave SMs idle for some of these shapes. Same arithmetic up to
-    the order of float32 sums."""
     worker_thread: str = "auto"
     """token2wav: ``on`` runs chunk synthesis on a thread (and CUDA stream) of its own, so decode steps never wait
     for it; ``off`` runs it inside the engine step; ``auto`` = on with CUDA, off on the CPU (there a second busy
@@ -266,7 +261,6 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     _check_type(values, "tf32_matmul", bool, path)
     _check_type(values, "cuda_graphs", bool, path)
     _check_type(values, "fused_decode", bool, path)
-    _check_type(values, "skinny_gemm", bool, path)
     if isinstance(values.get("worker_thread"), bool):  # YAML 1.1 reads a bare on / off as a boolean
         values["worker_thread"] = "on" if values["worker_thread"] else "off"
     if "worker_sms" in values and values["worker_sms"] is not None:

@@ -120,12 +120,12 @@ class EngineCore:
         # each decode step samples inside its graph; the salts keep the two stages' noise apart
         self.thinker = ThinkerRunner(ckpt.thinker, device=th.torch_device(), dtype=th.torch_dtype(),
                                      kv_slots=th.kv_slots, max_len=self.max_context, cuda_graphs=th.cuda_graphs,
-                                     fused_decode=th.fused_decode, skinny_gemm=th.skinny_gemm,
+                                     fused_decode=th.fused_decode,
                                      sampler=SamplerSpec(th.sampling, stop=tuple(sorted(self.text_stop)), salt=0))
         # talker positions: the thinker prompt, speaker bos, then one per codec token
         self.talker = TalkerRunner(ckpt.talker, device=ta.torch_device(), dtype=ta.torch_dtype(),
                                    kv_slots=ta.kv_slots, max_len=self.max_context + self.max_codes + 2,
-                                   cuda_graphs=ta.cuda_graphs, fused_decode=ta.fused_decode, skinny_gemm=ta.skinny_gemm,
+                                   cuda_graphs=ta.cuda_graphs, fused_decode=ta.fused_decode,
                                    sampler=SamplerSpec(ta.sampling, suppress=tuple(self._codec_suppress_ids()),
                                                        stop=self.codec_stop, salt=1))  # fmt: skip
         self.t2w_device = torch.device(tw.torch_device())

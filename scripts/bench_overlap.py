@@ -70,7 +70,6 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batches", default="1,16")
     p.add_argument("--kernels", action="store_true")
-    p.add_argument("--no-skinny", action="store_true", help="cuBLAS for every product (skinny_gemm off)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -85,11 +84,9 @@ def main(argv=None) -> None:
     hidden = thinker_text_model(ckpt.thinker).config.hidden_size
     kw = dict(device=dev, dtype=torch.bfloat16, kv_slots=max(batches), max_len=args.prompt + 8 * args.steps + 64,
               graph_batch_sizes=tuple(batches))
-    kw["skinny_gemm"] = not args.no_skinny
     thinker, talker = ThinkerRunner(ckpt.thinker, **kw), TalkerRunner(ckpt.talker, **kw)
-    for runner in (thinker, talker):
-        with runner.planner.planning():
-            runner.batched.capture()
+    thinker.batched.capture()
+    talker.batched.capture()
     for slot in range(max(batches)):
         thinker.prefill(torch.randn(args.prompt, hidden, device=dev, dtype=torch.bfloat16), slot, 0)
         talker.decoder.prefill(slot, talker.proj(torch.randn(args.prompt, hidden, device=dev, dtype=torch.bfloat16)), 0)

@@ -129,8 +129,11 @@ for hq, hkv, d in ((8, 2, 32), (6, 2, 64), (4, 4, 16)):
     q = torch.randn(3, hq, d)
     slots, lengths = torch.tensor([4, 0, 2]), torch.tensor([1, 70, 33])
     ref = attend_reference(q, keys, values, slots, lengths, d ** -0.5)
-    out = attend_triton(q, keys, values, slots, lengths, d ** -0.5, block_n=16)
-    assert (ref - out).abs().max() < 1e-5, (hq, hkv, d, (ref - out).abs().max())
+    # one program per row and head; then each row's positions shared by 2-16 programs (shares of whole blocks, so
+    # the 1-position row and the 33-position row leave shares empty) and combined
+    for splits in (1, 2, 4, 16):
+        out = attend_triton(q, keys, values, slots, lengths, d ** -0.5, block_n=16, splits=splits)
+        assert (ref - out).abs().max() < 1e-5, (hq, hkv, d, splits, (ref - out).abs().max())
 print("ok")
 """
 
@@ -158,8 +161,22 @@ def test_triton_decode_attention_on_the_gpu():
     slots = torch.tensor([8, 0, 3, 3, 1], device="cuda")
     lengths = torch.tensor([1, 700, 64, 65, 333], device="cuda")
     ref = attend_reference(q.float(), keys.float(), values.float(), slots, lengths, 128**-0.5)
-    out = attend_triton(q, keys, values, slots, lengths, 128**-0.5)
-    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+    for splits in (None, 1, 8):  # the automatic choice, one pass, split 8 ways
+        out = attend_triton(q, keys, values, slots, lengths, 128**-0.5, splits=splits)
+        torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_attention_splits_spread_few_rows_over_the_sms():
+    """Few rows: each row's positions are shared by up to 16 programs, keeping about two programs per SM (132 SMs
+    assumed off the GPU); enough rows already fill the GPU and run the single-pass kernel."""
+    from pipeline.stages.decode_attention import attention_splits
+
+    cpu = torch.device("cpu")
+    assert attention_splits(1, 12, cpu) == 16  # the 7B talker at batch 1: 192 programs
+    assert attention_splits(1, 28, cpu) == 8  # the 7B thinker at batch 1: 224 programs
+    assert attention_splits(4, 28, cpu) == 2
+    assert attention_splits(16, 12, cpu) == 1 and attention_splits(64, 28, cpu) == 1
+    assert attention_splits(1, 1, cpu, max_splits=4) == 4
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -160,7 +160,7 @@ def attend_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slo
                   lengths: torch.Tensor, scale: float, block_n: int = 64, splits: int | None = None) -> torch.Tensor:  # fmt: skip
     """``splits``: programs per (row, head), each over a share of the row's positions, their partial softmax sums
     combined by a second kernel (default: :func:`attention_splits`); 1 runs the single-pass kernel. Shares are
-    whole blocks of ``block_n`` positions (32 at most when split, so that short rows still spread)."""
+    whole blocks of ``block_n`` positions, so a row shorter than ``splits`` blocks leaves shares empty."""
     if triton is None:
         raise RuntimeError("triton is not installed")
     batch, heads, head_dim = q.shape
@@ -185,7 +185,7 @@ def attend_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slo
     part_acc = torch.empty(batch, heads, splits, head_dim, dtype=torch.float32, device=q.device)
     _split_attention_kernel[(batch, heads, splits)](
         q, keys, values, part_m, part_l, part_acc, slots, lengths, scale, *strides,
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_N=min(block_n, 32), SPLITS=splits,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_N=block_n, SPLITS=splits,
     )  # fmt: skip
     _combine_kernel[(batch, heads)](part_m, part_l, part_acc, out, out.stride(0), out.stride(1),
                                     HEAD_DIM=head_dim, SPLITS=splits)  # fmt: skip

@@ -27,7 +27,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from pipeline.stages.decode_attention import attend_reference, attend_triton
 from pipeline.stages.fused_decode import FusedLayer, add_rms_norm, fusable, fuse_layer_weights, rope_and_store, silu_mul
 from pipeline.stages.kv_pool import KVPool
-from pipeline.stages.skinny_gemm import LinearPlanner
 
 __all__ = ["PooledDecoder"]
 
@@ -45,12 +44,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class PooledDecoder:
     def __init__(self, body, *, slots: int, max_len: int, dtype: torch.dtype, device: torch.device,
-                 fuse: bool = False, planner: LinearPlanner | None = None) -> None:  # fmt: skip
+                 fuse: bool = False) -> None:  # fmt: skip
         """``body``: an HF decoder model with ``layers`` (each with ``input_layernorm``, ``self_attn`` having
         ``q_proj/k_proj/v_proj/o_proj``, ``post_attention_layernorm``, ``mlp``), ``norm`` and ``rotary_emb``.
         ``fuse``: concatenate each layer's q/k/v and gate/up weights (in place, no extra memory) so that graph-safe
-        decode steps run the fused kernels; ignored (``self.fused`` is None) for layers of another structure.
-        ``planner``: runs the fused layers' products (:mod:`.skinny_gemm`; default: ``F.linear``)."""
+        decode steps run the fused kernels; ignored (``self.fused`` is None) for layers of another structure."""
         cfg = body.config
         self.layers = list(body.layers)
         self.norm = body.norm
@@ -68,7 +66,6 @@ class PooledDecoder:
         scaling = getattr(rotary, "attention_scaling", 1.0)
         self.cos = (emb.cos() * scaling).to(dtype)  # (max_len, D)
         self.sin = (emb.sin() * scaling).to(dtype)
-        self.linear = planner.linear if planner is not None else F.linear
         self.fused: list[FusedLayer] | None = None
         if fuse and all(fusable(layer) for layer in self.layers) and hasattr(self.norm, "variance_epsilon"):
             self.fused = [fuse_layer_weights(layer) for layer in self.layers]
@@ -149,12 +146,10 @@ class PooledDecoder:
         for i, w in enumerate(self.fused):
             normed, residual = add_rms_norm(delta if delta is not None else residual, w.input_norm, w.eps,
                                             residual if delta is not None else None)  # fmt: skip
-            linear = self.linear
-            q = rope_and_store(linear(normed, w.qkv_weight, w.qkv_bias), self.cos, self.sin, self.pool.keys[i],
+            q = rope_and_store(F.linear(normed, w.qkv_weight, w.qkv_bias), self.cos, self.sin, self.pool.keys[i],
                                self.pool.values[i], slots, positions, heads=self.heads, kv_heads=self.kv_heads)  # fmt: skip
-            attended = linear(attend(i, q), w.o_proj.weight, w.o_proj.bias)
-            normed, residual = add_rms_norm(attended, w.post_norm, w.eps, residual)
-            delta = linear(silu_mul(linear(normed, w.gate_up_weight)), w.down_proj.weight, w.down_proj.bias)
+            normed, residual = add_rms_norm(w.o_proj(attend(i, q)), w.post_norm, w.eps, residual)
+            delta = w.down_proj(silu_mul(F.linear(normed, w.gate_up_weight)))
         out, _ = add_rms_norm(delta, self.norm.weight, float(self.norm.variance_epsilon), residual)
         return out
 

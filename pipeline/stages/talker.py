@@ -18,14 +18,12 @@ from pipeline.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_
 from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
 from pipeline.stages.decoder import PooledDecoder
-from pipeline.stages.skinny_gemm import LinearPlanner
 
 
 class TalkerRunner:
     def __init__(self, talker, *, device: torch.device, dtype: torch.dtype, kv_slots: int, max_len: int,
                  cuda_graphs: bool = True, graph_batch_sizes: tuple[int, ...] = (),
-                 fused_decode: bool = True, skinny_gemm: bool = True,
-                 sampler: SamplerSpec | None = None) -> None:  # fmt: skip
+                 fused_decode: bool = True, sampler: SamplerSpec | None = None) -> None:  # fmt: skip
         """``sampler``: how decode steps sample the next codec token (inside the step's CUDA graph)."""
         self.model = talker
         self.proj = talker.thinker_to_talker_proj
@@ -35,11 +33,8 @@ class TalkerRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.config = talker.config
-        self.planner = LinearPlanner(enabled=skinny_gemm)
-        """The fused decode layers' products: cuBLAS or Triton, timed per shape when the graphs are captured."""
         self.decoder = PooledDecoder(self.body, slots=kv_slots, max_len=max_len, dtype=dtype, device=self.device,
-                                      fuse=fused_decode and triton_available(self.device),
-                                      planner=self.planner)
+                                      fuse=fused_decode and triton_available(self.device))
         self.pool = self.decoder.pool
         width = self.proj.in_features
         self.sampler = None if sampler is None else sampler.build(
@@ -55,9 +50,8 @@ class TalkerRunner:
 
     def capture(self) -> None:
         """Record the decode and prefill graphs (CUDA with Triton only): call once at start."""
-        with self.planner.planning():
-            self.batched.capture()
-            self.prefills.capture()
+        self.batched.capture()
+        self.prefills.capture()
 
     @torch.inference_mode()
     def prefill(self, vectors: torch.Tensor, *, codec_pad: int, codec_bos: int, slot: int, start: int = 0) -> torch.Tensor:

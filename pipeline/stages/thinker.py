@@ -24,7 +24,6 @@ from pipeline.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_
 from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
 from pipeline.stages.decoder import PooledDecoder
-from pipeline.stages.skinny_gemm import LinearPlanner
 
 
 @dataclass
@@ -57,8 +56,7 @@ class ThinkerStep:
 class ThinkerRunner:
     def __init__(self, thinker, *, device: torch.device, dtype: torch.dtype, kv_slots: int, max_len: int,
                  cuda_graphs: bool = True, graph_batch_sizes: tuple[int, ...] = (),
-                 fused_decode: bool = True, skinny_gemm: bool = True,
-                 sampler: SamplerSpec | None = None) -> None:  # fmt: skip
+                 fused_decode: bool = True, sampler: SamplerSpec | None = None) -> None:  # fmt: skip
         """``sampler``: how decode steps sample the next token (inside the step, so inside its CUDA graph); without
         it a step only returns logits."""
         self.model = thinker
@@ -70,11 +68,8 @@ class ThinkerRunner:
         self.audio = BlockEncoder(self.audio_tower, device=self.device, cuda_graphs=cuda_graphs)
         """User audio blocks, batched; on CUDA replayed from graphs (pipeline/models/qwen2_5_omni/audio_encoder.py)."""
         self.config = thinker.config
-        self.planner = LinearPlanner(enabled=skinny_gemm)
-        """The fused decode layers' products: cuBLAS or Triton, timed per shape when the graphs are captured."""
         self.decoder = PooledDecoder(self.text_model, slots=kv_slots, max_len=max_len, dtype=dtype, device=self.device,
-                                      fuse=fused_decode and triton_available(self.device),
-                                      planner=self.planner)
+                                      fuse=fused_decode and triton_available(self.device))
         self.pool = self.decoder.pool
         self.sampler = None if sampler is None else sampler.build(
             vocab=self.lm_head.out_features, rows=self.pool.scratch_slot + 1, device=self.device)
@@ -89,9 +84,8 @@ class ThinkerRunner:
 
     def capture(self) -> None:
         """Record the decode, prefill and audio-encode graphs (CUDA; seconds for a 7B model): call once at start."""
-        with self.planner.planning():
-            self.batched.capture()
-            self.prefills.capture()
+        self.batched.capture()
+        self.prefills.capture()
         self.audio.capture()
 
     @torch.inference_mode()
