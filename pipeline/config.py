@@ -23,6 +23,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 CONTEXT_POLICIES = ("error", "drop_oldest")
 AUDIO_FLOORS = ("streaming", "exact")
 WORKER_THREAD = ("auto", "on", "off")
+OVERLAP = ("auto", "on", "off")
 COMPILE = ("auto", "on", "off")
 DIT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 ENGINE_PROCESS = ("auto", "on", "off")
@@ -99,6 +100,13 @@ class StageConfig:
     the H100: every CUDA graph shared one capture stream, hence one cuBLAS workspace, which the decode and token2wav
     graphs then used at the same time. Each stage now captures on a stream of its own; BENCHMARKS.md §9.1 has the
     runs that show the stall before that change and none after."""
+    overlap: str = "auto"
+    """talker: ``on`` runs each engine step's talker decode beside the thinker's decode (on CUDA on a stream of its
+    own), fed with thinker vectors of earlier steps, so a step costs about the longer of the two instead of their sum
+    (BENCHMARKS.md §14); the talker then starts one thinker step later and stays one step behind the text. ``off``:
+    the talker decodes after the thinker in each step, on the vector the thinker made in that step. The codes are the
+    same either way (the talker's inputs are; only when they run differs). ``auto`` = on with CUDA, off on the CPU
+    (one core gains nothing from the overlap). Only the talker stage takes it."""
     max_batch: int = 8
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
     worker_sms: int | None = None
@@ -140,6 +148,13 @@ class StageConfig:
         if self.worker_thread == "auto":
             return self.torch_device().startswith("cuda")
         return self.worker_thread == "on"
+
+    def overlap_enabled(self) -> bool:
+        """Whether the talker decodes beside the thinker (``overlap`` with ``auto`` resolved against this stage's
+        device)."""
+        if self.overlap == "auto":
+            return self.torch_device().startswith("cuda")
+        return self.overlap == "on"
 
     def compile_enabled(self) -> bool:
         """Whether token2wav compiles its DiT (and, with CUDA, fuses its vocoder's activations): ``compile`` with
@@ -275,6 +290,14 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
         if values["dit_dtype"] not in DIT_DTYPES:
             raise ConfigError(f"{path}.dit_dtype must be one of {DIT_DTYPES}, got {values['dit_dtype']!r}",
                               param=f"{path}.dit_dtype")  # fmt: skip
+    if "overlap" in values:
+        if name != "talker":
+            raise ConfigError(f"{path}.overlap only applies to talker", param=f"{path}.overlap")
+        if isinstance(values["overlap"], bool):  # YAML 1.1 reads a bare on / off as a boolean
+            values["overlap"] = "on" if values["overlap"] else "off"
+        if values["overlap"] not in OVERLAP:
+            raise ConfigError(f"{path}.overlap must be one of {OVERLAP}, got {values['overlap']!r}",
+                              param=f"{path}.overlap")  # fmt: skip
     if values.get("worker_thread", "auto") not in WORKER_THREAD:
         raise ConfigError(f"{path}.worker_thread must be one of {WORKER_THREAD}", param=f"{path}.worker_thread")
     if "compile" in values:

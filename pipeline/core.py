@@ -128,6 +128,9 @@ class EngineCore:
                                    cuda_graphs=ta.cuda_graphs, fused_decode=ta.fused_decode,
                                    sampler=SamplerSpec(ta.sampling, suppress=tuple(self._codec_suppress_ids()),
                                                        stop=self.codec_stop, salt=1))  # fmt: skip
+        self.overlap = ta.overlap_enabled()
+        """The talker decodes beside the thinker (:meth:`_decode_overlapped`)."""
+        self._talker_cuda_stream: torch.cuda.Stream | None = None
         self.t2w_device = torch.device(tw.torch_device())
         threaded = tw.worker_enabled()  # auto = on with CUDA: see StageConfig.worker_thread
         self._t2w_green, t2w_stream = _green_stream(tw.worker_sms, self.t2w_device, threaded)
@@ -367,11 +370,16 @@ class EngineCore:
         if decoding:
             self.counters["decode_steps_total"] += 1
         # Both stages' steps are queued before either's tokens are read: the talker's step needs the thinker's
-        # vectors (device tensors), not its new tokens, so the device runs the two back to back.
-        thinker_tokens = self._thinker_decode([r for r in decoding if not r.thinker_done])
-        talker_rows = self._talker_rows(self._talker_may_step([r for r in decoding if r.id in self.responses
-                                                                and r.spec.audio]))  # fmt: skip
-        talker_codes = self._talker_decode(talker_rows)
+        # vectors (device tensors), not its new tokens.
+        thinker_rows = [r for r in decoding if not r.thinker_done]
+        if self.overlap:
+            # talker_rows holds this step's talker inputs until the talker stream is joined below
+            thinker_tokens, talker_rows, talker_codes = self._decode_overlapped(decoding, thinker_rows)
+        else:
+            thinker_tokens = self._thinker_decode(thinker_rows)
+            talker_rows = self._talker_rows(self._talker_may_step([r for r in decoding if r.id in self.responses
+                                                                    and r.spec.audio]))  # fmt: skip
+            talker_codes = self._talker_decode(talker_rows)
         self._accept_sampled(thinker_tokens, self._accept_text_token)
         self._accept_sampled(talker_codes, self._accept_code)
         live = [r for r in decoding if r.id in self.responses]
@@ -693,6 +701,38 @@ class EngineCore:
             if vector is not None:
                 batch.append((r, vector))
         return batch
+
+    def _decode_overlapped(self, decoding: list[ResponseState], thinker_rows: list[ResponseState]):
+        """This step's thinker and talker decodes with the talker beside the thinker (``talker.overlap``): the talker
+        rows take the vectors queued by earlier steps (so the talker runs one thinker step behind the text), their
+        batch is queued on the talker's stream, then the thinker's batch on the engine's, then the talker starts
+        (prefills, which may use this step's vectors) on the engine's stream as without overlap. The engine's stream
+        waits for the talker's before returning, so everything queued later sees the codes. Returns (thinker tokens,
+        talker rows, talker codes) as :meth:`_thinker_decode`, :meth:`_talker_rows` and :meth:`_talker_decode` do."""
+        speaking = self._talker_may_step([r for r in decoding if r.spec.audio])
+        talker_rows = self._talker_rows([r for r in speaking if r.talker_started])
+        side = self._talker_stream
+        if side is None:
+            talker_codes = self._talker_decode(talker_rows)
+        else:
+            main = torch.cuda.current_stream(self.talker.device)
+            side.wait_stream(main)  # the vectors and caches of earlier steps
+            with torch.cuda.stream(side):
+                talker_codes = self._talker_decode(talker_rows)
+        thinker_tokens = self._thinker_decode(thinker_rows)
+        self._talker_rows([r for r in speaking if not r.talker_started and r.id in self.responses])
+        if side is not None:
+            main.wait_stream(side)
+        return thinker_tokens, talker_rows, talker_codes
+
+    @property
+    def _talker_stream(self) -> torch.cuda.Stream | None:
+        """The talker's CUDA stream with overlap (None on the CPU), made on first use on the engine thread with the
+        priority of that thread's stream (the engine's decode stream outranks token2wav's steady jobs)."""
+        if self._talker_cuda_stream is None and self.talker.device.type == "cuda":
+            priority = torch.cuda.current_stream(self.talker.device).priority
+            self._talker_cuda_stream = torch.cuda.Stream(self.talker.device, priority=priority)
+        return self._talker_cuda_stream
 
     def _talker_may_step(self, rows: list[ResponseState]) -> list[ResponseState]:
         """``rows``, or none when every one still talking is a reply whose first chunk the token2wav worker is making
