@@ -711,18 +711,21 @@ class EngineCore:
         talker rows, talker codes) as :meth:`_thinker_decode`, :meth:`_talker_rows` and :meth:`_talker_decode` do."""
         speaking = self._talker_may_step([r for r in decoding if r.spec.audio])
         talker_rows = self._talker_rows([r for r in speaking if r.talker_started])
-        side = self._talker_stream
+        side = self._talker_stream if talker_rows else None
         if side is None:
             talker_codes = self._talker_decode(talker_rows)
         else:
             main = torch.cuda.current_stream(self.talker.device)
-            side.wait_stream(main)  # the vectors and caches of earlier steps
+            ready, done = self._talker_events
+            ready.record(main)
+            side.wait_event(ready)  # the vectors and caches of earlier steps
             with torch.cuda.stream(side):
                 talker_codes = self._talker_decode(talker_rows)
+                done.record(side)
         thinker_tokens = self._thinker_decode(thinker_rows)
         self._talker_rows([r for r in speaking if not r.talker_started and r.id in self.responses])
         if side is not None:
-            main.wait_stream(side)
+            main.wait_event(done)
         return thinker_tokens, talker_rows, talker_codes
 
     @property
@@ -732,6 +735,8 @@ class EngineCore:
         if self._talker_cuda_stream is None and self.talker.device.type == "cuda":
             priority = torch.cuda.current_stream(self.talker.device).priority
             self._talker_cuda_stream = torch.cuda.Stream(self.talker.device, priority=priority)
+            # made once and re-recorded every step (no event made or destroyed per step)
+            self._talker_events = (torch.cuda.Event(), torch.cuda.Event())
         return self._talker_cuda_stream
 
     def _talker_may_step(self, rows: list[ResponseState]) -> list[ResponseState]:

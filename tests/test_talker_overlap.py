@@ -22,11 +22,12 @@ def make_core(tiny_model_dir, overlap: str, device: str = "cpu"):
 
     cfg = greedy_stage_config(thinker={"min_tokens": 6, "max_tokens": 6},
                               talker={"min_tokens": 40, "max_tokens": 40, "overlap": overlap},
-                              token2wav={"worker_thread": "off"})  # fmt: skip
+                              token2wav={"worker_thread": "off", "compile": "off"})  # fmt: skip
     cfg = replace(cfg, **{name: replace(getattr(cfg, name), device=device)
                           for name in ("thinker", "talker", "token2wav")})  # fmt: skip
     devices = {"thinker": device, "talker": device, "token2wav": device}
-    return EngineCore(load_checkpoint(tiny_model_dir, devices=devices), cfg, seed=7)
+    dtypes = {"thinker": torch.float32, "talker": torch.float32}  # as the config says
+    return EngineCore(load_checkpoint(tiny_model_dir, devices=devices, dtypes=dtypes), cfg, seed=7)
 
 
 def run_reply(core) -> tuple[list, np.ndarray, list[tuple[int, int]]]:
