@@ -48,6 +48,10 @@ def parse_args(argv=None):
     p.add_argument("--vocoder", choices=("fused", "reference"), default="fused",
                    help="the vocoder's activations: one Triton kernel each (packaged on CUDA) or the modules' forward")
     p.add_argument("--top", type=int, default=12, help="kernels listed per profile")
+    p.add_argument("--dit-attention", choices=("auto", "cudnn", "efficient", "math"), default="auto",
+                   help="the SDPA backend the DiT blocks are compiled and captured with (auto: torch's choice); run "
+                        "with a fresh TORCHINDUCTOR_CACHE_DIR: inductor's on-disk cache reuses a graph traced with "
+                        "another backend")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
@@ -138,6 +142,18 @@ def print_report(results: list[dict], device: str) -> None:
                 print(f"| `{k['name']}` | {k['count']} | {k['us'] / 1000:.3f} |")
 
 
+def attention_backend(name: str):
+    """``sdpa_kernel`` for the named backend, around compile, capture and the runs (a compiled graph keeps the backend
+    it was traced with); ``auto`` leaves torch's choice."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "math": SDPBackend.MATH}  # fmt: skip
+    return contextlib.nullcontext() if name == "auto" else sdpa_kernel([backends[name]])
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -145,7 +161,7 @@ def main(argv=None) -> None:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     slots = [int(n) for n in args.slots.split(",")]
     model, _cond, _ref_mel, _vocab = build_token2wav(args.device, args.tiny)
-    with torch.inference_mode():
+    with torch.inference_mode(), attention_backend(args.dit_attention):
         t2w = synthesizer(model, args.device, args.plain, max(slots), args.vocoder == "fused")
         started = time.perf_counter()
         t2w.warm_up(max_batch=max(slots))
@@ -153,7 +169,8 @@ def main(argv=None) -> None:
         warm_up_s = time.perf_counter() - started
         results = [measure(t2w, n, sync, args.repeats, args.top) for n in slots]
     device = torch.cuda.get_device_name() if cuda else "CPU"
-    print(f"warm-up (compile + capture) {warm_up_s:.1f} s; graphs: {t2w.graph_stats()}")
+    print(f"DiT attention: {args.dit_attention}; warm-up (compile + capture) {warm_up_s:.1f} s; "
+          f"graphs: {t2w.graph_stats()}")
     print_report(results, device)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device, "warm_up_s": warm_up_s, "results": results},
