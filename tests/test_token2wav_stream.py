@@ -654,31 +654,3 @@ def test_graph_shapes_cover_both_schedules() -> None:
     assert _vocoder_frames(packaged) == (48, 64, 88, 112)
     assert _window_frames(QUICK) == (48, 72, 96, 120, 144), "+ the quick first chunk's window"
     assert _vocoder_frames(QUICK) == (44, 48, 64, 88, 112), "+ its vocoded 24 + 20, and 24 + 24 for the next chunk"
-
-
-@torch.inference_mode()
-def test_block_local_attention_equals_the_masked_window(realistic_model) -> None:
-    """A reach-0 layer over windows that start on block boundaries runs as a batch of block-long sequences
-    (``WindowInputs.block_frames``): the same velocities as the full masked window, padding rows included."""
-    from pipeline.models.qwen2_5_omni.dit import TimeModulation, WindowInputs, dit_velocity, dit_weights
-    from pipeline.models.qwen2_5_omni.token2wav_graphs import WindowJob, pack_windows
-
-    dit = realistic_model.code2wav_dit_model
-    weights = dit_weights(dit, torch.float32)
-    assert (0, 0) in weights.reaches and len(weights.reaches) > 1  # both kinds of layer are in the model
-    times = torch.linspace(0, 1, 4)
-    modulation = TimeModulation.build(weights, times)
-    width = dit.input_embed.proj.in_features - MEL_DIM
-    g = torch.Generator().manual_seed(3)
-    # a full 72-frame window at frame 48 and a 40-frame one at 0 (a last chunk: its last block partial, then padding)
-    jobs = [WindowJob(torch.randn(1, n, MEL_DIM, generator=g), torch.randn(2, n, width, generator=g), first_frame=at)
-            for n, at in ((72, 48), (40, 0))]  # fmt: skip
-    packed = pack_windows(jobs, frames=72, slots=2, block_size=dit.block_size)
-    cos, sin = dit.rotary_embed(packed.features, packed.positions)
-    x = torch.randn(2, 72, MEL_DIM, generator=g)
-    out = {}
-    for block_frames in (None, dit.block_size):
-        window = WindowInputs(packed.features, (cos, sin), packed.block_diff, block_frames)
-        out[block_frames] = dit_velocity(weights, modulation, window, 0.5, True)(1, times[0], x)
-    for slot, length in enumerate(packed.lengths):
-        torch.testing.assert_close(out[dit.block_size][slot, :length], out[None][slot, :length], rtol=1e-5, atol=1e-5)

@@ -12,11 +12,7 @@ BENCHMARKS.md §12.1). Here:
 - :func:`dit_velocity`: the masks of a window's attention reaches built once per solve;
 - :func:`dit_block`: one block with a single query/key/value product and the RoPE head rebuilt by concatenation,
   the unit that :class:`CompiledDitBlock` compiles (one graph for every block: weights, modulation and mask are
-  inputs; a second for the block-local form below);
-- block-local attention: most layers attend within their own 24-frame block only; when a window starts on a block
-  boundary and is a whole number of blocks (``WindowInputs.block_frames``, every window of the chunk schedules but
-  a short last one) those layers attend over a batch of block-long sequences instead of the masked window, skipping
-  the ~5/6 of a 144-frame window's scores the mask drops.
+  inputs).
 
 The arithmetic is transformers' (``DiTDecoderLayer``, ``DiTAttention`` with its RoPE on the first head over the
 deinterleaved head dimension, ``Qwen2_5_OmniAdaLayerNormZero`` and its ``_Final``); ``test_token2wav_stream`` checks
@@ -216,30 +212,12 @@ def _rope_head(head: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return head * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
 
 
-def _attend(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, local: int) -> Tensor:
-    """Masked attention over (rows, heads, L, head_dim). ``local`` > 0: every query may only attend keys of its own
-    ``local``-frame group (the caller guarantees it), and ``mask`` is (rows * L / local, 1, local, local), the mask
-    within each group: the groups run as a batch of short sequences, skipping the scores the mask would drop (a
-    reach-0 layer of a 144-frame window needs 1/6 of them)."""
-    if not local:
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
-    rows, heads, length, head_dim = query.shape
-    groups = length // local
-
-    def grouped(t: Tensor) -> Tensor:
-        return t.reshape(rows, heads, groups, local, head_dim).transpose(1, 2).reshape(-1, heads, local, head_dim)
-
-    out = F.scaled_dot_product_attention(grouped(query), grouped(key), grouped(value), attn_mask=mask)
-    return out.reshape(rows, groups, heads, local, head_dim).transpose(1, 2).reshape(rows, heads, length, head_dim)
-
-
 def dit_block(hidden: Tensor, modulation: Tensor, qkv_weight: Tensor, qkv_bias: Tensor, out_weight: Tensor,
               out_bias: Tensor, ff_in_weight: Tensor, ff_in_bias: Tensor, ff_out_weight: Tensor, ff_out_bias: Tensor,
-              mask: Tensor, cos: Tensor, sin: Tensor, heads: int, local: int = 0) -> Tensor:  # fmt: skip
+              mask: Tensor, cos: Tensor, sin: Tensor, heads: int) -> Tensor:  # fmt: skip
     """One transformer block (transformers' ``DiTDecoderLayer``) over (rows, L, dim) states: ``modulation`` (6, dim)
-    from :class:`TimeModulation`, ``mask`` (rows, 1, L, L) bool, True where a query may attend a key (with ``local``:
-    the within-group mask of :func:`_attend`), ``cos``/``sin`` (rows, L, head_dim) RoPE tables, all in the states'
-    dtype but the mask."""
+    from :class:`TimeModulation`, ``mask`` (rows, 1, L, L) bool, True where a query may attend a key, ``cos``/``sin``
+    (rows, L, head_dim) RoPE tables, all in the states' dtype but the mask."""
     shift_attn, scale_attn, gate_attn, shift_ff, scale_ff, gate_ff = modulation.unbind(0)
     rows, length, dim = hidden.shape
     normed = F.layer_norm(hidden, (dim,), eps=NORM_EPS) * (1 + scale_attn) + shift_attn
@@ -247,7 +225,8 @@ def dit_block(hidden: Tensor, modulation: Tensor, qkv_weight: Tensor, qkv_bias: 
     query, key, value = qkv.unbind(2)  # (rows, heads, L, head_dim) each
     query = torch.cat([_rope_head(query[:, :1], cos, sin), query[:, 1:]], dim=1)
     key = torch.cat([_rope_head(key[:, :1], cos, sin), key[:, 1:]], dim=1)
-    attended = _attend(query, key, value, mask, local).transpose(1, 2).reshape(rows, length, -1)
+    attended = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+    attended = attended.transpose(1, 2).reshape(rows, length, -1)
     hidden = hidden + gate_attn * F.linear(attended, out_weight, out_bias)
     normed = F.layer_norm(hidden, (dim,), eps=NORM_EPS) * (1 + scale_ff) + shift_ff
     inner = F.gelu(F.linear(normed, ff_in_weight, ff_in_bias), approximate="tanh")
@@ -263,8 +242,7 @@ class CompiledDitBlock:
 
     - Inductor's default mode: no CUDA graphs of its own (the synthesizer records the whole solve, compiled kernels
       included, in its own graphs).
-    - Weights, modulation and mask are inputs, so one graph serves every block whatever its attention reach, and a
-      second the reach-0 blocks of block-aligned windows, run as block-long sequences (``local``, a constant).
+    - Weights, modulation and mask are inputs, so one graph serves every block whatever its attention reach.
     - Rows (streams x CFG branches) and frames are dynamic (marked on every call), so every window shape and batch
       size shares that graph: dynamo compiles a function at most 8 times (its recompile limit). A batch of a single
       row (no CFG, one stream) is specialized by dynamo (sizes 0 and 1 always are) and adds its own graph.
@@ -280,26 +258,22 @@ class CompiledDitBlock:
         function = types.FunctionType(code, dit_block.__globals__, dit_block.__name__, dit_block.__defaults__)
         self._compiled = torch.compile(function, fullgraph=True, mode="default")
 
-    def __call__(self, hidden: Tensor, modulation: Tensor, *weights_mask_rope, heads: int, local: int = 0) -> Tensor:
+    def __call__(self, hidden: Tensor, modulation: Tensor, *weights_mask_rope, heads: int) -> Tensor:
         *weights, mask, cos, sin = weights_mask_rope
-        mask_dims = (0,) if local else (0, 2, 3)  # a group's mask is (groups, 1, local, local): local is fixed
-        for tensor, dims in ((hidden, (0, 1)), (mask, mask_dims), (cos, (0, 1)), (sin, (0, 1))):
+        for tensor, dims in ((hidden, (0, 1)), (mask, (0, 2, 3)), (cos, (0, 1)), (sin, (0, 1))):
             torch._dynamo.mark_dynamic(tensor, dims)
-        return self._compiled(hidden, modulation, *weights, mask, cos, sin, heads=heads, local=local)
+        return self._compiled(hidden, modulation, *weights, mask, cos, sin, heads=heads)
 
 
 @dataclass(frozen=True)
 class WindowInputs:
     """Everything the velocity field of a batch of windows needs besides (t, x), per row (rows are ``[conditioned...,
     unconditioned...]`` with CFG): ``features`` (rows, L, feat) float32; ``rope`` cos and sin (rows, L, head_dim)
-    float32 at absolute positions; ``block_diff`` (rows, L, L), key block minus query block. ``block_frames``: the
-    DiT's block size when every row's window starts on a block boundary and L is a whole number of blocks (then a
-    layer that attends within its block only runs as a batch of block-long sequences); None otherwise."""
+    float32 at absolute positions; ``block_diff`` (rows, L, L), key block minus query block."""
 
     features: Tensor
     rope: tuple[Tensor, Tensor]
     block_diff: Tensor
-    block_frames: int | None = None
 
 
 def guided(prediction: Tensor, guidance_scale: float, use_cfg: bool) -> Tensor:
@@ -319,17 +293,7 @@ def dit_velocity(weights: DitWeights, modulation: TimeModulation, window: Window
     rows, dtype = window.features.shape[0], weights.dtype
     cos, sin = (table.to(dtype) for table in window.rope)
     masks = {(ahead, back): ((window.block_diff >= -back) & (window.block_diff <= ahead)).unsqueeze(1)
-             for ahead, back in weights.reaches if (ahead, back) != (0, 0) or not window.block_frames}  # fmt: skip
-    local = {reach: 0 for reach in masks}
-    if window.block_frames and (0, 0) in weights.reaches:
-        # A block's frames are contiguous and aligned to the groups, so the reach-0 mask is block-diagonal: keep the
-        # diagonal blocks (padding frames, a block of their own, still see only each other).
-        size = window.block_frames
-        groups = window.block_diff.shape[-1] // size
-        diff = window.block_diff.reshape(rows, groups, size, groups, size)
-        diagonal = diff.diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # (rows, groups, size, size)
-        masks[(0, 0)] = (diagonal == 0).reshape(rows * groups, 1, size, size)
-        local[(0, 0)] = size
+             for ahead, back in weights.reaches}  # fmt: skip
 
     def velocity(number: int, t: Tensor, x: Tensor) -> Tensor:
         # x holds one row per stream; each stream's row feeds its conditioned and unconditioned rows.
@@ -337,7 +301,7 @@ def dit_velocity(weights: DitWeights, modulation: TimeModulation, window: Window
         for layer, layer_modulation in zip(weights.layers, modulation.blocks[number]):
             hidden = block(hidden, layer_modulation, layer.qkv_weight, layer.qkv_bias, layer.out_weight,
                            layer.out_bias, layer.ff_in_weight, layer.ff_in_bias, layer.ff_out_weight, layer.ff_out_bias,
-                           masks[layer.reach], cos, sin, heads=weights.heads, local=local[layer.reach])  # fmt: skip
+                           masks[layer.reach], cos, sin, heads=weights.heads)  # fmt: skip
         scale, shift = modulation.out[number].unbind(0)
         normed = F.layer_norm(hidden, (hidden.shape[-1],), eps=NORM_EPS) * (1 + scale) + shift
         return guided(weights.proj_out(normed).float(), guidance_scale, use_cfg)

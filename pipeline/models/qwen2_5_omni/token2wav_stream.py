@@ -173,18 +173,15 @@ def _window_inputs(dit, speaker: _Speaker, codes: Tensor, first_frame: int) -> W
     rope = dit.rotary_embed(static, positions.unsqueeze(0).expand(batch, -1))
     blocks = positions // dit.block_size
     block_diff = (blocks.unsqueeze(0) - blocks.unsqueeze(1)).expand(batch, -1, -1).contiguous()
-    aligned = first_frame % dit.block_size == 0 and length % dit.block_size == 0
-    return WindowInputs(static, rope, block_diff, dit.block_size if aligned else None)
+    return WindowInputs(static, rope, block_diff)
 
 
 def _solve_packed(weights: DitWeights, modulation: TimeModulation, times: Tensor, guidance_scale: float,
-                  use_cfg: bool, block: DitBlock, block_frames: int | None, noise: Tensor, features: Tensor,
-                  cos: Tensor, sin: Tensor, block_diff: Tensor) -> Tensor:  # fmt: skip
+                  use_cfg: bool, block: DitBlock, noise: Tensor, features: Tensor, cos: Tensor, sin: Tensor,
+                  block_diff: Tensor) -> Tensor:  # fmt: skip
     """The ODE solve of packed windows (see :class:`.token2wav_graphs.PackedWindows`), a pure function of its
-    tensors so that it can be captured: (slots, frames, mel_dim) noise -> (slots, frames, mel_dim) mel.
-    ``block_frames``: :attr:`WindowInputs.block_frames` (every window starts on a block boundary, frames a whole
-    number of blocks) or None."""
-    window = WindowInputs(features, (cos, sin), block_diff, block_frames)
+    tensors so that it can be captured: (slots, frames, mel_dim) noise -> (slots, frames, mel_dim) mel."""
+    window = WindowInputs(features, (cos, sin), block_diff)
     return integrate(dit_velocity(weights, modulation, window, guidance_scale, use_cfg, block), noise, times)
 
 
@@ -379,7 +376,7 @@ class _BatchedDit:
     def evaluate_blank(self, frames: int, slots: int) -> None:
         """One velocity evaluation of a blank batch of this shape, eagerly (no graph): what compiles the blocks."""
         noise, features, cos, sin, block_diff = self._blank_inputs(frames, slots)
-        window = WindowInputs(features, (cos, sin), block_diff, self._block_frames(frames))
+        window = WindowInputs(features, (cos, sin), block_diff)
         dit_velocity(self.weights, self.modulation, window, self.cfg.guidance_scale, self.use_cfg, self.block)(
             0, self.times[0], noise)
 
@@ -399,11 +396,10 @@ class _BatchedDit:
         slots = slot_bucket(len(jobs), self.max_batch)
         packed = pack_windows(jobs, frames=frames, slots=slots, block_size=self.dit.block_size)
         inputs = self._inputs(packed)
-        aligned = all(job.first_frame % self.dit.block_size == 0 for job in jobs)  # chunk schedules keep them so
-        if self.graphs and frames in self.frame_buckets and aligned:
+        if self.graphs and frames in self.frame_buckets:
             solved = self._replay_or_capture(frames, slots, inputs)
         else:
-            solved = self._solve(*inputs, aligned=aligned)
+            solved = self._solve(*inputs)
             self.eager_solves += 1
         # Copies: a graph's output buffer is overwritten by its next replay.
         return [packed.window(solved, slot).clone() for slot in range(len(jobs))]
@@ -422,15 +418,9 @@ class _BatchedDit:
                                                              capture_stream=self.capture_stream)
         return call
 
-    def _solve(self, *inputs: Tensor, aligned: bool = True) -> Tensor:
-        frames = inputs[0].shape[1]
+    def _solve(self, *inputs: Tensor) -> Tensor:
         return _solve_packed(self.weights, self.modulation, self.times, self.cfg.guidance_scale, self.use_cfg,
-                             self.block, self._block_frames(frames) if aligned else None, *inputs)
-
-    def _block_frames(self, frames: int) -> int | None:
-        """:attr:`WindowInputs.block_frames` for windows of ``frames`` that start on block boundaries."""
-        size = self.dit.block_size
-        return size if frames % size == 0 else None
+                             self.block, *inputs)
 
 
 class _Vocoder:
