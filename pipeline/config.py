@@ -256,6 +256,19 @@ def _parse_engine(raw: Any) -> EngineConfig:
     return EngineConfig(process=process)
 
 
+def _check_switch(values: dict, key: str, choices: tuple[str, ...], *, only: str, stage: str, path: str) -> None:
+    """A setting of one stage (``only``) with named choices (auto / on / off): refused on another stage; YAML 1.1's
+    bare ``on`` / ``off`` (read as booleans) taken as the words."""
+    if key not in values:
+        return
+    if stage != only:
+        raise ConfigError(f"{path}.{key} only applies to {only}", param=f"{path}.{key}")
+    if isinstance(values[key], bool):
+        values[key] = "on" if values[key] else "off"
+    if values[key] not in choices:
+        raise ConfigError(f"{path}.{key} must be one of {choices}, got {values[key]!r}", param=f"{path}.{key}")
+
+
 def _parse_stage(name: str, raw: Any) -> StageConfig:
     path = f"stages.{name}"
     if not isinstance(raw, dict):
@@ -290,24 +303,10 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
         if values["dit_dtype"] not in DIT_DTYPES:
             raise ConfigError(f"{path}.dit_dtype must be one of {DIT_DTYPES}, got {values['dit_dtype']!r}",
                               param=f"{path}.dit_dtype")  # fmt: skip
-    if "overlap" in values:
-        if name != "talker":
-            raise ConfigError(f"{path}.overlap only applies to talker", param=f"{path}.overlap")
-        if isinstance(values["overlap"], bool):  # YAML 1.1 reads a bare on / off as a boolean
-            values["overlap"] = "on" if values["overlap"] else "off"
-        if values["overlap"] not in OVERLAP:
-            raise ConfigError(f"{path}.overlap must be one of {OVERLAP}, got {values['overlap']!r}",
-                              param=f"{path}.overlap")  # fmt: skip
+    _check_switch(values, "overlap", OVERLAP, only="talker", stage=name, path=path)
     if values.get("worker_thread", "auto") not in WORKER_THREAD:
         raise ConfigError(f"{path}.worker_thread must be one of {WORKER_THREAD}", param=f"{path}.worker_thread")
-    if "compile" in values:
-        if name != "token2wav":
-            raise ConfigError(f"{path}.compile only applies to token2wav", param=f"{path}.compile")
-        if isinstance(values["compile"], bool):  # YAML 1.1 reads a bare on / off as a boolean
-            values["compile"] = "on" if values["compile"] else "off"
-        if values["compile"] not in COMPILE:
-            raise ConfigError(f"{path}.compile must be one of {COMPILE}, got {values['compile']!r}",
-                              param=f"{path}.compile")  # fmt: skip
+    _check_switch(values, "compile", COMPILE, only="token2wav", stage=name, path=path)
     for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens", "max_batch", "kv_slots",
                 "max_prefills_per_step"):
         value = values.get(key)

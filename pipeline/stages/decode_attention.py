@@ -50,51 +50,17 @@ if triton is not None:
 
     @triton.jit
     def _decode_attention_kernel(
-        Q, K, V, Out, Slots, Lengths, scale,
+        Q, K, V, Out, PartM, PartL, PartAcc, Slots, Lengths, scale,
         stride_qb, stride_qh, stride_ks, stride_kl, stride_kh, stride_vs, stride_vl, stride_vh,
         stride_ob, stride_oh,
-        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    ):  # fmt: skip
-        row = tl.program_id(0)
-        head = tl.program_id(1)
-        kv_head = head // GROUP
-        slot = tl.load(Slots + row)
-        length = tl.load(Lengths + row)
-        d = tl.arange(0, HEAD_DIM)
-        q = tl.load(Q + row * stride_qb + head * stride_qh + d).to(tl.float32) * scale
-        k_base = K + slot * stride_ks + kv_head * stride_kh
-        v_base = V + slot * stride_vs + kv_head * stride_vh
-        m = tl.full((), float("-inf"), tl.float32)
-        total = tl.full((), 0.0, tl.float32)
-        acc = tl.zeros((HEAD_DIM,), tl.float32)
-        for start in range(0, length, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            valid = n < length
-            k = tl.load(k_base + n[:, None] * stride_kl + d[None, :], mask=valid[:, None], other=0.0)
-            s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
-            s = tl.where(valid, s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=0))
-            p = tl.exp(s - m_new)
-            alpha = tl.exp(m - m_new)
-            v = tl.load(v_base + n[:, None] * stride_vl + d[None, :], mask=valid[:, None], other=0.0)
-            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-            total = total * alpha + tl.sum(p, axis=0)
-            m = m_new
-        tl.store(Out + row * stride_ob + head * stride_oh + d, (acc / total).to(Out.dtype.element_ty))
-
-
-    @triton.jit
-    def _split_attention_kernel(
-        Q, K, V, PartM, PartL, PartAcc, Slots, Lengths, scale,
-        stride_qb, stride_qh, stride_ks, stride_kl, stride_kh, stride_vs, stride_vl, stride_vh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
     ):  # fmt: skip
-        # One program per (row, head, share of the row's positions): the shares are whole blocks, so a short row
-        # leaves its last shares empty (they store a zero weight).
+        # One program per (row, head, share of the row's positions). SPLITS == 1: the share is the whole row and the
+        # program writes the output; otherwise the shares are whole blocks (a short row leaves its last shares empty,
+        # which store a zero weight) and the program writes its partial softmax sums for _combine_kernel.
         row = tl.program_id(0)
         head = tl.program_id(1)
         split = tl.program_id(2)
-        heads = tl.num_programs(1)
         kv_head = head // GROUP
         slot = tl.load(Slots + row)
         length = tl.load(Lengths + row)
@@ -121,10 +87,13 @@ if triton is not None:
             acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
             total = total * alpha + tl.sum(p, axis=0)
             m = m_new
-        at = (row * heads + head) * SPLITS + split
-        tl.store(PartM + at, m)
-        tl.store(PartL + at, total)
-        tl.store(PartAcc + at * HEAD_DIM + d, acc)
+        if SPLITS == 1:
+            tl.store(Out + row * stride_ob + head * stride_oh + d, (acc / total).to(Out.dtype.element_ty))
+        else:
+            at = (row * tl.num_programs(1) + head) * SPLITS + split
+            tl.store(PartM + at, m)
+            tl.store(PartL + at, total)
+            tl.store(PartAcc + at * HEAD_DIM + d, acc)
 
     @triton.jit
     def _combine_kernel(PartM, PartL, PartAcc, Out, stride_ob, stride_oh,
@@ -159,7 +128,7 @@ def attention_splits(rows: int, heads: int, device: torch.device, max_splits: in
 def attend_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
                   lengths: torch.Tensor, scale: float, block_n: int = 64, splits: int | None = None) -> torch.Tensor:  # fmt: skip
     """``splits``: programs per (row, head), each over a share of the row's positions, their partial softmax sums
-    combined by a second kernel (default: :func:`attention_splits`); 1 runs the single-pass kernel. Shares are
+    combined by a second kernel (default: :func:`attention_splits`); with 1 each program writes its output. Shares are
     whole blocks of ``block_n`` positions, so a row shorter than ``splits`` blocks leaves shares empty."""
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -171,22 +140,20 @@ def attend_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slo
     if splits is None:
         splits = attention_splits(batch, heads, q.device)
     strides = (q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
-               values.stride(0), values.stride(1), values.stride(2))  # fmt: skip
-    if splits == 1:
-        _decode_attention_kernel[(batch, heads)](
-            q, keys, values, out, slots, lengths, scale, *strides, out.stride(0), out.stride(1),
-            GROUP=group, HEAD_DIM=head_dim, BLOCK_N=block_n,
-        )  # fmt: skip
-        return out
+               values.stride(0), values.stride(1), values.stride(2), out.stride(0), out.stride(1))  # fmt: skip
     if splits & (splits - 1):
         raise ValueError(f"splits must be a power of two, got {splits}")
-    part_m = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
-    part_l = torch.empty_like(part_m)
-    part_acc = torch.empty(batch, heads, splits, head_dim, dtype=torch.float32, device=q.device)
-    _split_attention_kernel[(batch, heads, splits)](
-        q, keys, values, part_m, part_l, part_acc, slots, lengths, scale, *strides,
+    if splits == 1:  # the output straight from the one program per (row, head); no partial sums
+        part_m = part_l = part_acc = out
+    else:
+        part_m = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+        part_acc = torch.empty(batch, heads, splits, head_dim, dtype=torch.float32, device=q.device)
+    _decode_attention_kernel[(batch, heads, splits)](
+        q, keys, values, out, part_m, part_l, part_acc, slots, lengths, scale, *strides,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_N=block_n, SPLITS=splits,
     )  # fmt: skip
-    _combine_kernel[(batch, heads)](part_m, part_l, part_acc, out, out.stride(0), out.stride(1),
-                                    HEAD_DIM=head_dim, SPLITS=splits)  # fmt: skip
+    if splits > 1:
+        _combine_kernel[(batch, heads)](part_m, part_l, part_acc, out, out.stride(0), out.stride(1),
+                                        HEAD_DIM=head_dim, SPLITS=splits)  # fmt: skip
     return out
