@@ -64,9 +64,13 @@ if triton is not None:
         kv_head = head // GROUP
         slot = tl.load(Slots + row)
         length = tl.load(Lengths + row)
-        share = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_N) * BLOCK_N
-        begin = split * share
-        end = tl.minimum(begin + share, length)
+        if SPLITS == 1:  # bounds the compiler sees whole: this loop ran ~30 % slower written as a share
+            begin = 0
+            end = length
+        else:
+            share = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_N) * BLOCK_N
+            begin = split * share
+            end = tl.minimum(begin + share, length)
         d = tl.arange(0, HEAD_DIM)
         q = tl.load(Q + row * stride_qb + head * stride_qh + d).to(tl.float32) * scale
         k_base = K + slot * stride_ks + kv_head * stride_kh
