@@ -131,6 +131,8 @@ class EngineCore:
         self.overlap = ta.overlap_enabled()
         """The talker decodes beside the thinker (:meth:`_decode_overlapped`)."""
         self._talker_cuda_stream: torch.cuda.Stream | None = None
+        self._talker_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+        """(engine stream ready, talker batch done): made with the stream, re-recorded every step."""
         self.t2w_device = torch.device(tw.torch_device())
         threaded = tw.worker_enabled()  # auto = on with CUDA: see StageConfig.worker_thread
         self._t2w_green, t2w_stream = _green_stream(tw.worker_sms, self.t2w_device, threaded)
@@ -373,7 +375,6 @@ class EngineCore:
         # vectors (device tensors), not its new tokens.
         thinker_rows = [r for r in decoding if not r.thinker_done]
         if self.overlap:
-            # talker_rows holds this step's talker inputs until the talker stream is joined below
             thinker_tokens, talker_rows, talker_codes = self._decode_overlapped(decoding, thinker_rows)
         else:
             thinker_tokens = self._thinker_decode(thinker_rows)
@@ -710,6 +711,8 @@ class EngineCore:
         waits for the talker's before returning, so everything queued later sees the codes. Returns (thinker tokens,
         talker rows, talker codes) as :meth:`_thinker_decode`, :meth:`_talker_rows` and :meth:`_talker_decode` do."""
         speaking = self._talker_may_step([r for r in decoding if r.spec.audio])
+        # talker_rows keeps the popped vectors (engine-stream memory) alive until the engine's stream waits for the
+        # talker's below, so nothing queued on the engine's stream meanwhile can reuse it while the talker reads it
         talker_rows = self._talker_rows([r for r in speaking if r.talker_started])
         side = self._talker_stream if talker_rows else None
         if side is None:
@@ -735,7 +738,7 @@ class EngineCore:
         if self._talker_cuda_stream is None and self.talker.device.type == "cuda":
             priority = torch.cuda.current_stream(self.talker.device).priority
             self._talker_cuda_stream = torch.cuda.Stream(self.talker.device, priority=priority)
-            # made once and re-recorded every step (no event made or destroyed per step)
+            # made once: events made and dropped every step stalled steps behind token2wav jobs (BENCHMARKS §14.4)
             self._talker_events = (torch.cuda.Event(), torch.cuda.Event())
         return self._talker_cuda_stream
 

@@ -41,25 +41,6 @@ def median_ms(fn, steps: int) -> float:
     return kept[len(kept) // 2] * 1000
 
 
-def kernel_table(fn, label: str, top: int = 14) -> dict:
-    """Kernels of one eager call of ``fn`` under the profiler: count, total µs, the largest by total time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    by_name: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            by_name.setdefault(event.name, []).append(event.device_time)
-    total = sum(sum(v) for v in by_name.values())
-    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
-    return {"label": label, "kernels": sum(len(v) for v in by_name.values()), "total_us": round(total, 1),
-            "top": [{"name": name[:90], "count": len(v), "us": round(sum(v), 1)} for name, v in ranked]}
-
-
 @torch.inference_mode()
 def main(argv=None) -> None:
     from bench_common import add_model_args
@@ -127,13 +108,14 @@ def main(argv=None) -> None:
         x_think = torch.randn(1, hidden, device=dev, dtype=torch.bfloat16)
         x_talk = talker.proj(torch.randn(1, hidden, device=dev, dtype=torch.bfloat16))
         slots, positions = (torch.tensor(v, device=dev) for v in b1)
-        results["kernels"] = [
-            kernel_table(lambda: talker.decoder.decode(x_talk, slots, positions, graph_safe=True), "talker layers, batch 1"),
-            kernel_table(lambda: thinker.decoder.decode(x_think, slots, positions, graph_safe=True),
-                         "thinker layers, batch 1"),
-        ]
-        for table in results["kernels"]:
-            print(f"\n{table['label']}: {table['kernels']} kernels, {table['total_us']} µs")
+        from profile_token2wav import kernel_table  # the same profiler summary as token2wav's kernels
+
+        steps = {"talker layers, batch 1": lambda: talker.decoder.decode(x_talk, slots, positions, graph_safe=True),
+                 "thinker layers, batch 1": lambda: thinker.decoder.decode(x_think, slots, positions, graph_safe=True)}
+        results["kernels"] = {label: kernel_table(fn, torch.cuda.synchronize, 14, cuda=True)
+                              for label, fn in steps.items()}  # fmt: skip
+        for label, table in results["kernels"].items():
+            print(f"\n{label}: {table['kernels']} kernels, {table['total_us']:.1f} µs")
             for k in table["top"]:
                 print(f"  {k['count']:4d} {k['us']:9.1f} µs  {k['name']}")
     if args.json:
