@@ -26,6 +26,7 @@ WORKER_THREAD = ("auto", "on", "off")
 OVERLAP = ("auto", "on", "off")
 COMPILE = ("auto", "on", "off")
 DIT_DTYPES = ("auto", "float32", "bfloat16", "float16")
+DIT_ATTENTION = ("auto", "triton", "sdpa")
 ENGINE_PROCESS = ("auto", "on", "off")
 
 
@@ -142,6 +143,25 @@ class StageConfig:
     ConfigError whose message names this field: nothing falls back to ``off`` on its own. Only the token2wav stage
     takes it."""
 
+    dit_attention: str = "auto"
+    """token2wav: how the DiT blocks attend. ``triton``: one Triton kernel per block that reads the query/key/value
+    product in place, rotates the first head, computes the block mask from each frame's block id and writes the layout
+    the output projection reads (:mod:`pipeline.models.qwen2_5_omni.dit_attention`); needs CUDA and a half-precision
+    ``dit_dtype``. ``sdpa``: ``scaled_dot_product_attention`` over a mask, with the RoPE, concatenation and transpose as
+    kernels of their own. ``auto`` = ``triton`` where it can run and the DiT is compiled, else ``sdpa``. Equal up to
+    float rounding; BENCHMARKS.md §15 has the speed. Only the token2wav stage takes it."""
+
+    def dit_attention_kind(self) -> str:
+        """``dit_attention`` with ``auto`` resolved against this stage's device, ``dit_dtype`` and ``compile``."""
+        if self.dit_attention != "auto":
+            return self.dit_attention
+        import torch
+
+        from pipeline.models.qwen2_5_omni.dit_attention import dit_attention_available
+
+        usable = dit_attention_available(torch.device(self.torch_device()), self.dit_torch_dtype())
+        return "triton" if usable and self.compile_enabled() else "sdpa"
+
     def worker_enabled(self) -> bool:
         """Whether token2wav synthesizes on its worker thread: ``worker_thread`` with ``auto`` resolved against this
         stage's device."""
@@ -257,8 +277,8 @@ def _parse_engine(raw: Any) -> EngineConfig:
 
 
 def _check_switch(values: dict, key: str, choices: tuple[str, ...], *, only: str, stage: str, path: str) -> None:
-    """A setting of one stage (``only``) with named choices (auto / on / off): refused on another stage; YAML 1.1's
-    bare ``on`` / ``off`` (read as booleans) taken as the words."""
+    """A setting of one stage (``only``) with named choices (auto / on / off, or others): refused on another stage; YAML
+    1.1's bare ``on`` / ``off`` (read as booleans) taken as the words."""
     if key not in values:
         return
     if stage != only:
@@ -307,6 +327,7 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     if values.get("worker_thread", "auto") not in WORKER_THREAD:
         raise ConfigError(f"{path}.worker_thread must be one of {WORKER_THREAD}", param=f"{path}.worker_thread")
     _check_switch(values, "compile", COMPILE, only="token2wav", stage=name, path=path)
+    _check_switch(values, "dit_attention", DIT_ATTENTION, only="token2wav", stage=name, path=path)
     for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens", "max_batch", "kv_slots",
                 "max_prefills_per_step"):
         value = values.get(key)

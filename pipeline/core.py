@@ -140,7 +140,7 @@ class EngineCore:
             ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch,
             tf32_matmul=tw.tf32_matmul and self.t2w_device.type == "cuda", compile_dit=tw.compile_enabled(),
             fused_vocoder=tw.compile_enabled() and self.t2w_device.type == "cuda", dit_dtype=tw.dit_torch_dtype(),
-            capture_stream=t2w_stream,
+            capture_stream=t2w_stream, dit_attention=tw.dit_attention_kind(),
         )
         # compile token2wav's DiT and capture its CUDA graphs now (seconds to a minute), not during the first replies
         self.token2wav.warm_up(max_batch=tw.max_batch)

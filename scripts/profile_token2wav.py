@@ -48,8 +48,9 @@ def parse_args(argv=None):
     p.add_argument("--vocoder", choices=("fused", "reference"), default="fused",
                    help="the vocoder's activations: one Triton kernel each (packaged on CUDA) or the modules' forward")
     p.add_argument("--top", type=int, default=12, help="kernels listed per profile")
-    p.add_argument("--dit-attention", choices=("auto", "cudnn", "efficient", "math"), default="auto",
-                   help="the SDPA backend the DiT blocks are compiled and captured with (auto: torch's choice); run "
+    p.add_argument("--dit-attention", choices=("triton", "auto", "cudnn", "efficient", "math"), default="triton",
+                   help="triton: the packaged one-kernel block attention (needs the fast path on CUDA); otherwise the "
+                        "SDPA backend the DiT blocks are compiled and captured with (auto: torch's choice); run "
                         "with a fresh TORCHINDUCTOR_CACHE_DIR: inductor's on-disk cache reuses a graph traced with "
                         "another backend")
     p.add_argument("--threads", type=int, default=1)
@@ -57,14 +58,15 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def synthesizer(model, device: str, plain: bool, max_batch: int, fused_vocoder: bool):
+def synthesizer(model, device: str, plain: bool, max_batch: int, fused_vocoder: bool, triton_attention: bool = False):
     from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
 
     cuda = device.startswith("cuda")
     fast = cuda and not plain
     return StreamingToken2Wav(model, cuda_graphs=fast, tf32_matmul=fast, compile_dit=fast, max_batch=max_batch,
                               fused_vocoder=fast and fused_vocoder,
-                              dit_dtype=torch.bfloat16 if fast else torch.float32)  # fmt: skip
+                              dit_dtype=torch.bfloat16 if fast else torch.float32,
+                              dit_attention="triton" if fast and triton_attention else "sdpa")  # fmt: skip
 
 
 def window_job(t2w, frames: int, first_frame: int):
@@ -151,7 +153,7 @@ def attention_backend(name: str):
 
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "math": SDPBackend.MATH}  # fmt: skip
-    return contextlib.nullcontext() if name == "auto" else sdpa_kernel([backends[name]])
+    return contextlib.nullcontext() if name in ("auto", "triton") else sdpa_kernel([backends[name]])
 
 
 def main(argv=None) -> None:
@@ -162,7 +164,8 @@ def main(argv=None) -> None:
     slots = [int(n) for n in args.slots.split(",")]
     model, _cond, _ref_mel, _vocab = build_token2wav(args.device, args.tiny)
     with torch.inference_mode(), attention_backend(args.dit_attention):
-        t2w = synthesizer(model, args.device, args.plain, max(slots), args.vocoder == "fused")
+        t2w = synthesizer(model, args.device, args.plain, max(slots), args.vocoder == "fused",
+                          args.dit_attention == "triton")
         started = time.perf_counter()
         t2w.warm_up(max_batch=max(slots))
         sync()

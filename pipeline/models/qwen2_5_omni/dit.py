@@ -12,7 +12,10 @@ BENCHMARKS.md §12.1). Here:
 - :func:`dit_velocity`: the masks of a window's attention reaches built once per solve;
 - :func:`dit_block`: one block with a single query/key/value product and the RoPE head rebuilt by concatenation,
   the unit that :class:`CompiledDitBlock` compiles (one graph for every block: weights, modulation and mask are
-  inputs).
+  inputs);
+- :func:`dit_block_triton`: the same block with its attention (RoPE, mask, softmax, layout) in one Triton kernel
+  (:mod:`.dit_attention`), which takes each frame's block id and the layer's reach instead of a mask
+  (:class:`DitAttention`; the packaged choice on CUDA).
 
 The arithmetic is transformers' (``DiTDecoderLayer``, ``DiTAttention`` with its RoPE on the first head over the
 deinterleaved head dimension, ``Qwen2_5_OmniAdaLayerNormZero`` and its ``_Final``); ``test_token2wav_stream`` checks
@@ -22,6 +25,7 @@ streamed windows against the model's own forward to float rounding.
 from __future__ import annotations
 
 import copy
+import enum
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,10 +35,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pipeline.errors import ConfigError
+from pipeline.models.qwen2_5_omni.dit_attention import dit_attention
 
 __all__ = [
     "DIT_DTYPES",
     "CompiledDitBlock",
+    "DitAttention",
     "DitBlock",
     "DitLayer",
     "DitWeights",
@@ -42,9 +48,11 @@ __all__ = [
     "Velocity",
     "WindowInputs",
     "dit_block",
+    "dit_block_triton",
     "dit_velocity",
     "dit_weights",
     "evaluation_times",
+    "sdpa_attention",
     "guided",
     "integrate",
 ]
@@ -110,6 +118,9 @@ class DitLayer:
     modulation_bias: Tensor
     look_ahead: int
     look_back: int
+    reach_bounds: Tensor
+    """(look_ahead, look_back) as a (2,) int64 tensor on the weights' device, for the Triton attention: made here, once,
+    because a solve is captured in a CUDA graph, where a host-to-device copy cannot be recorded."""
 
     @property
     def reach(self) -> tuple[int, int]:
@@ -134,6 +145,8 @@ class DitWeights:
     out_modulation_bias: Tensor
     proj_out: torch.nn.Module
     heads: int
+    block_size: int
+    """Frames per attention block (the model's ``block_size``)."""
     dtype: torch.dtype
 
     @property
@@ -152,6 +165,7 @@ def _layer(block, dtype: torch.dtype) -> DitLayer:
         ff_out_weight=cast(ff[3].weight), ff_out_bias=cast(ff[3].bias),
         modulation_weight=cast(block.attn_norm.linear.weight), modulation_bias=cast(block.attn_norm.linear.bias),
         look_ahead=block.look_ahead_block, look_back=block.look_backward_block,
+        reach_bounds=torch.tensor([block.look_ahead_block, block.look_backward_block], device=attn.to_q.weight.device),
     )  # fmt: skip
 
 
@@ -170,7 +184,7 @@ def dit_weights(dit, dtype: torch.dtype) -> DitWeights:
             time_embed=dit.time_embed, input_proj=input_proj, layers=layers,
             out_modulation_weight=out_linear.weight.detach().to(dtype),
             out_modulation_bias=out_linear.bias.detach().to(dtype),
-            proj_out=proj_out, heads=dit.transformer_blocks[0].attn.heads, dtype=dtype,
+            proj_out=proj_out, heads=dit.transformer_blocks[0].attn.heads, block_size=dit.block_size, dtype=dtype,
         )  # fmt: skip
 
 
@@ -212,37 +226,96 @@ def _rope_head(head: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return head * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
 
 
+class DitAttention(enum.Enum):
+    """How a block attends: ``sdpa``, ``scaled_dot_product_attention`` over a (rows, 1, L, L) mask after RoPE and
+    a concatenation (any device, any dtype); ``triton``, :func:`.dit_attention.dit_attention`, one kernel reading the
+    query/key/value product and each frame's block id (CUDA, half precision)."""
+
+    SDPA = "sdpa"
+    TRITON = "triton"
+
+
+def _attention_input(hidden: Tensor, shift: Tensor, scale: Tensor, qkv_weight: Tensor, qkv_bias: Tensor) -> Tensor:
+    """The modulated norm of (rows, L, dim) states through the query/key/value product: (rows, L, 3 * inner)."""
+    normed = F.layer_norm(hidden, (hidden.shape[-1],), eps=NORM_EPS) * (1 + scale) + shift
+    return F.linear(normed, qkv_weight, qkv_bias)
+
+
+def _block_output(hidden: Tensor, attended: Tensor, modulation: Tensor, out_weight: Tensor, out_bias: Tensor,
+                  ff_in_weight: Tensor, ff_in_bias: Tensor, ff_out_weight: Tensor,
+                  ff_out_bias: Tensor) -> Tensor:  # fmt: skip
+    """The rest of a block after its attention (``attended`` (rows, L, inner)): gated output projection, then the
+    modulated feed-forward, each added to the residual stream."""
+    _, _, gate_attn, shift_ff, scale_ff, gate_ff = modulation.unbind(0)
+    hidden = hidden + gate_attn * F.linear(attended, out_weight, out_bias)
+    normed = F.layer_norm(hidden, (hidden.shape[-1],), eps=NORM_EPS) * (1 + scale_ff) + shift_ff
+    inner = F.gelu(F.linear(normed, ff_in_weight, ff_in_bias), approximate="tanh")
+    return hidden + gate_ff * F.linear(inner, ff_out_weight, ff_out_bias)
+
+
+def sdpa_attention(qkv: Tensor, mask: Tensor, cos: Tensor, sin: Tensor, heads: int) -> Tensor:
+    """transformers' ``DiTAttention`` after its products: (rows, L, 3 * inner) query/key/value -> (rows, L, inner),
+    the first head's queries and keys rotated, ``scaled_dot_product_attention`` over ``mask`` (rows, 1, L, L)."""
+    rows, length, _ = qkv.shape
+    query, key, value = qkv.view(rows, length, 3, heads, -1).transpose(1, 3).unbind(2)  # (rows, heads, L, head_dim)
+    query = torch.cat([_rope_head(query[:, :1], cos, sin), query[:, 1:]], dim=1)
+    key = torch.cat([_rope_head(key[:, :1], cos, sin), key[:, 1:]], dim=1)
+    attended = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+    return attended.transpose(1, 2).reshape(rows, length, -1)
+
+
 def dit_block(hidden: Tensor, modulation: Tensor, qkv_weight: Tensor, qkv_bias: Tensor, out_weight: Tensor,
               out_bias: Tensor, ff_in_weight: Tensor, ff_in_bias: Tensor, ff_out_weight: Tensor, ff_out_bias: Tensor,
               mask: Tensor, cos: Tensor, sin: Tensor, heads: int) -> Tensor:  # fmt: skip
     """One transformer block (transformers' ``DiTDecoderLayer``) over (rows, L, dim) states: ``modulation`` (6, dim)
     from :class:`TimeModulation`, ``mask`` (rows, 1, L, L) bool, True where a query may attend a key, ``cos``/``sin``
     (rows, L, head_dim) RoPE tables, all in the states' dtype but the mask."""
-    shift_attn, scale_attn, gate_attn, shift_ff, scale_ff, gate_ff = modulation.unbind(0)
-    rows, length, dim = hidden.shape
-    normed = F.layer_norm(hidden, (dim,), eps=NORM_EPS) * (1 + scale_attn) + shift_attn
-    qkv = F.linear(normed, qkv_weight, qkv_bias).view(rows, length, 3, heads, -1).transpose(1, 3)
-    query, key, value = qkv.unbind(2)  # (rows, heads, L, head_dim) each
-    query = torch.cat([_rope_head(query[:, :1], cos, sin), query[:, 1:]], dim=1)
-    key = torch.cat([_rope_head(key[:, :1], cos, sin), key[:, 1:]], dim=1)
-    attended = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
-    attended = attended.transpose(1, 2).reshape(rows, length, -1)
-    hidden = hidden + gate_attn * F.linear(attended, out_weight, out_bias)
-    normed = F.layer_norm(hidden, (dim,), eps=NORM_EPS) * (1 + scale_ff) + shift_ff
-    inner = F.gelu(F.linear(normed, ff_in_weight, ff_in_bias), approximate="tanh")
-    return hidden + gate_ff * F.linear(inner, ff_out_weight, ff_out_bias)
+    qkv = _attention_input(hidden, modulation[0], modulation[1], qkv_weight, qkv_bias)
+    attended = sdpa_attention(qkv, mask, cos, sin, heads)
+    return _block_output(hidden, attended, modulation, out_weight, out_bias, ff_in_weight, ff_in_bias, ff_out_weight,
+                         ff_out_bias)  # fmt: skip
 
 
-DitBlock = Callable[..., Tensor]
-""":func:`dit_block`'s signature: the plain function, or its compiled form :class:`CompiledDitBlock`."""
+def dit_block_triton(hidden: Tensor, modulation: Tensor, qkv_weight: Tensor, qkv_bias: Tensor, out_weight: Tensor,
+                     out_bias: Tensor, ff_in_weight: Tensor, ff_in_bias: Tensor, ff_out_weight: Tensor,
+                     ff_out_bias: Tensor, blocks: Tensor, reach: Tensor, cos: Tensor, sin: Tensor, heads: int,
+                     block_size: int) -> Tensor:  # fmt: skip
+    """:func:`dit_block` with its attention in one kernel (:func:`.dit_attention.dit_attention`): instead of a mask,
+    ``blocks`` (rows, L) each frame's attention block and ``reach`` (2,) the layer's (look-ahead, look-back); windows
+    start on a block boundary (of ``block_size`` frames)."""
+    qkv = _attention_input(hidden, modulation[0], modulation[1], qkv_weight, qkv_bias)
+    attended = dit_attention(qkv, cos, sin, blocks, reach, heads, block_size)
+    return _block_output(hidden, attended, modulation, out_weight, out_bias, ff_in_weight, ff_in_bias, ff_out_weight,
+                         ff_out_bias)  # fmt: skip
 
 
-class CompiledDitBlock:
-    """:func:`dit_block` through ``torch.compile`` (inductor), a drop-in :data:`DitBlock`.
+_BLOCK_FUNCTIONS = {DitAttention.SDPA: dit_block, DitAttention.TRITON: dit_block_triton}
+
+
+class DitBlock:
+    """Runs one transformer block eagerly, with the attention ``attention`` picks; :func:`dit_velocity` passes it the
+    attention inputs that kind takes (a mask, or block ids and a reach) after the weights."""
+
+    def __init__(self, attention: DitAttention = DitAttention.SDPA) -> None:
+        self.attention = attention
+        self._function = _BLOCK_FUNCTIONS[attention]
+
+    def __call__(self, hidden: Tensor, modulation: Tensor, *weights_attention_rope: Tensor, heads: int,
+                 block_size: int) -> Tensor:  # fmt: skip
+        return self._function(hidden, modulation, *weights_attention_rope, **self._sizes(heads, block_size))
+
+    def _sizes(self, heads: int, block_size: int) -> dict[str, int]:
+        triton = self.attention is DitAttention.TRITON
+        return {"heads": heads, "block_size": block_size} if triton else {"heads": heads}
+
+
+class CompiledDitBlock(DitBlock):
+    """:class:`DitBlock` through ``torch.compile`` (inductor).
 
     - Inductor's default mode: no CUDA graphs of its own (the synthesizer records the whole solve, compiled kernels
       included, in its own graphs).
-    - Weights, modulation and mask are inputs, so one graph serves every block whatever its attention reach.
+    - Weights, modulation and the attention inputs are inputs, so one graph serves every block whatever its attention
+      reach (with Triton attention, the reach is a device tensor for that reason).
     - Rows (streams x CFG branches) and frames are dynamic (marked on every call), so every window shape and batch
       size shares that graph: dynamo compiles a function at most 8 times (its recompile limit). A batch of a single
       row (no CFG, one stream) is specialized by dynamo (sizes 0 and 1 always are) and adds its own graph.
@@ -253,16 +326,22 @@ class CompiledDitBlock:
       switch) in one process do not spend one shared budget.
     """
 
-    def __init__(self) -> None:
-        code = dit_block.__code__.replace()  # a distinct code object, same bytecode
-        function = types.FunctionType(code, dit_block.__globals__, dit_block.__name__, dit_block.__defaults__)
-        self._compiled = torch.compile(function, fullgraph=True, mode="default")
+    def __init__(self, attention: DitAttention = DitAttention.SDPA) -> None:
+        super().__init__(attention)
+        source = self._function
+        code = source.__code__.replace()  # a distinct code object, same bytecode
+        function = types.FunctionType(code, source.__globals__, source.__name__, source.__defaults__)
+        self._function = torch.compile(function, fullgraph=True, mode="default")
+        # where the attention input whose dimensions follow the window sits among the arguments after the modulation:
+        # the mask (rows, 1, L, L) before cos and sin, or the block ids (rows, L) before the reach, cos and sin
+        self._attention_at, self._attention_dims = (-3, (0, 2, 3)) if attention is DitAttention.SDPA else (-4, (0, 1))
 
-    def __call__(self, hidden: Tensor, modulation: Tensor, *weights_mask_rope, heads: int) -> Tensor:
-        *weights, mask, cos, sin = weights_mask_rope
-        for tensor, dims in ((hidden, (0, 1)), (mask, (0, 2, 3)), (cos, (0, 1)), (sin, (0, 1))):
-            torch._dynamo.mark_dynamic(tensor, dims)
-        return self._compiled(hidden, modulation, *weights, mask, cos, sin, heads=heads)
+    def __call__(self, hidden: Tensor, modulation: Tensor, *weights_attention_rope: Tensor, heads: int,
+                 block_size: int) -> Tensor:  # fmt: skip
+        torch._dynamo.mark_dynamic(hidden, (0, 1))
+        for at, dims in ((self._attention_at, self._attention_dims), (-2, (0, 1)), (-1, (0, 1))):
+            torch._dynamo.mark_dynamic(weights_attention_rope[at], dims)
+        return self._function(hidden, modulation, *weights_attention_rope, **self._sizes(heads, block_size))
 
 
 @dataclass(frozen=True)
@@ -285,15 +364,21 @@ def guided(prediction: Tensor, guidance_scale: float, use_cfg: bool) -> Tensor:
 
 
 def dit_velocity(weights: DitWeights, modulation: TimeModulation, window: WindowInputs, guidance_scale: float,
-                 use_cfg: bool, block: DitBlock = dit_block) -> Velocity:  # fmt: skip
+                 use_cfg: bool, block: DitBlock | None = None) -> Velocity:  # fmt: skip
     """The guided velocity field of ``window``: (number, t, x (streams, L, mel_dim) float32) -> (streams, L, mel_dim)
     float32, every block run by ``block`` in ``weights.dtype``. The evaluation's number picks its row of
     ``modulation`` (t itself is not read: the table was built from the same time points). The casts of the RoPE tables
     and the attention masks (one per reach) are made here, once per solve."""
     rows, dtype = window.features.shape[0], weights.dtype
+    block = block or DitBlock()
     cos, sin = (table.to(dtype) for table in window.rope)
-    masks = {(ahead, back): ((window.block_diff >= -back) & (window.block_diff <= ahead)).unsqueeze(1)
-             for ahead, back in weights.reaches}  # fmt: skip
+    if block.attention is DitAttention.TRITON:
+        # key block minus the first frame's block: each frame's block id up to a per-row offset, as the kernel takes it
+        blocks = window.block_diff[:, 0, :].contiguous()
+        attention = {layer.reach: (blocks, layer.reach_bounds) for layer in weights.layers}
+    else:
+        attention = {(ahead, back): (((window.block_diff >= -back) & (window.block_diff <= ahead)).unsqueeze(1),)
+                     for ahead, back in weights.reaches}  # fmt: skip
 
     def velocity(number: int, t: Tensor, x: Tensor) -> Tensor:
         # x holds one row per stream; each stream's row feeds its conditioned and unconditioned rows.
@@ -301,7 +386,8 @@ def dit_velocity(weights: DitWeights, modulation: TimeModulation, window: Window
         for layer, layer_modulation in zip(weights.layers, modulation.blocks[number]):
             hidden = block(hidden, layer_modulation, layer.qkv_weight, layer.qkv_bias, layer.out_weight,
                            layer.out_bias, layer.ff_in_weight, layer.ff_in_bias, layer.ff_out_weight, layer.ff_out_bias,
-                           masks[layer.reach], cos, sin, heads=weights.heads)  # fmt: skip
+                           *attention[layer.reach], cos, sin, heads=weights.heads,
+                           block_size=weights.block_size)  # fmt: skip
         scale, shift = modulation.out[number].unbind(0)
         normed = F.layer_norm(hidden, (hidden.shape[-1],), eps=NORM_EPS) * (1 + scale) + shift
         return guided(weights.proj_out(normed).float(), guidance_scale, use_cfg)

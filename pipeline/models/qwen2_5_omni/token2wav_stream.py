@@ -53,12 +53,12 @@ from pipeline.errors import CheckpointError, ConfigError, InvalidInputError, Pip
 from pipeline.models.qwen2_5_omni import vocoder
 from pipeline.models.qwen2_5_omni.dit import (
     CompiledDitBlock,
+    DitAttention,
     DitBlock,
     DitWeights,
     TimeModulation,
     WindowInputs,
     guided,
-    dit_block,
     dit_velocity,
     dit_weights,
     integrate,
@@ -96,7 +96,8 @@ MAX_CACHED_VOICES = 32
 
 class Token2WavStreamStateError(PipelineError):
     """A :class:`Token2WavStream` method was called in a state that does not allow it
-    (``step()`` with no chunk ready, ``push()`` after ``finish()``, any use after ``close()``)."""
+    (``step()`` with no chunk ready, ``push()`` after ``finish()``, any use after ``close()``), or a chunk's DiT window
+    is off the attention blocks (an invariant of the chunk schedule, checked where the window is made)."""
 
     code = "token2wav_stream_state"
 
@@ -210,6 +211,21 @@ def _check_model(model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig) -> Chunk
         if not ok:
             raise CheckpointError(message)
     return cfg
+
+
+def _check_dit_attention(name: DitAttention | str, device: torch.device, dtype: torch.dtype) -> DitAttention:
+    try:
+        attention = DitAttention(name)
+    except ValueError:
+        choices = ", ".join(a.value for a in DitAttention)
+        raise ConfigError(f"dit_attention must be one of {choices}, got {name!r}", param="dit_attention") from None
+    if attention is DitAttention.TRITON:
+        from pipeline.models.qwen2_5_omni.dit_attention import dit_attention_available
+
+        if not dit_attention_available(device, dtype):
+            raise ConfigError(f"dit_attention=triton needs Triton, the DiT on CUDA and a half-precision dit_dtype (got "
+                              f"{device.type}, {dtype})", param="dit_attention")  # fmt: skip
+    return attention
 
 
 def _check_conditioning(dit, cond: Tensor, ref_mel: Tensor) -> None:
@@ -350,10 +366,10 @@ class _BatchedDit:
     compiled block when the synthesizer compiles the DiT)."""
 
     def __init__(self, dit, weights: DitWeights, modulation: TimeModulation, cfg: ChunkingConfig, times: Tensor, *,
-                 graphs: bool, max_batch: int, block: DitBlock = dit_block,
+                 graphs: bool, max_batch: int, block: DitBlock | None = None,
                  capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
         self.dit, self.weights, self.modulation, self.cfg, self.times = dit, weights, modulation, cfg, times
-        self.block = block
+        self.block = block or DitBlock()
         self.capture_stream = capture_stream
         self.use_cfg = cfg.guidance_scale >= _CFG_OFF_BELOW
         self.frame_buckets = _window_frames(cfg)
@@ -532,6 +548,10 @@ class StreamingToken2Wav:
     the ODE state, time embedding and sums stay float32 (:class:`.dit.DitWeights`). Not equal to float32: the mel moves
     by what BENCHMARKS.md measures. The vocoder stays float32.
 
+    ``dit_attention`` (:class:`.dit.DitAttention`; ``sdpa`` by default) is how the DiT blocks attend: ``triton`` runs
+    each block's attention as one kernel (:mod:`.dit_attention`; CUDA and a half-precision ``dit_dtype`` only, else a
+    ConfigError) instead of SDPA and the four kernels around it; equal up to float rounding.
+
     ``capture_stream`` (CUDA graphs only; default: a new stream) is where every graph of the synthesizer is warmed up
     and captured. The engine passes a CUDA green context's stream here to keep the graphs' kernels on that context's
     SMs; that graphs captured there stay on them wherever they are replayed is what the driver is expected to do, not
@@ -542,7 +562,7 @@ class StreamingToken2Wav:
                  cuda_graphs: bool | None = None, max_batch: int = DEFAULT_MAX_BATCH,
                  tf32_matmul: bool = False, compile_dit: bool = False, fused_vocoder: bool = False,
                  dit_dtype: torch.dtype = torch.float32, capture_stream: torch.cuda.Stream | None = None,
-                 ) -> None:  # fmt: skip
+                 dit_attention: DitAttention | str = DitAttention.SDPA) -> None:  # fmt: skip
         self.cfg = _check_model(model, cfg or ChunkingConfig())
         self.model = model.eval()
         self.dit = model.code2wav_dit_model
@@ -566,7 +586,8 @@ class StreamingToken2Wav:
             vocoder.check_fusable(model.code2wav_bigvgan_model)
         self.compile_seconds = 0.0
         """Wall time of the compile step of :meth:`warm_up` (0 when nothing is compiled, or before it)."""
-        self._block: DitBlock = CompiledDitBlock() if compile_dit else dit_block
+        self.dit_attention = _check_dit_attention(dit_attention, self.device, dit_dtype)
+        self._block: DitBlock = CompiledDitBlock(self.dit_attention) if compile_dit else DitBlock(self.dit_attention)
         self._times = _ode_time_points(self.cfg, self.device)
         with _tf32_matmuls(tf32_matmul):
             self._modulation = TimeModulation.build(self._weights, self._times)
@@ -830,9 +851,19 @@ class Token2WavStream:
         codes = self._codes[plan.dit_codes.start : plan.dit_codes.end].unsqueeze(0)
         return codes.to(self._owner.device, non_blocking=True)
 
+    def _context(self, plan: ChunkPlan):
+        """The chunk's DiT window, which starts on an attention block boundary: the chunk schedule's sizes are multiples
+        of the block (``ChunkingConfig.dit_block_frames``, the checkpoint's), and the Triton attention reads keys block
+        by block on that layout (:func:`.dit_attention.dit_attention`)."""
+        context = plan.dit_context
+        if context.start % self._cfg.dit_block_frames:
+            raise Token2WavStreamStateError(f"a DiT window starts at frame {context.start}, off the "
+                                            f"{self._cfg.dit_block_frames}-frame attention blocks")  # fmt: skip
+        return context
+
     def _solve_window(self, plan: ChunkPlan) -> Tensor:
         """Run the DiT ODE over the chunk's context window, unpadded; (1, L, mel_dim)."""
-        owner, context = self._owner, plan.dit_context
+        owner, context = self._owner, self._context(plan)
         window = _window_inputs(owner.dit, self._speaker, self._window_codes(plan), context.start)
         velocity = dit_velocity(owner._weights, owner._modulation, window, self._cfg.guidance_scale,
                                 self._speaker.batch == 2, owner._block)  # fmt: skip
@@ -840,7 +871,7 @@ class Token2WavStream:
 
     def _window_job(self, plan: ChunkPlan) -> WindowJob:
         """The chunk's context window for a batched solve."""
-        context = plan.dit_context
+        context = self._context(plan)
         features = _features(self._owner.dit, self._speaker, self._window_codes(plan))
         return WindowJob(self._noise[:, context.start : context.end], features, context.start)
 
