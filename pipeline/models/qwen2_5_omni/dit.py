@@ -52,9 +52,9 @@ __all__ = [
     "dit_velocity",
     "dit_weights",
     "evaluation_times",
-    "sdpa_attention",
     "guided",
     "integrate",
+    "sdpa_attention",
 ]
 
 DIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -368,7 +368,8 @@ def dit_velocity(weights: DitWeights, modulation: TimeModulation, window: Window
     """The guided velocity field of ``window``: (number, t, x (streams, L, mel_dim) float32) -> (streams, L, mel_dim)
     float32, every block run by ``block`` in ``weights.dtype``. The evaluation's number picks its row of
     ``modulation`` (t itself is not read: the table was built from the same time points). The casts of the RoPE tables
-    and the attention masks (one per reach) are made here, once per solve."""
+    and the attention inputs (with SDPA one mask per reach; with Triton the frames' block ids) are made here, once per
+    solve."""
     rows, dtype = window.features.shape[0], weights.dtype
     block = block or DitBlock()
     cos, sin = (table.to(dtype) for table in window.rope)
