@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -243,18 +243,28 @@ class EngineThread:
                 self._shutdown()
                 return False
             fn, fut = cmd
-            started = time.perf_counter()
             if fut is None:
-                self._run_posted(fn)
+                self._timed(fn, self._run_posted)
             elif fut.set_running_or_notify_cancel():
                 try:
-                    fut.set_result(fn(self.core))
+                    result = self._timed(fn, lambda f: f(self.core))
                 except BaseException as exc:  # noqa: BLE001 - delivered to the caller through its future
                     fut.set_exception(exc)
+                else:
+                    fut.set_result(result)
+        return True
+
+    @staticmethod
+    def _timed(fn: CoreCall, run: Callable[[CoreCall], Any]) -> Any:
+        """Run one command and log it if slow; the log line comes before the caller's future is resolved,
+        so whoever awaits the command sees it already written."""
+        started = time.perf_counter()
+        try:
+            return run(fn)
+        finally:
             elapsed_ms = (time.perf_counter() - started) * 1000
             if elapsed_ms > SLOW_COMMAND_MS:
                 log.info("slow engine command: %s took %.0f ms", _describe(fn), elapsed_ms)
-        return True
 
     def _run_posted(self, fn: CoreCall) -> None:
         try:
