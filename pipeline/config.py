@@ -108,6 +108,14 @@ class StageConfig:
     the talker decodes after the thinker in each step, on the vector the thinker made in that step. The codes are the
     same either way (the talker's inputs are; only when they run differs). ``auto`` = on with CUDA, off on the CPU
     (one core gains nothing from the overlap). Only the talker stage takes it."""
+    chain_steps: int = 1
+    """talker: up to this many decode steps queued at once, each fed on the device with the code the one before
+    sampled, when the talker is the engine's only work: every live reply is past its text (no thinker step), no
+    prefill, token2wav job or engine command waits, and the chain ends at the next chunk's last code (that chunk goes
+    to token2wav at once), at ``min_tokens`` and at ``max_tokens``. The host then queues the steps together and reads
+    their codes once, instead of ~0.5 ms of bookkeeping between every two ~1.65 ms steps (a 7B talker on the H100,
+    BENCHMARKS.md §16). The codes and audio are the same as with 1 (off); what comes in meanwhile (a cancel, a new
+    turn) waits for the chain, at most ``chain_steps`` talker steps. Only the talker stage takes it."""
     max_batch: int = 8
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
     worker_sms: int | None = None
@@ -328,8 +336,10 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
         raise ConfigError(f"{path}.worker_thread must be one of {WORKER_THREAD}", param=f"{path}.worker_thread")
     _check_switch(values, "compile", COMPILE, only="token2wav", stage=name, path=path)
     _check_switch(values, "dit_attention", DIT_ATTENTION, only="token2wav", stage=name, path=path)
+    if "chain_steps" in values and name != "talker":
+        raise ConfigError(f"{path}.chain_steps only applies to talker", param=f"{path}.chain_steps")
     for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens", "max_batch", "kv_slots",
-                "max_prefills_per_step"):
+                "max_prefills_per_step", "chain_steps"):
         value = values.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ConfigError(f"{path}.{key} must be a positive integer", param=f"{path}.{key}")

@@ -153,7 +153,7 @@ class EngineCore:
         self.seed = seed
         self._seed_counter = 0
         self.counters = {"thinker_tokens_total": 0, "talker_tokens_total": 0, "audio_samples_total": 0,
-                         "decode_steps_total": 0}
+                         "decode_steps_total": 0, "talker_chains_total": 0}
         """Cumulative work counters reported by :meth:`stats` (tokens/s per stage in benchmarks)."""
         self.conversations: dict[str, ConversationState] = {}
         self._prefills = PrefillBatch(th.max_prefills_per_step, None)
@@ -164,7 +164,11 @@ class EngineCore:
         self.responses: dict[str, ResponseState] = {}
         self._finished = 0
         self._stall = StallWatch()
-        self._text_end_vectors = self.thinker.embed([self.special.tts_text_end, self.special.tts_text_pad])
+        # a tuple of two fixed tensors: the text-pad vector is recognised by identity (:meth:`_chain_steps`)
+        self._text_end_vectors = tuple(self.thinker.embed([self.special.tts_text_end, self.special.tts_text_pad]))
+        self.commands_waiting: Callable[[], bool] = lambda: False
+        """Set by whoever runs the core's commands and steps: whether commands wait for the engine thread (then no
+        chain of talker steps is started, :meth:`_chain_steps`)."""
         self.audio_encodes = AudioEncodes(self.thinker, width=self.thinker.text_model.config.hidden_size,
                                           dtype=self.thinker.dtype, device=self.thinker.device)  # fmt: skip
         """User audio blocks and tails queued by commands, encoded together at the start of each step."""
@@ -380,7 +384,7 @@ class EngineCore:
             thinker_tokens = self._thinker_decode(thinker_rows)
             talker_rows = self._talker_rows(self._talker_may_step([r for r in decoding if r.id in self.responses
                                                                     and r.spec.audio]))  # fmt: skip
-            talker_codes = self._talker_decode(talker_rows)
+            talker_codes = self._talker_decode(talker_rows, alone=not thinker_rows)
         self._accept_sampled(thinker_tokens, self._accept_text_token)
         self._accept_sampled(talker_codes, self._accept_code)
         live = [r for r in decoding if r.id in self.responses]
@@ -634,9 +638,12 @@ class EngineCore:
         return sampled
 
     def _accept_sampled(self, sampled: list[Sampled], accept: Callable[[ResponseState, int], None]) -> None:
-        """Read each batch's sampled ids (one host transfer per batch) and ``accept(row, id)`` them, in row order."""
+        """Read each batch's sampled ids (one host transfer per batch) and ``accept(row, id)`` them, in row order; a
+        chain's (steps, B) ids step by step."""
         for batch, tokens in sampled:
-            self._accept_each(batch, tokens.tolist(), accept)
+            values = tokens.tolist()
+            for step in values if tokens.dim() == 2 else [values]:
+                self._accept_each(batch, step, accept)
 
     def _accept_each(self, rows: list[ResponseState], tokens: list[int],
                      accept: Callable[[ResponseState, int], None]) -> None:  # fmt: skip
@@ -716,14 +723,14 @@ class EngineCore:
         talker_rows = self._talker_rows([r for r in speaking if r.talker_started])
         side = self._talker_stream if talker_rows else None
         if side is None:
-            talker_codes = self._talker_decode(talker_rows)
+            talker_codes = self._talker_decode(talker_rows, alone=not thinker_rows)
         else:
             main = torch.cuda.current_stream(self.talker.device)
             ready, done = self._talker_events
             ready.record(main)
             side.wait_event(ready)  # the vectors and caches of earlier steps
             with torch.cuda.stream(side):
-                talker_codes = self._talker_decode(talker_rows)
+                talker_codes = self._talker_decode(talker_rows, alone=not thinker_rows)
                 done.record(side)
         thinker_tokens = self._thinker_decode(thinker_rows)
         self._talker_rows([r for r in speaking if not r.talker_started and r.id in self.responses])
@@ -774,25 +781,55 @@ class EngineCore:
             return None
         return self._next_talker_vector(r)
 
-    def _talker_decode(self, rows: list[tuple[ResponseState, torch.Tensor]]) -> list[Sampled]:
-        """One codec token for every row, sampled on the device in one batched talker step. Returns the batches and
-        their codes (device tensors) for :meth:`_accept_sampled`."""
+    def _talker_decode(self, rows: list[tuple[ResponseState, torch.Tensor]], *, alone: bool = False) -> list[Sampled]:
+        """One codec token for every row, sampled on the device in one batched talker step, or a chain of steps
+        (:meth:`_chain_steps`; ``alone``: no thinker row runs in this step). Returns the batches and their codes
+        (device tensors: (B,), or (steps, B) for a chain) for :meth:`_accept_sampled`."""
         sampled = []
+        steps = self._chain_steps(rows) if alone else 1
 
         def run(batch: list[ResponseState], done: set[str]) -> None:
             slots = [r.conv.talker_slot for r in batch]
             rows = SampleRows.of(slots, force_continue=[self._force_codes(r) for r in batch],
                                  seeds=[r.seed for r in batch], counters=[r.codec_tokens for r in batch])
-            _, codes = self.talker.decode([r.last_code for r in batch], torch.stack([vectors[r.id] for r in batch]),
-                                          slots, [r.talker_len for r in batch], rows)  # fmt: skip
-            sampled.append((batch, codes.clone()))
+            inputs = ([r.last_code for r in batch], torch.stack([vectors[r.id] for r in batch]), slots,
+                      [r.talker_len for r in batch], rows)  # fmt: skip
+            if steps > 1:
+                sampled.append((batch, self.talker.decode_chain(*inputs, steps=steps)))
+                self.counters["talker_chains_total"] += 1
+            else:
+                sampled.append((batch, self.talker.decode(*inputs)[1].clone()))
             for r in batch:
-                r.talker_len += 1
+                r.talker_len += steps
                 done.add(r.id)
 
         vectors = {r.id: v for r, v in rows}
         self._run_batch("talker", [r for r, _ in rows], run)
         return sampled
+
+    def _chain_steps(self, rows: list[tuple[ResponseState, torch.Tensor]]) -> int:
+        """How many talker steps to queue at once for ``rows`` (1: a step as usual); ``talker.chain_steps`` says why.
+        Only while nothing else waits for the engine: every live response is in this batch, no prefill, no token2wav
+        job in flight (its chunk would wait for the chain), no command waiting. Each row must be past its text (the
+        text-pad vector, the same at every step), and the chain ends where a row's next chunk becomes ready (it goes to
+        token2wav in this step, as without a chain), where its stop suppression ends (``min_tokens``: the flag is one
+        per chain) and at its most codes."""
+        limit = self.cfg.talker.chain_steps
+        if (limit <= 1 or not self.talker.can_chain or len(rows) != len(self.responses) or self._prefills.jobs
+                or self._t2w_jobs or self.commands_waiting()):
+            return 1
+        pad, floor = self._text_end_vectors[1], self.cfg.talker.min_tokens or 0
+        steps = limit
+        for r, vector in rows:
+            if vector is not pad or r.t2w is None:
+                return 1
+            left = r.t2w.codes_until_ready()
+            if left is not None:
+                steps = min(steps, left)
+            steps = min(steps, self.max_codes - r.codec_tokens)
+            if r.codec_tokens < floor:
+                steps = min(steps, floor - r.codec_tokens)
+        return max(1, steps)
 
     def _force_codes(self, r: ResponseState) -> bool:
         return r.codec_tokens < (self.cfg.talker.min_tokens or 0)
@@ -848,6 +885,8 @@ class EngineCore:
         return self._text_end_vectors[index]
 
     def _accept_code(self, r: ResponseState, code: int) -> None:
+        if r.talker_done:
+            return  # a chained step after the reply's last code (:meth:`_chain_steps`): its code means nothing
         self.counters["talker_tokens_total"] += 1
         dit_code = self.to_token2wav(code, self.codec_stop)
         if dit_code is None:

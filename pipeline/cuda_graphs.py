@@ -70,12 +70,26 @@ class CapturedCall:
     def input_shapes(self) -> tuple[torch.Size, ...]:
         return tuple(t.shape for t in self._inputs)
 
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        """The static input buffers a call copies its tensors into. Device work that writes them in stream order,
+        followed by :meth:`replay`, runs the graph on the new values without any copy from the host."""
+        return self._inputs
+
     def __call__(self, *inputs: Tensor) -> Tensor | tuple[Tensor, ...]:
+        self.load(*inputs)
+        return self.replay()
+
+    def load(self, *inputs: Tensor) -> None:
+        """Queue the copies of ``inputs`` into the static inputs (shapes must equal the example's)."""
         shapes = tuple(t.shape for t in inputs)
         if shapes != self.input_shapes:
             raise GraphCaptureError(f"captured for input shapes {self.input_shapes}, called with {shapes}")
         for static, value in zip(self._inputs, inputs):
             static.copy_(value, non_blocking=True)
+
+    def replay(self) -> Tensor | tuple[Tensor, ...]:
+        """Replay the graph on whatever the static inputs hold; returns the static outputs."""
         self._graph.replay()
         self.replays += 1
         return self._outputs

@@ -164,6 +164,7 @@ class EngineThread:
         if sys.getswitchinterval() > ENGINE_SWITCH_INTERVAL_S:
             sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        core.commands_waiting = lambda: not self._commands.empty()
         if core.t2w_worker is not None:  # a finished chunk wakes the loop at once instead of at its next poll
             core.t2w_worker.on_done = lambda: self._commands.put((_noop, None))
         self._thread = threading.Thread(target=self._loop, name="omni-engine", daemon=True)

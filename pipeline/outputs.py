@@ -132,6 +132,8 @@ class EngineStats:
     """24 kHz samples of audio emitted since start."""
     decode_steps_total: int = 0
     """Engine steps that decoded at least one thinker or talker token."""
+    talker_chains_total: int = 0
+    """Talker batches run as a chain of steps (``talker.chain_steps``); their codes count in ``talker_tokens_total``."""
     device_memory_bytes: int = 0
     """Accelerator memory allocated by torch now (0 on the CPU)."""
     device_memory_peak_bytes: int = 0

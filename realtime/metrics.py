@@ -232,6 +232,8 @@ class EngineWorkCollector:
                                   value=s.audio_samples_total)
         yield CounterMetricFamily(f"{engine}_decode_steps", "Engine steps that decoded at least one token",
                                   value=s.decode_steps_total)
+        yield CounterMetricFamily(f"{engine}_talker_chains", "Talker batches run as a chain of steps (talker.chain_steps)",
+                                  value=s.talker_chains_total)
         yield GaugeMetricFamily(f"{engine}_device_memory_bytes", "Accelerator memory allocated by torch (0 on the CPU)",
                                 value=s.device_memory_bytes)
         yield GaugeMetricFamily(f"{engine}_device_memory_peak_bytes",

@@ -53,9 +53,30 @@ def parse_args(argv=None):
                         "SDPA backend the DiT blocks are compiled and captured with (auto: torch's choice); run "
                         "with a fresh TORCHINDUCTOR_CACHE_DIR: inductor's on-disk cache reuses a graph traced with "
                         "another backend")
+    p.add_argument("--inductor", action="append", default=[], metavar="NAME=VALUE",
+                   help="set torch._inductor.config.NAME before the DiT blocks compile (repeatable), e.g. "
+                        "max_autotune=1: to try inductor's settings on the compiled blocks (fresh caches, as above)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
+
+
+def inductor_settings(pairs: list[str]) -> dict[str, object]:
+    """``NAME=VALUE`` pairs as torch._inductor.config values: integers, true/false, or strings. Unknown names
+    are refused (a typo would otherwise measure the default)."""
+    import torch._inductor.config as inductor
+
+    settings: dict[str, object] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not hasattr(inductor, name):
+            raise SystemExit(f"--inductor {pair!r}: expected NAME=VALUE with NAME in torch._inductor.config")
+        lowered = raw.lower()
+        value: object = lowered in ("1", "true") if lowered in ("0", "1", "true", "false") else raw
+        if isinstance(value, str) and raw.lstrip("-").isdigit():
+            value = int(raw)
+        settings[name] = value
+    return settings
 
 
 def synthesizer(model, device: str, plain: bool, max_batch: int, fused_vocoder: bool, triton_attention: bool = False):
@@ -163,7 +184,10 @@ def main(argv=None) -> None:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     slots = [int(n) for n in args.slots.split(",")]
     model, _cond, _ref_mel, _vocab = build_token2wav(args.device, args.tiny)
-    with torch.inference_mode(), attention_backend(args.dit_attention):
+    settings = inductor_settings(args.inductor)
+    import torch._inductor.config as inductor
+
+    with torch.inference_mode(), attention_backend(args.dit_attention), inductor.patch(settings):
         t2w = synthesizer(model, args.device, args.plain, max(slots), args.vocoder == "fused",
                           args.dit_attention == "triton")
         started = time.perf_counter()
@@ -172,11 +196,13 @@ def main(argv=None) -> None:
         warm_up_s = time.perf_counter() - started
         results = [measure(t2w, n, sync, args.repeats, args.top) for n in slots]
     device = torch.cuda.get_device_name() if cuda else "CPU"
-    print(f"DiT attention: {args.dit_attention}; warm-up (compile + capture) {warm_up_s:.1f} s; "
+    print(f"DiT attention: {args.dit_attention}; inductor settings: {settings or 'defaults'}; "
+          f"warm-up (compile + capture) {warm_up_s:.1f} s; "
           f"graphs: {t2w.graph_stats()}")
     print_report(results, device)
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": device, "warm_up_s": warm_up_s, "results": results},
+        Path(args.json).write_text(json.dumps({"device": device, "warm_up_s": warm_up_s, "inductor": settings,
+                                               "results": results},
                                               indent=2))
 
 

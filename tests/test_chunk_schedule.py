@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError
-from pipeline.stages.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
+from pipeline.stages.chunk_schedule import ChunkingConfig, ChunkPlan, FrameRange, plan_next_chunk
 
 
 def drain(cfg: ChunkingConfig, frames_done: int, codes: int, finished: bool, index: int,
@@ -160,6 +160,16 @@ def test_first_chunk_ready_exactly_at_first_audio_codes(cfg) -> None:
     assert plan_next_chunk(cfg, frames_done=0, codes_available=need - 1, finished=False) is None
     plan = plan_next_chunk(cfg, frames_done=0, codes_available=need, finished=False)
     assert plan is not None and plan.frames.end == cfg.first_chunk_frames
+
+
+@settings(max_examples=200, deadline=None)
+@given(cfg=configs(), index=st.integers(0, 6))
+def test_every_chunk_ready_exactly_at_codes_needed(cfg, index) -> None:
+    frames_done = sum(cfg.chunk_size(i) for i in range(index))  # where chunk ``index`` starts in a stream
+    need = cfg.codes_needed(index, frames_done=frames_done)
+    assert plan_next_chunk(cfg, frames_done=frames_done, codes_available=need - 1, finished=False, index=index) is None
+    plan = plan_next_chunk(cfg, frames_done=frames_done, codes_available=need, finished=False, index=index)
+    assert plan is not None and plan.frames == FrameRange(frames_done, frames_done + cfg.chunk_size(index))
 
 
 def starvation_ms(cfg: ChunkingConfig, total_codes: int, speed: float) -> float:

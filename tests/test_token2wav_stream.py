@@ -654,3 +654,25 @@ def test_graph_shapes_cover_both_schedules() -> None:
     assert _vocoder_frames(packaged) == (48, 64, 88, 112)
     assert _window_frames(QUICK) == (48, 72, 96, 120, 144), "+ the quick first chunk's window"
     assert _vocoder_frames(QUICK) == (44, 48, 64, 88, 112), "+ its vocoded 24 + 20, and 24 + 24 for the next chunk"
+
+
+def test_codes_until_ready_counts_down_to_each_chunk(realistic_model) -> None:
+    """What the engine sizes chained talker steps by: ``ready()`` turns true exactly when the count reaches 0, for
+    the quick first chunk and the ramp's chunks after it; None once no code can matter."""
+    codes, cond, ref_mel, noise = utterance(70)
+    t2w = StreamingToken2Wav(realistic_model, QUICK)
+    stream = t2w.start(cond, ref_mel, noise=noise, max_codes=70, quick=True)
+    assert stream.codes_until_ready() == 24
+    chunks = 0
+    for i in range(len(codes)):
+        while stream.ready():  # step as soon as a chunk is ready: the count restarts for the next one
+            stream.step()
+            chunks += 1
+        left = stream.codes_until_ready()
+        assert left is not None and left > 0
+        stream.push(codes[i : i + 1])
+        assert stream.codes_until_ready() == left - 1 and stream.ready() == (left == 1)
+    assert chunks >= 3
+    stream.finish()
+    assert stream.codes_until_ready() is None
+    stream.close()

@@ -151,8 +151,14 @@ class ChunkingConfig:
     def first_audio_codes(self) -> int:
         """Codec tokens needed before the first chunk is ready (unless the stream finishes earlier):
         the first chunk plus its look-ahead, and at least one token beyond the chunk."""
-        need = max(self.first_chunk_frames + self.future_frames, self.first_chunk_frames + self.frames_per_code)
-        return need // self.frames_per_code
+        return self.codes_needed(0, frames_done=0)
+
+    def codes_needed(self, index: int, *, frames_done: int) -> int:
+        """Codec tokens an open stream needs before chunk ``index``, starting at frame ``frames_done``, is ready:
+        its frames plus their look-ahead, and at least one token beyond them (what :func:`plan_next_chunk` asks)."""
+        end = frames_done + self.chunk_size(index)
+        need = end + max(self.future_frames, self.frames_per_code)
+        return -(-need // self.frames_per_code)
 
 
 def _require(ok: bool, name: str, what: str) -> None:

@@ -22,7 +22,7 @@ from pipeline.cuda_graphs import CapturedCall, bucket_at_least, host_tensor, hos
 from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.kv_pool import KVPool
 
-__all__ = ["PREFILL_GRAPH_SIZES", "BatchedDecode", "HostRow", "default_batch_sizes", "graphed_prefill",
+__all__ = ["PREFILL_GRAPH_SIZES", "Advance", "BatchedDecode", "HostRow", "default_batch_sizes", "graphed_prefill",
            "prefill_graphs"]
 
 PREFILL_GRAPH_SIZES = (8, 16, 32, 64, 128, 256, 512)
@@ -124,13 +124,59 @@ class BatchedDecode:
             self.eager_steps += 1
             packed = host_to_device(self._pack(slots, positions, host, pad=0), torch.long, self.device)
             return self.fn(*self._unpack(packed), *device_rows, graph_safe=self.graph_safe)
-        pad = bucket - b
+        graph = self._graphs[bucket]
+        self._load(graph, bucket - b, slots, positions, host, device_rows)
+        outputs = graph.replay()
+        self.replays += 1
+        return tuple(o[:b] for o in outputs)
+
+    def _load(self, graph: CapturedCall, pad: int, slots: Sequence[int], positions: Sequence[int],
+              host: Sequence[Sequence[int | bool]], device_rows: Sequence[torch.Tensor]) -> None:  # fmt: skip
+        """Queue the copies of a call's inputs, padded with ``pad`` rows, into ``graph``'s static inputs."""
         # pinned: the graph's input copy is queued without the host waiting for the device
         packed = host_tensor(self._pack(slots, positions, host, pad=pad), torch.long, pinned=True)
         padded = [torch.cat([x, x.new_zeros((pad, *x.shape[1:]))]) if pad else x for x in device_rows]
-        outputs = self._graphs[bucket](packed, *padded)
-        self.replays += 1
-        return tuple(o[:b] for o in outputs)
+        graph.load(packed, *padded)
+
+
+    def chain(self, slots: Sequence[int], positions: Sequence[int], host: Sequence[Sequence[int | bool]],
+              *device_rows: torch.Tensor, steps: int, advance: Advance, keep: int) -> torch.Tensor:  # fmt: skip
+        """``steps`` calls in a row: the first with these inputs, each later one with the packed host inputs changed on
+        the device by ``advance(packed, outputs, rows)`` from the previous call's outputs, and the same device rows.
+        ``packed`` is the (2 + H, B') int64 device tensor of slots, positions and the host rows (B' >= ``rows`` with
+        padding; ``advance`` changes only its first ``rows`` columns, in place), ``outputs`` the previous call's, cut to
+        ``rows``. Nothing waits for the device, so the host queues the whole chain at once and reads its results once.
+        Returns output ``keep`` of every call, stacked: (steps, rows, ...) (a copy)."""
+        if steps < 1:
+            raise ValueError(f"a chain needs at least one step, got {steps}")
+        b = len(slots)
+        bucket = bucket_at_least(b, self.captured) if self._graphs else None
+        if bucket is None:
+            packed = host_to_device(self._pack(slots, positions, host, pad=0), torch.long, self.device)
+
+            def call() -> tuple[torch.Tensor, ...]:
+                self.eager_steps += 1
+                return self.fn(*self._unpack(packed), *device_rows, graph_safe=self.graph_safe)
+        else:
+            graph = self._graphs[bucket]
+            self._load(graph, bucket - b, slots, positions, host, device_rows)
+            packed = graph.inputs[0]
+
+            def call() -> tuple[torch.Tensor, ...]:
+                self.replays += 1
+                return tuple(o[:b] for o in graph.replay())
+        kept, outputs = [], ()
+        for step in range(steps):
+            if step:
+                advance(packed, outputs, b)
+            outputs = call()
+            kept.append(outputs[keep].clone())  # the graph's buffer is overwritten by the next replay
+        return torch.stack(kept)
+
+
+Advance = Callable[[torch.Tensor, tuple[torch.Tensor, ...], int], None]
+"""``(packed, outputs, rows)``: device work that makes the next chained call's packed host inputs from the last call's
+outputs (:meth:`BatchedDecode.chain`)."""
 
 
 def prefill_graphs(decoder, *, width: int, dtype: torch.dtype, cuda_graphs: bool) -> BatchedDecode:

@@ -20,6 +20,14 @@ from pipeline.stages.decode_graphs import BatchedDecode, HostRow, graphed_prefil
 from pipeline.stages.decoder import PooledDecoder
 
 
+_POSITION_ROW = 1
+"""Rows of a decode step's packed host inputs (:class:`BatchedDecode`): slots, positions, then the host rows in the
+order :class:`TalkerRunner` declares them: the previous code, then the sampler's (table row, stop suppression, seed,
+counter; :func:`sample_host_rows`)."""
+_CODE_ROW = 2
+_COUNTER_ROW = 6
+
+
 class TalkerRunner:
     def __init__(self, talker, *, device: torch.device, dtype: torch.dtype, kv_slots: int, max_len: int,
                  cuda_graphs: bool = True, graph_batch_sizes: tuple[int, ...] = (),
@@ -76,6 +84,33 @@ class TalkerRunner:
         sampling = sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample)
         outputs = self.batched(slots, positions, (prev_codes, *sampling), vectors.to(self.device, self.dtype))
         return outputs[0], outputs[1] if self.sampler else None
+
+    @property
+    def can_chain(self) -> bool:
+        """Whether :meth:`decode_chain` can run: it needs the in-graph sampler."""
+        return self.sampler is not None
+
+    @torch.inference_mode()
+    def decode_chain(self, prev_codes: list[int], vectors: torch.Tensor, slots: list[int], positions: list[int],
+                     sample: SampleRows, steps: int) -> torch.Tensor:  # fmt: skip
+        """``steps`` decode steps in a row for every row, each fed the code the step before sampled and the same
+        thinker vector (B, H_thinker): what a reply past its text gets (the text-pad vector at every step). The
+        inputs of the later steps are made on the device (positions and sample counters + 1, the sampled code as the
+        next input), so the host queues the chain at once and waits for it once. The codes equal ``steps`` calls of
+        :meth:`decode` that feed each call's code back with positions and counters one further, and ``sample``'s stop
+        suppression (``force_continue``) holds for every step. Returns (steps, B) int64 codes on the device (a copy).
+        A chain of a row that samples a stop code goes on past it: its later codes mean nothing."""
+        if self.sampler is None:
+            raise ValueError("chained talker steps need the in-graph sampler")
+
+        def advance(packed: torch.Tensor, outputs: tuple[torch.Tensor, ...], rows: int) -> None:
+            packed[_POSITION_ROW, :rows] += 1
+            packed[_CODE_ROW, :rows] = outputs[1]
+            packed[_COUNTER_ROW, :rows] += 1
+
+        host = (prev_codes, *sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample))
+        return self.batched.chain(slots, positions, host, vectors.to(self.device, self.dtype), steps=steps,
+                                  advance=advance, keep=1)
 
     def _decode_fn(self, slots, positions, codes, *rest: torch.Tensor, graph_safe: bool):
         *sample, vectors = rest  # host rows (sampling) come before the device row (vectors)

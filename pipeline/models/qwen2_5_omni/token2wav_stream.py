@@ -816,6 +816,14 @@ class Token2WavStream:
         """Whether ``step()`` would synthesize a chunk now."""
         return self._plan() is not None
 
+    def codes_until_ready(self) -> int | None:
+        """How many more codes ``push`` must bring before the next chunk is ready (0: ready now); None when no code
+        can matter any more (the stream is finished, done or closed)."""
+        if self.status is not StreamStatus.OPEN:
+            return None
+        needed = self._cfg.codes_needed(self.chunks_emitted, frames_done=self.frames_done)
+        return max(0, needed - self.codes_received)
+
     def next_plan(self) -> ChunkPlan | None:
         """The chunk ``step()`` would synthesize now, or None."""
         return self._plan()
