@@ -10,7 +10,10 @@ might run beside the thinker's bandwidth-bound products at little cost. Per batc
 - ``thinker``, ``talker``: one graph replay alone;
 - ``sequential``: thinker then talker on one stream (what the engine does);
 - ``overlapped``: the talker on a second stream beside the thinker;
-- ``overlapped, 2 talker``: two talker steps on the second stream beside one thinker step.
+- ``overlapped, 2 talker``: two talker steps on the second stream beside one thinker step;
+- with ``--priorities MAIN:SIDE,...``: ``overlapped`` again with the thinker and the talker on streams of those CUDA
+  priorities (lower is more urgent; the engine's decode stream has -1), e.g. ``-1:-1,-2:-1``: does a talker stream
+  below the thinker's let the thinker's products run as if alone?
 
 With ``--kernels`` it also lists the kernels of one talker step and one thinker step at batch 1 (run eagerly under
 ``torch.profiler``, so only the kernels' own durations mean anything).
@@ -51,6 +54,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batches", default="1,16")
     p.add_argument("--kernels", action="store_true")
+    p.add_argument("--priorities", default="", help="MAIN:SIDE stream priority pairs, comma-separated")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -72,10 +76,18 @@ def main(argv=None) -> None:
         thinker.prefill(torch.randn(args.prompt, hidden, device=dev, dtype=torch.bfloat16), slot, 0)
         talker.decoder.prefill(slot, talker.proj(torch.randn(args.prompt, hidden, device=dev, dtype=torch.bfloat16)), 0)
     main_stream, side = torch.cuda.current_stream(), torch.cuda.Stream(dev)
-    results: dict = {"device": torch.cuda.get_device_name(), "prompt": args.prompt, "steps": args.steps, "batches": {}}
-    print(f"device: {results['device']}; {args.prompt} positions per row, median of {args.steps}\n")
-    print("| batch | thinker | talker | sequential | overlapped | overlapped, 2 talker |")
-    print("|---:|---:|---:|---:|---:|---:|", flush=True)
+    pairs = [tuple(int(v) for v in pair.split(":")) for pair in args.priorities.split(",") if pair]
+    prioritized = {pair: (torch.cuda.Stream(dev, priority=pair[0]), torch.cuda.Stream(dev, priority=pair[1]))
+                   for pair in pairs}  # fmt: skip
+    results: dict = {"device": torch.cuda.get_device_name(), "prompt": args.prompt, "steps": args.steps, "batches": {},
+                     "priority_range": torch.cuda.Stream.priority_range()}  # fmt: skip
+    print(f"device: {results['device']}; {args.prompt} positions per row, median of {args.steps}; stream priorities "
+          f"(least, greatest): {results['priority_range']}; as created: "
+          f"{ {pair: (a.priority, b.priority) for pair, (a, b) in prioritized.items()} }\n")
+    columns = ["thinker", "talker", "sequential", "overlapped", "overlapped, 2 talker"]
+    columns += [f"overlapped, priorities {a}:{b}" for a, b in pairs]
+    print("| batch | " + " | ".join(columns) + " |")
+    print("|---:|" + "---:|" * len(columns), flush=True)
     for b in batches:
         slots, pos = list(range(b)), [args.prompt] * b  # the same position every time: the cost, not the contents
         vectors = torch.randn(b, hidden, device=dev, dtype=torch.bfloat16)
@@ -90,17 +102,24 @@ def main(argv=None) -> None:
             think()
             talk()
 
-        def overlapped(talker_steps: int = 1):
-            side.wait_stream(main_stream)
-            think()
-            with torch.cuda.stream(side):
+        def overlapped(talker_steps: int = 1, streams: tuple | None = None):
+            first, second = streams if streams is not None else (main_stream, side)
+            for stream in {first, second} - {main_stream}:
+                stream.wait_stream(main_stream)
+            with torch.cuda.stream(first):
+                think()
+            with torch.cuda.stream(second):
                 for _ in range(talker_steps):
                     talk()
-            main_stream.wait_stream(side)
+            for stream in {first, second} - {main_stream}:
+                main_stream.wait_stream(stream)
 
         row = {"thinker": median_ms(think, args.steps), "talker": median_ms(talk, args.steps),
                "sequential": median_ms(sequential, args.steps), "overlapped": median_ms(overlapped, args.steps),
                "overlapped, 2 talker": median_ms(lambda: overlapped(2), args.steps)}
+        for pair, streams in prioritized.items():
+            row[f"overlapped, priorities {pair[0]}:{pair[1]}"] = median_ms(lambda s=streams: overlapped(1, s),
+                                                                           args.steps)
         results["batches"][b] = row
         print(f"| {b} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |", flush=True)
     if args.kernels:
