@@ -113,9 +113,10 @@ class StageConfig:
     sampled, when the talker is the engine's only work: every live reply is past its text (no thinker step), no
     prefill, token2wav job or engine command waits, and the chain ends at the next chunk's last code (that chunk goes
     to token2wav at once), at ``min_tokens`` and at ``max_tokens``. The host then queues the steps together and reads
-    their codes once, instead of ~0.5 ms of bookkeeping between every two ~1.65 ms steps (a 7B talker on the H100,
-    BENCHMARKS.md §16). The codes and audio are the same as with 1 (off); what comes in meanwhile (a cancel, a new
-    turn) waits for the chain, at most ``chain_steps`` talker steps. Only the talker stage takes it."""
+    their codes once instead of doing a step's bookkeeping between every two ~1.65 ms steps (a 7B talker on the H100:
+    the first chunk's codes ~3 ms sooner at one user, ~6 at four, BENCHMARKS.md §16.1). The codes and audio are the
+    same as with 1 (off); what comes in meanwhile (a cancel, a new turn) waits for the chain, at most ``chain_steps``
+    talker steps. Only the talker stage takes it."""
     max_batch: int = 8
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
     worker_sms: int | None = None

@@ -62,8 +62,9 @@ def parse_args(argv=None):
 
 
 def inductor_settings(pairs: list[str]) -> dict[str, object]:
-    """``NAME=VALUE`` pairs as torch._inductor.config values: integers, true/false, or strings. Unknown names
-    are refused (a typo would otherwise measure the default)."""
+    """``NAME=VALUE`` pairs as torch._inductor.config values, typed as the setting's current value (a boolean takes
+    1/0/true/false, an integer digits, anything else the text). Unknown names are refused (a typo would otherwise
+    measure the default)."""
     import torch._inductor.config as inductor
 
     settings: dict[str, object] = {}
@@ -71,10 +72,16 @@ def inductor_settings(pairs: list[str]) -> dict[str, object]:
         name, sep, raw = pair.partition("=")
         if not sep or not hasattr(inductor, name):
             raise SystemExit(f"--inductor {pair!r}: expected NAME=VALUE with NAME in torch._inductor.config")
-        lowered = raw.lower()
-        value: object = lowered in ("1", "true") if lowered in ("0", "1", "true", "false") else raw
-        if isinstance(value, str) and raw.lstrip("-").isdigit():
-            value = int(raw)
+        current = getattr(inductor, name)
+        try:
+            if isinstance(current, bool):
+                value: object = {"1": True, "true": True, "0": False, "false": False}[raw.lower()]
+            elif isinstance(current, int):
+                value = int(raw)
+            else:
+                value = raw
+        except (KeyError, ValueError):
+            raise SystemExit(f"--inductor {pair!r}: {name} is a {type(current).__name__}") from None
         settings[name] = value
     return settings
 

@@ -23,3 +23,19 @@ def test_the_tiny_profile_reports_every_slot_count(tmp_path, capsys):
             assert sum(k["us"] for k in table["top"]) <= table["total_us"] + 1e-6
     report = capsys.readouterr().out
     assert "| slots |" in report and "evaluation, 2 slots" in report and "vocoder, 1 slots" in report
+
+
+def test_inductor_settings_are_typed_and_unknown_names_refused():
+    import pytest
+
+    profile = load_script("profile_token2wav")
+    settings = profile.inductor_settings(["max_autotune=1", "coordinate_descent_tuning=false",
+                                          "max_autotune_gemm_backends=TRITON", "unroll_reductions_threshold=4"])
+    assert settings == {"max_autotune": True, "coordinate_descent_tuning": False,
+                        "max_autotune_gemm_backends": "TRITON", "unroll_reductions_threshold": 4}
+    for bad in ("no_such_setting=1", "max_autotune"):
+        with pytest.raises(SystemExit, match="expected NAME=VALUE"):
+            profile.inductor_settings([bad])
+    for bad in ("max_autotune=maybe", "unroll_reductions_threshold=x"):
+        with pytest.raises(SystemExit, match="is a (bool|int)"):
+            profile.inductor_settings([bad])
