@@ -4,7 +4,7 @@ Runs the engine in a thread of this process (so the profiler sees its CPU ops an
 length to ``--users`` concurrent conversations (one burst per level), and prints per level:
 
 - the step's wall time (host) and the time the GPU was busy inside it, split by the kind of step (thinker and
-  talker decoding, talker only, other), as medians;
+  talker decoding, thinker only, talker only, a chain of talker steps (``talker.chain_steps``), other), as medians;
 - the median host time of each labelled part of a step (thinker decode launch, samplers, talker prefill, ...);
 - the busiest GPU kernels.
 
@@ -37,6 +37,7 @@ from realtime.bench.models import ReplyLength, bench_stage_config, model_loader
 LABELS = {
     "thinker.decode": ("thinker", "decode"),
     "talker.decode": ("talker", "decode"),
+    "talker.decode_chain": ("talker", "decode_chain"),
     "talker.prefill": ("talker", "prefill"),
     "thinker.prefill": ("thinker", "prefill"),
     "text_sampler.sample": ("text_sampler", "sample"),
@@ -58,14 +59,14 @@ class StepClock:
         for stage in ("thinker", "talker"):
             runner = getattr(core, stage)
             runner.decode = self._noting(stage, runner.decode)
+        core.talker.decode_chain = self._noting("talker chain", core.talker.decode_chain)
         step = core.step
 
         def timed_step():
             self._ran = set()
             t0 = time.perf_counter()
             progressed = step()
-            kind = ("thinker+talker" if self._ran == {"thinker", "talker"} else
-                    f"{next(iter(self._ran))} only" if self._ran else "other")  # fmt: skip
+            kind = _kind("thinker" in self._ran, "talker" in self._ran, "talker chain" in self._ran)
             wall = (time.perf_counter() - t0) * 1000
             self.walls.setdefault(kind, []).append(wall)
             counters = core.counters
@@ -85,6 +86,15 @@ class StepClock:
     def summary(self) -> dict:
         return {kind: {"count": len(v), "wall_ms_p50": statistics.median(v), "wall_ms_sum": sum(v)}
                 for kind, v in self.walls.items()}  # fmt: skip
+
+
+def _kind(thinker: bool, talker: bool, chain: bool) -> str:
+    """A step's kind from the decodes it ran (a talker chain runs only in a step without the thinker)."""
+    if chain:
+        return "talker chain"
+    if thinker:
+        return "thinker+talker" if talker else "thinker only"
+    return "talker only" if talker else "other"
 
 
 def instrument(core) -> None:
@@ -148,9 +158,7 @@ def summarize(trace: dict) -> dict:
         a, b = step["ts"], step["ts"] + step["dur"]
         inside = [lab for lab in labels if a <= lab["ts"] < b]
         names = {lab["name"] for lab in inside}
-        kind = ("thinker+talker" if {"thinker.decode", "talker.decode"} <= names else
-                "talker only" if "talker.decode" in names else
-                "thinker only" if "thinker.decode" in names else "other")  # fmt: skip
+        kind = _kind("thinker.decode" in names, "talker.decode" in names, "talker.decode_chain" in names)
         busy = _union([(max(x, a), min(y, b)) for x, y in kernels if y > a and x < b])
         by_kind.setdefault(kind, []).append((step["dur"] / 1000, busy / 1000))
         for lab in inside:

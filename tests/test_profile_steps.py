@@ -41,5 +41,7 @@ def test_the_summary_splits_steps_by_kind_and_counts_each_host_label_once(profil
 def test_the_step_clock_times_each_kind_of_step_without_the_profiler(profile_steps, tmp_path):
     assert profile_steps.main(["--users", "1", "--codec-tokens", "20", "--no-trace", "--out", str(tmp_path)]) == 0
     clock = json.loads((tmp_path / "clock.json").read_text())["1"]
-    assert clock["steps"]["talker only"]["count"] >= 10 and clock["steps"]["thinker+talker"]["count"] >= 1
+    steps = clock["steps"]  # past its text the talker steps alone, mostly in chains (the packaged talker.chain_steps)
+    assert steps["talker chain"]["count"] >= 1 and steps["thinker+talker"]["count"] >= 1
+    assert steps["talker chain"]["wall_ms_p50"] > steps["thinker+talker"]["wall_ms_p50"]  # several steps in one
     assert len(clock["first_audio_ms"]) == 1

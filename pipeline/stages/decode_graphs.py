@@ -138,7 +138,6 @@ class BatchedDecode:
         padded = [torch.cat([x, x.new_zeros((pad, *x.shape[1:]))]) if pad else x for x in device_rows]
         graph.load(packed, *padded)
 
-
     def chain(self, slots: Sequence[int], positions: Sequence[int], host: Sequence[Sequence[int | bool]],
               *device_rows: torch.Tensor, steps: int, advance: Advance, keep: int) -> torch.Tensor:  # fmt: skip
         """``steps`` calls in a row: the first with these inputs, each later one with the packed host inputs changed on
