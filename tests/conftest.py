@@ -87,6 +87,27 @@ def start_spoken_reply(core, name: str, max_text_tokens: int = 4) -> list:
     return events
 
 
+def run_spoken_reply(core, max_text_tokens: int = 6):
+    """Start a spoken reply (:func:`start_spoken_reply`, conversation "a") on an ``EngineCore`` and step it to the end;
+    returns its codes, its audio (float32 numpy) and (text tokens, codes, audio chunks) after every step."""
+    import numpy as np
+
+    from pipeline.outputs import AudioChunk, ResponseDone
+
+    events = start_spoken_reply(core, "a", max_text_tokens=max_text_tokens)
+    response = core.responses["r-a"]
+    progress = []
+    for _ in range(400):
+        if any(isinstance(e, ResponseDone) for e in events):
+            break
+        core.step()
+        chunks = sum(isinstance(e, AudioChunk) for e in events)
+        progress.append((len(response.item.reply_ids), len(response.codes), chunks))
+    assert any(isinstance(e, ResponseDone) for e in events)
+    audio = np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk)])
+    return list(response.codes), audio, progress
+
+
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_dir):
     """A greedy engine on the tiny checkpoint, shared by the tests of a session (each test opens

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import greedy_stage_config, start_spoken_reply
+from conftest import greedy_stage_config, run_spoken_reply
 
 from pipeline.config import DEFAULT_STAGE_CONFIG, ConfigError, SamplingConfig, parse_stage_config
-from pipeline.outputs import AudioChunk, ResponseDone
 from pipeline.sampling import SampleRows
 
 SAMPLED = SamplingConfig(do_sample=True, temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
@@ -33,22 +32,6 @@ def make_core(tiny_model_dir, chain_steps: int, device: str = "cpu", min_codes: 
     devices = {"thinker": device, "talker": device, "token2wav": device}
     dtypes = {"thinker": torch.float32, "talker": torch.float32}
     return EngineCore(load_checkpoint(tiny_model_dir, devices=devices, dtypes=dtypes), cfg, seed=7)
-
-
-def run_reply(core) -> tuple[list[int], np.ndarray, list[tuple[int, int, int]]]:
-    """One spoken reply to the end: its codes, its audio and (text tokens, codes, audio chunks) after every step."""
-    events = start_spoken_reply(core, "a", max_text_tokens=6)
-    response = core.responses["r-a"]
-    progress = []
-    for _ in range(400):
-        if any(isinstance(e, ResponseDone) for e in events):
-            break
-        core.step()
-        chunks = sum(isinstance(e, AudioChunk) for e in events)
-        progress.append((len(response.item.reply_ids), len(response.codes), chunks))
-    assert any(isinstance(e, ResponseDone) for e in events)
-    audio = np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk)])
-    return list(response.codes), audio, progress
 
 
 @torch.inference_mode()
@@ -83,8 +66,8 @@ def test_a_chain_samples_what_steps_one_by_one_sample(tiny_model_dir):
 @torch.inference_mode()
 def test_chains_change_when_codes_come_not_what_they_are(tiny_model_dir):
     off, on = make_core(tiny_model_dir, 1), make_core(tiny_model_dir, 8)
-    codes_off, audio_off, progress_off = run_reply(off)
-    codes_on, audio_on, progress_on = run_reply(on)
+    codes_off, audio_off, progress_off = run_spoken_reply(off)
+    codes_on, audio_on, progress_on = run_spoken_reply(on)
     assert len(codes_on) == 40 and codes_on == codes_off
     np.testing.assert_array_equal(audio_on, audio_off)
     assert off.counters["talker_chains_total"] == 0 < on.counters["talker_chains_total"]
@@ -105,8 +88,8 @@ def test_a_chain_stops_at_min_tokens_and_codes_after_a_stop_are_dropped(tiny_mod
     a chain never crosses ``min_tokens``, and the codes a chain sampled after a stop are not the reply's."""
     off = make_core(tiny_model_dir, 1, min_codes=30, max_codes=120)
     on = make_core(tiny_model_dir, 8, min_codes=30, max_codes=120)
-    codes_off, audio_off, _ = run_reply(off)
-    codes_on, audio_on, progress_on = run_reply(on)
+    codes_off, audio_off, _ = run_spoken_reply(off)
+    codes_on, audio_on, progress_on = run_spoken_reply(on)
     assert codes_on == codes_off and len(codes_on) >= 30
     np.testing.assert_array_equal(audio_on, audio_off)
     counts = [codes for _, codes, _ in progress_on]
@@ -117,7 +100,7 @@ def test_a_chain_stops_at_min_tokens_and_codes_after_a_stop_are_dropped(tiny_mod
 def test_no_chain_while_commands_wait(tiny_model_dir):
     core = make_core(tiny_model_dir, 8)
     core.commands_waiting = lambda: True
-    run_reply(core)
+    run_spoken_reply(core)
     assert core.counters["talker_chains_total"] == 0
 
 
@@ -139,10 +122,10 @@ def test_chain_steps_is_a_positive_talker_setting():
 def test_on_the_gpu_a_chain_replays_one_graph_per_step(tiny_model_dir):
     on = make_core(tiny_model_dir, 8, device="cuda")
     replays = on.talker.batched.replays
-    codes_on, audio_on, _ = run_reply(on)
+    codes_on, audio_on, _ = run_spoken_reply(on)
     assert on.counters["talker_chains_total"] > 0 and on.talker.batched.eager_steps == 0
     assert on.talker.batched.replays - replays == len(codes_on) - 1  # every code but the prefill's from a replay
     off = make_core(tiny_model_dir, 1, device="cuda")
-    codes_off, audio_off, _ = run_reply(off)
+    codes_off, audio_off, _ = run_spoken_reply(off)
     assert codes_on == codes_off
     np.testing.assert_allclose(audio_on, audio_off, atol=1e-5)

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import greedy_stage_config, start_spoken_reply
+from conftest import greedy_stage_config, run_spoken_reply
 
 from pipeline.config import DEFAULT_STAGE_CONFIG, ConfigError, parse_stage_config
-from pipeline.outputs import AudioChunk, ResponseDone
 
 
 def make_core(tiny_model_dir, overlap: str, device: str = "cpu"):
@@ -32,17 +31,8 @@ def make_core(tiny_model_dir, overlap: str, device: str = "cpu"):
 
 def run_reply(core) -> tuple[list, np.ndarray, list[tuple[int, int]]]:
     """One spoken reply to the end; returns its codes, its audio and (text tokens, codes) after every step."""
-    events = start_spoken_reply(core, "a", max_text_tokens=6)
-    response = core.responses["r-a"]
-    progress = []
-    for _ in range(400):
-        if any(isinstance(e, ResponseDone) for e in events):
-            break
-        core.step()
-        progress.append((len(response.item.reply_ids), len(response.codes)))
-    assert any(isinstance(e, ResponseDone) for e in events)
-    audio = np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk)])
-    return list(response.codes), audio, progress
+    codes, audio, progress = run_spoken_reply(core)
+    return codes, audio, [(text, codes) for text, codes, _ in progress]
 
 
 @torch.inference_mode()
