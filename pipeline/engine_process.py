@@ -141,6 +141,12 @@ class EngineProcess:
         child_conn.close()  # only the child holds its end now: its death reads as end-of-file here
         self._lock = threading.Lock()
         """Guards the calls, routes and state below against the reader thread."""
+        self._reap_lock = threading.Lock()
+        """Serializes waiting for, polling and stopping the child (:meth:`_stop_process`): ``multiprocessing`` is not
+        safe for two threads at once there. When the child exits, :meth:`close`'s thread and the reader thread
+        (:meth:`_on_exit`) both wake; one reaps it (``waitpid``) and the other's ``waitpid`` then fails, which
+        ``Process.is_alive`` reads as "still running" until the first has recorded the exit code: a clean exit was
+        logged as a child that did not stop, and a signal was sent to its reaped pid."""
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._futures: dict[int, Future] = {}
@@ -325,9 +331,7 @@ class EngineProcess:
 
     def _on_exit(self) -> None:
         """The pipe reached its end: the child exited (or was stopped). Fail whatever still waits."""
-        self._process.join(5.0)
-        if self._process.exitcode is None:  # closed its end but still running: it cannot be talked to any more
-            self._stop_process(timeout=0)
+        self._stop_process(timeout=5.0, warn=False)  # closed its end but still running: it cannot be talked to any more
         with self._lock:
             if self._closing:
                 error: EngineClosedError = EngineClosedError("the engine is shut down")
@@ -355,16 +359,18 @@ class EngineProcess:
             except Exception:  # noqa: BLE001 - every other response must still get its ending
                 log.exception("ending response %s failed", response_id)
 
-    def _stop_process(self, timeout: float) -> None:
-        self._process.join(timeout)
-        if self._process.is_alive():
-            if timeout:
-                log.warning("the engine process did not stop within %.0f s: terminating it", timeout)
-            self._process.terminate()
-            self._process.join(5.0)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
+    def _stop_process(self, timeout: float, *, warn: bool = True) -> None:
+        """Wait ``timeout`` s for the child to exit, then terminate it (then kill it after 5 s). Any thread."""
+        with self._reap_lock:
+            self._process.join(timeout)
+            if self._process.exitcode is None:
+                if warn:
+                    log.warning("the engine process did not stop within %.0f s: terminating it", timeout)
+                self._process.terminate()
+                self._process.join(5.0)
+            if self._process.exitcode is None:
+                self._process.kill()
+                self._process.join()
 
 
 def _emit(record: logging.LogRecord) -> None:

@@ -9,9 +9,11 @@ cores), so the tests share one where that is safe; the ones that stop or kill th
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pickle
 import signal
+import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -26,7 +28,7 @@ from conftest import greedy_stage_config
 from pipeline.commands import ENGINE_COMMANDS, Command
 from pipeline.config import load_stage_config, parse_stage_config
 from pipeline.engine import OmniEngine
-from pipeline.engine_process import AckBatcher, Credits
+from pipeline.engine_process import AckBatcher, Credits, EngineProcess
 from pipeline.errors import (
     CheckpointError,
     ConfigError,
@@ -412,7 +414,8 @@ async def test_a_killed_engine_process_fails_pending_calls_live_responses_and_la
     assert engine._backend.exitcode == -signal.SIGKILL
 
 
-async def test_close_ends_live_responses_and_stops_the_process_cleanly(tiny_model_dir):
+async def test_close_ends_live_responses_and_stops_the_process_cleanly(tiny_model_dir, caplog):
+    caplog.set_level(logging.WARNING, logger="pipeline.engine_process")
     engine = await asyncio.to_thread(start_engine, tiny_model_dir)
     conv = engine.conversation()
     await conv.add_text("u1", "Talk to me.")
@@ -425,10 +428,67 @@ async def test_close_ends_live_responses_and_stops_the_process_cleanly(tiny_mode
     assert isinstance(rest[-1], ResponseDone) and rest[-1].status is ResponseStatus.CANCELLED
     assert rest[-1].reason == "conversation_closed"
     assert engine.closed and engine._backend.exitcode == 0
+    # the child exited by itself: the reader thread and close() both saw it go, and neither may take the other's
+    # reaping of it for a child still running (it was logged as one that did not stop, and signalled)
+    assert [r.getMessage() for r in caplog.records if r.name == "pipeline.engine_process"] == []
     with pytest.raises(EngineClosedError) as info:
         await conv.add_text("u2", "Hello?")
     assert type(info.value) is EngineClosedError
     engine.close()  # twice is fine
+
+
+class ReapingProcess:
+    """A child that has exited, as ``multiprocessing.Process`` sees it from two threads: each ``join`` wakes at once;
+    the first reaps it and records its exit code a moment later, and meanwhile another thread's poll finds nothing
+    to reap and reads ``exitcode`` as None (a child still running)."""
+
+    def __init__(self):
+        self.reaped = threading.Event()
+        self.reaping = threading.Lock()
+        self.code = None
+        self.signals = []
+
+    def join(self, timeout=None):
+        if self.reaping.acquire(blocking=False):
+            time.sleep(0.05)
+            self.code = 0
+            self.reaped.set()
+
+    @property
+    def exitcode(self):
+        return self.code
+
+    def is_alive(self):
+        return self.code is None
+
+    def terminate(self):
+        self.signals.append("SIGTERM")
+
+    def kill(self):
+        self.signals.append("SIGKILL")
+
+
+def test_two_threads_stopping_an_exited_child_neither_signals_it(caplog):
+    """close() and the reader thread (the child's end of the pipe closed) both wait for the child: the one that does
+    not reap it must not take it for a child still running."""
+    backend = object.__new__(EngineProcess)  # only the child's reaping is under test: no process spawned
+    backend._process, backend._reap_lock = ReapingProcess(), threading.Lock()
+    errors = []
+
+    def stop(timeout):
+        try:
+            backend._stop_process(timeout)
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=stop, args=(timeout,)) for timeout in (30.0, 5.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert backend._process.signals == [] and backend._process.exitcode == 0
+    assert not [r for r in caplog.records if "did not stop" in r.getMessage()]
 
 
 # --- the realtime server over an engine process ---------------------------------------------------
