@@ -373,6 +373,8 @@ class EngineCore:
         background = self._plan_background_prefills()
         progressed |= bool(background)
         self._run_prefills(self._prefills.jobs)
+        if self._first_chunks_alone(decoding):
+            decoding = []  # nothing decodes this step: see _first_chunks_alone
         if decoding:
             self.counters["decode_steps_total"] += 1
         # Both stages' steps are queued before either's tokens are read: the talker's step needs the thinker's
@@ -748,6 +750,16 @@ class EngineCore:
             # made once: events made and dropped every step stalled steps behind token2wav jobs (BENCHMARKS §14.4)
             self._talker_events = (torch.cuda.Event(), torch.cuda.Event())
         return self._talker_cuda_stream
+
+    def _first_chunks_alone(self, decoding: list[ResponseState]) -> bool:
+        """Whether every decoding response is a spoken reply whose first chunk the token2wav worker is making now. Then
+        the step decodes nothing, thinker included: nothing else needs the GPU, and the decode steps would only slow
+        that chunk, which someone is waiting to hear (a reply still writing its text, 40 tokens, had its first chunk
+        take ~100 ms beside the thinker's steps on the H100, against ~39 ms alone: BENCHMARKS.md §16). Their next tokens
+        are for the second chunk, 240 ms of audio later. :meth:`_talker_may_step` does the same for the talker alone,
+        beside replies that only write text."""
+        return bool(decoding) and all(r.t2w is not None and id(r.t2w) in self._t2w_jobs and r.first_audio_at is None
+                                      for r in decoding)  # fmt: skip
 
     def _talker_may_step(self, rows: list[ResponseState]) -> list[ResponseState]:
         """``rows``, or none when every one still talking is a reply whose first chunk the token2wav worker is making

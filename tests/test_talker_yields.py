@@ -1,5 +1,6 @@
 """While the token2wav worker makes the first chunk of every reply still talking, the talker does not step (nothing
-else needs the device, and its steps would slow that chunk); with any other reply decoding, everyone steps."""
+else needs the device, and its steps would slow that chunk), nor the thinker of a reply still writing its text; with
+any other reply decoding, everyone steps."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from conftest import greedy_stage_config, start_spoken_reply
 from pipeline.outputs import AudioChunk
 
 
-def make_core(tiny_model_dir):
+def make_core(tiny_model_dir, text_tokens: int = 4):
     from pipeline.core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
-    cfg = greedy_stage_config(thinker={"min_tokens": 4, "max_tokens": 4}, talker={"min_tokens": 60, "max_tokens": 60},
+    cfg = greedy_stage_config(thinker={"min_tokens": text_tokens, "max_tokens": text_tokens},
+                              talker={"min_tokens": 60, "max_tokens": 60},
                               token2wav={"worker_thread": "on"})  # fmt: skip
     core = EngineCore(load_checkpoint(tiny_model_dir), cfg, seed=5)
     assert core.t2w_worker is not None
@@ -36,8 +38,8 @@ def hold_jobs(core) -> threading.Event:
     return release
 
 
-def start(core, name: str) -> list:
-    return start_spoken_reply(core, name)
+def start(core, name: str, text_tokens: int = 4) -> list:
+    return start_spoken_reply(core, name, max_text_tokens=text_tokens)
 
 
 def until_first_chunk_submitted(core, name: str) -> None:
@@ -88,6 +90,52 @@ def test_with_another_reply_decoding_every_talker_steps(tiny_model_dir):
         before = len(a.codes), len(b.codes)
         core.step()
         assert (len(a.codes), len(b.codes)) == (before[0] + 1, before[1] + 1)
+    finally:
+        release.set()
+        core.close()
+
+
+@torch.inference_mode()
+def test_a_reply_still_writing_waits_for_its_first_chunk_too(tiny_model_dir):
+    core = make_core(tiny_model_dir, text_tokens=50)
+    try:
+        release = hold_jobs(core)
+        events = start(core, "a", text_tokens=50)
+        until_first_chunk_submitted(core, "a")
+        a = core.responses["r-a"]
+        assert not a.thinker_done, "the text goes on past the first chunk's codes"
+        progress = len(a.item.reply_ids), core.counters["talker_tokens_total"], core.counters["decode_steps_total"]
+        for _ in range(5):
+            assert core.step() is False
+        assert (len(a.item.reply_ids), core.counters["talker_tokens_total"],
+                core.counters["decode_steps_total"]) == progress, "neither the thinker nor the talker stepped"
+        release.set()
+        deadline = time.monotonic() + 60
+        while not any(isinstance(e, AudioChunk) for e in events):
+            assert time.monotonic() < deadline, "the first chunk never came"
+            if not core.step():
+                time.sleep(0.005)
+        core.step()
+        assert len(a.item.reply_ids) > progress[0], "the text resumes after the first chunk"
+    finally:
+        release.set()
+        core.close()
+
+
+@torch.inference_mode()
+def test_beside_another_reply_a_reply_still_writing_keeps_writing(tiny_model_dir):
+    core = make_core(tiny_model_dir, text_tokens=50)
+    try:
+        release = hold_jobs(core)
+        start(core, "a", text_tokens=50)
+        until_first_chunk_submitted(core, "a")
+        start(core, "b", text_tokens=50)
+        a, b = core.responses["r-a"], core.responses["r-b"]
+        while not b.talker_started:
+            core.step()
+        before = len(a.item.reply_ids), len(a.codes)
+        core.step()
+        assert (len(a.item.reply_ids), len(a.codes)) == (before[0] + 1, before[1] + 1)
     finally:
         release.set()
         core.close()
