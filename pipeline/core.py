@@ -569,7 +569,7 @@ class EngineCore:
                     outputs.append((job, self.thinker.prefill_many([span])[0]))
                 except Exception as exc:  # noqa: BLE001 - isolate this conversation's failure
                     self._prefill_failed(job, exc)
-        started = []
+        started, listening = [], []
         for job, out in outputs:
             try:
                 job.conv.extend(job.keys, self.to_talker(out.hidden, job.talker_embeds))
@@ -578,6 +578,7 @@ class EngineCore:
                 continue
             if job.owner is None:
                 job.conv.dirty = not job.last
+                listening.append(job.conv)
             elif job.last and job.owner.id in self.responses:
                 job.owner.phase = Phase.DECODE
                 job.owner.mark("prefill_done_ms")
@@ -590,6 +591,34 @@ class EngineCore:
                                               seeds=[r.seed for r in rows],
                                               counters=[len(r.item.reply_ids) for r in rows])  # fmt: skip
             self._accept_each(rows, tokens, self._accept_text_token)
+        for conv in listening:
+            self._background_talker_prefill(conv)
+
+    def _background_talker_prefill(self, conv: ConversationState) -> None:
+        """While a conversation is idle, bring its talker cache up to its thinker cache (the talker's prompt is the
+        thinker's vectors of the same positions), so that a reply's talker prefill at the end of the turn covers only
+        what the turn's last chunk added, the speaker's bos and the first reply vector: ~150 positions of a 5 s
+        question otherwise, on every reply's first-audio path. Only into a slot the conversation holds or a free one
+        (listening never evicts); a failure drops that conversation's talker cache and nothing else."""
+        if conv.active_response is not None or not conv.cached_keys:
+            return
+        slot = self.talker.pool.slots.acquire(conv.id)
+        if slot is None:
+            return
+        if slot != conv.talker_slot:
+            conv.crop_talker(0)
+            conv.talker_slot = slot
+        keys = conv.cached_keys
+        start = conv.common_prefix_of(conv.talker_keys, keys)
+        if start == len(keys):
+            return
+        conv.crop_talker(start)
+        try:
+            self.talker.prefill_prompt(conv.talker_prompt()[start:], slot=slot, start=start)
+        except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
+            log.exception("background talker prefill of %s failed; its talker cache is dropped", conv.id)
+            return
+        conv.talker_keys = list(keys)
 
     def _prefill_failed(self, job: PrefillJob, exc: Exception) -> None:
         if job.owner is None:

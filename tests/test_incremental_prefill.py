@@ -162,28 +162,45 @@ async def test_delete_rolls_cache_back_and_history_is_not_prefilled_twice(engine
 
 
 async def test_talker_prompt_cache_is_reused_across_turns(engine, monkeypatch):
+    """The talker's cache follows the conversation as the thinker's does: prefilled in the background while the
+    conversation is idle, kept across turns, so that a reply's talker prefill covers only what the background had not
+    (+ speaker bos and the first reply vector)."""
     talker = engine._thread.core.talker
-    starts = []
-    prefill = talker.prefill
+    spans = []  # (start, positions, at a reply's start)
+    prefill, prefill_prompt = talker.prefill, talker.prefill_prompt
 
     def spy(vectors, **kwargs):
-        starts.append((kwargs["start"], vectors.shape[0]))
+        spans.append((kwargs["start"], vectors.shape[0] - 2, True))
         return prefill(vectors, **kwargs)
 
+    def spy_prompt(vectors, **kwargs):
+        spans.append((kwargs["start"], vectors.shape[0], False))
+        return prefill_prompt(vectors, **kwargs)
+
     monkeypatch.setattr(talker, "prefill", spy)
+    monkeypatch.setattr(talker, "prefill_prompt", spy_prompt)
     conv = engine.conversation()
     await conv.add_text("u1", "hello")
-    await conv.respond(item_id="a1", max_output_tokens=5).wait()
+    await engine.wait_idle()
     state = core_conv(engine, conv)
+    assert state.talker_keys == state.cached_keys and spans and not any(reply for *_, reply in spans)
+    await conv.respond(item_id="a1", max_output_tokens=5).wait()
     first_prompt, slot = len(state.talker_keys), state.talker_slot
-    assert first_prompt > 0 and slot is not None
+    assert slot is not None
+    turn1, spans[:] = list(spans), []
     await conv.add_text("u2", "again")
     await conv.respond(item_id="a2", max_output_tokens=5).wait()
     assert state.talker_slot == slot
     assert state.talker_keys[:first_prompt] == state.cached_keys[:first_prompt]
     assert len(state.talker_keys) > first_prompt
-    # turn 2 prefilled only what turn 1's prompt lacked (+ speaker bos and the first reply vector)
-    assert starts == [(0, first_prompt + 2), (first_prompt, len(state.talker_keys) - first_prompt + 2)]
+    for turn, (begin, end) in ((turn1, (0, first_prompt)), (spans, (first_prompt, len(state.talker_keys)))):
+        covered = begin  # each prefill starts where the cache ended: nothing prefilled twice, turn 2 reuses turn 1's
+        for start, positions, _ in turn:
+            assert start == covered
+            covered += positions
+        assert covered == end and turn[-1][2], "the reply's own prefill comes last"
+    background = sum(positions for _, positions, reply in turn1 if not reply)
+    assert turn1[-1][1] < background, "the turn's end left less to the reply than the background did"
     await conv.close()
 
 

@@ -49,6 +49,29 @@ async def test_idle_conversations_lend_their_slots_and_replies_do_not_change(sma
     assert core.thinker.pool.slots.used == 0 and core.talker.pool.slots.used == 0
 
 
+async def test_a_listening_conversation_prefills_its_talker_only_into_a_free_slot(tiny_model_dir, tiny_engine):
+    """The talker's background prefill (while a conversation is idle) never takes another conversation's talker slot;
+    a reply does, from the least recently used idle one, and answers as with room for everyone."""
+    cfg = greedy_stage_config(thinker={"kv_slots": 3}, talker={"kv_slots": 2, "max_tokens": 120})
+    engine = await asyncio.to_thread(OmniEngine.from_pretrained, tiny_model_dir, cfg, seed=7)
+    core = engine._thread.core
+    convs = [engine.conversation() for _ in range(3)]
+    for i, c in enumerate(convs[:2]):
+        await reply(c, "a1", f"Hello number {i}")
+    await convs[2].add_text("u-a1", "Hello number 2")
+    await engine.wait_idle()
+    held = [core.conversations[c.id] for c in convs]
+    assert [s.talker_slot is not None for s in held] == [True, True, False], "both talker slots stay with their owners"
+    assert held[2].cached_keys and held[2].talker_keys == [], "listening: thinker cache, no talker cache"
+    done = await convs[2].respond(item_id="a1", max_output_tokens=6).wait()
+    assert held[0].talker_slot is None and held[2].talker_slot is not None, "the reply took the LRU idle slot"
+    roomy = tiny_engine.conversation()
+    assert (done.text_token_ids, done.audio_codes) == await reply(roomy, "a1", "Hello number 2")
+    for c in (*convs, roomy):
+        await c.close()
+    engine.close()
+
+
 async def test_responses_beyond_the_pool_wait_for_a_slot_and_batching_changes_no_token(small_pool_engine, tiny_engine):
     engine = small_pool_engine
     convs = [engine.conversation() for _ in range(4)]

@@ -68,12 +68,20 @@ class TalkerRunner:
         x = vectors.to(self.device, self.dtype).clone()
         special = self.codec_embed(torch.tensor([codec_pad, codec_bos], device=self.device))
         x[-2:] = x[-2:] + special
-        x = self.proj(x)
+        hidden = self._prefill_rows(self.proj(x), slot, start)
+        return self.head(hidden[-1:]).float()[0]
+
+    @torch.inference_mode()
+    def prefill_prompt(self, vectors: torch.Tensor, *, slot: int, start: int) -> None:
+        """``vectors`` (P, H_thinker): prompt positions ``start .. start+P-1`` only, no logits: the talker's cache
+        brought up to the conversation ahead of a reply, so that :meth:`prefill` later gets only the rest."""
+        self._prefill_rows(self.proj(vectors.to(self.device, self.dtype)), slot, start)
+
+    def _prefill_rows(self, x: torch.Tensor, slot: int, start: int) -> torch.Tensor:
         if self.prefills.fits(x.shape[0]):
             (hidden,) = graphed_prefill(self.prefills, [(slot, x, start)])
-        else:
-            hidden = self.decoder.prefill(slot, x, start)
-        return self.head(hidden[-1:]).float()[0]
+            return hidden
+        return self.decoder.prefill(slot, x, start)
 
     @torch.inference_mode()
     def decode(self, prev_codes: list[int], vectors: torch.Tensor, slots: list[int], positions: list[int],
