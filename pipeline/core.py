@@ -599,7 +599,8 @@ class EngineCore:
         thinker's vectors of the same positions), so that a reply's talker prefill at the end of the turn covers only
         what the turn's last chunk added, the speaker's bos and the first reply vector: ~150 positions of a 5 s
         question otherwise, on every reply's first-audio path. Only into a slot the conversation holds or a free one
-        (listening never evicts); a failure drops that conversation's talker cache and nothing else."""
+        (listening never evicts). A failure is logged and leaves the talker cache as it was: the reply's own prefill
+        then covers the rest."""
         if conv.active_response is not None or not conv.cached_keys:
             return
         slot = self.talker.pool.slots.acquire(conv.id)
@@ -784,7 +785,7 @@ class EngineCore:
         """Whether every decoding response is a spoken reply whose first chunk the token2wav worker is making now. Then
         the step decodes nothing, thinker included: nothing else needs the GPU, and the decode steps would only slow
         that chunk, which someone is waiting to hear (a reply still writing its text, 40 tokens, had its first chunk
-        take ~100 ms beside the thinker's steps on the H100, against ~39 ms alone: BENCHMARKS.md §16). Their next tokens
+        take ~104 ms beside the thinker's steps on the H100, ~39 ms without: BENCHMARKS.md §17.1). Their next tokens
         are for the second chunk, 240 ms of audio later. :meth:`_talker_may_step` does the same for the talker alone,
         beside replies that only write text."""
         return bool(decoding) and all(r.t2w is not None and id(r.t2w) in self._t2w_jobs and r.first_audio_at is None

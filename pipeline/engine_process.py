@@ -331,7 +331,8 @@ class EngineProcess:
 
     def _on_exit(self) -> None:
         """The pipe reached its end: the child exited (or was stopped). Fail whatever still waits."""
-        self._stop_process(timeout=5.0, warn=False)  # closed its end but still running: it cannot be talked to any more
+        # a child that closed its end but still runs cannot be talked to any more: stopped after 5 s, unannounced
+        self._stop_process(timeout=5.0, warn=False)
         with self._lock:
             if self._closing:
                 error: EngineClosedError = EngineClosedError("the engine is shut down")
