@@ -51,6 +51,25 @@ def until_first_chunk_submitted(core, name: str) -> None:
     raise AssertionError("no first-chunk job")
 
 
+def beside_a_second_reply(core, text_tokens: int = 4):
+    """Reply "a" gets its first-chunk job in the worker, then reply "b" starts its talker; returns both states."""
+    start(core, "a", text_tokens=text_tokens)
+    until_first_chunk_submitted(core, "a")
+    start(core, "b", text_tokens=text_tokens)
+    a, b = core.responses["r-a"], core.responses["r-b"]
+    while not b.talker_started:
+        core.step()
+    return a, b
+
+
+def until_first_audio(core, events: list) -> None:
+    deadline = time.monotonic() + 60
+    while not any(isinstance(e, AudioChunk) for e in events):
+        assert time.monotonic() < deadline, "the first chunk never came"
+        if not core.step():
+            time.sleep(0.005)  # the engine's loop would wait for the worker's wake-up
+
+
 @torch.inference_mode()
 def test_a_lone_reply_talks_again_once_its_first_chunk_is_out(tiny_model_dir):
     core = make_core(tiny_model_dir)
@@ -63,11 +82,7 @@ def test_a_lone_reply_talks_again_once_its_first_chunk_is_out(tiny_model_dir):
             assert core.step() is False, "nothing to do but wait for the chunk"
         assert core.counters["talker_tokens_total"] == codes
         release.set()
-        deadline = time.monotonic() + 60
-        while not any(isinstance(e, AudioChunk) for e in events):
-            assert time.monotonic() < deadline, "the first chunk never came"
-            if not core.step():
-                time.sleep(0.005)  # the engine's loop would wait for the worker's wake-up
+        until_first_audio(core, events)
         for _ in range(3):
             core.step()
         assert core.counters["talker_tokens_total"] > codes, "the talker resumes after the first chunk"
@@ -81,12 +96,7 @@ def test_with_another_reply_decoding_every_talker_steps(tiny_model_dir):
     core = make_core(tiny_model_dir)
     try:
         release = hold_jobs(core)
-        start(core, "a")
-        until_first_chunk_submitted(core, "a")
-        start(core, "b")
-        a, b = core.responses["r-a"], core.responses["r-b"]
-        while not b.talker_started:
-            core.step()
+        a, b = beside_a_second_reply(core)
         before = len(a.codes), len(b.codes)
         core.step()
         assert (len(a.codes), len(b.codes)) == (before[0] + 1, before[1] + 1)
@@ -110,11 +120,7 @@ def test_a_reply_still_writing_waits_for_its_first_chunk_too(tiny_model_dir):
         assert (len(a.item.reply_ids), core.counters["talker_tokens_total"],
                 core.counters["decode_steps_total"]) == progress, "neither the thinker nor the talker stepped"
         release.set()
-        deadline = time.monotonic() + 60
-        while not any(isinstance(e, AudioChunk) for e in events):
-            assert time.monotonic() < deadline, "the first chunk never came"
-            if not core.step():
-                time.sleep(0.005)
+        until_first_audio(core, events)
         core.step()
         assert len(a.item.reply_ids) > progress[0], "the text resumes after the first chunk"
     finally:
@@ -127,12 +133,7 @@ def test_beside_another_reply_a_reply_still_writing_keeps_writing(tiny_model_dir
     core = make_core(tiny_model_dir, text_tokens=50)
     try:
         release = hold_jobs(core)
-        start(core, "a", text_tokens=50)
-        until_first_chunk_submitted(core, "a")
-        start(core, "b", text_tokens=50)
-        a, b = core.responses["r-a"], core.responses["r-b"]
-        while not b.talker_started:
-            core.step()
+        a, _ = beside_a_second_reply(core, text_tokens=50)
         before = len(a.item.reply_ids), len(a.codes)
         core.step()
         assert (len(a.item.reply_ids), len(a.codes)) == (before[0] + 1, before[1] + 1)
