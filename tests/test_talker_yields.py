@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import torch
 from conftest import greedy_stage_config, start_spoken_reply
 
@@ -92,20 +93,6 @@ def test_a_lone_reply_talks_again_once_its_first_chunk_is_out(tiny_model_dir):
 
 
 @torch.inference_mode()
-def test_with_another_reply_decoding_every_talker_steps(tiny_model_dir):
-    core = make_core(tiny_model_dir)
-    try:
-        release = hold_jobs(core)
-        a, b = beside_a_second_reply(core)
-        before = len(a.codes), len(b.codes)
-        core.step()
-        assert (len(a.codes), len(b.codes)) == (before[0] + 1, before[1] + 1)
-    finally:
-        release.set()
-        core.close()
-
-
-@torch.inference_mode()
 def test_a_reply_still_writing_waits_for_its_first_chunk_too(tiny_model_dir):
     core = make_core(tiny_model_dir, text_tokens=50)
     try:
@@ -128,15 +115,20 @@ def test_a_reply_still_writing_waits_for_its_first_chunk_too(tiny_model_dir):
         core.close()
 
 
+@pytest.mark.parametrize("text_tokens", [4, 50])
 @torch.inference_mode()
-def test_beside_another_reply_a_reply_still_writing_keeps_writing(tiny_model_dir):
-    core = make_core(tiny_model_dir, text_tokens=50)
+def test_with_another_reply_decoding_everyone_steps(tiny_model_dir, text_tokens):
+    """Beside reply "b", reply "a" waiting for its first chunk keeps stepping: its talker, and (50 tokens) its thinker
+    still writing."""
+    core = make_core(tiny_model_dir, text_tokens=text_tokens)
     try:
         release = hold_jobs(core)
-        a, _ = beside_a_second_reply(core, text_tokens=50)
-        before = len(a.item.reply_ids), len(a.codes)
+        a, b = beside_a_second_reply(core, text_tokens=text_tokens)
+        before = len(a.codes), len(b.codes), len(a.item.reply_ids)
         core.step()
-        assert (len(a.item.reply_ids), len(a.codes)) == (before[0] + 1, before[1] + 1)
+        assert (len(a.codes), len(b.codes)) == (before[0] + 1, before[1] + 1)
+        if text_tokens == 50:
+            assert len(a.item.reply_ids) == before[2] + 1, "the thinker of a reply still writing steps"
     finally:
         release.set()
         core.close()
