@@ -229,9 +229,11 @@ class EngineCore:
             conv.slot = slot
         return slot
 
-    def _talker_slot(self, conv: ConversationState) -> int | None:
+    def _talker_slot(self, conv: ConversationState, *, evict: bool = True) -> int | None:
+        """The conversation's talker slot; a free one, or (``evict``) one taken from the least recently used idle
+        conversation, which loses only its talker cache. None while every slot is busy."""
         slot = self.talker.pool.slots.acquire(conv.id)
-        if slot is None:
+        if slot is None and evict:
             victim = self._idle_owner(self.talker.pool.slots, exclude=conv)
             if victim is not None:
                 victim.crop_talker(0)
@@ -603,12 +605,9 @@ class EngineCore:
         then covers the rest."""
         if conv.active_response is not None or not conv.cached_keys:
             return
-        slot = self.talker.pool.slots.acquire(conv.id)
+        slot = self._talker_slot(conv, evict=False)
         if slot is None:
             return
-        if slot != conv.talker_slot:
-            conv.crop_talker(0)
-            conv.talker_slot = slot
         keys = conv.cached_keys
         start = conv.common_prefix_of(conv.talker_keys, keys)
         if start == len(keys):

@@ -443,7 +443,6 @@ class ReapingProcess:
     to reap and reads ``exitcode`` as None (a child still running)."""
 
     def __init__(self):
-        self.reaped = threading.Event()
         self.reaping = threading.Lock()
         self.code = None
         self.signals = []
@@ -452,7 +451,6 @@ class ReapingProcess:
         if self.reaping.acquire(blocking=False):
             time.sleep(0.05)
             self.code = 0
-            self.reaped.set()
 
     @property
     def exitcode(self):

@@ -186,7 +186,7 @@ async def test_talker_prompt_cache_is_reused_across_turns(engine, monkeypatch):
     assert state.talker_keys == state.cached_keys and spans and not any(reply for *_, reply in spans)
     await conv.respond(item_id="a1", max_output_tokens=5).wait()
     first_prompt, slot = len(state.talker_keys), state.talker_slot
-    assert slot is not None
+    assert first_prompt > 0 and slot is not None
     turn1, spans[:] = list(spans), []
     await conv.add_text("u2", "again")
     await conv.respond(item_id="a2", max_output_tokens=5).wait()
