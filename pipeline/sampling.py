@@ -98,7 +98,8 @@ class BatchSampler:
         self.seen[row].zero_()
         ids = sorted(set(seen))
         if ids:
-            self.seen[row, torch.tensor(ids, device=self.device)] = True
+            # queued without the host waiting (an index assignment would wait for the device)
+            self.seen[row].index_fill_(0, host_to_device(ids, torch.long, self.device), True)
 
     def sample(self, logits: torch.Tensor, rows: list[int], *, force_continue: list[bool], seeds: list[int],
                counters: list[int]) -> list[int]:  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.cuda_graphs import host_to_device
 from pipeline.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 from pipeline.stages.decode_attention import triton_available
 from pipeline.stages.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
@@ -66,7 +67,7 @@ class TalkerRunner:
         """``vectors`` (P, H_thinker) — the prompt positions from ``start`` on (earlier ones are
         already in the slot), then [speaker bos, reply token 0]; returns (V,) logits."""
         x = vectors.to(self.device, self.dtype).clone()
-        special = self.codec_embed(torch.tensor([codec_pad, codec_bos], device=self.device))
+        special = self.codec_embed(host_to_device([codec_pad, codec_bos], torch.long, self.device))
         x[-2:] = x[-2:] + special
         hidden = self._prefill_rows(self.proj(x), slot, start)
         return self.head(hidden[-1:]).float()[0]

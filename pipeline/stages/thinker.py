@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.cuda_graphs import host_to_device
 from pipeline.models.qwen2_5_omni.audio_encoder import BlockEncoder
 from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
@@ -90,8 +91,13 @@ class ThinkerRunner:
 
     @torch.inference_mode()
     def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
-        """(T,) ids -> (T, H) input embeddings."""
-        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device)
+        """(T,) ids -> (T, H) input embeddings. Host ids are queued to the device without waiting for its work: a
+        reply's talker prefill embeds the speaker's bos right behind the thinker's decode step, and waiting there
+        left the GPU idle while the host prepared the talker's prefill."""
+        if isinstance(token_ids, torch.Tensor) and token_ids.device == self.device:
+            ids = token_ids.long()
+        else:
+            ids = host_to_device(token_ids, torch.long, self.device)
         return self.text_model.embed_tokens(ids)
 
     @torch.inference_mode()

@@ -1,0 +1,41 @@
+"""A reply's start queues its device work without the host waiting for the GPU: the talker's prefill is prepared right
+behind the thinker's decode step on the same stream, and a host wait there left the GPU idle while the host did the
+prefill's bookkeeping (one reply profiled on an H100: ~5 ms waiting inside the speaker's bos embedding, BENCHMARKS.md
+§18). ``torch.cuda.set_sync_debug_mode("error")`` makes any call that waits for the device (a copy from pageable
+memory, a read) raise."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import greedy_stage_config
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@torch.inference_mode()
+def test_a_talker_start_queues_its_work_without_waiting(tiny_model_dir):
+    from pipeline.core import EngineCore
+    from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
+
+    cfg = greedy_stage_config(token2wav={"worker_thread": "off", "compile": "off"})
+    cfg = replace(cfg, **{name: replace(getattr(cfg, name), device="cuda") for name in ("thinker", "talker", "token2wav")})
+    ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda", "talker": "cuda", "token2wav": "cuda"},
+                           dtypes={"thinker": torch.float32, "talker": torch.float32})  # the config's dtypes
+    core = EngineCore(ckpt, cfg, seed=0)
+    special, bos_token = core.special, next(iter(ckpt.speakers.values())).bos_token
+    ids = [special.codec_pad, special.codec_bos]
+    prompt = torch.randn(5, core.talker.proj.in_features, device="cuda", dtype=core.talker.dtype)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        bos = core.thinker.embed([bos_token])
+        core.code_sampler.reset(0, ids)
+        logits = core.talker.prefill(torch.cat([prompt, bos.to(prompt.dtype), prompt[:1]]), codec_pad=ids[0],
+                                     codec_bos=ids[1], slot=0)  # fmt: skip
+        with pytest.raises(RuntimeError):  # the mode does catch a wait: a read
+            logits.sum().item()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert logits.shape == (core.talker.head.out_features,) and torch.isfinite(logits).all()
