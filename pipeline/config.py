@@ -119,6 +119,11 @@ class StageConfig:
     talker steps. Only the talker stage takes it."""
     max_batch: int = 8
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
+    starving_margin_ms: int = 0
+    """token2wav: a later chunk (every chunk after a reply's first) whose stream has less than this much audio (ms)
+    ahead of a real-time player outranks first chunks when the worker picks its next job
+    (``pipeline/stages/token2wav_schedule.py``): waiting for a first-chunk job and then its own, it would starve.
+    0: only a stream already starving does. Only the token2wav stage takes it."""
     worker_sms: int | None = None
     """token2wav with the worker on CUDA: run the synthesizer's graphs on a CUDA green context of this many SMs
     (rounded by the driver to its partition granularity), so that the other SMs stay free for decode steps: the
@@ -326,6 +331,11 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
             raise ConfigError(f"{path}.worker_sms only applies to token2wav", param=f"{path}.worker_sms")
         if not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0:
             raise ConfigError(f"{path}.worker_sms must be a positive integer", param=f"{path}.worker_sms")
+    if values.get("starving_margin_ms") is not None and name != "token2wav":
+        raise ConfigError(f"{path}.starving_margin_ms only applies to token2wav", param=f"{path}.starving_margin_ms")
+    margin = values.get("starving_margin_ms", 0)
+    if not isinstance(margin, int) or isinstance(margin, bool) or margin < 0:
+        raise ConfigError(f"{path}.starving_margin_ms must be an integer >= 0", param=f"{path}.starving_margin_ms")
     if "dit_dtype" in values:
         if name != "token2wav":
             raise ConfigError(f"{path}.dit_dtype only applies to token2wav", param=f"{path}.dit_dtype")

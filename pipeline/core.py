@@ -147,6 +147,8 @@ class EngineCore:
         self.t2w_worker = Token2WavWorker(self.token2wav, self.t2w_device, stream=t2w_stream) if threaded else None
         self._t2w_jobs: dict[int, ResponseState] = {}
         """Stream id -> its response, for the chunks the worker is synthesizing."""
+        self.starving_margin_ms = tw.starving_margin_ms
+        """A later chunk with less audio ahead than this outranks first chunks (``pick_job``)."""
         self.to_talker = CONNECTORS[ta.connector].fn
         self.to_token2wav = CONNECTORS[tw.connector].fn
         self.prefill_chunk = th.prefill_chunk_tokens
@@ -965,7 +967,7 @@ class EngineCore:
                            audio_ahead_ms=self._audio_ahead_ms(r, now) if r.first_audio_at is not None else 0.0)
             for i, r in enumerate(ready)
         ]  # fmt: skip
-        job = pick_job(candidates, self.token2wav.max_batch)
+        job = pick_job(candidates, self.token2wav.max_batch, starving_margin_ms=self.starving_margin_ms)
         return ([ready[i] for i in job.keys], job.urgent) if job else ([], False)
 
     @staticmethod

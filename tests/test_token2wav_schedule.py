@@ -36,6 +36,34 @@ def test_a_starving_stream_outranks_first_chunks() -> None:
     assert pick_job([steady("edge", 0.0), first("new")], 8) == Token2WavJob(("new",), urgent=True)
 
 
+def test_a_stream_within_the_margin_of_starving_outranks_first_chunks() -> None:
+    ready = [first("new"), steady("low", 180), steady("fine", 800)]
+    assert pick_job(ready, 8) == Token2WavJob(("new",), urgent=True)
+    # waiting for the first chunk's job and then its own, "low" would run dry: with a 250 ms margin it goes first
+    assert pick_job(ready, 8, starving_margin_ms=250) == Token2WavJob(("low", "fine"), urgent=False)
+    # at exactly the margin the first chunk still goes first
+    assert pick_job([steady("edge", 250), first("new")], 8, starving_margin_ms=250) == Token2WavJob(("new",), True)
+    with pytest.raises(ValueError, match="starving_margin_ms"):
+        pick_job(ready, 8, starving_margin_ms=-1)
+
+
+def test_starving_margin_ms_is_a_token2wav_setting_of_zero_or_more() -> None:
+    import yaml
+
+    from pipeline.config import DEFAULT_STAGE_CONFIG, ConfigError, parse_stage_config
+
+    raw = yaml.safe_load(DEFAULT_STAGE_CONFIG.read_text())
+    assert parse_stage_config(raw).token2wav.starving_margin_ms >= 0
+    raw["stages"]["token2wav"]["starving_margin_ms"] = -5
+    with pytest.raises(ConfigError, match="token2wav.starving_margin_ms must be an integer >= 0"):
+        parse_stage_config(raw)
+    raw["stages"]["token2wav"]["starving_margin_ms"] = 200
+    assert parse_stage_config(raw).token2wav.starving_margin_ms == 200
+    raw["stages"]["talker"]["starving_margin_ms"] = 200
+    with pytest.raises(ConfigError, match="talker.starving_margin_ms only applies to token2wav"):
+        parse_stage_config(raw)
+
+
 def test_first_chunks_beyond_one_batch_wait_in_order() -> None:
     job = pick_job([first(k) for k in "abcde"], 2)
     assert job == Token2WavJob(("a", "b"), urgent=True)
@@ -58,7 +86,10 @@ def test_the_engine_picks_by_audio_ahead_of_a_real_time_player() -> None:
     new = SimpleNamespace(first_audio_at=None, samples=0)
     ahead = SimpleNamespace(first_audio_at=now - 1.0, samples=48_000)
     starving = SimpleNamespace(first_audio_at=now - 1.0, samples=12_000)
-    core = SimpleNamespace(token2wav=SimpleNamespace(max_batch=8), _audio_ahead_ms=EngineCore._audio_ahead_ms)
+    core = SimpleNamespace(token2wav=SimpleNamespace(max_batch=8), _audio_ahead_ms=EngineCore._audio_ahead_ms,
+                           starving_margin_ms=0)  # fmt: skip
     assert EngineCore._token2wav_job(core, [new, ahead]) == ([new], True)
     assert EngineCore._token2wav_job(core, [ahead, new, starving]) == ([starving, ahead], False)
     assert EngineCore._token2wav_job(core, []) == ([], False)
+    core.starving_margin_ms = 1500  # the stream 1 s ahead is now within the margin
+    assert EngineCore._token2wav_job(core, [new, ahead]) == ([ahead], False)

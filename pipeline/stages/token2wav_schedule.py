@@ -11,8 +11,11 @@ usually have audio in hand. So:
   runs waits for one pass, not for every stream in the engine.
 - The most urgent candidate decides the kind of job. A first chunk has 0 ms of audio ahead (someone is waiting for
   the first sample); a later chunk has the audio its stream sent minus what a real-time player has played since
-  its first sample. A steady stream already starving (< 0 ms ahead) outranks first chunks; otherwise first chunks
-  go first. Ties keep the callers' order (responses in the order they started).
+  its first sample, less ``starving_margin_ms``. A steady stream with less than the margin ahead (0 by default: one
+  already starving) outranks first chunks; otherwise first chunks go first. Why a margin: the policy runs when the
+  worker is free, and a later chunk that lets a first-chunk job go first waits for that job and then its own, so
+  with less audio in hand than the two take its player runs dry. Ties keep the callers' order (responses in the
+  order they started).
 """
 
 from __future__ import annotations
@@ -32,10 +35,9 @@ class ChunkCandidate:
     first: bool
     audio_ahead_ms: float = 0.0
 
-    @property
-    def urgency_ms(self) -> float:
-        """Sort key: less audio ahead = more urgent."""
-        return 0.0 if self.first else self.audio_ahead_ms
+    def urgency_ms(self, starving_margin_ms: float = 0.0) -> float:
+        """Sort key: less audio ahead = more urgent; a later chunk counts ``starving_margin_ms`` less."""
+        return 0.0 if self.first else self.audio_ahead_ms - starving_margin_ms
 
 
 @dataclass(frozen=True)
@@ -47,12 +49,15 @@ class Token2WavJob:
     urgent: bool
 
 
-def pick_job(candidates: Sequence[ChunkCandidate], max_streams: int) -> Token2WavJob | None:
+def pick_job(candidates: Sequence[ChunkCandidate], max_streams: int, *,
+             starving_margin_ms: float = 0.0) -> Token2WavJob | None:  # fmt: skip
     """The next job among ``candidates`` (None when there is none): see the module docstring."""
     if max_streams < 1:
         raise ValueError(f"max_streams must be >= 1, got {max_streams}")
-    # stable sort: equal urgency keeps the callers' order; a first chunk beats a later chunk with 0 ms ahead
-    ranked = sorted(candidates, key=lambda c: (c.urgency_ms, not c.first))
+    if starving_margin_ms < 0:
+        raise ValueError(f"starving_margin_ms must be >= 0, got {starving_margin_ms}")
+    # stable sort: equal urgency keeps the callers' order; a first chunk beats a later chunk at the margin
+    ranked = sorted(candidates, key=lambda c: (c.urgency_ms(starving_margin_ms), not c.first))
     if not ranked:
         return None
     first = ranked[0].first
