@@ -97,16 +97,18 @@ def _kind(thinker: bool, talker: bool, chain: bool) -> str:
     return "talker only" if talker else "other"
 
 
+def labelled(label: str, fn):
+    """``fn`` wrapped in a profiler label of its own."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        with torch.profiler.record_function(label):
+            return fn(*args, **kwargs)
+    return call
+
+
 def instrument(core) -> None:
     """Wrap ``core.step`` and the parts in :data:`LABELS` in profiler labels (instance attributes: the class and
     other engines are untouched)."""
-    def labelled(label, fn):
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            with torch.profiler.record_function(label):
-                return fn(*args, **kwargs)
-        return call
-
     for label, (owner, method) in LABELS.items():
         obj = getattr(core, owner)
         setattr(obj, method, labelled(label, getattr(obj, method)))

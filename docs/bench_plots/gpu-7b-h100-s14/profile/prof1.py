@@ -2,11 +2,9 @@
 print each step's labels, host waits and GPU kernels: ``python <this> audio --model random:7b --device cuda --users 1``,
 then ``python <this> analyse /tmp/profile_steps_1.json``. ``audio``: the reply answers a spoken question committed
 right before it (as the server does) instead of a text prompt."""
-import functools
 import json
 import sys
 
-import torch
 
 sys.path.insert(0, "scripts")
 import profile_steps as ps  # noqa: E402
@@ -19,13 +17,7 @@ orig = ps.instrument
 
 def instrument(core):
     orig(core)
-
-    def labelled(label, fn):
-        @functools.wraps(fn)
-        def call(*a, **k):
-            with torch.profiler.record_function(label):
-                return fn(*a, **k)
-        return call
+    labelled = ps.labelled
     for name in EXTRA:
         setattr(core, name, labelled("core." + name, getattr(core, name)))
     core.token2wav.start = labelled("t2w.start", core.token2wav.start)
