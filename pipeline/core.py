@@ -395,6 +395,9 @@ class EngineCore:
         self._accept_sampled(talker_codes, self._accept_code)
         live = [r for r in decoding if r.id in self.responses]
         ready = [r for r in live if r.t2w is not None and not self._t2w_busy(r) and r.t2w.ready()]
+        for r in ready:
+            if r.first_audio_at is None:
+                r.mark("talker_first_chunk_ms")  # its codes are in; its job may still wait for the worker
         # a response only waiting for the token2wav worker is not progress: the loop then waits for a wake-up
         progressed |= tokens_before != (self.counters["thinker_tokens_total"], self.counters["talker_tokens_total"])
         progressed |= bool(ready) and (self.t2w_worker is None or self.t2w_worker.idle)
@@ -403,7 +406,7 @@ class EngineCore:
         elif ready and self.t2w_worker.idle:
             chosen, urgent = self._token2wav_job(ready)
             for r in chosen:
-                r.mark("talker_first_chunk_ms")
+                r.mark("token2wav_first_job_ms")
             self._t2w_jobs = {id(r.t2w): r for r in chosen}
             self.t2w_worker.submit([r.t2w for r in chosen], urgent=urgent)
         for state in live:
@@ -1006,7 +1009,7 @@ class EngineCore:
         if not ready:
             return
         for r in ready:
-            r.mark("talker_first_chunk_ms")
+            r.mark("token2wav_first_job_ms")
         try:
             chunks = self.token2wav.step_many([r.t2w for r in ready])
         except Exception:  # noqa: BLE001 - find the faulty stream by retrying one by one

@@ -56,6 +56,9 @@ class StageTimings:
     talker_first_code_ms: float | None = None
     talker_first_chunk_ms: float | None = None
     """The talker has produced every code the first token2wav chunk needs (its look-ahead included)."""
+    token2wav_first_job_ms: float | None = None
+    """The token2wav job holding the first chunk started: later than ``talker_first_chunk_ms`` while the worker was
+    busy with another job (or the policy picked other streams first)."""
     token2wav_first_chunk_ms: float | None = None
     """The first audio chunk left the engine."""
     started_at_s: float | None = None

@@ -75,6 +75,28 @@ class StepClock:
             return progressed
 
         core.step = timed_step
+        self.jobs: list[tuple[float, float, int, int]] = []
+        """Every token2wav job the worker ran: (start, ``time.perf_counter()`` in ms; ms until its chunks were on
+        the host; streams; first chunks among them). Appended on the worker's thread."""
+        if core.t2w_worker is not None:
+            self._watch_jobs(core, core.t2w_worker)
+
+    def _watch_jobs(self, core, worker) -> None:
+        run, submit, firsts = worker._run, worker.submit, {}
+
+        def submitted(streams, **kwargs):
+            # the engine set its in-flight map just before: a stream of a reply without audio yet holds a first chunk
+            firsts[id(streams[0])] = sum(core._t2w_jobs[id(s)].first_audio_at is None for s in streams)
+            return submit(streams, **kwargs)
+
+        def timed_run(streams, *args):
+            t0 = time.perf_counter()
+            result = run(streams, *args)
+            self.jobs.append((t0 * 1000, (time.perf_counter() - t0) * 1000, len(streams),
+                              firsts.pop(id(streams[0]), 0)))
+            return result
+
+        worker.submit, worker._run = submitted, timed_run
 
     def _noting(self, stage, fn):
         @functools.wraps(fn)
@@ -115,15 +137,18 @@ def instrument(core) -> None:
     core.step = labelled("engine.step", core.step)
 
 
-async def burst(engine: OmniEngine, users: int, asked: list[float] | None = None) -> list[float]:
-    """One spoken reply per user, all asked at once; returns the first-audio times (ms from the ask). ``asked``
+async def burst(engine: OmniEngine, users: int, asked: list[float] | None = None,
+                spread_ms: float = 0.0) -> list[float]:
+    """One spoken reply per user, user ``u`` asking ``spread_ms * u / users`` ms after the first (0: all at once, as
+    ``omni-realtime bench --ramp-s`` spreads its users); returns the first-audio times (ms from each ask). ``asked``
     gets each ask's ``time.perf_counter()``."""
     convs = [engine.conversation() for _ in range(users)]
     for i, conv in enumerate(convs):
         await conv.add_text("u", f"Hello, this is user {i}. Please tell me something.")
     await engine.wait_idle()
 
-    async def one(conv) -> float:
+    async def one(conv, delay_ms: float) -> float:
+        await asyncio.sleep(delay_ms / 1000)
         t0, first = time.perf_counter(), None
         if asked is not None:
             asked.append(t0)
@@ -133,7 +158,7 @@ async def burst(engine: OmniEngine, users: int, asked: list[float] | None = None
         await conv.close()
         return first
 
-    return await asyncio.gather(*(one(c) for c in convs))
+    return await asyncio.gather(*(one(c, spread_ms * u / users) for u, c in enumerate(convs)))
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -194,7 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-trace", action="store_true",
                    help="no profiler: only each kind of step's wall time (the profiler's kernel tracing slows launches)")
     p.add_argument("--timeline", action="store_true",
-                   help="with --no-trace: also every step (start ms, wall ms, kind, text and codec tokens so far)")
+                   help="with --no-trace: also every step (start ms, wall ms, kind, text and codec tokens so far) and "
+                        "every token2wav job (start ms, ms, streams, first chunks)")
+    p.add_argument("--spread-ms", type=float, default=0.0,
+                   help="the users of a level ask over this many ms (default 0: all at once)")
     return p
 
 
@@ -206,8 +234,9 @@ def clock_only(engine: OmniEngine, core, args) -> int:
         for users in (int(u) for u in args.users.split(",")):
             clock.walls.clear()
             clock.timeline.clear()
+            clock.jobs.clear()
             asked: list[float] = []
-            first_audio = asyncio.run(burst(engine, users, asked))
+            first_audio = asyncio.run(burst(engine, users, asked, args.spread_ms))
             results[users] = {"steps": clock.summary(),
                               "first_audio_ms": sorted(round(x, 1) for x in first_audio if x is not None)}
             if args.timeline:
@@ -215,10 +244,17 @@ def clock_only(engine: OmniEngine, core, args) -> int:
                 origin = min(asked) * 1000
                 results[users]["timeline"] = [(round(a - origin, 2), round(w, 2), kind, text, codes)
                                               for a, w, kind, text, codes in clock.timeline if a >= origin - 1]
+                # with a spread, users ask in their order: the two lists pair up
+                results[users]["asked_ms"] = [round(a * 1000 - origin, 2) for a in asked]
+                results[users]["first_audio_by_user"] = [None if x is None else round(x, 1) for x in first_audio]
+                results[users]["token2wav_jobs"] = [(round(a - origin, 2), round(w, 2), n, first)
+                                                    for a, w, n, first in list(clock.jobs) if a >= origin - 1]
             shown = {k: v for k, v in results[users].items() if k != "timeline"}
             print(f"== {users} users (no profiler)", json.dumps(shown, indent=1), flush=True)
             for step in results[users].get("timeline", ()):
                 print("step", json.dumps(step), flush=True)
+            for job in results[users].get("token2wav_jobs", ()):
+                print("token2wav job", json.dumps(job), flush=True)
     finally:
         engine.close()
     if args.out:
@@ -248,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             # started and stopped on the engine's thread: the profiler records CPU ops of the thread that starts it
             prof = torch.profiler.profile(activities=activities)
             engine._backend.submit(lambda _core: prof.start()).result()
-            first_audio = asyncio.run(burst(engine, users))
+            first_audio = asyncio.run(burst(engine, users, spread_ms=args.spread_ms))
             engine._backend.submit(lambda _core: prof.stop()).result()
             prof.export_chrome_trace(str(path))
             summary = summarize(json.loads(path.read_text()))

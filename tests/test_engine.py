@@ -99,6 +99,8 @@ async def test_timings_place_the_response_on_the_host_clock(tiny_engine):
     t = done.timings
     assert before <= t.started_at_s <= after  # time.monotonic(): comparable with the caller's clock
     assert 0 < t.prefill_done_ms <= t.token2wav_first_chunk_ms <= 1000 * (after - t.started_at_s)
+    # the first chunk's codes are in, then its token2wav job starts, then its audio leaves
+    assert t.talker_first_code_ms <= t.talker_first_chunk_ms <= t.token2wav_first_job_ms <= t.token2wav_first_chunk_ms
     await conv.close()
 
 

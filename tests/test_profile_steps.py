@@ -45,3 +45,24 @@ def test_the_step_clock_times_each_kind_of_step_without_the_profiler(profile_ste
     assert steps["talker chain"]["count"] >= 1 and steps["thinker+talker"]["count"] >= 1
     assert steps["talker chain"]["wall_ms_p50"] > steps["thinker+talker"]["wall_ms_p50"]  # several steps in one
     assert len(clock["first_audio_ms"]) == 1
+
+
+def test_the_timeline_spreads_the_asks_and_lists_the_token2wav_worker_jobs(profile_steps, tmp_path):
+    import yaml
+
+    from pipeline.config import DEFAULT_STAGE_CONFIG
+
+    cfg = yaml.safe_load((DEFAULT_STAGE_CONFIG.parent / "bench_forced.yaml").read_text())
+    cfg["stages"]["token2wav"]["worker_thread"] = "on"  # off by default on the CPU
+    config = tmp_path / "worker.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    argv = ["--users", "2", "--codec-tokens", "20", "--no-trace", "--timeline", "--spread-ms", "150",
+            "--stage-config", str(config), "--out", str(tmp_path)]  # fmt: skip
+    assert profile_steps.main(argv) == 0
+    clock = json.loads((tmp_path / "clock.json").read_text())["2"]
+    first, second = clock["asked_ms"]
+    assert first == 0 and second >= 70, "user 1 of 2 asks half the spread after user 0"
+    jobs = clock["token2wav_jobs"]
+    assert all(ms > 0 and 1 <= streams <= 2 and 0 <= firsts <= streams for _, ms, streams, firsts in jobs)
+    assert sum(firsts for *_, firsts in jobs) == 2, "each reply's first chunk in exactly one job"
+    assert len(clock["first_audio_by_user"]) == 2 and None not in clock["first_audio_by_user"]
