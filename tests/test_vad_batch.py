@@ -14,6 +14,10 @@ from tests.test_vad import load_16k
 
 CLIPS = ["capital_of_france.wav", "short_joke.wav", "count_to_five.wav"]
 N = SileroBatchModel.frame_samples
+TOL = 1e-4
+"""Batched and one-row calls of the same float32 network take different CPU kernel paths (blocking of the convolutions
+and the LSTM's products), so the probabilities agree to float rounding, not bit for bit: 1.8e-5 apart at most on an
+AVX-512 host (session 15), below 1e-5 on the earlier one. The VAD's decisions compare against thresholds."""
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +38,7 @@ def test_a_batch_scores_each_stream_as_its_own_model_would(model):
         alone.append([vad(frame) for frame in clip])
     states = [model.new_state() for _ in clips]
     together = [model.run(states, np.stack([clip[t] for clip in clips])) for t in range(40)]
-    np.testing.assert_allclose(np.array(together).T, np.array(alone), atol=1e-5)
+    np.testing.assert_allclose(np.array(together).T, np.array(alone), atol=TOL)
     assert max(max(p) for p in alone) > 0.5  # speech is in there: the comparison is not of zeros
 
 
@@ -46,7 +50,7 @@ def test_streams_join_and_reset_independently(model):
     late = model.run([sa, sb], np.stack([a[6], b[0]]))  # b joins mid-stream
     vad_a, vad_b = SileroVad(), SileroVad()
     expected_a = [vad_a(frame) for frame in a[:7]][-1]
-    assert late == pytest.approx([expected_a, vad_b(b[0])], abs=1e-5)
+    assert late == pytest.approx([expected_a, vad_b(b[0])], abs=TOL)
     with pytest.raises(ValueError, match="shape"):
         model.run([sa], np.stack([a[0], b[0]]))
 
@@ -65,7 +69,7 @@ async def test_concurrent_sessions_share_calls_and_keep_their_order(model):
     for clip in clips:
         vad = SileroVad()
         alone.append([vad(frame) for frame in clip])
-    np.testing.assert_allclose(batched, alone, atol=1e-5)
+    np.testing.assert_allclose(batched, alone, atol=TOL)
     assert batcher.calls == 20  # three sessions' frames per call, not 60 calls
 
 
