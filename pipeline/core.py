@@ -476,9 +476,18 @@ class EngineCore:
                 "device_memory_peak_bytes": torch.cuda.max_memory_allocated(device)}  # fmt: skip
 
     def has_work(self) -> bool:
+        """Whether a step can do something now: a response running, an audio encode queued, a background prefill that
+        can get a thinker slot, or a token2wav job in flight. A conversation whose background prefill waits for a slot
+        that other conversations hold is not work (a background prefill never evicts: only a command frees a slot), so
+        ``OmniEngine.wait_idle`` returns instead of waiting for it forever."""
         return (bool(self.responses) or self.audio_encodes.pending > 0
-                or any(self._needs_prefill(c) for c in self.conversations.values())
+                or any(self._needs_prefill(c) and self._thinker_slot_free_for(c) for c in self.conversations.values())
                 or (self.t2w_worker is not None and not self.t2w_worker.idle))  # fmt: skip
+
+    def _thinker_slot_free_for(self, conv: ConversationState) -> bool:
+        """Whether ``conv`` holds a thinker slot or one is free (no side effect, unlike :meth:`_thinker_slot`)."""
+        slots = self.thinker.pool.slots
+        return slots.slot_of(conv.id) is not None or slots.used < slots.capacity
 
     def close(self) -> None:
         """Stop the token2wav worker (after its running job). Conversations are closed by the caller."""

@@ -49,6 +49,29 @@ async def test_idle_conversations_lend_their_slots_and_replies_do_not_change(sma
     assert core.thinker.pool.slots.used == 0 and core.talker.pool.slots.used == 0
 
 
+async def test_wait_idle_returns_while_a_conversation_waits_for_a_slot_others_hold(small_pool_engine):
+    """Three conversations with new input and two thinker slots: two are prefilled in the background, the third cannot
+    be (a background prefill never evicts) and is not work that wait_idle waits for; it is prefilled once a slot is
+    free."""
+    engine = small_pool_engine
+    core = engine._thread.core
+    convs = [engine.conversation() for _ in range(3)]
+    for i, c in enumerate(convs):
+        await c.add_text(f"u{i}", f"Waiting for a slot, number {i}")
+    await asyncio.wait_for(engine.wait_idle(), timeout=60)
+    waiting = [c for c in convs if core.conversations[c.id].slot is None]
+    assert len(waiting) == 1 and core.conversations[waiting[0].id].dirty, "one conversation waits for a slot"
+    held = next(c for c in convs if c is not waiting[0])
+    await held.close()  # frees a slot: the waiting conversation's prefill is work again
+    await asyncio.wait_for(engine.wait_idle(), timeout=60)
+    assert not core.conversations[waiting[0].id].dirty and core.conversations[waiting[0].id].slot is not None
+    for c in convs:
+        if c is not held:
+            await c.close()
+    await engine.wait_idle()
+    assert core.thinker.pool.slots.used == 0
+
+
 async def test_a_listening_conversation_prefills_its_talker_only_into_a_free_slot(tiny_model_dir, tiny_engine):
     """The talker's background prefill (while a conversation is idle) never takes another conversation's talker slot;
     a reply does, from the least recently used idle one, and answers as with room for everyone."""
