@@ -184,23 +184,33 @@ async def test_talker_prompt_cache_is_reused_across_turns(engine, monkeypatch):
     await engine.wait_idle()
     state = core_conv(engine, conv)
     assert state.talker_keys == state.cached_keys and spans and not any(reply for *_, reply in spans)
+
+    def snapshot(core):
+        """The talker cache's length and the spans so far, taken on the engine thread between two steps (a background
+        prefill of the finished reply may follow it at any time), the spans then cleared."""
+        taken = len(state.talker_keys), list(spans)
+        spans.clear()
+        return taken
+
     await conv.respond(item_id="a1", max_output_tokens=5).wait()
-    first_prompt, slot = len(state.talker_keys), state.talker_slot
+    (first_prompt, turn1), slot = await engine._call(snapshot), state.talker_slot
     assert first_prompt > 0 and slot is not None
-    turn1, spans[:] = list(spans), []
     await conv.add_text("u2", "again")
     await conv.respond(item_id="a2", max_output_tokens=5).wait()
+    second, turn2 = await engine._call(snapshot)
     assert state.talker_slot == slot
     assert state.talker_keys[:first_prompt] == state.cached_keys[:first_prompt]
-    assert len(state.talker_keys) > first_prompt
-    for turn, (begin, end) in ((turn1, (0, first_prompt)), (spans, (first_prompt, len(state.talker_keys)))):
+    assert second > first_prompt
+    for turn, (begin, end) in ((turn1, (0, first_prompt)), (turn2, (first_prompt, second))):
         covered = begin  # each prefill starts where the cache ended: nothing prefilled twice, turn 2 reuses turn 1's
         for start, positions, _ in turn:
             assert start == covered
             covered += positions
-        assert covered == end and turn[-1][2], "the reply's own prefill comes last"
-    background = sum(positions for _, positions, reply in turn1 if not reply)
-    assert turn1[-1][1] < background, "the turn's end left less to the reply than the background did"
+        assert covered == end
+        assert [reply for *_, reply in turn].count(True) == 1, "one reply prefill per turn (background ones around it)"
+    before_reply = [positions for _, positions, reply in turn1[: [r for *_, r in turn1].index(True)]]
+    reply_positions = next(positions for _, positions, reply in turn1 if reply)
+    assert reply_positions < sum(before_reply), "the turn's end left less to the reply than the background did"
     await conv.close()
 
 
