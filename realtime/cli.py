@@ -110,6 +110,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         seed=args.seed,
         torch_threads=args.threads or defaults.torch_threads,
         vad_batching=not args.no_vad_batching,
+        preemptive_response_ms=args.preemptive_response_ms,
         ice_host_addresses=tuple(args.ice_hosts),
         webrtc=not args.no_webrtc,
         session_limits=replace(defaults.session_limits, max_buffer_ms=args.max_buffer_ms),
@@ -150,6 +151,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sessions", type=int, default=d.max_sessions, help="concurrent sessions")
     p.add_argument("--no-vad-batching", action="store_true",
                    help="one VAD call per frame per session instead of every session's frames in shared calls")
+    p.add_argument("--preemptive-response-ms", type=int, default=d.preemptive_response_ms, metavar="MS",
+                   help="server VAD: start the reply after this much silence, unseen until speech stops (speech "
+                        "resuming withdraws it); default: start it when speech stops")
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes,
                    help="largest client message; larger ones get an error event")
     p.add_argument("--max-buffer-ms", type=int, default=d.session_limits.max_buffer_ms,

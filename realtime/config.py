@@ -55,6 +55,11 @@ class ServerConfig:
     event loop (``realtime/vad_batch.py``). ``False``: one silero model per session, one call per 32 ms frame
     (~1 ms of CPU each: at 64 sessions ~75 % of the event loop, and turn ends were detected seconds late;
     BENCHMARKS.md §10.5)."""
+    preemptive_response_ms: int | None = None
+    """With ``server_vad``: after this much silence (below the session's ``silence_duration_ms``) the turn is
+    committed and the reply started at once, unseen by the client until speech stops; speech resuming withdraws it
+    (``realtime/session.py``). The reply then has the rest of the silence window to make its first audio; a
+    withdrawn one costs the GPU work it did. ``None``: replies start when speech stops (the OpenAI API's timing)."""
     ice_host_addresses: tuple[str, ...] = ()
     """WebRTC: ICE host candidates, each ``ADDRESS`` or ``ANNOUNCED@BIND`` (behind a 1:1 NAT: the
     public address announced, the local one bound; tests use 127.0.0.1). Empty: the machine's own
@@ -88,6 +93,9 @@ class ServerConfig:
         for name in ("max_sessions", "torch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        pause = self.preemptive_response_ms
+        if pause is not None and (isinstance(pause, bool) or not isinstance(pause, int) or pause < 0):
+            raise ValueError(f"preemptive_response_ms must be None or an integer >= 0, got {pause!r}")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
         if self.log_level not in LOG_LEVELS:

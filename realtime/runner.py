@@ -70,7 +70,7 @@ from realtime.session import (
     TruncateItem,
     TurnEvent,
 )
-from realtime.turn import ServerVadParams, SpeechStarted
+from realtime.turn import ServerVadParams, SpeechResumed, SpeechStarted
 
 logger = logging.getLogger(__name__)
 
@@ -275,6 +275,8 @@ def _shift(event: TurnEvent, offset_ms: int) -> TurnEvent:
         return dataclasses.replace(
             event, audio_start_ms=event.audio_start_ms + offset_ms, speech_start_ms=event.speech_start_ms + offset_ms
         )
+    if isinstance(event, SpeechResumed):
+        return dataclasses.replace(event, speech_start_ms=event.speech_start_ms + offset_ms)
     return dataclasses.replace(
         event, audio_end_ms=event.audio_end_ms + offset_ms, speech_end_ms=event.speech_end_ms + offset_ms
     )

@@ -136,7 +136,8 @@ class ServerContext:
         """Turn detectors over one fresh VAD (a session's own: it carries stream state), loaded
         off the event loop."""
         vad = await asyncio.to_thread(self.vad_factory)
-        return lambda params: TurnDetector(params, vad)
+        pause_ms = self.config.preemptive_response_ms
+        return lambda params: TurnDetector(params, vad, pause_ms=pause_ms)
 
 
 WebRTCFactory = Callable[[ServerContext], "WebRTCEndpoint | None"]

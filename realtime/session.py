@@ -16,6 +16,15 @@ WebRTC :class:`PlayAudio` / :class:`ClearOutputAudio`). Whoever drives the sessi
 executes engine commands in the order given; no engine call happens here, nothing blocks, and a
 client mistake is a ``Send(error)`` after which the session carries on.
 
+Preemptive replies: a detector made with ``pause_ms`` (``ServerConfig.preemptive_response_ms``) also reports
+``SpeechPaused`` when a silence run reaches that length, before the silence window ends the turn. The session
+then commits the message and starts the reply at once, but holds every client event of both (a
+:class:`_Tentative`): on ``SpeechStopped`` it sends them right behind ``speech_stopped``, so the reply has had the
+rest of the silence window to make its first audio; on ``SpeechResumed`` (or any client event but an audio
+append) it withdraws them unseen: the reply is cancelled, both items are deleted from the engine and the message
+is streamed again under the same item id, with the audio that arrived meanwhile. The client sees the same events
+as without; the model hears the message without the silence after the pause.
+
 Audio input: in manual mode (``turn_detection: null``) every appended chunk goes to the engine at
 once. With ``server_vad`` the audio before speech is held back (prefix padding plus
 ``SessionLimits.vad_lookback_ms`` for the detector's latency) and only the part from the detected
@@ -28,7 +37,8 @@ import base64
 import dataclasses
 import enum
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -69,9 +79,9 @@ from realtime.protocol.model import (
 )
 from realtime.protocol.names import ContentType, Dialect
 from realtime.protocol.server import ContentRef, ServerEvents
-from realtime.turn import ServerVadParams, SpeechStarted, SpeechStopped
+from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 
-TurnEvent = SpeechStarted | SpeechStopped
+TurnEvent = SpeechStarted | SpeechStopped | SpeechPaused | SpeechResumed
 
 ROOT_ITEM_ID = "root"
 """``previous_item_id`` meaning "at the start of the conversation"."""
@@ -293,6 +303,8 @@ class _InputBuffer:
     opened: bool = False
     sent_ms: float = 0.0
     held: deque[_Chunk] = field(default_factory=deque)
+    sent: list[_Chunk] = field(default_factory=list)
+    """The chunks that went to the engine, kept until the commit: a withdrawn preemptive reply sends them again."""
 
     @property
     def duration_ms(self) -> float:
@@ -345,6 +357,25 @@ class _Response:
         )
 
 
+_CLIENT_ACTIONS = (Send, PlayAudio, ClearOutputAudio, DropQueuedAudio)
+"""What a :class:`_Tentative` holds back: the actions that reach the client; engine commands always go."""
+
+
+@dataclass
+class _Tentative:
+    """A reply started on a pause (``SpeechPaused``) before the turn is known to end. ``buffer`` is the user message
+    as it was committed; ``held`` the client actions of the commit and the reply, in order; ``after`` the audio
+    appended since (silence the reply did not hear; streamed into the message if the reply is withdrawn)."""
+
+    buffer: _InputBuffer
+    held: list[Action] = field(default_factory=list)
+    after: list[_Chunk] = field(default_factory=list)
+    response_id: str = ""
+    reply_item_id: str = ""
+    done: bool = False
+    """The reply ended (its ``ResponseDone`` came) while still tentative."""
+
+
 # --- the session --------------------------------------------------------------------------------
 
 
@@ -373,6 +404,10 @@ class Session:
         self._response: _Response | None = None
         self._auto_response_pending = False  # speech stopped while a cancelled response winds down
         self._audio_response_id: str | None = None  # last response whose audio reached the client
+        self._tentative: _Tentative | None = None  # a preemptive reply the client has not seen yet
+        self._withdrawn: set[str] = set()  # withdrawn replies still running: their output is dropped
+        self._withdrawn_items: set[str] = set()  # items a withdrawal deleted: a failure to delete them is not news
+        self._hold: list[Action] | None = None  # where client actions go while a tentative reply runs
         self._out: list[Action] = []
         self._handlers: dict[type, Callable] = {
             SessionUpdate: self._session_update,
@@ -434,7 +469,11 @@ class Session:
         return self.handle(event)
 
     def handle(self, event: ClientEvent) -> list[Action]:
-        """A parsed client event. A request the state does not allow yields only an error event."""
+        """A parsed client event. A request the state does not allow yields only an error event. Anything but an
+        audio append first withdraws a preemptive reply the client has not seen (it was made for a turn the client
+        now acts on)."""
+        if self._tentative is not None and not isinstance(event, InputAudioAppend):
+            self._withdraw()
         try:
             self._handlers[type(event)](event)
         except RealtimeError as exc:
@@ -444,35 +483,60 @@ class Session:
     def turn_event(self, event: TurnEvent) -> list[Action]:
         """Speech started/stopped, from the detector configured by the last ConfigureTurnDetection.
         Events arriving after detection was turned off are stale and ignored."""
-        if self.config.turn_detection is not None:
+        vad = self.config.turn_detection
+        if vad is not None:
             if isinstance(event, SpeechStarted):
-                self._speech_started(event, self.config.turn_detection)
-            elif self._speaking:
-                self._speech_stopped(event, self.config.turn_detection)
+                self._speech_started(event, vad)
+            elif not self._speaking:
+                pass
+            elif isinstance(event, SpeechPaused):
+                self._speech_paused(vad)
+            elif isinstance(event, SpeechResumed):
+                self._withdraw()
+            else:
+                self._speech_stopped(event, vad)
         return self._drain()
 
     def response_event(self, response_id: str, event: ResponseEvent) -> list[Action]:
-        """Engine output of the active response ``response_id`` (``ResponseDone`` last)."""
+        """Engine output of the active response ``response_id`` (``ResponseDone`` last). A withdrawn preemptive
+        reply's output is dropped; a tentative one's client events are held."""
+        if response_id in self._withdrawn:
+            if isinstance(event, ResponseDone):
+                self._withdrawn.discard(response_id)
+            return self._drain()
         response = self._response
         if response is None or response.id != response_id:
             raise ValueError(f"engine output for {response_id}, which is not the active response")
-        if isinstance(event, TextDelta):
-            self._text_delta(response, event)
-        elif isinstance(event, AudioChunk):
-            self._audio_chunk(response, event)
-        else:
-            self._finish(response, event)
+        tentative = self._tentative if self._tentative and self._tentative.response_id == response_id else None
+        with self._holding() if tentative else nullcontext():
+            if isinstance(event, TextDelta):
+                self._text_delta(response, event)
+            elif isinstance(event, AudioChunk):
+                self._audio_chunk(response, event)
+            else:
+                self._finish(response, event)
+                if tentative is not None:
+                    tentative.done = True
         return self._drain()
 
     def command_failed(self, command: EngineCommand, exc: Exception) -> list[Action]:
         """An engine command raised. A response that could not start ends as failed (an ``error``
         event, then ``response.done`` failed, as for a response that fails while generating); any
         other failure is reported as an error event."""
-        response = self._response
-        if isinstance(command, StartResponse) and response is not None and response.id == command.response_id:
-            self._finish(response, ResponseDone(ResponseStatus.FAILED, Usage(), reason="error", error=exc))
-        else:
-            self._send(self._events.error(to_error_payload(exc)))
+        withdrawn = (isinstance(command, StartResponse) and command.response_id in self._withdrawn
+                     or isinstance(command, DeleteItem) and command.item_id in self._withdrawn_items)  # fmt: skip
+        if withdrawn:
+            return self._drain()  # the client never saw the withdrawn reply or the commit its items came from
+        t = self._tentative
+        held = t is not None and bool(_command_ids(command) & {t.response_id, t.buffer.item_id})
+        with self._holding() if held else nullcontext():
+            response = self._response
+            if isinstance(command, StartResponse) and response is not None and response.id == command.response_id:
+                self._finish(response, ResponseDone(ResponseStatus.FAILED, Usage(), reason="error", error=exc))
+                if held:
+                    t.done = True  # type: ignore[union-attr]
+            else:
+                self._send(self._events.error(to_error_payload(exc)))
         return self._drain()
 
     def playback_stopped(self, response_id: str) -> list[Action]:
@@ -485,11 +549,24 @@ class Session:
     # --- plumbing ---
 
     def _emit(self, action: Action) -> None:
-        self._out.append(action)
+        if self._hold is not None and isinstance(action, _CLIENT_ACTIONS):
+            self._hold.append(action)
+        else:
+            self._out.append(action)
 
     def _send(self, event: dict | None) -> None:
         if event is not None:  # None: the client's dialect has no such event
-            self._out.append(Send(event))
+            self._emit(Send(event))
+
+    @contextmanager
+    def _holding(self) -> Iterator[None]:
+        """Client actions emitted inside go to the tentative reply's ``held`` list instead of out."""
+        assert self._tentative is not None
+        self._hold = self._tentative.held
+        try:
+            yield
+        finally:
+            self._hold = None
 
     def _error(self, exc: RealtimeError, event_id: str | None) -> None:
         self._send(self._events.error(to_error_payload(exc, event_id=event_id)))
@@ -566,7 +643,9 @@ class Session:
         self._clock_ms += ms
         chunk = _Chunk(event.audio, fmt, self._clock_ms, ms)
         vad = self.config.turn_detection
-        if vad is None or self._buffer.opened or self._speaking:
+        if self._tentative is not None:
+            self._tentative.after.append(chunk)  # not heard by the tentative reply; the message's if it is withdrawn
+        elif vad is None or self._buffer.opened or self._speaking:
             self._stream(chunk)
         else:
             self._buffer.hold(chunk, vad.prefix_padding_ms + self.settings.limits.vad_lookback_ms)
@@ -582,6 +661,7 @@ class Session:
         self._emit(AppendAudio(self._buffer_item_id(), chunk.audio, chunk.format))
         self._buffer.opened = True
         self._buffer.sent_ms += chunk.duration_ms
+        self._buffer.sent.append(chunk)
 
     def _stream_held(self, after_ms: float = float("-inf")) -> None:
         """Send the held chunks that end after ``after_ms`` to the engine; forget the others."""
@@ -633,7 +713,46 @@ class Session:
         if vad.interrupt_response:
             self._interrupt()
 
+    def _speech_paused(self, vad: ServerVadParams) -> None:
+        """The user paused: commit and start the reply now, holding their client events (see the module
+        docstring), when speech stopping now would do that too."""
+        if not vad.create_response or self._response is not None or self._buffer.duration_ms <= 0:
+            return
+        self._tentative = _Tentative(self._buffer)
+        with self._holding():
+            self._commit()
+            self._start_response(ResponseParams())
+        assert self._response is not None
+        self._tentative.response_id, self._tentative.reply_item_id = self._response.id, self._response.item.id
+
+    def _withdraw(self) -> None:
+        """Take back the tentative reply unseen: cancel it, delete its item and the message from the engine, and
+        stream the message again under its item id, with the audio that came after the pause."""
+        t, self._tentative = self._tentative, None
+        if t is None:
+            return
+        assert t.buffer.item_id is not None
+        if not t.done:
+            self._emit(CancelResponse(t.response_id, StatusReason.TURN_DETECTED))
+            self._withdrawn.add(t.response_id)
+            self._response = None
+        if self._audio_response_id == t.response_id:
+            self._audio_response_id = None
+        for item_id in (t.reply_item_id, t.buffer.item_id):
+            self._items.pop(item_id, None)
+            self._emit(DeleteItem(item_id))
+        self._withdrawn_items |= {t.reply_item_id, t.buffer.item_id}
+        self._buffer = _InputBuffer(item_id=t.buffer.item_id)
+        for chunk in [*t.buffer.sent, *t.after]:
+            self._stream(chunk)
+
     def _speech_stopped(self, event: SpeechStopped, vad: ServerVadParams) -> None:
+        t, self._tentative = self._tentative, None
+        if t is not None:  # the reply started at the pause stands: the client now sees it, as if started here
+            self._speaking = False
+            self._send(self._events.speech_stopped(event.audio_end_ms, t.buffer.item_id))
+            self._out.extend(t.held)
+            return
         self._speaking = False
         self._send(self._events.speech_stopped(event.audio_end_ms, self._buffer_item_id()))
         if self._buffer.duration_ms <= 0:
@@ -918,6 +1037,11 @@ class Session:
             payload = to_error_payload(_failure(done))
             error = {"type": payload["type"], "code": payload["code"], "message": payload["message"]}
         return state, StatusReason.from_engine(done.reason), error
+
+
+def _command_ids(command: EngineCommand) -> set[str]:
+    """The response and item ids an engine command names."""
+    return {value for name in ("response_id", "item_id") if isinstance(value := getattr(command, name, None), str)}
 
 
 def _failure(done: ResponseDone) -> Exception:

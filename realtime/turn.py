@@ -13,6 +13,11 @@ Semantics (the OpenAI Realtime ``server_vad`` mode, with silero's hysteresis):
   ``silence_duration_ms``: ``SpeechStopped.audio_end_ms`` is that frame's end (the end of the audio
   that belongs to the turn, so it includes the silence, as the API defines it) and
   ``speech_end_ms`` is where the run began (the real end of speech, for latency metrics).
+- With ``pause_ms`` set (a server setting, below ``silence_duration_ms``; the API has no such field), a silence
+  run that reaches ``pause_ms`` first reports ``SpeechPaused`` (the turn may be ending: the session can start a
+  reply early, unseen by the client), and a speech frame that then cancels the run reports ``SpeechResumed``
+  (that reply must be withdrawn). A run reports at most one pause; the ``SpeechStopped`` that may follow is as
+  without them.
 - All times are integer milliseconds since the first sample ever fed (the session's audio
   clock); :meth:`TurnDetector.reset` does not restart that clock. Events do not depend on how
   the audio was chunked.
@@ -89,7 +94,24 @@ class SpeechStopped:
     speech_end_ms: int
 
 
-TurnEvent = SpeechStarted | SpeechStopped
+@dataclass(frozen=True)
+class SpeechPaused:
+    """A silence run reached the detector's ``pause_ms``: the turn may end ``silence_duration_ms`` after
+    ``speech_end_ms``. ``audio_end_ms`` is the end of the frame where it was decided."""
+
+    audio_end_ms: int
+    speech_end_ms: int
+
+
+@dataclass(frozen=True)
+class SpeechResumed:
+    """Speech came back after a :class:`SpeechPaused`, at the start of the frame ``speech_start_ms``: the turn
+    goes on."""
+
+    speech_start_ms: int
+
+
+TurnEvent = SpeechStarted | SpeechStopped | SpeechPaused | SpeechResumed
 
 
 class TurnState(enum.Enum):
@@ -101,8 +123,14 @@ class TurnState(enum.Enum):
 class TurnDetector:
     """Streaming speech start/stop detection over 16 kHz audio (see the module docstring)."""
 
-    def __init__(self, params: ServerVadParams, vad: SpeechProbability) -> None:
+    def __init__(self, params: ServerVadParams, vad: SpeechProbability, *, pause_ms: int | None = None) -> None:
+        if pause_ms is not None and (isinstance(pause_ms, bool) or not isinstance(pause_ms, int) or pause_ms < 0):
+            raise ValueError(f"pause_ms must be None or a non-negative integer, got {pause_ms!r}")
         self.params = params
+        self.pause_ms = pause_ms
+        """Silence after which a run reports :class:`SpeechPaused` (None: never; only when below the silence
+        window)."""
+        self._paused = False
         self._vad = vad
         self._frame = vad.frame_samples
         self._pending = np.zeros(0, dtype=np.float32)
@@ -170,6 +198,7 @@ class TurnDetector:
         self._next_frame_start += len(self._pending)
         self._pending = np.zeros(0, dtype=np.float32)
         self._state = TurnState.SILENT
+        self._paused = False
 
     def _step(self, prob: float, start_ms: int, end_ms: int) -> TurnEvent | None:
         """Advance the state machine by one frame spanning [start_ms, end_ms)."""
@@ -181,15 +210,23 @@ class TurnDetector:
             return SpeechStarted(audio_start_ms=max(0, start_ms - p.prefix_padding_ms), speech_start_ms=start_ms)
         if prob >= p.threshold:
             self._state = TurnState.SPEAKING
+            if self._paused:
+                self._paused = False
+                return SpeechResumed(speech_start_ms=start_ms)
             return None
         if self._state is TurnState.SPEAKING:
             if prob >= p.end_threshold:
                 return None
             self._state = TurnState.TRAILING
             self._silence_start_ms = start_ms
-        if end_ms - self._silence_start_ms < p.silence_duration_ms:
-            return None
+        silence_ms = end_ms - self._silence_start_ms
+        if silence_ms < p.silence_duration_ms:
+            if self._paused or self.pause_ms is None or silence_ms < self.pause_ms:
+                return None
+            self._paused = True
+            return SpeechPaused(audio_end_ms=end_ms, speech_end_ms=self._silence_start_ms)
         self._state = TurnState.SILENT
+        self._paused = False
         return SpeechStopped(audio_end_ms=end_ms, speech_end_ms=self._silence_start_ms)
 
 

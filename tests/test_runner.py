@@ -54,9 +54,8 @@ class Harness:
         self.engine = engine or FakeEngine()
         self.transport = transport or MemoryTransport()
         self.detectors: list[FakeTurnDetector] = []
-        self.runner = SessionRunner(
-            self.transport, self.engine, turn_detector_factory=self._detector, ids=SequentialIds(), **kwargs
-        )
+        kwargs.setdefault("turn_detector_factory", self._detector)
+        self.runner = SessionRunner(self.transport, self.engine, ids=SequentialIds(), **kwargs)
         self.task: asyncio.Task | None = None
 
     def _detector(self, params) -> FakeTurnDetector:
@@ -136,6 +135,60 @@ async def test_server_vad_turn_sends_only_speech_and_answers():
         assert sent_samples < 16_000 * 1.6  # the leading silence (beyond padding + lookback) never reached the engine
         assert sent_samples > 16_000 * 0.9  # speech and the trailing silence did
         assert len(h.detectors) == 1
+
+
+class LoudVad:
+    """Speech probability 0.9 for a 32 ms frame louder than RMS 0.05, else 0: the real TurnDetector on tones."""
+
+    frame_samples = 512
+
+    def __call__(self, frame: np.ndarray) -> float:
+        return 0.9 if float(np.sqrt(np.mean(frame**2))) > 0.05 else 0.0
+
+    def reset(self) -> None:
+        pass
+
+
+async def test_a_preemptive_reply_withdrawn_by_more_speech_leaves_one_turn_and_one_reply():
+    from realtime.turn import TurnDetector
+
+    engine = FakeEngine()
+    engine.script(Script(delay_s=0.05))  # still running when speech resumes
+    async with Harness(engine, turn_detector_factory=lambda p: TurnDetector(p, LoudVad(), pause_ms=200)) as h:
+        h.send(append(400, 0.5), append(300))  # speech, then a pause past 200 ms: a reply starts, unseen
+        await until(lambda: len(h.calls("respond")) == 1)
+        h.send(append(400, 0.5), append(700))  # speech again (withdrawn), then the turn ends
+        done = await h.transport.wait_for("response.done")
+        assert done["response"]["status"] == "completed"
+        first = h.conversation.responses[0]
+        assert first.cancel_reason == "turn_detected"
+        await until(lambda: len(h.calls("commit")) == 2)
+        commits = h.calls("commit")
+        assert commits[0][1] == commits[1][1] == "item_1"  # the same message, committed again whole
+        assert commits[1][2] > commits[0][2] + 16_000 * 0.6  # with the speech after the pause
+        reply = h.calls("respond")[0][1]
+        assert ("delete", reply) in h.conversation.calls and ("delete", "item_1") in h.conversation.calls
+        assert h.conversation.items == ["item_1", h.calls("respond")[1][1]]
+    types = h.transport.types()
+    assert types.count("response.created") == 1 and types.count("input_audio_buffer.committed") == 1
+    assert types.count("input_audio_buffer.speech_stopped") == 1 and "error" not in types
+    assert all(e.get("item_id") != reply for e in h.transport.sent)
+
+
+async def test_a_preemptive_reply_is_shown_right_behind_speech_stopped():
+    from realtime.turn import TurnDetector
+
+    engine = FakeEngine(Script(text=("Hi",), audio_chunks=2, chunk_ms=40))
+    async with Harness(engine, turn_detector_factory=lambda p: TurnDetector(p, LoudVad(), pause_ms=200)) as h:
+        h.send(append(400, 0.5), append(300))
+        await until(lambda: h.conversation.responses and h.conversation.responses[0].done is not None)
+        assert "response.created" not in h.transport.types()  # finished, still unseen: the turn may go on
+        h.send(append(300))
+        await h.transport.wait_for("response.done")
+    types = h.transport.types()
+    stopped = types.index("input_audio_buffer.speech_stopped")
+    assert types[stopped + 1 : stopped + 3] == ["input_audio_buffer.committed", "conversation.item.added"]
+    assert types.count("response.output_audio.delta") == 2 and len(h.calls("respond")) == 1
 
 
 async def test_each_response_reports_its_first_audio_path():

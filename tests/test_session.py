@@ -41,7 +41,7 @@ from realtime.session import (
     StartResponse,
     TruncateItem,
 )
-from realtime.turn import ServerVadParams, SpeechStarted, SpeechStopped
+from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 
 openai = pytest.importorskip("openai")
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent  # noqa: E402
@@ -469,6 +469,152 @@ def test_speech_stopping_while_the_cancel_winds_down_starts_the_next_response_af
     ]
     (start,) = of(acts, StartResponse)
     assert start.response_id != first and d.session.active_response_id == start.response_id
+
+
+# --- preemptive replies (SpeechPaused / SpeechResumed) ---
+
+
+CLIENT_SIDE = (Send, PlayAudio, ClearOutputAudio, DropQueuedAudio)
+
+
+def paused_turn(d: Driver) -> tuple[str, str]:
+    """Speech, then a pause: the session commits and starts the reply, sending nothing to the client. Returns the
+    (user item, response) ids."""
+    d.append(300, 0.5)
+    d.turn(SpeechStarted(0, 0))
+    d.append(200)
+    acts = d.turn(SpeechPaused(audio_end_ms=500, speech_end_ms=300))
+    assert [a for a in acts if isinstance(a, CLIENT_SIDE)] == []
+    (commit,) = of(acts, CommitAudio)
+    (start,) = of(acts, StartResponse)
+    assert d.session.active_response_id == start.response_id
+    return commit.item_id, start.response_id
+
+
+def test_a_reply_started_on_a_pause_is_shown_when_speech_stops():
+    d, plain = Driver(), Driver()
+    user, rid = paused_turn(d)
+    held = d.engine(TextDelta("Hi", (1,))) + d.engine(chunk(40))
+    assert [a for a in held if isinstance(a, CLIENT_SIDE)] == []
+    tail = d.append(300)  # the rest of the silence window: detected on, not sent to the engine
+    assert of(tail, AppendAudio) == [] and len(of(tail, DetectSpeech)) == 1
+    acts = d.turn(SpeechStopped(audio_end_ms=800, speech_end_ms=300))
+    # the same events, in the same order, as a turn that started its reply when speech stopped
+    start_vad_response(plain)
+    plain.engine(TextDelta("Hi", (1,))) + plain.engine(chunk(40))
+    plain_types = types(plain.log)
+    assert types(acts) == plain_types[plain_types.index("input_audio_buffer.speech_stopped"):]
+    expected = ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed", "conversation.item.added",
+                "conversation.item.done", "response.created", "response.output_item.added",
+                "conversation.item.added", "response.content_part.added",
+                "response.output_audio_transcript.delta", "response.output_audio.delta"]  # fmt: skip
+    assert types(acts) == expected
+    assert events(acts)[0]["audio_end_ms"] == 800 and events(acts)[0]["item_id"] == user
+    assert of(acts, CommitAudio) == [] and of(acts, StartResponse) == []  # the engine had them at the pause
+    # from now on the reply streams as any other
+    assert types(d.engine(chunk(40, 960))) == ["response.output_audio.delta"]
+    assert types(d.done())[-1] == "response.done"
+    assert [item.id for item in d.session.items] == [user, d.session.items[1].id]
+
+
+def test_a_reply_that_ends_before_speech_stops_is_shown_whole():
+    d = Driver()
+    user, rid = paused_turn(d)
+    assert [a for a in d.engine(TextDelta("Hi", (1,))) + d.done() if isinstance(a, CLIENT_SIDE)] == []
+    assert d.session.active_response_id is None
+    acts = d.turn(SpeechStopped(audio_end_ms=800, speech_end_ms=300))
+    assert types(acts)[0] == "input_audio_buffer.speech_stopped" and types(acts)[-1] == "response.done"
+    assert events(acts)[-1]["response"]["status"] == "completed"
+
+
+def test_speech_after_a_pause_withdraws_the_reply_unseen():
+    d = Driver()
+    user, rid = paused_turn(d)
+    sent_before = [a.audio for a in of(d.log, AppendAudio)]
+    d.engine(TextDelta("Hi", (1,)))
+    after = d.append(100)  # silence after the pause, then speech again
+    acts = d.turn(SpeechResumed(speech_start_ms=600))
+    assert [a for a in acts if isinstance(a, CLIENT_SIDE)] == []
+    assert of(acts, CancelResponse) == [CancelResponse(rid, StatusReason.TURN_DETECTED)]
+    reply = of(d.log, StartResponse)[0].item_id
+    assert of(acts, DeleteItem) == [DeleteItem(reply), DeleteItem(user)]
+    # the message again, under its id: everything the engine had, then what came after the pause
+    assert of(after, AppendAudio) == []
+    streamed = of(acts, AppendAudio)
+    assert {a.item_id for a in streamed} == {user}
+    assert [a.audio for a in streamed] == sent_before + [pcm16(100)]
+    assert d.session.active_response_id is None and d.session.items == ()
+    # the withdrawn reply's last output and its end are dropped
+    assert d.engine(chunk(40), rid) == [] and d.engine(ResponseDone(ResponseStatus.CANCELLED, Usage()), rid) == []
+    # the turn goes on as one message: more speech streams into it, and speech stopping answers it
+    assert of(d.append(200, 0.5), AppendAudio)[0].item_id == user
+    acts = d.turn(SpeechStopped(audio_end_ms=1400, speech_end_ms=900))
+    assert of(acts, CommitAudio) == [CommitAudio(user)] and len(of(acts, StartResponse)) == 1
+    assert types(acts)[:2] == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed"]
+    assert all(e.get("item_id") != reply for e in events(d.log))  # the client never heard of the withdrawn reply
+
+
+def test_a_second_pause_after_a_withdrawal_starts_a_new_reply():
+    d = Driver()
+    user, first = paused_turn(d)
+    d.turn(SpeechResumed(speech_start_ms=600))
+    d.append(200, 0.5)
+    acts = d.turn(SpeechPaused(audio_end_ms=1000, speech_end_ms=800))
+    (start,) = of(acts, StartResponse)
+    assert of(acts, CommitAudio) == [CommitAudio(user)] and start.response_id != first
+    acts = d.turn(SpeechStopped(audio_end_ms=1300, speech_end_ms=800))
+    assert types(acts)[4] == "response.created" and events(acts)[4]["response"]["id"] == start.response_id
+
+
+def test_a_client_event_during_a_pause_withdraws_the_reply_first():
+    d = Driver()
+    user, rid = paused_turn(d)
+    acts = d.send({"type": "input_audio_buffer.commit"})
+    assert of(acts, CancelResponse) == [CancelResponse(rid, StatusReason.TURN_DETECTED)]
+    assert of(acts, CommitAudio) == [CommitAudio(user)]  # the manual commit of the whole message
+    assert types(acts) == ["input_audio_buffer.committed", "conversation.item.added", "conversation.item.done"]
+    assert d.session.active_response_id is None
+    # response.create is not refused because of the withdrawn reply
+    acts = d.respond()
+    assert types(acts)[0] == "response.created" and of(acts, StartResponse)[0].response_id != rid
+
+
+def test_failures_of_a_withdrawn_reply_stay_unseen_and_a_tentative_ones_are_held():
+    d = Driver()
+    user, rid = paused_turn(d)
+    start = of(d.log, StartResponse)[-1]
+    assert d._record(d.session.command_failed(start, EngineFailure("boom"))) == []  # held
+    acts = d.turn(SpeechStopped(audio_end_ms=800, speech_end_ms=300))
+    assert types(acts)[0] == "input_audio_buffer.speech_stopped" and "error" in types(acts)
+    assert events(acts)[-1]["response"]["status"] == "failed"
+
+    d2 = Driver()
+    user2, rid2 = paused_turn(d2)
+    d2.turn(SpeechResumed(speech_start_ms=600))
+    for command in of(d2.log, DeleteItem) + of(d2.log, StartResponse):
+        assert d2._record(d2.session.command_failed(command, UnknownItemError("gone"))) == []
+
+
+def test_no_reply_on_a_pause_without_create_response_or_while_one_runs():
+    d = Driver()
+    d.send({"type": "session.update", "session": {"turn_detection": {"create_response": False}}})
+    d.append(300, 0.5)
+    d.turn(SpeechStarted(0, 0))
+    assert d.turn(SpeechPaused(500, 300)) == []
+    d = Driver()
+    start_vad_response(d)
+    d.send({"type": "session.update", "session": {"turn_detection": {"interrupt_response": False}}})
+    d.append(300, 0.5)
+    d.turn(SpeechStarted(1000, 1000))
+    assert of(d.turn(SpeechPaused(1500, 1300)), StartResponse) == []
+
+
+def test_media_sessions_hold_the_tentative_replys_audio_too():
+    d = Driver(transport=AudioTransport.MEDIA)
+    paused_turn(d)
+    assert [a for a in d.engine(chunk(40)) if isinstance(a, CLIENT_SIDE)] == []
+    acts = d.turn(SpeechStopped(audio_end_ms=800, speech_end_ms=300))
+    assert len(of(acts, PlayAudio)) == 1 and "output_audio_buffer.started" in types(acts)
 
 
 def test_without_interrupt_response_speech_does_not_cancel():

@@ -11,7 +11,7 @@ import pytest
 
 from realtime.audio import AudioFormat, InputDecoder
 from realtime.errors import RealtimeError
-from realtime.turn import ServerVadParams, SpeechStarted, SpeechStopped, TurnDetector
+from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
 from realtime.vad import SileroVad
 
 FRAME = 512  # samples per VAD frame at 16 kHz = 32 ms
@@ -42,8 +42,8 @@ def script(*runs: tuple[float, int]) -> np.ndarray:
     return np.concatenate([np.full(n * FRAME, prob, np.float32) for prob, n in runs])
 
 
-def detect(audio: np.ndarray, chunk: int | None = None, **params) -> list:
-    det = TurnDetector(ServerVadParams(**params), ScriptedVad())
+def detect(audio: np.ndarray, chunk: int | None = None, pause_ms: int | None = None, **params) -> list:
+    det = TurnDetector(ServerVadParams(**params), ScriptedVad(), pause_ms=pause_ms)
     step = chunk or max(len(audio), 1)
     return [ev for i in range(0, len(audio), step) for ev in det.feed(audio[i : i + step])]
 
@@ -169,6 +169,56 @@ def test_reset_forgets_speech_and_partial_frame_but_keeps_the_clock():
     assert det.feed(script((0.0, 5))) == []
     events = det.feed(script((1.0, 1)))
     assert events == [SpeechStarted(audio_start_ms=230, speech_start_ms=230)]  # (2·512+100+5·512)/16
+
+
+# --- pauses (preemptive replies) ---
+
+
+def test_pause_then_stop_in_one_silence_run():
+    # speech frames 3..12, silence from frame 13 (416 ms): paused at 7 frames (224 >= 200 ms), stopped at 16 (512 ms)
+    events = detect(script((0.0, 3), (0.9, 10), (0.0, 20)), pause_ms=200)
+    assert events == [SpeechStarted(0, 96), SpeechPaused(audio_end_ms=640, speech_end_ms=416),
+                      SpeechStopped(audio_end_ms=928, speech_end_ms=416)]  # fmt: skip
+
+
+def test_speech_after_a_pause_resumes_and_a_later_run_pauses_again():
+    audio = script((0.9, 5), (0.0, 8), (0.4, 2), (0.9, 3), (0.0, 20))
+    events = detect(audio, pause_ms=200)
+    # the first run (frames 5..12) pauses at frame 11; the band frames 13-14 do not cancel it, speech at 15 does
+    assert events == [SpeechStarted(0, 0), SpeechPaused(audio_end_ms=384, speech_end_ms=160),
+                      SpeechResumed(speech_start_ms=480), SpeechPaused(audio_end_ms=800, speech_end_ms=576),
+                      SpeechStopped(audio_end_ms=1088, speech_end_ms=576)]  # fmt: skip
+
+
+def test_no_pause_without_pause_ms_or_when_it_reaches_the_silence_window():
+    audio = script((0.9, 5), (0.0, 20))
+    plain = detect(audio)
+    assert detect(audio, pause_ms=500) == plain == detect(audio, pause_ms=800)
+    assert not any(isinstance(e, (SpeechPaused, SpeechResumed)) for e in plain)
+
+
+def test_speech_without_a_pause_reports_no_resume():
+    events = detect(script((0.9, 5), (0.0, 3), (0.9, 5), (0.0, 20)), pause_ms=200)
+    assert [type(e) for e in events] == [SpeechStarted, SpeechPaused, SpeechStopped]
+
+
+@pytest.mark.parametrize("chunk", [1, 100, FRAME, 3 * FRAME + 7])
+def test_pauses_do_not_depend_on_chunk_size(chunk):
+    audio = script((0.9, 5), (0.0, 8), (0.9, 3), (0.0, 20))
+    assert detect(audio, chunk=chunk, pause_ms=200) == detect(audio, pause_ms=200)
+
+
+def test_reset_forgets_a_pause():
+    det = TurnDetector(ServerVadParams(), ScriptedVad(), pause_ms=100)
+    assert [type(e) for e in det.feed(script((0.9, 3), (0.0, 5)))] == [SpeechStarted, SpeechPaused]
+    det.reset()
+    assert [type(e) for e in det.feed(script((0.9, 3)))] == [SpeechStarted]  # a fresh turn: no resume
+
+
+@pytest.mark.parametrize("pause_ms", [-1, 1.5, True])
+def test_pause_ms_must_be_a_non_negative_integer(pause_ms):
+    with pytest.raises(ValueError, match="pause_ms"):
+        TurnDetector(ServerVadParams(), ScriptedVad(), pause_ms=pause_ms)
 
 
 def test_rejects_multichannel_audio():

@@ -57,6 +57,7 @@ class BenchOptions:
     api_key: str | None
     plots: bool
     vad_batching: bool = True
+    preemptive_response_ms: int | None = None
 
 
 QUICK = {"levels": (1,), "turns": 2, "min_samples": 0, "warmup_turns": 0, "barge_in_every": 1, "text_tokens": 4,
@@ -103,6 +104,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--no-vad-batching", action="store_true",
                    help="the in-process server runs one VAD call per frame per session (the default batches them)")
+    p.add_argument("--preemptive-response-ms", type=int, default=None, metavar="MS",
+                   help="the in-process server starts replies after this much silence, unseen until speech stops "
+                        "(ServerConfig.preemptive_response_ms); TTFA still counts from speech_stopped")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None, help="key of a --url server that requires one")
 
@@ -126,6 +130,7 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         ramp_s=pick("ramp_s", args.ramp_s), jitter_ms=args.jitter_ms,
         turn_timeout_s=pick("turn_timeout_s", args.turn_timeout_s), reference=args.reference, out=args.out,
         threads=args.threads, vad_batching=not args.no_vad_batching, seed=args.seed,
+        preemptive_response_ms=args.preemptive_response_ms,
         api_key=args.api_key, plots=not args.no_plots,
     )
 
@@ -264,6 +269,7 @@ def _in_process_server(engine, options: BenchOptions):
         host="127.0.0.1", port=0, max_sessions=max(options.levels) + 1, webrtc=options.transport == "webrtc",
         ice_host_addresses=("127.0.0.1",), torch_threads=options.threads,
         vad_batching=options.vad_batching, log_level="warning",
+        preemptive_response_ms=options.preemptive_response_ms,
     )
     return serve_in_background(create_app(config, engine=engine), config)
 
