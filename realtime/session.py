@@ -79,9 +79,7 @@ from realtime.protocol.model import (
 )
 from realtime.protocol.names import ContentType, Dialect
 from realtime.protocol.server import ContentRef, ServerEvents
-from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
-
-TurnEvent = SpeechStarted | SpeechStopped | SpeechPaused | SpeechResumed
+from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnEvent
 
 ROOT_ITEM_ID = "root"
 """``previous_item_id`` meaning "at the start of the conversation"."""
