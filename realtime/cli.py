@@ -86,6 +86,16 @@ def _to_16k(pcm, rate: int):
     return soxr.resample(pcm, rate, 16000).astype(np.float32)
 
 
+def ms_or_off(text: str) -> int | None:
+    """An ``MS|off`` flag's value: milliseconds, or None for ``off``."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds or 'off', got {text!r}") from None
+
+
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """The :class:`realtime.config.ServerConfig` of ``serve``'s flags (``ValueError`` if invalid)."""
     from dataclasses import replace
@@ -151,9 +161,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-sessions", type=int, default=d.max_sessions, help="concurrent sessions")
     p.add_argument("--no-vad-batching", action="store_true",
                    help="one VAD call per frame per session instead of every session's frames in shared calls")
-    p.add_argument("--preemptive-response-ms", type=int, default=d.preemptive_response_ms, metavar="MS",
+    p.add_argument("--preemptive-response-ms", type=ms_or_off, default=d.preemptive_response_ms, metavar="MS|off",
                    help="server VAD: start the reply after this much silence, unseen until speech stops (speech "
-                        "resuming withdraws it); default: start it when speech stops")
+                        f"resuming withdraws it); default {d.preemptive_response_ms}; off: start it when speech stops")
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes,
                    help="largest client message; larger ones get an error event")
     p.add_argument("--max-buffer-ms", type=int, default=d.session_limits.max_buffer_ms,

@@ -17,6 +17,11 @@ moments from a child process fit on the same line) of each hop, in the order the
 Off that path, ``committed`` is when the engine's answer to the commit (the tail encoded, the item in the
 conversation) reached the runner.
 
+A preemptive reply (``ServerConfig.preemptive_response_ms``, :mod:`realtime.session`) is committed and requested at a
+pause in the user's speech, so its ``turn_end`` is the pause; ``shown`` (also off the path) is when speech stopped and
+its held events went out, and ``sent`` cannot come before it. A withdrawn one is still handed over, marked
+``withdrawn``, with whatever hops it reached.
+
 :meth:`FirstAudioTrace.segments` gives the time between consecutive path hops that both happened (ms):
 what the engine spent, and what the server path around it (command hand-off, output transport, the
 outbound queue) added; plus ``turn_end->committed``, the commit's round trip. The engine's inner
@@ -35,6 +40,7 @@ from pipeline.outputs import StageTimings
 class Hop(enum.Enum):
     TURN_END = "turn_end"
     COMMITTED = "committed"
+    SHOWN = "shown"
     REQUESTED = "requested"
     ENGINE_STARTED = "engine_started"
     ENGINE_FIRST_AUDIO = "engine_first_audio"
@@ -43,7 +49,8 @@ class Hop(enum.Enum):
 
 
 PATH = (Hop.TURN_END, Hop.REQUESTED, Hop.ENGINE_STARTED, Hop.ENGINE_FIRST_AUDIO, Hop.RECEIVED, Hop.SENT)
-"""The hops on the first audio's path, in the order a response passes them (``committed`` is beside it)."""
+"""The hops on the first audio's path, in the order a response passes them (``committed`` and ``shown`` are beside
+it)."""
 
 
 @dataclass
@@ -51,6 +58,15 @@ class FirstAudioTrace:
     response_id: str
     at: dict[Hop, float] = field(default_factory=dict)
     """Hop -> ``time.monotonic()`` seconds; the first mark of a hop wins."""
+    preemptive: bool = False
+    """Started on a pause in the user's speech (see the module docstring)."""
+    withdrawn: bool = False
+    """A preemptive reply taken back unseen: the user spoke on."""
+
+    @property
+    def settled(self) -> bool:
+        """Not waiting to learn whether the client sees it: not preemptive, shown or withdrawn."""
+        return not self.preemptive or self.withdrawn or Hop.SHOWN in self.at
 
     def mark(self, hop: Hop, at: float) -> None:
         self.at.setdefault(hop, at)
@@ -65,11 +81,13 @@ class FirstAudioTrace:
 
     def segments(self) -> dict[str, float]:
         """``"a->b"`` -> ms from path hop a to the next path hop b that happened, in path order; then
-        ``turn_end->committed`` when both happened."""
+        ``turn_end->committed``, ``turn_end->shown`` (the head start a preemptive reply had) and ``shown->sent`` (its
+        first audio's wait as the client sees it) for those that happened."""
         present = [hop for hop in PATH if hop in self.at]
         out = {f"{a.value}->{b.value}": 1000.0 * (self.at[b] - self.at[a]) for a, b in zip(present, present[1:])}
-        if Hop.TURN_END in self.at and Hop.COMMITTED in self.at:
-            out["turn_end->committed"] = 1000.0 * (self.at[Hop.COMMITTED] - self.at[Hop.TURN_END])
+        for a, b in ((Hop.TURN_END, Hop.COMMITTED), (Hop.TURN_END, Hop.SHOWN), (Hop.SHOWN, Hop.SENT)):
+            if a in self.at and b in self.at:
+                out[f"{a.value}->{b.value}"] = 1000.0 * (self.at[b] - self.at[a])
         return out
 
     def total_ms(self) -> float | None:
@@ -86,7 +104,9 @@ class FirstAudioTracer:
     A turn's end waits for the next response request; the commit's answer goes to the response requested
     after that turn's end (or waits for it); a response's trace is handed to
     ``on_trace`` once its ``ResponseDone`` has been seen and its first audio was sent (or at the done,
-    for a response without audio), then forgotten. Bounded: one trace per response in flight."""
+    for a response without audio), then forgotten; a preemptive reply's not before it was shown or withdrawn, a
+    withdrawn one's at its done. Bounded: one trace per response in flight (a preemptive reply's may be made when the
+    session reports it, before its request runs)."""
 
     def __init__(self, clock: Callable[[], float], on_trace: Callable[[FirstAudioTrace], None]) -> None:
         self._clock = clock
@@ -95,7 +115,7 @@ class FirstAudioTracer:
         self._committed: float | None = None  # the commit answered before the response was requested
         self._awaiting_commit: FirstAudioTrace | None = None  # requested after a turn end, commit not answered
         self._traces: dict[str, FirstAudioTrace] = {}
-        self._done: set[str] = set()  # ResponseDone seen, first audio not sent yet
+        self._done: set[str] = set()  # ResponseDone seen, trace not handed over yet
         self._dropped: set[str] = set()  # queued audio dropped (a cancel): no send to wait for
 
     def turn_ended(self) -> None:
@@ -109,7 +129,7 @@ class FirstAudioTracer:
             self._committed = self._clock()
 
     def requested(self, response_id: str) -> None:
-        trace = FirstAudioTrace(response_id)
+        trace = self._traces.get(response_id) or FirstAudioTrace(response_id)
         self._awaiting_commit = None
         if self._turn_end is not None:
             trace.mark(Hop.TURN_END, self._turn_end)
@@ -121,6 +141,24 @@ class FirstAudioTracer:
         trace.mark(Hop.REQUESTED, self._clock())
         self._traces[response_id] = trace
 
+    def preempted(self, response_id: str) -> None:
+        """``response_id`` was started on a pause (reported before or after its request)."""
+        self._traces.setdefault(response_id, FirstAudioTrace(response_id)).preemptive = True
+
+    def shown(self, response_id: str) -> None:
+        """Speech stopped: the preemptive reply's held events go out."""
+        trace = self._traces.get(response_id)
+        if trace is not None:
+            trace.mark(Hop.SHOWN, self._clock())
+            self._settle(response_id)
+
+    def withdrawn(self, response_id: str) -> None:
+        """The preemptive reply was taken back unseen; its trace goes out at its done."""
+        trace = self._traces.get(response_id)
+        if trace is not None:
+            trace.withdrawn = True
+            self._settle(response_id)
+
     def received_audio(self, response_id: str) -> None:
         trace = self._traces.get(response_id)
         if trace is not None:
@@ -130,25 +168,29 @@ class FirstAudioTracer:
         trace = self._traces.get(response_id)
         if trace is not None and Hop.SENT not in trace.at:
             trace.mark(Hop.SENT, self._clock())
-            if response_id in self._done:
-                self._finish(response_id)
+            self._settle(response_id)
 
     def done(self, response_id: str, timings: StageTimings) -> None:
         trace = self._traces.get(response_id)
         if trace is None:
             return
         trace.engine(timings)
-        if Hop.SENT in trace.at or Hop.RECEIVED not in trace.at or response_id in self._dropped:
-            self._finish(response_id)  # nothing left to wait for
-        else:
-            self._done.add(response_id)
+        self._done.add(response_id)
+        self._settle(response_id)
 
     def dropped(self, response_id: str) -> None:
         """The response's queued audio was dropped (a cancel): its first audio may never be sent."""
         if response_id in self._traces:
             self._dropped.add(response_id)
-            if response_id in self._done:
-                self._finish(response_id)
+            self._settle(response_id)
+
+    def _settle(self, response_id: str) -> None:
+        """Hand the trace over if its done came and nothing is left to wait for."""
+        trace = self._traces[response_id]
+        if response_id not in self._done or not trace.settled:
+            return
+        if trace.withdrawn or Hop.SENT in trace.at or Hop.RECEIVED not in trace.at or response_id in self._dropped:
+            self._finish(response_id)
 
     def _finish(self, response_id: str) -> None:
         self._done.discard(response_id)

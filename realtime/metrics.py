@@ -5,7 +5,8 @@ Sessions feed them through a :class:`SessionObserver`, which watches the server 
 transport sends: ``error`` (counted by code), ``response.created`` → first audio delta (the
 time-to-first-audio histogram, seconds, measured when the events are handed to the transport;
 on WebRTC the first audio is ``output_audio_buffer.started``) and ``response.done`` (counted by
-status).
+status). A preemptive reply's events reach the observer only once shown, so its time to first audio counts from
+there; a withdrawn one's never do (it is counted in ``omni_realtime_preemptive_replies_total``, from its trace).
 
 Resource hygiene gauges are set from a :class:`Hygiene` snapshot the server takes when ``/metrics``
 is scraped (:meth:`ServerMetrics.observe_hygiene`): live sessions' asyncio tasks, all tasks of the
@@ -146,6 +147,13 @@ class ServerMetrics:
             buckets=HOP_BUCKETS,
             registry=r,
         )
+        self.preemptive_replies = Counter(
+            f"{PREFIX}_preemptive_replies",
+            "Replies started on a pause in the user's speech (preemptive_response_ms), by outcome: shown when speech "
+            "stopped, or withdrawn unseen because the user spoke on",
+            ["outcome"],
+            registry=r,
+        )
         self.errors = Counter(f"{PREFIX}_errors", "error events sent to clients, by code", ["code"], registry=r)
         self._hygiene_gauges(r)
 
@@ -199,7 +207,12 @@ class ServerMetrics:
         return SessionObserver(self, transport, clock=clock)
 
     def first_audio_path(self, trace: FirstAudioTrace) -> None:
-        """Observe one response's first-audio hops (the runner's ``on_first_audio``)."""
+        """Observe one response's first-audio hops (the runner's ``on_first_audio``) and count a preemptive reply's
+        outcome; a withdrawn reply's hops are not observed (the client never waited for it)."""
+        if trace.preemptive:
+            self.preemptive_replies.labels("withdrawn" if trace.withdrawn else "shown").inc()
+            if trace.withdrawn:
+                return
         for segment, ms in trace.segments().items():
             self.first_audio_hops.labels(segment).observe(max(ms, 0.0) / 1000.0)
 

@@ -62,6 +62,8 @@ from realtime.session import (
     EncoderFactory,
     EngineCommand,
     PlayAudio,
+    Preemption,
+    PreemptiveReply,
     Send,
     Session,
     SessionSettings,
@@ -333,6 +335,11 @@ class SessionRunner:
         """Why the session stopped (the first reason wins); ``None`` while it runs."""
         self._on_first_audio = on_first_audio
         self._traces = FirstAudioTracer(time.monotonic, self._first_audio)
+        self._preemptive = {
+            Preemption.STARTED: self._traces.preempted,
+            Preemption.SHOWN: self._traces.shown,
+            Preemption.WITHDRAWN: self._traces.withdrawn,
+        }
 
     # --- lifecycle ---
 
@@ -485,6 +492,8 @@ class SessionRunner:
                 self._traces.sent_audio(action.response_id)
             elif isinstance(action, ClearOutputAudio):
                 self._media_sink().clear(action.response_id)
+            elif isinstance(action, PreemptiveReply):
+                self._preemptive[action.outcome](action.response_id)
             else:
                 if isinstance(action, CommitAudio):
                     self._traces.turn_ended()
@@ -615,8 +624,9 @@ class SessionRunner:
         total = trace.total_ms()
         if total is not None:  # the server's own time to first audio: turn end (or request) to the first delta out
             segments += f", total {total:.1f}"
-        logger.info("session %s response %s first audio path (ms): %s", self.session.session_id,
-                    trace.response_id, segments or "-")
+        kind = " (preemptive, withdrawn)" if trace.withdrawn else " (preemptive)" if trace.preemptive else ""
+        logger.info("session %s response %s%s first audio path (ms): %s", self.session.session_id,
+                    trace.response_id, kind, segments or "-")
         if self._on_first_audio is not None:
             self._on_first_audio(trace)
 

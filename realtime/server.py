@@ -130,7 +130,10 @@ class ServerContext:
         return MessageGate(max_message_bytes=self.config.max_message_bytes, rate=self.config.rate_limit)
 
     def session_settings(self, dialect: Dialect, **overrides: object) -> SessionSettings:
-        return SessionSettings.for_engine(self.engine, dialect=dialect, limits=self.config.session_limits, **overrides)
+        return SessionSettings.for_engine(
+            self.engine, dialect=dialect, limits=self.config.session_limits,
+            preemptive_replies=self.config.preemptive_response_ms is not None, **overrides,
+        )  # fmt: skip
 
     async def turn_detector_factory(self) -> TurnDetectorFactory:
         """Turn detectors over one fresh VAD (a session's own: it carries stream state), loaded

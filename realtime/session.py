@@ -11,19 +11,20 @@ Inputs, each a method returning the list of :data:`Action` to execute, in order:
 
 Outputs: :class:`Send` (a server event dict), engine commands (:class:`AddText`,
 :class:`AppendAudio`, :class:`StartResponse`, …), turn-detection commands (:class:`DetectSpeech`,
-:class:`ConfigureTurnDetection`) and output-audio commands (:class:`DropQueuedAudio`, and for
-WebRTC :class:`PlayAudio` / :class:`ClearOutputAudio`). Whoever drives the session (``runner``)
-executes engine commands in the order given; no engine call happens here, nothing blocks, and a
-client mistake is a ``Send(error)`` after which the session carries on.
+:class:`ConfigureTurnDetection`), output-audio commands (:class:`DropQueuedAudio`, and for
+WebRTC :class:`PlayAudio` / :class:`ClearOutputAudio`) and, for traces and metrics, :class:`PreemptiveReply`.
+Whoever drives the session (``runner``) executes engine commands in the order given; no engine call happens here,
+nothing blocks, and a client mistake is a ``Send(error)`` after which the session carries on.
 
-Preemptive replies: a detector made with ``pause_ms`` (``ServerConfig.preemptive_response_ms``) also reports
-``SpeechPaused`` when a silence run reaches that length, before the silence window ends the turn. The session
-then commits the message and starts the reply at once, but holds every client event of both (a
-:class:`_Tentative`): on ``SpeechStopped`` it sends them right behind ``speech_stopped``, so the reply has had the
-rest of the silence window to make its first audio; on ``SpeechResumed`` (or any client event but an audio
-append) it withdraws them unseen: the reply is cancelled, both items are deleted from the engine and the message
-is streamed again under the same item id, with the audio that arrived meanwhile. The client sees the same events
-as without; the model hears the message without the silence after the pause.
+Preemptive replies (``SessionSettings.preemptive_replies``): a detector made with ``pause_ms``
+(``ServerConfig.preemptive_response_ms``) also reports ``SpeechPaused`` when a silence run reaches that length,
+before the silence window ends the turn. The session then commits the message and starts the reply at once, but
+holds every client event of both (a :class:`_Tentative`): on ``SpeechStopped`` it sends them right behind
+``speech_stopped``, so the reply has had the rest of the silence window to make its first audio; on
+``SpeechResumed`` (or any client event but an audio append) it withdraws them unseen: the reply is cancelled, both
+items are deleted from the engine and the message is streamed again under the same item id, with the audio that
+arrived meanwhile. The client sees the same events as without; the model hears the message without the silence
+after the pause.
 
 Audio input: in manual mode (``turn_detection: null``) every appended chunk goes to the engine at
 once. With ``server_vad`` the audio before speech is held back (prefix padding plus
@@ -221,7 +222,30 @@ class ClearOutputAudio:
     response_id: str
 
 
-Action = EngineCommand | Send | DetectSpeech | ConfigureTurnDetection | DropQueuedAudio | PlayAudio | ClearOutputAudio
+class Preemption(enum.Enum):
+    """What became of a reply started on a pause (see the module docstring)."""
+
+    STARTED = "started"
+    """Committed and started at the pause; its client events are held."""
+    SHOWN = "shown"
+    """Speech stopped: its held events went out right behind ``speech_stopped``."""
+    WITHDRAWN = "withdrawn"
+    """Speech resumed (or a client event came): cancelled and deleted unseen."""
+
+
+@dataclass(frozen=True)
+class PreemptiveReply:
+    """For the runner's trace and metrics only: the reply ``response_id`` started on a pause reached ``outcome``.
+    Never held, never sent: the client does not learn which replies were preemptive."""
+
+    response_id: str
+    outcome: Preemption
+
+
+Action = (
+    EngineCommand | Send | DetectSpeech | ConfigureTurnDetection | DropQueuedAudio | PlayAudio | ClearOutputAudio
+    | PreemptiveReply
+)
 
 
 # --- settings -----------------------------------------------------------------------------------
@@ -258,6 +282,10 @@ class SessionSettings:
     dialect: Dialect = Dialect.GA
     audio_transport: AudioTransport = AudioTransport.EVENTS
     limits: SessionLimits = SessionLimits()
+    preemptive_replies: bool = False
+    """The turn detector reports pauses (``ServerConfig.preemptive_response_ms``): a ``SpeechPaused`` starts a
+    tentative reply, and the current message's chunks are kept until its commit, to be streamed again if that reply
+    is withdrawn (up to ``limits.max_buffer_ms`` of audio). Without it ``SpeechPaused`` is ignored."""
 
     @classmethod
     def for_engine(cls, engine: EngineHandle, **overrides: object) -> SessionSettings:
@@ -302,7 +330,8 @@ class _InputBuffer:
     sent_ms: float = 0.0
     held: deque[_Chunk] = field(default_factory=deque)
     sent: list[_Chunk] = field(default_factory=list)
-    """The chunks that went to the engine, kept until the commit: a withdrawn preemptive reply sends them again."""
+    """The chunks that went to the engine, kept until the commit when ``SessionSettings.preemptive_replies`` is on: a
+    withdrawn preemptive reply sends them again."""
 
     @property
     def duration_ms(self) -> float:
@@ -659,7 +688,8 @@ class Session:
         self._emit(AppendAudio(self._buffer_item_id(), chunk.audio, chunk.format))
         self._buffer.opened = True
         self._buffer.sent_ms += chunk.duration_ms
-        self._buffer.sent.append(chunk)
+        if self.settings.preemptive_replies:
+            self._buffer.sent.append(chunk)
 
     def _stream_held(self, after_ms: float = float("-inf")) -> None:
         """Send the held chunks that end after ``after_ms`` to the engine; forget the others."""
@@ -714,7 +744,9 @@ class Session:
     def _speech_paused(self, vad: ServerVadParams) -> None:
         """The user paused: commit and start the reply now, holding their client events (see the module
         docstring), when speech stopping now would do that too."""
-        if not vad.create_response or self._response is not None or self._buffer.duration_ms <= 0:
+        if not self.settings.preemptive_replies or not vad.create_response:
+            return
+        if self._response is not None or self._buffer.duration_ms <= 0:
             return
         self._tentative = _Tentative(self._buffer)
         with self._holding():
@@ -722,6 +754,7 @@ class Session:
             self._start_response(ResponseParams())
         assert self._response is not None
         self._tentative.response_id, self._tentative.reply_item_id = self._response.id, self._response.item.id
+        self._emit(PreemptiveReply(self._response.id, Preemption.STARTED))
 
     def _withdraw(self) -> None:
         """Take back the tentative reply unseen: cancel it, delete its item and the message from the engine, and
@@ -730,6 +763,7 @@ class Session:
         if t is None:
             return
         assert t.buffer.item_id is not None
+        self._emit(PreemptiveReply(t.response_id, Preemption.WITHDRAWN))
         if not t.done:
             self._emit(CancelResponse(t.response_id, StatusReason.TURN_DETECTED))
             self._withdrawn.add(t.response_id)
@@ -748,6 +782,7 @@ class Session:
         t, self._tentative = self._tentative, None
         if t is not None:  # the reply started at the pause stands: the client now sees it, as if started here
             self._speaking = False
+            self._emit(PreemptiveReply(t.response_id, Preemption.SHOWN))  # before its held audio goes out
             self._send(self._events.speech_stopped(event.audio_end_ms, t.buffer.item_id))
             self._out.extend(t.held)
             return

@@ -4,7 +4,9 @@ segment, in ms, over every response in the log.
     python scripts/first_audio_path.py server.log [--skip 1]
 
 One table row per segment and bench level (the log of ``omni-realtime bench`` marks where each level starts;
-the warm-up before the first level is left out). ``--skip N`` leaves out each session's first N responses."""
+the warm-up before the first level is left out). ``--skip N`` leaves out each session's first N responses.
+Replies started on a pause (``--preemptive-response-ms``) are counted per level, shown or withdrawn; a withdrawn
+reply's segments are left out (the client never waited for it)."""
 
 from __future__ import annotations
 
@@ -15,25 +17,44 @@ from collections import defaultdict
 
 import numpy as np
 
-LINE = re.compile(r"session (\S+) response (\S+) first audio path \(ms\): (.*)$")
+LINE = re.compile(r"session (\S+) response (\S+)(?: \((preemptive(?:, withdrawn)?)\))? first audio path \(ms\): (.*)$")
 LEVEL = re.compile(r"bench level (\d+): ")
 """``omni-realtime bench`` logs this at the start of each level; the lines before the first are the warm-up."""
 SEGMENT = re.compile(r"([a-z_]+->[a-z_]+|total) (-?[0-9.]+)")
 
 
-def parse(lines) -> dict[str, dict[str, list[dict[str, float]]]]:
-    """Bench level ("all" for a log without levels, "warm-up" before the first) -> session id -> its
-    responses' segments, in log order."""
-    levels: dict[str, dict[str, list[dict[str, float]]]] = defaultdict(lambda: defaultdict(list))
+def _entries(lines):
+    """(bench level, session id, kind, segments) per first-audio line, kind "" or "preemptive" or "preemptive,
+    withdrawn"; level "all" before the first level marker (the whole log when it has none)."""
     level = "all"
     for line in lines:
         if (marker := LEVEL.search(line)) is not None:
-            if level == "all":
-                levels["warm-up"] = levels.pop("all", defaultdict(list))
             level = f"{marker[1]} users"
         elif (match := LINE.search(line)) is not None:
-            levels[level][match[1]].append({name: float(ms) for name, ms in SEGMENT.findall(match[3])})
+            yield level, match[1], match[3] or "", {name: float(ms) for name, ms in SEGMENT.findall(match[4])}
+
+
+def parse(lines) -> dict[str, dict[str, list[dict[str, float]]]]:
+    """Bench level ("all" for a log without levels, "warm-up" before the first) -> session id -> its
+    responses' segments, in log order (withdrawn preemptive replies left out)."""
+    lines = list(lines)
+    has_levels = any(LEVEL.search(line) for line in lines)
+    levels: dict[str, dict[str, list[dict[str, float]]]] = defaultdict(lambda: defaultdict(list))
+    for level, session, kind, segments in _entries(lines):
+        if not kind.endswith("withdrawn"):
+            levels["warm-up" if has_levels and level == "all" else level][session].append(segments)
     return levels
+
+
+def preemptive_counts(lines) -> dict[str, dict[str, int]]:
+    """Bench level -> {"shown": n, "withdrawn": n} for the levels with preemptive replies (warm-up left out)."""
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: {"shown": 0, "withdrawn": 0})
+    lines = list(lines)
+    has_levels = any(LEVEL.search(line) for line in lines)
+    for level, _, kind, _ in _entries(lines):
+        if kind and not (has_levels and level == "all"):
+            counts[level]["withdrawn" if kind.endswith("withdrawn") else "shown"] += 1
+    return dict(counts)
 
 
 def summarize(sessions: dict[str, list[dict[str, float]]], skip: int) -> dict[str, np.ndarray]:
@@ -51,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", type=int, default=0, help="responses left out at the start of each session")
     args = parser.parse_args(argv)
     with open(args.log, encoding="utf-8", errors="replace") as f:
-        levels = parse(f)
+        lines = f.readlines()
+    levels = parse(lines)
     levels.pop("warm-up", None)
     if not any(levels.values()):
         print(f"{args.log}: no 'first audio path' lines", file=sys.stderr)
@@ -61,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, v in summarize(sessions, args.skip).items():
             print(f"| {level} | {name} | {len(v)} | {np.percentile(v, 50):.1f} | {np.percentile(v, 95):.1f} "
                   f"| {v.max():.1f} |")
+    if counts := preemptive_counts(lines):
+        print("\n| level | preemptive replies shown | withdrawn |\n|---|---:|---:|")
+        for level, n in counts.items():
+            print(f"| {level} | {n['shown']} | {n['withdrawn']} |")
     return 0
 
 

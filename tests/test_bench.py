@@ -34,7 +34,14 @@ from realtime.bench.metrics import (
     turn_metrics,
 )
 from realtime.bench.reference import Served, serve_one_worker
-from realtime.bench.speech import RATE, Speech, SpeechFolderError, energy_speech_bounds, load_speech_folder
+from realtime.bench.speech import (
+    RATE,
+    Speech,
+    SpeechFolderError,
+    energy_speech_bounds,
+    load_speech_folder,
+    with_pause,
+)
 from realtime.bench.sweep import LevelResult, SweepPlan, user_plans
 from realtime.bench.throughput import (
     EngineCounters,
@@ -223,6 +230,22 @@ def test_speech_folder_uses_the_manifest_else_energy_and_resamples(tmp_path):
     assert tone_speech.speech_end_ms == pytest.approx(700, abs=20)
     with pytest.raises(SpeechFolderError):
         load_speech_folder(tmp_path / "nowhere")
+
+
+def test_a_pause_goes_into_the_quietest_frame_in_the_middle_of_the_speech():
+    n = RATE  # 1 s of "speech" from 0 to 1000 ms: a tone with one quiet 20 ms gap at 600 ms, another at 100 ms
+    pcm = (0.5 * np.sin(2 * np.pi * 200 * np.arange(n) / RATE)).astype(np.float32)
+    for gap_ms in (100, 600):
+        pcm[gap_ms * 24 : (gap_ms + 20) * 24] *= 0.01
+    paused = with_pause(Speech("q.wav", pcm, 0.0, 1000.0, "manifest"), 300)
+    at = 610 * 24  # the middle of the gap between 35 % and 65 % of the speech
+    assert len(paused.pcm) == n + 300 * 24 and paused.speech_end_ms == 1300.0 and paused.speech_start_ms == 0.0
+    assert not paused.pcm[at : at + 300 * 24].any()
+    np.testing.assert_array_equal(paused.pcm[:at], pcm[:at])
+    np.testing.assert_array_equal(paused.pcm[at + 300 * 24 :], pcm[at:])
+    assert paused.name == "q.wav+pause300ms@610"
+    with pytest.raises(ValueError):
+        with_pause(paused, 0)
 
 
 def test_microphone_frames_queued_speech_then_silence():
@@ -490,6 +513,9 @@ def test_quick_sets_defaults_that_explicit_flags_override():
     assert (mixed.levels, mixed.turns, mixed.codec_tokens, mixed.text_tokens) == ((2, 8), 5, 100, 4)
     normal = resolve_options(bench_args())
     assert normal.levels == (1, 2, 4) and normal.text_tokens is None and normal.min_samples == 8
+    assert normal.preemptive_response_ms == 200 and normal.pause_inside_ms is None  # the server's default
+    off = resolve_options(bench_args("--preemptive-response-ms", "off", "--pause-inside-ms", "300"))
+    assert (off.preemptive_response_ms, off.pause_inside_ms) == (None, 300.0)
     for bad in ("0", "1,x", ""):
         with pytest.raises(ValueError):
             resolve_options(bench_args("--concurrency", bad))
@@ -512,6 +538,7 @@ def test_bench_refuses_bad_options_models_and_servers(tmp_path, capsys):
     from realtime.cli import main
 
     assert main(["bench", "--turns", "0", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "--pause-inside-ms", "-5", "--out", str(tmp_path)]) == 2
     assert main(["bench", "--wavs", str(tmp_path), "--out", str(tmp_path)]) == 2  # no WAVs there
     assert main(["bench", "--quick", "--model", "random:13b", "--out", str(tmp_path)]) == 2
     with socket.socket() as s:  # a port nobody listens on

@@ -146,3 +146,67 @@ def test_the_log_summary_splits_bench_levels_and_leaves_out_the_warm_up(tmp_path
     rows = capsys.readouterr().out.splitlines()
     assert "| 2 users | turn_end->committed | 2 | 40.0 |" in "\n".join(rows)
     assert not any("99.0" in row for row in rows)
+
+
+def test_the_log_summary_counts_preemptive_replies_and_leaves_withdrawn_ones_out(tmp_path, capsys):
+    def line(kind: str, total: float) -> str:
+        return (f"2026-11-22 05:48:38,296 INFO realtime.runner: session s1 response r{kind} first audio path (ms): "
+                f"requested->received {total}, total {total}\n")
+
+    log = tmp_path / "server.log"
+    log.write_text(line(" (preemptive, withdrawn)", 1.0) + line(" (preemptive)", 2.0) + line("", 3.0)
+                   + line(" (preemptive, withdrawn)", 4.0))  # fmt: skip
+    script = load_script("first_audio_path")
+    lines = log.read_text().splitlines()
+    assert list(script.summarize(script.parse(lines)["all"], skip=0)["total"]) == [2.0, 3.0]
+    assert script.preemptive_counts(lines) == {"all": {"shown": 1, "withdrawn": 2}}
+    assert script.main([str(log)]) == 0
+    assert "| all | 1 | 2 |" in capsys.readouterr().out
+
+
+def test_a_preemptive_reply_is_handed_over_once_shown(clock, traces):
+    tracer = FirstAudioTracer(clock, traces.append)
+    tracer.turn_ended()  # the commit at the pause
+    tracer.preempted("r1")  # the session reports it before the runner's worker requests it
+    clock.advance(1)
+    tracer.requested("r1")
+    clock.advance(150)
+    tracer.received_audio("r1")  # held by the session: nothing sent yet
+    tracer.done("r1", StageTimings())
+    assert traces == []  # the client has not seen it: not settled
+    clock.advance(149)
+    tracer.shown("r1")
+    clock.advance(2)
+    tracer.sent_audio("r1")
+    (trace,) = traces
+    assert trace.preemptive and not trace.withdrawn
+    segments = trace.segments()
+    assert segments["turn_end->shown"] == pytest.approx(300.0) and segments["shown->sent"] == pytest.approx(2.0)
+    assert segments["received->sent"] == pytest.approx(151.0)  # the hold is on the path, between the two
+    assert trace.total_ms() == pytest.approx(302.0)
+
+
+def test_a_tentative_reply_without_audio_waits_to_be_shown_or_withdrawn(clock, traces):
+    tracer = FirstAudioTracer(clock, traces.append)
+    for rid in ("r1", "r2"):
+        tracer.turn_ended()
+        tracer.requested(rid)
+        tracer.preempted(rid)  # reported after the request this time
+        tracer.done(rid, StageTimings())  # e.g. it failed before any audio
+    assert traces == []
+    tracer.withdrawn("r2")
+    tracer.shown("r1")
+    assert [(t.response_id, t.withdrawn, Hop.SHOWN in t.at) for t in traces] == [("r2", True, False), ("r1", False, True)]
+
+
+def test_a_withdrawn_reply_is_handed_over_at_its_done_without_a_send(clock, traces):
+    tracer = FirstAudioTracer(clock, traces.append)
+    tracer.turn_ended()
+    tracer.requested("r1")
+    tracer.preempted("r1")
+    tracer.received_audio("r1")
+    tracer.withdrawn("r1")
+    assert traces == []
+    tracer.done("r1", StageTimings())
+    (trace,) = traces
+    assert trace.withdrawn and trace.total_ms() is None

@@ -149,12 +149,19 @@ class LoudVad:
         pass
 
 
-async def test_a_preemptive_reply_withdrawn_by_more_speech_leaves_one_turn_and_one_reply():
+def preemptive(engine: FakeEngine, **kwargs) -> Harness:
+    """A harness whose real turn detector reports 200 ms pauses and whose session starts replies on them."""
     from realtime.turn import TurnDetector
 
+    return Harness(engine, turn_detector_factory=lambda p: TurnDetector(p, LoudVad(), pause_ms=200),
+                   settings=SessionSettings.for_engine(engine, preemptive_replies=True), **kwargs)  # fmt: skip
+
+
+async def test_a_preemptive_reply_withdrawn_by_more_speech_leaves_one_turn_and_one_reply():
     engine = FakeEngine()
     engine.script(Script(delay_s=0.05))  # still running when speech resumes
-    async with Harness(engine, turn_detector_factory=lambda p: TurnDetector(p, LoudVad(), pause_ms=200)) as h:
+    traces = []
+    async with preemptive(engine, on_first_audio=traces.append) as h:
         h.send(append(400, 0.5), append(300))  # speech, then a pause past 200 ms: a reply starts, unseen
         await until(lambda: len(h.calls("respond")) == 1)
         h.send(append(400, 0.5), append(700))  # speech again (withdrawn), then the turn ends
@@ -169,26 +176,37 @@ async def test_a_preemptive_reply_withdrawn_by_more_speech_leaves_one_turn_and_o
         reply = h.calls("respond")[0][1]
         assert ("delete", reply) in h.conversation.calls and ("delete", "item_1") in h.conversation.calls
         assert h.conversation.items == ["item_1", h.calls("respond")[1][1]]
+        await until(lambda: len(traces) == 2)
     types = h.transport.types()
     assert types.count("response.created") == 1 and types.count("input_audio_buffer.committed") == 1
     assert types.count("input_audio_buffer.speech_stopped") == 1 and "error" not in types
     assert all(e.get("item_id") != reply for e in h.transport.sent)
+    withdrawn, answer = traces  # the withdrawn reply's trace is handed over too, marked, at its done
+    assert (withdrawn.preemptive, withdrawn.withdrawn) == (True, True)
+    assert Hop.SENT not in withdrawn.at and Hop.SHOWN not in withdrawn.at
+    # the answer started on the turn's last pause, and was shown when speech stopped
+    assert (answer.preemptive, answer.withdrawn) == (True, False) and Hop.SHOWN in answer.at and Hop.SENT in answer.at
 
 
 async def test_a_preemptive_reply_is_shown_right_behind_speech_stopped():
-    from realtime.turn import TurnDetector
-
     engine = FakeEngine(Script(text=("Hi",), audio_chunks=2, chunk_ms=40))
-    async with Harness(engine, turn_detector_factory=lambda p: TurnDetector(p, LoudVad(), pause_ms=200)) as h:
+    traces = []
+    async with preemptive(engine, on_first_audio=traces.append) as h:
         h.send(append(400, 0.5), append(300))
         await until(lambda: h.conversation.responses and h.conversation.responses[0].done is not None)
         assert "response.created" not in h.transport.types()  # finished, still unseen: the turn may go on
         h.send(append(300))
         await h.transport.wait_for("response.done")
+        await until(lambda: len(traces) == 1)
     types = h.transport.types()
     stopped = types.index("input_audio_buffer.speech_stopped")
     assert types[stopped + 1 : stopped + 3] == ["input_audio_buffer.committed", "conversation.item.added"]
     assert types.count("response.output_audio.delta") == 2 and len(h.calls("respond")) == 1
+    (trace,) = traces  # handed over only once shown (its done came before), the pause as its turn end
+    assert trace.preemptive and not trace.withdrawn
+    at = trace.at
+    assert at[Hop.TURN_END] <= at[Hop.REQUESTED] <= at[Hop.RECEIVED] <= at[Hop.SHOWN] <= at[Hop.SENT]
+    assert {"turn_end->shown", "shown->sent"} <= set(trace.segments())
 
 
 async def test_each_response_reports_its_first_audio_path():

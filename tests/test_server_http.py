@@ -22,6 +22,7 @@ import websockets
 from realtime.cli import build_parser, server_config
 from realtime.config import ServerConfig
 from realtime.errors import LimitExceeded
+from realtime.first_audio import FirstAudioTrace, Hop
 from realtime.metrics import ServerMetrics
 from realtime.protocol.names import Dialect
 from realtime.server import create_app, serve_in_background
@@ -185,6 +186,20 @@ def test_ttfa_runs_from_response_created_to_the_first_audio_only():
     assert sample(text, "omni_realtime_sessions_active", transport="webrtc") == 0
 
 
+def test_preemptive_replies_are_counted_by_outcome_and_withdrawn_ones_add_no_hops():
+    metrics = ServerMetrics()
+    shown, withdrawn, plain = (FirstAudioTrace(rid) for rid in ("r1", "r2", "r3"))
+    shown.preemptive = withdrawn.preemptive = withdrawn.withdrawn = True
+    for trace, at in ((shown, 1.0), (withdrawn, 2.0), (plain, 3.0)):
+        trace.mark(Hop.REQUESTED, at)
+        trace.mark(Hop.SENT, at + 0.1)
+        metrics.first_audio_path(trace)
+    text = metrics.render().decode()
+    assert sample(text, "omni_realtime_preemptive_replies_total", outcome="shown") == 1
+    assert sample(text, "omni_realtime_preemptive_replies_total", outcome="withdrawn") == 1
+    assert sample(text, "omni_realtime_first_audio_path_seconds_count", segment="requested->sent") == 2
+
+
 # --- WebRTC calls -------------------------------------------------------------------------------
 
 
@@ -297,6 +312,12 @@ def test_serve_flags_become_the_server_config(tmp_path):
     assert (config.rate_limit.events_per_second, config.rate_limit.burst) == (20.0, 40)
     assert config.torch_threads == 2 and config.webrtc is False and config.model is None
     assert config.vad_batching is False and ServerConfig().vad_batching is True
+    assert config.preemptive_response_ms == ServerConfig().preemptive_response_ms == 200  # on by default
+    for flag, value in (("off", None), ("OFF", None), ("150", 150)):
+        assert server_config(build_parser().parse_args(["serve", "--preemptive-response-ms", flag])
+                             ).preemptive_response_ms == value  # fmt: skip
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--preemptive-response-ms", "soon"])
 
 
 @pytest.mark.timeout(180)

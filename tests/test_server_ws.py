@@ -12,6 +12,7 @@ import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import websockets
 
@@ -124,6 +125,30 @@ async def test_barge_in_cancels_the_response_and_truncate_works(tiny_engine, vad
         assert second["response"]["id"] != rid
         assert second["response"]["status"] in ("completed", "incomplete")
         assert not [e for e in client.events if e["type"] == "error"]
+
+
+async def test_a_preemptive_reply_withdrawn_mid_sentence_then_shown_with_the_real_vad():
+    from realtime.bench.speech import DEFAULT_FOLDER, load_speech_folder, with_pause
+
+    (speech,) = [s for s in load_speech_folder(DEFAULT_FOLDER) if s.name == "capital_of_france.wav"]
+    paused = with_pause(speech, 300)  # the user stops 300 ms mid-sentence, then goes on
+    pcm = (np.clip(paused.pcm, -1, 1) * 32767).astype("<i2").tobytes() + silence(1000)
+    engine = FakeEngine(Script(text=("Paris.",), audio_chunks=2, delay_s=0.02))
+    async with served(engine, preemptive_response_ms=200) as (url, app), connect(url) as client:
+        await client.append(pcm)
+        done = await client.until("response.done")
+        assert done["response"]["status"] == "completed"
+        types = [e["type"] for e in client.events]
+        assert types.count("input_audio_buffer.speech_stopped") == types.count("response.created") == 1
+        assert "error" not in types
+        conversation = engine.conversations[0]
+        first, answer = conversation.responses
+        assert first.cancel_reason == "turn_detected" and answer.cancel_reason is None
+        commits = [c for c in conversation.calls if c[0] == "commit"]
+        assert len(commits) == 2 and commits[0][1] == commits[1][1]  # one message, committed again whole
+        metrics = app.state.realtime.metrics.render().decode()
+        assert 'omni_realtime_preemptive_replies_total{outcome="withdrawn"} 1.0' in metrics
+        assert 'omni_realtime_preemptive_replies_total{outcome="shown"} 1.0' in metrics
 
 
 # --- bad input: an error each, and the session carries on ---------------------------------------

@@ -32,6 +32,8 @@ from realtime.session import (
     DetectSpeech,
     DropQueuedAudio,
     PlayAudio,
+    Preemption,
+    PreemptiveReply,
     ResponsePhase,
     Send,
     Session,
@@ -66,7 +68,8 @@ def chunk(ms: int, start: int = 0) -> AudioChunk:
 class Driver:
     """Drives a Session; keeps every action, and checks every event against the SDK models."""
 
-    def __init__(self, dialect=Dialect.GA, transport=AudioTransport.EVENTS, limits=SessionLimits(), manual=False):
+    def __init__(self, dialect=Dialect.GA, transport=AudioTransport.EVENTS, limits=SessionLimits(), manual=False,
+                 preemptive=False):  # fmt: skip
         settings = SessionSettings(
             model="fake-omni",
             voices=("Chelsie", "Ethan"),
@@ -75,6 +78,7 @@ class Driver:
             dialect=dialect,
             audio_transport=transport,
             limits=limits,
+            preemptive_replies=preemptive,
         )
         self.session = Session(settings, ids=SequentialIds())
         self.adapter = ADAPTERS[dialect]
@@ -492,7 +496,7 @@ def paused_turn(d: Driver) -> tuple[str, str]:
 
 
 def test_a_reply_started_on_a_pause_is_shown_when_speech_stops():
-    d, plain = Driver(), Driver()
+    d, plain = Driver(preemptive=True), Driver()
     user, rid = paused_turn(d)
     held = d.engine(TextDelta("Hi", (1,))) + d.engine(chunk(40))
     assert [a for a in held if isinstance(a, CLIENT_SIDE)] == []
@@ -518,7 +522,7 @@ def test_a_reply_started_on_a_pause_is_shown_when_speech_stops():
 
 
 def test_a_reply_that_ends_before_speech_stops_is_shown_whole():
-    d = Driver()
+    d = Driver(preemptive=True)
     user, rid = paused_turn(d)
     assert [a for a in d.engine(TextDelta("Hi", (1,))) + d.done() if isinstance(a, CLIENT_SIDE)] == []
     assert d.session.active_response_id is None
@@ -528,7 +532,7 @@ def test_a_reply_that_ends_before_speech_stops_is_shown_whole():
 
 
 def test_speech_after_a_pause_withdraws_the_reply_unseen():
-    d = Driver()
+    d = Driver(preemptive=True)
     user, rid = paused_turn(d)
     sent_before = [a.audio for a in of(d.log, AppendAudio)]
     d.engine(TextDelta("Hi", (1,)))
@@ -555,7 +559,7 @@ def test_speech_after_a_pause_withdraws_the_reply_unseen():
 
 
 def test_a_second_pause_after_a_withdrawal_starts_a_new_reply():
-    d = Driver()
+    d = Driver(preemptive=True)
     user, first = paused_turn(d)
     d.turn(SpeechResumed(speech_start_ms=600))
     d.append(200, 0.5)
@@ -567,7 +571,7 @@ def test_a_second_pause_after_a_withdrawal_starts_a_new_reply():
 
 
 def test_a_client_event_during_a_pause_withdraws_the_reply_first():
-    d = Driver()
+    d = Driver(preemptive=True)
     user, rid = paused_turn(d)
     acts = d.send({"type": "input_audio_buffer.commit"})
     assert of(acts, CancelResponse) == [CancelResponse(rid, StatusReason.TURN_DETECTED)]
@@ -580,7 +584,7 @@ def test_a_client_event_during_a_pause_withdraws_the_reply_first():
 
 
 def test_failures_of_a_withdrawn_reply_stay_unseen_and_a_tentative_ones_are_held():
-    d = Driver()
+    d = Driver(preemptive=True)
     user, rid = paused_turn(d)
     start = of(d.log, StartResponse)[-1]
     assert d._record(d.session.command_failed(start, EngineFailure("boom"))) == []  # held
@@ -588,7 +592,7 @@ def test_failures_of_a_withdrawn_reply_stay_unseen_and_a_tentative_ones_are_held
     assert types(acts)[0] == "input_audio_buffer.speech_stopped" and "error" in types(acts)
     assert events(acts)[-1]["response"]["status"] == "failed"
 
-    d2 = Driver()
+    d2 = Driver(preemptive=True)
     user2, rid2 = paused_turn(d2)
     d2.turn(SpeechResumed(speech_start_ms=600))
     for command in of(d2.log, DeleteItem) + of(d2.log, StartResponse):
@@ -596,12 +600,12 @@ def test_failures_of_a_withdrawn_reply_stay_unseen_and_a_tentative_ones_are_held
 
 
 def test_no_reply_on_a_pause_without_create_response_or_while_one_runs():
-    d = Driver()
+    d = Driver(preemptive=True)
     d.send({"type": "session.update", "session": {"turn_detection": {"create_response": False}}})
     d.append(300, 0.5)
     d.turn(SpeechStarted(0, 0))
     assert d.turn(SpeechPaused(500, 300)) == []
-    d = Driver()
+    d = Driver(preemptive=True)
     start_vad_response(d)
     d.send({"type": "session.update", "session": {"turn_detection": {"interrupt_response": False}}})
     d.append(300, 0.5)
@@ -610,11 +614,47 @@ def test_no_reply_on_a_pause_without_create_response_or_while_one_runs():
 
 
 def test_media_sessions_hold_the_tentative_replys_audio_too():
-    d = Driver(transport=AudioTransport.MEDIA)
+    d = Driver(transport=AudioTransport.MEDIA, preemptive=True)
     paused_turn(d)
     assert [a for a in d.engine(chunk(40)) if isinstance(a, CLIENT_SIDE)] == []
     acts = d.turn(SpeechStopped(audio_end_ms=800, speech_end_ms=300))
     assert len(of(acts, PlayAudio)) == 1 and "output_audio_buffer.started" in types(acts)
+
+
+def test_each_preemptive_outcome_is_reported_once_before_the_held_events():
+    d = Driver(preemptive=True)
+    user, rid = paused_turn(d)
+    assert of(d.log, PreemptiveReply) == [PreemptiveReply(rid, Preemption.STARTED)]
+    d.engine(chunk(40))
+    acts = d.turn(SpeechStopped(audio_end_ms=800, speech_end_ms=300))
+    assert of(acts, PreemptiveReply) == [PreemptiveReply(rid, Preemption.SHOWN)]
+    shown = acts.index(of(acts, PreemptiveReply)[0])
+    assert shown < acts.index(of(acts, Send)[1])  # before the held events: the trace's "shown" precedes its "sent"
+
+    d = Driver(preemptive=True)
+    user, rid = paused_turn(d)
+    acts = d.turn(SpeechResumed(speech_start_ms=600))
+    assert of(acts, PreemptiveReply) == [PreemptiveReply(rid, Preemption.WITHDRAWN)]
+    d.turn(SpeechStopped(audio_end_ms=1400, speech_end_ms=900))  # the reply started on stop is not preemptive
+    outcomes = [PreemptiveReply(rid, Preemption.STARTED), PreemptiveReply(rid, Preemption.WITHDRAWN)]
+    assert of(d.log, PreemptiveReply) == outcomes
+
+
+def test_without_preemptive_replies_a_pause_starts_nothing_and_no_audio_is_kept():
+    d = Driver()
+    d.append(300, 0.5)
+    d.turn(SpeechStarted(0, 0))
+    d.append(200)
+    assert d.turn(SpeechPaused(audio_end_ms=500, speech_end_ms=300)) == []
+    assert d.session._buffer.sent == [] and d.session._buffer.sent_ms == 500
+    acts = d.turn(SpeechStopped(audio_end_ms=800, speech_end_ms=300))
+    assert len(of(acts, StartResponse)) == 1 and of(acts, PreemptiveReply) == []
+
+    d = Driver(preemptive=True)
+    d.append(300, 0.5)
+    d.turn(SpeechStarted(0, 0))
+    d.append(200)
+    assert sum(c.duration_ms for c in d.session._buffer.sent) == 500  # what a withdrawal would stream again
 
 
 def test_without_interrupt_response_speech_does_not_cancel():

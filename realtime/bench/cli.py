@@ -56,8 +56,10 @@ class BenchOptions:
     seed: int
     api_key: str | None
     plots: bool
+    preemptive_response_ms: int | None
+    """The in-process server's ``ServerConfig.preemptive_response_ms`` (its default unless ``off``: None)."""
+    pause_inside_ms: float | None
     vad_batching: bool = True
-    preemptive_response_ms: int | None = None
 
 
 QUICK = {"levels": (1,), "turns": 2, "min_samples": 0, "warmup_turns": 0, "barge_in_every": 1, "text_tokens": 4,
@@ -69,6 +71,8 @@ NORMAL = {"levels": (1, 2, 4), "turns": 3, "min_samples": 8, "warmup_turns": 1, 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from realtime.bench.speech import DEFAULT_FOLDER
+    from realtime.cli import ms_or_off
+    from realtime.config import DEFAULT_PREEMPTIVE_RESPONSE_MS
 
     p.add_argument("--url", default=None,
                    help="a running server (http://host:port or ws://host:port); default: serve --model in process")
@@ -104,9 +108,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--no-vad-batching", action="store_true",
                    help="the in-process server runs one VAD call per frame per session (the default batches them)")
-    p.add_argument("--preemptive-response-ms", type=int, default=None, metavar="MS",
+    p.add_argument("--preemptive-response-ms", type=ms_or_off, default=DEFAULT_PREEMPTIVE_RESPONSE_MS, metavar="MS|off",
                    help="the in-process server starts replies after this much silence, unseen until speech stops "
-                        "(ServerConfig.preemptive_response_ms); TTFA still counts from speech_stopped")
+                        f"(ServerConfig.preemptive_response_ms, default {DEFAULT_PREEMPTIVE_RESPONSE_MS}); off: when "
+                        "speech stops. TTFA counts from speech_stopped either way")
+    p.add_argument("--pause-inside-ms", type=float, default=None, metavar="MS",
+                   help="every input with MS of silence inserted mid-sentence (at a word gap): users who pause once "
+                        "and go on; with --preemptive-response-ms below MS each turn withdraws one reply")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None, help="key of a --url server that requires one")
 
@@ -130,7 +138,7 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         ramp_s=pick("ramp_s", args.ramp_s), jitter_ms=args.jitter_ms,
         turn_timeout_s=pick("turn_timeout_s", args.turn_timeout_s), reference=args.reference, out=args.out,
         threads=args.threads, vad_batching=not args.no_vad_batching, seed=args.seed,
-        preemptive_response_ms=args.preemptive_response_ms,
+        preemptive_response_ms=args.preemptive_response_ms, pause_inside_ms=args.pause_inside_ms,
         api_key=args.api_key, plots=not args.no_plots,
     )
 
@@ -150,7 +158,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     the server could not be used."""
     from realtime.bench.client import BenchClientError
     from realtime.bench.models import BenchConfigError
-    from realtime.bench.speech import SpeechFolderError, load_speech_folder
+    from realtime.bench.speech import SpeechFolderError, load_speech_folder, with_pause
     from realtime.bench.sweep import SweepPlan
 
     try:
@@ -158,6 +166,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         plan = SweepPlan(options.levels, options.turns, options.min_samples, options.barge_in_every, options.ramp_s,
                          options.warmup_turns)
         speeches = load_speech_folder(options.wavs, max_seconds=options.max_wav_s)
+        if options.pause_inside_ms is not None:
+            speeches = [with_pause(speech, options.pause_inside_ms) for speech in speeches]
     except (ValueError, SpeechFolderError) as exc:  # the options' and the folder's own checks
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -283,10 +293,13 @@ def _run_info(options: BenchOptions, command: str, cfg, length, loaded: _Loaded 
         model=loaded.label if loaded is not None else f"the server at {options.url}",
         device=loaded.device if loaded is not None else "the server's",
         transport=options.transport,
-        server=options.url or "in process (uvicorn on loopback; users in a child process)",
+        server=options.url or "in process (uvicorn on loopback; users in a child process; " + (
+            f"replies start on a {options.preemptive_response_ms} ms pause, shown at speech_stopped)"
+            if options.preemptive_response_ms is not None else "replies start at speech_stopped)"),
         text_tokens=length.text_tokens,
         codec_tokens=length.codec_tokens,
-        wavs=str(options.wavs),
+        wavs=str(options.wavs) + (f", each with a {options.pause_inside_ms:g} ms pause inside"
+                                  if options.pause_inside_ms is not None else ""),
         torch_threads=options.threads,
         load_average={"start": list(os.getloadavg())},
         versions=_versions(),

@@ -4,7 +4,7 @@ start and end of speech in each file.
 Speech bounds come from the folder's ``manifest.json`` when it names the file (the fixtures in
 ``tests/fixtures/speech`` have one: ``{file: {"speech_start_ms", "speech_end_ms", ...}}``), else
 from :func:`energy_speech_bounds`. Files are played whole (leading and trailing silence included),
-as a microphone would deliver them.
+as a microphone would deliver them; :func:`with_pause` makes the user pause once mid-sentence.
 """
 
 from __future__ import annotations
@@ -100,6 +100,27 @@ def _speech(name: str, pcm: np.ndarray, entry: dict | None) -> Speech | None:
     if bounds is None:
         return None
     return Speech(name, pcm, bounds[0], bounds[1], "energy")
+
+
+def with_pause(speech: Speech, pause_ms: float, *, frame_ms: float = 20.0) -> Speech:
+    """``speech`` with ``pause_ms`` of digital silence inserted inside the utterance: at the middle of its quietest
+    ``frame_ms`` frame between 35 % and 65 % of the speech (a gap between words, in clean speech), so the user pauses
+    once mid-sentence and goes on. The speech end moves by ``pause_ms``; the name says what was done. A pause shorter
+    than the server's silence window (``silence_duration_ms``, minus the word gap it lands in) must not end the turn;
+    one longer than ``preemptive_response_ms`` starts a reply that the resumed speech withdraws."""
+    if pause_ms <= 0:
+        raise ValueError(f"pause_ms must be > 0, got {pause_ms}")
+    frame = max(1, int(RATE * frame_ms / 1000))
+    span = speech.speech_end_ms - speech.speech_start_ms
+    first = int(RATE * (speech.speech_start_ms + 0.35 * span) / 1000) // frame
+    last = max(first + 1, int(RATE * (speech.speech_start_ms + 0.65 * span) / 1000) // frame)
+    frames = speech.pcm[first * frame : last * frame]
+    frames = frames[: len(frames) // frame * frame].reshape(-1, frame)
+    quietest = first + int(np.argmin(np.mean(frames.astype(np.float64) ** 2, axis=1)))
+    at = quietest * frame + frame // 2
+    pcm = np.concatenate([speech.pcm[:at], np.zeros(int(RATE * pause_ms / 1000), np.float32), speech.pcm[at:]])
+    name = f"{speech.name}+pause{pause_ms:g}ms@{1000 * at / RATE:.0f}"
+    return Speech(name, pcm, speech.speech_start_ms, speech.speech_end_ms + pause_ms, speech.bounds_from)
 
 
 def _manifest(folder: Path) -> dict:
