@@ -129,7 +129,23 @@ class FirstAudioTracer:
             self._committed = self._clock()
 
     def requested(self, response_id: str) -> None:
-        trace = self._traces.get(response_id) or FirstAudioTrace(response_id)
+        trace = self._traces.get(response_id)
+        if trace is None:  # else a preemptive reply's, which took its turn's end when it was reported
+            trace = self._traces[response_id] = self._new_trace(response_id)
+        trace.mark(Hop.REQUESTED, self._clock())
+
+    def preempted(self, response_id: str) -> None:
+        """``response_id`` was started on a pause, reported right behind its commit and usually before its request
+        ran: its trace takes the pause's turn end now, so that a request that runs late (behind a blocked command
+        queue) cannot take the next turn's."""
+        trace = self._traces.get(response_id)
+        if trace is None:
+            trace = self._traces[response_id] = self._new_trace(response_id)
+        trace.preemptive = True
+
+    def _new_trace(self, response_id: str) -> FirstAudioTrace:
+        """A trace that takes the pending turn end, and the commit's answer or the wait for it."""
+        trace = FirstAudioTrace(response_id)
         self._awaiting_commit = None
         if self._turn_end is not None:
             trace.mark(Hop.TURN_END, self._turn_end)
@@ -138,12 +154,7 @@ class FirstAudioTracer:
             else:
                 self._awaiting_commit = trace
         self._turn_end = self._committed = None
-        trace.mark(Hop.REQUESTED, self._clock())
-        self._traces[response_id] = trace
-
-    def preempted(self, response_id: str) -> None:
-        """``response_id`` was started on a pause (reported before or after its request)."""
-        self._traces.setdefault(response_id, FirstAudioTrace(response_id)).preemptive = True
+        return trace
 
     def shown(self, response_id: str) -> None:
         """Speech stopped: the preemptive reply's held events go out."""

@@ -210,3 +210,22 @@ def test_a_withdrawn_reply_is_handed_over_at_its_done_without_a_send(clock, trac
     tracer.done("r1", StageTimings())
     (trace,) = traces
     assert trace.withdrawn and trace.total_ms() is None
+
+
+def test_a_preemptive_reply_keeps_its_pause_even_when_its_request_runs_after_the_next_turn(clock, traces):
+    tracer = FirstAudioTracer(clock, traces.append)
+    tracer.turn_ended()  # the commit at the pause
+    pause = clock.now
+    tracer.preempted("r1")
+    clock.advance(900)
+    tracer.withdrawn("r1")
+    tracer.turn_ended()  # the turn's real end, while r1's request still waits in the command queue
+    stop = clock.now
+    clock.advance(5)
+    tracer.requested("r1")  # late
+    tracer.requested("r2")
+    tracer.done("r1", StageTimings())
+    tracer.done("r2", StageTimings())
+    first, second = traces
+    assert (first.response_id, first.at[Hop.TURN_END]) == ("r1", pause)
+    assert (second.response_id, second.at[Hop.TURN_END]) == ("r2", stop)
