@@ -151,6 +151,36 @@ async def test_a_preemptive_reply_withdrawn_mid_sentence_then_shown_with_the_rea
         assert 'omni_realtime_preemptive_replies_total{outcome="shown"} 1.0' in metrics
 
 
+@pytest.mark.timeout(120)
+async def test_a_withdrawn_reply_on_the_real_engine_leaves_one_message_and_one_answer(tiny_engine):
+    from realtime.bench.speech import DEFAULT_FOLDER, load_speech_folder, with_pause
+
+    (speech,) = [s for s in load_speech_folder(DEFAULT_FOLDER) if s.name == "short_joke.wav"]
+    pcm = (np.clip(with_pause(speech, 300).pcm, -1, 1) * 32767).astype("<i2").tobytes() + silence(1000)
+    async with served(tiny_engine, preemptive_response_ms=200) as (url, app), connect(url) as client:
+        await client.append(pcm)
+        done = await client.until("response.done")
+        assert done["response"]["status"] in ("completed", "incomplete")
+        types = [e["type"] for e in client.events]
+        assert types.count("response.created") == types.count("input_audio_buffer.committed") == 1
+        assert "error" not in types and "response.output_audio.delta" in types
+        metrics = app.state.realtime.metrics.render().decode()
+        assert 'omni_realtime_preemptive_replies_total{outcome="withdrawn"} 1.0' in metrics
+        stats = await tiny_engine.stats()  # a round trip through the engine's loop: it is idle after it
+        assert (stats.responses, stats.open_audio_messages) == (0, 0)
+        committed = next(e for e in client.events if e["type"] == "input_audio_buffer.committed")
+        user, reply = committed["item_id"], done["response"]["output"][0]["id"]
+        core = tiny_engine._backend.core  # the engine's own state (a thread on the CPU): what the model will hear
+        (conv,) = [c for c in core.conversations.values() if any(i.id == user for i in c.items)]
+        spoken = [(i.id, i.role) for i in conv.items if i.role in ("user", "assistant")]
+        assert spoken == [(user, "user"), (reply, "assistant")]  # the withdrawn reply and first commit are gone
+        # the conversation goes on: a second turn is answered after the first
+        await client.append(wav_pcm("weather_today.wav") + silence(1000))
+        second = await client.until("response.done")
+        assert second["response"]["id"] != done["response"]["id"]
+        assert not [e for e in client.events if e["type"] == "error"]
+
+
 # --- bad input: an error each, and the session carries on ---------------------------------------
 
 BAD_INPUTS = [
