@@ -88,7 +88,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     rows: dict[str, list[float]] = {k: [] for k in ("first alone", "later alone", "first beside later",
                                                      "later beside first", "first after later")}
-    for _ in range(args.repeats + 1):  # the first round warms what warm_up left
+    for round_ in range(args.repeats + 1):  # round 0 warms what warm_up left
         got: dict[str, float] = {}
         f = first_stream(b, cond, ref_mel, vocab, gen)
         got["first alone"] = timed(lambda: b.step_many([f]), lane_b)
@@ -111,7 +111,7 @@ def main() -> None:
         timed(lambda: a.step_many(later), lane_a)
         timed(lambda: b.step_many([f]), lane_b)
         got["first after later"] = 1000 * (time.perf_counter() - t0) - 5.0
-        if _ > 0:
+        if round_ > 0:
             for k, v in got.items():
                 rows[k].append(v)
     print(f"| ms ({args.later} later streams, first-chunk lane priority {args.priority}) | median | min | max |")

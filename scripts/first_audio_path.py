@@ -25,8 +25,9 @@ SEGMENT = re.compile(r"([a-z_]+->[a-z_]+|total) (-?[0-9.]+)")
 
 def _entries(lines):
     """(bench level, session id, kind, segments) per first-audio line, kind "" or "preemptive" or "preemptive,
-    withdrawn"; level "all" before the first level marker (the whole log when it has none)."""
-    level = "all"
+    withdrawn"; level "all" in a log without level markers, "warm-up" before the first one."""
+    lines = list(lines)
+    level = "warm-up" if any(LEVEL.search(line) for line in lines) else "all"
     for line in lines:
         if (marker := LEVEL.search(line)) is not None:
             level = f"{marker[1]} users"
@@ -37,22 +38,18 @@ def _entries(lines):
 def parse(lines) -> dict[str, dict[str, list[dict[str, float]]]]:
     """Bench level ("all" for a log without levels, "warm-up" before the first) -> session id -> its
     responses' segments, in log order (withdrawn preemptive replies left out)."""
-    lines = list(lines)
-    has_levels = any(LEVEL.search(line) for line in lines)
     levels: dict[str, dict[str, list[dict[str, float]]]] = defaultdict(lambda: defaultdict(list))
     for level, session, kind, segments in _entries(lines):
         if not kind.endswith("withdrawn"):
-            levels["warm-up" if has_levels and level == "all" else level][session].append(segments)
+            levels[level][session].append(segments)
     return levels
 
 
 def preemptive_counts(lines) -> dict[str, dict[str, int]]:
     """Bench level -> {"shown": n, "withdrawn": n} for the levels with preemptive replies (warm-up left out)."""
     counts: dict[str, dict[str, int]] = defaultdict(lambda: {"shown": 0, "withdrawn": 0})
-    lines = list(lines)
-    has_levels = any(LEVEL.search(line) for line in lines)
     for level, _, kind, _ in _entries(lines):
-        if kind and not (has_levels and level == "all"):
+        if kind and level != "warm-up":
             counts[level]["withdrawn" if kind.endswith("withdrawn") else "shown"] += 1
     return dict(counts)
 
