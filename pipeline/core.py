@@ -808,7 +808,7 @@ class EngineCore:
         """``rows``, or none when every one still talking is a reply whose first chunk the token2wav worker is making
         now. Why: then nothing else needs the GPU, and their talker steps would only slow that chunk, which someone is
         waiting to hear (at one user on the H100 a first chunk took ~70 ms beside the talker's remaining steps, ~45
-        ms without them; BENCHMARKS.md §13.5); their next codes are needed for the second chunk, 240-280 ms of audio
+        ms without them; BENCHMARKS.md §13.5); their next codes are needed for the second chunk, 240-480 ms of audio
         later. With any other row decoding, the GPU is shared anyway and everyone steps."""
         talking = [r for r in rows if not r.talker_done]
         if talking and all(id(r.t2w) in self._t2w_jobs and r.first_audio_at is None for r in talking):

@@ -39,11 +39,11 @@ class ChunkingConfig:
     (48 + 24) / 2 = 36 codec tokens instead of (72 + 24) / 2 = 48, i.e. 12 fewer talker steps (~240 ms at
     real-time talker speed) before the first sample. The trade: the first chunk's last block is computed
     with one block of look-ahead where the official schedule computes it with two, so those frames deviate
-    a little more from a one-shot pass; later chunks use the official 72/48/24 values. The first chunk
-    emits 48 - 20 = 28 frames (280 ms; a frame is 10 ms) of audio: with the packaged ramp the next chunk (24
-    frames) needs 12 more codes, which a talker at 1.5x real time makes in 160 ms, leaving ~120 ms to
-    synthesize it before the player runs dry. ``ChunkingConfig(first_chunk_frames=72)`` is the official
-    schedule.
+    a little more from a one-shot pass; later chunks use the official 72/48/24 values. Alone, the first chunk
+    emits 48 - 20 = 28 frames (280 ms; a frame is 10 ms) of audio; the packaged config also vocodes 20 of its
+    look-ahead frames (``first_vocoder_lookahead_frames``), so it emits all 48 (480 ms) and its next chunk, 48
+    frames after 24 more codes, has 200 ms more time before the player runs dry (BENCHMARKS.md §22).
+    ``ChunkingConfig(first_chunk_frames=72)`` is the official schedule.
 
     ``dit_block_frames`` is the DiT's attention block size; when given, the chunk, first-chunk and context
     sizes must be multiples of it so that chunk boundaries fall on block boundaries. ``frames_per_code``
