@@ -12,7 +12,10 @@ audio chunk by chunk, following the plan of :mod:`pipeline.stages.chunk_schedule
   context through the look-ahead/look-back layers, so streaming is close to, not equal to, one-shot).
 - BigVGAN: each chunk re-runs up to ``vocoder_overlap_frames`` already-final mel frames before its own,
   drops the output of the first ``vocoder_trim_frames`` and holds back its own last
-  ``overlap - trim`` frames until the next chunk supplies their right context: no seam clicks.
+  ``overlap - trim`` frames until the next chunk supplies their right context: no seam clicks. A first chunk vocoded
+  with provisional look-ahead frames (``first_vocoder_lookahead_frames``) emits samples whose right context the next
+  chunk recomputes; the next chunk's first :data:`PROVISIONAL_SEAM_FADE_SAMPLES` cross-fade from the provisional
+  continuation, so that seam has no step either.
 
 Speaker conditioning (ECAPA on the reference mel, the ``cond`` vector) is computed once per voice and cached by the
 synthesizer (keyed by an explicit voice name or by the identity of the speaker tensors). All model calls run under
@@ -73,6 +76,13 @@ from pipeline.models.qwen2_5_omni.token2wav_graphs import (
 from pipeline.stages.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
 
 log = logging.getLogger(__name__)
+
+PROVISIONAL_SEAM_FADE_SAMPLES = 240
+"""Samples (10 ms at 24 kHz, one mel frame) over which the chunk after a provisional seam fades in from the vocoder's
+provisional continuation of the samples already emitted. Why: those samples were computed with look-ahead mel frames
+that the next chunk recomputes, so the two versions differ by ~1 % of the peak (tiny random token2wav) and a hard cut
+between them would be a step in the waveform; the continuation is seamless with what was emitted, and 10 ms is short
+enough to be inaudible as a blend and long enough to spread the step below normal sample-to-sample changes."""
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
@@ -783,6 +793,7 @@ class Token2WavStream:
         # Codes stay on the host: pushing one per talker step must not wait on the GPU.
         self._codes: Tensor | None = torch.zeros(max_codes, dtype=torch.long)
         self._mel_tail: Tensor | None = None  # final mel (1, mel_dim, n) ending at frames_done
+        self._seam_tail: np.ndarray | None = None  # the vocoder's provisional samples after a provisional seam
         self.max_codes = max_codes
         self.status = StreamStatus.OPEN
         self.codes_received = 0
@@ -900,6 +911,10 @@ class Token2WavStream:
         self._mel_tail = vocoder_mel[:, :, max(0, final - hold) : final] if hold else None
         offset = plan.vocoder_frames.start * self._cfg.samples_per_frame
         samples = wav[plan.samples.start - offset : plan.samples.end - offset].numpy().astype(np.float32, copy=True)
+        self._fade_in(samples)
+        if plan.vocoder_frames.end > plan.frames.end:  # vocoded with provisional look-ahead: the next chunk fades in
+            end = plan.samples.end - offset
+            self._seam_tail = wav[end : end + PROVISIONAL_SEAM_FADE_SAMPLES].numpy().astype(np.float32, copy=True)
         self.frames_done = plan.frames.end
         self.samples_emitted += samples.size
         self.chunks_emitted += 1
@@ -907,12 +922,21 @@ class Token2WavStream:
             self._set_done()
         return samples
 
+    def _fade_in(self, samples: np.ndarray) -> None:
+        """Cross-fade the start of ``samples`` (in place) from the previous chunk's provisional continuation, if it left
+        one: linear weights, the continuation's falling as the chunk's own rise."""
+        tail, self._seam_tail = self._seam_tail, None
+        n = 0 if tail is None else min(tail.size, samples.size)
+        if n:
+            rise = np.arange(1, n + 1, dtype=np.float32) / (n + 1)
+            samples[:n] = tail[:n] * (1 - rise) + samples[:n] * rise
+
     def _set_done(self) -> None:
         self.status = StreamStatus.DONE
         self._release()
 
     def _release(self) -> None:
-        self._speaker = self._noise = self._codes = self._mel_tail = None
+        self._speaker = self._noise = self._codes = self._mel_tail = self._seam_tail = None
 
     def _require(self, status: StreamStatus, action: str) -> None:
         if self.status is not status:
