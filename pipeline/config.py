@@ -124,6 +124,11 @@ class StageConfig:
     ahead of a real-time player outranks first chunks when the worker picks its next job
     (``pipeline/stages/token2wav_schedule.py``): waiting for a first-chunk job and then its own, it would starve.
     0: only a stream already starving does. Only the token2wav stage takes it."""
+    starving_margin_from_jobs: bool = False
+    """token2wav: the margin is also at least the longest of the last 8 first-chunk jobs plus the longest of the last
+    8 later-chunk jobs (``RecentJobs`` in ``pipeline/stages/token2wav_schedule.py``): what a later chunk that lets
+    first chunks go first waits before its own audio is out, which grows with the load. ``starving_margin_ms`` is
+    then the floor. Only the token2wav stage takes it."""
     worker_sms: int | None = None
     """token2wav with the worker on CUDA: run the synthesizer's graphs on a CUDA green context of this many SMs
     (rounded by the driver to its partition granularity), so that the other SMs stay free for decode steps: the
@@ -333,6 +338,10 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
             raise ConfigError(f"{path}.worker_sms must be a positive integer", param=f"{path}.worker_sms")
     if values.get("starving_margin_ms") is not None and name != "token2wav":
         raise ConfigError(f"{path}.starving_margin_ms only applies to token2wav", param=f"{path}.starving_margin_ms")
+    if "starving_margin_from_jobs" in values and name != "token2wav":
+        raise ConfigError(f"{path}.starving_margin_from_jobs only applies to token2wav",
+                          param=f"{path}.starving_margin_from_jobs")  # fmt: skip
+    _check_type(values, "starving_margin_from_jobs", bool, path)
     margin = values.get("starving_margin_ms", 0)
     if not isinstance(margin, int) or isinstance(margin, bool) or margin < 0:
         raise ConfigError(f"{path}.starving_margin_ms must be an integer >= 0", param=f"{path}.starving_margin_ms")

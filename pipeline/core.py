@@ -52,7 +52,7 @@ from pipeline.stall_watch import StallWatch
 from pipeline.stages.chunk_schedule import ChunkingConfig
 from pipeline.stages.talker import TalkerRunner
 from pipeline.stages.thinker import ThinkerRunner
-from pipeline.stages.token2wav_schedule import ChunkCandidate, pick_job
+from pipeline.stages.token2wav_schedule import ChunkCandidate, RecentJobs, Token2WavJob, pick_job
 from pipeline.stages.token2wav_worker import Token2WavWorker
 
 log = logging.getLogger(__name__)
@@ -148,15 +148,23 @@ class EngineCore:
         self._t2w_jobs: dict[int, ResponseState] = {}
         """Stream id -> its response, for the chunks the worker is synthesizing."""
         self.starving_margin_ms = tw.starving_margin_ms
-        """A later chunk with less audio ahead than this outranks first chunks (``pick_job``)."""
+        """A later chunk with less audio ahead than this outranks first chunks (``pick_job``); with
+        ``starving_margin_from_jobs``, the floor of a margin that follows :attr:`recent_jobs`."""
+        self.starving_margin_from_jobs = tw.starving_margin_from_jobs
+        self.recent_jobs = RecentJobs()
+        """How long the last token2wav jobs took, hand-over to emission (ms)."""
+        self._t2w_job_started: tuple[float, bool] | None = None
+        """``time.perf_counter()`` when the worker's job was handed over, and whether it holds first chunks."""
         self.to_talker = CONNECTORS[ta.connector].fn
         self.to_token2wav = CONNECTORS[tw.connector].fn
         self.prefill_chunk = th.prefill_chunk_tokens
         self.seed = seed
         self._seed_counter = 0
         self.counters = {"thinker_tokens_total": 0, "talker_tokens_total": 0, "audio_samples_total": 0,
-                         "decode_steps_total": 0, "talker_chains_total": 0}
-        """Cumulative work counters reported by :meth:`stats` (tokens/s per stage in benchmarks)."""
+                         "decode_steps_total": 0, "talker_chains_total": 0, "audio_underruns_total": 0,
+                         "audio_starved_ms_total": 0}
+        """Cumulative work counters reported by :meth:`stats` (tokens/s per stage in benchmarks; the underruns of a
+        real-time player of each reply, ``ResponseState.playout``)."""
         self.conversations: dict[str, ConversationState] = {}
         self._prefills = PrefillBatch(th.max_prefills_per_step, None)
         """This step's thinker prefill chunks (pipeline/prefill_batch.py)."""
@@ -402,13 +410,15 @@ class EngineCore:
         progressed |= tokens_before != (self.counters["thinker_tokens_total"], self.counters["talker_tokens_total"])
         progressed |= bool(ready) and (self.t2w_worker is None or self.t2w_worker.idle)
         if self.t2w_worker is None:
-            self._token2wav_step(self._token2wav_job(ready)[0])
+            chosen, job = self._token2wav_job(ready)
+            self._token2wav_step(chosen, first=job is not None and job.urgent)
         elif ready and self.t2w_worker.idle:
-            chosen, urgent = self._token2wav_job(ready)
+            chosen, job = self._token2wav_job(ready)
             for r in chosen:
                 r.mark("token2wav_first_job_ms")
             self._t2w_jobs = {id(r.t2w): r for r in chosen}
-            self.t2w_worker.submit([r.t2w for r in chosen], urgent=urgent)
+            self._t2w_job_started = (time.perf_counter(), job.urgent)
+            self.t2w_worker.submit([r.t2w for r in chosen], urgent=job.urgent)
         for state in live:
             if state.id in self.responses and state.all_done() and not self._t2w_busy(state):
                 progressed = True
@@ -970,22 +980,24 @@ class EngineCore:
     def _t2w_busy(self, r: ResponseState) -> bool:
         return self.t2w_worker is not None and r.t2w is not None and self.t2w_worker.busy_with(r.t2w)
 
-    def _token2wav_job(self, ready: list[ResponseState]) -> tuple[list[ResponseState], bool]:
-        """The responses whose next chunk to make now, and whether they are first chunks (pipeline/stages/
-        token2wav_schedule.py: first chunks alone, then the streams with the least audio ahead, one batch at most)."""
+    def _token2wav_job(self, ready: list[ResponseState]) -> tuple[list[ResponseState], Token2WavJob | None]:
+        """The responses whose next chunk to make now, and the job (pipeline/stages/token2wav_schedule.py: first
+        chunks alone, then the streams with the least audio ahead, one batch at most; None when ``ready`` is empty)."""
         now = time.perf_counter()
         candidates = [
             ChunkCandidate(i, first=r.first_audio_at is None,
-                           audio_ahead_ms=self._audio_ahead_ms(r, now) if r.first_audio_at is not None else 0.0)
+                           audio_ahead_ms=r.playout.ahead_ms(now) if r.first_audio_at is not None else 0.0)
             for i, r in enumerate(ready)
         ]  # fmt: skip
-        job = pick_job(candidates, self.token2wav.max_batch, starving_margin_ms=self.starving_margin_ms)
-        return ([ready[i] for i in job.keys], job.urgent) if job else ([], False)
+        job = pick_job(candidates, self.token2wav.max_batch, starving_margin_ms=self.starving_margin())
+        return ([ready[i] for i in job.keys], job) if job else ([], None)
 
-    @staticmethod
-    def _audio_ahead_ms(r: ResponseState, now: float) -> float:
-        """Audio sent minus audio a real-time player started at the first chunk has played, in ms."""
-        return 1000.0 * r.samples / OUTPUT_SAMPLE_RATE - 1000.0 * (now - r.first_audio_at)
+    def starving_margin(self) -> float:
+        """The starving margin (ms) of the next job: the configured one, or with ``starving_margin_from_jobs`` at least
+        the longest recent first-chunk job plus the longest recent later-chunk job."""
+        if not self.starving_margin_from_jobs:
+            return float(self.starving_margin_ms)
+        return self.recent_jobs.starving_margin_ms(self.starving_margin_ms)
 
     def _collect_token2wav(self) -> bool:
         """Emit the chunks the worker finished since the last step (engine thread: events stay in order)."""
@@ -998,6 +1010,10 @@ class EngineCore:
 
     def _token2wav_done(self, result) -> None:
         jobs, self._t2w_jobs = self._t2w_jobs, {}
+        if self._t2w_job_started is not None:
+            started, first = self._t2w_job_started
+            self.recent_jobs.record(first, (time.perf_counter() - started) * 1000)
+            self._t2w_job_started = None
         for i, stream in enumerate(result.streams):
             r = jobs.get(id(stream))
             if r is None or r.id not in self.responses or r.t2w is not stream:
@@ -1011,14 +1027,15 @@ class EngineCore:
             except Exception as exc:  # noqa: BLE001 - isolate this response's failure
                 self._fail(r, exc)
 
-    def _token2wav_step(self, ready: list[ResponseState]) -> None:
-        """One chunk for every response whose token2wav stream is ready, their DiT windows batched in
-        one pass (one graph launch per batch on GPU). If the batch fails, each response is retried
-        alone so that only the faulty one fails."""
+    def _token2wav_step(self, ready: list[ResponseState], first: bool = False) -> None:
+        """One chunk for every response in ``ready`` (streams with their next chunk ready; first chunks if
+        ``first``), their DiT windows batched in one pass (one graph launch per batch on GPU). If the batch fails,
+        each response is retried alone so that only the faulty one fails."""
         if not ready:
             return
         for r in ready:
             r.mark("token2wav_first_job_ms")
+        started = time.perf_counter()
         try:
             chunks = self.token2wav.step_many([r.t2w for r in ready])
         except Exception:  # noqa: BLE001 - find the faulty stream by retrying one by one
@@ -1029,14 +1046,20 @@ class EngineCore:
                 except Exception as exc:  # noqa: BLE001 - isolate this response's failure
                     self._fail(r, exc)
             return
+        self.recent_jobs.record(first, (time.perf_counter() - started) * 1000)
         for r, pcm in zip(ready, chunks):
             self._emit_audio(r, pcm)
 
     def _emit_audio(self, r: ResponseState, pcm: np.ndarray) -> None:
         if len(pcm):
             r.mark("token2wav_first_chunk_ms")
+            now = time.perf_counter()
             if r.first_audio_at is None:
-                r.first_audio_at = time.perf_counter()
+                r.first_audio_at = now
+            waited_ms = r.playout.deliver(now, len(pcm) / OUTPUT_SAMPLE_RATE)
+            if waited_ms > 0:
+                self.counters["audio_underruns_total"] += 1
+                self.counters["audio_starved_ms_total"] += round(waited_ms)
             r.spec.sink(AudioChunk(pcm=pcm, start_sample=r.samples, codec_tokens_so_far=r.codec_tokens))
             r.samples += len(pcm)
             self.counters["audio_samples_total"] += len(pcm)
@@ -1064,9 +1087,10 @@ class EngineCore:
             cached_tokens=r.cached_tokens, output_text_tokens=len(r.item.reply_ids),
             output_audio_tokens=r.codec_tokens,
         )
-        log.info("response %s %s after %.0f ms: %d text + %d codec tokens, %d samples; milestones (ms) %s", r.id,
-                 status.value, (time.perf_counter() - r.started_at) * 1000, len(r.item.reply_ids), r.codec_tokens,
-                 r.samples, {k: round(v, 1) for k, v in r.milestones.items()})
+        log.info("response %s %s after %.0f ms: %d text + %d codec tokens, %d samples, %d underruns (%.0f ms) of a "
+                 "real-time player; milestones (ms) %s", r.id, status.value, (time.perf_counter() - r.started_at) * 1000,
+                 len(r.item.reply_ids), r.codec_tokens, r.samples, r.playout.underruns, r.playout.starved_ms,
+                 {k: round(v, 1) for k, v in r.milestones.items()})
         r.spec.sink(ResponseDone(
             status=status, usage=usage, text=r.detok.text, text_token_ids=tuple(r.item.reply_ids),
             audio_codes=tuple(r.codes), audio_samples=r.samples, reason=reason, error=error,

@@ -137,6 +137,11 @@ class EngineStats:
     """Engine steps that decoded at least one thinker or talker token."""
     talker_chains_total: int = 0
     """Talker batches run as a chain of steps (``talker.chain_steps``); their codes count in ``talker_tokens_total``."""
+    audio_underruns_total: int = 0
+    """Chunks emitted after a real-time player of their reply, started on its first chunk, would have run dry
+    (pipeline/playout.py): the engine's own lateness, before any network."""
+    audio_starved_ms_total: int = 0
+    """How long those players waited for those chunks in all (ms)."""
     device_memory_bytes: int = 0
     """Accelerator memory allocated by torch now (0 on the CPU)."""
     device_memory_peak_bytes: int = 0

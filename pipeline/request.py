@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pipeline.conversation_state import ConversationState, ConvItem
 from pipeline.detokenizer import IncrementalDetokenizer
 from pipeline.outputs import ResponseEvent
+from pipeline.playout import Playout
 
 
 class Phase(enum.IntEnum):
@@ -101,6 +102,8 @@ class ResponseState:
     samples: int = 0
     first_audio_at: float | None = None
     """``time.perf_counter()`` when the first non-empty audio chunk was emitted (None before)."""
+    playout: Playout = field(default_factory=Playout)
+    """A real-time player of the emitted audio, on ``time.perf_counter()`` (pipeline/playout.py)."""
 
     @property
     def id(self) -> str:

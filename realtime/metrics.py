@@ -16,9 +16,9 @@ descriptors. Once every session has ended each returns to its idle value; a coun
 growing is a leak.
 
 The same snapshot carries the engine's cumulative work counters (thinker tokens, talker codec
-tokens, 24 kHz audio samples, decode steps: ``omni_realtime_engine_*_total`` counters) and the
-accelerator memory torch holds (``omni_realtime_engine_device_memory_bytes`` and ``..._peak_bytes``,
-0 on the CPU); ``omni-realtime bench --url`` reads them to report per-stage throughput. They are
+tokens, 24 kHz audio samples, decode steps, the underruns a real-time player of each reply would
+have had: ``omni_realtime_engine_*_total`` counters) and the accelerator memory torch holds
+(``omni_realtime_engine_device_memory_bytes`` and ``..._peak_bytes``, 0 on the CPU); ``omni-realtime bench --url`` reads them to report per-stage throughput. They are
 exported once the engine has reported (an engine without ``stats()`` exports none).
 """
 
@@ -247,6 +247,13 @@ class EngineWorkCollector:
                                   value=s.decode_steps_total)
         yield CounterMetricFamily(f"{engine}_talker_chains", "Talker batches run as a chain of steps (talker.chain_steps)",
                                   value=s.talker_chains_total)
+        yield CounterMetricFamily(f"{engine}_audio_underruns",
+                                  "Audio chunks emitted after a real-time player of their reply, started on its first "
+                                  "chunk, would have run dry (the engine's lateness, before the network)",
+                                  value=s.audio_underruns_total)
+        yield CounterMetricFamily(f"{engine}_audio_starved_seconds",
+                                  "How long those players waited for the late chunks, in all",
+                                  value=s.audio_starved_ms_total / 1000.0)
         yield GaugeMetricFamily(f"{engine}_device_memory_bytes", "Accelerator memory allocated by torch (0 on the CPU)",
                                 value=s.device_memory_bytes)
         yield GaugeMetricFamily(f"{engine}_device_memory_peak_bytes",

@@ -78,8 +78,20 @@ class StepClock:
         self.jobs: list[tuple[float, float, int, int]] = []
         """Every token2wav job the worker ran: (start, ``time.perf_counter()`` in ms; ms until its chunks were on
         the host; streams; first chunks among them). Appended on the worker's thread."""
+        self.emits: list[tuple[float, str, int, float]] = []
+        """Every audio chunk the engine emitted: (``time.perf_counter()`` in ms; response id; samples; ms a real-time
+        player of the reply had been waiting for it, ``ResponseState.playout``)."""
         if core.t2w_worker is not None:
             self._watch_jobs(core, core.t2w_worker)
+        emit = core._emit_audio
+
+        def noted_emit(r, pcm):
+            starved = r.playout.starved_ms
+            emit(r, pcm)
+            if len(pcm):
+                self.emits.append((time.perf_counter() * 1000, r.id, len(pcm), r.playout.starved_ms - starved))
+
+        core._emit_audio = noted_emit
 
     def _watch_jobs(self, core, worker) -> None:
         run, submit, firsts = worker._run, worker.submit, {}
@@ -220,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no profiler: only each kind of step's wall time (the profiler's kernel tracing slows launches)")
     p.add_argument("--timeline", action="store_true",
                    help="with --no-trace: also every step (start ms, wall ms, kind, text and codec tokens so far) and "
-                        "every token2wav job (start ms, ms, streams, first chunks)")
+                        "every token2wav job (start ms, ms, streams, first chunks) and audio chunk (ms, response, "
+                        "samples, ms a real-time player waited for it)")
     p.add_argument("--spread-ms", type=float, default=0.0,
                    help="the users of a level ask over this many ms (default 0: all at once)")
     return p
@@ -235,6 +248,7 @@ def clock_only(engine: OmniEngine, core, args) -> int:
             clock.walls.clear()
             clock.timeline.clear()
             clock.jobs.clear()
+            clock.emits.clear()
             asked: list[float] = []
             first_audio = asyncio.run(burst(engine, users, asked, args.spread_ms))
             results[users] = {"steps": clock.summary(),
@@ -249,7 +263,10 @@ def clock_only(engine: OmniEngine, core, args) -> int:
                 results[users]["first_audio_by_user"] = [None if x is None else round(x, 1) for x in first_audio]
                 results[users]["token2wav_jobs"] = [(round(a - origin, 2), round(w, 2), n, first)
                                                     for a, w, n, first in list(clock.jobs) if a >= origin - 1]
-            shown = {k: v for k, v in results[users].items() if k != "timeline"}
+                results[users]["audio_chunks"] = [(round(a - origin, 2), rid, n, round(waited, 1))
+                                                   for a, rid, n, waited in clock.emits if a >= origin - 1]
+                results[users]["underruns"] = sum(waited > 0 for *_, waited in clock.emits)
+            shown = {k: v for k, v in results[users].items() if k not in ("timeline", "audio_chunks")}
             print(f"== {users} users (no profiler)", json.dumps(shown, indent=1), flush=True)
             for step in results[users].get("timeline", ()):
                 print("step", json.dumps(step), flush=True)

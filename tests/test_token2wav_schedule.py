@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.stages.token2wav_schedule import ChunkCandidate, Token2WavJob, pick_job
+from pipeline.stages.token2wav_schedule import ChunkCandidate, RecentJobs, Token2WavJob, pick_job
 
 
 def steady(key: str, ahead_ms: float) -> ChunkCandidate:
@@ -81,15 +81,70 @@ def test_the_engine_picks_by_audio_ahead_of_a_real_time_player() -> None:
     from types import SimpleNamespace
 
     from pipeline.core import EngineCore
+    from pipeline.playout import Playout
 
     now = time.perf_counter()
-    new = SimpleNamespace(first_audio_at=None, samples=0)
-    ahead = SimpleNamespace(first_audio_at=now - 1.0, samples=48_000)
-    starving = SimpleNamespace(first_audio_at=now - 1.0, samples=12_000)
-    core = SimpleNamespace(token2wav=SimpleNamespace(max_batch=8), _audio_ahead_ms=EngineCore._audio_ahead_ms,
-                           starving_margin_ms=0)  # fmt: skip
-    assert EngineCore._token2wav_job(core, [new, ahead]) == ([new], True)
-    assert EngineCore._token2wav_job(core, [ahead, new, starving]) == ([starving, ahead], False)
-    assert EngineCore._token2wav_job(core, []) == ([], False)
+
+    def sent(seconds: float) -> SimpleNamespace:
+        playout = Playout()
+        playout.deliver(now - 1.0, seconds)
+        return SimpleNamespace(first_audio_at=now - 1.0, playout=playout)
+
+    new = SimpleNamespace(first_audio_at=None, playout=Playout())
+    ahead, starving = sent(2.0), sent(0.5)
+    core = SimpleNamespace(token2wav=SimpleNamespace(max_batch=8), starving_margin_ms=0,
+                           starving_margin_from_jobs=False, recent_jobs=RecentJobs())  # fmt: skip
+    core.starving_margin = lambda: EngineCore.starving_margin(core)
+
+    def pick(ready):
+        chosen, job = EngineCore._token2wav_job(core, ready)
+        return chosen, None if job is None else job.urgent
+
+    assert pick([new, ahead]) == ([new], True)
+    assert pick([ahead, new, starving]) == ([starving, ahead], False)
+    assert pick([]) == ([], None)
     core.starving_margin_ms = 1500  # the stream 1 s ahead is now within the margin
-    assert EngineCore._token2wav_job(core, [new, ahead]) == ([ahead], False)
+    assert pick([new, ahead]) == ([ahead], False)
+    # a margin that follows the jobs: 250 stays the floor until the recent jobs add up to more
+    core.starving_margin_ms, core.starving_margin_from_jobs = 250, True
+    assert pick([new, ahead]) == ([new], True)
+    core.recent_jobs.record(first=True, ms=600.0)
+    core.recent_jobs.record(first=False, ms=500.0)
+    assert core.starving_margin() == 1100
+    assert pick([new, ahead]) == ([ahead], False)
+
+
+def test_recent_jobs_give_the_longest_first_chunk_job_plus_the_longest_later_one() -> None:
+    jobs = RecentJobs(window=3)
+    assert jobs.starving_margin_ms(250) == 250  # nothing seen: the floor
+    jobs.record(first=False, ms=180.0)
+    assert jobs.starving_margin_ms(100) == 180  # no first-chunk job yet: it counts 0
+    for ms in (120.0, 90.0, 60.0):
+        jobs.record(first=True, ms=ms)
+    assert jobs.starving_margin_ms(100) == 300  # 120 + 180
+    jobs.record(first=True, ms=40.0)  # the 120 ms job leaves the window of 3
+    assert jobs.starving_margin_ms(100) == 270  # 90 + 180
+    assert jobs.starving_margin_ms(400) == 400  # the floor when the jobs are quick
+    with pytest.raises(ValueError, match="ms must be >= 0"):
+        jobs.record(first=True, ms=-1.0)
+    with pytest.raises(ValueError, match="window"):
+        RecentJobs(window=0)
+
+
+def test_starving_margin_from_jobs_is_a_token2wav_boolean_off_by_default() -> None:
+    import yaml
+
+    from pipeline.config import DEFAULT_STAGE_CONFIG, ConfigError, parse_stage_config
+
+    key = "starving_margin_from_jobs"
+    raw = yaml.safe_load(DEFAULT_STAGE_CONFIG.read_text())
+    raw["stages"]["token2wav"].pop(key, None)
+    assert getattr(parse_stage_config(raw).token2wav, key) is False  # off unless asked for
+    raw["stages"]["token2wav"][key] = "yes"
+    with pytest.raises(ConfigError, match=f"token2wav.{key} has the wrong type"):
+        parse_stage_config(raw)
+    raw["stages"]["token2wav"][key] = True
+    assert getattr(parse_stage_config(raw).token2wav, key) is True
+    raw["stages"]["thinker"][key] = True
+    with pytest.raises(ConfigError, match=f"thinker.{key} only applies to token2wav"):
+        parse_stage_config(raw)

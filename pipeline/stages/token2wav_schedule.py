@@ -16,14 +16,19 @@ usually have audio in hand. So:
   worker is free, and a later chunk that lets a first-chunk job go first waits for that job and then its own, so
   with less audio in hand than the two take its player runs dry. Ties keep the callers' order (responses in the
   order they started).
+- How long the two take depends on the load (on the H100 a job of first chunks takes ~40 ms alone and 100-250 ms
+  beside 16 users' decode steps), so the margin can follow it: :class:`RecentJobs` keeps the last jobs' durations
+  and gives the longest recent first-chunk job plus the longest recent later-chunk job, never less than the
+  configured floor.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ChunkCandidate", "Token2WavJob", "pick_job"]
+__all__ = ["ChunkCandidate", "RecentJobs", "Token2WavJob", "pick_job"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +68,26 @@ def pick_job(candidates: Sequence[ChunkCandidate], max_streams: int, *,
     first = ranked[0].first
     chosen = [c for c in ranked if c.first == first][:max_streams]
     return Token2WavJob(tuple(c.key for c in chosen), urgent=first)
+
+
+class RecentJobs:
+    """The durations of the last ``window`` token2wav jobs of each kind (first chunks / later chunks), in ms from
+    the job's hand-over to its chunks' emission: what a later chunk that lets a first-chunk job go first waits."""
+
+    def __init__(self, window: int = 8) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self._ms: dict[bool, deque[float]] = {True: deque(maxlen=window), False: deque(maxlen=window)}
+
+    def record(self, first: bool, ms: float) -> None:
+        """A job of first chunks (``first``) or of later chunks took ``ms``."""
+        if ms < 0:
+            raise ValueError(f"ms must be >= 0, got {ms}")
+        self._ms[first].append(ms)
+
+    def starving_margin_ms(self, floor_ms: float) -> float:
+        """The longest recent first-chunk job plus the longest recent later-chunk job (a kind not seen yet counts
+        0), or ``floor_ms`` when that is more: a later chunk with less audio ahead than this would starve behind a
+        first-chunk job."""
+        longest = sum(max(times, default=0.0) for times in self._ms.values())
+        return max(float(floor_ms), longest)
