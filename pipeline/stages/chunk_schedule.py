@@ -73,6 +73,11 @@ class ChunkingConfig:
     first chunk holds back only ``hold_frames`` minus these (none when >= ``hold_frames``): with a 24-frame first chunk
     and 20 here, the first audio is 240 ms long after 24 codes instead of 40 ms. The trade: the samples just before the
     first seam are computed from look-ahead mel frames that the next chunk recomputes (at most ``future_frames``)."""
+    lookahead_chunks: int = 1
+    """How many of a stream's first chunks are vocoded with ``first_vocoder_lookahead_frames`` of provisional look-ahead
+    (at most ``1 + len(ramp_frames)``: never the steady chunks). With 1 only the first; with 3 and two ramp chunks,
+    each ramp chunk also plays all of its frames (a 48-frame one 480 ms instead of 280), so a stream has 200 ms more
+    audio in hand through the ramp, when it is shortest, at the price of a provisional seam after each of them."""
     quick_first_chunk_frames: int | None = None
     """A shorter first chunk for streams opened while token2wav is nearly idle (the engine asks for it when at most
     ``quick_first_chunk_max_open`` other streams are open): its stream uses :meth:`quick` (this first chunk, vocoded
@@ -101,6 +106,8 @@ class ChunkingConfig:
         _require(self.guidance_scale >= 0, "guidance_scale", "must be >= 0")
         _require(0 <= self.first_vocoder_lookahead_frames <= self.future_frames, "first_vocoder_lookahead_frames",
                  f"must be in [0, future_frames ({self.future_frames})]")
+        _require(isinstance(self.lookahead_chunks, int) and 1 <= self.lookahead_chunks <= 1 + len(self.ramp_frames),
+                 "lookahead_chunks", f"must be an integer in [1, 1 + len(ramp_frames)] ({1 + len(self.ramp_frames)})")
         _require(self.quick_first_chunk_max_open >= 0, "quick_first_chunk_max_open", "must be >= 0")
         if self.quick_first_chunk_frames is not None:
             _require(isinstance(self.quick_first_chunk_frames, int) and self.quick_first_chunk_frames >= 1,
@@ -128,6 +135,10 @@ class ChunkingConfig:
         if index <= len(self.ramp_frames):
             return self.ramp_frames[index - 1]
         return self.chunk_frames
+
+    def vocoder_lookahead(self, index: int) -> int:
+        """Provisional look-ahead frames the vocoder runs after chunk ``index`` (unless it is the last)."""
+        return self.first_vocoder_lookahead_frames if index < self.lookahead_chunks else 0
 
     def quick(self) -> ChunkingConfig:
         """The schedule of a stream opened with the quick first chunk (``quick_first_chunk_frames``): that first chunk,
@@ -238,7 +249,7 @@ def plan_next_chunk(
 def _make_plan(cfg: ChunkingConfig, index: int, start: int, end: int, available: int, *, is_last: bool,
                emitted: int) -> ChunkPlan:  # fmt: skip
     context = FrameRange(max(0, start - cfg.past_frames), min(available, end + cfg.future_frames))
-    lookahead = 0 if is_last or index else min(cfg.first_vocoder_lookahead_frames, context.end - end)
+    lookahead = 0 if is_last else min(cfg.vocoder_lookahead(index), context.end - end)
     vocoder = FrameRange(max(0, start - cfg.vocoder_overlap_frames), end + lookahead)
     # Samples of the frames earlier chunks held back come first; this chunk's own last frames that lack right context
     # (hold_frames, less any provisional look-ahead) wait for the next one. Clipping at 0 covers short chunks.

@@ -362,9 +362,10 @@ def _vocoder_frames(cfg: ChunkingConfig) -> tuple[int, ...]:
     chunk) run eagerly."""
     lengths = set()
     for c in cfg.schedules():
-        lengths.add(c.first_chunk_frames + c.first_vocoder_lookahead_frames)
-        lengths.add(min(c.vocoder_overlap_frames, c.first_chunk_frames) + c.chunk_size(1))
-        lengths |= {c.vocoder_overlap_frames + size for size in (*c.ramp_frames, c.chunk_frames)}
+        lengths.add(c.first_chunk_frames + c.vocoder_lookahead(0))
+        lengths.add(min(c.vocoder_overlap_frames, c.first_chunk_frames) + c.chunk_size(1) + c.vocoder_lookahead(1))
+        lengths |= {c.vocoder_overlap_frames + size + c.vocoder_lookahead(i)
+                    for i, size in enumerate((*c.ramp_frames, c.chunk_frames), start=1)}
     return tuple(sorted(lengths))
 
 
