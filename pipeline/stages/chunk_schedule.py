@@ -11,13 +11,13 @@ A chunk has these ranges (half-open, absolute positions from the start of the ut
   ``future_frames`` after (clipped to the utterance). The block attention of the DiT lets a frame see
   neighbouring blocks, so the extra frames make the chunk's frames close to what a one-shot pass gives.
 - ``vocoder_frames``: the mel frames fed to the vocoder: ``frames`` preceded by up to
-  ``vocoder_overlap_frames`` already-final frames, re-run so the vocoder sees left context; for the first chunk with
-  ``first_vocoder_lookahead_frames``, followed by that many of its DiT look-ahead frames (provisional: the next chunk
-  makes them final) as right context.
+  ``vocoder_overlap_frames`` already-final frames, re-run so the vocoder sees left context; for each of the first
+  ``lookahead_chunks`` chunks (not the last), followed by ``first_vocoder_lookahead_frames`` of its DiT look-ahead frames
+  (provisional: the next chunk makes them final) as right context.
 - ``samples``: the output samples the chunk emits. The vocoder's first ``vocoder_trim_frames`` frames of
   output are discarded (they lack left context; they were emitted by an earlier chunk) and, unless the
   chunk is the last, its final ``hold_frames = vocoder_overlap_frames - vocoder_trim_frames`` frames are held
-  back (they lack right context) and emitted by the next chunk; a first chunk with provisional right context holds back
+  back (they lack right context) and emitted by the next chunk; a chunk with provisional right context holds back
   only ``hold_frames`` minus that look-ahead. Each chunk starts its samples where the previous one stopped
   (``emitted_frames``), so over a stream they tile ``[0, total_frames * samples_per_frame)``.
 """
