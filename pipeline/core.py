@@ -137,7 +137,7 @@ class EngineCore:
         threaded = tw.worker_enabled()  # auto = on with CUDA: see StageConfig.worker_thread
         self._t2w_green, t2w_stream = _green_stream(tw.worker_sms, self.t2w_device, threaded)
         self.token2wav = StreamingToken2Wav(
-            ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch,
+            ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch, batch_sizes=tw.batch_sizes,
             tf32_matmul=tw.tf32_matmul and self.t2w_device.type == "cuda", compile_dit=tw.compile_enabled(),
             fused_vocoder=tw.compile_enabled() and self.t2w_device.type == "cuda", dit_dtype=tw.dit_torch_dtype(),
             capture_stream=t2w_stream, dit_attention=tw.dit_attention_kind(),
@@ -151,10 +151,14 @@ class EngineCore:
         """A later chunk with less audio ahead than this outranks first chunks (``pick_job``); with
         ``starving_margin_from_jobs``, the floor of a margin that follows :attr:`recent_jobs`."""
         self.starving_margin_from_jobs = tw.starving_margin_from_jobs
+        self.split_later_jobs = tw.split_later_jobs
+        """Split a job of later chunks when its most urgent streams would starve in it (``pick_job``)."""
+        self.max_codes_ahead = ta.max_codes_ahead
+        """A talker row skips its step while its stream has this many codes past its next chunk's (None: never)."""
         self.recent_jobs = RecentJobs()
         """How long the last token2wav jobs took, hand-over to emission (ms)."""
-        self._t2w_job_started: tuple[float, bool] | None = None
-        """``time.perf_counter()`` when the worker's job was handed over, and whether it holds first chunks."""
+        self._t2w_job_started: tuple[float, bool, int] | None = None
+        """``time.perf_counter()`` when the worker's job was handed over, whether it holds first chunks, its streams."""
         self.to_talker = CONNECTORS[ta.connector].fn
         self.to_token2wav = CONNECTORS[tw.connector].fn
         self.prefill_chunk = th.prefill_chunk_tokens
@@ -403,7 +407,9 @@ class EngineCore:
         self._accept_sampled(talker_codes, self._accept_code)
         live = [r for r in decoding if r.id in self.responses]
         ready = [r for r in live if r.t2w is not None and not self._t2w_busy(r) and r.t2w.ready()]
+        now = time.perf_counter()
         for r in ready:
+            r.playout.chunk_ready(now)
             if r.first_audio_at is None:
                 r.mark("talker_first_chunk_ms")  # its codes are in; its job may still wait for the worker
         # a response only waiting for the token2wav worker is not progress: the loop then waits for a wake-up
@@ -416,8 +422,9 @@ class EngineCore:
             chosen, job = self._token2wav_job(ready)
             for r in chosen:
                 r.mark("token2wav_first_job_ms")
+                r.playout.job_started(time.perf_counter())
             self._t2w_jobs = {id(r.t2w): r for r in chosen}
-            self._t2w_job_started = (time.perf_counter(), job.urgent)
+            self._t2w_job_started = (time.perf_counter(), job.urgent, len(chosen))
             self.t2w_worker.submit([r.t2w for r in chosen], urgent=job.urgent)
         for state in live:
             if state.id in self.responses and state.all_done() and not self._t2w_busy(state):
@@ -823,7 +830,18 @@ class EngineCore:
         talking = [r for r in rows if not r.talker_done]
         if talking and all(id(r.t2w) in self._t2w_jobs and r.first_audio_at is None for r in talking):
             return []
+        if self.max_codes_ahead is not None:
+            rows = [r for r in rows if not self._far_ahead(r)]
         return rows
+
+    def _far_ahead(self, r: ResponseState) -> bool:
+        """Whether this reply's talker is ``talker.max_codes_ahead`` codes or more past what its next token2wav chunk
+        needs (its step then waits: token2wav, not the talker, is what its audio waits for, and the talker's steps
+        beside a token2wav job slow that job)."""
+        if not r.talker_started or r.talker_done or r.t2w is None:
+            return False
+        ahead = r.t2w.codes_ahead()
+        return ahead is not None and ahead >= self.max_codes_ahead
 
     def _talker_step(self, r: ResponseState) -> torch.Tensor | None:
         """Start the talker (prefill and first code) or return the vector of its next decode step."""
@@ -982,14 +1000,16 @@ class EngineCore:
 
     def _token2wav_job(self, ready: list[ResponseState]) -> tuple[list[ResponseState], Token2WavJob | None]:
         """The responses whose next chunk to make now, and the job (pipeline/stages/token2wav_schedule.py: first
-        chunks alone, then the streams with the least audio ahead, one batch at most; None when ``ready`` is empty)."""
+        chunks alone, then the streams with the least audio ahead, one batch at most, with ``split_later_jobs`` fewer
+        when the most urgent would starve in it; None when ``ready`` is empty)."""
         now = time.perf_counter()
         candidates = [
             ChunkCandidate(i, first=r.first_audio_at is None,
                            audio_ahead_ms=r.playout.ahead_ms(now) if r.first_audio_at is not None else 0.0)
             for i, r in enumerate(ready)
         ]  # fmt: skip
-        job = pick_job(candidates, self.token2wav.max_batch, starving_margin_ms=self.starving_margin())
+        job = pick_job(candidates, self.token2wav.max_batch, starving_margin_ms=self.starving_margin(),
+                       later_job_ms=self.recent_jobs.later_job_ms if self.split_later_jobs else None)  # fmt: skip
         return ([ready[i] for i in job.keys], job) if job else ([], None)
 
     def starving_margin(self) -> float:
@@ -1011,8 +1031,8 @@ class EngineCore:
     def _token2wav_done(self, result) -> None:
         jobs, self._t2w_jobs = self._t2w_jobs, {}
         if self._t2w_job_started is not None:
-            started, first = self._t2w_job_started
-            self.recent_jobs.record(first, (time.perf_counter() - started) * 1000)
+            started, first, streams = self._t2w_job_started
+            self.recent_jobs.record(first, (time.perf_counter() - started) * 1000, streams)
             self._t2w_job_started = None
         for i, stream in enumerate(result.streams):
             r = jobs.get(id(stream))
@@ -1033,9 +1053,10 @@ class EngineCore:
         each response is retried alone so that only the faulty one fails."""
         if not ready:
             return
+        started = time.perf_counter()
         for r in ready:
             r.mark("token2wav_first_job_ms")
-        started = time.perf_counter()
+            r.playout.job_started(started)
         try:
             chunks = self.token2wav.step_many([r.t2w for r in ready])
         except Exception:  # noqa: BLE001 - find the faulty stream by retrying one by one
@@ -1046,7 +1067,7 @@ class EngineCore:
                 except Exception as exc:  # noqa: BLE001 - isolate this response's failure
                     self._fail(r, exc)
             return
-        self.recent_jobs.record(first, (time.perf_counter() - started) * 1000)
+        self.recent_jobs.record(first, (time.perf_counter() - started) * 1000, len(ready))
         for r, pcm in zip(ready, chunks):
             self._emit_audio(r, pcm)
 
@@ -1087,9 +1108,10 @@ class EngineCore:
             cached_tokens=r.cached_tokens, output_text_tokens=len(r.item.reply_ids),
             output_audio_tokens=r.codec_tokens,
         )
-        log.info("response %s %s after %.0f ms: %d text + %d codec tokens, %d samples, %d underruns (%.0f ms) of a "
+        late = f" ({', '.join(map(str, r.playout.late))})" if r.playout.late else ""
+        log.info("response %s %s after %.0f ms: %d text + %d codec tokens, %d samples, %d underruns (%.0f ms)%s of a "
                  "real-time player; milestones (ms) %s", r.id, status.value, (time.perf_counter() - r.started_at) * 1000,
-                 len(r.item.reply_ids), r.codec_tokens, r.samples, r.playout.underruns, r.playout.starved_ms,
+                 len(r.item.reply_ids), r.codec_tokens, r.samples, r.playout.underruns, r.playout.starved_ms, late,
                  {k: round(v, 1) for k, v in r.milestones.items()})
         r.spec.sink(ResponseDone(
             status=status, usage=usage, text=r.detok.text, text_token_ids=tuple(r.item.reply_ids),

@@ -86,13 +86,14 @@ def inductor_settings(pairs: list[str]) -> dict[str, object]:
     return settings
 
 
-def synthesizer(model, device: str, plain: bool, max_batch: int, fused_vocoder: bool, triton_attention: bool = False):
+def synthesizer(model, device: str, plain: bool, max_batch: int, fused_vocoder: bool, triton_attention: bool = False,
+                batch_sizes: list[int] | None = None):
     from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
 
     cuda = device.startswith("cuda")
     fast = cuda and not plain
     return StreamingToken2Wav(model, cuda_graphs=fast, tf32_matmul=fast, compile_dit=fast, max_batch=max_batch,
-                              fused_vocoder=fast and fused_vocoder,
+                              batch_sizes=batch_sizes, fused_vocoder=fast and fused_vocoder,
                               dit_dtype=torch.bfloat16 if fast else torch.float32,
                               dit_attention="triton" if fast and triton_attention else "sdpa")  # fmt: skip
 
@@ -195,8 +196,9 @@ def main(argv=None) -> None:
     import torch._inductor.config as inductor
 
     with torch.inference_mode(), attention_backend(args.dit_attention), inductor.patch(settings):
+        # every timed batch size gets graphs of its own (not padded to a power of two)
         t2w = synthesizer(model, args.device, args.plain, max(slots), args.vocoder == "fused",
-                          args.dit_attention == "triton")
+                          args.dit_attention == "triton", batch_sizes=slots)
         started = time.perf_counter()
         t2w.warm_up(max_batch=max(slots))
         sync()

@@ -34,6 +34,30 @@ def test_a_late_chunk_is_one_underrun_and_the_player_resumes_on_its_arrival() ->
         player.deliver(2.0, -0.1)
 
 
+def test_a_late_chunk_says_where_its_time_went() -> None:
+    """Codes ready, job start and arrival of each late chunk, relative to the moment its player ran dry."""
+    from pipeline.playout import MAX_LATE_CHUNKS
+
+    player = Playout()
+    player.chunk_ready(0.0)
+    player.job_started(0.0)
+    player.deliver(0.1, 0.24)  # the first chunk starts the player at 0.1 s: dry at 0.34 s
+    player.chunk_ready(0.2)  # codes in 140 ms before it runs dry
+    player.chunk_ready(0.25)  # a later report of the same chunk does not move its ready time
+    player.job_started(0.3)
+    player.deliver(0.6, 0.48)  # 260 ms late: queued 100 ms, then a 300 ms job
+    player.chunk_ready(1.2)  # the talker was late: codes in 120 ms after the player ran dry at 1.08 s
+    player.deliver(1.25, 0.48)  # no job reported (inline): counted from the codes
+    assert [(c.index, round(c.waited_ms), round(c.codes_after_dry_ms), round(c.queued_ms), round(c.job_ms))
+            for c in player.late] == [(1, 260, -140, 100, 300), (2, 170, 120, 0, 50)]
+    assert str(player.late[0]) == "#1 260 ms late (codes -140 ms from dry, queued 100, job 300)"
+    player.deliver(1.7, 0.0)  # in time: nothing noted
+    for i in range(MAX_LATE_CHUNKS + 5):
+        player.deliver(10.0 + i, 0.1)
+    assert len(player.late) == MAX_LATE_CHUNKS and player.underruns == 2 + MAX_LATE_CHUNKS + 5
+    assert player.chunks == 4 + MAX_LATE_CHUNKS + 5
+
+
 def test_the_player_matches_the_benchmark_client_without_its_jitter_buffer() -> None:
     """The same arrivals through realtime/bench/metrics.py's paced_playback (jitter 0) give the same underruns."""
     from realtime.bench.metrics import AudioArrival, paced_playback
@@ -83,7 +107,8 @@ def test_the_engine_counts_the_underruns_of_a_real_time_player_of_each_reply(tin
     stats = core.stats()
     assert (stats.audio_underruns_total, stats.audio_starved_ms_total) == (
         core.counters["audio_underruns_total"], core.counters["audio_starved_ms_total"])
-    assert f"{late} underruns" in next(r.getMessage() for r in caplog.records if "response r-b" in r.getMessage())
+    line = next(r.getMessage() for r in caplog.records if "response r-b" in r.getMessage())
+    assert f"{late} underruns" in line and "(#1 " in line and f"#{late} " in line  # each late chunk, by number
 
 
 def test_the_servers_metrics_export_the_engines_underruns() -> None:

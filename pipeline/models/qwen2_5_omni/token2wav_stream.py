@@ -71,7 +71,7 @@ from pipeline.models.qwen2_5_omni.token2wav_graphs import (
     WindowJob,
     bucket_at_least,
     pack_windows,
-    slot_bucket,
+    slot_sizes,
 )
 from pipeline.stages.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
 
@@ -371,20 +371,20 @@ def _vocoder_frames(cfg: ChunkingConfig) -> tuple[int, ...]:
 
 class _BatchedDit:
     """ODE solves of DiT windows of one or more streams, in padded batches of static shape (frames, slots):
-    frames rounded up to a :func:`_window_frames` length, slots to a power of two up to ``max_batch``. With
+    frames rounded up to a :func:`_window_frames` length, slots to one of ``batch_sizes`` (the last is the most). With
     ``graphs`` each shape replays its CUDA graph (captured on first use or by :meth:`capture`); without, the same
     padded computation runs eagerly. ``block`` runs each transformer block, in graphs and eagerly alike (the
     compiled block when the synthesizer compiles the DiT)."""
 
     def __init__(self, dit, weights: DitWeights, modulation: TimeModulation, cfg: ChunkingConfig, times: Tensor, *,
-                 graphs: bool, max_batch: int, block: DitBlock | None = None,
+                 graphs: bool, batch_sizes: tuple[int, ...], block: DitBlock | None = None,
                  capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
         self.dit, self.weights, self.modulation, self.cfg, self.times = dit, weights, modulation, cfg, times
         self.block = block or DitBlock()
         self.capture_stream = capture_stream
         self.use_cfg = cfg.guidance_scale >= _CFG_OFF_BELOW
         self.frame_buckets = _window_frames(cfg)
-        self.graphs, self.max_batch = graphs, max_batch
+        self.graphs, self.batch_sizes, self.max_batch = graphs, batch_sizes, batch_sizes[-1]
         self.captured: dict[tuple[int, int], CapturedCall] = {}
         self.eager_solves = 0
 
@@ -420,7 +420,7 @@ class _BatchedDit:
     def _solve_batch(self, jobs: Sequence[WindowJob]) -> list[Tensor]:
         longest = max(job.frames for job in jobs)
         frames = bucket_at_least(longest, self.frame_buckets) or longest
-        slots = slot_bucket(len(jobs), self.max_batch)
+        slots = bucket_at_least(len(jobs), self.batch_sizes)
         packed = pack_windows(jobs, frames=frames, slots=slots, block_size=self.dit.block_size)
         inputs = self._inputs(packed)
         if self.graphs and frames in self.frame_buckets:
@@ -451,18 +451,19 @@ class _BatchedDit:
 
 
 class _Vocoder:
-    """BigVGAN over chunks' mel frames, chunks of equal length batched (``max_batch`` rows at a time); with ``graphs``
-    a CUDA graph per (:func:`_vocoder_frames` length, power-of-two rows), the batch padded with blank rows (rows are
-    independent, so padding changes nothing in the real ones). Other lengths (a last chunk) run eagerly. Both run
-    :func:`.vocoder.waveform` with ``activation`` for the anti-aliased activations (the modules' own forward, or
-    the fused kernel)."""
+    """BigVGAN over chunks' mel frames, chunks of equal length batched (``batch_sizes[-1]`` rows at a time); with
+    ``graphs`` a CUDA graph per (:func:`_vocoder_frames` length, one of ``batch_sizes`` rows), the batch padded with
+    blank rows (rows are independent, so padding changes nothing in the real ones). Other lengths (a last chunk) run
+    eagerly. Both run :func:`.vocoder.waveform` with ``activation`` for the anti-aliased activations (the modules' own
+    forward, or the fused kernel)."""
 
-    def __init__(self, bigvgan, cfg: ChunkingConfig, device: torch.device, *, graphs: bool, max_batch: int,
+    def __init__(self, bigvgan, cfg: ChunkingConfig, device: torch.device, *, graphs: bool,
+                 batch_sizes: tuple[int, ...],
                  activation: vocoder.Activation = vocoder.reference_activation,
                  capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
         self.bigvgan, self.graphs, self.capture_stream = bigvgan, graphs, capture_stream
         self.activation = activation
-        self.max_batch = max_batch
+        self.batch_sizes, self.max_batch = batch_sizes, batch_sizes[-1]
         self.lengths = _vocoder_frames(cfg)
         self.floor = vocoder.min_amplitude(device)
         self.captured: dict[tuple[int, int], CapturedCall] = {}
@@ -485,7 +486,7 @@ class _Vocoder:
         return out
 
     def capture(self, frames: int, rows: int) -> None:
-        slots = slot_bucket(rows, self.max_batch)
+        slots = bucket_at_least(rows, self.batch_sizes)
         if self.graphs and frames in self.lengths and (frames, slots) not in self.captured:
             mel_dim = self.bigvgan.config.mel_dim
             blank = torch.zeros(slots, mel_dim, frames, device=self.floor.device)
@@ -497,7 +498,7 @@ class _Vocoder:
         if not (self.graphs and frames in self.lengths):
             self.eager_calls += 1
             return self._waveform(mel).cpu()
-        slots = slot_bucket(rows, self.max_batch)
+        slots = bucket_at_least(rows, self.batch_sizes)
         if slots > rows:
             mel = torch.cat([mel, mel.new_zeros(slots - rows, *mel.shape[1:])])
         call = self.captured.get((frames, slots))
@@ -537,7 +538,9 @@ class StreamingToken2Wav:
 
     ``cuda_graphs`` (default: on when the model is on CUDA) replays the DiT solve and the vocoder from CUDA graphs
     (see the module docstring); a shape is captured the first time it is needed (about two solves' time), or up
-    front by :meth:`warm_up`. ``max_batch`` bounds the streams of one batched DiT solve in :meth:`step_many`.
+    front by :meth:`warm_up`. ``max_batch`` bounds the streams of one batched DiT solve in :meth:`step_many`;
+    ``batch_sizes`` are the batch sizes a solve or vocoder call is padded up to (:func:`.token2wav_graphs.slot_sizes`:
+    by default the powers of two up to ``max_batch``), each with graphs of its own.
 
     ``tf32_matmul`` (CUDA only, off by default) runs the float32 matrix products of the DiT on TF32 tensor cores
     (10-bit mantissa inputs, float32 accumulation): about twice as fast on an H100/H200, no longer equal to the
@@ -571,7 +574,8 @@ class StreamingToken2Wav:
 
     def __init__(self, model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig | None = None, *,
                  cuda_graphs: bool | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                 tf32_matmul: bool = False, compile_dit: bool = False, fused_vocoder: bool = False,
+                 batch_sizes: Sequence[int] | None = None, tf32_matmul: bool = False, compile_dit: bool = False,
+                 fused_vocoder: bool = False,
                  dit_dtype: torch.dtype = torch.float32, capture_stream: torch.cuda.Stream | None = None,
                  dit_attention: DitAttention | str = DitAttention.SDPA) -> None:  # fmt: skip
         self.cfg = _check_model(model, cfg or ChunkingConfig())
@@ -590,6 +594,10 @@ class StreamingToken2Wav:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}", param="max_batch")
         self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
         self.max_batch = max_batch
+        try:
+            self.batch_sizes = slot_sizes(max_batch, batch_sizes)
+        except ValueError as exc:
+            raise ConfigError(str(exc), param="batch_sizes") from exc
         self.tf32_matmul = tf32_matmul
         self.compile_dit = compile_dit
         self.fused_vocoder = fused_vocoder
@@ -611,11 +619,12 @@ class StreamingToken2Wav:
         self.capture_stream = (capture_stream or torch.cuda.Stream(self.device)) if self.cuda_graphs else None
         self._dit_batches = _BatchedDit(self.dit, self._weights, self._modulation, self.cfg, self._times,
                                         graphs=self.cuda_graphs,
-                                        max_batch=max_batch, block=self._block,
+                                        batch_sizes=self.batch_sizes, block=self._block,
                                         capture_stream=self.capture_stream)  # fmt: skip
         activation = vocoder.triton_activation if fused_vocoder else vocoder.reference_activation
-        self._vocoder = _Vocoder(self.bigvgan, self.cfg, self.device, graphs=self.cuda_graphs, max_batch=max_batch,
-                                 activation=activation, capture_stream=self.capture_stream)
+        self._vocoder = _Vocoder(self.bigvgan, self.cfg, self.device, graphs=self.cuda_graphs,
+                                 batch_sizes=self.batch_sizes, activation=activation,
+                                 capture_stream=self.capture_stream)  # fmt: skip
         self._eager_windows = 0
 
     @property
@@ -665,13 +674,13 @@ class StreamingToken2Wav:
     def warm_up(self, max_batch: int = 1) -> None:
         """Compile the DiT blocks (``compile_dit``), then capture the graphs of the regular shapes (``cuda_graphs``),
         so that no stream pays either: DiT windows of the first and steady chunks for batches of up to
-        ``max_batch`` streams (powers of two, capped at the synthesizer's ``max_batch``) and the vocoder of the first
-        and steady chunks. Seconds (a minute or more when compiling); no-op when both are off.
+        ``max_batch`` streams (padded to the synthesizer's ``batch_sizes``) and the vocoder of the first and steady
+        chunks. Seconds (a minute or more when compiling); no-op when both are off.
 
         Raises :class:`ConfigError` (``param="compile_dit"``) when compiling, or capturing the compiled blocks, fails:
         the synthesizer never falls back to the uncompiled DiT on its own; build it with ``compile_dit=False`` for
         that."""
-        slots = sorted({slot_bucket(n, self.max_batch) for n in range(1, min(max_batch, self.max_batch) + 1)})
+        slots = sorted({bucket_at_least(n, self.batch_sizes) for n in range(1, min(max_batch, self.max_batch) + 1)})
         with torch.inference_mode(), _tf32_matmuls(self.tf32_matmul):
             if self.compile_dit:
                 self._compile()
@@ -835,6 +844,13 @@ class Token2WavStream:
             return None
         needed = self._cfg.codes_needed(self.chunks_emitted, frames_done=self.frames_done)
         return max(0, needed - self.codes_received)
+
+    def codes_ahead(self) -> int | None:
+        """Codes pushed beyond what the next chunk needs (negative: that many are still missing); None when no code can
+        matter any more (the stream is finished, done or closed). A chunk being synthesized counts as the next."""
+        if self.status is not StreamStatus.OPEN:
+            return None
+        return self.codes_received - self._cfg.codes_needed(self.chunks_emitted, frames_done=self.frames_done)
 
     def next_plan(self) -> ChunkPlan | None:
         """The chunk ``step()`` would synthesize now, or None."""
