@@ -142,7 +142,7 @@ class StageConfig:
     then the floor. Only the token2wav stage takes it."""
     split_later_jobs: bool = False
     """token2wav: when the most urgent later chunks would starve waiting for a job of every ready stream, the job takes
-    only as many of them as starve the players least over this job and the next (``split_later_job`` in
+    only as many of them as leave the fewest players running dry over this job and the next (``split_later_job`` in
     ``pipeline/stages/token2wav_schedule.py``, by a line fitted to the recent later-chunk jobs' times by size). Only
     the token2wav stage takes it."""
     worker_sms: int | None = None
