@@ -244,6 +244,11 @@ class EngineConfig:
     engine's GIL); ``off``: it runs on a thread of the caller's process; ``auto`` = on when the thinker's device
     is CUDA, off on the CPU (where a second interpreter only costs start-up time and memory). See docs/engine.md,
     "The engine core in a child process"."""
+    timeline_path: str | None = None
+    """Where to write the engine's timeline (every step, token2wav job, audio chunk and response, with its time;
+    :mod:`pipeline.timeline`) as JSON when the engine closes; None (default): nothing is recorded. For reading a load
+    afterwards (``scripts/engine_timeline.py``); a relative path is relative to the engine process's working
+    directory."""
 
 
 @dataclass(frozen=True)
@@ -308,7 +313,11 @@ def _parse_engine(raw: Any) -> EngineConfig:
         process = "on" if process else "off"
     if process not in ENGINE_PROCESS:
         raise ConfigError(f"engine.process must be one of {ENGINE_PROCESS}, got {process!r}", param="engine.process")
-    return EngineConfig(process=process)
+    _check_type(raw, "timeline_path", (str, type(None)), "engine")
+    if raw.get("timeline_path") == "":
+        raise ConfigError("engine.timeline_path must not be empty (leave it out for no timeline)",
+                          param="engine.timeline_path")
+    return EngineConfig(process=process, timeline_path=raw.get("timeline_path"))
 
 
 def _check_switch(values: dict, key: str, choices: tuple[str, ...], *, only: str, stage: str, path: str) -> None:

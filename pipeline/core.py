@@ -49,6 +49,7 @@ from pipeline.registry import CONNECTORS
 from pipeline.request import Phase, ResponseSpec, ResponseState, TextEnd
 from pipeline.sampling import SampleRows, SamplerSpec
 from pipeline.stall_watch import StallWatch
+from pipeline.timeline import EngineTimeline
 from pipeline.stages.chunk_schedule import ChunkingConfig
 from pipeline.stages.talker import TalkerRunner
 from pipeline.stages.thinker import ThinkerRunner
@@ -180,6 +181,8 @@ class EngineCore:
         self._stall = StallWatch()
         # a tuple of two fixed tensors: the text-pad vector is recognised by identity (:meth:`_chain_steps`)
         self._text_end_vectors = tuple(self.thinker.embed([self.special.tts_text_end, self.special.tts_text_pad]))
+        self.timeline = EngineTimeline(cfg.engine.timeline_path) if cfg.engine.timeline_path else None
+        """Every step, token2wav job, chunk and response with its time (``engine.timeline_path``; None: off)."""
         self.commands_waiting: Callable[[], bool] = lambda: False
         """Set by whoever runs the core's commands and steps: whether commands wait for the engine thread (then no
         chain of talker steps is started, :meth:`_chain_steps`)."""
@@ -220,11 +223,15 @@ class EngineCore:
         self.talker.pool.slots.release(conv.id)
         conv.slot = conv.talker_slot = None
 
-    def _idle_owner(self, allocator, exclude: ConversationState) -> ConversationState | None:
-        """The least recently used conversation of ``allocator`` that no response is using."""
+    def _idle_owner(self, allocator, exclude: ConversationState, *, talked: bool = False) -> ConversationState | None:
+        """The least recently used conversation of ``allocator`` that no response is using; with ``talked``, also one
+        whose response has made its last code (its audio may still be being synthesized: it needs no talker cache)."""
         for owner in allocator.lru_owners():
             conv = self.conversations.get(owner)
-            if conv is not None and conv is not exclude and conv.active_response is None:
+            if conv is None or conv is exclude:
+                continue
+            r = self.responses.get(conv.active_response) if conv.active_response is not None else None
+            if conv.active_response is None or (talked and r is not None and r.talker_done):
                 return conv
         return None
 
@@ -244,11 +251,14 @@ class EngineCore:
         return slot
 
     def _talker_slot(self, conv: ConversationState, *, evict: bool = True) -> int | None:
-        """The conversation's talker slot; a free one, or (``evict``) one taken from the least recently used idle
-        conversation, which loses only its talker cache. None while every slot is busy."""
+        """The conversation's talker slot; a free one, or (``evict``) one taken from the least recently used
+        conversation whose talker is idle (no response, or one past its last code whose audio is still being
+        synthesized), which loses only its talker cache. None while every slot is busy. Why a reply past its last
+        code gives its slot up: its token2wav tail takes seconds under load (the talker runs ahead of it), and
+        holding the slot until then kept the next replies from talking (BENCHMARKS.md §25)."""
         slot = self.talker.pool.slots.acquire(conv.id)
         if slot is None and evict:
-            victim = self._idle_owner(self.talker.pool.slots, exclude=conv)
+            victim = self._idle_owner(self.talker.pool.slots, exclude=conv, talked=True)
             if victim is not None:
                 victim.crop_talker(0)
                 self.talker.pool.slots.release(victim.id)
@@ -356,6 +366,8 @@ class EngineCore:
             spec=spec, conv=conv, item=item, detok=IncrementalDetokenizer(self.renderer.decode),
             seed=self._response_seed(), started_at=time.perf_counter(), started_at_s=time.monotonic(),
         )
+        if self.timeline is not None:
+            self.timeline.response(self.responses[spec.id].started_at, spec.id, "started")
 
     def cancel_response(self, response_id: str, reason: str) -> None:
         state = self.responses.get(response_id)
@@ -374,6 +386,7 @@ class EngineCore:
         progressed = self.encode_audio() > 0
         progressed |= self._collect_token2wav()
         tokens_before = (self.counters["thinker_tokens_total"], self.counters["talker_tokens_total"])
+        chains_before = self.counters["talker_chains_total"]
         decoding = []
         self._prefills = PrefillBatch(self.cfg.thinker.max_prefills_per_step, self.thinker.prefill_rows)
         self._talker_prefills_left = self.cfg.talker.max_prefills_per_step
@@ -437,6 +450,11 @@ class EngineCore:
             log.warning("slow engine step: %.0f ms (%d responses decoding, %d token2wav chunks, %d background prefills, "
                         "%d responses)", elapsed, len(decoding), len(ready), background, len(self.responses))
         self._watch_for_stall()
+        if self.timeline is not None and progressed:
+            self.timeline.step(started, time.perf_counter(), prefills=len(self._prefills.jobs),
+                               thinker_rows=len(thinker_rows), talker_rows=len(talker_rows),
+                               codes=self.counters["talker_tokens_total"] - tokens_before[1],
+                               chains=self.counters["talker_chains_total"] - chains_before)  # fmt: skip
         return progressed
 
     def encode_audio(self) -> int:
@@ -507,11 +525,14 @@ class EngineCore:
         return slots.slot_of(conv.id) is not None or slots.used < slots.capacity
 
     def close(self) -> None:
-        """Stop the token2wav worker (after its running job). Conversations are closed by the caller."""
+        """Stop the token2wav worker (after its running job) and write the timeline, if one is kept. Conversations are
+        closed by the caller."""
         if self.t2w_worker is not None:
             for result in self.t2w_worker.poll(wait=True):
                 self._token2wav_done(result)
             self.t2w_worker.close()
+        if self.timeline is not None:
+            self.timeline.write()
 
     def _needs_prefill(self, conv: ConversationState) -> bool:
         return conv.active_response is None and conv.dirty
@@ -976,6 +997,8 @@ class EngineCore:
             self._end_talker(r)
             return
         r.codes.append(code)
+        if self.timeline is not None and not r.codes[1:]:
+            self.timeline.response(time.perf_counter(), r.id, "first_code")
         r.mark("talker_first_code_ms")
         r.codec_tokens += 1
         r.last_code = code
@@ -985,6 +1008,8 @@ class EngineCore:
 
     def _end_talker(self, r: ResponseState) -> None:
         r.talker_done = True
+        if self.timeline is not None:
+            self.timeline.response(time.perf_counter(), r.id, "codes_done")
         self._release_talker(r)
         if r.t2w is not None:
             r.t2w.finish()
@@ -1033,6 +1058,8 @@ class EngineCore:
         if self._t2w_job_started is not None:
             started, first, streams = self._t2w_job_started
             self.recent_jobs.record(first, (time.perf_counter() - started) * 1000, streams)
+            if self.timeline is not None:
+                self.timeline.job(started, time.perf_counter(), streams=streams, first=first)
             self._t2w_job_started = None
         for i, stream in enumerate(result.streams):
             r = jobs.get(id(stream))
@@ -1068,6 +1095,8 @@ class EngineCore:
                     self._fail(r, exc)
             return
         self.recent_jobs.record(first, (time.perf_counter() - started) * 1000, len(ready))
+        if self.timeline is not None:
+            self.timeline.job(started, time.perf_counter(), streams=len(ready), first=first)
         for r, pcm in zip(ready, chunks):
             self._emit_audio(r, pcm)
 
@@ -1078,6 +1107,8 @@ class EngineCore:
             if r.first_audio_at is None:
                 r.first_audio_at = now
             waited_ms = r.playout.deliver(now, len(pcm) / OUTPUT_SAMPLE_RATE)
+            if self.timeline is not None:
+                self.timeline.chunk(now, r.id, r.playout.chunks - 1, 1000.0 * len(pcm) / OUTPUT_SAMPLE_RATE, waited_ms)
             if waited_ms > 0:
                 self.counters["audio_underruns_total"] += 1
                 self.counters["audio_starved_ms_total"] += round(waited_ms)
@@ -1089,6 +1120,8 @@ class EngineCore:
     # -- endings ----------------------------------------------------------------------------------
     def _finish(self, r: ResponseState, status: ResponseStatus, reason: str | None, error: Exception | None = None):
         self.responses.pop(r.id, None)
+        if self.timeline is not None:
+            self.timeline.response(time.perf_counter(), r.id, status.value)
         self._finished += 1
         r.phase = Phase.FINISHED
         r.item.open = False

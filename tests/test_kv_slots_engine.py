@@ -289,3 +289,51 @@ async def test_a_failing_prefill_batch_is_retried_chunk_by_chunk_and_fails_only_
         alone = tiny_engine.conversation()
         assert await reply(alone, "a1", texts[i]) == (dones[i].text_token_ids, dones[i].audio_codes)
         await alone.close()
+
+
+def test_a_reply_past_its_last_code_lends_its_talker_slot_while_its_audio_is_made(tiny_model_dir):
+    """One talker slot, two replies: the second talks as soon as the first has made its last code, while the first's
+    audio is still unmade (token2wav held back), and both make the codes and audio they make with a slot each."""
+    import numpy as np
+    import torch
+
+    from conftest import start_spoken_reply
+    from pipeline.core import EngineCore
+    from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
+    from pipeline.outputs import AudioChunk, ResponseDone
+
+    ckpt = load_checkpoint(tiny_model_dir)
+
+    def core(talker_slots=1):
+        cfg = greedy_stage_config(thinker={"min_tokens": 4, "max_tokens": 4},
+                                  talker={"kv_slots": talker_slots, "min_tokens": 40, "max_tokens": 40},
+                                  token2wav={"worker_thread": "off", "compile": "off"})  # fmt: skip
+        return EngineCore(ckpt, cfg, seed=7)
+
+    def finish(c, events, names):
+        for _ in range(600):
+            if all(any(isinstance(e, ResponseDone) for e in events[n]) for n in names):
+                break
+            c.step()
+        return {n: (list(next(e for e in events[n] if isinstance(e, ResponseDone)).audio_codes),
+                    np.concatenate([e.pcm for e in events[n] if isinstance(e, AudioChunk)])) for n in names}
+
+    with torch.inference_mode():
+        shared = core()
+        shared._token2wav_job = lambda ready: ([], None)  # no chunk is made: the first reply's audio stays unmade
+        events = {n: start_spoken_reply(shared, n) for n in ("a", "b")}
+        for _ in range(300):
+            shared.step()
+            if shared.responses["r-b"].talker_started:
+                break
+        assert shared.responses["r-a"].talker_done and "r-a" in shared.responses, "a: all codes, no audio yet"
+        assert shared.responses["r-b"].talker_started, "b talks before a's audio is made"
+        assert shared.conversations["b"].talker_slot == 0 and shared.conversations["a"].talker_slot is None
+        assert shared.conversations["a"].talker_keys == [], "a lost only its talker cache"
+        del shared._token2wav_job  # the class's policy again
+        together = finish(shared, events, ("a", "b"))
+        roomy = core(talker_slots=2)
+        wanted = finish(roomy, {n: start_spoken_reply(roomy, n) for n in ("a", "b")}, ("a", "b"))
+        for name in ("a", "b"):
+            assert together[name][0] == wanted[name][0] and len(wanted[name][0]) == 40
+            np.testing.assert_array_equal(together[name][1], wanted[name][1])
