@@ -117,6 +117,14 @@ class StageConfig:
     the first chunk's codes ~3 ms sooner at one user, ~6 at four, BENCHMARKS.md §16.1). The codes and audio are the
     same as with 1 (off); what comes in meanwhile (a cancel, a new turn) waits for the chain, at most ``chain_steps``
     talker steps. Only the talker stage takes it."""
+    lend_slot_after_last_code: bool = False
+    """talker: a reply that has made its last code gives its talker KV slot to a reply waiting for one, while its own
+    audio is still being synthesized (it loses only its conversation's talker cache, rebuilt at its next turn);
+    ``false``: the slot stays with it until its response ends. Why it is off: with more users than talker slots, the
+    slots are the admission limit for spoken replies, and token2wav runs seconds behind the talker under load; lending
+    let the next replies start ~0.6 s sooner (32 and 64 users' TTFA p50 757 and 1117 ms against 916 and 1736 with
+    1-second replies on the H100) but their first chunks then competed with the earlier replies' audio, and 12 of 32
+    turns ran dry against 3-5 (BENCHMARKS.md §25). Only the talker stage takes it."""
     max_codes_ahead: int | None = None
     """talker: a reply's talker skips its decode step while its token2wav stream holds this many codec tokens (20 ms
     of audio each) or more past what the stream's next chunk needs; None: never. Why: once the text is done a talker
@@ -370,6 +378,10 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     if "split_later_jobs" in values and name != "token2wav":
         raise ConfigError(f"{path}.split_later_jobs only applies to token2wav", param=f"{path}.split_later_jobs")
     _check_type(values, "split_later_jobs", bool, path)
+    if "lend_slot_after_last_code" in values and name != "talker":
+        raise ConfigError(f"{path}.lend_slot_after_last_code only applies to talker",
+                          param=f"{path}.lend_slot_after_last_code")  # fmt: skip
+    _check_type(values, "lend_slot_after_last_code", bool, path)
     margin = values.get("starving_margin_ms", 0)
     if not isinstance(margin, int) or isinstance(margin, bool) or margin < 0:
         raise ConfigError(f"{path}.starving_margin_ms must be an integer >= 0", param=f"{path}.starving_margin_ms")

@@ -252,13 +252,13 @@ class EngineCore:
 
     def _talker_slot(self, conv: ConversationState, *, evict: bool = True) -> int | None:
         """The conversation's talker slot; a free one, or (``evict``) one taken from the least recently used
-        conversation whose talker is idle (no response, or one past its last code whose audio is still being
-        synthesized), which loses only its talker cache. None while every slot is busy. Why a reply past its last
-        code gives its slot up: its token2wav tail takes seconds under load (the talker runs ahead of it), and
-        holding the slot until then kept the next replies from talking (BENCHMARKS.md §25)."""
+        conversation whose talker is idle (no response, or with ``talker.lend_slot_after_last_code`` one past its last
+        code whose audio is still being synthesized), which loses only its talker cache. None while every slot is
+        busy."""
         slot = self.talker.pool.slots.acquire(conv.id)
         if slot is None and evict:
-            victim = self._idle_owner(self.talker.pool.slots, exclude=conv, talked=True)
+            lend = self.cfg.talker.lend_slot_after_last_code
+            victim = self._idle_owner(self.talker.pool.slots, exclude=conv, talked=lend)
             if victim is not None:
                 victim.crop_talker(0)
                 self.talker.pool.slots.release(victim.id)
