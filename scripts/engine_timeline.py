@@ -18,6 +18,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from pipeline.playout import Playout
+
 
 def replies(timeline: dict) -> dict[str, dict]:
     """Per response id: ``started``, ``first_code``, ``codes_done``, ``ended`` (ms or None), ``status`` and
@@ -30,11 +32,12 @@ def replies(timeline: dict) -> dict[str, dict]:
             r[event] = t
         else:
             r["ended"], r["status"] = t, event
-    ends: dict[str, float] = {}
-    for t, rid, _index, audio_ms, waited in timeline["chunks"]:
-        ahead = -waited if waited > 0 else (ends[rid] - t if rid in ends else 0.0)
+    players: dict[str, Playout] = defaultdict(Playout)  # the engine's model of each reply's player, replayed
+    for t, rid, _index, audio_ms, _waited in timeline["chunks"]:
+        player = players[rid]
+        ahead = 0.0 if player.ends_at is None else player.ahead_ms(t / 1000.0)
+        player.deliver(t / 1000.0, audio_ms / 1000.0)
         out[rid]["chunks"].append((t, audio_ms, ahead))
-        ends[rid] = max(ends.get(rid, t), t) + audio_ms
     return dict(out)
 
 
