@@ -153,6 +153,17 @@ class StageConfig:
     only as many of them as leave the fewest players running dry over this job and the next (``split_later_job`` in
     ``pipeline/stages/token2wav_schedule.py``, by a line fitted to the recent later-chunk jobs' times by size). Only
     the token2wav stage takes it."""
+    start_buffer_ms: int | None = None
+    """token2wav: under load (``start_buffer_busy``), a reply's first audio is held in the engine until this much of
+    it (ms) is made, then sent at once, so that its player starts with that much in hand; None (default): never held.
+    Why: once more conversations are busy than one token2wav job holds, a reply's next chunk can wait for a whole job
+    of other streams and then its own, longer than a 480-ms first chunk plays (``pipeline/start_buffer.py``). The
+    first audio comes that much later, and only under that load; a reply whose audio ends sooner is sent at its end,
+    a cancelled one's held audio is dropped. Only the token2wav stage takes it."""
+    start_buffer_busy: int | None = None
+    """token2wav: how many other conversations must be busy (a user's audio being streamed in, or a response running)
+    when a reply's first chunk is made for ``start_buffer_ms`` to hold it; None: ``max_batch`` (more conversations
+    busy than one token2wav job holds). Only the token2wav stage takes it."""
     worker_sms: int | None = None
     """token2wav with the worker on CUDA: run the synthesizer's graphs on a CUDA green context of this many SMs
     (rounded by the driver to its partition granularity), so that the other SMs stay free for decode steps: the
@@ -401,8 +412,11 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     _check_batch_sizes(name, values, path)
     if values.get("max_codes_ahead") is not None and name != "talker":
         raise ConfigError(f"{path}.max_codes_ahead only applies to talker", param=f"{path}.max_codes_ahead")
+    for key in ("start_buffer_ms", "start_buffer_busy"):
+        if values.get(key) is not None and name != "token2wav":
+            raise ConfigError(f"{path}.{key} only applies to token2wav", param=f"{path}.{key}")
     for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens", "max_batch", "kv_slots",
-                "max_prefills_per_step", "chain_steps", "max_codes_ahead"):
+                "max_prefills_per_step", "chain_steps", "max_codes_ahead", "start_buffer_ms", "start_buffer_busy"):
         value = values.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ConfigError(f"{path}.{key} must be a positive integer", param=f"{path}.{key}")

@@ -49,6 +49,7 @@ from pipeline.registry import CONNECTORS
 from pipeline.request import Phase, ResponseSpec, ResponseState, TextEnd
 from pipeline.sampling import SampleRows, SamplerSpec
 from pipeline.stall_watch import StallWatch
+from pipeline.start_buffer import StartBuffer, holds_start
 from pipeline.timeline import EngineTimeline
 from pipeline.stages.chunk_schedule import ChunkingConfig
 from pipeline.stages.talker import TalkerRunner
@@ -155,6 +156,11 @@ class EngineCore:
         self.split_later_jobs = tw.split_later_jobs
         """Split a job of later chunks when its most urgent streams would starve in it (``pick_job``)."""
         self.max_codes_ahead = ta.max_codes_ahead
+        self.start_buffer_ms = tw.start_buffer_ms
+        """Under load, a reply's first audio is held until this much is made (ms; None: never; pipeline/
+        start_buffer.py)."""
+        self.start_buffer_busy = tw.start_buffer_busy or tw.max_batch
+        """The load that holds it: this many other conversations busy."""
         """A talker row skips its step while its stream has this many codes past its next chunk's (None: never)."""
         self.recent_jobs = RecentJobs()
         """How long the last token2wav jobs took, hand-over to emission (ms)."""
@@ -167,7 +173,7 @@ class EngineCore:
         self._seed_counter = 0
         self.counters = {"thinker_tokens_total": 0, "talker_tokens_total": 0, "audio_samples_total": 0,
                          "decode_steps_total": 0, "talker_chains_total": 0, "audio_underruns_total": 0,
-                         "audio_starved_ms_total": 0}
+                         "audio_starved_ms_total": 0, "audio_start_holds_total": 0, "audio_start_held_ms_total": 0}
         """Cumulative work counters reported by :meth:`stats` (tokens/s per stage in benchmarks; the underruns of a
         real-time player of each reply, ``ResponseState.playout``)."""
         self.conversations: dict[str, ConversationState] = {}
@@ -962,18 +968,20 @@ class EngineCore:
         self.code_sampler.reset(conv.talker_slot, seen)
         r.t2w = self.token2wav.start(
             speaker.cond, speaker.ref_mel, voice=r.spec.voice,
-            generator=self._generator(self.t2w_device), max_codes=self.max_codes, quick=self._quick_first_chunk(),
+            generator=self._generator(self.t2w_device), max_codes=self.max_codes, quick=self._quick_first_chunk(conv),
         )
         return self.talker.prefill(
             vectors, codec_pad=self.special.codec_pad, codec_bos=self.special.codec_bos, slot=conv.talker_slot,
             start=reuse,
         )
 
-    def _quick_first_chunk(self) -> bool:
+    def _quick_first_chunk(self, conv: ConversationState) -> bool:
         """Whether a reply's audio starts with the quick first chunk (``ChunkingConfig.quick_first_chunk_frames``):
-        only while at most ``quick_first_chunk_max_open`` other replies' audio is still being synthesized."""
+        only while at most ``quick_first_chunk_max_open`` other replies' audio is still being synthesized, and not
+        under the load that holds first audio for a start buffer (a quick chunk would only be held: a job for
+        nothing)."""
         chunking = self.token2wav.cfg
-        if chunking.quick_first_chunk_frames is None:
+        if chunking.quick_first_chunk_frames is None or self._holds_start(conv):
             return False
         open_streams = sum(1 for r in self.responses.values() if r.t2w is not None and not r.t2w.done)
         return open_streams <= chunking.quick_first_chunk_max_open
@@ -1028,9 +1036,10 @@ class EngineCore:
         chunks alone, then the streams with the least audio ahead, one batch at most, with ``split_later_jobs`` fewer
         when the most urgent would starve in it; None when ``ready`` is empty)."""
         now = time.perf_counter()
+        # a reply whose first audio is held counts 0 ms ahead: someone waits for it to start
         candidates = [
             ChunkCandidate(i, first=r.first_audio_at is None,
-                           audio_ahead_ms=r.playout.ahead_ms(now) if r.first_audio_at is not None else 0.0)
+                           audio_ahead_ms=r.playout.ahead_ms(now) if r.playout.started else 0.0)
             for i, r in enumerate(ready)
         ]  # fmt: skip
         job = pick_job(candidates, self.token2wav.max_batch, starving_margin_ms=self.starving_margin(),
@@ -1101,24 +1110,64 @@ class EngineCore:
             self._emit_audio(r, pcm)
 
     def _emit_audio(self, r: ResponseState, pcm: np.ndarray) -> None:
-        if len(pcm):
-            r.mark("token2wav_first_chunk_ms")
-            now = time.perf_counter()
-            if r.first_audio_at is None:
-                r.first_audio_at = now
-            waited_ms = r.playout.deliver(now, len(pcm) / OUTPUT_SAMPLE_RATE)
-            if self.timeline is not None:
-                self.timeline.chunk(now, r.id, r.playout.chunks - 1, 1000.0 * len(pcm) / OUTPUT_SAMPLE_RATE, waited_ms)
-            if waited_ms > 0:
-                self.counters["audio_underruns_total"] += 1
-                self.counters["audio_starved_ms_total"] += round(waited_ms)
-            r.spec.sink(AudioChunk(pcm=pcm, start_sample=r.samples, codec_tokens_so_far=r.codec_tokens))
-            r.samples += len(pcm)
-            self.counters["audio_samples_total"] += len(pcm)
-            r.item.audio_ms = 1000.0 * r.samples / OUTPUT_SAMPLE_RATE
+        """A chunk made: sent now, or held with the reply's first chunks (:attr:`start_buffer_ms`, decided when its
+        first chunk is made) and sent with them once they hold enough."""
+        if not len(pcm):
+            return
+        now = time.perf_counter()
+        if r.first_audio_at is None:
+            r.first_audio_at = now
+            r.mark("token2wav_first_made_ms")
+            if self._holds_start(r.conv):
+                r.start_buffer = StartBuffer(self.start_buffer_ms)
+                if self.timeline is not None:
+                    self.timeline.response(now, r.id, "held")
+        if r.start_buffer is None:
+            self._send_audio(r, pcm, now)
+            return
+        for held in r.start_buffer.add(pcm, 1000.0 * len(pcm) / OUTPUT_SAMPLE_RATE):
+            self._send_audio(r, held, now)
+        if r.start_buffer.spent:
+            self._end_hold(r, now)
+
+    def _holds_start(self, conv: ConversationState) -> bool:
+        """Whether a reply of ``conv`` whose first chunk is made now holds it (pipeline/start_buffer.py)."""
+        if not self.start_buffer_ms:
+            return False
+        busy = sum(1 for c in self.conversations.values()
+                   if c is not conv and (c.open_audio or c.active_response is not None))  # fmt: skip
+        return holds_start(self.start_buffer_ms, busy, self.start_buffer_busy)
+
+    def _end_hold(self, r: ResponseState, now: float) -> None:
+        """The start buffer is released (its chunks sent): count how long it held the first audio."""
+        r.start_buffer = None
+        r.start_held_ms = (now - r.first_audio_at) * 1000.0
+        self.counters["audio_start_holds_total"] += 1
+        self.counters["audio_start_held_ms_total"] += round(r.start_held_ms)
+
+    def _send_audio(self, r: ResponseState, pcm: np.ndarray, now: float) -> None:
+        """The chunk leaves the engine: the reply's player (pipeline/playout.py) takes it, the sink gets it."""
+        r.mark("token2wav_first_chunk_ms")
+        waited_ms = r.playout.deliver(now, len(pcm) / OUTPUT_SAMPLE_RATE)
+        if self.timeline is not None:
+            self.timeline.chunk(now, r.id, r.playout.chunks - 1, 1000.0 * len(pcm) / OUTPUT_SAMPLE_RATE, waited_ms)
+        if waited_ms > 0:
+            self.counters["audio_underruns_total"] += 1
+            self.counters["audio_starved_ms_total"] += round(waited_ms)
+        r.spec.sink(AudioChunk(pcm=pcm, start_sample=r.samples, codec_tokens_so_far=r.codec_tokens))
+        r.samples += len(pcm)
+        self.counters["audio_samples_total"] += len(pcm)
+        r.item.audio_ms = 1000.0 * r.samples / OUTPUT_SAMPLE_RATE
 
     # -- endings ----------------------------------------------------------------------------------
     def _finish(self, r: ResponseState, status: ResponseStatus, reason: str | None, error: Exception | None = None):
+        if r.start_buffer is not None:  # the reply's audio ended before the start buffer filled
+            if status in (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE):
+                now = time.perf_counter()
+                for held in r.start_buffer.release():
+                    self._send_audio(r, held, now)
+                self._end_hold(r, now)
+            r.start_buffer = None  # cancelled or failed: what was held was never sent, and is not
         self.responses.pop(r.id, None)
         if self.timeline is not None:
             self.timeline.response(time.perf_counter(), r.id, status.value)
@@ -1142,10 +1191,11 @@ class EngineCore:
             output_audio_tokens=r.codec_tokens,
         )
         late = f" ({', '.join(map(str, r.playout.late))})" if r.playout.late else ""
-        log.info("response %s %s after %.0f ms: %d text + %d codec tokens, %d samples, %d underruns (%.0f ms)%s of a "
+        held = f"first audio held {r.start_held_ms:.0f} ms, " if r.start_held_ms is not None else ""
+        log.info("response %s %s after %.0f ms: %d text + %d codec tokens, %d samples, %s%d underruns (%.0f ms)%s of a "
                  "real-time player; milestones (ms) %s", r.id, status.value, (time.perf_counter() - r.started_at) * 1000,
-                 len(r.item.reply_ids), r.codec_tokens, r.samples, r.playout.underruns, r.playout.starved_ms, late,
-                 {k: round(v, 1) for k, v in r.milestones.items()})
+                 len(r.item.reply_ids), r.codec_tokens, r.samples, held, r.playout.underruns, r.playout.starved_ms,
+                 late, {k: round(v, 1) for k, v in r.milestones.items()})
         r.spec.sink(ResponseDone(
             status=status, usage=usage, text=r.detok.text, text_token_ids=tuple(r.item.reply_ids),
             audio_codes=tuple(r.codes), audio_samples=r.samples, reason=reason, error=error,

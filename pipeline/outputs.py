@@ -59,6 +59,9 @@ class StageTimings:
     token2wav_first_job_ms: float | None = None
     """The token2wav job holding the first chunk started: later than ``talker_first_chunk_ms`` while the worker was
     busy with another job (or the policy picked other streams first)."""
+    token2wav_first_made_ms: float | None = None
+    """The first audio chunk was made; it left the engine then, or later when held for a start buffer
+    (``token2wav.start_buffer_ms``)."""
     token2wav_first_chunk_ms: float | None = None
     """The first audio chunk left the engine."""
     started_at_s: float | None = None
@@ -142,6 +145,11 @@ class EngineStats:
     (pipeline/playout.py): the engine's own lateness, before any network."""
     audio_starved_ms_total: int = 0
     """How long those players waited for those chunks in all (ms)."""
+    audio_start_holds_total: int = 0
+    """Replies whose first audio the engine held until their player had ``token2wav.start_buffer_ms`` in hand
+    (pipeline/start_buffer.py), counted when released."""
+    audio_start_held_ms_total: int = 0
+    """How long those replies' first audio was held in all (ms, first chunk made to sent)."""
     device_memory_bytes: int = 0
     """Accelerator memory allocated by torch now (0 on the CPU)."""
     device_memory_peak_bytes: int = 0

@@ -90,6 +90,11 @@ class Playout:
         self.late.append(LateChunk(index=self.chunks, waited_ms=waited_ms, codes_after_dry_ms=(ready - dry) * 1000.0,
                                    queued_ms=(job - ready) * 1000.0, job_ms=(now - job) * 1000.0))
 
+    @property
+    def started(self) -> bool:
+        """Whether a chunk was delivered (the player has started)."""
+        return self.ends_at is not None
+
     def ahead_ms(self, now: float) -> float:
         """Audio delivered and not yet played at ``now`` (ms; negative: the player has been waiting that long)."""
         if self.ends_at is None:

@@ -13,6 +13,7 @@ from pipeline.conversation_state import ConversationState, ConvItem
 from pipeline.detokenizer import IncrementalDetokenizer
 from pipeline.outputs import ResponseEvent
 from pipeline.playout import Playout
+from pipeline.start_buffer import StartBuffer
 
 
 class Phase(enum.IntEnum):
@@ -101,9 +102,16 @@ class ResponseState:
     t2w: object | None = None
     samples: int = 0
     first_audio_at: float | None = None
-    """``time.perf_counter()`` when the first non-empty audio chunk was emitted (None before)."""
+    """``time.perf_counter()`` when the first non-empty audio chunk was made (None before); it left the engine then,
+    or with :attr:`start_buffer` when that released it."""
+    start_buffer: StartBuffer | None = None
+    """The first chunks held until the player has enough in hand (``token2wav.start_buffer_ms``, pipeline/
+    start_buffer.py); None: nothing held (not decided yet, not held, or released)."""
+    start_held_ms: float | None = None
+    """How long the first audio was held (ms, first chunk made to sent), once released; None: it was not held."""
     playout: Playout = field(default_factory=Playout)
-    """A real-time player of the emitted audio, on ``time.perf_counter()`` (pipeline/playout.py)."""
+    """A real-time player of the emitted audio, on ``time.perf_counter()`` (pipeline/playout.py): it starts when the
+    first chunk leaves the engine."""
 
     @property
     def id(self) -> str:

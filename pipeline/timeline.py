@@ -19,8 +19,9 @@ Keys of the file (a JSON object):
   ``first``: a job of first chunks (a job holds only first chunks or only later ones).
 - ``chunks``: ``[t, response_id, index, audio_ms, waited_ms]``: each audio chunk as it was emitted; ``waited_ms``:
   how long the reply's real-time player had been dry (``pipeline/playout.py``).
-- ``responses``: ``[t, response_id, event]``, ``event`` one of ``started``, ``first_code``, ``codes_done`` and the
-  final status (``completed``, ``cancelled``, ...).
+- ``responses``: ``[t, response_id, event]``, ``event`` one of ``started``, ``first_code``, ``held`` (its first chunk
+  was made and is held for a start buffer, ``token2wav.start_buffer_ms``; its chunks are recorded when sent),
+  ``codes_done`` and the final status (``completed``, ``cancelled``, ...).
 """
 
 from __future__ import annotations

@@ -254,6 +254,13 @@ class EngineWorkCollector:
         yield CounterMetricFamily(f"{engine}_audio_starved_seconds",
                                   "How long those players waited for the late chunks, in all",
                                   value=s.audio_starved_ms_total / 1000.0)
+        yield CounterMetricFamily(f"{engine}_audio_start_holds",
+                                  "Replies whose first audio was held until their player had the start buffer in hand "
+                                  "(token2wav.start_buffer_ms, under load)",
+                                  value=s.audio_start_holds_total)
+        yield CounterMetricFamily(f"{engine}_audio_start_held_seconds",
+                                  "How long those replies' first audio was held, in all",
+                                  value=s.audio_start_held_ms_total / 1000.0)
         yield GaugeMetricFamily(f"{engine}_device_memory_bytes", "Accelerator memory allocated by torch (0 on the CPU)",
                                 value=s.device_memory_bytes)
         yield GaugeMetricFamily(f"{engine}_device_memory_peak_bytes",

@@ -22,13 +22,13 @@ from pipeline.playout import Playout
 
 
 def replies(timeline: dict) -> dict[str, dict]:
-    """Per response id: ``started``, ``first_code``, ``codes_done``, ``ended`` (ms or None), ``status`` and
+    """Per response id: ``started``, ``first_code``, ``held``, ``codes_done``, ``ended`` (ms or None), ``status`` and
     ``chunks`` [(t, audio ms, ahead before it ms or -waited)]."""
-    out: dict[str, dict] = defaultdict(lambda: {"chunks": [], "started": None, "first_code": None,
+    out: dict[str, dict] = defaultdict(lambda: {"chunks": [], "started": None, "first_code": None, "held": None,
                                                 "codes_done": None, "ended": None, "status": None})  # fmt: skip
     for t, rid, event in timeline["responses"]:
         r = out[rid]
-        if event in ("started", "first_code", "codes_done"):
+        if event in ("started", "first_code", "held", "codes_done"):
             r[event] = t
         else:
             r["ended"], r["status"] = t, event
@@ -47,7 +47,8 @@ def describe_reply(rid: str, r: dict) -> str:
     code = "-" if r["first_code"] is None else f"{r['first_code']:.0f}"
     done = "-" if r["codes_done"] is None else f"{r['codes_done']:.0f}"
     start = "-" if r["started"] is None else f"{r['started']:.0f}"
-    return f"{rid} start {start} code {code} | {chunks} | codes done {done} {r['status'] or ''}"
+    held = "" if r.get("held") is None else f" held {r['held']:.0f}"
+    return f"{rid} start {start} code {code}{held} | {chunks} | codes done {done} {r['status'] or ''}"
 
 
 def windows(timeline: dict, window_ms: float, lo: float, hi: float) -> list[str]:
