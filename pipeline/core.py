@@ -156,12 +156,12 @@ class EngineCore:
         self.split_later_jobs = tw.split_later_jobs
         """Split a job of later chunks when its most urgent streams would starve in it (``pick_job``)."""
         self.max_codes_ahead = ta.max_codes_ahead
+        """A talker row skips its step while its stream has this many codes past its next chunk's (None: never)."""
         self.start_buffer_ms = tw.start_buffer_ms
         """Under load, a reply's first audio is held until this much is made (ms; None: never; pipeline/
         start_buffer.py)."""
         self.start_buffer_busy = tw.start_buffer_busy or tw.max_batch
         """The load that holds it: this many other conversations busy."""
-        """A talker row skips its step while its stream has this many codes past its next chunk's (None: never)."""
         self.recent_jobs = RecentJobs()
         """How long the last token2wav jobs took, hand-over to emission (ms)."""
         self._t2w_job_started: tuple[float, bool, int] | None = None
