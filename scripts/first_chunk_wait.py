@@ -5,7 +5,9 @@ finished spoken response logs ("milestones (ms) {...}", pipeline/core.py), split
 - ``codes``: from the first code to the first chunk's last code (look-ahead included);
 - ``wait``: from there to the start of the token2wav job holding the first chunk (the worker busy with another job,
   or the policy picking other streams first);
-- ``job``: that job (DiT solve and vocoder, beside whatever else shares the GPU);
+- ``job``: that job (DiT solve and vocoder, beside whatever else shares the GPU), to the first chunk made;
+- ``held``: from there to its leaving the engine, the start buffer's hold under load (``token2wav.start_buffer_ms``;
+  0 when not held, and for logs older than ``token2wav_first_made_ms``, whose ``job`` then ends at ``out``);
 - ``out``: the first chunk leaving the engine (ms from the engine taking the response).
 
     python scripts/first_chunk_wait.py bench.log
@@ -29,7 +31,7 @@ from first_audio_path import LEVEL  # noqa: E402
 
 MILESTONES = re.compile(r"milestones \(ms\) (\{.*\})\s*$")
 NEEDED = ("talker_first_code_ms", "talker_first_chunk_ms", "token2wav_first_job_ms", "token2wav_first_chunk_ms")
-PARTS = ("first code", "codes", "wait", "job", "out")
+PARTS = ("first code", "codes", "wait", "job", "held", "out")
 
 
 def parse(lines) -> dict[str, list[dict[str, float]]]:
@@ -50,7 +52,9 @@ def parse(lines) -> dict[str, list[dict[str, float]]]:
 def split(m: dict[str, float]) -> dict[str, float]:
     """One response's first chunk path in the parts of :data:`PARTS` (ms)."""
     code, codes_in, job, out = (m[name] for name in NEEDED)
-    return {"first code": code, "codes": codes_in - code, "wait": job - codes_in, "job": out - job, "out": out}
+    made = m.get("token2wav_first_made_ms", out)
+    return {"first code": code, "codes": codes_in - code, "wait": job - codes_in, "job": made - job,
+            "held": out - made, "out": out}
 
 
 def table(levels: dict[str, list[dict[str, float]]]) -> str:

@@ -16,7 +16,7 @@ x INFO pipeline.core: response resp_2 completed after 300 ms: milestones (ms) {'
 'token2wav_first_chunk_ms': 150.0}
 x INFO pipeline.core: response resp_3 completed after 400 ms: milestones (ms) {'prefill_done_ms': 3.0, \
 'talker_first_code_ms': 30.0, 'talker_first_chunk_ms': 130.0, 'token2wav_first_job_ms': 190.0, \
-'token2wav_first_chunk_ms': 250.0}
+'token2wav_first_made_ms': 230.0, 'token2wav_first_chunk_ms': 250.0}
 x INFO pipeline.core: response resp_4 completed after 50 ms: 9 text + 0 codec tokens, 0 samples; milestones (ms) \
 {'prefill_done_ms': 3.0}
 """
@@ -31,9 +31,10 @@ def test_levels_split_each_spoken_reply_and_leave_out_the_warm_up_and_text_repli
     levels = first_chunk_wait.parse(LOG.splitlines())
     assert list(levels) == ["2 users"] and len(levels["2 users"]) == 2
     assert first_chunk_wait.split(levels["2 users"][1]) == {"first code": 30.0, "codes": 100.0, "wait": 60.0,
-                                                            "job": 60.0, "out": 250.0}  # fmt: skip
+                                                            "job": 40.0, "held": 20.0, "out": 250.0}  # fmt: skip
+    assert first_chunk_wait.split(levels["2 users"][0])["held"] == 0.0, "a log line without the made milestone"
     table = first_chunk_wait.table(levels)
-    assert "| 2 users | 2 | 25 / 30 | 95 / 100 | 30 / 57 | 50 / 59 | 200 / 245 |" in table
+    assert "| 2 users | 2 | 25 / 30 | 95 / 100 | 30 / 57 | 40 / 40 | 10 / 19 | 200 / 245 |" in table
     log = tmp_path / "bench.log"
     log.write_text(LOG)
     assert first_chunk_wait.main([str(log)]) == 0
