@@ -114,3 +114,15 @@ def test_the_script_lists_each_reply_and_the_load_per_window(tmp_path, capsys) -
     assert len(lines) == 2 and "2 steps" in lines[0] and "20+50/2F" in lines[0] and "300+80/2" in lines[1]
     assert "2 codes" in lines[0] and "16 codes, 1 chains" in lines[1]
     assert engine_timeline.main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_the_script_shows_when_a_replys_first_audio_was_held(tmp_path, capsys) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({
+        "steps": [], "jobs": [],
+        "chunks": [[400.0, "r1", 0, 480.0, 0.0], [400.0, "r1", 1, 480.0, 0.0]],
+        "responses": [[0.0, "r1", "started"], [12.0, "r1", "first_code"], [150.0, "r1", "held"],
+                      [900.0, "r1", "completed"]],
+        "dropped": 0}))  # fmt: skip
+    assert engine_timeline.main([str(path)]) == 0
+    assert "r1 start 0 code 12 held 150 | 400:480 400:480(+480) | codes done - completed" in capsys.readouterr().out
