@@ -92,7 +92,7 @@ class StageConfig:
     (batches of 1-16 padded 2 s blocks) too."""
     fused_decode: bool = True
     """thinker/talker on CUDA: graph-captured decode steps run each layer as 9 kernels (fused q/k/v and gate/up
-    weights, Triton add+RMSNorm, RoPE+KV write and SiLU×up; pipeline/stages/fused_decode.py) instead of HF's ~37.
+    weights, Triton add+RMSNorm, RoPE+KV write and SiLU×up; pipeline/kernels/fused_decode.py) instead of HF's ~37.
     Same arithmetic up to the order of float32 sums; ``false`` runs HF's layer code in the graphs."""
     worker_thread: str = "auto"
     """token2wav: ``on`` runs chunk synthesis on a thread (and CUDA stream) of its own, so decode steps never wait
@@ -141,23 +141,23 @@ class StageConfig:
     starving_margin_ms: int = 0
     """token2wav: a later chunk (every chunk after a reply's first) whose stream has less than this much audio (ms)
     ahead of a real-time player outranks first chunks when the worker picks its next job
-    (``pipeline/stages/token2wav_schedule.py``): waiting for a first-chunk job and then its own, it would starve.
+    (``pipeline/scheduler/token2wav_jobs.py``): waiting for a first-chunk job and then its own, it would starve.
     0: only a stream already starving does. Only the token2wav stage takes it."""
     starving_margin_from_jobs: bool = False
     """token2wav: the margin is also at least the longest of the last 8 first-chunk jobs plus the longest of the last
-    8 later-chunk jobs (``RecentJobs`` in ``pipeline/stages/token2wav_schedule.py``): what a later chunk that lets
+    8 later-chunk jobs (``RecentJobs`` in ``pipeline/scheduler/token2wav_jobs.py``): what a later chunk that lets
     first chunks go first waits before its own audio is out, which grows with the load. ``starving_margin_ms`` is
     then the floor. Only the token2wav stage takes it."""
     split_later_jobs: bool = False
     """token2wav: when the most urgent later chunks would starve waiting for a job of every ready stream, the job takes
     only as many of them as leave the fewest players running dry over this job and the next (``split_later_job`` in
-    ``pipeline/stages/token2wav_schedule.py``, by a line fitted to the recent later-chunk jobs' times by size). Only
+    ``pipeline/scheduler/token2wav_jobs.py``, by a line fitted to the recent later-chunk jobs' times by size). Only
     the token2wav stage takes it."""
     start_buffer_ms: int | None = None
     """token2wav: under load (``start_buffer_busy``), a reply's first audio is held in the engine until this much of
     it (ms) is made, then sent at once, so that its player starts with that much in hand; None (default): never held.
     Why: once more conversations are busy than one token2wav job holds, a reply's next chunk can wait for a whole job
-    of other streams and then its own, longer than a 480-ms first chunk plays (``pipeline/start_buffer.py``). The
+    of other streams and then its own, longer than a 480-ms first chunk plays (``pipeline/output/start_buffer.py``). The
     first audio comes that much later, and only under that load; a reply whose audio ends sooner is sent at its end,
     a cancelled one's held audio is dropped. Only the token2wav stage takes it."""
     start_buffer_busy: int | None = None
@@ -265,7 +265,7 @@ class EngineConfig:
     "The engine core in a child process"."""
     timeline_path: str | None = None
     """Where to write the engine's timeline (every step, token2wav job, audio chunk and response, with its time;
-    :mod:`pipeline.timeline`) as JSON when the engine closes; None (default): nothing is recorded. For reading a load
+    :mod:`pipeline.observe.timeline`) as JSON when the engine closes; None (default): nothing is recorded. For reading a load
     afterwards (``scripts/engine_timeline.py``); a relative path is relative to the engine process's working
     directory."""
 
@@ -483,7 +483,7 @@ def _parse_sampling(raw: Any, path: str) -> SamplingConfig:
 
 
 def _validate_chunking(raw: dict, path: str) -> None:
-    from pipeline.stages.chunk_schedule import ChunkingConfig
+    from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
 
     _reject_unknown(raw, {f.name for f in fields(ChunkingConfig)}, path)
     try:

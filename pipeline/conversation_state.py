@@ -42,7 +42,7 @@ class AudioBlock:
     floor: float | None = None
     """The log-mel floor its features were computed with (None: the final floor)."""
     error: Exception | None = None
-    """Why its encode failed (pipeline/audio_encodes.py); a response reading it fails with it."""
+    """Why its encode failed (pipeline/runners/audio_encodes.py); a response reading it fails with it."""
 
 
 @dataclass

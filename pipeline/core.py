@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from pipeline.config import StageGraphConfig
-from pipeline.audio_encodes import AudioEncodes
+from pipeline.runners.audio_encodes import AudioEncodes
 from pipeline.conversation_state import AudioBlock, ConversationState, ConvItem, ItemKind, OpenAudio
-from pipeline.detokenizer import IncrementalDetokenizer
+from pipeline.output.detokenizer import IncrementalDetokenizer
 from pipeline.errors import (
     ConfigError,
     EmptyInputError,
@@ -44,18 +44,18 @@ from pipeline.outputs import (
     TextDelta,
     Usage,
 )
-from pipeline.prefill_batch import PrefillBatch, PrefillJob
+from pipeline.scheduler.prefill_batch import PrefillBatch, PrefillJob
 from pipeline.registry import CONNECTORS
 from pipeline.request import Phase, ResponseSpec, ResponseState, TextEnd
-from pipeline.sampling import SampleRows, SamplerSpec
-from pipeline.stall_watch import StallWatch
-from pipeline.start_buffer import StartBuffer, holds_start
-from pipeline.timeline import EngineTimeline
-from pipeline.stages.chunk_schedule import ChunkingConfig
-from pipeline.stages.talker import TalkerRunner
-from pipeline.stages.thinker import ThinkerRunner
-from pipeline.stages.token2wav_schedule import ChunkCandidate, RecentJobs, Token2WavJob, pick_job
-from pipeline.stages.token2wav_worker import Token2WavWorker
+from pipeline.runners.sampling import SampleRows, SamplerSpec
+from pipeline.observe.stall_watch import StallWatch
+from pipeline.output.start_buffer import StartBuffer, holds_start
+from pipeline.observe.timeline import EngineTimeline
+from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
+from pipeline.runners.talker import TalkerRunner
+from pipeline.runners.thinker import ThinkerRunner
+from pipeline.scheduler.token2wav_jobs import ChunkCandidate, RecentJobs, Token2WavJob, pick_job
+from pipeline.runners.token2wav_worker import Token2WavWorker
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class EngineCore:
         real-time player of each reply, ``ResponseState.playout``)."""
         self.conversations: dict[str, ConversationState] = {}
         self._prefills = PrefillBatch(th.max_prefills_per_step, None)
-        """This step's thinker prefill chunks (pipeline/prefill_batch.py)."""
+        """This step's thinker prefill chunks (pipeline/scheduler/prefill_batch.py)."""
         self._talker_prefills_left = 0
         """What is left this step of the talker's ``max_prefills_per_step``."""
         self._background_turn = 0
@@ -294,7 +294,7 @@ class EngineCore:
 
     def append_audio(self, conv_id: str, item_id: str, pcm: np.ndarray) -> None:
         """Feed user audio (16 kHz float32) of a message still being spoken. Each complete 2 s block is queued for
-        the next step's encode (pipeline/audio_encodes.py) and prefilled in the background while the conversation
+        the next step's encode (pipeline/runners/audio_encodes.py) and prefilled in the background while the conversation
         is idle."""
         conv = self.conv(conv_id)
         pending = conv.open_audio.get(item_id)
@@ -384,7 +384,7 @@ class EngineCore:
         """Advance every active response by one unit per stage: responses still prefilling get one prefill
         chunk each; all decoding responses get one thinker token in one batched step, then one talker token in
         another, then one token2wav job: a batch of the streams with their next chunk ready, first chunks alone
-        (pipeline/stages/token2wav_schedule.py), inline or handed to the worker. Returns False when nothing
+        (pipeline/scheduler/token2wav_jobs.py), inline or handed to the worker. Returns False when nothing
         could progress (every response is paused by backpressure or waits for a KV slot), so the caller can
         wait instead of spin."""
         started = time.perf_counter()
@@ -464,7 +464,7 @@ class EngineCore:
         return progressed
 
     def encode_audio(self) -> int:
-        """Run the audio encodes the commands queued (pipeline/audio_encodes.py), every conversation's in one call;
+        """Run the audio encodes the commands queued (pipeline/runners/audio_encodes.py), every conversation's in one call;
         :meth:`step` starts with it. Returns how many blocks were encoded."""
         return self.audio_encodes.flush()
 
@@ -1032,7 +1032,7 @@ class EngineCore:
         return self.t2w_worker is not None and r.t2w is not None and self.t2w_worker.busy_with(r.t2w)
 
     def _token2wav_job(self, ready: list[ResponseState]) -> tuple[list[ResponseState], Token2WavJob | None]:
-        """The responses whose next chunk to make now, and the job (pipeline/stages/token2wav_schedule.py: first
+        """The responses whose next chunk to make now, and the job (pipeline/scheduler/token2wav_jobs.py: first
         chunks alone, then the streams with the least audio ahead, one batch at most, with ``split_later_jobs`` fewer
         when the most urgent would starve in it; None when ``ready`` is empty)."""
         now = time.perf_counter()
@@ -1131,7 +1131,7 @@ class EngineCore:
             self._end_hold(r, now)
 
     def _holds_start(self, conv: ConversationState) -> bool:
-        """Whether a reply of ``conv`` whose first chunk is made now holds it (pipeline/start_buffer.py)."""
+        """Whether a reply of ``conv`` whose first chunk is made now holds it (pipeline/output/start_buffer.py)."""
         if not self.start_buffer_ms:
             return False
         busy = sum(1 for c in self.conversations.values()
@@ -1146,7 +1146,7 @@ class EngineCore:
         self.counters["audio_start_held_ms_total"] += round(r.start_held_ms)
 
     def _send_audio(self, r: ResponseState, pcm: np.ndarray, now: float) -> None:
-        """The chunk leaves the engine: the reply's player (pipeline/playout.py) takes it, the sink gets it."""
+        """The chunk leaves the engine: the reply's player (pipeline/output/playout.py) takes it, the sink gets it."""
         r.mark("token2wav_first_chunk_ms")
         waited_ms = r.playout.deliver(now, len(pcm) / OUTPUT_SAMPLE_RATE)
         if self.timeline is not None:
@@ -1214,7 +1214,7 @@ class EngineCore:
         self._finish(r, ResponseStatus.FAILED, "error", exc)
 
     def _response_seed(self) -> int:
-        """The noise seed of a new response's sampling (pipeline/sampling.py): drawn from the OS, or with an engine
+        """The noise seed of a new response's sampling (pipeline/runners/sampling.py): drawn from the OS, or with an engine
         seed, the seed and the response's number (so a seeded engine repeats its replies)."""
         if self.seed is None:
             return secrets.randbits(32)

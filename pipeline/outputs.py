@@ -142,12 +142,12 @@ class EngineStats:
     """Talker batches run as a chain of steps (``talker.chain_steps``); their codes count in ``talker_tokens_total``."""
     audio_underruns_total: int = 0
     """Chunks emitted after a real-time player of their reply, started on its first chunk, would have run dry
-    (pipeline/playout.py): the engine's own lateness, before any network."""
+    (pipeline/output/playout.py): the engine's own lateness, before any network."""
     audio_starved_ms_total: int = 0
     """How long those players waited for those chunks in all (ms)."""
     audio_start_holds_total: int = 0
     """Replies whose first audio the engine held until their player had ``token2wav.start_buffer_ms`` in hand
-    (pipeline/start_buffer.py), counted when released."""
+    (pipeline/output/start_buffer.py), counted when released."""
     audio_start_held_ms_total: int = 0
     """How long those replies' first audio was held in all (ms, first chunk made to sent)."""
     device_memory_bytes: int = 0

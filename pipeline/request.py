@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, replace
 
 
 from pipeline.conversation_state import ConversationState, ConvItem
-from pipeline.detokenizer import IncrementalDetokenizer
+from pipeline.output.detokenizer import IncrementalDetokenizer
 from pipeline.outputs import ResponseEvent
-from pipeline.playout import Playout
-from pipeline.start_buffer import StartBuffer
+from pipeline.output.playout import Playout
+from pipeline.output.start_buffer import StartBuffer
 
 
 class Phase(enum.IntEnum):
@@ -70,7 +70,7 @@ class ResponseState:
     item: ConvItem
     detok: IncrementalDetokenizer
     seed: int = 0
-    """Noise seed of this response's thinker and talker sampling (pipeline/sampling.py)."""
+    """Noise seed of this response's thinker and talker sampling (pipeline/runners/sampling.py)."""
     phase: Phase = Phase.PREFILL
     started_at: float = 0.0
     """perf_counter() when the engine thread took the response."""
@@ -110,7 +110,7 @@ class ResponseState:
     start_held_ms: float | None = None
     """How long the first audio was held (ms, first chunk made to sent), once released; None: it was not held."""
     playout: Playout = field(default_factory=Playout)
-    """A real-time player of the emitted audio, on ``time.perf_counter()`` (pipeline/playout.py): it starts when the
+    """A real-time player of the emitted audio, on ``time.perf_counter()`` (pipeline/output/playout.py): it starts when the
     first chunk leaves the engine."""
 
     @property

@@ -1,6 +1,6 @@
 """What an audio commit costs in the engine: the user stops speaking, the session commits the message, and
 the engine encodes the tail (the audio after the last complete 2 s block) before it can answer (since f871cc8 the
-commit command queues the encode and the engine's next step runs it: pipeline/audio_encodes.py).
+commit command queues the encode and the engine's next step runs it: pipeline/runners/audio_encodes.py).
 
 Streams a spoken fixture into a conversation (100 ms appends, faster than real time but waiting for the engine
 to be idle before the commit, as after a VAD silence window), then times the commit as the caller sees it and,

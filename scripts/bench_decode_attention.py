@@ -1,5 +1,5 @@
 """The decode attention of the 7B architecture's thinker and talker: one program per row and head against the
-row's positions shared by several programs (:func:`~pipeline.stages.decode_attention.attention_splits`), GPU.
+row's positions shared by several programs (:func:`~pipeline.kernels.decode_attention.attention_splits`), GPU.
 
     python scripts/bench_decode_attention.py --device cuda
 
@@ -42,7 +42,7 @@ ATTENTION = {"thinker": (28, 4, 128), "talker": (12, 4, 64)}  # query heads, kv 
 
 @torch.inference_mode()
 def attention(batches: list[int], lengths: list[int], device: str) -> list[dict]:
-    from pipeline.stages.decode_attention import attend_triton, attention_splits
+    from pipeline.kernels.decode_attention import attend_triton, attention_splits
 
     out = []
     print("\n| stage | rows | positions | one pass µs | split µs (splits) | max abs diff |")

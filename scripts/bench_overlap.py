@@ -60,8 +60,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     from pipeline.models.qwen2_5_omni.parts import thinker_text_model
     from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, build_random_model
-    from pipeline.stages.talker import TalkerRunner
-    from pipeline.stages.thinker import ThinkerRunner
+    from pipeline.runners.talker import TalkerRunner
+    from pipeline.runners.thinker import ThinkerRunner
 
     batches = [int(b) for b in args.batches.split(",")]
     dev = torch.device(args.device)

@@ -115,8 +115,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     from pipeline.models.qwen2_5_omni.parts import thinker_text_model
     from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, build_random_model
-    from pipeline.stages.talker import TalkerRunner
-    from pipeline.stages.thinker import ThinkerRunner
+    from pipeline.runners.talker import TalkerRunner
+    from pipeline.runners.thinker import ThinkerRunner
 
     batches = [int(b) for b in args.batches.split(",")]
     ckpt = build_random_model(RandomModelSpec.qwen2_5_omni_7b(), device=args.device, dtype=torch.bfloat16)

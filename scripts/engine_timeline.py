@@ -1,4 +1,4 @@
-"""Read an engine timeline (``engine.timeline_path``, :mod:`pipeline.timeline`): what the engine did while a load ran.
+"""Read an engine timeline (``engine.timeline_path``, :mod:`pipeline.observe.timeline`): what the engine did while a load ran.
 
     python scripts/engine_timeline.py TIMELINE.json                  # every reply, then the load per 200 ms
     python scripts/engine_timeline.py TIMELINE.json --late           # only the replies whose player ran dry
@@ -18,7 +18,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from pipeline.playout import Playout
+from pipeline.output.playout import Playout
 
 
 def replies(timeline: dict) -> dict[str, dict]:

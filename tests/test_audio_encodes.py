@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.audio_encodes import AudioEncodes
+from pipeline.runners.audio_encodes import AudioEncodes
 
 
 class FakeEncoder:
@@ -55,7 +55,7 @@ def test_a_failing_block_keeps_its_error_and_the_others_are_encoded_alone():
 @torch.inference_mode()
 def test_encoding_blocks_together_equals_encoding_each(tiny_model_dir, device):
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.stages.thinker import ThinkerRunner
+    from pipeline.runners.thinker import ThinkerRunner
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": device}, dtypes={"thinker": torch.float32})
     runner = ThinkerRunner(ckpt.thinker, device=torch.device(device), dtype=torch.float32, kv_slots=2, max_len=64)
@@ -125,7 +125,7 @@ class StubCore:
 
 
 def test_commands_that_arrive_during_the_encode_join_the_next_step():
-    from pipeline.engine import EngineThread
+    from pipeline.loop import EngineThread
 
     core = StubCore()
     engine = EngineThread(core)

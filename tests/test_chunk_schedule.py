@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError
-from pipeline.stages.chunk_schedule import ChunkingConfig, ChunkPlan, FrameRange, plan_next_chunk
+from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig, ChunkPlan, FrameRange, plan_next_chunk
 
 
 def drain(cfg: ChunkingConfig, frames_done: int, codes: int, finished: bool, index: int,

@@ -105,13 +105,13 @@ async def test_timings_place_the_response_on_the_host_clock(tiny_engine):
 
 
 async def test_slow_engine_commands_are_logged(tiny_engine, monkeypatch, caplog):
-    import pipeline.engine
+    import pipeline.loop
 
-    caplog.set_level(logging.INFO, logger="pipeline.engine")
+    caplog.set_level(logging.INFO, logger="pipeline.loop")
     conv = tiny_engine.conversation()
     await conv.add_text("u0", "Hi")
     assert "slow engine command" not in caplog.text  # far below the threshold
-    monkeypatch.setattr(pipeline.engine, "SLOW_COMMAND_MS", -1.0)
+    monkeypatch.setattr(pipeline.loop, "SLOW_COMMAND_MS", -1.0)
     await conv.add_text("u1", "Hi")
     assert "slow engine command: add_text took" in caplog.text
     await conv.close()

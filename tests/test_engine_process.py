@@ -28,7 +28,7 @@ from conftest import greedy_stage_config
 from pipeline.commands import ENGINE_COMMANDS, Command
 from pipeline.config import load_stage_config, parse_stage_config
 from pipeline.engine import OmniEngine
-from pipeline.engine_process import AckBatcher, Credits, EngineProcess
+from pipeline.process import AckBatcher, Credits, EngineProcess
 from pipeline.errors import (
     CheckpointError,
     ConfigError,
@@ -415,7 +415,7 @@ async def test_a_killed_engine_process_fails_pending_calls_live_responses_and_la
 
 
 async def test_close_ends_live_responses_and_stops_the_process_cleanly(tiny_model_dir, caplog):
-    caplog.set_level(logging.WARNING, logger="pipeline.engine_process")
+    caplog.set_level(logging.WARNING, logger="pipeline.process")
     engine = await asyncio.to_thread(start_engine, tiny_model_dir)
     conv = engine.conversation()
     await conv.add_text("u1", "Talk to me.")
@@ -430,7 +430,7 @@ async def test_close_ends_live_responses_and_stops_the_process_cleanly(tiny_mode
     assert engine.closed and engine._backend.exitcode == 0
     # the child exited by itself: the reader thread and close() both saw it go, and neither may take the other's
     # reaping of it for a child still running (it was logged as one that did not stop, and signalled)
-    assert [r.getMessage() for r in caplog.records if r.name == "pipeline.engine_process"] == []
+    assert [r.getMessage() for r in caplog.records if r.name == "pipeline.process"] == []
     with pytest.raises(EngineClosedError) as info:
         await conv.add_text("u2", "Hello?")
     assert type(info.value) is EngineClosedError

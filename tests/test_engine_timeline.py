@@ -14,7 +14,7 @@ import yaml
 from conftest import greedy_stage_config, run_spoken_reply
 
 from pipeline.config import DEFAULT_STAGE_CONFIG, ConfigError, EngineConfig, parse_stage_config
-from pipeline.timeline import EngineTimeline
+from pipeline.observe.timeline import EngineTimeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import engine_timeline  # noqa: E402
@@ -77,7 +77,7 @@ def test_a_timeline_that_cannot_be_written_is_logged_not_raised(tmp_path, caplog
     blocker = tmp_path / "file"
     blocker.write_text("")
     timeline = EngineTimeline(blocker / "t.json")  # a folder where a file is
-    with caplog.at_level(logging.ERROR, logger="pipeline.timeline"):
+    with caplog.at_level(logging.ERROR, logger="pipeline.observe.timeline"):
         timeline.write()
     assert "engine timeline not written" in caplog.text
 

@@ -1,4 +1,4 @@
-"""The fused decode step (pipeline/stages/fused_decode.py) computes what HF's layer code computes.
+"""The fused decode step (pipeline/kernels/fused_decode.py) computes what HF's layer code computes.
 
 The Triton kernels run on the CPU through Triton's interpreter (a subprocess with ``TRITON_INTERPRET=1``, which
 must be set before Triton is imported); on a GPU the compiled kernels are checked instead."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.stages.decoder import PooledDecoder
-from pipeline.stages.fused_decode import fusable
+from pipeline.runners.decoder import PooledDecoder
+from pipeline.kernels.fused_decode import fusable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,8 +27,8 @@ import sys
 import torch
 from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 from pipeline.models.qwen2_5_omni.parts import thinker_text_model
-from pipeline.stages.decoder import PooledDecoder
-from pipeline.stages.fused_decode import add_rms_norm, silu_mul
+from pipeline.runners.decoder import PooledDecoder
+from pipeline.kernels.fused_decode import add_rms_norm, silu_mul
 
 torch.manual_seed(0)
 for dtype, tol in ((torch.float32, 1e-5),):
@@ -117,7 +117,7 @@ def test_layers_of_another_structure_are_left_unfused(tiny_model_dir):
 def test_fused_decode_on_the_gpu(tiny_model_dir):
     """Compiled kernels, bf16, captured in the runner's graphs: the fused step against the unfused eager one."""
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.stages.thinker import ThinkerRunner
+    from pipeline.runners.thinker import ThinkerRunner
 
     for fused_decode in (False, True):
         ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.bfloat16})
@@ -143,8 +143,8 @@ def test_fused_kernels_round_as_eager_bf16_on_the_gpu():
     flip a rounding)."""
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniRMSNorm
 
-    from pipeline.stages.decoder import _rotate_half
-    from pipeline.stages.fused_decode import add_rms_norm, rope_and_store, silu_mul
+    from pipeline.runners.decoder import _rotate_half
+    from pipeline.kernels.fused_decode import add_rms_norm, rope_and_store, silu_mul
 
     torch.manual_seed(0)
     dev, bf = "cuda", torch.bfloat16

@@ -12,10 +12,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from pipeline.stages.decode_attention import attend_reference
-from pipeline.stages.decode_graphs import BatchedDecode, HostRow, default_batch_sizes
-from pipeline.stages.decoder import PooledDecoder
-from pipeline.stages.kv_pool import KVPool, SlotAllocator
+from pipeline.kernels.decode_attention import attend_reference
+from pipeline.runners.decode_graphs import BatchedDecode, HostRow, default_batch_sizes
+from pipeline.runners.decoder import PooledDecoder
+from pipeline.runners.kv_pool import KVPool, SlotAllocator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,7 +122,7 @@ def test_batched_decode_on_the_cpu_runs_the_step_eagerly(tiny_bodies):
 
 TRITON_CHECK = """
 import torch
-from pipeline.stages.decode_attention import attend_reference, attend_triton
+from pipeline.kernels.decode_attention import attend_reference, attend_triton
 torch.manual_seed(0)
 for hq, hkv, d in ((8, 2, 32), (6, 2, 64), (4, 4, 16)):
     keys, values = torch.randn(5, 100, hkv, d), torch.randn(5, 100, hkv, d)
@@ -152,7 +152,7 @@ def test_triton_decode_attention_matches_the_reference_in_the_interpreter():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_triton_decode_attention_on_the_gpu():
-    from pipeline.stages.decode_attention import attend_triton
+    from pipeline.kernels.decode_attention import attend_triton
 
     torch.manual_seed(0)
     keys = torch.randn(9, 700, 4, 128, device="cuda", dtype=torch.bfloat16)
@@ -169,7 +169,7 @@ def test_triton_decode_attention_on_the_gpu():
 def test_attention_splits_spread_few_rows_over_the_sms():
     """Few rows: each row's positions are shared by up to 16 programs, keeping about two programs per SM (132 SMs
     assumed off the GPU); enough rows already fill the GPU and run the single-pass kernel."""
-    from pipeline.stages.decode_attention import attention_splits
+    from pipeline.kernels.decode_attention import attention_splits
 
     cpu = torch.device("cpu")
     assert attention_splits(1, 12, cpu) == 16  # the 7B talker at batch 1: 192 programs
@@ -183,7 +183,7 @@ def test_attention_splits_spread_few_rows_over_the_sms():
 @torch.inference_mode()
 def test_captured_decode_steps_match_eager_ones_on_the_gpu(tiny_model_dir):
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.stages.thinker import ThinkerRunner
+    from pipeline.runners.thinker import ThinkerRunner
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.float32})
     runner = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=64)
@@ -211,7 +211,7 @@ def test_captured_prefills_match_eager_ones_on_the_gpu(tiny_model_dir):
     """A prefill span as rows of a captured step (padded to the next captured size) gives the eager prefill's hidden
     states and writes the same keys and values, causally, at any start; a span longer than every graph runs eagerly."""
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.stages.thinker import ThinkerRunner
+    from pipeline.runners.thinker import ThinkerRunner
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.float32})
     graphed = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=1024)

@@ -1,4 +1,4 @@
-"""The engine's model of a real-time player (pipeline/playout.py) and the underruns the engine counts by it."""
+"""The engine's model of a real-time player (pipeline/output/playout.py) and the underruns the engine counts by it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import greedy_stage_config, start_spoken_reply
 
-from pipeline.playout import Playout
+from pipeline.output.playout import Playout
 
 
 def test_a_player_starts_on_the_first_chunk_and_plays_in_real_time() -> None:
@@ -36,7 +36,7 @@ def test_a_late_chunk_is_one_underrun_and_the_player_resumes_on_its_arrival() ->
 
 def test_a_late_chunk_says_where_its_time_went() -> None:
     """Codes ready, job start and arrival of each late chunk, relative to the moment its player ran dry."""
-    from pipeline.playout import MAX_LATE_CHUNKS
+    from pipeline.output.playout import MAX_LATE_CHUNKS
 
     player = Playout()
     player.chunk_ready(0.0)

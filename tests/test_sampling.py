@@ -8,8 +8,8 @@ import torch
 
 from conftest import run_triton_check
 from pipeline.config import SamplingConfig
-from pipeline.noise import uniform_noise_reference as uniform_noise
-from pipeline.sampling import BatchSampler, SampleRows, SamplerSpec
+from pipeline.kernels.noise import uniform_noise_reference as uniform_noise
+from pipeline.runners.sampling import BatchSampler, SampleRows, SamplerSpec
 
 
 def hf_processed(cfg: SamplingConfig, logits: torch.Tensor, seen: list[int], suppress: list[int]) -> torch.Tensor:
@@ -127,7 +127,7 @@ def test_top_k_keeps_to_the_k_most_likely_ids():
 
 def test_a_decode_step_with_a_sampler_samples_what_the_sampler_gives_for_its_logits(tiny_model_dir):
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.stages.thinker import ThinkerRunner
+    from pipeline.runners.thinker import ThinkerRunner
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cpu"}, dtypes={"thinker": torch.float32})
     cfg = SamplingConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
@@ -151,7 +151,7 @@ def test_a_captured_step_samples_what_the_eager_step_samples_on_the_gpu(tiny_mod
     """Sampling inside the decode graph: a batch of 3 (padded to the graph of 4) draws the eager step's tokens, and
     the padding row marks nothing seen outside the scratch row."""
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.stages.thinker import ThinkerRunner
+    from pipeline.runners.thinker import ThinkerRunner
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.float32})
     cfg = SamplingConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
@@ -172,7 +172,7 @@ def test_a_captured_step_samples_what_the_eager_step_samples_on_the_gpu(tiny_mod
 
 NOISE_CHECK = """
 import torch
-from pipeline.noise import uniform_noise_reference, uniform_noise_triton
+from pipeline.kernels.noise import uniform_noise_reference, uniform_noise_triton
 device = "cuda" if torch.cuda.is_available() else "cpu"
 seeds = torch.tensor([0, 1, 2**32 - 1, 123456789, 2**40 + 5], device=device)
 counters = torch.tensor([0, 7, 2**31, 99, 2**33], device=device)

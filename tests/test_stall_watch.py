@@ -4,7 +4,7 @@ import asyncio
 import logging
 
 from pipeline.request import ResponseSpec
-from pipeline.stall_watch import StallWatch
+from pipeline.observe.stall_watch import StallWatch
 
 
 def test_reports_only_after_marks_stay_unchanged_while_live():

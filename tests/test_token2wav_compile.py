@@ -23,7 +23,7 @@ from pipeline.errors import ConfigError
 from pipeline.models.qwen2_5_omni import dit as dit_module
 from pipeline.models.qwen2_5_omni.token2wav_graphs import WindowJob
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
-from pipeline.stages.token2wav_worker import Token2WavWorker
+from pipeline.runners.token2wav_worker import Token2WavWorker
 from tests.test_token2wav_graphs import GPU_TOLERANCE, run_stream
 from tests.test_token2wav_stream import BATCH_LENGTHS, FLOAT_NOISE, MEL_DIM, build_token2wav, drive_together, utterance
 

@@ -21,7 +21,7 @@ from pipeline.models.qwen2_5_omni.token2wav_graphs import (
     slot_sizes,
 )
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
-from pipeline.stages.chunk_schedule import ChunkingConfig
+from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
 from tests.test_token2wav_stream import BATCH_LENGTHS, build_token2wav, drive_together, utterance
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

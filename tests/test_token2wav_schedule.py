@@ -1,10 +1,10 @@
-"""The token2wav job policy (pipeline/stages/token2wav_schedule.py): pure, no engine."""
+"""The token2wav job policy (pipeline/scheduler/token2wav_jobs.py): pure, no engine."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.stages.token2wav_schedule import ChunkCandidate, RecentJobs, Token2WavJob, pick_job, split_later_job
+from pipeline.scheduler.token2wav_jobs import ChunkCandidate, RecentJobs, Token2WavJob, pick_job, split_later_job
 
 
 def steady(key: str, ahead_ms: float) -> ChunkCandidate:
@@ -139,7 +139,7 @@ def test_the_engine_picks_by_audio_ahead_of_a_real_time_player() -> None:
     from types import SimpleNamespace
 
     from pipeline.core import EngineCore
-    from pipeline.playout import Playout
+    from pipeline.output.playout import Playout
 
     now = time.perf_counter()
 

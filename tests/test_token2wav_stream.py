@@ -24,7 +24,7 @@ from pipeline.models.qwen2_5_omni.token2wav_stream import (
     Token2WavStreamStateError,
     one_shot,
 )
-from pipeline.stages.chunk_schedule import ChunkingConfig
+from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
 
 MEL_DIM = 20
 ENC_EMB_DIM = 8

@@ -7,7 +7,7 @@ work (BENCHMARKS.md §10.3). Every turn's tail is encoded after the user stops s
 first audio's path at one user; under load every step that encoded a block was that much longer.
 
 Same arithmetic as transformers' ``Qwen2_5OmniAudioEncoder`` on blocks of at most ``n_window * 2`` mel frames (the
-encoder attends within such blocks, which is why blocks encode independently, pipeline/audio_encodes.py):
+encoder attends within such blocks, which is why blocks encode independently, pipeline/runners/audio_encodes.py):
 
 - a block of ``L`` frames is zero-padded to the batch width ``W`` (the reference pads its chunks with zeros too);
   ``conv1`` outputs at frames >= ``L`` are zeroed before ``conv2`` as in the reference;
@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import sdpa_kernel
 
-from pipeline.cuda_graphs import CapturedCall, bucket_at_least, host_to_device
+from pipeline.kernels.cuda_graphs import CapturedCall, bucket_at_least, host_to_device
 from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
-from pipeline.stages.decoder import PREFILL_BACKENDS
+from pipeline.kernels.sdpa import PREFILL_BACKENDS
 
 __all__ = ["BlockEncoder", "GRAPH_BATCHES", "encode_blocks"]
 

@@ -1,7 +1,7 @@
 """Streaming token2wav for Qwen2.5-Omni: sliding-window DiT (flow matching) + BigVGAN with overlap seams.
 
 Codec tokens arrive one by one from the talker; :class:`Token2WavStream` turns them into 24 kHz float32
-audio chunk by chunk, following the plan of :mod:`pipeline.stages.chunk_schedule`:
+audio chunk by chunk, following the plan of :mod:`pipeline.models.qwen2_5_omni.chunk_schedule`:
 
 - DiT: each chunk's frames are synthesized by running the whole ODE (RK4, ``ode_steps`` time points,
   classifier-free guidance batched with the unconditioned branch as the reference sampler does) on the
@@ -73,7 +73,7 @@ from pipeline.models.qwen2_5_omni.token2wav_graphs import (
     pack_windows,
     slot_sizes,
 )
-from pipeline.stages.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
+from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
 
 log = logging.getLogger(__name__)
 

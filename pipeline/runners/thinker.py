@@ -7,7 +7,7 @@ needs: the input embedding and the last hidden state (after the final norm).
 Positions: text and audio tokens use plain sequential positions on all three TMRoPE axes (the 3-D
 positions of Qwen2.5-Omni differ from ``arange`` only for images and video), so a span prefilled at
 offset ``start`` uses ``start .. start+T-1``, and a position's rotary angle is its index in the KV slot
-(:class:`~pipeline.stages.decoder.PooledDecoder`). All methods run under ``torch.inference_mode`` and
+(:class:`~pipeline.runners.decoder.PooledDecoder`). All methods run under ``torch.inference_mode`` and
 must be called from the engine thread only.
 """
 
@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.cuda_graphs import host_to_device
+from pipeline.kernels.cuda_graphs import host_to_device
 from pipeline.models.qwen2_5_omni.audio_encoder import BlockEncoder
 from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
-from pipeline.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
-from pipeline.stages.decode_attention import triton_available
-from pipeline.stages.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
-from pipeline.stages.decoder import PooledDecoder
+from pipeline.runners.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
+from pipeline.kernels.decode_attention import triton_available
+from pipeline.runners.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
+from pipeline.runners.decoder import PooledDecoder
 
 
 @dataclass

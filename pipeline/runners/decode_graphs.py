@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.cuda_graphs import CapturedCall, bucket_at_least, host_tensor, host_to_device
-from pipeline.stages.decode_attention import triton_available
-from pipeline.stages.kv_pool import KVPool
+from pipeline.kernels.cuda_graphs import CapturedCall, bucket_at_least, host_tensor, host_to_device
+from pipeline.kernels.decode_attention import triton_available
+from pipeline.runners.kv_pool import KVPool
 
 __all__ = ["PREFILL_GRAPH_SIZES", "Advance", "BatchedDecode", "HostRow", "default_batch_sizes", "graphed_prefill",
            "prefill_graphs"]
@@ -73,7 +73,7 @@ class BatchedDecode:
         self._graphs: dict[int, CapturedCall] = {}
         self.capture_stream: torch.cuda.Stream | None = None
         """One stream (so one cuBLAS workspace) for this step's graphs: they replay one at a time, on the engine
-        thread; another stage's graphs get their own (see :class:`~pipeline.cuda_graphs.CapturedCall`)."""
+        thread; another stage's graphs get their own (see :class:`~pipeline.kernels.cuda_graphs.CapturedCall`)."""
         self.replays = 0
         self.eager_steps = 0
 
@@ -181,7 +181,7 @@ outputs (:meth:`BatchedDecode.chain`)."""
 def prefill_graphs(decoder, *, width: int, dtype: torch.dtype, cuda_graphs: bool) -> BatchedDecode:
     """Graphs of ``decoder``'s graph-safe row step over input vectors (T, ``width``), captured at
     :data:`PREFILL_GRAPH_SIZES` rows, for :func:`graphed_prefill` (``decoder``: a
-    :class:`~pipeline.stages.decoder.PooledDecoder`)."""
+    :class:`~pipeline.runners.decoder.PooledDecoder`)."""
     def step(slots, positions, x, *, graph_safe: bool):
         return (decoder.decode(x, slots, positions, graph_safe=graph_safe),)
 

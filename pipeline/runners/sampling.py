@@ -13,7 +13,7 @@ The draw: top-k first, then top-p and the draw over those k values only (the tok
 so top-p over the k survivors removes the same tokens as over the whole vocabulary; ties at the k-th value are the
 only difference: ``topk`` keeps exactly k). The draw is the Gumbel-max trick, argmax(logit + Gumbel noise), which
 samples exactly from the softmax. The noise is a hash of (row seed, row counter, rank, sampler salt)
-(:mod:`pipeline.noise`), not torch's RNG: a graph replays it without generator state, and a seeded response samples
+(:mod:`pipeline.kernels.noise`), not torch's RNG: a graph replays it without generator state, and a seeded response samples
 the same tokens whatever it is batched with, since its noise depends only on its own seed and how many tokens it has
 sampled.
 """
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.config import SamplingConfig
-from pipeline.cuda_graphs import host_to_device
-from pipeline.noise import uniform_noise
-from pipeline.stages.decode_graphs import HostRow
+from pipeline.kernels.cuda_graphs import host_to_device
+from pipeline.kernels.noise import uniform_noise
+from pipeline.runners.decode_graphs import HostRow
 
 __all__ = ["BatchSampler", "SampleRows", "SamplerSpec", "sample_host_rows", "sample_inputs"]
 
@@ -39,7 +39,7 @@ class SampleRows:
 
     ``rows``: the sampler table row of each batch row (its KV slot); ``force_continue``: stop ids suppressed (the
     row has not reached its minimum length); ``seeds`` and ``counters``: the row's noise seed and how many tokens it
-    has sampled in this stage (see :func:`~pipeline.noise.uniform_noise`)."""
+    has sampled in this stage (see :func:`~pipeline.kernels.noise.uniform_noise`)."""
 
     rows: Sequence[int] | torch.Tensor
     force_continue: Sequence[bool] | torch.Tensor

@@ -4,7 +4,7 @@ Why: on a GPU server with many users the engine thread shares the server's GIL w
 (WebSockets, JSON, base64, resampling, a VAD pass per 20 ms frame of every user), and engine steps
 stretched to most of a second. Here the child process owns the GPU: it loads the checkpoint itself (from a
 picklable :mod:`pipeline.loaders` recipe), builds the :class:`~pipeline.core.EngineCore` and runs the very
-same :class:`~pipeline.engine.EngineThread` serve loop (commands between steps, the token2wav worker's
+same :class:`~pipeline.loop.EngineThread` serve loop (commands between steps, the token2wav worker's
 wake-up, the high-priority CUDA stream, inference mode). The caller's process keeps the async API and talks
 to it over one duplex pipe.
 
@@ -57,7 +57,7 @@ from pipeline.request import ResponseSpec
 
 if TYPE_CHECKING:
     from pipeline.core import EngineCore
-    from pipeline.engine import EngineFacts, EngineThread
+    from pipeline.loop import EngineFacts, EngineThread
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 class EngineProcess:
-    """The engine core in a child process; the same interface as :class:`~pipeline.engine.EngineThread`
+    """The engine core in a child process; the same interface as :class:`~pipeline.loop.EngineThread`
     (``submit`` → future, ``post``, ``consumed``, ``pending``, ``close``, ``closed``).
 
     The constructor spawns the child and returns once it has loaded the checkpoint and built the core
@@ -500,7 +500,7 @@ def child_main(conn: Connection, spec: ProcessSpec) -> None:
     root.setLevel(spec.log_level)
     try:
         from pipeline.core import EngineCore
-        from pipeline.engine import EngineFacts, EngineThread
+        from pipeline.loop import EngineFacts, EngineThread
 
         ckpt = spec.loader.load(spec.cfg)
         core = EngineCore(ckpt, spec.cfg, seed=spec.seed)

@@ -2,7 +2,7 @@
 
 Each step the engine plans at most one chunk per conversation (a response's prompt, or the speech of a user still
 talking), admits them here under two budgets, then runs the admitted ones as one batch
-(:meth:`~pipeline.stages.thinker.ThinkerRunner.prefill_many`): a burst of turns ending together costs one replay of
+(:meth:`~pipeline.runners.thinker.ThinkerRunner.prefill_many`): a burst of turns ending together costs one replay of
 a prefill graph instead of one eager prefill each (BENCHMARKS.md §11).
 
 Budgets: ``max_jobs`` chunks (the stage's ``max_prefills_per_step``) and ``max_rows`` positions (the largest captured

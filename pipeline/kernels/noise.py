@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.stages.decode_attention import triton_available
+from pipeline.kernels.decode_attention import triton_available
 
 try:
     import triton

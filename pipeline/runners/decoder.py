@@ -22,19 +22,16 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
-from pipeline.stages.decode_attention import attend_reference, attend_triton
-from pipeline.stages.fused_decode import FusedLayer, add_rms_norm, fusable, fuse_layer_weights, rope_and_store, silu_mul
-from pipeline.stages.kv_pool import KVPool
+from pipeline.kernels.decode_attention import attend_reference, attend_triton
+from pipeline.kernels.fused_decode import FusedLayer, add_rms_norm, fusable, fuse_layer_weights, rope_and_store, silu_mul
+from pipeline.kernels.sdpa import PREFILL_BACKENDS
+from pipeline.runners.kv_pool import KVPool
 
 __all__ = ["PooledDecoder"]
 
 
-PREFILL_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-"""Attention kernels for prefill and for the audio encoder (masked, every chunk or utterance tail a new shape). Not
-cuDNN: it builds an execution plan for each new shape, which made prefills of fresh utterances take ~1 s on the GPU
-server (BENCHMARKS.md §4) and each commit's tail encode ~90 ms instead of ~20 (§10)."""
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ Pure arithmetic over a caller-supplied clock (seconds, ``time.perf_counter()`` i
 the reply's first chunk, plays continuously at real time, and when it runs out waits for the next chunk and resumes
 on its arrival: the WebSocket player of the benchmark (``realtime/bench/metrics.py``, without its jitter buffer), and
 what a browser's audio queue does. The engine schedules token2wav by it (a stream's audio ahead,
-``pipeline/stages/token2wav_schedule.py``) and counts its underruns: what a client would hear if the network added
+``pipeline/scheduler/token2wav_jobs.py``) and counts its underruns: what a client would hear if the network added
 nothing, so an operator can tell the engine's lateness from the network's. For each chunk that came late it also
 keeps where the chunk's time went (:class:`LateChunk`): its codes came late (decode), it waited for the token2wav
 worker (schedule), or its job was long.

@@ -18,7 +18,7 @@ Keys of the file (a JSON object):
 - ``jobs``: ``[start, ms, streams, first]``: each token2wav job from its hand-over to the emission of its chunks;
   ``first``: a job of first chunks (a job holds only first chunks or only later ones).
 - ``chunks``: ``[t, response_id, index, audio_ms, waited_ms]``: each audio chunk as it was emitted; ``waited_ms``:
-  how long the reply's real-time player had been dry (``pipeline/playout.py``).
+  how long the reply's real-time player had been dry (``pipeline/output/playout.py``).
 - ``responses``: ``[t, response_id, event]``, ``event`` one of ``started``, ``first_code``, ``held`` (its first chunk
   was made and is held for a start buffer, ``token2wav.start_buffer_ms``; its chunks are recorded when sent),
   ``codes_done`` and the final status (``completed``, ``cancelled``, ...).

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.cuda_graphs import host_to_device
-from pipeline.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
-from pipeline.stages.decode_attention import triton_available
-from pipeline.stages.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
-from pipeline.stages.decoder import PooledDecoder
+from pipeline.kernels.cuda_graphs import host_to_device
+from pipeline.runners.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
+from pipeline.kernels.decode_attention import triton_available
+from pipeline.runners.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
+from pipeline.runners.decoder import PooledDecoder
 
 
 _POSITION_ROW = 1

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.stages.decode_attention import triton
+from pipeline.kernels.decode_attention import triton
 
 __all__ = ["FusedLayer", "add_rms_norm", "fuse_layer_weights", "fusable", "rope_and_store", "silu_mul"]
 

@@ -1,0 +1,1 @@
+"""Device kernels and CUDA-graph helpers the runners use."""

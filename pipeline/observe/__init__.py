@@ -1,0 +1,1 @@
+"""Observation of the engine: timeline, stall watch."""

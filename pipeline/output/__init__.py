@@ -1,0 +1,1 @@
+"""The output side: turns what the runners made into response events."""

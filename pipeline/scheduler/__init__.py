@@ -1,0 +1,1 @@
+"""The scheduler: decides each engine step as plain data; pure, testable without a model."""
