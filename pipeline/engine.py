@@ -1,13 +1,13 @@
 """The async engine: the public API of :mod:`pipeline` (implements :mod:`pipeline.api`).
 
 One engine thread owns the :class:`~pipeline.core.EngineCore` and every model tensor. Coroutines
-talk to it through a command queue; each command (:class:`~pipeline.commands.Command`) runs between
+talk to it through a request queue; each request (:mod:`pipeline.requests`) runs between
 two engine steps, in submission order, and its result or exception comes back through a future.
 Response events travel back with ``loop.call_soon_threadsafe`` into the response's own queue.
 
 The engine thread runs either in this process (:class:`pipeline.loop.EngineThread`) or in a child process that owns
 the GPU (:class:`pipeline.process.EngineProcess`, chosen by the stage config's
-``engine.process``); both take the same commands and deliver the same events, so everything above
+``engine.process``); both take the same requests and deliver the same events, so everything above
 them (:class:`OmniEngine`, :class:`Conversation`, :class:`AudioInput`, :class:`Response`) is one code path.
 
 Backpressure: a response whose consumer has more than ``max_pending_events`` undelivered events
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from pipeline.api import INPUT_SAMPLE_RATE, Modality, Role
-from pipeline.commands import Command
+from pipeline import requests as rq
 from pipeline.config import StageGraphConfig, load_stage_config
 from pipeline.core import EngineCore
 from pipeline.errors import (
@@ -124,7 +124,7 @@ class Response:
         if self.done is not None or self._engine.closed:
             return  # a closing engine ends every response itself (cancelled, or failed if its process died)
         try:
-            self._engine._post(Command("cancel_response", (self.id, reason)))
+            self._engine._post(rq.CancelResponse(self.id, reason))
         except EngineClosedError:  # closed since the check above: the same as a closed engine
             log.debug("cancel of %s after the engine closed: its shutdown ends the response", self.id)
 
@@ -160,17 +160,17 @@ class AudioInput:
             raise InvalidInputError("this audio message is already committed or discarded", param="audio")
         pcm = validate_pcm(pcm, allow_empty=True).copy()
         if pcm.size:
-            self._conv._engine._post(Command("append_audio", (self._conv.id, self.item_id, pcm)))
+            self._conv._engine._post(rq.AppendAudio(self._conv.id, self.item_id, pcm))
 
     def commit(self) -> Awaitable[None]:
         """Sent to the engine now (ordered before any later command); await the result for its errors."""
         self._closed = True
-        command = Command("commit_audio", (self._conv.id, self.item_id))
+        command = rq.CommitAudio(self._conv.id, self.item_id)
         return asyncio.wrap_future(self._conv._engine._submit_nowait(command))
 
     async def discard(self) -> None:
         self._closed = True
-        await self._conv._engine._call(Command("discard_audio", (self._conv.id, self.item_id)))
+        await self._conv._engine._call(rq.DiscardAudio(self._conv.id, self.item_id))
 
 
 class Conversation:
@@ -180,30 +180,30 @@ class Conversation:
         self.id = f"conv_{next(_ids)}"
         self._engine = engine
         self._active: Response | None = None
-        engine._post(Command("open_conversation", (self.id, instructions)))
+        engine._post(rq.OpenConversation(self.id, instructions))
 
     async def set_instructions(self, instructions: str) -> None:
-        await self._engine._call(Command("set_instructions", (self.id, instructions)))
+        await self._engine._call(rq.SetInstructions(self.id, instructions))
 
     async def add_text(self, item_id: str, text: str, role: Role = "user") -> None:
         if role not in ("system", "user", "assistant"):
             raise InvalidInputError(f"unknown role {role!r}", param="role")
-        await self._engine._call(Command("add_text", (self.id, item_id, role, text)))
+        await self._engine._call(rq.AddText(self.id, item_id, role, text))
 
     async def add_audio(self, item_id: str, pcm: np.ndarray) -> None:
         validate_pcm(pcm)
-        await self._engine._call(Command("add_audio", (self.id, item_id, pcm)))
+        await self._engine._call(rq.AddAudio(self.id, item_id, pcm))
 
     def open_audio(self, item_id: str) -> AudioInput:
         return AudioInput(self, item_id)
 
     async def delete_item(self, item_id: str) -> None:
-        await self._engine._call(Command("delete_item", (self.id, item_id)))
+        await self._engine._call(rq.DeleteItem(self.id, item_id))
 
     async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:
         if audio_end_ms < 0:
             raise InvalidInputError("audio_end_ms must be >= 0", param="audio_end_ms")
-        await self._engine._call(Command("truncate_item", (self.id, item_id, audio_end_ms)))
+        await self._engine._call(rq.TruncateItem(self.id, item_id, audio_end_ms))
 
     def respond(
         self,
@@ -231,7 +231,7 @@ class Conversation:
         )
         self._active = resp
         try:
-            fut = engine._submit_nowait(Command("start_response", (spec,)))
+            fut = engine._submit_nowait(rq.StartResponse(spec))
         except BaseException:
             self._active = None
             raise
@@ -241,7 +241,7 @@ class Conversation:
     async def close(self) -> None:
         if self._engine.closed:
             return
-        await self._engine._call(Command("close_conversation", (self.id,)))
+        await self._engine._call(rq.CloseConversation(self.id))
 
 
 class OmniEngine:
@@ -339,12 +339,12 @@ class OmniEngine:
     async def stats(self) -> EngineStats:
         """What the engine holds now (conversations, responses, KV positions, queued commands)."""
         queued = self._backend.pending()
-        return await self._call(Command("stats", (queued,)))
+        return await self._call(rq.GetStats(queued))
 
     async def wait_idle(self, poll_s: float = 0.001) -> None:
         """Wait until the engine has nothing to do: no response running and every conversation's
         background prefill caught up (benchmarks and tests use it)."""
-        while await self._call(Command("has_work")):
+        while await self._call(rq.HasWork()):
             await asyncio.sleep(poll_s)
 
     def close(self) -> None:
@@ -358,6 +358,6 @@ class OmniEngine:
         self._backend.post(command)
 
     async def _call(self, command: CoreCall):
-        """Run ``command`` and return its result. A bare callable (not a :class:`Command`) works only
+        """Run ``command`` and return its result. A bare callable (not an engine request) works only
         with the engine core in this process (tests)."""
         return await asyncio.wrap_future(self._backend.submit(command))

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-from pipeline.commands import Command
+from pipeline.requests import EngineRequest
 from pipeline.config import StageGraphConfig
 from pipeline.core import EngineCore
 from pipeline.errors import EngineClosedError, PipelineError
@@ -35,8 +35,8 @@ _STOP = object()
 DECODE_STREAM_PRIORITY = -1
 """CUDA stream priority of the engine thread (lower is more urgent; torch's streams default to 0)."""
 
-SLOW_COMMAND_MS = 50.0
-"""An engine command (a commit's tail encode, an audio block) running longer than this is logged: it delays
+SLOW_REQUEST_MS = 50.0
+"""An engine request (a commit's tail encode, an audio block) running longer than this is logged: it delays
 every response's next step and the command behind it."""
 
 ENGINE_SWITCH_INTERVAL_S = 0.0005
@@ -47,9 +47,10 @@ def _noop(core: EngineCore) -> None:
     return None
 
 
-CoreCall = Callable[[EngineCore], object]
-"""What an engine thread runs between two steps: a :class:`~pipeline.commands.Command`, or (in this
-process only: tests, and the child side of an engine process) any callable taking the core."""
+CoreCall = EngineRequest | Callable[[EngineCore], object]
+"""What an engine thread runs between two steps: an engine request (:mod:`pipeline.requests`, run by
+:meth:`EngineCore.handle <pipeline.core.EngineCore.handle>`), or (in this process only: tests, and the child side of an
+engine process) any callable taking the core."""
 
 
 class EngineBackend(Protocol):
@@ -116,8 +117,8 @@ class EngineThread:
             sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         core.commands_waiting = lambda: not self._commands.empty()
-        if core.t2w_worker is not None:  # a finished chunk wakes the loop at once instead of at its next poll
-            core.t2w_worker.on_done = lambda: self._commands.put((_noop, None))
+        # a finished token2wav chunk wakes the loop at once instead of at its next poll
+        core.wake_on_audio(lambda: self._commands.put((_noop, None)))
         self._thread = threading.Thread(target=self._loop, name="omni-engine", daemon=True)
         self._closed = False
         self._thread.start()
@@ -159,7 +160,7 @@ class EngineThread:
         """On CUDA the engine thread's GPU work goes to a high-priority stream: its decode steps are hundreds of
         small kernels, and at equal priority each one queued behind the token2wav worker's large DiT kernels
         (a 4 ms step took ~290 ms while a chunk was being made)."""
-        device = self.core.thinker.device
+        device = self.core.device
         if device.type != "cuda":
             return contextlib.nullcontext()
         torch.cuda.synchronize(device)  # what start-up queued on the default stream (pools, graphs) is done
@@ -199,7 +200,7 @@ class EngineThread:
                 self._timed(fn, self._run_posted)
             elif fut.set_running_or_notify_cancel():
                 try:
-                    result = self._timed(fn, lambda f: f(self.core))
+                    result = self._timed(fn, lambda f: run_call(f, self.core))
                 except BaseException as exc:  # noqa: BLE001 - delivered to the caller through its future
                     fut.set_exception(exc)
                 else:
@@ -215,22 +216,29 @@ class EngineThread:
             return run(fn)
         finally:
             elapsed_ms = (time.perf_counter() - started) * 1000
-            if elapsed_ms > SLOW_COMMAND_MS:
-                log.info("slow engine command: %s took %.0f ms", _describe(fn), elapsed_ms)
+            if elapsed_ms > SLOW_REQUEST_MS:
+                log.info("slow engine request: %s took %.0f ms", _describe(fn), elapsed_ms)
 
     def _run_posted(self, fn: CoreCall) -> None:
         try:
-            fn(self.core)
+            run_call(fn, self.core)
         except PipelineError as exc:  # e.g. audio appended to a conversation closed meanwhile
             log.info("engine command %s failed (nobody waits for it): %s", _describe(fn), exc)
         except Exception:  # noqa: BLE001 - a bug, but the engine thread must go on serving everyone else
             log.exception("engine command %s failed (nobody waits for it)", _describe(fn))
 
     def _shutdown(self) -> None:
-        for conv_id in list(self.core.conversations):
-            self.core.close_conversation(conv_id)
         self.core.close()
 
 
 def _describe(fn: CoreCall) -> str:
-    return fn.method if isinstance(fn, Command) else getattr(fn, "__qualname__", type(fn).__name__)
+    return type(fn).__name__ if is_request(fn) else getattr(fn, "__qualname__", type(fn).__name__)
+
+
+def is_request(fn: CoreCall) -> bool:
+    return isinstance(fn, EngineRequest.__args__)
+
+
+def run_call(fn: CoreCall, core: EngineCore):
+    """Run one call on the engine thread: a request through the core's ``handle``, a callable with the core."""
+    return core.handle(fn) if is_request(fn) else fn(core)

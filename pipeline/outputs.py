@@ -18,10 +18,37 @@ OUTPUT_SAMPLE_RATE = 24_000
 
 
 class ResponseStatus(enum.Enum):
+    """Where a response is, in order: a response only moves forward (``a < b``: ``a`` comes first). The first three
+    are live (inside the engine); the last four are final, and :class:`ResponseDone` carries one of them
+    (``is_finished()``). A text-only response skips ``SYNTHESIZING``."""
+
+    PREFILLING = "prefilling"
+    """The thinker is prefilling the conversation up to the reply's header."""
+    DECODING = "decoding"
+    """The thinker samples reply tokens and, for a spoken reply, the talker codec tokens (either may be done)."""
+    SYNTHESIZING = "synthesizing"
+    """Every token is made; token2wav is turning the last codes into audio."""
     COMPLETED = "completed"
+    INCOMPLETE = "incomplete"
+    """Stopped at ``max_output_tokens``."""
     CANCELLED = "cancelled"
     FAILED = "failed"
-    INCOMPLETE = "incomplete"
+
+    def is_finished(self) -> bool:
+        return _STATUS_ORDER[self] >= _STATUS_ORDER[ResponseStatus.COMPLETED]
+
+    def __lt__(self, other: ResponseStatus) -> bool:
+        if not isinstance(other, ResponseStatus):
+            return NotImplemented
+        return _STATUS_ORDER[self] < _STATUS_ORDER[other]
+
+    def __le__(self, other: ResponseStatus) -> bool:
+        if not isinstance(other, ResponseStatus):
+            return NotImplemented
+        return _STATUS_ORDER[self] <= _STATUS_ORDER[other]
+
+
+_STATUS_ORDER = {status: i for i, status in enumerate(ResponseStatus)}
 
 
 @dataclass(frozen=True)

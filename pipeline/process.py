@@ -10,7 +10,7 @@ to it over one duplex pipe.
 
 What crosses the pipe (tuples whose first item is a tag; everything pickles):
 
-- parent → child: ``(CALL, call_id, Command)`` (answered by one ``RESULT``), ``(POST, Command)`` (no answer;
+- parent → child: ``(CALL, call_id, request)`` (answered by one ``RESULT``), ``(POST, request)`` (no answer;
   a failure is logged), ``(ACK, response_id, n)`` (the consumer took ``n`` more events), ``(STOP,)``.
 - child → parent: ``(READY, EngineFacts)`` or ``(FAILED, exception)`` once, after loading;
   ``(RESULT, call_id, ok, value or exception)``; ``(EVENT, response_id, ResponseEvent)``;
@@ -48,7 +48,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
-from pipeline.commands import Command
+from pipeline.loop import CoreCall, is_request
+from pipeline.requests import StartResponse
 from pipeline.config import StageGraphConfig
 from pipeline.errors import EngineClosedError, EngineDeadError, EngineProcessError, PipelineError
 from pipeline.loaders import CheckpointLoader
@@ -168,7 +169,7 @@ class EngineProcess:
     def closed(self) -> bool:
         return self._closing or self._error is not None
 
-    def submit(self, command: Command) -> Future:
+    def submit(self, command: CoreCall) -> Future:
         """Send ``command``; its result (or exception) comes back through the future. For ``start_response``
         the spec's sink receives the response's events, on the reader thread."""
         wire, sink = self._wire(command)
@@ -180,17 +181,17 @@ class EngineProcess:
             self._raise_if_closed()
             self._futures[call_id] = fut
             if sink is not None:
-                self._routes[command.args[0].id] = sink
+                self._routes[command.spec.id] = sink
         if sink is not None:  # a refused start sends no event: forget its route (runs before anyone else's callback)
-            response_id = command.args[0].id
+            response_id = command.spec.id
             fut.add_done_callback(lambda f: f.exception() is not None and self._drop_route(response_id))
         self._send(payload)
         return fut
 
-    def post(self, command: Command) -> None:
+    def post(self, command: CoreCall) -> None:
         wire, sink = self._wire(command)
         if sink is not None:
-            raise ValueError("start_response must be submitted (its refusal comes back through the future)")
+            raise ValueError("StartResponse must be submitted (its refusal comes back through the future)")
         payload = ForkingPickler.dumps((POST, wire))
         with self._lock:
             self._raise_if_closed()
@@ -232,16 +233,15 @@ class EngineProcess:
         self._conn.close()
 
     # -- internals --
-    def _wire(self, command: Command) -> tuple[Command, Callable[[ResponseEvent], None] | None]:
-        """What crosses the pipe for ``command``, and the sink to route its events to (start_response)."""
-        if not isinstance(command, Command):
-            raise TypeError(f"an engine core in a child process runs Command objects, not {type(command).__name__}")
-        if command.method != "start_response":
+    def _wire(self, command: CoreCall) -> tuple[CoreCall, Callable[[ResponseEvent], None] | None]:
+        """What crosses the pipe for ``command``, and the sink to route its events to (``StartResponse``)."""
+        if not is_request(command):
+            raise TypeError(f"an engine core in a child process runs engine requests, not {type(command).__name__}")
+        if not isinstance(command, StartResponse):
             return command, None
-        (spec,) = command.args
-        if not isinstance(spec, ResponseSpec):
-            raise TypeError(f"start_response takes a ResponseSpec, not {type(spec).__name__}")
-        return Command("start_response", (spec.detached(),)), spec.sink
+        if not isinstance(command.spec, ResponseSpec):
+            raise TypeError(f"StartResponse takes a ResponseSpec, not {type(command.spec).__name__}")
+        return StartResponse(command.spec.detached()), command.spec.sink
 
     def _raise_if_closed(self) -> None:
         if self._error is not None:
@@ -561,12 +561,11 @@ class _ChildServer:
         else:
             raise ValueError(f"unknown message {tag!r}")
 
-    def _runnable(self, command: Any) -> Callable[[EngineCore], object]:
-        if not isinstance(command, Command):
-            raise TypeError(f"expected a Command, got {type(command).__name__}")
-        if command.method == "start_response":
-            (spec,) = command.args
-            return lambda core: self._credits.start(core, spec)
+    def _runnable(self, command: Any) -> CoreCall:
+        if not is_request(command):
+            raise TypeError(f"expected an engine request, got {type(command).__name__}")
+        if isinstance(command, StartResponse):
+            return lambda core: self._credits.start(core, command.spec)
         return command
 
     def _answer(self, call_id: int, fut: Future) -> None:

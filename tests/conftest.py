@@ -78,12 +78,13 @@ def start_spoken_reply(core, name: str, max_text_tokens: int = 4) -> list:
     """Open conversation ``name`` on an ``EngineCore`` driven by the test, add a user text and start a spoken reply
     ``r-<name>``; returns the list its events are appended to."""
     from pipeline.request import ResponseSpec
+    from pipeline.requests import AddText, OpenConversation, StartResponse
 
     events: list = []
-    core.open_conversation(name, "You are a test.")
-    core.add_text(name, f"{name}-u", "user", f"Hello from {name}")
-    core.start_response(ResponseSpec(id=f"r-{name}", conv_id=name, item_id=f"{name}-a", audio=True, voice="Chelsie",
-                                     max_text_tokens=max_text_tokens, sink=events.append))  # fmt: skip
+    core.handle(OpenConversation(name, "You are a test."))
+    core.handle(AddText(name, f"{name}-u", "user", f"Hello from {name}"))
+    core.handle(StartResponse(ResponseSpec(id=f"r-{name}", conv_id=name, item_id=f"{name}-a", audio=True,
+                                           voice="Chelsie", max_text_tokens=max_text_tokens, sink=events.append)))
     return events
 
 
@@ -95,17 +96,17 @@ def run_spoken_reply(core, max_text_tokens: int = 6):
     from pipeline.outputs import AudioChunk, ResponseDone
 
     events = start_spoken_reply(core, "a", max_text_tokens=max_text_tokens)
-    response = core.responses["r-a"]
+    response = core.response("r-a")
     progress = []
     for _ in range(400):
         if any(isinstance(e, ResponseDone) for e in events):
             break
         core.step()
         chunks = sum(isinstance(e, AudioChunk) for e in events)
-        progress.append((len(response.item.reply_ids), len(response.codes), chunks))
+        progress.append((len(response.item.reply_ids), len(response.talker.codes), chunks))
     assert any(isinstance(e, ResponseDone) for e in events)
     audio = np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk)])
-    return list(response.codes), audio, progress
+    return list(response.talker.codes), audio, progress
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ is retried block by block; a block that cannot be encoded fails the response tha
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -69,14 +68,14 @@ def test_encoding_blocks_together_equals_encoding_each(tiny_model_dir, device):
 
 async def test_a_block_that_cannot_be_encoded_fails_the_reply_and_the_engine_serves_on(tiny_engine, caplog):
     core = tiny_engine._thread.core
-    encode_many = core.thinker.encode_many
+    encode_many = core.runner.thinker.encode_many
 
     def failing(features):
         if any(f.shape[1] == 57 for f in features):
             raise RuntimeError("encoder broke")
         return encode_many(features)
 
-    core.thinker.encode_many = failing
+    core.runner.thinker.encode_many = failing
     try:
         conv = tiny_engine.conversation()
         await conv.add_audio("u1", np.zeros(16000 * 57 // 100, dtype=np.float32) + 0.01)  # a 57-frame tail
@@ -90,7 +89,7 @@ async def test_a_block_that_cannot_be_encoded_fails_the_reply_and_the_engine_ser
         await conv.close()
         await other.close()
     finally:
-        core.thinker.encode_many = encode_many
+        core.runner.thinker.encode_many = encode_many
 
 
 class StubCore:
@@ -100,10 +99,11 @@ class StubCore:
         self.events: list[str] = []
         self.queued = 0
         self.step_wanted = False
-        self.t2w_worker = None
-        self.thinker = SimpleNamespace(device=torch.device("cpu"))
-        self.conversations: dict = {}
+        self.device = torch.device("cpu")
         self.backend = None
+
+    def wake_on_audio(self, callback) -> None:
+        pass  # no token2wav worker
 
     def has_work(self) -> bool:
         return self.queued > 0 or self.step_wanted

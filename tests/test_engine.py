@@ -39,8 +39,8 @@ async def test_cancel_mid_response_stops_every_stage_and_next_response_works(tin
     assert done.reason == "turn_detected"
     # nothing but what the engine had already queued before the cancel landed; then done
     core = tiny_engine._thread.core
-    assert resp.id not in core.responses
-    assert core.conversations[conv.id].active_response is None
+    assert core.response(resp.id) is None
+    assert core.conversations.get(conv.id).active_response is None
     # the partial reply stays in history; a new response works
     second = await conv.respond(item_id="a2", max_output_tokens=4).wait()
     assert second.status in (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE)
@@ -76,7 +76,7 @@ async def test_consumer_task_cancellation_cancels_the_response(tiny_engine):
         await task
     done = await resp.wait()
     assert done.status in (ResponseStatus.CANCELLED, ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE)
-    assert resp.id not in tiny_engine._thread.core.responses
+    assert tiny_engine._thread.core.response(resp.id) is None
     await conv.close()
 
 
@@ -104,16 +104,16 @@ async def test_timings_place_the_response_on_the_host_clock(tiny_engine):
     await conv.close()
 
 
-async def test_slow_engine_commands_are_logged(tiny_engine, monkeypatch, caplog):
+async def test_slow_engine_requests_are_logged(tiny_engine, monkeypatch, caplog):
     import pipeline.loop
 
     caplog.set_level(logging.INFO, logger="pipeline.loop")
     conv = tiny_engine.conversation()
     await conv.add_text("u0", "Hi")
-    assert "slow engine command" not in caplog.text  # far below the threshold
-    monkeypatch.setattr(pipeline.loop, "SLOW_COMMAND_MS", -1.0)
+    assert "slow engine request" not in caplog.text  # far below the threshold
+    monkeypatch.setattr(pipeline.loop, "SLOW_REQUEST_MS", -1.0)
     await conv.add_text("u1", "Hi")
-    assert "slow engine command: add_text took" in caplog.text
+    assert "slow engine request: AddText took" in caplog.text
     await conv.close()
 
 
@@ -224,7 +224,7 @@ async def test_truncate_rolls_back_reply_text(tiny_engine):
     conv = tiny_engine.conversation()
     await conv.add_text("u1", "Hi there")
     done = await conv.respond(item_id="a1", max_output_tokens=10).wait()
-    item = tiny_engine._thread.core.conversations[conv.id].find("a1")
+    item = tiny_engine._thread.core.conversations.get(conv.id).find("a1")
     total_ms = item.audio_ms
     assert total_ms > 0
     await conv.truncate_item("a1", int(total_ms / 2))
@@ -283,9 +283,9 @@ async def test_stats_show_what_the_engine_holds(tiny_engine):
 def test_audio_positions_are_copied_block_by_block():
     import torch
 
-    from pipeline.core import _audio_runs
+    from pipeline.scheduler.scheduler import audio_runs
 
     a, b = torch.zeros(4, 2), torch.ones(3, 2)
     audio = {2: (a, 0), 3: (a, 1), 4: (a, 2), 5: (a, 3), 6: (b, 0), 7: (b, 1), 9: (b, 2)}
-    runs = [(pos, t is a, r) for pos, t, r in _audio_runs(audio, 3, 10)]
-    assert runs == [(3, True, range(1, 4)), (6, False, range(0, 2)), (9, False, range(2, 3))]
+    runs = [(offset, t is a, r) for offset, t, r in audio_runs(audio, 3, 10)]  # offsets from the chunk's start (3)
+    assert runs == [(0, True, range(1, 4)), (3, False, range(0, 2)), (6, False, range(2, 3))]

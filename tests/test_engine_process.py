@@ -25,7 +25,7 @@ import soxr
 import websockets
 
 from conftest import greedy_stage_config
-from pipeline.commands import ENGINE_COMMANDS, Command
+from pipeline.requests import AddText, HasWork
 from pipeline.config import load_stage_config, parse_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.process import AckBatcher, Credits, EngineProcess
@@ -278,13 +278,12 @@ async def test_invalid_calls_raise_the_same_errors_in_both_modes(mode, engine, t
 async def test_an_unexpected_exception_in_the_child_names_its_type(engine):
     conv = engine.conversation()
     with pytest.raises(EngineProcessError) as info:
-        await engine._call(Command("add_text", (conv.id, "u1", "user", 42)))  # 42 has no .strip()
+        await engine._call(AddText(conv.id, "u1", "user", 42))  # 42 has no .strip()
     assert info.value.remote_type == "AttributeError" and "AttributeError" in str(info.value)
-    with pytest.raises(TypeError, match="Command"):
-        await engine._call(lambda core: core.stats())  # code cannot cross to the child, only commands
-    with pytest.raises(ValueError, match="unknown engine command"):
-        Command("step")
-    assert {"start_response", "cancel_response", "stats", "has_work"} <= ENGINE_COMMANDS
+    with pytest.raises(TypeError, match="engine requests"):
+        await engine._call(lambda core: core.stats())  # code cannot cross to the child, only requests
+    with pytest.raises(TypeError, match="engine requests"):
+        await engine._call("step")  # nor a method name
     await conv.add_text("u2", "still fine")  # the engine carries on
     await conv.close()
 
@@ -382,7 +381,7 @@ async def test_a_killed_engine_process_fails_pending_calls_live_responses_and_la
                 if len(events) == 1:
                     pid = engine._backend.pid
                     os.kill(pid, signal.SIGSTOP)  # the child can no longer answer this call...
-                    pending = engine._submit_nowait(Command("has_work"))
+                    pending = engine._submit_nowait(HasWork())
                     os.kill(pid, signal.SIGKILL)  # ...and dies
             with pytest.raises(EngineDeadError, match="SIGKILL"):
                 await asyncio.wrap_future(pending)

@@ -65,16 +65,16 @@ async def test_a_stage_that_fails_for_one_conversation_of_the_tiny_engine(tiny_e
     failed, its cache dropped), a concurrent session's response completes, and the failed session
     answers its next turn normally."""
     core = tiny_engine._thread.core
-    talker_step = core._talker_step
+    talker_prefill = core.runner.talker_prefill
     broken = {"on": True}
 
-    def flaky_talker(r):
+    def flaky_talker(r, **kwargs):
         if broken["on"] and any(item.text == "FAIL ME" for item in r.conv.items):
             broken["on"] = False
             raise RuntimeError("injected talker fault")
-        return talker_step(r)
+        return talker_prefill(r, **kwargs)
 
-    monkeypatch.setattr(core, "_talker_step", flaky_talker)
+    monkeypatch.setattr(core.runner, "talker_prefill", flaky_talker)
     async with served(tiny_engine) as (url, app), connect(url) as victim, connect(url) as other:
         for client, text in ((victim, "FAIL ME"), (other, "Hello there, how are you?")):
             await client.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 12}})

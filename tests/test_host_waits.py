@@ -26,16 +26,16 @@ def test_a_talker_start_queues_its_work_without_waiting(tiny_model_dir):
     core = EngineCore(ckpt, cfg, seed=0)
     special, bos_token = core.special, next(iter(ckpt.speakers.values())).bos_token
     ids = [special.codec_pad, special.codec_bos]
-    prompt = torch.randn(5, core.talker.proj.in_features, device="cuda", dtype=core.talker.dtype)
+    prompt = torch.randn(5, core.runner.talker.proj.in_features, device="cuda", dtype=core.runner.talker.dtype)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        bos = core.thinker.embed([bos_token])
-        core.code_sampler.reset(0, ids)
-        logits = core.talker.prefill(torch.cat([prompt, bos.to(prompt.dtype), prompt[:1]]), codec_pad=ids[0],
+        bos = core.runner.thinker.embed([bos_token])
+        core.runner.talker.sampler.reset(0, ids)
+        logits = core.runner.talker.prefill(torch.cat([prompt, bos.to(prompt.dtype), prompt[:1]]), codec_pad=ids[0],
                                      codec_bos=ids[1], slot=0)  # fmt: skip
         with pytest.raises(RuntimeError):  # the mode does catch a wait: a read
             logits.sum().item()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert logits.shape == (core.talker.head.out_features,) and torch.isfinite(logits).all()
+    assert logits.shape == (core.runner.talker.head.out_features,) and torch.isfinite(logits).all()

@@ -40,7 +40,7 @@ def engine(tiny_model_dir, request):
 
 
 def core_conv(engine, conv):
-    return engine._thread.core.conversations[conv.id]
+    return engine._thread.core.conversations.get(conv.id)
 
 
 async def stream_audio(engine, conv, item_id: str, pcm: np.ndarray, *, piece: int = 320) -> None:
@@ -104,7 +104,7 @@ async def test_exact_floor_features_equal_the_reference_processor(engine):
     one_shot = IncrementalLogMel(core.ckpt.feature_extractor)
     one_shot.append(pcm)
     one_shot.finish()
-    reference = core.thinker.encode_features(one_shot.one_shot_features()[:, :200])
+    reference = core.runner.thinker.encode_features(one_shot.one_shot_features()[:, :200])
     first_block = item.audio_blocks[0].embeds
     if core.cfg.thinker.audio_floor == "exact":
         assert item.audio_blocks[0].version == 1, "the first block was re-encoded at commit"
@@ -165,7 +165,7 @@ async def test_talker_prompt_cache_is_reused_across_turns(engine, monkeypatch):
     """The talker's cache follows the conversation as the thinker's does: prefilled in the background while the
     conversation is idle, kept across turns, so that a reply's talker prefill covers only what the background had not
     (+ speaker bos and the first reply vector)."""
-    talker = engine._thread.core.talker
+    talker = engine._thread.core.runner.talker
     spans = []  # (start, positions, at a reply's start)
     prefill, prefill_prompt = talker.prefill, talker.prefill_prompt
 
@@ -239,7 +239,7 @@ async def test_context_policy_drop_oldest(tiny_model_dir):
             await conv.add_text(f"u{i}", "some words to fill the context " * 2)
             done = await conv.respond(item_id=f"a{i}", modalities=frozenset({"text"}), max_output_tokens=8).wait()
             assert done.status is not ResponseStatus.FAILED, done.error
-        state = eng._thread.core.conversations[conv.id]
+        state = eng._thread.core.conversations.get(conv.id)
         assert state.items[0].id != "u0", "the oldest turns were dropped"
         assert len(state.cached_keys) <= 160
     finally:

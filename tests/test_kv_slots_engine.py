@@ -34,9 +34,9 @@ async def test_idle_conversations_lend_their_slots_and_replies_do_not_change(sma
     core = engine._thread.core
     convs = [engine.conversation() for _ in range(3)]
     first = [await reply(c, "a1", f"Hello number {i}") for i, c in enumerate(convs)]
-    owners = core.thinker.pool.slots.lru_owners()
+    owners = core.runner.thinker.pool.slots.lru_owners()
     assert len(owners) == 2 and convs[0].id not in owners, "the least recently used conversation was evicted"
-    evicted = core.conversations[convs[0].id]
+    evicted = core.conversations.get(convs[0].id)
     assert evicted.slot is None and evicted.cached_keys == []
     # the evicted conversation answers its next turn after a full re-prefill, exactly as an engine with room does
     again = await reply(convs[0], "a2", "And again?")
@@ -46,7 +46,7 @@ async def test_idle_conversations_lend_their_slots_and_replies_do_not_change(sma
     for c in (*convs, roomy):
         await c.close()
     await engine.wait_idle()
-    assert core.thinker.pool.slots.used == 0 and core.talker.pool.slots.used == 0
+    assert core.runner.thinker.pool.slots.used == 0 and core.runner.talker.pool.slots.used == 0
 
 
 async def test_wait_idle_returns_while_a_conversation_waits_for_a_slot_others_hold(small_pool_engine):
@@ -59,17 +59,17 @@ async def test_wait_idle_returns_while_a_conversation_waits_for_a_slot_others_ho
     for i, c in enumerate(convs):
         await c.add_text(f"u{i}", f"Waiting for a slot, number {i}")
     await asyncio.wait_for(engine.wait_idle(), timeout=60)
-    waiting = [c for c in convs if core.conversations[c.id].slot is None]
-    assert len(waiting) == 1 and core.conversations[waiting[0].id].dirty, "one conversation waits for a slot"
+    waiting = [c for c in convs if core.conversations.get(c.id).slot is None]
+    assert len(waiting) == 1 and core.conversations.get(waiting[0].id).dirty, "one conversation waits for a slot"
     held = next(c for c in convs if c is not waiting[0])
     await held.close()  # frees a slot: the waiting conversation's prefill is work again
     await asyncio.wait_for(engine.wait_idle(), timeout=60)
-    assert not core.conversations[waiting[0].id].dirty and core.conversations[waiting[0].id].slot is not None
+    assert not core.conversations.get(waiting[0].id).dirty and core.conversations.get(waiting[0].id).slot is not None
     for c in convs:
         if c is not held:
             await c.close()
     await engine.wait_idle()
-    assert core.thinker.pool.slots.used == 0
+    assert core.runner.thinker.pool.slots.used == 0
 
 
 async def test_a_listening_conversation_prefills_its_talker_only_into_a_free_slot(tiny_model_dir, tiny_engine):
@@ -83,7 +83,7 @@ async def test_a_listening_conversation_prefills_its_talker_only_into_a_free_slo
         await reply(c, "a1", f"Hello number {i}")
     await convs[2].add_text("u-a1", "Hello number 2")
     await engine.wait_idle()
-    held = [core.conversations[c.id] for c in convs]
+    held = [core.conversations.get(c.id) for c in convs]
     assert [s.talker_slot is not None for s in held] == [True, True, False], "both talker slots stay with their owners"
     assert held[2].cached_keys and held[2].talker_keys == [], "listening: thinker cache, no talker cache"
     done = await convs[2].respond(item_id="a1", max_output_tokens=6).wait()
@@ -147,7 +147,7 @@ async def test_token2wav_on_its_own_thread_makes_the_same_audio(tiny_model_dir):
         engine = t2w_engine(tiny_model_dir, mode)
         try:
             results[mode] = await asyncio.gather(*(audio_of(engine, t) for t in ("One", "Two words")))
-            assert (engine._thread.core.t2w_worker is not None) == (mode == "on")
+            assert (engine._thread.core.runner.worker is not None) == (mode == "on")
         finally:
             engine.close()
     for (pcm, codes), (ref_pcm, ref_codes) in zip(results["on"], results["off"]):
@@ -171,7 +171,7 @@ async def test_a_response_cancelled_while_its_chunk_is_made_frees_its_stream(thr
     await conv.close()
     await engine.wait_idle()
     core = engine._thread.core
-    assert core.t2w_worker.idle and not core.responses
+    assert core.runner.worker.idle and core.stats().responses == 0
 
 
 async def three_conversations(engine):
@@ -190,13 +190,16 @@ async def test_the_prefill_budget_spreads_a_burst_of_turns_over_steps(tiny_model
     engine = OmniEngine.from_pretrained(tiny_model_dir, cfg, seed=1234)
     core = engine._thread.core
     per_step, counts = [], {"thinker": 0, "talker": 0}
-    prefill, talker_prefill, step = core._prefill, core._talker_prefill, core.step
+    schedule, talker_prefill, step = core.scheduler.schedule, core.runner.talker_prefill, core.step
 
-    def counting(name, fn):
-        def wrapper(r):
-            counts[name] += 1
-            return fn(r)
-        return wrapper
+    def counted_schedule(**kwargs):
+        plan = schedule(**kwargs)
+        counts["thinker"] += sum(job.owner is not None for job in plan.prefills)  # responses' prompt chunks
+        return plan
+
+    def counted_talker_prefill(r, **kwargs):
+        counts["talker"] += 1
+        return talker_prefill(r, **kwargs)
 
     def counted_step():
         counts.update(thinker=0, talker=0)
@@ -204,7 +207,7 @@ async def test_the_prefill_budget_spreads_a_burst_of_turns_over_steps(tiny_model
         per_step.append(dict(counts))
         return progressed
 
-    core._prefill, core._talker_prefill = counting("thinker", prefill), counting("talker", talker_prefill)
+    core.scheduler.schedule, core.runner.talker_prefill = counted_schedule, counted_talker_prefill
     core.step = counted_step
     try:
         convs, texts = await three_conversations(engine)
@@ -225,13 +228,13 @@ async def test_a_burst_of_turns_prefills_together_and_answers_as_each_alone(tiny
     engine = OmniEngine.from_pretrained(tiny_model_dir, cfg, seed=1234)
     core = engine._thread.core
     batches = []
-    prefill_many = core.thinker.prefill_many
+    prefill_many = core.runner.thinker.prefill_many
 
     def recording(spans):
         batches.append([logits for _, _, _, logits in spans])
         return prefill_many(spans)
 
-    core.thinker.prefill_many = recording
+    core.runner.thinker.prefill_many = recording
     try:
         convs, texts = await three_conversations(engine)
         batches.clear()
@@ -257,17 +260,17 @@ async def test_a_failing_prefill_batch_is_retried_chunk_by_chunk_and_fails_only_
     cfg = greedy_stage_config(thinker={"max_prefills_per_step": 16}, talker={"max_tokens": 120})
     engine = OmniEngine.from_pretrained(tiny_model_dir, cfg, seed=1234)
     core = engine._thread.core
-    prefill_many = core.thinker.prefill_many
+    prefill_many = core.runner.thinker.prefill_many
     batches = []
 
     def flaky(spans):
         batches.append(len(spans))
-        if len(spans) > 1 or spans[0][1] == core.conversations[faulty_id].slot and spans[0][3] and not healed:
+        if len(spans) > 1 or spans[0][1] == core.conversations.get(faulty_id).slot and spans[0][3] and not healed:
             raise RuntimeError("prefill kernel fault")
         return prefill_many(spans)
 
     healed = False
-    core.thinker.prefill_many = flaky
+    core.runner.thinker.prefill_many = flaky
     try:
         convs, texts = await three_conversations(engine)
         faulty_id = convs[1].id
@@ -289,77 +292,3 @@ async def test_a_failing_prefill_batch_is_retried_chunk_by_chunk_and_fails_only_
         alone = tiny_engine.conversation()
         assert await reply(alone, "a1", texts[i]) == (dones[i].text_token_ids, dones[i].audio_codes)
         await alone.close()
-
-
-@pytest.mark.parametrize("lend", [True, False])
-def test_a_reply_past_its_last_code_lends_its_talker_slot_while_its_audio_is_made(tiny_model_dir, lend):
-    """One talker slot, two replies. With ``talker.lend_slot_after_last_code`` the second talks as soon as the first
-    has made its last code, while the first's audio is still unmade (token2wav held back); without it (the default),
-    only once the first reply has ended. Both make the codes and audio they make with a slot each."""
-    import numpy as np
-    import torch
-
-    from conftest import start_spoken_reply
-    from pipeline.core import EngineCore
-    from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.outputs import AudioChunk, ResponseDone
-
-    ckpt = load_checkpoint(tiny_model_dir)
-
-    def core(talker_slots=1):
-        cfg = greedy_stage_config(thinker={"min_tokens": 4, "max_tokens": 4},
-                                  talker={"kv_slots": talker_slots, "min_tokens": 40, "max_tokens": 40,
-                                          "lend_slot_after_last_code": lend},
-                                  token2wav={"worker_thread": "off", "compile": "off"})  # fmt: skip
-        return EngineCore(ckpt, cfg, seed=7)
-
-    def finish(c, events, names):
-        for _ in range(600):
-            if all(any(isinstance(e, ResponseDone) for e in events[n]) for n in names):
-                break
-            c.step()
-        return {n: (list(next(e for e in events[n] if isinstance(e, ResponseDone)).audio_codes),
-                    np.concatenate([e.pcm for e in events[n] if isinstance(e, AudioChunk)])) for n in names}
-
-    with torch.inference_mode():
-        shared = core()
-        shared._token2wav_job = lambda ready: ([], None)  # no chunk is made: the first reply's audio stays unmade
-        events = {n: start_spoken_reply(shared, n) for n in ("a", "b")}
-        for _ in range(300):
-            shared.step()
-            if shared.responses["r-b"].talker_started:
-                break
-        assert shared.responses["r-a"].talker_done and "r-a" in shared.responses, "a: all codes, no audio yet"
-        if lend:
-            assert shared.responses["r-b"].talker_started, "b talks before a's audio is made"
-            assert shared.conversations["b"].talker_slot == 0 and shared.conversations["a"].talker_slot is None
-            assert shared.conversations["a"].talker_keys == [], "a lost only its talker cache"
-        else:
-            assert not shared.responses["r-b"].talker_started, "b waits for a's response to end"
-            assert shared.conversations["a"].talker_slot == 0 and shared.conversations["b"].talker_slot is None
-        del shared._token2wav_job  # the class's policy again
-        together = finish(shared, events, ("a", "b"))
-        roomy = core(talker_slots=2)
-        wanted = finish(roomy, {n: start_spoken_reply(roomy, n) for n in ("a", "b")}, ("a", "b"))
-        for name in ("a", "b"):
-            assert together[name][0] == wanted[name][0] and len(wanted[name][0]) == 40
-            # token2wav batches the two streams differently here and there: equal up to float rounding
-            np.testing.assert_allclose(together[name][1], wanted[name][1], rtol=0, atol=1e-5)
-
-
-def test_lend_slot_after_last_code_is_a_talker_boolean_off_by_default():
-    import yaml
-
-    from pipeline.config import DEFAULT_STAGE_CONFIG, ConfigError, parse_stage_config
-
-    raw = yaml.safe_load(DEFAULT_STAGE_CONFIG.read_text())
-    assert parse_stage_config(raw).talker.lend_slot_after_last_code is False
-    raw["stages"]["talker"]["lend_slot_after_last_code"] = True
-    assert parse_stage_config(raw).talker.lend_slot_after_last_code is True
-    raw["stages"]["talker"]["lend_slot_after_last_code"] = "yes"
-    with pytest.raises(ConfigError, match="talker.lend_slot_after_last_code has the wrong type"):
-        parse_stage_config(raw)
-    del raw["stages"]["talker"]["lend_slot_after_last_code"]
-    raw["stages"]["token2wav"]["lend_slot_after_last_code"] = True
-    with pytest.raises(ConfigError, match="token2wav.lend_slot_after_last_code only applies to talker"):
-        parse_stage_config(raw)

@@ -91,22 +91,22 @@ def test_the_engine_counts_the_underruns_of_a_real_time_player_of_each_reply(tin
 
     def run(name: str, seconds_per_step: float) -> list[AudioChunk]:
         events = start_spoken_reply(core, name)
-        while core.responses:
+        while core.stats().responses:
             core.step()
             clock[0] += seconds_per_step
         return [e for e in events if isinstance(e, AudioChunk)]
 
     assert len(run("a", 0.0)) >= 3
-    assert (core.counters["audio_underruns_total"], core.counters["audio_starved_ms_total"]) == (0, 0)
+    assert (core.stats().audio_underruns_total, core.stats().audio_starved_ms_total) == (0, 0)
     with caplog.at_level(logging.INFO, logger="pipeline.core"):
         chunks = run("b", 2.0)
     late = len(chunks) - 1
-    assert late >= 2 and core.counters["audio_underruns_total"] == late
+    assert late >= 2 and core.stats().audio_underruns_total == late
     # each late chunk came at least one 2 s step after the one before, which held under 2 s of audio
-    assert core.counters["audio_starved_ms_total"] >= late * (2000 - 1000 * max(len(c.pcm) for c in chunks) / 24_000)
+    assert core.stats().audio_starved_ms_total >= late * (2000 - 1000 * max(len(c.pcm) for c in chunks) / 24_000)
     stats = core.stats()
     assert (stats.audio_underruns_total, stats.audio_starved_ms_total) == (
-        core.counters["audio_underruns_total"], core.counters["audio_starved_ms_total"])
+        core.stats().audio_underruns_total, core.stats().audio_starved_ms_total)
     line = next(r.getMessage() for r in caplog.records if "response r-b" in r.getMessage())
     assert f"{late} underruns" in line and "(#1 " in line and f"#{late} " in line  # each late chunk, by number
 

@@ -10,7 +10,7 @@ from pipeline.scheduler.prefill_batch import PrefillBatch, PrefillJob
 
 
 def job(rows: int, conv="c") -> PrefillJob:
-    return PrefillJob(conv, list(range(rows)), torch.zeros(rows, 2), torch.zeros(rows, 2), 0, last=True, logits=False)
+    return PrefillJob(conv, list(range(rows)), [0] * rows, [], 0, last=True, logits=False)
 
 
 def test_jobs_are_admitted_up_to_the_job_budget():

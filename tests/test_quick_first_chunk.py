@@ -36,16 +36,16 @@ def first_chunk(events: list) -> AudioChunk:
 def test_only_a_reply_that_finds_token2wav_idle_gets_the_quick_first_chunk(tiny_model_dir):
     core = make_core(tiny_model_dir, quick_first_chunk_frames=24, quick_first_chunk_max_open=0)
     alone = start(core, "a")
-    while core.responses["r-a"].t2w is None:
+    while core.response("r-a").audio.stream is None:
         core.step()
     beside = start(core, "b")  # its talker starts while a's audio is still being made
-    while core.responses:
+    while core.stats().responses:
         core.step()
     quick, packaged = first_chunk(alone), first_chunk(beside)
     assert (len(quick.pcm), quick.codec_tokens_so_far) == (24 * HOP, 24), "240 ms of audio after 24 codes"
     assert (len(packaged.pcm), packaged.codec_tokens_so_far) == (48 * HOP, 36), "the packaged 480 ms after 36"
     again = start(core, "c")  # token2wav idle again
-    while core.responses:
+    while core.stats().responses:
         core.step()
     assert first_chunk(again).codec_tokens_so_far == 24
     assert sum(len(e.pcm) for e in alone if isinstance(e, AudioChunk)) == 60 * 2 * HOP, "every frame once"
@@ -56,6 +56,6 @@ def test_without_the_setting_every_reply_starts_with_the_packaged_first_chunk(ti
     assert load_stage_config().token2wav.chunking["quick_first_chunk_frames"] == 24, "the packaged config has it"
     core = make_core(tiny_model_dir, quick_first_chunk_frames=None)
     events = start(core, "a")
-    while core.responses:
+    while core.stats().responses:
         core.step()
     assert first_chunk(events).codec_tokens_so_far == 36

@@ -171,7 +171,7 @@ async def test_a_withdrawn_reply_on_the_real_engine_leaves_one_message_and_one_a
         committed = next(e for e in client.events if e["type"] == "input_audio_buffer.committed")
         user, reply = committed["item_id"], done["response"]["output"][0]["id"]
         core = tiny_engine._backend.core  # the engine's own state (a thread on the CPU): what the model will hear
-        (conv,) = [c for c in core.conversations.values() if any(i.id == user for i in c.items)]
+        (conv,) = [c for c in core.scheduler.conversations.values() if any(i.id == user for i in c.items)]
         spoken = [(i.id, i.role) for i in conv.items if i.role in ("user", "assistant")]
         assert spoken == [(user, "user"), (reply, "assistant")]  # the withdrawn reply and first commit are gone
         # the conversation goes on: a second turn is answered after the first

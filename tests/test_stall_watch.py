@@ -4,6 +4,7 @@ import asyncio
 import logging
 
 from pipeline.request import ResponseSpec
+from pipeline.requests import AddText, CloseConversation, OpenConversation, StartResponse
 from pipeline.observe.stall_watch import StallWatch
 
 
@@ -33,21 +34,21 @@ async def test_the_engine_logs_where_a_stalled_response_waits(tiny_engine, caplo
     logs a report naming the response, its stage positions and the KV pools."""
 
     def stall_one_response(core):
-        saved = core._stall
-        core._stall = StallWatch(after_s=0.0)
+        saved = core.observer.stall_watch
+        core.observer.stall_watch = StallWatch(after_s=0.0)
         try:
-            core.open_conversation("stall_conv", "")
-            core.add_text("stall_conv", "u1", "user", "Hello?")
+            core.handle(OpenConversation("stall_conv", ""))
+            core.handle(AddText("stall_conv", "u1", "user", "Hello?"))
             spec = ResponseSpec(id="stall_resp", conv_id="stall_conv", item_id="a1", audio=True, voice="Chelsie",
                                 max_text_tokens=4, sink=lambda event: None, can_accept=lambda: False)
-            core.start_response(spec)
+            core.handle(StartResponse(spec))
             core.step()
             core.step()
-            assert "stall_resp" in core.responses  # paused, never advanced
+            assert core.response("stall_resp") is not None  # paused, never advanced
             return core.describe()
         finally:
-            core.close_conversation("stall_conv")
-            core._stall = saved
+            core.handle(CloseConversation("stall_conv"))
+            core.observer.stall_watch = saved
 
     with caplog.at_level(logging.WARNING, logger="pipeline.core"):
         lines = await asyncio.wrap_future(tiny_engine._thread.submit(stall_one_response))
@@ -55,5 +56,5 @@ async def test_the_engine_logs_where_a_stalled_response_waits(tiny_engine, caplo
     assert reports, caplog.text
     assert "stall_resp" in reports[-1]
     (line,) = [line for line in lines if "stall_resp" in line]
-    assert "accepts=False" in line and "phase=PREFILL" in line and "talker_started=False" in line
+    assert "accepts=False" in line and "status=PREFILLING" in line and "talker=WAITING" in line
     assert any(line.strip().startswith("talker KV slots:") for line in lines)

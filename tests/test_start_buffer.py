@@ -13,6 +13,7 @@ import torch
 from conftest import greedy_stage_config, start_spoken_reply
 
 from pipeline.errors import ConfigError
+from pipeline.requests import AppendAudio, CancelResponse, OpenConversation
 from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
 from pipeline.output.playout import Playout
 from pipeline.output.start_buffer import StartBuffer, holds_start
@@ -69,14 +70,14 @@ def make_core(tiny_model_dir, monkeypatch, *, start_buffer_ms, busy=1, codes=100
 
 def user_speaking(core, name: str) -> None:
     """Conversation ``name`` with user audio being streamed in (busy, no response)."""
-    core.open_conversation(name, "You are a test.")
-    core.append_audio(name, f"{name}-u", np.zeros(1600, np.float32))
+    core.handle(OpenConversation(name, "You are a test."))
+    core.handle(AppendAudio(name, f"{name}-u", np.zeros(1600, np.float32)))
 
 
 def run(core, events: list) -> list[list]:
     """Step until every response ended; the events each step added."""
     per_step = []
-    while core.responses:
+    while core.stats().responses:
         before = len(events)
         core.step()
         core.test_clock[0] += STEP_S
@@ -99,7 +100,7 @@ def test_under_load_the_first_audio_leaves_with_the_buffer_full_and_is_the_same_
     user_speaking(plain, "b")
     expected = start_spoken_reply(plain, "a")
     run(plain, expected)
-    assert plain.counters["audio_start_holds_total"] == 0
+    assert plain.stats().audio_start_holds_total == 0
     first_plain = audio(expected)[0]
     assert first_plain.duration_ms == 480, "without a buffer the first chunk leaves alone"
 
@@ -138,7 +139,7 @@ def test_without_enough_busy_conversations_nothing_is_held(tiny_model_dir, monke
     assert [c.duration_ms for c in audio(next(step for step in steps if audio(step)))] == [480]
     timings = done(events).timings
     assert timings.token2wav_first_made_ms == timings.token2wav_first_chunk_ms
-    assert core.counters["audio_start_holds_total"] == 0
+    assert core.stats().audio_start_holds_total == 0
 
 
 @torch.inference_mode()
@@ -151,7 +152,7 @@ def test_a_reply_shorter_than_the_buffer_gets_all_its_audio_before_its_end(tiny_
     assert sum(c.duration_ms for c in chunks) == 600
     assert isinstance(events[-1], ResponseDone), "every chunk before the end"
     assert done(events).audio_samples == 600 * 24
-    assert core.counters["audio_start_holds_total"] == 1
+    assert core.stats().audio_start_holds_total == 1
 
 
 @torch.inference_mode()
@@ -159,14 +160,14 @@ def test_a_reply_cancelled_while_held_sends_no_audio(tiny_model_dir, monkeypatch
     core = make_core(tiny_model_dir, monkeypatch, start_buffer_ms=960)
     user_speaking(core, "b")
     events = start_spoken_reply(core, "a")
-    r = core.responses["r-a"]
-    while r.start_buffer is None:
+    r = core.response("r-a")
+    while r.audio.start_buffer is None:
         core.step()
-    core.cancel_response("r-a", "turn_detected")
+    core.handle(CancelResponse("r-a", "turn_detected"))
     run(core, events)
     assert audio(events) == [] and done(events).status is ResponseStatus.CANCELLED
     assert done(events).audio_samples == 0 and r.item.audio_ms == 0
-    assert core.counters["audio_start_holds_total"] == 0
+    assert core.stats().audio_start_holds_total == 0
 
 
 @torch.inference_mode()
@@ -174,22 +175,22 @@ def test_under_that_load_a_reply_gets_no_quick_first_chunk(tiny_model_dir, monke
     core = make_core(tiny_model_dir, monkeypatch, start_buffer_ms=960, quick=24)
     events = start_spoken_reply(core, "a")  # alone: the quick 240-ms chunk, sent at once
     run(core, events)
-    assert audio(events)[0].duration_ms == 240 and core.counters["audio_start_holds_total"] == 0
+    assert audio(events)[0].duration_ms == 240 and core.stats().audio_start_holds_total == 0
     user_speaking(core, "b")
     events = start_spoken_reply(core, "c")
     run(core, events)
-    assert audio(events)[0].duration_ms == 480 and core.counters["audio_start_holds_total"] == 1
+    assert audio(events)[0].duration_ms == 480 and core.stats().audio_start_holds_total == 1
 
 
 @torch.inference_mode()
 def test_a_held_reply_counts_no_audio_ahead_and_goes_before_first_chunks(tiny_model_dir, monkeypatch):
     """Both have someone waiting; the held one's chunk releases audio now, a first chunk under load only its hold."""
     core = make_core(tiny_model_dir, monkeypatch, start_buffer_ms=960)
-    first = SimpleNamespace(first_audio_at=None, playout=Playout())
-    held = SimpleNamespace(first_audio_at=1000.0, playout=Playout())
-    playing = SimpleNamespace(first_audio_at=1000.0, playout=Playout(ends_at=1001.0))  # 1 s ahead
-    chosen, job = core._token2wav_job([playing, first, held])
-    assert chosen == [held, playing] and not job.urgent
+    first = SimpleNamespace(audio=SimpleNamespace(first_made_at=None, playout=Playout()))
+    held = SimpleNamespace(audio=SimpleNamespace(first_made_at=1000.0, playout=Playout()))
+    playing = SimpleNamespace(audio=SimpleNamespace(first_made_at=1000.0, playout=Playout(ends_at=1001.0)))  # 1 s ahead
+    job = core.scheduler.audio_job([playing, first, held], core.test_clock[0])
+    assert job.rows == [held, playing] and not job.urgent
 
 
 def test_the_stage_config_takes_the_start_buffer_on_token2wav_only():

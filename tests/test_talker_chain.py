@@ -39,13 +39,13 @@ def test_a_chain_samples_what_steps_one_by_one_sample(tiny_model_dir):
     """Runner level: two rows with their own seeds and counters; the chain's codes equal ``decode`` called step by step
     with each code fed back, from the same cache contents (slots 0-1 step by step, 2-3 chained)."""
     core = make_core(tiny_model_dir, 1)
-    talker, special = core.talker, core.special
+    talker, special = core.runner.talker, core.special
     width = talker.proj.in_features
     prompt = torch.randn(5, width, generator=torch.Generator().manual_seed(3))
     for slot in range(4):
         talker.prefill(prompt, codec_pad=special.codec_pad, codec_bos=special.codec_bos, slot=slot)
         talker.sampler.reset(slot, {special.codec_pad, special.codec_bos})
-    vectors = core._text_end_vectors[1].expand(2, -1)
+    vectors = core.runner.thinker.embed([core.special.tts_text_pad]).expand(2, -1)
     seeds, steps = [11, 12], 7
 
     def rows(slots, counters):
@@ -70,8 +70,8 @@ def test_chains_change_when_codes_come_not_what_they_are(tiny_model_dir):
     codes_on, audio_on, progress_on = run_spoken_reply(on)
     assert len(codes_on) == 40 and codes_on == codes_off
     np.testing.assert_array_equal(audio_on, audio_off)
-    assert off.counters["talker_chains_total"] == 0 < on.counters["talker_chains_total"]
-    assert on.counters["talker_tokens_total"] == off.counters["talker_tokens_total"]
+    assert off.stats().talker_chains_total == 0 < on.stats().talker_chains_total
+    assert on.stats().talker_tokens_total == off.stats().talker_tokens_total
     assert len(progress_on) < len(progress_off)  # fewer engine steps for the same reply
     jumps = [(before, after) for before, after in zip(progress_on, progress_on[1:]) if after[1] - before[1] > 1]
     assert jumps and all(after[1] - before[1] <= 8 for before, after in jumps)
@@ -101,7 +101,7 @@ def test_no_chain_while_commands_wait(tiny_model_dir):
     core = make_core(tiny_model_dir, 8)
     core.commands_waiting = lambda: True
     run_spoken_reply(core)
-    assert core.counters["talker_chains_total"] == 0
+    assert core.stats().talker_chains_total == 0
 
 
 def test_chain_steps_is_a_positive_talker_setting():
@@ -123,7 +123,7 @@ def test_on_the_gpu_a_chain_replays_one_graph_per_step(tiny_model_dir):
     on = make_core(tiny_model_dir, 8, device="cuda")
     replays = on.talker.batched.replays
     codes_on, audio_on, _ = run_spoken_reply(on)
-    assert on.counters["talker_chains_total"] > 0 and on.talker.batched.eager_steps == 0
+    assert on.stats().talker_chains_total > 0 and on.talker.batched.eager_steps == 0
     assert on.talker.batched.replays - replays == len(codes_on) - 1  # every code but the prefill's from a replay
     off = make_core(tiny_model_dir, 1, device="cuda")
     codes_off, audio_off, _ = run_spoken_reply(off)

@@ -39,7 +39,7 @@ def run_reply(core) -> tuple[list, np.ndarray, list[tuple[int, int]]]:
 def test_overlap_changes_when_the_talker_runs_not_what_it_makes(tiny_model_dir):
     off = make_core(tiny_model_dir, "off")
     on = make_core(tiny_model_dir, "on")
-    assert not off.overlap and on.overlap
+    assert not off.runner.overlap and on.runner.overlap
     codes_off, audio_off, progress_off = run_reply(off)
     codes_on, audio_on, progress_on = run_reply(on)
     assert len(codes_on) == 40 and codes_on == codes_off

@@ -22,20 +22,20 @@ def make_core(tiny_model_dir, text_tokens: int = 4):
                               talker={"min_tokens": 60, "max_tokens": 60},
                               token2wav={"worker_thread": "on"})  # fmt: skip
     core = EngineCore(load_checkpoint(tiny_model_dir), cfg, seed=5)
-    assert core.t2w_worker is not None
+    assert core.runner.worker is not None
     return core
 
 
 def hold_jobs(core) -> threading.Event:
     """Make the worker's jobs wait for the returned event (so the test decides when a chunk is done)."""
     release = threading.Event()
-    run = core.t2w_worker._run
+    run = core.runner.worker._run
 
     def held(*args):
         release.wait(30)
         return run(*args)
 
-    core.t2w_worker._run = held
+    core.runner.worker._run = held
     return release
 
 
@@ -44,9 +44,9 @@ def start(core, name: str, text_tokens: int = 4) -> list:
 
 
 def until_first_chunk_submitted(core, name: str) -> None:
-    r = core.responses[f"r-{name}"]
+    r = core.response(f"r-{name}")
     for _ in range(500):
-        if r.t2w is not None and core.t2w_worker.busy_with(r.t2w):
+        if r.audio.stream is not None and core.runner.worker.busy_with(r.audio.stream):
             return
         core.step()
     raise AssertionError("no first-chunk job")
@@ -57,8 +57,8 @@ def beside_a_second_reply(core, text_tokens: int = 4):
     start(core, "a", text_tokens=text_tokens)
     until_first_chunk_submitted(core, "a")
     start(core, "b", text_tokens=text_tokens)
-    a, b = core.responses["r-a"], core.responses["r-b"]
-    while not b.talker_started:
+    a, b = core.response("r-a"), core.response("r-b")
+    while not b.talker.started:
         core.step()
     return a, b
 
@@ -78,15 +78,15 @@ def test_a_lone_reply_talks_again_once_its_first_chunk_is_out(tiny_model_dir):
         release = hold_jobs(core)
         events = start(core, "a")
         until_first_chunk_submitted(core, "a")
-        codes = core.counters["talker_tokens_total"]
+        codes = core.stats().talker_tokens_total
         for _ in range(5):
             assert core.step() is False, "nothing to do but wait for the chunk"
-        assert core.counters["talker_tokens_total"] == codes
+        assert core.stats().talker_tokens_total == codes
         release.set()
         until_first_audio(core, events)
         for _ in range(3):
             core.step()
-        assert core.counters["talker_tokens_total"] > codes, "the talker resumes after the first chunk"
+        assert core.stats().talker_tokens_total > codes, "the talker resumes after the first chunk"
     finally:
         release.set()
         core.close()
@@ -99,13 +99,13 @@ def test_a_reply_still_writing_waits_for_its_first_chunk_too(tiny_model_dir):
         release = hold_jobs(core)
         events = start(core, "a", text_tokens=50)
         until_first_chunk_submitted(core, "a")
-        a = core.responses["r-a"]
-        assert not a.thinker_done, "the text goes on past the first chunk's codes"
-        progress = len(a.item.reply_ids), core.counters["talker_tokens_total"], core.counters["decode_steps_total"]
+        a = core.response("r-a")
+        assert not a.thinker.done, "the text goes on past the first chunk's codes"
+        progress = len(a.item.reply_ids), core.stats().talker_tokens_total, core.stats().decode_steps_total
         for _ in range(5):
             assert core.step() is False
-        assert (len(a.item.reply_ids), core.counters["talker_tokens_total"],
-                core.counters["decode_steps_total"]) == progress, "neither the thinker nor the talker stepped"
+        assert (len(a.item.reply_ids), core.stats().talker_tokens_total,
+                core.stats().decode_steps_total) == progress, "neither the thinker nor the talker stepped"
         release.set()
         until_first_audio(core, events)
         core.step()
@@ -124,9 +124,9 @@ def test_with_another_reply_decoding_everyone_steps(tiny_model_dir, text_tokens)
     try:
         release = hold_jobs(core)
         a, b = beside_a_second_reply(core, text_tokens=text_tokens)
-        before = len(a.codes), len(b.codes), len(a.item.reply_ids)
+        before = len(a.talker.codes), len(b.talker.codes), len(a.item.reply_ids)
         core.step()
-        assert (len(a.codes), len(b.codes)) == (before[0] + 1, before[1] + 1)
+        assert (len(a.talker.codes), len(b.talker.codes)) == (before[0] + 1, before[1] + 1)
         if text_tokens == 50:
             assert len(a.item.reply_ids) == before[2] + 1, "the thinker of a reply still writing steps"
     finally:

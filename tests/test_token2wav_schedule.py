@@ -132,55 +132,6 @@ def test_the_batch_bound_must_be_positive() -> None:
         pick_job([first("a")], 0)
 
 
-def test_the_engine_picks_by_audio_ahead_of_a_real_time_player() -> None:
-    """EngineCore._token2wav_job on stand-in responses: one waiting for its first audio, one that sent 2 s of audio
-    1 s ago (1 s ahead), one that sent 0.5 s of audio 1 s ago (starving: -0.5 s)."""
-    import time
-    from types import SimpleNamespace
-
-    from pipeline.core import EngineCore
-    from pipeline.output.playout import Playout
-
-    now = time.perf_counter()
-
-    def sent(seconds: float) -> SimpleNamespace:
-        playout = Playout()
-        playout.deliver(now - 1.0, seconds)
-        return SimpleNamespace(first_audio_at=now - 1.0, playout=playout)
-
-    new = SimpleNamespace(first_audio_at=None, playout=Playout())
-    ahead, starving = sent(2.0), sent(0.5)
-    core = SimpleNamespace(token2wav=SimpleNamespace(max_batch=8), starving_margin_ms=0, starving_margin_from_jobs=False,
-                           split_later_jobs=False, recent_jobs=RecentJobs())  # fmt: skip
-    core.starving_margin = lambda: EngineCore.starving_margin(core)
-
-    def pick(ready):
-        chosen, job = EngineCore._token2wav_job(core, ready)
-        return chosen, None if job is None else job.urgent
-
-    assert pick([new, ahead]) == ([new], True)
-    assert pick([ahead, new, starving]) == ([starving, ahead], False)
-    assert pick([]) == ([], None)
-    core.starving_margin_ms = 1500  # the stream 1 s ahead is now within the margin
-    assert pick([new, ahead]) == ([ahead], False)
-    # a margin that follows the jobs: 250 stays the floor until the recent jobs add up to more
-    core.starving_margin_ms, core.starving_margin_from_jobs = 250, True
-    assert pick([new, ahead]) == ([new], True)
-    core.recent_jobs.record(first=True, ms=600.0)
-    core.recent_jobs.record(first=False, ms=500.0)
-    assert core.starving_margin() == 1100
-    assert pick([new, ahead]) == ([ahead], False)
-    # split later-chunk jobs: with jobs of 1 stream taking 400 ms and of 2 taking 700, the stream with 0.5 s in hand
-    # goes alone (the one 1 s ahead is in time after both jobs); not before two job sizes were seen
-    core.starving_margin_ms, core.starving_margin_from_jobs, core.split_later_jobs = 0, False, True
-    low = sent(1.5)
-    assert pick([ahead, low]) == ([low, ahead], False)
-    core.recent_jobs.record(first=False, ms=400.0, streams=1)
-    core.recent_jobs.record(first=False, ms=700.0, streams=2)
-    assert pick([ahead, low]) == ([low], False)
-    assert pick([ahead, starving]) == ([starving, ahead], False)  # already dry: a split would save nobody
-
-
 def test_recent_jobs_give_the_longest_first_chunk_job_plus_the_longest_later_one() -> None:
     jobs = RecentJobs(window=3)
     assert jobs.starving_margin_ms(250) == 250  # nothing seen: the floor

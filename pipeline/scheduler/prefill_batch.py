@@ -3,7 +3,7 @@
 Each step the engine plans at most one chunk per conversation (a response's prompt, or the speech of a user still
 talking), admits them here under two budgets, then runs the admitted ones as one batch
 (:meth:`~pipeline.runners.thinker.ThinkerRunner.prefill_many`): a burst of turns ending together costs one replay of
-a prefill graph instead of one eager prefill each (BENCHMARKS.md §11).
+a prefill graph instead of one eager prefill each.
 
 Budgets: ``max_jobs`` chunks (the stage's ``max_prefills_per_step``) and ``max_rows`` positions (the largest captured
 prefill graph, so an admitted batch replays one graph; None: no row budget, as on the CPU). A chunk longer than
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from pipeline.conversation_state import ConversationState
 
 __all__ = ["PrefillBatch", "PrefillJob"]
@@ -24,15 +22,17 @@ __all__ = ["PrefillBatch", "PrefillJob"]
 
 @dataclass
 class PrefillJob:
-    """One chunk: positions ``start .. start + len(keys) - 1`` of ``conv``'s rendering."""
+    """One chunk: positions ``start .. start + len(keys) - 1`` of ``conv``'s rendering, as plain data; the thinker
+    runner builds its input vectors (token embeddings, with the audio encoder's outputs at audio positions)."""
 
     conv: ConversationState
     keys: list
     """The rendering's keys of the chunk (what the conversation's cache holds once it ran)."""
-    embeds: torch.Tensor
-    """(T, H) thinker inputs (token embeddings, audio features at audio positions)."""
-    talker_embeds: torch.Tensor
-    """(T, H) the embeddings the talker's vectors add (zero at audio positions)."""
+    token_ids: list[int]
+    """The chunk's token ids (audio positions hold the audio placeholder id)."""
+    audio: list[tuple[int, object, range]]
+    """Audio runs ``(offset in the chunk, encoder output, its rows)``: consecutive positions holding consecutive rows
+    of one encoded block."""
     start: int
     last: bool
     """The chunk reaches the end of the rendering."""

@@ -1,0 +1,135 @@
+"""Requests on conversations: items, instructions and user audio as it streams in.
+
+:class:`Conversations` applies the conversation requests of :mod:`pipeline.requests` to the scheduler's registry of
+:class:`~pipeline.conversation_state.ConversationState`. User audio is turned into features as it arrives and each
+complete 2 s block is queued for the next step's audio encode, so that the thinker prefills a message while it is
+still being spoken. Engine thread only, between two steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from pipeline.conversation_state import AudioBlock, ConversationState, ConvItem, ItemKind, OpenAudio
+from pipeline.errors import EmptyInputError, InvalidAudioError, InvalidInputError, UnknownItemError
+from pipeline.scheduler.scheduler import Scheduler
+
+__all__ = ["MIN_AUDIO_FRAMES", "Conversations"]
+
+log = logging.getLogger("pipeline.core")
+
+MIN_AUDIO_FRAMES = 2
+"""Shortest audio message the encoder accepts (mel frames of 10 ms)."""
+
+
+class Conversations:
+    def __init__(self, scheduler: Scheduler, *, renderer, max_context: int, features: Callable[[], object],
+                 audio_encodes, exact_floor: bool, end_response: Callable[[str], None]) -> None:  # fmt: skip
+        self.scheduler = scheduler
+        self.renderer = renderer
+        self.max_context = max_context
+        self.features = features
+        """Makes the incremental log-mel features of one message (the model family's)."""
+        self.audio_encodes = audio_encodes
+        self.exact_floor = exact_floor
+        """``audio_floor: exact``: re-encode, at commit, the blocks whose features the final loudness changed."""
+        self.end_response = end_response
+        """Ends a live response as ``cancelled`` (its conversation is closing)."""
+
+    def get(self, conv_id: str) -> ConversationState:
+        try:
+            return self.scheduler.conversations[conv_id]
+        except KeyError:
+            raise InvalidInputError(f"conversation {conv_id!r} is closed", param="conversation") from None
+
+    def open(self, conv_id: str, instructions: str) -> None:
+        self.scheduler.conversations[conv_id] = ConversationState(
+            conv_id, self.renderer, instructions=instructions, max_context_tokens=self.max_context
+        )
+
+    def close(self, conv_id: str) -> None:
+        conv = self.scheduler.conversations.pop(conv_id, None)
+        if conv is None:
+            return
+        if conv.active_response in self.scheduler.responses:
+            self.end_response(conv.active_response)
+        self.scheduler.release_slots(conv)
+
+    def set_instructions(self, conv_id: str, instructions: str) -> None:
+        conv = self.get(conv_id)
+        conv._require_idle("change the instructions")
+        conv.instructions = instructions
+        conv.dirty = True
+
+    def add_text(self, conv_id: str, item_id: str, role: str, text: str) -> None:
+        if not text.strip():
+            raise EmptyInputError("text message is empty", param="text")
+        self.get(conv_id).add(ConvItem(id=item_id, role=role, kind=ItemKind.TEXT, text=text))
+
+    def append_audio(self, conv_id: str, item_id: str, pcm: np.ndarray) -> None:
+        """Feed user audio (16 kHz float32) of a message still being spoken. Each complete 2 s block is queued for
+        the next step's encode and prefilled in the background while the conversation is idle. An error is kept and
+        raised at commit, where the caller waits."""
+        conv = self.get(conv_id)
+        pending = conv.open_audio.get(item_id)
+        if pending is None:
+            pending = conv.open_audio[item_id] = OpenAudio(item_id, self.features())
+            if any(item.id == item_id for item in conv.items):
+                pending.error = InvalidInputError(f"item id {item_id!r} already exists", param="item_id")
+        if pending.error is not None:
+            return
+        try:
+            pending.features.append(pcm)
+            for k in range(len(pending.blocks), pending.features.ready_blocks()):
+                pending.blocks.append(self._encode_block(pending.features, k, pending.features.running_floor))
+                conv.dirty = True
+        except Exception as exc:  # noqa: BLE001 - kept and raised at commit, where the caller waits
+            log.exception("encoding audio of %s failed", item_id)
+            pending.error = exc
+
+    def commit_audio(self, conv_id: str, item_id: str) -> None:
+        """Close a spoken message: queue the tail's encode (and, with an exact floor, the re-encode of the blocks whose
+        features the final loudness changed) for the next step, and add it to the conversation."""
+        conv = self.get(conv_id)
+        pending = conv.open_audio.pop(item_id, None)
+        if pending is None:
+            raise UnknownItemError(f"no audio message {item_id!r} is being recorded", param="item_id")
+        conv.dirty = True  # whatever happens below, its prefilled positions must be re-synced
+        if pending.error is not None:
+            raise pending.error
+        feats = pending.features
+        feats.finish()
+        if feats.total_frames < MIN_AUDIO_FRAMES:
+            raise InvalidAudioError("audio message is too short to encode (needs at least 20 ms)", param="audio")
+        final = feats.final_floor()
+        if self.exact_floor:
+            for k, block in enumerate(pending.blocks):
+                if feats.block_changes(k, block.floor):
+                    pending.blocks[k] = self._encode_block(feats, k, final, version=block.version + 1)
+        for k in range(len(pending.blocks), feats.ready_blocks()):  # completed by the end of the signal
+            pending.blocks.append(self._encode_block(feats, k, final))
+        tail = feats.raw_tail()
+        if tail.shape[1]:
+            pending.blocks.append(self.audio_encodes.block(feats.features(tail, final), floor=final))
+        conv.add(ConvItem(id=item_id, role="user", kind=ItemKind.AUDIO, audio_blocks=pending.blocks))
+
+    def _encode_block(self, feats, k: int, floor: float, version: int = 0) -> AudioBlock:
+        return self.audio_encodes.block(feats.features(feats.raw_block(k), floor), floor=floor, version=version)
+
+    def discard_audio(self, conv_id: str, item_id: str) -> None:
+        conv = self.get(conv_id)
+        if conv.open_audio.pop(item_id, None) is not None:
+            conv.dirty = True  # its prefilled positions are rolled back in the background
+
+    def add_audio(self, conv_id: str, item_id: str, pcm: np.ndarray) -> None:
+        self.append_audio(conv_id, item_id, pcm)
+        self.commit_audio(conv_id, item_id)
+
+    def delete_item(self, conv_id: str, item_id: str) -> None:
+        self.get(conv_id).delete(item_id)
+
+    def truncate_item(self, conv_id: str, item_id: str, audio_end_ms: int) -> None:
+        self.get(conv_id).truncate_reply(item_id, audio_end_ms)

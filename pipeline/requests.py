@@ -1,0 +1,127 @@
+"""What the async API asks of the engine core: one frozen dataclass per operation, plain picklable data.
+
+Each request carries the same fields the session layer has at hand (conversation id, item id, text, pcm, ...).
+:meth:`pipeline.core.EngineCore.handle` runs one between two engine steps, in submission order, with a ``match``
+over these classes — so a reader can follow a request from the socket to the step that uses it. An engine core in a
+child process receives the same objects over a pipe. Arguments must pickle (strings, numbers, numpy arrays, frozen
+dataclasses); :class:`StartResponse`'s spec crosses detached (see :meth:`pipeline.request.ResponseSpec.detached`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.request import ResponseSpec
+
+__all__ = [
+    "AddAudio", "AddText", "AppendAudio", "CancelResponse", "CloseConversation", "CommitAudio", "DeleteItem",
+    "DiscardAudio", "EngineRequest", "GetStats", "HasWork", "OpenConversation", "SetInstructions", "StartResponse",
+    "TruncateItem",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OpenConversation:
+    conv_id: str
+    instructions: str
+
+
+@dataclass(frozen=True)
+class CloseConversation:
+    """Ends the conversation's live response (``cancelled``) and frees its KV slots."""
+
+    conv_id: str
+
+
+@dataclass(frozen=True)
+class SetInstructions:
+    conv_id: str
+    instructions: str
+
+
+@dataclass(frozen=True)
+class AddText:
+    conv_id: str
+    item_id: str
+    role: str
+    text: str
+
+
+@dataclass(frozen=True)
+class AddAudio:
+    """A whole audio message (16 kHz float32 mono): the same path as streamed audio, so features are identical."""
+
+    conv_id: str
+    item_id: str
+    pcm: np.ndarray
+
+
+@dataclass(frozen=True)
+class AppendAudio:
+    """More of a message still being spoken (16 kHz float32 mono); its complete 2 s blocks are encoded and prefilled
+    in the background. An error is kept and raised by the message's :class:`CommitAudio`."""
+
+    conv_id: str
+    item_id: str
+    pcm: np.ndarray
+
+
+@dataclass(frozen=True)
+class CommitAudio:
+    conv_id: str
+    item_id: str
+
+
+@dataclass(frozen=True)
+class DiscardAudio:
+    conv_id: str
+    item_id: str
+
+
+@dataclass(frozen=True)
+class DeleteItem:
+    conv_id: str
+    item_id: str
+
+
+@dataclass(frozen=True)
+class TruncateItem:
+    """Keep the share of a spoken reply the user heard (``audio_end_ms`` of its audio)."""
+
+    conv_id: str
+    item_id: str
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class StartResponse:
+    spec: ResponseSpec
+
+
+@dataclass(frozen=True)
+class CancelResponse:
+    """The response ends ``cancelled`` with ``reason`` at the start of the next step (every stage within one step)."""
+
+    response_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class GetStats:
+    """The engine's counters and sizes; ``pending_requests``: requests queued behind this one (the caller counts)."""
+
+    pending_requests: int = 0
+
+
+@dataclass(frozen=True)
+class HasWork:
+    """Whether a step can do something now (see :meth:`pipeline.core.EngineCore.has_work`)."""
+
+
+EngineRequest = (
+    OpenConversation | CloseConversation | SetInstructions | AddText | AddAudio | AppendAudio | CommitAudio
+    | DiscardAudio | DeleteItem | TruncateItem | StartResponse | CancelResponse | GetStats | HasWork
+)  # fmt: skip
+"""Every request the engine core takes."""
