@@ -32,9 +32,9 @@ __all__ = ["NUM_STAGES", "NUM_WARPS", "dit_attention", "dit_attention_available"
 
 NUM_WARPS = 4
 NUM_STAGES = 1
-"""Launch settings (BENCHMARKS.md §15: ``python scripts/bench_dit_attention.py --sweep``). A program holds one
-attention block of queries (24 frames for Qwen2.5-Omni, in a tile of 32) and reads the blocks in its reach one at a
-time."""
+"""Launch settings: the fastest of the tile and launch settings timed on an H100 at 1 and 16 streams. A program
+holds one attention block of queries (24 frames for Qwen2.5-Omni, in a tile of 32) and reads the blocks in its
+reach one at a time."""
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs keep the SDPA block
     import triton
@@ -137,8 +137,8 @@ def dit_attention(qkv: Tensor, cos: Tensor, sin: Tensor, blocks: Tensor, reach: 
 
 def launch(qkv: Tensor, cos: Tensor, sin: Tensor, blocks: Tensor, reach: Tensor, heads: int, block_size: int, *,
            num_warps: int | None = None, num_stages: int | None = None) -> Tensor:  # fmt: skip
-    """:func:`dit_attention`'s kernel with other launch settings (``scripts/bench_dit_attention.py`` times them);
-    None takes the packaged ones."""
+    """:func:`dit_attention`'s kernel with other launch settings, for timing alternatives; None takes the packaged
+    ones."""
     rows, length, width = qkv.shape
     inner = width // 3
     head_dim = inner // heads
