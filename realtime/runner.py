@@ -530,7 +530,7 @@ class SessionRunner:
 
     async def _dispatch_received(self, actions: list[Action]) -> None:
         """:meth:`_dispatch` for a client message's actions, speech detection included (:meth:`_detect`). The VAD
-        is ~1 ms of CPU a frame per session, ~75 % of the loop's time at 64 sessions (BENCHMARKS.md §10.4), hence
+        is ~1 ms of CPU a frame per session, ~75 % of the loop's time at 64 sessions when run frame by frame, hence
         the batched VAD. The reader awaits each chunk's turn events before the next message, so
         a session's actions keep their order while other sessions' readers run."""
         for action in actions:

@@ -59,7 +59,7 @@ class SileroBatchModel:
 
 class VadBatcher:
     """Scores the frames of every session's VAD together: frames that arrive within ``window_s`` of the first
-    one pending run as one batched call on the event loop (BENCHMARKS.md §10.5). Each session awaits a frame's
+    one pending run as one batched call on the event loop. Each session awaits a frame's
     probability before sending its next, so a stream appears at most once in a call. Bounded: one pending
     frame per live session. A failing call fails every frame of that call (their sessions get the error)."""
 

@@ -126,9 +126,8 @@ async def test_a_text_turn_equals_the_engine_thread_with_the_same_seed(shared, t
     texts = [[ev.text for ev in events if isinstance(ev, TextDelta)] for events in (got, expected)]
     assert texts[0] == texts[1]
     # Equal up to float rounding, not bit for bit: run after test_engine.py and test_kv_slots_engine.py in one pytest
-    # process, the in-process engine's audio differed from the child's by up to 3e-7 (tokens identical), also before
-    # session 5's token2wav changes; alone or in the full suite it is bit-equal. Which state of the earlier tests
-    # changes the rounding is not found.
+    # process, the in-process engine's audio differed from the child's by up to 3e-7 (tokens identical); alone or in
+    # the full suite it is bit-equal. Which state of the earlier tests changes the rounding is not found.
     np.testing.assert_allclose(audio_of(got), audio_of(expected), rtol=0, atol=1e-5)
 
 

@@ -183,7 +183,7 @@ def test_the_cpu_engine_runs_the_dit_uncompiled_by_default(tiny_engine) -> None:
 GPU_SOLVE_TOLERANCE = 1e-4
 """Compiled and graph-replayed DiT solve vs the eager, uncompiled one on the same GPU, relative to the mel's peak:
 float32 rounding of the fused kernels, compounded over 36 evaluations (uncompiled, the replayed solve equals the
-eager one bit for bit: BENCHMARKS.md §5)."""
+eager one bit for bit on a GPU, padded windows included)."""
 
 
 @pytest.fixture(scope="module")

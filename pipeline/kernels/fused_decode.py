@@ -1,7 +1,7 @@
 """A decode step's layer arithmetic in 9 kernels instead of ~37: fused weights and three small Triton kernels.
 
 Why: a captured decode step of the 7B thinker at batch 1 cost 8.7 ms against 4.7 ms to read its weights, and the
-talker's 3.7 ms against 0.85 ms (BENCHMARKS.md §6.1). The difference is kernel count: HF's layer code makes ~37
+talker's 3.7 ms against 0.85 ms (H100). The difference is kernel count: HF's layer code makes ~37
 kernels per layer (the RMSNorm alone is 6: upcast, square, mean, rsqrt, scale, weight), each a few µs on the GPU
 even when replayed from a graph. Per layer this module runs:
 

@@ -5,7 +5,7 @@ and a draw. Greedy decoding still applies the repetition penalty and suppression
 outputs match the reference token for token.
 
 Why a graph-safe sampler: eager sampling cost a decode step ~1.2-1.4 ms of host-bound kernels per stage plus a host
-sync before it (BENCHMARKS.md §11): more than the talker's whole graph. Here :meth:`BatchSampler.sample_device` is
+sync before it: more than the talker's whole graph. Here :meth:`BatchSampler.sample_device` is
 fixed-shape device work with no host synchronisation, so the decode graphs capture it after their layers and a step
 costs one graph replay and one transfer of the sampled ids.
 

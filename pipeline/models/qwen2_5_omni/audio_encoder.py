@@ -3,7 +3,7 @@ lengths as device tensors: fixed shapes and no host reads, so a batch of blocks 
 
 Why: transformers' forward reads the block lengths on the host (chunk splitting, ``nonzero`` for the valid
 positions, per-chunk attention calls) and launches ~400 small kernels from Python: 15-30 ms for a few ms of device
-work (BENCHMARKS.md §10.3). Every turn's tail is encoded after the user stops speaking, so that time was on the
+work. Every turn's tail is encoded after the user stops speaking, so that time was on the
 first audio's path at one user; under load every step that encoded a block was that much longer.
 
 Same arithmetic as transformers' ``Qwen2_5OmniAudioEncoder`` on blocks of at most ``n_window * 2`` mel frames (the
@@ -110,7 +110,7 @@ class BlockEncoder:
             self._graphs[size] = CapturedCall(self._run, example, capture_stream=stream)
 
     def _run(self, features: Tensor, lengths: Tensor) -> Tensor:
-        with sdpa_kernel(PREFILL_BACKENDS):  # masked attention; cuDNN would plan per shape (BENCHMARKS.md §10.3)
+        with sdpa_kernel(PREFILL_BACKENDS):  # masked attention; cuDNN would build a plan for every new length
             return encode_blocks(self.tower, features, lengths)
 
     @torch.inference_mode()

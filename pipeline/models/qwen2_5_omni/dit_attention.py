@@ -1,9 +1,9 @@
 """The DiT's block attention as one Triton kernel that reads the query/key/value product in place.
 
-Through ``scaled_dot_product_attention`` a DiT block's attention is five kernels on the H100 (BENCHMARKS.md §15): the
+Through ``scaled_dot_product_attention`` a DiT block's attention is five kernels on the H100: the
 RoPE of the first head for queries and keys (two), their concatenation with the other heads (one), cuDNN's attention
 over a (rows, 1, L, L) mask, and the transpose of its output back to (rows, L, heads * head_dim). In the steady
-window they took ~28% of an evaluation's kernel time at one stream, ~30% at sixteen (BENCHMARKS.md §14.5's profile):
+window they took ~28% of an evaluation's kernel time at one stream, ~30% at sixteen (``profile_token2wav.py``):
 every tensor is tiny, so each kernel costs its launch and a pass over memory. :func:`dit_attention` does all five in one kernel:
 
 - it reads queries, keys and values straight from the block's (rows, L, 3 * inner) product (q | k | v, each
