@@ -485,7 +485,7 @@ class SessionRunner:
                 self._cancel(action)  # jumps the command queue: a cancel must not wait for a commit
             elif isinstance(action, DropQueuedAudio):
                 rid, kind = action.response_id, self._audio_delta_type
-                self.outbound.drop(lambda e: not (e.get("type") == kind and e.get("response_id") == rid))
+                self.outbound.drop(lambda e, kind=kind, rid=rid: not (e.get("type") == kind and e.get("response_id") == rid))
                 self._traces.dropped(rid)
             elif isinstance(action, PlayAudio):
                 self._media_sink().play(action.response_id, action.pcm)

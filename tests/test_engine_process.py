@@ -28,7 +28,6 @@ from conftest import greedy_stage_config
 from pipeline.commands import ENGINE_COMMANDS, Command
 from pipeline.config import load_stage_config, parse_stage_config
 from pipeline.engine import OmniEngine
-from pipeline.process import AckBatcher, Credits, EngineProcess
 from pipeline.errors import (
     CheckpointError,
     ConfigError,
@@ -42,6 +41,7 @@ from pipeline.errors import (
     UnknownItemError,
 )
 from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta, Usage
+from pipeline.process import AckBatcher, Credits, EngineProcess
 from pipeline.request import ResponseSpec
 from tests.test_hygiene import assert_clean, connect, served, user_text
 from tests.test_server_ws import FRAME_BYTES, b64, of_response, wav_pcm

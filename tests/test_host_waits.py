@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+
 from conftest import greedy_stage_config
 
 

@@ -3,8 +3,8 @@
 import asyncio
 import logging
 
-from pipeline.request import ResponseSpec
 from pipeline.observe.stall_watch import StallWatch
+from pipeline.request import ResponseSpec
 
 
 def test_reports_only_after_marks_stay_unchanged_while_live():

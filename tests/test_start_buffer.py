@@ -1,5 +1,5 @@
-"""The start buffer (``token2wav.start_buffer_ms``, pipeline/output/start_buffer.py): under load a reply's first audio is held
-in the engine until that much is made, then sent at once; otherwise nothing changes."""
+"""The start buffer (``token2wav.start_buffer_ms``, pipeline/output/start_buffer.py): under load a reply's first
+audio is held in the engine until that much is made, then sent at once; otherwise nothing changes."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import greedy_stage_config, start_spoken_reply
 
+from conftest import greedy_stage_config, start_spoken_reply
 from pipeline.errors import ConfigError
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
 from pipeline.output.playout import Playout
 from pipeline.output.start_buffer import StartBuffer, holds_start
+from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
 
 STEP_S = 0.05
 """The fake clock's advance per engine step."""

@@ -130,7 +130,8 @@ def attention_splits(rows: int, heads: int, device: torch.device, max_splits: in
 
 
 def attend_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
-                  lengths: torch.Tensor, scale: float, block_n: int = 64, splits: int | None = None) -> torch.Tensor:  # fmt: skip
+                  lengths: torch.Tensor, scale: float, block_n: int = 64,
+                  splits: int | None = None) -> torch.Tensor:  # fmt: skip
     """``splits``: programs per (row, head), each over a share of the row's positions, their partial softmax sums
     combined by a second kernel (default: :func:`attention_splits`); with 1 each program writes its output. Shares are
     whole blocks of ``block_n`` positions, so a row shorter than ``splits`` blocks leaves shares empty."""

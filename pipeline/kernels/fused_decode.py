@@ -183,7 +183,8 @@ def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def rope_and_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                   slots: torch.Tensor, positions: torch.Tensor, *, heads: int, kv_heads: int) -> torch.Tensor:  # fmt: skip
+                   slots: torch.Tensor, positions: torch.Tensor, *, heads: int,
+                   kv_heads: int) -> torch.Tensor:  # fmt: skip
     """Split the fused projection ``qkv`` (B, (heads + 2 kv_heads) × D) into heads, rotate q and k by the rotary
     table rows ``cos``/``sin`` (max_len, D) at ``positions`` (B,), write k and v into the pool layer
     ``keys``/``values`` (slots, max_len, kv_heads, D) at ``[slots[b], positions[b]]``; returns q (B, heads, D)."""

@@ -13,9 +13,9 @@ The draw: top-k first, then top-p and the draw over those k values only (the tok
 so top-p over the k survivors removes the same tokens as over the whole vocabulary; ties at the k-th value are the
 only difference: ``topk`` keeps exactly k). The draw is the Gumbel-max trick, argmax(logit + Gumbel noise), which
 samples exactly from the softmax. The noise is a hash of (row seed, row counter, rank, sampler salt)
-(:mod:`pipeline.kernels.noise`), not torch's RNG: a graph replays it without generator state, and a seeded response samples
-the same tokens whatever it is batched with, since its noise depends only on its own seed and how many tokens it has
-sampled.
+(:mod:`pipeline.kernels.noise`), not torch's RNG: a graph replays it without generator state, and a seeded response
+samples the same tokens whatever it is batched with, since its noise depends only on its own seed and how many tokens
+it has sampled.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from torch import Tensor, nn
 from torch.nn.attention import sdpa_kernel
 
 from pipeline.kernels.cuda_graphs import CapturedCall, bucket_at_least, host_to_device
-from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
 from pipeline.kernels.sdpa import PREFILL_BACKENDS
+from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
 
 __all__ = ["BlockEncoder", "GRAPH_BATCHES", "encode_blocks"]
 

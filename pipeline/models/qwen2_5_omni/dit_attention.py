@@ -4,7 +4,8 @@ Through ``scaled_dot_product_attention`` a DiT block's attention is five kernels
 RoPE of the first head for queries and keys (two), their concatenation with the other heads (one), cuDNN's attention
 over a (rows, 1, L, L) mask, and the transpose of its output back to (rows, L, heads * head_dim). In the steady
 window they took ~28% of an evaluation's kernel time at one stream, ~30% at sixteen (``profile_token2wav.py``):
-every tensor is tiny, so each kernel costs its launch and a pass over memory. :func:`dit_attention` does all five in one kernel:
+every tensor is tiny, so each kernel costs its launch and a pass over memory. :func:`dit_attention` does all five in
+one kernel:
 
 - it reads queries, keys and values straight from the block's (rows, L, 3 * inner) product (q | k | v, each
   ``heads`` heads of ``head_dim``), rotating the first head's queries and keys as it loads them;
