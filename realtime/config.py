@@ -57,15 +57,14 @@ class ServerConfig:
     vad_batching: bool = True
     """Score every session's VAD frames together: frames that arrive within 4 ms run as one silero call on the
     event loop (``realtime/vad_batch.py``). ``False``: one silero model per session, one call per 32 ms frame
-    (~1 ms of CPU each: at 64 sessions ~75 % of the event loop, and turn ends were detected seconds late;
-    BENCHMARKS.md §10.5)."""
+    (~1 ms of CPU each: at 64 sessions ~75 % of the event loop, and turn ends were detected seconds late)."""
     preemptive_response_ms: int | None = DEFAULT_PREEMPTIVE_RESPONSE_MS
     """With ``server_vad``: after this much silence (below the session's ``silence_duration_ms``) the turn is
     committed and the reply started at once, unseen by the client until speech stops; speech resuming withdraws it
     (``realtime/session.py``). The reply then has the rest of the silence window to make its first audio; a
     withdrawn one costs the GPU work it did. ``None``: replies start when speech stops (the OpenAI API's timing).
     On by default: on the H100 it cut the time to first audio at every load measured, even when every turn had a
-    mid-sentence pause that withdrew one reply (BENCHMARKS.md §20, §21)."""
+    mid-sentence pause that withdrew one reply."""
     ice_host_addresses: tuple[str, ...] = ()
     """WebRTC: ICE host candidates, each ``ADDRESS`` or ``ANNOUNCED@BIND`` (behind a 1:1 NAT: the
     public address announced, the local one bound; tests use 127.0.0.1). Empty: the machine's own

@@ -18,8 +18,9 @@ growing is a leak.
 The same snapshot carries the engine's cumulative work counters (thinker tokens, talker codec
 tokens, 24 kHz audio samples, decode steps, the underruns a real-time player of each reply would
 have had: ``omni_realtime_engine_*_total`` counters) and the accelerator memory torch holds
-(``omni_realtime_engine_device_memory_bytes`` and ``..._peak_bytes``, 0 on the CPU); ``omni-realtime bench --url`` reads them to report per-stage throughput. They are
-exported once the engine has reported (an engine without ``stats()`` exports none).
+(``omni_realtime_engine_device_memory_bytes`` and ``..._peak_bytes``, 0 on the CPU); ``omni-realtime bench
+--url`` reads them to report per-stage throughput. They are exported once the engine has reported (an engine
+without ``stats()`` exports none).
 """
 
 from __future__ import annotations

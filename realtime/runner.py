@@ -485,7 +485,7 @@ class SessionRunner:
                 self._cancel(action)  # jumps the command queue: a cancel must not wait for a commit
             elif isinstance(action, DropQueuedAudio):
                 rid, kind = action.response_id, self._audio_delta_type
-                self.outbound.drop(lambda e: not (e.get("type") == kind and e.get("response_id") == rid))
+                self.outbound.drop(lambda e, kind=kind, rid=rid: not (e.get("type") == kind and e.get("response_id") == rid))
                 self._traces.dropped(rid)
             elif isinstance(action, PlayAudio):
                 self._media_sink().play(action.response_id, action.pcm)
@@ -530,7 +530,7 @@ class SessionRunner:
 
     async def _dispatch_received(self, actions: list[Action]) -> None:
         """:meth:`_dispatch` for a client message's actions, speech detection included (:meth:`_detect`). The VAD
-        is ~1 ms of CPU a frame per session, ~75 % of the loop's time at 64 sessions (BENCHMARKS.md §10.4), hence
+        is ~1 ms of CPU a frame per session, ~75 % of the loop's time at 64 sessions when run frame by frame, hence
         the batched VAD. The reader awaits each chunk's turn events before the next message, so
         a session's actions keep their order while other sessions' readers run."""
         for action in actions:

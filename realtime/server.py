@@ -154,10 +154,9 @@ def load_engine(config: ServerConfig) -> EngineHandle:
     ``config.torch_threads`` CPU threads first. The stage config's ``engine.process`` decides whether the
     engine core runs in a child process (the default on CUDA: it loads the weights there, with the same
     thread count) or on a thread of this one."""
-    import torch
-
     # Importing silero_vad sets torch's default thread count to 1; import it before our setting.
     import silero_vad  # noqa: F401
+    import torch
 
     from pipeline.embedded import resolve_model
     from pipeline.engine import OmniEngine

@@ -46,7 +46,15 @@ from typing import Protocol
 import numpy as np
 
 from pipeline.api import EngineHandle, Modality
-from pipeline.outputs import OUTPUT_SAMPLE_RATE, AudioChunk, ResponseDone, ResponseEvent, ResponseStatus, TextDelta, Usage
+from pipeline.outputs import (
+    OUTPUT_SAMPLE_RATE,
+    AudioChunk,
+    ResponseDone,
+    ResponseEvent,
+    ResponseStatus,
+    TextDelta,
+    Usage,
+)
 from realtime.audio import AudioFormat, OutputEncoder
 from realtime.errors import InvalidAudioData, RealtimeError, to_error_payload
 from realtime.ids import IdGenerator, IdKind, RandomIds

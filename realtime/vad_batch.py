@@ -1,6 +1,6 @@
 """The server VAD of every session scored together: one silero call for the frames that many sessions sent
 within a few milliseconds, instead of one call per frame per session on the event loop (~1 ms of CPU each: at 64
-sessions ~75 % of the loop's time, BENCHMARKS.md §10.4).
+sessions that was ~75 % of the loop's time, and turn ends were detected seconds late).
 
 :class:`SileroBatchModel` is the network run over a batch with each stream's state kept by the caller (pure);
 :class:`VadBatcher` gathers frames on the event loop and runs them; :class:`BatchedSileroStream` is one session's
@@ -29,7 +29,7 @@ class SileroBatchModel:
     """silero-vad's 16 kHz network run over frames of many streams in one call, each stream's state kept by
     the caller (:class:`SileroState`). Row by row it computes what :class:`SileroVad` computes (the packaged
     model's own wrapper prepends the previous frame's last 64 samples and carries the recurrent state); one
-    call for 64 frames costs ~6 ms of CPU against ~0.7 ms for one (``scripts/bench_vad.py``, 2-core VM)."""
+    call for 64 frames costs ~6 ms of CPU against ~0.7 ms for one (measured on a 2-core VM)."""
 
     frame_samples = 512
 
@@ -59,7 +59,7 @@ class SileroBatchModel:
 
 class VadBatcher:
     """Scores the frames of every session's VAD together: frames that arrive within ``window_s`` of the first
-    one pending run as one batched call on the event loop (BENCHMARKS.md §10.5). Each session awaits a frame's
+    one pending run as one batched call on the event loop. Each session awaits a frame's
     probability before sending its next, so a stream appears at most once in a call. Bounded: one pending
     frame per live session. A failing call fails every frame of that call (their sessions get the error)."""
 

@@ -1,4 +1,5 @@
-"""Read an engine timeline (``engine.timeline_path``, :mod:`pipeline.observe.timeline`): what the engine did while a load ran.
+"""Read an engine timeline (``engine.timeline_path``, :mod:`pipeline.observe.timeline`): what the engine did while a
+load ran.
 
     python scripts/engine_timeline.py TIMELINE.json                  # every reply, then the load per 200 ms
     python scripts/engine_timeline.py TIMELINE.json --late           # only the replies whose player ran dry
@@ -6,8 +7,9 @@
 
 Prints, per reply (in the order they started): its start, when its first code came, each audio chunk as
 ``t:audio ms(audio ahead of the player before it, or -waited)``, and codes_done; then, per window: the steps
-(count, mean and longest wall, prefill chunks, thinker rows, talker rows per step), the codes the talker made and the token2wav jobs started in it (``start+ms/streams``, F for first chunks). All in ms on
-the timeline's clock (from the engine's start).
+(count, mean and longest wall, prefill chunks, thinker rows, talker rows per step), the codes the talker made and the
+token2wav jobs started in it (``start+ms/streams``, F for first chunks). All in ms on the timeline's clock (from the
+engine's start).
 """
 
 from __future__ import annotations

@@ -189,7 +189,7 @@ def summarize(trace: dict) -> dict:
     # the host's labels only: each also appears as a "gpu_user_annotation" spanning its kernels
     annotations = [e for e in events if e.get("cat") == "user_annotation"]
     steps = sorted((e for e in annotations if e["name"] == "engine.step"), key=lambda e: e["ts"])
-    kernels = sorted(((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel"))
+    kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel")
     labels = [e for e in annotations if e["name"] in LABELS]
     by_kind: dict[str, list[tuple[float, float]]] = {}
     label_ms: dict[str, list[float]] = {}
@@ -300,9 +300,9 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(f"/tmp/profile_steps_{users}.json")
             # started and stopped on the engine's thread: the profiler records CPU ops of the thread that starts it
             prof = torch.profiler.profile(activities=activities)
-            engine._backend.submit(lambda _core: prof.start()).result()
+            engine._backend.submit(lambda _core, prof=prof: prof.start()).result()
             first_audio = asyncio.run(burst(engine, users, spread_ms=args.spread_ms))
-            engine._backend.submit(lambda _core: prof.stop()).result()
+            engine._backend.submit(lambda _core, prof=prof: prof.stop()).result()
             prof.export_chrome_trace(str(path))
             summary = summarize(json.loads(path.read_text()))
             summary["first_audio_ms"] = sorted(round(x, 1) for x in first_audio if x is not None)

@@ -1,5 +1,6 @@
-"""Does the engine keep answering under overlapping replies? A quick check of the stall in BENCHMARKS.md §8.1,
-without the server, VAD or WebSocket clients of ``omni-realtime bench``.
+"""Does the engine keep answering under overlapping replies? A quick check, without the server, VAD or WebSocket
+clients of ``omni-realtime bench``, for the kind of stall where a 32-user run stopped completing replies (the token2wav
+worker's graphs and the decode graphs had shared one capture stream).
 
 ``--users`` workers each run ``--replies`` turns back to back: open a conversation, add a short text message,
 ask for a spoken reply of forced length, read it to the end, close the conversation. Replies therefore finish and

@@ -24,7 +24,15 @@ import numpy as np
 
 from pipeline.api import INPUT_SAMPLE_RATE, Modality, Role
 from pipeline.errors import EngineClosedError, ResponseActiveError, UnknownItemError, UnknownVoiceError
-from pipeline.outputs import OUTPUT_SAMPLE_RATE, AudioChunk, ResponseDone, ResponseEvent, ResponseStatus, TextDelta, Usage
+from pipeline.outputs import (
+    OUTPUT_SAMPLE_RATE,
+    AudioChunk,
+    ResponseDone,
+    ResponseEvent,
+    ResponseStatus,
+    TextDelta,
+    Usage,
+)
 from realtime.runner import TransportClosed
 from realtime.turn import ServerVadParams, SpeechStarted, SpeechStopped
 

@@ -16,7 +16,6 @@ import soxr
 import torch
 from transformers import WhisperFeatureExtractor
 
-from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower
 from pipeline.errors import InvalidAudioError
 from pipeline.models.qwen2_5_omni.audio_features import (
     IncrementalLogMel,
@@ -25,6 +24,7 @@ from pipeline.models.qwen2_5_omni.audio_features import (
     floor_for_max,
     virtual_signal,
 )
+from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower
 
 SR = 16_000
 HOP = 160  # 10 ms

@@ -28,7 +28,6 @@ from conftest import greedy_stage_config
 from pipeline.requests import AddText, HasWork
 from pipeline.config import load_stage_config, parse_stage_config
 from pipeline.engine import OmniEngine
-from pipeline.process import AckBatcher, Credits, EngineProcess
 from pipeline.errors import (
     CheckpointError,
     ConfigError,
@@ -42,6 +41,7 @@ from pipeline.errors import (
     UnknownItemError,
 )
 from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta, Usage
+from pipeline.process import AckBatcher, Credits, EngineProcess
 from pipeline.request import ResponseSpec
 from tests.test_hygiene import assert_clean, connect, served, user_text
 from tests.test_server_ws import FRAME_BYTES, b64, of_response, wav_pcm
@@ -126,9 +126,8 @@ async def test_a_text_turn_equals_the_engine_thread_with_the_same_seed(shared, t
     texts = [[ev.text for ev in events if isinstance(ev, TextDelta)] for events in (got, expected)]
     assert texts[0] == texts[1]
     # Equal up to float rounding, not bit for bit: run after test_engine.py and test_kv_slots_engine.py in one pytest
-    # process, the in-process engine's audio differed from the child's by up to 3e-7 (tokens identical), also before
-    # session 5's token2wav changes; alone or in the full suite it is bit-equal. Which state of the earlier tests
-    # changes the rounding is not found.
+    # process, the in-process engine's audio differed from the child's by up to 3e-7 (tokens identical); alone or in
+    # the full suite it is bit-equal. Which state of the earlier tests changes the rounding is not found.
     np.testing.assert_allclose(audio_of(got), audio_of(expected), rtol=0, atol=1e-5)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import greedy_stage_config, run_spoken_reply
 
+from conftest import greedy_stage_config, run_spoken_reply
 from pipeline.config import DEFAULT_STAGE_CONFIG, ConfigError, EngineConfig, parse_stage_config
 from pipeline.observe.timeline import EngineTimeline
 

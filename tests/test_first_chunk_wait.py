@@ -1,4 +1,5 @@
-"""scripts/first_chunk_wait.py: a bench log's first-chunk milestones split into codes, worker wait and job, per level."""
+"""scripts/first_chunk_wait.py: a bench log's first-chunk milestones split into codes, worker wait and job, per
+level."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.runners.decoder import PooledDecoder
 from pipeline.kernels.fused_decode import fusable
+from pipeline.runners.decoder import PooledDecoder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,8 +55,8 @@ for dtype, tol in ((torch.float32, 1e-5),):
             torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
             for layer in range(len(ref.layers)):  # the keys/values written by the RoPE kernel
                 for s, p in zip(slots, pos.tolist()):
-                    torch.testing.assert_close(fused.pool.keys[layer][s, p], ref.pool.keys[layer][s, p], rtol=tol, atol=tol)
-                    torch.testing.assert_close(fused.pool.values[layer][s, p], ref.pool.values[layer][s, p], rtol=tol, atol=tol)
+                    for pool, ref_pool in ((fused.pool.keys, ref.pool.keys), (fused.pool.values, ref.pool.values)):
+                        torch.testing.assert_close(pool[layer][s, p], ref_pool[layer][s, p], rtol=tol, atol=tol)
         layer = body.layers[0]
         h = torch.randn(5, hidden, dtype=dtype)
         d = torch.randn(5, hidden, dtype=dtype)
@@ -143,8 +143,8 @@ def test_fused_kernels_round_as_eager_bf16_on_the_gpu():
     flip a rounding)."""
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniRMSNorm
 
-    from pipeline.runners.decoder import _rotate_half
     from pipeline.kernels.fused_decode import add_rms_norm, rope_and_store, silu_mul
+    from pipeline.runners.decoder import _rotate_half
 
     torch.manual_seed(0)
     dev, bf = "cuda", torch.bfloat16

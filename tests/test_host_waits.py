@@ -1,8 +1,8 @@
 """A reply's start queues its device work without the host waiting for the GPU: the talker's prefill is prepared right
 behind the thinker's decode step on the same stream, and a host wait there left the GPU idle while the host did the
-prefill's bookkeeping (one reply profiled on an H100: ~5 ms waiting inside the speaker's bos embedding, BENCHMARKS.md
-§18). ``torch.cuda.set_sync_debug_mode("error")`` makes any call that waits for the device (a copy from pageable
-memory, a read) raise."""
+prefill's bookkeeping (one reply profiled on an H100: ~5 ms waiting inside the speaker's bos embedding).
+``torch.cuda.set_sync_debug_mode("error")`` makes any call that waits for the device (a copy from pageable memory, a
+read) raise."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+
 from conftest import greedy_stage_config
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import greedy_stage_config, start_spoken_reply
 
+from conftest import greedy_stage_config, start_spoken_reply
 from pipeline.output.playout import Playout
 
 

@@ -48,7 +48,8 @@ def test_chunks_of_several_slots_in_one_replay_match_each_alone_on_the_gpu(tiny_
         x = torch.randn(20, hidden, device="cuda")
         batched.prefill(x, slot, 0)
         alone.prefill(x, slot, 0)
-    spans = [(torch.randn(7, hidden, device="cuda"), 0, 20, True), (torch.randn(30, hidden, device="cuda"), 1, 0, False),
+    spans = [(torch.randn(7, hidden, device="cuda"), 0, 20, True),
+             (torch.randn(30, hidden, device="cuda"), 1, 0, False),
              (torch.randn(3, hidden, device="cuda"), 2, 20, True)]  # fmt: skip
     replays = batched.prefills.replays
     got = batched.prefill_many(spans)

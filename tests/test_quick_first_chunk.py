@@ -4,8 +4,8 @@ most ``quick_first_chunk_max_open`` other replies' audio to make; the others sta
 from __future__ import annotations
 
 import torch
-from conftest import greedy_stage_config, start_spoken_reply
 
+from conftest import greedy_stage_config, start_spoken_reply
 from pipeline.config import load_stage_config
 from pipeline.outputs import AudioChunk
 

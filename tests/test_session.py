@@ -778,7 +778,8 @@ def test_item_create_retrieve_delete():
         ),
         (
             {"type": "conversation.item.create",
-             "item": {"id": "first", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}},
+             "item": {"id": "first", "type": "message", "role": "user",
+                      "content": [{"type": "input_text", "text": "x"}]}},
             ErrorCode.DUPLICATE_ITEM_ID, "item.id",
         ),
         (

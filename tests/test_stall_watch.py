@@ -3,9 +3,9 @@
 import asyncio
 import logging
 
+from pipeline.observe.stall_watch import StallWatch
 from pipeline.request import ResponseSpec
 from pipeline.requests import AddText, CloseConversation, OpenConversation, StartResponse
-from pipeline.observe.stall_watch import StallWatch
 
 
 def test_reports_only_after_marks_stay_unchanged_while_live():

@@ -1,5 +1,5 @@
-"""The start buffer (``token2wav.start_buffer_ms``, pipeline/output/start_buffer.py): under load a reply's first audio is held
-in the engine until that much is made, then sent at once; otherwise nothing changes."""
+"""The start buffer (``token2wav.start_buffer_ms``, pipeline/output/start_buffer.py): under load a reply's first
+audio is held in the engine until that much is made, then sent at once; otherwise nothing changes."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import greedy_stage_config, start_spoken_reply
 
+from conftest import greedy_stage_config, start_spoken_reply
 from pipeline.errors import ConfigError
-from pipeline.requests import AppendAudio, CancelResponse, OpenConversation
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
 from pipeline.output.playout import Playout
 from pipeline.output.start_buffer import StartBuffer, holds_start
+from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
+from pipeline.requests import AppendAudio, CancelResponse, OpenConversation
 
 STEP_S = 0.05
 """The fake clock's advance per engine step."""
@@ -198,7 +198,7 @@ def test_the_stage_config_takes_the_start_buffer_on_token2wav_only():
 
     cfg = load_stage_config()
     assert (cfg.token2wav.start_buffer_ms, cfg.token2wav.start_buffer_busy) == (960, None), "packaged: 960 ms, max_batch"
-    assert cfg.token2wav.starving_margin_from_jobs, "packaged with the start buffer (BENCHMARKS.md §26.2)"
+    assert cfg.token2wav.starving_margin_from_jobs, "packaged with the start buffer"
     bench = load_stage_config(DEFAULT_STAGE_CONFIG.parent / "bench_forced.yaml").token2wav
     assert (bench.start_buffer_ms, bench.starving_margin_from_jobs) == (960, True)
     raw = {"model_family": "qwen2_5_omni",

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import greedy_stage_config, run_spoken_reply
 
+from conftest import greedy_stage_config, run_spoken_reply
 from pipeline.config import DEFAULT_STAGE_CONFIG, ConfigError, parse_stage_config
 
 

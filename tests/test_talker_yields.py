@@ -9,8 +9,8 @@ import time
 
 import pytest
 import torch
-from conftest import greedy_stage_config, start_spoken_reply
 
+from conftest import greedy_stage_config, start_spoken_reply
 from pipeline.outputs import AudioChunk
 
 

@@ -17,7 +17,7 @@ N = SileroBatchModel.frame_samples
 TOL = 1e-4
 """Batched and one-row calls of the same float32 network take different CPU kernel paths (blocking of the convolutions
 and the LSTM's products), so the probabilities agree to float rounding, not bit for bit: 1.8e-5 apart at most on an
-AVX-512 host (session 15), below 1e-5 on the earlier one. The VAD's decisions compare against thresholds."""
+AVX-512 host, below 1e-5 on an older one. The VAD's decisions compare against thresholds."""
 
 
 @pytest.fixture(scope="module")

@@ -104,7 +104,7 @@ def bucket_at_least(size: int, buckets: Sequence[int]) -> int | None:
 def host_tensor(values: Sequence | Tensor, dtype: torch.dtype, *, pinned: bool) -> Tensor:
     """A host tensor of ``values``; ``pinned``: in page-locked memory, so that a ``non_blocking`` copy of it to a GPU
     is queued on the stream without the host waiting (from pageable memory, torch's copy waits for the stream's
-    queued work to finish: in a decode step that stalled the host for the whole graph, BENCHMARKS.md §11)."""
+    queued work to finish: in a decode step that stalled the host for the whole graph)."""
     t = values.to(dtype) if isinstance(values, Tensor) else torch.tensor(list(values), dtype=dtype)
     return t.pin_memory() if pinned and not t.is_pinned() else t
 

@@ -119,8 +119,8 @@ if triton is not None:
 def attention_splits(rows: int, heads: int, device: torch.device, max_splits: int = 16) -> int:
     """How many programs share each (row, head)'s positions: the most (a power of two up to ``max_splits``) that keeps
     the programs within about two per SM. Why: one program per (row, head) walks all of a row's positions alone, so at
-    batch 1 the talker's 14 heads ran on 14 of the H100's 132 SMs (13 µs a layer for ~300 positions,
-    BENCHMARKS.md §14); large batches have enough programs without splitting."""
+    batch 1 the talker's 14 heads ran on 14 of the H100's 132 SMs (13 µs a layer for ~300 positions); large
+    batches have enough programs without splitting."""
     device = torch.device(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     splits = 1
@@ -130,7 +130,8 @@ def attention_splits(rows: int, heads: int, device: torch.device, max_splits: in
 
 
 def attend_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
-                  lengths: torch.Tensor, scale: float, block_n: int = 64, splits: int | None = None) -> torch.Tensor:  # fmt: skip
+                  lengths: torch.Tensor, scale: float, block_n: int = 64,
+                  splits: int | None = None) -> torch.Tensor:  # fmt: skip
     """``splits``: programs per (row, head), each over a share of the row's positions, their partial softmax sums
     combined by a second kernel (default: :func:`attention_splits`); with 1 each program writes its output. Shares are
     whole blocks of ``block_n`` positions, so a row shorter than ``splits`` blocks leaves shares empty."""

@@ -1,7 +1,7 @@
 """A decode step's layer arithmetic in 9 kernels instead of ~37: fused weights and three small Triton kernels.
 
 Why: a captured decode step of the 7B thinker at batch 1 cost 8.7 ms against 4.7 ms to read its weights, and the
-talker's 3.7 ms against 0.85 ms (BENCHMARKS.md §6.1). The difference is kernel count: HF's layer code makes ~37
+talker's 3.7 ms against 0.85 ms (H100). The difference is kernel count: HF's layer code makes ~37
 kernels per layer (the RMSNorm alone is 6: upcast, square, mean, rsqrt, scale, weight), each a few µs on the GPU
 even when replayed from a graph. Per layer this module runs:
 
@@ -183,7 +183,8 @@ def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def rope_and_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                   slots: torch.Tensor, positions: torch.Tensor, *, heads: int, kv_heads: int) -> torch.Tensor:  # fmt: skip
+                   slots: torch.Tensor, positions: torch.Tensor, *, heads: int,
+                   kv_heads: int) -> torch.Tensor:  # fmt: skip
     """Split the fused projection ``qkv`` (B, (heads + 2 kv_heads) × D) into heads, rotate q and k by the rotary
     table rows ``cos``/``sin`` (max_len, D) at ``positions`` (B,), write k and v into the pool layer
     ``keys``/``values`` (slots, max_len, kv_heads, D) at ``[slots[b], positions[b]]``; returns q (B, heads, D)."""

@@ -6,7 +6,7 @@ which other rows share its batch. A hash of the row's own seed and counter gives
 Two implementations with one contract, equal bit for bit:
 
 - :func:`uniform_noise_reference`: torch integer ops, any device. ~90 small kernels: fine eagerly, costly inside a
-  decode graph, whose launch time grows by ~3 us per kernel (BENCHMARKS.md §11).
+  decode graph, whose launch time grows by ~3 us per kernel.
 - :func:`uniform_noise_triton`: one Triton kernel (CUDA with Triton only), what the decode graphs run.
 
 Contract: ``seeds`` and ``counters`` (B,) int64 (taken modulo 2**32), ``width`` columns, ``salt`` an int; returns

@@ -3,7 +3,7 @@
 Why: the audio encoder is launch-bound (hundreds of small kernels from Python, 20-30 ms of host time for a 2 s block
 whose device work is a few ms). Run inside each ``append_audio`` / ``commit_audio`` command, it cost the engine
 thread that much per block and per turn end: with many users speaking, their encodes queued between steps, delayed
-every session's next token, and at 64 users a commit waited 0.9-1.3 s (BENCHMARKS.md §11.3). Queued here, the blocks
+every session's next token, and at 64 users a commit waited 0.9-1.3 s. Queued here, the blocks
 and tails of every conversation encode in one call of the encoder per step.
 
 Contract: :meth:`AudioEncodes.block` returns an :class:`~pipeline.conversation_state.AudioBlock` at once, its

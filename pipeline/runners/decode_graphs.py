@@ -8,7 +8,7 @@ writing to the pool's scratch slot at position 0. Without CUDA (or with ``cuda_g
 runs eagerly; batches larger than every captured size run eagerly with the device-side attention.
 
 Why graphs: at batch 1 a 7B decode step is ~800 small kernels; eager launch overhead makes it ~10x slower
-than reading the weights (BENCHMARKS.md §3).
+than reading the weights.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = ["PREFILL_GRAPH_SIZES", "Advance", "BatchedDecode", "HostRow", "defaul
 PREFILL_GRAPH_SIZES = (8, 16, 32, 64, 128, 256, 512)
 """Prefill lengths (positions) captured as graphs; a span of T positions replays the smallest size >= T. Why: an
 eager prefill launches ~1100 kernels one by one from Python, ~30 ms of host time against ~10 ms of device work for a
-short span (BENCHMARKS.md §11), and every response's prefill tail and talker start is on its first audio's path."""
+short span, and every response's prefill tail and talker start is on its first audio's path."""
 
 
 def default_batch_sizes(max_rows: int) -> tuple[int, ...]:

@@ -25,7 +25,14 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from pipeline.kernels.decode_attention import attend_reference, attend_triton
-from pipeline.kernels.fused_decode import FusedLayer, add_rms_norm, fusable, fuse_layer_weights, rope_and_store, silu_mul
+from pipeline.kernels.fused_decode import (
+    FusedLayer,
+    add_rms_norm,
+    fusable,
+    fuse_layer_weights,
+    rope_and_store,
+    silu_mul,
+)
 from pipeline.kernels.sdpa import PREFILL_BACKENDS
 from pipeline.runners.kv_pool import KVPool
 
@@ -144,7 +151,8 @@ class PooledDecoder:
             normed, residual = add_rms_norm(delta if delta is not None else residual, w.input_norm, w.eps,
                                             residual if delta is not None else None)  # fmt: skip
             q = rope_and_store(F.linear(normed, w.qkv_weight, w.qkv_bias), self.cos, self.sin, self.pool.keys[i],
-                               self.pool.values[i], slots, positions, heads=self.heads, kv_heads=self.kv_heads)  # fmt: skip
+                               self.pool.values[i], slots, positions, heads=self.heads,
+                               kv_heads=self.kv_heads)  # fmt: skip
             normed, residual = add_rms_norm(w.o_proj(attend(i, q)), w.post_norm, w.eps, residual)
             delta = w.down_proj(silu_mul(F.linear(normed, w.gate_up_weight)))
         out, _ = add_rms_norm(delta, self.norm.weight, float(self.norm.variance_epsilon), residual)

@@ -5,7 +5,7 @@ and a draw. Greedy decoding still applies the repetition penalty and suppression
 outputs match the reference token for token.
 
 Why a graph-safe sampler: eager sampling cost a decode step ~1.2-1.4 ms of host-bound kernels per stage plus a host
-sync before it (BENCHMARKS.md §11): more than the talker's whole graph. Here :meth:`BatchSampler.sample_device` is
+sync before it: more than the talker's whole graph. Here :meth:`BatchSampler.sample_device` is
 fixed-shape device work with no host synchronisation, so the decode graphs capture it after their layers and a step
 costs one graph replay and one transfer of the sampled ids.
 
@@ -13,9 +13,9 @@ The draw: top-k first, then top-p and the draw over those k values only (the tok
 so top-p over the k survivors removes the same tokens as over the whole vocabulary; ties at the k-th value are the
 only difference: ``topk`` keeps exactly k). The draw is the Gumbel-max trick, argmax(logit + Gumbel noise), which
 samples exactly from the softmax. The noise is a hash of (row seed, row counter, rank, sampler salt)
-(:mod:`pipeline.kernels.noise`), not torch's RNG: a graph replays it without generator state, and a seeded response samples
-the same tokens whatever it is batched with, since its noise depends only on its own seed and how many tokens it has
-sampled.
+(:mod:`pipeline.kernels.noise`), not torch's RNG: a graph replays it without generator state, and a seeded response
+samples the same tokens whatever it is batched with, since its noise depends only on its own seed and how many tokens
+it has sampled.
 """
 
 from __future__ import annotations

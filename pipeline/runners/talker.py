@@ -15,11 +15,10 @@ from __future__ import annotations
 import torch
 
 from pipeline.kernels.cuda_graphs import host_to_device
-from pipeline.runners.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 from pipeline.kernels.decode_attention import triton_available
 from pipeline.runners.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
 from pipeline.runners.decoder import PooledDecoder
-
+from pipeline.runners.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 
 _POSITION_ROW = 1
 """Rows of a decode step's packed host inputs (:class:`BatchedDecode`): slots, positions, then the host rows in the

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.kernels.cuda_graphs import host_to_device
+from pipeline.kernels.decode_attention import triton_available
 from pipeline.models.qwen2_5_omni.audio_encoder import BlockEncoder
 from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
-from pipeline.runners.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
-from pipeline.kernels.decode_attention import triton_available
 from pipeline.runners.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
 from pipeline.runners.decoder import PooledDecoder
+from pipeline.runners.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 A simulated user (:mod:`realtime.bench.client`) writes down *when* things happened on its own
 monotonic clock (seconds) in a :class:`TurnLog`; :func:`turn_metrics` turns one log into the
-numbers users feel (DESIGN.md §4), :func:`summarize` turns many into percentiles.
+numbers users feel (BENCHMARKS.md, "What is measured"), :func:`summarize` turns many into percentiles.
 
 Definitions (all times measured at the client, in ms unless named otherwise):
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from pipeline.config import StageGraphConfig, load_stage_config
 from pipeline.loaders import CheckpointLoader, PretrainedCheckpoint, RandomCheckpoint
 
+
 class BenchConfigError(ValueError):
     """A model or stage config the bench cannot use (the message says why)."""
 

@@ -3,7 +3,7 @@ lengths as device tensors: fixed shapes and no host reads, so a batch of blocks 
 
 Why: transformers' forward reads the block lengths on the host (chunk splitting, ``nonzero`` for the valid
 positions, per-chunk attention calls) and launches ~400 small kernels from Python: 15-30 ms for a few ms of device
-work (BENCHMARKS.md §10.3). Every turn's tail is encoded after the user stops speaking, so that time was on the
+work. Every turn's tail is encoded after the user stops speaking, so that time was on the
 first audio's path at one user; under load every step that encoded a block was that much longer.
 
 Same arithmetic as transformers' ``Qwen2_5OmniAudioEncoder`` on blocks of at most ``n_window * 2`` mel frames (the
@@ -27,8 +27,8 @@ from torch import Tensor, nn
 from torch.nn.attention import sdpa_kernel
 
 from pipeline.kernels.cuda_graphs import CapturedCall, bucket_at_least, host_to_device
-from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
 from pipeline.kernels.sdpa import PREFILL_BACKENDS
+from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
 
 __all__ = ["BlockEncoder", "GRAPH_BATCHES", "encode_blocks"]
 
@@ -110,7 +110,7 @@ class BlockEncoder:
             self._graphs[size] = CapturedCall(self._run, example, capture_stream=stream)
 
     def _run(self, features: Tensor, lengths: Tensor) -> Tensor:
-        with sdpa_kernel(PREFILL_BACKENDS):  # masked attention; cuDNN would plan per shape (BENCHMARKS.md §10.3)
+        with sdpa_kernel(PREFILL_BACKENDS):  # masked attention; cuDNN would build a plan for every new length
             return encode_blocks(self.tower, features, lengths)
 
     @torch.inference_mode()

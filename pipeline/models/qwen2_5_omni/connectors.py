@@ -1,4 +1,4 @@
-"""Qwen2.5-Omni glue between stages (DESIGN.md §2).
+"""Qwen2.5-Omni glue between stages.
 
 thinker -> talker: per reply token the talker's input vector is the thinker's last hidden state
 (after the final norm) plus the thinker's input embedding of that token. Prompt positions that hold

@@ -4,8 +4,8 @@ transformers' DiT recomputes, in every one of a chunk's 36 velocity evaluations 
 does not depend on the evaluation's state: the time embedding and each block's adaptive-norm modulation (functions
 of the ODE time alone, and the times are fixed by the config), and the attention mask (a function of the window's
 block layout alone). It also runs three query/key/value products and rebuilds the RoPE head by slice assignment.
-On a GPU each of those is a kernel (and the mask one per block and evaluation): 442 kernels an evaluation (H100,
-BENCHMARKS.md §12.1). Here:
+On a GPU each of those is a kernel (and the mask one per block and evaluation): 442 kernels an evaluation
+(H100). Here:
 
 - :class:`TimeModulation`: the modulation of every block and of the output norm at every evaluation time,
   computed once per synthesizer (a table indexed by the evaluation's number);

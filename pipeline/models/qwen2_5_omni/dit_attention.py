@@ -1,10 +1,11 @@
 """The DiT's block attention as one Triton kernel that reads the query/key/value product in place.
 
-Through ``scaled_dot_product_attention`` a DiT block's attention is five kernels on the H100 (BENCHMARKS.md §15): the
+Through ``scaled_dot_product_attention`` a DiT block's attention is five kernels on the H100: the
 RoPE of the first head for queries and keys (two), their concatenation with the other heads (one), cuDNN's attention
 over a (rows, 1, L, L) mask, and the transpose of its output back to (rows, L, heads * head_dim). In the steady
-window they took ~28% of an evaluation's kernel time at one stream, ~30% at sixteen (BENCHMARKS.md §14.5's profile):
-every tensor is tiny, so each kernel costs its launch and a pass over memory. :func:`dit_attention` does all five in one kernel:
+window they took ~28% of an evaluation's kernel time at one stream, ~30% at sixteen (``profile_token2wav.py``):
+every tensor is tiny, so each kernel costs its launch and a pass over memory. :func:`dit_attention` does all five in
+one kernel:
 
 - it reads queries, keys and values straight from the block's (rows, L, 3 * inner) product (q | k | v, each
   ``heads`` heads of ``head_dim``), rotating the first head's queries and keys as it loads them;
@@ -32,9 +33,9 @@ __all__ = ["NUM_STAGES", "NUM_WARPS", "dit_attention", "dit_attention_available"
 
 NUM_WARPS = 4
 NUM_STAGES = 1
-"""Launch settings (BENCHMARKS.md §15: ``python scripts/bench_dit_attention.py --sweep``). A program holds one
-attention block of queries (24 frames for Qwen2.5-Omni, in a tile of 32) and reads the blocks in its reach one at a
-time."""
+"""Launch settings: the fastest of the tile and launch settings timed on an H100 at 1 and 16 streams. A program
+holds one attention block of queries (24 frames for Qwen2.5-Omni, in a tile of 32) and reads the blocks in its
+reach one at a time."""
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs keep the SDPA block
     import triton
@@ -137,8 +138,8 @@ def dit_attention(qkv: Tensor, cos: Tensor, sin: Tensor, blocks: Tensor, reach: 
 
 def launch(qkv: Tensor, cos: Tensor, sin: Tensor, blocks: Tensor, reach: Tensor, heads: int, block_size: int, *,
            num_warps: int | None = None, num_stages: int | None = None) -> Tensor:  # fmt: skip
-    """:func:`dit_attention`'s kernel with other launch settings (``scripts/bench_dit_attention.py`` times them);
-    None takes the packaged ones."""
+    """:func:`dit_attention`'s kernel with other launch settings, for timing alternatives; None takes the packaged
+    ones."""
     rows, length, width = qkv.shape
     inner = width // 3
     head_dim = inner // heads

@@ -26,7 +26,8 @@ CORPUS: tuple[str, ...] = (
     "Can you recommend a good book to read on a long train journey?",
     "I think you would enjoy a mystery novel; they are easy to pick up and hard to put down.",
     "What is the capital of France? The capital of France is Paris.",
-    "How far is the moon from the earth? On average it is about three hundred and eighty four thousand kilometers away.",
+    "How far is the moon from the earth? On average it is about three hundred and eighty four thousand kilometers"
+    " away.",
     "Why is the sky blue? Sunlight is scattered by the air, and blue light is scattered the most.",
     "Translate good morning into Spanish. In Spanish, good morning is buenos dias.",
     "I'm sorry, I didn't catch that. Could you say it again, a little more slowly?",
@@ -38,7 +39,8 @@ CORPUS: tuple[str, ...] = (
     "Numbers: one, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve.",
     "Digits: 0 1 2 3 4 5 6 7 8 9 10 12 15 20 25 30 50 100 2024 2025 3.14 99%.",
     "Days of the week are Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and Sunday.",
-    "The months are January, February, March, April, May, June, July, August, September, October, November and December.",
+    "The months are January, February, March, April, May, June, July, August, September, October, November and"
+    " December.",
     "Let's play a game. I'm thinking of an animal that lives in the ocean and sings songs.",
     "Is it a whale? Yes, it is a whale! You guessed it on your first try.",
     "Explain how a bicycle works in simple words.",

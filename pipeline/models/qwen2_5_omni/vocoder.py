@@ -1,12 +1,12 @@
 """BigVGAN (Qwen2.5-Omni's vocoder) as a function of tensors that CUDA graphs can capture, with its anti-aliased
 activations optionally run as two Triton kernels each.
 
-Where a vocoder call's time goes on a GPU (BENCHMARKS.md §12.1): not its convolutions but its 109 anti-aliased
-SnakeBeta activations (18 per upsampling stage, one after the last). Each is a replicate pad, a 2x upsampling by a
-depthwise transposed convolution with a 12-tap Kaiser-sinc filter, a crop, SnakeBeta (exp, sin, pow, mul, add), a
-second replicate pad and a depthwise 12-tap low-pass convolution of stride 2: ~10 memory-bound float32 kernels over
-signals at up to twice the output sample rate, and cuDNN runs the depthwise transposed convolution as a slow grouped
-``dgrad`` kernel. :func:`triton_activation` computes the same thing in two kernels:
+Where a vocoder call's time goes on a GPU (``scripts/profile_token2wav.py``): not its convolutions but its 109
+anti-aliased SnakeBeta activations (18 per upsampling stage, one after the last). Each is a replicate pad, a 2x
+upsampling by a depthwise transposed convolution with a 12-tap Kaiser-sinc filter, a crop, SnakeBeta (exp, sin, pow,
+mul, add), a second replicate pad and a depthwise 12-tap low-pass convolution of stride 2: ~10 memory-bound float32
+kernels over signals at up to twice the output sample rate, and cuDNN runs the depthwise transposed convolution as a
+slow grouped ``dgrad`` kernel. :func:`triton_activation` computes the same thing in two kernels:
 
 - upsampled samples 2m and 2m + 1 are 6-tap sums of input samples m - 3 .. m + 3 (the polyphase form of the
   transposed convolution; input indices clamped: the first replicate padding), SnakeBeta applied, written once;
@@ -15,7 +15,7 @@ signals at up to twice the output sample rate, and cuDNN runs the depthwise tran
 
 Equal to the reference up to float rounding (sums in another order); ``tests/test_vocoder.py`` checks the kernels
 against transformers' modules (on the GPU, or in Triton's interpreter on the CPU). Two other forms were measured
-slower on an H100 (§12.1): torch.compile of the same arithmetic (its index arithmetic over dynamic shapes
+slower on an H100: torch.compile of the same arithmetic (its index arithmetic over dynamic shapes
 dominated), and one kernel recomputing SnakeBeta for each of an output's 12 taps.
 """
 
