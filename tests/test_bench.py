@@ -499,9 +499,9 @@ def test_report_writes_json_markdown_and_plots(tmp_path):
 
 
 def bench_args(*argv: str) -> argparse.Namespace:
-    from realtime.cli import build_parser
+    from realtime.bench.cli import build_parser
 
-    return build_parser().parse_args(["bench", *argv])
+    return build_parser().parse_args(list(argv))
 
 
 def test_quick_sets_defaults_that_explicit_flags_override():

@@ -26,6 +26,9 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 DEFAULT_OUT = Path("bench_out")
+DESCRIPTION = ("Latency benchmark: simulated users talk to a server at rising concurrency (TTFA, voice-to-voice, "
+               "RTF, underruns, barge-in), optionally beside transformers' reference; writes results.json, report.md "
+               "and PNG plots.")
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,13 @@ NORMAL = {"levels": (1, 2, 4), "turns": 3, "min_samples": 8, "warmup_turns": 1, 
           "text_tokens": None, "codec_tokens": None, "max_wav_s": 10.0, "ramp_s": 1.0, "turn_timeout_s": 300.0}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``omni-realtime bench``."""
     from realtime.bench.speech import DEFAULT_FOLDER
-    from realtime.cli import ms_or_off
     from realtime.config import DEFAULT_PREEMPTIVE_RESPONSE_MS
+    from realtime.flags import ms_or_off
 
+    p = argparse.ArgumentParser(prog="omni-realtime bench", description=DESCRIPTION)
     p.add_argument("--url", default=None,
                    help="a running server (http://host:port or ws://host:port); default: serve --model in process")
     p.add_argument("--model", default=None,
@@ -117,6 +122,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and go on; with --preemptive-response-ms below MS each turn withdraws one reply")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None, help="key of a --url server that requires one")
+    return p
+
+
+def main(argv: list[str], *, command_argv: list[str] | None = None) -> int:
+    """``omni-realtime bench ARGV``; ``command_argv`` (default: ``bench`` + ``argv``) is the command line
+    the report quotes."""
+    args = build_parser().parse_args(argv)
+    return run(args, command_argv if command_argv is not None else ["bench", *argv])
 
 
 def resolve_options(args: argparse.Namespace) -> BenchOptions:
