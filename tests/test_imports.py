@@ -1,15 +1,16 @@
-"""Import structure: no import cycles among the first-party packages, and serving never loads the
-benchmark."""
+"""Import structure: no import cycles among the first-party packages, serving never loads the
+benchmark, and no test file imports another (shared helpers live in ``tests/helpers/``)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers.imports import cycles, import_graph, one_cycle
+from tests.helpers.imports import cycles, import_graph, imported_modules, module_files, one_cycle
 
 REPO = Path(__file__).resolve().parent.parent
 FIRST_PARTY = ("pipeline", "realtime")
@@ -82,3 +83,27 @@ def test_omni_realtime_serve_loads_no_benchmark_module(tiny_model_dir, tmp_path)
                     str(tmp_path), "--port", "0", "--no-webrtc")
     assert loaded == []
 
+
+def test_no_test_file_imports_another():
+    """Test files share code through ``tests/helpers/`` (and ``tests/fakes.py``), never through each other:
+    a test module imported by name is a second copy of the one pytest collected (its module-level code
+    runs twice, its globals are other objects), and one file's tests come to depend on another's. A
+    script a test runs in a subprocess counts too, even when it imports its own test file."""
+    modules = module_files(REPO, ["tests"])
+    test_files = {name for name, path in modules.items() if path.parent == REPO / "tests" and path.name.startswith("test_")}
+    assert len(test_files) > 40
+    offenders = {}
+    for name, path in modules.items():
+        imported = (imported_modules(path, name, modules) & test_files) | _test_modules_in_strings(path, test_files)
+        if imported:
+            offenders[str(path.relative_to(REPO))] = sorted(imported)
+    assert not offenders, f"test files imported by other code (move what they share to tests/helpers/): {offenders}"
+
+
+def _test_modules_in_strings(path: Path, test_files: set[str]) -> set[str]:
+    """Test modules that the string constants of ``path`` (scripts run in a subprocess) import."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
+            found |= {name for name in test_files if f"{name} import" in node.value or f"import {name}" in node.value}
+    return found
