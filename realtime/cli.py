@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from realtime.flags import ms_or_off
+
 if TYPE_CHECKING:  # imported lazily at run time: `--help` and `demo` need no server stack
     from realtime.config import ServerConfig
 
@@ -84,16 +86,6 @@ def _to_16k(pcm, rate: int):
     import soxr
 
     return soxr.resample(pcm, rate, 16000).astype(np.float32)
-
-
-def ms_or_off(text: str) -> int | None:
-    """An ``MS|off`` flag's value: milliseconds, or None for ``off``."""
-    if text.strip().lower() == "off":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds or 'off', got {text!r}") from None
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -183,10 +175,13 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Latency benchmark: concurrent simulated users, optional reference, JSON/Markdown/PNG report."""
-    from realtime.bench.cli import run
+    """Latency benchmark: concurrent simulated users, optional reference, JSON/Markdown/PNG report.
 
-    return run(args, args.argv)
+    The benchmark's own parser reads its options (``args.rest``), so that building this parser, and
+    serving, never import :mod:`realtime.bench`."""
+    from realtime.bench.cli import main as bench_main
+
+    return bench_main(args.rest, command_argv=args.argv)
 
 
 def cmd_make_tiny_model(argv: list[str]) -> int:
@@ -224,11 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", type=Path, default=Path("reply.wav"))
     demo.set_defaults(func=cmd_demo)
 
-    from realtime.bench.cli import add_arguments as add_bench_arguments
-
-    bench = sub.add_parser("bench", help="latency benchmark: concurrent simulated users (TTFA, voice-to-voice, RTF, "
-                                         "underruns, barge-in) beside transformers' reference")
-    add_bench_arguments(bench)
+    # the bench's options are its own parser's (see cmd_bench): `omni-realtime bench --help` lists them
+    bench = sub.add_parser("bench", add_help=False,
+                           help="latency benchmark: concurrent simulated users (TTFA, voice-to-voice, RTF, underruns, "
+                                "barge-in) beside transformers' reference (see bench --help)")
     bench.set_defaults(func=cmd_bench)
 
     sub.add_parser("make-tiny-model", help="write a random Qwen2.5-Omni checkpoint (see --help)", add_help=False)
@@ -240,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["make-tiny-model"]:
         return cmd_make_tiny_model(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = argv
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.argv, args.rest = argv, rest
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)

@@ -11,6 +11,7 @@ import asyncio
 import json
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -471,7 +472,8 @@ def level(concurrency: int, ttfa: list[float], with_reference: bool = True) -> L
 def test_report_writes_json_markdown_and_plots(tmp_path):
     from realtime.bench.report import PLOTS, RunInfo, markdown, write_report
 
-    info = RunInfo("omni-realtime bench", "today", "tiny", "CPU", "ws", "in process", 4, 40, "fixtures", 1)
+    info = RunInfo("omni-realtime bench", "today", "tiny", "CPU", "ws", "in process", 4, 40, "fixtures", 1, 3,
+                   "3 turns per user, replies forced to 4 text + 40 codec tokens (0.8 s of audio)", "replies of 4 text")
     levels = [level(1, [100.0]), level(2, [120.0, 300.0])]
     paths = write_report(tmp_path, info, levels)
     assert {p.name for p in paths} == {"results.json", "report.md", *PLOTS}
@@ -482,6 +484,10 @@ def test_report_writes_json_markdown_and_plots(tmp_path):
     assert data["levels"][1]["reference"]["summary"]["ttfa_ms"]["max"] == pytest.approx(2000.0)
     table = markdown(info, levels)
     assert "| 2 | 2 | 210 / 282 / 291 |" in table
+    assert "Workload: 3 turns per user, replies forced to 4 text + 40 codec tokens" in table
+    assert "**lighter workload: replies of 4 text**" in table
+    assert (data["info"]["turns_per_user"], data["info"]["lighter_workload"]) == (3, "replies of 4 text")
+    assert "lighter workload" not in markdown(replace(info, lighter_workload=None), levels)
     assert "TTFA (reference)" in table and "1500 / 1900 / 1950" in table
     for name in PLOTS:
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
@@ -499,9 +505,9 @@ def test_report_writes_json_markdown_and_plots(tmp_path):
 
 
 def bench_args(*argv: str) -> argparse.Namespace:
-    from realtime.cli import build_parser
+    from realtime.bench.cli import build_parser
 
-    return build_parser().parse_args(["bench", *argv])
+    return build_parser().parse_args(list(argv))
 
 
 def test_quick_sets_defaults_that_explicit_flags_override():
@@ -513,6 +519,7 @@ def test_quick_sets_defaults_that_explicit_flags_override():
     assert (mixed.levels, mixed.turns, mixed.codec_tokens, mixed.text_tokens) == ((2, 8), 5, 100, 4)
     normal = resolve_options(bench_args())
     assert normal.levels == (1, 2, 4) and normal.text_tokens is None and normal.min_samples == 8
+    assert normal.turns == 3 and normal.codec_tokens is None  # a conversation, replies of the stage config's length
     assert normal.preemptive_response_ms == 200 and normal.pause_inside_ms is None  # the server's default
     off = resolve_options(bench_args("--preemptive-response-ms", "off", "--pause-inside-ms", "300"))
     assert (off.preemptive_response_ms, off.pause_inside_ms) == (None, 300.0)
@@ -526,10 +533,25 @@ def test_stage_config_forces_reply_lengths():
 
     cfg = bench_stage_config(None, device="cpu", length=ReplyLength(4, 40))
     assert reply_length(cfg) == ReplyLength(4, 40) and cfg.talker.device == "cpu"
-    assert reply_length(bench_stage_config(None, device=None, length=None)) == ReplyLength(16, 100)
+    assert reply_length(bench_stage_config(None, device=None, length=None)) == ReplyLength(30, 400)  # about 8 s
     packaged = Path(__file__).parents[1] / "pipeline" / "stage_configs" / "qwen2_5_omni.yaml"
     with pytest.raises(ValueError, match="forced reply lengths"):
         reply_length(bench_stage_config(packaged, device=None, length=None))
+
+
+def test_a_workload_lighter_than_the_default_says_what_is_lighter():
+    from realtime.bench.models import ReplyLength, Workload, default_reply_length
+
+    default = Workload(default_reply_length(), 3)
+    assert default.length == ReplyLength(30, 400) and default.length.audio_s == 8.0
+    assert default.lighter_than(default) is None
+    assert Workload(ReplyLength(60, 500), 4).lighter_than(default) is None  # heavier
+    assert default.describe() == "3 turns per user, replies forced to 30 text + 400 codec tokens (8.0 s of audio)"
+    quick = Workload(ReplyLength(4, 40), 2).lighter_than(default)
+    assert quick == ("replies of 4 text + 40 codec tokens (0.8 s) instead of 30 + 400 (8.0 s); "
+                     "2 turns per user instead of 3")
+    assert Workload(ReplyLength(30, 100), 3).lighter_than(default).startswith("replies of 30 text + 100 codec")
+    assert Workload(ReplyLength(30, 400), 1).lighter_than(default) == "1 turn per user instead of 3"
 
 
 def test_bench_refuses_bad_options_models_and_servers(tmp_path, capsys):
@@ -599,4 +621,8 @@ def test_quick_bench_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, caps
     assert ref["audio_s"] == pytest.approx(2.4, abs=0.02)
     report = (out / "report.md").read_text()
     assert "TTFA (reference)" in report and "thinker tok/s" in report and "GPU GiB peak" in report
+    assert data["info"]["turns_per_user"] == 2
+    assert data["info"]["lighter_workload"] == ("replies of 4 text + 60 codec tokens (1.2 s) instead of 30 + 400 "
+                                                "(8.0 s); 2 turns per user instead of 3")
+    assert "**lighter workload: replies of 4 text + 60 codec tokens" in report
     assert "| 1 | 2 |" in capsys.readouterr().out

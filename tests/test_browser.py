@@ -18,15 +18,13 @@ namespace (``scripts/run_browser_tests.sh`` also runs it inside a loopback-only 
 
 from __future__ import annotations
 
-import asyncio
 import re
-import socket
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+from tests.helpers.server import ServerThread
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -40,39 +38,6 @@ TURN_TIMEOUT_MS = 40_000
 if not CHROMIUM.exists():
     pytest.skip("Chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
 playwright_sync = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-
-
-class ServerThread:
-    """uvicorn serving ``app`` on a loopback port from its own thread and event loop."""
-
-    def __init__(self, app) -> None:
-        import uvicorn
-
-        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind(("127.0.0.1", 0))
-        self.port = self.socket.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.socket])))
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
-
-    def __enter__(self) -> ServerThread:
-        self.thread.start()
-        for _ in range(300):
-            if self.server.started:
-                return self
-            if not self.thread.is_alive():
-                break
-            self.thread.join(0.05)
-        raise RuntimeError("the server did not start")
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-        self.socket.close()
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +188,6 @@ def _wait(predicate, timeout_s: float = 5.0) -> bool:
             return True
         time.sleep(0.05)
     return predicate()
-
 
 
 WORKLETS = Path(__file__).parent.parent / "web_demo" / "worklets.js"

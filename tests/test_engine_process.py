@@ -43,8 +43,8 @@ from pipeline.errors import (
 from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta, Usage
 from pipeline.process import AckBatcher, Credits, EngineProcess
 from pipeline.request import ResponseSpec
-from tests.test_hygiene import assert_clean, connect, served, user_text
-from tests.test_server_ws import FRAME_BYTES, b64, of_response, wav_pcm
+from tests.helpers.server import assert_clean, connect, of_response, served, user_text
+from tests.helpers.speech import FRAME_BYTES, b64, wav_pcm
 
 SEED = 1234
 MAX_PENDING = 8

@@ -20,16 +20,7 @@ import websockets
 
 from realtime.limits import RateLimit
 from tests.fakes import Script
-from tests.test_hygiene import (
-    REPO,
-    RawClient,
-    ServeProcess,
-    StatsEngine,
-    assert_clean,
-    connect,
-    served,
-    user_text,
-)
+from tests.helpers.server import REPO, RawClient, ServeProcess, StatsEngine, assert_clean, connect, served, user_text
 
 # --- an engine failure in one session -----------------------------------------------------------
 

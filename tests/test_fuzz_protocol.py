@@ -34,11 +34,11 @@ from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect
 from realtime.session import AudioTransport, Send, Session, SessionLimits, SessionSettings
 from realtime.turn import SpeechStarted, SpeechStopped
-from tests.test_hygiene import RawClient, StatsEngine, assert_clean, connect, served
 
 openai = pytest.importorskip("openai")
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent  # noqa: E402
 from openai.types.realtime import RealtimeServerEvent  # noqa: E402
+from tests.helpers.server import RawClient, StatsEngine, assert_clean, connect, served
 
 ADAPTERS = {Dialect.GA: pydantic.TypeAdapter(RealtimeServerEvent), Dialect.BETA: pydantic.TypeAdapter(BetaServerEvent)}
 LONG_RUN = int(os.environ.get("OMNI_FUZZ_EXAMPLES", "0"))

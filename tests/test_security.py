@@ -21,7 +21,7 @@ from websockets.exceptions import InvalidStatus
 from realtime.limits import RateLimit
 from realtime.server import REDACTED, SecretFilter
 from realtime.transports.webrtc import IceHostAddress, announce_host_addresses
-from tests.test_hygiene import ServeProcess, StatsEngine, assert_clean, connect, served, user_text
+from tests.helpers.server import ServeProcess, StatsEngine, assert_clean, connect, served, user_text
 
 KEY = "sk-test_0123456789abcdef"
 BEARER = {"Authorization": f"Bearer {KEY}"}

@@ -8,9 +8,7 @@ import asyncio
 import base64
 import contextlib
 import json
-import wave
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +17,10 @@ import websockets
 from realtime.config import ServerConfig
 from realtime.server import create_app, serve_in_background
 from tests.fakes import FakeEngine, Script
+from tests.helpers.server import of_response
+from tests.helpers.speech import FRAME_BYTES, SPEECH_DIR, b64, wav_pcm
 
-SPEECH_DIR = Path(__file__).parent / "fixtures" / "speech"
 MANIFEST = json.loads((SPEECH_DIR / "manifest.json").read_text())
-FRAME_BYTES = 24000 * 20 // 1000 * 2  # 20 ms of pcm16 at 24 kHz
 
 
 @contextlib.asynccontextmanager
@@ -65,23 +63,8 @@ async def connect(url: str, **kwargs) -> AsyncIterator[Client]:
         yield client
 
 
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def wav_pcm(name: str, start_ms: int = 0, end_ms: int | None = None) -> bytes:
-    with wave.open(str(SPEECH_DIR / name)) as wav:
-        pcm = wav.readframes(wav.getnframes())
-    end = len(pcm) if end_ms is None else end_ms * 48
-    return pcm[start_ms * 48 : end]
-
-
 def silence(ms: int) -> bytes:
     return bytes(ms * 48)
-
-
-def of_response(events: list[dict], event_type: str, response_id: str) -> list[dict]:
-    return [e for e in events if e["type"] == event_type and e.get("response_id") == response_id]
 
 
 # --- barge-in on the real engine ----------------------------------------------------------------

@@ -4,7 +4,7 @@ What is checked: the compiled synthesizer's audio equals the uncompiled one's up
 unpadded single-stream path and the padded batches of ``step_many``; ``warm_up`` compiles one graph for every DiT block
 (whatever its attention reach), and no window shape, batch size or chunk compiles another; a failure to compile raises a
 ConfigError naming the option instead of falling back; the config field and its ``auto``. CPU tests run inductor's
-C++ backend (needs a C++ compiler) on the tiny token2wav of test_token2wav_stream; the GPU tests (skipped without
+C++ backend (needs a C++ compiler) on the tiny token2wav of tests/helpers/token2wav.py; the GPU tests (skipped without
 CUDA) record the compiled solve in CUDA graphs and compare it with the eager, uncompiled solve.
 """
 
@@ -20,8 +20,7 @@ from pipeline.models.qwen2_5_omni import dit as dit_module
 from pipeline.models.qwen2_5_omni.token2wav_graphs import WindowJob
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
 from pipeline.runners.token2wav_worker import Token2WavWorker
-from tests.test_token2wav_graphs import GPU_TOLERANCE, run_stream
-from tests.test_token2wav_stream import BATCH_LENGTHS, FLOAT_NOISE, MEL_DIM, build_token2wav, drive_together, utterance
+from tests.helpers.token2wav import BATCH_LENGTHS, FLOAT_NOISE, GPU_TOLERANCE, MEL_DIM, assert_refused, build_token2wav, drive_together, graphs_compiled, on_the_talker, run_stream, stages, utterance
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -31,11 +30,6 @@ other kernels (layer-norm statistics, GELU and the modulations fused, sums in an
 rounding: measured 2.4e-7 at most over the utterances below (CPU). This is the bound the suite already uses for other
 re-associations (a padded batch vs an unpadded window); a real error (a block skipped, a wrong mask or position)
 moves the audio by orders of magnitude more (streaming vs one-shot context differences alone exceed it)."""
-
-
-def graphs_compiled() -> int:
-    """Graphs dynamo has compiled in this process so far (all functions)."""
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def attention_reaches(model) -> set[tuple[int, int]]:
@@ -112,26 +106,6 @@ def test_a_compile_failure_at_warm_up_names_the_option(model, monkeypatch) -> No
 
 # ---------------------------------------------------------------------------------------------------
 # Stage config
-
-
-def stages(**token2wav) -> dict:
-    return {"model_family": "qwen2_5_omni", "stages": {
-        "thinker": {"input": "request"}, "talker": {"input": "thinker", "connector": "thinker_to_talker"},
-        "token2wav": {"input": "talker", "connector": "talker_to_token2wav", **token2wav}}}  # fmt: skip
-
-
-def assert_refused(doc: dict, param: str) -> None:
-    """The stage config ``doc`` is refused with a ConfigError naming ``param``."""
-    with pytest.raises(ConfigError) as info:
-        parse_stage_config(doc)
-    assert info.value.param == param
-
-
-def on_the_talker(field: str, value) -> dict:
-    """A stage config that gives the talker a token2wav-only ``field``."""
-    doc = stages()
-    doc["stages"]["talker"][field] = value
-    return doc
 
 
 def test_stage_config_worker_thread_field() -> None:

@@ -1,6 +1,6 @@
 """token2wav's GPU path: static shapes (packing DiT windows with masked padding) and, on a
 CUDA machine, CUDA-graph replays against the eager path (same noise, same codes) on the tiny token2wav of
-test_token2wav_stream. The CPU tests check the pieces the graphs rely on; the GPU tests skip without CUDA."""
+tests/helpers/token2wav.py. The CPU tests check the pieces the graphs rely on; the GPU tests skip without CUDA."""
 
 from __future__ import annotations
 
@@ -22,15 +22,9 @@ from pipeline.models.qwen2_5_omni.token2wav_graphs import (
 )
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
 from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
-from tests.test_token2wav_stream import BATCH_LENGTHS, build_token2wav, drive_together, utterance
+from tests.helpers.token2wav import BATCH_LENGTHS, GPU_TOLERANCE, build_token2wav, drive_together, run_stream, utterance
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-GPU_TOLERANCE = 3e-4
-"""Graph replay vs eager on the same GPU, against a ~0.4 peak. On an H200 the replayed DiT solve (padded or not)
-equalled the eager one bit for bit; what differs is the vocoder, whose cuDNN convolutions (TF32 by default in
-PyTorch) round differently from call to call and from one batch size to another: vocoding a batch of streams
-against each stream alone differed by up to 1.5e-4 on the H100 (0.04 % of the peak)."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -158,20 +152,6 @@ def cuda_model():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     return build_token2wav().to("cuda")
-
-
-def run_stream(t2w: StreamingToken2Wav, codes, cond, ref_mel, noise) -> list[np.ndarray]:
-    """Push codes 7 at a time, stepping whenever ready, then finish and drain."""
-    stream = t2w.start(cond, ref_mel, noise=noise, max_codes=len(codes))
-    chunks = []
-    for i in range(0, len(codes), 7):
-        stream.push(codes[i : i + 7])
-        while stream.ready():
-            chunks.append(stream.step())
-    stream.finish()
-    while not stream.done:
-        chunks.append(stream.step())
-    return chunks
 
 
 @needs_cuda

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import json
-import wave
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from realtime.audio import AudioFormat, decode_audio, resample
 from realtime.vad import VAD_SAMPLE_RATE, SileroVad
+from tests.helpers.speech import load_16k
 
 SPEECH_DIR = Path(__file__).parent / "fixtures" / "speech"
 MANIFEST = json.loads((SPEECH_DIR / "manifest.json").read_text())
 SHORT_CLIPS = ["capital_of_france.wav", "short_joke.wav", "weather_today.wav", "count_to_five.wav"]
-
-
-def load_16k(name: str) -> np.ndarray:
-    with wave.open(str(SPEECH_DIR / name)) as w:
-        rate, frames = w.getframerate(), w.readframes(w.getnframes())
-    return resample(decode_audio(frames, AudioFormat.PCM), rate, VAD_SAMPLE_RATE)
 
 
 def frame_probs(vad: SileroVad, x: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ import pytest
 from realtime.turn import ServerVadParams, TurnDetector
 from realtime.vad import BatchedSpeechProbability, SileroVad
 from realtime.vad_batch import SileroBatchModel, VadBatcher
-from tests.test_vad import load_16k
+from tests.helpers.speech import load_16k
 
 CLIPS = ["capital_of_france.wav", "short_joke.wav", "count_to_five.wav"]
 N = SileroBatchModel.frame_samples

@@ -1,6 +1,6 @@
 """The vocoder as the synthesizer runs it (:mod:`pipeline.models.qwen2_5_omni.vocoder`): the capturable forward equals
 BigVGAN's own, and the fused anti-aliased activation kernel equals transformers' module, on the tiny token2wav of
-test_token2wav_stream with SnakeBeta parameters away from their all-zero initialization. The kernel runs on the GPU,
+tests/helpers/token2wav.py with SnakeBeta parameters away from their all-zero initialization. The kernel runs on the GPU,
 or in Triton's interpreter on the CPU (a subprocess: the interpreter is chosen at import)."""
 
 from __future__ import annotations
@@ -11,24 +11,7 @@ import torch
 from conftest import run_triton_check
 from pipeline.errors import ConfigError
 from pipeline.models.qwen2_5_omni import vocoder
-from tests.test_token2wav_stream import MEL_DIM, build_token2wav
-
-FUSED_TOLERANCE = 1e-5
-"""Fused kernel vs module, relative to the signal's peak (~1-10): the same float32 arithmetic with the filter sums in
-another order (measured 5e-7 of the peak at most, interpreter); a wrong tap, phase or edge moves samples by orders of
-magnitude more."""
-
-
-def trained_like(model):
-    """``model`` with every SnakeBeta's log-scale alpha and beta drawn around 0 (each channel its own frequency and
-    magnitude, as after training; the checkpoint initializes them all to 0)."""
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for module in model.modules():
-            if hasattr(module, "alpha") and hasattr(module, "beta"):
-                module.alpha.copy_(torch.randn(module.alpha.shape, generator=generator) * 0.5)
-                module.beta.copy_(torch.randn(module.beta.shape, generator=generator) * 0.5)
-    return model
+from tests.helpers.token2wav import MEL_DIM, build_token2wav, trained_like
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +46,7 @@ def test_the_packaged_geometry_is_fusable_and_another_is_refused(bigvgan) -> Non
 KERNEL_CHECK = """
 import torch
 from pipeline.models.qwen2_5_omni import vocoder
-from tests.test_token2wav_stream import build_token2wav
-from tests.test_vocoder import FUSED_TOLERANCE, trained_like
+from tests.helpers.token2wav import FUSED_TOLERANCE, build_token2wav, trained_like
 
 torch.set_num_threads(1)
 device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -7,6 +7,11 @@ must have been started with the same forced reply lengths, e.g. ``--stage-config
 pipeline/stage_configs/bench_forced.yaml``, for the reference to be comparable). Stage throughput and
 device memory come from the in-process engine's counters, or from the ``--url`` server's ``/metrics``
 ("–" in the report when it does not export them).
+
+The default workload is a conversation: several turns per user (:data:`NORMAL`), each reply forced to the
+length ``bench_forced.yaml`` sets (about 8 seconds of speech). A run with shorter replies or fewer turns
+(``--quick`` among them) says so in its report (``lighter workload: ...``), so its figures are never read
+as the default's.
 """
 
 from __future__ import annotations
@@ -26,6 +31,11 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 DEFAULT_OUT = Path("bench_out")
+DESCRIPTION = ("Latency benchmark: simulated users talk to a server at rising concurrency (TTFA, voice-to-voice, "
+               "RTF, underruns, barge-in), optionally beside transformers' reference; writes results.json, report.md "
+               "and PNG plots. The default workload is a conversation: several turns per user, each reply about 8 "
+               "seconds of speech (bench_forced.yaml's forced lengths); --quick and shorter --text-tokens, "
+               "--codec-tokens or --turns are reported as a lighter workload.")
 
 
 @dataclass(frozen=True)
@@ -64,16 +74,23 @@ class BenchOptions:
 
 QUICK = {"levels": (1,), "turns": 2, "min_samples": 0, "warmup_turns": 0, "barge_in_every": 1, "text_tokens": 4,
          "codec_tokens": 40, "max_wav_s": 5.0, "ramp_s": 0.0, "turn_timeout_s": 60.0}
-"""``--quick``: one user, two turns (the first interrupted by the second), short replies."""
+"""``--quick``: one user, two turns (the first interrupted by the second), short replies: a smoke test, reported
+as a lighter workload."""
 NORMAL = {"levels": (1, 2, 4), "turns": 3, "min_samples": 8, "warmup_turns": 1, "barge_in_every": 0,
           "text_tokens": None, "codec_tokens": None, "max_wav_s": 10.0, "ramp_s": 1.0, "turn_timeout_s": 300.0}
+"""The default workload: a conversation of several turns per user, each reply as long as the stage config forces
+(``bench_forced.yaml``: 30 text + 400 codec tokens, about 8 seconds of speech)."""
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``omni-realtime bench``."""
+    from realtime.bench.models import default_reply_length
     from realtime.bench.speech import DEFAULT_FOLDER
-    from realtime.cli import ms_or_off
     from realtime.config import DEFAULT_PREEMPTIVE_RESPONSE_MS
+    from realtime.flags import ms_or_off
 
+    p = argparse.ArgumentParser(prog="omni-realtime bench", description=DESCRIPTION)
+    reply = default_reply_length()
     p.add_argument("--url", default=None,
                    help="a running server (http://host:port or ws://host:port); default: serve --model in process")
     p.add_argument("--model", default=None,
@@ -82,11 +99,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="every stage on this device (default: the stage config's, auto)")
     p.add_argument("--stage-config", type=Path, default=None,
                    help="stage graph YAML (default: pipeline/stage_configs/bench_forced.yaml, forced reply lengths)")
-    p.add_argument("--text-tokens", type=int, default=None, help="forced reply text length (thinker tokens)")
-    p.add_argument("--codec-tokens", type=int, default=None, help="forced reply audio length (50 per second)")
+    p.add_argument("--text-tokens", type=int, default=None,
+                   help="forced reply text length in thinker tokens (default: the stage config's, "
+                        f"{reply.text_tokens} in bench_forced.yaml); shorter than that is reported as a lighter workload")
+    p.add_argument("--codec-tokens", type=int, default=None,
+                   help="forced reply audio length in codec tokens, 50 per second (default: the stage config's, "
+                        f"{reply.codec_tokens} = {reply.audio_s:.0f} s in bench_forced.yaml); shorter is reported as a "
+                        "lighter workload")
     p.add_argument("--transport", choices=("ws", "webrtc"), default="ws")
     p.add_argument("--concurrency", default=None, help="comma-separated levels (default 1,2,4)")
-    p.add_argument("--turns", type=int, default=None, help="turns per user (default 3)")
+    p.add_argument("--turns", type=int, default=None,
+                   help=f"turns per user, one conversation each (default {NORMAL['turns']}); fewer is reported as a "
+                        "lighter workload")
     p.add_argument("--min-samples", type=int, default=None,
                    help="at least this many turns per level in all: low levels run more turns per user (default 8)")
     p.add_argument("--warmup-turns", type=int, default=None, help="unrecorded turns before the sweep (default 1)")
@@ -102,7 +126,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", action="store_true",
                    help="also serve the same turns with transformers' generate, one request at a time")
     p.add_argument("--quick", action="store_true",
-                   help="CI smoke: 1 user, 2 turns (one barge-in), 4 text + 40 codec tokens, no warm-up")
+                   help="CI smoke: 1 user, 2 turns (the first interrupted by the second), 4 text + 40 codec tokens, "
+                        "no warm-up; reported as a lighter workload")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results.json, report.md and PNGs go here")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
@@ -117,6 +142,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and go on; with --preemptive-response-ms below MS each turn withdraws one reply")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None, help="key of a --url server that requires one")
+    return p
+
+
+def main(argv: list[str], *, command_argv: list[str] | None = None) -> int:
+    """``omni-realtime bench ARGV``; ``command_argv`` (default: ``bench`` + ``argv``) is the command line
+    the report quotes."""
+    args = build_parser().parse_args(argv)
+    return run(args, command_argv if command_argv is not None else ["bench", *argv])
 
 
 def resolve_options(args: argparse.Namespace) -> BenchOptions:
@@ -194,7 +227,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
     client = ClientOptions(Transport(options.transport), options.api_key, options.barge_in_after_ms,
                            options.jitter_ms, turn_timeout_s=options.turn_timeout_s)
     loaded = await asyncio.to_thread(_load, options, cfg) if options.url is None or options.reference else None
-    info = _run_info(options, command, cfg, length, loaded)
+    info = _run_info(options, command, length, loaded)
     results = []
 
     def on_level(level) -> None:
@@ -284,8 +317,11 @@ def _in_process_server(engine, options: BenchOptions):
     return serve_in_background(create_app(config, engine=engine), config)
 
 
-def _run_info(options: BenchOptions, command: str, cfg, length, loaded: _Loaded | None):
+def _run_info(options: BenchOptions, command: str, length, loaded: _Loaded | None):
+    from realtime.bench.models import Workload, default_reply_length
     from realtime.bench.report import RunInfo
+
+    workload = Workload(length, options.turns)
 
     return RunInfo(
         command=command,
@@ -298,6 +334,9 @@ def _run_info(options: BenchOptions, command: str, cfg, length, loaded: _Loaded 
             if options.preemptive_response_ms is not None else "replies start at speech_stopped)"),
         text_tokens=length.text_tokens,
         codec_tokens=length.codec_tokens,
+        turns_per_user=options.turns,
+        workload=workload.describe(),
+        lighter_workload=workload.lighter_than(Workload(default_reply_length(), NORMAL["turns"])),
         wavs=str(options.wavs) + (f", each with a {options.pause_inside_ms:g} ms pause inside"
                                   if options.pause_inside_ms is not None else ""),
         torch_threads=options.threads,

@@ -36,6 +36,32 @@ class ReplyLength:
         return self.codec_tokens / 50.0
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What each simulated user does: ``turns`` turns (at least: low concurrency levels run more, for enough
+    samples), each answered with a reply of ``length``."""
+
+    length: ReplyLength
+    turns: int
+
+    def describe(self) -> str:
+        return (f"{_turns(self.turns)} per user, replies forced to {self.length.text_tokens} text + "
+                f"{self.length.codec_tokens} codec tokens ({self.length.audio_s:.1f} s of audio)")
+
+    def lighter_than(self, default: Workload) -> str | None:
+        """What makes this workload lighter than ``default`` (shorter replies, fewer turns), in words;
+        ``None`` when nothing does."""
+        mine, theirs = self.length, default.length
+        lighter = []
+        if mine.text_tokens < theirs.text_tokens or mine.codec_tokens < theirs.codec_tokens:
+            lighter.append(f"replies of {mine.text_tokens} text + {mine.codec_tokens} codec tokens "
+                           f"({mine.audio_s:.1f} s) instead of {theirs.text_tokens} + {theirs.codec_tokens} "
+                           f"({theirs.audio_s:.1f} s)")
+        if self.turns < default.turns:
+            lighter.append(f"{_turns(self.turns)} per user instead of {default.turns}")
+        return "; ".join(lighter) or None
+
+
 def bench_stage_config(path: Path | None, *, device: str | None, length: ReplyLength | None) -> StageGraphConfig:
     """The stage graph at ``path`` (default :data:`FORCED_STAGE_CONFIG`), every stage on ``device``
     when given, reply lengths forced to ``length`` when given (min = max tokens)."""
@@ -47,6 +73,15 @@ def bench_stage_config(path: Path | None, *, device: str | None, length: ReplyLe
         talker.update(min_tokens=length.codec_tokens, max_tokens=length.codec_tokens)
     return replace(cfg, thinker=replace(cfg.thinker, **thinker), talker=replace(cfg.talker, **talker),
                    token2wav=replace(cfg.token2wav, **placed))
+
+
+def _turns(count: int) -> str:
+    return f"{count} turn" + ("" if count == 1 else "s")
+
+
+def default_reply_length() -> ReplyLength:
+    """The reply length of :data:`FORCED_STAGE_CONFIG`: the bench's default workload's."""
+    return reply_length(load_stage_config(FORCED_STAGE_CONFIG))
 
 
 def reply_length(cfg: StageGraphConfig) -> ReplyLength:

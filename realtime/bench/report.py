@@ -36,6 +36,13 @@ class RunInfo:
     codec_tokens: int
     wavs: str
     torch_threads: int
+    turns_per_user: int
+    """The plan's turns per user (low levels run more for enough samples: each level's ``turns_per_user``)."""
+    workload: str
+    """The workload in words: turns per user and the forced reply length."""
+    lighter_workload: str | None
+    """What makes the workload lighter than the bench's default (shorter replies, fewer turns); ``None``: not
+    lighter."""
     load_average: dict[str, list[float]] = field(default_factory=dict)
     """``/proc/loadavg``-style 1/5/15 min averages, ``start`` and ``end`` of the run."""
     versions: dict[str, str] = field(default_factory=dict)
@@ -108,8 +115,9 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
     has_ref = any(level.reference is not None for level in levels)
     lines = [
         f"Model: {info.model}; device: {info.device}; transport: {info.transport}; server: {info.server}.",
-        f"Reply forced to {info.text_tokens} text + {info.codec_tokens} codec tokens "
-        f"({info.codec_tokens / 50:.1f} s of audio); inputs: {info.wavs}.",
+        f"Workload: {info.workload}; inputs: {info.wavs}.",
+        *([f"**lighter workload: {info.lighter_workload}** (not the default conversation)."]
+          if info.lighter_workload else []),
         "",
         "Latency, ms, p50 / p90 / p95"
         + (" (reference: transformers `generate`, one request at a time)" if has_ref else ""),

@@ -1,0 +1,1 @@
+"""Helpers that several test files share (test files import from here, never from one another)."""
