@@ -30,10 +30,8 @@ from pipeline.errors import (
     ResponseActiveError,
     UnknownItemError,
 )
-from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
-from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint
-from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
-from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav, StreamStatus
+from pipeline.models import family_of
+from pipeline.models.family import Checkpoint, StreamStatus
 from pipeline.outputs import (
     OUTPUT_SAMPLE_RATE,
     AudioChunk,
@@ -45,13 +43,11 @@ from pipeline.outputs import (
     Usage,
 )
 from pipeline.scheduler.prefill_batch import PrefillBatch, PrefillJob
-from pipeline.registry import CONNECTORS
 from pipeline.request import Phase, ResponseSpec, ResponseState, TextEnd
 from pipeline.runners.sampling import SampleRows, SamplerSpec
 from pipeline.observe.stall_watch import StallWatch
 from pipeline.output.start_buffer import StartBuffer, holds_start
 from pipeline.observe.timeline import EngineTimeline
-from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
 from pipeline.runners.talker import TalkerRunner
 from pipeline.runners.thinker import ThinkerRunner
 from pipeline.scheduler.token2wav_jobs import ChunkCandidate, RecentJobs, Token2WavJob, pick_job
@@ -109,16 +105,19 @@ def _green_stream(sms: int | None, device: torch.device, threaded: bool):
 
 
 class EngineCore:
-    def __init__(self, ckpt: LoadedCheckpoint, cfg: StageGraphConfig, *, seed: int | None = None) -> None:
+    def __init__(self, ckpt: Checkpoint, cfg: StageGraphConfig, *, seed: int | None = None) -> None:
+        """``ckpt``: a checkpoint of the family ``cfg.model_family`` names (pipeline/models/family.py), which is
+        asked for everything model-specific."""
         self.ckpt = ckpt
         self.cfg = cfg
-        self.special = ckpt.special
-        self.renderer = PromptRenderer(ckpt.tokenizer, ckpt.special)
+        self.family = family_of(cfg.model_family)
+        self.special = self.family.special(ckpt)
+        self.renderer = self.family.renderer(ckpt)
         th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
-        self.max_context = th.max_context_tokens or ckpt.config.thinker_config.text_config.max_position_embeddings
+        self.max_context = th.max_context_tokens or self.family.max_context(ckpt)
         self.max_codes = ta.max_tokens or 4096
         self.text_stop = {self.special.im_end, self.special.endoftext}
-        self.codec_stop = tuple(self.special.codec_stop_ids())
+        self.codec_stop = tuple(self.family.codec_stop_ids(ckpt))
         # each decode step samples inside its graph; the salts keep the two stages' noise apart
         self.thinker = ThinkerRunner(ckpt.thinker, device=th.torch_device(), dtype=th.torch_dtype(),
                                      kv_slots=th.kv_slots, max_len=self.max_context, cuda_graphs=th.cuda_graphs,
@@ -138,12 +137,7 @@ class EngineCore:
         self.t2w_device = torch.device(tw.torch_device())
         threaded = tw.worker_enabled()  # auto = on with CUDA: see StageConfig.worker_thread
         self._t2w_green, t2w_stream = _green_stream(tw.worker_sms, self.t2w_device, threaded)
-        self.token2wav = StreamingToken2Wav(
-            ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch, batch_sizes=tw.batch_sizes,
-            tf32_matmul=tw.tf32_matmul and self.t2w_device.type == "cuda", compile_dit=tw.compile_enabled(),
-            fused_vocoder=tw.compile_enabled() and self.t2w_device.type == "cuda", dit_dtype=tw.dit_torch_dtype(),
-            capture_stream=t2w_stream, dit_attention=tw.dit_attention_kind(),
-        )
+        self.token2wav = self.family.token2wav(ckpt, tw, capture_stream=t2w_stream)
         # compile token2wav's DiT and capture its CUDA graphs now (seconds to a minute), not during the first replies
         self.token2wav.warm_up(max_batch=tw.max_batch)
         self.t2w_worker = Token2WavWorker(self.token2wav, self.t2w_device, stream=t2w_stream) if threaded else None
@@ -166,8 +160,8 @@ class EngineCore:
         """How long the last token2wav jobs took, hand-over to emission (ms)."""
         self._t2w_job_started: tuple[float, bool, int] | None = None
         """``time.perf_counter()`` when the worker's job was handed over, whether it holds first chunks, its streams."""
-        self.to_talker = CONNECTORS[ta.connector].fn
-        self.to_token2wav = CONNECTORS[tw.connector].fn
+        self.to_talker = self.family.connectors[ta.connector].fn
+        self.to_token2wav = self.family.connectors[tw.connector].fn
         self.prefill_chunk = th.prefill_chunk_tokens
         self.seed = seed
         self._seed_counter = 0
@@ -201,11 +195,8 @@ class EngineCore:
         self.talker.capture()
 
     def _codec_suppress_ids(self) -> list[int]:
-        """The talker must never emit codec bos, nor ids the DiT cannot embed (except stop ids)."""
-        dit_vocab = self.ckpt.config.token2wav_config.dit_config.num_embeds
-        talker_vocab = self.ckpt.config.talker_config.vocab_size
-        beyond = [i for i in range(dit_vocab, talker_vocab) if i not in self.codec_stop]
-        return [self.special.codec_bos, *beyond]
+        """Ids the talker must never emit: ids token2wav cannot make audio of (the family's list)."""
+        return self.family.codec_suppress_ids(self.ckpt)
 
     # -- conversations ----------------------------------------------------------------------------
     def open_conversation(self, conv_id: str, instructions: str) -> None:
@@ -299,7 +290,7 @@ class EngineCore:
         conv = self.conv(conv_id)
         pending = conv.open_audio.get(item_id)
         if pending is None:
-            pending = conv.open_audio[item_id] = OpenAudio(item_id, IncrementalLogMel(self.ckpt.feature_extractor))
+            pending = conv.open_audio[item_id] = OpenAudio(item_id, self.family.audio_features(self.ckpt))
             if any(item.id == item_id for item in conv.items):  # reported at commit, where the caller waits
                 pending.error = InvalidInputError(f"item id {item_id!r} already exists", param="item_id")
         if pending.error is not None:
@@ -339,7 +330,7 @@ class EngineCore:
             pending.blocks.append(self.audio_encodes.block(feats.features(tail, final), floor=final))
         conv.add(ConvItem(id=item_id, role="user", kind=ItemKind.AUDIO, audio_blocks=pending.blocks))
 
-    def _encode_block(self, feats: IncrementalLogMel, k: int, floor: float, version: int = 0) -> AudioBlock:
+    def _encode_block(self, feats, k: int, floor: float, version: int = 0) -> AudioBlock:
         return self.audio_encodes.block(feats.features(feats.raw_block(k), floor), floor=floor, version=version)
 
     def discard_audio(self, conv_id: str, item_id: str) -> None:
@@ -951,12 +942,11 @@ class EngineCore:
         conv = r.conv
         if self._talker_slot(conv) is None:
             return None
-        speaker = self.ckpt.speakers[r.spec.voice]
         prompt_keys = conv.cached_keys[: r.prompt_len]
         reuse = conv.common_prefix_of(conv.talker_keys, prompt_keys)
         conv.crop_talker(reuse)
         prompt = conv.talker_prompt()[reuse : r.prompt_len]
-        bos = self.thinker.embed([speaker.bos_token])
+        bos = self.thinker.embed([self.family.voice_bos(self.ckpt, r.spec.voice)])
         first = r.talker_queue.popleft().view(1, -1)
         vectors = torch.cat([prompt, bos, first]).to(self.talker.device)
         conv.talker_keys = list(prompt_keys)
@@ -966,8 +956,8 @@ class EngineCore:
         if r.prompt_len:
             seen.add(self.special.codec_mask)
         self.code_sampler.reset(conv.talker_slot, seen)
-        r.t2w = self.token2wav.start(
-            speaker.cond, speaker.ref_mel, voice=r.spec.voice,
+        r.t2w = self.family.start_stream(
+            self.token2wav, self.ckpt, r.spec.voice,
             generator=self._generator(self.t2w_device), max_codes=self.max_codes, quick=self._quick_first_chunk(conv),
         )
         return self.talker.prefill(
