@@ -88,7 +88,7 @@ class ModelFamily(Protocol):
         """The special ids the engine reads by name: ``im_end`` and ``endoftext`` (a reply's text ends),
         ``tts_text_end`` / ``tts_text_pad`` (thinker-vocabulary ids fed to the talker once the text ended),
         ``codec_bos`` / ``codec_pad`` / ``codec_mask`` (the talker's prefill and its sampler's seen ids), and
-        ``audio_start`` / ``audio_end`` (around a spoken message's audio positions)."""
+        ``audio_start`` / ``audio_token`` / ``audio_end`` (a spoken message: its audio positions, between markers)."""
         ...
 
     def codec_stop_ids(self, ckpt: Any) -> tuple[int, ...]:
@@ -101,7 +101,7 @@ class ModelFamily(Protocol):
 
     def renderer(self, ckpt: Any) -> Any:
         """The prompt renderer of the family's chat format, for the conversation state: ``header(role)``,
-        ``footer()``, ``text_message(role, text)``, ``audio_content(n_audio_tokens)`` (all token id lists),
+        ``footer()`` (after a message or a reply), ``text_message(role, text)`` (all token id lists),
         ``decode(token_ids) -> str`` and ``special`` (as :meth:`special`)."""
         ...
 
