@@ -50,9 +50,8 @@ def test_unknown_family_is_a_config_error_naming_the_known_ones():
 def test_a_registered_family_is_known_only_inside_its_block():
     with registered(TOY):
         assert family_of("toy") is TOY
-        with pytest.raises(ValueError, match="already known"):
-            with registered(TOY):
-                pass
+        with pytest.raises(ValueError, match="already known"), registered(TOY):
+            pass
     with pytest.raises(ConfigError, match="toy"):
         family_of("toy")
 

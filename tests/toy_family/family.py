@@ -9,6 +9,7 @@ Registered by the tests that use it (``pipeline.models.registered(FAMILY)``), un
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -147,10 +148,10 @@ class ToneSynthesizer:
 class ToyFamily:
     name = "toy"
     default_instructions = "You are a toy."
-    connectors = {c.name: c for c in (
+    connectors = MappingProxyType({c.name: c for c in (
         Connector("toy_text_to_talker", "thinker", "talker", lambda hidden, embeds: hidden + embeds),
         Connector("toy_codes_to_tones", "talker", "token2wav", lambda code, stop: None if code in stop else code),
-    )}  # fmt: skip
+    )})  # fmt: skip
 
     def load_pretrained(self, model: str, *, devices: dict, dtypes: dict) -> ToyCheckpoint:
         return _from_qwen(load_checkpoint(model, devices=devices, dtypes=dtypes))

@@ -3,6 +3,7 @@ voices (``spk_dict.pt``), Whisper log-mel features and the streaming DiT + BigVG
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import torch
@@ -10,14 +11,21 @@ import torch
 from pipeline.models.family import Connector
 from pipeline.models.qwen2_5_omni import connectors
 from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
-from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint, SpecialTokens, load_checkpoint
+from pipeline.models.qwen2_5_omni.checkpoint import (
+    LoadedCheckpoint,
+    SpecialTokens,
+    load_checkpoint,
+)
 from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT, PromptRenderer
 
 if TYPE_CHECKING:
     from pipeline.config import StageConfig
     from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec
-    from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav, Token2WavStream
+    from pipeline.models.qwen2_5_omni.token2wav_stream import (
+        StreamingToken2Wav,
+        Token2WavStream,
+    )
 
 
 class Qwen25OmniFamily:
@@ -25,10 +33,10 @@ class Qwen25OmniFamily:
 
     name = "qwen2_5_omni"
     default_instructions = DEFAULT_SYSTEM_PROMPT
-    connectors = {c.name: c for c in (
+    connectors = MappingProxyType({c.name: c for c in (
         Connector("thinker_to_talker", "thinker", "talker", connectors.thinker_to_talker),
         Connector("talker_to_token2wav", "talker", "token2wav", connectors.talker_to_token2wav),
-    )}  # fmt: skip
+    )})  # fmt: skip
 
     def load_pretrained(self, model: str, *, devices: dict, dtypes: dict) -> LoadedCheckpoint:
         return load_checkpoint(model, devices=devices, dtypes=dtypes)
