@@ -1,12 +1,13 @@
 """The stage graph, loaded from YAML into typed, validated config objects.
 
 Errors are :class:`pipeline.errors.ConfigError` whose ``param`` is the dotted path of the bad field
-(``stages.talker.sampling.top_p``). Connectors are looked up by name in :mod:`pipeline.registry`;
+(``stages.talker.sampling.top_p``). Connectors are looked up by name in the model family (:mod:`pipeline.models`);
 the YAML never names import paths.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import yaml
 
 from pipeline.errors import ConfigError
+from pipeline.models import family_of
 
 DEFAULT_STAGE_CONFIG = Path(__file__).parent / "stage_configs" / "qwen2_5_omni.yaml"
 STAGE_ORDER = ("thinker", "talker", "token2wav")
@@ -308,8 +310,7 @@ def parse_stage_config(data: Any, *, source: str = "<dict>") -> StageGraphConfig
         raise ConfigError(f"{source}: the stage config must be a mapping", param="<root>")
     _reject_unknown(data, {"model_family", "stages", "engine"}, "")
     family = data.get("model_family")
-    if family != "qwen2_5_omni":
-        raise ConfigError(f"{source}: model_family must be 'qwen2_5_omni', got {family!r}", param="model_family")
+    connectors = family_of(family).connectors  # ConfigError naming the known families
     stages = data.get("stages")
     if not isinstance(stages, dict):
         raise ConfigError(f"{source}: 'stages' must be a mapping of stage name to settings", param="stages")
@@ -318,7 +319,7 @@ def parse_stage_config(data: Any, *, source: str = "<dict>") -> StageGraphConfig
     for name in STAGE_ORDER:
         if name not in stages:
             raise ConfigError(f"{source}: stage {name!r} is missing", param=f"stages.{name}")
-        parsed[name] = _parse_stage(name, stages[name])
+        parsed[name] = _parse_stage(name, stages[name], connectors)
     engine = _parse_engine(data.get("engine", {}))
     return StageGraphConfig(model_family=family, source=source, engine=engine, **parsed)
 
@@ -352,7 +353,7 @@ def _check_switch(values: dict, key: str, choices: tuple[str, ...], *, only: str
         raise ConfigError(f"{path}.{key} must be one of {choices}, got {values[key]!r}", param=f"{path}.{key}")
 
 
-def _parse_stage(name: str, raw: Any) -> StageConfig:
+def _parse_stage(name: str, raw: Any, connectors: Mapping[str, Any]) -> StageConfig:
     path = f"stages.{name}"
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must be a mapping", param=path)
@@ -424,7 +425,7 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
         raise ConfigError(f"{path}.audio_floor must be one of {AUDIO_FLOORS}", param=f"{path}.audio_floor")
     if values.get("context_policy", "error") not in CONTEXT_POLICIES:
         raise ConfigError(f"{path}.context_policy must be one of {CONTEXT_POLICIES}", param=f"{path}.context_policy")
-    _check_connector(name, values.get("connector"), path)
+    _check_connector(name, values.get("connector"), path, connectors)
     values["sampling"] = _parse_sampling(values.get("sampling", {}), f"{path}.sampling")
     chunking = values.get("chunking", {})
     if not isinstance(chunking, dict):
@@ -451,20 +452,19 @@ def _check_batch_sizes(stage: str, values: dict, path: str) -> None:
     values["batch_sizes"] = tuple(sorted(set(sizes)))
 
 
-def _check_connector(stage: str, connector: Any, path: str) -> None:
-    from pipeline.registry import CONNECTORS
-
+def _check_connector(stage: str, connector: Any, path: str, connectors: Mapping[str, Any]) -> None:
+    """``connector`` must name one of the model family's ``connectors`` that feeds ``stage``."""
     if stage == "thinker":
         if connector is not None:
             raise ConfigError(f"{path}.connector: the thinker reads the request directly", param=f"{path}.connector")
         return
-    if connector not in CONNECTORS:
+    if connector not in connectors:
         raise ConfigError(
-            f"{path}.connector must be one of {sorted(CONNECTORS)}, got {connector!r}", param=f"{path}.connector"
+            f"{path}.connector must be one of {sorted(connectors)}, got {connector!r}", param=f"{path}.connector"
         )
-    if CONNECTORS[connector].target != stage:
+    if connectors[connector].target != stage:
         raise ConfigError(
-            f"{path}.connector {connector!r} feeds {CONNECTORS[connector].target!r}, not {stage!r}",
+            f"{path}.connector {connector!r} feeds {connectors[connector].target!r}, not {stage!r}",
             param=f"{path}.connector",
         )
 

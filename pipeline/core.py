@@ -22,16 +22,12 @@ from pipeline.config import StageGraphConfig
 from pipeline.conversation_state import ConversationState, ConvItem, ItemKind
 from pipeline.conversations import Conversations
 from pipeline.errors import EmptyInputError, EngineFailure, PipelineError, ResponseActiveError
-from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
-from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint
-from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
-from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
-from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav, StreamStatus
+from pipeline.models import family_of
+from pipeline.models.family import Checkpoint, StreamStatus
 from pipeline.observe.observer import EngineObserver
 from pipeline.output.detokenizer import IncrementalDetokenizer
 from pipeline.output.processor import OutputProcessor
 from pipeline.outputs import EngineStats, ResponseStatus
-from pipeline.registry import CONNECTORS
 from pipeline.request import ResponseSpec, ResponseState, TalkerStatus, TextEnd
 from pipeline.requests import (
     AddAudio, AddText, AppendAudio, CancelResponse, CloseConversation, CommitAudio, DeleteItem, DiscardAudio,
@@ -51,27 +47,31 @@ log = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, ckpt: LoadedCheckpoint, cfg: StageGraphConfig, *, seed: int | None = None) -> None:
+    def __init__(self, ckpt: Checkpoint, cfg: StageGraphConfig, *, seed: int | None = None) -> None:
+        """``ckpt``: a checkpoint of the family ``cfg.model_family`` names (:mod:`pipeline.models.family`), which is
+        asked for everything model-specific."""
         self.ckpt = ckpt
         self.cfg = cfg
-        self.special = ckpt.special
-        self.renderer = PromptRenderer(ckpt.tokenizer, ckpt.special)
+        self.family = family_of(cfg.model_family)
+        self.special = self.family.special(ckpt)
+        self.renderer = self.family.renderer(ckpt)
         th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
-        self.max_context = th.max_context_tokens or ckpt.config.thinker_config.text_config.max_position_embeddings
+        self.max_context = th.max_context_tokens or self.family.max_context(ckpt)
         self.max_codes = ta.max_tokens or 4096
-        self.codec_stop = tuple(self.special.codec_stop_ids())
+        self.codec_stop = tuple(self.family.codec_stop_ids(ckpt))
         self.seed = seed
         self._seed_counter = 0
         self.observer = EngineObserver(cfg.engine.timeline_path)
         thinker, talker, token2wav, worker = self._build_runners(ckpt, cfg)
         self.token2wav = token2wav
         self.runner = ModelRunner(
-            thinker=thinker, talker=talker, token2wav=token2wav, worker=worker, to_talker=CONNECTORS[ta.connector].fn,
+            thinker=thinker, talker=talker, token2wav=token2wav, worker=worker,
+            to_talker=self.family.connectors[ta.connector].fn,
             audio_encodes=AudioEncodes(thinker, width=thinker.text_model.config.hidden_size, dtype=thinker.dtype,
                                        device=thinker.device),
             overlap=ta.overlap_enabled(), fail=self._fail,
         )  # fmt: skip
-        self.to_token2wav = CONNECTORS[tw.connector].fn
+        self.to_token2wav = self.family.connectors[tw.connector].fn
         chunking = token2wav.cfg
         self.scheduler = Scheduler(SchedulerConfig(
             prefills_per_step=th.max_prefills_per_step, prefill_rows=thinker.prefill_rows,
@@ -89,7 +89,7 @@ class EngineCore:
                                       holds_start=lambda r: self.scheduler.holds_start(r.conv))  # fmt: skip
         self.conversations = Conversations(
             self.scheduler, renderer=self.renderer, max_context=self.max_context,
-            features=lambda: IncrementalLogMel(ckpt.feature_extractor), audio_encodes=self.runner.audio_encodes,
+            features=lambda: self.family.audio_features(ckpt), audio_encodes=self.runner.audio_encodes,
             exact_floor=th.audio_floor == "exact", end_response=lambda rid: self._end_cancelled(rid),
         )  # fmt: skip
         # a tuple of two fixed tensors: the text-pad vector is recognised by identity (chains of talker steps)
@@ -102,7 +102,7 @@ class EngineCore:
         thinker.capture()
         talker.capture()
 
-    def _build_runners(self, ckpt: LoadedCheckpoint, cfg: StageGraphConfig):
+    def _build_runners(self, ckpt: Checkpoint, cfg: StageGraphConfig):
         """The thinker and talker runners (KV pools, graphs, in-graph sampling: the salts keep the two stages' noise
         apart), the streaming token2wav (compiled and graph-captured now, not during the first replies) and its
         worker thread."""
@@ -119,21 +119,14 @@ class EngineCore:
                                                   stop=self.codec_stop, salt=1))  # fmt: skip
         self.t2w_device = torch.device(tw.torch_device())
         cuda = self.t2w_device.type == "cuda"
-        token2wav = StreamingToken2Wav(
-            ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch, tf32_matmul=tw.tf32_matmul and cuda,
-            compile_dit=tw.compile_enabled(), fused_vocoder=tw.compile_enabled() and cuda, dit_dtype=tw.dit_torch_dtype(),
-            dit_attention=tw.dit_attention_kind(),
-        )  # fmt: skip
+        token2wav = self.family.token2wav(ckpt, tw)
         token2wav.warm_up(max_batch=tw.max_batch)
         worker = Token2WavWorker(token2wav, self.t2w_device) if tw.worker_enabled() else None
         return thinker, talker, token2wav, worker
 
     def _codec_suppress_ids(self) -> list[int]:
-        """The talker must never emit codec bos, nor ids the DiT cannot embed (except stop ids)."""
-        dit_vocab = self.ckpt.config.token2wav_config.dit_config.num_embeds
-        talker_vocab = self.ckpt.config.talker_config.vocab_size
-        beyond = [i for i in range(dit_vocab, talker_vocab) if i not in self.codec_stop]
-        return [self.special.codec_bos, *beyond]
+        """Ids the talker must never emit: ids token2wav cannot make audio of (the family's list)."""
+        return self.family.codec_suppress_ids(self.ckpt)
 
     # -- requests -----------------------------------------------------------------------------------
     def handle(self, request: EngineRequest):
@@ -380,7 +373,6 @@ class EngineCore:
         conv = r.conv
         if self.scheduler.talker_slot(conv) is None:
             return
-        speaker = self.ckpt.speakers[r.spec.voice]
         prompt_keys = conv.cached_keys[: r.thinker.prompt_len]
         reuse = conv.common_prefix_of(conv.talker_keys, prompt_keys)
         conv.crop_talker(reuse)
@@ -391,11 +383,11 @@ class EngineCore:
         if r.thinker.prompt_len:
             seen.add(self.special.codec_mask)
         self.runner.talker.sampler.reset(conv.talker_slot, seen)
-        r.audio.stream = self.token2wav.start(
-            speaker.cond, speaker.ref_mel, voice=r.spec.voice, generator=self._generator(self.t2w_device),
+        r.audio.stream = self.family.start_stream(
+            self.token2wav, self.ckpt, r.spec.voice, generator=self._generator(self.t2w_device),
             max_codes=self.max_codes, quick=self.scheduler.quick_first_chunk(conv),
         )  # fmt: skip
-        logits = self.runner.talker_prefill(r, reuse=reuse, speaker_bos=speaker.bos_token,
+        logits = self.runner.talker_prefill(r, reuse=reuse, speaker_bos=self.family.voice_bos(self.ckpt, r.spec.voice),
                                             codec={"pad": self.special.codec_pad, "bos": self.special.codec_bos})
         (code,) = self.runner.talker.sampler.sample(logits.unsqueeze(0), [conv.talker_slot],
                                                     force_continue=[self._force_codes(r)], seeds=[r.seed],

@@ -46,8 +46,8 @@ from pipeline.errors import (
 )
 from pipeline.loaders import CheckpointLoader, PretrainedCheckpoint
 from pipeline.loop import CoreCall, EngineBackend, EngineFacts, EngineThread
-from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint
-from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
+from pipeline.models import family_of
+from pipeline.models.family import Checkpoint
 from pipeline.outputs import EngineStats, ResponseDone, ResponseEvent, ResponseStatus, Usage
 from pipeline.request import ResponseSpec
 
@@ -252,7 +252,7 @@ class OmniEngine:
     ``ckpt`` is the loaded checkpoint in the first case and None in the second."""
 
     def __init__(
-        self, ckpt: LoadedCheckpoint, cfg: StageGraphConfig, *, seed: int | None = None, max_pending_events: int = 256
+        self, ckpt: Checkpoint, cfg: StageGraphConfig, *, seed: int | None = None, max_pending_events: int = 256
     ) -> None:
         """An engine on a thread of this process over ``ckpt``, already loaded here (tensors cannot be handed
         to a child process: use :meth:`from_loader` for ``engine.process``)."""
@@ -267,7 +267,7 @@ class OmniEngine:
 
     def _setup(
         self, cfg: StageGraphConfig, facts: EngineFacts, backend: EngineBackend, max_pending_events: int,
-        ckpt: LoadedCheckpoint | None,
+        ckpt: Checkpoint | None,
     ) -> None:
         self.ckpt = ckpt
         self.cfg = cfg
@@ -275,7 +275,7 @@ class OmniEngine:
         self.model_name = facts.model_name
         self.voices = facts.voices
         self.default_voice = facts.default_voice
-        self.default_instructions = DEFAULT_SYSTEM_PROMPT
+        self.default_instructions = family_of(cfg.model_family).default_instructions
         self.random_weights = facts.random_weights
         self.max_text_tokens = cfg.thinker.max_tokens or 1024
         self.max_pending_events = max_pending_events

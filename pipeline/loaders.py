@@ -3,20 +3,22 @@
 An engine whose core runs in a child process (``engine.process`` in the stage config) never loads the
 weights in the caller's process: it hands the child one of these small frozen dataclasses, and the child
 calls :meth:`load` itself, placing every stage as the stage config says. An engine on a thread calls the
-same :meth:`load` in the caller's process.
+same :meth:`load` in the caller's process. Either way the stage config's ``model_family`` loads it
+(:mod:`pipeline.models`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pipeline.models import family_of
 
 if TYPE_CHECKING:
     import torch
 
     from pipeline.config import StageGraphConfig
-    from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint
-    from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec
+    from pipeline.models.family import Checkpoint
 
 STAGES = ("thinker", "talker", "token2wav")
 
@@ -24,7 +26,7 @@ STAGES = ("thinker", "talker", "token2wav")
 class CheckpointLoader(Protocol):
     """Loads a checkpoint placed as ``cfg`` says. Implementations must pickle (they cross to the child)."""
 
-    def load(self, cfg: StageGraphConfig) -> LoadedCheckpoint: ...
+    def load(self, cfg: StageGraphConfig) -> Checkpoint: ...
 
 
 @dataclass(frozen=True)
@@ -33,10 +35,8 @@ class PretrainedCheckpoint:
 
     model: str
 
-    def load(self, cfg: StageGraphConfig) -> LoadedCheckpoint:
-        from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-
-        return load_checkpoint(
+    def load(self, cfg: StageGraphConfig) -> Checkpoint:
+        return family_of(cfg.model_family).load_pretrained(
             self.model,
             devices={name: cfg.stage(name).torch_device() for name in STAGES},
             dtypes={name: cfg.stage(name).torch_dtype() for name in STAGES},
@@ -45,15 +45,13 @@ class PretrainedCheckpoint:
 
 @dataclass(frozen=True)
 class RandomCheckpoint:
-    """The random-weight architecture of ``spec`` built in memory (nothing downloaded or written but its
-    tokenizer files), e.g. ``RandomModelSpec.qwen2_5_omni_7b()`` for GPU benchmarks. Built on the thinker's
-    device, thinker and talker in ``dtype`` (default: the thinker's dtype), token2wav in float32."""
+    """The random-weight architecture of ``spec`` (the family's own description, e.g.
+    ``RandomModelSpec.qwen2_5_omni_7b()`` for GPU benchmarks) built in memory (nothing downloaded or written but its
+    tokenizer files). Built on the thinker's device, thinker and talker in ``dtype`` (default: the thinker's dtype)."""
 
-    spec: RandomModelSpec
+    spec: Any
     dtype: torch.dtype | None = None
 
-    def load(self, cfg: StageGraphConfig) -> LoadedCheckpoint:
-        from pipeline.models.qwen2_5_omni.tiny import build_random_model
-
+    def load(self, cfg: StageGraphConfig) -> Checkpoint:
         dtype = self.dtype if self.dtype is not None else cfg.thinker.torch_dtype()
-        return build_random_model(self.spec, device=cfg.thinker.torch_device(), dtype=dtype)
+        return family_of(cfg.model_family).build_random(self.spec, device=cfg.thinker.torch_device(), dtype=dtype)

@@ -26,7 +26,8 @@ from pipeline.requests import EngineRequest
 from pipeline.config import StageGraphConfig
 from pipeline.core import EngineCore
 from pipeline.errors import EngineClosedError, PipelineError
-from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint
+from pipeline.models import family_of
+from pipeline.models.family import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +95,14 @@ class EngineFacts:
     """The thinker's device in words (the GPU's name on CUDA), for reports."""
 
     @classmethod
-    def of(cls, ckpt: LoadedCheckpoint, cfg: StageGraphConfig) -> EngineFacts:
+    def of(cls, ckpt: Checkpoint, cfg: StageGraphConfig) -> EngineFacts:
         device = torch.device(cfg.thinker.torch_device())
         if device.type == "cuda":
             name = torch.cuda.get_device_name(device)
         else:
             name = f"{device.type.upper()} ({os.cpu_count()} cores, {platform.machine()})"
-        return cls(model_name=ckpt.source, voices=tuple(ckpt.speakers), default_voice=ckpt.default_speaker,
+        family = family_of(cfg.model_family)
+        return cls(model_name=ckpt.source, voices=family.voices(ckpt), default_voice=family.default_voice(ckpt),
                    random_weights=ckpt.random_weights, device_name=name)
 
 

@@ -1,1 +1,47 @@
-"""models"""
+"""Model families by name: the stage config's ``model_family`` picks one (:mod:`pipeline.models.family` says what a
+family provides). Adding a family is a folder under ``pipeline/models/`` and one line in :data:`FAMILIES`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from pipeline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipeline.models.family import ModelFamily
+
+FAMILIES: dict[str, str] = {
+    "qwen2_5_omni": "pipeline.models.qwen2_5_omni.family:FAMILY",
+}
+"""Family name -> ``module:attribute`` of its :class:`~pipeline.models.family.ModelFamily` object (imported on first
+use, so that reading a config imports no model code)."""
+
+_registered: dict[str, ModelFamily] = {}
+"""Families registered as objects (:func:`registered`), ahead of :data:`FAMILIES`."""
+
+
+def family_of(name: object) -> ModelFamily:
+    """The family named ``name``; :class:`ConfigError` (``param="model_family"``) naming the known ones otherwise."""
+    if isinstance(name, str) and name in _registered:
+        return _registered[name]
+    if not isinstance(name, str) or name not in FAMILIES:
+        known = sorted({*FAMILIES, *_registered})
+        raise ConfigError(f"model_family must be one of {known}, got {name!r}", param="model_family")
+    module, attribute = FAMILIES[name].split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@contextmanager
+def registered(family: ModelFamily) -> Iterator[ModelFamily]:
+    """Make ``family`` known under ``family.name`` inside the ``with`` block (a test's own family); it may not
+    shadow a family of :data:`FAMILIES` or one registered already."""
+    if family.name in FAMILIES or family.name in _registered:
+        raise ValueError(f"model family {family.name!r} is already known")
+    _registered[family.name] = family
+    try:
+        yield family
+    finally:
+        del _registered[family.name]

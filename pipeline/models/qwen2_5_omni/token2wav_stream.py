@@ -39,7 +39,6 @@ kernels). With ``fused_vocoder`` each of BigVGAN's anti-aliased activations runs
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import math
 import time
@@ -53,6 +52,7 @@ from torch import Tensor
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 
 from pipeline.errors import CheckpointError, ConfigError, InvalidInputError, PipelineError
+from pipeline.models.family import StreamStatus
 from pipeline.models.qwen2_5_omni import vocoder
 from pipeline.models.qwen2_5_omni.dit import (
     CompiledDitBlock,
@@ -110,15 +110,6 @@ class Token2WavStreamStateError(PipelineError):
     is off the attention blocks (an invariant of the chunk schedule, checked where the window is made)."""
 
     code = "token2wav_stream_state"
-
-
-class StreamStatus(enum.Enum):
-    """Lifecycle of a stream, in order: OPEN -> FINISHED -> DONE; CLOSED from any state."""
-
-    OPEN = "open"  # accepting codes
-    FINISHED = "finished"  # no more codes; chunks may remain to synthesize
-    DONE = "done"  # every sample emitted
-    CLOSED = "closed"  # tensors released
 
 
 # ---------------------------------------------------------------------------------------------------

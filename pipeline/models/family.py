@@ -1,0 +1,134 @@
+"""What the engine needs from a model family: the one interface between the engine and a model's own code.
+
+A family is a stateless object (one per family, listed in :mod:`pipeline.models`). Its loaders return a
+*checkpoint*, an object of the family's own type that the engine treats as opaque except for four attributes:
+``source`` (what was asked for: a folder or hub id, in words), ``random_weights`` (bool), and ``thinker`` /
+``talker``, HF decoder-shaped modules that the engine's runners drive (``pipeline/runners/``). Everything else the
+engine learns by handing the checkpoint back to the family's methods below, on the engine thread.
+
+The streaming synthesizer a family makes (:meth:`ModelFamily.token2wav`) is driven by the engine core and its
+token2wav worker. It must offer ``max_batch`` (streams per batched step), ``cfg`` (with
+``quick_first_chunk_frames`` (None: no quick first chunk) and ``quick_first_chunk_max_open``),
+``warm_up(max_batch=...)`` and ``step_many(streams) -> list of float32 24 kHz sample arrays`` (one chunk per
+stream, in order). Its streams (:meth:`ModelFamily.start_stream`) offer ``status`` (a :class:`StreamStatus`),
+``done``, ``codes_received``, ``chunks_emitted``, ``push(codes)``, ``finish()``, ``ready()``, ``step()``,
+``codes_until_ready()`` (None while no chunk is pending) and ``close()``
+(idempotent), with the calling order of :class:`pipeline.models.qwen2_5_omni.token2wav_stream.Token2WavStream`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from pipeline.config import Token2WavConfig
+
+
+Checkpoint: TypeAlias = Any
+"""A loaded checkpoint of some family: opaque to the engine but for ``source``, ``random_weights``, ``thinker`` and
+``talker`` (see the module docstring)."""
+
+
+class StreamStatus(enum.Enum):
+    """Lifecycle of a token2wav stream, in order: OPEN -> FINISHED -> DONE; CLOSED from any state."""
+
+    OPEN = "open"  # accepting codes
+    FINISHED = "finished"  # no more codes; chunks may remain to synthesize
+    DONE = "done"  # every sample emitted
+    CLOSED = "closed"  # tensors released
+
+
+@dataclass(frozen=True)
+class Connector:
+    """A named glue function between two stages; the stage config picks connectors by ``name``."""
+
+    name: str
+    source: str
+    target: str
+    fn: Callable
+
+
+@runtime_checkable
+class ModelFamily(Protocol):
+    """A model family: how its checkpoints load and what its stages need around the runners."""
+
+    name: str
+    """The stage config's ``model_family``."""
+
+    default_instructions: str
+    """The system prompt a conversation gets when the client sets none."""
+
+    connectors: Mapping[str, Connector]
+    """Connector name -> connector: ``thinker -> talker`` is ``fn(hidden (T, H), embeds (T, H)) -> talker inputs
+    (T, H)``; ``talker -> token2wav`` is ``fn(code, stop_ids) -> the synthesizer's code, or None when ``code``
+    ends the utterance``."""
+
+    def load_pretrained(self, model: str, *, devices: dict[str, torch.device | str],
+                        dtypes: dict[str, torch.dtype]) -> Any:  # fmt: skip
+        """The checkpoint of folder ``model``, or of hub id ``model`` already in the local cache (never downloads),
+        validated, its stages placed as ``devices`` / ``dtypes`` (keyed by stage name) say. Raises
+        ``CheckpointError`` naming the file or field that is missing or inconsistent."""
+        ...
+
+    def build_random(self, spec: Any, *, device: torch.device | str, dtype: torch.dtype) -> Any:
+        """A checkpoint with random weights of the family's architecture ``spec`` (e.g. a tiny or full-size preset),
+        built in memory on ``device``; ``random_weights`` is true."""
+        ...
+
+    def max_context(self, ckpt: Any) -> int:
+        """The thinker's longest context (positions) the checkpoint supports."""
+        ...
+
+    def special(self, ckpt: Any) -> Any:
+        """The special ids the engine reads by name: ``im_end`` and ``endoftext`` (a reply's text ends),
+        ``tts_text_end`` / ``tts_text_pad`` (thinker-vocabulary ids fed to the talker once the text ended),
+        ``codec_bos`` / ``codec_pad`` / ``codec_mask`` (the talker's prefill and its sampler's seen ids), and
+        ``audio_start`` / ``audio_token`` / ``audio_end`` (a spoken message: its audio positions, between markers)."""
+        ...
+
+    def codec_stop_ids(self, ckpt: Any) -> tuple[int, ...]:
+        """Talker ids that end an utterance (the talker's sampler stops on them; never reach token2wav)."""
+        ...
+
+    def codec_suppress_ids(self, ckpt: Any) -> list[int]:
+        """Talker ids the talker's sampler must never emit (ids token2wav cannot make audio of, except stop ids)."""
+        ...
+
+    def renderer(self, ckpt: Any) -> Any:
+        """The prompt renderer of the family's chat format, for the conversation state: ``header(role)``,
+        ``footer()`` (after a message or a reply), ``text_message(role, text)`` (all token id lists),
+        ``decode(token_ids) -> str`` and ``special`` (as :meth:`special`)."""
+        ...
+
+    def voices(self, ckpt: Any) -> tuple[str, ...]:
+        """The voice names a reply may ask for."""
+        ...
+
+    def default_voice(self, ckpt: Any) -> str:
+        """The voice of a reply that names none; one of :meth:`voices`."""
+        ...
+
+    def voice_bos(self, ckpt: Any, voice: str) -> int:
+        """The thinker-vocabulary id that opens the talker's stream for ``voice`` (after the prompt)."""
+        ...
+
+    def audio_features(self, ckpt: Any) -> Any:
+        """Incremental log-mel features of one spoken message (16 kHz mono float32 in; the interface of
+        :class:`pipeline.models.qwen2_5_omni.audio_features.IncrementalLogMel`), for the thinker's audio encoder."""
+        ...
+
+    def token2wav(self, ckpt: Any, stage: Token2WavConfig) -> Any:
+        """The streaming synthesizer (see the module docstring) on ``stage``'s device, set up as its
+        ``stages.token2wav`` config says."""
+        ...
+
+    def start_stream(self, synthesizer: Any, ckpt: Any, voice: str, *, generator: torch.Generator | None,
+                     max_codes: int, quick: bool) -> Any:  # fmt: skip
+        """Open ``synthesizer``'s stream of one utterance in ``voice`` of at most ``max_codes`` codes; its noise (if
+        any) drawn from ``generator``; ``quick``: the stream starts with the quick first chunk."""
+        ...

@@ -1,0 +1,100 @@
+"""Qwen2.5-Omni as a model family (:class:`pipeline.models.family.ModelFamily`): its checkpoint loader, chat format,
+voices (``spk_dict.pt``), Whisper log-mel features and the streaming DiT + BigVGAN token2wav."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+import torch
+
+from pipeline.models.family import Connector
+from pipeline.models.qwen2_5_omni import connectors
+from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
+from pipeline.models.qwen2_5_omni.checkpoint import (
+    LoadedCheckpoint,
+    SpecialTokens,
+    load_checkpoint,
+)
+from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
+from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT, PromptRenderer
+
+if TYPE_CHECKING:
+    from pipeline.config import Token2WavConfig
+    from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec
+    from pipeline.models.qwen2_5_omni.token2wav_stream import (
+        StreamingToken2Wav,
+        Token2WavStream,
+    )
+
+
+class Qwen25OmniFamily:
+    """Qwen2.5-Omni's checkpoints (:class:`LoadedCheckpoint`) for the engine."""
+
+    name = "qwen2_5_omni"
+    default_instructions = DEFAULT_SYSTEM_PROMPT
+    connectors = MappingProxyType({c.name: c for c in (
+        Connector("thinker_to_talker", "thinker", "talker", connectors.thinker_to_talker),
+        Connector("talker_to_token2wav", "talker", "token2wav", connectors.talker_to_token2wav),
+    )})  # fmt: skip
+
+    def load_pretrained(self, model: str, *, devices: dict, dtypes: dict) -> LoadedCheckpoint:
+        return load_checkpoint(model, devices=devices, dtypes=dtypes)
+
+    def build_random(self, spec: RandomModelSpec, *, device: torch.device | str, dtype: torch.dtype) -> LoadedCheckpoint:
+        from pipeline.models.qwen2_5_omni.tiny import build_random_model
+
+        return build_random_model(spec, device=device, dtype=dtype)
+
+    def max_context(self, ckpt: LoadedCheckpoint) -> int:
+        return ckpt.config.thinker_config.text_config.max_position_embeddings
+
+    def special(self, ckpt: LoadedCheckpoint) -> SpecialTokens:
+        return ckpt.special
+
+    def codec_stop_ids(self, ckpt: LoadedCheckpoint) -> tuple[int, ...]:
+        return tuple(ckpt.special.codec_stop_ids())
+
+    def codec_suppress_ids(self, ckpt: LoadedCheckpoint) -> list[int]:
+        """Codec bos, and the talker ids past the DiT's code embedding table (except stop ids)."""
+        dit_vocab = ckpt.config.token2wav_config.dit_config.num_embeds
+        talker_vocab = ckpt.config.talker_config.vocab_size
+        stop = self.codec_stop_ids(ckpt)
+        return [ckpt.special.codec_bos, *(i for i in range(dit_vocab, talker_vocab) if i not in stop)]
+
+    def renderer(self, ckpt: LoadedCheckpoint) -> PromptRenderer:
+        return PromptRenderer(ckpt.tokenizer, ckpt.special)
+
+    def voices(self, ckpt: LoadedCheckpoint) -> tuple[str, ...]:
+        return tuple(ckpt.speakers)
+
+    def default_voice(self, ckpt: LoadedCheckpoint) -> str:
+        return ckpt.default_speaker
+
+    def voice_bos(self, ckpt: LoadedCheckpoint, voice: str) -> int:
+        return ckpt.speakers[voice].bos_token
+
+    def audio_features(self, ckpt: LoadedCheckpoint) -> IncrementalLogMel:
+        return IncrementalLogMel(ckpt.feature_extractor)
+
+    def token2wav(self, ckpt: LoadedCheckpoint, stage: Token2WavConfig) -> StreamingToken2Wav:
+        from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
+
+        on_cuda = torch.device(stage.torch_device()).type == "cuda"
+        return StreamingToken2Wav(
+            ckpt.token2wav, ChunkingConfig(**stage.chunking), max_batch=stage.max_batch, batch_sizes=stage.batch_sizes,
+            tf32_matmul=stage.tf32_matmul and on_cuda, compile_dit=stage.compile_enabled(),
+            fused_vocoder=stage.compile_enabled() and on_cuda, dit_dtype=stage.dit_torch_dtype(),
+            dit_attention=stage.dit_attention_kind(),
+        )
+
+    def start_stream(self, synthesizer: StreamingToken2Wav, ckpt: LoadedCheckpoint, voice: str, *,
+                     generator: torch.Generator | None, max_codes: int, quick: bool) -> Token2WavStream:  # fmt: skip
+        """The voice's ``cond`` / ``ref_mel`` are the checkpoint's own tensors: the synthesizer's speaker cache hits
+        them by identity."""
+        speaker = ckpt.speakers[voice]
+        return synthesizer.start(speaker.cond, speaker.ref_mel, voice=voice, generator=generator, max_codes=max_codes,
+                                 quick=quick)  # fmt: skip
+
+
+FAMILY = Qwen25OmniFamily()
