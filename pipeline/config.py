@@ -117,27 +117,8 @@ class StageConfig:
     the first chunk's codes ~3 ms sooner at one user, ~6 at four, BENCHMARKS.md §16.1). The codes and audio are the
     same as with 1 (off); what comes in meanwhile (a cancel, a new turn) waits for the chain, at most ``chain_steps``
     talker steps. Only the talker stage takes it."""
-    lend_slot_after_last_code: bool = False
-    """talker: a reply that has made its last code gives its talker KV slot to a reply waiting for one, while its own
-    audio is still being synthesized (it loses only its conversation's talker cache, rebuilt at its next turn);
-    ``false``: the slot stays with it until its response ends. Why it is off: with more users than talker slots, the
-    slots are the admission limit for spoken replies, and token2wav runs seconds behind the talker under load; lending
-    let the next replies start ~0.6 s sooner (32 and 64 users' TTFA p50 757 and 1117 ms against 916 and 1736 with
-    1-second replies on the H100) but their first chunks then competed with the earlier replies' audio, and 12 of 32
-    turns ran dry against 3-5 (BENCHMARKS.md §25). Only the talker stage takes it."""
-    max_codes_ahead: int | None = None
-    """talker: a reply's talker skips its decode step while its token2wav stream holds this many codec tokens (20 ms
-    of audio each) or more past what the stream's next chunk needs; None: never. Why: once the text is done a talker
-    step takes a few ms for 20 ms of audio, so the talker runs far ahead of token2wav, and its steps beside a
-    token2wav job slow that job, for which the reply's audio waits. Counted past the next chunk, which may be the one
-    being synthesized: with at least the codes of one chunk (36 for the official 72 frames) the chunk after it is
-    ready when that one is out. The codes do not change, only when they are made. Only the talker stage takes it."""
     max_batch: int = 8
     """token2wav: most streams whose chunks are synthesized in one batched pass."""
-    batch_sizes: tuple[int, ...] | None = None
-    """token2wav: the batch sizes a batched pass is padded up to, each with CUDA graphs of its own captured at start
-    (``max_batch`` is always one); None: the powers of two below ``max_batch``. A pass costs about its padded size,
-    so with the default a job of 9 streams pays for 16. Only the token2wav stage takes it."""
     starving_margin_ms: int = 0
     """token2wav: a later chunk (every chunk after a reply's first) whose stream has less than this much audio (ms)
     ahead of a real-time player outranks first chunks when the worker picks its next job
@@ -148,11 +129,6 @@ class StageConfig:
     8 later-chunk jobs (``RecentJobs`` in ``pipeline/scheduler/token2wav_jobs.py``): what a later chunk that lets
     first chunks go first waits before its own audio is out, which grows with the load. ``starving_margin_ms`` is
     then the floor. Only the token2wav stage takes it."""
-    split_later_jobs: bool = False
-    """token2wav: when the most urgent later chunks would starve waiting for a job of every ready stream, the job takes
-    only as many of them as leave the fewest players running dry over this job and the next (``split_later_job`` in
-    ``pipeline/scheduler/token2wav_jobs.py``, by a line fitted to the recent later-chunk jobs' times by size). Only
-    the token2wav stage takes it."""
     start_buffer_ms: int | None = None
     """token2wav: under load (``start_buffer_busy``), a reply's first audio is held in the engine until this much of
     it (ms) is made, then sent at once, so that its player starts with that much in hand; None (default): never held.
@@ -164,12 +140,6 @@ class StageConfig:
     """token2wav: how many other conversations must be busy (a user's audio being streamed in, or a response running)
     when a reply's first chunk is made for ``start_buffer_ms`` to hold it; None: ``max_batch`` (more conversations
     busy than one token2wav job holds). Only the token2wav stage takes it."""
-    worker_sms: int | None = None
-    """token2wav with the worker on CUDA: run the synthesizer's graphs on a CUDA green context of this many SMs
-    (rounded by the driver to its partition granularity), so that the other SMs stay free for decode steps: the
-    DiT's large kernels otherwise fill every SM, and each of a decode step's ~500 small kernels waits for a slot.
-    None (default): every SM. On the H100, 100 of 132 SMs sped decode up at 32 users (BENCHMARKS.md §9.3). Needs
-    torch's ``torch.cuda.green_contexts``. Only the token2wav stage takes it."""
     dit_dtype: str = "auto"
     """token2wav: precision of the DiT's transformer blocks (``float32``, ``bfloat16``, ``float16``, or ``auto`` =
     bfloat16 with CUDA, float32 on the CPU, where half precision is slower). A half precision runs copies of the
@@ -374,25 +344,12 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     _check_type(values, "fused_decode", bool, path)
     if isinstance(values.get("worker_thread"), bool):  # YAML 1.1 reads a bare on / off as a boolean
         values["worker_thread"] = "on" if values["worker_thread"] else "off"
-    if "worker_sms" in values and values["worker_sms"] is not None:
-        sms = values["worker_sms"]
-        if name != "token2wav":
-            raise ConfigError(f"{path}.worker_sms only applies to token2wav", param=f"{path}.worker_sms")
-        if not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0:
-            raise ConfigError(f"{path}.worker_sms must be a positive integer", param=f"{path}.worker_sms")
     if values.get("starving_margin_ms") is not None and name != "token2wav":
         raise ConfigError(f"{path}.starving_margin_ms only applies to token2wav", param=f"{path}.starving_margin_ms")
     if "starving_margin_from_jobs" in values and name != "token2wav":
         raise ConfigError(f"{path}.starving_margin_from_jobs only applies to token2wav",
                           param=f"{path}.starving_margin_from_jobs")  # fmt: skip
     _check_type(values, "starving_margin_from_jobs", bool, path)
-    if "split_later_jobs" in values and name != "token2wav":
-        raise ConfigError(f"{path}.split_later_jobs only applies to token2wav", param=f"{path}.split_later_jobs")
-    _check_type(values, "split_later_jobs", bool, path)
-    if "lend_slot_after_last_code" in values and name != "talker":
-        raise ConfigError(f"{path}.lend_slot_after_last_code only applies to talker",
-                          param=f"{path}.lend_slot_after_last_code")  # fmt: skip
-    _check_type(values, "lend_slot_after_last_code", bool, path)
     margin = values.get("starving_margin_ms", 0)
     if not isinstance(margin, int) or isinstance(margin, bool) or margin < 0:
         raise ConfigError(f"{path}.starving_margin_ms must be an integer >= 0", param=f"{path}.starving_margin_ms")
@@ -409,14 +366,11 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     _check_switch(values, "dit_attention", DIT_ATTENTION, only="token2wav", stage=name, path=path)
     if "chain_steps" in values and name != "talker":
         raise ConfigError(f"{path}.chain_steps only applies to talker", param=f"{path}.chain_steps")
-    _check_batch_sizes(name, values, path)
-    if values.get("max_codes_ahead") is not None and name != "talker":
-        raise ConfigError(f"{path}.max_codes_ahead only applies to talker", param=f"{path}.max_codes_ahead")
     for key in ("start_buffer_ms", "start_buffer_busy"):
         if values.get(key) is not None and name != "token2wav":
             raise ConfigError(f"{path}.{key} only applies to token2wav", param=f"{path}.{key}")
     for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens", "max_batch", "kv_slots",
-                "max_prefills_per_step", "chain_steps", "max_codes_ahead", "start_buffer_ms", "start_buffer_busy"):
+                "max_prefills_per_step", "chain_steps", "start_buffer_ms", "start_buffer_busy"):
         value = values.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ConfigError(f"{path}.{key} must be a positive integer", param=f"{path}.{key}")
@@ -434,21 +388,6 @@ def _parse_stage(name: str, raw: Any) -> StageConfig:
     elif chunking:
         raise ConfigError(f"{path}.chunking only applies to token2wav", param=f"{path}.chunking")
     return StageConfig(name=name, **values)
-
-
-def _check_batch_sizes(stage: str, values: dict, path: str) -> None:
-    """``batch_sizes``: token2wav only; a list of integers in [1, max_batch], kept as a sorted tuple."""
-    sizes = values.get("batch_sizes")
-    if sizes is None:
-        return
-    if stage != "token2wav":
-        raise ConfigError(f"{path}.batch_sizes only applies to token2wav", param=f"{path}.batch_sizes")
-    most = values.get("max_batch", StageConfig.max_batch)
-    if not isinstance(sizes, (list, tuple)) or not all(
-            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= most for n in sizes):  # fmt: skip
-        raise ConfigError(f"{path}.batch_sizes must be a list of integers in [1, max_batch ({most})], got {sizes!r}",
-                          param=f"{path}.batch_sizes")  # fmt: skip
-    values["batch_sizes"] = tuple(sorted(set(sizes)))
 
 
 def _check_connector(stage: str, connector: Any, path: str) -> None:

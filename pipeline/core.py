@@ -21,7 +21,6 @@ from pipeline.runners.audio_encodes import AudioEncodes
 from pipeline.conversation_state import AudioBlock, ConversationState, ConvItem, ItemKind, OpenAudio
 from pipeline.output.detokenizer import IncrementalDetokenizer
 from pipeline.errors import (
-    ConfigError,
     EmptyInputError,
     EngineFailure,
     InvalidAudioError,
@@ -86,28 +85,6 @@ def _audio_runs(audio: dict[int, tuple[torch.Tensor, int]], start: int, end: int
     return runs
 
 
-def _green_stream(sms: int | None, device: torch.device, threaded: bool):
-    """(green context, its stream) for token2wav's ``worker_sms``, or (None, None) when it is not set. The context is
-    returned so that its owner keeps it alive as long as the stream is used."""
-    if sms is None:
-        return None, None
-    if device.type != "cuda" or not threaded:
-        raise ConfigError("stages.token2wav.worker_sms needs token2wav on CUDA with its worker thread on",
-                          param="stages.token2wav.worker_sms")  # fmt: skip
-    try:
-        from torch.cuda.green_contexts import GreenContext
-    except ImportError as exc:
-        raise ConfigError(f"stages.token2wav.worker_sms needs torch.cuda.green_contexts ({exc})",
-                          param="stages.token2wav.worker_sms") from exc  # fmt: skip
-    total = torch.cuda.get_device_properties(device).multi_processor_count
-    if sms >= total:
-        raise ConfigError(f"stages.token2wav.worker_sms ({sms}) must leave some of the device's {total} SMs",
-                          param="stages.token2wav.worker_sms")  # fmt: skip
-    context = GreenContext.create(num_sms=sms, device_id=device.index or 0)
-    log.info("token2wav: a green context of %d of %d SMs", sms, total)
-    return context, context.Stream()
-
-
 class EngineCore:
     def __init__(self, ckpt: LoadedCheckpoint, cfg: StageGraphConfig, *, seed: int | None = None) -> None:
         self.ckpt = ckpt
@@ -137,26 +114,21 @@ class EngineCore:
         """(engine stream ready, talker batch done): made with the stream, re-recorded every step."""
         self.t2w_device = torch.device(tw.torch_device())
         threaded = tw.worker_enabled()  # auto = on with CUDA: see StageConfig.worker_thread
-        self._t2w_green, t2w_stream = _green_stream(tw.worker_sms, self.t2w_device, threaded)
         self.token2wav = StreamingToken2Wav(
-            ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch, batch_sizes=tw.batch_sizes,
+            ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch,
             tf32_matmul=tw.tf32_matmul and self.t2w_device.type == "cuda", compile_dit=tw.compile_enabled(),
             fused_vocoder=tw.compile_enabled() and self.t2w_device.type == "cuda", dit_dtype=tw.dit_torch_dtype(),
-            capture_stream=t2w_stream, dit_attention=tw.dit_attention_kind(),
+            dit_attention=tw.dit_attention_kind(),
         )
         # compile token2wav's DiT and capture its CUDA graphs now (seconds to a minute), not during the first replies
         self.token2wav.warm_up(max_batch=tw.max_batch)
-        self.t2w_worker = Token2WavWorker(self.token2wav, self.t2w_device, stream=t2w_stream) if threaded else None
+        self.t2w_worker = Token2WavWorker(self.token2wav, self.t2w_device) if threaded else None
         self._t2w_jobs: dict[int, ResponseState] = {}
         """Stream id -> its response, for the chunks the worker is synthesizing."""
         self.starving_margin_ms = tw.starving_margin_ms
         """A later chunk with less audio ahead than this outranks first chunks (``pick_job``); with
         ``starving_margin_from_jobs``, the floor of a margin that follows :attr:`recent_jobs`."""
         self.starving_margin_from_jobs = tw.starving_margin_from_jobs
-        self.split_later_jobs = tw.split_later_jobs
-        """Split a job of later chunks when its most urgent streams would starve in it (``pick_job``)."""
-        self.max_codes_ahead = ta.max_codes_ahead
-        """A talker row skips its step while its stream has this many codes past its next chunk's (None: never)."""
         self.start_buffer_ms = tw.start_buffer_ms
         """Under load, a reply's first audio is held until this much is made (ms; None: never; pipeline/
         start_buffer.py)."""
@@ -229,15 +201,13 @@ class EngineCore:
         self.talker.pool.slots.release(conv.id)
         conv.slot = conv.talker_slot = None
 
-    def _idle_owner(self, allocator, exclude: ConversationState, *, talked: bool = False) -> ConversationState | None:
-        """The least recently used conversation of ``allocator`` that no response is using; with ``talked``, also one
-        whose response has made its last code (its audio may still be being synthesized: it needs no talker cache)."""
+    def _idle_owner(self, allocator, exclude: ConversationState) -> ConversationState | None:
+        """The least recently used conversation of ``allocator`` that no response is using."""
         for owner in allocator.lru_owners():
             conv = self.conversations.get(owner)
             if conv is None or conv is exclude:
                 continue
-            r = self.responses.get(conv.active_response) if conv.active_response is not None else None
-            if conv.active_response is None or (talked and r is not None and r.talker_done):
+            if conv.active_response is None:
                 return conv
         return None
 
@@ -258,13 +228,10 @@ class EngineCore:
 
     def _talker_slot(self, conv: ConversationState, *, evict: bool = True) -> int | None:
         """The conversation's talker slot; a free one, or (``evict``) one taken from the least recently used
-        conversation whose talker is idle (no response, or with ``talker.lend_slot_after_last_code`` one past its last
-        code whose audio is still being synthesized), which loses only its talker cache. None while every slot is
-        busy."""
+        conversation without a response, which loses only its talker cache. None while every slot is busy."""
         slot = self.talker.pool.slots.acquire(conv.id)
         if slot is None and evict:
-            lend = self.cfg.talker.lend_slot_after_last_code
-            victim = self._idle_owner(self.talker.pool.slots, exclude=conv, talked=lend)
+            victim = self._idle_owner(self.talker.pool.slots, exclude=conv)
             if victim is not None:
                 victim.crop_talker(0)
                 self.talker.pool.slots.release(victim.id)
@@ -857,18 +824,7 @@ class EngineCore:
         talking = [r for r in rows if not r.talker_done]
         if talking and all(id(r.t2w) in self._t2w_jobs and r.first_audio_at is None for r in talking):
             return []
-        if self.max_codes_ahead is not None:
-            rows = [r for r in rows if not self._far_ahead(r)]
         return rows
-
-    def _far_ahead(self, r: ResponseState) -> bool:
-        """Whether this reply's talker is ``talker.max_codes_ahead`` codes or more past what its next token2wav chunk
-        needs (its step then waits: token2wav, not the talker, is what its audio waits for, and the talker's steps
-        beside a token2wav job slow that job)."""
-        if not r.talker_started or r.talker_done or r.t2w is None:
-            return False
-        ahead = r.t2w.codes_ahead()
-        return ahead is not None and ahead >= self.max_codes_ahead
 
     def _talker_step(self, r: ResponseState) -> torch.Tensor | None:
         """Start the talker (prefill and first code) or return the vector of its next decode step."""
@@ -1033,8 +989,7 @@ class EngineCore:
 
     def _token2wav_job(self, ready: list[ResponseState]) -> tuple[list[ResponseState], Token2WavJob | None]:
         """The responses whose next chunk to make now, and the job (pipeline/scheduler/token2wav_jobs.py: first
-        chunks alone, then the streams with the least audio ahead, one batch at most, with ``split_later_jobs`` fewer
-        when the most urgent would starve in it; None when ``ready`` is empty)."""
+        chunks alone, then the streams with the least audio ahead, one batch at most; None when ``ready`` is empty)."""
         now = time.perf_counter()
         # a reply whose first audio is held counts 0 ms ahead: someone waits for it to start
         candidates = [
@@ -1042,8 +997,7 @@ class EngineCore:
                            audio_ahead_ms=r.playout.ahead_ms(now) if r.playout.started else 0.0)
             for i, r in enumerate(ready)
         ]  # fmt: skip
-        job = pick_job(candidates, self.token2wav.max_batch, starving_margin_ms=self.starving_margin(),
-                       later_job_ms=self.recent_jobs.later_job_ms if self.split_later_jobs else None)  # fmt: skip
+        job = pick_job(candidates, self.token2wav.max_batch, starving_margin_ms=self.starving_margin())
         return ([ready[i] for i in job.keys], job) if job else ([], None)
 
     def starving_margin(self) -> float:
@@ -1066,7 +1020,7 @@ class EngineCore:
         jobs, self._t2w_jobs = self._t2w_jobs, {}
         if self._t2w_job_started is not None:
             started, first, streams = self._t2w_job_started
-            self.recent_jobs.record(first, (time.perf_counter() - started) * 1000, streams)
+            self.recent_jobs.record(first, (time.perf_counter() - started) * 1000)
             if self.timeline is not None:
                 self.timeline.job(started, time.perf_counter(), streams=streams, first=first)
             self._t2w_job_started = None
@@ -1103,7 +1057,7 @@ class EngineCore:
                 except Exception as exc:  # noqa: BLE001 - isolate this response's failure
                     self._fail(r, exc)
             return
-        self.recent_jobs.record(first, (time.perf_counter() - started) * 1000, len(ready))
+        self.recent_jobs.record(first, (time.perf_counter() - started) * 1000)
         if self.timeline is not None:
             self.timeline.job(started, time.perf_counter(), streams=len(ready), first=first)
         for r, pcm in zip(ready, chunks):

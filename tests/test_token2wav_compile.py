@@ -299,22 +299,3 @@ def test_compiled_graphs_with_tf32_stay_close(cuda_model) -> None:
     expected = np.concatenate(run_stream(StreamingToken2Wav(cuda_model, cuda_graphs=False), *case))
     assert np.abs(chunks - expected).max() < 2e-2 * np.abs(expected).max()
     assert fast.graph_stats().eager_dit_solves == 0
-
-
-def test_stage_config_worker_sms_field() -> None:
-    assert parse_stage_config(stages()).token2wav.worker_sms is None
-    assert parse_stage_config(stages(worker_sms=96)).token2wav.worker_sms == 96
-    for bad in (0, -4, True, "96"):
-        assert_refused(stages(worker_sms=bad), "stages.token2wav.worker_sms")
-    assert_refused(on_the_talker("worker_sms", 96), "stages.talker.worker_sms")
-
-
-def test_worker_sms_needs_the_worker_on_cuda() -> None:
-    """On the CPU (or without the worker) there is no green context to make: a clear start error, not a silent
-    ignore."""
-    from pipeline.core import _green_stream
-
-    assert _green_stream(None, torch.device("cpu"), threaded=False) == (None, None)
-    with pytest.raises(ConfigError) as info:
-        _green_stream(96, torch.device("cpu"), threaded=True)
-    assert info.value.param == "stages.token2wav.worker_sms"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.scheduler.token2wav_jobs import ChunkCandidate, RecentJobs, Token2WavJob, pick_job, split_later_job
+from pipeline.scheduler.token2wav_jobs import ChunkCandidate, RecentJobs, Token2WavJob, pick_job
 
 
 def steady(key: str, ahead_ms: float) -> ChunkCandidate:
@@ -64,64 +64,6 @@ def test_starving_margin_ms_is_a_token2wav_setting_of_zero_or_more() -> None:
         parse_stage_config(raw)
 
 
-def line(fixed_ms: float, per_stream_ms: float):
-    return lambda n: fixed_ms + per_stream_ms * n
-
-
-def test_a_later_chunk_job_is_split_when_its_most_urgent_streams_would_starve_in_it() -> None:
-    """The burst of BENCHMARKS.md §23.2: jobs of 16 streams take ~280 ms (85 + 12 per stream here); one stream has
-    140 ms in hand, the others 400-500."""
-    ahead = [140.0] + [400.0 + 10 * i for i in range(15)]
-    # one job of all 16: done at 277 ms, the first stream starves 137 ms; a job of the first 4 is done at 133 ms, in
-    # time, the other 12 at 133 + 229 = 362 ms, in time too; so would be 1-3 first, but ties take the larger job
-    assert split_later_job(ahead, line(85, 12)) == 4
-    ready = [steady(f"s{i}", a) for i, a in enumerate(ahead)]
-    assert pick_job(ready, 16, later_job_ms=line(85, 12)) == Token2WavJob(("s0", "s1", "s2", "s3"), urgent=False)
-    assert pick_job(ready, 16) == Token2WavJob(tuple(f"s{i}" for i in range(16)), urgent=False)  # not asked: one job
-    # three short of time: they go together (one job of three beats three jobs of one)
-    assert split_later_job([120.0, 125.0, 130.0] + [600.0] * 13, line(85, 12)) == 3
-
-
-def test_a_later_chunk_job_stays_whole_unless_splitting_starves_less() -> None:
-    assert split_later_job([500.0] * 16, line(85, 12)) == 16  # nobody starves: one job
-    # everyone short: a split would only make some run dry for less time and the rest for longer, at the cost of
-    # another job's fixed time (the sum of their waits would fall: 3632 -> 3396 ms with 12 first)
-    assert split_later_job([50.0] * 16, line(85, 12)) == 16
-    # one stream that no job can save: it does not make the others wait
-    assert split_later_job([20.0] + [300.0] * 15, line(85, 12)) == 16
-    assert split_later_job([100.0], line(85, 12)) == 1
-    assert split_later_job([], line(85, 12)) == 0
-    assert split_later_job([140.0, 500.0], lambda n: None) == 2  # job times not known yet: one job
-    # with a first-chunk candidate at hand and no stream within the margin, first chunks still go first
-    assert pick_job([first("new"), steady("a", 300)], 8, starving_margin_ms=250, later_job_ms=line(85, 12)) == (
-        Token2WavJob(("new",), urgent=True))
-
-
-def test_recent_jobs_fit_a_later_chunk_jobs_time_by_its_streams() -> None:
-    jobs = RecentJobs(fit_window=4)
-    assert jobs.later_job_ms(4) is None  # nothing seen
-    jobs.record(first=False, ms=133.0, streams=4)
-    jobs.record(first=False, ms=133.0, streams=4)
-    assert jobs.later_job_ms(4) is None  # one size: no line yet
-    jobs.record(first=True, ms=60.0, streams=8)  # first-chunk jobs are not in the fit
-    jobs.record(first=False, ms=277.0, streams=16)
-    assert jobs.later_job_ms(16) == pytest.approx(277.0)  # 85 + 12 n through the three points
-    assert jobs.later_job_ms(1) == pytest.approx(97.0)
-    for _ in range(2):  # the window of 4 keeps one job of 4 and three of 16: still that line
-        jobs.record(first=False, ms=277.0, streams=16)
-    assert jobs.later_job_ms(4) == pytest.approx(133.0)
-    jobs.record(first=False, ms=300.0, streams=16)  # only 16s left: unknown again
-    assert jobs.later_job_ms(4) is None
-    flat = RecentJobs()
-    flat.record(first=False, ms=200.0, streams=2)
-    flat.record(first=False, ms=100.0, streams=10)  # a bigger job that happened to be quicker: no falling line
-    assert flat.later_job_ms(2) == flat.later_job_ms(10) == pytest.approx(150.0)
-    with pytest.raises(ValueError, match="streams"):
-        flat.record(first=False, ms=1.0, streams=0)
-    with pytest.raises(ValueError, match="window"):
-        RecentJobs(fit_window=0)
-
-
 def test_first_chunks_beyond_one_batch_wait_in_order() -> None:
     job = pick_job([first(k) for k in "abcde"], 2)
     assert job == Token2WavJob(("a", "b"), urgent=True)
@@ -151,7 +93,7 @@ def test_the_engine_picks_by_audio_ahead_of_a_real_time_player() -> None:
     new = SimpleNamespace(first_audio_at=None, playout=Playout())
     ahead, starving = sent(2.0), sent(0.5)
     core = SimpleNamespace(token2wav=SimpleNamespace(max_batch=8), starving_margin_ms=0, starving_margin_from_jobs=False,
-                           split_later_jobs=False, recent_jobs=RecentJobs())  # fmt: skip
+                           recent_jobs=RecentJobs())  # fmt: skip
     core.starving_margin = lambda: EngineCore.starving_margin(core)
 
     def pick(ready):
@@ -170,15 +112,6 @@ def test_the_engine_picks_by_audio_ahead_of_a_real_time_player() -> None:
     core.recent_jobs.record(first=False, ms=500.0)
     assert core.starving_margin() == 1100
     assert pick([new, ahead]) == ([ahead], False)
-    # split later-chunk jobs: with jobs of 1 stream taking 400 ms and of 2 taking 700, the stream with 0.5 s in hand
-    # goes alone (the one 1 s ahead is in time after both jobs); not before two job sizes were seen
-    core.starving_margin_ms, core.starving_margin_from_jobs, core.split_later_jobs = 0, False, True
-    low = sent(1.5)
-    assert pick([ahead, low]) == ([low, ahead], False)
-    core.recent_jobs.record(first=False, ms=400.0, streams=1)
-    core.recent_jobs.record(first=False, ms=700.0, streams=2)
-    assert pick([ahead, low]) == ([low], False)
-    assert pick([ahead, starving]) == ([starving, ahead], False)  # already dry: a split would save nobody
 
 
 def test_recent_jobs_give_the_longest_first_chunk_job_plus_the_longest_later_one() -> None:
@@ -198,7 +131,7 @@ def test_recent_jobs_give_the_longest_first_chunk_job_plus_the_longest_later_one
         RecentJobs(window=0)
 
 
-@pytest.mark.parametrize("key", ["starving_margin_from_jobs", "split_later_jobs"])
+@pytest.mark.parametrize("key", ["starving_margin_from_jobs"])
 def test_token2wav_job_switches_are_token2wav_booleans_off_by_default(key: str) -> None:
     import yaml
 
