@@ -97,28 +97,28 @@ class EngineCore:
         self.text_stop = {self.special.im_end, self.special.endoftext}
         self.codec_stop = tuple(self.special.codec_stop_ids())
         # each decode step samples inside its graph; the salts keep the two stages' noise apart
-        self.thinker = ThinkerRunner(ckpt.thinker, device=th.torch_device(), dtype=th.torch_dtype(),
+        self.thinker = ThinkerRunner(ckpt.thinker, device=th.device, dtype=th.torch_dtype,
                                      kv_slots=th.kv_slots, max_len=self.max_context, cuda_graphs=th.cuda_graphs,
                                      fused_decode=th.fused_decode,
                                      sampler=SamplerSpec(th.sampling, stop=tuple(sorted(self.text_stop)), salt=0))
         # talker positions: the thinker prompt, speaker bos, then one per codec token
-        self.talker = TalkerRunner(ckpt.talker, device=ta.torch_device(), dtype=ta.torch_dtype(),
+        self.talker = TalkerRunner(ckpt.talker, device=ta.device, dtype=ta.torch_dtype,
                                    kv_slots=ta.kv_slots, max_len=self.max_context + self.max_codes + 2,
                                    cuda_graphs=ta.cuda_graphs, fused_decode=ta.fused_decode,
                                    sampler=SamplerSpec(ta.sampling, suppress=tuple(self._codec_suppress_ids()),
                                                        stop=self.codec_stop, salt=1))  # fmt: skip
-        self.overlap = ta.overlap_enabled()
+        self.overlap = ta.overlap
         """The talker decodes beside the thinker (:meth:`_decode_overlapped`)."""
         self._talker_cuda_stream: torch.cuda.Stream | None = None
         self._talker_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
         """(engine stream ready, talker batch done): made with the stream, re-recorded every step."""
-        self.t2w_device = torch.device(tw.torch_device())
-        threaded = tw.worker_enabled()  # auto = on with CUDA: see StageConfig.worker_thread
+        self.t2w_device = tw.torch_device
+        threaded = tw.worker_thread
         self.token2wav = StreamingToken2Wav(
             ckpt.token2wav, ChunkingConfig(**tw.chunking), max_batch=tw.max_batch,
-            tf32_matmul=tw.tf32_matmul and self.t2w_device.type == "cuda", compile_dit=tw.compile_enabled(),
-            fused_vocoder=tw.compile_enabled() and self.t2w_device.type == "cuda", dit_dtype=tw.dit_torch_dtype(),
-            dit_attention=tw.dit_attention_kind(),
+            tf32_matmul=tw.tf32_matmul and self.t2w_device.type == "cuda", compile_dit=tw.compile,
+            fused_vocoder=tw.compile and self.t2w_device.type == "cuda", dit_dtype=tw.torch_dit_dtype,
+            dit_attention=tw.dit_attention,
         )
         # compile token2wav's DiT and capture its CUDA graphs now (seconds to a minute), not during the first replies
         self.token2wav.warm_up(max_batch=tw.max_batch)

@@ -38,8 +38,8 @@ class PretrainedCheckpoint:
 
         return load_checkpoint(
             self.model,
-            devices={name: cfg.stage(name).torch_device() for name in STAGES},
-            dtypes={name: cfg.stage(name).torch_dtype() for name in STAGES},
+            devices={name: cfg.stage(name).device for name in STAGES},
+            dtypes={name: cfg.stage(name).torch_dtype for name in STAGES},
         )
 
 
@@ -55,5 +55,5 @@ class RandomCheckpoint:
     def load(self, cfg: StageGraphConfig) -> LoadedCheckpoint:
         from pipeline.models.qwen2_5_omni.tiny import build_random_model
 
-        dtype = self.dtype if self.dtype is not None else cfg.thinker.torch_dtype()
-        return build_random_model(self.spec, device=cfg.thinker.torch_device(), dtype=dtype)
+        dtype = self.dtype if self.dtype is not None else cfg.thinker.torch_dtype
+        return build_random_model(self.spec, device=cfg.thinker.device, dtype=dtype)

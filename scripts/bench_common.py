@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -42,25 +41,28 @@ def stage_config(args, **thinker):
     suppressed until the lengths are reached) so runs with random weights do the same work."""
     from pipeline.config import load_stage_config
 
-    cfg = load_stage_config()
-    chunking = dict(cfg.token2wav.chunking)
+    chunking = {}
     if args.first_chunk_frames:
         chunking["first_chunk_frames"] = args.first_chunk_frames
     if args.ramp_frames is not None:
-        chunking["ramp_frames"] = tuple(int(x) for x in args.ramp_frames.split(",") if x)
+        chunking["ramp_frames"] = [int(x) for x in args.ramp_frames.split(",") if x]
     thinker.setdefault("cuda_graphs", not args.no_graphs)
     thinker.setdefault("fused_decode", not args.no_fused)
-    return replace(
-        cfg,
-        thinker=replace(cfg.thinker, device=args.device, min_tokens=args.text_tokens, max_tokens=args.text_tokens,
-                        **thinker),
-        talker=replace(cfg.talker, device=args.device, min_tokens=args.codec_tokens, max_tokens=args.codec_tokens,
-                       cuda_graphs=not args.no_graphs, fused_decode=not args.no_fused),
-        token2wav=replace(cfg.token2wav, device=args.device, tf32_matmul=args.tf32 or cfg.token2wav.tf32_matmul,
-                          chunking=chunking, worker_thread=args.t2w_worker or cfg.token2wav.worker_thread,
-                          compile=args.t2w_compile or cfg.token2wav.compile),
-        engine=replace(cfg.engine, process=args.engine_process or cfg.engine.process),
-    )
+    token2wav = {"device": args.device, "chunking": chunking}
+    if args.tf32:
+        token2wav["tf32_matmul"] = True
+    if args.t2w_worker is not None:
+        token2wav["worker_thread"] = args.t2w_worker
+    if args.t2w_compile is not None:
+        token2wav["compile"] = args.t2w_compile
+    stages = {
+        "thinker": {"device": args.device, "min_tokens": args.text_tokens, "max_tokens": args.text_tokens, **thinker},
+        "talker": {"device": args.device, "min_tokens": args.codec_tokens, "max_tokens": args.codec_tokens,
+                   "cuda_graphs": not args.no_graphs, "fused_decode": not args.no_fused},
+        "token2wav": token2wav,
+    }
+    engine = {} if args.engine_process is None else {"process": args.engine_process}
+    return load_stage_config(overrides={"stages": stages, "engine": engine})
 
 
 def checkpoint_loader(args):
@@ -93,7 +95,7 @@ def sync_engine(engine) -> None:
     """Wait for the engine's queued GPU work, when it runs in this process (a child process's work is its own:
     an idle engine's last results already reached the host)."""
     if not engine.uses_process:
-        sync(engine.cfg.thinker.torch_device())
+        sync(engine.cfg.thinker.device)
 
 
 def reference_model(ckpt):

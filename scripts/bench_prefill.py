@@ -53,7 +53,7 @@ async def spoken_turn(engine, conv, item_id: str, pcm: np.ndarray, *, baseline: 
         # no listening while speaking: nothing is encoded or prefilled before the end of the turn
         state = engine._thread.core.conversations[conv.id]
         await engine._call(lambda core: state.free())
-        sync(engine.cfg.thinker.torch_device())
+        sync(engine.cfg.thinker.device)
         t0 = time.perf_counter()
         await conv.add_audio(item_id, pcm)
     else:
@@ -61,7 +61,7 @@ async def spoken_turn(engine, conv, item_id: str, pcm: np.ndarray, *, baseline: 
         for start in range(0, len(pcm), PIECE):
             audio.append(pcm[start:start + PIECE])
         await engine.wait_idle()
-        sync(engine.cfg.thinker.torch_device())
+        sync(engine.cfg.thinker.device)
         t0 = time.perf_counter()
         await audio.commit()
     ttfa = None

@@ -11,7 +11,6 @@ CUDA) record the compiled solve in CUDA graphs and compare it with the eager, un
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -140,44 +139,40 @@ def on_the_talker(field: str, value) -> dict:
 
 def test_stage_config_worker_thread_field() -> None:
     """``worker_thread``: ``auto`` = the worker with CUDA, inline on the CPU; a bare YAML on / off (a boolean) reads
-    as the word."""
-    assert parse_stage_config(stages()).token2wav.worker_thread == "auto"
-    assert not parse_stage_config(stages(device="cpu")).token2wav.worker_enabled()
-    assert parse_stage_config(stages(device="cuda")).token2wav.worker_enabled()
-    assert not parse_stage_config(stages(device="cuda", worker_thread="off")).token2wav.worker_enabled()
-    assert parse_stage_config(stages(device="cpu", worker_thread="on")).token2wav.worker_enabled()
-    for value, expected in ((True, "on"), (False, "off")):
+    as the word; resolved to a bool at load."""
+    assert parse_stage_config(stages(device="cpu")).token2wav.worker_thread is False
+    assert parse_stage_config(stages(device="cuda")).token2wav.worker_thread is True
+    assert parse_stage_config(stages(device="cuda", worker_thread="off")).token2wav.worker_thread is False
+    assert parse_stage_config(stages(device="cpu", worker_thread="on")).token2wav.worker_thread is True
+    for value, expected in ((True, True), (False, False), ("auto", parse_stage_config(stages()).token2wav.on_cuda)):
         assert parse_stage_config(stages(worker_thread=value)).token2wav.worker_thread == expected
     assert_refused(stages(worker_thread="sometimes"), "stages.token2wav.worker_thread")
 
 
 def test_stage_config_dit_dtype_field() -> None:
-    assert parse_stage_config(stages()).token2wav.dit_dtype == "auto"
-    assert parse_stage_config(stages(device="cpu")).token2wav.dit_torch_dtype() == torch.float32  # auto on the CPU
-    assert parse_stage_config(stages(device="cuda")).token2wav.dit_torch_dtype() == torch.bfloat16
-    assert parse_stage_config(stages(device="cuda", dit_dtype="float32")).token2wav.dit_torch_dtype() == torch.float32
-    assert parse_stage_config(stages(dit_dtype="float16")).token2wav.dit_torch_dtype() == torch.float16
+    assert parse_stage_config(stages(device="cpu")).token2wav.dit_dtype == "float32"  # auto on the CPU
+    assert parse_stage_config(stages(device="cuda")).token2wav.dit_dtype == "bfloat16"
+    assert parse_stage_config(stages(device="cuda", dit_dtype="float32")).token2wav.torch_dit_dtype == torch.float32
+    assert parse_stage_config(stages(dit_dtype="float16")).token2wav.torch_dit_dtype == torch.float16
     for bad in ("int8", "half", 16):
         assert_refused(stages(dit_dtype=bad), "stages.token2wav.dit_dtype")
     assert_refused(on_the_talker("dit_dtype", "bfloat16"), "stages.talker.dit_dtype")
 
 
 def test_stage_config_compile_field() -> None:
-    assert parse_stage_config(stages()).token2wav.compile == "auto"
-    for value, expected in (("on", "on"), ("off", "off"), ("auto", "auto"), (True, "on"), (False, "off")):
-        assert parse_stage_config(stages(compile=value)).token2wav.compile == expected  # YAML reads on as True
-    cfg = parse_stage_config(stages(device="cpu"))
-    assert not cfg.token2wav.compile_enabled()  # auto: off on the CPU
-    assert parse_stage_config(stages(device="cpu", compile="on")).token2wav.compile_enabled()
-    assert parse_stage_config(stages(device="cuda")).token2wav.compile_enabled()  # auto: on with CUDA
-    assert not parse_stage_config(stages(device="cuda", compile="off")).token2wav.compile_enabled()
+    for value, expected in (("on", True), ("off", False), (True, True), (False, False)):
+        assert parse_stage_config(stages(compile=value)).token2wav.compile is expected  # YAML reads on as True
+    assert parse_stage_config(stages(device="cpu")).token2wav.compile is False  # auto: off on the CPU
+    assert parse_stage_config(stages(device="cpu", compile="on")).token2wav.compile is True
+    assert parse_stage_config(stages(device="cuda")).token2wav.compile is True  # auto: on with CUDA
+    assert parse_stage_config(stages(device="cuda", compile="off")).token2wav.compile is False
     for bad in ("yes", 1, "max-autotune"):
         assert_refused(stages(compile=bad), "stages.token2wav.compile")
     assert_refused(on_the_talker("compile", "on"), "stages.talker.compile")
 
 
 def test_the_cpu_engine_runs_the_dit_uncompiled_by_default(tiny_engine) -> None:
-    assert tiny_engine.cfg.token2wav.compile == "auto"
+    assert tiny_engine.cfg.token2wav.compile is False
     assert not tiny_engine._thread.core.token2wav.compile_dit
 
 
@@ -189,14 +184,18 @@ def test_bench_t2w_flags_override_the_stage_config_only_when_given(monkeypatch) 
     bench = load_script("bench_common")
     parser = argparse.ArgumentParser()
     bench.add_model_args(parser)
-    packaged = pipeline.config.load_stage_config()
-    yaml_says_on = replace(packaged, token2wav=replace(packaged.token2wav, compile="on", worker_thread="on"))
-    monkeypatch.setattr(pipeline.config, "load_stage_config", lambda path=None: yaml_says_on)
-    absent = bench.stage_config(parser.parse_args([])).token2wav
-    assert (absent.compile, absent.worker_thread) == ("on", "on")
-    for flag in ("auto", "on", "off"):
-        given = bench.stage_config(parser.parse_args(["--t2w-compile", flag, "--t2w-worker", flag])).token2wav
-        assert (given.compile, given.worker_thread) == (flag, flag)
+    real_load = pipeline.config.load_stage_config
+    yaml_says_on = {"stages": {"token2wav": {"compile": "on", "worker_thread": "on", "tf32_matmul": True}}}
+
+    def load(path=None, *, overrides=None):
+        return real_load(path, overrides=pipeline.config.merge_settings(yaml_says_on, overrides or {}))
+
+    monkeypatch.setattr(pipeline.config, "load_stage_config", load)
+    absent = bench.stage_config(parser.parse_args(["--device", "cpu"])).token2wav
+    assert (absent.compile, absent.worker_thread, absent.tf32_matmul) == (True, True, True)
+    for flag, expected in (("auto", False), ("on", True), ("off", False)):  # auto: off on the CPU
+        given = bench.stage_config(parser.parse_args(["--device", "cpu", "--t2w-compile", flag, "--t2w-worker", flag]))
+        assert (given.token2wav.compile, given.token2wav.worker_thread) == (expected, expected)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_starving_margin_ms_is_a_token2wav_setting_of_zero_or_more() -> None:
     raw["stages"]["token2wav"]["starving_margin_ms"] = 200
     assert parse_stage_config(raw).token2wav.starving_margin_ms == 200
     raw["stages"]["talker"]["starving_margin_ms"] = 200
-    with pytest.raises(ConfigError, match="talker.starving_margin_ms only applies to token2wav"):
+    with pytest.raises(ConfigError, match="unknown field 'stages.talker.starving_margin_ms'"):
         parse_stage_config(raw)
 
 
@@ -132,19 +132,19 @@ def test_recent_jobs_give_the_longest_first_chunk_job_plus_the_longest_later_one
 
 
 @pytest.mark.parametrize("key", ["starving_margin_from_jobs"])
-def test_token2wav_job_switches_are_token2wav_booleans_off_by_default(key: str) -> None:
+def test_token2wav_job_switches_are_token2wav_booleans(key: str) -> None:
     import yaml
 
     from pipeline.config import DEFAULT_STAGE_CONFIG, ConfigError, parse_stage_config
 
     raw = yaml.safe_load(DEFAULT_STAGE_CONFIG.read_text())
-    raw["stages"]["token2wav"].pop(key, None)
-    assert getattr(parse_stage_config(raw).token2wav, key) is False  # off unless asked for
+    raw["stages"]["token2wav"][key] = False
+    assert getattr(parse_stage_config(raw).token2wav, key) is False
     raw["stages"]["token2wav"][key] = "yes"
     with pytest.raises(ConfigError, match=f"token2wav.{key} has the wrong type"):
         parse_stage_config(raw)
     raw["stages"]["token2wav"][key] = True
     assert getattr(parse_stage_config(raw).token2wav, key) is True
     raw["stages"]["thinker"][key] = True
-    with pytest.raises(ConfigError, match=f"thinker.{key} only applies to token2wav"):
+    with pytest.raises(ConfigError, match=f"unknown field 'stages.thinker.{key}'"):
         parse_stage_config(raw)
