@@ -11,7 +11,7 @@ usually have audio in hand. So:
   runs waits for one pass, not for every stream in the engine.
 - The most urgent candidate decides the kind of job. A first chunk has 0 ms of audio ahead (someone is waiting for
   the first sample); a later chunk has the audio its stream sent minus what a real-time player has played since
-  its first sample, less ``starving_margin_ms``. A steady stream with less than the margin ahead (0 by default: one
+  its first sample, less ``starving_margin_ms``. A steady stream with less than the margin ahead (with 0: only one
   already starving) outranks first chunks; otherwise first chunks go first. Why a margin: the policy runs when the
   worker is free, and a later chunk that lets a first-chunk job go first waits for that job and then its own, so
   with less audio in hand than the two take its player runs dry. Ties keep the callers' order (responses in the
