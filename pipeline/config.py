@@ -1,5 +1,12 @@
 """The stage graph, loaded from YAML into typed, validated config objects.
 
+One class per stage (:class:`ThinkerConfig`, :class:`TalkerConfig`, :class:`Token2WavConfig`), each with only its
+own settings, plus :class:`EngineConfig`, gathered in :class:`StageGraphConfig`. Every field's code default is the
+packaged model's setting (``stage_configs/qwen2_5_omni.yaml`` may repeat a default to document it, never change
+it). The YAML may say ``auto`` (or ``on`` / ``off``, also as YAML 1.1's bare booleans) where a setting depends on the
+device; a config object resolves these once, when it is made, so its fields hold concrete values (``device="cuda"``,
+``overlap=True``). A YAML file may start from another with ``extends`` (see :func:`load_stage_config`).
+
 Errors are :class:`pipeline.errors.ConfigError` whose ``param`` is the dotted path of the bad field
 (``stages.talker.sampling.top_p``). Connectors are looked up by name in the model family (:mod:`pipeline.models`);
 the YAML never names import paths.
@@ -10,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -21,15 +28,30 @@ DEFAULT_STAGE_CONFIG = Path(__file__).parent / "stage_configs" / "qwen2_5_omni.y
 STAGE_ORDER = ("thinker", "talker", "token2wav")
 """Stage names in stream order; each stage's ``input`` must be the one before it."""
 STAGE_INPUTS = {"thinker": "request", "talker": "thinker", "token2wav": "talker"}
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+AUTO = "auto"
+DTYPES = ("float32", "bfloat16", "float16")
 CONTEXT_POLICIES = ("error", "drop_oldest")
 AUDIO_FLOORS = ("streaming", "exact")
-WORKER_THREAD = ("auto", "on", "off")
-OVERLAP = ("auto", "on", "off")
-COMPILE = ("auto", "on", "off")
-DIT_DTYPES = ("auto", "float32", "bfloat16", "float16")
-DIT_ATTENTION = ("auto", "triton", "sdpa")
-ENGINE_PROCESS = ("auto", "on", "off")
+DIT_ATTENTION = ("triton", "sdpa")
+MAX_EXTENDS_DEPTH = 8
+"""How many files a chain of ``extends`` may hold, the first included (a longer chain is refused as a likely cycle)."""
+
+PACKAGED_CHUNKING: dict[str, Any] = {
+    "first_chunk_frames": 48,
+    "first_vocoder_lookahead_frames": 20,
+    "ramp_frames": [48, 48],
+    "lookahead_chunks": 3,
+    "chunk_frames": 72,
+    "quick_first_chunk_frames": 24,
+    "quick_first_chunk_max_open": 0,
+    "past_frames": 48,
+    "future_frames": 24,
+    "ode_steps": 10,
+    "guidance_scale": 0.5,
+    "sway_coefficient": -1.0,
+}
+"""token2wav's chunk schedule (:class:`pipeline.models.qwen2_5_omni.chunk_schedule.ChunkingConfig` fields, in mel
+frames): the stage's default ``chunking``; a ``chunking`` mapping given in the YAML changes the keys it names."""
 
 
 @dataclass(frozen=True)
@@ -52,248 +74,356 @@ class SamplingConfig:
             raise ConfigError(f"{path}.repetition_penalty must be > 0", param=f"{path}.repetition_penalty")
 
 
-@dataclass(frozen=True)
+THINKER_SAMPLING = SamplingConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
+"""Qwen2.5's chat defaults."""
+TALKER_SAMPLING = SamplingConfig(do_sample=True, temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
+"""The reference sampling of the official release."""
+
+
+def _kind(kind: str, default: Any = None, *, factory=None, choices: tuple = ()) -> Any:
+    """A field with how its value is checked (``kind``) in its metadata: ``positive`` (an integer > 0, or None),
+    ``at_least_0`` (an integer >= 0), ``bool``, ``str``, ``choice`` (one of ``choices``), ``switch`` (auto / on /
+    off or a boolean, resolved by the class), ``sampling``, ``chunking``, ``fixed`` (must equal the default)."""
+    meta = {"kind": kind, "choices": choices}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, kw_only=True)
 class StageConfig:
-    name: str
-    input: str
-    device: str = "auto"
-    dtype: str = "auto"
-    connector: str | None = None
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    max_tokens: int | None = None
-    min_tokens: int | None = None
+    """What every stage has: where it runs. ``device`` and ``dtype`` may be given as ``auto`` and hold concrete
+    values once the config is made."""
+
+    STAGE: ClassVar[str] = ""
+
+    input: str = _kind("fixed", "")
+    """The stage it reads (stages stream thinker -> talker -> token2wav)."""
+    device: str = _kind("str", AUTO)
+    """``cpu``, ``cuda`` or ``cuda:N``; ``auto`` = ``cuda`` when available, else ``cpu``."""
+    dtype: str = _kind("choice", AUTO, choices=(AUTO, *DTYPES))
+    """The weights' precision; ``auto`` = bfloat16 on CUDA, float32 on the CPU (where half precision is slower)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            self._check(f)
+        self._resolve()
+
+    @property
+    def path(self) -> str:
+        return f"stages.{self.STAGE}"
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def torch_device(self):
+        """``device`` as a ``torch.device``."""
+        import torch
+
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self):
+        """``dtype`` as a ``torch.dtype``."""
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+    def _check(self, f) -> None:
+        value, kind, where = getattr(self, f.name), f.metadata.get("kind"), f"{self.path}.{f.name}"
+        if kind == "fixed" and value != f.default:
+            raise ConfigError(f"{where} must be {f.default!r} (stages stream thinker -> talker -> token2wav)",
+                              param=where)  # fmt: skip
+        elif kind == "positive" and value is not None and (not _is_int(value) or value <= 0):
+            raise ConfigError(f"{where} must be a positive integer", param=where)
+        elif kind == "at_least_0" and (not _is_int(value) or value < 0):
+            raise ConfigError(f"{where} must be an integer >= 0", param=where)
+        elif (kind == "bool" and not isinstance(value, bool)) or (kind == "str" and not isinstance(value, str)):
+            raise ConfigError(f"{where} has the wrong type ({type(value).__name__})", param=where)
+        elif kind == "choice" and value not in f.metadata["choices"]:
+            raise ConfigError(f"{where} must be one of {f.metadata['choices']}, got {value!r}", param=where)
+        elif kind == "switch":
+            self._set(f.name, _switch(value, where))
+        elif kind == "sampling":
+            self._set(f.name, _parse_sampling(value, where))
+        elif kind == "chunking":
+            self._set(f.name, _parse_chunking(value, where))
+
+    def _resolve(self) -> None:
+        """Replace ``auto`` values by what they mean on this stage's device, in dependency order."""
+        if self.device == AUTO:
+            import torch
+
+            self._set("device", "cuda" if torch.cuda.is_available() else "cpu")
+        if self.dtype == AUTO:
+            self._set("dtype", "bfloat16" if self.on_cuda else "float32")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecoderConfig(StageConfig):
+    """What the two language-model stages (thinker, talker) share: sampling, reply length, KV slots, decode graphs."""
+
+    sampling: SamplingConfig = _kind("sampling", factory=SamplingConfig)
+    max_tokens: int | None = _kind("positive", None)
+    """Reply length cap in this stage's tokens; None: up to the context."""
+    min_tokens: int | None = _kind("positive", None)
     """Stop tokens are suppressed until this many tokens were generated (like ``min_new_tokens``):
     forces reply lengths for benchmarks with random weights."""
-    max_context_tokens: int | None = None
-    context_policy: str = "error"
+    kv_slots: int = _kind("positive", 16)
+    """Conversations whose KV cache stays on the device at once (a fixed pool allocated at start,
+    ``kv_slots x max_context_tokens`` positions for the thinker). An idle conversation beyond it loses its cache to a
+    new one (least recently used first) and is prefilled again at its next response."""
+    max_prefills_per_step: int = _kind("positive", 4)
+    """Prefills per engine step. The budget keeps a burst of long prompts from stalling every session's next
+    token."""
+    cuda_graphs: bool = _kind("bool", True)
+    """On CUDA: replay decode steps from CUDA graphs captured at start for batch sizes up to ``kv_slots`` (needs
+    Triton, which CUDA builds of torch include); the thinker's prefill chunks and user audio encodes (batches of 1-16
+    padded 2 s blocks) too."""
+    fused_decode: bool = _kind("bool", True)
+    """On CUDA: graph-captured decode steps run each layer as 9 kernels (fused q/k/v and gate/up weights, Triton
+    add+RMSNorm, RoPE+KV write and SiLU×up; pipeline/kernels/fused_decode.py) instead of HF's ~37. Same arithmetic up
+    to the order of float32 sums; ``false`` runs HF's layer code in the graphs."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThinkerConfig(DecoderConfig):
+    """The thinker: reads the conversation (text and user audio), writes the reply's text."""
+
+    STAGE: ClassVar[str] = "thinker"
+
+    input: str = _kind("fixed", "request")
+    sampling: SamplingConfig = _kind("sampling", factory=lambda: THINKER_SAMPLING)
+    max_tokens: int | None = _kind("positive", 1024)
+    """Default reply length cap in text tokens (a response may ask for fewer)."""
+    max_context_tokens: int | None = _kind("positive", 8192)
+    """Conversation length limit (prompt + reply) in thinker tokens, which is also a KV slot's size; None: the
+    model's ``max_position_embeddings``."""
+    max_prefills_per_step: int = _kind("positive", 16)
+    """Prefill chunks per engine step (responses first, then conversations still being spoken, in turn), run together
+    as one batch (on CUDA at most 512 positions, one graph replay; what does not fit waits a step), so that a burst of
+    turns starts at once while a burst of long prompts still cannot stall every session's next token."""
+    context_policy: str = _kind("choice", "error", choices=CONTEXT_POLICIES)
     """What happens when a reply would not fit in ``max_context_tokens``: ``error`` refuses the
     response (ContextLimitError); ``drop_oldest`` drops the oldest turns (after the instructions)
     until it fits, then re-prefills the shortened history."""
-    audio_floor: str = "streaming"
+    audio_floor: str = _kind("choice", "streaming", choices=AUDIO_FLOORS)
     """How the log-mel floor (loudest value - 80 dB, as Whisper features clamp) is chosen for the
     2 s blocks encoded while the user still speaks: ``streaming`` uses the loudest value heard so
     far and keeps the block as encoded (no work at commit); ``exact`` re-encodes, at commit, every
     block the final floor changes, so features are bit-identical to the reference processor's, at
     the cost of re-prefilling from the first changed block (speech that gets louder later)."""
-    prefill_chunk_tokens: int = 512
-    """Thinker prefill runs in chunks of at most this many positions, one chunk per engine step,
+    prefill_chunk_tokens: int = _kind("positive", 512)
+    """Prefill runs in chunks of at most this many positions, one chunk per engine step,
     so a long prefill never stalls the decoding of other sessions for long."""
-    chunking: dict[str, Any] = field(default_factory=dict)
-    kv_slots: int = 16
-    """thinker/talker: conversations whose KV cache stays on the device at once (a fixed pool allocated at
-    start, ``kv_slots x max_context_tokens`` positions for the thinker). An idle conversation beyond it loses its
-    cache to a new one (least recently used first) and is prefilled again at its next response."""
-    max_prefills_per_step: int = 4
-    """thinker: prefill chunks per engine step (responses first, then conversations still being spoken, in turn),
-    run together as one batch (on CUDA at most 512 positions, one graph replay; what does not fit waits a step);
-    talker: talker prefills per step. The budget keeps a burst of long prompts from stalling every session's next
-    token."""
-    cuda_graphs: bool = True
-    """thinker/talker on CUDA: replay decode steps from CUDA graphs captured at start for batch sizes up to
-    ``kv_slots`` (needs Triton, which CUDA builds of torch include); the thinker's prefill chunks and user audio encodes
-    (batches of 1-16 padded 2 s blocks) too."""
-    fused_decode: bool = True
-    """thinker/talker on CUDA: graph-captured decode steps run each layer as 9 kernels (fused q/k/v and gate/up
-    weights, Triton add+RMSNorm, RoPE+KV write and SiLU×up; pipeline/kernels/fused_decode.py) instead of HF's ~37.
-    Same arithmetic up to the order of float32 sums; ``false`` runs HF's layer code in the graphs."""
-    worker_thread: str = "auto"
-    """token2wav: ``on`` runs chunk synthesis on a thread (and CUDA stream) of its own, so decode steps never wait
-    for it; ``off`` runs it inside the engine step; ``auto`` = on with CUDA, off on the CPU (there a second busy
-    thread only competes for the same cores). The worker once made replies stop for good above 16 live replies on
-    the H100: every CUDA graph shared one capture stream, hence one cuBLAS workspace, which the decode and token2wav
-    graphs then used at the same time. Each stage now captures on a stream of its own; BENCHMARKS.md §9.1 has the
-    runs that show the stall before that change and none after."""
-    overlap: str = "auto"
-    """talker: ``on`` runs each engine step's talker decode beside the thinker's decode (on CUDA on a stream of its
-    own), fed with thinker vectors of earlier steps, so a step costs about the longer of the two instead of their sum
-    (BENCHMARKS.md §14); the talker then starts one thinker step later and stays one step behind the text. ``off``:
-    the talker decodes after the thinker in each step, on the vector the thinker made in that step. The codes are the
-    same either way (the talker's inputs are; only when they run differs). ``auto`` = on with CUDA, off on the CPU
-    (one core gains nothing from the overlap). Only the talker stage takes it."""
-    chain_steps: int = 1
-    """talker: up to this many decode steps queued at once, each fed on the device with the code the one before
-    sampled, when the talker is the engine's only work: every live reply is past its text (no thinker step), no
-    prefill, token2wav job or engine command waits, and the chain ends at the next chunk's last code (that chunk goes
-    to token2wav at once), at ``min_tokens`` and at ``max_tokens``. The host then queues the steps together and reads
-    their codes once instead of doing a step's bookkeeping between every two ~1.65 ms steps (a 7B talker on the H100:
-    the first chunk's codes ~3 ms sooner at one user, ~6 at four, BENCHMARKS.md §16.1). The codes and audio are the
-    same as with 1 (off); what comes in meanwhile (a cancel, a new turn) waits for the chain, at most ``chain_steps``
-    talker steps. Only the talker stage takes it."""
-    lend_slot_after_last_code: bool = False
-    """talker: a reply that has made its last code gives its talker KV slot to a reply waiting for one, while its own
-    audio is still being synthesized (it loses only its conversation's talker cache, rebuilt at its next turn);
-    ``false``: the slot stays with it until its response ends. Why it is off: with more users than talker slots, the
-    slots are the admission limit for spoken replies, and token2wav runs seconds behind the talker under load; lending
-    let the next replies start ~0.6 s sooner (32 and 64 users' TTFA p50 757 and 1117 ms against 916 and 1736 with
-    1-second replies on the H100) but their first chunks then competed with the earlier replies' audio, and 12 of 32
-    turns ran dry against 3-5 (BENCHMARKS.md §25). Only the talker stage takes it."""
-    max_codes_ahead: int | None = None
-    """talker: a reply's talker skips its decode step while its token2wav stream holds this many codec tokens (20 ms
-    of audio each) or more past what the stream's next chunk needs; None: never. Why: once the text is done a talker
-    step takes a few ms for 20 ms of audio, so the talker runs far ahead of token2wav, and its steps beside a
-    token2wav job slow that job, for which the reply's audio waits. Counted past the next chunk, which may be the one
-    being synthesized: with at least the codes of one chunk (36 for the official 72 frames) the chunk after it is
-    ready when that one is out. The codes do not change, only when they are made. Only the talker stage takes it."""
-    max_batch: int = 8
-    """token2wav: most streams whose chunks are synthesized in one batched pass."""
-    batch_sizes: tuple[int, ...] | None = None
-    """token2wav: the batch sizes a batched pass is padded up to, each with CUDA graphs of its own captured at start
-    (``max_batch`` is always one); None: the powers of two below ``max_batch``. A pass costs about its padded size,
-    so with the default a job of 9 streams pays for 16. Only the token2wav stage takes it."""
-    starving_margin_ms: int = 0
-    """token2wav: a later chunk (every chunk after a reply's first) whose stream has less than this much audio (ms)
-    ahead of a real-time player outranks first chunks when the worker picks its next job
+
+
+@dataclass(frozen=True, kw_only=True)
+class TalkerConfig(DecoderConfig):
+    """The talker: turns the thinker's hidden states into codec tokens (50 per second of audio)."""
+
+    STAGE: ClassVar[str] = "talker"
+
+    input: str = _kind("fixed", "thinker")
+    connector: str = _kind("str", "thinker_to_talker")
+    """The model family's name of the function that makes the talker's input from the thinker's."""
+    sampling: SamplingConfig = _kind("sampling", factory=lambda: TALKER_SAMPLING)
+    max_tokens: int | None = _kind("positive", 4096)
+    """Reply length cap in codec tokens (50 per second of audio)."""
+    overlap: bool = _kind("switch", AUTO)
+    """Given as auto / on / off; holds a bool. On: each engine step's talker decode runs beside the thinker's decode
+    (on CUDA on a stream of its own), fed with thinker vectors of earlier steps, so a step costs about the longer of
+    the two instead of their sum; the talker then starts one thinker step later and stays one step behind the text.
+    Off: the talker decodes after the thinker in each step, on the vector the thinker made in that step. The codes
+    are the same either way (the talker's inputs are; only when they run differs). ``auto`` = on with CUDA, off on
+    the CPU (one core gains nothing from the overlap)."""
+    chain_steps: int = _kind("positive", 8)
+    """Up to this many decode steps queued at once, each fed on the device with the code the one before sampled, when
+    the talker is the engine's only work: every live reply is past its text (no thinker step), no prefill, token2wav
+    job or engine command waits, and the chain ends at the next chunk's last code (that chunk goes to token2wav at
+    once), at ``min_tokens`` and at ``max_tokens``. Why: the host then queues the steps together and reads their codes
+    once instead of doing a step's bookkeeping between every two steps of a few ms, so a reply's first chunk is ready
+    sooner. The codes and audio are the same as with 1 (off); what comes in meanwhile (a cancel, a new turn) waits
+    for the chain, at most ``chain_steps`` talker steps."""
+
+    def _resolve(self) -> None:
+        super()._resolve()
+        if self.overlap == AUTO:
+            self._set("overlap", self.on_cuda)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Token2WavConfig(StageConfig):
+    """token2wav: turns codec tokens into 24 kHz audio in chunks (a DiT solve, then the BigVGAN vocoder)."""
+
+    STAGE: ClassVar[str] = "token2wav"
+
+    input: str = _kind("fixed", "talker")
+    connector: str = _kind("str", "talker_to_token2wav")
+    """The model family's name of the function that hands the talker's codes to token2wav."""
+    dtype: str = _kind("choice", "float32", choices=(AUTO, *DTYPES))
+    """The DiT's and the vocoder's weights and state: float32, as the reference (``dit_dtype`` sets the DiT blocks'
+    compute precision)."""
+    tf32_matmul: bool = _kind("bool", True)
+    """On CUDA: TF32 matmuls in the DiT (about 2x faster; mel within ~2e-4 of float32); ignored on the CPU."""
+    dit_dtype: str = _kind("choice", AUTO, choices=(AUTO, *DTYPES))
+    """Precision of the DiT's transformer blocks; ``auto`` = bfloat16 with CUDA, float32 on the CPU (where half
+    precision is slower). A half precision runs copies of the blocks on the tensor cores; the ODE state, the time
+    embedding and the vocoder stay float32 (StreamingToken2Wav's ``dit_dtype``). bfloat16 rather than float16 (as fast,
+    closer to float32 on the audio) because its range cannot overflow on activations nobody here has seen."""
+    compile: bool = _kind("switch", AUTO)
+    """Given as auto / on / off; holds a bool. On: each DiT transformer block runs through ``torch.compile``
+    (inductor fuses its elementwise kernels; the CUDA graphs then record the compiled kernels), compiled at engine
+    start before the graphs are captured (seconds to a minute or more), and with CUDA each of the vocoder's
+    anti-aliased activations runs as two Triton kernels (:mod:`pipeline.models.qwen2_5_omni.vocoder`); the audio
+    equals off's up to float rounding. Off runs both as transformers writes them; ``auto`` = on with CUDA, off on the
+    CPU (there the compile is C++ builds of about a minute at start; on works there too). A failure to compile stops
+    the engine's start with a ConfigError whose message names this field: nothing falls back to off on its own."""
+    dit_attention: str = _kind("choice", AUTO, choices=(AUTO, *DIT_ATTENTION))
+    """How the DiT blocks attend. ``triton``: one Triton kernel per block that reads the query/key/value product in
+    place, rotates the first head, computes the block mask from each frame's block id and writes the layout the output
+    projection reads (:mod:`pipeline.models.qwen2_5_omni.dit_attention`); needs CUDA and a half-precision
+    ``dit_dtype``. ``sdpa``: ``scaled_dot_product_attention`` over a mask, with the RoPE, concatenation and transpose
+    as kernels of their own. ``auto`` = ``triton`` where it can run and the DiT is compiled, else ``sdpa``. Equal up
+    to float rounding; the one kernel saves the launches and memory passes of the others."""
+    worker_thread: bool = _kind("switch", AUTO)
+    """Given as auto / on / off; holds a bool. On: chunk synthesis runs on a thread (and CUDA stream) of its own, so
+    decode steps never wait for it; off: it runs inside the engine step; ``auto`` = on with CUDA, off on the CPU
+    (there a second busy thread only competes for the same cores)."""
+    max_batch: int = _kind("positive", 16)
+    """Most streams whose chunks are synthesized in one batched pass (one DiT solve, one vocoder call per chunk
+    length). As many as the talker's slots, so that every reply that is talking fits in one job: with fewer, a burst's
+    replies wait for several jobs and fall behind real time."""
+    starving_margin_ms: int = _kind("at_least_0", 250)
+    """A later chunk (every chunk after a reply's first) whose stream has less than this much audio (ms) ahead of a
+    real-time player outranks first chunks when the worker picks its next job
     (``pipeline/scheduler/token2wav_jobs.py``): waiting for a first-chunk job and then its own, it would starve.
-    0: only a stream already starving does. Only the token2wav stage takes it."""
-    starving_margin_from_jobs: bool = False
-    """token2wav: the margin is also at least the longest of the last 8 first-chunk jobs plus the longest of the last
-    8 later-chunk jobs (``RecentJobs`` in ``pipeline/scheduler/token2wav_jobs.py``): what a later chunk that lets
-    first chunks go first waits before its own audio is out, which grows with the load. ``starving_margin_ms`` is
-    then the floor. Only the token2wav stage takes it."""
-    split_later_jobs: bool = False
-    """token2wav: when the most urgent later chunks would starve waiting for a job of every ready stream, the job takes
-    only as many of them as leave the fewest players running dry over this job and the next (``split_later_job`` in
-    ``pipeline/scheduler/token2wav_jobs.py``, by a line fitted to the recent later-chunk jobs' times by size). Only
-    the token2wav stage takes it."""
-    start_buffer_ms: int | None = None
-    """token2wav: under load (``start_buffer_busy``), a reply's first audio is held in the engine until this much of
-    it (ms) is made, then sent at once, so that its player starts with that much in hand; None (default): never held.
-    Why: once more conversations are busy than one token2wav job holds, a reply's next chunk can wait for a whole job
-    of other streams and then its own, longer than a 480-ms first chunk plays (``pipeline/output/start_buffer.py``). The
-    first audio comes that much later, and only under that load; a reply whose audio ends sooner is sent at its end,
-    a cancelled one's held audio is dropped. Only the token2wav stage takes it."""
-    start_buffer_busy: int | None = None
-    """token2wav: how many other conversations must be busy (a user's audio being streamed in, or a response running)
-    when a reply's first chunk is made for ``start_buffer_ms`` to hold it; None: ``max_batch`` (more conversations
-    busy than one token2wav job holds). Only the token2wav stage takes it."""
-    worker_sms: int | None = None
-    """token2wav with the worker on CUDA: run the synthesizer's graphs on a CUDA green context of this many SMs
-    (rounded by the driver to its partition granularity), so that the other SMs stay free for decode steps: the
-    DiT's large kernels otherwise fill every SM, and each of a decode step's ~500 small kernels waits for a slot.
-    None (default): every SM. On the H100, 100 of 132 SMs sped decode up at 32 users (BENCHMARKS.md §9.3). Needs
-    torch's ``torch.cuda.green_contexts``. Only the token2wav stage takes it."""
-    dit_dtype: str = "auto"
-    """token2wav: precision of the DiT's transformer blocks (``float32``, ``bfloat16``, ``float16``, or ``auto`` =
-    bfloat16 with CUDA, float32 on the CPU, where half precision is slower). A half precision runs copies of the
-    blocks on the tensor cores; the ODE state, the time embedding and the vocoder stay float32 (StreamingToken2Wav's
-    ``dit_dtype``). On the H100 bfloat16 made a chunk ~1.5x faster than TF32 and moved the audio by 0.3% of its
-    peak against 0.2% for TF32 (BENCHMARKS.md §9.2); bfloat16 rather than float16 (as fast, closer) because its
-    range cannot overflow on activations nobody here has seen. Only the token2wav stage takes it."""
+    0: only a stream already starving does."""
+    starving_margin_from_jobs: bool = _kind("bool", True)
+    """The margin is also at least the longest of the last 8 first-chunk jobs plus the longest of the last 8
+    later-chunk jobs (``RecentJobs`` in ``pipeline/scheduler/token2wav_jobs.py``): what a later chunk that lets first
+    chunks go first waits before its own audio is out, which grows with the load. ``starving_margin_ms`` is then the
+    floor."""
+    start_buffer_ms: int | None = _kind("positive", 960)
+    """Under load (``start_buffer_busy``), a reply's first audio is held in the engine until this much of it (ms) is
+    made (960: its first two chunks), then sent at once, so that its player starts with that much in hand; None:
+    never held. Why: once more conversations are busy than one token2wav job holds, a reply's next chunk can wait for
+    a whole job of other streams and then its own, longer than a 480-ms first chunk plays
+    (``pipeline/output/start_buffer.py``). The first audio comes that much later, and only under that load; a reply
+    whose audio ends sooner is sent at its end, a cancelled one's held audio is dropped."""
+    start_buffer_busy: int | None = _kind("positive", None)
+    """How many other conversations must be busy (a user's audio being streamed in, or a response running) when a
+    reply's first chunk is made for ``start_buffer_ms`` to hold it; None: ``max_batch`` (more conversations busy than
+    one token2wav job holds)."""
+    chunking: dict[str, Any] = _kind("chunking", factory=lambda: dict(PACKAGED_CHUNKING))
+    """The chunk schedule (:data:`PACKAGED_CHUNKING`): a smaller first chunk than the official 72 frames, vocoded
+    with 20 of its look-ahead frames so that it plays 480 ms; two 48-frame ramp chunks, each also vocoded with its
+    look-ahead, so that a stream has more in hand where a burst's long jobs starve it; a 24-frame first chunk only
+    for a reply that finds token2wav idle (under load the extra job costs more than it saves)."""
 
-    def dit_torch_dtype(self):
-        """``dit_dtype`` with ``auto`` resolved against this stage's device."""
+    def _resolve(self) -> None:
+        super()._resolve()
+        if self.worker_thread == AUTO:
+            self._set("worker_thread", self.on_cuda)
+        if self.compile == AUTO:
+            self._set("compile", self.on_cuda)
+        if self.dit_dtype == AUTO:
+            self._set("dit_dtype", "bfloat16" if self.on_cuda else "float32")
+        if self.dit_attention == AUTO:  # needs the device, dit_dtype and compile resolved first
+            from pipeline.models.qwen2_5_omni.dit_attention import dit_attention_available
+
+            usable = dit_attention_available(self.torch_device, self.torch_dit_dtype)
+            self._set("dit_attention", "triton" if usable and self.compile else "sdpa")
+
+    @property
+    def torch_dit_dtype(self):
+        """``dit_dtype`` as a ``torch.dtype``."""
         import torch
 
-        if self.dit_dtype == "auto":
-            return torch.bfloat16 if self.torch_device().startswith("cuda") else torch.float32
         return getattr(torch, self.dit_dtype)
-    tf32_matmul: bool = False
-    """token2wav on CUDA: TF32 matmuls in the DiT (about 2x faster; mel within ~2e-4 of float32)."""
-    compile: str = "auto"
-    """token2wav: ``on`` runs each DiT transformer block through ``torch.compile`` (inductor fuses its elementwise
-    kernels; the CUDA graphs then record the compiled kernels), compiled at engine start before the graphs are
-    captured (seconds to a minute or more), and with CUDA each of the vocoder's anti-aliased activations as two Triton
-    kernels (:mod:`pipeline.models.qwen2_5_omni.vocoder`); the audio equals ``off``'s up to float rounding. ``off``
-    runs both as transformers writes them; ``auto`` = on with CUDA, off on the CPU (there the compile is C++ builds of
-    about a minute at start; ``on`` works there too). A failure to compile stops the engine's start with a
-    ConfigError whose message names this field: nothing falls back to ``off`` on its own. Only the token2wav stage
-    takes it."""
-
-    dit_attention: str = "auto"
-    """token2wav: how the DiT blocks attend. ``triton``: one Triton kernel per block that reads the query/key/value
-    product in place, rotates the first head, computes the block mask from each frame's block id and writes the layout
-    the output projection reads (:mod:`pipeline.models.qwen2_5_omni.dit_attention`); needs CUDA and a half-precision
-    ``dit_dtype``. ``sdpa``: ``scaled_dot_product_attention`` over a mask, with the RoPE, concatenation and transpose as
-    kernels of their own. ``auto`` = ``triton`` where it can run and the DiT is compiled, else ``sdpa``. Equal up to
-    float rounding; BENCHMARKS.md §15 has the speed. Only the token2wav stage takes it."""
-
-    def dit_attention_kind(self) -> str:
-        """``dit_attention`` with ``auto`` resolved against this stage's device, ``dit_dtype`` and ``compile``."""
-        if self.dit_attention != "auto":
-            return self.dit_attention
-        import torch
-
-        from pipeline.models.qwen2_5_omni.dit_attention import dit_attention_available
-
-        usable = dit_attention_available(torch.device(self.torch_device()), self.dit_torch_dtype())
-        return "triton" if usable and self.compile_enabled() else "sdpa"
-
-    def worker_enabled(self) -> bool:
-        """Whether token2wav synthesizes on its worker thread: ``worker_thread`` with ``auto`` resolved against this
-        stage's device."""
-        if self.worker_thread == "auto":
-            return self.torch_device().startswith("cuda")
-        return self.worker_thread == "on"
-
-    def overlap_enabled(self) -> bool:
-        """Whether the talker decodes beside the thinker (``overlap`` with ``auto`` resolved against this stage's
-        device)."""
-        if self.overlap == "auto":
-            return self.torch_device().startswith("cuda")
-        return self.overlap == "on"
-
-    def compile_enabled(self) -> bool:
-        """Whether token2wav compiles its DiT (and, with CUDA, fuses its vocoder's activations): ``compile`` with
-        ``auto`` resolved against this stage's device."""
-        if self.compile == "auto":
-            return self.torch_device().startswith("cuda")
-        return self.compile == "on"
-
-    def torch_device(self) -> str:
-        """Resolve ``auto`` to ``cuda`` when available, else ``cpu``."""
-        if self.device != "auto":
-            return self.device
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-
-    def torch_dtype(self):
-        import torch
-
-        if self.dtype == "auto":
-            return torch.bfloat16 if self.torch_device().startswith("cuda") else torch.float32
-        return getattr(torch, self.dtype)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """How the engine runs, beside what its stages do (the YAML's top-level ``engine:`` section)."""
 
-    process: str = "auto"
-    """``on``: the engine core (every model tensor, the step loop, the token2wav worker) runs in a child process
-    that owns the GPU, and the caller's process keeps only the async API (sockets, VAD, JSON stay off the
-    engine's GIL); ``off``: it runs on a thread of the caller's process; ``auto`` = on when the thinker's device
-    is CUDA, off on the CPU (where a second interpreter only costs start-up time and memory). See docs/engine.md,
-    "The engine core in a child process"."""
+    process: bool | str = AUTO
+    """Given as auto / on / off; holds a bool once in a :class:`StageGraphConfig` (``auto`` needs the thinker's
+    device). On: the engine core (every model tensor, the step loop, the token2wav worker) runs in a child process
+    that owns the GPU, and the caller's process keeps only the async API (sockets, VAD, JSON stay off the engine's
+    GIL); off: it runs on a thread of the caller's process; ``auto`` = on when the thinker's device is CUDA, off on
+    the CPU (where a second interpreter only costs start-up time and memory). See docs/engine.md, "The engine core in
+    a child process"."""
     timeline_path: str | None = None
     """Where to write the engine's timeline (every step, token2wav job, audio chunk and response, with its time;
-    :mod:`pipeline.observe.timeline`) as JSON when the engine closes; None (default): nothing is recorded. For reading a load
-    afterwards (``scripts/engine_timeline.py``); a relative path is relative to the engine process's working
+    :mod:`pipeline.observe.timeline`) as JSON when the engine closes; None (default): nothing is recorded. For reading
+    a load afterwards (``scripts/engine_timeline.py``); a relative path is relative to the engine process's working
     directory."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "process", _switch(self.process, "engine.process"))
+        if self.timeline_path is not None and not isinstance(self.timeline_path, str):
+            raise ConfigError(f"engine.timeline_path has the wrong type ({type(self.timeline_path).__name__})",
+                              param="engine.timeline_path")  # fmt: skip
+        if self.timeline_path == "":
+            raise ConfigError("engine.timeline_path must not be empty (leave it out for no timeline)",
+                              param="engine.timeline_path")  # fmt: skip
+
+
+STAGE_CLASSES = {"thinker": ThinkerConfig, "talker": TalkerConfig, "token2wav": Token2WavConfig}
 
 
 @dataclass(frozen=True)
 class StageGraphConfig:
     model_family: str
-    thinker: StageConfig
-    talker: StageConfig
-    token2wav: StageConfig
+    thinker: ThinkerConfig
+    talker: TalkerConfig
+    token2wav: Token2WavConfig
     source: str = "<dict>"
     engine: EngineConfig = field(default_factory=EngineConfig)
 
-    def stage(self, name: str) -> StageConfig:
+    def __post_init__(self) -> None:
+        connectors = family_of(self.model_family).connectors  # ConfigError naming the known families
+        for stage in (self.talker, self.token2wav):
+            _check_connector(stage.STAGE, stage.connector, f"{stage.path}.connector", connectors)
+        if self.engine.process == AUTO:
+            object.__setattr__(self, "engine", EngineConfig(process=self.thinker.on_cuda,
+                                                            timeline_path=self.engine.timeline_path))
+
+    def stage(self, name: str) -> ThinkerConfig | TalkerConfig | Token2WavConfig:
         return getattr(self, name)
 
-    def engine_in_process(self) -> bool:
-        """Whether the engine core runs in a child process (``engine.process``, ``auto`` resolved)."""
-        if self.engine.process == "auto":
-            return self.thinker.torch_device().startswith("cuda")
-        return self.engine.process == "on"
 
+def load_stage_config(path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None
+                      ) -> StageGraphConfig:  # fmt: skip
+    """Read and validate a stage-graph YAML file (the packaged default when ``path`` is None).
 
-def load_stage_config(path: str | Path | None = None) -> StageGraphConfig:
-    """Read and validate a stage-graph YAML file (the packaged default when ``path`` is None)."""
+    A file whose top level has ``extends: <path>`` (relative to the file's folder) is that file with this one's keys
+    merged in: mappings key by key, anything else (numbers, strings, lists) replaced. ``overrides`` (the same shape
+    as the YAML) is merged in last, before validation, so that its ``auto`` values resolve against its devices."""
     path = Path(path) if path is not None else DEFAULT_STAGE_CONFIG
+    data = _read_with_extends(path, ())
+    if overrides:
+        data = merge_settings(data, overrides)
+    return parse_stage_config(data, source=str(path))
+
+
+def merge_settings(base: Any, overlay: Any) -> Any:
+    """``overlay`` merged into ``base`` (neither is changed): mappings key by key, any other value replaced."""
+    if not isinstance(base, Mapping) or not isinstance(overlay, Mapping):
+        return overlay
+    merged = dict(base)
+    for key, value in overlay.items():
+        merged[key] = merge_settings(base[key], value) if key in base else value
+    return merged
+
+
+def _read_with_extends(path: Path, chain: tuple[Path, ...]) -> Any:
     try:
         text = path.read_text()
     except OSError as exc:
@@ -302,15 +432,28 @@ def load_stage_config(path: str | Path | None = None) -> StageGraphConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"stage config {path} is not valid YAML: {exc}", param="stage_config") from exc
-    return parse_stage_config(data, source=str(path))
+    if not isinstance(data, dict) or "extends" not in data:
+        return data
+    base = data.pop("extends")
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{path}: extends must be the path of a stage config", param="extends")
+    base_path = (path.parent / base).resolve()
+    chain = (*chain, path.resolve())
+    if base_path in chain:
+        raise ConfigError(f"{path}: extends {base!r} makes a cycle ({' -> '.join(p.name for p in chain)})",
+                          param="extends")  # fmt: skip
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise ConfigError(f"{path}: more than {MAX_EXTENDS_DEPTH} files extend each other", param="extends")
+    return merge_settings(_read_with_extends(base_path, chain), data)
 
 
 def parse_stage_config(data: Any, *, source: str = "<dict>") -> StageGraphConfig:
+    """Validate the YAML's data and make the resolved config."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the stage config must be a mapping", param="<root>")
     _reject_unknown(data, {"model_family", "stages", "engine"}, "")
     family = data.get("model_family")
-    connectors = family_of(family).connectors  # ConfigError naming the known families
+    family_of(family)  # ConfigError naming the known families, before the stages are read
     stages = data.get("stages")
     if not isinstance(stages, dict):
         raise ConfigError(f"{source}: 'stages' must be a mapping of stage name to settings", param="stages")
@@ -319,180 +462,69 @@ def parse_stage_config(data: Any, *, source: str = "<dict>") -> StageGraphConfig
     for name in STAGE_ORDER:
         if name not in stages:
             raise ConfigError(f"{source}: stage {name!r} is missing", param=f"stages.{name}")
-        parsed[name] = _parse_stage(name, stages[name], connectors)
-    engine = _parse_engine(data.get("engine", {}))
+        parsed[name] = _build(STAGE_CLASSES[name], stages[name], f"stages.{name}")
+    engine = _build(EngineConfig, data.get("engine", {}), "engine")
     return StageGraphConfig(model_family=family, source=source, engine=engine, **parsed)
 
 
-def _parse_engine(raw: Any) -> EngineConfig:
-    if not isinstance(raw, dict):
-        raise ConfigError("engine must be a mapping", param="engine")
-    _reject_unknown(raw, {f.name for f in fields(EngineConfig)}, "engine")
-    process = raw.get("process", "auto")
-    if isinstance(process, bool):  # YAML 1.1 reads a bare on / off as a boolean
-        process = "on" if process else "off"
-    if process not in ENGINE_PROCESS:
-        raise ConfigError(f"engine.process must be one of {ENGINE_PROCESS}, got {process!r}", param="engine.process")
-    _check_type(raw, "timeline_path", (str, type(None)), "engine")
-    if raw.get("timeline_path") == "":
-        raise ConfigError("engine.timeline_path must not be empty (leave it out for no timeline)",
-                          param="engine.timeline_path")
-    return EngineConfig(process=process, timeline_path=raw.get("timeline_path"))
-
-
-def _check_switch(values: dict, key: str, choices: tuple[str, ...], *, only: str, stage: str, path: str) -> None:
-    """A setting of one stage (``only``) with named choices (auto / on / off, or others): refused on another stage; YAML
-    1.1's bare ``on`` / ``off`` (read as booleans) taken as the words."""
-    if key not in values:
-        return
-    if stage != only:
-        raise ConfigError(f"{path}.{key} only applies to {only}", param=f"{path}.{key}")
-    if isinstance(values[key], bool):
-        values[key] = "on" if values[key] else "off"
-    if values[key] not in choices:
-        raise ConfigError(f"{path}.{key} must be one of {choices}, got {values[key]!r}", param=f"{path}.{key}")
-
-
-def _parse_stage(name: str, raw: Any, connectors: Mapping[str, Any]) -> StageConfig:
-    path = f"stages.{name}"
+def _build(cls, raw: Any, path: str):
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must be a mapping", param=path)
-    allowed = {f.name for f in fields(StageConfig)} - {"name"}
-    _reject_unknown(raw, allowed, path)
-    values = dict(raw)
-    expected_input = STAGE_INPUTS[name]
-    if values.get("input") != expected_input:
-        raise ConfigError(
-            f"{path}.input must be {expected_input!r} (stages stream thinker -> talker -> token2wav)",
-            param=f"{path}.input",
-        )
-    _check_type(values, "device", str, path)
-    _check_type(values, "dtype", str, path)
-    if values.get("dtype", "auto") not in DTYPES:
-        raise ConfigError(f"{path}.dtype must be one of {DTYPES}", param=f"{path}.dtype")
-    _check_type(values, "tf32_matmul", bool, path)
-    _check_type(values, "cuda_graphs", bool, path)
-    _check_type(values, "fused_decode", bool, path)
-    if isinstance(values.get("worker_thread"), bool):  # YAML 1.1 reads a bare on / off as a boolean
-        values["worker_thread"] = "on" if values["worker_thread"] else "off"
-    if "worker_sms" in values and values["worker_sms"] is not None:
-        sms = values["worker_sms"]
-        if name != "token2wav":
-            raise ConfigError(f"{path}.worker_sms only applies to token2wav", param=f"{path}.worker_sms")
-        if not isinstance(sms, int) or isinstance(sms, bool) or sms <= 0:
-            raise ConfigError(f"{path}.worker_sms must be a positive integer", param=f"{path}.worker_sms")
-    if values.get("starving_margin_ms") is not None and name != "token2wav":
-        raise ConfigError(f"{path}.starving_margin_ms only applies to token2wav", param=f"{path}.starving_margin_ms")
-    if "starving_margin_from_jobs" in values and name != "token2wav":
-        raise ConfigError(f"{path}.starving_margin_from_jobs only applies to token2wav",
-                          param=f"{path}.starving_margin_from_jobs")  # fmt: skip
-    _check_type(values, "starving_margin_from_jobs", bool, path)
-    if "split_later_jobs" in values and name != "token2wav":
-        raise ConfigError(f"{path}.split_later_jobs only applies to token2wav", param=f"{path}.split_later_jobs")
-    _check_type(values, "split_later_jobs", bool, path)
-    if "lend_slot_after_last_code" in values and name != "talker":
-        raise ConfigError(f"{path}.lend_slot_after_last_code only applies to talker",
-                          param=f"{path}.lend_slot_after_last_code")  # fmt: skip
-    _check_type(values, "lend_slot_after_last_code", bool, path)
-    margin = values.get("starving_margin_ms", 0)
-    if not isinstance(margin, int) or isinstance(margin, bool) or margin < 0:
-        raise ConfigError(f"{path}.starving_margin_ms must be an integer >= 0", param=f"{path}.starving_margin_ms")
-    if "dit_dtype" in values:
-        if name != "token2wav":
-            raise ConfigError(f"{path}.dit_dtype only applies to token2wav", param=f"{path}.dit_dtype")
-        if values["dit_dtype"] not in DIT_DTYPES:
-            raise ConfigError(f"{path}.dit_dtype must be one of {DIT_DTYPES}, got {values['dit_dtype']!r}",
-                              param=f"{path}.dit_dtype")  # fmt: skip
-    _check_switch(values, "overlap", OVERLAP, only="talker", stage=name, path=path)
-    if values.get("worker_thread", "auto") not in WORKER_THREAD:
-        raise ConfigError(f"{path}.worker_thread must be one of {WORKER_THREAD}", param=f"{path}.worker_thread")
-    _check_switch(values, "compile", COMPILE, only="token2wav", stage=name, path=path)
-    _check_switch(values, "dit_attention", DIT_ATTENTION, only="token2wav", stage=name, path=path)
-    if "chain_steps" in values and name != "talker":
-        raise ConfigError(f"{path}.chain_steps only applies to talker", param=f"{path}.chain_steps")
-    _check_batch_sizes(name, values, path)
-    if values.get("max_codes_ahead") is not None and name != "talker":
-        raise ConfigError(f"{path}.max_codes_ahead only applies to talker", param=f"{path}.max_codes_ahead")
-    for key in ("start_buffer_ms", "start_buffer_busy"):
-        if values.get(key) is not None and name != "token2wav":
-            raise ConfigError(f"{path}.{key} only applies to token2wav", param=f"{path}.{key}")
-    for key in ("max_tokens", "min_tokens", "max_context_tokens", "prefill_chunk_tokens", "max_batch", "kv_slots",
-                "max_prefills_per_step", "chain_steps", "max_codes_ahead", "start_buffer_ms", "start_buffer_busy"):
-        value = values.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-            raise ConfigError(f"{path}.{key} must be a positive integer", param=f"{path}.{key}")
-    if values.get("audio_floor", "streaming") not in AUDIO_FLOORS:
-        raise ConfigError(f"{path}.audio_floor must be one of {AUDIO_FLOORS}", param=f"{path}.audio_floor")
-    if values.get("context_policy", "error") not in CONTEXT_POLICIES:
-        raise ConfigError(f"{path}.context_policy must be one of {CONTEXT_POLICIES}", param=f"{path}.context_policy")
-    _check_connector(name, values.get("connector"), path, connectors)
-    values["sampling"] = _parse_sampling(values.get("sampling", {}), f"{path}.sampling")
-    chunking = values.get("chunking", {})
-    if not isinstance(chunking, dict):
-        raise ConfigError(f"{path}.chunking must be a mapping", param=f"{path}.chunking")
-    if name == "token2wav":
-        _validate_chunking(chunking, f"{path}.chunking")
-    elif chunking:
-        raise ConfigError(f"{path}.chunking only applies to token2wav", param=f"{path}.chunking")
-    return StageConfig(name=name, **values)
+    _reject_unknown(raw, {f.name for f in fields(cls)}, path)
+    return cls(**raw)
 
 
-def _check_batch_sizes(stage: str, values: dict, path: str) -> None:
-    """``batch_sizes``: token2wav only; a list of integers in [1, max_batch], kept as a sorted tuple."""
-    sizes = values.get("batch_sizes")
-    if sizes is None:
-        return
-    if stage != "token2wav":
-        raise ConfigError(f"{path}.batch_sizes only applies to token2wav", param=f"{path}.batch_sizes")
-    most = values.get("max_batch", StageConfig.max_batch)
-    if not isinstance(sizes, (list, tuple)) or not all(
-            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= most for n in sizes):  # fmt: skip
-        raise ConfigError(f"{path}.batch_sizes must be a list of integers in [1, max_batch ({most})], got {sizes!r}",
-                          param=f"{path}.batch_sizes")  # fmt: skip
-    values["batch_sizes"] = tuple(sorted(set(sizes)))
+def _switch(value: Any, where: str) -> bool | str:
+    """auto / on / off, or YAML 1.1's bare on / off (read as booleans): True, False or ``auto``."""
+    if isinstance(value, bool) or value == AUTO:
+        return value
+    if value in ("on", "off"):
+        return value == "on"
+    raise ConfigError(f"{where} must be one of ('auto', 'on', 'off'), got {value!r}", param=where)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_connector(stage: str, connector: Any, path: str, connectors: Mapping[str, Any]) -> None:
     """``connector`` must name one of the model family's ``connectors`` that feeds ``stage``."""
-    if stage == "thinker":
-        if connector is not None:
-            raise ConfigError(f"{path}.connector: the thinker reads the request directly", param=f"{path}.connector")
-        return
     if connector not in connectors:
-        raise ConfigError(
-            f"{path}.connector must be one of {sorted(connectors)}, got {connector!r}", param=f"{path}.connector"
-        )
+        raise ConfigError(f"{path} must be one of {sorted(connectors)}, got {connector!r}", param=path)
     if connectors[connector].target != stage:
-        raise ConfigError(
-            f"{path}.connector {connector!r} feeds {connectors[connector].target!r}, not {stage!r}",
-            param=f"{path}.connector",
-        )
+        raise ConfigError(f"{path} {connector!r} feeds {connectors[connector].target!r}, not {stage!r}", param=path)
 
 
 def _parse_sampling(raw: Any, path: str) -> SamplingConfig:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path} must be a mapping", param=path)
-    _reject_unknown(raw, {f.name for f in fields(SamplingConfig)}, path)
-    _check_type(raw, "do_sample", bool, path)
-    for key in ("temperature", "top_p", "repetition_penalty"):
-        _check_type(raw, key, (int, float), path)
-    _check_type(raw, "top_k", int, path)
-    sampling = SamplingConfig(**raw)
+    if isinstance(raw, SamplingConfig):
+        sampling = raw
+    else:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path} must be a mapping", param=path)
+        _reject_unknown(raw, {f.name for f in fields(SamplingConfig)}, path)
+        _check_type(raw, "do_sample", bool, path)
+        for key in ("temperature", "top_p", "repetition_penalty"):
+            _check_type(raw, key, (int, float), path)
+        _check_type(raw, "top_k", int, path)
+        sampling = SamplingConfig(**raw)
     sampling.validate(path)
     return sampling
 
 
-def _validate_chunking(raw: dict, path: str) -> None:
+def _parse_chunking(raw: Any, path: str) -> dict[str, Any]:
     from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
 
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{path} must be a mapping", param=path)
     _reject_unknown(raw, {f.name for f in fields(ChunkingConfig)}, path)
     try:
-        ChunkingConfig(**raw)
+        ChunkingConfig(**{**PACKAGED_CHUNKING, **raw})
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: {exc}", param=path) from exc
+    return {**PACKAGED_CHUNKING, **raw}
 
 
-def _reject_unknown(raw: dict, allowed: set[str], path: str) -> None:
+def _reject_unknown(raw: Mapping, allowed: set[str], path: str) -> None:
     for key in raw:
         if key not in allowed:
             where = f"{path}.{key}" if path else str(key)

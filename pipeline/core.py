@@ -69,7 +69,7 @@ class EngineCore:
             to_talker=self.family.connectors[ta.connector].fn,
             audio_encodes=AudioEncodes(thinker, width=thinker.text_model.config.hidden_size, dtype=thinker.dtype,
                                        device=thinker.device),
-            overlap=ta.overlap_enabled(), fail=self._fail,
+            overlap=ta.overlap, fail=self._fail,
         )  # fmt: skip
         self.to_token2wav = self.family.connectors[tw.connector].fn
         chunking = token2wav.cfg
@@ -108,20 +108,19 @@ class EngineCore:
         worker thread."""
         th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
         text_stop = tuple(sorted({self.special.im_end, self.special.endoftext}))
-        thinker = ThinkerRunner(ckpt.thinker, device=th.torch_device(), dtype=th.torch_dtype(), kv_slots=th.kv_slots,
+        thinker = ThinkerRunner(ckpt.thinker, device=th.device, dtype=th.torch_dtype, kv_slots=th.kv_slots,
                                 max_len=self.max_context, cuda_graphs=th.cuda_graphs, fused_decode=th.fused_decode,
                                 sampler=SamplerSpec(th.sampling, stop=text_stop, salt=0))  # fmt: skip
         # talker positions: the thinker prompt, speaker bos, then one per codec token
-        talker = TalkerRunner(ckpt.talker, device=ta.torch_device(), dtype=ta.torch_dtype(), kv_slots=ta.kv_slots,
+        talker = TalkerRunner(ckpt.talker, device=ta.device, dtype=ta.torch_dtype, kv_slots=ta.kv_slots,
                               max_len=self.max_context + self.max_codes + 2, cuda_graphs=ta.cuda_graphs,
                               fused_decode=ta.fused_decode,
                               sampler=SamplerSpec(ta.sampling, suppress=tuple(self._codec_suppress_ids()),
                                                   stop=self.codec_stop, salt=1))  # fmt: skip
-        self.t2w_device = torch.device(tw.torch_device())
-        cuda = self.t2w_device.type == "cuda"
+        self.t2w_device = tw.torch_device
         token2wav = self.family.token2wav(ckpt, tw)
         token2wav.warm_up(max_batch=tw.max_batch)
-        worker = Token2WavWorker(token2wav, self.t2w_device) if tw.worker_enabled() else None
+        worker = Token2WavWorker(token2wav, self.t2w_device) if tw.worker_thread else None
         return thinker, talker, token2wav, worker
 
     def _codec_suppress_ids(self) -> list[int]:

@@ -256,12 +256,10 @@ class OmniEngine:
     ) -> None:
         """An engine on a thread of this process over ``ckpt``, already loaded here (tensors cannot be handed
         to a child process: use :meth:`from_loader` for ``engine.process``)."""
-        if cfg.engine.process == "on":
-            raise ConfigError("engine.process is 'on', but the checkpoint is already loaded in this process: "
-                              "use OmniEngine.from_pretrained or OmniEngine.from_loader", param="engine.process")
-        if cfg.engine_in_process():
-            log.warning("engine.process is auto on CUDA, but the checkpoint was loaded in this process: the engine "
-                        "core runs on a thread here (OmniEngine.from_loader runs it in a child process)")
+        if cfg.engine.process:
+            raise ConfigError("engine.process is on (auto: on with CUDA), but the checkpoint is already loaded in this "
+                              "process: use OmniEngine.from_pretrained or OmniEngine.from_loader, or engine.process: "
+                              "off", param="engine.process")  # fmt: skip
         backend = EngineThread(EngineCore(ckpt, cfg, seed=seed))
         self._setup(cfg, EngineFacts.of(ckpt, cfg), backend, max_pending_events, ckpt)
 
@@ -306,7 +304,7 @@ class OmniEngine:
         CUDA) the loader is handed to a child process, which loads the weights and runs the engine core; this
         call returns once it is ready, and raises what loading raised there. ``torch_threads``: the child's
         torch CPU threads (default: this process's ``torch.get_num_threads()``); unused on a thread."""
-        if not cfg.engine_in_process():
+        if not cfg.engine.process:
             return cls(loader.load(cfg), cfg, seed=seed, max_pending_events=max_pending_events)
         from pipeline.process import EngineProcess, ProcessSpec
 

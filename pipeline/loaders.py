@@ -38,8 +38,8 @@ class PretrainedCheckpoint:
     def load(self, cfg: StageGraphConfig) -> Checkpoint:
         return family_of(cfg.model_family).load_pretrained(
             self.model,
-            devices={name: cfg.stage(name).torch_device() for name in STAGES},
-            dtypes={name: cfg.stage(name).torch_dtype() for name in STAGES},
+            devices={name: cfg.stage(name).device for name in STAGES},
+            dtypes={name: cfg.stage(name).torch_dtype for name in STAGES},
         )
 
 
@@ -53,5 +53,5 @@ class RandomCheckpoint:
     dtype: torch.dtype | None = None
 
     def load(self, cfg: StageGraphConfig) -> Checkpoint:
-        dtype = self.dtype if self.dtype is not None else cfg.thinker.torch_dtype()
-        return family_of(cfg.model_family).build_random(self.spec, device=cfg.thinker.torch_device(), dtype=dtype)
+        dtype = self.dtype if self.dtype is not None else cfg.thinker.torch_dtype
+        return family_of(cfg.model_family).build_random(self.spec, device=cfg.thinker.device, dtype=dtype)

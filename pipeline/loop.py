@@ -96,7 +96,7 @@ class EngineFacts:
 
     @classmethod
     def of(cls, ckpt: Checkpoint, cfg: StageGraphConfig) -> EngineFacts:
-        device = torch.device(cfg.thinker.torch_device())
+        device = cfg.thinker.torch_device
         if device.type == "cuda":
             name = torch.cuda.get_device_name(device)
         else:

@@ -42,7 +42,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="the tiny random token2wav of the tests")
-    p.add_argument("--slots", default="1,4,16", help="streams per batch to time")
+    p.add_argument("--slots", default="1,4,16",
+                   help="streams per batch to time (each padded to the next power of two below the largest, as the "
+                        "engine pads its jobs)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--plain", action="store_true", help="no graphs, TF32, compile or bfloat16 (the float32 reference)")
     p.add_argument("--vocoder", choices=("fused", "reference"), default="fused",
@@ -86,14 +88,13 @@ def inductor_settings(pairs: list[str]) -> dict[str, object]:
     return settings
 
 
-def synthesizer(model, device: str, plain: bool, max_batch: int, fused_vocoder: bool, triton_attention: bool = False,
-                batch_sizes: list[int] | None = None):
+def synthesizer(model, device: str, plain: bool, max_batch: int, fused_vocoder: bool, triton_attention: bool = False):
     from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
 
     cuda = device.startswith("cuda")
     fast = cuda and not plain
     return StreamingToken2Wav(model, cuda_graphs=fast, tf32_matmul=fast, compile_dit=fast, max_batch=max_batch,
-                              batch_sizes=batch_sizes, fused_vocoder=fast and fused_vocoder,
+                              fused_vocoder=fast and fused_vocoder,
                               dit_dtype=torch.bfloat16 if fast else torch.float32,
                               dit_attention="triton" if fast and triton_attention else "sdpa")  # fmt: skip
 
@@ -196,9 +197,9 @@ def main(argv=None) -> None:
     import torch._inductor.config as inductor
 
     with torch.inference_mode(), attention_backend(args.dit_attention), inductor.patch(settings):
-        # every timed batch size gets graphs of its own (not padded to a power of two)
+        # a timed batch is padded as in the engine: to the next power of two, or the largest slot count
         t2w = synthesizer(model, args.device, args.plain, max(slots), args.vocoder == "fused",
-                          args.dit_attention == "triton", batch_sizes=slots)
+                          args.dit_attention == "triton")
         started = time.perf_counter()
         t2w.warm_up(max_batch=max(slots))
         sync()

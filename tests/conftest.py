@@ -14,7 +14,6 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 torch.set_num_interop_threads(1)
 
-from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -59,19 +58,22 @@ def load_script(name: str):
     return module
 
 
-def greedy_stage_config(**overrides):
-    """The packaged stage graph on CPU with greedy sampling in both LM stages (for equivalence tests).
+def greedy_stage_config(device: str = "cpu", **overrides):
+    """The packaged stage graph on ``device`` (CPU by default) with greedy sampling in both LM stages (for equivalence
+    tests), each stage's ``overrides`` (YAML values) merged in before ``auto`` values are resolved.
     The thinker keeps no repetition penalty; the talker keeps the reference's 1.05."""
     from pipeline.config import SamplingConfig, load_stage_config
 
-    cfg = load_stage_config()
-    thinker = replace(cfg.thinker, device="cpu", dtype="float32", sampling=SamplingConfig(do_sample=False),
-                      **overrides.pop("thinker", {}))
-    talker = replace(cfg.talker, device="cpu", dtype="float32",
-                     sampling=SamplingConfig(do_sample=False, repetition_penalty=1.05), **overrides.pop("talker", {}))
-    token2wav = replace(cfg.token2wav, device="cpu", **overrides.pop("token2wav", {}))
+    lm = {"device": device, "dtype": "float32"}
+    stages = {
+        "thinker": {**lm, "sampling": SamplingConfig(do_sample=False), **overrides.pop("thinker", {})},
+        "talker": {**lm, "sampling": SamplingConfig(do_sample=False, repetition_penalty=1.05),
+                   **overrides.pop("talker", {})},
+        "token2wav": {"device": device, **overrides.pop("token2wav", {})},
+    }
+    engine = overrides.pop("engine", {})
     assert not overrides, overrides
-    return replace(cfg, thinker=thinker, talker=talker, token2wav=token2wav)
+    return load_stage_config(overrides={"stages": stages, "engine": engine})
 
 
 def start_spoken_reply(core, name: str, max_text_tokens: int = 4) -> list:

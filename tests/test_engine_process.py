@@ -520,8 +520,11 @@ def test_engine_process_config():
     raw = {"model_family": "qwen2_5_omni", "stages": {
         "thinker": {"input": "request"}, "talker": {"input": "thinker", "connector": "thinker_to_talker"},
         "token2wav": {"input": "talker", "connector": "talker_to_token2wav"}}}
-    assert parse_stage_config(raw).engine.process == "auto"
-    for value, expected in (("on", "on"), ("off", "off"), (True, "on"), (False, "off")):  # YAML reads on as True
+    assert parse_stage_config(raw | {"stages": {**raw["stages"], "thinker": {"input": "request", "device": "cpu"}}}
+                              ).engine.process is False  # auto on the CPU  # fmt: skip
+    assert parse_stage_config(raw | {"stages": {**raw["stages"], "thinker": {"input": "request", "device": "cuda"}}}
+                              ).engine.process is True  # auto with CUDA  # fmt: skip
+    for value, expected in (("on", True), ("off", False), (True, True), (False, False)):  # YAML reads on as True
         assert parse_stage_config(raw | {"engine": {"process": value}}).engine.process == expected
     for engine, param in (({"process": "sometimes"}, "engine.process"), ({"threads": 2}, "engine.threads"),
                           ("on", "engine")):
@@ -529,8 +532,8 @@ def test_engine_process_config():
             parse_stage_config(raw | {"engine": engine})
         assert info.value.param == param
     cpu = stage_config("auto")
-    assert not cpu.engine_in_process() and stage_config("on").engine_in_process()
-    assert load_stage_config().engine.process == "auto"
+    assert cpu.engine.process is False and stage_config("on").engine.process is True
+    assert load_stage_config(overrides={"stages": {"thinker": {"device": "cpu"}}}).engine.process is False
 
 
 def test_a_loaded_checkpoint_cannot_run_in_a_child_process(tiny_engine):

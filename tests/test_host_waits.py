@@ -6,7 +6,6 @@ read) raise."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 import torch
@@ -20,8 +19,7 @@ def test_a_talker_start_queues_its_work_without_waiting(tiny_model_dir):
     from pipeline.core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
-    cfg = greedy_stage_config(token2wav={"worker_thread": "off", "compile": "off"})
-    cfg = replace(cfg, **{name: replace(getattr(cfg, name), device="cuda") for name in ("thinker", "talker", "token2wav")})
+    cfg = greedy_stage_config("cuda", token2wav={"worker_thread": "off", "compile": "off"})
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda", "talker": "cuda", "token2wav": "cuda"},
                            dtypes={"thinker": torch.float32, "talker": torch.float32})  # the config's dtypes
     core = EngineCore(ckpt, cfg, seed=0)

@@ -52,8 +52,8 @@ def test_the_timeline_spreads_the_asks_and_lists_the_token2wav_worker_jobs(profi
 
     from pipeline.config import DEFAULT_STAGE_CONFIG
 
-    cfg = yaml.safe_load((DEFAULT_STAGE_CONFIG.parent / "bench_forced.yaml").read_text())
-    cfg["stages"]["token2wav"]["worker_thread"] = "on"  # off by default on the CPU
+    cfg = {"extends": str(DEFAULT_STAGE_CONFIG.parent / "bench_forced.yaml"),
+           "stages": {"token2wav": {"worker_thread": "on"}}}  # off by default on the CPU
     config = tmp_path / "worker.yaml"
     config.write_text(yaml.safe_dump(cfg))
     argv = ["--users", "2", "--codec-tokens", "20", "--no-trace", "--timeline", "--spread-ms", "150",

@@ -23,12 +23,10 @@ def make_core(tiny_model_dir, chain_steps: int, device: str = "cpu", min_codes: 
     from pipeline.core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
-    cfg = greedy_stage_config(thinker={"min_tokens": 6, "max_tokens": 6},
+    cfg = greedy_stage_config(device, thinker={"min_tokens": 6, "max_tokens": 6},
                               talker={"min_tokens": min_codes, "max_tokens": max_codes, "chain_steps": chain_steps},
                               token2wav={"worker_thread": "off", "compile": "off"})  # fmt: skip
     cfg = replace(cfg, talker=replace(cfg.talker, sampling=SAMPLED))
-    cfg = replace(cfg, **{name: replace(getattr(cfg, name), device=device)
-                          for name in ("thinker", "talker", "token2wav")})  # fmt: skip
     devices = {"thinker": device, "talker": device, "token2wav": device}
     dtypes = {"thinker": torch.float32, "talker": torch.float32}
     return EngineCore(load_checkpoint(tiny_model_dir, devices=devices, dtypes=dtypes), cfg, seed=7)
@@ -106,14 +104,14 @@ def test_no_chain_while_commands_wait(tiny_model_dir):
 
 def test_chain_steps_is_a_positive_talker_setting():
     cfg = greedy_stage_config(talker={"chain_steps": 4})
-    assert cfg.talker.chain_steps == 4 and cfg.thinker.chain_steps == 1
+    assert cfg.talker.chain_steps == 4 and not hasattr(cfg.thinker, "chain_steps")
     raw = yaml.safe_load(DEFAULT_STAGE_CONFIG.read_text())
     raw["stages"]["talker"]["chain_steps"] = 0
     with pytest.raises(ConfigError, match="talker.chain_steps must be a positive integer"):
         parse_stage_config(raw)
     raw["stages"]["talker"]["chain_steps"] = 8
     raw["stages"]["thinker"]["chain_steps"] = 8
-    with pytest.raises(ConfigError, match="thinker.chain_steps only applies to talker"):
+    with pytest.raises(ConfigError, match="unknown field 'stages.thinker.chain_steps'"):
         parse_stage_config(raw)
 
 

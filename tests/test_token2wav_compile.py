@@ -110,44 +110,40 @@ def test_a_compile_failure_at_warm_up_names_the_option(model, monkeypatch) -> No
 
 def test_stage_config_worker_thread_field() -> None:
     """``worker_thread``: ``auto`` = the worker with CUDA, inline on the CPU; a bare YAML on / off (a boolean) reads
-    as the word."""
-    assert parse_stage_config(stages()).token2wav.worker_thread == "auto"
-    assert not parse_stage_config(stages(device="cpu")).token2wav.worker_enabled()
-    assert parse_stage_config(stages(device="cuda")).token2wav.worker_enabled()
-    assert not parse_stage_config(stages(device="cuda", worker_thread="off")).token2wav.worker_enabled()
-    assert parse_stage_config(stages(device="cpu", worker_thread="on")).token2wav.worker_enabled()
-    for value, expected in ((True, "on"), (False, "off")):
+    as the word; resolved to a bool at load."""
+    assert parse_stage_config(stages(device="cpu")).token2wav.worker_thread is False
+    assert parse_stage_config(stages(device="cuda")).token2wav.worker_thread is True
+    assert parse_stage_config(stages(device="cuda", worker_thread="off")).token2wav.worker_thread is False
+    assert parse_stage_config(stages(device="cpu", worker_thread="on")).token2wav.worker_thread is True
+    for value, expected in ((True, True), (False, False), ("auto", parse_stage_config(stages()).token2wav.on_cuda)):
         assert parse_stage_config(stages(worker_thread=value)).token2wav.worker_thread == expected
     assert_refused(stages(worker_thread="sometimes"), "stages.token2wav.worker_thread")
 
 
 def test_stage_config_dit_dtype_field() -> None:
-    assert parse_stage_config(stages()).token2wav.dit_dtype == "auto"
-    assert parse_stage_config(stages(device="cpu")).token2wav.dit_torch_dtype() == torch.float32  # auto on the CPU
-    assert parse_stage_config(stages(device="cuda")).token2wav.dit_torch_dtype() == torch.bfloat16
-    assert parse_stage_config(stages(device="cuda", dit_dtype="float32")).token2wav.dit_torch_dtype() == torch.float32
-    assert parse_stage_config(stages(dit_dtype="float16")).token2wav.dit_torch_dtype() == torch.float16
+    assert parse_stage_config(stages(device="cpu")).token2wav.dit_dtype == "float32"  # auto on the CPU
+    assert parse_stage_config(stages(device="cuda")).token2wav.dit_dtype == "bfloat16"
+    assert parse_stage_config(stages(device="cuda", dit_dtype="float32")).token2wav.torch_dit_dtype == torch.float32
+    assert parse_stage_config(stages(dit_dtype="float16")).token2wav.torch_dit_dtype == torch.float16
     for bad in ("int8", "half", 16):
         assert_refused(stages(dit_dtype=bad), "stages.token2wav.dit_dtype")
     assert_refused(on_the_talker("dit_dtype", "bfloat16"), "stages.talker.dit_dtype")
 
 
 def test_stage_config_compile_field() -> None:
-    assert parse_stage_config(stages()).token2wav.compile == "auto"
-    for value, expected in (("on", "on"), ("off", "off"), ("auto", "auto"), (True, "on"), (False, "off")):
-        assert parse_stage_config(stages(compile=value)).token2wav.compile == expected  # YAML reads on as True
-    cfg = parse_stage_config(stages(device="cpu"))
-    assert not cfg.token2wav.compile_enabled()  # auto: off on the CPU
-    assert parse_stage_config(stages(device="cpu", compile="on")).token2wav.compile_enabled()
-    assert parse_stage_config(stages(device="cuda")).token2wav.compile_enabled()  # auto: on with CUDA
-    assert not parse_stage_config(stages(device="cuda", compile="off")).token2wav.compile_enabled()
+    for value, expected in (("on", True), ("off", False), (True, True), (False, False)):
+        assert parse_stage_config(stages(compile=value)).token2wav.compile is expected  # YAML reads on as True
+    assert parse_stage_config(stages(device="cpu")).token2wav.compile is False  # auto: off on the CPU
+    assert parse_stage_config(stages(device="cpu", compile="on")).token2wav.compile is True
+    assert parse_stage_config(stages(device="cuda")).token2wav.compile is True  # auto: on with CUDA
+    assert parse_stage_config(stages(device="cuda", compile="off")).token2wav.compile is False
     for bad in ("yes", 1, "max-autotune"):
         assert_refused(stages(compile=bad), "stages.token2wav.compile")
     assert_refused(on_the_talker("compile", "on"), "stages.talker.compile")
 
 
 def test_the_cpu_engine_runs_the_dit_uncompiled_by_default(tiny_engine) -> None:
-    assert tiny_engine.cfg.token2wav.compile == "auto"
+    assert tiny_engine.cfg.token2wav.compile is False
     assert not tiny_engine._thread.core.token2wav.compile_dit
 
 
@@ -251,22 +247,3 @@ def test_compiled_graphs_with_tf32_stay_close(cuda_model) -> None:
     expected = np.concatenate(run_stream(StreamingToken2Wav(cuda_model, cuda_graphs=False), *case))
     assert np.abs(chunks - expected).max() < 2e-2 * np.abs(expected).max()
     assert fast.graph_stats().eager_dit_solves == 0
-
-
-def test_stage_config_worker_sms_field() -> None:
-    assert parse_stage_config(stages()).token2wav.worker_sms is None
-    assert parse_stage_config(stages(worker_sms=96)).token2wav.worker_sms == 96
-    for bad in (0, -4, True, "96"):
-        assert_refused(stages(worker_sms=bad), "stages.token2wav.worker_sms")
-    assert_refused(on_the_talker("worker_sms", 96), "stages.talker.worker_sms")
-
-
-def test_worker_sms_needs_the_worker_on_cuda() -> None:
-    """On the CPU (or without the worker) there is no green context to make: a clear start error, not a silent
-    ignore."""
-    from pipeline.core import _green_stream
-
-    assert _green_stream(None, torch.device("cpu"), threaded=False) == (None, None)
-    with pytest.raises(ConfigError) as info:
-        _green_stream(96, torch.device("cpu"), threaded=True)
-    assert info.value.param == "stages.token2wav.worker_sms"

@@ -326,16 +326,14 @@ def test_misuse_raises_clear_errors(realistic_model) -> None:
 # Several streams in one batched DiT solve
 
 
-@pytest.mark.parametrize(("max_batch", "batch_sizes", "slots"), [
-    (8, None, [4, 2, 2]), (2, None, [2, 1, 2, 2]), (8, [3], [3, 3, 3])])
-def test_step_many_equals_each_stream_stepped_alone(realistic_model, max_batch: int, batch_sizes, slots) -> None:
+@pytest.mark.parametrize(("max_batch", "slots"), [(8, [4, 2, 2]), (2, [2, 1, 2, 2])])
+def test_step_many_equals_each_stream_stepped_alone(realistic_model, max_batch: int, slots) -> None:
     """Streams of different lengths and progress (first, steady and short last chunks at once) batched:
-    3 streams in 4 slots (one blank), split in batches of 2 and 1, or every batch in 3 slots when the batch sizes
-    are 3 and 8.
+    3 streams in 4 slots (one blank), or split in batches of 2 and 1.
     Windows are padded to the first/steady window lengths; padding is masked out, so each stream's audio equals its
     own step() up to float noise."""
     cases = [utterance(n, seed=10 + n) for n in BATCH_LENGTHS]
-    t2w = StreamingToken2Wav(realistic_model, max_batch=max_batch, batch_sizes=batch_sizes)
+    t2w = StreamingToken2Wav(realistic_model, max_batch=max_batch)
     solved_slots = []
     solve = t2w._dit_batches._solve
     t2w._dit_batches._solve = lambda *inputs: solved_slots.append(inputs[0].shape[0]) or solve(*inputs)
@@ -349,29 +347,6 @@ def test_step_many_equals_each_stream_stepped_alone(realistic_model, max_batch: 
         alone = stream_chunks(realistic_model, ChunkingConfig(), codes, cond, ref_mel, noise)
         assert [len(c) for c in chunks] == [len(c) for c in alone]
         np.testing.assert_allclose(np.concatenate(chunks), np.concatenate(alone), rtol=0, atol=FLOAT_NOISE)
-
-
-def test_the_synthesizer_and_the_stage_config_take_batch_sizes(realistic_model) -> None:
-    import yaml
-
-    from pipeline.config import DEFAULT_STAGE_CONFIG, parse_stage_config
-
-    assert StreamingToken2Wav(realistic_model, max_batch=16).batch_sizes == (1, 2, 4, 8, 16)
-    assert StreamingToken2Wav(realistic_model, max_batch=16, batch_sizes=[6, 12]).batch_sizes == (6, 12, 16)
-    with pytest.raises(ConfigError, match="batch sizes"):
-        StreamingToken2Wav(realistic_model, max_batch=4, batch_sizes=[8])
-    raw = yaml.safe_load(DEFAULT_STAGE_CONFIG.read_text())
-    raw["stages"]["token2wav"].pop("batch_sizes", None)
-    assert parse_stage_config(raw).token2wav.batch_sizes is None
-    raw["stages"]["token2wav"]["batch_sizes"] = [12, 4, 8]
-    assert parse_stage_config(raw).token2wav.batch_sizes == (4, 8, 12)
-    raw["stages"]["token2wav"]["batch_sizes"] = [4, 32]
-    with pytest.raises(ConfigError, match=r"token2wav.batch_sizes must be a list of integers in \[1, max_batch"):
-        parse_stage_config(raw)
-    raw["stages"]["token2wav"]["batch_sizes"] = None
-    raw["stages"]["talker"]["batch_sizes"] = [2]
-    with pytest.raises(ConfigError, match="talker.batch_sizes only applies to token2wav"):
-        parse_stage_config(raw)
 
 
 def test_step_many_refuses_bad_batches_before_touching_a_stream(realistic_model) -> None:

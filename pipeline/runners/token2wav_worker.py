@@ -44,13 +44,12 @@ class Token2WavResult:
 
 
 class Token2WavWorker:
-    def __init__(self, synthesizer, device: torch.device, *, stream: torch.cuda.Stream | None = None) -> None:
-        """``stream``: where jobs without a first chunk run (default: a new stream of default priority), e.g. a green
-        context's stream, to keep them on that context's SMs."""
+    def __init__(self, synthesizer, device: torch.device) -> None:
+        """Jobs without a first chunk run on a stream of their own of default priority."""
         self.synthesizer = synthesizer
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
-        self._cuda_stream = (stream or torch.cuda.Stream(self.device)) if cuda else None
+        self._cuda_stream = torch.cuda.Stream(self.device) if cuda else None
         # a job with a first chunk is on someone's time-to-first-audio path: it outranks decode steps
         self._urgent_stream = torch.cuda.Stream(self.device, priority=URGENT_PRIORITY) if cuda else None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()

@@ -299,7 +299,7 @@ def _load(options: BenchOptions, cfg) -> _Loaded:
     if engine is not None:
         source, random_weights, device = engine.model_name, engine.random_weights, engine.facts.device_name
     else:
-        source, random_weights, device = ckpt.source, ckpt.random_weights, _device_name(cfg.thinker.torch_device())
+        source, random_weights, device = ckpt.source, ckpt.random_weights, _device_name(cfg.thinker.device)
     return _Loaded(ckpt if options.reference else None, engine,
                    model_label(options.model, cfg, source=source, random_weights=random_weights), device)
 

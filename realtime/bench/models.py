@@ -9,7 +9,7 @@ GPU), or a checkpoint folder / cached hub id.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import StageGraphConfig, load_stage_config
@@ -65,14 +65,14 @@ class Workload:
 def bench_stage_config(path: Path | None, *, device: str | None, length: ReplyLength | None) -> StageGraphConfig:
     """The stage graph at ``path`` (default :data:`FORCED_STAGE_CONFIG`), every stage on ``device``
     when given, reply lengths forced to ``length`` when given (min = max tokens)."""
-    cfg = load_stage_config(path or FORCED_STAGE_CONFIG)
     placed = {} if device is None else {"device": device}
     thinker, talker = dict(placed), dict(placed)
     if length is not None:
         thinker.update(min_tokens=length.text_tokens, max_tokens=length.text_tokens)
         talker.update(min_tokens=length.codec_tokens, max_tokens=length.codec_tokens)
-    return replace(cfg, thinker=replace(cfg.thinker, **thinker), talker=replace(cfg.talker, **talker),
-                   token2wav=replace(cfg.token2wav, **placed))
+    # merged in before validation, so that ``auto`` values resolve against ``device``
+    return load_stage_config(path or FORCED_STAGE_CONFIG,
+                             overrides={"stages": {"thinker": thinker, "talker": talker, "token2wav": placed}})
 
 
 def _turns(count: int) -> str:
@@ -121,7 +121,7 @@ def load_model(model: str | None, cfg: StageGraphConfig, *, cache_dir: Path | No
 def model_label(model: str | None, cfg: StageGraphConfig, *, source: str, random_weights: bool) -> str:
     """A one-line description of what ``--model`` loaded (``source`` and ``random_weights`` as the engine or
     the checkpoint reports them), for reports."""
-    dtype = str(cfg.thinker.torch_dtype()).removeprefix("torch.")
+    dtype = cfg.thinker.dtype
     if model is not None and model.startswith(RANDOM_PREFIX):
         return f"Qwen2.5-Omni {model[len(RANDOM_PREFIX):]} architecture, random weights built in memory ({dtype})"
     if model in (None, "embedded:tiny"):

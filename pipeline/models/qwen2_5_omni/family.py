@@ -80,12 +80,11 @@ class Qwen25OmniFamily:
     def token2wav(self, ckpt: LoadedCheckpoint, stage: Token2WavConfig) -> StreamingToken2Wav:
         from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
 
-        on_cuda = torch.device(stage.torch_device()).type == "cuda"
+        on_cuda = stage.torch_device.type == "cuda"
         return StreamingToken2Wav(
-            ckpt.token2wav, ChunkingConfig(**stage.chunking), max_batch=stage.max_batch, batch_sizes=stage.batch_sizes,
-            tf32_matmul=stage.tf32_matmul and on_cuda, compile_dit=stage.compile_enabled(),
-            fused_vocoder=stage.compile_enabled() and on_cuda, dit_dtype=stage.dit_torch_dtype(),
-            dit_attention=stage.dit_attention_kind(),
+            ckpt.token2wav, ChunkingConfig(**stage.chunking), max_batch=stage.max_batch,
+            tf32_matmul=stage.tf32_matmul and on_cuda, compile_dit=stage.compile, fused_vocoder=stage.compile and on_cuda,
+            dit_dtype=stage.torch_dit_dtype, dit_attention=stage.dit_attention,
         )
 
     def start_stream(self, synthesizer: StreamingToken2Wav, ckpt: LoadedCheckpoint, voice: str, *,

@@ -49,26 +49,19 @@ blocks apart, far beyond the one block the DiT's look-ahead/look-back layers rea
 # Static shapes
 
 
-def slot_bucket(streams: int, max_slots: int, sizes: Sequence[int] | None = None) -> int:
+def slot_bucket(streams: int, max_slots: int) -> int:
     """Slots for a batch of ``streams`` (1 <= streams <= max_slots): the smallest of :func:`slot_sizes` that holds
-    it (by default the next power of two, capped at ``max_slots``), so a few captured batch sizes serve every count."""
+    it (the next power of two, capped at ``max_slots``), so a few captured batch sizes serve every count."""
     if not 1 <= streams <= max_slots:
         raise ValueError(f"streams={streams} outside [1, {max_slots}]")
-    return bucket_at_least(streams, slot_sizes(max_slots, sizes))
+    return bucket_at_least(streams, slot_sizes(max_slots))
 
 
-def slot_sizes(max_slots: int, sizes: Sequence[int] | None = None) -> tuple[int, ...]:
-    """The batch sizes a batch is padded up to: ``sizes`` (each in [1, ``max_slots``]) and ``max_slots``, or by default
-    the powers of two below ``max_slots`` and ``max_slots``. Why a choice: a batch costs about its padded size, so
-    a job of 9 streams in 16 slots pays for 16; more sizes waste less, each at the price of its graphs."""
+def slot_sizes(max_slots: int) -> tuple[int, ...]:
+    """The batch sizes a batch is padded up to: the powers of two below ``max_slots``, and ``max_slots``."""
     if max_slots < 1:
         raise ValueError(f"max_slots must be >= 1, got {max_slots}")
-    if sizes is None:
-        sizes = [1 << i for i in range(max_slots.bit_length()) if 1 << i < max_slots]
-    bad = [n for n in sizes if not (isinstance(n, int) and 1 <= n <= max_slots)]
-    if bad:
-        raise ValueError(f"batch sizes must be integers in [1, {max_slots}], got {bad}")
-    return tuple(sorted({*sizes, max_slots}))
+    return tuple(sorted({*(1 << i for i in range(max_slots.bit_length()) if 1 << i < max_slots), max_slots}))
 
 
 @dataclass(frozen=True)

@@ -529,9 +529,9 @@ class StreamingToken2Wav:
 
     ``cuda_graphs`` (default: on when the model is on CUDA) replays the DiT solve and the vocoder from CUDA graphs
     (see the module docstring); a shape is captured the first time it is needed (about two solves' time), or up
-    front by :meth:`warm_up`. ``max_batch`` bounds the streams of one batched DiT solve in :meth:`step_many`;
-    ``batch_sizes`` are the batch sizes a solve or vocoder call is padded up to (:func:`.token2wav_graphs.slot_sizes`:
-    by default the powers of two up to ``max_batch``), each with graphs of its own.
+    front by :meth:`warm_up`. ``max_batch`` bounds the streams of one batched DiT solve in :meth:`step_many`; a solve
+    or vocoder call is padded up to one of :func:`.token2wav_graphs.slot_sizes` (the powers of two up to
+    ``max_batch``), each with graphs of its own.
 
     ``tf32_matmul`` (CUDA only, off by default) runs the float32 matrix products of the DiT on TF32 tensor cores
     (10-bit mantissa inputs, float32 accumulation): about twice as fast on an H100/H200, no longer equal to the
@@ -558,14 +558,12 @@ class StreamingToken2Wav:
     ConfigError) instead of SDPA and the four kernels around it; equal up to float rounding.
 
     ``capture_stream`` (CUDA graphs only; default: a new stream) is where every graph of the synthesizer is warmed up
-    and captured. The engine passes a CUDA green context's stream here to keep the graphs' kernels on that context's
-    SMs; that graphs captured there stay on them wherever they are replayed is what the driver is expected to do, not
-    something checked here (BENCHMARKS.md §9.3 has the decode speed-up seen with it).
+    and captured.
     """
 
     def __init__(self, model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig | None = None, *,
                  cuda_graphs: bool | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                 batch_sizes: Sequence[int] | None = None, tf32_matmul: bool = False, compile_dit: bool = False,
+                 tf32_matmul: bool = False, compile_dit: bool = False,
                  fused_vocoder: bool = False,
                  dit_dtype: torch.dtype = torch.float32, capture_stream: torch.cuda.Stream | None = None,
                  dit_attention: DitAttention | str = DitAttention.SDPA) -> None:  # fmt: skip
@@ -585,10 +583,7 @@ class StreamingToken2Wav:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}", param="max_batch")
         self.cuda_graphs = on_cuda if cuda_graphs is None else cuda_graphs
         self.max_batch = max_batch
-        try:
-            self.batch_sizes = slot_sizes(max_batch, batch_sizes)
-        except ValueError as exc:
-            raise ConfigError(str(exc), param="batch_sizes") from exc
+        self.batch_sizes = slot_sizes(max_batch)
         self.tf32_matmul = tf32_matmul
         self.compile_dit = compile_dit
         self.fused_vocoder = fused_vocoder
@@ -605,8 +600,6 @@ class StreamingToken2Wav:
             self.dit, cond.to(self.device, torch.float32), ref_mel.to(self.device, torch.float32), self.use_cfg))
         # One capture stream (one cuBLAS workspace) for every graph of this synthesizer: its solves and vocoder calls
         # run one at a time, but may run beside the decode steps' graphs, which have streams of their own.
-        # A given stream (a green context's, which then bounds the SMs every graph of this synthesizer runs on) or
-        # a new one.
         self.capture_stream = (capture_stream or torch.cuda.Stream(self.device)) if self.cuda_graphs else None
         self._dit_batches = _BatchedDit(self.dit, self._weights, self._modulation, self.cfg, self._times,
                                         graphs=self.cuda_graphs,
@@ -835,13 +828,6 @@ class Token2WavStream:
             return None
         needed = self._cfg.codes_needed(self.chunks_emitted, frames_done=self.frames_done)
         return max(0, needed - self.codes_received)
-
-    def codes_ahead(self) -> int | None:
-        """Codes pushed beyond what the next chunk needs (negative: that many are still missing); None when no code can
-        matter any more (the stream is finished, done or closed). A chunk being synthesized counts as the next."""
-        if self.status is not StreamStatus.OPEN:
-            return None
-        return self.codes_received - self._cfg.codes_needed(self.chunks_emitted, frames_done=self.frames_done)
 
     def next_plan(self) -> ChunkPlan | None:
         """The chunk ``step()`` would synthesize now, or None."""
