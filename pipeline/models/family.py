@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.config import Token2WavConfig
 
 
 Checkpoint: TypeAlias = Any
@@ -122,9 +121,10 @@ class ModelFamily(Protocol):
         :class:`pipeline.models.qwen2_5_omni.audio_features.IncrementalLogMel`), for the thinker's audio encoder."""
         ...
 
-    def token2wav(self, ckpt: Any, stage: Token2WavConfig) -> Any:
-        """The streaming synthesizer (see the module docstring) on ``stage``'s device, set up as its
-        ``stages.token2wav`` config says."""
+    def token2wav(self, ckpt: Any, stage: Any) -> Any:
+        """The streaming synthesizer (see the module docstring) set up as ``stage`` says: the resolved
+        ``stages.token2wav`` config (:class:`pipeline.config.Token2WavConfig`; not imported here: the config reads the
+        family registry, never the other way)."""
         ...
 
     def start_stream(self, synthesizer: Any, ckpt: Any, voice: str, *, generator: torch.Generator | None,

@@ -4,7 +4,7 @@ voices (``spk_dict.pt``), Whisper log-mel features and the streaming DiT + BigVG
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,7 +20,6 @@ from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT, PromptRenderer
 
 if TYPE_CHECKING:
-    from pipeline.config import Token2WavConfig
     from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec
     from pipeline.models.qwen2_5_omni.token2wav_stream import (
         StreamingToken2Wav,
@@ -77,7 +76,7 @@ class Qwen25OmniFamily:
     def audio_features(self, ckpt: LoadedCheckpoint) -> IncrementalLogMel:
         return IncrementalLogMel(ckpt.feature_extractor)
 
-    def token2wav(self, ckpt: LoadedCheckpoint, stage: Token2WavConfig) -> StreamingToken2Wav:
+    def token2wav(self, ckpt: LoadedCheckpoint, stage: Any) -> StreamingToken2Wav:
         from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
 
         on_cuda = stage.torch_device.type == "cuda"

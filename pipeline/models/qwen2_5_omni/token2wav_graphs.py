@@ -26,7 +26,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pipeline.kernels.cuda_graphs import CapturedCall, GraphCaptureError, bucket_at_least  # re-exported: part of this API
+from pipeline.kernels.cuda_graphs import (  # re-exported: part of this API
+    CapturedCall,
+    GraphCaptureError,
+    bucket_at_least,
+)
 
 __all__ = [
     "PAD_BLOCK",

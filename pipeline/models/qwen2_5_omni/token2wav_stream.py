@@ -54,6 +54,7 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniTo
 from pipeline.errors import CheckpointError, ConfigError, InvalidInputError, PipelineError
 from pipeline.models.family import StreamStatus
 from pipeline.models.qwen2_5_omni import vocoder
+from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
 from pipeline.models.qwen2_5_omni.dit import (
     CompiledDitBlock,
     DitAttention,
@@ -61,9 +62,9 @@ from pipeline.models.qwen2_5_omni.dit import (
     DitWeights,
     TimeModulation,
     WindowInputs,
-    guided,
     dit_velocity,
     dit_weights,
+    guided,
     integrate,
 )
 from pipeline.models.qwen2_5_omni.token2wav_graphs import (
@@ -73,7 +74,6 @@ from pipeline.models.qwen2_5_omni.token2wav_graphs import (
     pack_windows,
     slot_sizes,
 )
-from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
 
 log = logging.getLogger(__name__)
 
