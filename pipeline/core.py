@@ -473,7 +473,7 @@ class EngineCore:
         return self.runner.collect_audio(self.output.emit_audio, self._record_job, self._live)
 
     def _record_job(self, started: float, urgent: bool, streams: int) -> None:
-        self.scheduler.recent_jobs.record(urgent, (time.perf_counter() - started) * 1000, streams)
+        self.scheduler.recent_jobs.record(urgent, (time.perf_counter() - started) * 1000)
         self.observer.job(started, streams=streams, first=urgent)
 
     # -- endings ------------------------------------------------------------------------------------

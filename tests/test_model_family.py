@@ -81,7 +81,7 @@ async def test_the_toy_family_serves_a_text_turn_and_a_spoken_reply(tiny_model_d
             assert core.family is TOY
             conv = engine.conversation()
             await conv.add_text("u1", "Hello toy")
-            rendered = core.renderer.decode(core.conversations[conv.id].render().token_ids)
+            rendered = core.renderer.decode(core.conversations.get(conv.id).render().token_ids)
             assert "[system]: You are a toy." in rendered and "[user]: Hello toy" in rendered
             text = await conv.respond(item_id="a1", modalities=frozenset({"text"}), max_output_tokens=5).wait()
             assert text.status in (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE) and text.text_token_ids
