@@ -523,6 +523,11 @@ class EngineCore:
             self.scheduler.release_slots(r.conv)  # a stage may have died mid-update: never keep a possibly corrupt cache
         self._finish(r, ResponseStatus.FAILED, "error", exc)
 
+    def fail_all(self) -> None:
+        """End every live response ``failed`` (the engine loop's answer to a step that raised)."""
+        for r in list(self.scheduler.responses.values()):
+            self._fail(r, EngineFailure("the engine failed while generating this response"))
+
     # -- state --------------------------------------------------------------------------------------
     def has_work(self) -> bool:
         """Whether a step can do something now: a response running, an audio encode queued, a background prefill that

@@ -180,7 +180,18 @@ class EngineThread:
             if self.core.encode_audio() and not self._run_commands(block=False, timeout=None):
                 return
             if self.core.has_work():
-                progressed = self.core.step()
+                progressed = self._step()
+
+    def _step(self) -> bool:
+        """One engine step. A step that raises (a bug: the core isolates each response's own failures) fails every
+        live response and the loop serves on, rather than leaving every session waiting for an engine thread that
+        died."""
+        try:
+            return self.core.step()
+        except Exception:  # noqa: BLE001 - the engine thread must go on serving the sessions that come next
+            log.exception("engine step failed; every live response fails")
+            self.core.fail_all()
+            return True
 
     def _run_commands(self, *, block: bool, timeout: float | None) -> bool:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import time
@@ -289,3 +290,21 @@ def test_audio_positions_are_copied_block_by_block():
     audio = {2: (a, 0), 3: (a, 1), 4: (a, 2), 5: (a, 3), 6: (b, 0), 7: (b, 1), 9: (b, 2)}
     runs = [(offset, t is a, r) for offset, t, r in audio_runs(audio, 3, 10)]  # offsets from the chunk's start (3)
     assert runs == [(0, True, range(1, 4)), (3, False, range(0, 2)), (6, False, range(2, 3))]
+
+
+async def test_a_step_that_raises_fails_the_live_responses_and_the_engine_serves_on(tiny_engine, monkeypatch, caplog):
+    """A bug outside any one response's isolation (here the token2wav job policy) must not kill the engine thread."""
+    core = tiny_engine._thread.core
+
+    def broken(ready, now):
+        raise RuntimeError("injected scheduler bug")
+
+    monkeypatch.setattr(core.scheduler, "audio_job", broken)
+    conv = tiny_engine.conversation()
+    await conv.add_text("u1", "Hello")
+    done = await asyncio.wait_for(conv.respond(item_id="a1", max_output_tokens=4).wait(), 60)
+    assert done.status is ResponseStatus.FAILED and "engine step failed" in caplog.text
+    monkeypatch.undo()
+    again = await asyncio.wait_for(conv.respond(item_id="a2", max_output_tokens=4).wait(), 60)
+    assert again.status in (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE)
+    await conv.close()
