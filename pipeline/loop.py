@@ -113,8 +113,7 @@ class EngineThread:
         self.core = core
         # Every torch call releases and re-takes the GIL; while the server's event loop runs Python (VAD,
         # JSON, base64), each re-take can wait a whole switch interval (5 ms by default), and an eager prefill
-        # makes hundreds of calls per step. A short interval bounds each wait. (Its effect was not measured on
-        # its own: the 1 s prefills first suspected of this convoy turned out to be cuDNN, BENCHMARKS.md §6.3.)
+        # makes hundreds of calls per step. A short interval bounds each wait (its effect alone is not measured).
         if sys.getswitchinterval() > ENGINE_SWITCH_INTERVAL_S:
             sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()

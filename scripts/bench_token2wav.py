@@ -4,7 +4,7 @@ Markdown tables).
     python scripts/bench_token2wav.py --device cuda                     # 7B token2wav, random weights, GPU
     python scripts/bench_token2wav.py --device cuda --batches 4,8 --tf32 --json out.json
     python scripts/bench_token2wav.py --device cuda --tf32 --compile    # + rows with the DiT blocks compiled
-    python scripts/bench_token2wav.py --tiny                            # tiny token2wav on CPU (smoke run)
+    python scripts/bench_token2wav.py --tiny --device cpu               # tiny token2wav on CPU (smoke run)
 
 Builds only the token2wav of the Qwen2.5-Omni-7B architecture (DiT 22 layers, BigVGAN 1536 channels; float32, as
 the reference requires) with random weights, one random speaker, random codes. One utterance has all its codes

@@ -1,5 +1,5 @@
 """Where a reply's first chunk waits inside the engine: p50 / p95 per bench level of the engine milestones that each
-finished spoken response logs ("milestones (ms) {...}", pipeline/core.py), split into
+finished spoken response logs ("milestones (ms) {...}", pipeline/output/processor.py), split into
 
 - ``first code``: the talker's first code (ms from the engine taking the response);
 - ``codes``: from the first code to the first chunk's last code (look-ahead included);

@@ -337,7 +337,7 @@ def _verdict(message: str | bytes) -> str | None:
 
 
 async def test_a_text_frame_that_is_not_utf8_closes_with_1007_and_frees_the_session(fuzz_server):
-    """Below the protocol: the WebSocket library refuses the frame (RFC 6455 §8.1) and closes."""
+    """Below the protocol: the WebSocket library refuses the frame (RFC 6455, section 8.1) and closes."""
     url, app = fuzz_server
     client = await RawClient.open(url)
     await client.until("session.created")

@@ -3,13 +3,14 @@
 Why: a real-time player starts on a reply's first chunk and from then on needs every chunk before the audio in hand
 runs out. Alone, the next chunk comes well within the first one's 480 ms. But when more conversations are busy than
 one token2wav job holds (``token2wav.max_batch``), a reply's next chunk can wait for a whole job of other streams and
-then its own: on the H100, 32 users' burst had the first replies of the burst, and those of the second wave, run
-dry for 50-600 ms after their first chunk (BENCHMARKS.md §25-26), whatever the job schedule. Holding the first
-chunks until ``target_ms`` of audio is made (the first two chunks for the packaged schedule) gives the player that
-much to play while the rest are made; the first audio comes that much later, only under such a load.
+then its own: without this hold, on the H100, in a burst of 32 users, the first replies and those of the second
+wave ran dry for 50-600 ms after their first chunk, whatever the job schedule. Holding the first chunks until
+``target_ms`` of audio is made (the first two chunks for the packaged schedule) gives the player that much to play
+while the rest are made; the first audio comes that much later, only under such a load.
 
-Pure logic, no torch and no clock: the engine (``EngineCore._emit_audio``) decides at a reply's first chunk whether
-to hold (:func:`holds_start`), passes each chunk it makes to :meth:`StartBuffer.add` and sends what that returns.
+Pure logic, no torch and no clock: the engine decides at a reply's first chunk whether to hold (:func:`holds_start`,
+asked by the scheduler), and its output side (``OutputProcessor.emit_audio`` in ``pipeline/output/processor.py``)
+passes each chunk it makes to :meth:`StartBuffer.add` and sends what that returns.
 """
 
 from __future__ import annotations

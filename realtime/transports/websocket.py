@@ -46,7 +46,7 @@ BETA_HEADER_VALUE = "realtime=v1"
 
 
 class CloseCode(enum.IntEnum):
-    """WebSocket close codes this server uses (RFC 6455 §7.4)."""
+    """WebSocket close codes this server uses (RFC 6455, section 7.4)."""
 
     NORMAL = 1000
     GOING_AWAY = 1001

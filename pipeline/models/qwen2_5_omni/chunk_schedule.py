@@ -42,7 +42,7 @@ class ChunkingConfig:
     a little more from a one-shot pass; later chunks use the official 72/48/24 values. Alone, the first chunk
     emits 48 - 20 = 28 frames (280 ms; a frame is 10 ms) of audio; the packaged config also vocodes 20 of its
     look-ahead frames (``first_vocoder_lookahead_frames``), so it emits all 48 (480 ms) and its next chunk, 48
-    frames after 24 more codes, has 200 ms more time before the player runs dry (BENCHMARKS.md §22).
+    frames after 24 more codes, has 200 ms more time before the player runs dry.
     ``ChunkingConfig(first_chunk_frames=72)`` is the official schedule.
 
     ``dit_block_frames`` is the DiT's attention block size; when given, the chunk, first-chunk and context
@@ -83,7 +83,7 @@ class ChunkingConfig:
     ``quick_first_chunk_max_open`` other streams are open): its stream uses :meth:`quick` (this first chunk, vocoded
     with ``hold_frames`` of its look-ahead, so it emits all of its frames). Why only then: 24 frames need 24 codes
     instead of 36 (12 fewer talker steps before the first audio, ~25 ms at one user on the H100), but every reply then
-    makes one more token2wav job, which under load costs more than it saves (BENCHMARKS.md §11.5). None: off."""
+    makes one more token2wav job, which under load costs more than it saves. None: off."""
     quick_first_chunk_max_open: int = 0
     """Other open streams (replies still being synthesized) up to which a new stream gets the quick first chunk."""
 

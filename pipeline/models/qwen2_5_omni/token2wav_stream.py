@@ -546,7 +546,7 @@ class StreamingToken2Wav:
 
     ``fused_vocoder`` (off by default; CUDA only) runs each of BigVGAN's anti-aliased activations as two Triton kernels
     (:func:`.vocoder.triton_activation`) instead of ~10 kernels and a slow depthwise transposed convolution, which
-    were most of a vocoder call's GPU time (BENCHMARKS.md §12.1); equal up to float rounding.
+    were most of a vocoder call's GPU time; equal up to float rounding.
 
     ``dit_dtype`` (float32 by default, as the reference) is the precision of the DiT's transformer: ``bfloat16`` or
     ``float16`` run copies of its blocks in that dtype on the tensor cores, at half the bytes of every activation;
