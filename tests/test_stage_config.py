@@ -84,7 +84,7 @@ def test_the_bench_overlay_changes_only_its_keys() -> None:
     bench_path = DEFAULT_STAGE_CONFIG.parent / "bench_forced.yaml"
     assert yaml.safe_load(bench_path.read_text())["extends"] == "qwen2_5_omni.yaml"
     bench, packaged = load_stage_config(bench_path), load_stage_config()
-    assert (bench.thinker.min_tokens, bench.thinker.max_tokens, bench.talker.min_tokens) == (16, 16, 100)
+    assert (bench.thinker.min_tokens, bench.thinker.max_tokens, bench.talker.min_tokens) == (30, 30, 400)  # ~8 s replies
     assert (bench.thinker.kv_slots, bench.thinker.context_policy) == (64, "drop_oldest")
     assert bench.thinker.sampling == packaged.thinker.sampling and bench.token2wav == packaged.token2wav
     assert bench.talker.chain_steps == packaged.talker.chain_steps
