@@ -325,6 +325,12 @@ class OmniEngine:
         return not isinstance(self._backend, EngineThread)
 
     @property
+    def core(self) -> EngineCore:
+        """The engine core when it runs on a thread of this process (tools and tests read its state and step it through
+        :meth:`EngineThread.submit <pipeline.loop.EngineThread.submit>`); AttributeError with an engine process."""
+        return self._thread.core
+
+    @property
     def _thread(self) -> EngineThread:
         """The engine thread of this process (tests reach its ``core``); only when the core runs here."""
         if not isinstance(self._backend, EngineThread):

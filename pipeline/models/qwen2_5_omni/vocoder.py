@@ -13,7 +13,7 @@ slow grouped ``dgrad`` kernel. :func:`triton_activation` computes the same thing
 - output sample t is the 12-tap low-pass of activated samples 2t - 5 .. 2t + 6 (clamped: the second replicate
   padding).
 
-Equal to the reference up to float rounding (sums in another order); ``tests/test_vocoder.py`` checks the kernels
+Equal to the reference up to float rounding (sums in another order); ``tests/unit/models/test_vocoder.py`` checks the kernels
 against transformers' modules (on the GPU, or in Triton's interpreter on the CPU). Two other forms were measured
 slower on an H100: torch.compile of the same arithmetic (its index arithmetic over dynamic shapes
 dominated), and one kernel recomputing SnakeBeta for each of an output's 12 taps.

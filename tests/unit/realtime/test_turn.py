@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import wave
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +12,10 @@ from realtime.audio import AudioFormat, InputDecoder
 from realtime.errors import RealtimeError
 from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
 from realtime.vad import SileroVad
+from tests.helpers.paths import TESTS
 
 FRAME = 512  # samples per VAD frame at 16 kHz = 32 ms
-SPEECH_DIR = Path(__file__).parent / "fixtures" / "speech"
+SPEECH_DIR = TESTS / "fixtures" / "speech"
 MANIFEST = json.loads((SPEECH_DIR / "manifest.json").read_text())
 
 

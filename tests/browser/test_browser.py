@@ -24,13 +24,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+
+from tests.helpers.paths import REPO, TESTS
 from tests.helpers.server import ServerThread
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
 CHROMIUM = Path("/usr/bin/chromium")
-SPEECH = Path(__file__).parent / "fixtures" / "speech"
-ARTIFACTS = Path(__file__).parent / "artifacts"
+SPEECH = TESTS / "fixtures" / "speech"
+ARTIFACTS = TESTS / "artifacts"
 LEAD_IN_S = 1.5  # silence before the question: the page connects meanwhile (~0.3 s)
 TAIL_S = 2.0  # silence after it, so the server VAD sees the end of the turn
 TURN_TIMEOUT_MS = 40_000
@@ -190,7 +192,7 @@ def _wait(predicate, timeout_s: float = 5.0) -> bool:
     return predicate()
 
 
-WORKLETS = Path(__file__).parent.parent / "web_demo" / "worklets.js"
+WORKLETS = REPO / "web_demo" / "worklets.js"
 
 _WORKLET_STUBS = """
 window.sampleRate = 48000;

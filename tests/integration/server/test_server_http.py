@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx2
 import pytest
@@ -27,8 +26,8 @@ from realtime.metrics import ServerMetrics
 from realtime.protocol.names import Dialect
 from realtime.server import create_app, serve_in_background
 from tests.fakes import FakeEngine
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 KEY = "http-key"
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from pipeline.errors import CheckpointError, ConfigError, InvalidInputError
+from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
 from pipeline.models.qwen2_5_omni.token2wav_stream import (
     StreamingToken2Wav,
     StreamStatus,
@@ -22,8 +23,18 @@ from pipeline.models.qwen2_5_omni.token2wav_stream import (
     Token2WavStreamStateError,
     one_shot,
 )
-from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
-from tests.helpers.token2wav import BATCH_LENGTHS, BATCH_ROUNDS, FLOAT_NOISE, HOP, MEL_DIM, NUM_CODES, SAMPLES_PER_CODE, build_token2wav, drive_together, utterance
+from tests.helpers.token2wav import (
+    BATCH_LENGTHS,
+    BATCH_ROUNDS,
+    FLOAT_NOISE,
+    HOP,
+    MEL_DIM,
+    NUM_CODES,
+    SAMPLES_PER_CODE,
+    build_token2wav,
+    drive_together,
+    utterance,
+)
 
 
 def stream_chunks(model, cfg: ChunkingConfig, codes, cond, ref_mel, noise, *, push_size: int = 1) -> list[np.ndarray]:

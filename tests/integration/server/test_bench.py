@@ -12,7 +12,6 @@ import json
 import math
 import shutil
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,8 +51,9 @@ from realtime.bench.throughput import (
     replying_seconds,
     scrape_counters,
 )
+from tests.helpers.paths import REPO, TESTS
 
-SPEECH_DIR = Path(__file__).parent / "fixtures" / "speech"
+SPEECH_DIR = TESTS / "fixtures" / "speech"
 
 
 def loud(n: int, at: int | None = 0) -> np.ndarray:
@@ -534,7 +534,7 @@ def test_stage_config_forces_reply_lengths():
     cfg = bench_stage_config(None, device="cpu", length=ReplyLength(4, 40))
     assert reply_length(cfg) == ReplyLength(4, 40) and cfg.talker.device == "cpu"
     assert reply_length(bench_stage_config(None, device=None, length=None)) == ReplyLength(30, 400)  # about 8 s
-    packaged = Path(__file__).parents[1] / "pipeline" / "stage_configs" / "qwen2_5_omni.yaml"
+    packaged = REPO / "pipeline" / "stage_configs" / "qwen2_5_omni.yaml"
     with pytest.raises(ValueError, match="forced reply lengths"):
         reply_length(bench_stage_config(packaged, device=None, length=None))
 

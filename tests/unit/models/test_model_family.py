@@ -19,8 +19,9 @@ from pipeline.loaders import PretrainedCheckpoint
 from pipeline.models import FAMILIES, family_of, registered
 from pipeline.models.family import ModelFamily
 from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
+from tests.helpers.paths import REPO
 
-MODELS = Path(__file__).resolve().parents[1] / "pipeline" / "models"
+MODELS = REPO / "pipeline" / "models"
 ENGINE_MODULES = ("runners", "scheduler", "core", "engine", "loop", "process")
 
 
@@ -77,7 +78,7 @@ async def test_the_toy_family_serves_a_text_turn_and_a_spoken_reply(tiny_model_d
         try:
             assert engine.voices == ("low", "high") and engine.default_voice == "low"
             assert engine.default_instructions == TOY.default_instructions
-            core = engine._thread.core
+            core = engine.core
             assert core.family is TOY
             conv = engine.conversation()
             await conv.add_text("u1", "Hello toy")

@@ -8,15 +8,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from pipeline.kernels.fused_decode import fusable
 from pipeline.runners.decoder import PooledDecoder
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 # Both stages' bodies of the tiny checkpoint, fused and not: prefill (fused kernels around the same attention) and
 # three batched decode steps with rows in different slots at different positions. float32 only, so the only

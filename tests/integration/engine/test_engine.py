@@ -39,7 +39,7 @@ async def test_cancel_mid_response_stops_every_stage_and_next_response_works(tin
     assert isinstance(done, ResponseDone) and done.status is ResponseStatus.CANCELLED
     assert done.reason == "turn_detected"
     # nothing but what the engine had already queued before the cancel landed; then done
-    core = tiny_engine._thread.core
+    core = tiny_engine.core
     assert core.response(resp.id) is None
     assert core.conversations.get(conv.id).active_response is None
     # the partial reply stays in history; a new response works
@@ -77,7 +77,7 @@ async def test_consumer_task_cancellation_cancels_the_response(tiny_engine):
         await task
     done = await resp.wait()
     assert done.status in (ResponseStatus.CANCELLED, ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE)
-    assert tiny_engine._thread.core.response(resp.id) is None
+    assert tiny_engine.core.response(resp.id) is None
     await conv.close()
 
 
@@ -225,7 +225,7 @@ async def test_truncate_rolls_back_reply_text(tiny_engine):
     conv = tiny_engine.conversation()
     await conv.add_text("u1", "Hi there")
     done = await conv.respond(item_id="a1", max_output_tokens=10).wait()
-    item = tiny_engine._thread.core.conversations.get(conv.id).find("a1")
+    item = tiny_engine.core.conversations.get(conv.id).find("a1")
     total_ms = item.audio_ms
     assert total_ms > 0
     await conv.truncate_item("a1", int(total_ms / 2))
@@ -294,7 +294,7 @@ def test_audio_positions_are_copied_block_by_block():
 
 async def test_a_step_that_raises_fails_the_live_responses_and_the_engine_serves_on(tiny_engine, monkeypatch, caplog):
     """A bug outside any one response's isolation (here the token2wav job policy) must not kill the engine thread."""
-    core = tiny_engine._thread.core
+    core = tiny_engine.core
 
     def broken(ready, now):
         raise RuntimeError("injected scheduler bug")

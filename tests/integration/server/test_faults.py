@@ -55,7 +55,7 @@ async def test_a_stage_that_fails_for_one_conversation_of_the_tiny_engine(tiny_e
     """The talker breaks for one conversation only: that response fails (error + response.done
     failed, its cache dropped), a concurrent session's response completes, and the failed session
     answers its next turn normally."""
-    core = tiny_engine._thread.core
+    core = tiny_engine.core
     talker_prefill = core.runner.talker_prefill
     broken = {"on": True}
 

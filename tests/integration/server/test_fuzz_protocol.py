@@ -7,7 +7,7 @@ ends with nothing left behind.
 The suite runs short (``max_examples`` of a few dozen). For a long run, set ``OMNI_FUZZ_EXAMPLES``
 (examples per test; RELIABILITY.md has the command and its last result)::
 
-    OMNI_FUZZ_EXAMPLES=5000 python -m pytest tests/test_fuzz_protocol.py -p no:cacheprovider
+    OMNI_FUZZ_EXAMPLES=5000 python -m pytest tests/integration/server/test_fuzz_protocol.py -p no:cacheprovider
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from realtime.turn import SpeechStarted, SpeechStopped
 openai = pytest.importorskip("openai")
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent  # noqa: E402
 from openai.types.realtime import RealtimeServerEvent  # noqa: E402
+
 from tests.helpers.server import RawClient, StatsEngine, assert_clean, connect, served
 
 ADAPTERS = {Dialect.GA: pydantic.TypeAdapter(RealtimeServerEvent), Dialect.BETA: pydantic.TypeAdapter(BetaServerEvent)}

@@ -25,7 +25,6 @@ import soxr
 import websockets
 
 from conftest import greedy_stage_config
-from pipeline.requests import AddText, HasWork
 from pipeline.config import load_stage_config, parse_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.errors import (
@@ -43,13 +42,15 @@ from pipeline.errors import (
 from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta, Usage
 from pipeline.process import AckBatcher, Credits, EngineProcess
 from pipeline.request import ResponseSpec
+from pipeline.requests import AddText, HasWork
+from tests.helpers.paths import TESTS
 from tests.helpers.server import assert_clean, connect, of_response, served, user_text
 from tests.helpers.speech import FRAME_BYTES, b64, wav_pcm
 
 SEED = 1234
 MAX_PENDING = 8
 """Small, so that every test's responses run through the credit logic (one ack per event consumed)."""
-SPEECH = os.path.join(os.path.dirname(__file__), "fixtures", "speech", "capital_of_france.wav")
+SPEECH = os.path.join(str(TESTS), "fixtures", "speech", "capital_of_france.wav")
 
 
 def stage_config(process: str = "on"):

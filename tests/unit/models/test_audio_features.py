@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,13 +24,14 @@ from pipeline.models.qwen2_5_omni.audio_features import (
     virtual_signal,
 )
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower
+from tests.helpers.paths import TESTS
 
 SR = 16_000
 HOP = 160  # 10 ms
 BLOCK = 200  # frames per encoder block (2 * n_window)
 HALF_WINDOW = 200  # n_fft // 2
 ATOL = 1e-5
-SPEECH_DIR = Path(__file__).parent / "fixtures" / "speech"
+SPEECH_DIR = TESTS / "fixtures" / "speech"
 SPEECH_FILES = sorted(json.loads((SPEECH_DIR / "manifest.json").read_text()))
 LENGTHS_S = (0.05, 1.0, 1.99, 2.0, 2.0125, 4.5, 7.0, 29.9)
 KINDS = ("noise", "sine", "speech")

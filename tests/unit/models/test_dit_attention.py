@@ -20,7 +20,15 @@ from conftest import run_triton_check
 from pipeline.config import parse_stage_config
 from pipeline.errors import ConfigError
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
-from tests.helpers.token2wav import assert_refused, build_token2wav, graphs_compiled, on_the_talker, run_stream, stages, utterance
+from tests.helpers.token2wav import (
+    assert_refused,
+    build_token2wav,
+    graphs_compiled,
+    on_the_talker,
+    run_stream,
+    stages,
+    utterance,
+)
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

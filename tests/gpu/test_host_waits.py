@@ -6,7 +6,6 @@ read) raise."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

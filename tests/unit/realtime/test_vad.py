@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from realtime.vad import VAD_SAMPLE_RATE, SileroVad
+from tests.helpers.paths import TESTS
 from tests.helpers.speech import load_16k
 
-SPEECH_DIR = Path(__file__).parent / "fixtures" / "speech"
+SPEECH_DIR = TESTS / "fixtures" / "speech"
 MANIFEST = json.loads((SPEECH_DIR / "manifest.json").read_text())
 SHORT_CLIPS = ["capital_of_france.wav", "short_joke.wav", "weather_today.wav", "count_to_five.wav"]
 

@@ -20,7 +20,20 @@ from pipeline.models.qwen2_5_omni import dit as dit_module
 from pipeline.models.qwen2_5_omni.token2wav_graphs import WindowJob
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
 from pipeline.runners.token2wav_worker import Token2WavWorker
-from tests.helpers.token2wav import BATCH_LENGTHS, FLOAT_NOISE, GPU_TOLERANCE, MEL_DIM, assert_refused, build_token2wav, drive_together, graphs_compiled, on_the_talker, run_stream, stages, utterance
+from tests.helpers.token2wav import (
+    BATCH_LENGTHS,
+    FLOAT_NOISE,
+    GPU_TOLERANCE,
+    MEL_DIM,
+    assert_refused,
+    build_token2wav,
+    drive_together,
+    graphs_compiled,
+    on_the_talker,
+    run_stream,
+    stages,
+    utterance,
+)
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -144,7 +157,7 @@ def test_stage_config_compile_field() -> None:
 
 def test_the_cpu_engine_runs_the_dit_uncompiled_by_default(tiny_engine) -> None:
     assert tiny_engine.cfg.token2wav.compile is False
-    assert not tiny_engine._thread.core.token2wav.compile_dit
+    assert not tiny_engine.core.token2wav.compile_dit
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +14,9 @@ import yaml
 from conftest import greedy_stage_config, run_spoken_reply
 from pipeline.config import DEFAULT_STAGE_CONFIG, ConfigError, EngineConfig, parse_stage_config
 from pipeline.observe.timeline import EngineTimeline
+from tests.helpers.paths import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(REPO / "scripts"))
 import engine_timeline  # noqa: E402
 
 

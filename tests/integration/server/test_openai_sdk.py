@@ -8,7 +8,6 @@ import base64
 import json
 import wave
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +15,9 @@ from openai import AsyncOpenAI
 
 from realtime.config import ServerConfig
 from realtime.server import create_app, serve_in_background
+from tests.helpers.paths import TESTS
 
-SPEECH_DIR = Path(__file__).parent / "fixtures" / "speech"
+SPEECH_DIR = TESTS / "fixtures" / "speech"
 API_KEY = "sdk-test-key"
 FRAME_MS = 20
 TURN_TIMEOUT_S = 60.0

@@ -4,7 +4,6 @@ made in the step it runs in); on a GPU the talker's batch runs on a stream of it
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
 from pipeline.models.qwen2_5_omni.token2wav_graphs import (
     PAD_BLOCK,
     CapturedCall,
@@ -21,7 +22,6 @@ from pipeline.models.qwen2_5_omni.token2wav_graphs import (
     slot_sizes,
 )
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
-from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
 from tests.helpers.token2wav import BATCH_LENGTHS, GPU_TOLERANCE, build_token2wav, drive_together, run_stream, utterance
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

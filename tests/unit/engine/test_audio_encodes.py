@@ -67,7 +67,7 @@ def test_encoding_blocks_together_equals_encoding_each(tiny_model_dir, device):
 
 
 async def test_a_block_that_cannot_be_encoded_fails_the_reply_and_the_engine_serves_on(tiny_engine, caplog):
-    core = tiny_engine._thread.core
+    core = tiny_engine.core
     encode_many = core.runner.thinker.encode_many
 
     def failing(features):

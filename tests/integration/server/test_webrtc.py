@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import fractions
 import json
-from pathlib import Path
 
 import av
 import numpy as np
@@ -39,8 +38,9 @@ from realtime.transports.webrtc import (
     announce_host_addresses,
 )
 from tests.fakes import FakeEngine, Script
+from tests.helpers.paths import TESTS
 
-SPEECH = Path(__file__).parent / "fixtures" / "speech"
+SPEECH = TESTS / "fixtures" / "speech"
 LOOPBACK = IceHostAddress.parse("127.0.0.1")
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +15,9 @@ from pipeline.kernels.decode_attention import attend_reference
 from pipeline.runners.decode_graphs import BatchedDecode, HostRow, default_batch_sizes
 from pipeline.runners.decoder import PooledDecoder
 from pipeline.runners.kv_pool import KVPool, SlotAllocator
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 # -- slot allocation ---------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ async def reply(conv, item_id: str, text: str):
 
 async def test_idle_conversations_lend_their_slots_and_replies_do_not_change(small_pool_engine, tiny_engine):
     engine = small_pool_engine
-    core = engine._thread.core
+    core = engine.core
     convs = [engine.conversation() for _ in range(3)]
     first = [await reply(c, "a1", f"Hello number {i}") for i, c in enumerate(convs)]
     owners = core.runner.thinker.pool.slots.lru_owners()
@@ -54,7 +54,7 @@ async def test_wait_idle_returns_while_a_conversation_waits_for_a_slot_others_ho
     be (a background prefill never evicts) and is not work that wait_idle waits for; it is prefilled once a slot is
     free."""
     engine = small_pool_engine
-    core = engine._thread.core
+    core = engine.core
     convs = [engine.conversation() for _ in range(3)]
     for i, c in enumerate(convs):
         await c.add_text(f"u{i}", f"Waiting for a slot, number {i}")
@@ -77,7 +77,7 @@ async def test_a_listening_conversation_prefills_its_talker_only_into_a_free_slo
     a reply does, from the least recently used idle one, and answers as with room for everyone."""
     cfg = greedy_stage_config(thinker={"kv_slots": 3}, talker={"kv_slots": 2, "max_tokens": 120})
     engine = await asyncio.to_thread(OmniEngine.from_pretrained, tiny_model_dir, cfg, seed=7)
-    core = engine._thread.core
+    core = engine.core
     convs = [engine.conversation() for _ in range(3)]
     for i, c in enumerate(convs[:2]):
         await reply(c, "a1", f"Hello number {i}")
@@ -147,7 +147,7 @@ async def test_token2wav_on_its_own_thread_makes_the_same_audio(tiny_model_dir):
         engine = t2w_engine(tiny_model_dir, mode)
         try:
             results[mode] = await asyncio.gather(*(audio_of(engine, t) for t in ("One", "Two words")))
-            assert (engine._thread.core.runner.worker is not None) == (mode == "on")
+            assert (engine.core.runner.worker is not None) == (mode == "on")
         finally:
             engine.close()
     for (pcm, codes), (ref_pcm, ref_codes) in zip(results["on"], results["off"]):
@@ -170,7 +170,7 @@ async def test_a_response_cancelled_while_its_chunk_is_made_frees_its_stream(thr
     assert done.status is ResponseStatus.CANCELLED
     await conv.close()
     await engine.wait_idle()
-    core = engine._thread.core
+    core = engine.core
     assert core.runner.worker.idle and core.stats().responses == 0
 
 
@@ -188,7 +188,7 @@ async def test_the_prefill_budget_spreads_a_burst_of_turns_over_steps(tiny_model
     budget = {"max_prefills_per_step": 1}
     cfg = greedy_stage_config(thinker=budget, talker={"max_tokens": 120, **budget})
     engine = OmniEngine.from_pretrained(tiny_model_dir, cfg, seed=1234)
-    core = engine._thread.core
+    core = engine.core
     per_step, counts = [], {"thinker": 0, "talker": 0}
     schedule, talker_prefill, step = core.scheduler.schedule, core.runner.talker_prefill, core.step
 
@@ -226,7 +226,7 @@ async def test_a_burst_of_turns_prefills_together_and_answers_as_each_alone(tiny
     the one its conversation gets alone."""
     cfg = greedy_stage_config(thinker={"max_prefills_per_step": 16}, talker={"max_tokens": 120})
     engine = OmniEngine.from_pretrained(tiny_model_dir, cfg, seed=1234)
-    core = engine._thread.core
+    core = engine.core
     batches = []
     prefill_many = core.runner.thinker.prefill_many
 
@@ -259,7 +259,7 @@ async def test_a_failing_prefill_batch_is_retried_chunk_by_chunk_and_fails_only_
     whose chunk fails on its own ends ``failed``, and its conversation answers its next turn."""
     cfg = greedy_stage_config(thinker={"max_prefills_per_step": 16}, talker={"max_tokens": 120})
     engine = OmniEngine.from_pretrained(tiny_model_dir, cfg, seed=1234)
-    core = engine._thread.core
+    core = engine.core
     prefill_many = core.runner.thinker.prefill_many
     batches = []
 

@@ -8,8 +8,6 @@ prefill of the same conversation (all caches dropped first, the whole context in
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import soundfile as sf
@@ -19,8 +17,9 @@ import torch
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.outputs import AudioChunk, ResponseStatus
+from tests.helpers.paths import TESTS
 
-FIXTURES = Path(__file__).parent / "fixtures" / "speech"
+FIXTURES = TESTS / "fixtures" / "speech"
 
 
 def speech_16k(name: str, repeat: int = 1) -> np.ndarray:
@@ -40,7 +39,7 @@ def engine(tiny_model_dir, request):
 
 
 def core_conv(engine, conv):
-    return engine._thread.core.conversations.get(conv.id)
+    return engine.core.conversations.get(conv.id)
 
 
 async def stream_audio(engine, conv, item_id: str, pcm: np.ndarray, *, piece: int = 320) -> None:
@@ -99,7 +98,7 @@ async def test_exact_floor_features_equal_the_reference_processor(engine):
     pcm = np.concatenate([0.05 * speech_16k("short_joke.wav"), speech_16k("long_story.wav")[: 16000 * 3]])
     conv = engine.conversation()
     await stream_audio(engine, conv, "u1", pcm)
-    core = engine._thread.core
+    core = engine.core
     item = core_conv(engine, conv).find("u1")
     one_shot = IncrementalLogMel(core.ckpt.feature_extractor)
     one_shot.append(pcm)
@@ -151,7 +150,7 @@ async def test_delete_rolls_cache_back_and_history_is_not_prefilled_twice(engine
     second = await conv.respond(item_id="a2", modalities=frozenset({"text"}), max_output_tokens=4).wait()
     # the history and the new message were prefilled before the response: only its header is left
     assert second.usage.cached_tokens > history
-    header = len(engine._thread.core.renderer.header("assistant"))
+    header = len(engine.core.renderer.header("assistant"))
     assert second.usage.input_tokens - second.usage.cached_tokens == header
     await conv.delete_item("u2")
     await conv.delete_item("a2")
@@ -165,7 +164,7 @@ async def test_talker_prompt_cache_is_reused_across_turns(engine, monkeypatch):
     """The talker's cache follows the conversation as the thinker's does: prefilled in the background while the
     conversation is idle, kept across turns, so that a reply's talker prefill covers only what the background had not
     (+ speaker bos and the first reply vector)."""
-    talker = engine._thread.core.runner.talker
+    talker = engine.core.runner.talker
     spans = []  # (start, positions, at a reply's start)
     prefill, prefill_prompt = talker.prefill, talker.prefill_prompt
 
@@ -239,7 +238,7 @@ async def test_context_policy_drop_oldest(tiny_model_dir):
             await conv.add_text(f"u{i}", "some words to fill the context " * 2)
             done = await conv.respond(item_id=f"a{i}", modalities=frozenset({"text"}), max_output_tokens=8).wait()
             assert done.status is not ResponseStatus.FAILED, done.error
-        state = eng._thread.core.conversations.get(conv.id)
+        state = eng.core.conversations.get(conv.id)
         assert state.items[0].id != "u0", "the oldest turns were dropped"
         assert len(state.cached_keys) <= 160
     finally:
