@@ -137,8 +137,9 @@ class StageConfig:
     def _check(self, f) -> None:
         value, kind, where = getattr(self, f.name), f.metadata.get("kind"), f"{self.path}.{f.name}"
         if kind == "fixed" and value != f.default:
-            raise ConfigError(f"{where} must be {f.default!r} (stages stream thinker -> talker -> token2wav)",
-                              param=where)  # fmt: skip
+            raise ConfigError(
+                f"{where} must be {f.default!r} (stages stream thinker -> talker -> token2wav)", param=where
+            )
         elif kind == "positive" and value is not None and (not _is_int(value) or value <= 0):
             raise ConfigError(f"{where} must be a positive integer", param=where)
         elif kind == "at_least_0" and (not _is_int(value) or value < 0):
@@ -368,11 +369,14 @@ class EngineConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "process", _switch(self.process, "engine.process"))
         if self.timeline_path is not None and not isinstance(self.timeline_path, str):
-            raise ConfigError(f"engine.timeline_path has the wrong type ({type(self.timeline_path).__name__})",
-                              param="engine.timeline_path")  # fmt: skip
+            raise ConfigError(
+                f"engine.timeline_path has the wrong type ({type(self.timeline_path).__name__})",
+                param="engine.timeline_path",
+            )
         if self.timeline_path == "":
-            raise ConfigError("engine.timeline_path must not be empty (leave it out for no timeline)",
-                              param="engine.timeline_path")  # fmt: skip
+            raise ConfigError(
+                "engine.timeline_path must not be empty (leave it out for no timeline)", param="engine.timeline_path"
+            )
 
 
 STAGE_CLASSES = {"thinker": ThinkerConfig, "talker": TalkerConfig, "token2wav": Token2WavConfig}
@@ -392,15 +396,17 @@ class StageGraphConfig:
         for stage in (self.talker, self.token2wav):
             _check_connector(stage.STAGE, stage.connector, f"{stage.path}.connector", connectors)
         if self.engine.process == AUTO:
-            object.__setattr__(self, "engine", EngineConfig(process=self.thinker.on_cuda,
-                                                            timeline_path=self.engine.timeline_path))
+            object.__setattr__(
+                self, "engine", EngineConfig(process=self.thinker.on_cuda, timeline_path=self.engine.timeline_path)
+            )
 
     def stage(self, name: str) -> ThinkerConfig | TalkerConfig | Token2WavConfig:
         return getattr(self, name)
 
 
-def load_stage_config(path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None
-                      ) -> StageGraphConfig:  # fmt: skip
+def load_stage_config(
+    path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None
+) -> StageGraphConfig:
     """Read and validate a stage-graph YAML file (the packaged default when ``path`` is None).
 
     A file whose top level has ``extends: <path>`` (relative to the file's folder) is that file with this one's keys
@@ -440,8 +446,9 @@ def _read_with_extends(path: Path, chain: tuple[Path, ...]) -> Any:
     base_path = (path.parent / base).resolve()
     chain = (*chain, path.resolve())
     if base_path in chain:
-        raise ConfigError(f"{path}: extends {base!r} makes a cycle ({' -> '.join(p.name for p in chain)})",
-                          param="extends")  # fmt: skip
+        raise ConfigError(
+            f"{path}: extends {base!r} makes a cycle ({' -> '.join(p.name for p in chain)})", param="extends"
+        )
     if len(chain) >= MAX_EXTENDS_DEPTH:
         raise ConfigError(f"{path}: more than {MAX_EXTENDS_DEPTH} files extend each other", param="extends")
     return merge_settings(_read_with_extends(base_path, chain), data)

@@ -16,8 +16,8 @@ input embedding, the embedding zeroed at audio positions as the reference does).
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Hashable
 
 import torch
 

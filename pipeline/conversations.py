@@ -26,8 +26,17 @@ MIN_AUDIO_FRAMES = 2
 
 
 class Conversations:
-    def __init__(self, scheduler: Scheduler, *, renderer, max_context: int, features: Callable[[], object],
-                 audio_encodes, exact_floor: bool, end_response: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        *,
+        renderer,
+        max_context: int,
+        features: Callable[[], object],
+        audio_encodes,
+        exact_floor: bool,
+        end_response: Callable[[str], None],
+    ) -> None:
         self.scheduler = scheduler
         self.renderer = renderer
         self.max_context = max_context

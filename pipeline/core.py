@@ -30,15 +30,28 @@ from pipeline.output.processor import OutputProcessor
 from pipeline.outputs import EngineStats, ResponseStatus
 from pipeline.request import ResponseSpec, ResponseState, TalkerStatus, TextEnd
 from pipeline.requests import (
-    AddAudio, AddText, AppendAudio, CancelResponse, CloseConversation, CommitAudio, DeleteItem, DiscardAudio,
-    EngineRequest, GetStats, HasWork, OpenConversation, SetInstructions, StartResponse, TruncateItem,
-)  # fmt: skip
+    AddAudio,
+    AddText,
+    AppendAudio,
+    CancelResponse,
+    CloseConversation,
+    CommitAudio,
+    DeleteItem,
+    DiscardAudio,
+    EngineRequest,
+    GetStats,
+    HasWork,
+    OpenConversation,
+    SetInstructions,
+    StartResponse,
+    TruncateItem,
+)
 from pipeline.runners.audio_encodes import AudioEncodes
 from pipeline.runners.model_runner import ModelRunner, Sampled
+from pipeline.runners.sampling import SamplerSpec
 from pipeline.runners.talker import TalkerRunner
 from pipeline.runners.thinker import ThinkerRunner
 from pipeline.runners.token2wav_worker import Token2WavWorker
-from pipeline.runners.sampling import SamplerSpec
 from pipeline.scheduler.plan import StepPlan
 from pipeline.scheduler.prefill_batch import PrefillJob
 from pipeline.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -65,33 +78,56 @@ class EngineCore:
         thinker, talker, token2wav, worker = self._build_runners(ckpt, cfg)
         self.token2wav = token2wav
         self.runner = ModelRunner(
-            thinker=thinker, talker=talker, token2wav=token2wav, worker=worker,
+            thinker=thinker,
+            talker=talker,
+            token2wav=token2wav,
+            worker=worker,
             to_talker=self.family.connectors[ta.connector].fn,
-            audio_encodes=AudioEncodes(thinker, width=thinker.text_model.config.hidden_size, dtype=thinker.dtype,
-                                       device=thinker.device),
-            overlap=ta.overlap, fail=self._fail,
-        )  # fmt: skip
+            audio_encodes=AudioEncodes(
+                thinker, width=thinker.text_model.config.hidden_size, dtype=thinker.dtype, device=thinker.device
+            ),
+            overlap=ta.overlap,
+            fail=self._fail,
+        )
         self.to_token2wav = self.family.connectors[tw.connector].fn
         chunking = token2wav.cfg
-        self.scheduler = Scheduler(SchedulerConfig(
-            prefills_per_step=th.max_prefills_per_step, prefill_rows=thinker.prefill_rows,
-            prefill_chunk_tokens=th.prefill_chunk_tokens, drop_oldest=th.context_policy == "drop_oldest",
-            talker_prefills_per_step=ta.max_prefills_per_step, chain_steps=ta.chain_steps,
-            min_text_tokens=th.min_tokens or 0, min_codes=ta.min_tokens or 0, max_codes=self.max_codes,
-            t2w_max_batch=token2wav.max_batch, starving_margin_ms=tw.starving_margin_ms,
-            starving_margin_from_jobs=tw.starving_margin_from_jobs, start_buffer_ms=tw.start_buffer_ms,
-            start_buffer_busy=tw.start_buffer_busy or tw.max_batch,
-            quick_first_chunk=chunking.quick_first_chunk_frames is not None,
-            quick_first_chunk_max_open=chunking.quick_first_chunk_max_open,
-        ), thinker_slots=thinker.pool.slots, talker_slots=talker.pool.slots)  # fmt: skip
-        self.output = OutputProcessor(self.observer, text_stop={self.special.im_end, self.special.endoftext},
-                                      start_buffer_ms=tw.start_buffer_ms,
-                                      holds_start=lambda r: self.scheduler.holds_start(r.conv))  # fmt: skip
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                prefills_per_step=th.max_prefills_per_step,
+                prefill_rows=thinker.prefill_rows,
+                prefill_chunk_tokens=th.prefill_chunk_tokens,
+                drop_oldest=th.context_policy == "drop_oldest",
+                talker_prefills_per_step=ta.max_prefills_per_step,
+                chain_steps=ta.chain_steps,
+                min_text_tokens=th.min_tokens or 0,
+                min_codes=ta.min_tokens or 0,
+                max_codes=self.max_codes,
+                t2w_max_batch=token2wav.max_batch,
+                starving_margin_ms=tw.starving_margin_ms,
+                starving_margin_from_jobs=tw.starving_margin_from_jobs,
+                start_buffer_ms=tw.start_buffer_ms,
+                start_buffer_busy=tw.start_buffer_busy or tw.max_batch,
+                quick_first_chunk=chunking.quick_first_chunk_frames is not None,
+                quick_first_chunk_max_open=chunking.quick_first_chunk_max_open,
+            ),
+            thinker_slots=thinker.pool.slots,
+            talker_slots=talker.pool.slots,
+        )
+        self.output = OutputProcessor(
+            self.observer,
+            text_stop={self.special.im_end, self.special.endoftext},
+            start_buffer_ms=tw.start_buffer_ms,
+            holds_start=lambda r: self.scheduler.holds_start(r.conv),
+        )
         self.conversations = Conversations(
-            self.scheduler, renderer=self.renderer, max_context=self.max_context,
-            features=lambda: self.family.audio_features(ckpt), audio_encodes=self.runner.audio_encodes,
-            exact_floor=th.audio_floor == "exact", end_response=lambda rid: self._end_cancelled(rid),
-        )  # fmt: skip
+            self.scheduler,
+            renderer=self.renderer,
+            max_context=self.max_context,
+            features=lambda: self.family.audio_features(ckpt),
+            audio_encodes=self.runner.audio_encodes,
+            exact_floor=th.audio_floor == "exact",
+            end_response=lambda rid: self._end_cancelled(rid),
+        )
         # a tuple of two fixed tensors: the text-pad vector is recognised by identity (chains of talker steps)
         self._text_end_vectors = tuple(thinker.embed([self.special.tts_text_end, self.special.tts_text_pad]))
         self._talker_prefills_left = 0
@@ -108,15 +144,27 @@ class EngineCore:
         worker thread."""
         th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
         text_stop = tuple(sorted({self.special.im_end, self.special.endoftext}))
-        thinker = ThinkerRunner(ckpt.thinker, device=th.device, dtype=th.torch_dtype, kv_slots=th.kv_slots,
-                                max_len=self.max_context, cuda_graphs=th.cuda_graphs, fused_decode=th.fused_decode,
-                                sampler=SamplerSpec(th.sampling, stop=text_stop, salt=0))  # fmt: skip
+        thinker = ThinkerRunner(
+            ckpt.thinker,
+            device=th.device,
+            dtype=th.torch_dtype,
+            kv_slots=th.kv_slots,
+            max_len=self.max_context,
+            cuda_graphs=th.cuda_graphs,
+            fused_decode=th.fused_decode,
+            sampler=SamplerSpec(th.sampling, stop=text_stop, salt=0),
+        )
         # talker positions: the thinker prompt, speaker bos, then one per codec token
-        talker = TalkerRunner(ckpt.talker, device=ta.device, dtype=ta.torch_dtype, kv_slots=ta.kv_slots,
-                              max_len=self.max_context + self.max_codes + 2, cuda_graphs=ta.cuda_graphs,
-                              fused_decode=ta.fused_decode,
-                              sampler=SamplerSpec(ta.sampling, suppress=tuple(self._codec_suppress_ids()),
-                                                  stop=self.codec_stop, salt=1))  # fmt: skip
+        talker = TalkerRunner(
+            ckpt.talker,
+            device=ta.device,
+            dtype=ta.torch_dtype,
+            kv_slots=ta.kv_slots,
+            max_len=self.max_context + self.max_codes + 2,
+            cuda_graphs=ta.cuda_graphs,
+            fused_decode=ta.fused_decode,
+            sampler=SamplerSpec(ta.sampling, suppress=tuple(self._codec_suppress_ids()), stop=self.codec_stop, salt=1),
+        )
         self.t2w_device = tw.torch_device
         token2wav = self.family.token2wav(ckpt, tw)
         token2wav.warm_up(max_batch=tw.max_batch)
@@ -172,8 +220,15 @@ class EngineCore:
         item = ConvItem(id=spec.item_id, role="assistant", kind=ItemKind.REPLY, open=True)
         conv.add(item)
         conv.active_response = spec.id
-        r = ResponseState(spec=spec, conv=conv, item=item, detok=IncrementalDetokenizer(self.renderer.decode),
-                          seed=self._response_seed(), started_at=time.perf_counter(), started_at_s=time.monotonic())
+        r = ResponseState(
+            spec=spec,
+            conv=conv,
+            item=item,
+            detok=IncrementalDetokenizer(self.renderer.decode),
+            seed=self._response_seed(),
+            started_at=time.perf_counter(),
+            started_at_s=time.monotonic(),
+        )
         self.scheduler.responses[spec.id] = r
         self.observer.milestone(spec.id, "started", r.started_at)
 
@@ -219,11 +274,19 @@ class EngineCore:
         self._synthesize(ready)
         progressed |= self._finish_done(plan.decoding)
         self.observer.step_done(
-            started, progressed=progressed, live=len(self.scheduler.responses), describe=self.describe,
-            decoding=len(plan.decoding), prefills=len(plan.prefills), thinker_rows=len(plan.thinker_rows),
-            talker_rows=len(plan.talker_rows), codes_before=tokens_before[1], chains_before=chains_before,
-            ready=len(ready), background=plan.background,
-        )  # fmt: skip
+            started,
+            progressed=progressed,
+            live=len(self.scheduler.responses),
+            describe=self.describe,
+            decoding=len(plan.decoding),
+            prefills=len(plan.prefills),
+            thinker_rows=len(plan.thinker_rows),
+            talker_rows=len(plan.talker_rows),
+            codes_before=tokens_before[1],
+            chains_before=chains_before,
+            ready=len(ready),
+            background=plan.background,
+        )
         return progressed
 
     def encode_audio(self) -> int:
@@ -257,8 +320,9 @@ class EngineCore:
                 started.append((job.owner, out.last_logits))
         if started:
             rows = [r for r, _ in started]
-            tokens = self.runner.sample_first(rows, [logits for _, logits in started],
-                                              force=[self._force_text(r) for r in rows])  # fmt: skip
+            tokens = self.runner.sample_first(
+                rows, [logits for _, logits in started], force=[self._force_text(r) for r in rows]
+            )
             self._accept_each(rows, tokens, self.output.accept_text_token)
         for conv in listening:
             self._listen_talker(conv)
@@ -305,8 +369,11 @@ class EngineCore:
         alone = not plan.thinker_rows
         if self.runner.overlap:
             talker_rows = self._talker_inputs([r for r in plan.talker_rows if r.talker.started])
-            codes, join = (self.runner.beside_thinker(lambda: self._talker_decode(talker_rows, plan, alone=alone))
-                           if talker_rows else ([], lambda: None))  # fmt: skip
+            codes, join = (
+                self.runner.beside_thinker(lambda: self._talker_decode(talker_rows, plan, alone=alone))
+                if talker_rows
+                else ([], lambda: None)
+            )
             tokens = self.runner.thinker_decode(plan.thinker_rows, force=self._force_text)
             self._talker_inputs([r for r in plan.talker_rows if not r.talker.started and self._live(r)])
             join()
@@ -383,26 +450,43 @@ class EngineCore:
             seen.add(self.special.codec_mask)
         self.runner.talker.sampler.reset(conv.talker_slot, seen)
         r.audio.stream = self.family.start_stream(
-            self.token2wav, self.ckpt, r.spec.voice, generator=self._generator(self.t2w_device),
-            max_codes=self.max_codes, quick=self.scheduler.quick_first_chunk(conv),
-        )  # fmt: skip
-        logits = self.runner.talker_prefill(r, reuse=reuse, speaker_bos=self.family.voice_bos(self.ckpt, r.spec.voice),
-                                            codec={"pad": self.special.codec_pad, "bos": self.special.codec_bos})
-        (code,) = self.runner.talker.sampler.sample(logits.unsqueeze(0), [conv.talker_slot],
-                                                    force_continue=[self._force_codes(r)], seeds=[r.seed],
-                                                    counters=[r.codec_tokens])  # fmt: skip
+            self.token2wav,
+            self.ckpt,
+            r.spec.voice,
+            generator=self._generator(self.t2w_device),
+            max_codes=self.max_codes,
+            quick=self.scheduler.quick_first_chunk(conv),
+        )
+        logits = self.runner.talker_prefill(
+            r,
+            reuse=reuse,
+            speaker_bos=self.family.voice_bos(self.ckpt, r.spec.voice),
+            codec={"pad": self.special.codec_pad, "bos": self.special.codec_bos},
+        )
+        (code,) = self.runner.talker.sampler.sample(
+            logits.unsqueeze(0),
+            [conv.talker_slot],
+            force_continue=[self._force_codes(r)],
+            seeds=[r.seed],
+            counters=[r.codec_tokens],
+        )
         self._accept_code(r, code)
 
     def _talker_decode(self, rows: list[tuple[ResponseState, torch.Tensor]], plan: StepPlan, *, alone: bool):
         steps = 1
         if alone:
             pad = self._text_end_vectors[1]
-            steps = self.scheduler.chain_steps([(r, v is pad) for r, v in rows], alone=True,
-                                               can_chain=self.runner.talker.can_chain, prefills=len(plan.prefills),
-                                               job_in_worker=bool(self.runner.jobs),
-                                               commands_waiting=self.commands_waiting())  # fmt: skip
-        return self.runner.talker_decode(rows, steps=steps, force=self._force_codes,
-                                         chains=lambda: self.observer.count("talker_chains_total"))
+            steps = self.scheduler.chain_steps(
+                [(r, v is pad) for r, v in rows],
+                alone=True,
+                can_chain=self.runner.talker.can_chain,
+                prefills=len(plan.prefills),
+                job_in_worker=bool(self.runner.jobs),
+                commands_waiting=self.commands_waiting(),
+            )
+        return self.runner.talker_decode(
+            rows, steps=steps, force=self._force_codes, chains=lambda: self.observer.count("talker_chains_total")
+        )
 
     def _accept_sampled(self, sampled: list[Sampled], accept: Callable[[ResponseState, int], None]) -> None:
         """Read each batch's sampled ids (one host transfer per batch) and ``accept(row, id)`` them, in row order; a
@@ -412,8 +496,9 @@ class EngineCore:
             for step in values if tokens.dim() == 2 else [values]:
                 self._accept_each(batch, step, accept)
 
-    def _accept_each(self, rows: list[ResponseState], tokens: list[int],
-                     accept: Callable[[ResponseState, int], None]) -> None:  # fmt: skip
+    def _accept_each(
+        self, rows: list[ResponseState], tokens: list[int], accept: Callable[[ResponseState, int], None]
+    ) -> None:
         for r, token in zip(rows, tokens):
             if not self._live(r):
                 continue
@@ -450,8 +535,11 @@ class EngineCore:
     def _ready_streams(self, decoding: list[ResponseState]) -> list[ResponseState]:
         """The live responses whose stream has the codes (look-ahead included) of its next chunk and is not in the
         worker; their players note that the chunk could be made now."""
-        ready = [r for r in decoding if self._live(r) and r.audio.stream is not None and not self.runner.in_worker(r)
-                 and r.audio.stream.ready()]  # fmt: skip
+        ready = [
+            r
+            for r in decoding
+            if self._live(r) and r.audio.stream is not None and not self.runner.in_worker(r) and r.audio.stream.ready()
+        ]
         now = time.perf_counter()
         for r in ready:
             r.audio.playout.chunk_ready(now)
@@ -460,7 +548,8 @@ class EngineCore:
         return ready
 
     def _synthesize(self, ready: list[ResponseState]) -> None:
-        """One token2wav job of the scheduler's choosing: handed to the worker if it is idle, or made here without one."""
+        """One token2wav job of the scheduler's choosing: handed to the worker if it is idle, or made here without
+        one."""
         if not ready or not self.runner.worker_idle():
             return
         job = self.scheduler.audio_job(ready, time.perf_counter())
@@ -481,8 +570,11 @@ class EngineCore:
         done = self.scheduler.finished(decoding, busy=self.runner.in_worker)
         for r in done:
             incomplete = r.thinker.end is TextEnd.MAX_TOKENS
-            self._finish(r, ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED,
-                         "max_output_tokens" if incomplete else None)  # fmt: skip
+            self._finish(
+                r,
+                ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED,
+                "max_output_tokens" if incomplete else None,
+            )
         return bool(done)
 
     def _end_planned(self, r: ResponseState, error: Exception | None) -> None:
@@ -520,7 +612,9 @@ class EngineCore:
         if r.status is ResponseStatus.PREFILLING and not isinstance(exc, EngineFailure):
             r.conv.items.remove(r.item)  # refused before anything was generated: leave no trace
         else:
-            self.scheduler.release_slots(r.conv)  # a stage may have died mid-update: never keep a possibly corrupt cache
+            self.scheduler.release_slots(
+                r.conv
+            )  # a stage may have died mid-update: never keep a possibly corrupt cache
         self._finish(r, ResponseStatus.FAILED, "error", exc)
 
     def fail_all(self) -> None:
@@ -533,25 +627,34 @@ class EngineCore:
         """Whether a step can do something now: a response running, an audio encode queued, a background prefill that
         can get a thinker slot, or a token2wav job in flight (so ``OmniEngine.wait_idle`` returns instead of waiting
         for a slot that only a request can free)."""
-        return (bool(self.scheduler.responses) or self.runner.audio_encodes.pending > 0
-                or self.scheduler.has_background_work() or not self.runner.worker_idle())  # fmt: skip
+        return (
+            bool(self.scheduler.responses)
+            or self.runner.audio_encodes.pending > 0
+            or self.scheduler.has_background_work()
+            or not self.runner.worker_idle()
+        )
 
     def stats(self, pending_requests: int = 0) -> EngineStats:
         convs = self.scheduler.conversations.values()
         return EngineStats(
-            conversations=len(convs), responses=len(self.scheduler.responses),
+            conversations=len(convs),
+            responses=len(self.scheduler.responses),
             open_audio_messages=sum(len(c.open_audio) for c in convs),
             cached_tokens=sum(len(c.cached_keys) for c in convs),
             talker_cached_tokens=sum(len(c.talker_keys) for c in convs if c.talker_slot is not None),
-            pending_commands=pending_requests, **self.observer.counters, **self._device_memory(),
-        )  # fmt: skip
+            pending_commands=pending_requests,
+            **self.observer.counters,
+            **self._device_memory(),
+        )
 
     def _device_memory(self) -> dict[str, int]:
         device = self.runner.thinker.device
         if device.type != "cuda":
             return {}
-        return {"device_memory_bytes": torch.cuda.memory_allocated(device),
-                "device_memory_peak_bytes": torch.cuda.max_memory_allocated(device)}  # fmt: skip
+        return {
+            "device_memory_bytes": torch.cuda.memory_allocated(device),
+            "device_memory_peak_bytes": torch.cuda.max_memory_allocated(device),
+        }
 
     def describe(self) -> list[str]:
         """One line per live response (where it is in each stage) and per shared resource (KV slots, token2wav
@@ -562,19 +665,27 @@ class EngineCore:
             # a stream in the worker is being changed there: its readiness is not read from this thread
             steppable = stream is not None and stream.status in (StreamStatus.OPEN, StreamStatus.FINISHED)
             ready = steppable and not busy and stream.ready()
-            t2w = "none" if stream is None else (
-                f"{stream.status.value} codes={stream.codes_received} chunks={stream.chunks_emitted} ready={ready} "
-                f"busy={busy}")  # fmt: skip
+            t2w = (
+                "none"
+                if stream is None
+                else (
+                    f"{stream.status.value} codes={stream.codes_received} chunks={stream.chunks_emitted} ready={ready} "
+                    f"busy={busy}"
+                )
+            )
             lines.append(
                 f"  {r.id} conv={r.conv.id} status={r.status.name} accepts={r.spec.can_accept()} "
                 f"text={len(r.item.reply_ids)} end={r.thinker.end} talker={r.talker.status.name} "
                 f"queue={len(r.talker.queue)} codes={r.codec_tokens} thinker_slot={r.conv.slot} "
-                f"talker_slot={r.conv.talker_slot} samples={r.audio.samples} t2w: {t2w}")  # fmt: skip
+                f"talker_slot={r.conv.talker_slot} samples={r.audio.samples} t2w: {t2w}"
+            )
         for name, slots in (("thinker", self.scheduler.thinker_slots), ("talker", self.scheduler.talker_slots)):
             lines.append(f"  {name} KV slots: {slots.used} of {slots.capacity} used")
         if self.runner.worker is not None:
-            lines.append(f"  token2wav worker: {len(self.runner.worker.in_flight)} streams in flight, "
-                         f"{len(self.runner.jobs)} jobs known")  # fmt: skip
+            lines.append(
+                f"  token2wav worker: {len(self.runner.worker.in_flight)} streams in flight, "
+                f"{len(self.runner.jobs)} jobs known"
+            )
         return lines
 
     def close(self) -> None:

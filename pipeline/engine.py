@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.api import INPUT_SAMPLE_RATE, Modality, Role
 from pipeline import requests as rq
+from pipeline.api import INPUT_SAMPLE_RATE, Modality, Role
 from pipeline.config import StageGraphConfig, load_stage_config
 from pipeline.core import EngineCore
 from pipeline.errors import (
@@ -218,7 +218,9 @@ class Conversation:
         if voice not in engine.voices:
             raise UnknownVoiceError(f"unknown voice {voice!r}; available: {', '.join(engine.voices)}", param="voice")
         if not modalities or not set(modalities) <= {"text", "audio"}:
-            raise InvalidInputError(f"modalities must be a non-empty subset of text, audio: {modalities}", param="modalities")
+            raise InvalidInputError(
+                f"modalities must be a non-empty subset of text, audio: {modalities}", param="modalities"
+            )
         if max_output_tokens is not None and max_output_tokens <= 0:
             raise InvalidInputError("max_output_tokens must be positive", param="max_output_tokens")
         if self._active is not None:
@@ -226,8 +228,14 @@ class Conversation:
         resp = Response(engine, self, item_id, max_pending=engine.max_pending_events)
         limit = engine.max_text_tokens if max_output_tokens is None else min(max_output_tokens, engine.max_text_tokens)
         spec = ResponseSpec(
-            id=resp.id, conv_id=self.id, item_id=item_id, audio="audio" in modalities, voice=voice,
-            max_text_tokens=limit, sink=resp._sink, can_accept=resp._can_accept,
+            id=resp.id,
+            conv_id=self.id,
+            item_id=item_id,
+            audio="audio" in modalities,
+            voice=voice,
+            max_text_tokens=limit,
+            sink=resp._sink,
+            can_accept=resp._can_accept,
         )
         self._active = resp
         try:
@@ -257,14 +265,21 @@ class OmniEngine:
         """An engine on a thread of this process over ``ckpt``, already loaded here (tensors cannot be handed
         to a child process: use :meth:`from_loader` for ``engine.process``)."""
         if cfg.engine.process:
-            raise ConfigError("engine.process is on (auto: on with CUDA), but the checkpoint is already loaded in this "
-                              "process: use OmniEngine.from_pretrained or OmniEngine.from_loader, or engine.process: "
-                              "off", param="engine.process")  # fmt: skip
+            raise ConfigError(
+                "engine.process is on (auto: on with CUDA), but the checkpoint is already loaded in this "
+                "process: use OmniEngine.from_pretrained or OmniEngine.from_loader, or engine.process: "
+                "off",
+                param="engine.process",
+            )
         backend = EngineThread(EngineCore(ckpt, cfg, seed=seed))
         self._setup(cfg, EngineFacts.of(ckpt, cfg), backend, max_pending_events, ckpt)
 
     def _setup(
-        self, cfg: StageGraphConfig, facts: EngineFacts, backend: EngineBackend, max_pending_events: int,
+        self,
+        cfg: StageGraphConfig,
+        facts: EngineFacts,
+        backend: EngineBackend,
+        max_pending_events: int,
         ckpt: Checkpoint | None,
     ) -> None:
         self.ckpt = ckpt
@@ -286,19 +301,34 @@ class OmniEngine:
 
     @classmethod
     def from_pretrained(
-        cls, model: str | Path, stage_config: str | Path | StageGraphConfig | None = None, *, seed: int | None = None,
-        max_pending_events: int = 256, torch_threads: int | None = None,
+        cls,
+        model: str | Path,
+        stage_config: str | Path | StageGraphConfig | None = None,
+        *,
+        seed: int | None = None,
+        max_pending_events: int = 256,
+        torch_threads: int | None = None,
     ) -> OmniEngine:
         """The checkpoint folder or cached hub id ``model`` served as ``stage_config`` says (the packaged
         stage graph when None), its engine core in a child process or not per ``engine.process``."""
         cfg = stage_config if isinstance(stage_config, StageGraphConfig) else load_stage_config(stage_config)
-        return cls.from_loader(PretrainedCheckpoint(str(model)), cfg, seed=seed, max_pending_events=max_pending_events,
-                               torch_threads=torch_threads)
+        return cls.from_loader(
+            PretrainedCheckpoint(str(model)),
+            cfg,
+            seed=seed,
+            max_pending_events=max_pending_events,
+            torch_threads=torch_threads,
+        )
 
     @classmethod
     def from_loader(
-        cls, loader: CheckpointLoader, cfg: StageGraphConfig, *, seed: int | None = None,
-        max_pending_events: int = 256, torch_threads: int | None = None,
+        cls,
+        loader: CheckpointLoader,
+        cfg: StageGraphConfig,
+        *,
+        seed: int | None = None,
+        max_pending_events: int = 256,
+        torch_threads: int | None = None,
     ) -> OmniEngine:
         """The checkpoint ``loader`` makes (:mod:`pipeline.loaders`). With ``engine.process`` on (or auto on
         CUDA) the loader is handed to a child process, which loads the weights and runs the engine core; this
@@ -309,8 +339,16 @@ class OmniEngine:
         from pipeline.process import EngineProcess, ProcessSpec
 
         threads = torch_threads if torch_threads is not None else torch.get_num_threads()
-        backend = EngineProcess(ProcessSpec(loader=loader, cfg=cfg, seed=seed, max_pending_events=max_pending_events,
-                                            torch_threads=threads, log_level=logging.getLogger().getEffectiveLevel()))
+        backend = EngineProcess(
+            ProcessSpec(
+                loader=loader,
+                cfg=cfg,
+                seed=seed,
+                max_pending_events=max_pending_events,
+                torch_threads=threads,
+                log_level=logging.getLogger().getEffectiveLevel(),
+            )
+        )
         engine = cls.__new__(cls)
         engine._setup(cfg, backend.facts, backend, max_pending_events, None)
         return engine

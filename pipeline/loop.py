@@ -22,12 +22,12 @@ from typing import Any, Protocol
 
 import torch
 
-from pipeline.requests import EngineRequest
 from pipeline.config import StageGraphConfig
 from pipeline.core import EngineCore
 from pipeline.errors import EngineClosedError, PipelineError
 from pipeline.models import family_of
 from pipeline.models.family import Checkpoint
+from pipeline.requests import EngineRequest
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,13 @@ class EngineFacts:
         else:
             name = f"{device.type.upper()} ({os.cpu_count()} cores, {platform.machine()})"
         family = family_of(cfg.model_family)
-        return cls(model_name=ckpt.source, voices=family.voices(ckpt), default_voice=family.default_voice(ckpt),
-                   random_weights=ckpt.random_weights, device_name=name)
+        return cls(
+            model_name=ckpt.source,
+            voices=family.voices(ckpt),
+            default_voice=family.default_voice(ckpt),
+            random_weights=ckpt.random_weights,
+            device_name=name,
+        )
 
 
 class EngineThread:

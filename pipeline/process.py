@@ -48,13 +48,13 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
-from pipeline.loop import CoreCall, is_request
-from pipeline.requests import StartResponse
 from pipeline.config import StageGraphConfig
 from pipeline.errors import EngineClosedError, EngineDeadError, EngineProcessError, PipelineError
 from pipeline.loaders import CheckpointLoader
+from pipeline.loop import CoreCall, is_request
 from pipeline.outputs import ResponseDone, ResponseEvent, ResponseStatus, Usage
 from pipeline.request import ResponseSpec
+from pipeline.requests import StartResponse
 
 if TYPE_CHECKING:
     from pipeline.core import EngineCore
@@ -136,8 +136,9 @@ class EngineProcess:
         self._acks = AckBatcher(spec.max_pending_events)
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited CUDA state or threads
         self._conn, child_conn = context.Pipe(duplex=True)
-        self._process = context.Process(target=child_main, args=(child_conn, spec), name="omni-engine-core",
-                                        daemon=True)  # fmt: skip
+        self._process = context.Process(
+            target=child_main, args=(child_conn, spec), name="omni-engine-core", daemon=True
+        )
         self._process.start()
         child_conn.close()  # only the child holds its end now: its death reads as end-of-file here
         self._lock = threading.Lock()
@@ -308,8 +309,9 @@ class EngineProcess:
         if tag == EVENT:
             _, response_id, event = message
             with self._lock:
-                sink = self._routes.pop(response_id) if isinstance(event, ResponseDone) else \
-                    self._routes.get(response_id)  # fmt: skip
+                sink = (
+                    self._routes.pop(response_id) if isinstance(event, ResponseDone) else self._routes.get(response_id)
+                )
             if sink is None:
                 log.debug("event for unknown response %s dropped", response_id)
             else:
@@ -337,8 +339,10 @@ class EngineProcess:
             if self._closing:
                 error: EngineClosedError = EngineClosedError("the engine is shut down")
             else:
-                error = EngineDeadError(f"the engine process {describe_exit(self._process.exitcode)}; every call "
-                                        "fails until the engine is restarted")
+                error = EngineDeadError(
+                    f"the engine process {describe_exit(self._process.exitcode)}; every call "
+                    "fails until the engine is restarted"
+                )
                 log.error("%s", error.message)
             self._error = error
             futures, self._futures = self._futures, {}
@@ -419,14 +423,16 @@ class Outbox:
 
 def _unpicklable(message: tuple, exc: Exception) -> tuple:
     """A stand-in for a message that does not pickle (a bug: every answer should)."""
-    error = EngineProcessError(f"the engine's answer could not be sent: {type(exc).__name__}: {exc}",
-                               remote_type=type(exc).__qualname__)  # fmt: skip
+    error = EngineProcessError(
+        f"the engine's answer could not be sent: {type(exc).__name__}: {exc}", remote_type=type(exc).__qualname__
+    )
     if message[0] == RESULT:
         return RESULT, message[1], False, error
     if message[0] == EVENT and isinstance(message[2], ResponseDone):
         return EVENT, message[1], replace(message[2], error=error)
-    record = logging.LogRecord(__name__, logging.ERROR, __file__, 0, "%s (message %r)", (error.message, message[0]),
-                               None)  # fmt: skip
+    record = logging.LogRecord(
+        __name__, logging.ERROR, __file__, 0, "%s (message %r)", (error.message, message[0]), None
+    )
     return LOG, record
 
 
@@ -452,8 +458,9 @@ class Credits:
         """``core.start_response`` with this process's sink and backpressure for the response."""
         self._unacked[spec.id] = 0
         try:
-            core.start_response(spec.bind(sink=lambda event: self.sink(spec.id, event),
-                                          can_accept=lambda: self.can_accept(spec.id)))  # fmt: skip
+            core.start_response(
+                spec.bind(sink=lambda event: self.sink(spec.id, event), can_accept=lambda: self.can_accept(spec.id))
+            )
         except BaseException:
             self._unacked.pop(spec.id, None)
             raise

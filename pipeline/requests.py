@@ -16,10 +16,22 @@ import numpy as np
 from pipeline.request import ResponseSpec
 
 __all__ = [
-    "AddAudio", "AddText", "AppendAudio", "CancelResponse", "CloseConversation", "CommitAudio", "DeleteItem",
-    "DiscardAudio", "EngineRequest", "GetStats", "HasWork", "OpenConversation", "SetInstructions", "StartResponse",
+    "AddAudio",
+    "AddText",
+    "AppendAudio",
+    "CancelResponse",
+    "CloseConversation",
+    "CommitAudio",
+    "DeleteItem",
+    "DiscardAudio",
+    "EngineRequest",
+    "GetStats",
+    "HasWork",
+    "OpenConversation",
+    "SetInstructions",
+    "StartResponse",
     "TruncateItem",
-]  # fmt: skip
+]
 
 
 @dataclass(frozen=True)
@@ -121,7 +133,19 @@ class HasWork:
 
 
 EngineRequest = (
-    OpenConversation | CloseConversation | SetInstructions | AddText | AddAudio | AppendAudio | CommitAudio
-    | DiscardAudio | DeleteItem | TruncateItem | StartResponse | CancelResponse | GetStats | HasWork
-)  # fmt: skip
+    OpenConversation
+    | CloseConversation
+    | SetInstructions
+    | AddText
+    | AddAudio
+    | AppendAudio
+    | CommitAudio
+    | DiscardAudio
+    | DeleteItem
+    | TruncateItem
+    | StartResponse
+    | CancelResponse
+    | GetStats
+    | HasWork
+)
 """Every request the engine core takes."""

@@ -39,8 +39,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.outputs import OUTPUT_SAMPLE_RATE, AudioChunk, ResponseDone, TextDelta
 
     _setup_torch_threads(args.threads)
-    engine = OmniEngine.from_pretrained(resolve_model(args.model, args.cache_dir), args.stage_config, seed=args.seed,
-                                        torch_threads=args.threads or None)
+    engine = OmniEngine.from_pretrained(
+        resolve_model(args.model, args.cache_dir), args.stage_config, seed=args.seed, torch_threads=args.threads or None
+    )
 
     async def run() -> ResponseDone:
         conv = engine.conversation()
@@ -65,9 +66,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
         sf.write(args.out, audio, OUTPUT_SAMPLE_RATE, subtype="PCM_16")
         first = f"{first_audio * 1000:.0f} ms" if first_audio else "n/a"
-        print(f"{done.status.value}: {len(audio) / OUTPUT_SAMPLE_RATE:.2f} s of audio -> {args.out} "
-              f"(first audio after {first}, {done.usage.output_text_tokens} text / "
-              f"{done.usage.output_audio_tokens} codec tokens)")
+        print(
+            f"{done.status.value}: {len(audio) / OUTPUT_SAMPLE_RATE:.2f} s of audio -> {args.out} "
+            f"(first audio after {first}, {done.usage.output_text_tokens} text / "
+            f"{done.usage.output_audio_tokens} codec tokens)"
+        )
         await conv.close()
         return done
 
@@ -145,33 +148,64 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--api-key", default=None,
-                   help="require this key (Authorization: Bearer, or the browser subprotocol "
-                        "openai-insecure-api-key.<key>); other users can read it in the process list: "
-                        "prefer --api-key-file")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key (Authorization: Bearer, or the browser subprotocol "
+        "openai-insecure-api-key.<key>); other users can read it in the process list: "
+        "prefer --api-key-file",
+    )
     p.add_argument("--api-key-file", type=Path, default=None, help="read the key from this file")
     p.add_argument("--max-sessions", type=int, default=d.max_sessions, help="concurrent sessions")
-    p.add_argument("--no-vad-batching", action="store_true",
-                   help="one VAD call per frame per session instead of every session's frames in shared calls")
-    p.add_argument("--preemptive-response-ms", type=ms_or_off, default=d.preemptive_response_ms, metavar="MS|off",
-                   help="server VAD: start the reply after this much silence, unseen until speech stops (speech "
-                        f"resuming withdraws it); default {d.preemptive_response_ms}; off: start it when speech stops")
-    p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes,
-                   help="largest client message; larger ones get an error event")
-    p.add_argument("--max-buffer-ms", type=int, default=d.session_limits.max_buffer_ms,
-                   help="most uncommitted input audio per session")
-    p.add_argument("--events-per-second", type=float, default=d.rate_limit.events_per_second,
-                   help="client event rate per session")
+    p.add_argument(
+        "--no-vad-batching",
+        action="store_true",
+        help="one VAD call per frame per session instead of every session's frames in shared calls",
+    )
+    p.add_argument(
+        "--preemptive-response-ms",
+        type=ms_or_off,
+        default=d.preemptive_response_ms,
+        metavar="MS|off",
+        help="server VAD: start the reply after this much silence, unseen until speech stops (speech "
+        f"resuming withdraws it); default {d.preemptive_response_ms}; off: start it when speech stops",
+    )
+    p.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=d.max_message_bytes,
+        help="largest client message; larger ones get an error event",
+    )
+    p.add_argument(
+        "--max-buffer-ms",
+        type=int,
+        default=d.session_limits.max_buffer_ms,
+        help="most uncommitted input audio per session",
+    )
+    p.add_argument(
+        "--events-per-second", type=float, default=d.rate_limit.events_per_second, help="client event rate per session"
+    )
     p.add_argument("--event-burst", type=int, default=d.rate_limit.burst, help="events allowed in a burst")
-    p.add_argument("--allowed-origin", dest="allowed_origins", action="append", default=None,
-                   help="browser origin allowed to connect (repeat; default: any)")
-    p.add_argument("--ice-host", dest="ice_hosts", action="append", default=[],
-                   help="WebRTC: ICE host candidate (repeat): ADDRESS, or ANNOUNCED@BIND behind a 1:1 NAT "
-                        "(a public address announced, a local one bound)")
+    p.add_argument(
+        "--allowed-origin",
+        dest="allowed_origins",
+        action="append",
+        default=None,
+        help="browser origin allowed to connect (repeat; default: any)",
+    )
+    p.add_argument(
+        "--ice-host",
+        dest="ice_hosts",
+        action="append",
+        default=[],
+        help="WebRTC: ICE host candidate (repeat): ADDRESS, or ANNOUNCED@BIND behind a 1:1 NAT "
+        "(a public address announced, a local one bound)",
+    )
     p.add_argument("--no-webrtc", action="store_true", help="disable POST /v1/realtime/calls")
     p.add_argument("--web-demo-dir", type=Path, default=None, help="static files served at / (default: packaged)")
-    p.add_argument("--ws", choices=WS_IMPLEMENTATIONS, default=d.ws_implementation,
-                   help="uvicorn WebSocket implementation")
+    p.add_argument(
+        "--ws", choices=WS_IMPLEMENTATIONS, default=d.ws_implementation, help="uvicorn WebSocket implementation"
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -196,13 +230,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", default=None,
-                       help="checkpoint folder or hub id already in the local cache; default: the embedded tiny "
-                            "random-weight model (built on first run)")
+        p.add_argument(
+            "--model",
+            default=None,
+            help="checkpoint folder or hub id already in the local cache; default: the embedded tiny "
+            "random-weight model (built on first run)",
+        )
         p.add_argument("--stage-config", type=Path, default=None, help="stage graph YAML (default: packaged)")
         p.add_argument("--cache-dir", type=Path, default=None, help="where the embedded tiny model is built")
-        p.add_argument("--threads", type=int, default=None,
-                       help="torch CPU threads of the engine (serve: default 1, enough for a GPU engine)")
+        p.add_argument(
+            "--threads",
+            type=int,
+            default=None,
+            help="torch CPU threads of the engine (serve: default 1, enough for a GPU engine)",
+        )
         p.add_argument("--seed", type=int, default=None)
 
     serve = sub.add_parser("serve", help="the realtime server: OpenAI Realtime API over WebSocket and WebRTC")
@@ -220,9 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     # the bench's options are its own parser's (see cmd_bench): `omni-realtime bench --help` lists them
-    bench = sub.add_parser("bench", add_help=False,
-                           help="latency benchmark: concurrent simulated users (TTFA, voice-to-voice, RTF, underruns, "
-                                "barge-in) beside transformers' reference (see bench --help)")
+    bench = sub.add_parser(
+        "bench",
+        add_help=False,
+        help="latency benchmark: concurrent simulated users (TTFA, voice-to-voice, RTF, underruns, "
+        "barge-in) beside transformers' reference (see bench --help)",
+    )
     bench.set_defaults(func=cmd_bench)
 
     sub.add_parser("make-tiny-model", help="write a random Qwen2.5-Omni checkpoint (see --help)", add_help=False)

@@ -109,8 +109,11 @@ class Hygiene:
 
     def leaks(self) -> dict[str, int]:
         """The per-session resources still held (all zero when no session is live)."""
-        held = {"session_tasks": self.session_tasks, "webrtc_peers": self.webrtc_peers,
-                "outbound_events": self.outbound_events}
+        held = {
+            "session_tasks": self.session_tasks,
+            "webrtc_peers": self.webrtc_peers,
+            "outbound_events": self.outbound_events,
+        }
         if self.engine is not None:
             e = self.engine
             held |= {
@@ -238,35 +241,59 @@ class EngineWorkCollector:
     @staticmethod
     def _families(s: EngineStats) -> Iterator[Metric]:
         engine = f"{PREFIX}_engine"
-        yield CounterMetricFamily(f"{engine}_thinker_tokens", "Thinker tokens decoded since the engine started",
-                                  value=s.thinker_tokens_total)
-        yield CounterMetricFamily(f"{engine}_talker_tokens", "Talker codec tokens sampled since the engine started",
-                                  value=s.talker_tokens_total)
-        yield CounterMetricFamily(f"{engine}_audio_samples", "24 kHz audio samples emitted since the engine started",
-                                  value=s.audio_samples_total)
-        yield CounterMetricFamily(f"{engine}_decode_steps", "Engine steps that decoded at least one token",
-                                  value=s.decode_steps_total)
-        yield CounterMetricFamily(f"{engine}_talker_chains", "Talker batches run as a chain of steps (talker.chain_steps)",
-                                  value=s.talker_chains_total)
-        yield CounterMetricFamily(f"{engine}_audio_underruns",
-                                  "Audio chunks emitted after a real-time player of their reply, started on its first "
-                                  "chunk, would have run dry (the engine's lateness, before the network)",
-                                  value=s.audio_underruns_total)
-        yield CounterMetricFamily(f"{engine}_audio_starved_seconds",
-                                  "How long those players waited for the late chunks, in all",
-                                  value=s.audio_starved_ms_total / 1000.0)
-        yield CounterMetricFamily(f"{engine}_audio_start_holds",
-                                  "Replies whose first audio was held until their player had the start buffer in hand "
-                                  "(token2wav.start_buffer_ms, under load)",
-                                  value=s.audio_start_holds_total)
-        yield CounterMetricFamily(f"{engine}_audio_start_held_seconds",
-                                  "How long those replies' first audio was held, in all",
-                                  value=s.audio_start_held_ms_total / 1000.0)
-        yield GaugeMetricFamily(f"{engine}_device_memory_bytes", "Accelerator memory allocated by torch (0 on the CPU)",
-                                value=s.device_memory_bytes)
-        yield GaugeMetricFamily(f"{engine}_device_memory_peak_bytes",
-                                "Highest accelerator memory allocated by torch since start (0 on the CPU)",
-                                value=s.device_memory_peak_bytes)
+        yield CounterMetricFamily(
+            f"{engine}_thinker_tokens", "Thinker tokens decoded since the engine started", value=s.thinker_tokens_total
+        )
+        yield CounterMetricFamily(
+            f"{engine}_talker_tokens",
+            "Talker codec tokens sampled since the engine started",
+            value=s.talker_tokens_total,
+        )
+        yield CounterMetricFamily(
+            f"{engine}_audio_samples",
+            "24 kHz audio samples emitted since the engine started",
+            value=s.audio_samples_total,
+        )
+        yield CounterMetricFamily(
+            f"{engine}_decode_steps", "Engine steps that decoded at least one token", value=s.decode_steps_total
+        )
+        yield CounterMetricFamily(
+            f"{engine}_talker_chains",
+            "Talker batches run as a chain of steps (talker.chain_steps)",
+            value=s.talker_chains_total,
+        )
+        yield CounterMetricFamily(
+            f"{engine}_audio_underruns",
+            "Audio chunks emitted after a real-time player of their reply, started on its first "
+            "chunk, would have run dry (the engine's lateness, before the network)",
+            value=s.audio_underruns_total,
+        )
+        yield CounterMetricFamily(
+            f"{engine}_audio_starved_seconds",
+            "How long those players waited for the late chunks, in all",
+            value=s.audio_starved_ms_total / 1000.0,
+        )
+        yield CounterMetricFamily(
+            f"{engine}_audio_start_holds",
+            "Replies whose first audio was held until their player had the start buffer in hand "
+            "(token2wav.start_buffer_ms, under load)",
+            value=s.audio_start_holds_total,
+        )
+        yield CounterMetricFamily(
+            f"{engine}_audio_start_held_seconds",
+            "How long those replies' first audio was held, in all",
+            value=s.audio_start_held_ms_total / 1000.0,
+        )
+        yield GaugeMetricFamily(
+            f"{engine}_device_memory_bytes",
+            "Accelerator memory allocated by torch (0 on the CPU)",
+            value=s.device_memory_bytes,
+        )
+        yield GaugeMetricFamily(
+            f"{engine}_device_memory_peak_bytes",
+            "Highest accelerator memory allocated by torch since start (0 on the CPU)",
+            value=s.device_memory_peak_bytes,
+        )
 
 
 class SessionObserver:

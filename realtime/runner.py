@@ -485,7 +485,9 @@ class SessionRunner:
                 self._cancel(action)  # jumps the command queue: a cancel must not wait for a commit
             elif isinstance(action, DropQueuedAudio):
                 rid, kind = action.response_id, self._audio_delta_type
-                self.outbound.drop(lambda e, kind=kind, rid=rid: not (e.get("type") == kind and e.get("response_id") == rid))
+                self.outbound.drop(
+                    lambda e, kind=kind, rid=rid: not (e.get("type") == kind and e.get("response_id") == rid)
+                )
                 self._traces.dropped(rid)
             elif isinstance(action, PlayAudio):
                 self._media_sink().play(action.response_id, action.pcm)
@@ -625,8 +627,13 @@ class SessionRunner:
         if total is not None:  # the server's own time to first audio: turn end (or request) to the first delta out
             segments += f", total {total:.1f}"
         kind = " (preemptive, withdrawn)" if trace.withdrawn else " (preemptive)" if trace.preemptive else ""
-        logger.info("session %s response %s%s first audio path (ms): %s", self.session.session_id,
-                    trace.response_id, kind, segments or "-")
+        logger.info(
+            "session %s response %s%s first audio path (ms): %s",
+            self.session.session_id,
+            trace.response_id,
+            kind,
+            segments or "-",
+        )
         if self._on_first_audio is not None:
             self._on_first_audio(trace)
 

@@ -131,9 +131,12 @@ class ServerContext:
 
     def session_settings(self, dialect: Dialect, **overrides: object) -> SessionSettings:
         return SessionSettings.for_engine(
-            self.engine, dialect=dialect, limits=self.config.session_limits,
-            preemptive_replies=self.config.preemptive_response_ms is not None, **overrides,
-        )  # fmt: skip
+            self.engine,
+            dialect=dialect,
+            limits=self.config.session_limits,
+            preemptive_replies=self.config.preemptive_response_ms is not None,
+            **overrides,
+        )
 
     async def turn_detector_factory(self) -> TurnDetectorFactory:
         """Turn detectors over one fresh VAD (a session's own: it carries stream state), loaded
@@ -232,7 +235,9 @@ def _announce(engine: EngineHandle, config: ServerConfig) -> None:
         logger.warning(
             "\n%s\n  MODEL %s HAS RANDOM WEIGHTS: a test model, not an assistant.\n"
             "  Its replies are noise. Pass --model PATH_OR_ID for a real checkpoint.\n%s",
-            "!" * 78, engine.model_name, "!" * 78,
+            "!" * 78,
+            engine.model_name,
+            "!" * 78,
         )
     auth = "API key required" if config.api_key is not None else "NO API KEY (anyone who can connect may use it)"
     logger.info("serving %s: %s, at most %d sessions", engine.model_name, auth, config.max_sessions)
@@ -548,8 +553,8 @@ def create_app(
     server = RealtimeServer(
         config,
         engine=engine,
-        vad_factory=vad_factory or (batched_silero_vad_factory if config.vad_batching else silero_vad_factory)(
-            config.torch_threads),
+        vad_factory=vad_factory
+        or (batched_silero_vad_factory if config.vad_batching else silero_vad_factory)(config.torch_threads),
         webrtc_factory=webrtc_factory,
     )
 

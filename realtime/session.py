@@ -251,7 +251,13 @@ class PreemptiveReply:
 
 
 Action = (
-    EngineCommand | Send | DetectSpeech | ConfigureTurnDetection | DropQueuedAudio | PlayAudio | ClearOutputAudio
+    EngineCommand
+    | Send
+    | DetectSpeech
+    | ConfigureTurnDetection
+    | DropQueuedAudio
+    | PlayAudio
+    | ClearOutputAudio
     | PreemptiveReply
 )
 
@@ -558,8 +564,12 @@ class Session:
         """An engine command raised. A response that could not start ends as failed (an ``error``
         event, then ``response.done`` failed, as for a response that fails while generating); any
         other failure is reported as an error event."""
-        withdrawn = (isinstance(command, StartResponse) and command.response_id in self._withdrawn
-                     or isinstance(command, DeleteItem) and command.item_id in self._withdrawn_items)  # fmt: skip
+        withdrawn = (
+            isinstance(command, StartResponse)
+            and command.response_id in self._withdrawn
+            or isinstance(command, DeleteItem)
+            and command.item_id in self._withdrawn_items
+        )
         if withdrawn:
             return self._drain()  # the client never saw the withdrawn reply or the commit its items came from
         t = self._tentative
@@ -648,7 +658,9 @@ class Session:
             if voice.lower() == name.lower():
                 return voice
         known = ", ".join(self.settings.voices)
-        raise RealtimeError(f"unknown voice {name!r}; this model has: {known}", code=ErrorCode.UNKNOWN_VOICE, param=param)
+        raise RealtimeError(
+            f"unknown voice {name!r}; this model has: {known}", code=ErrorCode.UNKNOWN_VOICE, param=param
+        )
 
     def _turn_detection_changed(self, params: ServerVadParams | None) -> None:
         self._speaking = False
@@ -984,9 +996,15 @@ class Session:
         if override:
             self._emit(SetInstructions(params.instructions))  # type: ignore[arg-type]
         audio = modality is OutputModality.AUDIO
-        part = ContentPart(ContentType.OUTPUT_AUDIO, transcript="") if audio else ContentPart(ContentType.OUTPUT_TEXT, text="")
+        part = (
+            ContentPart(ContentType.OUTPUT_AUDIO, transcript="")
+            if audio
+            else ContentPart(ContentType.OUTPUT_TEXT, text="")
+        )
         item = Item(self._new_id(IdKind.ITEM), Role.ASSISTANT, [], ItemStatus.IN_PROGRESS)
-        encoder = self._encoder_factory(fmt) if audio and self.settings.audio_transport is AudioTransport.EVENTS else None
+        encoder = (
+            self._encoder_factory(fmt) if audio and self.settings.audio_transport is AudioTransport.EVENTS else None
+        )
         response = _Response(
             id=self._new_id(IdKind.RESPONSE),
             item=item,

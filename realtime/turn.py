@@ -178,8 +178,10 @@ class TurnDetector:
             raise ValueError(f"expected mono 1-D audio, got an array of shape {chunk.shape}")
         buffered = np.concatenate([self._pending, chunk]) if len(self._pending) else chunk
         n_frames = len(buffered) // self._frame
-        frames = [(buffered[i * self._frame : (i + 1) * self._frame], self._next_frame_start + i * self._frame)
-                  for i in range(n_frames)]
+        frames = [
+            (buffered[i * self._frame : (i + 1) * self._frame], self._next_frame_start + i * self._frame)
+            for i in range(n_frames)
+        ]
         self._pending = buffered[n_frames * self._frame :].copy()
         self._next_frame_start += n_frames * self._frame
         return frames

@@ -53,14 +53,23 @@ def parse_args(argv=None):
     p.add_argument("--eager-runs", type=int, default=2)
     p.add_argument("--batches", default="4,8", help="stream counts for the batched rows")
     p.add_argument("--tf32", action="store_true", help="add rows with TF32 matmuls in the DiT (tf32_matmul=True)")
-    p.add_argument("--compile", action="store_true",
-                   help="add rows with the DiT blocks through torch.compile (compile_dit=True) after each mode")
-    p.add_argument("--dit-dtypes", default="",
-                   help="comma-separated half precisions (bfloat16, float16): after the float32 modes, the best one "
-                        "(graphs, with TF32 and compile when given) again with the DiT blocks in each")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="add rows with the DiT blocks through torch.compile (compile_dit=True) after each mode",
+    )
+    p.add_argument(
+        "--dit-dtypes",
+        default="",
+        help="comma-separated half precisions (bfloat16, float16): after the float32 modes, the best one "
+        "(graphs, with TF32 and compile when given) again with the DiT blocks in each",
+    )
     p.add_argument("--together-only", action="store_true", help="batched rows: only step_many, not step() in turn")
-    p.add_argument("--only-best", action="store_true",
-                   help="of the float32 modes, run only the best one (graphs, with TF32 and compile when given)")
+    p.add_argument(
+        "--only-best",
+        action="store_true",
+        help="of the float32 modes, run only the best one (graphs, with TF32 and compile when given)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None, help="also write the results here")
     return p.parse_args(argv)
@@ -164,8 +173,11 @@ def steady_breakdown(eager, graphed, sync, compiled=None, repeats: int = 5) -> d
 
     dit, device = eager.dit, eager.device
     width = dit.input_embed.proj.in_features - dit.config.mel_dim
-    job = WindowJob(torch.randn(1, 144, dit.config.mel_dim, device=device),
-                    torch.randn(2 if eager.use_cfg else 1, 144, width, device=device), first_frame=48)  # fmt: skip
+    job = WindowJob(
+        torch.randn(1, 144, dit.config.mel_dim, device=device),
+        torch.randn(2 if eager.use_cfg else 1, 144, width, device=device),
+        first_frame=48,
+    )
     mel = torch.randn(1, dit.config.mel_dim, 112, device=device) - 4.0
 
     def timed(fn) -> float:
@@ -223,17 +235,27 @@ def main(argv=None) -> None:
         max_batch = max(int(n) for n in args.batches.split(","))
         graphed = {}  # (tf32, compile_dit) -> float32 synthesizer, for the breakdown
         for label, graphs, tf32, compile_dit, dtype in modes:
-            t2w = StreamingToken2Wav(model, cuda_graphs=graphs, tf32_matmul=tf32, compile_dit=compile_dit,
-                                     fused_vocoder=compile_dit and cuda, max_batch=max_batch,
-                                     dit_dtype=getattr(torch, dtype))  # fmt: skip
+            t2w = StreamingToken2Wav(
+                model,
+                cuda_graphs=graphs,
+                tf32_matmul=tf32,
+                compile_dit=compile_dit,
+                fused_vocoder=compile_dit and cuda,
+                max_batch=max_batch,
+                dit_dtype=getattr(torch, dtype),
+            )
             graphs_before = graphs_compiled()
             started = time.perf_counter()
             t2w.warm_up(max_batch=max_batch)
             sync()
             warm_up_s = time.perf_counter() - started
             runs = [synthesize(t2w, cond, ref_mel, codes, noise, sync) for _ in range(args.runs)]
-            extra = {"warm_up_s": warm_up_s, "compile_s": t2w.compile_seconds,
-                     "compiled_graphs": graphs_compiled() - graphs_before, "stats": asdict(t2w.graph_stats())}
+            extra = {
+                "warm_up_s": warm_up_s,
+                "compile_s": t2w.compile_seconds,
+                "compiled_graphs": graphs_compiled() - graphs_before,
+                "stats": asdict(t2w.graph_stats()),
+            }
             rows.append(summarize(label, runs, reference, extra))
             if dtype == "float32":
                 graphed[(tf32, compile_dit)] = t2w
@@ -241,8 +263,15 @@ def main(argv=None) -> None:
                 for together in (True,) if args.together_only else (False, True):
                     seconds = run_batched(t2w, cond, ref_mel, codes, noise, n, together, sync)
                     how = "step_many" if together else "step() in turn"
-                    batched.append({"mode": label, "streams": n, "how": how, "seconds": seconds,
-                                    "rtf_per_stream": seconds / rows[0]["audio_s"]})  # fmt: skip
+                    batched.append(
+                        {
+                            "mode": label,
+                            "streams": n,
+                            "how": how,
+                            "seconds": seconds,
+                            "rtf_per_stream": seconds / rows[0]["audio_s"],
+                        }
+                    )
         if cuda and (False, False) in graphed:
             breakdown = steady_breakdown(eager, graphed[(False, False)], sync, graphed.get((False, True)))
 
@@ -250,41 +279,65 @@ def main(argv=None) -> None:
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
     import transformers
 
-    print(f"\ntoken2wav: {'tiny' if args.tiny else 'Qwen2.5-Omni-7B architecture'}, random weights, float32; "
-          f"built in {build_s:.1f} s")
-    print(f"device: {device}; torch {torch.__version__}, transformers {transformers.__version__}; "
-          f"peak GPU memory allocated {peak_gib:.2f} GiB (model, every captured graph, 8-stream batches)")
-    print(f"utterance: {args.codes} codes = {rows[0]['audio_s']:.2f} s of audio, {rows[0]['chunks']} chunks "
-          f"(default schedule: first 48 frames, then 72; past 48, future 24)\n")
-    print("| mode | first chunk (ms) | steady chunk (ms) | total (ms) | RTF | graph capture (s) | compile (s) "
-          "| max abs diff vs eager |")
+    print(
+        f"\ntoken2wav: {'tiny' if args.tiny else 'Qwen2.5-Omni-7B architecture'}, random weights, float32; "
+        f"built in {build_s:.1f} s"
+    )
+    print(
+        f"device: {device}; torch {torch.__version__}, transformers {transformers.__version__}; "
+        f"peak GPU memory allocated {peak_gib:.2f} GiB (model, every captured graph, 8-stream batches)"
+    )
+    print(
+        f"utterance: {args.codes} codes = {rows[0]['audio_s']:.2f} s of audio, {rows[0]['chunks']} chunks "
+        f"(default schedule: first 48 frames, then 72; past 48, future 24)\n"
+    )
+    print(
+        "| mode | first chunk (ms) | steady chunk (ms) | total (ms) | RTF | graph capture (s) | compile (s) "
+        "| max abs diff vs eager |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         diff = "—" if r["mode"] == "eager" else f"{r['max_abs_diff']:.2g} (peak {r['peak']:.2g})"
         compiled = f"{r['compile_s']:.1f} ({r['compiled_graphs']} graphs)" if r["compile_s"] else "—"
-        print(f"| {r['mode']} | {r['first_chunk_ms']:.1f} | {r['steady_chunk_ms']:.1f} | {r['total_ms']:.0f} "
-              f"| {r['rtf']:.3f} | {r['warm_up_s'] - r['compile_s']:.1f} | {compiled} | {diff} |")
+        print(
+            f"| {r['mode']} | {r['first_chunk_ms']:.1f} | {r['steady_chunk_ms']:.1f} | {r['total_ms']:.0f} "
+            f"| {r['rtf']:.3f} | {r['warm_up_s'] - r['compile_s']:.1f} | {compiled} | {diff} |"
+        )
     if batched:
         print("\n| mode | streams | stepped | wall (ms) | RTF per stream | audio s per s |")
         print("|---|---:|---|---:|---:|---:|")
         for b in batched:
-            print(f"| {b['mode']} | {b['streams']} | {b['how']} | {b['seconds'] * 1000:.0f} "
-                  f"| {b['rtf_per_stream']:.3f} | {b['streams'] / b['rtf_per_stream']:.1f} |")
+            print(
+                f"| {b['mode']} | {b['streams']} | {b['how']} | {b['seconds'] * 1000:.0f} "
+                f"| {b['rtf_per_stream']:.3f} | {b['streams'] / b['rtf_per_stream']:.1f} |"
+            )
     if breakdown:
         compiled = "dit_compiled_graph_ms" in breakdown
-        print("\n| steady chunk part | eager (ms) | CUDA graph (ms) |" + (" CUDA graph, compiled DiT (ms) |" * compiled))
+        print(
+            "\n| steady chunk part | eager (ms) | CUDA graph (ms) |" + (" CUDA graph, compiled DiT (ms) |" * compiled)
+        )
         print("|---|---:|---:|" + ("---:|" * compiled))
-        print(f"| DiT ODE solve, 144-frame window (36 evaluations, CFG batched) | {breakdown['dit_eager_ms']:.1f} "
-              f"| {breakdown['dit_graph_ms']:.1f} |" + (f" {breakdown.get('dit_compiled_graph_ms', 0):.1f} |" * compiled))
-        print(f"| BigVGAN, 112 frames | {breakdown['vocoder_eager_ms']:.1f} | {breakdown['vocoder_graph_ms']:.1f} |"
-              + (" — |" * compiled))
+        print(
+            f"| DiT ODE solve, 144-frame window (36 evaluations, CFG batched) | {breakdown['dit_eager_ms']:.1f} "
+            f"| {breakdown['dit_graph_ms']:.1f} |" + (f" {breakdown.get('dit_compiled_graph_ms', 0):.1f} |" * compiled)
+        )
+        print(
+            f"| BigVGAN, 112 frames | {breakdown['vocoder_eager_ms']:.1f} | {breakdown['vocoder_graph_ms']:.1f} |"
+            + (" — |" * compiled)
+        )
     for r in rows:
         if "stats" in r:
             print(f"\n{r['mode']} graph stats: {r['stats']}")
     if args.json:
         with open(args.json, "w") as f:
-            result = {"device": device, "rows": rows, "batched": batched, "breakdown": breakdown, "build_s": build_s,
-                      "peak_gpu_mem_gib": peak_gib}  # fmt: skip
+            result = {
+                "device": device,
+                "rows": rows,
+                "batched": batched,
+                "breakdown": breakdown,
+                "build_s": build_s,
+                "peak_gpu_mem_gib": peak_gib,
+            }
             json.dump(result, f, indent=2)
 
 

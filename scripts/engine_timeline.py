@@ -26,8 +26,17 @@ from pipeline.output.playout import Playout
 def replies(timeline: dict) -> dict[str, dict]:
     """Per response id: ``started``, ``first_code``, ``held``, ``codes_done``, ``ended`` (ms or None), ``status`` and
     ``chunks`` [(t, audio ms, ahead before it ms or -waited)]."""
-    out: dict[str, dict] = defaultdict(lambda: {"chunks": [], "started": None, "first_code": None, "held": None,
-                                                "codes_done": None, "ended": None, "status": None})  # fmt: skip
+    out: dict[str, dict] = defaultdict(
+        lambda: {
+            "chunks": [],
+            "started": None,
+            "first_code": None,
+            "held": None,
+            "codes_done": None,
+            "ended": None,
+            "status": None,
+        }
+    )
     for t, rid, event in timeline["responses"]:
         r = out[rid]
         if event in ("started", "first_code", "held", "codes_done"):
@@ -44,8 +53,9 @@ def replies(timeline: dict) -> dict[str, dict]:
 
 
 def describe_reply(rid: str, r: dict) -> str:
-    chunks = " ".join(f"{t:.0f}:{a:.0f}({ahead:+.0f})" if i else f"{t:.0f}:{a:.0f}"
-                      for i, (t, a, ahead) in enumerate(r["chunks"]))  # fmt: skip
+    chunks = " ".join(
+        f"{t:.0f}:{a:.0f}({ahead:+.0f})" if i else f"{t:.0f}:{a:.0f}" for i, (t, a, ahead) in enumerate(r["chunks"])
+    )
     code = "-" if r["first_code"] is None else f"{r['first_code']:.0f}"
     done = "-" if r["codes_done"] is None else f"{r['codes_done']:.0f}"
     start = "-" if r["started"] is None else f"{r['started']:.0f}"
@@ -68,9 +78,11 @@ def windows(timeline: dict, window_ms: float, lo: float, hi: float) -> list[str]
             walls = [w for w, *_ in s]
             per = [sum(x[i] for x in s) / len(s) for i in (1, 2, 3)]
             codes = sum(x[4] for x in s)
-            stat = (f"{len(s):3d} steps {sum(walls) / len(s):5.1f} ms mean {max(walls):5.1f} max | prefills "
-                    f"{per[0]:.1f} thinker {per[1]:.1f} talker {per[2]:.1f} rows/step, {codes} codes, "
-                    f"{sum(x[5] for x in s)} chains")
+            stat = (
+                f"{len(s):3d} steps {sum(walls) / len(s):5.1f} ms mean {max(walls):5.1f} max | prefills "
+                f"{per[0]:.1f} thinker {per[1]:.1f} talker {per[2]:.1f} rows/step, {codes} codes, "
+                f"{sum(x[5] for x in s)} chains"
+            )
         else:
             stat = "  no steps"
         lines.append(f"{lo + k * window_ms:8.0f} {stat} | jobs {' '.join(jobs.get(k, []))}")
@@ -80,8 +92,9 @@ def windows(timeline: dict, window_ms: float, lo: float, hi: float) -> list[str]
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("timeline", type=Path)
-    p.add_argument("--late", action="store_true", help="only the replies with a chunk that came after their player "
-                                                      "ran dry")
+    p.add_argument(
+        "--late", action="store_true", help="only the replies with a chunk that came after their player ran dry"
+    )
     p.add_argument("--window-ms", type=float, default=200.0)
     p.add_argument("--from-ms", type=float, default=None, help="windows from here (default: the first reply's start)")
     p.add_argument("--to-ms", type=float, default=None, help="windows up to here (default: the last event)")
@@ -101,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     by_id = replies(timeline)
     ordered = sorted(by_id.items(), key=lambda kv: (kv[1]["started"] is None, kv[1]["started"] or 0.0))
     late = {rid for rid, r in by_id.items() if any(ahead < 0 for *_, ahead in r["chunks"])}
-    print(f"{len(by_id)} replies, {len(late)} with a late chunk; {len(timeline['steps'])} steps, "
-          f"{len(timeline['jobs'])} token2wav jobs, {timeline.get('dropped', 0)} events dropped")
+    print(
+        f"{len(by_id)} replies, {len(late)} with a late chunk; {len(timeline['steps'])} steps, "
+        f"{len(timeline['jobs'])} token2wav jobs, {timeline.get('dropped', 0)} events dropped"
+    )
     for rid, r in ordered:
         if not args.late or rid in late:
             print(describe_reply(rid, r))

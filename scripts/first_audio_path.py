@@ -78,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| level | segment | n | p50 ms | p95 ms | max ms |\n|---|---|---:|---:|---:|---:|")
     for level, sessions in levels.items():
         for name, v in summarize(sessions, args.skip).items():
-            print(f"| {level} | {name} | {len(v)} | {np.percentile(v, 50):.1f} | {np.percentile(v, 95):.1f} "
-                  f"| {v.max():.1f} |")
+            print(
+                f"| {level} | {name} | {len(v)} | {np.percentile(v, 50):.1f} | {np.percentile(v, 95):.1f} "
+                f"| {v.max():.1f} |"
+            )
     if counts := preemptive_counts(lines):
         print("\n| level | preemptive replies shown | withdrawn |\n|---|---:|---:|")
         for level, n in counts.items():

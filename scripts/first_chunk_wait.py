@@ -53,13 +53,21 @@ def split(m: dict[str, float]) -> dict[str, float]:
     """One response's first chunk path in the parts of :data:`PARTS` (ms)."""
     code, codes_in, job, out = (m[name] for name in NEEDED)
     made = m.get("token2wav_first_made_ms", out)
-    return {"first code": code, "codes": codes_in - code, "wait": job - codes_in, "job": made - job,
-            "held": out - made, "out": out}
+    return {
+        "first code": code,
+        "codes": codes_in - code,
+        "wait": job - codes_in,
+        "job": made - job,
+        "held": out - made,
+        "out": out,
+    }
 
 
 def table(levels: dict[str, list[dict[str, float]]]) -> str:
-    rows = ["| level | n | " + " | ".join(f"{part} p50 / p95" for part in PARTS) + " |",
-            "|---|---:|" + "---:|" * len(PARTS)]  # fmt: skip
+    rows = [
+        "| level | n | " + " | ".join(f"{part} p50 / p95" for part in PARTS) + " |",
+        "|---|---:|" + "---:|" * len(PARTS),
+    ]
     for level, responses in levels.items():
         if not responses:
             continue

@@ -60,8 +60,15 @@ LABELS = {
 for a reply's first token (thinker) or first code (talker). ``token2wav.step_many`` is a step's part only without the
 token2wav worker thread (``token2wav.worker_thread``)."""
 
-COUNTERS = ("thinker_tokens_total", "talker_tokens_total", "decode_steps_total", "talker_chains_total",
-            "audio_underruns_total", "audio_starved_ms_total", "audio_start_holds_total")  # fmt: skip
+COUNTERS = (
+    "thinker_tokens_total",
+    "talker_tokens_total",
+    "decode_steps_total",
+    "talker_chains_total",
+    "audio_underruns_total",
+    "audio_starved_ms_total",
+    "audio_start_holds_total",
+)
 """The ``EngineStats`` counters reported per level (how much each grew over the level)."""
 
 
@@ -80,8 +87,11 @@ class StepClock:
         self.walls: dict[str, list[float]] = {}
         self._ran: set[str] = set()
         runner = core.runner
-        for noted, obj, method in (("thinker", runner.thinker, "decode"), ("talker", runner.talker, "decode"),
-                                   ("talker chain", runner.talker, "decode_chain")):  # fmt: skip
+        for noted, obj, method in (
+            ("thinker", runner.thinker, "decode"),
+            ("talker", runner.talker, "decode"),
+            ("talker chain", runner.talker, "decode_chain"),
+        ):
             setattr(obj, method, self._noting(noted, getattr(obj, method)))
         step = core.step
 
@@ -107,8 +117,10 @@ class StepClock:
     def take(self) -> dict:
         """Each kind's step count, median and summed wall time since the last call."""
         walls, self.walls = self.walls, {}
-        return {kind: {"count": len(v), "wall_ms_p50": statistics.median(v), "wall_ms_sum": sum(v)}
-                for kind, v in walls.items()}  # fmt: skip
+        return {
+            kind: {"count": len(v), "wall_ms_p50": statistics.median(v), "wall_ms_sum": sum(v)}
+            for kind, v in walls.items()
+        }
 
 
 def _kind(thinker: bool, talker: bool, chain: bool) -> str:
@@ -161,9 +173,10 @@ async def burst(engine: OmniEngine, users: int, spread_ms: float = 0.0) -> dict:
     before = await engine.stats()
     first_audio = await asyncio.gather(*(one(c, spread_ms * u / users) for u, c in enumerate(convs)))
     after = await engine.stats()
-    return {"first_audio_ms": sorted(round(x, 1) for x in first_audio if x is not None),
-            "counters": {name.removesuffix("_total"): getattr(after, name) - getattr(before, name)
-                         for name in COUNTERS}}  # fmt: skip
+    return {
+        "first_audio_ms": sorted(round(x, 1) for x in first_audio if x is not None),
+        "counters": {name.removesuffix("_total"): getattr(after, name) - getattr(before, name) for name in COUNTERS},
+    }
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -202,10 +215,16 @@ def summarize(trace: dict) -> dict:
             kernel_totals.setdefault(e["name"][:80], []).append(e["dur"] / 1000)
     top = sorted(kernel_totals.items(), key=lambda kv: -sum(kv[1]))[:12]
     return {
-        "steps": {kind: {"count": len(v), "wall_ms_p50": statistics.median(w for w, _ in v),
-                         "gpu_busy_ms_p50": statistics.median(g for _, g in v),
-                         "wall_ms_sum": sum(w for w, _ in v), "gpu_busy_ms_sum": sum(g for _, g in v)}
-                  for kind, v in by_kind.items()},  # fmt: skip
+        "steps": {
+            kind: {
+                "count": len(v),
+                "wall_ms_p50": statistics.median(w for w, _ in v),
+                "gpu_busy_ms_p50": statistics.median(g for _, g in v),
+                "wall_ms_sum": sum(w for w, _ in v),
+                "gpu_busy_ms_sum": sum(g for _, g in v),
+            }
+            for kind, v in by_kind.items()
+        },
         "labels_ms_p50": {k: round(statistics.median(v), 3) for k, v in sorted(label_ms.items())},
         "labels_count": {k: len(v) for k, v in sorted(label_ms.items())},
         "top_kernels_ms": [(name, round(sum(d), 2), len(d)) for name, d in top],
@@ -214,8 +233,9 @@ def summarize(trace: dict) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None,
-                   help="random:7b, random:tiny, a checkpoint (default: the embedded tiny one)")
+    p.add_argument(
+        "--model", default=None, help="random:7b, random:tiny, a checkpoint (default: the embedded tiny one)"
+    )
     p.add_argument("--device", default=None, help="every stage on this device (default: the stage config's)")
     p.add_argument("--users", default="1", help="comma-separated burst sizes, profiled one after the other")
     p.add_argument("--text-tokens", type=int, default=10)
@@ -223,15 +243,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage-config", type=Path, default=None, help="default: bench_forced.yaml")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", type=Path, default=None, help="write the summaries (JSON) and traces here")
-    p.add_argument("--no-trace", action="store_true",
-                   help="no profiler: only each kind of step's wall time (the profiler's kernel tracing slows "
-                        "launches)")
-    p.add_argument("--timeline", type=Path, default=None, metavar="FILE",
-                   help="keep the engine's timeline (engine.timeline_path: every step, token2wav job, audio chunk and "
-                        "response, warm-up included) and write it to FILE when the engine closes; read it with "
-                        "scripts/engine_timeline.py")  # fmt: skip
-    p.add_argument("--spread-ms", type=float, default=0.0,
-                   help="the users of a level ask over this many ms (default 0: all at once)")
+    p.add_argument(
+        "--no-trace",
+        action="store_true",
+        help="no profiler: only each kind of step's wall time (the profiler's kernel tracing slows launches)",
+    )
+    p.add_argument(
+        "--timeline",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="keep the engine's timeline (engine.timeline_path: every step, token2wav job, audio chunk and "
+        "response, warm-up included) and write it to FILE when the engine closes; read it with "
+        "scripts/engine_timeline.py",
+    )
+    p.add_argument(
+        "--spread-ms",
+        type=float,
+        default=0.0,
+        help="the users of a level ask over this many ms (default 0: all at once)",
+    )
     return p
 
 
@@ -282,8 +313,9 @@ def traced(engine: OmniEngine, args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    cfg = bench_stage_config(args.stage_config, device=args.device,
-                             length=ReplyLength(args.text_tokens, args.codec_tokens))  # fmt: skip
+    cfg = bench_stage_config(
+        args.stage_config, device=args.device, length=ReplyLength(args.text_tokens, args.codec_tokens)
+    )
     timeline = {} if args.timeline is None else {"timeline_path": str(args.timeline)}
     # the profiler and the clock need the engine core on a thread of this process
     cfg = replace(cfg, engine=replace(cfg.engine, process="off", **timeline))

@@ -42,22 +42,38 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="the tiny random token2wav of the tests")
-    p.add_argument("--slots", default="1,4,16",
-                   help="streams per batch to time (each padded to the next power of two below the largest, as the "
-                        "engine pads its jobs)")
+    p.add_argument(
+        "--slots",
+        default="1,4,16",
+        help="streams per batch to time (each padded to the next power of two below the largest, as the "
+        "engine pads its jobs)",
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--plain", action="store_true", help="no graphs, TF32, compile or bfloat16 (the float32 reference)")
-    p.add_argument("--vocoder", choices=("fused", "reference"), default="fused",
-                   help="the vocoder's activations: one Triton kernel each (packaged on CUDA) or the modules' forward")
+    p.add_argument(
+        "--vocoder",
+        choices=("fused", "reference"),
+        default="fused",
+        help="the vocoder's activations: one Triton kernel each (packaged on CUDA) or the modules' forward",
+    )
     p.add_argument("--top", type=int, default=12, help="kernels listed per profile")
-    p.add_argument("--dit-attention", choices=("triton", "auto", "cudnn", "efficient", "math"), default="triton",
-                   help="triton: the packaged one-kernel block attention (needs the fast path on CUDA); otherwise the "
-                        "SDPA backend the DiT blocks are compiled and captured with (auto: torch's choice); run "
-                        "with a fresh TORCHINDUCTOR_CACHE_DIR: inductor's on-disk cache reuses a graph traced with "
-                        "another backend")
-    p.add_argument("--inductor", action="append", default=[], metavar="NAME=VALUE",
-                   help="set torch._inductor.config.NAME before the DiT blocks compile (repeatable), e.g. "
-                        "max_autotune=1: to try inductor's settings on the compiled blocks (fresh caches, as above)")
+    p.add_argument(
+        "--dit-attention",
+        choices=("triton", "auto", "cudnn", "efficient", "math"),
+        default="triton",
+        help="triton: the packaged one-kernel block attention (needs the fast path on CUDA); otherwise the "
+        "SDPA backend the DiT blocks are compiled and captured with (auto: torch's choice); run "
+        "with a fresh TORCHINDUCTOR_CACHE_DIR: inductor's on-disk cache reuses a graph traced with "
+        "another backend",
+    )
+    p.add_argument(
+        "--inductor",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set torch._inductor.config.NAME before the DiT blocks compile (repeatable), e.g. "
+        "max_autotune=1: to try inductor's settings on the compiled blocks (fresh caches, as above)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
@@ -93,10 +109,16 @@ def synthesizer(model, device: str, plain: bool, max_batch: int, fused_vocoder: 
 
     cuda = device.startswith("cuda")
     fast = cuda and not plain
-    return StreamingToken2Wav(model, cuda_graphs=fast, tf32_matmul=fast, compile_dit=fast, max_batch=max_batch,
-                              fused_vocoder=fast and fused_vocoder,
-                              dit_dtype=torch.bfloat16 if fast else torch.float32,
-                              dit_attention="triton" if fast and triton_attention else "sdpa")  # fmt: skip
+    return StreamingToken2Wav(
+        model,
+        cuda_graphs=fast,
+        tf32_matmul=fast,
+        compile_dit=fast,
+        max_batch=max_batch,
+        fused_vocoder=fast and fused_vocoder,
+        dit_dtype=torch.bfloat16 if fast else torch.float32,
+        dit_attention="triton" if fast and triton_attention else "sdpa",
+    )
 
 
 def window_job(t2w, frames: int, first_frame: int):
@@ -105,8 +127,11 @@ def window_job(t2w, frames: int, first_frame: int):
     dit = t2w.dit
     width = dit.input_embed.proj.in_features - dit.config.mel_dim
     groups = 2 if t2w.use_cfg else 1
-    return WindowJob(torch.randn(1, frames, dit.config.mel_dim, device=t2w.device),
-                     torch.randn(groups, frames, width, device=t2w.device), first_frame=first_frame)  # fmt: skip
+    return WindowJob(
+        torch.randn(1, frames, dit.config.mel_dim, device=t2w.device),
+        torch.randn(groups, frames, width, device=t2w.device),
+        first_frame=first_frame,
+    )
 
 
 def kernel_table(fn, sync, top: int, cuda: bool) -> dict:
@@ -141,12 +166,12 @@ def measure(t2w, slots: int, sync, repeats: int, top: int) -> dict:
     out = {"slots": slots, "first_window": first, "steady_window": steady}
     for name, frames, first_frame in (("first", first, 0), ("steady", steady, 480)):
         jobs = [window_job(t2w, frames, first_frame) for _ in range(slots)]
-        out[f"{name}_solve_ms"] = timed_ms(lambda: t2w._dit_batches.solve(jobs), sync, repeats)
+        out[f"{name}_solve_ms"] = timed_ms(lambda jobs=jobs: t2w._dit_batches.solve(jobs), sync, repeats)
     voc_first = cfg.first_chunk_frames + cfg.first_vocoder_lookahead_frames
     voc_steady = cfg.vocoder_overlap_frames + cfg.chunk_frames
     for name, frames in (("first", voc_first), ("steady", voc_steady)):
         mels = [torch.randn(1, mel_dim, frames, device=t2w.device) - 4.0 for _ in range(slots)]
-        out[f"{name}_vocoder_ms"] = timed_ms(lambda: t2w._vocoder.many(mels), sync, repeats)
+        out[f"{name}_vocoder_ms"] = timed_ms(lambda mels=mels: t2w._vocoder.many(mels), sync, repeats)
     cuda = t2w.device.type == "cuda"
     out["evaluation"] = kernel_table(lambda: t2w._dit_batches.evaluate_blank(steady, slots), sync, top, cuda)
     mels = [torch.randn(1, mel_dim, voc_steady, device=t2w.device) - 4.0 for _ in range(slots)]
@@ -156,15 +181,19 @@ def measure(t2w, slots: int, sync, repeats: int, top: int) -> dict:
 
 def print_report(results: list[dict], device: str) -> None:
     print(f"\ntoken2wav profile on {device}\n")
-    print("| slots | first window solve (ms) | per evaluation | steady window solve (ms) | per evaluation "
-          "| eval kernels | eval kernel time (ms) | vocoder first / steady (ms) | vocoder kernels / time (ms) |")
+    print(
+        "| slots | first window solve (ms) | per evaluation | steady window solve (ms) | per evaluation "
+        "| eval kernels | eval kernel time (ms) | vocoder first / steady (ms) | vocoder kernels / time (ms) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         ev, voc = r["evaluation"], r["vocoder"]
-        print(f"| {r['slots']} | {r['first_solve_ms']:.1f} | {r['first_solve_ms'] / EVALUATIONS:.2f} "
-              f"| {r['steady_solve_ms']:.1f} | {r['steady_solve_ms'] / EVALUATIONS:.2f} | {ev['kernels']} "
-              f"| {ev['total_us'] / 1000:.2f} | {r['first_vocoder_ms']:.1f} / {r['steady_vocoder_ms']:.1f} "
-              f"| {voc['kernels']} / {voc['total_us'] / 1000:.2f} |")
+        print(
+            f"| {r['slots']} | {r['first_solve_ms']:.1f} | {r['first_solve_ms'] / EVALUATIONS:.2f} "
+            f"| {r['steady_solve_ms']:.1f} | {r['steady_solve_ms'] / EVALUATIONS:.2f} | {ev['kernels']} "
+            f"| {ev['total_us'] / 1000:.2f} | {r['first_vocoder_ms']:.1f} / {r['steady_vocoder_ms']:.1f} "
+            f"| {voc['kernels']} / {voc['total_us'] / 1000:.2f} |"
+        )
     for r in results:
         for part in ("evaluation", "vocoder"):
             print(f"\n{part}, {r['slots']} slots, steady shape: top kernels\n")
@@ -181,8 +210,11 @@ def attention_backend(name: str):
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                "math": SDPBackend.MATH}  # fmt: skip
+    backends = {
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
     return contextlib.nullcontext() if name in ("auto", "triton") else sdpa_kernel([backends[name]])
 
 
@@ -198,22 +230,25 @@ def main(argv=None) -> None:
 
     with torch.inference_mode(), attention_backend(args.dit_attention), inductor.patch(settings):
         # a timed batch is padded as in the engine: to the next power of two, or the largest slot count
-        t2w = synthesizer(model, args.device, args.plain, max(slots), args.vocoder == "fused",
-                          args.dit_attention == "triton")
+        t2w = synthesizer(
+            model, args.device, args.plain, max(slots), args.vocoder == "fused", args.dit_attention == "triton"
+        )
         started = time.perf_counter()
         t2w.warm_up(max_batch=max(slots))
         sync()
         warm_up_s = time.perf_counter() - started
         results = [measure(t2w, n, sync, args.repeats, args.top) for n in slots]
     device = torch.cuda.get_device_name() if cuda else "CPU"
-    print(f"DiT attention: {args.dit_attention}; inductor settings: {settings or 'defaults'}; "
-          f"warm-up (compile + capture) {warm_up_s:.1f} s; "
-          f"graphs: {t2w.graph_stats()}")
+    print(
+        f"DiT attention: {args.dit_attention}; inductor settings: {settings or 'defaults'}; "
+        f"warm-up (compile + capture) {warm_up_s:.1f} s; "
+        f"graphs: {t2w.graph_stats()}"
+    )
     print_report(results, device)
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": device, "warm_up_s": warm_up_s, "inductor": settings,
-                                               "results": results},
-                                              indent=2))
+        Path(args.json).write_text(
+            json.dumps({"device": device, "warm_up_s": warm_up_s, "inductor": settings, "results": results}, indent=2)
+        )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,16 @@ GAUGES = {
     "kv_talker": 'omni_realtime_engine_kv_positions{stage="talker"}',
 }
 """What is sampled from /metrics (name here: Prometheus sample)."""
-HELD = ("session_tasks", "outbound_events", "sessions", "engine_conversations", "engine_responses",
-        "engine_open_audio", "kv_thinker", "kv_talker")
+HELD = (
+    "session_tasks",
+    "outbound_events",
+    "sessions",
+    "engine_conversations",
+    "engine_responses",
+    "engine_open_audio",
+    "kv_thinker",
+    "kv_talker",
+)
 """Per-session resources: all zero once every session has ended."""
 
 
@@ -89,15 +97,34 @@ class Server:
 
     def __init__(self, args: argparse.Namespace, folder: Path) -> None:
         stages = short_reply_stage_config(folder, args.max_text_tokens, args.max_codec_tokens)
-        command = [sys.executable, "-m", "realtime.cli", "--log-level", "info", "serve", "--host", "127.0.0.1",
-                   "--port", "0", "--no-webrtc", "--stage-config", str(stages), "--cache-dir", str(folder),
-                   "--max-sessions", str(2 * args.sessions), "--seed", str(args.seed)]
+        command = [
+            sys.executable,
+            "-m",
+            "realtime.cli",
+            "--log-level",
+            "info",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-webrtc",
+            "--stage-config",
+            str(stages),
+            "--cache-dir",
+            str(folder),
+            "--max-sessions",
+            str(2 * args.sessions),
+            "--seed",
+            str(args.seed),
+        ]
         # (twice the clients: a client that left may reconnect before the server has freed its slot)
         if args.model:
             command += ["--model", args.model]
         env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-        self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
+        self.process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
         self.url = self._wait_for_url(timeout=180)
@@ -215,8 +242,10 @@ BAD_EVENTS = [
 
 def _user_text(rng: random.Random) -> dict:
     text = rng.choice(["Hello!", "What is the capital of France?", "Tell me a joke.", "Count to five."])
-    return {"type": "conversation.item.create",
-            "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}
+    return {
+        "type": "conversation.item.create",
+        "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+    }
 
 
 async def text_turn(s: Session, rng: random.Random) -> None:
@@ -237,8 +266,7 @@ async def spoken_turn_with_barge_in(s: Session, rng: random.Random) -> None:
         done = await s.until("response.done")
         if done["response"]["status"] == "cancelled" and done["response"]["output"]:
             item = done["response"]["output"][0]["id"]
-            await s.send({"type": "conversation.item.truncate", "item_id": item, "content_index": 0,
-                          "audio_end_ms": 0})
+            await s.send({"type": "conversation.item.truncate", "item_id": item, "content_index": 0, "audio_end_ms": 0})
     await s.audio(bytes(FRAME_BYTES * 8))  # the interrupting turn ends and gets its own reply
     await s.until("response.done")
 
@@ -317,8 +345,10 @@ async def soak(args: argparse.Namespace, server: Server) -> dict:
     baseline = await scrape(server.url)
     started = time.monotonic()
     deadline = started + args.duration
-    workers = [asyncio.create_task(worker(ws_url, deadline, random.Random(rng.random()), tally, args))
-               for _ in range(args.sessions)]
+    workers = [
+        asyncio.create_task(worker(ws_url, deadline, random.Random(rng.random()), tally, args))
+        for _ in range(args.sessions)
+    ]
     series = []
     while not all(w.done() for w in workers):
         await asyncio.wait(workers, timeout=args.sample_s)
@@ -332,8 +362,15 @@ async def soak(args: argparse.Namespace, server: Server) -> dict:
     warmup_s = args.warmup_s if args.warmup_s is not None else 0.6 * args.duration
     warm = [s for s in series if s["t"] <= warmup_s] or series[:1]
     peak = {name: max(s[name] for s in series) for name in GAUGES}
-    return {"tally": tally.as_dict(), "baseline": baseline, "warm": warm[-1], "peak": peak, "after": after,
-            "series": series, "load_s": round(load_s, 1)}
+    return {
+        "tally": tally.as_dict(),
+        "baseline": baseline,
+        "warm": warm[-1],
+        "peak": peak,
+        "after": after,
+        "series": series,
+        "load_s": round(load_s, 1),
+    }
 
 
 def verdict(result: dict, exit_status: int, log: str, args: argparse.Namespace) -> list[str]:
@@ -387,10 +424,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace-s", type=float, default=120.0, help="then workers are cancelled")
     parser.add_argument("--wait-s", type=float, default=120.0, help="longest wait for one server event")
     parser.add_argument("--sample-s", type=float, default=10.0, help="/metrics sampling period")
-    parser.add_argument("--warmup-s", type=float, default=None, help="first seconds of load: the warm-up "
-                        "(default: 60 %% of --duration)")
-    parser.add_argument("--scenario", action="append", choices=[s.__name__ for s, _ in SCENARIOS],
-                        help="play only these scenarios (repeat; default: all, weighted)")
+    parser.add_argument(
+        "--warmup-s", type=float, default=None, help="first seconds of load: the warm-up (default: 60 %% of --duration)"
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=[s.__name__ for s, _ in SCENARIOS],
+        help="play only these scenarios (repeat; default: all, weighted)",
+    )
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the embedded tiny model)")
     parser.add_argument("--max-text-tokens", type=int, default=16)
     parser.add_argument("--max-codec-tokens", type=int, default=60)

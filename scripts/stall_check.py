@@ -90,16 +90,26 @@ async def run_load(engine: OmniEngine, *, users: int, replies: int, stall_s: flo
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="random:7b, random:tiny, a checkpoint (default: the embedded tiny one)")
+    p.add_argument(
+        "--model", default=None, help="random:7b, random:tiny, a checkpoint (default: the embedded tiny one)"
+    )
     p.add_argument("--device", default=None, help="every stage on this device (default: the stage config's)")
     p.add_argument("--users", type=int, default=4)
     p.add_argument("--replies", type=int, default=2, help="turns per user, one after the other")
     p.add_argument("--text-tokens", type=int, default=10)
     p.add_argument("--codec-tokens", type=int, default=50)
-    p.add_argument("--t2w-worker", choices=("auto", "on", "off"), default=None,
-                   help="token2wav.worker_thread (default: the stage config's)")
-    p.add_argument("--engine-process", choices=("auto", "on", "off"), default=None,
-                   help="engine.process (default: the stage config's)")
+    p.add_argument(
+        "--t2w-worker",
+        choices=("auto", "on", "off"),
+        default=None,
+        help="token2wav.worker_thread (default: the stage config's)",
+    )
+    p.add_argument(
+        "--engine-process",
+        choices=("auto", "on", "off"),
+        default=None,
+        help="engine.process (default: the stage config's)",
+    )
     p.add_argument("--stall-s", type=float, default=60.0, help="no reply completed for this long = stalled")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--json", default=None, help="write the result here")

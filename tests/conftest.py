@@ -51,7 +51,9 @@ def load_script(name: str):
     import importlib.util
     import sys
 
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -67,8 +69,11 @@ def greedy_stage_config(device: str = "cpu", **overrides):
     lm = {"device": device, "dtype": "float32"}
     stages = {
         "thinker": {**lm, "sampling": SamplingConfig(do_sample=False), **overrides.pop("thinker", {})},
-        "talker": {**lm, "sampling": SamplingConfig(do_sample=False, repetition_penalty=1.05),
-                   **overrides.pop("talker", {})},
+        "talker": {
+            **lm,
+            "sampling": SamplingConfig(do_sample=False, repetition_penalty=1.05),
+            **overrides.pop("talker", {}),
+        },
         "token2wav": {"device": device, **overrides.pop("token2wav", {})},
     }
     engine = overrides.pop("engine", {})
@@ -85,8 +90,19 @@ def start_spoken_reply(core, name: str, max_text_tokens: int = 4) -> list:
     events: list = []
     core.handle(OpenConversation(name, "You are a test."))
     core.handle(AddText(name, f"{name}-u", "user", f"Hello from {name}"))
-    core.handle(StartResponse(ResponseSpec(id=f"r-{name}", conv_id=name, item_id=f"{name}-a", audio=True,
-                                           voice="Chelsie", max_text_tokens=max_text_tokens, sink=events.append)))
+    core.handle(
+        StartResponse(
+            ResponseSpec(
+                id=f"r-{name}",
+                conv_id=name,
+                item_id=f"{name}-a",
+                audio=True,
+                voice="Chelsie",
+                max_text_tokens=max_text_tokens,
+                sink=events.append,
+            )
+        )
+    )
     return events
 
 

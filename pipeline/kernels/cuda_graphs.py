@@ -45,8 +45,14 @@ class CapturedCall:
     worker) must not.
     """
 
-    def __init__(self, fn: Callable[..., Tensor | tuple[Tensor, ...]], example: Sequence[Tensor], *,
-                 warmup_runs: int = 2, capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fn: Callable[..., Tensor | tuple[Tensor, ...]],
+        example: Sequence[Tensor],
+        *,
+        warmup_runs: int = 2,
+        capture_stream: torch.cuda.Stream | None = None,
+    ) -> None:
         if not example or not all(t.is_cuda for t in example):
             raise GraphCaptureError("CUDA graphs need CUDA tensors as inputs")
         device = example[0].device

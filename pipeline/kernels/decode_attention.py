@@ -23,14 +23,16 @@ import torch.nn.functional as F
 __all__ = ["attend_reference", "attend_triton", "attention_splits", "triton_available"]
 
 
-def attend_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
-                     lengths: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+def attend_reference(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor, scale: float
+) -> torch.Tensor:
     out = torch.empty_like(q)
     for row, (slot, length) in enumerate(zip(slots.tolist(), lengths.tolist())):
         k = keys[slot, :length].transpose(0, 1).unsqueeze(0)  # (1, Hkv, L, D)
         v = values[slot, :length].transpose(0, 1).unsqueeze(0)
-        att = F.scaled_dot_product_attention(q[row].unsqueeze(0).unsqueeze(2), k, v, scale=scale,
-                                             enable_gqa=k.shape[1] != q.shape[1])  # fmt: skip
+        att = F.scaled_dot_product_attention(
+            q[row].unsqueeze(0).unsqueeze(2), k, v, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+        )
         out[row] = att[0, :, 0]
     return out
 
@@ -50,11 +52,31 @@ if triton is not None:
 
     @triton.jit
     def _decode_attention_kernel(
-        Q, K, V, Out, PartM, PartL, PartAcc, Slots, Lengths, scale,
-        stride_qb, stride_qh, stride_ks, stride_kl, stride_kh, stride_vs, stride_vl, stride_vh,
-        stride_ob, stride_oh,
-        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    ):  # fmt: skip
+        Q,
+        K,
+        V,
+        Out,
+        PartM,
+        PartL,
+        PartAcc,
+        Slots,
+        Lengths,
+        scale,
+        stride_qb,
+        stride_qh,
+        stride_ks,
+        stride_kl,
+        stride_kh,
+        stride_vs,
+        stride_vl,
+        stride_vh,
+        stride_ob,
+        stride_oh,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        SPLITS: tl.constexpr,
+    ):
         # One program per (row, head, share of the row's positions). SPLITS == 1: the share is the whole row and the
         # program writes the output; otherwise the shares are whole blocks (a short row leaves its last shares empty,
         # which store a zero weight) and the program writes its partial softmax sums for _combine_kernel.
@@ -100,8 +122,7 @@ if triton is not None:
             tl.store(PartAcc + at * HEAD_DIM + d, acc)
 
     @triton.jit
-    def _combine_kernel(PartM, PartL, PartAcc, Out, stride_ob, stride_oh,
-                        HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
+    def _combine_kernel(PartM, PartL, PartAcc, Out, stride_ob, stride_oh, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):
         row = tl.program_id(0)
         head = tl.program_id(1)
         heads = tl.num_programs(1)
@@ -129,9 +150,16 @@ def attention_splits(rows: int, heads: int, device: torch.device, max_splits: in
     return splits
 
 
-def attend_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
-                  lengths: torch.Tensor, scale: float, block_n: int = 64,
-                  splits: int | None = None) -> torch.Tensor:  # fmt: skip
+def attend_triton(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    slots: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    block_n: int = 64,
+    splits: int | None = None,
+) -> torch.Tensor:
     """``splits``: programs per (row, head), each over a share of the row's positions, their partial softmax sums
     combined by a second kernel (default: :func:`attention_splits`); with 1 each program writes its output. Shares are
     whole blocks of ``block_n`` positions, so a row shorter than ``splits`` blocks leaves shares empty."""
@@ -144,8 +172,18 @@ def attend_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slo
     out = torch.empty_like(q)
     if splits is None:
         splits = attention_splits(batch, heads, q.device)
-    strides = (q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
-               values.stride(0), values.stride(1), values.stride(2), out.stride(0), out.stride(1))  # fmt: skip
+    strides = (
+        q.stride(0),
+        q.stride(1),
+        keys.stride(0),
+        keys.stride(1),
+        keys.stride(2),
+        values.stride(0),
+        values.stride(1),
+        values.stride(2),
+        out.stride(0),
+        out.stride(1),
+    )
     if splits & (splits - 1):
         raise ValueError(f"splits must be a power of two, got {splits}")
     if splits == 1:  # the output straight from the one program per (row, head); no partial sums
@@ -155,10 +193,24 @@ def attend_triton(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slo
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty(batch, heads, splits, head_dim, dtype=torch.float32, device=q.device)
     _decode_attention_kernel[(batch, heads, splits)](
-        q, keys, values, out, part_m, part_l, part_acc, slots, lengths, scale, *strides,
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_N=block_n, SPLITS=splits,
-    )  # fmt: skip
+        q,
+        keys,
+        values,
+        out,
+        part_m,
+        part_l,
+        part_acc,
+        slots,
+        lengths,
+        scale,
+        *strides,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_N=block_n,
+        SPLITS=splits,
+    )
     if splits > 1:
-        _combine_kernel[(batch, heads)](part_m, part_l, part_acc, out, out.stride(0), out.stride(1),
-                                        HEAD_DIM=head_dim, SPLITS=splits)  # fmt: skip
+        _combine_kernel[(batch, heads)](
+            part_m, part_l, part_acc, out, out.stride(0), out.stride(1), HEAD_DIM=head_dim, SPLITS=splits
+        )
     return out

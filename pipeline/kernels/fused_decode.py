@@ -100,8 +100,9 @@ if triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def _add_rms_norm_kernel(X, Residual, ResidualOut, Weight, Out, eps, width,
-                             HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    def _add_rms_norm_kernel(
+        X, Residual, ResidualOut, Weight, Out, eps, width, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr
+    ):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < width
@@ -118,9 +119,25 @@ if triton is not None:
         tl.store(Out + row * width + cols, (w * normed).to(Out.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _rope_store_kernel(QKV, Cos, Sin, QOut, Keys, Values, Slots, Positions,
-                           stride_ks, stride_kl, stride_kh, stride_vs, stride_vl, stride_vh,
-                           HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr):  # fmt: skip
+    def _rope_store_kernel(
+        QKV,
+        Cos,
+        Sin,
+        QOut,
+        Keys,
+        Values,
+        Slots,
+        Positions,
+        stride_ks,
+        stride_kl,
+        stride_kh,
+        stride_vs,
+        stride_vl,
+        stride_vh,
+        HQ: tl.constexpr,
+        HKV: tl.constexpr,
+        HALF: tl.constexpr,
+    ):
         row = tl.program_id(0)
         head = tl.program_id(1)  # q heads, then k heads, then v heads: the column order of the fused GEMM
         d = tl.arange(0, HALF)
@@ -167,8 +184,9 @@ def _require_triton() -> None:
         raise RuntimeError("triton is not installed (CUDA builds of torch include it)")
 
 
-def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def add_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = residual + x`` (or ``x`` without a residual), then HF's RMSNorm of ``h``; returns ``(normed, h)``.
     ``x``/``residual`` (B, H) contiguous, same dtype; ``weight`` (H,)."""
     _require_triton()
@@ -176,15 +194,31 @@ def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     out = torch.empty_like(x)
     summed = torch.empty_like(x) if residual is not None else x
     _add_rms_norm_kernel[(rows,)](
-        x, residual if residual is not None else x, summed, weight, out, eps, width,
-        HAS_RESIDUAL=residual is not None, BLOCK=_next_pow2(width),
-    )  # fmt: skip
+        x,
+        residual if residual is not None else x,
+        summed,
+        weight,
+        out,
+        eps,
+        width,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=_next_pow2(width),
+    )
     return out, summed
 
 
-def rope_and_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                   slots: torch.Tensor, positions: torch.Tensor, *, heads: int,
-                   kv_heads: int) -> torch.Tensor:  # fmt: skip
+def rope_and_store(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    heads: int,
+    kv_heads: int,
+) -> torch.Tensor:
     """Split the fused projection ``qkv`` (B, (heads + 2 kv_heads) × D) into heads, rotate q and k by the rotary
     table rows ``cos``/``sin`` (max_len, D) at ``positions`` (B,), write k and v into the pool layer
     ``keys``/``values`` (slots, max_len, kv_heads, D) at ``[slots[b], positions[b]]``; returns q (B, heads, D)."""
@@ -195,10 +229,24 @@ def rope_and_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys
         raise ValueError(f"head_dim must be twice a power of two for the fused RoPE kernel, got {head_dim}")
     q = qkv.new_empty(batch, heads, head_dim)
     _rope_store_kernel[(batch, heads + 2 * kv_heads)](
-        qkv, cos, sin, q, keys, values, slots, positions,
-        keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
-        HQ=heads, HKV=kv_heads, HALF=head_dim // 2,
-    )  # fmt: skip
+        qkv,
+        cos,
+        sin,
+        q,
+        keys,
+        values,
+        slots,
+        positions,
+        keys.stride(0),
+        keys.stride(1),
+        keys.stride(2),
+        values.stride(0),
+        values.stride(1),
+        values.stride(2),
+        HQ=heads,
+        HKV=kv_heads,
+        HALF=head_dim // 2,
+    )
     return q
 
 
@@ -211,4 +259,3 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     block = min(block, _next_pow2(inter))
     _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block)
     return out
-

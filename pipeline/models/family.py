@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     import torch
 
 
-
 Checkpoint: TypeAlias = Any
 """A loaded checkpoint of some family: opaque to the engine but for ``source``, ``random_weights``, ``thinker`` and
 ``talker`` (see the module docstring)."""
@@ -67,8 +66,9 @@ class ModelFamily(Protocol):
     (T, H)``; ``talker -> token2wav`` is ``fn(code, stop_ids) -> the synthesizer's code, or None when ``code``
     ends the utterance``."""
 
-    def load_pretrained(self, model: str, *, devices: dict[str, torch.device | str],
-                        dtypes: dict[str, torch.dtype]) -> Any:  # fmt: skip
+    def load_pretrained(
+        self, model: str, *, devices: dict[str, torch.device | str], dtypes: dict[str, torch.dtype]
+    ) -> Any:
         """The checkpoint of folder ``model``, or of hub id ``model`` already in the local cache (never downloads),
         validated, its stages placed as ``devices`` / ``dtypes`` (keyed by stage name) say. Raises
         ``CheckpointError`` naming the file or field that is missing or inconsistent."""
@@ -127,8 +127,9 @@ class ModelFamily(Protocol):
         family registry, never the other way)."""
         ...
 
-    def start_stream(self, synthesizer: Any, ckpt: Any, voice: str, *, generator: torch.Generator | None,
-                     max_codes: int, quick: bool) -> Any:  # fmt: skip
+    def start_stream(
+        self, synthesizer: Any, ckpt: Any, voice: str, *, generator: torch.Generator | None, max_codes: int, quick: bool
+    ) -> Any:
         """Open ``synthesizer``'s stream of one utterance in ``voice`` of at most ``max_codes`` codes; its noise (if
         any) drawn from ``generator``; ``quick``: the stream starts with the quick first chunk."""
         ...

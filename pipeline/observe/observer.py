@@ -21,9 +21,17 @@ log = logging.getLogger("pipeline.core")  # operators grep the engine's warnings
 SLOW_STEP_MS = 250.0
 """An engine step longer than this is logged: every live response waited that long for its next token."""
 
-COUNTERS = ("thinker_tokens_total", "talker_tokens_total", "audio_samples_total", "decode_steps_total",
-            "talker_chains_total", "audio_underruns_total", "audio_starved_ms_total", "audio_start_holds_total",
-            "audio_start_held_ms_total")  # fmt: skip
+COUNTERS = (
+    "thinker_tokens_total",
+    "talker_tokens_total",
+    "audio_samples_total",
+    "decode_steps_total",
+    "talker_chains_total",
+    "audio_underruns_total",
+    "audio_starved_ms_total",
+    "audio_start_holds_total",
+    "audio_start_held_ms_total",
+)
 """Cumulative work counters (:class:`pipeline.outputs.EngineStats` fields): tokens per stage, audio samples sent,
 decode steps and talker chains, and the underruns of a real-time player of each reply."""
 
@@ -54,7 +62,9 @@ class EngineObserver:
         if self.timeline is not None:
             self.timeline.job(started, time.perf_counter(), streams=streams, first=first)
 
-    def chunk_sent(self, t: float, response_id: str, index: int, audio_ms: float, waited_ms: float, samples: int) -> None:
+    def chunk_sent(
+        self, t: float, response_id: str, index: int, audio_ms: float, waited_ms: float, samples: int
+    ) -> None:
         """A chunk left the engine; ``waited_ms`` > 0: the reply's player ran dry that long before it."""
         self.counters["audio_samples_total"] += samples
         if waited_ms > 0:
@@ -68,24 +78,54 @@ class EngineObserver:
         self.counters["audio_start_held_ms_total"] += round(held_ms)
 
     # -- steps --------------------------------------------------------------------------------------
-    def step_done(self, started: float, *, progressed: bool, live: int, describe: Callable[[], list[str]],
-                  decoding: int, prefills: int, thinker_rows: int, talker_rows: int, codes_before: int,
-                  chains_before: int, ready: int, background: int) -> None:  # fmt: skip
+    def step_done(
+        self,
+        started: float,
+        *,
+        progressed: bool,
+        live: int,
+        describe: Callable[[], list[str]],
+        decoding: int,
+        prefills: int,
+        thinker_rows: int,
+        talker_rows: int,
+        codes_before: int,
+        chains_before: int,
+        ready: int,
+        background: int,
+    ) -> None:
         """After each step: the slow-step warning, the stall watch, the timeline's step event."""
         ended = time.perf_counter()
         elapsed = (ended - started) * 1000
         if elapsed > SLOW_STEP_MS:
-            log.warning("slow engine step: %.0f ms (%d responses decoding, %d token2wav chunks, %d background prefills, "
-                        "%d responses)", elapsed, decoding, ready, background, live)  # fmt: skip
+            log.warning(
+                "slow engine step: %.0f ms (%d responses decoding, %d token2wav chunks, %d background prefills, "
+                "%d responses)",
+                elapsed,
+                decoding,
+                ready,
+                background,
+                live,
+            )
         marks = (*self.tokens(), self.counters["audio_samples_total"], self.finished)
         stalled = self.stall_watch.check(marks, live=bool(live), now=time.monotonic())
         if stalled is not None:
-            log.warning("engine stalled: no token, audio or finished response for %.0f s with %d responses live\n%s",
-                        stalled, live, "\n".join(describe()))  # fmt: skip
+            log.warning(
+                "engine stalled: no token, audio or finished response for %.0f s with %d responses live\n%s",
+                stalled,
+                live,
+                "\n".join(describe()),
+            )
         if self.timeline is not None and progressed:
-            self.timeline.step(started, ended, prefills=prefills, thinker_rows=thinker_rows, talker_rows=talker_rows,
-                               codes=self.counters["talker_tokens_total"] - codes_before,
-                               chains=self.counters["talker_chains_total"] - chains_before)  # fmt: skip
+            self.timeline.step(
+                started,
+                ended,
+                prefills=prefills,
+                thinker_rows=thinker_rows,
+                talker_rows=talker_rows,
+                codes=self.counters["talker_tokens_total"] - codes_before,
+                chains=self.counters["talker_chains_total"] - chains_before,
+            )
 
     def close(self) -> None:
         """Write the timeline, if one is kept."""

@@ -8,8 +8,8 @@ stall lasts. What goes into the report is the caller's (:meth:`pipeline.core.Eng
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Hashable
 
 DEFAULT_STALL_S = 10.0
 """No token, sample or finished response for this long, with responses live, is a stall worth a log record:

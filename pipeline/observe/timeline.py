@@ -64,11 +64,30 @@ class EngineTimeline:
         self._events += 1
         into.append(event)
 
-    def step(self, started: float, ended: float, *, prefills: int, thinker_rows: int, talker_rows: int, codes: int,
-             chains: int) -> None:  # fmt: skip
+    def step(
+        self,
+        started: float,
+        ended: float,
+        *,
+        prefills: int,
+        thinker_rows: int,
+        talker_rows: int,
+        codes: int,
+        chains: int,
+    ) -> None:
         """An engine step ran from ``started`` to ``ended`` (``perf_counter`` seconds)."""
-        self._keep(self.steps, (self.ms(started), round((ended - started) * 1000.0, 3), prefills, thinker_rows,
-                                talker_rows, codes, chains))  # fmt: skip
+        self._keep(
+            self.steps,
+            (
+                self.ms(started),
+                round((ended - started) * 1000.0, 3),
+                prefills,
+                thinker_rows,
+                talker_rows,
+                codes,
+                chains,
+            ),
+        )
 
     def job(self, started: float, ended: float, *, streams: int, first: bool) -> None:
         """A token2wav job of ``streams`` streams (of first chunks: ``first``) handed over at ``started``, its chunks
@@ -83,8 +102,13 @@ class EngineTimeline:
         self._keep(self.responses, (self.ms(t), response_id, event))
 
     def as_dict(self) -> dict:
-        return {"steps": self.steps, "jobs": self.jobs, "chunks": self.chunks, "responses": self.responses,
-                "dropped": self.dropped}
+        return {
+            "steps": self.steps,
+            "jobs": self.jobs,
+            "chunks": self.chunks,
+            "responses": self.responses,
+            "dropped": self.dropped,
+        }
 
     def write(self) -> None:
         """Write the record to :attr:`path` (its folder is created). An error is logged, not raised: the engine is
@@ -95,5 +119,11 @@ class EngineTimeline:
         except OSError as exc:
             log.error("engine timeline not written to %s: %s", self.path, exc)
             return
-        log.info("engine timeline written to %s: %d steps, %d token2wav jobs, %d chunks (%d events dropped)",
-                 self.path, len(self.steps), len(self.jobs), len(self.chunks), self.dropped)
+        log.info(
+            "engine timeline written to %s: %d steps, %d token2wav jobs, %d chunks (%d events dropped)",
+            self.path,
+            len(self.steps),
+            len(self.jobs),
+            len(self.chunks),
+            self.dropped,
+        )

@@ -33,6 +33,6 @@ class IncrementalDetokenizer:
         # clean-up rules ever rewrite earlier text, send nothing rather than contradict what was sent.
         if not full.startswith(self.text):
             return ""
-        delta = full[len(self.text):]
+        delta = full[len(self.text) :]
         self.text = full
         return delta

@@ -34,8 +34,10 @@ class LateChunk:
     job_ms: float
 
     def __str__(self) -> str:
-        return (f"#{self.index} {self.waited_ms:.0f} ms late (codes {self.codes_after_dry_ms:+.0f} ms from dry, "
-                f"queued {self.queued_ms:.0f}, job {self.job_ms:.0f})")
+        return (
+            f"#{self.index} {self.waited_ms:.0f} ms late (codes {self.codes_after_dry_ms:+.0f} ms from dry, "
+            f"queued {self.queued_ms:.0f}, job {self.job_ms:.0f})"
+        )
 
 
 @dataclass
@@ -87,8 +89,15 @@ class Playout:
         dry = now - waited_ms / 1000.0
         ready = self._ready_at if self._ready_at is not None else now  # not reported: counted as ready on arrival
         job = self._job_at if self._job_at is not None else ready
-        self.late.append(LateChunk(index=self.chunks, waited_ms=waited_ms, codes_after_dry_ms=(ready - dry) * 1000.0,
-                                   queued_ms=(job - ready) * 1000.0, job_ms=(now - job) * 1000.0))
+        self.late.append(
+            LateChunk(
+                index=self.chunks,
+                waited_ms=waited_ms,
+                codes_after_dry_ms=(ready - dry) * 1000.0,
+                queued_ms=(job - ready) * 1000.0,
+                job_ms=(now - job) * 1000.0,
+            )
+        )
 
     @property
     def started(self) -> bool:

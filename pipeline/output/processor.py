@@ -16,7 +16,15 @@ import numpy as np
 
 from pipeline.observe.observer import EngineObserver
 from pipeline.output.start_buffer import StartBuffer
-from pipeline.outputs import OUTPUT_SAMPLE_RATE, AudioChunk, ResponseDone, ResponseStatus, StageTimings, TextDelta, Usage
+from pipeline.outputs import (
+    OUTPUT_SAMPLE_RATE,
+    AudioChunk,
+    ResponseDone,
+    ResponseStatus,
+    StageTimings,
+    TextDelta,
+    Usage,
+)
 from pipeline.request import ResponseState, TextEnd
 
 __all__ = ["OutputProcessor"]
@@ -25,8 +33,14 @@ log = logging.getLogger("pipeline.core")  # one logger for the engine's per-resp
 
 
 class OutputProcessor:
-    def __init__(self, observer: EngineObserver, *, text_stop: set[int], start_buffer_ms: int | None,
-                 holds_start: Callable[[ResponseState], bool]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        observer: EngineObserver,
+        *,
+        text_stop: set[int],
+        start_buffer_ms: int | None,
+        holds_start: Callable[[ResponseState], bool],
+    ) -> None:
         self.observer = observer
         self.text_stop = text_stop
         self.start_buffer_ms = start_buffer_ms
@@ -83,8 +97,9 @@ class OutputProcessor:
         r.mark("token2wav_first_chunk_ms")
         audio = r.audio
         waited_ms = audio.playout.deliver(now, len(pcm) / OUTPUT_SAMPLE_RATE)
-        self.observer.chunk_sent(now, r.id, audio.playout.chunks - 1, 1000.0 * len(pcm) / OUTPUT_SAMPLE_RATE,
-                                 waited_ms, len(pcm))  # fmt: skip
+        self.observer.chunk_sent(
+            now, r.id, audio.playout.chunks - 1, 1000.0 * len(pcm) / OUTPUT_SAMPLE_RATE, waited_ms, len(pcm)
+        )
         r.spec.sink(AudioChunk(pcm=pcm, start_sample=audio.samples, codec_tokens_so_far=r.codec_tokens))
         audio.samples += len(pcm)
         r.item.audio_ms = 1000.0 * audio.samples / OUTPUT_SAMPLE_RATE
@@ -104,19 +119,40 @@ class OutputProcessor:
         if tail and status is not ResponseStatus.FAILED:
             r.spec.sink(TextDelta(text=tail, token_ids=()))
         usage = Usage(
-            input_text_tokens=r.thinker.input_text_tokens, input_audio_tokens=r.thinker.input_audio_tokens,
-            cached_tokens=r.thinker.cached_tokens, output_text_tokens=len(r.item.reply_ids),
+            input_text_tokens=r.thinker.input_text_tokens,
+            input_audio_tokens=r.thinker.input_audio_tokens,
+            cached_tokens=r.thinker.cached_tokens,
+            output_text_tokens=len(r.item.reply_ids),
             output_audio_tokens=r.codec_tokens,
         )
         playout = r.audio.playout
         late = f" ({', '.join(map(str, playout.late))})" if playout.late else ""
         held = f"first audio held {r.audio.held_ms:.0f} ms, " if r.audio.held_ms is not None else ""
-        log.info("response %s %s after %.0f ms: %d text + %d codec tokens, %d samples, %s%d underruns (%.0f ms)%s of a "
-                 "real-time player; milestones (ms) %s", r.id, status.value, (time.perf_counter() - r.started_at) * 1000,
-                 len(r.item.reply_ids), r.codec_tokens, r.audio.samples, held, playout.underruns, playout.starved_ms,
-                 late, {k: round(v, 1) for k, v in r.milestones.items()})  # fmt: skip
-        r.spec.sink(ResponseDone(
-            status=status, usage=usage, text=r.detok.text, text_token_ids=tuple(r.item.reply_ids),
-            audio_codes=tuple(r.talker.codes), audio_samples=r.audio.samples, reason=reason, error=error,
-            timings=StageTimings(**r.milestones, started_at_s=r.started_at_s),
-        ))  # fmt: skip
+        log.info(
+            "response %s %s after %.0f ms: %d text + %d codec tokens, %d samples, %s%d underruns (%.0f ms)%s of a "
+            "real-time player; milestones (ms) %s",
+            r.id,
+            status.value,
+            (time.perf_counter() - r.started_at) * 1000,
+            len(r.item.reply_ids),
+            r.codec_tokens,
+            r.audio.samples,
+            held,
+            playout.underruns,
+            playout.starved_ms,
+            late,
+            {k: round(v, 1) for k, v in r.milestones.items()},
+        )
+        r.spec.sink(
+            ResponseDone(
+                status=status,
+                usage=usage,
+                text=r.detok.text,
+                text_token_ids=tuple(r.item.reply_ids),
+                audio_codes=tuple(r.talker.codes),
+                audio_samples=r.audio.samples,
+                reason=reason,
+                error=error,
+                timings=StageTimings(**r.milestones, started_at_s=r.started_at_s),
+            )
+        )

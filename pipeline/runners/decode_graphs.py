@@ -22,8 +22,15 @@ from pipeline.kernels.cuda_graphs import CapturedCall, bucket_at_least, host_ten
 from pipeline.kernels.decode_attention import triton_available
 from pipeline.runners.kv_pool import KVPool
 
-__all__ = ["PREFILL_GRAPH_SIZES", "Advance", "BatchedDecode", "HostRow", "default_batch_sizes", "graphed_prefill",
-           "prefill_graphs"]
+__all__ = [
+    "PREFILL_GRAPH_SIZES",
+    "Advance",
+    "BatchedDecode",
+    "HostRow",
+    "default_batch_sizes",
+    "graphed_prefill",
+    "prefill_graphs",
+]
 
 PREFILL_GRAPH_SIZES = (8, 16, 32, 64, 128, 256, 512)
 """Prefill lengths (positions) captured as graphs; a span of T positions replays the smallest size >= T. Why: an
@@ -59,9 +66,17 @@ class BatchedDecode:
     are views of the graph's static outputs: valid until the next call.
     """
 
-    def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], *, pool: KVPool, device: torch.device,
-                 cuda_graphs: bool, batch_sizes: Sequence[int], host_rows: Sequence[HostRow] = (),
-                 device_rows: Callable[[int], tuple] = lambda b: ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fn: Callable[..., tuple[torch.Tensor, ...]],
+        *,
+        pool: KVPool,
+        device: torch.device,
+        cuda_graphs: bool,
+        batch_sizes: Sequence[int],
+        host_rows: Sequence[HostRow] = (),
+        device_rows: Callable[[int], tuple] = lambda b: (),
+    ) -> None:
         self.fn = fn
         self.host_rows = tuple(host_rows)
         self.pool = pool
@@ -87,8 +102,9 @@ class BatchedDecode:
             if b in self._graphs:
                 continue
             packed = self._pack([], [], [[] for _ in self.host_rows], pad=b).to(self.device)
-            self._graphs[b] = CapturedCall(self._graph_fn, (packed, *self.device_rows(b)),
-                                           capture_stream=self.capture_stream)
+            self._graphs[b] = CapturedCall(
+                self._graph_fn, (packed, *self.device_rows(b)), capture_stream=self.capture_stream
+            )
 
     @property
     def captured(self) -> tuple[int, ...]:
@@ -98,8 +114,9 @@ class BatchedDecode:
         """Whether a call of ``rows`` rows replays a captured graph."""
         return bool(self._graphs) and rows <= max(self._graphs)
 
-    def _pack(self, slots: Sequence[int], positions: Sequence[int], host: Sequence[Sequence[int | bool]],
-              pad: int) -> torch.Tensor:  # fmt: skip
+    def _pack(
+        self, slots: Sequence[int], positions: Sequence[int], host: Sequence[Sequence[int | bool]], pad: int
+    ) -> torch.Tensor:
         """The host inputs as one (2 + H, B + pad) int64 host tensor, padding rows at the scratch slot, position 0."""
         if len(host) != len(self.host_rows):
             raise ValueError(f"expected {len(self.host_rows)} host row inputs, got {len(host)}")
@@ -108,15 +125,22 @@ class BatchedDecode:
         return torch.tensor(columns, dtype=torch.long)
 
     def _unpack(self, packed: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        host = [packed[2 + i] if row.dtype == torch.long else packed[2 + i].to(row.dtype)
-                for i, row in enumerate(self.host_rows)]  # fmt: skip
+        host = [
+            packed[2 + i] if row.dtype == torch.long else packed[2 + i].to(row.dtype)
+            for i, row in enumerate(self.host_rows)
+        ]
         return (packed[0], packed[1], *host)
 
     def _graph_fn(self, packed, *device_rows):
         return self.fn(*self._unpack(packed), *device_rows, graph_safe=True)
 
-    def __call__(self, slots: Sequence[int], positions: Sequence[int], host: Sequence[Sequence[int | bool]] = (),
-                 *device_rows: torch.Tensor) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    def __call__(
+        self,
+        slots: Sequence[int],
+        positions: Sequence[int],
+        host: Sequence[Sequence[int | bool]] = (),
+        *device_rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
         """``host[i]``: the values of host row input ``i`` (one per row); ``device_rows``: (B, ...) device tensors."""
         b = len(slots)
         bucket = bucket_at_least(b, self.captured) if self._graphs else None
@@ -130,16 +154,31 @@ class BatchedDecode:
         self.replays += 1
         return tuple(o[:b] for o in outputs)
 
-    def _load(self, graph: CapturedCall, pad: int, slots: Sequence[int], positions: Sequence[int],
-              host: Sequence[Sequence[int | bool]], device_rows: Sequence[torch.Tensor]) -> None:  # fmt: skip
+    def _load(
+        self,
+        graph: CapturedCall,
+        pad: int,
+        slots: Sequence[int],
+        positions: Sequence[int],
+        host: Sequence[Sequence[int | bool]],
+        device_rows: Sequence[torch.Tensor],
+    ) -> None:
         """Queue the copies of a call's inputs, padded with ``pad`` rows, into ``graph``'s static inputs."""
         # pinned: the graph's input copy is queued without the host waiting for the device
         packed = host_tensor(self._pack(slots, positions, host, pad=pad), torch.long, pinned=True)
         padded = [torch.cat([x, x.new_zeros((pad, *x.shape[1:]))]) if pad else x for x in device_rows]
         graph.load(packed, *padded)
 
-    def chain(self, slots: Sequence[int], positions: Sequence[int], host: Sequence[Sequence[int | bool]],
-              *device_rows: torch.Tensor, steps: int, advance: Advance, keep: int) -> torch.Tensor:  # fmt: skip
+    def chain(
+        self,
+        slots: Sequence[int],
+        positions: Sequence[int],
+        host: Sequence[Sequence[int | bool]],
+        *device_rows: torch.Tensor,
+        steps: int,
+        advance: Advance,
+        keep: int,
+    ) -> torch.Tensor:
         """``steps`` calls in a row: the first with these inputs, each later one with the packed host inputs changed on
         the device by ``advance(packed, outputs, rows)`` from the previous call's outputs, and the same device rows.
         ``packed`` is the (2 + H, B') int64 device tensor of slots, positions and the host rows (B' >= ``rows`` with
@@ -164,6 +203,7 @@ class BatchedDecode:
             def call() -> tuple[torch.Tensor, ...]:
                 self.replays += 1
                 return tuple(o[:b] for o in graph.replay())
+
         kept, outputs = [], ()
         for step in range(steps):
             if step:
@@ -182,12 +222,18 @@ def prefill_graphs(decoder, *, width: int, dtype: torch.dtype, cuda_graphs: bool
     """Graphs of ``decoder``'s graph-safe row step over input vectors (T, ``width``), captured at
     :data:`PREFILL_GRAPH_SIZES` rows, for :func:`graphed_prefill` (``decoder``: a
     :class:`~pipeline.runners.decoder.PooledDecoder`)."""
+
     def step(slots, positions, x, *, graph_safe: bool):
         return (decoder.decode(x, slots, positions, graph_safe=graph_safe),)
 
-    return BatchedDecode(step, pool=decoder.pool, device=decoder.device, cuda_graphs=cuda_graphs,
-                         batch_sizes=PREFILL_GRAPH_SIZES,
-                         device_rows=lambda b: (torch.zeros(b, width, dtype=dtype, device=decoder.device),))
+    return BatchedDecode(
+        step,
+        pool=decoder.pool,
+        device=decoder.device,
+        cuda_graphs=cuda_graphs,
+        batch_sizes=PREFILL_GRAPH_SIZES,
+        device_rows=lambda b: (torch.zeros(b, width, dtype=dtype, device=decoder.device),),
+    )
 
 
 def graphed_prefill(prefill: BatchedDecode, spans: Sequence[tuple[int, torch.Tensor, int]]) -> list[torch.Tensor]:

@@ -39,16 +39,15 @@ from pipeline.runners.kv_pool import KVPool
 __all__ = ["PooledDecoder"]
 
 
-
-
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class PooledDecoder:
-    def __init__(self, body, *, slots: int, max_len: int, dtype: torch.dtype, device: torch.device,
-                 fuse: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, body, *, slots: int, max_len: int, dtype: torch.dtype, device: torch.device, fuse: bool = False
+    ) -> None:
         """``body``: an HF decoder model with ``layers`` (each with ``input_layernorm``, ``self_attn`` having
         ``q_proj/k_proj/v_proj/o_proj``, ``post_attention_layernorm``, ``mlp``), ``norm`` and ``rotary_emb``.
         ``fuse``: concatenate each layer's q/k/v and gate/up weights (in place, no extra memory) so that graph-safe
@@ -61,8 +60,15 @@ class PooledDecoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scale = self.head_dim**-0.5
         self.device, self.dtype = torch.device(device), dtype
-        self.pool = KVPool(layers=len(self.layers), slots=slots, max_len=max_len, kv_heads=self.kv_heads,
-                           head_dim=self.head_dim, dtype=dtype, device=device)  # fmt: skip
+        self.pool = KVPool(
+            layers=len(self.layers),
+            slots=slots,
+            max_len=max_len,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            dtype=dtype,
+            device=device,
+        )
         rotary = body.rotary_emb
         positions = torch.arange(max_len, device=self.device, dtype=torch.float32)
         freqs = positions[:, None] * rotary.inv_freq.to(self.device, torch.float32)[None, :]
@@ -102,7 +108,9 @@ class PooledDecoder:
         t = x.shape[0]
         slots = torch.full((t,), slot, dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + t, device=self.device)
-        return self._fused_layers(x, slots, positions, lambda i, q: self._prefill_attention(i, q, slot, start + t, mask))
+        return self._fused_layers(
+            x, slots, positions, lambda i, q: self._prefill_attention(i, q, slot, start + t, mask)
+        )
 
     def _prefill_attention(self, layer: int, q: torch.Tensor, slot: int, end: int, mask: torch.Tensor) -> torch.Tensor:
         """Queries (T, heads, D) of the last T positions before ``end`` over the slot's first ``end`` positions
@@ -116,8 +124,9 @@ class PooledDecoder:
             att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
         return att.view(self.kv_heads, group, t, self.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
 
-    def decode(self, x: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, *,
-               graph_safe: bool = False) -> torch.Tensor:  # fmt: skip
+    def decode(
+        self, x: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, *, graph_safe: bool = False
+    ) -> torch.Tensor:
         """``x`` (B, H), row b at position ``positions[b]`` of slot ``slots[b]`` (int64 tensors on the
         device); returns (B, H) after the final norm."""
         if graph_safe and self.fused is not None:
@@ -138,21 +147,41 @@ class PooledDecoder:
         """:meth:`decode` in 9 kernels per layer (:mod:`.fused_decode`); needs ``fuse`` and Triton. Same contract."""
         lengths = positions + 1
         rows = x.shape[0]
-        return self._fused_layers(x, slots, positions, lambda i, q: attend_triton(
-            q, self.pool.keys[i], self.pool.values[i], slots, lengths, self.scale).reshape(rows, -1))
+        return self._fused_layers(
+            x,
+            slots,
+            positions,
+            lambda i, q: attend_triton(q, self.pool.keys[i], self.pool.values[i], slots, lengths, self.scale).reshape(
+                rows, -1
+            ),
+        )
 
-    def _fused_layers(self, x: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-                      attend: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    def _fused_layers(
+        self,
+        x: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        attend: Callable[[int, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
         """Every layer through the fused kernels: row r of ``x`` (R, H) at ``positions[r]`` of ``slots[r]`` (its key
         and value written there); ``attend(layer, q)`` maps the rotated queries (R, heads, D) to (R, heads * D)."""
         residual = x.to(self.dtype).contiguous()
         delta = None  # what the previous sublayer adds to the residual stream
         for i, w in enumerate(self.fused):
-            normed, residual = add_rms_norm(delta if delta is not None else residual, w.input_norm, w.eps,
-                                            residual if delta is not None else None)  # fmt: skip
-            q = rope_and_store(F.linear(normed, w.qkv_weight, w.qkv_bias), self.cos, self.sin, self.pool.keys[i],
-                               self.pool.values[i], slots, positions, heads=self.heads,
-                               kv_heads=self.kv_heads)  # fmt: skip
+            normed, residual = add_rms_norm(
+                delta if delta is not None else residual, w.input_norm, w.eps, residual if delta is not None else None
+            )
+            q = rope_and_store(
+                F.linear(normed, w.qkv_weight, w.qkv_bias),
+                self.cos,
+                self.sin,
+                self.pool.keys[i],
+                self.pool.values[i],
+                slots,
+                positions,
+                heads=self.heads,
+                kv_heads=self.kv_heads,
+            )
             normed, residual = add_rms_norm(w.o_proj(attend(i, q)), w.post_norm, w.eps, residual)
             delta = w.down_proj(silu_mul(F.linear(normed, w.gate_up_weight)))
         out, _ = add_rms_norm(delta, self.norm.weight, float(self.norm.variance_epsilon), residual)

@@ -69,13 +69,26 @@ class SlotAllocator:
 class KVPool:
     """Key and value tensors of every layer for ``slots`` conversations of up to ``max_len`` positions."""
 
-    def __init__(self, *, layers: int, slots: int, max_len: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        layers: int,
+        slots: int,
+        max_len: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
         if max_len < 1:
             raise ValueError("a KV pool needs max_len >= 1")
         shape = (slots + 1, max_len, kv_heads, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) if torch.device(device).type == "cuda"
-                     else torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]  # fmt: skip
+        self.keys = [
+            torch.zeros(shape, dtype=dtype, device=device)
+            if torch.device(device).type == "cuda"
+            else torch.empty(shape, dtype=dtype, device=device)
+            for _ in range(layers)
+        ]
         self.values = [torch.zeros_like(k) if k.is_cuda else torch.empty_like(k) for k in self.keys]
         self.slots = SlotAllocator(slots)
         self.max_len = max_len

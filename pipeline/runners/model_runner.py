@@ -5,7 +5,8 @@ user-audio encodes, the model family's connectors and the token2wav synthesizer 
 the scheduler decided — a batch of prefill chunks, one batched thinker decode, talker prefills and one batched talker
 decode (or a chain of them), one token2wav job — and returns sampled ids without reading them, so that both decoder
 stages are queued before the host waits. A batch that raises is retried row by row so that only a faulty response
-fails (``fail``). Engine thread only (the token2wav worker has its own thread; see :mod:`pipeline.runners.token2wav_worker`).
+fails (``fail``). Engine thread only (the token2wav worker has its own thread; see
+:mod:`pipeline.runners.token2wav_worker`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,18 @@ talker chain), not read yet."""
 
 
 class ModelRunner:
-    def __init__(self, *, thinker, talker, token2wav, worker: Token2WavWorker | None, audio_encodes, to_talker,
-                 overlap: bool, fail: Callable[[ResponseState, Exception], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        thinker,
+        talker,
+        token2wav,
+        worker: Token2WavWorker | None,
+        audio_encodes,
+        to_talker,
+        overlap: bool,
+        fail: Callable[[ResponseState, Exception], None],
+    ) -> None:
         self.thinker = thinker
         self.talker = talker
         self.token2wav = token2wav
@@ -57,7 +68,9 @@ class ModelRunner:
         for slot, token_ids in resets:
             self.thinker.sampler.reset(slot, token_ids)
 
-    def run_prefills(self, jobs: list[PrefillJob]) -> tuple[list[tuple[PrefillJob, object]], list[tuple[PrefillJob, Exception]]]:
+    def run_prefills(
+        self, jobs: list[PrefillJob]
+    ) -> tuple[list[tuple[PrefillJob, object]], list[tuple[PrefillJob, Exception]]]:
         """Run the step's prefill chunks together and extend each conversation's cache. Returns (each chunk that ran
         with its output, each chunk that failed with its error): if the batch fails, each chunk is retried alone, so
         that only a faulty one fails."""
@@ -98,9 +111,13 @@ class ModelRunner:
 
     def sample_first(self, rows: list[ResponseState], logits: list[torch.Tensor], *, force: list[bool]) -> list[int]:
         """The first reply token of each response whose prompt was completed this step, sampled in one batch."""
-        return self.thinker.sampler.sample(torch.stack(logits), [r.conv.slot for r in rows], force_continue=force,
-                                           seeds=[r.seed for r in rows],
-                                           counters=[len(r.item.reply_ids) for r in rows])  # fmt: skip
+        return self.thinker.sampler.sample(
+            torch.stack(logits),
+            [r.conv.slot for r in rows],
+            force_continue=force,
+            seeds=[r.seed for r in rows],
+            counters=[len(r.item.reply_ids) for r in rows],
+        )
 
     def thinker_decode(self, rows: list[ResponseState], *, force: Callable[[ResponseState], bool]) -> list[Sampled]:
         """Feed every row's pending token through the thinker in one batch, which samples the next ones on the device;
@@ -108,10 +125,18 @@ class ModelRunner:
         sampled = []
 
         def run(batch: list[ResponseState], done: set[str]) -> None:
-            sample_rows = SampleRows.of([r.conv.slot for r in batch], force_continue=[force(r) for r in batch],
-                                        seeds=[r.seed for r in batch], counters=[len(r.item.reply_ids) for r in batch])
-            step = self.thinker.decode([r.thinker.pending_token for r in batch], [r.conv.slot for r in batch],
-                                       [len(r.conv.cached_keys) for r in batch], sample_rows)  # fmt: skip
+            sample_rows = SampleRows.of(
+                [r.conv.slot for r in batch],
+                force_continue=[force(r) for r in batch],
+                seeds=[r.seed for r in batch],
+                counters=[len(r.item.reply_ids) for r in batch],
+            )
+            step = self.thinker.decode(
+                [r.thinker.pending_token for r in batch],
+                [r.conv.slot for r in batch],
+                [len(r.conv.cached_keys) for r in batch],
+                sample_rows,
+            )
             vectors = self.to_talker(step.hidden, step.embeds)
             sampled.append((batch, step.tokens.clone()))  # the graph's buffer is overwritten by the next replay
             for i, r in enumerate(batch):
@@ -132,15 +157,22 @@ class ModelRunner:
         bos = self.thinker.embed([speaker_bos])
         first = r.talker.queue.popleft().view(1, -1)
         vectors = torch.cat([prompt, bos, first]).to(self.talker.device)
-        return self.talker.prefill(vectors, codec_pad=codec["pad"], codec_bos=codec["bos"], slot=conv.talker_slot,
-                                   start=reuse)  # fmt: skip
+        return self.talker.prefill(
+            vectors, codec_pad=codec["pad"], codec_bos=codec["bos"], slot=conv.talker_slot, start=reuse
+        )
 
     def talker_prompt_prefill(self, conv: ConversationState, start: int) -> None:
         """Bring the conversation's talker cache up to its thinker cache from position ``start`` (listening)."""
         self.talker.prefill_prompt(conv.talker_prompt()[start:], slot=conv.talker_slot, start=start)
 
-    def talker_decode(self, rows: list[tuple[ResponseState, torch.Tensor]], *, steps: int,
-                      force: Callable[[ResponseState], bool], chains: Callable[[], None]) -> list[Sampled]:  # fmt: skip
+    def talker_decode(
+        self,
+        rows: list[tuple[ResponseState, torch.Tensor]],
+        *,
+        steps: int,
+        force: Callable[[ResponseState], bool],
+        chains: Callable[[], None],
+    ) -> list[Sampled]:
         """One codec token for every row, sampled on the device in one batched talker step, or a chain of ``steps``
         steps fed on the device with the codes they sample. Returns the batches and their codes, not read yet."""
         sampled = []
@@ -148,10 +180,19 @@ class ModelRunner:
 
         def run(batch: list[ResponseState], done: set[str]) -> None:
             slots = [r.conv.talker_slot for r in batch]
-            sample_rows = SampleRows.of(slots, force_continue=[force(r) for r in batch],
-                                        seeds=[r.seed for r in batch], counters=[r.codec_tokens for r in batch])
-            inputs = ([r.talker.last_code for r in batch], torch.stack([vectors[r.id] for r in batch]), slots,
-                      [r.talker.length for r in batch], sample_rows)  # fmt: skip
+            sample_rows = SampleRows.of(
+                slots,
+                force_continue=[force(r) for r in batch],
+                seeds=[r.seed for r in batch],
+                counters=[r.codec_tokens for r in batch],
+            )
+            inputs = (
+                [r.talker.last_code for r in batch],
+                torch.stack([vectors[r.id] for r in batch]),
+                slots,
+                [r.talker.length for r in batch],
+                sample_rows,
+            )
             if steps > 1:
                 sampled.append((batch, self.talker.decode_chain(*inputs, steps=steps)))
                 chains()
@@ -208,8 +249,9 @@ class ModelRunner:
         self._job_started = (time.perf_counter(), job.urgent, len(job.rows))
         self.worker.submit([r.audio.stream for r in job.rows], urgent=job.urgent)
 
-    def synthesize(self, job: AudioPlan, emit: Callable[[ResponseState, object], None],
-                   record: Callable[[float, bool, int], None]) -> None:  # fmt: skip
+    def synthesize(
+        self, job: AudioPlan, emit: Callable[[ResponseState, object], None], record: Callable[[float, bool, int], None]
+    ) -> None:
         """Make ``job``'s chunks here (no worker), their DiT windows batched in one pass; ``emit(response, pcm)`` each,
         ``record(started, urgent, streams)`` the job. If the batch fails, each stream is retried alone."""
         started = time.perf_counter()
@@ -227,8 +269,14 @@ class ModelRunner:
         for r, pcm in zip(job.rows, chunks):
             emit(r, pcm)
 
-    def collect_audio(self, emit: Callable[[ResponseState, object], None], record: Callable[[float, bool, int], None],
-                      live: Callable[[ResponseState], bool], *, wait: bool = False) -> bool:  # fmt: skip
+    def collect_audio(
+        self,
+        emit: Callable[[ResponseState, object], None],
+        record: Callable[[float, bool, int], None],
+        live: Callable[[ResponseState], bool],
+        *,
+        wait: bool = False,
+    ) -> bool:
         """Emit the chunks the worker finished since the last call (engine thread: a response's events stay in order);
         a chunk of a response that ended meanwhile is dropped and its stream closed. Returns whether any came back."""
         if self.worker is None:

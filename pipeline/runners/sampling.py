@@ -32,6 +32,7 @@ from pipeline.runners.decode_graphs import HostRow
 
 __all__ = ["BatchSampler", "SampleRows", "SamplerSpec", "sample_host_rows", "sample_inputs"]
 
+
 @dataclass(frozen=True)
 class SampleRows:
     """Per-row sampling inputs of one batch: host lists (:meth:`of`), or (B,) device tensors (:meth:`on`, or the row
@@ -47,8 +48,9 @@ class SampleRows:
     counters: Sequence[int] | torch.Tensor
 
     @classmethod
-    def of(cls, rows: Sequence[int], *, force_continue: Sequence[bool], seeds: Sequence[int],
-           counters: Sequence[int]) -> SampleRows:  # fmt: skip
+    def of(
+        cls, rows: Sequence[int], *, force_continue: Sequence[bool], seeds: Sequence[int], counters: Sequence[int]
+    ) -> SampleRows:
         if not len(rows) == len(force_continue) == len(seeds) == len(counters):
             raise ValueError("sampling inputs of different lengths")
         return cls(tuple(rows), tuple(force_continue), tuple(seeds), tuple(counters))
@@ -76,8 +78,17 @@ class BatchSampler:
     ``salt`` separates the noise of two samplers (thinker, talker) that see the same seeds and counters.
     """
 
-    def __init__(self, cfg: SamplingConfig, *, vocab: int, rows: int, device: torch.device,
-                 suppress: Iterable[int] = (), stop: Iterable[int] = (), salt: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: SamplingConfig,
+        *,
+        vocab: int,
+        rows: int,
+        device: torch.device,
+        suppress: Iterable[int] = (),
+        stop: Iterable[int] = (),
+        salt: int = 0,
+    ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
         self.salt = salt
@@ -101,8 +112,15 @@ class BatchSampler:
             # queued without the host waiting (an index assignment would wait for the device)
             self.seen[row].index_fill_(0, host_to_device(ids, torch.long, self.device), True)
 
-    def sample(self, logits: torch.Tensor, rows: list[int], *, force_continue: list[bool], seeds: list[int],
-               counters: list[int]) -> list[int]:  # fmt: skip
+    def sample(
+        self,
+        logits: torch.Tensor,
+        rows: list[int],
+        *,
+        force_continue: list[bool],
+        seeds: list[int],
+        counters: list[int],
+    ) -> list[int]:
         """Eager convenience: ``logits`` (B, V), row b with table row ``rows[b]``. Returns the B sampled ids (one
         host transfer)."""
         batch = SampleRows.of(rows, force_continue=force_continue, seeds=seeds, counters=counters)
@@ -152,8 +170,9 @@ class SamplerSpec:
     salt: int = 0
 
     def build(self, *, vocab: int, rows: int, device: torch.device) -> BatchSampler:
-        return BatchSampler(self.cfg, vocab=vocab, rows=rows, device=device, suppress=self.suppress, stop=self.stop,
-                            salt=self.salt)  # fmt: skip
+        return BatchSampler(
+            self.cfg, vocab=vocab, rows=rows, device=device, suppress=self.suppress, stop=self.stop, salt=self.salt
+        )
 
 
 def sample_host_rows(scratch_row: int) -> tuple[HostRow, ...]:

@@ -29,9 +29,19 @@ _COUNTER_ROW = 6
 
 
 class TalkerRunner:
-    def __init__(self, talker, *, device: torch.device, dtype: torch.dtype, kv_slots: int, max_len: int,
-                 cuda_graphs: bool = True, graph_batch_sizes: tuple[int, ...] = (),
-                 fused_decode: bool = True, sampler: SamplerSpec | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        talker,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        kv_slots: int,
+        max_len: int,
+        cuda_graphs: bool = True,
+        graph_batch_sizes: tuple[int, ...] = (),
+        fused_decode: bool = True,
+        sampler: SamplerSpec | None = None,
+    ) -> None:
         """``sampler``: how decode steps sample the next codec token (inside the step's CUDA graph)."""
         self.model = talker
         self.proj = talker.thinker_to_talker_proj
@@ -41,20 +51,34 @@ class TalkerRunner:
         self.device = torch.device(device)
         self.dtype = dtype
         self.config = talker.config
-        self.decoder = PooledDecoder(self.body, slots=kv_slots, max_len=max_len, dtype=dtype, device=self.device,
-                                      fuse=fused_decode and triton_available(self.device))
+        self.decoder = PooledDecoder(
+            self.body,
+            slots=kv_slots,
+            max_len=max_len,
+            dtype=dtype,
+            device=self.device,
+            fuse=fused_decode and triton_available(self.device),
+        )
         self.pool = self.decoder.pool
         width = self.proj.in_features
-        self.sampler = None if sampler is None else sampler.build(
-            vocab=self.head.out_features, rows=self.pool.scratch_slot + 1, device=self.device)
-        self.prefills = prefill_graphs(self.decoder, width=self.body.config.hidden_size, dtype=dtype,
-                                       cuda_graphs=cuda_graphs)
+        self.sampler = (
+            None
+            if sampler is None
+            else sampler.build(vocab=self.head.out_features, rows=self.pool.scratch_slot + 1, device=self.device)
+        )
+        self.prefills = prefill_graphs(
+            self.decoder, width=self.body.config.hidden_size, dtype=dtype, cuda_graphs=cuda_graphs
+        )
         """Prefill spans of up to 512 positions as captured row steps (see :func:`graphed_prefill`)."""
-        self.batched = BatchedDecode(self._decode_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
-                                     batch_sizes=graph_batch_sizes,
-                                     host_rows=(HostRow(), *(sample_host_rows(self.pool.scratch_slot)
-                                                             if self.sampler else ())),
-                                     device_rows=lambda b: (torch.zeros(b, width, dtype=dtype, device=self.device),))
+        self.batched = BatchedDecode(
+            self._decode_fn,
+            pool=self.pool,
+            device=self.device,
+            cuda_graphs=cuda_graphs,
+            batch_sizes=graph_batch_sizes,
+            host_rows=(HostRow(), *(sample_host_rows(self.pool.scratch_slot) if self.sampler else ())),
+            device_rows=lambda b: (torch.zeros(b, width, dtype=dtype, device=self.device),),
+        )
 
     def capture(self) -> None:
         """Record the decode and prefill graphs (CUDA with Triton only): call once at start."""
@@ -62,7 +86,9 @@ class TalkerRunner:
         self.prefills.capture()
 
     @torch.inference_mode()
-    def prefill(self, vectors: torch.Tensor, *, codec_pad: int, codec_bos: int, slot: int, start: int = 0) -> torch.Tensor:
+    def prefill(
+        self, vectors: torch.Tensor, *, codec_pad: int, codec_bos: int, slot: int, start: int = 0
+    ) -> torch.Tensor:
         """``vectors`` (P, H_thinker) — the prompt positions from ``start`` on (earlier ones are
         already in the slot), then [speaker bos, reply token 0]; returns (V,) logits."""
         x = vectors.to(self.device, self.dtype).clone()
@@ -84,8 +110,14 @@ class TalkerRunner:
         return self.decoder.prefill(slot, x, start)
 
     @torch.inference_mode()
-    def decode(self, prev_codes: list[int], vectors: torch.Tensor, slots: list[int], positions: list[int],
-               sample: SampleRows | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    def decode(
+        self,
+        prev_codes: list[int],
+        vectors: torch.Tensor,
+        slots: list[int],
+        positions: list[int],
+        sample: SampleRows | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One step per row: previous codec token + the next thinker vector (B, H_thinker). Returns (B, V) float32
         logits and, with a sampler, the (B,) codes sampled with ``sample``'s rows (views of static buffers on CUDA:
         consume them before the next step). Nothing here waits for the device."""
@@ -99,8 +131,15 @@ class TalkerRunner:
         return self.sampler is not None
 
     @torch.inference_mode()
-    def decode_chain(self, prev_codes: list[int], vectors: torch.Tensor, slots: list[int], positions: list[int],
-                     sample: SampleRows, steps: int) -> torch.Tensor:  # fmt: skip
+    def decode_chain(
+        self,
+        prev_codes: list[int],
+        vectors: torch.Tensor,
+        slots: list[int],
+        positions: list[int],
+        sample: SampleRows,
+        steps: int,
+    ) -> torch.Tensor:
         """``steps`` decode steps in a row for every row, each fed the code the step before sampled and the same
         thinker vector (B, H_thinker): what a reply past its text gets (the text-pad vector at every step). The
         inputs of the later steps are made on the device (positions and sample counters + 1, the sampled code as the
@@ -117,8 +156,9 @@ class TalkerRunner:
             packed[_COUNTER_ROW, :rows] += 1
 
         host = (prev_codes, *sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample))
-        return self.batched.chain(slots, positions, host, vectors.to(self.device, self.dtype), steps=steps,
-                                  advance=advance, keep=1)
+        return self.batched.chain(
+            slots, positions, host, vectors.to(self.device, self.dtype), steps=steps, advance=advance, keep=1
+        )
 
     def _decode_fn(self, slots, positions, codes, *rest: torch.Tensor, graph_safe: bool):
         *sample, vectors = rest  # host rows (sampling) come before the device row (vectors)

@@ -55,9 +55,19 @@ class ThinkerStep:
 
 
 class ThinkerRunner:
-    def __init__(self, thinker, *, device: torch.device, dtype: torch.dtype, kv_slots: int, max_len: int,
-                 cuda_graphs: bool = True, graph_batch_sizes: tuple[int, ...] = (),
-                 fused_decode: bool = True, sampler: SamplerSpec | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        thinker,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        kv_slots: int,
+        max_len: int,
+        cuda_graphs: bool = True,
+        graph_batch_sizes: tuple[int, ...] = (),
+        fused_decode: bool = True,
+        sampler: SamplerSpec | None = None,
+    ) -> None:
         """``sampler``: how decode steps sample the next token (inside the step, so inside its CUDA graph); without
         it a step only returns logits."""
         self.model = thinker
@@ -69,16 +79,29 @@ class ThinkerRunner:
         self.audio = BlockEncoder(self.audio_tower, device=self.device, cuda_graphs=cuda_graphs)
         """User audio blocks, batched; on CUDA replayed from graphs (pipeline/models/qwen2_5_omni/audio_encoder.py)."""
         self.config = thinker.config
-        self.decoder = PooledDecoder(self.text_model, slots=kv_slots, max_len=max_len, dtype=dtype, device=self.device,
-                                      fuse=fused_decode and triton_available(self.device))
+        self.decoder = PooledDecoder(
+            self.text_model,
+            slots=kv_slots,
+            max_len=max_len,
+            dtype=dtype,
+            device=self.device,
+            fuse=fused_decode and triton_available(self.device),
+        )
         self.pool = self.decoder.pool
-        self.sampler = None if sampler is None else sampler.build(
-            vocab=self.lm_head.out_features, rows=self.pool.scratch_slot + 1, device=self.device)
-        self.prefills = prefill_graphs(self.decoder, width=self.text_model.config.hidden_size, dtype=dtype,
-                                       cuda_graphs=cuda_graphs)
+        self.sampler = (
+            None
+            if sampler is None
+            else sampler.build(vocab=self.lm_head.out_features, rows=self.pool.scratch_slot + 1, device=self.device)
+        )
+        self.prefills = prefill_graphs(
+            self.decoder, width=self.text_model.config.hidden_size, dtype=dtype, cuda_graphs=cuda_graphs
+        )
         """Prefill spans of up to 512 positions as captured row steps (see :func:`graphed_prefill`)."""
         self.batched = BatchedDecode(
-            self._decode_fn, pool=self.pool, device=self.device, cuda_graphs=cuda_graphs,
+            self._decode_fn,
+            pool=self.pool,
+            device=self.device,
+            cuda_graphs=cuda_graphs,
             batch_sizes=graph_batch_sizes,
             host_rows=(HostRow(), *(sample_host_rows(self.pool.scratch_slot) if self.sampler else ())),
         )
@@ -138,8 +161,10 @@ class ThinkerRunner:
         wanted = [i for i, span in enumerate(spans) if span[3]]
         logits = self.lm_head(torch.stack([hiddens[i][-1] for i in wanted])).float() if wanted else None
         last = {i: logits[k] for k, i in enumerate(wanted)}
-        return [ThinkerOutput(embeds=span[0], hidden=h, last_logits=last.get(i))
-                for i, (span, h) in enumerate(zip(spans, hiddens))]  # fmt: skip
+        return [
+            ThinkerOutput(embeds=span[0], hidden=h, last_logits=last.get(i))
+            for i, (span, h) in enumerate(zip(spans, hiddens))
+        ]
 
     def _prefill_eager(self, embeds: torch.Tensor, slot: int, start: int, logits: bool) -> ThinkerOutput:
         hidden = self.decoder.prefill(slot, embeds, start)
@@ -147,8 +172,9 @@ class ThinkerRunner:
         return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=last)
 
     @torch.inference_mode()
-    def decode(self, tokens: list[int], slots: list[int], positions: list[int],
-               sample: SampleRows | None = None) -> ThinkerStep:  # fmt: skip
+    def decode(
+        self, tokens: list[int], slots: list[int], positions: list[int], sample: SampleRows | None = None
+    ) -> ThinkerStep:
         """One token per row: row b feeds ``tokens[b]`` at ``positions[b]`` of slot ``slots[b]`` (all rows in
         one batch; one CUDA graph replay on a GPU), and, with a sampler, samples the next token of each row with
         ``sample``'s rows. Nothing here waits for the device: read ``tokens`` (one transfer) when needed."""
@@ -157,8 +183,9 @@ class ThinkerRunner:
         embeds, hidden, logits = outputs[:3]
         return ThinkerStep(embeds=embeds, hidden=hidden, logits=logits, tokens=outputs[3] if self.sampler else None)
 
-    def _decode_fn(self, slots: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, *sample: torch.Tensor,
-                   graph_safe: bool):  # fmt: skip
+    def _decode_fn(
+        self, slots: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, *sample: torch.Tensor, graph_safe: bool
+    ):
         embeds = self.text_model.embed_tokens(ids)
         hidden = self.decoder.decode(embeds, slots, positions, graph_safe=graph_safe)
         logits = self.lm_head(hidden).float()

@@ -58,8 +58,9 @@ class ChainRow:
     """Codes made so far."""
 
 
-def chain_steps(rows: Sequence[ChainRow], *, limit: int, can_chain: bool, alone: bool, max_codes: int,
-                min_codes: int) -> int:  # fmt: skip
+def chain_steps(
+    rows: Sequence[ChainRow], *, limit: int, can_chain: bool, alone: bool, max_codes: int, min_codes: int
+) -> int:
     """How many talker steps to queue at once (1: a step as usual). Only when ``alone`` (every live response is in
     this batch, no thinker row, prefill, token2wav job or engine command waits) and every row is past its text; the
     chain ends where a row's next chunk becomes ready (it goes to token2wav in this step, as without a chain), where

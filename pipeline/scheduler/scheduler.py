@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from pipeline.conversation_state import ConversationState
 from pipeline.output.start_buffer import holds_start
-from pipeline.request import ResponseState
 from pipeline.outputs import ResponseStatus
+from pipeline.request import ResponseState
 from pipeline.scheduler import policies
 from pipeline.scheduler.plan import AudioPlan, StepPlan
 from pipeline.scheduler.prefill_batch import PrefillBatch, PrefillJob
@@ -178,8 +178,15 @@ class Scheduler:
             start = min(start, len(keys) - 1)
         conv.crop(start)
         end = min(len(keys), start + self.cfg.prefill_chunk_tokens)
-        return PrefillJob(conv, keys[start:end], rendering.token_ids[start:end], audio_runs(rendering.audio, start, end),
-                          start, last=end == len(keys), logits=need_logits and end == len(keys))  # fmt: skip
+        return PrefillJob(
+            conv,
+            keys[start:end],
+            rendering.token_ids[start:end],
+            audio_runs(rendering.audio, start, end),
+            start,
+            last=end == len(keys),
+            logits=need_logits and end == len(keys),
+        )
 
     def needs_prefill(self, conv: ConversationState) -> bool:
         return conv.active_response is None and conv.dirty
@@ -188,8 +195,10 @@ class Scheduler:
         """A conversation whose background prefill can get a thinker slot (one waiting for a slot that others hold is
         not work: a background prefill never evicts, only a command frees a slot)."""
         slots = self.thinker_slots
-        return any(self.needs_prefill(c) and (slots.slot_of(c.id) is not None or slots.used < slots.capacity)
-                   for c in self.conversations.values())  # fmt: skip
+        return any(
+            self.needs_prefill(c) and (slots.slot_of(c.id) is not None or slots.used < slots.capacity)
+            for c in self.conversations.values()
+        )
 
     # -- KV slots ---------------------------------------------------------------------------------
     def release_slots(self, conv: ConversationState) -> None:
@@ -238,44 +247,69 @@ class Scheduler:
         return slot
 
     # -- talker -----------------------------------------------------------------------------------
-    def chain_steps(self, rows: list[tuple[ResponseState, bool]], *, alone: bool, can_chain: bool, prefills: int,
-                    job_in_worker: bool, commands_waiting: bool) -> int:  # fmt: skip
+    def chain_steps(
+        self,
+        rows: list[tuple[ResponseState, bool]],
+        *,
+        alone: bool,
+        can_chain: bool,
+        prefills: int,
+        job_in_worker: bool,
+        commands_waiting: bool,
+    ) -> int:
         """How many talker steps to queue at once for ``rows`` — ``(response, its input this step is the text-pad
         vector)`` — by :func:`policies.chain_steps`: only while nothing else waits for the engine."""
-        alone = (alone and len(rows) == len(self.responses) and not prefills and not job_in_worker
-                 and not commands_waiting)  # fmt: skip
+        alone = (
+            alone and len(rows) == len(self.responses) and not prefills and not job_in_worker and not commands_waiting
+        )
         chain_rows = [
-            policies.ChainRow(next_is_pad=is_pad and r.audio.stream is not None,
-                              codes_until_ready=r.audio.stream.codes_until_ready() if r.audio.stream else None,
-                              codes=r.codec_tokens)
+            policies.ChainRow(
+                next_is_pad=is_pad and r.audio.stream is not None,
+                codes_until_ready=r.audio.stream.codes_until_ready() if r.audio.stream else None,
+                codes=r.codec_tokens,
+            )
             for r, is_pad in rows
-        ]  # fmt: skip
-        return policies.chain_steps(chain_rows, limit=self.cfg.chain_steps, can_chain=can_chain, alone=alone,
-                                    max_codes=self.cfg.max_codes, min_codes=self.cfg.min_codes)  # fmt: skip
+        ]
+        return policies.chain_steps(
+            chain_rows,
+            limit=self.cfg.chain_steps,
+            can_chain=can_chain,
+            alone=alone,
+            max_codes=self.cfg.max_codes,
+            min_codes=self.cfg.min_codes,
+        )
 
     def quick_first_chunk(self, conv: ConversationState) -> bool:
         """Whether a reply of ``conv`` starting now gets the quick first chunk."""
         open_streams = sum(1 for r in self.responses.values() if r.audio.stream is not None and not r.audio.stream.done)
-        return policies.quick_first_chunk(enabled=self.cfg.quick_first_chunk, held=self.holds_start(conv),
-                                          open_streams=open_streams, max_open=self.cfg.quick_first_chunk_max_open)
+        return policies.quick_first_chunk(
+            enabled=self.cfg.quick_first_chunk,
+            held=self.holds_start(conv),
+            open_streams=open_streams,
+            max_open=self.cfg.quick_first_chunk_max_open,
+        )
 
     # -- token2wav --------------------------------------------------------------------------------
     def holds_start(self, conv: ConversationState) -> bool:
         """Whether a reply of ``conv`` whose first chunk is made now holds it for the start buffer."""
         if not self.cfg.start_buffer_ms:
             return False
-        busy = sum(1 for c in self.conversations.values()
-                   if c is not conv and (c.open_audio or c.active_response is not None))  # fmt: skip
+        busy = sum(
+            1 for c in self.conversations.values() if c is not conv and (c.open_audio or c.active_response is not None)
+        )
         return holds_start(self.cfg.start_buffer_ms, busy, self.cfg.start_buffer_busy)
 
     def audio_job(self, ready: list[ResponseState], now: float) -> AudioPlan | None:
         """The next token2wav job among the responses whose next chunk is ready (first chunks alone, then the streams
         with the least audio ahead); a reply whose first audio is held counts 0 ms ahead: someone waits for it."""
         candidates = [
-            ChunkCandidate(i, first=r.audio.first_made_at is None,
-                           audio_ahead_ms=r.audio.playout.ahead_ms(now) if r.audio.playout.started else 0.0)
+            ChunkCandidate(
+                i,
+                first=r.audio.first_made_at is None,
+                audio_ahead_ms=r.audio.playout.ahead_ms(now) if r.audio.playout.started else 0.0,
+            )
             for i, r in enumerate(ready)
-        ]  # fmt: skip
+        ]
         job = pick_job(candidates, self.cfg.t2w_max_batch, starving_margin_ms=self.starving_margin())
         return AudioPlan([ready[i] for i in job.keys], job.urgent) if job else None
 

@@ -54,8 +54,9 @@ class Token2WavJob:
     urgent: bool
 
 
-def pick_job(candidates: Sequence[ChunkCandidate], max_streams: int, *,
-             starving_margin_ms: float = 0.0) -> Token2WavJob | None:  # fmt: skip
+def pick_job(
+    candidates: Sequence[ChunkCandidate], max_streams: int, *, starving_margin_ms: float = 0.0
+) -> Token2WavJob | None:
     """The next job among ``candidates`` (None when there is none): see the module docstring."""
     if max_streams < 1:
         raise ValueError(f"max_streams must be >= 1, got {max_streams}")

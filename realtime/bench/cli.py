@@ -31,11 +31,13 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 DEFAULT_OUT = Path("bench_out")
-DESCRIPTION = ("Latency benchmark: simulated users talk to a server at rising concurrency (TTFA, voice-to-voice, "
-               "RTF, underruns, barge-in), optionally beside transformers' reference; writes results.json, report.md "
-               "and PNG plots. The default workload is a conversation: several turns per user, each reply about 8 "
-               "seconds of speech (bench_forced.yaml's forced lengths); --quick and shorter --text-tokens, "
-               "--codec-tokens or --turns are reported as a lighter workload.")
+DESCRIPTION = (
+    "Latency benchmark: simulated users talk to a server at rising concurrency (TTFA, voice-to-voice, "
+    "RTF, underruns, barge-in), optionally beside transformers' reference; writes results.json, report.md "
+    "and PNG plots. The default workload is a conversation: several turns per user, each reply about 8 "
+    "seconds of speech (bench_forced.yaml's forced lengths); --quick and shorter --text-tokens, "
+    "--codec-tokens or --turns are reported as a lighter workload."
+)
 
 
 @dataclass(frozen=True)
@@ -72,12 +74,32 @@ class BenchOptions:
     vad_batching: bool = True
 
 
-QUICK = {"levels": (1,), "turns": 2, "min_samples": 0, "warmup_turns": 0, "barge_in_every": 1, "text_tokens": 4,
-         "codec_tokens": 40, "max_wav_s": 5.0, "ramp_s": 0.0, "turn_timeout_s": 60.0}
+QUICK = {
+    "levels": (1,),
+    "turns": 2,
+    "min_samples": 0,
+    "warmup_turns": 0,
+    "barge_in_every": 1,
+    "text_tokens": 4,
+    "codec_tokens": 40,
+    "max_wav_s": 5.0,
+    "ramp_s": 0.0,
+    "turn_timeout_s": 60.0,
+}
 """``--quick``: one user, two turns (the first interrupted by the second), short replies: a smoke test, reported
 as a lighter workload."""
-NORMAL = {"levels": (1, 2, 4), "turns": 3, "min_samples": 8, "warmup_turns": 1, "barge_in_every": 0,
-          "text_tokens": None, "codec_tokens": None, "max_wav_s": 10.0, "ramp_s": 1.0, "turn_timeout_s": 300.0}
+NORMAL = {
+    "levels": (1, 2, 4),
+    "turns": 3,
+    "min_samples": 8,
+    "warmup_turns": 1,
+    "barge_in_every": 0,
+    "text_tokens": None,
+    "codec_tokens": None,
+    "max_wav_s": 10.0,
+    "ramp_s": 1.0,
+    "turn_timeout_s": 300.0,
+}
 """The default workload: a conversation of several turns per user, each reply as long as the stage config forces
 (``bench_forced.yaml``: 30 text + 400 codec tokens, about 8 seconds of speech)."""
 
@@ -91,55 +113,108 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="omni-realtime bench", description=DESCRIPTION)
     reply = default_reply_length()
-    p.add_argument("--url", default=None,
-                   help="a running server (http://host:port or ws://host:port); default: serve --model in process")
-    p.add_argument("--model", default=None,
-                   help="checkpoint folder / cached hub id, random:7b or random:tiny (random weights built in "
-                        "memory, nothing downloaded), default: the embedded tiny model")
+    p.add_argument(
+        "--url",
+        default=None,
+        help="a running server (http://host:port or ws://host:port); default: serve --model in process",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="checkpoint folder / cached hub id, random:7b or random:tiny (random weights built in "
+        "memory, nothing downloaded), default: the embedded tiny model",
+    )
     p.add_argument("--device", default=None, help="every stage on this device (default: the stage config's, auto)")
-    p.add_argument("--stage-config", type=Path, default=None,
-                   help="stage graph YAML (default: pipeline/stage_configs/bench_forced.yaml, forced reply lengths)")
-    p.add_argument("--text-tokens", type=int, default=None,
-                   help="forced reply text length in thinker tokens (default: the stage config's, "
-                        f"{reply.text_tokens} in bench_forced.yaml); shorter than that is reported as a lighter workload")
-    p.add_argument("--codec-tokens", type=int, default=None,
-                   help="forced reply audio length in codec tokens, 50 per second (default: the stage config's, "
-                        f"{reply.codec_tokens} = {reply.audio_s:.0f} s in bench_forced.yaml); shorter is reported as a "
-                        "lighter workload")
+    p.add_argument(
+        "--stage-config",
+        type=Path,
+        default=None,
+        help="stage graph YAML (default: pipeline/stage_configs/bench_forced.yaml, forced reply lengths)",
+    )
+    p.add_argument(
+        "--text-tokens",
+        type=int,
+        default=None,
+        help="forced reply text length in thinker tokens (default: the stage config's, "
+        f"{reply.text_tokens} in bench_forced.yaml); shorter than that is reported as a lighter workload",
+    )
+    p.add_argument(
+        "--codec-tokens",
+        type=int,
+        default=None,
+        help="forced reply audio length in codec tokens, 50 per second (default: the stage config's, "
+        f"{reply.codec_tokens} = {reply.audio_s:.0f} s in bench_forced.yaml); shorter is reported as a "
+        "lighter workload",
+    )
     p.add_argument("--transport", choices=("ws", "webrtc"), default="ws")
     p.add_argument("--concurrency", default=None, help="comma-separated levels (default 1,2,4)")
-    p.add_argument("--turns", type=int, default=None,
-                   help=f"turns per user, one conversation each (default {NORMAL['turns']}); fewer is reported as a "
-                        "lighter workload")
-    p.add_argument("--min-samples", type=int, default=None,
-                   help="at least this many turns per level in all: low levels run more turns per user (default 8)")
+    p.add_argument(
+        "--turns",
+        type=int,
+        default=None,
+        help=f"turns per user, one conversation each (default {NORMAL['turns']}); fewer is reported as a "
+        "lighter workload",
+    )
+    p.add_argument(
+        "--min-samples",
+        type=int,
+        default=None,
+        help="at least this many turns per level in all: low levels run more turns per user (default 8)",
+    )
     p.add_argument("--warmup-turns", type=int, default=None, help="unrecorded turns before the sweep (default 1)")
     p.add_argument("--wavs", type=Path, default=DEFAULT_FOLDER, help="folder of spoken WAVs (any rate; mono or not)")
     p.add_argument("--max-wav-s", type=float, default=None, help="leave out longer WAVs (default 10)")
-    p.add_argument("--barge-in-every", type=int, default=None,
-                   help="every K-th turn the user talks over the reply with its next utterance (default 0: never)")
-    p.add_argument("--barge-in-after-ms", type=float, default=300.0,
-                   help="the interrupting file starts this long after the first audible reply audio")
+    p.add_argument(
+        "--barge-in-every",
+        type=int,
+        default=None,
+        help="every K-th turn the user talks over the reply with its next utterance (default 0: never)",
+    )
+    p.add_argument(
+        "--barge-in-after-ms",
+        type=float,
+        default=300.0,
+        help="the interrupting file starts this long after the first audible reply audio",
+    )
     p.add_argument("--ramp-s", type=float, default=None, help="users' starts spread over this many seconds (default 1)")
     p.add_argument("--jitter-ms", type=float, default=60.0, help="the modelled player's jitter buffer")
     p.add_argument("--turn-timeout-s", type=float, default=None, help="longest wait for one reply (default 300)")
-    p.add_argument("--reference", action="store_true",
-                   help="also serve the same turns with transformers' generate, one request at a time")
-    p.add_argument("--quick", action="store_true",
-                   help="CI smoke: 1 user, 2 turns (the first interrupted by the second), 4 text + 40 codec tokens, "
-                        "no warm-up; reported as a lighter workload")
+    p.add_argument(
+        "--reference",
+        action="store_true",
+        help="also serve the same turns with transformers' generate, one request at a time",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI smoke: 1 user, 2 turns (the first interrupted by the second), 4 text + 40 codec tokens, "
+        "no warm-up; reported as a lighter workload",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results.json, report.md and PNGs go here")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    p.add_argument("--no-vad-batching", action="store_true",
-                   help="the in-process server runs one VAD call per frame per session (the default batches them)")
-    p.add_argument("--preemptive-response-ms", type=ms_or_off, default=DEFAULT_PREEMPTIVE_RESPONSE_MS, metavar="MS|off",
-                   help="the in-process server starts replies after this much silence, unseen until speech stops "
-                        f"(ServerConfig.preemptive_response_ms, default {DEFAULT_PREEMPTIVE_RESPONSE_MS}); off: when "
-                        "speech stops. TTFA counts from speech_stopped either way")
-    p.add_argument("--pause-inside-ms", type=float, default=None, metavar="MS",
-                   help="every input with MS of silence inserted mid-sentence (at a word gap): users who pause once "
-                        "and go on; with --preemptive-response-ms below MS each turn withdraws one reply")
+    p.add_argument(
+        "--no-vad-batching",
+        action="store_true",
+        help="the in-process server runs one VAD call per frame per session (the default batches them)",
+    )
+    p.add_argument(
+        "--preemptive-response-ms",
+        type=ms_or_off,
+        default=DEFAULT_PREEMPTIVE_RESPONSE_MS,
+        metavar="MS|off",
+        help="the in-process server starts replies after this much silence, unseen until speech stops "
+        f"(ServerConfig.preemptive_response_ms, default {DEFAULT_PREEMPTIVE_RESPONSE_MS}); off: when "
+        "speech stops. TTFA counts from speech_stopped either way",
+    )
+    p.add_argument(
+        "--pause-inside-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="every input with MS of silence inserted mid-sentence (at a word gap): users who pause once "
+        "and go on; with --preemptive-response-ms below MS each turn withdraws one reply",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None, help="key of a --url server that requires one")
     return p
@@ -162,17 +237,33 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
 
     levels = base["levels"] if args.concurrency is None else _levels(args.concurrency)
     return BenchOptions(
-        url=args.url, model=args.model, device=args.device, stage_config=args.stage_config,
-        text_tokens=pick("text_tokens", args.text_tokens), codec_tokens=pick("codec_tokens", args.codec_tokens),
-        transport=args.transport, levels=levels, turns=pick("turns", args.turns),
-        min_samples=pick("min_samples", args.min_samples), warmup_turns=pick("warmup_turns", args.warmup_turns),
-        wavs=args.wavs, max_wav_s=pick("max_wav_s", args.max_wav_s),
-        barge_in_every=pick("barge_in_every", args.barge_in_every), barge_in_after_ms=args.barge_in_after_ms,
-        ramp_s=pick("ramp_s", args.ramp_s), jitter_ms=args.jitter_ms,
-        turn_timeout_s=pick("turn_timeout_s", args.turn_timeout_s), reference=args.reference, out=args.out,
-        threads=args.threads, vad_batching=not args.no_vad_batching, seed=args.seed,
-        preemptive_response_ms=args.preemptive_response_ms, pause_inside_ms=args.pause_inside_ms,
-        api_key=args.api_key, plots=not args.no_plots,
+        url=args.url,
+        model=args.model,
+        device=args.device,
+        stage_config=args.stage_config,
+        text_tokens=pick("text_tokens", args.text_tokens),
+        codec_tokens=pick("codec_tokens", args.codec_tokens),
+        transport=args.transport,
+        levels=levels,
+        turns=pick("turns", args.turns),
+        min_samples=pick("min_samples", args.min_samples),
+        warmup_turns=pick("warmup_turns", args.warmup_turns),
+        wavs=args.wavs,
+        max_wav_s=pick("max_wav_s", args.max_wav_s),
+        barge_in_every=pick("barge_in_every", args.barge_in_every),
+        barge_in_after_ms=args.barge_in_after_ms,
+        ramp_s=pick("ramp_s", args.ramp_s),
+        jitter_ms=args.jitter_ms,
+        turn_timeout_s=pick("turn_timeout_s", args.turn_timeout_s),
+        reference=args.reference,
+        out=args.out,
+        threads=args.threads,
+        vad_batching=not args.no_vad_batching,
+        seed=args.seed,
+        preemptive_response_ms=args.preemptive_response_ms,
+        pause_inside_ms=args.pause_inside_ms,
+        api_key=args.api_key,
+        plots=not args.no_plots,
     )
 
 
@@ -196,8 +287,14 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
     try:
         options = resolve_options(args)
-        plan = SweepPlan(options.levels, options.turns, options.min_samples, options.barge_in_every, options.ramp_s,
-                         options.warmup_turns)
+        plan = SweepPlan(
+            options.levels,
+            options.turns,
+            options.min_samples,
+            options.barge_in_every,
+            options.ramp_s,
+            options.warmup_turns,
+        )
         speeches = load_speech_folder(options.wavs, max_seconds=options.max_wav_s)
         if options.pause_inside_ms is not None:
             speeches = [with_pause(speech, options.pause_inside_ms) for speech in speeches]
@@ -224,8 +321,13 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
 
     cfg = _stage_config(options)
     length = reply_length(cfg)
-    client = ClientOptions(Transport(options.transport), options.api_key, options.barge_in_after_ms,
-                           options.jitter_ms, turn_timeout_s=options.turn_timeout_s)
+    client = ClientOptions(
+        Transport(options.transport),
+        options.api_key,
+        options.barge_in_after_ms,
+        options.jitter_ms,
+        turn_timeout_s=options.turn_timeout_s,
+    )
     loaded = await asyncio.to_thread(_load, options, cfg) if options.url is None or options.reference else None
     info = _run_info(options, command, length, loaded)
     results = []
@@ -241,12 +343,28 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
         reference = ReferenceGenerator(loaded.ckpt, length)
     try:
         if options.url is not None:
-            await run_sweep(options.url, speeches, plan, client, reference=reference, on_level=on_level,
-                            counters=functools.partial(scrape_counters, options.url), counters_source="metrics")
+            await run_sweep(
+                options.url,
+                speeches,
+                plan,
+                client,
+                reference=reference,
+                on_level=on_level,
+                counters=functools.partial(scrape_counters, options.url),
+                counters_source="metrics",
+            )
         else:
             async with _in_process_server(loaded.engine, options) as url:
-                await run_sweep(url, speeches, plan, client, reference=reference, on_level=on_level,
-                                counters=functools.partial(engine_counters, loaded.engine), counters_source="engine")
+                await run_sweep(
+                    url,
+                    speeches,
+                    plan,
+                    client,
+                    reference=reference,
+                    on_level=on_level,
+                    counters=functools.partial(engine_counters, loaded.engine),
+                    counters_source="engine",
+                )
     finally:
         if loaded is not None and loaded.engine is not None:
             await asyncio.to_thread(loaded.engine.close)
@@ -300,8 +418,12 @@ def _load(options: BenchOptions, cfg) -> _Loaded:
         source, random_weights, device = engine.model_name, engine.random_weights, engine.facts.device_name
     else:
         source, random_weights, device = ckpt.source, ckpt.random_weights, _device_name(cfg.thinker.device)
-    return _Loaded(ckpt if options.reference else None, engine,
-                   model_label(options.model, cfg, source=source, random_weights=random_weights), device)
+    return _Loaded(
+        ckpt if options.reference else None,
+        engine,
+        model_label(options.model, cfg, source=source, random_weights=random_weights),
+        device,
+    )
 
 
 def _in_process_server(engine, options: BenchOptions):
@@ -309,9 +431,14 @@ def _in_process_server(engine, options: BenchOptions):
     from realtime.server import create_app, serve_in_background
 
     config = ServerConfig(
-        host="127.0.0.1", port=0, max_sessions=max(options.levels) + 1, webrtc=options.transport == "webrtc",
-        ice_host_addresses=("127.0.0.1",), torch_threads=options.threads,
-        vad_batching=options.vad_batching, log_level="warning",
+        host="127.0.0.1",
+        port=0,
+        max_sessions=max(options.levels) + 1,
+        webrtc=options.transport == "webrtc",
+        ice_host_addresses=("127.0.0.1",),
+        torch_threads=options.threads,
+        vad_batching=options.vad_batching,
+        log_level="warning",
         preemptive_response_ms=options.preemptive_response_ms,
     )
     return serve_in_background(create_app(config, engine=engine), config)
@@ -329,16 +456,20 @@ def _run_info(options: BenchOptions, command: str, length, loaded: _Loaded | Non
         model=loaded.label if loaded is not None else f"the server at {options.url}",
         device=loaded.device if loaded is not None else "the server's",
         transport=options.transport,
-        server=options.url or "in process (uvicorn on loopback; users in a child process; " + (
+        server=options.url
+        or "in process (uvicorn on loopback; users in a child process; "
+        + (
             f"replies start on a {options.preemptive_response_ms} ms pause, shown at speech_stopped)"
-            if options.preemptive_response_ms is not None else "replies start at speech_stopped)"),
+            if options.preemptive_response_ms is not None
+            else "replies start at speech_stopped)"
+        ),
         text_tokens=length.text_tokens,
         codec_tokens=length.codec_tokens,
         turns_per_user=options.turns,
         workload=workload.describe(),
         lighter_workload=workload.lighter_than(Workload(default_reply_length(), NORMAL["turns"])),
-        wavs=str(options.wavs) + (f", each with a {options.pause_inside_ms:g} ms pause inside"
-                                  if options.pause_inside_ms is not None else ""),
+        wavs=str(options.wavs)
+        + (f", each with a {options.pause_inside_ms:g} ms pause inside" if options.pause_inside_ms is not None else ""),
         torch_threads=options.threads,
         load_average={"start": list(os.getloadavg())},
         versions=_versions(),

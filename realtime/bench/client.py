@@ -126,7 +126,7 @@ class Microphone:
         while filled < FRAME_SAMPLES and self._pending:
             head = self._pending[0]
             take = min(len(head), FRAME_SAMPLES - filled)
-            out[filled:filled + take] = head[:take]
+            out[filled : filled + take] = head[:take]
             filled += take
             if take == len(head):
                 self._pending.popleft()
@@ -192,8 +192,10 @@ class WebSocketLink:
         except websockets.exceptions.InvalidHandshake as exc:  # refused: HTTP 401/403, not a WebSocket
             raise BenchClientError(f"{self.url} refused the session: {exc}") from exc
         self._t0 = asyncio.get_running_loop().time()
-        self._tasks = [asyncio.create_task(self._pump(), name="bench microphone"),
-                       asyncio.create_task(self._read(listener), name="bench reader")]
+        self._tasks = [
+            asyncio.create_task(self._pump(), name="bench microphone"),
+            asyncio.create_task(self._read(listener), name="bench reader"),
+        ]
 
     async def speak(self, pcm: np.ndarray) -> float:
         return self._t0 + self.mic.queue(pcm) / RATE
@@ -359,8 +361,9 @@ class SimulatedUser:
     docstring for the script). Events are matched to turns by ``response_id``; WebRTC audio, which
     has none, belongs to the latest response."""
 
-    def __init__(self, plan: UserPlan, link: Link, options: ClientOptions,
-                 on_turn: Callable[[TurnLog], None] | None = None) -> None:
+    def __init__(
+        self, plan: UserPlan, link: Link, options: ClientOptions, on_turn: Callable[[TurnLog], None] | None = None
+    ) -> None:
         self.plan = plan
         self.link = link
         self.options = options
@@ -414,9 +417,13 @@ class SimulatedUser:
     async def _speak(self, index: int, speech: Speech) -> TurnLog:
         start = await self.link.speak(speech.pcm)
         turn = TurnLog(
-            user=self.plan.user, turn=index, wav=speech.name,
-            speech_start_at=start + speech.speech_start_ms / 1000, speech_end_at=start + speech.speech_end_ms / 1000,
-            sample_rate=self.link.output_rate, paced_audio=self.link.paced_audio,
+            user=self.plan.user,
+            turn=index,
+            wav=speech.name,
+            speech_start_at=start + speech.speech_start_ms / 1000,
+            speech_end_at=start + speech.speech_end_ms / 1000,
+            sample_rate=self.link.output_rate,
+            paced_audio=self.link.paced_audio,
         )
         if self._interrupted is not None and self._interrupted.barge_in is None:
             self._interrupted.barge_in = BargeInLog(onset_at=turn.speech_start_at)
@@ -576,8 +583,9 @@ class ClientRun:
     silence_window_ms: float | None
 
 
-async def run_users(url: str, plans: list[UserPlan], options: ClientOptions,
-                    on_turn: Callable[[TurnLog], None] | None = None) -> ClientRun:
+async def run_users(
+    url: str, plans: list[UserPlan], options: ClientOptions, on_turn: Callable[[TurnLog], None] | None = None
+) -> ClientRun:
     """Run every plan concurrently against ``url``. A user whose session never starts raises
     :class:`BenchClientError` after the others are stopped."""
     users = [SimulatedUser(plan, make_link(url, options), options, on_turn) for plan in plans]

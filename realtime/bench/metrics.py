@@ -168,7 +168,7 @@ def media_gaps(arrivals: Sequence[AudioArrival], rate: int) -> tuple[int, float]
     if len(audible) < 2:
         return 0, 0.0
     runs, silent, previous_silent = 0, 0, False
-    for piece in arrivals[audible[0]:audible[-1] + 1]:
+    for piece in arrivals[audible[0] : audible[-1] + 1]:
         is_silent = piece.first_audible is None
         if is_silent:
             silent += piece.samples
@@ -226,8 +226,9 @@ def turn_metrics(log: TurnLog, *, jitter_ms: float = DEFAULT_JITTER_MS) -> TurnM
     ``timed_out`` / ``no_response``."""
     response = log.response
     status = _status(log, response)
-    base = TurnMetrics(log.user, log.turn, log.wav, status.value,
-                       end_of_turn_ms=_ms(log.end_of_turn_at, log.speech_end_at))
+    base = TurnMetrics(
+        log.user, log.turn, log.wav, status.value, end_of_turn_ms=_ms(log.end_of_turn_at, log.speech_end_at)
+    )
     if response is None:
         return base
     values: dict = {"first_transcript_ms": _ms(response.first_transcript_at, log.end_of_turn_at)}

@@ -45,8 +45,10 @@ class Workload:
     turns: int
 
     def describe(self) -> str:
-        return (f"{_turns(self.turns)} per user, replies forced to {self.length.text_tokens} text + "
-                f"{self.length.codec_tokens} codec tokens ({self.length.audio_s:.1f} s of audio)")
+        return (
+            f"{_turns(self.turns)} per user, replies forced to {self.length.text_tokens} text + "
+            f"{self.length.codec_tokens} codec tokens ({self.length.audio_s:.1f} s of audio)"
+        )
 
     def lighter_than(self, default: Workload) -> str | None:
         """What makes this workload lighter than ``default`` (shorter replies, fewer turns), in words;
@@ -54,9 +56,11 @@ class Workload:
         mine, theirs = self.length, default.length
         lighter = []
         if mine.text_tokens < theirs.text_tokens or mine.codec_tokens < theirs.codec_tokens:
-            lighter.append(f"replies of {mine.text_tokens} text + {mine.codec_tokens} codec tokens "
-                           f"({mine.audio_s:.1f} s) instead of {theirs.text_tokens} + {theirs.codec_tokens} "
-                           f"({theirs.audio_s:.1f} s)")
+            lighter.append(
+                f"replies of {mine.text_tokens} text + {mine.codec_tokens} codec tokens "
+                f"({mine.audio_s:.1f} s) instead of {theirs.text_tokens} + {theirs.codec_tokens} "
+                f"({theirs.audio_s:.1f} s)"
+            )
         if self.turns < default.turns:
             lighter.append(f"{_turns(self.turns)} per user instead of {default.turns}")
         return "; ".join(lighter) or None
@@ -71,8 +75,9 @@ def bench_stage_config(path: Path | None, *, device: str | None, length: ReplyLe
         thinker.update(min_tokens=length.text_tokens, max_tokens=length.text_tokens)
         talker.update(min_tokens=length.codec_tokens, max_tokens=length.codec_tokens)
     # merged in before validation, so that ``auto`` values resolve against ``device``
-    return load_stage_config(path or FORCED_STAGE_CONFIG,
-                             overrides={"stages": {"thinker": thinker, "talker": talker, "token2wav": placed}})
+    return load_stage_config(
+        path or FORCED_STAGE_CONFIG, overrides={"stages": {"thinker": thinker, "talker": talker, "token2wav": placed}}
+    )
 
 
 def _turns(count: int) -> str:
@@ -89,9 +94,11 @@ def reply_length(cfg: StageGraphConfig) -> ReplyLength:
     since the reference must do the same work."""
     th, ta = cfg.thinker, cfg.talker
     if any(stage.min_tokens is None or stage.min_tokens != stage.max_tokens for stage in (th, ta)):
-        raise BenchConfigError("the bench needs forced reply lengths: set min_tokens = max_tokens for thinker and "
-                               "talker (pipeline/stage_configs/bench_forced.yaml does, or pass --text-tokens and "
-                               "--codec-tokens)")
+        raise BenchConfigError(
+            "the bench needs forced reply lengths: set min_tokens = max_tokens for thinker and "
+            "talker (pipeline/stage_configs/bench_forced.yaml does, or pass --text-tokens and "
+            "--codec-tokens)"
+        )
     return ReplyLength(th.max_tokens, ta.max_tokens)
 
 
@@ -102,10 +109,12 @@ def model_loader(model: str | None, *, cache_dir: Path | None = None) -> Checkpo
     if model is not None and model.startswith(RANDOM_PREFIX):
         from pipeline.models.qwen2_5_omni.tiny import PRESETS
 
-        preset = model[len(RANDOM_PREFIX):]
+        preset = model[len(RANDOM_PREFIX) :]
         if preset not in PRESETS:
-            raise BenchConfigError(f"--model {model}: unknown random architecture (one of: "
-                             f"{', '.join(RANDOM_PREFIX + p for p in sorted(PRESETS))})")
+            raise BenchConfigError(
+                f"--model {model}: unknown random architecture (one of: "
+                f"{', '.join(RANDOM_PREFIX + p for p in sorted(PRESETS))})"
+            )
         return RandomCheckpoint(PRESETS[preset]())
     from pipeline.embedded import resolve_model
 
@@ -123,7 +132,7 @@ def model_label(model: str | None, cfg: StageGraphConfig, *, source: str, random
     the checkpoint reports them), for reports."""
     dtype = cfg.thinker.dtype
     if model is not None and model.startswith(RANDOM_PREFIX):
-        return f"Qwen2.5-Omni {model[len(RANDOM_PREFIX):]} architecture, random weights built in memory ({dtype})"
+        return f"Qwen2.5-Omni {model[len(RANDOM_PREFIX) :]} architecture, random weights built in memory ({dtype})"
     if model in (None, "embedded:tiny"):
         return f"embedded tiny model (random weights, {dtype})"
     return f"{source} ({'random weights, ' if random_weights else ''}{dtype})"

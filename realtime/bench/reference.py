@@ -69,16 +69,28 @@ class QueuedTurn:
         player gets the whole reply at once (no underrun); RTF is run time / audio duration."""
         ttfa = 1000.0 * (self.done_s - self.arrival_s)
         return TurnMetrics(
-            self.user, self.turn, self.wav, ResponseStatus.COMPLETED.value,
-            ttfa_ms=ttfa, voice_to_voice_ms=ttfa + 1000.0 * self.silence_window_s, first_transcript_ms=ttfa,
+            self.user,
+            self.turn,
+            self.wav,
+            ResponseStatus.COMPLETED.value,
+            ttfa_ms=ttfa,
+            voice_to_voice_ms=ttfa + 1000.0 * self.silence_window_s,
+            first_transcript_ms=ttfa,
             end_of_turn_ms=1000.0 * self.silence_window_s,
-            rtf=self.service_s / self.audio_s if self.audio_s > 0 else None, audio_ms=1000.0 * self.audio_s,
-            underruns=0, starved_ms=0.0,
+            rtf=self.service_s / self.audio_s if self.audio_s > 0 else None,
+            audio_ms=1000.0 * self.audio_s,
+            underruns=0,
+            starved_ms=0.0,
         )
 
 
-def serve_one_worker(plans: Sequence[UserPlan], serve: Callable[[Speech], Served], *,
-                     silence_window_s: float, on_done: Callable[[QueuedTurn], None] | None = None) -> list[QueuedTurn]:
+def serve_one_worker(
+    plans: Sequence[UserPlan],
+    serve: Callable[[Speech], Served],
+    *,
+    silence_window_s: float,
+    on_done: Callable[[QueuedTurn], None] | None = None,
+) -> list[QueuedTurn]:
     """Run every plan's turns through ``serve`` on one worker, first come first served (module
     docstring). A user's first request arrives at its start delay + its first file's end of speech
     + ``silence_window_s``. Returns the turns in the order they were served."""
@@ -94,8 +106,18 @@ def serve_one_worker(plans: Sequence[UserPlan], serve: Callable[[Speech], Served
         start = max(clock, arrival)
         result = serve(speech)
         clock = start + result.seconds
-        done = QueuedTurn(user, turn, speech.name, arrival, start, clock, result.audio_s, silence_window_s,
-                          result.thinker_tokens, result.talker_tokens)
+        done = QueuedTurn(
+            user,
+            turn,
+            speech.name,
+            arrival,
+            start,
+            clock,
+            result.audio_s,
+            silence_window_s,
+            result.thinker_tokens,
+            result.talker_tokens,
+        )
         served.append(done)
         if on_done is not None:
             on_done(done)
@@ -125,8 +147,9 @@ class ReferenceGenerator:
             model = Qwen2_5OmniForConditionalGeneration(ckpt.config)
         model.thinker, model.talker = ckpt.thinker, ckpt.talker
         model.token2wav = _counting_token2wav_class()(ckpt.token2wav)
-        model.speaker_map = {name: {"bos_token": s.bos_token, "cond": s.cond, "ref_mel": s.ref_mel}
-                             for name, s in ckpt.speakers.items()}
+        model.speaker_map = {
+            name: {"bos_token": s.bos_token, "cond": s.cond, "ref_mel": s.ref_mel} for name, s in ckpt.speakers.items()
+        }
         self.model = model.eval()
         self.renderer = PromptRenderer(ckpt.tokenizer, ckpt.special)
         self.instructions = instructions or DEFAULT_SYSTEM_PROMPT
@@ -145,10 +168,20 @@ class ReferenceGenerator:
 
         r = self.renderer
         n_audio = self.ckpt.audio_tokens_for_samples(len(pcm_16k))
-        ids = [*r.text_message("system", self.instructions), *r.header("user"), *r.audio_content(n_audio),
-               *r.footer(), *r.header("assistant")]
-        features = self.ckpt.feature_extractor(pcm_16k, sampling_rate=MODEL_INPUT_RATE, return_attention_mask=True,
-                                               padding="max_length", return_tensors="pt")
+        ids = [
+            *r.text_message("system", self.instructions),
+            *r.header("user"),
+            *r.audio_content(n_audio),
+            *r.footer(),
+            *r.header("assistant"),
+        ]
+        features = self.ckpt.feature_extractor(
+            pcm_16k,
+            sampling_rate=MODEL_INPUT_RATE,
+            return_attention_mask=True,
+            padding="max_length",
+            return_tensors="pt",
+        )
         input_ids = torch.tensor([ids], device=self.device)
         return {
             "input_ids": input_ids,
@@ -170,15 +203,21 @@ class ReferenceGenerator:
         with torch.inference_mode():
             sequences, wav = self.model.generate(
                 speaker=self.ckpt.default_speaker,
-                thinker_max_new_tokens=self.length.text_tokens, thinker_min_new_tokens=self.length.text_tokens,
-                talker_max_new_tokens=self.length.codec_tokens, talker_min_new_tokens=self.length.codec_tokens,
-                talker_eos_token_id=list(self.ckpt.special.codec_stop_ids()), **kwargs,
+                thinker_max_new_tokens=self.length.text_tokens,
+                thinker_min_new_tokens=self.length.text_tokens,
+                talker_max_new_tokens=self.length.codec_tokens,
+                talker_min_new_tokens=self.length.codec_tokens,
+                talker_eos_token_id=list(self.ckpt.special.codec_stop_ids()),
+                **kwargs,
             )
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return Served(time.perf_counter() - start, wav.numel() / OUTPUT_SAMPLE_RATE,
-                      thinker_tokens=sequences.shape[-1] - kwargs["input_ids"].shape[-1],
-                      talker_tokens=self.model.token2wav.codes - codes_before)
+        return Served(
+            time.perf_counter() - start,
+            wav.numel() / OUTPUT_SAMPLE_RATE,
+            thinker_tokens=sequences.shape[-1] - kwargs["input_ids"].shape[-1],
+            talker_tokens=self.model.token2wav.codes - codes_before,
+        )
 
 
 @functools.cache

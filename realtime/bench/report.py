@@ -116,8 +116,11 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
     lines = [
         f"Model: {info.model}; device: {info.device}; transport: {info.transport}; server: {info.server}.",
         f"Workload: {info.workload}; inputs: {info.wavs}.",
-        *([f"**lighter workload: {info.lighter_workload}** (not the default conversation)."]
-          if info.lighter_workload else []),
+        *(
+            [f"**lighter workload: {info.lighter_workload}** (not the default conversation)."]
+            if info.lighter_workload
+            else []
+        ),
         "",
         "Latency, ms, p50 / p90 / p95"
         + (" (reference: transformers `generate`, one request at a time)" if has_ref else ""),
@@ -129,16 +132,31 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
     lines += [_row(head), _row(["---:"] * len(head))]
     for level in levels:
         ours = summarize(level.turns)
-        row = [str(level.concurrency), str(len(level.turns)), _ppp(ours["ttfa_ms"]), _ppp(ours["voice_to_voice_ms"]),
-               _ppp(ours["first_transcript_ms"])]
+        row = [
+            str(level.concurrency),
+            str(len(level.turns)),
+            _ppp(ours["ttfa_ms"]),
+            _ppp(ours["voice_to_voice_ms"]),
+            _ppp(ours["first_transcript_ms"]),
+        ]
         if has_ref:
             ref = summarize(level.reference_metrics())
             row += [_ppp(ref["ttfa_ms"]), _ppp(ref["voice_to_voice_ms"])]
         lines.append(_row(row))
     lines += ["", "Delivery and barge-in", ""]
-    head = ["users", "RTF p50 / p90 (ours)"] + (["RTF p50 (reference)"] if has_ref else []) + [
-        "turns with underruns", "underruns", "starved ms p95", "barge-in: speech_started → done, ms p50 / p95",
-        "→ last audio, ms p50 / p95", "speech onset → stop, ms p50", "statuses"]
+    head = (
+        ["users", "RTF p50 / p90 (ours)"]
+        + (["RTF p50 (reference)"] if has_ref else [])
+        + [
+            "turns with underruns",
+            "underruns",
+            "starved ms p95",
+            "barge-in: speech_started → done, ms p50 / p95",
+            "→ last audio, ms p50 / p95",
+            "speech onset → stop, ms p50",
+            "statuses",
+        ]
+    )
     lines += [_row(head), _row(["---:"] * (len(head) - 1) + [":---"])]
     for level in levels:
         lines.append(_row(_delivery_row(level, has_ref)))
@@ -152,13 +170,23 @@ def _throughput_table(levels: Sequence[LevelResult], has_ref: bool) -> list[str]
     where = {"engine": "the in-process engine's counters", "metrics": "the server's /metrics"}
     lines = [
         "Stage throughput, ours per wall second of the level / per second with a reply in flight (from "
-        + (" and ".join(where[s] for s in sorted(sources)) if sources else "no engine counters") + ")"
+        + (" and ".join(where[s] for s in sorted(sources)) if sources else "no engine counters")
+        + ")"
         + ("; reference: per second its one worker was busy" if has_ref else "")
         + "; device memory in GiB at the end of the level (peak: since the server started)",
         "",
     ]
-    head = ["users", "thinker tok/s", "talker tok/s", "audio s/s", "replying %", "decode steps/s", "tokens/step",
-            "GPU GiB allocated", "GPU GiB peak"]
+    head = [
+        "users",
+        "thinker tok/s",
+        "talker tok/s",
+        "audio s/s",
+        "replying %",
+        "decode steps/s",
+        "tokens/step",
+        "GPU GiB allocated",
+        "GPU GiB peak",
+    ]
     if has_ref:
         head += ["thinker tok/s (reference)", "talker tok/s (reference)", "audio s/s (reference)"]
     lines += [_row(head), _row(["---:"] * len(head))]
@@ -168,16 +196,23 @@ def _throughput_table(levels: Sequence[LevelResult], has_ref: bool) -> list[str]
         if t is None:
             row += ["–"] * 8
         else:
-            row += [_pair(t.thinker_tokens_per_s, t.thinker_tokens_per_replying_s, 1),
-                    _pair(t.talker_tokens_per_s, t.talker_tokens_per_replying_s, 1),
-                    _pair(t.audio_s_per_s, t.audio_s_per_replying_s, 2),
-                    _f(100.0 * t.replying_s / t.window_s) if t.replying_s is not None else "–",
-                    _f(t.decode_steps_per_s, 1), _f(t.tokens_per_step, 2) if t.tokens_per_step is not None else "–",
-                    _gib(t.device_memory_bytes), _gib(t.device_memory_peak_bytes)]
+            row += [
+                _pair(t.thinker_tokens_per_s, t.thinker_tokens_per_replying_s, 1),
+                _pair(t.talker_tokens_per_s, t.talker_tokens_per_replying_s, 1),
+                _pair(t.audio_s_per_s, t.audio_s_per_replying_s, 2),
+                _f(100.0 * t.replying_s / t.window_s) if t.replying_s is not None else "–",
+                _f(t.decode_steps_per_s, 1),
+                _f(t.tokens_per_step, 2) if t.tokens_per_step is not None else "–",
+                _gib(t.device_memory_bytes),
+                _gib(t.device_memory_peak_bytes),
+            ]
         if has_ref:
             r = level.reference_throughput()
-            row += (["–"] * 3 if r is None else
-                    [_f(r.thinker_tokens_per_s, 1), _f(r.talker_tokens_per_s, 1), _f(r.audio_s_per_s, 2)])
+            row += (
+                ["–"] * 3
+                if r is None
+                else [_f(r.thinker_tokens_per_s, 1), _f(r.talker_tokens_per_s, 1), _f(r.audio_s_per_s, 2)]
+            )
         lines.append(_row(row))
     pace = "compares with the reference's" if has_ref else "is the engine's pace while it had work"
     lines += [
@@ -198,6 +233,7 @@ def _pair(wall: float, replying: float | None, digits: int) -> str:
 def _gib(count: int) -> str:
     return "–" if count <= 0 else f"{count / GIB:.2f}"
 
+
 def _delivery_row(level: LevelResult, has_ref: bool) -> list[str]:
     ours = summarize(level.turns)
     rtf = ours["rtf"]
@@ -208,9 +244,13 @@ def _delivery_row(level: LevelResult, has_ref: bool) -> list[str]:
     barge, audio = ours["barge_in_stop_ms"], ours["barge_in_audio_stop_ms"]
     statuses = ", ".join(f"{k} {v}" for k, v in status_counts(level.turns).items() if v)
     row += [
-        f"{sum(1 for u in underruns if u)} / {len(underruns)}", str(sum(underruns)),
-        _f(ours["starved_ms"].p95), f"{_f(barge.p50)} / {_f(barge.p95)} (n={barge.n})",
-        f"{_f(audio.p50)} / {_f(audio.p95)} (n={audio.n})", _f(ours["barge_in_from_onset_ms"].p50), statuses,
+        f"{sum(1 for u in underruns if u)} / {len(underruns)}",
+        str(sum(underruns)),
+        _f(ours["starved_ms"].p95),
+        f"{_f(barge.p50)} / {_f(barge.p95)} (n={barge.n})",
+        f"{_f(audio.p50)} / {_f(audio.p95)} (n={audio.n})",
+        _f(ours["barge_in_from_onset_ms"].p50),
+        statuses,
     ]
     return row
 
@@ -247,8 +287,13 @@ def _cdf(plt, levels: Sequence[LevelResult]):
         for ax, metric in zip(axes, ("ttfa_ms", "voice_to_voice_ms"), strict=True):
             _cdf_line(ax, [getattr(t, metric) for t in level.turns], color, "-", f"ours, {level.concurrency} users")
             if level.reference is not None:
-                _cdf_line(ax, [getattr(t, metric) for t in level.reference_metrics()], color, "--",
-                          f"reference, {level.concurrency} users")
+                _cdf_line(
+                    ax,
+                    [getattr(t, metric) for t in level.reference_metrics()],
+                    color,
+                    "--",
+                    f"reference, {level.concurrency} users",
+                )
     for ax, label in zip(axes, ("time to first audio (ms)", "voice-to-voice (ms)"), strict=True):
         ax.set_xscale("log")
         _plain_ticks(ax.xaxis)

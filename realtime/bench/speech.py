@@ -43,8 +43,9 @@ class Speech:
         return 1000.0 * len(self.pcm) / RATE
 
 
-def energy_speech_bounds(pcm: np.ndarray, rate: int, *, frame_ms: float = 20.0,
-                         below_peak_db: float = 35.0, floor_dbfs: float = -55.0) -> tuple[float, float] | None:
+def energy_speech_bounds(
+    pcm: np.ndarray, rate: int, *, frame_ms: float = 20.0, below_peak_db: float = 35.0, floor_dbfs: float = -55.0
+) -> tuple[float, float] | None:
     """(start_ms, end_ms) of speech: the first and last ``frame_ms`` frame whose RMS is within
     ``below_peak_db`` of the loudest frame and above ``floor_dbfs``. ``None`` for a silent file.
     A simple energy gate: good for clean recordings (TTS, studio), not for noisy ones."""

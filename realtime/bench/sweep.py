@@ -118,8 +118,9 @@ def _child_ready() -> None:
         importlib.import_module(module)
 
 
-def run_clients(url: str, plans: list[UserPlan], options: ClientOptions,
-                label: str) -> tuple[list[TurnMetrics], list[dict], float | None, float]:
+def run_clients(
+    url: str, plans: list[UserPlan], options: ClientOptions, label: str
+) -> tuple[list[TurnMetrics], list[dict], float | None, float]:
     """Child-process entry: run the users with a progress bar; returns their turns' metrics, the
     server errors, the sessions' silence window (ms) and the seconds with a reply in flight."""
     from tqdm import tqdm
@@ -131,11 +132,17 @@ def run_clients(url: str, plans: list[UserPlan], options: ClientOptions,
     return metrics, run.errors, run.silence_window_ms, replying_seconds(run.logs)
 
 
-async def run_sweep(url: str, speeches: Sequence[Speech], plan: SweepPlan, options: ClientOptions, *,
-                    reference: Callable[[Speech], Served] | None = None,
-                    on_level: Callable[[LevelResult], None] | None = None,
-                    counters: Callable[[], Awaitable[EngineCounters | None]] | None = None,
-                    counters_source: str = "engine") -> list[LevelResult]:
+async def run_sweep(
+    url: str,
+    speeches: Sequence[Speech],
+    plan: SweepPlan,
+    options: ClientOptions,
+    *,
+    reference: Callable[[Speech], Served] | None = None,
+    on_level: Callable[[LevelResult], None] | None = None,
+    counters: Callable[[], Awaitable[EngineCounters | None]] | None = None,
+    counters_source: str = "engine",
+) -> list[LevelResult]:
     """Run every level against the server at ``url`` (which this event loop may be serving), the
     reference after each. Levels run in order; ``on_level`` gets each result as soon as it is
     complete. ``counters`` snapshots the server's engine counters (``None``: no throughput), named
@@ -156,9 +163,17 @@ async def run_sweep(url: str, speeches: Sequence[Speech], plan: SweepPlan, optio
             before = await counters() if counters is not None else None
             start = time.perf_counter()
             turns, errors, window, replying = await loop.run_in_executor(
-                pool, run_clients, url, plans, options, f"{level} user{'s' * (level > 1)}")
-            result = LevelResult(level, plan.turns_per_user(level), time.perf_counter() - start, turns, errors, window,
-                                 replying_s=replying)
+                pool, run_clients, url, plans, options, f"{level} user{'s' * (level > 1)}"
+            )
+            result = LevelResult(
+                level,
+                plan.turns_per_user(level),
+                time.perf_counter() - start,
+                turns,
+                errors,
+                window,
+                replying_s=replying,
+            )
             after = await counters() if before is not None else None
             if before is not None and after is not None:
                 result.throughput = level_throughput(before, after, counters_source, replying_s=replying)
@@ -172,8 +187,9 @@ async def run_sweep(url: str, speeches: Sequence[Speech], plan: SweepPlan, optio
     return results
 
 
-def _reference_level(plans: list[UserPlan], reference: Callable[[Speech], Served], window_ms: float | None,
-                     level: int) -> list[QueuedTurn]:
+def _reference_level(
+    plans: list[UserPlan], reference: Callable[[Speech], Served], window_ms: float | None, level: int
+) -> list[QueuedTurn]:
     from tqdm import tqdm
 
     window = (window_ms if window_ms is not None else DEFAULT_SILENCE_WINDOW_MS) / 1000.0

@@ -73,8 +73,12 @@ class EngineCounters:
         """From a :class:`pipeline.outputs.EngineStats`."""
         return cls(
             time.perf_counter() if at is None else at,
-            stats.thinker_tokens_total, stats.talker_tokens_total, stats.audio_samples_total,
-            stats.decode_steps_total, stats.device_memory_bytes, stats.device_memory_peak_bytes,
+            stats.thinker_tokens_total,
+            stats.talker_tokens_total,
+            stats.audio_samples_total,
+            stats.decode_steps_total,
+            stats.device_memory_bytes,
+            stats.device_memory_peak_bytes,
         )
 
 
@@ -172,8 +176,9 @@ class LevelThroughput:
         return asdict(self)
 
 
-def level_throughput(before: EngineCounters, after: EngineCounters, source: str, *,
-                     replying_s: float | None = None) -> LevelThroughput:
+def level_throughput(
+    before: EngineCounters, after: EngineCounters, source: str, *, replying_s: float | None = None
+) -> LevelThroughput:
     """Rates between two snapshots of the same engine (``after`` taken later); per replying
     second too when ``replying_s`` (> 0) is given."""
     window = after.at - before.at
@@ -185,15 +190,23 @@ def level_throughput(before: EngineCounters, after: EngineCounters, source: str,
     steps = after.decode_steps - before.decode_steps
     replying = replying_s if replying_s is not None and replying_s > 0 else None
     return LevelThroughput(
-        source=source, window_s=window, thinker_tokens=thinker, talker_tokens=talker, audio_s=audio_s,
-        decode_steps=steps, thinker_tokens_per_s=thinker / window, talker_tokens_per_s=talker / window,
-        audio_s_per_s=audio_s / window, decode_steps_per_s=steps / window,
+        source=source,
+        window_s=window,
+        thinker_tokens=thinker,
+        talker_tokens=talker,
+        audio_s=audio_s,
+        decode_steps=steps,
+        thinker_tokens_per_s=thinker / window,
+        talker_tokens_per_s=talker / window,
+        audio_s_per_s=audio_s / window,
+        decode_steps_per_s=steps / window,
         tokens_per_step=(thinker + talker) / steps if steps > 0 else None,
         replying_s=replying_s,
         thinker_tokens_per_replying_s=thinker / replying if replying else None,
         talker_tokens_per_replying_s=talker / replying if replying else None,
         audio_s_per_replying_s=audio_s / replying if replying else None,
-        device_memory_bytes=after.device_memory_bytes, device_memory_peak_bytes=after.device_memory_peak_bytes,
+        device_memory_bytes=after.device_memory_bytes,
+        device_memory_peak_bytes=after.device_memory_peak_bytes,
     )
 
 

@@ -145,7 +145,9 @@ def decode_base64(data: str, *, param: str) -> bytes:
     try:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise InvalidAudioData(f"'{param}' is not valid base64: {exc}", code=ErrorCode.INVALID_BASE64, param=param) from None
+        raise InvalidAudioData(
+            f"'{param}' is not valid base64: {exc}", code=ErrorCode.INVALID_BASE64, param=param
+        ) from None
 
 
 def _load_json(message: str | bytes) -> dict:

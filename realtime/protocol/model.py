@@ -100,9 +100,7 @@ class SessionConfig:
     def apply(self, patch: SessionPatch) -> SessionConfig:
         """A copy with the patch's set fields replaced."""
         changes = {
-            f.name: getattr(patch, f.name)
-            for f in dataclasses.fields(self)
-            if getattr(patch, f.name) is not KEEP
+            f.name: getattr(patch, f.name) for f in dataclasses.fields(self) if getattr(patch, f.name) is not KEEP
         }
         return dataclasses.replace(self, **changes)
 

@@ -105,12 +105,8 @@ SERVER_EVENT_NAMES: dict[ServerEvent, WireName] = {
     ServerEvent.CONTENT_PART_DONE: _same("response.content_part.done"),
     ServerEvent.AUDIO_DELTA: WireName("response.output_audio.delta", "response.audio.delta"),
     ServerEvent.AUDIO_DONE: WireName("response.output_audio.done", "response.audio.done"),
-    ServerEvent.TRANSCRIPT_DELTA: WireName(
-        "response.output_audio_transcript.delta", "response.audio_transcript.delta"
-    ),
-    ServerEvent.TRANSCRIPT_DONE: WireName(
-        "response.output_audio_transcript.done", "response.audio_transcript.done"
-    ),
+    ServerEvent.TRANSCRIPT_DELTA: WireName("response.output_audio_transcript.delta", "response.audio_transcript.delta"),
+    ServerEvent.TRANSCRIPT_DONE: WireName("response.output_audio_transcript.done", "response.audio_transcript.done"),
     ServerEvent.TEXT_DELTA: WireName("response.output_text.delta", "response.text.delta"),
     ServerEvent.TEXT_DONE: WireName("response.output_text.done", "response.text.done"),
     ServerEvent.OUTPUT_AUDIO_BUFFER_STARTED: _same("output_audio_buffer.started"),

@@ -260,11 +260,15 @@ class ServerEvents:
 
     def output_item_added(self, response_id: str, output_index: int, item: Item) -> dict | None:
         item_body = item_object(item, self.dialect)
-        return self._event(ServerEvent.OUTPUT_ITEM_ADDED, response_id=response_id, output_index=output_index, item=item_body)
+        return self._event(
+            ServerEvent.OUTPUT_ITEM_ADDED, response_id=response_id, output_index=output_index, item=item_body
+        )
 
     def output_item_done(self, response_id: str, output_index: int, item: Item) -> dict | None:
         item_body = item_object(item, self.dialect)
-        return self._event(ServerEvent.OUTPUT_ITEM_DONE, response_id=response_id, output_index=output_index, item=item_body)
+        return self._event(
+            ServerEvent.OUTPUT_ITEM_DONE, response_id=response_id, output_index=output_index, item=item_body
+        )
 
     def content_part_added(self, ref: ContentRef, part: ContentPart) -> dict | None:
         return self._event(ServerEvent.CONTENT_PART_ADDED, **ref.fields(), part=part_object(part))

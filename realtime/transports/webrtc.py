@@ -547,7 +547,11 @@ class WebRTCCalls:
 
         def make_runner(transport: DataChannelTransport, media: MediaSink) -> SessionRunner:
             return SessionRunner(
-                transport, self._engine, turn_detector_factory=turn_detector_factory, settings=settings, media=media,
+                transport,
+                self._engine,
+                turn_detector_factory=turn_detector_factory,
+                settings=settings,
+                media=media,
                 on_first_audio=self._on_first_audio,
             )
 

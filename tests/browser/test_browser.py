@@ -95,6 +95,7 @@ _CANDIDATE = re.compile(r"^a=candidate:\S+ \d+ \S+ \d+ (\S+) ")
 
 def loopback_only(sdp: str) -> str:
     """The offer without candidates other than 127.0.0.1 (keeps the test on loopback)."""
+
     def foreign(line: str) -> bool:
         match = _CANDIDATE.match(line)
         return match is not None and match[1] != "127.0.0.1"

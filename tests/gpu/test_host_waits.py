@@ -19,8 +19,11 @@ def test_a_talker_start_queues_its_work_without_waiting(tiny_model_dir):
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
     cfg = greedy_stage_config("cuda", token2wav={"worker_thread": "off", "compile": "off"})
-    ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda", "talker": "cuda", "token2wav": "cuda"},
-                           dtypes={"thinker": torch.float32, "talker": torch.float32})  # the config's dtypes
+    ckpt = load_checkpoint(
+        tiny_model_dir,
+        devices={"thinker": "cuda", "talker": "cuda", "token2wav": "cuda"},
+        dtypes={"thinker": torch.float32, "talker": torch.float32},
+    )  # the config's dtypes
     core = EngineCore(ckpt, cfg, seed=0)
     special, bos_token = core.special, next(iter(ckpt.speakers.values())).bos_token
     ids = [special.codec_pad, special.codec_bos]
@@ -30,8 +33,9 @@ def test_a_talker_start_queues_its_work_without_waiting(tiny_model_dir):
     try:
         bos = core.runner.thinker.embed([bos_token])
         core.runner.talker.sampler.reset(0, ids)
-        logits = core.runner.talker.prefill(torch.cat([prompt, bos.to(prompt.dtype), prompt[:1]]), codec_pad=ids[0],
-                                     codec_bos=ids[1], slot=0)  # fmt: skip
+        logits = core.runner.talker.prefill(
+            torch.cat([prompt, bos.to(prompt.dtype), prompt[:1]]), codec_pad=ids[0], codec_bos=ids[1], slot=0
+        )
         with pytest.raises(RuntimeError):  # the mode does catch a wait: a read
             logits.sum().item()
     finally:

@@ -207,10 +207,25 @@ class ServeProcess:
 
     def __init__(self, model_dir: Path, tmp_path: Path, *args: str, log_level: str = "info") -> None:
         env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-        command = [sys.executable, "-m", "realtime.cli", "--log-level", log_level, "serve", "--port", "0",
-                   "--model", str(model_dir), "--cache-dir", str(tmp_path), "--no-webrtc", *args]
-        self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
+        command = [
+            sys.executable,
+            "-m",
+            "realtime.cli",
+            "--log-level",
+            log_level,
+            "serve",
+            "--port",
+            "0",
+            "--model",
+            str(model_dir),
+            "--cache-dir",
+            str(tmp_path),
+            "--no-webrtc",
+            *args,
+        ]
+        self.process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -243,15 +258,21 @@ class ServeProcess:
 
 
 def user_text(text: str) -> dict:
-    return {"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}
+    return {
+        "type": "conversation.item.create",
+        "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+    }
 
 
 def _held(hygiene: Hygiene, idle: Hygiene) -> dict[str, int]:
     """What ``hygiene`` holds beyond the idle server (engine counts beyond its idle ones: a
     shared engine may hold other tests' state)."""
-    held = {"sessions": hygiene.sessions, "session_tasks": hygiene.session_tasks,
-            "webrtc_peers": hygiene.webrtc_peers, "outbound_events": hygiene.outbound_events}
+    held = {
+        "sessions": hygiene.sessions,
+        "session_tasks": hygiene.session_tasks,
+        "webrtc_peers": hygiene.webrtc_peers,
+        "outbound_events": hygiene.outbound_events,
+    }
     if hygiene.engine is not None and idle.engine is not None:
         now, before = hygiene.engine, idle.engine
         held |= {

@@ -28,17 +28,37 @@ def build_token2wav(
     influence each other more). ``smooth_vocoder`` makes BigVGAN a linear interpolator of the mel frames
     (zeroed residual blocks, triangular transposed convolutions) so clicks stand out."""
     dit = dict(
-        hidden_size=32, num_hidden_layers=4, num_attention_heads=2, head_dim=16, ff_mult=2, emb_dim=16,
-        block_size=block_size, look_ahead_layers=list(look_ahead), look_backward_layers=list(look_back),
-        repeats=2, num_embeds=NUM_CODES, mel_dim=MEL_DIM, enc_emb_dim=ENC_EMB_DIM, enc_dim=16,
-        enc_channels=[16, 16, 16, 16, 48], enc_kernel_sizes=[5, 3, 3, 3, 1], enc_dilations=[1, 2, 3, 4, 1],
-        enc_attention_channels=8, enc_res2net_scale=2, enc_se_channels=8, dropout=0.0,
-    )  # fmt: skip
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        head_dim=16,
+        ff_mult=2,
+        emb_dim=16,
+        block_size=block_size,
+        look_ahead_layers=list(look_ahead),
+        look_backward_layers=list(look_back),
+        repeats=2,
+        num_embeds=NUM_CODES,
+        mel_dim=MEL_DIM,
+        enc_emb_dim=ENC_EMB_DIM,
+        enc_dim=16,
+        enc_channels=[16, 16, 16, 16, 48],
+        enc_kernel_sizes=[5, 3, 3, 3, 1],
+        enc_dilations=[1, 2, 3, 4, 1],
+        enc_attention_channels=8,
+        enc_res2net_scale=2,
+        enc_se_channels=8,
+        dropout=0.0,
+    )
     # Rates multiply to the 240-sample hop; kernel - rate is even so each layer upsamples exactly.
     vocoder = dict(
-        mel_dim=MEL_DIM, upsample_initial_channel=128, resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3, 5]],
-        upsample_rates=[8, 6, 5], upsample_kernel_sizes=[16, 12, 11],
-    )  # fmt: skip
+        mel_dim=MEL_DIM,
+        upsample_initial_channel=128,
+        resblock_kernel_sizes=[3],
+        resblock_dilation_sizes=[[1, 3, 5]],
+        upsample_rates=[8, 6, 5],
+        upsample_kernel_sizes=[16, 12, 11],
+    )
     torch.manual_seed(0)
     model = Qwen2_5OmniToken2WavModel(Qwen2_5OmniToken2WavConfig(dit_config=dit, bigvgan_config=vocoder)).float().eval()
     with torch.no_grad():
@@ -142,9 +162,14 @@ def graphs_compiled() -> int:
 
 
 def stages(**token2wav) -> dict:
-    return {"model_family": "qwen2_5_omni", "stages": {
-        "thinker": {"input": "request"}, "talker": {"input": "thinker", "connector": "thinker_to_talker"},
-        "token2wav": {"input": "talker", "connector": "talker_to_token2wav", **token2wav}}}  # fmt: skip
+    return {
+        "model_family": "qwen2_5_omni",
+        "stages": {
+            "thinker": {"input": "request"},
+            "talker": {"input": "thinker", "connector": "thinker_to_talker"},
+            "token2wav": {"input": "talker", "connector": "talker_to_token2wav", **token2wav},
+        },
+    }
 
 
 def assert_refused(doc: dict, param: str) -> None:

@@ -31,8 +31,14 @@ def first_chunk_wait():
 def test_levels_split_each_spoken_reply_and_leave_out_the_warm_up_and_text_replies(first_chunk_wait, tmp_path):
     levels = first_chunk_wait.parse(LOG.splitlines())
     assert list(levels) == ["2 users"] and len(levels["2 users"]) == 2
-    assert first_chunk_wait.split(levels["2 users"][1]) == {"first code": 30.0, "codes": 100.0, "wait": 60.0,
-                                                            "job": 40.0, "held": 20.0, "out": 250.0}  # fmt: skip
+    assert first_chunk_wait.split(levels["2 users"][1]) == {
+        "first code": 30.0,
+        "codes": 100.0,
+        "wait": 60.0,
+        "job": 40.0,
+        "held": 20.0,
+        "out": 250.0,
+    }
     assert first_chunk_wait.split(levels["2 users"][0])["held"] == 0.0, "a log line without the made milestone"
     table = first_chunk_wait.table(levels)
     assert "| 2 users | 2 | 25 / 30 | 95 / 100 | 30 / 57 | 40 / 40 | 10 / 19 | 200 / 245 |" in table

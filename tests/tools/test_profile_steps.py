@@ -21,16 +21,20 @@ def event(name, cat, ts, dur):
 
 
 def test_the_summary_splits_steps_by_kind_and_counts_each_host_label_once(profile_steps):
-    trace = {"traceEvents": [
-        event("engine.step", "user_annotation", 0, 1000),
-        event("thinker.decode", "user_annotation", 10, 100),
-        event("talker.decode", "user_annotation", 200, 100),
-        event("talker.decode", "gpu_user_annotation", 250, 700),  # the label's GPU-side copy: ignored
-        event("k1", "kernel", 100, 300), event("k2", "kernel", 300, 200), event("k3", "kernel", 900, 300),
-        event("engine.step", "user_annotation", 2000, 500),
-        event("talker.decode", "user_annotation", 2010, 50),
-        event("k4", "kernel", 2100, 100),
-    ]}  # fmt: skip
+    trace = {
+        "traceEvents": [
+            event("engine.step", "user_annotation", 0, 1000),
+            event("thinker.decode", "user_annotation", 10, 100),
+            event("talker.decode", "user_annotation", 200, 100),
+            event("talker.decode", "gpu_user_annotation", 250, 700),  # the label's GPU-side copy: ignored
+            event("k1", "kernel", 100, 300),
+            event("k2", "kernel", 300, 200),
+            event("k3", "kernel", 900, 300),
+            event("engine.step", "user_annotation", 2000, 500),
+            event("talker.decode", "user_annotation", 2010, 50),
+            event("k4", "kernel", 2100, 100),
+        ]
+    }
     summary = profile_steps.summarize(trace)
     both, talker = summary["steps"]["thinker+talker"], summary["steps"]["talker only"]
     assert both["count"] == 1 and both["wall_ms_p50"] == 1.0
@@ -40,11 +44,13 @@ def test_the_summary_splits_steps_by_kind_and_counts_each_host_label_once(profil
 
 
 def test_a_step_counts_only_the_labels_of_its_own_thread(profile_steps):
-    trace = {"traceEvents": [
-        event("engine.step", "user_annotation", 0, 1000) | {"tid": 1},
-        event("talker.decode", "user_annotation", 10, 100) | {"tid": 1},
-        event("token2wav.step_many", "user_annotation", 20, 500) | {"tid": 2},  # the token2wav worker's thread
-    ]}  # fmt: skip
+    trace = {
+        "traceEvents": [
+            event("engine.step", "user_annotation", 0, 1000) | {"tid": 1},
+            event("talker.decode", "user_annotation", 10, 100) | {"tid": 1},
+            event("token2wav.step_many", "user_annotation", 20, 500) | {"tid": 2},  # the token2wav worker's thread
+        ]
+    }
     summary = profile_steps.summarize(trace)
     assert summary["labels_count"] == {"talker.decode": 1} and summary["steps"]["talker only"]["count"] == 1
 
@@ -78,13 +84,28 @@ def test_the_timeline_option_keeps_the_engines_timeline_of_the_spread_asks(profi
 
     from pipeline.config import DEFAULT_STAGE_CONFIG
 
-    cfg = {"extends": str(DEFAULT_STAGE_CONFIG.parent / "bench_forced.yaml"),
-           "stages": {"token2wav": {"worker_thread": "on"}}}  # off by default on the CPU
+    cfg = {
+        "extends": str(DEFAULT_STAGE_CONFIG.parent / "bench_forced.yaml"),
+        "stages": {"token2wav": {"worker_thread": "on"}},
+    }  # off by default on the CPU
     config = tmp_path / "worker.yaml"
     config.write_text(yaml.safe_dump(cfg))
     timeline = tmp_path / "timeline.json"
-    argv = ["--users", "2", "--codec-tokens", "20", "--no-trace", "--spread-ms", "150", "--timeline", str(timeline),
-            "--stage-config", str(config), "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        "--users",
+        "2",
+        "--codec-tokens",
+        "20",
+        "--no-trace",
+        "--spread-ms",
+        "150",
+        "--timeline",
+        str(timeline),
+        "--stage-config",
+        str(config),
+        "--out",
+        str(tmp_path),
+    ]
     assert profile_steps.main(argv) == 0
     clock = json.loads((tmp_path / "clock.json").read_text())["2"]
     assert len(clock["first_audio_ms"]) == 2

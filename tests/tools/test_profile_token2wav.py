@@ -29,10 +29,20 @@ def test_inductor_settings_are_typed_and_unknown_names_refused():
     import pytest
 
     profile = load_script("profile_token2wav")
-    settings = profile.inductor_settings(["max_autotune=1", "coordinate_descent_tuning=false",
-                                          "max_autotune_gemm_backends=TRITON", "unroll_reductions_threshold=4"])
-    assert settings == {"max_autotune": True, "coordinate_descent_tuning": False,
-                        "max_autotune_gemm_backends": "TRITON", "unroll_reductions_threshold": 4}
+    settings = profile.inductor_settings(
+        [
+            "max_autotune=1",
+            "coordinate_descent_tuning=false",
+            "max_autotune_gemm_backends=TRITON",
+            "unroll_reductions_threshold=4",
+        ]
+    )
+    assert settings == {
+        "max_autotune": True,
+        "coordinate_descent_tuning": False,
+        "max_autotune_gemm_backends": "TRITON",
+        "unroll_reductions_threshold": 4,
+    }
     for bad in ("no_such_setting=1", "max_autotune"):
         with pytest.raises(SystemExit, match="expected NAME=VALUE"):
             profile.inductor_settings([bad])

@@ -43,5 +43,7 @@ class NeverAnswers:
 
 
 async def test_the_watchdog_ends_a_stalled_run():
-    result = await asyncio.wait_for(load_script("stall_check").run_load(NeverAnswers(), users=3, replies=2, stall_s=0.3), 10)
+    result = await asyncio.wait_for(
+        load_script("stall_check").run_load(NeverAnswers(), users=3, replies=2, stall_s=0.3), 10
+    )
     assert result.stalled_after_s is not None and result.completed == 0 and result.failed == []

@@ -49,9 +49,16 @@ class ToyCheckpoint:
 
 def _from_qwen(qwen: LoadedCheckpoint) -> ToyCheckpoint:
     bos_ids = [s.bos_token for s in qwen.speakers.values()]
-    return ToyCheckpoint(source=f"toy:{qwen.source}", random_weights=qwen.random_weights, thinker=qwen.thinker,
-                         talker=qwen.talker, tokenizer=qwen.tokenizer, special=qwen.special,
-                         feature_extractor=qwen.feature_extractor, voice_bos=dict(zip(VOICE_BASE_HZ, bos_ids)))
+    return ToyCheckpoint(
+        source=f"toy:{qwen.source}",
+        random_weights=qwen.random_weights,
+        thinker=qwen.thinker,
+        talker=qwen.talker,
+        tokenizer=qwen.tokenizer,
+        special=qwen.special,
+        feature_extractor=qwen.feature_extractor,
+        voice_bos=dict(zip(VOICE_BASE_HZ, bos_ids)),
+    )
 
 
 class ToyRenderer:
@@ -145,10 +152,17 @@ class ToneSynthesizer:
 class ToyFamily:
     name = "toy"
     default_instructions = "You are a toy."
-    connectors = MappingProxyType({c.name: c for c in (
-        Connector("toy_text_to_talker", "thinker", "talker", lambda hidden, embeds: hidden + embeds),
-        Connector("toy_codes_to_tones", "talker", "token2wav", lambda code, stop: None if code in stop else code),
-    )})  # fmt: skip
+    connectors = MappingProxyType(
+        {
+            c.name: c
+            for c in (
+                Connector("toy_text_to_talker", "thinker", "talker", lambda hidden, embeds: hidden + embeds),
+                Connector(
+                    "toy_codes_to_tones", "talker", "token2wav", lambda code, stop: None if code in stop else code
+                ),
+            )
+        }
+    )
 
     def load_pretrained(self, model: str, *, devices: dict, dtypes: dict) -> ToyCheckpoint:
         return _from_qwen(load_checkpoint(model, devices=devices, dtypes=dtypes))

@@ -21,7 +21,8 @@ def test_the_first_party_packages_have_no_import_cycles():
     assert len(graph) > 50 and sum(map(len, graph.values())) > 100, "the graph of pipeline/ and realtime/"
     found = [" -> ".join(one_cycle(graph, component)) for component in cycles(graph)]
     assert not found, "import cycles (module-level, TYPE_CHECKING and function-level imports count):\n" + "\n".join(
-        found)
+        found
+    )
 
 
 def test_the_cycle_finder_sees_every_kind_of_import(tmp_path):
@@ -66,8 +67,9 @@ print("PROBE " + json.dumps([before, "realtime.bench.cli" in sys.modules]), flus
 
 def _probe(code: str, *args: str) -> object:
     env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=180)
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
     assert done.returncode == 0 and len(lines) == 1, done.stdout + done.stderr
     return json.loads(lines[0].removeprefix("PROBE "))
@@ -79,8 +81,19 @@ def test_importing_the_server_and_the_serve_parser_loads_no_benchmark_module():
 
 
 def test_omni_realtime_serve_loads_no_benchmark_module(tiny_model_dir, tmp_path):
-    loaded = _probe(SERVE_PROBE, "--log-level", "WARNING", "serve", "--model", str(tiny_model_dir), "--cache-dir",
-                    str(tmp_path), "--port", "0", "--no-webrtc")
+    loaded = _probe(
+        SERVE_PROBE,
+        "--log-level",
+        "WARNING",
+        "serve",
+        "--model",
+        str(tiny_model_dir),
+        "--cache-dir",
+        str(tmp_path),
+        "--port",
+        "0",
+        "--no-webrtc",
+    )
     assert loaded == []
 
 

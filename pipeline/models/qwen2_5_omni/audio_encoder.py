@@ -66,8 +66,9 @@ def _layer(layer: nn.Module, x: Tensor, keys: Tensor) -> Tensor:
     def heads(proj: nn.Linear) -> Tensor:
         return proj(h).view(batch, length, attn.num_heads, attn.head_dim).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(heads(attn.q_proj), heads(attn.k_proj), heads(attn.v_proj),
-                                         attn_mask=keys, scale=attn.scaling)  # fmt: skip
+    out = F.scaled_dot_product_attention(
+        heads(attn.q_proj), heads(attn.k_proj), heads(attn.v_proj), attn_mask=keys, scale=attn.scaling
+    )
     x = x + attn.out_proj(out.transpose(1, 2).reshape(batch, length, width))
     x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
     if x.dtype == torch.float16:  # as the reference: keep float16 activations finite
@@ -83,8 +84,14 @@ class BlockEncoder:
     Called from the engine thread only. Outputs are fresh tensors (graph outputs are copied before the next replay).
     """
 
-    def __init__(self, tower: nn.Module, *, device: torch.device, cuda_graphs: bool = True,
-                 batch_sizes: Sequence[int] = GRAPH_BATCHES) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tower: nn.Module,
+        *,
+        device: torch.device,
+        cuda_graphs: bool = True,
+        batch_sizes: Sequence[int] = GRAPH_BATCHES,
+    ) -> None:
         self.tower = tower
         self.device = torch.device(device)
         self.block_frames = 2 * tower.config.n_window
@@ -105,8 +112,10 @@ class BlockEncoder:
             return
         stream = torch.cuda.Stream(self.device)
         for size in self.batch_sizes:
-            example = (torch.zeros(size, self.n_mels, self.block_frames, device=self.device),
-                       torch.full((size,), self.block_frames, dtype=torch.long, device=self.device))  # fmt: skip
+            example = (
+                torch.zeros(size, self.n_mels, self.block_frames, device=self.device),
+                torch.full((size,), self.block_frames, dtype=torch.long, device=self.device),
+            )
             self._graphs[size] = CapturedCall(self._run, example, capture_stream=stream)
 
     def _run(self, features: Tensor, lengths: Tensor) -> Tensor:

@@ -236,8 +236,11 @@ class IncrementalLogMel:
         if self.status is not StreamStatus.RECEIVING:
             raise RuntimeError("append() after finish()")
         if not isinstance(pcm, np.ndarray) or pcm.dtype != np.float32 or pcm.ndim != 1:
-            raise InvalidAudioError(f"expected a 1-D float32 array, got {getattr(pcm, 'dtype', type(pcm))} "
-                                    f"with shape {getattr(pcm, 'shape', None)}", param="pcm")
+            raise InvalidAudioError(
+                f"expected a 1-D float32 array, got {getattr(pcm, 'dtype', type(pcm))} "
+                f"with shape {getattr(pcm, 'shape', None)}",
+                param="pcm",
+            )
         if not np.isfinite(pcm).all():
             raise InvalidAudioError("audio contains NaN or infinite samples", param="pcm")
         self._pcm.append(pcm)
@@ -288,8 +291,9 @@ class IncrementalLogMel:
         block_maxima = [float(self.raw_block(k).max()) for k in range(self.ready_blocks())]
         tail_start = self.ready_blocks() * geo.block_frames
         # Frames after the last block that can see audio, in whole fixed-width batches.
-        batches = [self._compute_frames(start)
-                   for start in range(tail_start, geo.frames_touching_audio(n), geo.block_frames)]
+        batches = [
+            self._compute_frames(start) for start in range(tail_start, geo.frames_touching_audio(n), geo.block_frames)
+        ]
         tail = np.concatenate(batches, axis=1) if batches else np.zeros((self.n_mels, 0), np.float32)
         tail_maxima = [float(tail[:, : frames_in_max - tail_start].max())] if batches else []
         self._running_max = max([self._running_max, *tail_maxima])
@@ -352,8 +356,14 @@ class IncrementalLogMel:
 
     def _log_mel(self, segment: np.ndarray) -> np.ndarray:
         """The reference's raw log-mel of consecutive frames of ``segment`` (already padded)."""
-        stft = torch.stft(torch.from_numpy(segment), self.geometry.n_fft, self.geometry.hop,
-                          window=self._window, center=False, return_complex=True)
+        stft = torch.stft(
+            torch.from_numpy(segment),
+            self.geometry.n_fft,
+            self.geometry.hop,
+            window=self._window,
+            center=False,
+            return_complex=True,
+        )
         power = (stft.abs() ** 2).contiguous()
         mel = self._mel_filters.T @ power
         return torch.clamp(mel, min=MEL_POWER_EPSILON).log10().numpy()

@@ -12,7 +12,8 @@ A chunk has these ranges (half-open, absolute positions from the start of the ut
   neighbouring blocks, so the extra frames make the chunk's frames close to what a one-shot pass gives.
 - ``vocoder_frames``: the mel frames fed to the vocoder: ``frames`` preceded by up to
   ``vocoder_overlap_frames`` already-final frames, re-run so the vocoder sees left context; for each of the first
-  ``lookahead_chunks`` chunks (not the last), followed by ``first_vocoder_lookahead_frames`` of its DiT look-ahead frames
+  ``lookahead_chunks`` chunks (not the last), followed by ``first_vocoder_lookahead_frames`` of its DiT look-ahead
+  frames
   (provisional: the next chunk makes them final) as right context.
 - ``samples``: the output samples the chunk emits. The vocoder's first ``vocoder_trim_frames`` frames of
   output are discarded (they lack left context; they were emitted by an earlier chunk) and, unless the
@@ -92,11 +93,17 @@ class ChunkingConfig:
             object.__setattr__(self, "ramp_frames", tuple(self.ramp_frames))
         for i, size in enumerate(self.ramp_frames):
             _require(isinstance(size, int) and size >= 1, "ramp_frames", f"[{i}] must be an integer >= 1")
-            _require(size % self.frames_per_code == 0, "ramp_frames",
-                     f"[{i}] ({size}) must be a multiple of frames_per_code ({self.frames_per_code})")
+            _require(
+                size % self.frames_per_code == 0,
+                "ramp_frames",
+                f"[{i}] ({size}) must be a multiple of frames_per_code ({self.frames_per_code})",
+            )
             if self.dit_block_frames:
-                _require(size % self.dit_block_frames == 0, "ramp_frames",
-                         f"[{i}] ({size}) must be a multiple of dit_block_frames ({self.dit_block_frames})")
+                _require(
+                    size % self.dit_block_frames == 0,
+                    "ramp_frames",
+                    f"[{i}] ({size}) must be a multiple of dit_block_frames ({self.dit_block_frames})",
+                )
         for name in ("first_chunk_frames", "chunk_frames", "frames_per_code", "samples_per_frame"):
             _require(getattr(self, name) >= 1, name, "must be >= 1")
         for name in ("past_frames", "future_frames", "vocoder_overlap_frames", "vocoder_trim_frames"):
@@ -104,14 +111,23 @@ class ChunkingConfig:
         # The RK4 solver integrates between time points; fewer than 2 points means no integration.
         _require(self.ode_steps >= 2, "ode_steps", "must be >= 2 (number of ODE time points)")
         _require(self.guidance_scale >= 0, "guidance_scale", "must be >= 0")
-        _require(0 <= self.first_vocoder_lookahead_frames <= self.future_frames, "first_vocoder_lookahead_frames",
-                 f"must be in [0, future_frames ({self.future_frames})]")
-        _require(isinstance(self.lookahead_chunks, int) and 1 <= self.lookahead_chunks <= 1 + len(self.ramp_frames),
-                 "lookahead_chunks", f"must be an integer in [1, 1 + len(ramp_frames)] ({1 + len(self.ramp_frames)})")
+        _require(
+            0 <= self.first_vocoder_lookahead_frames <= self.future_frames,
+            "first_vocoder_lookahead_frames",
+            f"must be in [0, future_frames ({self.future_frames})]",
+        )
+        _require(
+            isinstance(self.lookahead_chunks, int) and 1 <= self.lookahead_chunks <= 1 + len(self.ramp_frames),
+            "lookahead_chunks",
+            f"must be an integer in [1, 1 + len(ramp_frames)] ({1 + len(self.ramp_frames)})",
+        )
         _require(self.quick_first_chunk_max_open >= 0, "quick_first_chunk_max_open", "must be >= 0")
         if self.quick_first_chunk_frames is not None:
-            _require(isinstance(self.quick_first_chunk_frames, int) and self.quick_first_chunk_frames >= 1,
-                     "quick_first_chunk_frames", "must be an integer >= 1")
+            _require(
+                isinstance(self.quick_first_chunk_frames, int) and self.quick_first_chunk_frames >= 1,
+                "quick_first_chunk_frames",
+                "must be an integer >= 1",
+            )
             _require_multiple(self, "quick_first_chunk_frames", self.frames_per_code, "frames_per_code")
             if self.dit_block_frames is not None:
                 _require_multiple(self, "quick_first_chunk_frames", self.dit_block_frames, "dit_block_frames")
@@ -145,8 +161,12 @@ class ChunkingConfig:
         its vocoder running ``hold_frames`` (at most ``future_frames``) of its look-ahead; everything else as here."""
         if self.quick_first_chunk_frames is None:
             raise ConfigError("ChunkingConfig.quick_first_chunk_frames is not set", param="quick_first_chunk_frames")
-        return replace(self, first_chunk_frames=self.quick_first_chunk_frames, quick_first_chunk_frames=None,
-                       first_vocoder_lookahead_frames=min(self.hold_frames, self.future_frames))
+        return replace(
+            self,
+            first_chunk_frames=self.quick_first_chunk_frames,
+            quick_first_chunk_frames=None,
+            first_vocoder_lookahead_frames=min(self.hold_frames, self.future_frames),
+        )
 
     def schedules(self) -> tuple[ChunkingConfig, ...]:
         """This schedule and, when ``quick_first_chunk_frames`` is set, its :meth:`quick` variant: what a synthesizer's
@@ -212,7 +232,12 @@ class ChunkPlan:
 
 
 def plan_next_chunk(
-    cfg: ChunkingConfig, *, frames_done: int, codes_available: int, finished: bool, index: int = 0,
+    cfg: ChunkingConfig,
+    *,
+    frames_done: int,
+    codes_available: int,
+    finished: bool,
+    index: int = 0,
     emitted_frames: int | None = None,
 ) -> ChunkPlan | None:
     """The chunk that starts at ``frames_done`` (frames already final), or ``None`` if none is ready.
@@ -242,12 +267,14 @@ def plan_next_chunk(
         emitted_frames = max(0, frames_done - cfg.hold_frames)
     if not 0 <= emitted_frames <= frames_done:
         raise ValueError(f"emitted_frames={emitted_frames} is inconsistent with frames_done={frames_done}")
-    return _make_plan(cfg, index, frames_done, end, available, is_last=finished and end == available,
-                      emitted=emitted_frames)  # fmt: skip
+    return _make_plan(
+        cfg, index, frames_done, end, available, is_last=finished and end == available, emitted=emitted_frames
+    )
 
 
-def _make_plan(cfg: ChunkingConfig, index: int, start: int, end: int, available: int, *, is_last: bool,
-               emitted: int) -> ChunkPlan:  # fmt: skip
+def _make_plan(
+    cfg: ChunkingConfig, index: int, start: int, end: int, available: int, *, is_last: bool, emitted: int
+) -> ChunkPlan:
     context = FrameRange(max(0, start - cfg.past_frames), min(available, end + cfg.future_frames))
     lookahead = 0 if is_last else min(cfg.vocoder_lookahead(index), context.end - end)
     vocoder = FrameRange(max(0, start - cfg.vocoder_overlap_frames), end + lookahead)

@@ -160,13 +160,18 @@ def _layer(block, dtype: torch.dtype) -> DitLayer:
     return DitLayer(
         qkv_weight=torch.cat([cast(attn.to_q.weight), cast(attn.to_k.weight), cast(attn.to_v.weight)]),
         qkv_bias=torch.cat([cast(attn.to_q.bias), cast(attn.to_k.bias), cast(attn.to_v.bias)]),
-        out_weight=cast(attn.to_out[0].weight), out_bias=cast(attn.to_out[0].bias),
-        ff_in_weight=cast(ff[0].weight), ff_in_bias=cast(ff[0].bias),
-        ff_out_weight=cast(ff[3].weight), ff_out_bias=cast(ff[3].bias),
-        modulation_weight=cast(block.attn_norm.linear.weight), modulation_bias=cast(block.attn_norm.linear.bias),
-        look_ahead=block.look_ahead_block, look_back=block.look_backward_block,
+        out_weight=cast(attn.to_out[0].weight),
+        out_bias=cast(attn.to_out[0].bias),
+        ff_in_weight=cast(ff[0].weight),
+        ff_in_bias=cast(ff[0].bias),
+        ff_out_weight=cast(ff[3].weight),
+        ff_out_bias=cast(ff[3].bias),
+        modulation_weight=cast(block.attn_norm.linear.weight),
+        modulation_bias=cast(block.attn_norm.linear.bias),
+        look_ahead=block.look_ahead_block,
+        look_back=block.look_backward_block,
         reach_bounds=torch.tensor([block.look_ahead_block, block.look_backward_block], device=attn.to_q.weight.device),
-    )  # fmt: skip
+    )
 
 
 def dit_weights(dit, dtype: torch.dtype) -> DitWeights:
@@ -181,11 +186,16 @@ def dit_weights(dit, dtype: torch.dtype) -> DitWeights:
             input_proj, proj_out = copy.deepcopy(input_proj).to(dtype), copy.deepcopy(proj_out).to(dtype)
         out_linear = dit.norm_out.linear
         return DitWeights(
-            time_embed=dit.time_embed, input_proj=input_proj, layers=layers,
+            time_embed=dit.time_embed,
+            input_proj=input_proj,
+            layers=layers,
             out_modulation_weight=out_linear.weight.detach().to(dtype),
             out_modulation_bias=out_linear.bias.detach().to(dtype),
-            proj_out=proj_out, heads=dit.transformer_blocks[0].attn.heads, block_size=dit.block_size, dtype=dtype,
-        )  # fmt: skip
+            proj_out=proj_out,
+            heads=dit.transformer_blocks[0].attn.heads,
+            block_size=dit.block_size,
+            dtype=dtype,
+        )
 
 
 @dataclass(frozen=True)
@@ -204,10 +214,14 @@ class TimeModulation:
         with torch.inference_mode():
             for t in evaluation_times(times):
                 embedded = F.silu(weights.time_embed(t.reshape(1)).to(weights.dtype))
-                blocks.append(torch.stack([
-                    F.linear(embedded, layer.modulation_weight, layer.modulation_bias).reshape(6, -1)
-                    for layer in weights.layers
-                ]))  # fmt: skip
+                blocks.append(
+                    torch.stack(
+                        [
+                            F.linear(embedded, layer.modulation_weight, layer.modulation_bias).reshape(6, -1)
+                            for layer in weights.layers
+                        ]
+                    )
+                )
                 out_modulation = F.linear(embedded, weights.out_modulation_weight, weights.out_modulation_bias)
                 out.append(out_modulation.reshape(2, -1))
         return cls(blocks=torch.stack(blocks), out=torch.stack(out))
@@ -241,9 +255,17 @@ def _attention_input(hidden: Tensor, shift: Tensor, scale: Tensor, qkv_weight: T
     return F.linear(normed, qkv_weight, qkv_bias)
 
 
-def _block_output(hidden: Tensor, attended: Tensor, modulation: Tensor, out_weight: Tensor, out_bias: Tensor,
-                  ff_in_weight: Tensor, ff_in_bias: Tensor, ff_out_weight: Tensor,
-                  ff_out_bias: Tensor) -> Tensor:  # fmt: skip
+def _block_output(
+    hidden: Tensor,
+    attended: Tensor,
+    modulation: Tensor,
+    out_weight: Tensor,
+    out_bias: Tensor,
+    ff_in_weight: Tensor,
+    ff_in_bias: Tensor,
+    ff_out_weight: Tensor,
+    ff_out_bias: Tensor,
+) -> Tensor:
     """The rest of a block after its attention (``attended`` (rows, L, inner)): gated output projection, then the
     modulated feed-forward, each added to the residual stream."""
     _, _, gate_attn, shift_ff, scale_ff, gate_ff = modulation.unbind(0)
@@ -264,29 +286,58 @@ def sdpa_attention(qkv: Tensor, mask: Tensor, cos: Tensor, sin: Tensor, heads: i
     return attended.transpose(1, 2).reshape(rows, length, -1)
 
 
-def dit_block(hidden: Tensor, modulation: Tensor, qkv_weight: Tensor, qkv_bias: Tensor, out_weight: Tensor,
-              out_bias: Tensor, ff_in_weight: Tensor, ff_in_bias: Tensor, ff_out_weight: Tensor, ff_out_bias: Tensor,
-              mask: Tensor, cos: Tensor, sin: Tensor, heads: int) -> Tensor:  # fmt: skip
+def dit_block(
+    hidden: Tensor,
+    modulation: Tensor,
+    qkv_weight: Tensor,
+    qkv_bias: Tensor,
+    out_weight: Tensor,
+    out_bias: Tensor,
+    ff_in_weight: Tensor,
+    ff_in_bias: Tensor,
+    ff_out_weight: Tensor,
+    ff_out_bias: Tensor,
+    mask: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    heads: int,
+) -> Tensor:
     """One transformer block (transformers' ``DiTDecoderLayer``) over (rows, L, dim) states: ``modulation`` (6, dim)
     from :class:`TimeModulation`, ``mask`` (rows, 1, L, L) bool, True where a query may attend a key, ``cos``/``sin``
     (rows, L, head_dim) RoPE tables, all in the states' dtype but the mask."""
     qkv = _attention_input(hidden, modulation[0], modulation[1], qkv_weight, qkv_bias)
     attended = sdpa_attention(qkv, mask, cos, sin, heads)
-    return _block_output(hidden, attended, modulation, out_weight, out_bias, ff_in_weight, ff_in_bias, ff_out_weight,
-                         ff_out_bias)  # fmt: skip
+    return _block_output(
+        hidden, attended, modulation, out_weight, out_bias, ff_in_weight, ff_in_bias, ff_out_weight, ff_out_bias
+    )
 
 
-def dit_block_triton(hidden: Tensor, modulation: Tensor, qkv_weight: Tensor, qkv_bias: Tensor, out_weight: Tensor,
-                     out_bias: Tensor, ff_in_weight: Tensor, ff_in_bias: Tensor, ff_out_weight: Tensor,
-                     ff_out_bias: Tensor, blocks: Tensor, reach: Tensor, cos: Tensor, sin: Tensor, heads: int,
-                     block_size: int) -> Tensor:  # fmt: skip
+def dit_block_triton(
+    hidden: Tensor,
+    modulation: Tensor,
+    qkv_weight: Tensor,
+    qkv_bias: Tensor,
+    out_weight: Tensor,
+    out_bias: Tensor,
+    ff_in_weight: Tensor,
+    ff_in_bias: Tensor,
+    ff_out_weight: Tensor,
+    ff_out_bias: Tensor,
+    blocks: Tensor,
+    reach: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    heads: int,
+    block_size: int,
+) -> Tensor:
     """:func:`dit_block` with its attention in one kernel (:func:`.dit_attention.dit_attention`): instead of a mask,
     ``blocks`` (rows, L) each frame's attention block and ``reach`` (2,) the layer's (look-ahead, look-back); windows
     start on a block boundary (of ``block_size`` frames)."""
     qkv = _attention_input(hidden, modulation[0], modulation[1], qkv_weight, qkv_bias)
     attended = dit_attention(qkv, cos, sin, blocks, reach, heads, block_size)
-    return _block_output(hidden, attended, modulation, out_weight, out_bias, ff_in_weight, ff_in_bias, ff_out_weight,
-                         ff_out_bias)  # fmt: skip
+    return _block_output(
+        hidden, attended, modulation, out_weight, out_bias, ff_in_weight, ff_in_bias, ff_out_weight, ff_out_bias
+    )
 
 
 _BLOCK_FUNCTIONS = {DitAttention.SDPA: dit_block, DitAttention.TRITON: dit_block_triton}
@@ -300,8 +351,9 @@ class DitBlock:
         self.attention = attention
         self._function = _BLOCK_FUNCTIONS[attention]
 
-    def __call__(self, hidden: Tensor, modulation: Tensor, *weights_attention_rope: Tensor, heads: int,
-                 block_size: int) -> Tensor:  # fmt: skip
+    def __call__(
+        self, hidden: Tensor, modulation: Tensor, *weights_attention_rope: Tensor, heads: int, block_size: int
+    ) -> Tensor:
         return self._function(hidden, modulation, *weights_attention_rope, **self._sizes(heads, block_size))
 
     def _sizes(self, heads: int, block_size: int) -> dict[str, int]:
@@ -336,8 +388,9 @@ class CompiledDitBlock(DitBlock):
         # the mask (rows, 1, L, L) before cos and sin, or the block ids (rows, L) before the reach, cos and sin
         self._attention_at, self._attention_dims = (-3, (0, 2, 3)) if attention is DitAttention.SDPA else (-4, (0, 1))
 
-    def __call__(self, hidden: Tensor, modulation: Tensor, *weights_attention_rope: Tensor, heads: int,
-                 block_size: int) -> Tensor:  # fmt: skip
+    def __call__(
+        self, hidden: Tensor, modulation: Tensor, *weights_attention_rope: Tensor, heads: int, block_size: int
+    ) -> Tensor:
         torch._dynamo.mark_dynamic(hidden, (0, 1))
         for at, dims in ((self._attention_at, self._attention_dims), (-2, (0, 1)), (-1, (0, 1))):
             torch._dynamo.mark_dynamic(weights_attention_rope[at], dims)
@@ -363,8 +416,14 @@ def guided(prediction: Tensor, guidance_scale: float, use_cfg: bool) -> Tensor:
     return conditioned + (conditioned - unconditioned) * guidance_scale
 
 
-def dit_velocity(weights: DitWeights, modulation: TimeModulation, window: WindowInputs, guidance_scale: float,
-                 use_cfg: bool, block: DitBlock | None = None) -> Velocity:  # fmt: skip
+def dit_velocity(
+    weights: DitWeights,
+    modulation: TimeModulation,
+    window: WindowInputs,
+    guidance_scale: float,
+    use_cfg: bool,
+    block: DitBlock | None = None,
+) -> Velocity:
     """The guided velocity field of ``window``: (number, t, x (streams, L, mel_dim) float32) -> (streams, L, mel_dim)
     float32, every block run by ``block`` in ``weights.dtype``. The evaluation's number picks its row of
     ``modulation`` (t itself is not read: the table was built from the same time points). The casts of the RoPE tables
@@ -378,17 +437,32 @@ def dit_velocity(weights: DitWeights, modulation: TimeModulation, window: Window
         blocks = window.block_diff[:, 0, :].contiguous()
         attention = {layer.reach: (blocks, layer.reach_bounds) for layer in weights.layers}
     else:
-        attention = {(ahead, back): (((window.block_diff >= -back) & (window.block_diff <= ahead)).unsqueeze(1),)
-                     for ahead, back in weights.reaches}  # fmt: skip
+        attention = {
+            (ahead, back): (((window.block_diff >= -back) & (window.block_diff <= ahead)).unsqueeze(1),)
+            for ahead, back in weights.reaches
+        }
 
     def velocity(number: int, t: Tensor, x: Tensor) -> Tensor:
         # x holds one row per stream; each stream's row feeds its conditioned and unconditioned rows.
         hidden = weights.input_proj(torch.cat([x.repeat(rows // x.shape[0], 1, 1), window.features], dim=-1).to(dtype))
         for layer, layer_modulation in zip(weights.layers, modulation.blocks[number]):
-            hidden = block(hidden, layer_modulation, layer.qkv_weight, layer.qkv_bias, layer.out_weight,
-                           layer.out_bias, layer.ff_in_weight, layer.ff_in_bias, layer.ff_out_weight, layer.ff_out_bias,
-                           *attention[layer.reach], cos, sin, heads=weights.heads,
-                           block_size=weights.block_size)  # fmt: skip
+            hidden = block(
+                hidden,
+                layer_modulation,
+                layer.qkv_weight,
+                layer.qkv_bias,
+                layer.out_weight,
+                layer.out_bias,
+                layer.ff_in_weight,
+                layer.ff_in_bias,
+                layer.ff_out_weight,
+                layer.ff_out_bias,
+                *attention[layer.reach],
+                cos,
+                sin,
+                heads=weights.heads,
+                block_size=weights.block_size,
+            )
         scale, shift = modulation.out[number].unbind(0)
         normed = F.layer_norm(hidden, (hidden.shape[-1],), eps=NORM_EPS) * (1 + scale) + shift
         return guided(weights.proj_out(normed).float(), guidance_scale, use_cfg)

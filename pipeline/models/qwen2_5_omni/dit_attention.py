@@ -76,10 +76,27 @@ if triton is not None:
 
     @triton.jit
     def _dit_attention_kernel(
-        QKV, Cos, Sin, Blocks, Reach, Out, length, block_size, scale,
-        stride_qr, stride_ql, stride_cr, stride_cl, stride_br, stride_bl, stride_or, stride_ol,
-        INNER: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
-    ):  # fmt: skip
+        QKV,
+        Cos,
+        Sin,
+        Blocks,
+        Reach,
+        Out,
+        length,
+        block_size,
+        scale,
+        stride_qr,
+        stride_ql,
+        stride_cr,
+        stride_cl,
+        stride_br,
+        stride_bl,
+        stride_or,
+        stride_ol,
+        INNER: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         # One program per (attention block, head, row): the window starts on a block boundary, so the block's
         # queries are frames [t * block_size, (t + 1) * block_size) and the keys in reach are whole blocks
         # t - back .. t + ahead, one loop iteration each, with an online softmax (most layers: one iteration, their
@@ -104,8 +121,9 @@ if triton is not None:
             key_valid = (offsets < block_size) & (keys < length)
             key_blocks = tl.load(Blocks + row * stride_br + keys * stride_bl, mask=key_valid, other=0)
             k = _load_head(base + INNER, keys, key_valid, stride_ql, cos_ptr, sin_ptr, stride_cl, rotate, HEAD_DIM)
-            v = tl.load(base + 2 * INNER + keys[:, None] * stride_ql + dims[None, :], mask=key_valid[:, None],
-                        other=0.0)  # fmt: skip
+            v = tl.load(
+                base + 2 * INNER + keys[:, None] * stride_ql + dims[None, :], mask=key_valid[:, None], other=0.0
+            )
             diff = key_blocks[None, :] - query_blocks[:, None]
             allowed = key_valid[None, :] & (diff >= -back) & (diff <= ahead)
             scores = tl.where(allowed, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
@@ -122,8 +140,9 @@ if triton is not None:
 
 
 @torch.library.custom_op("omni_realtime::dit_attention", mutates_args=())
-def dit_attention(qkv: Tensor, cos: Tensor, sin: Tensor, blocks: Tensor, reach: Tensor, heads: int,
-                  block_size: int) -> Tensor:  # fmt: skip
+def dit_attention(
+    qkv: Tensor, cos: Tensor, sin: Tensor, blocks: Tensor, reach: Tensor, heads: int, block_size: int
+) -> Tensor:
     """The attention of one DiT block: ``qkv`` (rows, L, 3 * inner) the block's query/key/value product (inner =
     ``heads`` * head_dim, last dimension contiguous); ``cos``/``sin`` (rows, L, head_dim) the RoPE tables;
     ``blocks`` (rows, L) integer attention block of each frame (any per-row offset: only differences count; padding
@@ -136,8 +155,18 @@ def dit_attention(qkv: Tensor, cos: Tensor, sin: Tensor, blocks: Tensor, reach: 
     return launch(qkv, cos, sin, blocks, reach, heads, block_size)
 
 
-def launch(qkv: Tensor, cos: Tensor, sin: Tensor, blocks: Tensor, reach: Tensor, heads: int, block_size: int, *,
-           num_warps: int | None = None, num_stages: int | None = None) -> Tensor:  # fmt: skip
+def launch(
+    qkv: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    blocks: Tensor,
+    reach: Tensor,
+    heads: int,
+    block_size: int,
+    *,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> Tensor:
     """:func:`dit_attention`'s kernel with other launch settings, for timing alternatives; None takes the packaged
     ones."""
     rows, length, width = qkv.shape
@@ -150,11 +179,29 @@ def launch(qkv: Tensor, cos: Tensor, sin: Tensor, blocks: Tensor, reach: Tensor,
         return out
     grid = (triton.cdiv(length, block_size), heads, rows)
     _dit_attention_kernel[grid](
-        qkv, cos, sin, blocks, reach, out, length, block_size, head_dim**-0.5,
-        qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1), blocks.stride(0), blocks.stride(1),
-        out.stride(0), out.stride(1), INNER=inner, HEAD_DIM=head_dim, BLOCK=max(16, triton.next_power_of_2(block_size)),
-        num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES,
-    )  # fmt: skip
+        qkv,
+        cos,
+        sin,
+        blocks,
+        reach,
+        out,
+        length,
+        block_size,
+        head_dim**-0.5,
+        qkv.stride(0),
+        qkv.stride(1),
+        cos.stride(0),
+        cos.stride(1),
+        blocks.stride(0),
+        blocks.stride(1),
+        out.stride(0),
+        out.stride(1),
+        INNER=inner,
+        HEAD_DIM=head_dim,
+        BLOCK=max(16, triton.next_power_of_2(block_size)),
+        num_warps=num_warps or NUM_WARPS,
+        num_stages=num_stages or NUM_STAGES,
+    )
     return out
 
 

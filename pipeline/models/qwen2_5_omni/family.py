@@ -32,15 +32,22 @@ class Qwen25OmniFamily:
 
     name = "qwen2_5_omni"
     default_instructions = DEFAULT_SYSTEM_PROMPT
-    connectors = MappingProxyType({c.name: c for c in (
-        Connector("thinker_to_talker", "thinker", "talker", connectors.thinker_to_talker),
-        Connector("talker_to_token2wav", "talker", "token2wav", connectors.talker_to_token2wav),
-    )})  # fmt: skip
+    connectors = MappingProxyType(
+        {
+            c.name: c
+            for c in (
+                Connector("thinker_to_talker", "thinker", "talker", connectors.thinker_to_talker),
+                Connector("talker_to_token2wav", "talker", "token2wav", connectors.talker_to_token2wav),
+            )
+        }
+    )
 
     def load_pretrained(self, model: str, *, devices: dict, dtypes: dict) -> LoadedCheckpoint:
         return load_checkpoint(model, devices=devices, dtypes=dtypes)
 
-    def build_random(self, spec: RandomModelSpec, *, device: torch.device | str, dtype: torch.dtype) -> LoadedCheckpoint:
+    def build_random(
+        self, spec: RandomModelSpec, *, device: torch.device | str, dtype: torch.dtype
+    ) -> LoadedCheckpoint:
         from pipeline.models.qwen2_5_omni.tiny import build_random_model
 
         return build_random_model(spec, device=device, dtype=dtype)
@@ -81,18 +88,32 @@ class Qwen25OmniFamily:
 
         on_cuda = stage.torch_device.type == "cuda"
         return StreamingToken2Wav(
-            ckpt.token2wav, ChunkingConfig(**stage.chunking), max_batch=stage.max_batch,
-            tf32_matmul=stage.tf32_matmul and on_cuda, compile_dit=stage.compile, fused_vocoder=stage.compile and on_cuda,
-            dit_dtype=stage.torch_dit_dtype, dit_attention=stage.dit_attention,
+            ckpt.token2wav,
+            ChunkingConfig(**stage.chunking),
+            max_batch=stage.max_batch,
+            tf32_matmul=stage.tf32_matmul and on_cuda,
+            compile_dit=stage.compile,
+            fused_vocoder=stage.compile and on_cuda,
+            dit_dtype=stage.torch_dit_dtype,
+            dit_attention=stage.dit_attention,
         )
 
-    def start_stream(self, synthesizer: StreamingToken2Wav, ckpt: LoadedCheckpoint, voice: str, *,
-                     generator: torch.Generator | None, max_codes: int, quick: bool) -> Token2WavStream:  # fmt: skip
+    def start_stream(
+        self,
+        synthesizer: StreamingToken2Wav,
+        ckpt: LoadedCheckpoint,
+        voice: str,
+        *,
+        generator: torch.Generator | None,
+        max_codes: int,
+        quick: bool,
+    ) -> Token2WavStream:
         """The voice's ``cond`` / ``ref_mel`` are the checkpoint's own tensors: the synthesizer's speaker cache hits
         them by identity."""
         speaker = ckpt.speakers[voice]
-        return synthesizer.start(speaker.cond, speaker.ref_mel, voice=voice, generator=generator, max_codes=max_codes,
-                                 quick=quick)  # fmt: skip
+        return synthesizer.start(
+            speaker.cond, speaker.ref_mel, voice=voice, generator=generator, max_codes=max_codes, quick=quick
+        )
 
 
 FAMILY = Qwen25OmniFamily()

@@ -97,7 +97,10 @@ _PRETOKENIZE_REGEX = (
 
 
 RELEASED_7B_IDS: dict = {
-    "codec_pad": 8292, "codec_bos": 8293, "codec_eos": 8294, "codec_mask": 8296,
+    "codec_pad": 8292,
+    "codec_bos": 8293,
+    "codec_eos": 8294,
+    "codec_mask": 8296,
     "speaker_bos": (151870, 151871),
 }
 """Special ids of the released Qwen2.5-Omni-7B config.json. This module *writes* configs, so the
@@ -541,8 +544,12 @@ def check_spec(spec: RandomModelSpec) -> None:
             )
     if len(set(padding_ids.values())) != len(padding_ids):
         raise CheckpointError("spec: tts_text_* ids and speaker bos ids must be distinct", param="speaker_bos_ids")
-    codec = {"codec_pad_id": spec.codec_pad_id, "codec_bos_id": spec.codec_bos_id, "codec_eos_id": spec.codec_eos_id,
-             "codec_mask_id": spec.codec_mask_id}
+    codec = {
+        "codec_pad_id": spec.codec_pad_id,
+        "codec_bos_id": spec.codec_bos_id,
+        "codec_eos_id": spec.codec_eos_id,
+        "codec_mask_id": spec.codec_mask_id,
+    }
     for name, value in codec.items():
         if not spec.codec_speech_vocab <= value < spec.talker_vocab:
             raise CheckpointError(
@@ -722,8 +729,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     out = make_random_checkpoint(args.out, spec, dtype=PRESET_DTYPES[args.preset])
     size_mb = sum(f.stat().st_size for f in out.iterdir() if f.is_file()) / 1e6
-    print(f"wrote {args.preset} random checkpoint (seed {args.seed}) to {out}: {size_mb:.1f} MB "
-          f"in {time.perf_counter() - start:.1f} s")
+    print(
+        f"wrote {args.preset} random checkpoint (seed {args.seed}) to {out}: {size_mb:.1f} MB "
+        f"in {time.perf_counter() - start:.1f} s"
+    )
     return 0
 
 

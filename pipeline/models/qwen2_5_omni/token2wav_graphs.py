@@ -5,7 +5,8 @@ batched) of ~700 small kernels each, and the eager cost barely depends on the wi
 solve once per shape in a CUDA graph and replaying it removes the launches. A graph replays fixed shapes from fixed
 buffers, so this module provides:
 
-- :class:`CapturedCall` (from :mod:`pipeline.kernels.cuda_graphs`, shared with the decode steps): one function of tensors
+- :class:`CapturedCall` (from :mod:`pipeline.kernels.cuda_graphs`, shared with the decode steps): one function of
+  tensors
   recorded in one ``torch.cuda.CUDAGraph`` over static input buffers (warm-up on a side stream first, as capture
   requires), replayed with fresh input values.
 - :func:`pack_windows`: the DiT windows of one or more streams (different lengths, different absolute positions)

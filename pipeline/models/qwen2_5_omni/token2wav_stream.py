@@ -178,9 +178,19 @@ def _window_inputs(dit, speaker: _Speaker, codes: Tensor, first_frame: int) -> W
     return WindowInputs(static, rope, block_diff)
 
 
-def _solve_packed(weights: DitWeights, modulation: TimeModulation, times: Tensor, guidance_scale: float,
-                  use_cfg: bool, block: DitBlock, noise: Tensor, features: Tensor, cos: Tensor, sin: Tensor,
-                  block_diff: Tensor) -> Tensor:  # fmt: skip
+def _solve_packed(
+    weights: DitWeights,
+    modulation: TimeModulation,
+    times: Tensor,
+    guidance_scale: float,
+    use_cfg: bool,
+    block: DitBlock,
+    noise: Tensor,
+    features: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    block_diff: Tensor,
+) -> Tensor:
     """The ODE solve of packed windows (see :class:`.token2wav_graphs.PackedWindows`), a pure function of its
     tensors so that it can be captured: (slots, frames, mel_dim) noise -> (slots, frames, mel_dim) mel."""
     window = WindowInputs(features, (cos, sin), block_diff)
@@ -205,9 +215,11 @@ def _check_model(model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig) -> Chunk
         (dit.mel_dim == voc.mel_dim, f"DiT mel_dim {dit.mel_dim} != BigVGAN mel_dim {voc.mel_dim}"),
         (dit.block_size == cfg.dit_block_frames, f"DiT block_size={dit.block_size} != {cfg.dit_block_frames=}"),
         # An odd kernel - rate would make the vocoder's output length differ from frames * hop.
-        (all((k - r) % 2 == 0 for r, k in zip(voc.upsample_rates, voc.upsample_kernel_sizes)),
-         "BigVGAN upsample kernels and rates must differ by even numbers"),
-    ]  # fmt: skip
+        (
+            all((k - r) % 2 == 0 for r, k in zip(voc.upsample_rates, voc.upsample_kernel_sizes)),
+            "BigVGAN upsample kernels and rates must differ by even numbers",
+        ),
+    ]
     for ok, message in checks:
         if not ok:
             raise CheckpointError(message)
@@ -224,8 +236,11 @@ def _check_dit_attention(name: DitAttention | str, device: torch.device, dtype: 
         from pipeline.models.qwen2_5_omni.dit_attention import dit_attention_available
 
         if not dit_attention_available(device, dtype):
-            raise ConfigError(f"dit_attention=triton needs Triton, the DiT on CUDA and a half-precision dit_dtype (got "
-                              f"{device.type}, {dtype})", param="dit_attention")  # fmt: skip
+            raise ConfigError(
+                f"dit_attention=triton needs Triton, the DiT on CUDA and a half-precision dit_dtype (got "
+                f"{device.type}, {dtype})",
+                param="dit_attention",
+            )
     return attention
 
 
@@ -355,8 +370,10 @@ def _vocoder_frames(cfg: ChunkingConfig) -> tuple[int, ...]:
     for c in cfg.schedules():
         lengths.add(c.first_chunk_frames + c.vocoder_lookahead(0))
         lengths.add(min(c.vocoder_overlap_frames, c.first_chunk_frames) + c.chunk_size(1) + c.vocoder_lookahead(1))
-        lengths |= {c.vocoder_overlap_frames + size + c.vocoder_lookahead(i)
-                    for i, size in enumerate((*c.ramp_frames, c.chunk_frames), start=1)}
+        lengths |= {
+            c.vocoder_overlap_frames + size + c.vocoder_lookahead(i)
+            for i, size in enumerate((*c.ramp_frames, c.chunk_frames), start=1)
+        }
     return tuple(sorted(lengths))
 
 
@@ -367,9 +384,19 @@ class _BatchedDit:
     padded computation runs eagerly. ``block`` runs each transformer block, in graphs and eagerly alike (the
     compiled block when the synthesizer compiles the DiT)."""
 
-    def __init__(self, dit, weights: DitWeights, modulation: TimeModulation, cfg: ChunkingConfig, times: Tensor, *,
-                 graphs: bool, batch_sizes: tuple[int, ...], block: DitBlock | None = None,
-                 capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dit,
+        weights: DitWeights,
+        modulation: TimeModulation,
+        cfg: ChunkingConfig,
+        times: Tensor,
+        *,
+        graphs: bool,
+        batch_sizes: tuple[int, ...],
+        block: DitBlock | None = None,
+        capture_stream: torch.cuda.Stream | None = None,
+    ) -> None:
         self.dit, self.weights, self.modulation, self.cfg, self.times = dit, weights, modulation, cfg, times
         self.block = block or DitBlock()
         self.capture_stream = capture_stream
@@ -396,15 +423,19 @@ class _BatchedDit:
         noise, features, cos, sin, block_diff = self._blank_inputs(frames, slots)
         window = WindowInputs(features, (cos, sin), block_diff)
         dit_velocity(self.weights, self.modulation, window, self.cfg.guidance_scale, self.use_cfg, self.block)(
-            0, self.times[0], noise)
+            0, self.times[0], noise
+        )
 
     def _blank_inputs(self, frames: int, slots: int) -> tuple[Tensor, ...]:
         mel_dim = self.dit.config.mel_dim
         width = self.dit.input_embed.proj.in_features - mel_dim
         groups = 2 if self.use_cfg else 1
         device = self.times.device
-        blank = WindowJob(torch.zeros(1, frames, mel_dim, device=device),
-                          torch.zeros(groups, frames, width, device=device), first_frame=0)  # fmt: skip
+        blank = WindowJob(
+            torch.zeros(1, frames, mel_dim, device=device),
+            torch.zeros(groups, frames, width, device=device),
+            first_frame=0,
+        )
         packed = pack_windows([blank], frames=frames, slots=slots, block_size=self.dit.block_size)
         return self._inputs(packed)
 
@@ -432,13 +463,15 @@ class _BatchedDit:
 
     def _capture(self, frames: int, slots: int, inputs: tuple[Tensor, ...]) -> CapturedCall:
         # One warm-up solve (36 evaluations) initialises every library handle the capture needs.
-        call = self.captured[(frames, slots)] = CapturedCall(self._solve, inputs, warmup_runs=1,
-                                                             capture_stream=self.capture_stream)
+        call = self.captured[(frames, slots)] = CapturedCall(
+            self._solve, inputs, warmup_runs=1, capture_stream=self.capture_stream
+        )
         return call
 
     def _solve(self, *inputs: Tensor) -> Tensor:
-        return _solve_packed(self.weights, self.modulation, self.times, self.cfg.guidance_scale, self.use_cfg,
-                             self.block, *inputs)
+        return _solve_packed(
+            self.weights, self.modulation, self.times, self.cfg.guidance_scale, self.use_cfg, self.block, *inputs
+        )
 
 
 class _Vocoder:
@@ -448,10 +481,17 @@ class _Vocoder:
     eagerly. Both run :func:`.vocoder.waveform` with ``activation`` for the anti-aliased activations (the modules' own
     forward, or the fused kernel)."""
 
-    def __init__(self, bigvgan, cfg: ChunkingConfig, device: torch.device, *, graphs: bool,
-                 batch_sizes: tuple[int, ...],
-                 activation: vocoder.Activation = vocoder.reference_activation,
-                 capture_stream: torch.cuda.Stream | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bigvgan,
+        cfg: ChunkingConfig,
+        device: torch.device,
+        *,
+        graphs: bool,
+        batch_sizes: tuple[int, ...],
+        activation: vocoder.Activation = vocoder.reference_activation,
+        capture_stream: torch.cuda.Stream | None = None,
+    ) -> None:
         self.bigvgan, self.graphs, self.capture_stream = bigvgan, graphs, capture_stream
         self.activation = activation
         self.batch_sizes, self.max_batch = batch_sizes, batch_sizes[-1]
@@ -494,8 +534,9 @@ class _Vocoder:
             mel = torch.cat([mel, mel.new_zeros(slots - rows, *mel.shape[1:])])
         call = self.captured.get((frames, slots))
         if call is None:
-            call = self.captured[(frames, slots)] = CapturedCall(self._waveform, (mel,),
-                                                                 capture_stream=self.capture_stream)  # fmt: skip
+            call = self.captured[(frames, slots)] = CapturedCall(
+                self._waveform, (mel,), capture_stream=self.capture_stream
+            )
         return call(mel)[:rows].cpu()
 
     def _waveform(self, mel: Tensor) -> Tensor:
@@ -561,12 +602,20 @@ class StreamingToken2Wav:
     and captured.
     """
 
-    def __init__(self, model: Qwen2_5OmniToken2WavModel, cfg: ChunkingConfig | None = None, *,
-                 cuda_graphs: bool | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                 tf32_matmul: bool = False, compile_dit: bool = False,
-                 fused_vocoder: bool = False,
-                 dit_dtype: torch.dtype = torch.float32, capture_stream: torch.cuda.Stream | None = None,
-                 dit_attention: DitAttention | str = DitAttention.SDPA) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Qwen2_5OmniToken2WavModel,
+        cfg: ChunkingConfig | None = None,
+        *,
+        cuda_graphs: bool | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        tf32_matmul: bool = False,
+        compile_dit: bool = False,
+        fused_vocoder: bool = False,
+        dit_dtype: torch.dtype = torch.float32,
+        capture_stream: torch.cuda.Stream | None = None,
+        dit_attention: DitAttention | str = DitAttention.SDPA,
+    ) -> None:
         self.cfg = _check_model(model, cfg or ChunkingConfig())
         self.model = model.eval()
         self.dit = model.code2wav_dit_model
@@ -575,8 +624,11 @@ class StreamingToken2Wav:
         self.bigvgan = model.code2wav_bigvgan_model
         self.device = next(model.parameters()).device
         on_cuda = self.device.type == "cuda"
-        for name, wanted in (("cuda_graphs", cuda_graphs), ("tf32_matmul", tf32_matmul),
-                             ("fused_vocoder", fused_vocoder)):
+        for name, wanted in (
+            ("cuda_graphs", cuda_graphs),
+            ("tf32_matmul", tf32_matmul),
+            ("fused_vocoder", fused_vocoder),
+        ):
             if wanted and not on_cuda:
                 raise ConfigError(f"{name} needs the token2wav model on a CUDA device", param=name)
         if max_batch < 1:
@@ -596,19 +648,35 @@ class StreamingToken2Wav:
         self._times = _ode_time_points(self.cfg, self.device)
         with _tf32_matmuls(tf32_matmul):
             self._modulation = TimeModulation.build(self._weights, self._times)
-        self._speakers = _SpeakerCache(lambda cond, ref_mel: _speaker(
-            self.dit, cond.to(self.device, torch.float32), ref_mel.to(self.device, torch.float32), self.use_cfg))
+        self._speakers = _SpeakerCache(
+            lambda cond, ref_mel: _speaker(
+                self.dit, cond.to(self.device, torch.float32), ref_mel.to(self.device, torch.float32), self.use_cfg
+            )
+        )
         # One capture stream (one cuBLAS workspace) for every graph of this synthesizer: its solves and vocoder calls
         # run one at a time, but may run beside the decode steps' graphs, which have streams of their own.
         self.capture_stream = (capture_stream or torch.cuda.Stream(self.device)) if self.cuda_graphs else None
-        self._dit_batches = _BatchedDit(self.dit, self._weights, self._modulation, self.cfg, self._times,
-                                        graphs=self.cuda_graphs,
-                                        batch_sizes=self.batch_sizes, block=self._block,
-                                        capture_stream=self.capture_stream)  # fmt: skip
+        self._dit_batches = _BatchedDit(
+            self.dit,
+            self._weights,
+            self._modulation,
+            self.cfg,
+            self._times,
+            graphs=self.cuda_graphs,
+            batch_sizes=self.batch_sizes,
+            block=self._block,
+            capture_stream=self.capture_stream,
+        )
         activation = vocoder.triton_activation if fused_vocoder else vocoder.reference_activation
-        self._vocoder = _Vocoder(self.bigvgan, self.cfg, self.device, graphs=self.cuda_graphs,
-                                 batch_sizes=self.batch_sizes, activation=activation,
-                                 capture_stream=self.capture_stream)  # fmt: skip
+        self._vocoder = _Vocoder(
+            self.bigvgan,
+            self.cfg,
+            self.device,
+            graphs=self.cuda_graphs,
+            batch_sizes=self.batch_sizes,
+            activation=activation,
+            capture_stream=self.capture_stream,
+        )
         self._eager_windows = 0
 
     @property
@@ -641,8 +709,9 @@ class StreamingToken2Wav:
         synthesizer's chunking must set ``quick_first_chunk_frames``, else ConfigError).
         """
         if quick and self.cfg.quick_first_chunk_frames is None:
-            raise ConfigError("a quick first chunk needs chunking.quick_first_chunk_frames",
-                              param="quick_first_chunk_frames")  # fmt: skip
+            raise ConfigError(
+                "a quick first chunk needs chunking.quick_first_chunk_frames", param="quick_first_chunk_frames"
+            )
         frames = max_codes * self.cfg.frames_per_code
         limit = self.dit.config.max_position_embeddings // self.cfg.frames_per_code
         if not 0 <= max_codes <= limit:  # the DiT's trained position range, as the reference enforces
@@ -745,7 +814,7 @@ class StreamingToken2Wav:
     def _synthesize(self, chunks: list[tuple[Token2WavStream, ChunkPlan]]) -> list[np.ndarray]:
         with torch.inference_mode(), _tf32_matmuls(self.tf32_matmul):
             if len(chunks) == 1 and not self.cuda_graphs:
-                (stream, plan), = chunks  # fmt: skip
+                ((stream, plan),) = chunks
                 windows = [stream._solve_window(plan)]  # the unpadded eager computation
                 self._eager_windows += 1
             else:
@@ -777,8 +846,9 @@ class Token2WavStream:
     engine that interleaves one step per tick can cancel within one chunk by calling ``close()``.
     """
 
-    def __init__(self, owner: StreamingToken2Wav, speaker: _Speaker, noise: Tensor, max_codes: int,
-                 cfg: ChunkingConfig) -> None:  # fmt: skip
+    def __init__(
+        self, owner: StreamingToken2Wav, speaker: _Speaker, noise: Tensor, max_codes: int, cfg: ChunkingConfig
+    ) -> None:
         self._owner = owner
         self._cfg = cfg
         """This stream's schedule: the owner's, or its quick variant."""
@@ -870,16 +940,19 @@ class Token2WavStream:
         by block on that layout (:func:`.dit_attention.dit_attention`)."""
         context = plan.dit_context
         if context.start % self._cfg.dit_block_frames:
-            raise Token2WavStreamStateError(f"a DiT window starts at frame {context.start}, off the "
-                                            f"{self._cfg.dit_block_frames}-frame attention blocks")  # fmt: skip
+            raise Token2WavStreamStateError(
+                f"a DiT window starts at frame {context.start}, off the "
+                f"{self._cfg.dit_block_frames}-frame attention blocks"
+            )
         return context
 
     def _solve_window(self, plan: ChunkPlan) -> Tensor:
         """Run the DiT ODE over the chunk's context window, unpadded; (1, L, mel_dim)."""
         owner, context = self._owner, self._context(plan)
         window = _window_inputs(owner.dit, self._speaker, self._window_codes(plan), context.start)
-        velocity = dit_velocity(owner._weights, owner._modulation, window, self._cfg.guidance_scale,
-                                self._speaker.batch == 2, owner._block)  # fmt: skip
+        velocity = dit_velocity(
+            owner._weights, owner._modulation, window, self._cfg.guidance_scale, self._speaker.batch == 2, owner._block
+        )
         return integrate(velocity, self._noise[:, context.start : context.end], owner._times)
 
     def _window_job(self, plan: ChunkPlan) -> WindowJob:

@@ -13,7 +13,8 @@ slow grouped ``dgrad`` kernel. :func:`triton_activation` computes the same thing
 - output sample t is the 12-tap low-pass of activated samples 2t - 5 .. 2t + 6 (clamped: the second replicate
   padding).
 
-Equal to the reference up to float rounding (sums in another order); ``tests/unit/models/test_vocoder.py`` checks the kernels
+Equal to the reference up to float rounding (sums in another order); ``tests/unit/models/test_vocoder.py`` checks the
+kernels
 against transformers' modules (on the GPU, or in Triton's interpreter on the CPU). Two other forms were measured
 slower on an H100: torch.compile of the same arithmetic (its index arithmetic over dynamic shapes
 dominated), and one kernel recomputing SnakeBeta for each of an output's 12 taps.
@@ -74,8 +75,13 @@ def reference_activation(module: torch.nn.Module, hidden: Tensor) -> Tensor:
 
 def _geometry(module: torch.nn.Module) -> dict:
     up, down = module.upsample, module.downsample
-    return {"up_ratio": up.ratio, "up_taps": up.kernel_size, "down_ratio": down.stride,
-            "down_taps": down.kernel_size, "down_pad": (down.pad_left, down.pad_right)}  # fmt: skip
+    return {
+        "up_ratio": up.ratio,
+        "up_taps": up.kernel_size,
+        "down_ratio": down.stride,
+        "down_taps": down.kernel_size,
+        "down_pad": (down.pad_left, down.pad_right),
+    }
 
 
 def check_fusable(bigvgan) -> None:
@@ -83,8 +89,11 @@ def check_fusable(bigvgan) -> None:
     modules = [bigvgan.activation_post, *(act for block in bigvgan.resblocks for act in block.activations)]
     odd = {str(_geometry(m)) for m in modules} - {str(FUSED_GEOMETRY)}
     if odd:
-        raise ConfigError(f"the fused vocoder activation needs {FUSED_GEOMETRY}, the checkpoint has {sorted(odd)}; "
-                          "run it unfused (stage config: stages.token2wav.compile: off)", param="compile")
+        raise ConfigError(
+            f"the fused vocoder activation needs {FUSED_GEOMETRY}, the checkpoint has {sorted(odd)}; "
+            "run it unfused (stage config: stages.token2wav.compile: off)",
+            param="compile",
+        )
 
 
 if triton is not None:
@@ -140,8 +149,16 @@ def triton_activation(module: torch.nn.Module, hidden: Tensor) -> Tensor:
     activated = signal.new_empty(rows, channels, 2 * length)
     out = torch.empty_like(signal)
     grid = (rows * channels, triton.cdiv(length, BLOCK))
-    _upsampled_snake_kernel[grid](signal, activated, module.upsample.filter.reshape(-1), module.act.alpha,
-                                  module.act.beta, channels, length, BLOCK=BLOCK)  # fmt: skip
+    _upsampled_snake_kernel[grid](
+        signal,
+        activated,
+        module.upsample.filter.reshape(-1),
+        module.act.alpha,
+        module.act.beta,
+        channels,
+        length,
+        BLOCK=BLOCK,
+    )
     _lowpass_kernel[grid](activated, out, module.downsample.filter.reshape(-1), length, BLOCK=BLOCK)
     return out
 

@@ -110,8 +110,9 @@ def audio_of(events) -> np.ndarray:
 
 
 async def test_a_text_turn_equals_the_engine_thread_with_the_same_seed(shared, tiny_model_dir):
-    thread_engine = OmniEngine.from_pretrained(tiny_model_dir, stage_config("off"), seed=SEED,
-                                               max_pending_events=MAX_PENDING)
+    thread_engine = OmniEngine.from_pretrained(
+        tiny_model_dir, stage_config("off"), seed=SEED, max_pending_events=MAX_PENDING
+    )
     try:
         assert not thread_engine.uses_process
         expected = await text_turn(thread_engine)
@@ -121,7 +122,12 @@ async def test_a_text_turn_equals_the_engine_thread_with_the_same_seed(shared, t
     done, want = got[-1], expected[-1]
     assert isinstance(done, ResponseDone) and done.status is not ResponseStatus.FAILED, done.error
     assert (done.status, done.text, done.text_token_ids, done.audio_codes, done.usage) == (
-        want.status, want.text, want.text_token_ids, want.audio_codes, want.usage)
+        want.status,
+        want.text,
+        want.text_token_ids,
+        want.audio_codes,
+        want.usage,
+    )
     assert done.audio_codes and done.audio_samples > 0
     assert [type(ev) for ev in got] == [type(ev) for ev in expected]
     texts = [[ev.text for ev in events if isinstance(ev, TextDelta)] for events in (got, expected)]
@@ -141,7 +147,7 @@ async def test_streamed_audio_then_commit_and_respond(engine, tiny_engine):
         conv = eng.conversation()
         audio = conv.open_audio("u1")
         for start in range(0, len(pcm), 320):
-            audio.append(pcm[start:start + 320])
+            audio.append(pcm[start : start + 320])
         await eng.wait_idle()
         during = await eng.stats()
         assert during.open_audio_messages >= 1 and during.cached_tokens > 0  # prefilled while "speaking"
@@ -173,8 +179,11 @@ async def test_stats_and_wait_idle(engine):
     await audio.discard()
     await conv.close()
     after = await engine.stats()
-    assert (after.conversations, after.cached_tokens, after.responses) == (before.conversations,
-                                                                           before.cached_tokens, 0)
+    assert (after.conversations, after.cached_tokens, after.responses) == (
+        before.conversations,
+        before.cached_tokens,
+        0,
+    )
     assert pickle.loads(pickle.dumps(after)) == after
 
 
@@ -238,7 +247,13 @@ def test_every_pipeline_error_pickles_with_its_class_message_and_param(cls):
     back = pickle.loads(pickle.dumps(exc))
     assert type(back) is cls
     assert (back.code, back.message, back.param, str(back), back.args, back.extra) == (
-        exc.code, "something is wrong", "stages.thinker.top_p", "something is wrong", exc.args, ("kept", 1))
+        exc.code,
+        "something is wrong",
+        "stages.thinker.top_p",
+        "something is wrong",
+        exc.args,
+        ("kept", 1),
+    )
 
 
 def test_an_engine_process_error_keeps_the_remote_type():
@@ -313,8 +328,9 @@ def test_credits_pause_a_response_until_its_events_are_acknowledged():
             self.spec = spec
 
     credits, core = Credits(Outbox(), max_pending=3), Core()
-    spec = ResponseSpec(id="r1", conv_id="c1", item_id="a1", audio=True, voice="Chelsie", max_text_tokens=4,
-                        sink=print).detached()
+    spec = ResponseSpec(
+        id="r1", conv_id="c1", item_id="a1", audio=True, voice="Chelsie", max_text_tokens=4, sink=print
+    ).detached()
     credits.start(core, pickle.loads(pickle.dumps(spec)))  # the spec crossed the pipe without its callables
     for i in range(3):
         assert core.spec.can_accept()
@@ -357,8 +373,10 @@ async def test_a_slow_consumer_pauses_its_response_in_the_child(engine):
     await asyncio.sleep(0.3)
     after = await engine.stats()
     assert after.responses == 1, "the response ended although its consumer read nothing"
-    assert (after.thinker_tokens_total, after.talker_tokens_total) == (before.thinker_tokens_total,
-                                                                      before.talker_tokens_total)
+    assert (after.thinker_tokens_total, after.talker_tokens_total) == (
+        before.thinker_tokens_total,
+        before.talker_tokens_total,
+    )
     assert resp._events.qsize() <= MAX_PENDING + 2  # one step may emit a text delta and an audio chunk
     events = [ev async for ev in resp]  # reading resumes it
     assert events[-1].status is not ResponseStatus.FAILED and len(events) > MAX_PENDING + 2
@@ -494,14 +512,18 @@ def test_two_threads_stopping_an_exited_child_neither_signals_it(caplog):
 @pytest.mark.timeout(120)
 async def test_the_server_serves_a_spoken_turn_from_an_engine_process(engine):
     async with served(engine) as (url, app), connect(url) as client:
-        await client.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 8,
-                                                                 "audio": {"input": {"turn_detection": None}}}})
+        await client.send(
+            {
+                "type": "session.update",
+                "session": {"type": "realtime", "max_output_tokens": 8, "audio": {"input": {"turn_detection": None}}},
+            }
+        )
         await client.until("session.updated")
         await client.send(user_text("Hello there."))
         await client.until("conversation.item.done")
         pcm = wav_pcm("capital_of_france.wav")
         for i in range(0, len(pcm), FRAME_BYTES):
-            await client.send({"type": "input_audio_buffer.append", "audio": b64(pcm[i:i + FRAME_BYTES])})
+            await client.send({"type": "input_audio_buffer.append", "audio": b64(pcm[i : i + FRAME_BYTES])})
         await client.send({"type": "input_audio_buffer.commit"})
         await client.until("input_audio_buffer.committed")
         await client.send({"type": "response.create"})
@@ -518,17 +540,33 @@ async def test_the_server_serves_a_spoken_turn_from_an_engine_process(engine):
 
 
 def test_engine_process_config():
-    raw = {"model_family": "qwen2_5_omni", "stages": {
-        "thinker": {"input": "request"}, "talker": {"input": "thinker", "connector": "thinker_to_talker"},
-        "token2wav": {"input": "talker", "connector": "talker_to_token2wav"}}}
-    assert parse_stage_config(raw | {"stages": {**raw["stages"], "thinker": {"input": "request", "device": "cpu"}}}
-                              ).engine.process is False  # auto on the CPU  # fmt: skip
-    assert parse_stage_config(raw | {"stages": {**raw["stages"], "thinker": {"input": "request", "device": "cuda"}}}
-                              ).engine.process is True  # auto with CUDA  # fmt: skip
+    raw = {
+        "model_family": "qwen2_5_omni",
+        "stages": {
+            "thinker": {"input": "request"},
+            "talker": {"input": "thinker", "connector": "thinker_to_talker"},
+            "token2wav": {"input": "talker", "connector": "talker_to_token2wav"},
+        },
+    }
+    assert (
+        parse_stage_config(
+            raw | {"stages": {**raw["stages"], "thinker": {"input": "request", "device": "cpu"}}}
+        ).engine.process
+        is False
+    )  # auto on the CPU
+    assert (
+        parse_stage_config(
+            raw | {"stages": {**raw["stages"], "thinker": {"input": "request", "device": "cuda"}}}
+        ).engine.process
+        is True
+    )  # auto with CUDA
     for value, expected in (("on", True), ("off", False), (True, True), (False, False)):  # YAML reads on as True
         assert parse_stage_config(raw | {"engine": {"process": value}}).engine.process == expected
-    for engine, param in (({"process": "sometimes"}, "engine.process"), ({"threads": 2}, "engine.threads"),
-                          ("on", "engine")):
+    for engine, param in (
+        ({"process": "sometimes"}, "engine.process"),
+        ({"threads": 2}, "engine.threads"),
+        ("on", "engine"),
+    ):
         with pytest.raises(ConfigError) as info:
             parse_stage_config(raw | {"engine": engine})
         assert info.value.param == param

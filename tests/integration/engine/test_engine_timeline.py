@@ -26,8 +26,11 @@ def make_core(tiny_model_dir, timeline_path):
     from pipeline.core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
-    cfg = greedy_stage_config(thinker={"min_tokens": 6, "max_tokens": 6}, talker={"min_tokens": 60, "max_tokens": 60},
-                              token2wav={"worker_thread": "off", "compile": "off"})  # fmt: skip
+    cfg = greedy_stage_config(
+        thinker={"min_tokens": 6, "max_tokens": 6},
+        talker={"min_tokens": 60, "max_tokens": 60},
+        token2wav={"worker_thread": "off", "compile": "off"},
+    )
     cfg = replace(cfg, engine=EngineConfig(process="off", timeline_path=timeline_path))
     return EngineCore(load_checkpoint(tiny_model_dir), cfg, seed=7)
 
@@ -95,14 +98,27 @@ def test_timeline_path_is_an_engine_string_off_by_default() -> None:
 
 def test_the_script_lists_each_reply_and_the_load_per_window(tmp_path, capsys) -> None:
     path = tmp_path / "t.json"
-    path.write_text(json.dumps({
-        "steps": [[0.0, 10.0, 1, 1, 0, 0, 0], [10.0, 5.0, 0, 1, 2, 2, 0], [250.0, 5.0, 0, 0, 2, 16, 1]],
-        "jobs": [[20.0, 50.0, 2, True], [300.0, 80.0, 2, False]],
-        "chunks": [[70.0, "r1", 0, 480.0, 0.0], [380.0, "r1", 1, 480.0, 0.0], [70.0, "r2", 0, 200.0, 0.0],
-                   [380.0, "r2", 1, 480.0, 110.0]],
-        "responses": [[0.0, "r1", "started"], [1.0, "r2", "started"], [12.0, "r1", "first_code"],
-                      [900.0, "r1", "completed"]],
-        "dropped": 0}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "steps": [[0.0, 10.0, 1, 1, 0, 0, 0], [10.0, 5.0, 0, 1, 2, 2, 0], [250.0, 5.0, 0, 0, 2, 16, 1]],
+                "jobs": [[20.0, 50.0, 2, True], [300.0, 80.0, 2, False]],
+                "chunks": [
+                    [70.0, "r1", 0, 480.0, 0.0],
+                    [380.0, "r1", 1, 480.0, 0.0],
+                    [70.0, "r2", 0, 200.0, 0.0],
+                    [380.0, "r2", 1, 480.0, 110.0],
+                ],
+                "responses": [
+                    [0.0, "r1", "started"],
+                    [1.0, "r2", "started"],
+                    [12.0, "r1", "first_code"],
+                    [900.0, "r1", "completed"],
+                ],
+                "dropped": 0,
+            }
+        )
+    )
     assert engine_timeline.main([str(path), "--late"]) == 0
     out = capsys.readouterr().out
     assert "2 replies, 1 with a late chunk" in out
@@ -118,11 +134,21 @@ def test_the_script_lists_each_reply_and_the_load_per_window(tmp_path, capsys) -
 
 def test_the_script_shows_when_a_replys_first_audio_was_held(tmp_path, capsys) -> None:
     path = tmp_path / "t.json"
-    path.write_text(json.dumps({
-        "steps": [], "jobs": [],
-        "chunks": [[400.0, "r1", 0, 480.0, 0.0], [400.0, "r1", 1, 480.0, 0.0]],
-        "responses": [[0.0, "r1", "started"], [12.0, "r1", "first_code"], [150.0, "r1", "held"],
-                      [900.0, "r1", "completed"]],
-        "dropped": 0}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "steps": [],
+                "jobs": [],
+                "chunks": [[400.0, "r1", 0, 480.0, 0.0], [400.0, "r1", 1, 480.0, 0.0]],
+                "responses": [
+                    [0.0, "r1", "started"],
+                    [12.0, "r1", "first_code"],
+                    [150.0, "r1", "held"],
+                    [900.0, "r1", "completed"],
+                ],
+                "dropped": 0,
+            }
+        )
+    )
     assert engine_timeline.main([str(path)]) == 0
     assert "r1 start 0 code 12 held 150 | 400:480 400:480(+480) | codes done - completed" in capsys.readouterr().out

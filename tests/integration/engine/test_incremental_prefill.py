@@ -32,8 +32,9 @@ def speech_16k(name: str, repeat: int = 1) -> np.ndarray:
 def engine(tiny_model_dir, request):
     """Both audio-floor policies; one-shot comparisons prefill the whole conversation as one chunk."""
     thinker = {"prefill_chunk_tokens": 100_000, "audio_floor": request.param}
-    eng = OmniEngine.from_pretrained(tiny_model_dir, greedy_stage_config(thinker=thinker, talker={"max_tokens": 60}),
-                                     seed=7)
+    eng = OmniEngine.from_pretrained(
+        tiny_model_dir, greedy_stage_config(thinker=thinker, talker={"max_tokens": 60}), seed=7
+    )
     yield eng
     eng.close()
 
@@ -46,7 +47,7 @@ async def stream_audio(engine, conv, item_id: str, pcm: np.ndarray, *, piece: in
     """Append in 20 ms pieces, letting the engine work between them, as a live microphone would."""
     audio = conv.open_audio(item_id)
     for start in range(0, len(pcm), piece):
-        audio.append(pcm[start:start + piece])
+        audio.append(pcm[start : start + piece])
         if start % (piece * 25) == 0:
             await engine.wait_idle()
     await engine.wait_idle()
@@ -79,7 +80,7 @@ async def test_streamed_audio_is_prefilled_before_commit(engine):
     state = core_conv(engine, conv)
     # two full blocks (50 tokens each) are in the thinker cache while the user is still speaking
     assert sum(1 for k in state.cached_keys if isinstance(k, tuple) and k[0] == "u1") == 100
-    audio.append(pcm[16000 * 5:])
+    audio.append(pcm[16000 * 5 :])
     await audio.commit()
     # the engine encodes and prefills the tail in the background when it has a step before the response starts (a
     # response asked at once, as the server does, starts in that step and prefills the tail itself)

@@ -253,8 +253,9 @@ async def test_a_burst_of_turns_prefills_together_and_answers_as_each_alone(tiny
         await alone.close()
 
 
-async def test_a_failing_prefill_batch_is_retried_chunk_by_chunk_and_fails_only_its_faulty_turn(tiny_model_dir,
-                                                                                                tiny_engine):  # fmt: skip
+async def test_a_failing_prefill_batch_is_retried_chunk_by_chunk_and_fails_only_its_faulty_turn(
+    tiny_model_dir, tiny_engine
+):
     """A batch that raises is retried one chunk at a time: the healthy turns answer as they would alone, the turn
     whose chunk fails on its own ends ``failed``, and its conversation answers its next turn."""
     cfg = greedy_stage_config(thinker={"max_prefills_per_step": 16}, talker={"max_tokens": 120})

@@ -39,20 +39,27 @@ def run_reference(model, special, input_ids, **audio_kwargs):
 
     def record(*args, **kwargs):
         out = talker_generate(*args, **kwargs)
-        captured["codes"] = out[0, kwargs["input_ids"].shape[1]:].tolist()
+        captured["codes"] = out[0, kwargs["input_ids"].shape[1] :].tolist()
         return out
 
     model.talker.generate = record
     try:
         with torch.inference_mode():
             seqs, _wav = model.generate(
-                input_ids=input_ids, attention_mask=mask, speaker="Chelsie", thinker_max_new_tokens=THINKER_MAX,
-                thinker_do_sample=False, thinker_repetition_penalty=1.0, talker_do_sample=False,
-                talker_max_new_tokens=TALKER_MAX, talker_eos_token_id=list(special.codec_stop_ids()), **audio_kwargs,
+                input_ids=input_ids,
+                attention_mask=mask,
+                speaker="Chelsie",
+                thinker_max_new_tokens=THINKER_MAX,
+                thinker_do_sample=False,
+                thinker_repetition_penalty=1.0,
+                talker_do_sample=False,
+                talker_max_new_tokens=TALKER_MAX,
+                talker_eos_token_id=list(special.codec_stop_ids()),
+                **audio_kwargs,
             )
     finally:
         model.talker.generate = talker_generate
-    reply = seqs[0, input_ids.shape[1]:].tolist()
+    reply = seqs[0, input_ids.shape[1] :].tolist()
     stop_text = {special.im_end, special.endoftext}
     reply = [t for t in reply if t not in stop_text]
     codes = captured["codes"]
@@ -69,7 +76,10 @@ async def collect(resp):
 async def test_text_prompt_matches_reference(tiny_engine, reference):
     model, tokenizer, _ = reference
     special = tiny_engine.ckpt.special
-    messages = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": "Hello, who are you?"}]
+    messages = [
+        {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+        {"role": "user", "content": "Hello, who are you?"},
+    ]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_tensors="pt")
     ids = ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
     ref_text, ref_codes = run_reference(model, special, ids)
@@ -100,16 +110,23 @@ async def test_audio_prompt_matches_reference(tiny_engine, reference):
     user = tokenizer.encode("user\n", add_special_tokens=False)
     asst = tokenizer.encode("assistant\n", add_special_tokens=False)
     s = special
-    ids = ([s.im_start, *system, s.im_end, *nl, s.im_start, *user, s.audio_start]
-           + [s.audio_token] * int(n_audio) + [s.audio_end, s.im_end, *nl, s.im_start, *asst])
+    ids = (
+        [s.im_start, *system, s.im_end, *nl, s.im_start, *user, s.audio_start]
+        + [s.audio_token] * int(n_audio)
+        + [s.audio_end, s.im_end, *nl, s.im_start, *asst]
+    )
     # the chat template renders the same layout
     templ = tokenizer.apply_chat_template(
         [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": [{"type": "audio"}]}],
-        add_generation_prompt=True, tokenize=False,
+        add_generation_prompt=True,
+        tokenize=False,
     )
     assert templ.count("<|AUDIO|>") == 1
     ref_text, ref_codes = run_reference(
-        model, special, torch.tensor([ids]), input_features=feats["input_features"],
+        model,
+        special,
+        torch.tensor([ids]),
+        input_features=feats["input_features"],
         feature_attention_mask=feats["attention_mask"],
     )
 

@@ -18,9 +18,11 @@ def make_core(tiny_model_dir, **chunking):
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
     packaged = load_stage_config().token2wav.chunking
-    cfg = greedy_stage_config(thinker={"min_tokens": 4, "max_tokens": 4},
-                              talker={"min_tokens": 60, "max_tokens": 60},
-                              token2wav={"chunking": packaged | chunking})  # fmt: skip
+    cfg = greedy_stage_config(
+        thinker={"min_tokens": 4, "max_tokens": 4},
+        talker={"min_tokens": 60, "max_tokens": 60},
+        token2wav={"chunking": packaged | chunking},
+    )
     return EngineCore(load_checkpoint(tiny_model_dir), cfg, seed=3)
 
 

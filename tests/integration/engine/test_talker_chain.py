@@ -23,9 +23,12 @@ def make_core(tiny_model_dir, chain_steps: int, device: str = "cpu", min_codes: 
     from pipeline.core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
-    cfg = greedy_stage_config(device, thinker={"min_tokens": 6, "max_tokens": 6},
-                              talker={"min_tokens": min_codes, "max_tokens": max_codes, "chain_steps": chain_steps},
-                              token2wav={"worker_thread": "off", "compile": "off"})  # fmt: skip
+    cfg = greedy_stage_config(
+        device,
+        thinker={"min_tokens": 6, "max_tokens": 6},
+        talker={"min_tokens": min_codes, "max_tokens": max_codes, "chain_steps": chain_steps},
+        token2wav={"worker_thread": "off", "compile": "off"},
+    )
     cfg = replace(cfg, talker=replace(cfg.talker, sampling=SAMPLED))
     devices = {"thinker": device, "talker": device, "token2wav": device}
     dtypes = {"thinker": torch.float32, "talker": torch.float32}

@@ -17,9 +17,12 @@ def make_core(tiny_model_dir, overlap: str, device: str = "cpu"):
     from pipeline.core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
-    cfg = greedy_stage_config(device, thinker={"min_tokens": 6, "max_tokens": 6},
-                              talker={"min_tokens": 40, "max_tokens": 40, "overlap": overlap},
-                              token2wav={"worker_thread": "off", "compile": "off"})  # fmt: skip
+    cfg = greedy_stage_config(
+        device,
+        thinker={"min_tokens": 6, "max_tokens": 6},
+        talker={"min_tokens": 40, "max_tokens": 40, "overlap": overlap},
+        token2wav={"worker_thread": "off", "compile": "off"},
+    )
     devices = {"thinker": device, "talker": device, "token2wav": device}
     dtypes = {"thinker": torch.float32, "talker": torch.float32}  # as the config says
     return EngineCore(load_checkpoint(tiny_model_dir, devices=devices, dtypes=dtypes), cfg, seed=7)
@@ -48,6 +51,7 @@ def test_overlap_changes_when_the_talker_runs_not_what_it_makes(tiny_model_dir):
     writing = range(3, 6)
     assert all(codes == text - 1 for text, codes in progress_off if text in writing)
     assert all(codes == text - 2 for text, codes in progress_on if text in writing)
+
 
 def test_overlap_is_a_talker_setting_with_three_values():
     from pipeline.config import load_stage_config

@@ -18,9 +18,11 @@ def make_core(tiny_model_dir, text_tokens: int = 4):
     from pipeline.core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
-    cfg = greedy_stage_config(thinker={"min_tokens": text_tokens, "max_tokens": text_tokens},
-                              talker={"min_tokens": 60, "max_tokens": 60},
-                              token2wav={"worker_thread": "on"})  # fmt: skip
+    cfg = greedy_stage_config(
+        thinker={"min_tokens": text_tokens, "max_tokens": text_tokens},
+        talker={"min_tokens": 60, "max_tokens": 60},
+        token2wav={"worker_thread": "on"},
+    )
     core = EngineCore(load_checkpoint(tiny_model_dir), cfg, seed=5)
     assert core.runner.worker is not None
     return core
@@ -104,8 +106,9 @@ def test_a_reply_still_writing_waits_for_its_first_chunk_too(tiny_model_dir):
         progress = len(a.item.reply_ids), core.stats().talker_tokens_total, core.stats().decode_steps_total
         for _ in range(5):
             assert core.step() is False
-        assert (len(a.item.reply_ids), core.stats().talker_tokens_total,
-                core.stats().decode_steps_total) == progress, "neither the thinker nor the talker stepped"
+        assert (len(a.item.reply_ids), core.stats().talker_tokens_total, core.stats().decode_steps_total) == progress, (
+            "neither the thinker nor the talker stepped"
+        )
         release.set()
         until_first_audio(core, events)
         core.step()

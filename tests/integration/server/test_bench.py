@@ -86,8 +86,12 @@ def test_paced_playback_on_time_never_starves():
 def test_paced_playback_counts_each_late_piece_and_its_wait():
     # 100 ms pieces; the player starts at 0.06 and needs piece 2 at 0.26 but gets it at 0.50,
     # then (resumed at 0.50) needs piece 3 at 0.60 and gets it at 0.65
-    arrivals = [AudioArrival(0.0, 2400, 0), AudioArrival(0.05, 2400, 0), AudioArrival(0.50, 2400, 0),
-                AudioArrival(0.65, 2400, 0)]
+    arrivals = [
+        AudioArrival(0.0, 2400, 0),
+        AudioArrival(0.05, 2400, 0),
+        AudioArrival(0.50, 2400, 0),
+        AudioArrival(0.65, 2400, 0),
+    ]
     p = paced_playback(arrivals, 24_000, jitter_s=0.06)
     assert p.underruns == 2
     assert p.starved_s == pytest.approx(0.24 + 0.05)
@@ -97,7 +101,18 @@ def test_paced_playback_counts_each_late_piece_and_its_wait():
 
 def test_media_gaps_count_silent_runs_inside_the_audible_span_only():
     frame = 960
-    pattern = [None, None, 0, 0, None, None, 5, None, 0, None]  # silence before the first and after the last don't count
+    pattern = [
+        None,
+        None,
+        0,
+        0,
+        None,
+        None,
+        5,
+        None,
+        0,
+        None,
+    ]  # silence before the first and after the last don't count
     arrivals = [AudioArrival(0.02 * i, frame, a) for i, a in enumerate(pattern)]
     runs, silent_s = media_gaps(arrivals, 48_000)
     assert runs == 2 and silent_s == pytest.approx(0.06)
@@ -110,12 +125,27 @@ def test_media_gaps_count_silent_runs_inside_the_audible_span_only():
 def spoken_turn(**overrides) -> TurnLog:
     """Speech ends at t=1.000; VAD says stopped at 1.600, committed 1.610; response created 1.620;
     silent delta at 1.700, first sound at 1.800 (sample 240 of its 2400), 3 more deltas; done 2.300."""
-    response = ResponseLog("resp_1", created_at=1.62, first_transcript_at=1.75, done_at=2.3,
-                           status=ResponseStatus.COMPLETED)
-    response.audio = [AudioArrival(1.70, 2400, None), AudioArrival(1.80, 2400, 240), AudioArrival(1.85, 2400, 0),
-                      AudioArrival(2.20, 2400, 0), AudioArrival(2.25, 2400, 0)]
-    log = TurnLog(user=0, turn=0, wav="a.wav", speech_start_at=0.2, speech_end_at=1.0, speech_started_at=0.5,
-                  speech_stopped_at=1.6, committed_at=1.61, responses=[response])
+    response = ResponseLog(
+        "resp_1", created_at=1.62, first_transcript_at=1.75, done_at=2.3, status=ResponseStatus.COMPLETED
+    )
+    response.audio = [
+        AudioArrival(1.70, 2400, None),
+        AudioArrival(1.80, 2400, 240),
+        AudioArrival(1.85, 2400, 0),
+        AudioArrival(2.20, 2400, 0),
+        AudioArrival(2.25, 2400, 0),
+    ]
+    log = TurnLog(
+        user=0,
+        turn=0,
+        wav="a.wav",
+        speech_start_at=0.2,
+        speech_end_at=1.0,
+        speech_started_at=0.5,
+        speech_stopped_at=1.6,
+        committed_at=1.61,
+        responses=[response],
+    )
     for key, value in overrides.items():
         setattr(log, key, value)
     return log
@@ -166,8 +196,9 @@ def test_barge_in_over_websocket_counts_cancelled_replies_only():
 def test_webrtc_turn_uses_frames_gaps_and_the_track_stop():
     frames = [AudioArrival(1.8 + 0.02 * i, 960, a) for i, a in enumerate([0, 0, None, None, 0, 0])]
     response = ResponseLog("r", 1.6, done_at=1.75, status=ResponseStatus.INCOMPLETE, audio=frames)
-    log = TurnLog(0, 0, "a.wav", 0.2, 1.0, sample_rate=48_000, paced_audio=True, speech_stopped_at=1.6,
-                  responses=[response])
+    log = TurnLog(
+        0, 0, "a.wav", 0.2, 1.0, sample_rate=48_000, paced_audio=True, speech_stopped_at=1.6, responses=[response]
+    )
     m = turn_metrics(log)
     assert m.rtf is None  # paced media: no synthesis speed to see
     assert (m.underruns, m.starved_ms) == (1, pytest.approx(40))
@@ -214,7 +245,9 @@ def test_energy_bounds_find_a_tone_between_silences():
 
 def test_speech_folder_uses_the_manifest_else_energy_and_resamples(tmp_path):
     shutil.copy(SPEECH_DIR / "short_joke.wav", tmp_path)
-    (tmp_path / "manifest.json").write_text(json.dumps({"short_joke.wav": {"speech_start_ms": 300, "speech_end_ms": 1507}}))
+    (tmp_path / "manifest.json").write_text(
+        json.dumps({"short_joke.wav": {"speech_start_ms": 300, "speech_end_ms": 1507}})
+    )
     rate = 16_000
     t = np.arange(rate // 2) / rate
     tone = np.concatenate([np.zeros(rate // 5), 0.3 * np.sin(2 * np.pi * 200 * t), np.zeros(rate // 5)])
@@ -257,7 +290,7 @@ def test_microphone_frames_queued_speech_then_silence():
     first, second, third = mic.next_frame(), mic.next_frame(), mic.next_frame()
     assert first.tolist() == [0.5] * FRAME_SAMPLES
     assert second[: 700 - FRAME_SAMPLES].tolist() == [0.5] * (700 - FRAME_SAMPLES)
-    assert not second[700 - FRAME_SAMPLES:].any() and not third.any()
+    assert not second[700 - FRAME_SAMPLES :].any() and not third.any()
     assert mic.queue(np.ones(10, dtype=np.float32)) == 4 * FRAME_SAMPLES
 
 
@@ -297,8 +330,12 @@ class ScriptedLink:
     async def connect(self, listener) -> None:
         self.listener = listener
         fmt = {"type": "audio/pcm", "rate": RATE}
-        session = {"audio": {"input": {"format": fmt, "turn_detection": {"silence_duration_ms": 20}},
-                             "output": {"format": fmt}}}
+        session = {
+            "audio": {
+                "input": {"format": fmt, "turn_detection": {"silence_duration_ms": 20}},
+                "output": {"format": fmt},
+            }
+        }
         self.emit({"type": "session.created", "session": session})
 
     def emit(self, event: dict) -> None:
@@ -328,8 +365,12 @@ class ScriptedLink:
                 if i == 0:
                     self.emit({"type": "response.output_audio_transcript.delta", "response_id": rid, "delta": "hi"})
         except asyncio.CancelledError:
-            self.emit({"type": "response.done", "response": {"id": rid, "status": "cancelled",
-                                                             "status_details": {"reason": "turn_detected"}}})
+            self.emit(
+                {
+                    "type": "response.done",
+                    "response": {"id": rid, "status": "cancelled", "status_details": {"reason": "turn_detected"}},
+                }
+            )
             raise
         self.emit({"type": "response.done", "response": {"id": rid, "status": "completed"}})
 
@@ -341,8 +382,9 @@ class ScriptedLink:
 
 async def test_simulated_user_waits_for_playback_and_barges_in():
     # turn 0 is interrupted 10 ms after its first sound by turn 1's speech; turn 1 plays out
-    plan = UserPlan(0, (speech("a.wav", end_ms=40, n=960), speech("b.wav", end_ms=40, n=960)),
-                    barge_in_turns=frozenset({0}))
+    plan = UserPlan(
+        0, (speech("a.wav", end_ms=40, n=960), speech("b.wav", end_ms=40, n=960)), barge_in_turns=frozenset({0})
+    )
     link = ScriptedLink(chunks=40)  # 40 x 20 ms of audio, 5 ms apart: still streaming when interrupted
     user = SimulatedUser(plan, link, ClientOptions(barge_in_after_ms=10, jitter_ms=10, turn_timeout_s=5))
     async with asyncio.timeout(10):
@@ -385,10 +427,24 @@ def test_reference_queue_serves_one_at_a_time_in_arrival_order():
 
 
 def test_level_throughput_divides_counter_deltas_by_the_window():
-    before = EngineCounters(10.0, thinker_tokens=100, talker_tokens=1000, audio_samples=240_000, decode_steps=500,
-                            device_memory_bytes=3 << 30, device_memory_peak_bytes=4 << 30)
-    after = EngineCounters(14.0, thinker_tokens=140, talker_tokens=1400, audio_samples=432_000, decode_steps=700,
-                           device_memory_bytes=2 << 30, device_memory_peak_bytes=5 << 30)
+    before = EngineCounters(
+        10.0,
+        thinker_tokens=100,
+        talker_tokens=1000,
+        audio_samples=240_000,
+        decode_steps=500,
+        device_memory_bytes=3 << 30,
+        device_memory_peak_bytes=4 << 30,
+    )
+    after = EngineCounters(
+        14.0,
+        thinker_tokens=140,
+        talker_tokens=1400,
+        audio_samples=432_000,
+        decode_steps=700,
+        device_memory_bytes=2 << 30,
+        device_memory_peak_bytes=5 << 30,
+    )
     t = level_throughput(before, after, "engine")
     assert (t.window_s, t.thinker_tokens, t.talker_tokens, t.decode_steps) == (4.0, 40, 400, 200)
     assert t.thinker_tokens_per_s == pytest.approx(10.0) and t.talker_tokens_per_s == pytest.approx(100.0)
@@ -422,8 +478,9 @@ def test_replying_seconds_is_the_union_of_response_spans():
 
 def test_reference_throughput_is_per_busy_second():
     plans = [UserPlan(0, (speech("a"), speech("b"))), UserPlan(1, (speech("a"),))]
-    served = serve_one_worker(plans, lambda s: Served(2.0, 1.0, thinker_tokens=8, talker_tokens=50),
-                              silence_window_s=0.5)
+    served = serve_one_worker(
+        plans, lambda s: Served(2.0, 1.0, thinker_tokens=8, talker_tokens=50), silence_window_s=0.5
+    )
     assert [(q.thinker_tokens, q.talker_tokens) for q in served] == [(8, 50)] * 3
     r = reference_throughput(served)
     assert (r.busy_s, r.thinker_tokens, r.talker_tokens) == (pytest.approx(6.0), 24, 150)
@@ -438,9 +495,20 @@ async def test_counters_round_trip_through_the_servers_metrics():
 
     metrics = ServerMetrics()
     assert counters_from_metrics(metrics.render().decode()) is None  # nothing before the engine reported
-    stats = EngineStats(1, 1, 0, 30, 10, 0, thinker_tokens_total=12, talker_tokens_total=345,
-                        audio_samples_total=96_000, decode_steps_total=350, device_memory_bytes=(17 << 30) + 5,
-                        device_memory_peak_bytes=81 << 30)
+    stats = EngineStats(
+        1,
+        1,
+        0,
+        30,
+        10,
+        0,
+        thinker_tokens_total=12,
+        talker_tokens_total=345,
+        audio_samples_total=96_000,
+        decode_steps_total=350,
+        device_memory_bytes=(17 << 30) + 5,
+        device_memory_peak_bytes=81 << 30,
+    )
     metrics.observe_hygiene(Hygiene(1, 3, 9, 0, 0, stats, None))
     text = metrics.render().decode()
     assert "# TYPE omni_realtime_engine_thinker_tokens_total counter" in text
@@ -460,20 +528,38 @@ async def test_counters_round_trip_through_the_servers_metrics():
 
 
 def level(concurrency: int, ttfa: list[float], with_reference: bool = True) -> LevelResult:
-    turns = [TurnMetrics(u, 0, "a", "completed", ttfa_ms=t, voice_to_voice_ms=t + 500, rtf=0.5, underruns=0,
-                         starved_ms=0.0) for u, t in enumerate(ttfa)]
+    turns = [
+        TurnMetrics(u, 0, "a", "completed", ttfa_ms=t, voice_to_voice_ms=t + 500, rtf=0.5, underruns=0, starved_ms=0.0)
+        for u, t in enumerate(ttfa)
+    ]
     result = LevelResult(concurrency, 1, 1.0, turns)
     if with_reference:
-        result.reference = serve_one_worker([UserPlan(u, (speech("a"),)) for u in range(concurrency)],
-                                            lambda s: Served(1.0, 2.0, 4, 100), silence_window_s=0.5)
+        result.reference = serve_one_worker(
+            [UserPlan(u, (speech("a"),)) for u in range(concurrency)],
+            lambda s: Served(1.0, 2.0, 4, 100),
+            silence_window_s=0.5,
+        )
     return result
 
 
 def test_report_writes_json_markdown_and_plots(tmp_path):
     from realtime.bench.report import PLOTS, RunInfo, markdown, write_report
 
-    info = RunInfo("omni-realtime bench", "today", "tiny", "CPU", "ws", "in process", 4, 40, "fixtures", 1, 3,
-                   "3 turns per user, replies forced to 4 text + 40 codec tokens (0.8 s of audio)", "replies of 4 text")
+    info = RunInfo(
+        "omni-realtime bench",
+        "today",
+        "tiny",
+        "CPU",
+        "ws",
+        "in process",
+        4,
+        40,
+        "fixtures",
+        1,
+        3,
+        "3 turns per user, replies forced to 4 text + 40 codec tokens (0.8 s of audio)",
+        "replies of 4 text",
+    )
     levels = [level(1, [100.0]), level(2, [120.0, 300.0])]
     paths = write_report(tmp_path, info, levels)
     assert {p.name for p in paths} == {"results.json", "report.md", *PLOTS}
@@ -497,11 +583,16 @@ def test_report_writes_json_markdown_and_plots(tmp_path):
     assert data["levels"][0]["throughput"] is None
     assert data["levels"][1]["reference"]["throughput"]["talker_tokens_per_s"] == pytest.approx(100.0)
     assert "| 2 | – | – | – | – | – | – | – | – | 4.0 | 100.0 | 2.00 |" in table
-    levels[1].throughput = level_throughput(EngineCounters(0.0, 0, 0, 0, 0, 0, 0),
-                                            EngineCounters(2.0, 8, 200, 96_000, 100, 3 << 29, 0), "engine",
-                                            replying_s=1.0)
-    assert ("| 2 | 4.0 / 8.0 | 100.0 / 200.0 | 2.00 / 4.00 | 50 | 50.0 | 2.08 | 1.50 | – | 4.0 | 100.0 | 2.00 |"
-            in markdown(info, levels))
+    levels[1].throughput = level_throughput(
+        EngineCounters(0.0, 0, 0, 0, 0, 0, 0),
+        EngineCounters(2.0, 8, 200, 96_000, 100, 3 << 29, 0),
+        "engine",
+        replying_s=1.0,
+    )
+    assert (
+        "| 2 | 4.0 / 8.0 | 100.0 / 200.0 | 2.00 / 4.00 | 50 | 50.0 | 2.08 | 1.50 | – | 4.0 | 100.0 | 2.00 |"
+        in markdown(info, levels)
+    )
 
 
 def bench_args(*argv: str) -> argparse.Namespace:
@@ -514,7 +605,13 @@ def test_quick_sets_defaults_that_explicit_flags_override():
     from realtime.bench.cli import resolve_options
 
     quick = resolve_options(bench_args("--quick"))
-    assert (quick.levels, quick.turns, quick.barge_in_every, quick.codec_tokens, quick.warmup_turns) == ((1,), 2, 1, 40, 0)
+    assert (quick.levels, quick.turns, quick.barge_in_every, quick.codec_tokens, quick.warmup_turns) == (
+        (1,),
+        2,
+        1,
+        40,
+        0,
+    )
     mixed = resolve_options(bench_args("--quick", "--concurrency", "2,8", "--turns", "5", "--codec-tokens", "100"))
     assert (mixed.levels, mixed.turns, mixed.codec_tokens, mixed.text_tokens) == ((2, 8), 5, 100, 4)
     normal = resolve_options(bench_args())
@@ -548,8 +645,9 @@ def test_a_workload_lighter_than_the_default_says_what_is_lighter():
     assert Workload(ReplyLength(60, 500), 4).lighter_than(default) is None  # heavier
     assert default.describe() == "3 turns per user, replies forced to 30 text + 400 codec tokens (8.0 s of audio)"
     quick = Workload(ReplyLength(4, 40), 2).lighter_than(default)
-    assert quick == ("replies of 4 text + 40 codec tokens (0.8 s) instead of 30 + 400 (8.0 s); "
-                     "2 turns per user instead of 3")
+    assert quick == (
+        "replies of 4 text + 40 codec tokens (0.8 s) instead of 30 + 400 (8.0 s); 2 turns per user instead of 3"
+    )
     assert Workload(ReplyLength(30, 100), 3).lighter_than(default).startswith("replies of 30 text + 100 codec")
     assert Workload(ReplyLength(30, 400), 1).lighter_than(default) == "1 turn per user instead of 3"
 
@@ -588,8 +686,24 @@ def test_quick_bench_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, caps
         shutil.copy(SPEECH_DIR / name, wavs)
     (wavs / "manifest.json").write_text(json.dumps({k: v for k, v in manifest.items() if (wavs / k).exists()}))
     out = tmp_path / "out"
-    status = main(["--log-level", "WARNING", "bench", "--quick", "--reference", "--model", str(tiny_model_dir),
-                   "--wavs", str(wavs), "--codec-tokens", "60", "--no-plots", "--out", str(out)])
+    status = main(
+        [
+            "--log-level",
+            "WARNING",
+            "bench",
+            "--quick",
+            "--reference",
+            "--model",
+            str(tiny_model_dir),
+            "--wavs",
+            str(wavs),
+            "--codec-tokens",
+            "60",
+            "--no-plots",
+            "--out",
+            str(out),
+        ]
+    )
     assert status == 0
     data = json.loads((out / "results.json").read_text())
     (lv,) = data["levels"]
@@ -622,7 +736,8 @@ def test_quick_bench_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, caps
     report = (out / "report.md").read_text()
     assert "TTFA (reference)" in report and "thinker tok/s" in report and "GPU GiB peak" in report
     assert data["info"]["turns_per_user"] == 2
-    assert data["info"]["lighter_workload"] == ("replies of 4 text + 60 codec tokens (1.2 s) instead of 30 + 400 "
-                                                "(8.0 s); 2 turns per user instead of 3")
+    assert data["info"]["lighter_workload"] == (
+        "replies of 4 text + 60 codec tokens (1.2 s) instead of 30 + 400 (8.0 s); 2 turns per user instead of 3"
+    )
     assert "**lighter workload: replies of 4 text + 60 codec tokens" in report
     assert "| 1 | 2 |" in capsys.readouterr().out

@@ -248,7 +248,12 @@ async def test_a_webrtc_peer_that_vanishes_is_torn_down(monkeypatch, caplog, spe
     engine = StatsEngine(Script(text=("word ",) * 2000, audio_chunks=2000, delay_s=0.02))
     async with served(engine, webrtc=True, ice_host_addresses=("127.0.0.1",)) as (_, app):
         peer = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", PEER_PROCESS, app.state.base_url, "speak" if speaking else "idle", cwd=REPO,
+            sys.executable,
+            "-c",
+            PEER_PROCESS,
+            app.state.base_url,
+            "speak" if speaking else "idle",
+            cwd=REPO,
             stdout=subprocess.PIPE,
         )
         try:
@@ -280,6 +285,7 @@ def test_sigterm_ends_sessions_with_a_close_code_and_exits_0(tiny_model_dir, tmp
     log has no traceback."""
     server = ServeProcess(tiny_model_dir, tmp_path)
     try:
+
         async def sessions() -> list[int]:
             async with connect(server.ws_url) as busy, connect(server.ws_url) as idle:
                 await busy.send(user_text("Tell me a story."))

@@ -39,7 +39,7 @@ openai = pytest.importorskip("openai")
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent  # noqa: E402
 from openai.types.realtime import RealtimeServerEvent  # noqa: E402
 
-from tests.helpers.server import RawClient, StatsEngine, assert_clean, connect, served
+from tests.helpers.server import RawClient, StatsEngine, assert_clean, connect, served  # noqa: E402
 
 ADAPTERS = {Dialect.GA: pydantic.TypeAdapter(RealtimeServerEvent), Dialect.BETA: pydantic.TypeAdapter(BetaServerEvent)}
 LONG_RUN = int(os.environ.get("OMNI_FUZZ_EXAMPLES", "0"))
@@ -83,9 +83,7 @@ def refusal(message: str | bytes) -> RealtimeError | None:
 
 # --- strategies ---------------------------------------------------------------------------------
 
-_scalars = (
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=24)
-)
+_scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=24)
 JSON = st.recursive(
     _scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
@@ -102,78 +100,128 @@ _ints = st.integers(-5, 10**6) | st.integers(-(2**70), 2**70) | JSON
 _voice = st.sampled_from(["Chelsie", "ethan", "Nobody", ""]) | st.text(max_size=8)
 _modalities = st.lists(st.sampled_from(["text", "audio", "video"]), max_size=3) | JSON
 _max_tokens = st.sampled_from(["inf", "INF"]) | st.integers(-3, 5000) | JSON
-_format_ga = st.fixed_dictionaries({}, optional={
-    "type": st.sampled_from(["audio/pcm", "audio/pcmu", "audio/pcma", "audio/ogg"]),
-    "rate": st.sampled_from([24000, 16000, 0]),
-}) | JSON
+_format_ga = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["audio/pcm", "audio/pcmu", "audio/pcma", "audio/ogg"]),
+            "rate": st.sampled_from([24000, 16000, 0]),
+        },
+    )
+    | JSON
+)
 _format_beta = st.sampled_from(["pcm16", "g711_ulaw", "g711_alaw", "opus"]) | JSON
-_turn_detection = st.none() | st.fixed_dictionaries({}, optional={
-    "type": st.sampled_from(["server_vad", "semantic_vad"]),
-    "threshold": st.floats(allow_nan=True) | JSON,
-    "prefix_padding_ms": _ints,
-    "silence_duration_ms": _ints,
-    "create_response": st.booleans() | JSON,
-    "interrupt_response": st.booleans() | JSON,
-    "idle_timeout_ms": _ints,
-}) | JSON
-_session = st.fixed_dictionaries({}, optional={
-    "type": st.sampled_from(["realtime", "transcription"]),
-    "instructions": st.text(max_size=40) | JSON,
-    "voice": _voice,
-    "output_modalities": _modalities,
-    "modalities": _modalities,
-    "max_output_tokens": _max_tokens,
-    "max_response_output_tokens": _max_tokens,
-    "turn_detection": _turn_detection,
-    "input_audio_format": _format_beta,
-    "output_audio_format": _format_beta,
-    "audio": st.fixed_dictionaries({}, optional={
-        "input": st.fixed_dictionaries({}, optional={"format": _format_ga, "turn_detection": _turn_detection}) | JSON,
-        "output": st.fixed_dictionaries({}, optional={"format": _format_ga, "voice": _voice, "speed": JSON}) | JSON,
-    }) | JSON,
-    "tools": st.just([]) | JSON,
-    "temperature": JSON,
-}) | JSON
-_content = st.fixed_dictionaries({}, optional={
-    "type": st.sampled_from(["input_text", "input_audio", "output_text", "text", "audio", "image"]),
-    "text": st.text(max_size=24) | JSON,
-    "audio": _audio,
-    "transcript": st.text(max_size=12) | JSON,
-})
-_item = st.fixed_dictionaries({}, optional={
-    "id": st.text(max_size=40) | JSON,
-    "type": st.sampled_from(["message", "function_call"]),
-    "role": st.sampled_from(["user", "assistant", "system", "tool"]),
-    "content": st.lists(_content, max_size=3) | JSON,
-    "status": st.sampled_from(["completed", "in_progress", "nonsense"]),
-}) | JSON
-_response = st.fixed_dictionaries({}, optional={
-    "output_modalities": _modalities,
-    "modalities": _modalities,
-    "max_output_tokens": _max_tokens,
-    "instructions": st.text(max_size=24) | JSON,
-    "voice": _voice,
-    "metadata": st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=20) | JSON,
-    "conversation": st.sampled_from(["auto", "none"]) | JSON,
-    "audio": st.fixed_dictionaries({}, optional={"output": st.fixed_dictionaries(
-        {}, optional={"format": _format_ga, "voice": _voice}) | JSON}) | JSON,
-    "output_audio_format": _format_beta,
-}) | st.none() | JSON
+_turn_detection = (
+    st.none()
+    | st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["server_vad", "semantic_vad"]),
+            "threshold": st.floats(allow_nan=True) | JSON,
+            "prefix_padding_ms": _ints,
+            "silence_duration_ms": _ints,
+            "create_response": st.booleans() | JSON,
+            "interrupt_response": st.booleans() | JSON,
+            "idle_timeout_ms": _ints,
+        },
+    )
+    | JSON
+)
+_session = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["realtime", "transcription"]),
+            "instructions": st.text(max_size=40) | JSON,
+            "voice": _voice,
+            "output_modalities": _modalities,
+            "modalities": _modalities,
+            "max_output_tokens": _max_tokens,
+            "max_response_output_tokens": _max_tokens,
+            "turn_detection": _turn_detection,
+            "input_audio_format": _format_beta,
+            "output_audio_format": _format_beta,
+            "audio": st.fixed_dictionaries(
+                {},
+                optional={
+                    "input": st.fixed_dictionaries(
+                        {}, optional={"format": _format_ga, "turn_detection": _turn_detection}
+                    )
+                    | JSON,
+                    "output": st.fixed_dictionaries({}, optional={"format": _format_ga, "voice": _voice, "speed": JSON})
+                    | JSON,
+                },
+            )
+            | JSON,
+            "tools": st.just([]) | JSON,
+            "temperature": JSON,
+        },
+    )
+    | JSON
+)
+_content = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["input_text", "input_audio", "output_text", "text", "audio", "image"]),
+        "text": st.text(max_size=24) | JSON,
+        "audio": _audio,
+        "transcript": st.text(max_size=12) | JSON,
+    },
+)
+_item = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "id": st.text(max_size=40) | JSON,
+            "type": st.sampled_from(["message", "function_call"]),
+            "role": st.sampled_from(["user", "assistant", "system", "tool"]),
+            "content": st.lists(_content, max_size=3) | JSON,
+            "status": st.sampled_from(["completed", "in_progress", "nonsense"]),
+        },
+    )
+    | JSON
+)
+_response = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "output_modalities": _modalities,
+            "modalities": _modalities,
+            "max_output_tokens": _max_tokens,
+            "instructions": st.text(max_size=24) | JSON,
+            "voice": _voice,
+            "metadata": st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=20) | JSON,
+            "conversation": st.sampled_from(["auto", "none"]) | JSON,
+            "audio": st.fixed_dictionaries(
+                {},
+                optional={"output": st.fixed_dictionaries({}, optional={"format": _format_ga, "voice": _voice}) | JSON},
+            )
+            | JSON,
+            "output_audio_format": _format_beta,
+        },
+    )
+    | st.none()
+    | JSON
+)
 _item_id = st.sampled_from(["root", "item_1", "item_2", "item_3", ""]) | st.text(max_size=12) | JSON
 EVENT_TYPES = [t.value for t in ClientEventType] + ["session.nonsense", "", "RESPONSE.CREATE"]
-_event = st.fixed_dictionaries({"type": st.sampled_from(EVENT_TYPES) | JSON}, optional={
-    "event_id": st.text(max_size=16) | JSON,
-    "session": _session,
-    "audio": _audio,
-    "item": _item,
-    "previous_item_id": _item_id | st.none(),
-    "item_id": _item_id,
-    "content_index": _ints,
-    "audio_end_ms": _ints,
-    "response": _response,
-    "response_id": st.text(max_size=12) | st.none() | JSON,
-    "extra": JSON,
-})
+_event = st.fixed_dictionaries(
+    {"type": st.sampled_from(EVENT_TYPES) | JSON},
+    optional={
+        "event_id": st.text(max_size=16) | JSON,
+        "session": _session,
+        "audio": _audio,
+        "item": _item,
+        "previous_item_id": _item_id | st.none(),
+        "item_id": _item_id,
+        "content_index": _ints,
+        "audio_end_ms": _ints,
+        "response": _response,
+        "response_id": st.text(max_size=12) | st.none() | JSON,
+        "extra": JSON,
+    },
+)
+
 
 def _nested(depth: int, opener: str, closer: str, inside: str) -> str:
     return opener * depth + inside + closer * depth
@@ -203,8 +251,12 @@ class Checked:
 
     def __init__(self, dialect: Dialect, transport: AudioTransport) -> None:
         settings = SessionSettings(
-            model="fake-omni", voices=("Chelsie", "Ethan"), default_voice="Chelsie",
-            default_instructions="You are helpful.", dialect=dialect, audio_transport=transport,
+            model="fake-omni",
+            voices=("Chelsie", "Ethan"),
+            default_voice="Chelsie",
+            default_instructions="You are helpful.",
+            dialect=dialect,
+            audio_transport=transport,
             limits=SessionLimits(max_buffer_ms=2000),
         )
         self.session = Session(settings, ids=SequentialIds())
@@ -229,7 +281,10 @@ class Checked:
             assert [e["type"] for e in events] == ["error"], events
             error = events[0]["error"]
             assert (error["code"], error["param"], error["event_id"]) == (
-                str(expected.code), expected.param, expected.event_id)
+                str(expected.code),
+                expected.param,
+                expected.event_id,
+            )
         return events
 
 
@@ -253,8 +308,12 @@ def _engine_event(op: str, start: int):
         return TextDelta("w", (1,))
     if op == "audio":
         return AudioChunk(np.full(OUTPUT_SAMPLE_RATE // 50, 0.1, dtype=np.float32), start)
-    status = {"done": ResponseStatus.COMPLETED, "failed": ResponseStatus.FAILED,
-              "incomplete": ResponseStatus.INCOMPLETE, "cancelled": ResponseStatus.CANCELLED}[op]
+    status = {
+        "done": ResponseStatus.COMPLETED,
+        "failed": ResponseStatus.FAILED,
+        "incomplete": ResponseStatus.INCOMPLETE,
+        "cancelled": ResponseStatus.CANCELLED,
+    }[op]
     error = EngineFailure("stage broke") if op == "failed" else None
     reason = {"incomplete": "max_output_tokens", "cancelled": "client_cancelled"}.get(op)
     return ResponseDone(status, Usage(1, 2, 0, 3, 4), reason=reason, error=error)
@@ -334,7 +393,6 @@ def _verdict(message: str | bytes) -> str | None:
         return str(LimitCode.MESSAGE_TOO_LARGE)
     error = refusal(text)
     return None if error is None else str(error.code)
-
 
 
 async def test_a_text_frame_that_is_not_utf8_closes_with_1007_and_frees_the_session(fuzz_server):

@@ -46,8 +46,12 @@ async def test_a_live_session_is_counted_and_everything_returns_to_idle():
         assert idle.engine == EngineStats(0, 0, 0, 0, 0, 0)
         assert idle.memory is not None and idle.memory.rss_bytes > 10 << 20 and idle.memory.open_fds > 3
         async with connect(url) as client:
-            await client.send({"type": "session.update", "session": {"type": "realtime", "audio": {
-                "input": {"turn_detection": None}}}})
+            await client.send(
+                {
+                    "type": "session.update",
+                    "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}},
+                }
+            )
             await client.send(user_text("hi"))
             await client.send({"type": "input_audio_buffer.append", "audio": "AAAAAA=="})
             await client.send({"type": "response.create"})
@@ -68,8 +72,12 @@ async def test_a_live_session_is_counted_and_everything_returns_to_idle():
         after = await assert_clean(app)
         assert after.leaks() == {}
         text = await scrape(app)
-        for name in ("omni_realtime_session_tasks", "omni_realtime_engine_conversations",
-                     "omni_realtime_engine_responses", "omni_realtime_engine_open_audio_messages"):
+        for name in (
+            "omni_realtime_session_tasks",
+            "omni_realtime_engine_conversations",
+            "omni_realtime_engine_responses",
+            "omni_realtime_engine_open_audio_messages",
+        ):
             assert sample(text, name) == 0, name
         assert sample(text, "omni_realtime_engine_kv_positions", stage="talker") == 0
         assert sample(text, "omni_realtime_process_resident_memory_bytes") > 10 << 20

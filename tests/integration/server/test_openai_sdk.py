@@ -70,7 +70,10 @@ GA_SESSION = {
         "input": {
             "format": {"type": "audio/pcm", "rate": 24000},
             "turn_detection": {
-                "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
+                "type": "server_vad",
+                "threshold": 0.5,
+                "prefix_padding_ms": 300,
+                "silence_duration_ms": 500,
             },
         },
         "output": {"format": {"type": "audio/pcm", "rate": 24000}},
@@ -90,8 +93,12 @@ async def test_ga_client_holds_a_two_turn_spoken_conversation(base_url):
 
         first = await spoken_turn(connection, "pair_turn1_name.wav")
         order = types(first)
-        for name in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-                     "input_audio_buffer.committed", "response.created"):
+        for name in (
+            "input_audio_buffer.speech_started",
+            "input_audio_buffer.speech_stopped",
+            "input_audio_buffer.committed",
+            "response.created",
+        ):
             assert name in order
         assert order.index("input_audio_buffer.speech_stopped") < order.index("input_audio_buffer.committed")
         assert order.index("input_audio_buffer.committed") < order.index("response.created")

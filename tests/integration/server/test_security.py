@@ -94,8 +94,9 @@ class Peer:
         return self.pc.localDescription.sdp
 
     async def call(self, http: httpx2.AsyncClient) -> httpx2.Response:
-        response = await http.post("/v1/realtime/calls", content=await self.offer(),
-                                   headers={"content-type": "application/sdp"})
+        response = await http.post(
+            "/v1/realtime/calls", content=await self.offer(), headers={"content-type": "application/sdp"}
+        )
         if response.status_code == 201:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=response.text, type="answer"))
         return response
@@ -132,8 +133,12 @@ async def test_the_session_limit_counts_websocket_sessions_and_webrtc_calls_toge
 
 
 async def test_the_data_channel_has_the_websocket_message_limits():
-    config = {"webrtc": True, "ice_host_addresses": ("127.0.0.1",), "max_message_bytes": 4096,
-              "rate_limit": RateLimit(events_per_second=2.0, burst=4)}
+    config = {
+        "webrtc": True,
+        "ice_host_addresses": ("127.0.0.1",),
+        "max_message_bytes": 4096,
+        "rate_limit": RateLimit(events_per_second=2.0, burst=4),
+    }
     async with served(StatsEngine(), **config) as (_, app), httpx2.AsyncClient(base_url=app.state.base_url) as http:
         peer = Peer()
         try:
@@ -159,12 +164,16 @@ async def test_response_length_is_capped(tiny_engine):
         await client.send({"type": "response.create", "event_id": "huge", "response": {"max_output_tokens": 100_000}})
         error = (await client.until("error"))["error"]
         assert (error["code"], error["param"], error["event_id"]) == (
-            "invalid_value", "response.max_output_tokens", "huge")
+            "invalid_value",
+            "response.max_output_tokens",
+            "huge",
+        )
         await client.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": "inf"}})
         assert (await client.until("session.updated"))["session"]["max_output_tokens"] == "inf"
         await client.send(user_text("Count to one hundred, slowly."))
-        await client.send({"type": "response.create", "response": {"max_output_tokens": 3,
-                                                                   "output_modalities": ["text"]}})
+        await client.send(
+            {"type": "response.create", "response": {"max_output_tokens": 3, "output_modalities": ["text"]}}
+        )
         done = (await client.until("response.done", timeout=60))["response"]
         assert done["usage"]["output_token_details"]["text_tokens"] <= 3
         if done["status"] == "incomplete":
@@ -233,8 +242,9 @@ async def test_no_path_traversal_out_of_the_static_folder(tmp_path):
 
 def test_the_secret_filter_redacts_messages_arguments_and_tracebacks():
     secret_filter = SecretFilter(KEY)
-    record = logging.LogRecord("websockets", logging.DEBUG, __file__, 1, "< %s: %s", ("authorization", f"Bearer {KEY}"),
-                               None)
+    record = logging.LogRecord(
+        "websockets", logging.DEBUG, __file__, 1, "< %s: %s", ("authorization", f"Bearer {KEY}"), None
+    )
     assert secret_filter.filter(record) and record.getMessage() == f"< authorization: Bearer {REDACTED}"
     try:
         raise ValueError(f"bad key {KEY}")
@@ -254,9 +264,13 @@ def test_the_key_never_reaches_the_log_even_at_debug_level(tiny_model_dir, tmp_p
     key_file.write_text(KEY + "\n")
     server = ServeProcess(tiny_model_dir, tmp_path, "--api-key-file", str(key_file), log_level="debug")
     try:
+
         async def clients() -> None:
-            for headers, protocols in (({"Authorization": "Bearer wrong"}, None), ({}, None),
-                                       ({}, ["realtime", "openai-insecure-api-key.wrong"])):
+            for headers, protocols in (
+                ({"Authorization": "Bearer wrong"}, None),
+                ({}, None),
+                ({}, ["realtime", "openai-insecure-api-key.wrong"]),
+            ):
                 with pytest.raises(InvalidStatus):
                     await websockets.connect(server.ws_url, additional_headers=headers, subprotocols=protocols)
             async with httpx2.AsyncClient(base_url=server.base_url) as http:
@@ -264,8 +278,9 @@ def test_the_key_never_reaches_the_log_even_at_debug_level(tiny_model_dir, tmp_p
             for headers, protocols in ((BEARER, None), ({}, ["realtime", f"openai-insecure-api-key.{KEY}"])):
                 async with connect(server.ws_url, additional_headers=headers, subprotocols=protocols) as client:
                     await client.send(user_text("Hello"))
-                    await client.send({"type": "response.create", "response": {
-                        "max_output_tokens": 4, "output_modalities": ["text"]}})
+                    await client.send(
+                        {"type": "response.create", "response": {"max_output_tokens": 4, "output_modalities": ["text"]}}
+                    )
                     await client.until("response.done", timeout=60)
 
         asyncio.run(clients())
@@ -276,4 +291,3 @@ def test_the_key_never_reaches_the_log_even_at_debug_level(tiny_model_dir, tmp_p
     assert KEY not in log
     assert REDACTED in log
     assert "Traceback" not in log
-

@@ -94,8 +94,16 @@ async def until(ws, event_type: str) -> dict:
 async def test_healthz_reports_model_weights_and_sessions():
     async with served(FakeEngine(), webrtc=None) as (http, _):
         body = (await http.get("/healthz")).json()
-        assert body == {"ok": True, "model": "fake-omni", "random_weights": True, "sessions": 0,
-                        "max_sessions": 16, "webrtc": False, "calls": 0, "engine_responsive": True}
+        assert body == {
+            "ok": True,
+            "model": "fake-omni",
+            "random_weights": True,
+            "sessions": 0,
+            "max_sessions": 16,
+            "webrtc": False,
+            "calls": 0,
+            "engine_responsive": True,
+        }
         async with websockets.connect(ws_url(http)) as ws:
             await until(ws, "session.created")
             assert (await http.get("/healthz")).json()["sessions"] == 1
@@ -128,7 +136,7 @@ async def test_healthz_and_metrics_do_not_wait_on_an_engine_stuck_inside_a_step(
 
 async def test_metrics_count_sessions_responses_ttfa_and_errors():
     async with served(FakeEngine()) as (http, _):
-        before = (await http.get("/metrics"))
+        before = await http.get("/metrics")
         assert before.headers["content-type"].startswith("text/plain")
         assert sample(before.text, "omni_realtime_time_to_first_audio_seconds_count") == 0
         async with websockets.connect(ws_url(http)) as ws:
@@ -224,8 +232,11 @@ async def test_calls_are_delegated_to_the_webrtc_endpoint():
         beta = await http.post("/v1/realtime/calls", content="v=0 beta", headers=auth | {"openai-beta": "realtime=v1"})
         assert beta.status_code == 201
         assert calls.offers == [("v=0 offer", Dialect.GA, None), ("v=0 beta", Dialect.BETA, None)]
-        wrong_type = await http.post("/v1/realtime/calls", content="{}", headers={
-            "content-type": "application/json", "authorization": f"Bearer {KEY}"})
+        wrong_type = await http.post(
+            "/v1/realtime/calls",
+            content="{}",
+            headers={"content-type": "application/json", "authorization": f"Bearer {KEY}"},
+        )
         assert wrong_type.status_code == 415 and wrong_type.json()["error"]["code"] == "unsupported_media_type"
         empty = await http.post("/v1/realtime/calls", content="  ", headers=auth)
         assert empty.status_code == 400 and len(calls.offers) == 2
@@ -247,10 +258,13 @@ async def test_the_default_webrtc_endpoint_is_the_aiortc_transport():
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "sdp"
 
 
-@pytest.mark.parametrize(("failure", "status", "code"), [
-    (LimitExceeded("too many calls"), 429, "limit_exceeded"),
-    (RuntimeError("secret internals"), 500, "server_error"),
-])
+@pytest.mark.parametrize(
+    ("failure", "status", "code"),
+    [
+        (LimitExceeded("too many calls"), 429, "limit_exceeded"),
+        (RuntimeError("secret internals"), 500, "server_error"),
+    ],
+)
 async def test_call_setup_failures_map_to_http_errors(failure, status, code):
     async with served(FakeEngine(), webrtc=FakeCalls(fail=failure)) as (http, _):
         response = await http.post("/v1/realtime/calls", content="v=0", headers={"content-type": "application/sdp"})
@@ -298,11 +312,33 @@ async def test_the_lifespan_loads_and_closes_its_own_engine(tiny_model_dir):
 def test_serve_flags_become_the_server_config(tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
-    args = build_parser().parse_args([
-        "serve", "--port", "0", "--api-key-file", str(key_file), "--max-sessions", "3", "--ice-host", "127.0.0.1",
-        "--ice-host", "10.0.0.2", "--allowed-origin", "http://a.example", "--max-buffer-ms", "5000",
-        "--events-per-second", "20", "--event-burst", "40", "--threads", "2", "--no-webrtc", "--no-vad-batching",
-    ])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--port",
+            "0",
+            "--api-key-file",
+            str(key_file),
+            "--max-sessions",
+            "3",
+            "--ice-host",
+            "127.0.0.1",
+            "--ice-host",
+            "10.0.0.2",
+            "--allowed-origin",
+            "http://a.example",
+            "--max-buffer-ms",
+            "5000",
+            "--events-per-second",
+            "20",
+            "--event-burst",
+            "40",
+            "--threads",
+            "2",
+            "--no-webrtc",
+            "--no-vad-batching",
+        ]
+    )
     config = server_config(args)
     assert (config.port, config.api_key, config.max_sessions) == (0, "from-file", 3)
     assert config.ice_host_addresses == ("127.0.0.1", "10.0.0.2")
@@ -313,8 +349,10 @@ def test_serve_flags_become_the_server_config(tmp_path):
     assert config.vad_batching is False and ServerConfig().vad_batching is True
     assert config.preemptive_response_ms == ServerConfig().preemptive_response_ms == 200  # on by default
     for flag, value in (("off", None), ("OFF", None), ("150", 150)):
-        assert server_config(build_parser().parse_args(["serve", "--preemptive-response-ms", flag])
-                             ).preemptive_response_ms == value  # fmt: skip
+        assert (
+            server_config(build_parser().parse_args(["serve", "--preemptive-response-ms", flag])).preemptive_response_ms
+            == value
+        )
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--preemptive-response-ms", "soon"])
 
@@ -324,7 +362,10 @@ def test_omni_realtime_serve_starts_on_the_embedded_model_and_stops_on_sigint(tm
     env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "realtime.cli", "serve", "--port", "0", "--cache-dir", str(tmp_path), "--no-webrtc"],
-        cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     log: list[str] = []
     try:

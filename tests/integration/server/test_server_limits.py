@@ -136,8 +136,16 @@ def test_negotiate_reads_the_beta_header_among_others():
 
 @pytest.mark.parametrize(
     "bad",
-    [{"port": 70000}, {"api_key": "has space"}, {"api_key": ""}, {"max_sessions": 0}, {"max_message_bytes": 10},
-     {"log_level": "loud"}, {"ws_implementation": "wsproto"}, {"allowed_origins": "https://x"}],
+    [
+        {"port": 70000},
+        {"api_key": "has space"},
+        {"api_key": ""},
+        {"max_sessions": 0},
+        {"max_message_bytes": 10},
+        {"log_level": "loud"},
+        {"ws_implementation": "wsproto"},
+        {"allowed_origins": "https://x"},
+    ],
 )
 def test_server_config_rejects_bad_values(bad):
     with pytest.raises(ValueError):
@@ -168,8 +176,12 @@ async def until(ws, event_type: str, timeout: float = 10.0) -> dict:
 
 
 def user_text(text: str) -> str:
-    return json.dumps({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+    return json.dumps(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -255,8 +267,14 @@ async def test_the_input_audio_buffer_limit_is_enforced():
     async with served(FakeEngine(), session_limits=limits) as (url, _):
         async with websockets.connect(url) as ws:
             await until(ws, "session.created")
-            await ws.send(json.dumps({"type": "session.update", "session": {
-                "type": "realtime", "audio": {"input": {"turn_detection": None}}}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}},
+                    }
+                )
+            )
             await until(ws, "session.updated")
             chunk = base64.b64encode(bytes(600 * 48)).decode()  # 600 ms of pcm16 at 24 kHz
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))

@@ -96,8 +96,14 @@ async def test_barge_in_cancels_the_response_and_truncate_works(tiny_engine, vad
         heard = of_response(client.events, "response.output_audio.delta", rid)
         heard_ms = sum(len(base64.b64decode(e["delta"])) for e in heard) // 48
         item_id = done["response"]["output"][0]["id"]
-        await client.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
-                           "audio_end_ms": heard_ms // 2})
+        await client.send(
+            {
+                "type": "conversation.item.truncate",
+                "item_id": item_id,
+                "content_index": 0,
+                "audio_end_ms": heard_ms // 2,
+            }
+        )
         truncated = await client.until("conversation.item.truncated")
         assert (truncated["item_id"], truncated["audio_end_ms"]) == (item_id, heard_ms // 2)
 
@@ -171,26 +177,86 @@ BAD_INPUTS = [
     ("invalid JSON", "{not json", "invalid_json", None, None),
     ("not an object", "[1, 2]", "invalid_event", None, None),
     ("unknown event type", {"type": "conversation.nonsense", "event_id": "c2"}, "unknown_event_type", "type", "c2"),
-    ("missing field", {"type": "conversation.item.retrieve", "event_id": "c3"}, "missing_required_parameter",
-     "item_id", "c3"),
-    ("invalid field type", {"type": "conversation.item.truncate", "event_id": "c4", "item_id": "x",
-                            "content_index": "zero", "audio_end_ms": 0}, "invalid_type", "content_index", "c4"),
-    ("invalid field value", {"type": "session.update", "event_id": "c5", "session": {"type": "realtime", "audio": {
-        "input": {"turn_detection": {"type": "server_vad", "threshold": 7}}}}},
-     "invalid_value", "session.audio.input.turn_detection.threshold", "c5"),
-    ("unknown voice", {"type": "session.update", "event_id": "c5b",
-                       "session": {"type": "realtime", "audio": {"output": {"voice": "Nobody"}}}},
-     "unknown_voice", "session.audio.output.voice", "c5b"),
-    ("undecodable base64", {"type": "input_audio_buffer.append", "event_id": "c6", "audio": "%%%not base64%%%"},
-     "invalid_base64", "audio", "c6"),
-    ("odd-length pcm16", {"type": "input_audio_buffer.append", "event_id": "c7", "audio": b64(b"\x01\x02\x03")},
-     "invalid_audio", "audio", "c7"),
-    ("commit of an empty buffer", {"type": "input_audio_buffer.commit", "event_id": "c8"},
-     "input_audio_buffer_commit_empty", None, "c8"),
-    ("cancel with nothing running", {"type": "response.cancel", "event_id": "c9"}, "response_cancel_not_active",
-     None, "c9"),
-    ("unknown item", {"type": "conversation.item.delete", "event_id": "c10", "item_id": "nope"}, "item_not_found",
-     "item_id", "c10"),
+    (
+        "missing field",
+        {"type": "conversation.item.retrieve", "event_id": "c3"},
+        "missing_required_parameter",
+        "item_id",
+        "c3",
+    ),
+    (
+        "invalid field type",
+        {
+            "type": "conversation.item.truncate",
+            "event_id": "c4",
+            "item_id": "x",
+            "content_index": "zero",
+            "audio_end_ms": 0,
+        },
+        "invalid_type",
+        "content_index",
+        "c4",
+    ),
+    (
+        "invalid field value",
+        {
+            "type": "session.update",
+            "event_id": "c5",
+            "session": {
+                "type": "realtime",
+                "audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 7}}},
+            },
+        },
+        "invalid_value",
+        "session.audio.input.turn_detection.threshold",
+        "c5",
+    ),
+    (
+        "unknown voice",
+        {
+            "type": "session.update",
+            "event_id": "c5b",
+            "session": {"type": "realtime", "audio": {"output": {"voice": "Nobody"}}},
+        },
+        "unknown_voice",
+        "session.audio.output.voice",
+        "c5b",
+    ),
+    (
+        "undecodable base64",
+        {"type": "input_audio_buffer.append", "event_id": "c6", "audio": "%%%not base64%%%"},
+        "invalid_base64",
+        "audio",
+        "c6",
+    ),
+    (
+        "odd-length pcm16",
+        {"type": "input_audio_buffer.append", "event_id": "c7", "audio": b64(b"\x01\x02\x03")},
+        "invalid_audio",
+        "audio",
+        "c7",
+    ),
+    (
+        "commit of an empty buffer",
+        {"type": "input_audio_buffer.commit", "event_id": "c8"},
+        "input_audio_buffer_commit_empty",
+        None,
+        "c8",
+    ),
+    (
+        "cancel with nothing running",
+        {"type": "response.cancel", "event_id": "c9"},
+        "response_cancel_not_active",
+        None,
+        "c9",
+    ),
+    (
+        "unknown item",
+        {"type": "conversation.item.delete", "event_id": "c10", "item_id": "nope"},
+        "item_not_found",
+        "item_id",
+        "c10",
+    ),
     ("binary frame", b"\x00\x01binary", "invalid_event", None, None),
 ]
 
@@ -203,11 +269,24 @@ async def test_each_bad_input_gets_its_error_and_the_session_keeps_working():
             error = (await client.until("error"))["error"]
             assert set(error) == {"type", "code", "message", "param", "event_id"}, what
             assert (error["type"], error["code"], error["param"], error["event_id"]) == (
-                "invalid_request_error", code, param, event_id), what
+                "invalid_request_error",
+                code,
+                param,
+                event_id,
+            ), what
             assert error["message"], what
             # a valid event right after gets its normal answer
-            await client.send({"type": "conversation.item.create", "event_id": f"ok{n}", "item": {
-                "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"after {what}"}]}})
+            await client.send(
+                {
+                    "type": "conversation.item.create",
+                    "event_id": f"ok{n}",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": f"after {what}"}],
+                    },
+                }
+            )
             added = await client.until("conversation.item.added")
             assert added["item"]["content"][0]["text"] == f"after {what}"
         await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
@@ -223,8 +302,17 @@ async def test_each_bad_input_gets_its_error_and_the_session_keeps_working():
 
 async def converse(client: Client, text: str) -> dict:
     """Create a user item with the same client-chosen id in any session, then get a reply."""
-    await client.send({"type": "conversation.item.create", "item": {
-        "id": "item_same", "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+    await client.send(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "id": "item_same",
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": text}],
+            },
+        }
+    )
     await client.until("conversation.item.done")
     await client.send({"type": "response.create", "response": {"max_output_tokens": 8}})
     return await client.until("response.done")
@@ -266,8 +354,12 @@ async def test_a_failure_inside_one_session_never_affects_another():
         failed = await a.until("response.done")
         assert failed["response"]["status"] == "failed"
         assert failed["response"]["status_details"]["error"]["code"] == "server_error"
-        await a.send({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}})
+        await a.send(
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            }
+        )
         error = (await a.until("error"))["error"]
         assert error["code"] == "server_error" and "engine bug" not in error["message"]
         # the other session, and the failed one, keep working

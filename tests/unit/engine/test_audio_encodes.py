@@ -40,8 +40,7 @@ def test_blocks_are_filled_by_one_batched_call_at_flush():
 
 def test_a_failing_block_keeps_its_error_and_the_others_are_encoded_alone():
     calls = []
-    encodes = AudioEncodes(FakeEncoder(calls, fail_on={40}), width=3, dtype=torch.float32,
-                           device=torch.device("cpu"))  # fmt: skip
+    encodes = AudioEncodes(FakeEncoder(calls, fail_on={40}), width=3, dtype=torch.float32, device=torch.device("cpu"))
     good, bad = encodes.block(torch.zeros(128, 200), floor=None), encodes.block(torch.zeros(128, 40), floor=None)
     encodes.flush()
     assert calls == [[200, 40], [200], [40]]
@@ -49,8 +48,10 @@ def test_a_failing_block_keeps_its_error_and_the_others_are_encoded_alone():
     assert isinstance(bad.error, RuntimeError)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA"))])
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))],
+)
 @torch.inference_mode()
 def test_encoding_blocks_together_equals_encoding_each(tiny_model_dir, device):
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
@@ -84,8 +85,10 @@ async def test_a_block_that_cannot_be_encoded_fails_the_reply_and_the_engine_ser
         assert "encoding an audio block failed" in caplog.text
         other = tiny_engine.conversation()
         await other.add_text("u1", "Hello")
-        assert (await other.respond(item_id="a1", max_output_tokens=3).wait()).status.value in ("completed",
-                                                                                                "incomplete")
+        assert (await other.respond(item_id="a1", max_output_tokens=3).wait()).status.value in (
+            "completed",
+            "incomplete",
+        )
         await conv.close()
         await other.close()
     finally:
@@ -131,6 +134,7 @@ def test_commands_that_arrive_during_the_encode_join_the_next_step():
     engine = EngineThread(core)
     core.backend = engine
     try:
+
         def commit(c):
             c.events.append("commit")
             c.queued, c.step_wanted = 1, True

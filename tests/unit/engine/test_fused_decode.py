@@ -76,8 +76,9 @@ def test_fused_decode_matches_hf_layers_in_the_triton_interpreter(tiny_model_dir
         pytest.skip("with CUDA the compiled kernels are tested instead (test_fused_decode_on_the_gpu)")
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", FUSED_CHECK, str(tiny_model_dir)], env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", FUSED_CHECK, str(tiny_model_dir)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
 
@@ -107,8 +108,9 @@ def test_layers_of_another_structure_are_left_unfused(tiny_model_dir):
     layer = ckpt.talker.model.layers[0]
     layer.mlp.act_fn = torch.nn.GELU()
     assert not fusable(layer)
-    dec = PooledDecoder(ckpt.talker.model, slots=1, max_len=8, dtype=torch.float32, device=torch.device("cpu"),
-                        fuse=True)  # fmt: skip
+    dec = PooledDecoder(
+        ckpt.talker.model, slots=1, max_len=8, dtype=torch.float32, device=torch.device("cpu"), fuse=True
+    )
     assert dec.fused is None
 
 
@@ -121,8 +123,14 @@ def test_fused_decode_on_the_gpu(tiny_model_dir):
 
     for fused_decode in (False, True):
         ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.bfloat16})
-        runner = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.bfloat16, kv_slots=4,
-                               max_len=64, fused_decode=fused_decode)  # fmt: skip
+        runner = ThinkerRunner(
+            ckpt.thinker,
+            device=torch.device("cuda"),
+            dtype=torch.bfloat16,
+            kv_slots=4,
+            max_len=64,
+            fused_decode=fused_decode,
+        )
         assert (runner.decoder.fused is not None) == fused_decode
         runner.batched.capture()
         hidden = ckpt.thinker.config.text_config.hidden_size
@@ -163,7 +171,10 @@ def test_fused_kernels_round_as_eager_bf16_on_the_gpu():
     heads, kv_heads, dim = 28, 4, 128
     qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, device=dev, dtype=bf)
     cos, sin = torch.randn(50, dim, device=dev, dtype=bf), torch.randn(50, dim, device=dev, dtype=bf)
-    keys, values = torch.zeros(5, 50, kv_heads, dim, device=dev, dtype=bf), torch.zeros(5, 50, kv_heads, dim, device=dev, dtype=bf)
+    keys, values = (
+        torch.zeros(5, 50, kv_heads, dim, device=dev, dtype=bf),
+        torch.zeros(5, 50, kv_heads, dim, device=dev, dtype=bf),
+    )
     slots, positions = torch.tensor([4, 0, 2], device=dev), torch.tensor([0, 49, 17], device=dev)
     q = rope_and_store(qkv, cos, sin, keys, values, slots, positions, heads=heads, kv_heads=kv_heads)
     q_ref, k_ref, v_ref = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)

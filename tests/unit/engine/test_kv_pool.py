@@ -106,9 +106,15 @@ def test_batched_decode_on_the_cpu_runs_the_step_eagerly(tiny_bodies):
         calls.append((graph_safe, flags.dtype, flags.tolist()))
         return (dec.decode(x, slots, positions, graph_safe=graph_safe),)
 
-    batched = BatchedDecode(step, pool=dec.pool, device=torch.device("cpu"), cuda_graphs=True, batch_sizes=(),
-                            host_rows=(HostRow(torch.bool, 0),),
-                            device_rows=lambda b: (torch.zeros(b, body.config.hidden_size),))  # fmt: skip
+    batched = BatchedDecode(
+        step,
+        pool=dec.pool,
+        device=torch.device("cpu"),
+        cuda_graphs=True,
+        batch_sizes=(),
+        host_rows=(HostRow(torch.bool, 0),),
+        device_rows=lambda b: (torch.zeros(b, body.config.hidden_size),),
+    )
     batched.capture()  # nothing to capture without CUDA
     (out,) = batched([0], [2], ([True],), torch.randn(1, body.config.hidden_size))
     assert out.shape == (1, body.config.hidden_size)
@@ -198,8 +204,12 @@ def test_captured_decode_steps_match_eager_ones_on_the_gpu(tiny_model_dir):
     graphed = runner.decode([5, 6, 7], [0, 2, 3], [7, 12, 3])  # a batch of 3 replays the graph of 4
     graphed = [t.clone() for t in (graphed.hidden, graphed.logits)]
     # eager recomputation: writes the same keys/values again at the same positions
-    eager = runner._decode_fn(torch.tensor([0, 2, 3], device="cuda"), torch.tensor([7, 12, 3], device="cuda"),
-                              torch.tensor([5, 6, 7], device="cuda"), graph_safe=False)
+    eager = runner._decode_fn(
+        torch.tensor([0, 2, 3], device="cuda"),
+        torch.tensor([7, 12, 3], device="cuda"),
+        torch.tensor([5, 6, 7], device="cuda"),
+        graph_safe=False,
+    )
     torch.testing.assert_close(graphed[0], eager[1], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(graphed[1], eager[2], rtol=1e-4, atol=1e-4)
     assert runner.batched.replays == 1
@@ -215,8 +225,9 @@ def test_captured_prefills_match_eager_ones_on_the_gpu(tiny_model_dir):
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.float32})
     graphed = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=1024)
-    eager = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=1024,
-                          cuda_graphs=False)  # fmt: skip
+    eager = ThinkerRunner(
+        ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=1024, cuda_graphs=False
+    )
     graphed.capture()
     assert graphed.prefills.captured == (8, 16, 32, 64, 128, 256, 512) and not eager.prefills.fits(3)
     hidden = ckpt.thinker.config.text_config.hidden_size

@@ -48,8 +48,10 @@ def test_a_late_chunk_says_where_its_time_went() -> None:
     player.deliver(0.6, 0.48)  # 260 ms late: queued 100 ms, then a 300 ms job
     player.chunk_ready(1.2)  # the talker was late: codes in 120 ms after the player ran dry at 1.08 s
     player.deliver(1.25, 0.48)  # no job reported (inline): counted from the codes
-    assert [(c.index, round(c.waited_ms), round(c.codes_after_dry_ms), round(c.queued_ms), round(c.job_ms))
-            for c in player.late] == [(1, 260, -140, 100, 300), (2, 170, 120, 0, 50)]
+    assert [
+        (c.index, round(c.waited_ms), round(c.codes_after_dry_ms), round(c.queued_ms), round(c.job_ms))
+        for c in player.late
+    ] == [(1, 260, -140, 100, 300), (2, 170, 120, 0, 50)]
     assert str(player.late[0]) == "#1 260 ms late (codes -140 ms from dry, queued 100, job 300)"
     player.deliver(1.7, 0.0)  # in time: nothing noted
     for i in range(MAX_LATE_CHUNKS + 5):
@@ -66,7 +68,9 @@ def test_the_player_matches_the_benchmark_client_without_its_jitter_buffer() -> 
     player = Playout()
     for at, seconds in arrivals:
         player.deliver(at, seconds)
-    bench = paced_playback([AudioArrival(at=at, samples=round(s * 24_000), first_audible=0) for at, s in arrivals], 24_000, 0.0)
+    bench = paced_playback(
+        [AudioArrival(at=at, samples=round(s * 24_000), first_audible=0) for at, s in arrivals], 24_000, 0.0
+    )
     assert bench.underruns == player.underruns == 2
     assert player.starved_ms == pytest.approx(bench.starved_s * 1000)
     assert player.ends_at == pytest.approx(bench.end)
@@ -106,7 +110,9 @@ def test_the_engine_counts_the_underruns_of_a_real_time_player_of_each_reply(tin
     assert core.stats().audio_starved_ms_total >= late * (2000 - 1000 * max(len(c.pcm) for c in chunks) / 24_000)
     stats = core.stats()
     assert (stats.audio_underruns_total, stats.audio_starved_ms_total) == (
-        core.stats().audio_underruns_total, core.stats().audio_starved_ms_total)
+        core.stats().audio_underruns_total,
+        core.stats().audio_starved_ms_total,
+    )
     line = next(r.getMessage() for r in caplog.records if "response r-b" in r.getMessage())
     assert f"{late} underruns" in line and "(#1 " in line and f"#{late} " in line  # each late chunk, by number
 

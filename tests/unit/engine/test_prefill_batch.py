@@ -38,8 +38,9 @@ def test_chunks_of_several_slots_in_one_replay_match_each_alone_on_the_gpu(tiny_
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.float32})
     batched = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=256)
-    alone = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=256,
-                          cuda_graphs=False)  # fmt: skip
+    alone = ThinkerRunner(
+        ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=256, cuda_graphs=False
+    )
     batched.capture()
     assert batched.prefill_rows == 512 and alone.prefill_rows is None
     hidden = ckpt.thinker.config.text_config.hidden_size
@@ -48,9 +49,11 @@ def test_chunks_of_several_slots_in_one_replay_match_each_alone_on_the_gpu(tiny_
         x = torch.randn(20, hidden, device="cuda")
         batched.prefill(x, slot, 0)
         alone.prefill(x, slot, 0)
-    spans = [(torch.randn(7, hidden, device="cuda"), 0, 20, True),
-             (torch.randn(30, hidden, device="cuda"), 1, 0, False),
-             (torch.randn(3, hidden, device="cuda"), 2, 20, True)]  # fmt: skip
+    spans = [
+        (torch.randn(7, hidden, device="cuda"), 0, 20, True),
+        (torch.randn(30, hidden, device="cuda"), 1, 0, False),
+        (torch.randn(3, hidden, device="cuda"), 2, 20, True),
+    ]
     replays = batched.prefills.replays
     got = batched.prefill_many(spans)
     assert batched.prefills.replays == replays + 1, "one replay for the three spans"
@@ -61,5 +64,6 @@ def test_chunks_of_several_slots_in_one_replay_match_each_alone_on_the_gpu(tiny_
         if logits:
             torch.testing.assert_close(out.last_logits, want.last_logits, rtol=1e-4, atol=1e-4)
     for slot, end in ((0, 27), (1, 30), (2, 23)):
-        torch.testing.assert_close(batched.pool.keys[0][slot, :end], alone.pool.keys[0][slot, :end], rtol=1e-4,
-                                   atol=1e-4)  # fmt: skip
+        torch.testing.assert_close(
+            batched.pool.keys[0][slot, :end], alone.pool.keys[0][slot, :end], rtol=1e-4, atol=1e-4
+        )

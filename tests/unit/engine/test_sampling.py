@@ -39,8 +39,9 @@ def hf_processed(cfg: SamplingConfig, logits: torch.Tensor, seen: list[int], sup
 
 def sample(sampler: BatchSampler, logits, rows, *, seeds=None, counters=None, forced=None) -> list[int]:
     n = len(rows)
-    return sampler.sample(logits, rows, force_continue=forced or [False] * n, seeds=seeds or [0] * n,
-                          counters=counters or [0] * n)  # fmt: skip
+    return sampler.sample(
+        logits, rows, force_continue=forced or [False] * n, seeds=seeds or [0] * n, counters=counters or [0] * n
+    )
 
 
 @pytest.mark.parametrize("cfg", [SamplingConfig(), SamplingConfig(repetition_penalty=1.3)])
@@ -72,8 +73,9 @@ def test_draws_follow_the_distribution_transformers_processing_gives():
         rows = [0, 1, 2] * 500
         sampler.seen.zero_()
         sampler.reset(1, [4, 5])
-        got = sample(sampler, logits.repeat(500, 1), rows, seeds=[11, 12, 13] * 500,
-                     counters=batch.repeat_interleave(3).tolist())  # fmt: skip
+        got = sample(
+            sampler, logits.repeat(500, 1), rows, seeds=[11, 12, 13] * 500, counters=batch.repeat_interleave(3).tolist()
+        )
         for row, token in zip(rows, got):
             counts[row, token] += 1
     for b, seen in enumerate(([], [4, 5], [])):
@@ -86,11 +88,24 @@ def test_draws_follow_the_distribution_transformers_processing_gives():
 def test_a_row_samples_the_same_token_alone_or_in_any_batch():
     cfg = SamplingConfig(do_sample=True, temperature=1.0, top_k=5, top_p=0.9)
     logits = torch.randn(6, 30, generator=torch.Generator().manual_seed(2))
-    alone = [sample(BatchSampler(cfg, vocab=30, rows=8, device=torch.device("cpu")), logits[b : b + 1], [b],
-                    seeds=[100 + b], counters=[7])[0] for b in range(6)]  # fmt: skip
+    alone = [
+        sample(
+            BatchSampler(cfg, vocab=30, rows=8, device=torch.device("cpu")),
+            logits[b : b + 1],
+            [b],
+            seeds=[100 + b],
+            counters=[7],
+        )[0]
+        for b in range(6)
+    ]
     order = [4, 1, 5, 0, 3, 2]
-    mixed = sample(BatchSampler(cfg, vocab=30, rows=8, device=torch.device("cpu")), logits[order], order,
-                   seeds=[100 + b for b in order], counters=[7] * 6)  # fmt: skip
+    mixed = sample(
+        BatchSampler(cfg, vocab=30, rows=8, device=torch.device("cpu")),
+        logits[order],
+        order,
+        seeds=[100 + b for b in order],
+        counters=[7] * 6,
+    )
     assert mixed == [alone[b] for b in order]
 
 
@@ -102,8 +117,9 @@ def test_seeds_counters_and_salt_change_the_draw():
     by_seed = {sample(sampler, logits, [0], seeds=[s], counters=[3])[0] for s in range(50)}
     salted = BatchSampler(cfg, vocab=1000, rows=1, device=torch.device("cpu"), salt=1)
     assert len(by_counter) > 40 and len(by_seed) > 40
-    assert [sample(salted, logits, [0], seeds=[5], counters=[c])[0] for c in range(20)] != \
-        [sample(sampler, logits, [0], seeds=[5], counters=[c])[0] for c in range(20)]  # fmt: skip
+    assert [sample(salted, logits, [0], seeds=[5], counters=[c])[0] for c in range(20)] != [
+        sample(sampler, logits, [0], seeds=[5], counters=[c])[0] for c in range(20)
+    ]
 
 
 def test_uniform_noise_is_uniform_in_the_open_interval():
@@ -113,8 +129,10 @@ def test_uniform_noise_is_uniform_in_the_open_interval():
     hist = torch.histc(u, bins=10, min=0, max=1) / u.numel()
     assert torch.allclose(hist, torch.full((10,), 0.1), atol=0.01), hist
     assert abs(float(torch.corrcoef(torch.stack([u[:, :-1].flatten(), u[:, 1:].flatten()]))[0, 1])) < 0.02
-    torch.testing.assert_close(uniform_noise(torch.tensor([2**32 + 7]), torch.tensor([1]), 4),
-                               uniform_noise(torch.tensor([7]), torch.tensor([1]), 4))  # seeds are taken mod 2**32
+    torch.testing.assert_close(
+        uniform_noise(torch.tensor([2**32 + 7]), torch.tensor([1]), 4),
+        uniform_noise(torch.tensor([7]), torch.tensor([1]), 4),
+    )  # seeds are taken mod 2**32
 
 
 def test_top_k_keeps_to_the_k_most_likely_ids():
@@ -132,8 +150,9 @@ def test_a_decode_step_with_a_sampler_samples_what_the_sampler_gives_for_its_log
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cpu"}, dtypes={"thinker": torch.float32})
     cfg = SamplingConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
     spec = SamplerSpec(cfg, stop=(3,), salt=0)
-    runner = ThinkerRunner(ckpt.thinker, device=torch.device("cpu"), dtype=torch.float32, kv_slots=4, max_len=64,
-                           sampler=spec)  # fmt: skip
+    runner = ThinkerRunner(
+        ckpt.thinker, device=torch.device("cpu"), dtype=torch.float32, kv_slots=4, max_len=64, sampler=spec
+    )
     hidden = ckpt.thinker.config.text_config.hidden_size
     for slot, n in ((0, 7), (2, 12)):
         runner.prefill(torch.randn(n, hidden), slot, 0)
@@ -155,8 +174,9 @@ def test_a_captured_step_samples_what_the_eager_step_samples_on_the_gpu(tiny_mod
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.float32})
     cfg = SamplingConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
-    runner = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=64,
-                           sampler=SamplerSpec(cfg))  # fmt: skip
+    runner = ThinkerRunner(
+        ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=64, sampler=SamplerSpec(cfg)
+    )
     runner.batched.capture()
     hidden = ckpt.thinker.config.text_config.hidden_size
     for slot, n in ((0, 7), (2, 12), (3, 3)):

@@ -24,10 +24,24 @@ from pipeline.scheduler.scheduler import Scheduler, SchedulerConfig
 
 
 def scheduler_config(**overrides) -> SchedulerConfig:
-    values = dict(prefills_per_step=4, prefill_rows=None, prefill_chunk_tokens=512, drop_oldest=False,
-                  talker_prefills_per_step=1, chain_steps=8, min_text_tokens=0, min_codes=0, max_codes=4096,
-                  t2w_max_batch=8, starving_margin_ms=250, starving_margin_from_jobs=False, start_buffer_ms=None,
-                  start_buffer_busy=8, quick_first_chunk=True, quick_first_chunk_max_open=0)  # fmt: skip
+    values = dict(
+        prefills_per_step=4,
+        prefill_rows=None,
+        prefill_chunk_tokens=512,
+        drop_oldest=False,
+        talker_prefills_per_step=1,
+        chain_steps=8,
+        min_text_tokens=0,
+        min_codes=0,
+        max_codes=4096,
+        t2w_max_batch=8,
+        starving_margin_ms=250,
+        starving_margin_from_jobs=False,
+        start_buffer_ms=None,
+        start_buffer_busy=8,
+        quick_first_chunk=True,
+        quick_first_chunk_max_open=0,
+    )
     return SchedulerConfig(**(values | overrides))
 
 
@@ -50,8 +64,9 @@ class Renderer:
 
 
 def make_scheduler(slots: int = 4, talker_slots: int = 4, **overrides) -> Scheduler:
-    return Scheduler(scheduler_config(**overrides), thinker_slots=SlotAllocator(slots),
-                     talker_slots=SlotAllocator(talker_slots))  # fmt: skip
+    return Scheduler(
+        scheduler_config(**overrides), thinker_slots=SlotAllocator(slots), talker_slots=SlotAllocator(talker_slots)
+    )
 
 
 def conversation(s: Scheduler, conv_id: str, words: int = 3) -> ConversationState:
@@ -63,8 +78,16 @@ def conversation(s: Scheduler, conv_id: str, words: int = 3) -> ConversationStat
 
 def respond(s: Scheduler, conv: ConversationState, *, audio: bool = True, accepts: bool = True) -> ResponseState:
     rid = f"r-{conv.id}"
-    spec = ResponseSpec(id=rid, conv_id=conv.id, item_id=f"{conv.id}-a", audio=audio, voice="v", max_text_tokens=16,
-                        sink=lambda event: None, can_accept=lambda: accepts)  # fmt: skip
+    spec = ResponseSpec(
+        id=rid,
+        conv_id=conv.id,
+        item_id=f"{conv.id}-a",
+        audio=audio,
+        voice="v",
+        max_text_tokens=16,
+        sink=lambda event: None,
+        can_accept=lambda: accepts,
+    )
     item = ConvItem(id=spec.item_id, role="assistant", kind=ItemKind.REPLY, open=True)
     conv.add(item)
     conv.active_response = rid
@@ -345,8 +368,12 @@ def test_the_response_status_is_ordered_and_only_moves_forward():
     order = list(ResponseStatus)
     assert order[:3] == [ResponseStatus.PREFILLING, ResponseStatus.DECODING, ResponseStatus.SYNTHESIZING]
     assert all(a < b for a, b in zip(order, order[1:]))
-    assert [s for s in order if s.is_finished()] == [ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE,
-                                                     ResponseStatus.CANCELLED, ResponseStatus.FAILED]  # fmt: skip
+    assert [s for s in order if s.is_finished()] == [
+        ResponseStatus.COMPLETED,
+        ResponseStatus.INCOMPLETE,
+        ResponseStatus.CANCELLED,
+        ResponseStatus.FAILED,
+    ]
     s = make_scheduler()
     r = respond(s, conversation(s, "a"))
     r.advance(ResponseStatus.SYNTHESIZING)

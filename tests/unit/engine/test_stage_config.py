@@ -42,10 +42,13 @@ def test_every_value_the_packaged_yaml_sets_is_the_code_default() -> None:
 
 
 def test_a_minimal_yaml_is_the_packaged_config() -> None:
-    minimal = {"model_family": "qwen2_5_omni", "stages": {
-        "thinker": {"input": "request"}, "talker": {"input": "thinker"}, "token2wav": {"input": "talker"}}}
+    minimal = {
+        "model_family": "qwen2_5_omni",
+        "stages": {"thinker": {"input": "request"}, "talker": {"input": "thinker"}, "token2wav": {"input": "talker"}},
+    }
     assert dataclasses.replace(parse_stage_config(minimal), source="") == dataclasses.replace(
-        load_stage_config(), source="")
+        load_stage_config(), source=""
+    )
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -60,13 +63,19 @@ def test_auto_values_are_resolved_at_load(device: str) -> None:
     assert tw.worker_thread is cuda and tw.compile is cuda and tw.dit_dtype == ("bfloat16" if cuda else "float32")
     assert tw.dit_attention in ("triton", "sdpa") and (tw.dit_attention == "sdpa" or cuda)
     assert str(cfg.thinker.torch_device) == device
-    assert (cfg.thinker.torch_dtype, tw.torch_dit_dtype) == (getattr(__import__("torch"), cfg.thinker.dtype),
-                                                             getattr(__import__("torch"), tw.dit_dtype))
+    assert (cfg.thinker.torch_dtype, tw.torch_dit_dtype) == (
+        getattr(__import__("torch"), cfg.thinker.dtype),
+        getattr(__import__("torch"), tw.dit_dtype),
+    )
 
 
 def test_each_stage_refuses_another_stages_field() -> None:
-    for stage, key, value in (("thinker", "overlap", "on"), ("talker", "max_batch", 4), ("token2wav", "kv_slots", 2),
-                              ("thinker", "connector", "thinker_to_talker")):
+    for stage, key, value in (
+        ("thinker", "overlap", "on"),
+        ("talker", "max_batch", 4),
+        ("token2wav", "kv_slots", 2),
+        ("thinker", "connector", "thinker_to_talker"),
+    ):
         raw = yaml.safe_load(DEFAULT_STAGE_CONFIG.read_text())
         raw["stages"][stage][key] = value
         with pytest.raises(ConfigError) as info:
@@ -84,7 +93,11 @@ def test_the_bench_overlay_changes_only_its_keys() -> None:
     bench_path = DEFAULT_STAGE_CONFIG.parent / "bench_forced.yaml"
     assert yaml.safe_load(bench_path.read_text())["extends"] == "qwen2_5_omni.yaml"
     bench, packaged = load_stage_config(bench_path), load_stage_config()
-    assert (bench.thinker.min_tokens, bench.thinker.max_tokens, bench.talker.min_tokens) == (30, 30, 400)  # ~8 s replies
+    assert (bench.thinker.min_tokens, bench.thinker.max_tokens, bench.talker.min_tokens) == (
+        30,
+        30,
+        400,
+    )  # ~8 s replies
     assert (bench.thinker.kv_slots, bench.thinker.context_policy) == (64, "drop_oldest")
     assert bench.thinker.sampling == packaged.thinker.sampling and bench.token2wav == packaged.token2wav
     assert bench.talker.chain_steps == packaged.talker.chain_steps
@@ -92,16 +105,20 @@ def test_the_bench_overlay_changes_only_its_keys() -> None:
 
 def test_an_overlay_of_an_overlay(tmp_path) -> None:
     (tmp_path / "base.yaml").write_text(f"extends: {DEFAULT_STAGE_CONFIG}\nstages:\n  talker:\n    chain_steps: 2\n")
-    (tmp_path / "top.yaml").write_text("extends: base.yaml\nstages:\n  token2wav:\n    chunking:\n"
-                                       "      chunk_frames: 96\n")
+    (tmp_path / "top.yaml").write_text(
+        "extends: base.yaml\nstages:\n  token2wav:\n    chunking:\n      chunk_frames: 96\n"
+    )
     cfg = load_stage_config(tmp_path / "top.yaml")
     assert cfg.talker.chain_steps == 2 and cfg.token2wav.chunking["chunk_frames"] == 96
     assert cfg.token2wav.chunking["first_chunk_frames"] == 48  # the mapping merged, not replaced
 
 
 def test_bad_extends_are_refused(tmp_path) -> None:
-    for text, message in (("extends: missing.yaml\n", "cannot read"), ("extends: 3\n", "extends must be"),
-                          ("extends: self.yaml\n", "cycle")):
+    for text, message in (
+        ("extends: missing.yaml\n", "cannot read"),
+        ("extends: 3\n", "extends must be"),
+        ("extends: self.yaml\n", "cycle"),
+    ):
         (tmp_path / "self.yaml").write_text(text)
         with pytest.raises(ConfigError, match=message) as info:
             load_stage_config(tmp_path / "self.yaml")

@@ -39,8 +39,16 @@ async def test_the_engine_logs_where_a_stalled_response_waits(tiny_engine, caplo
         try:
             core.handle(OpenConversation("stall_conv", ""))
             core.handle(AddText("stall_conv", "u1", "user", "Hello?"))
-            spec = ResponseSpec(id="stall_resp", conv_id="stall_conv", item_id="a1", audio=True, voice="Chelsie",
-                                max_text_tokens=4, sink=lambda event: None, can_accept=lambda: False)
+            spec = ResponseSpec(
+                id="stall_resp",
+                conv_id="stall_conv",
+                item_id="a1",
+                audio=True,
+                voice="Chelsie",
+                max_text_tokens=4,
+                sink=lambda event: None,
+                can_accept=lambda: False,
+            )
             core.handle(StartResponse(spec))
             core.step()
             core.step()

@@ -55,10 +55,11 @@ def make_core(tiny_model_dir, monkeypatch, *, start_buffer_ms, busy=1, codes=100
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
     chunking = load_stage_config().token2wav.chunking | {"quick_first_chunk_frames": quick}
-    cfg = greedy_stage_config(thinker={"min_tokens": 4, "max_tokens": 4},
-                              talker={"min_tokens": codes, "max_tokens": codes},
-                              token2wav={"start_buffer_ms": start_buffer_ms, "start_buffer_busy": busy,
-                                         "chunking": chunking})  # fmt: skip
+    cfg = greedy_stage_config(
+        thinker={"min_tokens": 4, "max_tokens": 4},
+        talker={"min_tokens": codes, "max_tokens": codes},
+        token2wav={"start_buffer_ms": start_buffer_ms, "start_buffer_busy": busy, "chunking": chunking},
+    )
     if timeline is not None:
         cfg = replace(cfg, engine=replace(cfg.engine, timeline_path=str(timeline)))
     clock = [1000.0]
@@ -94,8 +95,9 @@ def done(events) -> ResponseDone:
 
 
 @torch.inference_mode()
-def test_under_load_the_first_audio_leaves_with_the_buffer_full_and_is_the_same_audio(tiny_model_dir, monkeypatch,
-                                                                                       caplog, tmp_path):
+def test_under_load_the_first_audio_leaves_with_the_buffer_full_and_is_the_same_audio(
+    tiny_model_dir, monkeypatch, caplog, tmp_path
+):
     plain = make_core(tiny_model_dir, monkeypatch, start_buffer_ms=None)
     user_speaking(plain, "b")
     expected = start_spoken_reply(plain, "a")
@@ -113,8 +115,9 @@ def test_under_load_the_first_audio_leaves_with_the_buffer_full_and_is_the_same_
     assert [c.duration_ms for c in audio(first_step)] == [480, 480], "the first two chunks, sent together"
     chunks = audio(events)
     assert [c.start_sample for c in chunks] == [c.start_sample for c in audio(expected)], "in order, none lost"
-    np.testing.assert_array_equal(np.concatenate([c.pcm for c in chunks]),
-                                  np.concatenate([c.pcm for c in audio(expected)]))
+    np.testing.assert_array_equal(
+        np.concatenate([c.pcm for c in chunks]), np.concatenate([c.pcm for c in audio(expected)])
+    )
     timings = done(events).timings
     assert timings.token2wav_first_made_ms < timings.token2wav_first_chunk_ms, "made, then held"
     held_ms = timings.token2wav_first_chunk_ms - timings.token2wav_first_made_ms
@@ -197,16 +200,29 @@ def test_the_stage_config_takes_the_start_buffer_on_token2wav_only():
     from pipeline.config import DEFAULT_STAGE_CONFIG, load_stage_config, parse_stage_config
 
     cfg = load_stage_config()
-    assert (cfg.token2wav.start_buffer_ms, cfg.token2wav.start_buffer_busy) == (960, None), "packaged: 960 ms, max_batch"
+    assert (cfg.token2wav.start_buffer_ms, cfg.token2wav.start_buffer_busy) == (960, None), (
+        "packaged: 960 ms, max_batch"
+    )
     assert cfg.token2wav.starving_margin_from_jobs, "packaged with the start buffer"
     bench = load_stage_config(DEFAULT_STAGE_CONFIG.parent / "bench_forced.yaml").token2wav
     assert (bench.start_buffer_ms, bench.starving_margin_from_jobs) == (960, True)
-    raw = {"model_family": "qwen2_5_omni",
-           "stages": {"thinker": {"input": "request"}, "talker": {"input": "thinker", "connector": "thinker_to_talker"},
-                      "token2wav": {"input": "talker", "connector": "talker_to_token2wav", "start_buffer_ms": 960,
-                                    "start_buffer_busy": 12}}}  # fmt: skip
+    raw = {
+        "model_family": "qwen2_5_omni",
+        "stages": {
+            "thinker": {"input": "request"},
+            "talker": {"input": "thinker", "connector": "thinker_to_talker"},
+            "token2wav": {
+                "input": "talker",
+                "connector": "talker_to_token2wav",
+                "start_buffer_ms": 960,
+                "start_buffer_busy": 12,
+            },
+        },
+    }
     assert (parse_stage_config(raw).token2wav.start_buffer_ms, parse_stage_config(raw).token2wav.start_buffer_busy) == (
-        960, 12)
+        960,
+        12,
+    )
     for bad in (0, -5, True, 1.5):
         raw["stages"]["token2wav"]["start_buffer_ms"] = bad
         with pytest.raises(ConfigError, match="start_buffer_ms must be a positive integer"):

@@ -65,7 +65,7 @@ def make_signal(kind: str, n: int) -> np.ndarray:
         return (np.random.default_rng(n).standard_normal(n) * 0.1).astype(np.float32)
     if kind == "sine":  # tonal: the hardest case for float precision (bins far below the peak)
         return (0.5 * np.sin(2 * np.pi * 440.0 * t) + 0.01 * np.sin(2 * np.pi * 3150.0 * t)).astype(np.float32)
-    speech = all_speech()[int(0.2 * SR):]  # starts 0.1 s before the first word
+    speech = all_speech()[int(0.2 * SR) :]  # starts 0.1 s before the first word
     return np.pad(speech[:n], (0, max(0, n - len(speech))))
 
 
@@ -116,7 +116,7 @@ def stream(extractor, pcm: np.ndarray, sizes: list[int]) -> tuple[IncrementalLog
     floors: dict[int, float] = {}
     pos = 0
     for size in sizes:
-        mel.append(pcm[pos:pos + size])
+        mel.append(pcm[pos : pos + size])
         pos += size
         ready = mel.ready_blocks()
         assert ready == sum(1 for k in range(pos // (BLOCK * HOP) + 1) if needed_samples(k) <= pos), pos
@@ -139,15 +139,15 @@ def check_against_reference(mel: IncrementalLogMel, floors: dict[int, float], re
     n_blocks = mel.ready_blocks()
     assert n_blocks == n // BLOCK
     for k in range(n_blocks):
-        ref_slice = ref[:, k * BLOCK:(k + 1) * BLOCK]
+        ref_slice = ref[:, k * BLOCK : (k + 1) * BLOCK]
         assert float((mel.features(mel.raw_block(k), final) - ref_slice).abs().max()) <= ATOL
     tail = mel.features(mel.raw_tail(), final)
     assert tail.shape[1] == n - n_blocks * BLOCK
     if tail.shape[1]:
-        assert float((tail - ref[:, n_blocks * BLOCK:]).abs().max()) <= ATOL
+        assert float((tail - ref[:, n_blocks * BLOCK :]).abs().max()) <= ATOL
     for k, floor in floors.items():
         early = mel.features(mel.raw_block(k), floor)
-        differs = float((early - ref[:, k * BLOCK:(k + 1) * BLOCK]).abs().max()) > ATOL
+        differs = float((early - ref[:, k * BLOCK : (k + 1) * BLOCK]).abs().max()) > ATOL
         assert mel.block_changes(k, floor, atol=ATOL) == differs, k
         assert mel.block_changes(k, floor) or not differs
     return err
@@ -165,8 +165,10 @@ def test_streamed_features_equal_reference(extractor, kind, seconds, chunking):
     assert len(floors) == max(0, (n - HALF_WINDOW + HOP) // (BLOCK * HOP))  # every block whose look-ahead arrived
 
 
-@pytest.mark.parametrize("n", [0, 1, 159, 160, 161, 31_839, 31_840, 32_000, 32_039, 32_040, 32_041,
-                               479_999, 480_000, 480_001, 480_161, 505_123])
+@pytest.mark.parametrize(
+    "n",
+    [0, 1, 159, 160, 161, 31_839, 31_840, 32_000, 32_039, 32_040, 32_041, 479_999, 480_000, 480_001, 480_161, 505_123],
+)
 def test_edge_lengths_and_the_no_truncation_convention(extractor, n):
     """Frame-count edges (partial hops, block boundaries, the look-ahead, 30 s) and audio beyond 30 s,
     which follows padding="longest", truncation=False instead of being cut."""
@@ -206,8 +208,11 @@ def test_block_changes_on_speech_fed_in_20ms(extractor, capsys):
         early, changed = early + len(flags), changed + sum(flags)
         lines.append(f"{name}: {len(pcm) / SR:.2f} s, {len(flags)} early blocks, changed {flags}")
     with capsys.disabled():
-        print("\nblock_changes on speech (20 ms pieces):\n  " + "\n  ".join(lines)
-              + f"\n  total: {changed}/{early} early blocks change under the final floor")
+        print(
+            "\nblock_changes on speech (20 ms pieces):\n  "
+            + "\n  ".join(lines)
+            + f"\n  total: {changed}/{early} early blocks change under the final floor"
+        )
     assert early >= 10
 
 
@@ -242,7 +247,7 @@ def test_tiny_chunks_and_empty_appends(extractor):
     pcm = make_signal("speech", 33_000)
     mel = IncrementalLogMel(extractor)
     for i in range(0, len(pcm), 7):
-        mel.append(pcm[i:i + 7])
+        mel.append(pcm[i : i + 7])
         mel.append(pcm[:0])
     assert mel.samples_received == len(pcm) and mel.ready_blocks() == 1
     mel.finish()

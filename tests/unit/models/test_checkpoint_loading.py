@@ -53,8 +53,10 @@ def test_special_tokens_come_from_config_and_agree_with_tokenizer(loaded: ckpt.L
     assert special.audio_token == config.thinker_config.audio_token_index
     assert special.tts_text_pad == config.talker_config.tts_text_pad_token_id
     assert special.codec_bos == config.talker_config.tts_codec_start_token_id
-    assert special.codec_stop_ids() == (config.talker_config.tts_codec_end_token_id,
-                                        config.talker_config.tts_codec_pad_token_id)
+    assert special.codec_stop_ids() == (
+        config.talker_config.tts_codec_end_token_id,
+        config.talker_config.tts_codec_pad_token_id,
+    )
     assert special.codec_mask == config.talker_config.tts_codec_mask_token_id
 
 
@@ -134,8 +136,11 @@ def test_config_in_the_released_format_loads(tiny_dir: Path, tmp_path: Path) -> 
     copy = _copy(tiny_dir, tmp_path)
 
     def to_released_format(config: dict) -> None:
-        for sub in (config["thinker_config"]["text_config"], config["talker_config"],
-                    config["token2wav_config"]["dit_config"]):
+        for sub in (
+            config["thinker_config"]["text_config"],
+            config["talker_config"],
+            config["token2wav_config"]["dit_config"],
+        ):
             rope = sub.pop("rope_parameters")
             sub["rope_theta"] = rope["rope_theta"]
             if "mrope_section" in rope:
@@ -248,8 +253,10 @@ BROKEN = {
     "no speakers": (_remove("spk_dict.pt"), "spk_dict.pt"),
     "speaker cond width": (_speakers(_narrow_cond), "enc_emb_dim"),
     "speaker bos clash": (_speakers(_same_bos), "distinct bos_token"),
-    "no tokenizer": (lambda p: [(p / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")],
-                     "tokenizer"),
+    "no tokenizer": (
+        lambda p: [(p / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json")],
+        "tokenizer",
+    ),
     "tokenizer lacks a marker": (_rename_audio_token, "<|AUDIO|> is missing"),
     "marker id differs from tokenizer": (_set("thinker_config", "audio_token_index", 600), "tokenizer's id"),
     "codec id outside talker vocab": (_set("talker_config", "tts_codec_end_token_id", 4096), "codec_eos"),

@@ -10,8 +10,9 @@ from pipeline.errors import ConfigError
 from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig, ChunkPlan, FrameRange, plan_next_chunk
 
 
-def drain(cfg: ChunkingConfig, frames_done: int, codes: int, finished: bool, index: int,
-          emitted: int | None = None) -> list[ChunkPlan]:  # fmt: skip
+def drain(
+    cfg: ChunkingConfig, frames_done: int, codes: int, finished: bool, index: int, emitted: int | None = None
+) -> list[ChunkPlan]:
     """Plan every chunk that is ready now, as a stream that steps greedily would (``emitted``: frames whose samples
     earlier chunks emitted, as the stream counts them)."""
     plans = []
@@ -182,7 +183,9 @@ def starvation_ms(cfg: ChunkingConfig, total_codes: int, speed: float) -> float:
             n += 1
             plan = plan_next_chunk(cfg, frames_done=frames_done, codes_available=n, finished=False, index=index)
         if plan is None:
-            plan = plan_next_chunk(cfg, frames_done=frames_done, codes_available=total_codes, finished=True, index=index)
+            plan = plan_next_chunk(
+                cfg, frames_done=frames_done, codes_available=total_codes, finished=True, index=index
+            )
             if plan is None:
                 return worst
         ready = n / (50 * speed)
@@ -212,7 +215,7 @@ def test_ramp_sizes_are_used_in_order_then_the_steady_size():
     assert cfg.ramp_frames == (24, 48)
     assert [cfg.chunk_size(i) for i in range(5)] == [48, 24, 48, 72, 72]
     sizes, frames_done, index = [], 0, 0
-    while (plan := plan_next_chunk(cfg, frames_done=frames_done, codes_available=200, finished=True, index=index)):
+    while plan := plan_next_chunk(cfg, frames_done=frames_done, codes_available=200, finished=True, index=index):
         sizes.append(len(plan.frames))
         frames_done, index = plan.frames.end, index + 1
     assert sizes[:4] == [48, 24, 48, 72] and sum(sizes) == 400

@@ -160,8 +160,9 @@ def test_a_compiled_synthesizer_with_triton_attention_streams_like_sdpa() -> Non
     model = build_token2wav().to("cuda")
     made = {}
     for attention in ("triton", "sdpa"):
-        t2w = StreamingToken2Wav(model, compile_dit=True, fused_vocoder=True, max_batch=4, dit_dtype=torch.bfloat16,
-                                 dit_attention=attention)  # fmt: skip
+        t2w = StreamingToken2Wav(
+            model, compile_dit=True, fused_vocoder=True, max_batch=4, dit_dtype=torch.bfloat16, dit_attention=attention
+        )
         before = graphs_compiled()
         t2w.warm_up(max_batch=4)
         assert graphs_compiled() - before == 1

@@ -65,10 +65,15 @@ def test_connectors_are_checked_against_the_config_family():
 
 def _toy_config(talker_connector: str = "toy_text_to_talker") -> dict:
     greedy = {"device": "cpu", "dtype": "float32", "sampling": {"do_sample": False}}
-    return {"model_family": "toy", "engine": {"process": "off"}, "stages": {
-        "thinker": {"input": "request", **greedy},
-        "talker": {"input": "thinker", "connector": talker_connector, "min_tokens": 9, "max_tokens": 30, **greedy},
-        "token2wav": {"input": "talker", "connector": "toy_codes_to_tones", "device": "cpu"}}}  # fmt: skip
+    return {
+        "model_family": "toy",
+        "engine": {"process": "off"},
+        "stages": {
+            "thinker": {"input": "request", **greedy},
+            "talker": {"input": "thinker", "connector": talker_connector, "min_tokens": 9, "max_tokens": 30, **greedy},
+            "token2wav": {"input": "talker", "connector": "toy_codes_to_tones", "device": "cpu"},
+        },
+    }
 
 
 async def test_the_toy_family_serves_a_text_turn_and_a_spoken_reply(tiny_model_dir):
@@ -115,7 +120,8 @@ def _imports(path: Path) -> list[str]:
 def test_model_code_never_imports_the_engine():
     files = sorted(MODELS.rglob("*.py"))
     assert len(files) > 10 and {n.split(":")[0].split(".")[2] for n in FAMILIES.values()} <= {
-        p.name for p in MODELS.iterdir()}  # fmt: skip
+        p.name for p in MODELS.iterdir()
+    }
     offending = [
         f"{path.relative_to(MODELS)}: {name}"
         for path in files

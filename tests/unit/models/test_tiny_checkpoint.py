@@ -75,9 +75,16 @@ def test_weights_use_released_key_names(tiny_dir: Path) -> None:
 
     with safe_open(tiny_dir / "model.safetensors", "pt") as f:
         keys = set(f.keys())
-    for prefix in ("thinker.model.layers.", "thinker.audio_tower.", "thinker.visual.", "thinker.lm_head.",
-                   "talker.model.", "talker.codec_head.", "token2wav.code2wav_dit_model.",
-                   "token2wav.code2wav_bigvgan_model."):
+    for prefix in (
+        "thinker.model.layers.",
+        "thinker.audio_tower.",
+        "thinker.visual.",
+        "thinker.lm_head.",
+        "talker.model.",
+        "talker.codec_head.",
+        "token2wav.code2wav_dit_model.",
+        "token2wav.code2wav_bigvgan_model.",
+    ):
         assert any(k.startswith(prefix) for k in keys), prefix
 
 
@@ -122,9 +129,7 @@ def test_tokenizer_ids_and_chat_template(reference_model) -> None:
         "<|im_start|>assistant\n"
     )
     no_system = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
-    assert no_system == (
-        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-    )
+    assert no_system == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
     numbered = tokenizer.apply_chat_template(
         [{"role": "user", "content": [{"type": "audio"}, {"type": "image"}, {"type": "audio"}]}],
         tokenize=False,
@@ -139,24 +144,39 @@ def test_reference_generate_speaks_audibly_and_fast(tiny_dir: Path, reference_mo
     model, tokenizer = reference_model
     special = ckpt.load_checkpoint(tiny_dir).special
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Tell me a story."}], add_generation_prompt=True, return_tensors="pt",
+        [{"role": "user", "content": "Tell me a story."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
         return_dict=True,
     )["input_ids"]
     torch.manual_seed(0)  # token2wav starts from noise
     with torch.inference_mode():
-        model.generate(prompt, speaker="Chelsie", thinker_max_new_tokens=2, talker_max_new_tokens=4,
-                       talker_do_sample=False, thinker_do_sample=False,
-                       talker_eos_token_id=list(special.codec_stop_ids()))  # warm-up
+        model.generate(
+            prompt,
+            speaker="Chelsie",
+            thinker_max_new_tokens=2,
+            talker_max_new_tokens=4,
+            talker_do_sample=False,
+            thinker_do_sample=False,
+            talker_eos_token_id=list(special.codec_stop_ids()),
+        )  # warm-up
         start = time.perf_counter()
         sequences, waveform = model.generate(
-            prompt, speaker="Chelsie", thinker_max_new_tokens=8, talker_max_new_tokens=60,
-            talker_do_sample=False, thinker_do_sample=False, talker_eos_token_id=list(special.codec_stop_ids()),
+            prompt,
+            speaker="Chelsie",
+            thinker_max_new_tokens=8,
+            talker_max_new_tokens=60,
+            talker_do_sample=False,
+            thinker_do_sample=False,
+            talker_eos_token_id=list(special.codec_stop_ids()),
         )
         elapsed = time.perf_counter() - start
-    reply = sequences[0, prompt.shape[1]:]
+    reply = sequences[0, prompt.shape[1] :]
     rms = waveform.pow(2).mean().sqrt().item()
-    print(f"reference generate: {len(reply)} text tokens, {waveform.numel() / 24000:.2f} s audio, "
-          f"rms {rms:.3f}, {elapsed:.3f} s on one core")
+    print(
+        f"reference generate: {len(reply)} text tokens, {waveform.numel() / 24000:.2f} s audio, "
+        f"rms {rms:.3f}, {elapsed:.3f} s on one core"
+    )
     assert len(reply) >= 1
     assert 0.01 < rms < 0.5
     # Greedy decoding does not stop at the first codes: a full 60 codes of 480 samples each.
@@ -188,8 +208,12 @@ def test_seven_b_spec_has_the_released_parameter_count() -> None:
 def test_seven_b_config_keeps_released_codec_ids() -> None:
     config = tiny.build_config(RandomModelSpec.qwen2_5_omni_7b())
     talker = config.talker_config
-    assert (talker.tts_codec_pad_token_id, talker.tts_codec_start_token_id,
-            talker.tts_codec_end_token_id, talker.tts_codec_mask_token_id) == (8292, 8293, 8294, 8296)
+    assert (
+        talker.tts_codec_pad_token_id,
+        talker.tts_codec_start_token_id,
+        talker.tts_codec_end_token_id,
+        talker.tts_codec_mask_token_id,
+    ) == (8292, 8293, 8294, 8296)
     assert config.token2wav_config.dit_config.num_embeds == 8193
     assert config.thinker_config.text_config.vocab_size == 152064
     assert config.thinker_config.text_config.tie_word_embeddings is False

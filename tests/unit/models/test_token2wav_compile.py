@@ -46,7 +46,9 @@ moves the audio by orders of magnitude more (streaming vs one-shot context diffe
 
 
 def attention_reaches(model) -> set[tuple[int, int]]:
-    return {(layer.look_ahead_block, layer.look_backward_block) for layer in model.code2wav_dit_model.transformer_blocks}
+    return {
+        (layer.look_ahead_block, layer.look_backward_block) for layer in model.code2wav_dit_model.transformer_blocks
+    }
 
 
 @pytest.fixture(scope="module")
@@ -194,8 +196,11 @@ def test_captured_compiled_solve_equals_the_eager_uncompiled_solve(cuda_model, c
     dit = cuda_model.code2wav_dit_model
     width = dit.input_embed.proj.in_features - dit.config.mel_dim
     g = torch.Generator().manual_seed(frames)
-    job = WindowJob(torch.randn(1, frames, MEL_DIM, generator=g).cuda(),
-                    torch.randn(2, frames, width, generator=g).cuda(), first_frame=48)  # fmt: skip
+    job = WindowJob(
+        torch.randn(1, frames, MEL_DIM, generator=g).cuda(),
+        torch.randn(2, frames, width, generator=g).cuda(),
+        first_frame=48,
+    )
     replays = t2w.graph_stats().dit_replays
     with torch.inference_mode():
         (ours,) = t2w._dit_batches.solve([job])

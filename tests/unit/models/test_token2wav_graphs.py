@@ -44,8 +44,9 @@ def test_buckets() -> None:
 
 def job(length: int, first_frame: int, seed: int, groups: int = 2, width: int = 3) -> WindowJob:
     g = torch.Generator().manual_seed(seed)
-    return WindowJob(torch.randn(1, length, 4, generator=g), torch.randn(groups, length, width, generator=g),
-                     first_frame)  # fmt: skip
+    return WindowJob(
+        torch.randn(1, length, 4, generator=g), torch.randn(groups, length, width, generator=g), first_frame
+    )
 
 
 def test_pack_windows_layout() -> None:
@@ -201,8 +202,9 @@ def test_tf32_matmuls_stay_close_and_leave_the_global_switch_alone(cuda_model) -
     fast = StreamingToken2Wav(cuda_model, tf32_matmul=True)
     chunks = run_stream(fast, codes, cond, ref_mel, noise)
     assert torch.backends.cuda.matmul.allow_tf32 == before
-    expected = np.concatenate(run_stream(StreamingToken2Wav(cuda_model, cuda_graphs=False), codes, cond, ref_mel,
-                                         noise))  # fmt: skip
+    expected = np.concatenate(
+        run_stream(StreamingToken2Wav(cuda_model, cuda_graphs=False), codes, cond, ref_mel, noise)
+    )
     diff = np.abs(np.concatenate(chunks) - expected).max()
     assert diff < 2e-2 * np.abs(expected).max(), f"max |tf32 - float32| = {diff:.3g}"
 

@@ -534,8 +534,9 @@ def packaged_schedule() -> ChunkingConfig:
     return replace(ChunkingConfig(**load_stage_config().token2wav.chunking), quick_first_chunk_frames=None)
 
 
-def test_the_packaged_first_chunk_plays_its_look_ahead_and_stays_close_to_one_shot(realistic_model,
-                                                                                   realistic_case) -> None:
+def test_the_packaged_first_chunk_plays_its_look_ahead_and_stays_close_to_one_shot(
+    realistic_model, realistic_case
+) -> None:
     """The packaged first chunk (48 frames, 36 codes) is vocoded with 20 of its look-ahead frames, so it plays 480 ms
     instead of 280. Its price, measured here: 0.97 % of the peak at the first seam (0.055 % without the look-ahead,
     1.06 % for the quick first chunk); the 28 frames the plain chunk would have played are as close as before. Bounds:
@@ -558,8 +559,9 @@ def test_the_packaged_first_chunk_plays_its_look_ahead_and_stays_close_to_one_sh
         assert at_seams.max() <= np.percentile(normal, 99), n_codes
 
 
-@pytest.mark.parametrize("cfg", [replace(packaged_schedule(), lookahead_chunks=1), LOOKAHEAD_FIRST],
-                         ids=["packaged", "quick"])
+@pytest.mark.parametrize(
+    "cfg", [replace(packaged_schedule(), lookahead_chunks=1), LOOKAHEAD_FIRST], ids=["packaged", "quick"]
+)
 def test_the_chunk_after_a_provisional_seam_fades_in(cfg, monkeypatch) -> None:
     """The samples before a first chunk's seam were vocoded with provisional right context; the next chunk recomputes
     it, so its first samples differ from the continuation. On a smooth signal (70 codes) the hard cut was a step of 1.9x
@@ -588,8 +590,12 @@ def test_the_quick_first_chunk_is_the_look_ahead_schedule() -> None:
     assert QUICK.first_audio_codes == 36 and QUICK.quick().first_audio_codes == 24
     with pytest.raises(ConfigError, match="quick_first_chunk_frames is not set"):
         ChunkingConfig().quick()
-    for bad in ({"quick_first_chunk_frames": 0}, {"quick_first_chunk_frames": 25},
-                {"quick_first_chunk_frames": 12, "dit_block_frames": 24}, {"quick_first_chunk_max_open": -1}):
+    for bad in (
+        {"quick_first_chunk_frames": 0},
+        {"quick_first_chunk_frames": 25},
+        {"quick_first_chunk_frames": 12, "dit_block_frames": 24},
+        {"quick_first_chunk_max_open": -1},
+    ):
         with pytest.raises(ConfigError, match="quick_first_chunk"):
             ChunkingConfig(**bad)
 
@@ -606,13 +612,14 @@ def test_a_quick_stream_makes_the_look_ahead_schedules_audio_and_a_plain_one_the
     for name, stream in (("quick", quick), ("plain", plain)):
         stream.push(codes[24:])
         stream.finish()
-        got[name] += [stream.step() for _ in iter(lambda: not stream.done, False)]
+        got[name] += [stream.step() for _ in iter(lambda stream=stream: not stream.done, False)]
     for name, cfg in (("quick", LOOKAHEAD_FIRST), ("plain", QUICK)):
         want = stream_chunks(realistic_model, cfg, codes, cond, ref_mel, noise, push_size=70)
         np.testing.assert_allclose(np.concatenate(got[name]), np.concatenate(want), rtol=0, atol=FLOAT_NOISE)
     with pytest.raises(ConfigError, match="quick_first_chunk_frames"):
-        StreamingToken2Wav(realistic_model, ChunkingConfig()).start(cond, ref_mel, noise=noise, max_codes=70,
-                                                                    quick=True)  # fmt: skip
+        StreamingToken2Wav(realistic_model, ChunkingConfig()).start(
+            cond, ref_mel, noise=noise, max_codes=70, quick=True
+        )
 
 
 def test_graph_shapes_cover_both_schedules() -> None:
@@ -648,7 +655,8 @@ def test_codes_until_ready_counts_down_to_each_chunk(realistic_model) -> None:
 
 
 def test_ramp_chunks_with_look_ahead_play_all_their_frames_and_stay_close_to_one_shot(realistic_model) -> None:
-    """The packaged ``lookahead_chunks: 3`` vocodes the two 48-frame ramp chunks with 20 look-ahead frames too: the second chunk
+    """The packaged ``lookahead_chunks: 3`` vocodes the two 48-frame ramp chunks with 20 look-ahead frames too: the
+    second chunk
     plays 480 ms (280 without), every frame still once; measured distance to a one-shot render at the seams at frames
     48 / 96 / 144: 0.99 / 1.21 / 1.59 % of the peak (0.99 / 0.09 / 0.03 % with the first chunk's look-ahead alone);
     bound 2 %. Each seam faded (under the normal steps' 99th percentile on a smooth signal); from the steady chunks on

@@ -1,7 +1,7 @@
 """The vocoder as the synthesizer runs it (:mod:`pipeline.models.qwen2_5_omni.vocoder`): the capturable forward equals
 BigVGAN's own, and the fused anti-aliased activation kernel equals transformers' module, on the tiny token2wav of
-tests/helpers/token2wav.py with SnakeBeta parameters away from their all-zero initialization. The kernel runs on the GPU,
-or in Triton's interpreter on the CPU (a subprocess: the interpreter is chosen at import)."""
+tests/helpers/token2wav.py with SnakeBeta parameters away from their all-zero initialization. The kernel runs on the
+GPU, or in Triton's interpreter on the CPU (a subprocess: the interpreter is chosen at import)."""
 
 from __future__ import annotations
 

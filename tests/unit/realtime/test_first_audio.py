@@ -50,8 +50,12 @@ def test_a_spoken_turn_is_traced_hop_by_hop(clock, traces):
     tracer.done("r1", StageTimings(token2wav_first_chunk_ms=290.0, started_at_s=engine_start))
     (trace,) = traces
     assert list(trace.segments()) == [
-        "turn_end->requested", "requested->engine_started", "engine_started->engine_first_audio",
-        "engine_first_audio->received", "received->sent", "turn_end->committed",
+        "turn_end->requested",
+        "requested->engine_started",
+        "engine_started->engine_first_audio",
+        "engine_first_audio->received",
+        "received->sent",
+        "turn_end->committed",
     ]
     assert list(trace.segments().values()) == pytest.approx([1.0, 3.0, 290.0, 7.0, 2.0, 13.0])
     assert trace.total_ms() == pytest.approx(303.0)
@@ -125,23 +129,31 @@ def test_dropped_audio_and_no_audio_end_the_trace_at_the_done(clock, traces):
 
 def test_the_log_summary_splits_bench_levels_and_leaves_out_the_warm_up(tmp_path, capsys):
     def line(session: str, committed: float, sent: float) -> str:
-        return (f"2026-11-22 05:48:38,296 INFO realtime.runner: session {session} response r first audio path (ms): "
-                f"turn_end->committed {committed}, committed->requested 0.1, received->sent {sent}, total 9.5\n")
+        return (
+            f"2026-11-22 05:48:38,296 INFO realtime.runner: session {session} response r first audio path (ms): "
+            f"turn_end->committed {committed}, committed->requested 0.1, received->sent {sent}, total 9.5\n"
+        )
 
     log = tmp_path / "server.log"
     log.write_text(
         line("s0", 99.0, 99.0)  # the warm-up
         + "2026-11-22 05:48:39,000 INFO realtime.bench.sweep: bench level 1: 1 users start\n"
-        + line("s1", 10.0, 2.0) + line("s1", 12.0, 4.0)
+        + line("s1", 10.0, 2.0)
+        + line("s1", 12.0, 4.0)
         + "2026-11-22 05:49:39,000 INFO realtime.bench.sweep: bench level 2: 2 users start\n"
-        + line("s2", 30.0, 5.0) + line("s3", 50.0, 7.0)
+        + line("s2", 30.0, 5.0)
+        + line("s3", 50.0, 7.0)
     )
     script = load_script("first_audio_path")
     levels = script.parse(log.read_text().splitlines())
     assert list(levels) == ["warm-up", "1 users", "2 users"]
     summary = script.summarize(levels["1 users"], skip=1)
     assert {name: list(v) for name, v in summary.items()} == {
-        "turn_end->committed": [12.0], "committed->requested": [0.1], "received->sent": [4.0], "total": [9.5]}
+        "turn_end->committed": [12.0],
+        "committed->requested": [0.1],
+        "received->sent": [4.0],
+        "total": [9.5],
+    }
     assert script.main([str(log)]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert "| 2 users | turn_end->committed | 2 | 40.0 |" in "\n".join(rows)
@@ -150,12 +162,18 @@ def test_the_log_summary_splits_bench_levels_and_leaves_out_the_warm_up(tmp_path
 
 def test_the_log_summary_counts_preemptive_replies_and_leaves_withdrawn_ones_out(tmp_path, capsys):
     def line(kind: str, total: float) -> str:
-        return (f"2026-11-22 05:48:38,296 INFO realtime.runner: session s1 response r{kind} first audio path (ms): "
-                f"requested->received {total}, total {total}\n")
+        return (
+            f"2026-11-22 05:48:38,296 INFO realtime.runner: session s1 response r{kind} first audio path (ms): "
+            f"requested->received {total}, total {total}\n"
+        )
 
     log = tmp_path / "server.log"
-    log.write_text(line(" (preemptive, withdrawn)", 1.0) + line(" (preemptive)", 2.0) + line("", 3.0)
-                   + line(" (preemptive, withdrawn)", 4.0))  # fmt: skip
+    log.write_text(
+        line(" (preemptive, withdrawn)", 1.0)
+        + line(" (preemptive)", 2.0)
+        + line("", 3.0)
+        + line(" (preemptive, withdrawn)", 4.0)
+    )
     script = load_script("first_audio_path")
     lines = log.read_text().splitlines()
     assert list(script.summarize(script.parse(lines)["all"], skip=0)["total"]) == [2.0, 3.0]
@@ -196,7 +214,10 @@ def test_a_tentative_reply_without_audio_waits_to_be_shown_or_withdrawn(clock, t
     assert traces == []
     tracer.withdrawn("r2")
     tracer.shown("r1")
-    assert [(t.response_id, t.withdrawn, Hop.SHOWN in t.at) for t in traces] == [("r2", True, False), ("r1", False, True)]
+    assert [(t.response_id, t.withdrawn, Hop.SHOWN in t.at) for t in traces] == [
+        ("r2", True, False),
+        ("r1", False, True),
+    ]
 
 
 def test_a_withdrawn_reply_is_handed_over_at_its_done_without_a_send(clock, traces):

@@ -185,7 +185,11 @@ def test_settings_sdk_clients_send_routinely_are_accepted():
             "output": {"speed": 1.0},
         },
     }
-    beta = {"temperature": 0.7, "input_audio_transcription": {"model": "whisper-1"}, "input_audio_noise_reduction": None}
+    beta = {
+        "temperature": 0.7,
+        "input_audio_transcription": {"model": "whisper-1"},
+        "input_audio_noise_reduction": None,
+    }
     assert parse({"type": "session.update", "session": ga}).patch.turn_detection == ServerVadParams()
     assert parse({"type": "session.update", "session": beta}).patch == SessionPatch()
 
@@ -211,7 +215,10 @@ def test_turn_detection_defaults_fill_missing_fields():
 @pytest.mark.parametrize(
     ("event", "expected"),
     [
-        ({"type": "input_audio_buffer.append", "audio": b64(b"\x01\x02\x03\x04")}, InputAudioAppend(None, b"\x01\x02\x03\x04")),
+        (
+            {"type": "input_audio_buffer.append", "audio": b64(b"\x01\x02\x03\x04")},
+            InputAudioAppend(None, b"\x01\x02\x03\x04"),
+        ),
         ({"type": "input_audio_buffer.commit", "event_id": "e"}, InputAudioCommit("e")),
         ({"type": "input_audio_buffer.clear"}, InputAudioClear(None)),
         ({"type": "output_audio_buffer.clear"}, OutputAudioClear(None)),
@@ -357,18 +364,31 @@ def test_events_built_with_the_ga_sdk_models_parse():
         ),
         ga.ConversationItemRetrieveEvent(type="conversation.item.retrieve", item_id="i"),
         ga.ConversationItemDeleteEvent(type="conversation.item.delete", item_id="i"),
-        ga.ConversationItemTruncateEvent(type="conversation.item.truncate", item_id="i", content_index=0, audio_end_ms=3),
+        ga.ConversationItemTruncateEvent(
+            type="conversation.item.truncate", item_id="i", content_index=0, audio_end_ms=3
+        ),
         ga.ResponseCreateEvent(type="response.create", response={"output_modalities": ["text"]}),
         ga.ResponseCancelEvent(type="response.cancel"),
         ga.OutputAudioBufferClearEvent(type="output_audio_buffer.clear"),
     ]
     parsed = [parse_client_event(_sdk_json(e)) for e in events]
     assert [type(p) for p in parsed] == [
-        SessionUpdate, InputAudioAppend, InputAudioCommit, InputAudioClear, ItemCreate, ItemRetrieve,
-        ItemDelete, ItemTruncate, ResponseCreate, ResponseCancel, OutputAudioClear,
-    ]  # fmt: skip
+        SessionUpdate,
+        InputAudioAppend,
+        InputAudioCommit,
+        InputAudioClear,
+        ItemCreate,
+        ItemRetrieve,
+        ItemDelete,
+        ItemTruncate,
+        ResponseCreate,
+        ResponseCancel,
+        OutputAudioClear,
+    ]
     # and the SDK's own union covers exactly the client event types we parse
-    sdk_types = {_literal_type(m) for m in typing.get_args(typing.get_args(realtime_client_event.RealtimeClientEvent)[0])}
+    sdk_types = {
+        _literal_type(m) for m in typing.get_args(typing.get_args(realtime_client_event.RealtimeClientEvent)[0])
+    }
     assert sdk_types == {t.value for t in ClientEventType}
 
 
@@ -414,12 +434,31 @@ def test_events_built_with_the_beta_sdk_models_parse():
         ({"type": "session.update", "session": {"vocie": "x"}}, ErrorCode.UNKNOWN_PARAMETER, "session.vocie"),
         ({"type": "session.update", "session": {"type": "transcription"}}, ErrorCode.INVALID_VALUE, "session.type"),
         ({"type": "session.update", "session": {"modalities": []}}, ErrorCode.INVALID_VALUE, "session.modalities"),
-        ({"type": "session.update", "session": {"max_output_tokens": 0}}, ErrorCode.INVALID_VALUE, "session.max_output_tokens"),
-        ({"type": "session.update", "session": {"max_output_tokens": "5"}}, ErrorCode.INVALID_VALUE, "session.max_output_tokens"),
-        ({"type": "session.update", "session": {"input_audio_format": "opus"}}, ErrorCode.INVALID_VALUE, "session.input_audio_format"),
-        ({"type": "session.update", "session": {"tools": [{"type": "function"}]}}, ErrorCode.INVALID_VALUE, "session.tools"),
         (
-            {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}},
+            {"type": "session.update", "session": {"max_output_tokens": 0}},
+            ErrorCode.INVALID_VALUE,
+            "session.max_output_tokens",
+        ),
+        (
+            {"type": "session.update", "session": {"max_output_tokens": "5"}},
+            ErrorCode.INVALID_VALUE,
+            "session.max_output_tokens",
+        ),
+        (
+            {"type": "session.update", "session": {"input_audio_format": "opus"}},
+            ErrorCode.INVALID_VALUE,
+            "session.input_audio_format",
+        ),
+        (
+            {"type": "session.update", "session": {"tools": [{"type": "function"}]}},
+            ErrorCode.INVALID_VALUE,
+            "session.tools",
+        ),
+        (
+            {
+                "type": "session.update",
+                "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+            },
             ErrorCode.INVALID_VALUE,
             "session.audio.input.format.rate",
         ),
@@ -441,9 +480,16 @@ def test_events_built_with_the_beta_sdk_models_parse():
         ({"type": "input_audio_buffer.append"}, ErrorCode.MISSING_REQUIRED_PARAMETER, "audio"),
         ({"type": "input_audio_buffer.append", "audio": "not base64!"}, ErrorCode.INVALID_BASE64, "audio"),
         ({"type": "input_audio_buffer.append", "audio": "AAA"}, ErrorCode.INVALID_BASE64, "audio"),
-        ({"type": "conversation.item.truncate", "item_id": "i", "content_index": 0, "audio_end_ms": -5},
-         ErrorCode.INVALID_VALUE, "audio_end_ms"),  # fmt: skip
-        ({"type": "response.create", "response": {"conversation": "none"}}, ErrorCode.INVALID_VALUE, "response.conversation"),
+        (
+            {"type": "conversation.item.truncate", "item_id": "i", "content_index": 0, "audio_end_ms": -5},
+            ErrorCode.INVALID_VALUE,
+            "audio_end_ms",
+        ),
+        (
+            {"type": "response.create", "response": {"conversation": "none"}},
+            ErrorCode.INVALID_VALUE,
+            "response.conversation",
+        ),
         ({"type": "response.cancel", "response_id": 5}, ErrorCode.INVALID_TYPE, "response_id"),
     ],
 )
@@ -457,22 +503,56 @@ def test_parse_errors_have_a_specific_code_and_param(message, code, param):
     ("item", "code", "param"),
     [
         ({"type": "function_call", "role": "assistant", "content": []}, ErrorCode.INVALID_VALUE, "item.type"),
-        ({"type": "message", "role": "tool", "content": [{"type": "input_text", "text": "x"}]}, ErrorCode.INVALID_VALUE, "item.role"),
+        (
+            {"type": "message", "role": "tool", "content": [{"type": "input_text", "text": "x"}]},
+            ErrorCode.INVALID_VALUE,
+            "item.role",
+        ),
         ({"type": "message", "role": "user", "content": []}, ErrorCode.INVALID_VALUE, "item.content"),
-        ({"type": "message", "role": "user", "content": [{"type": "input_image"}]}, ErrorCode.INVALID_VALUE, "item.content.0.type"),
-        ({"type": "message", "role": "user", "content": [{"type": "input_text"}]}, ErrorCode.MISSING_REQUIRED_PARAMETER, "item.content.0.text"),
-        ({"type": "message", "role": "assistant", "content": [{"type": "input_text", "text": "x"}]},
-         ErrorCode.UNSUPPORTED_VALUE, "item.content.0.type"),  # fmt: skip
-        ({"type": "message", "role": "system", "content": [{"type": "input_audio", "audio": ""}]},
-         ErrorCode.UNSUPPORTED_VALUE, "item.content.0.type"),  # fmt: skip
-        ({"type": "message", "role": "user", "content": [{"type": "input_audio"}]},
-         ErrorCode.MISSING_REQUIRED_PARAMETER, "item.content.0.audio"),  # fmt: skip
-        ({"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": "??"}]},
-         ErrorCode.INVALID_BASE64, "item.content.0.audio"),  # fmt: skip
-        ({"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": ""}, {"type": "input_text", "text": "x"}]},
-         ErrorCode.UNSUPPORTED_VALUE, "item.content"),  # fmt: skip
-        ({"id": "x" * 33, "type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]},
-         ErrorCode.INVALID_VALUE, "item.id"),  # fmt: skip
+        (
+            {"type": "message", "role": "user", "content": [{"type": "input_image"}]},
+            ErrorCode.INVALID_VALUE,
+            "item.content.0.type",
+        ),
+        (
+            {"type": "message", "role": "user", "content": [{"type": "input_text"}]},
+            ErrorCode.MISSING_REQUIRED_PARAMETER,
+            "item.content.0.text",
+        ),
+        (
+            {"type": "message", "role": "assistant", "content": [{"type": "input_text", "text": "x"}]},
+            ErrorCode.UNSUPPORTED_VALUE,
+            "item.content.0.type",
+        ),
+        (
+            {"type": "message", "role": "system", "content": [{"type": "input_audio", "audio": ""}]},
+            ErrorCode.UNSUPPORTED_VALUE,
+            "item.content.0.type",
+        ),
+        (
+            {"type": "message", "role": "user", "content": [{"type": "input_audio"}]},
+            ErrorCode.MISSING_REQUIRED_PARAMETER,
+            "item.content.0.audio",
+        ),
+        (
+            {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": "??"}]},
+            ErrorCode.INVALID_BASE64,
+            "item.content.0.audio",
+        ),
+        (
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_audio", "audio": ""}, {"type": "input_text", "text": "x"}],
+            },
+            ErrorCode.UNSUPPORTED_VALUE,
+            "item.content",
+        ),
+        (
+            {"id": "x" * 33, "type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]},
+            ErrorCode.INVALID_VALUE,
+            "item.id",
+        ),
     ],
 )
 def test_item_create_errors(item, code, param):
@@ -568,35 +648,66 @@ def _all_server_events(b: ServerEvents) -> list[dict | None]:
     text = Item("item_3", Role.ASSISTANT, [ContentPart(ContentType.OUTPUT_TEXT, text="t")], ItemStatus.INCOMPLETE)
     system = Item("item_4", Role.SYSTEM, [ContentPart(ContentType.INPUT_TEXT, text="s")])
     ref = ContentRef("resp_1", "item_2")
-    summary = ResponseSummary("resp_1", "conv_1", ResponseState.IN_PROGRESS, OutputModality.AUDIO, "Chelsie", AudioFormat.PCM, None)
+    summary = ResponseSummary(
+        "resp_1", "conv_1", ResponseState.IN_PROGRESS, OutputModality.AUDIO, "Chelsie", AudioFormat.PCM, None
+    )
     done = ResponseSummary(
-        "resp_1", "conv_1", ResponseState.CANCELLED, OutputModality.TEXT, "Ethan", AudioFormat.PCMU, 12,
-        (_assistant_item(ItemStatus.INCOMPLETE),), StatusReason.TURN_DETECTED, None, Usage(1, 2, 3, 4, 5), {"k": "v"},
-    )  # fmt: skip
+        "resp_1",
+        "conv_1",
+        ResponseState.CANCELLED,
+        OutputModality.TEXT,
+        "Ethan",
+        AudioFormat.PCMU,
+        12,
+        (_assistant_item(ItemStatus.INCOMPLETE),),
+        StatusReason.TURN_DETECTED,
+        None,
+        Usage(1, 2, 3, 4, 5),
+        {"k": "v"},
+    )
     failed = ResponseSummary(
-        "resp_2", "conv_1", ResponseState.FAILED, OutputModality.AUDIO, "Chelsie", AudioFormat.PCM, None,
-        error={"type": "server_error", "code": "engine_failure", "message": "boom"}, usage=Usage(),
-    )  # fmt: skip
+        "resp_2",
+        "conv_1",
+        ResponseState.FAILED,
+        OutputModality.AUDIO,
+        "Chelsie",
+        AudioFormat.PCM,
+        None,
+        error={"type": "server_error", "code": "engine_failure", "message": "boom"},
+        usage=Usage(),
+    )
     return [
         b.error({"type": "invalid_request_error", "code": "x", "message": "m", "param": "p", "event_id": "e"}),
         b.session_created(config, session_id="sess_1", model="qwen2.5-omni"),
         b.session_updated(manual_text, session_id="sess_1", model="qwen2.5-omni"),
         b.conversation_created("conv_1"),
-        b.item_added(user, None), b.item_done(system, "item_1"), b.item_added(text, "item_2"),
-        b.item_retrieved(_assistant_item()), b.item_truncated("item_2", 0, 640), b.item_deleted("item_1"),
-        b.input_audio_buffer_committed("item_1", None), b.input_audio_buffer_cleared(),
-        b.speech_started(100, "item_1"), b.speech_stopped(900, "item_1"),
-        b.response_created(summary), b.response_done(done), b.response_done(failed),
+        b.item_added(user, None),
+        b.item_done(system, "item_1"),
+        b.item_added(text, "item_2"),
+        b.item_retrieved(_assistant_item()),
+        b.item_truncated("item_2", 0, 640),
+        b.item_deleted("item_1"),
+        b.input_audio_buffer_committed("item_1", None),
+        b.input_audio_buffer_cleared(),
+        b.speech_started(100, "item_1"),
+        b.speech_stopped(900, "item_1"),
+        b.response_created(summary),
+        b.response_done(done),
+        b.response_done(failed),
         b.output_item_added("resp_1", 0, Item("item_2", Role.ASSISTANT, [], ItemStatus.IN_PROGRESS)),
         b.output_item_done("resp_1", 0, _assistant_item()),
         b.content_part_added(ref, ContentPart(ContentType.OUTPUT_AUDIO, transcript="")),
         b.content_part_done(ref, ContentPart(ContentType.OUTPUT_TEXT, text="t")),
-        b.audio_delta(ref, b64(b"\0\0")), b.audio_done(ref),
-        b.transcript_delta(ref, "H"), b.transcript_done(ref, "Hi."),
-        b.text_delta(ref, "t"), b.text_done(ref, "t"),
-        b.output_audio_buffer_started("resp_1"), b.output_audio_buffer_stopped("resp_1"),
+        b.audio_delta(ref, b64(b"\0\0")),
+        b.audio_done(ref),
+        b.transcript_delta(ref, "H"),
+        b.transcript_done(ref, "Hi."),
+        b.text_delta(ref, "t"),
+        b.text_done(ref, "t"),
+        b.output_audio_buffer_started("resp_1"),
+        b.output_audio_buffer_stopped("resp_1"),
         b.output_audio_buffer_cleared("resp_1"),
-    ]  # fmt: skip
+    ]
 
 
 def _extra_fields(model, path="") -> list[str]:
@@ -663,7 +774,9 @@ def test_a_session_object_sent_back_as_an_update_gives_the_same_config(dialect, 
     body = session_object(config, session_id="s", model="m", dialect=dialect)
     del body["id"], body["object"]
     patch = parse({"type": "session.update", "session": body}).patch
-    assert SessionConfig("other", "Chelsie", OutputModality.AUDIO, turn_detection=ServerVadParams()).apply(patch) == config
+    assert (
+        SessionConfig("other", "Chelsie", OutputModality.AUDIO, turn_detection=ServerVadParams()).apply(patch) == config
+    )
 
 
 def test_engine_errors_map_to_protocol_errors_without_internals():
@@ -676,5 +789,10 @@ def test_engine_errors_map_to_protocol_errors_without_internals():
     assert dead["type"] == "server_error" and dead["code"] == "engine_dead"
     # an unexpected exception inside the engine's child process names internal types: clients see none of it
     crash = to_error_payload(EngineProcessError("KeyError: 'conv_7' in core.add_text", remote_type="KeyError"))
-    assert crash == {"type": "server_error", "code": "server_error", "message": "internal server error",
-                     "param": None, "event_id": None}
+    assert crash == {
+        "type": "server_error",
+        "code": "server_error",
+        "message": "internal server error",
+        "param": None,
+        "event_id": None,
+    }

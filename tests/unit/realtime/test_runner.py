@@ -153,8 +153,12 @@ def preemptive(engine: FakeEngine, **kwargs) -> Harness:
     """A harness whose real turn detector reports 200 ms pauses and whose session starts replies on them."""
     from realtime.turn import TurnDetector
 
-    return Harness(engine, turn_detector_factory=lambda p: TurnDetector(p, LoudVad(), pause_ms=200),
-                   settings=SessionSettings.for_engine(engine, preemptive_replies=True), **kwargs)  # fmt: skip
+    return Harness(
+        engine,
+        turn_detector_factory=lambda p: TurnDetector(p, LoudVad(), pause_ms=200),
+        settings=SessionSettings.for_engine(engine, preemptive_replies=True),
+        **kwargs,
+    )
 
 
 async def test_a_preemptive_reply_withdrawn_by_more_speech_leaves_one_turn_and_one_reply():

@@ -68,8 +68,14 @@ def chunk(ms: int, start: int = 0) -> AudioChunk:
 class Driver:
     """Drives a Session; keeps every action, and checks every event against the SDK models."""
 
-    def __init__(self, dialect=Dialect.GA, transport=AudioTransport.EVENTS, limits=SessionLimits(), manual=False,
-                 preemptive=False):  # fmt: skip
+    def __init__(
+        self,
+        dialect=Dialect.GA,
+        transport=AudioTransport.EVENTS,
+        limits=SessionLimits(),
+        manual=False,
+        preemptive=False,
+    ):
         settings = SessionSettings(
             model="fake-omni",
             voices=("Chelsie", "Ethan"),
@@ -99,7 +105,9 @@ class Driver:
         return self._record(self.session.receive(json.dumps(event)))
 
     def append(self, ms: int, amplitude: float = 0.0) -> list:
-        return self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16(ms, amplitude)).decode()})
+        return self.send(
+            {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16(ms, amplitude)).decode()}
+        )
 
     def turn(self, event) -> list:
         return self._record(self.session.turn_event(event))
@@ -317,7 +325,11 @@ def test_failed_and_incomplete_responses():
     acts = d.done(ResponseStatus.FAILED, reason="error", error=EngineFailure("talker crashed"))
     response = events(acts)[-1]["response"]
     assert response["status"] == "failed"
-    assert response["status_details"]["error"] == {"type": "server_error", "code": "engine_failure", "message": "talker crashed"}
+    assert response["status_details"]["error"] == {
+        "type": "server_error",
+        "code": "engine_failure",
+        "message": "talker crashed",
+    }
     assert response["output"][0]["status"] == "incomplete"
 
     d.respond()
@@ -448,7 +460,10 @@ def test_barge_in_cancels_and_no_audio_follows_the_decision():
     assert late == []
     acts = d.done(ResponseStatus.COMPLETED)  # even if the engine managed to finish
     response = events(acts)[-1]["response"]
-    assert (response["status"], response["status_details"]) == ("cancelled", {"type": "cancelled", "reason": "turn_detected"})
+    assert (response["status"], response["status_details"]) == (
+        "cancelled",
+        {"type": "cancelled", "reason": "turn_detected"},
+    )
     assert response["output"][0]["status"] == "incomplete"
     assert response["output"][0]["content"][0]["transcript"] == "Once upon"
     assert "response.output_audio.delta" not in types(acts)  # no flush of a cancelled response
@@ -507,11 +522,19 @@ def test_a_reply_started_on_a_pause_is_shown_when_speech_stops():
     start_vad_response(plain)
     plain.engine(TextDelta("Hi", (1,))) + plain.engine(chunk(40))
     plain_types = types(plain.log)
-    assert types(acts) == plain_types[plain_types.index("input_audio_buffer.speech_stopped"):]
-    expected = ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed", "conversation.item.added",
-                "conversation.item.done", "response.created", "response.output_item.added",
-                "conversation.item.added", "response.content_part.added",
-                "response.output_audio_transcript.delta", "response.output_audio.delta"]  # fmt: skip
+    assert types(acts) == plain_types[plain_types.index("input_audio_buffer.speech_stopped") :]
+    expected = [
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+        "response.output_audio_transcript.delta",
+        "response.output_audio.delta",
+    ]
     assert types(acts) == expected
     assert events(acts)[0]["audio_end_ms"] == 800 and events(acts)[0]["item_id"] == user
     assert of(acts, CommitAudio) == [] and of(acts, StartResponse) == []  # the engine had them at the pause
@@ -700,9 +723,14 @@ def test_truncate_after_cancel():
     acts = d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 50})
     assert of(acts, TruncateItem) == [TruncateItem(item_id, 50)]
     assert events(acts) == [
-        {"type": "conversation.item.truncated", "event_id": events(acts)[0]["event_id"], "item_id": item_id,
-         "content_index": 0, "audio_end_ms": 50}
-    ]  # fmt: skip
+        {
+            "type": "conversation.item.truncated",
+            "event_id": events(acts)[0]["event_id"],
+            "item_id": item_id,
+            "content_index": 0,
+            "audio_end_ms": 50,
+        }
+    ]
     part = d.session.items[-1].content[0]
     assert (part.audio_ms, part.transcript) == (50.0, None)
     acts = d.done(ResponseStatus.CANCELLED, reason="client_cancelled")
@@ -733,7 +761,9 @@ def test_truncate_of_an_item_still_being_generated_is_refused():
     d.respond()
     d.engine(chunk(40))
     item_id = d.session.items[-1].id
-    err = error_of(d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 10}))
+    err = error_of(
+        d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 10})
+    )
     assert err["code"] == ErrorCode.ITEM_IN_PROGRESS
 
 
@@ -747,7 +777,11 @@ def test_item_create_retrieve_delete():
     assert of(acts, AddText) == [AddText("sys1", "Rules.", Role.SYSTEM)]
     assert types(acts) == ["conversation.item.added", "conversation.item.done"]
 
-    audio = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": base64.b64encode(pcm16(100)).decode()}]}
+    audio = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_audio", "audio": base64.b64encode(pcm16(100)).decode()}],
+    }
     acts = d.send({"type": "conversation.item.create", "previous_item_id": "sys1", "item": audio})
     assert of(acts, AddAudio) == [AddAudio("item_1", pcm16(100), AudioFormat.PCM)]
     assert events(acts)[0]["previous_item_id"] == "sys1"
@@ -767,28 +801,46 @@ def test_item_create_retrieve_delete():
         ({"type": "conversation.item.retrieve", "item_id": "ghost"}, ErrorCode.ITEM_NOT_FOUND, "item_id"),
         ({"type": "conversation.item.delete", "item_id": "ghost"}, ErrorCode.ITEM_NOT_FOUND, "item_id"),
         (
-            {"type": "conversation.item.create", "previous_item_id": "ghost",
-             "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}},
-            ErrorCode.ITEM_NOT_FOUND, "previous_item_id",
+            {
+                "type": "conversation.item.create",
+                "previous_item_id": "ghost",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]},
+            },
+            ErrorCode.ITEM_NOT_FOUND,
+            "previous_item_id",
         ),
         (
-            {"type": "conversation.item.create", "previous_item_id": "first",
-             "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}},
-            ErrorCode.UNSUPPORTED_VALUE, "previous_item_id",
+            {
+                "type": "conversation.item.create",
+                "previous_item_id": "first",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]},
+            },
+            ErrorCode.UNSUPPORTED_VALUE,
+            "previous_item_id",
         ),
         (
-            {"type": "conversation.item.create",
-             "item": {"id": "first", "type": "message", "role": "user",
-                      "content": [{"type": "input_text", "text": "x"}]}},
-            ErrorCode.DUPLICATE_ITEM_ID, "item.id",
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "id": "first",
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "x"}],
+                },
+            },
+            ErrorCode.DUPLICATE_ITEM_ID,
+            "item.id",
         ),
         (
-            {"type": "conversation.item.create",
-             "item": {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": "AAAA"}]}},
-            ErrorCode.INVALID_AUDIO, "item.content.0.audio",  # 3 bytes of pcm16
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": "AAAA"}]},
+            },
+            ErrorCode.INVALID_AUDIO,
+            "item.content.0.audio",  # 3 bytes of pcm16
         ),
     ],
-)  # fmt: skip
+)
 def test_item_errors(event, code, param):
     d = Driver(manual=True)
     for item_id in ("first", "second"):
@@ -813,9 +865,14 @@ def test_deleting_during_a_response():
     user = commit_turn(d)
     d.respond()
     assistant = d.session.items[-1].id
-    assert error_of(d.send({"type": "conversation.item.delete", "item_id": user}))["code"] == ErrorCode.CONVERSATION_BUSY
+    assert (
+        error_of(d.send({"type": "conversation.item.delete", "item_id": user}))["code"] == ErrorCode.CONVERSATION_BUSY
+    )
     d.send({"type": "response.cancel"})
-    assert error_of(d.send({"type": "conversation.item.delete", "item_id": assistant}))["code"] == ErrorCode.ITEM_IN_PROGRESS
+    assert (
+        error_of(d.send({"type": "conversation.item.delete", "item_id": assistant}))["code"]
+        == ErrorCode.ITEM_IN_PROGRESS
+    )
     assert of(d.send({"type": "conversation.item.delete", "item_id": user}), DeleteItem) == [DeleteItem(user)]
 
 
@@ -931,11 +988,28 @@ from hypothesis import strategies as st  # noqa: E402
 
 _OPS = st.sampled_from(
     [
-        "silence", "speech", "commit", "clear", "respond", "respond_text", "cancel", "create_item",
-        "delete_first", "delete_ghost", "truncate_last", "vad_on", "vad_off", "g711_out",
-        "engine_text", "engine_audio", "engine_done", "engine_cancelled", "speech_started", "speech_stopped",
+        "silence",
+        "speech",
+        "commit",
+        "clear",
+        "respond",
+        "respond_text",
+        "cancel",
+        "create_item",
+        "delete_first",
+        "delete_ghost",
+        "truncate_last",
+        "vad_on",
+        "vad_off",
+        "g711_out",
+        "engine_text",
+        "engine_audio",
+        "engine_done",
+        "engine_cancelled",
+        "speech_started",
+        "speech_stopped",
     ]
-)  # fmt: skip
+)
 
 
 def _step(d: Driver, op: str, data) -> list:
@@ -959,7 +1033,9 @@ def _step(d: Driver, op: str, data) -> list:
     if op == "truncate_last":
         item_id = s.items[-1].id if s.items else "ghost"
         ms = data.draw(st.integers(0, 200))
-        return d.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": ms})
+        return d.send(
+            {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": ms}
+        )
     if op in ("vad_on", "vad_off"):
         detection = {"type": "server_vad"} if op == "vad_on" else None
         return d.send({"type": "session.update", "session": {"turn_detection": detection}})

@@ -177,17 +177,24 @@ def test_reset_forgets_speech_and_partial_frame_but_keeps_the_clock():
 def test_pause_then_stop_in_one_silence_run():
     # speech frames 3..12, silence from frame 13 (416 ms): paused at 7 frames (224 >= 200 ms), stopped at 16 (512 ms)
     events = detect(script((0.0, 3), (0.9, 10), (0.0, 20)), pause_ms=200)
-    assert events == [SpeechStarted(0, 96), SpeechPaused(audio_end_ms=640, speech_end_ms=416),
-                      SpeechStopped(audio_end_ms=928, speech_end_ms=416)]  # fmt: skip
+    assert events == [
+        SpeechStarted(0, 96),
+        SpeechPaused(audio_end_ms=640, speech_end_ms=416),
+        SpeechStopped(audio_end_ms=928, speech_end_ms=416),
+    ]
 
 
 def test_speech_after_a_pause_resumes_and_a_later_run_pauses_again():
     audio = script((0.9, 5), (0.0, 8), (0.4, 2), (0.9, 3), (0.0, 20))
     events = detect(audio, pause_ms=200)
     # the first run (frames 5..12) pauses at frame 11; the band frames 13-14 do not cancel it, speech at 15 does
-    assert events == [SpeechStarted(0, 0), SpeechPaused(audio_end_ms=384, speech_end_ms=160),
-                      SpeechResumed(speech_start_ms=480), SpeechPaused(audio_end_ms=800, speech_end_ms=576),
-                      SpeechStopped(audio_end_ms=1088, speech_end_ms=576)]  # fmt: skip
+    assert events == [
+        SpeechStarted(0, 0),
+        SpeechPaused(audio_end_ms=384, speech_end_ms=160),
+        SpeechResumed(speech_start_ms=480),
+        SpeechPaused(audio_end_ms=800, speech_end_ms=576),
+        SpeechStopped(audio_end_ms=1088, speech_end_ms=576),
+    ]
 
 
 def test_no_pause_without_pause_ms_or_when_it_reaches_the_silence_window():

@@ -82,8 +82,9 @@ async def test_a_failed_call_fails_the_frames_that_wait_on_it():
             raise RuntimeError("model failed")
 
     batcher = VadBatcher(Broken(), window_s=0.001)
-    results = await asyncio.gather(*(batcher.stream().probability(np.zeros(N, np.float32)) for _ in range(2)),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *(batcher.stream().probability(np.zeros(N, np.float32)) for _ in range(2)), return_exceptions=True
+    )
     assert [str(r) for r in results] == ["model failed", "model failed"]
 
 
