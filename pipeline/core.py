@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from pipeline.config import StageGraphConfig
-from pipeline.conversation_state import ConversationState, ConvItem, ItemKind
+from pipeline.conversation_state import ConvItem, ItemKind
 from pipeline.conversations import Conversations
 from pipeline.errors import EmptyInputError, EngineFailure, PipelineError, ResponseActiveError
 from pipeline.models import family_of
@@ -28,7 +28,7 @@ from pipeline.observe.observer import EngineObserver
 from pipeline.output.detokenizer import IncrementalDetokenizer
 from pipeline.output.processor import OutputProcessor
 from pipeline.outputs import EngineStats, ResponseStatus
-from pipeline.request import ResponseSpec, ResponseState, TalkerStatus, TextEnd
+from pipeline.request import ResponseSpec, ResponseState, TextEnd
 from pipeline.requests import (
     AddAudio,
     AddText,
@@ -55,6 +55,7 @@ from pipeline.runners.token2wav_worker import Token2WavWorker
 from pipeline.scheduler.plan import StepPlan
 from pipeline.scheduler.prefill_batch import PrefillJob
 from pipeline.scheduler.scheduler import Scheduler, SchedulerConfig
+from pipeline.talker_stage import TalkerStage
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,6 @@ class EngineCore:
             overlap=ta.overlap,
             fail=self._fail,
         )
-        self.to_token2wav = self.family.connectors[tw.connector].fn
         chunking = token2wav.cfg
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -128,9 +128,22 @@ class EngineCore:
             exact_floor=th.audio_floor == "exact",
             end_response=lambda rid: self._end_cancelled(rid),
         )
-        # a tuple of two fixed tensors: the text-pad vector is recognised by identity (chains of talker steps)
-        self._text_end_vectors = tuple(thinker.embed([self.special.tts_text_end, self.special.tts_text_pad]))
-        self._talker_prefills_left = 0
+        self.talker_stage = TalkerStage(
+            scheduler=self.scheduler,
+            runner=self.runner,
+            observer=self.observer,
+            family=self.family,
+            ckpt=ckpt,
+            synthesizer=token2wav,
+            special=self.special,
+            text_end_vectors=tuple(thinker.embed([self.special.tts_text_end, self.special.tts_text_pad])),
+            to_token2wav=self.family.connectors[tw.connector].fn,
+            codec_stop=self.codec_stop,
+            max_codes=self.max_codes,
+            generator=lambda: self._generator(self.t2w_device),
+            fail=self._fail,
+            commands_waiting=lambda: self.commands_waiting(),
+        )
         self.commands_waiting: Callable[[], bool] = lambda: False
         """Set by whoever runs the core's requests and steps: whether requests wait for the engine thread (then no
         chain of talker steps is started)."""
@@ -325,7 +338,7 @@ class EngineCore:
             )
             self._accept_each(rows, tokens, self.output.accept_text_token)
         for conv in listening:
-            self._listen_talker(conv)
+            self.talker_stage.listen(conv)
 
     def _prefill_failed(self, job: PrefillJob, exc: Exception) -> None:
         if job.owner is None:
@@ -335,28 +348,6 @@ class EngineCore:
         elif self._live(job.owner):
             self._fail(job.owner, exc)
 
-    def _listen_talker(self, conv: ConversationState) -> None:
-        """While a conversation is idle, bring its talker cache up to its thinker cache (the talker's prompt is the
-        thinker's vectors of the same positions), so that a reply's talker prefill at the end of the turn covers only
-        the turn's last chunk, the speaker's bos and the first reply vector. Only into a slot the conversation holds
-        or a free one (listening never evicts). A failure is logged and leaves the talker cache as it was: the reply's
-        own prefill then covers the rest."""
-        if conv.active_response is not None or not conv.cached_keys:
-            return
-        if self.scheduler.talker_slot(conv, evict=False) is None:
-            return
-        keys = conv.cached_keys
-        start = conv.common_prefix_of(conv.talker_keys, keys)
-        if start == len(keys):
-            return
-        conv.crop_talker(start)
-        try:
-            self.runner.talker_prompt_prefill(conv, start)
-        except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
-            log.exception("background talker prefill of %s failed; its talker cache is dropped", conv.id)
-            return
-        conv.talker_keys = list(keys)
-
     # -- decode -------------------------------------------------------------------------------------
     def _decode(self, plan: StepPlan) -> None:
         """One batched thinker decode and the talker's step; both stages are queued before either's ids are read (the
@@ -365,128 +356,31 @@ class EngineCore:
         the thinker on the engine's stream."""
         if plan.decoding:
             self.observer.count("decode_steps_total")
-        self._talker_prefills_left = plan.talker_prefills
+        talker = self.talker_stage
+        talker.prefills_left = plan.talker_prefills
         alone = not plan.thinker_rows
         if self.runner.overlap:
-            talker_rows = self._talker_inputs([r for r in plan.talker_rows if r.talker.started])
+            talker_rows = talker.inputs([r for r in plan.talker_rows if r.talker.started])
             codes, join = (
-                self.runner.beside_thinker(lambda: self._talker_decode(talker_rows, plan, alone=alone))
+                self.runner.beside_thinker(lambda: talker.decode(talker_rows, plan, alone=alone))
                 if talker_rows
                 else ([], lambda: None)
             )
             tokens = self.runner.thinker_decode(plan.thinker_rows, force=self._force_text)
-            self._talker_inputs([r for r in plan.talker_rows if not r.talker.started and self._live(r)])
+            talker.inputs([r for r in plan.talker_rows if not r.talker.started and self._live(r)])
             join()
         else:
             tokens = self.runner.thinker_decode(plan.thinker_rows, force=self._force_text)
-            talker_rows = self._talker_inputs([r for r in plan.talker_rows if self._live(r)])
-            codes = self._talker_decode(talker_rows, plan, alone=alone)
+            talker_rows = talker.inputs([r for r in plan.talker_rows if self._live(r)])
+            codes = talker.decode(talker_rows, plan, alone=alone)
         self._accept_sampled(tokens, self.output.accept_text_token)
-        self._accept_sampled(codes, self._accept_code)
+        self._accept_sampled(codes, talker.accept_code)
         for r in plan.decoding:
             if r.status is ResponseStatus.DECODING and r.spec.audio and r.tokens_done() and self._live(r):
                 r.advance(ResponseStatus.SYNTHESIZING)
 
     def _force_text(self, r: ResponseState) -> bool:
         return len(r.item.reply_ids) < self.scheduler.cfg.min_text_tokens
-
-    def _force_codes(self, r: ResponseState) -> bool:
-        return r.codec_tokens < self.scheduler.cfg.min_codes
-
-    def _talker_inputs(self, rows: list[ResponseState]) -> list[tuple[ResponseState, torch.Tensor]]:
-        """Each row's talker work this step: a talker not started is started here (prefill and first code, one at a
-        time: prompt lengths differ); the others yield (row, next input vector) for the batched decode, or nothing
-        while they wait for the thinker."""
-        batch = []
-        for r in rows:
-            try:
-                vector = self._talker_step(r)
-            except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
-                self._fail(r, exc)
-                continue
-            if vector is not None:
-                batch.append((r, vector))
-        return batch
-
-    def _talker_step(self, r: ResponseState) -> torch.Tensor | None:
-        """Start the talker (prefill and first code) or return the input vector of its next decode step: reply
-        vectors, then text-eos once, then text-pad. The talker never runs ahead of the text."""
-        talker = r.talker
-        if talker.done:
-            return None
-        if talker.started:
-            if talker.queue:
-                return talker.queue.popleft()
-            if not r.thinker.done:
-                return None
-            vector = self._text_end_vectors[1 if talker.eos_sent else 0]
-            talker.eos_sent = True
-            return vector
-        if not talker.queue:
-            if r.thinker.done:  # the reply had no token the talker could start from
-                self._end_talker(r)
-            return None
-        if self._talker_prefills_left <= 0:
-            return None
-        self._talker_prefills_left -= 1
-        self._start_talker(r)
-        return None
-
-    def _start_talker(self, r: ResponseState) -> None:
-        """Talker prefill — the prompt positions not already in the conversation's talker slot (kept across turns),
-        then the speaker's bos and the first reply vector — its first code, and the reply's token2wav stream. Waits
-        (nothing happens) while every talker slot is busy."""
-        conv = r.conv
-        if self.scheduler.talker_slot(conv) is None:
-            return
-        prompt_keys = conv.cached_keys[: r.thinker.prompt_len]
-        reuse = conv.common_prefix_of(conv.talker_keys, prompt_keys)
-        conv.crop_talker(reuse)
-        conv.talker_keys = list(prompt_keys)
-        r.talker.status = TalkerStatus.RUNNING
-        r.talker.length = r.thinker.prompt_len + 2
-        seen = {self.special.codec_pad, self.special.codec_bos}
-        if r.thinker.prompt_len:
-            seen.add(self.special.codec_mask)
-        self.runner.talker.sampler.reset(conv.talker_slot, seen)
-        r.audio.stream = self.family.start_stream(
-            self.token2wav,
-            self.ckpt,
-            r.spec.voice,
-            generator=self._generator(self.t2w_device),
-            max_codes=self.max_codes,
-            quick=self.scheduler.quick_first_chunk(conv),
-        )
-        logits = self.runner.talker_prefill(
-            r,
-            reuse=reuse,
-            speaker_bos=self.family.voice_bos(self.ckpt, r.spec.voice),
-            codec={"pad": self.special.codec_pad, "bos": self.special.codec_bos},
-        )
-        (code,) = self.runner.talker.sampler.sample(
-            logits.unsqueeze(0),
-            [conv.talker_slot],
-            force_continue=[self._force_codes(r)],
-            seeds=[r.seed],
-            counters=[r.codec_tokens],
-        )
-        self._accept_code(r, code)
-
-    def _talker_decode(self, rows: list[tuple[ResponseState, torch.Tensor]], plan: StepPlan, *, alone: bool):
-        steps = 1
-        if alone:
-            pad = self._text_end_vectors[1]
-            steps = self.scheduler.chain_steps(
-                [(r, v is pad) for r, v in rows],
-                alone=True,
-                can_chain=self.runner.talker.can_chain,
-                prefills=len(plan.prefills),
-                job_in_worker=bool(self.runner.jobs),
-                commands_waiting=self.commands_waiting(),
-            )
-        return self.runner.talker_decode(
-            rows, steps=steps, force=self._force_codes, chains=lambda: self.observer.count("talker_chains_total")
-        )
 
     def _accept_sampled(self, sampled: list[Sampled], accept: Callable[[ResponseState, int], None]) -> None:
         """Read each batch's sampled ids (one host transfer per batch) and ``accept(row, id)`` them, in row order; a
@@ -506,30 +400,6 @@ class EngineCore:
                 accept(r, token)
             except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
                 self._fail(r, exc)
-
-    def _accept_code(self, r: ResponseState, code: int) -> None:
-        if r.talker.done:
-            return  # a chained step after the reply's last code: its code means nothing
-        self.observer.count("talker_tokens_total")
-        dit_code = self.to_token2wav(code, self.codec_stop)
-        if dit_code is None:
-            self._end_talker(r)
-            return
-        r.talker.codes.append(code)
-        if len(r.talker.codes) == 1:
-            self.observer.milestone(r.id, "first_code")
-        r.mark("talker_first_code_ms")
-        r.talker.last_code = code
-        r.audio.stream.push([dit_code])
-        if r.codec_tokens >= self.max_codes:
-            self._end_talker(r)
-
-    def _end_talker(self, r: ResponseState) -> None:
-        r.talker.status = TalkerStatus.DONE
-        self.observer.milestone(r.id, "codes_done")
-        r.talker.length = 0  # the reply's positions lie past the prompt in the slot: the next prefill overwrites them
-        if r.audio.stream is not None:
-            r.audio.stream.finish()
 
     # -- token2wav ----------------------------------------------------------------------------------
     def _ready_streams(self, decoding: list[ResponseState]) -> list[ResponseState]:

@@ -1,0 +1,209 @@
+"""The talker stage of a step: starting each reply's talker, feeding it, decoding its codes, and accepting them.
+
+:class:`TalkerStage` turns the scheduler's talker rows into the runner's talker work and the sampled codes into each
+reply's :class:`~pipeline.request.TalkerState` and token2wav stream. A talker's inputs are the thinker's vectors of
+the reply tokens, then the text-eos vector once, then text-pad; it never runs ahead of the text. While a conversation
+is idle, its talker cache follows its thinker cache (``listen``), so a reply's talker prefill covers only what the
+turn added. A response's failure is isolated (``fail``); the others go on. Engine thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from pipeline.conversation_state import ConversationState
+from pipeline.request import ResponseState, TalkerStatus
+from pipeline.runners.model_runner import ModelRunner
+from pipeline.scheduler.plan import StepPlan
+from pipeline.scheduler.scheduler import Scheduler
+
+__all__ = ["TalkerStage"]
+
+log = logging.getLogger("pipeline.core")
+
+
+class TalkerStage:
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        observer,
+        family,
+        ckpt,
+        synthesizer,
+        special,
+        text_end_vectors: tuple[torch.Tensor, torch.Tensor],
+        to_token2wav,
+        codec_stop: tuple[int, ...],
+        max_codes: int,
+        generator: Callable[[], torch.Generator | None],
+        fail: Callable[[ResponseState, Exception], None],
+        commands_waiting: Callable[[], bool],
+    ) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.observer = observer
+        self.family = family
+        self.ckpt = ckpt
+        self.synthesizer = synthesizer
+        """The family's streaming token2wav: each reply's stream is opened on it when its talker starts."""
+        self.special = special
+        self.text_end_vectors = text_end_vectors
+        """(text-eos, text-pad) thinker vectors: two fixed tensors, so text-pad is recognised by identity (chains)."""
+        self.to_token2wav = to_token2wav
+        self.codec_stop = codec_stop
+        self.max_codes = max_codes
+        self.generator = generator
+        """The noise generator of a new stream (None: the synthesizer's own)."""
+        self.fail = fail
+        self.commands_waiting = commands_waiting
+        self.prefills_left = 0
+        """What is left this step of the talker's prefill budget (``StepPlan.talker_prefills``)."""
+
+    def listen(self, conv: ConversationState) -> None:
+        """While a conversation is idle, bring its talker cache up to its thinker cache (the talker's prompt is the
+        thinker's vectors of the same positions), so that a reply's talker prefill at the end of the turn covers only
+        the turn's last chunk, the speaker's bos and the first reply vector. Only into a slot the conversation holds
+        or a free one (listening never evicts). A failure is logged and leaves the talker cache as it was: the reply's
+        own prefill then covers the rest."""
+        if conv.active_response is not None or not conv.cached_keys:
+            return
+        if self.scheduler.talker_slot(conv, evict=False) is None:
+            return
+        keys = conv.cached_keys
+        start = conv.common_prefix_of(conv.talker_keys, keys)
+        if start == len(keys):
+            return
+        conv.crop_talker(start)
+        try:
+            self.runner.talker_prompt_prefill(conv, start)
+        except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
+            log.exception("background talker prefill of %s failed; its talker cache is dropped", conv.id)
+            return
+        conv.talker_keys = list(keys)
+
+    def force_codes(self, r: ResponseState) -> bool:
+        return r.codec_tokens < self.scheduler.cfg.min_codes
+
+    def inputs(self, rows: list[ResponseState]) -> list[tuple[ResponseState, torch.Tensor]]:
+        """Each row's talker work this step: a talker not started is started here (prefill and first code, one at a
+        time: prompt lengths differ); the others yield (row, next input vector) for the batched decode, or nothing
+        while they wait for the thinker."""
+        batch = []
+        for r in rows:
+            try:
+                vector = self.next_input(r)
+            except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
+                self.fail(r, exc)
+                continue
+            if vector is not None:
+                batch.append((r, vector))
+        return batch
+
+    def next_input(self, r: ResponseState) -> torch.Tensor | None:
+        """Start the talker (prefill and first code) or return the input vector of its next decode step: reply
+        vectors, then text-eos once, then text-pad. The talker never runs ahead of the text."""
+        talker = r.talker
+        if talker.done:
+            return None
+        if talker.started:
+            if talker.queue:
+                return talker.queue.popleft()
+            if not r.thinker.done:
+                return None
+            vector = self.text_end_vectors[1 if talker.eos_sent else 0]
+            talker.eos_sent = True
+            return vector
+        if not talker.queue:
+            if r.thinker.done:  # the reply had no token the talker could start from
+                self.end(r)
+            return None
+        if self.prefills_left <= 0:
+            return None
+        self.prefills_left -= 1
+        self.start(r)
+        return None
+
+    def start(self, r: ResponseState) -> None:
+        """Talker prefill — the prompt positions not already in the conversation's talker slot (kept across turns),
+        then the speaker's bos and the first reply vector — its first code, and the reply's token2wav stream. Waits
+        (nothing happens) while every talker slot is busy."""
+        conv = r.conv
+        if self.scheduler.talker_slot(conv) is None:
+            return
+        prompt_keys = conv.cached_keys[: r.thinker.prompt_len]
+        reuse = conv.common_prefix_of(conv.talker_keys, prompt_keys)
+        conv.crop_talker(reuse)
+        conv.talker_keys = list(prompt_keys)
+        r.talker.status = TalkerStatus.RUNNING
+        r.talker.length = r.thinker.prompt_len + 2
+        seen = {self.special.codec_pad, self.special.codec_bos}
+        if r.thinker.prompt_len:
+            seen.add(self.special.codec_mask)
+        self.runner.talker.sampler.reset(conv.talker_slot, seen)
+        r.audio.stream = self.family.start_stream(
+            self.synthesizer,
+            self.ckpt,
+            r.spec.voice,
+            generator=self.generator(),
+            max_codes=self.max_codes,
+            quick=self.scheduler.quick_first_chunk(conv),
+        )
+        logits = self.runner.talker_prefill(
+            r,
+            reuse=reuse,
+            speaker_bos=self.family.voice_bos(self.ckpt, r.spec.voice),
+            codec={"pad": self.special.codec_pad, "bos": self.special.codec_bos},
+        )
+        (code,) = self.runner.talker.sampler.sample(
+            logits.unsqueeze(0),
+            [conv.talker_slot],
+            force_continue=[self.force_codes(r)],
+            seeds=[r.seed],
+            counters=[r.codec_tokens],
+        )
+        self.accept_code(r, code)
+
+    def decode(self, rows: list[tuple[ResponseState, torch.Tensor]], plan: StepPlan, *, alone: bool):
+        steps = 1
+        if alone:
+            pad = self.text_end_vectors[1]
+            steps = self.scheduler.chain_steps(
+                [(r, v is pad) for r, v in rows],
+                alone=True,
+                can_chain=self.runner.talker.can_chain,
+                prefills=len(plan.prefills),
+                job_in_worker=bool(self.runner.jobs),
+                commands_waiting=self.commands_waiting(),
+            )
+        return self.runner.talker_decode(
+            rows, steps=steps, force=self.force_codes, chains=lambda: self.observer.count("talker_chains_total")
+        )
+
+    def accept_code(self, r: ResponseState, code: int) -> None:
+        if r.talker.done:
+            return  # a chained step after the reply's last code: its code means nothing
+        self.observer.count("talker_tokens_total")
+        dit_code = self.to_token2wav(code, self.codec_stop)
+        if dit_code is None:
+            self.end(r)
+            return
+        r.talker.codes.append(code)
+        if len(r.talker.codes) == 1:
+            self.observer.milestone(r.id, "first_code")
+        r.mark("talker_first_code_ms")
+        r.talker.last_code = code
+        r.audio.stream.push([dit_code])
+        if r.codec_tokens >= self.max_codes:
+            self.end(r)
+
+    def end(self, r: ResponseState) -> None:
+        r.talker.status = TalkerStatus.DONE
+        self.observer.milestone(r.id, "codes_done")
+        r.talker.length = 0  # the reply's positions lie past the prompt in the slot: the next prefill overwrites them
+        if r.audio.stream is not None:
+            r.audio.stream.finish()
