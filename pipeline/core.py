@@ -157,8 +157,9 @@ class EngineCore:
         worker thread."""
         th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
         text_stop = tuple(sorted({self.special.im_end, self.special.endoftext}))
-        thinker = ThinkerRunner(
-            ckpt.thinker,
+        thinker = ThinkerRunner.of(
+            self.family,
+            ckpt,
             device=th.device,
             dtype=th.torch_dtype,
             kv_slots=th.kv_slots,

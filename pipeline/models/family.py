@@ -51,6 +51,20 @@ class Connector:
     fn: Callable
 
 
+@dataclass(frozen=True)
+class ThinkerParts:
+    """What the thinker runner drives, from a family's checkpoint (:meth:`ModelFamily.thinker_parts`)."""
+
+    text_model: Any
+    """The decoder stack, HF decoder-shaped: ``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``, ``config``."""
+    lm_head: Any
+    """Hidden states -> vocabulary logits."""
+    audio: Any
+    """The user-audio encoder: ``capture()`` (its CUDA graphs, at start), ``encode_many(features) -> list`` (log-mel
+    blocks of at most one encoder window each, encoded together; one (tokens, hidden) tensor each, in order) and
+    ``audio_tokens(frames) -> int`` (tokens it makes of that many feature frames)."""
+
+
 @runtime_checkable
 class ModelFamily(Protocol):
     """A model family: how its checkpoints load and what its stages need around the runners."""
@@ -119,6 +133,11 @@ class ModelFamily(Protocol):
     def audio_features(self, ckpt: Any) -> Any:
         """Incremental log-mel features of one spoken message (16 kHz mono float32 in; the interface of
         :class:`pipeline.models.qwen2_5_omni.audio_features.IncrementalLogMel`), for the thinker's audio encoder."""
+        ...
+
+    def thinker_parts(self, ckpt: Any, *, device: torch.device, cuda_graphs: bool) -> ThinkerParts:
+        """The thinker's decoder stack, vocabulary head and user-audio encoder on ``device`` (the encoder's graphs only
+        with ``cuda_graphs`` on CUDA)."""
         ...
 
     def token2wav(self, ckpt: Any, stage: Any) -> Any:

@@ -19,9 +19,7 @@ import torch
 
 from pipeline.kernels.cuda_graphs import host_to_device
 from pipeline.kernels.decode_attention import triton_available
-from pipeline.models.qwen2_5_omni.audio_encoder import BlockEncoder
-from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
-from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
+from pipeline.models.family import ThinkerParts
 from pipeline.runners.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
 from pipeline.runners.decoder import PooledDecoder
 from pipeline.runners.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
@@ -57,7 +55,7 @@ class ThinkerStep:
 class ThinkerRunner:
     def __init__(
         self,
-        thinker,
+        parts: ThinkerParts,
         *,
         device: torch.device,
         dtype: torch.dtype,
@@ -68,17 +66,16 @@ class ThinkerRunner:
         fused_decode: bool = True,
         sampler: SamplerSpec | None = None,
     ) -> None:
-        """``sampler``: how decode steps sample the next token (inside the step, so inside its CUDA graph); without
-        it a step only returns logits."""
-        self.model = thinker
-        self.text_model = thinker_text_model(thinker)
-        self.audio_tower = thinker_audio_tower(thinker)
-        self.lm_head = thinker.lm_head
+        """``parts``: the model family's decoder stack, vocabulary head and user-audio encoder
+        (:meth:`ModelFamily.thinker_parts <pipeline.models.family.ModelFamily.thinker_parts>`; :meth:`of` asks a family
+        for them). ``sampler``: how decode steps sample the next token (inside the step, so inside its CUDA graph);
+        without it a step only returns logits."""
+        self.text_model = parts.text_model
+        self.lm_head = parts.lm_head
         self.device = torch.device(device)
         self.dtype = dtype
-        self.audio = BlockEncoder(self.audio_tower, device=self.device, cuda_graphs=cuda_graphs)
-        """User audio blocks, batched; on CUDA replayed from graphs (pipeline/models/qwen2_5_omni/audio_encoder.py)."""
-        self.config = thinker.config
+        self.audio = parts.audio
+        """User audio blocks, batched (the family's encoder; on CUDA replayed from graphs)."""
         self.decoder = PooledDecoder(
             self.text_model,
             slots=kv_slots,
@@ -106,6 +103,12 @@ class ThinkerRunner:
             host_rows=(HostRow(), *(sample_host_rows(self.pool.scratch_slot) if self.sampler else ())),
         )
 
+    @classmethod
+    def of(cls, family, ckpt, **kwargs) -> ThinkerRunner:
+        """The runner of ``ckpt``'s thinker, its parts from ``family`` (keyword arguments as for the constructor)."""
+        device, cuda_graphs = torch.device(kwargs["device"]), kwargs.get("cuda_graphs", True)
+        return cls(family.thinker_parts(ckpt, device=device, cuda_graphs=cuda_graphs), **kwargs)
+
     def capture(self) -> None:
         """Record the decode, prefill and audio-encode graphs (CUDA; seconds for a 7B model): call once at start."""
         self.batched.capture()
@@ -131,7 +134,7 @@ class ThinkerRunner:
 
     def audio_tokens(self, frames: int) -> int:
         """Tokens the audio encoder makes of ``frames`` mel frames (one block or tail)."""
-        return audio_tokens_for_mel_frames(frames)
+        return self.audio.audio_tokens(frames)
 
     def encode_many(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
         """:meth:`encode_features` of several blocks (each at most 200 frames) in one batched encode: the encoder

@@ -201,6 +201,12 @@ class ToyFamily:
     def audio_features(self, ckpt: ToyCheckpoint) -> IncrementalLogMel:
         return IncrementalLogMel(ckpt.feature_extractor)
 
+    def thinker_parts(self, ckpt: ToyCheckpoint, *, device, cuda_graphs: bool):
+        """The tiny Qwen2.5-Omni's thinker modules (the runners need a decoder-shaped stack and an audio encoder)."""
+        from pipeline.models import family_of
+
+        return family_of("qwen2_5_omni").thinker_parts(ckpt, device=device, cuda_graphs=cuda_graphs)
+
     def token2wav(self, ckpt: ToyCheckpoint, stage) -> ToneSynthesizer:
         return ToneSynthesizer(max_batch=stage.max_batch)
 

@@ -104,6 +104,11 @@ class BlockEncoder:
     def captured(self) -> bool:
         return bool(self._graphs)
 
+    @staticmethod
+    def audio_tokens(frames: int) -> int:
+        """Tokens the encoder makes of ``frames`` mel frames (one block or tail)."""
+        return audio_tokens_for_mel_frames(frames)
+
     @torch.inference_mode()
     def capture(self) -> None:
         """Record one graph per batch size (CUDA only; a no-op otherwise). The graphs share one capture stream: the

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pipeline.models.family import Connector
+from pipeline.models.family import Connector, ThinkerParts
 from pipeline.models.qwen2_5_omni import connectors
 from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
 from pipeline.models.qwen2_5_omni.checkpoint import (
@@ -82,6 +82,13 @@ class Qwen25OmniFamily:
 
     def audio_features(self, ckpt: LoadedCheckpoint) -> IncrementalLogMel:
         return IncrementalLogMel(ckpt.feature_extractor)
+
+    def thinker_parts(self, ckpt: LoadedCheckpoint, *, device: torch.device, cuda_graphs: bool) -> ThinkerParts:
+        from pipeline.models.qwen2_5_omni.audio_encoder import BlockEncoder
+        from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
+
+        audio = BlockEncoder(thinker_audio_tower(ckpt.thinker), device=torch.device(device), cuda_graphs=cuda_graphs)
+        return ThinkerParts(text_model=thinker_text_model(ckpt.thinker), lm_head=ckpt.thinker.lm_head, audio=audio)
 
     def token2wav(self, ckpt: LoadedCheckpoint, stage: Any) -> StreamingToken2Wav:
         from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pipeline.runners.audio_encodes import AudioEncodes
+from tests.helpers.runners import thinker_runner
 
 
 class FakeEncoder:
@@ -55,10 +56,9 @@ def test_a_failing_block_keeps_its_error_and_the_others_are_encoded_alone():
 @torch.inference_mode()
 def test_encoding_blocks_together_equals_encoding_each(tiny_model_dir, device):
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.runners.thinker import ThinkerRunner
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": device}, dtypes={"thinker": torch.float32})
-    runner = ThinkerRunner(ckpt.thinker, device=torch.device(device), dtype=torch.float32, kv_slots=2, max_len=64)
+    runner = thinker_runner(ckpt, device=torch.device(device), dtype=torch.float32, kv_slots=2, max_len=64)
     gen = torch.Generator().manual_seed(0)
     features = [torch.randn(128, n, generator=gen) for n in (200, 37, 200, 3)]
     together = runner.encode_many(features)

@@ -15,6 +15,7 @@ import torch
 from pipeline.kernels.fused_decode import fusable
 from pipeline.runners.decoder import PooledDecoder
 from tests.helpers.paths import REPO
+from tests.helpers.runners import thinker_runner
 
 ROOT = REPO
 
@@ -119,12 +120,11 @@ def test_layers_of_another_structure_are_left_unfused(tiny_model_dir):
 def test_fused_decode_on_the_gpu(tiny_model_dir):
     """Compiled kernels, bf16, captured in the runner's graphs: the fused step against the unfused eager one."""
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.runners.thinker import ThinkerRunner
 
     for fused_decode in (False, True):
         ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.bfloat16})
-        runner = ThinkerRunner(
-            ckpt.thinker,
+        runner = thinker_runner(
+            ckpt,
             device=torch.device("cuda"),
             dtype=torch.bfloat16,
             kv_slots=4,

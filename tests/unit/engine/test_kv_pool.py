@@ -16,6 +16,7 @@ from pipeline.runners.decode_graphs import BatchedDecode, HostRow, default_batch
 from pipeline.runners.decoder import PooledDecoder
 from pipeline.runners.kv_pool import KVPool, SlotAllocator
 from tests.helpers.paths import REPO
+from tests.helpers.runners import thinker_runner
 
 ROOT = REPO
 
@@ -189,10 +190,9 @@ def test_attention_splits_spread_few_rows_over_the_sms():
 @torch.inference_mode()
 def test_captured_decode_steps_match_eager_ones_on_the_gpu(tiny_model_dir):
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.runners.thinker import ThinkerRunner
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.float32})
-    runner = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=64)
+    runner = thinker_runner(ckpt, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=64)
     runner.batched.capture()
     assert runner.batched.captured == (1, 2, 4)
     # the step's graphs share one capture stream of their own (one cuBLAS workspace, never the default stream's)
@@ -221,12 +221,11 @@ def test_captured_prefills_match_eager_ones_on_the_gpu(tiny_model_dir):
     """A prefill span as rows of a captured step (padded to the next captured size) gives the eager prefill's hidden
     states and writes the same keys and values, causally, at any start; a span longer than every graph runs eagerly."""
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.runners.thinker import ThinkerRunner
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.float32})
-    graphed = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=1024)
-    eager = ThinkerRunner(
-        ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=1024, cuda_graphs=False
+    graphed = thinker_runner(ckpt, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=1024)
+    eager = thinker_runner(
+        ckpt, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=1024, cuda_graphs=False
     )
     graphed.capture()
     assert graphed.prefills.captured == (8, 16, 32, 64, 128, 256, 512) and not eager.prefills.fits(3)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pipeline.scheduler.prefill_batch import PrefillBatch, PrefillJob
+from tests.helpers.runners import thinker_runner
 
 
 def job(rows: int, conv="c") -> PrefillJob:
@@ -34,12 +35,11 @@ def test_the_row_budget_defers_what_does_not_fit_but_never_a_step_s_first_chunk(
 @torch.inference_mode()
 def test_chunks_of_several_slots_in_one_replay_match_each_alone_on_the_gpu(tiny_model_dir):
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.runners.thinker import ThinkerRunner
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.float32})
-    batched = ThinkerRunner(ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=256)
-    alone = ThinkerRunner(
-        ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=256, cuda_graphs=False
+    batched = thinker_runner(ckpt, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=256)
+    alone = thinker_runner(
+        ckpt, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=256, cuda_graphs=False
     )
     batched.capture()
     assert batched.prefill_rows == 512 and alone.prefill_rows is None

@@ -10,6 +10,7 @@ from conftest import run_triton_check
 from pipeline.config import SamplingConfig
 from pipeline.kernels.noise import uniform_noise_reference as uniform_noise
 from pipeline.runners.sampling import BatchSampler, SampleRows, SamplerSpec
+from tests.helpers.runners import thinker_runner
 
 
 def hf_processed(cfg: SamplingConfig, logits: torch.Tensor, seen: list[int], suppress: list[int]) -> torch.Tensor:
@@ -145,14 +146,11 @@ def test_top_k_keeps_to_the_k_most_likely_ids():
 
 def test_a_decode_step_with_a_sampler_samples_what_the_sampler_gives_for_its_logits(tiny_model_dir):
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.runners.thinker import ThinkerRunner
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cpu"}, dtypes={"thinker": torch.float32})
     cfg = SamplingConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
     spec = SamplerSpec(cfg, stop=(3,), salt=0)
-    runner = ThinkerRunner(
-        ckpt.thinker, device=torch.device("cpu"), dtype=torch.float32, kv_slots=4, max_len=64, sampler=spec
-    )
+    runner = thinker_runner(ckpt, device=torch.device("cpu"), dtype=torch.float32, kv_slots=4, max_len=64, sampler=spec)
     hidden = ckpt.thinker.config.text_config.hidden_size
     for slot, n in ((0, 7), (2, 12)):
         runner.prefill(torch.randn(n, hidden), slot, 0)
@@ -170,12 +168,11 @@ def test_a_captured_step_samples_what_the_eager_step_samples_on_the_gpu(tiny_mod
     """Sampling inside the decode graph: a batch of 3 (padded to the graph of 4) draws the eager step's tokens, and
     the padding row marks nothing seen outside the scratch row."""
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.runners.thinker import ThinkerRunner
 
     ckpt = load_checkpoint(tiny_model_dir, devices={"thinker": "cuda"}, dtypes={"thinker": torch.float32})
     cfg = SamplingConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
-    runner = ThinkerRunner(
-        ckpt.thinker, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=64, sampler=SamplerSpec(cfg)
+    runner = thinker_runner(
+        ckpt, device=torch.device("cuda"), dtype=torch.float32, kv_slots=4, max_len=64, sampler=SamplerSpec(cfg)
     )
     runner.batched.capture()
     hidden = ckpt.thinker.config.text_config.hidden_size
