@@ -77,6 +77,10 @@ class EngineCore:
         self._seed_counter = 0
         self.observer = EngineObserver(cfg.engine.timeline_path)
         thinker, talker, token2wav, worker = self._build_runners(ckpt, cfg)
+        # capture the decode and prefill graphs now (seconds on a 7B model), not during the first replies; before the
+        # scheduler is made: its prefill row budget is the largest captured prefill graph
+        thinker.capture()
+        talker.capture()
         self.token2wav = token2wav
         self.runner = ModelRunner(
             thinker=thinker,
@@ -147,9 +151,6 @@ class EngineCore:
         self.commands_waiting: Callable[[], bool] = lambda: False
         """Set by whoever runs the core's requests and steps: whether requests wait for the engine thread (then no
         chain of talker steps is started)."""
-        # capture the decode and prefill graphs now (seconds on a 7B model), not during the first replies
-        thinker.capture()
-        talker.capture()
 
     def _build_runners(self, ckpt: Checkpoint, cfg: StageGraphConfig):
         """The thinker and talker runners (KV pools, graphs, in-graph sampling: the salts keep the two stages' noise

@@ -41,3 +41,23 @@ def test_a_talker_start_queues_its_work_without_waiting(tiny_model_dir):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert logits.shape == (core.runner.talker.head.out_features,) and torch.isfinite(logits).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: without prefill graphs there is no row budget")
+@torch.inference_mode()
+def test_the_scheduler_admits_a_step_s_prefill_chunks_up_to_the_captured_prefill_graph(tiny_model_dir):
+    """A step's prefill chunks run as one replay of the largest prefill graph; the scheduler's row budget must be that
+    graph's size (a budget read before the graphs were captured was None: a burst of new conversations then ran one
+    eager prefill of every chunk, a step of several hundred ms on the H100)."""
+    from pipeline.core import EngineCore
+    from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
+
+    cfg = greedy_stage_config("cuda", token2wav={"worker_thread": "off", "compile": "off"})
+    ckpt = load_checkpoint(
+        tiny_model_dir,
+        devices={"thinker": "cuda", "talker": "cuda", "token2wav": "cuda"},
+        dtypes={"thinker": torch.float32, "talker": torch.float32},
+    )
+    core = EngineCore(ckpt, cfg, seed=0)
+    assert core.runner.thinker.prefill_rows == 512
+    assert core.scheduler.cfg.prefill_rows == core.runner.thinker.prefill_rows
