@@ -111,6 +111,9 @@ class EngineHandle(Protocol):
     default_instructions: str
     random_weights: bool
     """True when the checkpoint is one of our random-weight test models: never an assistant."""
+    max_output_tokens: int
+    """The longest reply in text tokens the engine makes: a response that asks for more, or for no
+    limit, stops there (status ``incomplete``, reason ``max_output_tokens``)."""
 
     def conversation(self, *, instructions: str | None = None) -> ConversationHandle: ...
 

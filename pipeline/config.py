@@ -201,7 +201,7 @@ class ThinkerConfig(DecoderConfig):
     input: str = _kind("fixed", "request")
     sampling: SamplingConfig = _kind("sampling", factory=lambda: THINKER_SAMPLING)
     max_tokens: int | None = _kind("positive", 1024)
-    """Default reply length cap in text tokens (a response may ask for fewer)."""
+    """Reply length cap in text tokens (a response may ask for fewer); None: up to the context size."""
     max_context_tokens: int | None = _kind("positive", 8192)
     """Conversation length limit (prompt + reply) in thinker tokens, which is also a KV slot's size; None: the
     model's ``max_position_embeddings``."""

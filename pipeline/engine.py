@@ -226,7 +226,8 @@ class Conversation:
         if self._active is not None:
             raise ResponseActiveError("a response is already in progress for this conversation", param="response")
         resp = Response(engine, self, item_id, max_pending=engine.max_pending_events)
-        limit = engine.max_text_tokens if max_output_tokens is None else min(max_output_tokens, engine.max_text_tokens)
+        cap = engine.max_output_tokens
+        limit = cap if max_output_tokens is None else min(max_output_tokens, cap)
         spec = ResponseSpec(
             id=resp.id,
             conv_id=self.id,
@@ -290,7 +291,7 @@ class OmniEngine:
         self.default_voice = facts.default_voice
         self.default_instructions = family_of(cfg.model_family).default_instructions
         self.random_weights = facts.random_weights
-        self.max_text_tokens = cfg.thinker.max_tokens or 1024
+        self.max_output_tokens = facts.max_output_tokens
         self.max_pending_events = max_pending_events
         self._backend = backend
         if self.random_weights:

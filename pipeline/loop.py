@@ -93,6 +93,8 @@ class EngineFacts:
     random_weights: bool
     device_name: str
     """The thinker's device in words (the GPU's name on CUDA), for reports."""
+    max_output_tokens: int
+    """The longest reply in text tokens: the thinker's ``max_tokens``, else its context size."""
 
     @classmethod
     def of(cls, ckpt: Checkpoint, cfg: StageGraphConfig) -> EngineFacts:
@@ -108,6 +110,7 @@ class EngineFacts:
             default_voice=family.default_voice(ckpt),
             random_weights=ckpt.random_weights,
             device_name=name,
+            max_output_tokens=cfg.thinker.max_tokens or cfg.thinker.max_context_tokens or family.max_context(ckpt),
         )
 
 

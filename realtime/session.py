@@ -293,6 +293,9 @@ class SessionSettings:
     voices: tuple[str, ...]
     default_voice: str
     default_instructions: str
+    max_output_tokens: int | None = None
+    """The engine's reply cap in text tokens (``EngineHandle.max_output_tokens``); a response asking for more, or for
+    ``"inf"``, gets this limit, and its ``response.created`` / ``response.done`` show it. None: no cap."""
     dialect: Dialect = Dialect.GA
     audio_transport: AudioTransport = AudioTransport.EVENTS
     limits: SessionLimits = SessionLimits()
@@ -308,6 +311,7 @@ class SessionSettings:
             "voices": tuple(engine.voices),
             "default_voice": engine.default_voice,
             "default_instructions": engine.default_instructions,
+            "max_output_tokens": engine.max_output_tokens,
         }
         return cls(**(base | overrides))  # type: ignore[arg-type]
 
@@ -991,7 +995,10 @@ class Session:
         voice = self._voice(params.voice, params.voice_param) if params.voice is not KEEP else cfg.voice
         modality = cfg.modality if params.modality is KEEP else params.modality
         fmt = cfg.output_format if params.output_format is KEEP else params.output_format
-        max_tokens = cfg.max_output_tokens if params.max_output_tokens is KEEP else params.max_output_tokens
+        max_tokens = _capped(
+            cfg.max_output_tokens if params.max_output_tokens is KEEP else params.max_output_tokens,
+            self.settings.max_output_tokens,
+        )
         override = params.instructions is not KEEP and params.instructions != cfg.instructions
         if override:
             self._emit(SetInstructions(params.instructions))  # type: ignore[arg-type]
@@ -1106,3 +1113,10 @@ def _command_ids(command: EngineCommand) -> set[str]:
 def _failure(done: ResponseDone) -> Exception:
     """Why a failed response failed (an engine that gave no reason failed internally)."""
     return done.error or RuntimeError("response failed")
+
+
+def _capped(requested: int | None, cap: int | None) -> int | None:
+    """The reply limit a response really gets: what was asked (None: ``"inf"``) within the engine's cap."""
+    if cap is None:
+        return requested
+    return cap if requested is None else min(requested, cap)

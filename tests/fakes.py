@@ -313,6 +313,7 @@ class FakeEngine:
     default_voice = "Chelsie"
     default_instructions = "You are a fake assistant."
     random_weights = True
+    max_output_tokens = 4096
 
     def __init__(self, default_script: Script | None = None) -> None:
         self.default_script = default_script or Script()

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from pipeline.errors import CheckpointError, ConfigError
+from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
 
 logger = logging.getLogger(__name__)
 
@@ -495,6 +496,7 @@ def _required_file(path: Path, name: str) -> Path:
 def _load_config(path: Path) -> Any:
     from transformers import Qwen2_5OmniConfig
 
+    quiet_talker_token_id_warnings()
     file = _required_file(path, CONFIG_FILE)
     try:
         raw = json.loads(file.read_text())

@@ -6,11 +6,12 @@ generation_config.json) plus :data:`~.checkpoint.RANDOM_MARKER_FILE`, so the sam
 test and real models. Everything is built offline and deterministically from ``spec.seed``: the
 same seed and software versions give a byte-identical ``model.safetensors``.
 
-Two changes to the random initialisation keep the tiny model useful for end-to-end tests (see
+A few changes to the random initialisation keep the tiny model useful for end-to-end tests (see
 :func:`_tune_random_weights`): the vocoder's last convolution is scaled by ``spec.output_gain`` (a
-random BigVGAN otherwise outputs ~1e-7, silence for any audibility check), and the talker's codec
-stop rows are shrunk by ``spec.stop_logit_scale`` so that greedy decoding does not stop at the first
-steps while sampling can still stop.
+random BigVGAN otherwise outputs ~1e-7, silence for any audibility check), the talker's codec
+stop rows are shrunk by ``spec.stop_logit_scale`` so that decoding does not stop at the first
+steps, and the thinker's end-of-reply and the talker's end-of-speech logits are raised just enough
+that a sampled reply ends on its own after a few seconds, as a real model's does.
 
 The tokenizer is a byte-level BPE trained at build time on :mod:`.tokenizer_corpus`, with the Qwen
 special tokens appended in the released order; the thinker vocabulary is padded beyond it (like the
@@ -36,6 +37,8 @@ import torch
 
 from pipeline.errors import CheckpointError
 from pipeline.models.qwen2_5_omni import checkpoint as ckpt
+from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
+from pipeline.models.qwen2_5_omni.parts import thinker_text_model
 from pipeline.models.qwen2_5_omni.tokenizer_corpus import CORPUS
 
 SPEAKER_NAMES = ("Chelsie", "Ethan")
@@ -114,7 +117,9 @@ class RandomModelSpec:
     ``codec_speech_vocab`` is the number of speech codes (ids below it); the codec special ids sit
     above it. ``dit_num_embeds`` must cover the speech codes. ``output_gain`` multiplies the
     vocoder's last convolution; ``stop_logit_scale`` multiplies the talker's codec-head rows of
-    the stop ids (1.0 leaves the random init alone).
+    the stop ids (1.0 leaves the random init alone); ``reply_end_logit`` is the level the thinker's
+    ``<|im_end|>`` logit is held near and ``speech_end_logit`` the talker's codec-eos logit once the
+    reply's text has ended (``None`` leaves the random init alone).
     """
 
     # thinker language model
@@ -188,7 +193,9 @@ class RandomModelSpec:
     # randomness and the audibility tweaks
     seed: int = 0
     output_gain: float = 8.0e5
-    stop_logit_scale: float = 0.7
+    stop_logit_scale: float = 0.3
+    reply_end_logit: float | None = 0.29
+    speech_end_logit: float | None = 0.5
 
     @classmethod
     def tiny(cls, seed: int = 0) -> RandomModelSpec:
@@ -254,6 +261,10 @@ class RandomModelSpec:
             speaker_bos_ids=RELEASED_7B_IDS["speaker_bos"],
             # 1536 vocoder channels keep a random signal at RMS ~0.035; 3x brings it to ~0.1.
             output_gain=3.0,
+            # GPU benchmarks force reply lengths; the random init is left alone.
+            stop_logit_scale=0.7,
+            reply_end_logit=None,
+            speech_end_logit=None,
             seed=seed,
         )
 
@@ -398,6 +409,7 @@ def build_config(spec: RandomModelSpec) -> Any:
     :func:`~.checkpoint.validate_config` and the spec-only rules of :func:`check_spec`."""
     from transformers import Qwen2_5OmniConfig
 
+    quiet_talker_token_id_warnings()
     check_spec(spec)
     ids = added_token_ids(spec.tokenizer_bpe_vocab)
     markers = {
@@ -605,11 +617,93 @@ def _tune_random_weights(model: Any, spec: RandomModelSpec) -> None:
       shrinks their logits toward 0 while the best of the other codes stays clearly positive, so
       greedy decoding rarely stops early; the logits stay finite, so sampling (and occasionally
       greedy decoding) still stops.
+    * Ending a reply: the thinker's ``<|im_end|>`` would be sampled about once per thousand tokens, so
+      a sampled reply ran to the length cap. :func:`_hold_reply_end_logit` keeps its logit near
+      ``spec.reply_end_logit``, below the usual best logit (greedy decoding seldom ends) but inside
+      the sampler's top-k, so a reply sampled with the packaged settings ends on its own, after
+      about a hundred tokens on average (some two seconds of speech).
+    * Ending its speech: once the text has ended the talker is fed the same text-pad vector at every
+      step and a random talker never samples its codec eos. :func:`_end_speech_after_text` raises
+      that logit to ``spec.speech_end_logit`` exactly then, so the speech ends a little after the text.
     """
     model.token2wav.code2wav_bigvgan_model.conv_post.weight.mul_(spec.output_gain)
     talker = model.talker
     for stop_id in (talker.codec_eos_token, talker.codec_pad_token):
         talker.codec_head.weight[stop_id].mul_(spec.stop_logit_scale)
+    if spec.reply_end_logit is not None:
+        end_id = added_token_ids(spec.tokenizer_bpe_vocab)[ckpt.IM_END]
+        _hold_reply_end_logit(model.thinker, end_id, spec.reply_end_logit)
+    if spec.speech_end_logit is not None:
+        _end_speech_after_text(model, spec, spec.speech_end_logit)
+
+
+REPLY_END_NOISE_SCALE = 0.1
+"""The share of its random weights the thinker's end row keeps (its logit's spread around the level)."""
+
+
+@torch.no_grad()
+def _hold_reply_end_logit(thinker: Any, end_id: int, level: float) -> None:
+    """Make ``end_id``'s logit ``level`` plus a little noise at every position.
+
+    The last channel of the residual stream is made a constant: the same value in every token's
+    embedding and never written by a layer (its rows of the attention and MLP output projections are
+    zeroed). After the final norm it is nearly constant too, so a language-model-head row that reads
+    only that channel acts as a bias. The head's other rows stop reading it; the end row keeps
+    :data:`REPLY_END_NOISE_SCALE` of its random weights so its logit still varies a little. The
+    channel's normed value is measured on a probe of every token id to calibrate the row.
+    """
+    text = thinker_text_model(thinker)
+    channel = text.embed_tokens.weight.shape[1] - 1
+    embed = text.embed_tokens.weight
+    embed[:, channel] = 3.0 * embed[:, :channel].std()
+    for layer in text.layers:
+        layer.self_attn.o_proj.weight[channel] = 0.0
+        layer.mlp.down_proj.weight[channel] = 0.0
+    head = thinker.lm_head.weight
+    head[:, channel] = 0.0
+    head[end_id].mul_(REPLY_END_NOISE_SCALE)
+    probe = torch.arange(256, device=embed.device).reshape(4, 64) % embed.shape[0]
+    normed = text(input_ids=probe).last_hidden_state[..., channel].float().mean()
+    head[end_id, channel] = level / normed.item()
+
+
+@torch.no_grad()
+def _end_speech_after_text(model: Any, spec: RandomModelSpec, level: float) -> None:
+    """Make the talker's codec-eos logit ``level`` whenever its input is the text-end or text-pad vector.
+
+    A marker channel (the thinker's second-to-last) is non-zero only in the embeddings of
+    ``tts_text_end`` / ``tts_text_pad`` (what the talker is fed once the text has ended) and is never
+    written by a thinker layer, so the thinker's hidden states carry zero there. The talker's input
+    projection copies it alone into the talker's last channel, which no talker layer writes either;
+    the codec head reads that channel only in the eos row, calibrated on a probe of text-pad inputs.
+    Before the text ends the channel is zero and the eos logit keeps its random value.
+    """
+    text, talker = thinker_text_model(model.thinker), model.talker
+    marker, channel = spec.thinker_hidden - 2, spec.talker_hidden - 1
+    embed = text.embed_tokens.weight
+    scale = 3.0 * embed[:, :marker].std()
+    embed[:, marker] = 0.0
+    embed[[spec.tts_text_end_id, spec.tts_text_pad_id], marker] = scale
+    for layer in text.layers:
+        layer.self_attn.o_proj.weight[marker] = 0.0
+        layer.mlp.down_proj.weight[marker] = 0.0
+    model.thinker.lm_head.weight[:, marker] = 0.0
+    talker.model.embed_tokens.weight[:, marker] = 0.0
+    proj = talker.thinker_to_talker_proj
+    proj.weight[:, marker] = 0.0
+    proj.weight[channel] = 0.0
+    proj.bias[channel] = 0.0
+    proj.weight[channel, marker] = 1.0
+    for layer in talker.model.layers:
+        layer.self_attn.o_proj.weight[channel] = 0.0
+        layer.mlp.down_proj.weight[channel] = 0.0
+    head = talker.codec_head.weight
+    head[:, channel] = 0.0
+    codes = torch.arange(32, device=embed.device).reshape(2, 16) % spec.codec_speech_vocab
+    pad = embed[spec.tts_text_pad_id]
+    probe = proj(talker.model.embed_tokens(codes) + pad)
+    normed = talker.model(inputs_embeds=probe).last_hidden_state[..., channel].float().mean()
+    head[spec.codec_eos_id, channel] = level / normed.item()
 
 
 def make_speakers(spec: RandomModelSpec) -> dict[str, dict[str, Any]]:

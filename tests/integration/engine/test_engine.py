@@ -308,3 +308,28 @@ async def test_a_step_that_raises_fails_the_live_responses_and_the_engine_serves
     again = await asyncio.wait_for(conv.respond(item_id="a2", max_output_tokens=4).wait(), 60)
     assert again.status in (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE)
     await conv.close()
+
+
+async def test_tiny_model_replies_end_on_their_own_with_the_packaged_sampling(tiny_model_dir):
+    """A newcomer's first replies: sampled as packaged, with no length asked for, each tiny reply ends by itself
+    (``completed``) after a few seconds of speech, never at the engine's cap."""
+    engine = OmniEngine.from_pretrained(tiny_model_dir, seed=7)
+    try:
+        seconds = []
+        for i, text in enumerate(["Hello there, how are you?", "What is the capital of France?", "Tell me a story."]):
+            conv = engine.conversation()
+            await conv.add_text(f"u{i}", text)
+            samples, done = 0, None
+            async for ev in conv.respond(item_id=f"r{i}"):
+                if isinstance(ev, AudioChunk):
+                    samples += len(ev.pcm)
+                elif isinstance(ev, ResponseDone):
+                    done = ev
+            await conv.close()
+            assert done is not None and done.status is ResponseStatus.COMPLETED, done
+            assert done.usage.output_text_tokens < engine.max_output_tokens
+            seconds.append(samples / 24_000)
+        # Some two seconds on average; a reply rarely passes ten (about 500 text tokens before its end is sampled).
+        assert all(0 < s < 30 for s in seconds), seconds
+    finally:
+        engine.close()

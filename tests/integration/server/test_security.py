@@ -178,7 +178,7 @@ async def test_response_length_is_capped(tiny_engine):
         assert done["usage"]["output_token_details"]["text_tokens"] <= 3
         if done["status"] == "incomplete":
             assert done["status_details"]["reason"] == "max_output_tokens"
-        assert tiny_engine.max_text_tokens <= 4096
+        assert tiny_engine.max_output_tokens <= 4096
     await assert_clean(app, timeout=20)
 
 

@@ -164,7 +164,7 @@ def test_reference_generate_speaks_audibly_and_fast(tiny_dir: Path, reference_mo
         sequences, waveform = model.generate(
             prompt,
             speaker="Chelsie",
-            thinker_max_new_tokens=8,
+            thinker_max_new_tokens=64,
             talker_max_new_tokens=60,
             talker_do_sample=False,
             thinker_do_sample=False,
@@ -179,25 +179,71 @@ def test_reference_generate_speaks_audibly_and_fast(tiny_dir: Path, reference_mo
     )
     assert len(reply) >= 1
     assert 0.01 < rms < 0.5
-    # Greedy decoding does not stop at the first codes: a full 60 codes of 480 samples each.
+    # Greedy decoding does not stop while the text runs: a full 60 codes of 480 samples each.
     assert waveform.numel() == 60 * 480
     assert elapsed < 3.0  # ~0.7 s on an idle core; generous for a shared CI machine
 
 
 def test_talker_stop_ids_are_rare_but_possible(reference_model) -> None:
     """The stop rows are shrunk: for random talker states a stop id is (almost) never the greedy
-    choice, yet often among the top-k candidates, so sampling can end an utterance."""
+    choice, yet sometimes among the top-k candidates, so sampling can end an utterance. While the
+    reply's text runs the talker's end channel (its last) is zero, as the next test shows."""
     model, _ = reference_model
     spec = RandomModelSpec.tiny()
     stops = torch.tensor([spec.codec_eos_id, spec.codec_pad_id])
     states = torch.randn(20000, spec.talker_hidden, generator=torch.Generator().manual_seed(0))
+    states[:, -1] = 0.0
     with torch.inference_mode():
         logits = model.talker.codec_head(states)
     greedy_stop = torch.isin(logits.argmax(-1), stops).float().mean().item()
     in_top40 = torch.isin(logits.topk(40, dim=-1).indices, stops).any(-1).float().mean().item()
     assert greedy_stop < 1e-3
-    assert in_top40 > 0.1
+    assert in_top40 > 0.01
     assert torch.isfinite(logits[:, stops]).all()
+
+
+def _talker_logits(model, vectors: torch.Tensor, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The talker's codec logits and last hidden states for thinker-side input ``vectors`` (T, H) beside ``codes``."""
+    talker = model.talker
+    inputs = talker.thinker_to_talker_proj(talker.model.embed_tokens(codes) + vectors)
+    hidden = talker.model(inputs_embeds=inputs.unsqueeze(0)).last_hidden_state[0]
+    return talker.codec_head(hidden), hidden
+
+
+def test_speech_ends_soon_after_the_text(reference_model) -> None:
+    """While the text runs (the talker's input holds thinker states and token embeddings) codec eos is
+    outside the sampler's top-40; once the talker is fed the text-pad vector it is the greedy choice."""
+    model, tokenizer = reference_model
+    spec = RandomModelSpec.tiny()
+    text_model = model.thinker.model
+    text_model = getattr(text_model, "language_model", text_model)
+    prompt = tokenizer("Tell me a story about the sea and the sky, please.", return_tensors="pt")["input_ids"]
+    codes = torch.arange(prompt.shape[1]) % spec.codec_speech_vocab
+    with torch.inference_mode():
+        thinker_out = text_model(input_ids=prompt).last_hidden_state[0]
+        assert torch.all(thinker_out[:, -2] == 0.0)  # the marker channel is silent in the thinker's states
+        words = thinker_out + text_model.embed_tokens(prompt[0])
+        during, hidden = _talker_logits(model, words, codes)
+        assert torch.all(hidden[:, -1] == 0.0)
+        pad = text_model.embed_tokens.weight[spec.tts_text_pad_id].expand(len(codes), -1)
+        after, _ = _talker_logits(model, pad, codes)
+    eos = spec.codec_eos_id
+    assert not torch.isin(torch.tensor(eos), during.topk(40, dim=-1).indices).item()
+    assert (after.argmax(-1) == eos).float().mean().item() > 0.9
+
+
+def test_thinker_end_logit_sits_below_the_best_but_inside_the_top_k(reference_model) -> None:
+    """``<|im_end|>`` is seldom the greedy choice but often among the packaged sampler's top 20, so a sampled
+    reply ends on its own while greedy replies run on."""
+    model, tokenizer = reference_model
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompts = torch.randint(0, 500, (8, 48), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        logits = model.thinker(input_ids=prompts).logits.reshape(-1, model.thinker.config.text_config.vocab_size)
+    greedy_end = (logits.argmax(-1) == end).float().mean().item()
+    in_top20 = (logits.topk(20, dim=-1).indices == end).any(-1).float().mean().item()
+    assert greedy_end < 0.02
+    assert in_top20 > 0.1
 
 
 def test_seven_b_spec_has_the_released_parameter_count() -> None:

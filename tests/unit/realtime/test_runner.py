@@ -94,7 +94,7 @@ async def test_text_turn_end_to_end():
         assert done["response"]["status"] == "completed"
         assert done["response"]["output"][0]["content"][0]["transcript"] == "Hello there!"
         assert [c[0] for c in h.conversation.calls] == ["open", "add_text", "respond"]
-        assert h.calls("respond") == [("respond", "item_2", ("audio", "text"), "Chelsie", None)]
+        assert h.calls("respond") == [("respond", "item_2", ("audio", "text"), "Chelsie", FakeEngine.max_output_tokens)]
     types = h.transport.types()
     assert types[:2] == ["session.created", "session.updated"]
     assert types.count("response.output_audio.delta") == 3

@@ -75,12 +75,14 @@ class Driver:
         limits=SessionLimits(),
         manual=False,
         preemptive=False,
+        max_output_tokens=None,
     ):
         settings = SessionSettings(
             model="fake-omni",
             voices=("Chelsie", "Ethan"),
             default_voice="Chelsie",
             default_instructions="You are helpful.",
+            max_output_tokens=max_output_tokens,
             dialect=dialect,
             audio_transport=transport,
             limits=limits,
@@ -293,6 +295,25 @@ def test_text_only_response():
     assert types(acts)[:2] == ["response.output_text.delta", "response.output_text.done"]
     assert events(acts)[1]["text"] == "Paris"
     assert "response.output_audio.delta" not in types(acts)
+
+
+def test_the_engine_cap_limits_a_reply_and_the_response_shows_it():
+    d = Driver(manual=True, max_output_tokens=50)
+    assert d.start_actions and events(d.start_actions)[0]["session"]["max_output_tokens"] == "inf"
+    commit_turn(d)
+    acts = d.respond()  # the session says "inf": the engine's cap applies and is shown
+    assert of(acts, StartResponse)[0].max_output_tokens == 50
+    assert events(acts)[0]["response"]["max_output_tokens"] == 50
+    acts = d.done(ResponseStatus.INCOMPLETE, reason="max_output_tokens")
+    response = events(acts)[-1]["response"]
+    assert response["max_output_tokens"] == 50
+    assert response["status_details"] == {"type": "incomplete", "reason": "max_output_tokens"}
+    acts = d.send({"type": "response.create", "response": {"max_output_tokens": 7}})
+    assert of(acts, StartResponse)[0].max_output_tokens == 7  # a lower limit asked for is kept
+    d.done()
+    acts = d.send({"type": "response.create", "response": {"max_output_tokens": 4096}})
+    assert of(acts, StartResponse)[0].max_output_tokens == 50
+    assert events(acts)[0]["response"]["max_output_tokens"] == 50
 
 
 def test_g711_output_is_counted_in_wire_milliseconds():
