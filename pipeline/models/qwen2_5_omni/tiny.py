@@ -195,7 +195,7 @@ class RandomModelSpec:
     output_gain: float = 8.0e5
     stop_logit_scale: float = 0.3
     reply_end_logit: float | None = 0.29
-    speech_end_logit: float | None = 0.5
+    speech_end_logit: float | None = 0.06
 
     @classmethod
     def tiny(cls, seed: int = 0) -> RandomModelSpec:
@@ -624,7 +624,8 @@ def _tune_random_weights(model: Any, spec: RandomModelSpec) -> None:
       about a hundred tokens on average (some two seconds of speech).
     * Ending its speech: once the text has ended the talker is fed the same text-pad vector at every
       step and a random talker never samples its codec eos. :func:`_end_speech_after_text` raises
-      that logit to ``spec.speech_end_logit`` exactly then, so the speech ends a little after the text.
+      that logit to ``spec.speech_end_logit`` exactly then: inside the sampler's top-k but below the
+      best code, so sampled speech ends soon after the text while greedy decoding runs to its cap.
     """
     model.token2wav.code2wav_bigvgan_model.conv_post.weight.mul_(spec.output_gain)
     talker = model.talker
@@ -669,7 +670,7 @@ def _hold_reply_end_logit(thinker: Any, end_id: int, level: float) -> None:
 
 @torch.no_grad()
 def _end_speech_after_text(model: Any, spec: RandomModelSpec, level: float) -> None:
-    """Make the talker's codec-eos logit ``level`` whenever its input is the text-end or text-pad vector.
+    """Make the talker's codec-eos logit about ``level`` whenever its input is the text-end or text-pad vector.
 
     A marker channel (the thinker's second-to-last) is non-zero only in the embeddings of
     ``tts_text_end`` / ``tts_text_pad`` (what the talker is fed once the text has ended) and is never

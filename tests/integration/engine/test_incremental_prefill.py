@@ -99,6 +99,10 @@ async def test_exact_floor_features_equal_the_reference_processor(engine):
     pcm = np.concatenate([0.05 * speech_16k("short_joke.wav"), speech_16k("long_story.wav")[: 16000 * 3]])
     conv = engine.conversation()
     await stream_audio(engine, conv, "u1", pcm)
+    # A commit queues the re-encodes; their embeddings are filled at the start of the engine's next step. Reading them
+    # before that step raced the engine thread (uninitialised memory when it was late, as under a loaded machine).
+    await engine.wait_idle()
+    assert engine.core.runner.audio_encodes.pending == 0
     core = engine.core
     item = core_conv(engine, conv).find("u1")
     one_shot = IncrementalLogMel(core.ckpt.feature_extractor)

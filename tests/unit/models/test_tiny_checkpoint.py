@@ -212,7 +212,8 @@ def _talker_logits(model, vectors: torch.Tensor, codes: torch.Tensor) -> tuple[t
 
 def test_speech_ends_soon_after_the_text(reference_model) -> None:
     """While the text runs (the talker's input holds thinker states and token embeddings) codec eos is
-    outside the sampler's top-40; once the talker is fed the text-pad vector it is the greedy choice."""
+    outside the sampler's top-40; once the talker is fed the text-pad vector it is among them (sampling ends the
+    speech soon), yet not the greedy choice (greedy decoding runs to its cap, as the engine's tests expect)."""
     model, tokenizer = reference_model
     spec = RandomModelSpec.tiny()
     text_model = model.thinker.model
@@ -229,7 +230,8 @@ def test_speech_ends_soon_after_the_text(reference_model) -> None:
         after, _ = _talker_logits(model, pad, codes)
     eos = spec.codec_eos_id
     assert not torch.isin(torch.tensor(eos), during.topk(40, dim=-1).indices).item()
-    assert (after.argmax(-1) == eos).float().mean().item() > 0.9
+    assert (after.topk(40, dim=-1).indices == eos).any(-1).float().mean().item() > 0.5
+    assert not (after.argmax(-1) == eos).any()
 
 
 def test_thinker_end_logit_sits_below_the_best_but_inside_the_top_k(reference_model) -> None:
