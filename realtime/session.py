@@ -859,15 +859,11 @@ class Session:
         last = self._last_item_id()
         if previous_item_id is None or previous_item_id == last or (previous_item_id == ROOT_ITEM_ID and last is None):
             return
-        if previous_item_id == ROOT_ITEM_ID:
-            raise RealtimeError(
-                "items can only be added at the end of the conversation",
-                code=ErrorCode.UNSUPPORTED_VALUE,
-                param="previous_item_id",
-            )
-        self._get_item(previous_item_id, param="previous_item_id")
+        if previous_item_id != ROOT_ITEM_ID:
+            self._get_item(previous_item_id, param="previous_item_id")  # item_not_found for an unknown id
         raise RealtimeError(
-            "items can only be added at the end of the conversation",
+            "inserting an item before the end of the conversation is not supported: leave 'previous_item_id' out "
+            "(the item is appended)",
             code=ErrorCode.UNSUPPORTED_VALUE,
             param="previous_item_id",
         )

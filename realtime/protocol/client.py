@@ -29,6 +29,7 @@ from realtime.protocol.model import (
     SessionPatch,
 )
 from realtime.protocol.names import ClientEventType, ContentType, parse_content_type
+from realtime.protocol.validation import from_validation_error
 from realtime.turn import ServerVadParams
 
 
@@ -115,6 +116,13 @@ ClientEvent = (
 )
 
 
+_UNSUPPORTED_EVENTS = {
+    "transcription_session.update": "transcription sessions are not supported: this server runs conversation "
+    "sessions only (configure them with 'session.update')",
+}
+"""Client event types of the OpenAI API that this server does not serve, with what to do instead."""
+
+
 def parse_client_event(message: str | bytes) -> ClientEvent:
     """Parse one client message (a JSON object with a ``type``) into its typed event."""
     body = _load_json(message)
@@ -123,6 +131,10 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
     if not isinstance(kind, str):
         code = ErrorCode.MISSING_REQUIRED_PARAMETER if kind is None else ErrorCode.INVALID_TYPE
         raise ProtocolError("event 'type' must be a string", code=code, param="type", event_id=event_id)
+    if kind in _UNSUPPORTED_EVENTS:
+        raise ProtocolError(
+            _UNSUPPORTED_EVENTS[kind], code=ErrorCode.UNSUPPORTED_EVENT, param="type", event_id=event_id
+        )
     try:
         event_type = ClientEventType(kind)
     except ValueError:
@@ -134,7 +146,7 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
         model = model_cls.model_validate(body)
         return convert(model)
     except ValidationError as exc:
-        raise _from_validation_error(exc, event_id) from None
+        raise from_validation_error(exc, event_id) from None
     except RealtimeError as exc:  # raised by the converters, which do not see the event id
         exc.event_id = event_id
         raise
@@ -160,23 +172,6 @@ def _load_json(message: str | bytes) -> dict:
     if not isinstance(body, dict):
         raise ProtocolError("a client event must be a JSON object", code=ErrorCode.INVALID_EVENT)
     return body
-
-
-def _from_validation_error(exc: ValidationError, event_id: str | None) -> ProtocolError:
-    """The first validation problem as a ProtocolError naming the field's dotted path."""
-    err = exc.errors(include_url=False)[0]
-    param = ".".join(str(part) for part in err["loc"]) or None
-    kind = err["type"]
-    detail = str(err["ctx"]["error"]) if kind == "value_error" else err["msg"]
-    if kind == "missing":
-        code, message = ErrorCode.MISSING_REQUIRED_PARAMETER, f"missing required parameter '{param}'"
-    elif kind == "extra_forbidden":
-        code, message = ErrorCode.UNKNOWN_PARAMETER, f"unknown parameter '{param}'"
-    elif kind.endswith("_type") or kind.endswith("_parsing"):
-        code, message = ErrorCode.INVALID_TYPE, f"invalid type for '{param}': {detail}"
-    else:
-        code, message = ErrorCode.INVALID_VALUE, f"invalid value for '{param}': {detail}"
-    return ProtocolError(message, code=code, param=param, event_id=event_id)
 
 
 def _unsupported(message: str, param: str) -> ProtocolError:
@@ -287,7 +282,8 @@ def _new_item(m: wire.ItemModel) -> NewItem:
         if kind not in _ALLOWED_CONTENT[role]:
             allowed = ", ".join(k.value for k in _ALLOWED_CONTENT[role])
             raise _unsupported(
-                f"{role.value} messages may hold {allowed}, not {m.content[i].type}", f"item.content.{i}.type"
+                f"content type '{m.content[i].type}' is not supported in {role.value} messages: use {allowed}",
+                f"item.content.{i}.type",
             )
     if ContentType.INPUT_AUDIO in kinds:
         if len(kinds) > 1:
