@@ -56,6 +56,7 @@ from pipeline.outputs import (
     Usage,
 )
 from realtime.audio import AudioFormat, OutputEncoder
+from realtime.error_log import log_error_event
 from realtime.errors import InvalidAudioData, RealtimeError, to_error_payload
 from realtime.ids import IdGenerator, IdKind, RandomIds
 from realtime.protocol.client import (
@@ -71,6 +72,7 @@ from realtime.protocol.client import (
     ResponseCancel,
     ResponseCreate,
     SessionUpdate,
+    client_event_type,
     parse_client_event,
 )
 from realtime.protocol.codes import ErrorCode, StatusReason
@@ -505,7 +507,7 @@ class Session:
         try:
             event = parse_client_event(message)
         except RealtimeError as exc:
-            self._error(exc, exc.event_id)
+            self._error(exc, exc.event_id, exc.event_type)
             return self._drain()
         return self.handle(event)
 
@@ -518,7 +520,7 @@ class Session:
         try:
             self._handlers[type(event)](event)
         except RealtimeError as exc:
-            self._error(exc, event.event_id)
+            self._error(exc, event.event_id, client_event_type(event).value)
         return self._drain()
 
     def turn_event(self, event: TurnEvent) -> list[Action]:
@@ -581,7 +583,7 @@ class Session:
                 if held:
                     t.done = True  # type: ignore[union-attr]
             else:
-                self._send(self._events.error(to_error_payload(exc)))
+                self._error(exc)
         return self._drain()
 
     def playback_stopped(self, response_id: str) -> list[Action]:
@@ -613,8 +615,12 @@ class Session:
         finally:
             self._hold = None
 
-    def _error(self, exc: RealtimeError, event_id: str | None) -> None:
-        self._send(self._events.error(to_error_payload(exc, event_id=event_id)))
+    def _error(self, exc: Exception, event_id: str | None = None, answers: str | None = None) -> None:
+        """Send (and log) the ``error`` event for ``exc``: every error event of the session comes from here.
+        ``answers``: the type of the client event it answers, for the log."""
+        payload = to_error_payload(exc, event_id=event_id)
+        log_error_event(payload, session_id=self.session_id, answers=answers)
+        self._send(self._events.error(payload))
 
     def _drain(self) -> list[Action]:
         out, self._out = self._out, []
@@ -1072,7 +1078,7 @@ class Session:
             self.conversation_id, state, output=(item,), reason=reason, error=error, usage=done.usage
         )
         if state is ResponseState.FAILED:  # also as an error event: clients that only watch errors see it
-            self._send(self._events.error(to_error_payload(_failure(done))))
+            self._error(_failure(done))
         self._send(self._events.response_done(summary))
         self._response = None
         if response.restore_instructions:

@@ -131,25 +131,34 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
     if not isinstance(kind, str):
         code = ErrorCode.MISSING_REQUIRED_PARAMETER if kind is None else ErrorCode.INVALID_TYPE
         raise ProtocolError("event 'type' must be a string", code=code, param="type", event_id=event_id)
-    if kind in _UNSUPPORTED_EVENTS:
-        raise ProtocolError(
-            _UNSUPPORTED_EVENTS[kind], code=ErrorCode.UNSUPPORTED_EVENT, param="type", event_id=event_id
-        )
     try:
         event_type = ClientEventType(kind)
     except ValueError:
-        raise ProtocolError(
-            f"unknown client event type {kind!r}", code=ErrorCode.UNKNOWN_EVENT_TYPE, param="type", event_id=event_id
-        ) from None
+        unsupported = kind in _UNSUPPORTED_EVENTS
+        error = ProtocolError(
+            _UNSUPPORTED_EVENTS[kind] if unsupported else f"unknown client event type {kind!r}",
+            code=ErrorCode.UNSUPPORTED_EVENT if unsupported else ErrorCode.UNKNOWN_EVENT_TYPE,
+            param="type",
+            event_id=event_id,
+        )
+        error.event_type = kind
+        raise error from None
     model_cls, convert = _PARSERS[event_type]
     try:
         model = model_cls.model_validate(body)
         return convert(model)
     except ValidationError as exc:
-        raise from_validation_error(exc, event_id) from None
+        error = from_validation_error(exc, event_id)
+        error.event_type = kind
+        raise error from None
     except RealtimeError as exc:  # raised by the converters, which do not see the event id
-        exc.event_id = event_id
+        exc.event_id, exc.event_type = event_id, kind
         raise
+
+
+def client_event_type(event: ClientEvent) -> ClientEventType:
+    """The wire ``type`` of a parsed client event (the same in both dialects)."""
+    return _EVENT_TYPES[type(event)]
 
 
 def decode_base64(data: str, *, param: str) -> bytes:
@@ -360,4 +369,18 @@ _PARSERS = {
     ClientEventType.CONVERSATION_ITEM_TRUNCATE: (wire.TruncateModel, _truncate),
     ClientEventType.RESPONSE_CREATE: (wire.ResponseCreateModel, _response_create),
     ClientEventType.RESPONSE_CANCEL: (wire.ResponseCancelModel, _response_cancel),
+}
+
+_EVENT_TYPES: dict[type, ClientEventType] = {
+    SessionUpdate: ClientEventType.SESSION_UPDATE,
+    InputAudioAppend: ClientEventType.INPUT_AUDIO_BUFFER_APPEND,
+    InputAudioCommit: ClientEventType.INPUT_AUDIO_BUFFER_COMMIT,
+    InputAudioClear: ClientEventType.INPUT_AUDIO_BUFFER_CLEAR,
+    OutputAudioClear: ClientEventType.OUTPUT_AUDIO_BUFFER_CLEAR,
+    ItemCreate: ClientEventType.CONVERSATION_ITEM_CREATE,
+    ItemRetrieve: ClientEventType.CONVERSATION_ITEM_RETRIEVE,
+    ItemDelete: ClientEventType.CONVERSATION_ITEM_DELETE,
+    ItemTruncate: ClientEventType.CONVERSATION_ITEM_TRUNCATE,
+    ResponseCreate: ClientEventType.RESPONSE_CREATE,
+    ResponseCancel: ClientEventType.RESPONSE_CANCEL,
 }
