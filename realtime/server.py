@@ -608,7 +608,7 @@ def create_app(
 
     routes: list[BaseRoute] = [
         WebSocketRoute(REALTIME_PATH, realtime_ws),
-        Route(REALTIME_PATH, websocket_required, methods=None),
+        Route(REALTIME_PATH, websocket_required, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
         Route(CALLS_PATH, calls, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
