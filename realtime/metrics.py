@@ -8,6 +8,9 @@ on WebRTC the first audio is ``output_audio_buffer.started``) and ``response.don
 status). A preemptive reply's events reach the observer only once shown, so its time to first audio counts from
 there; a withdrawn one's never do (it is counted in ``omni_realtime_preemptive_replies_total``, from its trace).
 
+Every family shows from the first scrape: series whose label values are known up front (transports,
+refusal reasons, response statuses, first-audio segments, the protocol's error codes…) start at zero.
+
 Resource hygiene gauges are set from a :class:`Hygiene` snapshot the server takes when ``/metrics``
 is scraped (:meth:`ServerMetrics.observe_hygiene`): live sessions' asyncio tasks, all tasks of the
 event loop, open WebRTC peer connections, what the engine holds (conversations, responses, open

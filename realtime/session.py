@@ -617,7 +617,8 @@ class Session:
 
     def _error(self, exc: Exception, event_id: str | None = None, answers: str | None = None) -> None:
         """Send (and log) the ``error`` event for ``exc``: every error event of the session comes from here.
-        ``answers``: the type of the client event it answers, for the log."""
+        ``answers``: the type of the client event it answers, for the log. (An error of a preemptive reply
+        that is then withdrawn unseen is logged but never reaches the client.)"""
         payload = to_error_payload(exc, event_id=event_id)
         log_error_event(payload, session_id=self.session_id, answers=answers)
         self._send(self._events.error(payload))
