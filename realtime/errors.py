@@ -26,7 +26,8 @@ class ErrorType(str, enum.Enum):
 class RealtimeError(Exception):
     """A client-caused problem. ``param`` is the dotted path of the offending field
     (``session.audio.input.format.type``) when there is one; ``event_id`` the id of the client
-    event that caused it, when the raiser knows it (parsers do; the session passes it along)."""
+    event that caused it, when the raiser knows it (parsers do; the session passes it along);
+    ``event_type`` that event's ``type``, when it is a string (for the log only: not sent)."""
 
     code: str = ErrorCode.INVALID_REQUEST
     type = ErrorType.INVALID_REQUEST
@@ -43,6 +44,7 @@ class RealtimeError(Exception):
         self.message = message
         self.param = param
         self.event_id = event_id
+        self.event_type: str | None = None
         if code is not None:
             self.code = code
 

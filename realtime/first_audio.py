@@ -53,6 +53,13 @@ PATH = (Hop.TURN_END, Hop.REQUESTED, Hop.ENGINE_STARTED, Hop.ENGINE_FIRST_AUDIO,
 it)."""
 
 
+SIDE_SEGMENTS = ((Hop.TURN_END, Hop.COMMITTED), (Hop.TURN_END, Hop.SHOWN), (Hop.SHOWN, Hop.SENT))
+"""Segments reported beside the path's: the commit's and a preemptive reply's timing."""
+
+USUAL_SEGMENTS = tuple(f"{a.value}->{b.value}" for a, b in (*zip(PATH, PATH[1:]), *SIDE_SEGMENTS))
+"""The segment names of a response that passes every hop (a trace lacking a hop joins its neighbours)."""
+
+
 @dataclass
 class FirstAudioTrace:
     response_id: str
@@ -85,7 +92,7 @@ class FirstAudioTrace:
         first audio's wait as the client sees it) for those that happened."""
         present = [hop for hop in PATH if hop in self.at]
         out = {f"{a.value}->{b.value}": 1000.0 * (self.at[b] - self.at[a]) for a, b in zip(present, present[1:])}
-        for a, b in ((Hop.TURN_END, Hop.COMMITTED), (Hop.TURN_END, Hop.SHOWN), (Hop.SHOWN, Hop.SENT)):
+        for a, b in SIDE_SEGMENTS:
             if a in self.at and b in self.at:
                 out[f"{a.value}->{b.value}"] = 1000.0 * (self.at[b] - self.at[a])
         return out

@@ -8,6 +8,9 @@ on WebRTC the first audio is ``output_audio_buffer.started``) and ``response.don
 status). A preemptive reply's events reach the observer only once shown, so its time to first audio counts from
 there; a withdrawn one's never do (it is counted in ``omni_realtime_preemptive_replies_total``, from its trace).
 
+Every family shows from the first scrape: series whose label values are known up front (transports,
+refusal reasons, response statuses, first-audio segments, the protocol's error codes…) start at zero.
+
 Resource hygiene gauges are set from a :class:`Hygiene` snapshot the server takes when ``/metrics``
 is scraped (:meth:`ServerMetrics.observe_hygiene`): live sessions' asyncio tasks, all tasks of the
 event loop, open WebRTC peer connections, what the engine holds (conversations, responses, open
@@ -35,7 +38,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pipeline.outputs import EngineStats
-from realtime.first_audio import FirstAudioTrace
+from realtime.auth import AccessCode
+from realtime.first_audio import USUAL_SEGMENTS, FirstAudioTrace
+from realtime.limits import LimitCode
+from realtime.protocol.codes import ErrorCode
+from realtime.protocol.model import ResponseState
 from realtime.protocol.names import Dialect, ServerEvent, server_event_name
 
 PREFIX = "omni_realtime"
@@ -45,6 +52,9 @@ TTFA_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 HOP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 """Seconds: one hop of the first audio's path is milliseconds when all is well, seconds under overload."""
+
+TRANSPORTS = ("websocket", "webrtc")
+"""The ``transport`` label values of the session metrics."""
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 """Content type of :meth:`ServerMetrics.render`'s output."""
@@ -160,6 +170,28 @@ class ServerMetrics:
         )
         self.errors = Counter(f"{PREFIX}_errors", "error events sent to clients, by code", ["code"], registry=r)
         self._hygiene_gauges(r)
+        self._known_series()
+
+    def _known_series(self) -> None:
+        """Create every series whose label values are known up front, at zero: a fresh server's ``/metrics``
+        shows each family (zero sessions is a sample, not a missing series). Labels seen later (an engine's
+        own error code) add their series when first used."""
+        for transport in TRANSPORTS:
+            self.sessions_active.labels(transport)
+            self.sessions_total.labels(transport)
+        for reason in (ErrorCode.INVALID_API_KEY, *AccessCode, LimitCode.SESSION_LIMIT_REACHED):
+            self.sessions_refused.labels(str(reason))
+        for status in ResponseState:
+            if status is not ResponseState.IN_PROGRESS:
+                self.responses.labels(status.value)
+        for segment in USUAL_SEGMENTS:
+            self.first_audio_hops.labels(segment)
+        for outcome in ("shown", "withdrawn"):
+            self.preemptive_replies.labels(outcome)
+        for code in (*ErrorCode, LimitCode.RATE_LIMIT_EXCEEDED, LimitCode.MESSAGE_TOO_LARGE):
+            self.errors.labels(str(code))
+        for stage in ("thinker", "talker"):
+            self.engine_kv_positions.labels(stage)
 
     def _hygiene_gauges(self, r: CollectorRegistry) -> None:
         self.session_tasks = Gauge(f"{PREFIX}_session_tasks", "asyncio tasks of live sessions", registry=r)

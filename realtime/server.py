@@ -10,6 +10,8 @@ Routes:
   (1000), stops reading (1008), the session fails (1011) or the server shuts down (1001; 1012 when
   uvicorn closes the connections first). The session limit counts WebSocket sessions and WebRTC
   calls together.
+- ``/v1/realtime`` over plain HTTP: 426 Upgrade Required to a GET (405 to other methods), with a JSON
+  error (``websocket_required``) that says how to connect.
 - ``POST /v1/realtime/calls``: WebRTC; the SDP offer (``application/sdp``, or a multipart form
   with ``sdp`` and ``session`` fields) goes to ``app.state.webrtc``; 201 with the SDP answer.
   Without a WebRTC endpoint: 501 with a JSON error.
@@ -79,6 +81,7 @@ class ServerCode(str, enum.Enum):
 
     WEBRTC_UNAVAILABLE = "webrtc_unavailable"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    WEBSOCKET_REQUIRED = "websocket_required"
 
     def __str__(self) -> str:
         return self.value
@@ -385,7 +388,7 @@ class RealtimeServer:
     async def _deny(self, websocket: WebSocket, refusal: Refusal) -> None:
         reason = str(refusal.error.code)
         self.metrics.refused(reason)
-        logger.warning("refused a session from %s: %s", _peer(websocket), reason)
+        logger.warning("refused a session from %s: %s", _client(websocket), reason)
         if "websocket.http.response" in websocket.scope.get("extensions", {}):
             await websocket.send_denial_response(error_response(refusal.status, refusal.error))
         else:
@@ -394,7 +397,7 @@ class RealtimeServer:
     async def _refuse_busy(self, websocket: WebSocket, dialect: Dialect) -> None:
         error = self.slots.refusal()
         self.metrics.refused(str(error.code))
-        logger.warning("refused a session from %s: %d sessions live (the limit)", _peer(websocket), self.slots.limit)
+        logger.warning("refused a session from %s: %d sessions live (the limit)", _client(websocket), self.slots.limit)
         event = ServerEvents(dialect, RandomIds()).error(to_error_payload(error))
         await websocket.send_text(json.dumps(event))
         await websocket.close(CloseCode.TRY_AGAIN_LATER, "try again later")
@@ -418,7 +421,8 @@ class RealtimeServer:
                 on_end=transport.session_ended,
                 on_first_audio=self.metrics.first_audio_path,
             )
-            await self._supervise(runner, _peer(websocket))
+            transport.session_id = runner.session.session_id
+            await self._supervise(runner, _client(websocket))
         finally:
             observer.close()
 
@@ -460,7 +464,11 @@ class RealtimeServer:
             offer, overrides = await _read_offer(request)
             answer = await self.webrtc.create_call(offer, dialect=dialect, session_overrides=overrides)
         except (RealtimeError, PipelineError) as exc:
-            return error_response(_status_for(exc), exc)
+            status = _status_for(exc)
+            logger.info(
+                "refused a WebRTC call from %s: HTTP %d, %s: %s", _client(request), status, exc.code, exc.message
+            )
+            return error_response(status, exc)
         except Exception as exc:  # a bug in the call setup: logged, answered without internals
             logger.exception("WebRTC call setup failed")
             return error_response(500, exc)
@@ -525,14 +533,31 @@ def _session_overrides(session: object) -> dict | None:
     return value
 
 
-def error_response(status: int, error: Exception) -> JSONResponse:
+def websocket_required(request: Request) -> JSONResponse:
+    """Plain HTTP on the WebSocket endpoint: 426 Upgrade Required (``Upgrade: websocket``) to a GET or HEAD,
+    405 (``Allow: GET``) to other methods; the JSON error says where to connect instead."""
+    scheme = "wss" if request.url.scheme == "https" else "ws"
+    url = f"{scheme}://{request.headers.get('host', 'HOST')}{REALTIME_PATH}"
+    error = RealtimeError(
+        f"{REALTIME_PATH} speaks the Realtime API over WebSocket: connect with {url} (the openai SDK: "
+        f"client.realtime.connect() with base_url {url.replace(scheme, 'http', 1).removesuffix('/realtime')}); "
+        f"WebRTC clients POST their SDP offer to {CALLS_PATH}",
+        code=ServerCode.WEBSOCKET_REQUIRED,
+    )
+    if request.method in ("GET", "HEAD"):
+        return error_response(426, error, headers={"Upgrade": "websocket", "Connection": "Upgrade"})
+    return error_response(405, error, headers={"Allow": "GET"})
+
+
+def error_response(status: int, error: Exception, headers: dict[str, str] | None = None) -> JSONResponse:
     """An HTTP error with the same ``{"error": {...}}`` body as the protocol's error events."""
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer"} | (headers or {})
     return JSONResponse({"error": to_error_payload(error)}, status_code=status, headers=headers)
 
 
-def _peer(websocket: WebSocket) -> str:
-    client = websocket.client
+def _client(connection: WebSocket | Request) -> str:
+    client = connection.client
     return f"{client.host}:{client.port}" if client else "unknown peer"
 
 
@@ -583,6 +608,7 @@ def create_app(
 
     routes: list[BaseRoute] = [
         WebSocketRoute(REALTIME_PATH, realtime_ws),
+        Route(REALTIME_PATH, websocket_required, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
         Route(CALLS_PATH, calls, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

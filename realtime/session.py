@@ -56,6 +56,7 @@ from pipeline.outputs import (
     Usage,
 )
 from realtime.audio import AudioFormat, OutputEncoder
+from realtime.error_log import log_error_event
 from realtime.errors import InvalidAudioData, RealtimeError, to_error_payload
 from realtime.ids import IdGenerator, IdKind, RandomIds
 from realtime.protocol.client import (
@@ -71,6 +72,7 @@ from realtime.protocol.client import (
     ResponseCancel,
     ResponseCreate,
     SessionUpdate,
+    client_event_type,
     parse_client_event,
 )
 from realtime.protocol.codes import ErrorCode, StatusReason
@@ -509,7 +511,7 @@ class Session:
         try:
             event = parse_client_event(message)
         except RealtimeError as exc:
-            self._error(exc, exc.event_id)
+            self._error(exc, exc.event_id, exc.event_type)
             return self._drain()
         return self.handle(event)
 
@@ -522,7 +524,7 @@ class Session:
         try:
             self._handlers[type(event)](event)
         except RealtimeError as exc:
-            self._error(exc, event.event_id)
+            self._error(exc, event.event_id, client_event_type(event).value)
         return self._drain()
 
     def turn_event(self, event: TurnEvent) -> list[Action]:
@@ -585,7 +587,7 @@ class Session:
                 if held:
                     t.done = True  # type: ignore[union-attr]
             else:
-                self._send(self._events.error(to_error_payload(exc)))
+                self._error(exc)
         return self._drain()
 
     def playback_stopped(self, response_id: str) -> list[Action]:
@@ -617,8 +619,13 @@ class Session:
         finally:
             self._hold = None
 
-    def _error(self, exc: RealtimeError, event_id: str | None) -> None:
-        self._send(self._events.error(to_error_payload(exc, event_id=event_id)))
+    def _error(self, exc: Exception, event_id: str | None = None, answers: str | None = None) -> None:
+        """Send (and log) the ``error`` event for ``exc``: every error event of the session comes from here.
+        ``answers``: the type of the client event it answers, for the log. (An error of a preemptive reply
+        that is then withdrawn unseen is logged but never reaches the client.)"""
+        payload = to_error_payload(exc, event_id=event_id)
+        log_error_event(payload, session_id=self.session_id, answers=answers)
+        self._send(self._events.error(payload))
 
     def _drain(self) -> list[Action]:
         out, self._out = self._out, []
@@ -863,15 +870,11 @@ class Session:
         last = self._last_item_id()
         if previous_item_id is None or previous_item_id == last or (previous_item_id == ROOT_ITEM_ID and last is None):
             return
-        if previous_item_id == ROOT_ITEM_ID:
-            raise RealtimeError(
-                "items can only be added at the end of the conversation",
-                code=ErrorCode.UNSUPPORTED_VALUE,
-                param="previous_item_id",
-            )
-        self._get_item(previous_item_id, param="previous_item_id")
+        if previous_item_id != ROOT_ITEM_ID:
+            self._get_item(previous_item_id, param="previous_item_id")  # item_not_found for an unknown id
         raise RealtimeError(
-            "items can only be added at the end of the conversation",
+            "inserting an item before the end of the conversation is not supported: leave 'previous_item_id' out "
+            "(the item is appended)",
             code=ErrorCode.UNSUPPORTED_VALUE,
             param="previous_item_id",
         )
@@ -1083,7 +1086,7 @@ class Session:
             self.conversation_id, state, output=(item,), reason=reason, error=error, usage=done.usage
         )
         if state is ResponseState.FAILED:  # also as an error event: clients that only watch errors see it
-            self._send(self._events.error(to_error_payload(_failure(done))))
+            self._error(_failure(done))
         self._send(self._events.response_done(summary))
         self._response = None
         if response.restore_instructions:

@@ -29,6 +29,7 @@ from realtime.protocol.model import (
     SessionPatch,
 )
 from realtime.protocol.names import ClientEventType, ContentType, parse_content_type
+from realtime.protocol.validation import from_validation_error
 from realtime.turn import ServerVadParams
 
 
@@ -115,6 +116,13 @@ ClientEvent = (
 )
 
 
+_UNSUPPORTED_EVENTS = {
+    "transcription_session.update": "transcription sessions are not supported: this server runs conversation "
+    "sessions only (configure them with 'session.update')",
+}
+"""Client event types of the OpenAI API that this server does not serve, with what to do instead."""
+
+
 def parse_client_event(message: str | bytes) -> ClientEvent:
     """Parse one client message (a JSON object with a ``type``) into its typed event."""
     body = _load_json(message)
@@ -126,18 +134,31 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
     try:
         event_type = ClientEventType(kind)
     except ValueError:
-        raise ProtocolError(
-            f"unknown client event type {kind!r}", code=ErrorCode.UNKNOWN_EVENT_TYPE, param="type", event_id=event_id
-        ) from None
+        unsupported = kind in _UNSUPPORTED_EVENTS
+        error = ProtocolError(
+            _UNSUPPORTED_EVENTS[kind] if unsupported else f"unknown client event type {kind!r}",
+            code=ErrorCode.UNSUPPORTED_EVENT if unsupported else ErrorCode.UNKNOWN_EVENT_TYPE,
+            param="type",
+            event_id=event_id,
+        )
+        error.event_type = kind
+        raise error from None
     model_cls, convert = _PARSERS[event_type]
     try:
         model = model_cls.model_validate(body)
         return convert(model)
     except ValidationError as exc:
-        raise _from_validation_error(exc, event_id) from None
+        error = from_validation_error(exc, event_id)
+        error.event_type = kind
+        raise error from None
     except RealtimeError as exc:  # raised by the converters, which do not see the event id
-        exc.event_id = event_id
+        exc.event_id, exc.event_type = event_id, kind
         raise
+
+
+def client_event_type(event: ClientEvent) -> ClientEventType:
+    """The wire ``type`` of a parsed client event (the same in both dialects)."""
+    return _EVENT_TYPES[type(event)]
 
 
 def decode_base64(data: str, *, param: str) -> bytes:
@@ -160,23 +181,6 @@ def _load_json(message: str | bytes) -> dict:
     if not isinstance(body, dict):
         raise ProtocolError("a client event must be a JSON object", code=ErrorCode.INVALID_EVENT)
     return body
-
-
-def _from_validation_error(exc: ValidationError, event_id: str | None) -> ProtocolError:
-    """The first validation problem as a ProtocolError naming the field's dotted path."""
-    err = exc.errors(include_url=False)[0]
-    param = ".".join(str(part) for part in err["loc"]) or None
-    kind = err["type"]
-    detail = str(err["ctx"]["error"]) if kind == "value_error" else err["msg"]
-    if kind == "missing":
-        code, message = ErrorCode.MISSING_REQUIRED_PARAMETER, f"missing required parameter '{param}'"
-    elif kind == "extra_forbidden":
-        code, message = ErrorCode.UNKNOWN_PARAMETER, f"unknown parameter '{param}'"
-    elif kind.endswith("_type") or kind.endswith("_parsing"):
-        code, message = ErrorCode.INVALID_TYPE, f"invalid type for '{param}': {detail}"
-    else:
-        code, message = ErrorCode.INVALID_VALUE, f"invalid value for '{param}': {detail}"
-    return ProtocolError(message, code=code, param=param, event_id=event_id)
 
 
 def _unsupported(message: str, param: str) -> ProtocolError:
@@ -287,7 +291,8 @@ def _new_item(m: wire.ItemModel) -> NewItem:
         if kind not in _ALLOWED_CONTENT[role]:
             allowed = ", ".join(k.value for k in _ALLOWED_CONTENT[role])
             raise _unsupported(
-                f"{role.value} messages may hold {allowed}, not {m.content[i].type}", f"item.content.{i}.type"
+                f"content type '{m.content[i].type}' is not supported in {role.value} messages: use {allowed}",
+                f"item.content.{i}.type",
             )
     if ContentType.INPUT_AUDIO in kinds:
         if len(kinds) > 1:
@@ -364,4 +369,18 @@ _PARSERS = {
     ClientEventType.CONVERSATION_ITEM_TRUNCATE: (wire.TruncateModel, _truncate),
     ClientEventType.RESPONSE_CREATE: (wire.ResponseCreateModel, _response_create),
     ClientEventType.RESPONSE_CANCEL: (wire.ResponseCancelModel, _response_cancel),
+}
+
+_EVENT_TYPES: dict[type, ClientEventType] = {
+    SessionUpdate: ClientEventType.SESSION_UPDATE,
+    InputAudioAppend: ClientEventType.INPUT_AUDIO_BUFFER_APPEND,
+    InputAudioCommit: ClientEventType.INPUT_AUDIO_BUFFER_COMMIT,
+    InputAudioClear: ClientEventType.INPUT_AUDIO_BUFFER_CLEAR,
+    OutputAudioClear: ClientEventType.OUTPUT_AUDIO_BUFFER_CLEAR,
+    ItemCreate: ClientEventType.CONVERSATION_ITEM_CREATE,
+    ItemRetrieve: ClientEventType.CONVERSATION_ITEM_RETRIEVE,
+    ItemDelete: ClientEventType.CONVERSATION_ITEM_DELETE,
+    ItemTruncate: ClientEventType.CONVERSATION_ITEM_TRUNCATE,
+    ResponseCreate: ClientEventType.RESPONSE_CREATE,
+    ResponseCancel: ClientEventType.RESPONSE_CANCEL,
 }

@@ -36,7 +36,8 @@ class ErrorCode(str, enum.Enum):
     ITEM_IN_PROGRESS = "item_in_progress"
     OUTPUT_AUDIO_BUFFER_EMPTY = "output_audio_buffer_empty"
     UNSUPPORTED_EVENT = "unsupported_event"
-    """An event this transport cannot serve (``output_audio_buffer.clear`` over a WebSocket)."""
+    """An event the OpenAI API defines that this server or transport does not serve
+    (``transcription_session.update``; ``output_audio_buffer.clear`` over a WebSocket)."""
 
     # Generic (realtime.errors).
     INVALID_REQUEST = "invalid_request"

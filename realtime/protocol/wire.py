@@ -5,7 +5,9 @@ gets an ``unknown_parameter`` error instead of being ignored. Fields the OpenAI 
 server does not implement are of two kinds:
 
 - refused unless "off" (``null``, ``[]``, ``1.0``) because ignoring them would change what the client
-  gets: ``tools``, ``idle_timeout_ms``, ``semantic_vad``, ``speed``, out-of-band responses;
+  gets: ``tools``, ``idle_timeout_ms``, ``semantic_vad``, ``speed``, out-of-band responses (the
+  ``unsupported_value`` message of each, saying what to send instead, is in
+  :data:`realtime.protocol.validation.REFUSALS`);
 - accepted and ignored, because SDK clients send them routinely and nothing the client relies on
   changes: ``model`` (one model per server), ``tool_choice`` (no tools), ``temperature`` (the engine's
   sampling settings apply), input ``transcription`` and ``noise_reduction`` (the model hears the

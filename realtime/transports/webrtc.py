@@ -47,6 +47,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcicetransport import RTCIceGatherer
 
 from pipeline.api import EngineHandle
+from realtime.error_log import log_error_event
 from realtime.errors import ErrorType, RealtimeError, to_error_payload
 from realtime.first_audio import FirstAudioTrace
 from realtime.ids import RandomIds
@@ -182,6 +183,8 @@ class DataChannelTransport:
         self._open = asyncio.Event()
         self._gone = asyncio.Event()
         self._drained = asyncio.Event()
+        self.session_id: str | None = None
+        """The session's id, for the log line of a refused message (its call sets it)."""
 
     @property
     def connected(self) -> bool:
@@ -222,7 +225,9 @@ class DataChannelTransport:
             if message is self._END:
                 return
             if isinstance(message, _Refused):
-                await self.send(self._events.error(to_error_payload(message.error)))
+                payload = to_error_payload(message.error)
+                log_error_event(payload, session_id=self.session_id, answers=None)
+                await self.send(self._events.error(payload))
                 continue
             yield message
 
@@ -332,6 +337,7 @@ class Call:
         self.output = OutputAudioQueue()
         self.transport = DataChannelTransport(on_sent=self._on_sent, gate=gate, dialect=dialect)
         self.runner = make_runner(self.transport, self)
+        self.transport.session_id = self.runner.session.session_id
         self.track = PacedAudioTrack(self.output, self._playback_finished)
 
     @property

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from realtime.auth import is_key_subprotocol
+from realtime.error_log import log_error_event
 from realtime.errors import RealtimeError, to_error_payload
 from realtime.ids import IdGenerator, RandomIds
 from realtime.limits import MessageGate
@@ -117,6 +118,8 @@ class WebSocketTransport:
         self._lock = asyncio.Lock()
         self.close_code = CloseCode.NORMAL
         self.close_reason = ""
+        self.session_id: str | None = None
+        """The session's id, for the log line of a refused message (the server sets it)."""
 
     async def __aiter__(self) -> AsyncIterator[str]:
         while True:
@@ -133,7 +136,9 @@ class WebSocketTransport:
                 await self._refuse(refusal)
 
     async def _refuse(self, error: RealtimeError) -> None:
-        event = self._events.error(to_error_payload(error))
+        payload = to_error_payload(error)
+        log_error_event(payload, session_id=self.session_id, answers=None)
+        event = self._events.error(payload)
         assert event is not None, "every dialect has error events"
         await self.send(event)
 

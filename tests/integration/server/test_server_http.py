@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -17,16 +18,19 @@ from collections.abc import AsyncIterator
 import httpx2
 import pytest
 import websockets
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.parser import text_string_to_metric_families
 
 from realtime.cli import build_parser, server_config
 from realtime.config import ServerConfig
 from realtime.errors import LimitExceeded
 from realtime.first_audio import FirstAudioTrace, Hop
-from realtime.metrics import ServerMetrics
+from realtime.metrics import EngineWorkCollector, ServerMetrics
 from realtime.protocol.names import Dialect
 from realtime.server import create_app, serve_in_background
 from tests.fakes import FakeEngine
 from tests.helpers.paths import REPO
+from tests.helpers.server import StatsEngine
 
 KEY = "http-key"
 
@@ -86,6 +90,31 @@ async def until(ws, event_type: str) -> dict:
             event = json.loads(await ws.recv())
             if event["type"] == event_type:
                 return event
+
+
+# --- plain HTTP on the WebSocket endpoint ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("web_demo", [True, False])
+async def test_plain_http_on_the_websocket_endpoint_says_how_to_connect(tmp_path, web_demo):
+    """Not a bare 404 (with or without the web demo mounted at /): GET answers 426 Upgrade Required, other
+    methods 405, each with a JSON error naming the ws:// URL and the WebRTC endpoint."""
+    (tmp_path / "index.html").write_text("<html></html>" if web_demo else "")
+    async with served(FakeEngine(), web_demo_dir=tmp_path if web_demo else tmp_path / "none") as (http, _):
+        ws = ws_url(http)
+        got = await http.get("/v1/realtime", params={"model": "gpt-realtime"})
+        assert got.status_code == 426
+        assert got.headers["upgrade"] == "websocket"
+        error = got.json()["error"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", "websocket_required")
+        assert "over WebSocket" in error["message"] and f"connect with {ws}" in error["message"]
+        assert "client.realtime.connect()" in error["message"] and "/v1/realtime/calls" in error["message"]
+        posted = await http.post("/v1/realtime", content=b"v=0", headers={"content-type": "application/sdp"})
+        assert posted.status_code == 405 and posted.headers["allow"] == "GET"
+        assert posted.json()["error"]["code"] == "websocket_required"
+        assert "POST their SDP offer to /v1/realtime/calls" in posted.json()["error"]["message"]
+        async with websockets.connect(ws) as client:  # the WebSocket endpoint itself is unchanged
+            await until(client, "session.created")
 
 
 # --- health and metrics -------------------------------------------------------------------------
@@ -162,6 +191,50 @@ async def test_metrics_count_sessions_responses_ttfa_and_errors():
         for segment in ("requested->received", "received->sent"):  # a response to no spoken turn
             assert sample(text, "omni_realtime_first_audio_path_seconds_count", segment=segment) == 1
         assert sample(text, "omni_realtime_first_audio_path_seconds_count", segment="turn_end->committed") == 0
+
+
+async def test_error_events_are_logged_with_the_session_and_the_client_event(caplog):
+    """What an operator sees at the default level (INFO) when a client's setup fails: one line per error event,
+    also for a message the transport's gate refuses before the session sees it."""
+    caplog.set_level(logging.INFO, logger="realtime.error_log")
+    async with served(FakeEngine()) as (http, _), websockets.connect(ws_url(http)) as ws:
+        session_id = (await until(ws, "session.created"))["session"]["id"]
+        bad = {"type": "session.update", "event_id": "setup_1", "session": {"turn_detection": {"type": "semantic_vad"}}}
+        await ws.send(json.dumps(bad))
+        error = (await until(ws, "error"))["error"]
+        await ws.send(b"\x00binary")
+        refused = (await until(ws, "error"))["error"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "realtime.error_log"]
+    assert lines == [
+        f"session {session_id}: error unsupported_value answering session.update (event_id setup_1, "
+        f"param session.turn_detection.type): {error['message']}",
+        f"session {session_id}: error invalid_event answering - (event_id -, param -): {refused['message']}",
+    ]
+
+
+def defined_families(metrics: ServerMetrics) -> set[str]:
+    """The names of every metric family a ServerMetrics defines (its collectors' descriptions)."""
+    collectors = [v for v in vars(metrics).values() if isinstance(v, (MetricWrapperBase, EngineWorkCollector))]
+    assert any(isinstance(c, EngineWorkCollector) for c in collectors)
+    return {family.name for collector in collectors for family in collector.describe()}
+
+
+async def test_a_fresh_server_shows_every_metric_family_with_samples():
+    """Before any session, every family of realtime/metrics.py has at least one sample: zero sessions,
+    zero responses of each status, zero errors of each known code are samples, not missing series."""
+    async with served(StatsEngine()) as (http, app):
+        text = (await http.get("/metrics")).text
+    scraped = {family.name: family.samples for family in text_string_to_metric_families(text)}
+    defined = defined_families(app.state.realtime.metrics)
+    assert len(defined) > 20
+    assert not [name for name in defined if not scraped.get(name)], text
+    for transport in ("websocket", "webrtc"):
+        assert f'omni_realtime_sessions_active{{transport="{transport}"}} 0.0' in text
+    for status in ("completed", "cancelled", "failed", "incomplete"):
+        assert f'omni_realtime_responses_total{{status="{status}"}} 0.0' in text
+    for code in ("invalid_value", "unsupported_value", "rate_limit_exceeded"):
+        assert f'omni_realtime_errors_total{{code="{code}"}} 0.0' in text
+    assert 'omni_realtime_sessions_refused_total{reason="invalid_api_key"} 0.0' in text
 
 
 def test_metrics_of_two_apps_are_independent():

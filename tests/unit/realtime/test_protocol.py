@@ -195,16 +195,117 @@ def test_settings_sdk_clients_send_routinely_are_accepted():
 
 
 @pytest.mark.parametrize(
-    ("session", "param"),
+    ("session", "param", "instead"),
     [
-        ({"audio": {"output": {"speed": 1.2}}}, "session.audio.output.speed"),
-        ({"turn_detection": {"idle_timeout_ms": 5000}}, "session.turn_detection.idle_timeout_ms"),
-        ({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
+        ({"audio": {"output": {"speed": 1.2}}}, "session.audio.output.speed", "send 1.0"),
+        ({"turn_detection": {"idle_timeout_ms": 5000}}, "session.turn_detection.idle_timeout_ms", "send null"),
+        ({"tools": [{"type": "function", "name": "f"}]}, "session.tools", "leave 'session.tools' out"),
+        ({"tool_choice": "required"}, "session.tool_choice", "send 'auto' or 'none'"),
+        ({"tool_choice": {"type": "function", "name": "f"}}, "session.tool_choice", "send 'auto' or 'none'"),
+        ({"turn_detection": {"type": "semantic_vad"}}, "session.turn_detection.type", "use 'server_vad', or null"),
+        (
+            {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}},
+            "session.audio.input.turn_detection.type",
+            "use 'server_vad', or null",
+        ),
+        (
+            {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+            "session.audio.input.format.rate",
+            "24000",
+        ),
+        ({"type": "transcription"}, "session.type", "send 'realtime'"),
     ],
 )
-def test_settings_that_would_change_the_result_are_refused(session, param):
+def test_settings_that_would_change_the_result_are_refused_as_not_supported(session, param, instead):
+    """A feature of the OpenAI API this server lacks is refused as such, with what to send instead (the
+    refusal wins over other problems of the same event: ``eagerness`` is unknown here too)."""
     error = parse_error({"type": "session.update", "session": session})
-    assert (error.code, error.param) == (ErrorCode.INVALID_VALUE, param)
+    assert (error.code, error.param) == (ErrorCode.UNSUPPORTED_VALUE, param)
+    assert "not supported" in error.message and instead in error.message, error.message
+
+
+@pytest.mark.parametrize(
+    ("event", "param", "words"),
+    [
+        (
+            {"type": "response.create", "response": {"tools": [{"type": "function"}]}},
+            "response.tools",
+            "function tools",
+        ),
+        ({"type": "response.create", "response": {"conversation": "none"}}, "response.conversation", "out-of-band"),
+        ({"type": "response.create", "response": {"input": []}}, "response.input", "out-of-band"),
+        (
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "function_call_output", "call_id": "c", "output": "x"},
+            },
+            "item.type",
+            "create 'message' items only",
+        ),
+        (
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]},
+            },
+            "item.content.0.type",
+            "content type 'input_image' is not supported",
+        ),
+    ],
+)
+def test_unsupported_response_and_item_features_say_so(event, param, words):
+    error = parse_error(event)
+    assert (error.code, error.param) == (ErrorCode.UNSUPPORTED_VALUE, param)
+    assert "not supported" in error.message and words in error.message, error.message
+
+
+def test_a_transcription_session_is_refused_as_an_unsupported_event():
+    error = parse_error({"type": "transcription_session.update", "event_id": "t", "session": {}})
+    assert (error.code, error.param, error.event_id) == (ErrorCode.UNSUPPORTED_EVENT, "type", "t")
+    assert "not supported" in error.message and "session.update" in error.message
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        (
+            {"type": "session.update", "session": {"instructions": 5}},
+            "'session.instructions' must be a string, not a number",
+        ),
+        (
+            {"type": "session.update", "session": {"output_modalities": ["video"]}},
+            "'session.output_modalities.0' must be 'text' or 'audio', not 'video'",
+        ),
+        ({"type": "session.update", "session": {"modalities": []}}, "'session.modalities' must have at least 1 item"),
+        (
+            {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/opus"}}}}},
+            "'session.audio.input.format.type' must be 'audio/pcm', 'audio/pcmu' or 'audio/pcma', not 'audio/opus'",
+        ),
+        (
+            {"type": "session.update", "session": {"turn_detection": {"threshold": 1.5}}},
+            "'session.turn_detection.threshold' must be at most 1.0, not 1.5",
+        ),
+        (
+            {"type": "conversation.item.truncate", "item_id": "i", "content_index": 0, "audio_end_ms": -5},
+            "'audio_end_ms' must be at least 0, not -5",
+        ),
+        (
+            {"type": "conversation.item.create", "item": {"id": "x" * 33, "type": "message", "role": "user"}},
+            "'item.id' must have at most 32 characters",
+        ),
+        (
+            {"type": "session.update", "session": {"max_output_tokens": 0}},
+            "'session.max_output_tokens' must be between 1 and 4096, got 0",
+        ),
+        ({"type": "session.update", "session": "x"}, "'session' must be an object, not a string"),
+        ({"type": "response.create", "response": {"metadata": {"k": True}}}, "'response.metadata.k' must be a string"),
+    ],
+)
+def test_validation_errors_read_as_plain_words(event, message):
+    """Messages name the client's field and the rule, not the validation library's phrasing."""
+    error = parse_error(event)
+    assert error.message.startswith(message), error.message
+    for phrase in ("Input should", "should have", "after validation", "valid dictionary", "instance of"):
+        assert phrase not in error.message
 
 
 def test_turn_detection_defaults_fill_missing_fields():
@@ -432,7 +533,7 @@ def test_events_built_with_the_beta_sdk_models_parse():
         ({"type": "session.update"}, ErrorCode.MISSING_REQUIRED_PARAMETER, "session"),
         ({"type": "session.update", "session": {"voice": 3}}, ErrorCode.INVALID_TYPE, "session.voice"),
         ({"type": "session.update", "session": {"vocie": "x"}}, ErrorCode.UNKNOWN_PARAMETER, "session.vocie"),
-        ({"type": "session.update", "session": {"type": "transcription"}}, ErrorCode.INVALID_VALUE, "session.type"),
+        ({"type": "session.update", "session": {"type": "transcription"}}, ErrorCode.UNSUPPORTED_VALUE, "session.type"),
         ({"type": "session.update", "session": {"modalities": []}}, ErrorCode.INVALID_VALUE, "session.modalities"),
         (
             {"type": "session.update", "session": {"max_output_tokens": 0}},
@@ -451,7 +552,7 @@ def test_events_built_with_the_beta_sdk_models_parse():
         ),
         (
             {"type": "session.update", "session": {"tools": [{"type": "function"}]}},
-            ErrorCode.INVALID_VALUE,
+            ErrorCode.UNSUPPORTED_VALUE,
             "session.tools",
         ),
         (
@@ -459,12 +560,12 @@ def test_events_built_with_the_beta_sdk_models_parse():
                 "type": "session.update",
                 "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
             },
-            ErrorCode.INVALID_VALUE,
+            ErrorCode.UNSUPPORTED_VALUE,
             "session.audio.input.format.rate",
         ),
         (
             {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}},
-            ErrorCode.INVALID_VALUE,
+            ErrorCode.UNSUPPORTED_VALUE,
             "session.audio.input.turn_detection.type",
         ),
         (
@@ -487,7 +588,7 @@ def test_events_built_with_the_beta_sdk_models_parse():
         ),
         (
             {"type": "response.create", "response": {"conversation": "none"}},
-            ErrorCode.INVALID_VALUE,
+            ErrorCode.UNSUPPORTED_VALUE,
             "response.conversation",
         ),
         ({"type": "response.cancel", "response_id": 5}, ErrorCode.INVALID_TYPE, "response_id"),
@@ -502,7 +603,8 @@ def test_parse_errors_have_a_specific_code_and_param(message, code, param):
 @pytest.mark.parametrize(
     ("item", "code", "param"),
     [
-        ({"type": "function_call", "role": "assistant", "content": []}, ErrorCode.INVALID_VALUE, "item.type"),
+        ({"type": "function_call", "role": "assistant", "content": []}, ErrorCode.UNSUPPORTED_VALUE, "item.type"),
+        ({"type": "reasoning", "role": "assistant", "content": []}, ErrorCode.INVALID_VALUE, "item.type"),
         (
             {"type": "message", "role": "tool", "content": [{"type": "input_text", "text": "x"}]},
             ErrorCode.INVALID_VALUE,
@@ -511,7 +613,7 @@ def test_parse_errors_have_a_specific_code_and_param(message, code, param):
         ({"type": "message", "role": "user", "content": []}, ErrorCode.INVALID_VALUE, "item.content"),
         (
             {"type": "message", "role": "user", "content": [{"type": "input_image"}]},
-            ErrorCode.INVALID_VALUE,
+            ErrorCode.UNSUPPORTED_VALUE,
             "item.content.0.type",
         ),
         (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 
 import numpy as np
 import pydantic
@@ -954,6 +955,47 @@ def test_malformed_messages_become_error_events():
     assert error_of(d._record(d.session.receive("{oops")))["code"] == ErrorCode.INVALID_JSON
     err = error_of(d.send({"type": "session.update", "event_id": "s", "session": {"bogus": 1}}))
     assert (err["code"], err["param"], err["event_id"]) == (ErrorCode.UNKNOWN_PARAMETER, "session.bogus", "s")
+
+
+def _error_lines(caplog) -> list:
+    return [r for r in caplog.records if r.name == "realtime.error_log"]
+
+
+def test_every_error_event_is_logged_once_with_session_code_client_event_and_message(caplog):
+    """Client mistakes at INFO (the default level shows them), each naming the session, the code, the client
+    event's type and event_id, the param and the message the client got."""
+    caplog.set_level(logging.INFO, logger="realtime.error_log")
+    d = Driver()
+    sid = d.session.session_id
+    update = {"type": "session.update", "event_id": "evt_7", "session": {"tools": [{"type": "function"}]}}
+    err = error_of(d.send(update))
+    (line,) = _error_lines(caplog)
+    assert line.levelno == logging.INFO
+    text = line.getMessage()
+    for part in (sid, err["code"], "session.update", "evt_7", "session.tools", err["message"]):
+        assert part in text, (part, text)
+
+    caplog.clear()
+    error_of(d._record(d.session.receive("{oops")))  # no type, no event_id: both shown as '-'
+    (line,) = _error_lines(caplog)
+    assert f"session {sid}: error invalid_json answering - (event_id -, param -)" in line.getMessage()
+
+    caplog.clear()
+    error_of(d.send({"type": "response.cancel", "event_id": "c1"}))  # refused by the session's state
+    (line,) = _error_lines(caplog)
+    assert "response_cancel_not_active answering response.cancel (event_id c1" in line.getMessage()
+
+
+def test_server_errors_are_logged_as_warnings(caplog):
+    caplog.set_level(logging.INFO, logger="realtime.error_log")
+    d = Driver(manual=True)
+    item_id = commit_turn(d)
+    caplog.clear()
+    err = error_of(d._record(d.session.command_failed(CommitAudio(item_id), EngineFailure("prefill failed"))))
+    (line,) = _error_lines(caplog)
+    assert line.levelno == logging.WARNING
+    assert f"session {d.session.session_id}: error {err['code']}" in line.getMessage()
+    assert "prefill failed" in line.getMessage()
 
 
 def test_output_audio_buffer_clear_is_webrtc_only():
