@@ -685,7 +685,8 @@ def test_bench_refuses_bad_options_models_and_servers(tmp_path, capsys):
 @pytest.mark.timeout(180)
 def test_quick_bench_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, capsys):
     """``omni-realtime bench --quick --reference``: a real server, VAD and engine; one user speaks two
-    fixtures in real time (the first reply interrupted), the reference serves the same two turns."""
+    fixtures in real time (the first reply interrupted while it plays: one barge-in, reported with its kind and
+    latency), the reference serves the same two turns; the run names the folder it wrote."""
     from realtime.cli import main
 
     wavs = tmp_path / "wavs"
@@ -725,6 +726,14 @@ def test_quick_bench_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, caps
         assert turn["voice_to_voice_ms"] > turn["ttfa_ms"]
         assert turn["end_of_turn_ms"] >= 400  # includes the 500 ms VAD silence window (minus a frame)
     assert second["rtf"] > 0 and second["underruns"] is not None
+    # one barge-in: the user talked over the first reply while it played, cancelling it if it was still being
+    # generated, else stopping its playback (the tiny model on a CPU usually generates faster than it plays)
+    assert first["barge_in_kind"] in ("cancelled", "stopped_playback") and second["barge_in_kind"] is None
+    assert 0 < first["barge_in_ms"] < 2000
+    assert first["rtf"] is None and first["underruns"] is None  # talked over: no delivery figures
+    barge = lv["barge_in"]
+    assert {kind: entry["count"] for kind, entry in barge.items() if entry["count"]} == {first["barge_in_kind"]: 1}
+    assert barge[first["barge_in_kind"]]["ms"]["p50"] == pytest.approx(first["barge_in_ms"])
     assert lv["silence_window_ms"] == 500
     assert [t["audio_s"] for t in lv["reference"]["turns"]] == pytest.approx([1.2, 1.2], abs=0.01)
     assert lv["reference"]["summary"]["ttfa_ms"]["n"] == 2
@@ -749,4 +758,9 @@ def test_quick_bench_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, caps
         "replies of 4 text + 60 codec tokens (1.2 s) instead of 30 + 400 (8.0 s); 2 turns per user instead of 3"
     )
     assert "**lighter workload: replies of 4 text + 60 codec tokens" in report
-    assert "| 1 | 2 |" in capsys.readouterr().out
+    cut = f"1, {first['barge_in_ms']:.0f} / {first['barge_in_ms']:.0f}"
+    row = f"| 1 | 1 | {cut} | 0 |" if first["barge_in_kind"] == "cancelled" else f"| 1 | 1 | 0 | {cut} |"
+    assert row in report
+    printed = capsys.readouterr().out
+    assert "| 1 | 2 |" in printed and row in printed
+    assert printed.rstrip().endswith(f"Wrote results.json, report.md to {out.resolve()} (the log above is not saved).")
