@@ -229,7 +229,8 @@ def _barge_in_table(levels: Sequence[LevelResult]) -> list[str]:
         "`turn_detected`). stopped during playback: generation had ended, and the client was told to stop playing "
         "while the reply still played (WebSocket: `input_audio_buffer.speech_started`; WebRTC: "
         "`output_audio_buffer.cleared`). played out: the reply had finished playing before the stop signal; not "
-        "stopped: no stop signal came; no reply: no sound to talk over.",
+        "stopped: no stop signal came; no reply: no sound to talk over. The speech_started columns: cancelled "
+        "replies (→ last audio: also stopped ones over WebRTC); n/a when there were none.",
     ]
 
 
