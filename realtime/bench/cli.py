@@ -174,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--barge-in-after-ms",
         type=float,
         default=300.0,
-        help="the interrupting file starts this long after the first audible reply audio",
+        help="on barge-in turns the user starts speaking this long after the reply starts playing "
+        "(default 300), whether or not the reply is still being generated",
     )
     p.add_argument("--ramp-s", type=float, default=None, help="users' starts spread over this many seconds (default 1)")
     p.add_argument("--jitter-ms", type=float, default=60.0, help="the modelled player's jitter buffer")
@@ -315,7 +316,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
     from realtime.bench.client import ClientOptions, Transport
     from realtime.bench.models import reply_length
-    from realtime.bench.report import REPORT_MD, write_report
+    from realtime.bench.report import REPORT_MD, where_written, write_report
     from realtime.bench.sweep import run_sweep
     from realtime.bench.throughput import engine_counters, scrape_counters
 
@@ -369,8 +370,9 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
         if loaded is not None and loaded.engine is not None:
             await asyncio.to_thread(loaded.engine.close)
     info.load_average["end"] = list(os.getloadavg())
-    write_report(options.out, info, results, plots=options.plots)
+    paths = write_report(options.out, info, results, plots=options.plots)
     print((options.out / REPORT_MD).read_text(encoding="utf-8"))
+    print(where_written(options.out, paths))
     return 0
 
 

@@ -10,7 +10,11 @@ by absolute deadlines on the event loop's monotonic clock (frame *k* leaves at `
 a stall is caught up rather than drifting). Turn detection is the server's VAD. Each turn the user
 speaks one file, then waits until the reply has finished *playing* (modelled player:
 :func:`realtime.bench.metrics.paced_playback`) before speaking the next one — except on barge-in
-turns, where it starts the next file a fixed time after the first audible reply audio.
+turns, where it talks over the reply: the next file starts so that its speech onset comes a fixed time
+(``barge_in_after_ms``) after the reply's first sound started playing, while the reply still plays whether or
+not its generation has ended (:class:`realtime.bench.metrics.BargeInKind` tells the outcomes apart). A barge-in
+turn's own file is cut :data:`BARGE_IN_TAIL_MS` after its speech, so its long trailing silence, still queued on
+the microphone, cannot hold the interrupting speech back.
 
 Every time is the event loop's clock (``loop.time()``, seconds): arrivals are stamped as the
 client reads them, so they include the transport and this process's scheduling.
@@ -43,9 +47,11 @@ from realtime.bench.metrics import (
     ResponseStatus,
     TurnLog,
     first_audible,
+    first_sound_played_at,
     paced_playback,
 )
-from realtime.bench.speech import RATE, Speech
+from realtime.bench.speech import RATE, Speech, without_tail
+from realtime.protocol.codes import StatusReason
 from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, server_event_name
 
 logger = logging.getLogger(__name__)
@@ -54,11 +60,13 @@ FRAME_MS = 20
 FRAME_SAMPLES = RATE * FRAME_MS // 1000
 """Samples per microphone frame: 480 (20 ms at 24 kHz)."""
 
+BARGE_IN_TAIL_MS = 100.0
+"""A barge-in turn's file keeps this much of its silence after the speech end (the open microphone's silence
+follows): a long tail still queued on the microphone would delay the interrupting speech."""
+
 REALTIME_PATH = "/v1/realtime"
 CALLS_PATH = "/v1/realtime/calls"
 EVENTS_CHANNEL = "oai-events"
-TURN_DETECTED = "turn_detected"
-"""``response.done`` reason of a reply cancelled because the user started speaking."""
 
 _WIRE = {server_event_name(e, Dialect.GA): e for e in ServerEvent if server_event_name(e, Dialect.GA)}
 """GA wire name → logical server event (the bench speaks the GA dialect)."""
@@ -89,8 +97,9 @@ class ClientOptions:
     transport: Transport = Transport.WS
     api_key: str | None = field(default=None, repr=False)
     barge_in_after_ms: float = 300.0
-    """On barge-in turns: the interrupting file starts this long after the first audible reply
-    audio (its speech onset comes its leading silence later)."""
+    """On barge-in turns: the interrupting speech's onset comes this long after the reply's first sound started
+    playing at the client (its file starts its leading silence earlier; no earlier than the first sound's
+    arrival)."""
     jitter_ms: float = DEFAULT_JITTER_MS
     silence_threshold: int = SILENCE_THRESHOLD
     turn_timeout_s: float = 120.0
@@ -395,12 +404,14 @@ class SimulatedUser:
         try:
             await asyncio.sleep(self.plan.start_delay_s)
             for index, speech in enumerate(self.plan.speeches):
-                turn = await self._speak(index, speech)
                 barge = index in self.plan.barge_in_turns and index + 1 < len(self.plan.speeches)
+                # a barge-in turn's file ends soon after its speech, so the next one can start while the reply plays
+                turn = await self._speak(index, without_tail(speech, BARGE_IN_TAIL_MS) if barge else speech)
                 deadline = loop.time() + self.options.turn_timeout_s
                 if barge:
                     heard = await self._until(lambda t=turn: _first_sound_at(t) is not None, deadline)
-                    await asyncio.sleep(self.options.barge_in_after_ms / 1000)
+                    if heard:
+                        await self._sleep_until(self._barge_in_start(turn, self.plan.speeches[index + 1]))
                     self._interrupted = turn
                 else:
                     heard = await self._until(lambda t=turn: self._reply_over(t), deadline)
@@ -436,6 +447,15 @@ class SimulatedUser:
             return False
         response = turn.response
         return not self.link.paced_audio or not response.audio or response.output_stopped_at is not None
+
+    def _barge_in_start(self, turn: TurnLog, speech: Speech) -> float:
+        """When to start ``speech`` so that its onset comes ``barge_in_after_ms`` into the reply's playback."""
+        response = turn.response
+        assert response is not None
+        rate, jitter_s = self.link.output_rate, self.options.jitter_ms / 1000
+        sound = first_sound_played_at(response.audio, rate, jitter_s, paced=self.link.paced_audio)
+        assert sound is not None  # the caller waited for it
+        return sound + (self.options.barge_in_after_ms - speech.speech_start_ms) / 1000
 
     def _playback_end(self, turn: TurnLog) -> float:
         response = turn.response
@@ -496,6 +516,8 @@ class SimulatedUser:
             response = self._responses.get(event.get("response_id"))
             if response is not None:
                 response.output_stopped_at = at
+                if kind is ServerEvent.OUTPUT_AUDIO_BUFFER_CLEARED:
+                    response.output_cleared_at = at
         self._progress.set()
 
     def _speech_started(self, at: float, turn: TurnLog | None) -> None:
@@ -552,7 +574,7 @@ def _answered(turn: TurnLog) -> bool:
     response = turn.response
     if response is None or response.status is None:
         return False
-    return not (response.status is ResponseStatus.CANCELLED and response.reason == TURN_DETECTED)
+    return not (response.status is ResponseStatus.CANCELLED and response.reason == StatusReason.TURN_DETECTED)
 
 
 def _settled(turn: TurnLog) -> bool:

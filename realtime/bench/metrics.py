@@ -21,9 +21,13 @@ Definitions (all times measured at the client, in ms unless named otherwise):
   plays continuously; whenever the next delta is not there when needed it starves until it arrives
   (one underrun, its wait counted in ``starved_ms``). WebRTC: the server pads a late reply with
   silence, so every run of silent frames between the reply's first and last audible frame counts.
-- **barge-in stop**: for a reply the user talked over, from the ``speech_started`` arrival (and from
-  the injected speech's real onset) to the cancelled reply's ``response.done`` and to the end of its
-  last audible audio (:func:`_barge_in` says which replies count on each transport).
+- **barge-in** (a reply the user talked over, :class:`BargeInKind`): the user's speech onset (the moment its
+  first speech sample is captured and sent) → the signal that stops the reply. While the reply is still being
+  generated the server cancels it: the signal is its ``response.done`` (``cancelled``, ``turn_detected``). When
+  generation had already ended but the reply was still playing at the client, the signal is what tells the client
+  to stop playing: ``input_audio_buffer.speech_started`` over a WebSocket (the client owns playback),
+  ``output_audio_buffer.cleared`` over WebRTC (the server clears the track). Also: ``speech_started`` → the
+  cancelled reply's ``response.done``, and → the end of its last audible audio.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
+
+from realtime.protocol.codes import StatusReason
 
 SILENCE_THRESHOLD = 33
 """pcm16 magnitude at and above which a sample counts as sound (about -60 dBFS; 33 / 32768)."""
@@ -89,6 +95,23 @@ class ResponseLog:
     reason: str | None = None
     output_stopped_at: float | None = None
     """WebRTC: arrival of ``output_audio_buffer.stopped`` (or ``.cleared``) for this reply."""
+    output_cleared_at: float | None = None
+    """WebRTC: arrival of ``output_audio_buffer.cleared`` for this reply (the server cut its playback)."""
+
+
+class BargeInKind(str, enum.Enum):
+    """What became of a reply the user talked over (the wire values of ``barge_in_kind``)."""
+
+    CANCELLED = "cancelled"
+    """Still being generated: the server cancelled it (``response.done`` ``cancelled``, ``turn_detected``)."""
+    STOPPED_PLAYBACK = "stopped_playback"
+    """Generation had ended; the client was told to stop playing it while it still played."""
+    PLAYED_OUT = "played_out"
+    """It had finished playing before the user spoke or before the stop signal came: nothing was cut."""
+    NOT_STOPPED = "not_stopped"
+    """It was playing when the user spoke, and no stop signal came."""
+    NO_REPLY = "no_reply"
+    """The turn's reply had no audio to talk over (no reply, or a silent one)."""
 
 
 @dataclass
@@ -161,6 +184,22 @@ def paced_playback(arrivals: Sequence[AudioArrival], rate: int, jitter_s: float)
     return Playback(start, clock, underruns, starved)
 
 
+def first_sound_played_at(arrivals: Sequence[AudioArrival], rate: int, jitter_s: float, *, paced: bool) -> float | None:
+    """When the reply's first non-silent sample plays at the client: on the :func:`paced_playback` player
+    (deltas), or ``jitter_s`` after its frame arrived (``paced``: real-time media frames). ``None``: no sound yet."""
+    for i, piece in enumerate(arrivals):
+        if piece.first_audible is None:
+            continue
+        if paced or i == 0:
+            starts = piece.at + jitter_s
+        else:
+            before = paced_playback(arrivals[:i], rate, jitter_s)
+            assert before is not None  # i > 0
+            starts = max(before.end, piece.at)
+        return starts + piece.first_audible / rate
+    return None
+
+
 def media_gaps(arrivals: Sequence[AudioArrival], rate: int) -> tuple[int, float]:
     """Runs of silent frames between the first and the last audible frame, and their total length
     (s): what a listener hears as dropouts when the sender pads a late reply with silence."""
@@ -194,19 +233,22 @@ class TurnMetrics:
     audio_ms: float | None = None
     underruns: int | None = None
     starved_ms: float | None = None
+    barge_in_kind: str | None = None
+    """A :class:`BargeInKind` value on a turn whose reply the user talked over; ``None`` on other turns."""
+    barge_in_ms: float | None = None
+    """The user's speech onset → the stop signal (module docstring), on ``cancelled`` and ``stopped_playback``."""
     barge_in_stop_ms: float | None = None
     """``speech_started`` arrival → the cancelled reply's ``response.done``."""
     barge_in_audio_stop_ms: float | None = None
     """``speech_started`` arrival → the end of the reply's last audible audio (≤ 0: none came after)."""
-    barge_in_from_onset_ms: float | None = None
-    """Injected speech's real onset → the reply stopped: its ``response.done`` (WebSocket), the end
-    of its last audible frame (WebRTC)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-NUMERIC_METRICS = tuple(f.name for f in fields(TurnMetrics) if f.name not in ("user", "turn", "wav", "status"))
+NUMERIC_METRICS = tuple(
+    f.name for f in fields(TurnMetrics) if f.name not in ("user", "turn", "wav", "status", "barge_in_kind")
+)
 
 
 def _ms(later: float | None, earlier: float | None) -> float | None:
@@ -230,7 +272,7 @@ def turn_metrics(log: TurnLog, *, jitter_ms: float = DEFAULT_JITTER_MS) -> TurnM
         log.user, log.turn, log.wav, status.value, end_of_turn_ms=_ms(log.end_of_turn_at, log.speech_end_at)
     )
     if response is None:
-        return base
+        return replace(base, barge_in_kind=BargeInKind.NO_REPLY.value) if log.barge_in is not None else base
     values: dict = {"first_transcript_ms": _ms(response.first_transcript_at, log.end_of_turn_at)}
     sound = _first_sound(response, log.sample_rate)
     if sound is not None:
@@ -240,7 +282,7 @@ def turn_metrics(log: TurnLog, *, jitter_ms: float = DEFAULT_JITTER_MS) -> TurnM
     if played_out and response.audio:
         values.update(_delivery(log, response, jitter_ms))
     if log.barge_in is not None:
-        values.update(_barge_in(log, response, status))
+        values.update(_barge_in(log, response, status, jitter_ms))
     return replace(base, **values)
 
 
@@ -271,32 +313,67 @@ def _delivery(log: TurnLog, response: ResponseLog, jitter_ms: float) -> dict:
     }
 
 
-def _barge_in(log: TurnLog, response: ResponseLog, status: ResponseStatus) -> dict:
-    """Stop latencies of a reply the user talked over. Over WebSocket the server stops a reply
-    only by cancelling it (a finished reply is the client player's to drop); over WebRTC it also
-    clears the track, so a finished reply still playing there counts too. The last *audible*
-    audio is used: a WebRTC track keeps sending silence after the clear."""
+def _barge_in(log: TurnLog, response: ResponseLog, status: ResponseStatus, jitter_ms: float) -> dict:
+    """The :class:`BargeInKind` of a reply the user talked over and its stop latencies (module docstring). The
+    last *audible* audio is used: a WebRTC track keeps sending silence after the clear."""
     barge = log.barge_in
-    cancelled = status is ResponseStatus.CANCELLED
-    audible = [a for a in response.audio if a.first_audible is not None]
-    last_audio = None
-    if audible:  # a delta: when the server's last audio arrived; a paced frame: when it ended
+    kind, signal_at = barge_in_outcome(log, response, status, jitter_ms)
+    values: dict = {"barge_in_kind": kind.value}
+    if kind not in (BargeInKind.CANCELLED, BargeInKind.STOPPED_PLAYBACK):
+        return values
+    values["barge_in_ms"] = _ms(signal_at, barge.onset_at)
+    if kind is BargeInKind.CANCELLED:
+        values["barge_in_stop_ms"] = _ms(response.done_at, barge.detected_at)
+    if kind is BargeInKind.CANCELLED or log.paced_audio:  # over a WebSocket a finished reply's audio is all there
+        audible = [a for a in response.audio if a.first_audible is not None]
+        # a delta: when the server's last audio arrived; a paced frame: when it ended
         last_audio = audible[-1].at + (audible[-1].samples / log.sample_rate if log.paced_audio else 0.0)
+        values["barge_in_audio_stop_ms"] = _ms(last_audio, barge.detected_at)
+    return values
+
+
+def barge_in_outcome(
+    log: TurnLog, response: ResponseLog | None, status: ResponseStatus, jitter_ms: float = DEFAULT_JITTER_MS
+) -> tuple[BargeInKind, float | None]:
+    """What became of the reply of ``log`` (a barge-in turn) and when its stop signal arrived (``None`` for the
+    kinds without one). A reply counts as cancelled when the server cancelled it for turn detection after the
+    interrupting speech was heard; otherwise the stop signal (``speech_started`` over a WebSocket,
+    ``output_audio_buffer.cleared`` over WebRTC) must arrive before the reply would have finished playing."""
+    barge = log.barge_in
+    assert barge is not None
+    play_end = _playback_end(log, response, jitter_ms) if response is not None else None
+    if play_end is None:
+        return BargeInKind.NO_REPLY, None
+    heard = barge.detected_at
+    if (
+        status is ResponseStatus.CANCELLED
+        and response.reason == StatusReason.TURN_DETECTED
+        and heard is not None
+        and response.done_at is not None
+        and response.done_at >= heard
+    ):
+        return BargeInKind.CANCELLED, response.done_at
+    if barge.onset_at >= play_end:
+        return BargeInKind.PLAYED_OUT, None
+    signal_at = response.output_cleared_at if log.paced_audio else heard
+    if signal_at is None:
+        return BargeInKind.NOT_STOPPED, None
+    if signal_at >= play_end:
+        return BargeInKind.PLAYED_OUT, None
+    return BargeInKind.STOPPED_PLAYBACK, signal_at
+
+
+def _playback_end(log: TurnLog, response: ResponseLog, jitter_ms: float) -> float | None:
+    """When the reply would have finished playing at the client, had nobody stopped it: the modelled player's end
+    (WebSocket), the end of its last audible frame (WebRTC). ``None``: the reply had no sound."""
+    audible = [a for a in response.audio if a.first_audible is not None]
+    if not audible:
+        return None
     if log.paced_audio:
-        if barge.detected_at is None or last_audio is None or last_audio <= barge.detected_at:
-            return {}  # the reply had stopped playing before the user was heard: nothing to stop
-        return {
-            "barge_in_stop_ms": _ms(response.done_at, barge.detected_at) if cancelled else None,
-            "barge_in_audio_stop_ms": _ms(last_audio, barge.detected_at),
-            "barge_in_from_onset_ms": _ms(last_audio, barge.onset_at),
-        }
-    if not cancelled:
-        return {}
-    return {
-        "barge_in_stop_ms": _ms(response.done_at, barge.detected_at),
-        "barge_in_audio_stop_ms": _ms(last_audio, barge.detected_at),
-        "barge_in_from_onset_ms": _ms(response.done_at, barge.onset_at),
-    }
+        return audible[-1].at + audible[-1].samples / log.sample_rate
+    played = paced_playback(response.audio, log.sample_rate, jitter_ms / 1000)
+    assert played is not None  # audible is not empty
+    return played.end
 
 
 # --- distributions -------------------------------------------------------------------------------
@@ -336,3 +413,15 @@ def status_counts(metrics: Sequence[TurnMetrics]) -> dict[str, int]:
     for m in metrics:
         counts[m.status] += 1
     return counts
+
+
+def barge_in_counts(metrics: Sequence[TurnMetrics]) -> dict[str, dict]:
+    """Per :class:`BargeInKind`: how many turns had it (``count``) and the distribution of their ``barge_in_ms``
+    (``ms``, only the kinds that have one: ``cancelled``, ``stopped_playback``)."""
+    out: dict[str, dict] = {}
+    for kind in BargeInKind:
+        turns = [m for m in metrics if m.barge_in_kind == kind.value]
+        out[kind.value] = {"count": len(turns)}
+        if kind in (BargeInKind.CANCELLED, BargeInKind.STOPPED_PLAYBACK):
+            out[kind.value]["ms"] = Distribution.of(m.barge_in_ms for m in turns)
+    return out

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from realtime.bench.metrics import Distribution, TurnMetrics, status_counts, summarize
+from realtime.bench.metrics import BargeInKind, Distribution, TurnMetrics, barge_in_counts, status_counts, summarize
 from realtime.bench.sweep import LevelResult
 from realtime.bench.throughput import GIB
 
@@ -64,6 +64,7 @@ def _level_dict(level: LevelResult) -> dict:
         "silence_window_ms": level.silence_window_ms,
         "statuses": status_counts(level.turns),
         "summary": _summary_dict(level.turns),
+        "barge_in": _barge_in_dict(level.turns),
         "turns": [t.to_dict() for t in level.turns],
         "errors": level.errors,
         "throughput": level.throughput.to_dict() if level.throughput is not None else None,
@@ -84,6 +85,13 @@ def _summary_dict(turns: Sequence[TurnMetrics]) -> dict:
     return {name: dist.to_dict() for name, dist in summarize(turns).items()}
 
 
+def _barge_in_dict(turns: Sequence[TurnMetrics]) -> dict:
+    return {
+        kind: {name: value.to_dict() if isinstance(value, Distribution) else value for name, value in entry.items()}
+        for kind, entry in barge_in_counts(turns).items()
+    }
+
+
 def write_json(path: Path, info: RunInfo, levels: Sequence[LevelResult]) -> None:
     """Strict JSON: NaN (a metric no turn had) is written as null."""
     path.write_text(json.dumps(_finite(results_dict(info, levels)), indent=1) + "\n", encoding="utf-8")
@@ -102,8 +110,19 @@ def _finite(value):
 # --- Markdown ------------------------------------------------------------------------------------
 
 
+NA = "n/a"
+"""A figure no turn had (``null`` in results.json); the report says why below its table."""
+
+
 def _f(value: float, digits: int = 0) -> str:
-    return "–" if not math.isfinite(value) else f"{value:.{digits}f}"
+    """``value`` to ``digits`` decimals, "–" for NaN; a value that is not zero never reads as zero (``0.004`` is
+    written ``0.004`` at ``digits=2``, not ``0.00``)."""
+    if not math.isfinite(value):
+        return "–"
+    text = f"{value:.{digits}f}"
+    if value != 0 and float(text) == 0:
+        return f"{value:.1g}" if abs(value) >= 1e-4 else f"{value:.0e}"
+    return text
 
 
 def _ppp(d: Distribution, digits: int = 0) -> str:
@@ -111,7 +130,7 @@ def _ppp(d: Distribution, digits: int = 0) -> str:
 
 
 def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
-    """Two tables (latency; delivery and barge-in), one row per concurrency level."""
+    """The tables (latency; delivery; barge-in; stage throughput), one row per concurrency level."""
     has_ref = any(level.reference is not None for level in levels)
     lines = [
         f"Model: {info.model}; device: {info.device}; transport: {info.transport}; server: {info.server}.",
@@ -143,25 +162,106 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
             ref = summarize(level.reference_metrics())
             row += [_ppp(ref["ttfa_ms"]), _ppp(ref["voice_to_voice_ms"])]
         lines.append(_row(row))
-    lines += ["", "Delivery and barge-in", ""]
+    lines += ["", "Delivery (replies played to their end)", ""]
     head = (
         ["users", "RTF p50 / p90 (ours)"]
         + (["RTF p50 (reference)"] if has_ref else [])
-        + [
-            "turns with underruns",
-            "underruns",
-            "starved ms p95",
-            "barge-in: speech_started → done, ms p50 / p95",
-            "→ last audio, ms p50 / p95",
-            "speech onset → stop, ms p50",
-            "statuses",
-        ]
+        + ["turns with underruns", "underruns", "starved ms p95", "statuses"]
     )
     lines += [_row(head), _row(["---:"] * (len(head) - 1) + [":---"])]
     for level in levels:
         lines.append(_row(_delivery_row(level, has_ref)))
+    lines += _delivery_notes(info, levels)
+    lines += ["", *_barge_in_table(levels)]
     lines += ["", *_throughput_table(levels, has_ref)]
     return "\n".join(lines) + "\n"
+
+
+def _delivery_notes(info: RunInfo, levels: Sequence[LevelResult]) -> list[str]:
+    """Why a delivery figure reads n/a (``null`` in results.json)."""
+    summaries = [summarize(level.turns) for level in levels]
+    notes = []
+    if any(s["rtf"].n == 0 for s in summaries):
+        notes.append(
+            "RTF n/a: "
+            + (
+                "WebRTC audio is paced by the server in real time, so no synthesis speed shows on the wire"
+                if info.transport == "webrtc"
+                else "no reply played to its end over the WebSocket"
+            )
+        )
+    if any(s["underruns"].n == 0 for s in summaries):
+        notes.append("underruns n/a: no reply played to its end")
+    if not notes:
+        return []
+    return [
+        "",
+        "; ".join(notes)
+        + " (a reply the user talked over, cancelled, failed or without sound has no delivery figures; "
+        "`null` in results.json).",
+    ]
+
+
+BARGE_IN_HEAD = (
+    "users",
+    "barge-in turns",
+    "cancelled while generating: n, onset → response.done ms p50 / p95",
+    "stopped during playback: n, onset → stop signal ms p50 / p95",
+    "nothing cut: played out / not stopped / no reply",
+    "speech_started → response.done ms p50 / p95",
+    "speech_started → last audio ms p50 / p95",
+)
+
+
+def _barge_in_table(levels: Sequence[LevelResult]) -> list[str]:
+    """One row per level with barge-in turns, and what each column means; one line when there were none."""
+    rows = [_row(_barge_in_row(level)) for level in levels if any(t.barge_in_kind for t in level.turns)]
+    if not rows:
+        return ["Barge-in: no turn talked over a reply (`--barge-in-every K` makes every K-th turn do so)."]
+    return [
+        "Barge-in (the user talks over the reply; onset: the interrupting speech's first sample sent)",
+        "",
+        _row(BARGE_IN_HEAD),
+        _row(["---:"] * len(BARGE_IN_HEAD)),
+        *rows,
+        "",
+        "cancelled while generating: the server cancelled the reply still being made (`response.done` cancelled, "
+        "`turn_detected`). stopped during playback: generation had ended, and the client was told to stop playing "
+        "while the reply still played (WebSocket: `input_audio_buffer.speech_started`; WebRTC: "
+        "`output_audio_buffer.cleared`). played out: the reply had finished playing before the stop signal; not "
+        "stopped: no stop signal came; no reply: no sound to talk over. The speech_started columns: cancelled "
+        "replies (→ last audio: also stopped ones over WebRTC); n/a when there were none.",
+    ]
+
+
+def _barge_in_row(level: LevelResult) -> list[str]:
+    counts = barge_in_counts(level.turns)
+    ours = summarize(level.turns)
+    total = sum(entry["count"] for entry in counts.values())
+
+    def timed(kind: BargeInKind) -> str:
+        entry = counts[kind.value]
+        if not entry["count"]:
+            return "0"
+        return f"{entry['count']}, {_ppp_short(entry['ms'])}"
+
+    stop, audio = ours["barge_in_stop_ms"], ours["barge_in_audio_stop_ms"]
+    return [
+        str(level.concurrency),
+        str(total),
+        timed(BargeInKind.CANCELLED),
+        timed(BargeInKind.STOPPED_PLAYBACK),
+        " / ".join(str(counts[k.value]["count"]) for k in BARGE_IN_UNCUT),
+        _ppp_short(stop) if stop.n else NA,
+        _ppp_short(audio) if audio.n else NA,
+    ]
+
+
+BARGE_IN_UNCUT = (BargeInKind.PLAYED_OUT, BargeInKind.NOT_STOPPED, BargeInKind.NO_REPLY)
+
+
+def _ppp_short(d: Distribution) -> str:
+    return f"{_f(d.p50)} / {_f(d.p95)}"
 
 
 def _throughput_table(levels: Sequence[LevelResult], has_ref: bool) -> list[str]:
@@ -235,21 +335,20 @@ def _gib(count: int) -> str:
 
 
 def _delivery_row(level: LevelResult, has_ref: bool) -> list[str]:
+    """RTF, underruns and statuses of a level: "n/a" where no turn has the figure (``null`` in results.json)."""
     ours = summarize(level.turns)
     rtf = ours["rtf"]
-    row = [str(level.concurrency), f"{_f(rtf.p50, 2)} / {_f(rtf.p90, 2)}"]
+    row = [str(level.concurrency), f"{_f(rtf.p50, 2)} / {_f(rtf.p90, 2)}" if rtf.n else NA]
     if has_ref:
-        row.append(_f(summarize(level.reference_metrics())["rtf"].p50, 2))
+        ref_rtf = summarize(level.reference_metrics())["rtf"]
+        row.append(_f(ref_rtf.p50, 2) if ref_rtf.n else NA)
     underruns = [t.underruns for t in level.turns if t.underruns is not None]
-    barge, audio = ours["barge_in_stop_ms"], ours["barge_in_audio_stop_ms"]
+    starved = ours["starved_ms"]
     statuses = ", ".join(f"{k} {v}" for k, v in status_counts(level.turns).items() if v)
     row += [
-        f"{sum(1 for u in underruns if u)} / {len(underruns)}",
-        str(sum(underruns)),
-        _f(ours["starved_ms"].p95),
-        f"{_f(barge.p50)} / {_f(barge.p95)} (n={barge.n})",
-        f"{_f(audio.p50)} / {_f(audio.p95)} (n={audio.n})",
-        _f(ours["barge_in_from_onset_ms"].p50),
+        f"{sum(1 for u in underruns if u)} / {len(underruns)}" if underruns else NA,
+        str(sum(underruns)) if underruns else NA,
+        _f(starved.p95) if starved.n else NA,
         statuses,
     ]
     return row
@@ -366,3 +465,9 @@ def write_report(out: Path, info: RunInfo, levels: Sequence[LevelResult], *, plo
     if plots and levels:
         paths += write_plots(out, levels, f"{info.model} · {info.device} · {info.transport}")
     return paths
+
+
+def where_written(out: Path, paths: Sequence[Path]) -> str:
+    """The line that ends a run: the output folder (absolute) and the files written there."""
+    names = ", ".join(path.name for path in paths)
+    return f"Wrote {names} to {out.resolve()} (the log above is not saved)."

@@ -124,6 +124,15 @@ def with_pause(speech: Speech, pause_ms: float, *, frame_ms: float = 20.0) -> Sp
     return Speech(name, pcm, speech.speech_start_ms, speech.speech_end_ms + pause_ms, speech.bounds_from)
 
 
+def without_tail(speech: Speech, keep_ms: float) -> Speech:
+    """``speech`` cut ``keep_ms`` after its speech end (unchanged when its tail is shorter): what follows on an
+    open microphone is silence anyway, and the next utterance may start as soon as the cut file ends. Same name."""
+    end = int(RATE * (speech.speech_end_ms + keep_ms) / 1000)
+    if end >= len(speech.pcm):
+        return speech
+    return Speech(speech.name, speech.pcm[:end], speech.speech_start_ms, speech.speech_end_ms, speech.bounds_from)
+
+
 def _manifest(folder: Path) -> dict:
     path = folder / MANIFEST
     if not path.is_file():

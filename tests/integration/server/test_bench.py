@@ -179,18 +179,23 @@ def test_turn_metrics_fall_back_to_the_commit_and_mark_missing_replies():
     assert turn_metrics(pending).status == "timed_out"
 
 
-def test_barge_in_over_websocket_counts_cancelled_replies_only():
+def test_barge_in_over_websocket_cancelled_stopped_or_played_out():
     log = spoken_turn(barge_in=BargeInLog(onset_at=2.0, detected_at=2.15))
     log.responses[0].status = ResponseStatus.CANCELLED
+    log.responses[0].reason = "turn_detected"
     log.responses[0].done_at = 2.17
     m = turn_metrics(log)
-    assert m.status == "cancelled"
+    assert m.status == "cancelled" and m.barge_in_kind == "cancelled"
+    assert m.barge_in_ms == pytest.approx(170)  # onset 2.0 -> response.done 2.17
     assert m.barge_in_stop_ms == pytest.approx(20)
     assert m.barge_in_audio_stop_ms == pytest.approx(100)  # the last delta arrived at 2.25
-    assert m.barge_in_from_onset_ms == pytest.approx(170)
     assert m.rtf is None and m.underruns is None  # a reply cut short is not a delivery figure
-    finished = spoken_turn(barge_in=BargeInLog(onset_at=2.4, detected_at=2.5))
-    assert turn_metrics(finished).barge_in_stop_ms is None
+    # generation had ended (done 2.3); the player (1.76 + 0.5 s + 0.14 s starved) plays until 2.40
+    playing = turn_metrics(spoken_turn(barge_in=BargeInLog(onset_at=2.2, detected_at=2.3)))
+    assert playing.barge_in_kind == "stopped_playback" and playing.barge_in_ms == pytest.approx(100)
+    assert playing.barge_in_stop_ms is None and playing.barge_in_audio_stop_ms is None
+    finished = turn_metrics(spoken_turn(barge_in=BargeInLog(onset_at=2.4, detected_at=2.5)))
+    assert finished.barge_in_kind == "played_out" and finished.barge_in_ms is None
 
 
 def test_webrtc_turn_uses_frames_gaps_and_the_track_stop():
@@ -203,12 +208,15 @@ def test_webrtc_turn_uses_frames_gaps_and_the_track_stop():
     assert m.rtf is None  # paced media: no synthesis speed to see
     assert (m.underruns, m.starved_ms) == (1, pytest.approx(40))
     assert m.audio_ms == pytest.approx(120)
-    # the user talks at 1.85: the finished reply still playing on the track is cut
+    # the user talks at 1.7, heard at 1.85: the finished reply still playing on the track is cleared at 1.86
     log.barge_in = BargeInLog(onset_at=1.7, detected_at=1.85)
+    response.output_cleared_at = 1.86
     m = turn_metrics(log)
+    assert m.barge_in_kind == "stopped_playback" and m.barge_in_ms == pytest.approx(160)
     assert m.barge_in_stop_ms is None  # not cancelled: generation had finished
     assert m.barge_in_audio_stop_ms == pytest.approx((1.9 + 0.02 - 1.85) * 1000)
-    assert m.barge_in_from_onset_ms == pytest.approx((1.92 - 1.7) * 1000)
+    response.output_cleared_at = None  # no clear: the track played on
+    assert turn_metrics(log).barge_in_kind == "not_stopped" and turn_metrics(log).barge_in_ms is None
 
 
 def test_distribution_percentiles_skip_missing_values():
@@ -391,8 +399,9 @@ async def test_simulated_user_waits_for_playback_and_barges_in():
         logs = await user.run()
     first, second = (turn_metrics(log, jitter_ms=10) for log in logs)
     assert first.status == "cancelled" and logs[0].barge_in.detected_at is not None
+    assert first.barge_in_kind == "cancelled"
     assert first.barge_in_stop_ms is not None and 0 <= first.barge_in_stop_ms < 50
-    assert first.barge_in_from_onset_ms > first.barge_in_stop_ms
+    assert first.barge_in_ms > first.barge_in_stop_ms
     assert second.status == "completed" and second.audio_ms == pytest.approx(800)
     assert 0 < second.ttfa_ms < 100 and second.first_transcript_ms == pytest.approx(second.ttfa_ms, abs=5)
     assert second.end_of_turn_ms > 0 and second.voice_to_voice_ms > second.ttfa_ms
@@ -676,7 +685,8 @@ def test_bench_refuses_bad_options_models_and_servers(tmp_path, capsys):
 @pytest.mark.timeout(180)
 def test_quick_bench_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, capsys):
     """``omni-realtime bench --quick --reference``: a real server, VAD and engine; one user speaks two
-    fixtures in real time (the first reply interrupted), the reference serves the same two turns."""
+    fixtures in real time (the first reply interrupted while it plays: one barge-in, reported with its kind and
+    latency), the reference serves the same two turns; the run names the folder it wrote."""
     from realtime.cli import main
 
     wavs = tmp_path / "wavs"
@@ -716,6 +726,14 @@ def test_quick_bench_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, caps
         assert turn["voice_to_voice_ms"] > turn["ttfa_ms"]
         assert turn["end_of_turn_ms"] >= 400  # includes the 500 ms VAD silence window (minus a frame)
     assert second["rtf"] > 0 and second["underruns"] is not None
+    # one barge-in: the user talked over the first reply while it played, cancelling it if it was still being
+    # generated, else stopping its playback (the tiny model on a CPU usually generates faster than it plays)
+    assert first["barge_in_kind"] in ("cancelled", "stopped_playback") and second["barge_in_kind"] is None
+    assert 0 < first["barge_in_ms"] < 2000
+    assert first["rtf"] is None and first["underruns"] is None  # talked over: no delivery figures
+    barge = lv["barge_in"]
+    assert {kind: entry["count"] for kind, entry in barge.items() if entry["count"]} == {first["barge_in_kind"]: 1}
+    assert barge[first["barge_in_kind"]]["ms"]["p50"] == pytest.approx(first["barge_in_ms"])
     assert lv["silence_window_ms"] == 500
     assert [t["audio_s"] for t in lv["reference"]["turns"]] == pytest.approx([1.2, 1.2], abs=0.01)
     assert lv["reference"]["summary"]["ttfa_ms"]["n"] == 2
@@ -740,4 +758,9 @@ def test_quick_bench_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, caps
         "replies of 4 text + 60 codec tokens (1.2 s) instead of 30 + 400 (8.0 s); 2 turns per user instead of 3"
     )
     assert "**lighter workload: replies of 4 text + 60 codec tokens" in report
-    assert "| 1 | 2 |" in capsys.readouterr().out
+    cut = f"1, {first['barge_in_ms']:.0f} / {first['barge_in_ms']:.0f}"
+    row = f"| 1 | 1 | {cut} | 0 |" if first["barge_in_kind"] == "cancelled" else f"| 1 | 1 | 0 | {cut} |"
+    assert row in report
+    printed = capsys.readouterr().out
+    assert "| 1 | 2 |" in printed and row in printed
+    assert printed.rstrip().endswith(f"Wrote results.json, report.md to {out.resolve()} (the log above is not saved).")

@@ -1,0 +1,122 @@
+"""The bench's report: a figure no turn has reads "n/a" (with the reason) where results.json has null, never
+0 or 0.00; the text shows the numbers results.json holds; barge-ins by kind; the run names its output folder,
+which git ignores by default."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from realtime.bench.metrics import TurnMetrics
+from realtime.bench.report import RunInfo, markdown, where_written, write_report
+from realtime.bench.sweep import LevelResult
+from tests.helpers.paths import REPO
+
+
+def info(transport: str = "ws") -> RunInfo:
+    return RunInfo(
+        command="omni-realtime bench --quick",
+        date="today",
+        model="tiny",
+        device="CPU",
+        transport=transport,
+        server="in process",
+        text_tokens=4,
+        codec_tokens=40,
+        wavs="fixtures",
+        torch_threads=1,
+        turns_per_user=2,
+        workload="2 turns per user",
+        lighter_workload=None,
+    )
+
+
+def delivery_row(table: str) -> list[str]:
+    """The cells of the delivery table's only row."""
+    lines = table.splitlines()
+    start = lines.index("Delivery (replies played to their end)")
+    return [cell.strip() for cell in lines[start + 4].strip("|").split("|")]
+
+
+def test_figures_no_turn_has_read_na_with_the_reason_not_zero(tmp_path):
+    # every turn was talked over or cancelled: no RTF, no underruns (null in results.json)
+    turns = [
+        TurnMetrics(0, 0, "a", "cancelled", ttfa_ms=100.0, barge_in_kind="cancelled", barge_in_ms=250.0),
+        TurnMetrics(0, 1, "b", "cancelled", ttfa_ms=120.0),
+    ]
+    levels = [LevelResult(1, 2, 3.0, turns)]
+    write_report(tmp_path, info(), levels, plots=False)
+    data = json.loads((tmp_path / "results.json").read_text())
+    summary = data["levels"][0]["summary"]
+    assert summary["rtf"]["p50"] is None and summary["underruns"]["n"] == 0 and summary["starved_ms"]["p95"] is None
+    table = markdown(info(), levels)
+    assert delivery_row(table) == ["1", "n/a", "n/a", "n/a", "n/a", "cancelled 2"]
+    delivery = table[table.index("Delivery") : table.index("Barge-in")]
+    assert "0.00" not in delivery and "0 / 0" not in delivery and "| 0 |" not in delivery
+    assert "RTF n/a: no reply played to its end over the WebSocket" in table
+    assert "underruns n/a: no reply played to its end" in table
+    webrtc = markdown(info("webrtc"), levels)
+    assert "RTF n/a: WebRTC audio is paced by the server in real time" in webrtc
+
+
+def test_the_text_shows_the_numbers_results_json_holds(tmp_path):
+    turns = [
+        TurnMetrics(0, 0, "a", "completed", rtf=0.004, underruns=0, starved_ms=0.0),
+        TurnMetrics(0, 1, "b", "completed", rtf=0.5, underruns=2, starved_ms=30.0),
+        TurnMetrics(0, 2, "c", "cancelled"),  # no delivery figures: left out of both
+    ]
+    levels = [LevelResult(1, 3, 3.0, turns)]
+    write_report(tmp_path, info(), levels, plots=False)
+    summary = json.loads((tmp_path / "results.json").read_text())["levels"][0]["summary"]
+    assert summary["rtf"]["n"] == 2 and summary["underruns"]["n"] == 2
+    row = delivery_row(markdown(info(), levels))
+    p50, p90 = (float(x) for x in row[1].split(" / "))
+    assert p50 == pytest.approx(summary["rtf"]["p50"], abs=0.005) and p90 == pytest.approx(
+        summary["rtf"]["p90"], abs=0.005
+    )
+    assert row[2:5] == ["1 / 2", "2", f"{summary['starved_ms']['p95']:.0f}"]
+    assert "n/a" not in row
+    # a small RTF never reads as zero
+    only_fast = markdown(info(), [LevelResult(1, 1, 1.0, turns[:1])])
+    assert delivery_row(only_fast)[1] == "0.004 / 0.004"
+
+
+def test_barge_ins_are_reported_by_kind_in_the_text_and_in_results_json(tmp_path):
+    turns = [
+        TurnMetrics(0, 0, "a", "cancelled", barge_in_kind="cancelled", barge_in_ms=250.0, barge_in_stop_ms=120.0),
+        TurnMetrics(0, 1, "b", "completed", barge_in_kind="stopped_playback", barge_in_ms=110.0),
+        TurnMetrics(0, 2, "c", "completed", barge_in_kind="played_out"),
+        TurnMetrics(0, 3, "d", "completed", rtf=0.5, underruns=0, starved_ms=0.0),
+    ]
+    levels = [LevelResult(1, 4, 3.0, turns)]
+    write_report(tmp_path, info(), levels, plots=False)
+    barge = json.loads((tmp_path / "results.json").read_text())["levels"][0]["barge_in"]
+    assert barge["cancelled"]["count"] == 1 and barge["cancelled"]["ms"]["p50"] == 250.0
+    assert barge["stopped_playback"]["count"] == 1 and barge["stopped_playback"]["ms"]["p50"] == 110.0
+    assert (barge["played_out"]["count"], barge["not_stopped"]["count"], barge["no_reply"]["count"]) == (1, 0, 0)
+    table = markdown(info(), levels)
+    assert "| 1 | 3 | 1, 250 / 250 | 1, 110 / 110 | 1 / 0 / 0 | 120 / 120 | n/a |" in table
+    assert "cancelled while generating" in table and "stopped during playback" in table
+    none = markdown(info(), [LevelResult(1, 1, 1.0, turns[3:])])
+    assert "Barge-in: no turn talked over a reply" in none and "cancelled while generating" not in none
+
+
+def test_the_run_names_the_folder_and_files_it_wrote(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    levels = [LevelResult(1, 1, 1.0, [TurnMetrics(0, 0, "a", "completed", ttfa_ms=100.0)])]
+    paths = write_report(tmp_path / "out", info(), levels, plots=False)
+    line = where_written(tmp_path / "out", paths)
+    assert line == f"Wrote results.json, report.md to {tmp_path / 'out'} (the log above is not saved)."
+    relative = where_written(type(tmp_path)("out"), paths)
+    assert str(tmp_path / "out") in relative  # a relative --out is named in full
+
+
+def test_the_default_output_folder_is_git_ignored():
+    from realtime.bench.cli import DEFAULT_OUT, build_parser
+
+    assert build_parser().parse_args([]).out == DEFAULT_OUT
+    ignored = [line.strip() for line in (REPO / ".gitignore").read_text().splitlines()]
+    assert not DEFAULT_OUT.is_absolute() and len(DEFAULT_OUT.parts) == 1  # under the directory of the run
+    assert any(re.fullmatch(rf"/?{re.escape(DEFAULT_OUT.name)}/?", line) for line in ignored)
