@@ -364,7 +364,9 @@ def test_acks_come_in_batches_and_a_paused_response_always_gets_one(max_pending)
 
 async def test_a_slow_consumer_pauses_its_response_in_the_child(engine):
     conv = engine.conversation()
-    await conv.add_text("u1", "Tell me a long story.")
+    # A prompt whose greedy tiny-model reply has about twice MAX_PENDING events (text deltas and audio chunks; many
+    # of the random model's tokens are partial UTF-8 that the detokenizer holds back, so not every token is a delta).
+    await conv.add_text("u1", "Please describe the sea.")
     resp = conv.respond(item_id="a1", max_output_tokens=40)
     async with asyncio.timeout(60):
         while resp._events.qsize() < MAX_PENDING:  # nobody reads: the child stops sending at MAX_PENDING
