@@ -39,6 +39,8 @@ class SchedulerConfig:
     prefill_chunk_tokens: int
     drop_oldest: bool
     """Context policy: drop the oldest turns to make room (else a response that does not fit fails)."""
+    context_retention_ratio: float
+    """Under ``drop_oldest``: a drop leaves the prompt at most this fraction of the room beside the reply."""
     talker_prefills_per_step: int
     chain_steps: int
     min_text_tokens: int
@@ -122,7 +124,11 @@ class Scheduler:
         if (error := conv.audio_error()) is not None:
             raise error
         if r.thinker.prompt_len == 0:  # first prefill step of this response
-            conv.make_room(r.spec.max_text_tokens, drop_oldest=self.cfg.drop_oldest)
+            conv.make_room(
+                r.spec.max_text_tokens,
+                drop_oldest=self.cfg.drop_oldest,
+                retention_ratio=self.cfg.context_retention_ratio,
+            )
         if self.thinker_slot(conv, evict=True) is None:
             return False
         rendering = conv.render()

@@ -29,6 +29,7 @@ def scheduler_config(**overrides) -> SchedulerConfig:
         prefill_rows=None,
         prefill_chunk_tokens=512,
         drop_oldest=False,
+        context_retention_ratio=0.8,
         talker_prefills_per_step=1,
         chain_steps=8,
         min_text_tokens=0,
