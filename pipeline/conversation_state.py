@@ -1,13 +1,13 @@
 """A conversation as the engine thread holds it: items, their token rendering, and the thinker KV
 cache that mirrors a prefix of that rendering.
 
-The cache lives in a KV slot of the thinker's pool (``slot``); its logical length is ``len(cached_keys)``. It
-is kept consistent by one rule: before any prefill, the conversation is rendered to a
-list of per-position *keys* (the token id for text, ``(item_id, block, version, i)`` for audio
-positions), the longest common prefix with the keys already in the cache is kept, the cache is cropped
-to it and only the rest is prefilled. Deleting or truncating an item, dropping the oldest turns to fit the context
-(:meth:`ConversationState.make_room`), changing the instructions or cancelling a reply therefore rolls the cache back exactly as far as needed and never further, and
-history is never prefilled twice.
+The cache lives in a KV slot of the thinker's pool (``slot``); its logical length is ``len(cached_keys)``. It is
+kept consistent by one rule: before any prefill, the conversation is rendered to a list of per-position *keys* (the
+token id for text, ``(item_id, block, version, i)`` for audio positions), the longest common prefix with the keys
+already in the cache is kept, the cache is cropped to it and only the rest is prefilled. Deleting or truncating an
+item, dropping the oldest turns to fit the context (:meth:`ConversationState.make_room`), changing the instructions or
+cancelling a reply therefore rolls the cache back exactly as far as needed and never further, and history is never
+prefilled twice.
 
 For the talker the state keeps, per cached position, its talker input vector (thinker last hidden +
 input embedding, the embedding zeroed at audio positions as the reference does).
