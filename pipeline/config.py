@@ -30,7 +30,7 @@ STAGE_ORDER = ("thinker", "talker", "token2wav")
 STAGE_INPUTS = {"thinker": "request", "talker": "thinker", "token2wav": "talker"}
 AUTO = "auto"
 DTYPES = ("float32", "bfloat16", "float16")
-CONTEXT_POLICIES = ("error", "drop_oldest")
+CONTEXT_POLICIES = ("drop_oldest", "error")
 AUDIO_FLOORS = ("streaming", "exact")
 DIT_ATTENTION = ("triton", "sdpa")
 MAX_EXTENDS_DEPTH = 8
@@ -82,7 +82,8 @@ TALKER_SAMPLING = SamplingConfig(do_sample=True, temperature=0.9, top_k=40, top_
 
 def _kind(kind: str, default: Any = None, *, factory=None, choices: tuple = ()) -> Any:
     """A field with how its value is checked (``kind``) in its metadata: ``positive`` (an integer > 0, or None),
-    ``at_least_0`` (an integer >= 0), ``bool``, ``str``, ``choice`` (one of ``choices``), ``switch`` (auto / on /
+    ``at_least_0`` (an integer >= 0), ``fraction`` (a number in (0, 1]), ``bool``, ``str``, ``choice`` (one of
+    ``choices``), ``switch`` (auto / on /
     off or a boolean, resolved by the class), ``sampling``, ``chunking``, ``fixed`` (must equal the default)."""
     meta = {"kind": kind, "choices": choices}
     if factory is not None:
@@ -144,6 +145,8 @@ class StageConfig:
             raise ConfigError(f"{where} must be a positive integer", param=where)
         elif kind == "at_least_0" and (not _is_int(value) or value < 0):
             raise ConfigError(f"{where} must be an integer >= 0", param=where)
+        elif kind == "fraction" and (not _is_number(value) or not 0 < value <= 1):
+            raise ConfigError(f"{where} must be a number in (0, 1], got {value!r}", param=where)
         elif (kind == "bool" and not isinstance(value, bool)) or (kind == "str" and not isinstance(value, str)):
             raise ConfigError(f"{where} has the wrong type ({type(value).__name__})", param=where)
         elif kind == "choice" and value not in f.metadata["choices"]:
@@ -209,10 +212,20 @@ class ThinkerConfig(DecoderConfig):
     """Prefill chunks per engine step (responses first, then conversations still being spoken, in turn), run together
     as one batch (on CUDA at most 512 positions, one graph replay; what does not fit waits a step), so that a burst of
     turns starts at once while a burst of long prompts still cannot stall every session's next token."""
-    context_policy: str = _kind("choice", "error", choices=CONTEXT_POLICIES)
-    """What happens when a reply would not fit in ``max_context_tokens``: ``error`` refuses the
-    response (ContextLimitError); ``drop_oldest`` drops the oldest turns (after the instructions)
-    until it fits, then re-prefills the shortened history."""
+    context_policy: str = _kind("choice", "drop_oldest", choices=CONTEXT_POLICIES)
+    """What happens when a response's prompt plus its room for reply tokens (the response's ``max_output_tokens``,
+    else ``max_tokens``) would not fit in ``max_context_tokens``. ``drop_oldest``: the oldest turns give way, whole
+    turns at a time (see ``context_retention_ratio``); the instructions and the turn being answered (the items after
+    the last assistant item) are never dropped, and if they alone do not fit the response fails with
+    ContextLimitError (``context_length_exceeded``), naming the sizes, and nothing is dropped. The dropped items are
+    gone from the model's context only: deleting or truncating one later does nothing. ``error``: the response fails
+    with ContextLimitError and nothing is dropped (what a client that disables truncation asks for)."""
+    context_retention_ratio: float = _kind("fraction", 0.8)
+    """Under ``drop_oldest``, how far a drop goes: the oldest turns are dropped until the prompt takes at most this
+    fraction of the room beside the reply (``max_context_tokens`` minus the reply's room). The cached instructions
+    are kept and the kept turns are prefilled again from the first dropped position; the room freed beyond what the
+    reply needed lets the next turns extend the cached prompt instead of each dropping and re-prefilling it again.
+    1.0 drops only as much as the reply needs (a re-prefill of the whole kept history on every turn once full)."""
     audio_floor: str = _kind("choice", "streaming", choices=AUDIO_FLOORS)
     """How the log-mel floor (loudest value - 80 dB, as Whisper features clamp) is chosen for the
     2 s blocks encoded while the user still speaks: ``streaming`` uses the loudest value heard so
@@ -488,6 +501,10 @@ def _switch(value: Any, where: str) -> bool | str:
     if value in ("on", "off"):
         return value == "on"
     raise ConfigError(f"{where} must be one of ('auto', 'on', 'off'), got {value!r}", param=where)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _is_int(value: Any) -> bool:

@@ -1,13 +1,13 @@
 """A conversation as the engine thread holds it: items, their token rendering, and the thinker KV
 cache that mirrors a prefix of that rendering.
 
-The cache lives in a KV slot of the thinker's pool (``slot``); its logical length is ``len(cached_keys)``. It
-is kept consistent by one rule: before any prefill, the conversation is rendered to a
-list of per-position *keys* (the token id for text, ``(item_id, block, version, i)`` for audio
-positions), the longest common prefix with the keys already in the cache is kept, the cache is cropped
-to it and only the rest is prefilled. Deleting or truncating an item, changing the instructions or
-cancelling a reply therefore rolls the cache back exactly as far as needed and never further, and
-history is never prefilled twice.
+The cache lives in a KV slot of the thinker's pool (``slot``); its logical length is ``len(cached_keys)``. It is
+kept consistent by one rule: before any prefill, the conversation is rendered to a list of per-position *keys* (the
+token id for text, ``(item_id, block, version, i)`` for audio positions), the longest common prefix with the keys
+already in the cache is kept, the cache is cropped to it and only the rest is prefilled. Deleting or truncating an
+item, dropping the oldest turns to fit the context (:meth:`ConversationState.make_room`), changing the instructions or
+cancelling a reply therefore rolls the cache back exactly as far as needed and never further, and history is never
+prefilled twice.
 
 For the talker the state keeps, per cached position, its talker input vector (thinker last hidden +
 input embedding, the embedding zeroed at audio positions as the reference does).
@@ -90,6 +90,9 @@ class ConversationState:
         self.instructions = instructions
         self.max_context_tokens = max_context_tokens
         self.items: list[ConvItem] = []
+        self.dropped: set[str] = set()
+        """Ids of the items :meth:`make_room` dropped to fit the context: deleting or truncating one does nothing
+        (its owner may still show it; the model no longer sees it)."""
         self.open_audio: dict[str, OpenAudio] = {}
         self.active_response: str | None = None
         self.talker_slot: int | None = None
@@ -130,12 +133,17 @@ class ConversationState:
 
     def delete(self, item_id: str) -> None:
         self._require_idle("delete an item")
+        if item_id in self.dropped and not self.has_item(item_id):
+            self.dropped.discard(item_id)
+            return
         self.items.remove(self.find(item_id))
         self.dirty = True
 
     def truncate_reply(self, item_id: str, audio_end_ms: int) -> None:
         """Keep the share of the reply's text that was spoken by ``audio_end_ms``."""
         self._require_idle("truncate an item")
+        if item_id in self.dropped and not self.has_item(item_id):
+            return  # the model no longer sees it
         item = self.find(item_id)
         if item.kind is not ItemKind.REPLY:
             from pipeline.errors import InvalidInputError
@@ -222,24 +230,62 @@ class ConversationState:
         self.talker_vectors = [vectors]
         return vectors
 
-    def make_room(self, reply_budget: int, *, drop_oldest: bool) -> None:
-        """Ensure the prompt plus ``reply_budget`` tokens fits the context limit, dropping the
-        oldest items (never the instructions, the last user input or the reply being made) when
-        ``drop_oldest``; otherwise, or when even that cannot make room, raise ContextLimitError."""
-        while drop_oldest and len(self.render().keys) + reply_budget > self.max_context_tokens:
-            if len(self.items) <= 2:
-                break
-            self.items.pop(0)
-            self.dirty = True
-        self.check_context(len(self.render().keys), reply_budget)
+    def make_room(self, reply_budget: int, *, drop_oldest: bool, retention_ratio: float = 1.0) -> None:
+        """Ensure the prompt plus ``reply_budget`` tokens fits ``max_context_tokens``.
 
-    def check_context(self, prompt_len: int, reply_budget: int) -> None:
-        if prompt_len + reply_budget > self.max_context_tokens:
+        When it does not and ``drop_oldest``: the oldest items are dropped, whole turns at a time (the kept history
+        starts with an item that is not the assistant's), until the prompt takes at most ``retention_ratio`` of the
+        room beside the reply (``max_context_tokens - reply_budget``). The instructions and the turn being answered
+        (:meth:`turn_start`) are never dropped. The next prefill keeps the cache's common prefix (the instructions)
+        and prefills the rest again. Dropped ids go to :attr:`dropped`.
+
+        Raises ContextLimitError, having dropped nothing, when the prompt does not fit: without ``drop_oldest``, or
+        when the instructions and the turn being answered alone do not fit."""
+        head, lengths = self._rendered_lengths()
+        prompt, room = head + sum(lengths), self.max_context_tokens - reply_budget
+        if prompt <= room:
+            return
+        if not drop_oldest:
             raise ContextLimitError(
-                f"conversation has {prompt_len} tokens; with up to {reply_budget} reply tokens it exceeds the "
-                f"context limit of {self.max_context_tokens} tokens (delete items or start a new conversation)",
+                f"conversation has {prompt} tokens; with up to {reply_budget} reply tokens it exceeds the context "
+                f"limit of {self.max_context_tokens} tokens (delete items or start a new conversation)",
                 param="max_output_tokens",
             )
+        first_kept = self.turn_start()
+        turn = sum(lengths[first_kept:])
+        if head + turn > room:
+            raise ContextLimitError(
+                f"the instructions ({head} tokens) and the input being answered ({turn} tokens) with up to "
+                f"{reply_budget} reply tokens exceed the context limit of {self.max_context_tokens} tokens "
+                "(send a shorter input, shorter instructions or a smaller max_output_tokens)",
+                param="max_output_tokens",
+            )
+        target, dropped = int(retention_ratio * room), 0
+        while dropped < first_kept and (prompt > target or self.items[dropped].role == "assistant"):
+            prompt -= lengths[dropped]
+            dropped += 1
+        self.dropped.update(item.id for item in self.items[:dropped])
+        del self.items[:dropped]
+        self.dirty = True
+
+    def turn_start(self) -> int:
+        """Index of the first item of the turn being answered: the first item after the last finished assistant
+        item (0 when there is none)."""
+        for k in range(len(self.items) - 1, -1, -1):
+            if self.items[k].role == "assistant" and not self.items[k].open:
+                return k + 1
+        return 0
+
+    def _rendered_lengths(self) -> tuple[int, list[int]]:
+        """Positions of the instructions and of each item in :meth:`render` (which concatenates them)."""
+        head = Rendering(keys=[], token_ids=[], audio={})
+        self._append_tokens(head, self.renderer.text_message("system", self.instructions))
+        lengths = []
+        for item in self.items:
+            r = Rendering(keys=[], token_ids=[], audio={})
+            self._render_item(r, item)
+            lengths.append(len(r.keys))
+        return len(head.keys), lengths
 
     def crop_talker(self, length: int) -> None:
         """Keep only the first ``length`` prompt positions of the talker cache."""

@@ -101,6 +101,7 @@ class EngineCore:
                 prefill_rows=thinker.prefill_rows,
                 prefill_chunk_tokens=th.prefill_chunk_tokens,
                 drop_oldest=th.context_policy == "drop_oldest",
+                context_retention_ratio=th.context_retention_ratio,
                 talker_prefills_per_step=ta.max_prefills_per_step,
                 chain_steps=ta.chain_steps,
                 min_text_tokens=th.min_tokens or 0,

@@ -119,7 +119,12 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         ice_host_addresses=tuple(args.ice_hosts),
         webrtc=not args.no_webrtc,
         session_limits=replace(defaults.session_limits, max_buffer_ms=args.max_buffer_ms),
-        rate_limit=RateLimit(args.events_per_second, args.event_burst),
+        rate_limit=RateLimit(
+            events_per_second=args.events_per_second,
+            burst=args.event_burst,
+            audio_bytes_per_second=args.audio_bytes_per_second,
+            audio_burst_bytes=args.audio_burst_bytes,
+        ),
         web_demo_dir=args.web_demo_dir,
         log_level=args.log_level.lower(),
         ws_implementation=args.ws,
@@ -183,9 +188,21 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         help="most uncommitted input audio per session",
     )
     p.add_argument(
-        "--events-per-second", type=float, default=d.rate_limit.events_per_second, help="client event rate per session"
+        "--events-per-second",
+        type=float,
+        default=d.rate_limit.events_per_second,
+        help="client event rate per session, audio appends aside",
     )
     p.add_argument("--event-burst", type=int, default=d.rate_limit.burst, help="events allowed in a burst")
+    p.add_argument(
+        "--audio-bytes-per-second",
+        type=int,
+        default=d.rate_limit.audio_bytes_per_second,
+        help="input audio rate per session, in bytes of append events (64000 = 1 s of pcm16 at 24 kHz a second)",
+    )
+    p.add_argument(
+        "--audio-burst-bytes", type=int, default=d.rate_limit.audio_burst_bytes, help="input audio allowed in a burst"
+    )
     p.add_argument(
         "--allowed-origin",
         dest="allowed_origins",

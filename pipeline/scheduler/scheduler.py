@@ -39,6 +39,8 @@ class SchedulerConfig:
     prefill_chunk_tokens: int
     drop_oldest: bool
     """Context policy: drop the oldest turns to make room (else a response that does not fit fails)."""
+    context_retention_ratio: float
+    """Under ``drop_oldest``: a drop leaves the prompt at most this fraction of the room beside the reply."""
     talker_prefills_per_step: int
     chain_steps: int
     min_text_tokens: int
@@ -122,7 +124,11 @@ class Scheduler:
         if (error := conv.audio_error()) is not None:
             raise error
         if r.thinker.prompt_len == 0:  # first prefill step of this response
-            conv.make_room(r.spec.max_text_tokens, drop_oldest=self.cfg.drop_oldest)
+            conv.make_room(
+                r.spec.max_text_tokens,
+                drop_oldest=self.cfg.drop_oldest,
+                retention_ratio=self.cfg.context_retention_ratio,
+            )
         if self.thinker_slot(conv, evict=True) is None:
             return False
         rendering = conv.render()
@@ -150,17 +156,21 @@ class Scheduler:
 
     def _background_chunk(self, conv: ConversationState, batch: PrefillBatch) -> bool:
         """While a conversation is idle, plan the prefill of what the user has said so far (one chunk per step), if a
-        KV slot is free (a background prefill never takes another conversation's slot). A failure drops its cache."""
+        KV slot is free (a background prefill never takes another conversation's slot), up to the context limit (the
+        slot's size; beyond it the next response first makes room). A failure drops its cache."""
         if not self.needs_prefill(conv) or self.thinker_slot(conv, evict=False) is None:
             return False
         try:
             if (error := conv.audio_error()) is not None:
                 raise error
             rendering = conv.render(with_open_audio=True)
-            if conv.common_prefix(rendering.keys) == len(rendering.keys):
-                conv.crop(len(rendering.keys))  # items were removed: drop what follows
+            limit = min(len(rendering.keys), conv.max_context_tokens)
+            common = conv.common_prefix(rendering.keys)
+            if common >= limit:
+                conv.crop(common)  # items were removed: drop what follows
                 conv.dirty = False
                 return True
+            rendering.keys, rendering.token_ids = rendering.keys[:limit], rendering.token_ids[:limit]
             return batch.admit(self._chunk(conv, rendering, need_logits=False))
         except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
             log.exception("background prefill of %s failed; its cache is dropped", conv.id)

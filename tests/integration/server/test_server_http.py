@@ -406,6 +406,10 @@ def test_serve_flags_become_the_server_config(tmp_path):
             "20",
             "--event-burst",
             "40",
+            "--audio-bytes-per-second",
+            "32000",
+            "--audio-burst-bytes",
+            "640000",
             "--threads",
             "2",
             "--no-webrtc",
@@ -418,6 +422,7 @@ def test_serve_flags_become_the_server_config(tmp_path):
     assert config.allowed_origins == ("http://a.example",)
     assert config.session_limits.max_buffer_ms == 5000
     assert (config.rate_limit.events_per_second, config.rate_limit.burst) == (20.0, 40)
+    assert (config.rate_limit.audio_bytes_per_second, config.rate_limit.audio_burst_bytes) == (32000, 640000)
     assert config.torch_threads == 2 and config.webrtc is False and config.model is None
     assert config.vad_batching is False and ServerConfig().vad_batching is True
     assert config.preemptive_response_ms == ServerConfig().preemptive_response_ms == 200  # on by default

@@ -9,6 +9,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 
+import numpy as np
 import pytest
 import websockets
 from websockets.exceptions import InvalidStatus
@@ -80,6 +81,71 @@ def test_message_gate_checks_kind_size_and_rate():
     assert limited is not None and limited.code == LimitCode.RATE_LIMIT_EXCEEDED
     clock.now += 1.0
     assert gate.check("{}") is None
+
+
+def append_event(ms: int) -> str:
+    """An ``input_audio_buffer.append`` of ``ms`` of pcm16 at 24 kHz (noise: only its delivery matters)."""
+    pcm = np.random.default_rng(ms).integers(-3000, 3000, 24 * ms, dtype=np.int16).tobytes()
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+
+
+def test_the_gate_charges_audio_by_size_and_other_events_by_count():
+    clock = FakeClock()
+    append = append_event(20)  # 1280 base64 characters + the event's JSON
+    rate = RateLimit(
+        events_per_second=1.0, burst=2, audio_bytes_per_second=len(append), audio_burst_bytes=3 * len(append)
+    )
+    gate = MessageGate(max_message_bytes=1 << 20, rate=rate, clock=clock)
+    assert [gate.check(append) for _ in range(3)] == [None] * 3
+    over = gate.check(append)
+    assert over is not None and over.code == LimitCode.RATE_LIMIT_EXCEEDED and "bytes per second" in over.message
+    # the audio bucket is empty; the control events behind the audio still pass, from their own bucket
+    assert gate.check('{"type": "input_audio_buffer.commit"}') is None
+    assert gate.check('{"type":"response.create"}') is None
+    flooded = gate.check('{"type":"response.create"}')
+    assert (
+        flooded is not None and flooded.code == LimitCode.RATE_LIMIT_EXCEEDED and "events per second" in flooded.message
+    )
+    clock.now += 1.0  # one more append and one more event a second
+    assert gate.check(append) is None and gate.check(append) is not None
+    assert gate.check('{"type":"session.update","session":{}}') is None
+
+
+def test_a_flood_of_control_events_is_limited_and_audio_still_flows():
+    clock = FakeClock()
+    gate = MessageGate(max_message_bytes=1 << 20, rate=RateLimit(events_per_second=10.0, burst=20), clock=clock)
+    results = [gate.check('{"type":"response.cancel"}') for _ in range(1000)]
+    assert sum(r is None for r in results) == 20
+    assert gate.check(append_event(20)) is None, "audio has its own bucket"
+    clock.now += 0.5
+    assert sum(gate.check('{"type":"response.cancel"}') is None for _ in range(100)) == 5
+
+
+def test_an_append_larger_than_the_audio_burst_passes_when_the_bucket_is_full_then_the_rest_waits():
+    clock = FakeClock()
+    gate = MessageGate(
+        max_message_bytes=1 << 20, rate=RateLimit(audio_bytes_per_second=1000, audio_burst_bytes=2000), clock=clock
+    )
+    big = append_event(100)  # ~6.4 kB: never refused for good
+    assert gate.check(big) is None and gate.check(append_event(1)) is not None
+    clock.now += len(big) / 1000  # the debt repaid, the bucket full again
+    assert gate.check(append_event(1)) is None
+
+
+def test_the_default_rates_take_a_recorded_30_second_utterance_at_once():
+    gate = MessageGate(max_message_bytes=ServerConfig().max_message_bytes, rate=RateLimit(), clock=FakeClock())
+    append = append_event(20)
+    assert all(gate.check(append) is None for _ in range(1500))
+    assert (
+        gate.check('{"type":"input_audio_buffer.commit"}') is None and gate.check('{"type":"response.create"}') is None
+    )
+
+
+@pytest.mark.parametrize("field", ["burst", "audio_bytes_per_second", "audio_burst_bytes"])
+def test_rate_limit_fields_are_validated(field):
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match=field):
+            RateLimit(**{field: bad})
 
 
 def test_session_slots_cap_live_sessions_and_release_once():
@@ -283,6 +349,32 @@ async def test_the_input_audio_buffer_limit_is_enforced():
             assert (error["code"], error["event_id"]) == ("input_audio_buffer_full", "over")
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
             assert (await until(ws, "input_audio_buffer.committed"))["item_id"]
+
+
+async def test_a_recorded_30_second_utterance_sent_at_full_speed_gets_its_response():
+    """1500 appends of 20 ms as fast as the socket takes them, then commit and response.create: nothing is dropped."""
+    async with served(FakeEngine()) as (url, _):
+        async with websockets.connect(url) as ws:
+            await until(ws, "session.created")
+            manual = {
+                "type": "session.update",
+                "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}},
+            }
+            await ws.send(json.dumps(manual))
+            await until(ws, "session.updated")
+            append = append_event(20)
+            for _ in range(1500):
+                await ws.send(append)
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            await ws.send(json.dumps({"type": "response.create"}))
+            seen = []
+            async with asyncio.timeout(30):
+                while not seen or seen[-1]["type"] != "response.done":
+                    event = json.loads(await ws.recv())
+                    if event["type"] in ("error", "input_audio_buffer.committed", "response.done"):
+                        seen.append(event)
+            assert [e["type"] for e in seen] == ["input_audio_buffer.committed", "response.done"], seen[:3]
+            assert seen[-1]["response"]["status"] == "completed"
 
 
 async def test_the_event_rate_is_limited_per_session():

@@ -29,6 +29,7 @@ def scheduler_config(**overrides) -> SchedulerConfig:
         prefill_rows=None,
         prefill_chunk_tokens=512,
         drop_oldest=False,
+        context_retention_ratio=0.8,
         talker_prefills_per_step=1,
         chain_steps=8,
         min_text_tokens=0,
@@ -232,6 +233,23 @@ def test_background_prefill_plans_idle_conversations_in_turn_under_the_budget_an
     assert len(planned) == len(set(planned)) == 2, "one chunk per step, in turn; two slots for three conversations"
     (waiting,) = [c for c in convs if c.id not in planned]
     assert waiting.dirty and waiting.slot is None and not s.has_background_work(), "it waits; nobody is evicted"
+
+
+def test_background_prefill_stops_at_the_context_limit_and_the_response_drops_the_oldest_turn():
+    s = make_scheduler(drop_oldest=True)
+    conv = conversation(s, "a", words=30)  # instructions 5 positions, the user message 33
+    conv.add(ConvItem(id="a-old-reply", role="assistant", kind=ItemKind.REPLY, reply_ids=[100] * 7))  # 10
+    conv.add(ConvItem(id="a-now", role="user", kind=ItemKind.TEXT, text="other " * 7))  # 10: 58 in all
+    conv.max_context_tokens = 50
+    plan = s.schedule(in_worker=set(), end=no_end)
+    assert [(job.start, job.rows, job.last) for job in plan.prefills] == [(0, 50, True)], "never past the slot's end"
+    run_chunks(plan)
+    assert not conv.dirty and not s.has_background_work() and s.schedule(in_worker=set(), end=no_end).prefills == []
+    r = respond(s, conv)  # its reply needs 16 positions beside a 2-position header: the first turn goes
+    plan = s.schedule(in_worker=set(), end=no_end)
+    assert [item.id for item in conv.items] == ["a-now", "a-a"] and conv.dropped == {"a-u", "a-old-reply"}
+    # the instructions stay cached, and the user header both renderings start with
+    assert [(job.owner, job.start) for job in plan.prefills] == [(r, 7)]
 
 
 def test_first_chunks_alone_nothing_decodes():

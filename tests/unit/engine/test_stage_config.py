@@ -83,6 +83,20 @@ def test_each_stage_refuses_another_stages_field() -> None:
         assert info.value.param == f"stages.{stage}.{key}"
 
 
+def test_the_context_retention_ratio_is_a_fraction() -> None:
+    raw = yaml.safe_load(DEFAULT_STAGE_CONFIG.read_text())
+    for bad in (0, 1.5, -0.2, "0.8", True, float("nan")):
+        raw["stages"]["thinker"]["context_retention_ratio"] = bad
+        with pytest.raises(ConfigError, match=r"must be a number in \(0, 1\]") as info:
+            parse_stage_config(raw)
+        assert info.value.param == "stages.thinker.context_retention_ratio"
+    raw["stages"]["thinker"]["context_retention_ratio"] = 1
+    assert parse_stage_config(raw).thinker.context_retention_ratio == 1
+    raw["stages"]["thinker"]["context_policy"] = "truncate"
+    with pytest.raises(ConfigError, match="must be one of"):
+        parse_stage_config(raw)
+
+
 def test_merge_settings_merges_mappings_and_replaces_the_rest() -> None:
     base = {"a": {"b": 1, "c": [1, 2]}, "d": 1}
     assert merge_settings(base, {"a": {"c": [3]}, "e": 2}) == {"a": {"b": 1, "c": [3]}, "d": 1, "e": 2}
