@@ -243,3 +243,24 @@ def test_help_explains_every_option_with_its_default_in_plain_words(command):
         if "(default: " not in help_text and invocation.split()[0] not in _required_options(usage)
     ]
     assert missing == [], f"options whose help shows no default: {missing}\n{text}"
+
+
+# --- the demo -------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_demo_says_where_it_wrote_and_why_the_reply_ended(tiny_model_dir, tmp_path, capsys):
+    """The demo's last line: the reply's status with its reason, the audio's length and the file it went to (a
+    folder made for it); its default file is in a folder git ignores."""
+    import soundfile as sf
+
+    from realtime.cli import DEMO_OUT, main
+
+    out = tmp_path / "new-folder" / "reply.wav"
+    args = ["demo", "--model", str(tiny_model_dir), "--threads", "1", "--seed", "0", "--out", str(out)]
+    assert main([*args, "--max-output-tokens", "3"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.match(rf"incomplete \(max_output_tokens\): \d+\.\d\d s of audio written to {re.escape(str(out))} ", last)
+    assert sf.info(str(out)).samplerate == 24000
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(DEMO_OUT)], cwd=REPO)
+    assert ignored.returncode == 0, f"{DEMO_OUT} is not covered by .gitignore"
