@@ -41,7 +41,7 @@ def ensure_tiny_checkpoint(cache_dir: Path | None = None, *, seed: int = 0) -> P
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=cache_dir))
-    log.warning("building the embedded tiny model (random weights) into %s", target)
+    log.info("building the embedded tiny model (random weights) into %s", target)
     make_random_checkpoint(tmp, spec)
     try:
         tmp.rename(target)

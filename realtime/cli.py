@@ -14,12 +14,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from realtime.flags import ms_or_off
+from pipeline.errors import PipelineError
+from realtime.flags import HelpFormatter, ms_or_off
+from realtime.preflight import UsageError
 
 if TYPE_CHECKING:  # imported lazily at run time: `--help` and `demo` need no server stack
     from realtime.config import ServerConfig
 
 log = logging.getLogger("omni-realtime")
+
+TRACE_LEVEL = 5
+"""``--log-level trace``: uvicorn's level below DEBUG (every message of every connection)."""
 
 
 def _setup_torch_threads(threads: int | None) -> None:
@@ -29,56 +34,73 @@ def _setup_torch_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+DEMO_OUT = Path("demo_out") / "reply.wav"
+"""``demo``'s default output file, in a folder ``.gitignore`` covers (like the bench's ``bench_out``)."""
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Run one spoken turn through the streaming pipeline and write the reply to a WAV."""
-    import numpy as np
-    import soundfile as sf
+    """Run one turn (text or a spoken WAV) through the streaming pipeline and write the reply to a WAV; print the
+    reply's text, then its status (with the reason when not completed) and where the audio went. Every input is
+    checked before the model loads."""
+    from realtime.preflight import check_audio_file, check_model, check_output_file, check_stage_config
+
+    if args.input_wav is not None:
+        check_audio_file(args.input_wav)
+    check_model(args.model)
+    check_stage_config(args.stage_config)
+    check_output_file(args.out)
 
     from pipeline.embedded import resolve_model
     from pipeline.engine import OmniEngine
-    from pipeline.outputs import OUTPUT_SAMPLE_RATE, AudioChunk, ResponseDone, TextDelta
 
     _setup_torch_threads(args.threads)
     engine = OmniEngine.from_pretrained(
         resolve_model(args.model, args.cache_dir), args.stage_config, seed=args.seed, torch_threads=args.threads or None
     )
-
-    async def run() -> ResponseDone:
-        conv = engine.conversation()
-        if args.input_wav:
-            pcm, rate = sf.read(args.input_wav, dtype="float32", always_2d=True)
-            pcm = _to_16k(pcm.mean(axis=1), rate)
-            await conv.add_audio("user_1", pcm)
-        else:
-            await conv.add_text("user_1", args.text)
-        start = time.perf_counter()
-        first_audio = None
-        chunks = []
-        async for ev in conv.respond(item_id="reply_1", voice=args.voice, max_output_tokens=args.max_output_tokens):
-            if isinstance(ev, TextDelta):
-                print(ev.text, end="", flush=True)
-            elif isinstance(ev, AudioChunk):
-                first_audio = first_audio or time.perf_counter() - start
-                chunks.append(ev.pcm)
-            else:
-                done = ev
-        print()
-        audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-        sf.write(args.out, audio, OUTPUT_SAMPLE_RATE, subtype="PCM_16")
-        first = f"{first_audio * 1000:.0f} ms" if first_audio else "n/a"
-        print(
-            f"{done.status.value}: {len(audio) / OUTPUT_SAMPLE_RATE:.2f} s of audio -> {args.out} "
-            f"(first audio after {first}, {done.usage.output_text_tokens} text / "
-            f"{done.usage.output_audio_tokens} codec tokens)"
-        )
-        await conv.close()
-        return done
-
     try:
-        done = asyncio.run(run())
+        done = asyncio.run(_demo_turn(engine, args))
     finally:
         engine.close()
     return 0 if done.status.value in ("completed", "incomplete") else 1
+
+
+async def _demo_turn(engine, args: argparse.Namespace):
+    """The demo's one turn on ``engine``: the reply's text printed as it comes, its audio written to ``args.out``;
+    returns the ``ResponseDone``."""
+    import numpy as np
+    import soundfile as sf
+
+    from pipeline.outputs import OUTPUT_SAMPLE_RATE, AudioChunk, TextDelta
+
+    conv = engine.conversation()
+    if args.input_wav:
+        pcm, rate = sf.read(args.input_wav, dtype="float32", always_2d=True)
+        await conv.add_audio("user_1", _to_16k(pcm.mean(axis=1), rate))
+    else:
+        await conv.add_text("user_1", args.text)
+    start = time.perf_counter()
+    first_audio = None
+    chunks = []
+    async for ev in conv.respond(item_id="reply_1", voice=args.voice, max_output_tokens=args.max_output_tokens):
+        if isinstance(ev, TextDelta):
+            print(ev.text, end="", flush=True)
+        elif isinstance(ev, AudioChunk):
+            first_audio = first_audio or time.perf_counter() - start
+            chunks.append(ev.pcm)
+        else:
+            done = ev
+    print()
+    audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+    sf.write(args.out, audio, OUTPUT_SAMPLE_RATE, subtype="PCM_16")
+    status = done.status.value + (f" ({done.reason})" if done.reason else "")
+    first = f"{first_audio * 1000:.0f} ms" if first_audio else "n/a"
+    print(
+        f"{status}: {len(audio) / OUTPUT_SAMPLE_RATE:.2f} s of audio written to {args.out} "
+        f"(first audio after {first}; {done.usage.output_text_tokens} text and "
+        f"{done.usage.output_audio_tokens} audio tokens)"
+    )
+    await conv.close()
+    return done
 
 
 def _to_16k(pcm, rate: int):
@@ -92,16 +114,21 @@ def _to_16k(pcm, rate: int):
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
-    """The :class:`realtime.config.ServerConfig` of ``serve``'s flags (``ValueError`` if invalid)."""
+    """The :class:`realtime.config.ServerConfig` of ``serve``'s flags (``ValueError`` if invalid, ``UsageError``
+    for an unreadable ``--api-key-file``)."""
     from dataclasses import replace
 
     from realtime.config import ServerConfig
     from realtime.limits import RateLimit
+    from realtime.preflight import UsageError
 
     defaults = ServerConfig()
     api_key = args.api_key
     if args.api_key_file is not None:
-        api_key = args.api_key_file.read_text(encoding="utf-8").strip()
+        try:
+            api_key = args.api_key_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise UsageError(f"--api-key-file {args.api_key_file}: {exc.strerror}") from None
     return ServerConfig(
         host=args.host,
         port=args.port,
@@ -132,12 +159,17 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve the OpenAI Realtime API (WebSocket, WebRTC, web demo) until interrupted."""
+    """Serve the OpenAI Realtime API (WebSocket, WebRTC, web demo) until interrupted. The options, the model,
+    the stage config and the port are checked before the model loads."""
+    from realtime.preflight import check_model, check_port_free, check_stage_config
+
     try:
         config = server_config(args)
-    except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:  # ServerConfig's own checks name the setting
+        raise UsageError(str(exc)) from None
+    check_model(config.model)
+    check_stage_config(config.stage_config)
+    check_port_free(config.host, config.port)
     from realtime.server import run_server
 
     try:
@@ -151,77 +183,102 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     from realtime.config import WS_IMPLEMENTATIONS, ServerConfig
 
     d = ServerConfig()
-    p.add_argument("--host", default=d.host)
-    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--host", default=d.host, help="address to listen on; 0.0.0.0 listens on every interface")
+    p.add_argument("--port", type=int, default=d.port, help="port to listen on; 0 picks a free one")
     p.add_argument(
         "--api-key",
         default=None,
-        help="require this key (Authorization: Bearer, or the browser subprotocol "
-        "openai-insecure-api-key.<key>); other users can read it in the process list: "
-        "prefer --api-key-file",
+        help="require this key from clients (an 'Authorization: Bearer KEY' header, or the browser's "
+        "subprotocol openai-insecure-api-key.KEY); other users of the machine can read it in the process "
+        "list: prefer --api-key-file (default: none, no key required)",
     )
-    p.add_argument("--api-key-file", type=Path, default=None, help="read the key from this file")
-    p.add_argument("--max-sessions", type=int, default=d.max_sessions, help="concurrent sessions")
+    p.add_argument(
+        "--api-key-file", type=Path, default=None, help="read the key from this file (default: none, no key required)"
+    )
+    p.add_argument(
+        "--max-sessions", type=int, default=d.max_sessions, help="most sessions at once; one more is refused"
+    )
     p.add_argument(
         "--no-vad-batching",
         action="store_true",
-        help="one VAD call per frame per session instead of every session's frames in shared calls",
+        help="run each session's voice activity detection (VAD) on its own, one call per 32 ms of audio, instead "
+        "of every session's audio together in shared calls",
     )
     p.add_argument(
         "--preemptive-response-ms",
         type=ms_or_off,
         default=d.preemptive_response_ms,
         metavar="MS|off",
-        help="server VAD: start the reply after this much silence, unseen until speech stops (speech "
-        f"resuming withdraws it); default {d.preemptive_response_ms}; off: start it when speech stops",
+        help="with server voice detection: start the reply after this much silence, shown to the client only once "
+        "the user has stopped speaking (speaking on withdraws it); off: start it when the user stops speaking",
     )
     p.add_argument(
         "--max-message-bytes",
         type=int,
         default=d.max_message_bytes,
-        help="largest client message; larger ones get an error event",
+        help="largest client message in bytes; a larger one is answered with an error event",
     )
     p.add_argument(
         "--max-buffer-ms",
         type=int,
         default=d.session_limits.max_buffer_ms,
-        help="most uncommitted input audio per session",
+        help="most input audio a session holds before the turn is committed, in milliseconds",
     )
     p.add_argument(
         "--events-per-second",
         type=float,
         default=d.rate_limit.events_per_second,
-        help="client event rate per session, audio appends aside",
+        help="client events other than audio appends allowed per second in a session; more are refused with an "
+        "error event",
     )
-    p.add_argument("--event-burst", type=int, default=d.rate_limit.burst, help="events allowed in a burst")
+    p.add_argument(
+        "--event-burst",
+        type=int,
+        default=d.rate_limit.burst,
+        help="client events other than audio appends allowed at once above that rate",
+    )
     p.add_argument(
         "--audio-bytes-per-second",
         type=int,
         default=d.rate_limit.audio_bytes_per_second,
-        help="input audio rate per session, in bytes of append events (64000 = 1 s of pcm16 at 24 kHz a second)",
+        help="input audio allowed per second in a session, counted in bytes of input_audio_buffer.append messages "
+        "(base64 JSON: about 64000 bytes carry 1 s of pcm16 audio at 24 kHz)",
     )
     p.add_argument(
-        "--audio-burst-bytes", type=int, default=d.rate_limit.audio_burst_bytes, help="input audio allowed in a burst"
+        "--audio-burst-bytes",
+        type=int,
+        default=d.rate_limit.audio_burst_bytes,
+        help="input audio bytes allowed at once above that rate (a recorded utterance uploaded at full speed)",
     )
     p.add_argument(
         "--allowed-origin",
         dest="allowed_origins",
         action="append",
         default=None,
-        help="browser origin allowed to connect (repeat; default: any)",
+        help="a web page origin (https://host:port) allowed to connect from a browser; repeat for more "
+        "(default: any origin)",
     )
     p.add_argument(
         "--ice-host",
         dest="ice_hosts",
         action="append",
         default=[],
-        help="WebRTC: ICE host candidate (repeat): ADDRESS, or ANNOUNCED@BIND behind a 1:1 NAT "
-        "(a public address announced, a local one bound)",
+        help="WebRTC: an address offered to browsers for the audio connection; repeat for more. ADDRESS, or "
+        "PUBLIC@LOCAL behind a 1:1 NAT (the public address offered, the local one listened on) "
+        "(default: this machine's own addresses, loopback excepted)",
     )
-    p.add_argument("--no-webrtc", action="store_true", help="disable POST /v1/realtime/calls")
-    p.add_argument("--web-demo-dir", type=Path, default=None, help="static files served at / (default: packaged)")
+    p.add_argument("--no-webrtc", action="store_true", help="turn WebRTC off (POST /v1/realtime/calls)")
     p.add_argument(
-        "--ws", choices=WS_IMPLEMENTATIONS, default=d.ws_implementation, help="uvicorn WebSocket implementation"
+        "--web-demo-dir",
+        type=Path,
+        default=None,
+        help="folder of static files served at / (default: the packaged web demo)",
+    )
+    p.add_argument(
+        "--ws",
+        choices=WS_IMPLEMENTATIONS,
+        default=d.ws_implementation,
+        help="uvicorn's WebSocket implementation; websockets is its older one, deprecated",
     )
 
 
@@ -238,59 +295,114 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_make_tiny_model(argv: list[str]) -> int:
     from pipeline.models.qwen2_5_omni.tiny import main as make_main
 
-    return make_main(argv)
+    return make_main(argv, prog="omni-realtime make-tiny-model")
+
+
+DESCRIPTION = (
+    "omni-realtime: a real-time voice assistant server speaking the OpenAI Realtime API (WebSocket and WebRTC), "
+    "and its tools. Without --model every command runs the embedded tiny model: random weights, built on first "
+    "use, for trying things out (its replies are noise). 'omni-realtime COMMAND --help' lists a command's options."
+)
+
+
+def _model_args(p: argparse.ArgumentParser, threads_default: str) -> None:
+    """The options of the commands that load a model (``serve``, ``demo``)."""
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a checkpoint folder, or a Hugging Face model id (Org/Name) already downloaded with "
+        "'hf download Org/Name'; nothing is downloaded here (default: the embedded tiny model)",
+    )
+    p.add_argument(
+        "--stage-config",
+        type=Path,
+        default=None,
+        help="the pipeline's settings file (YAML: devices, batch sizes, reply lengths) "
+        "(default: the packaged pipeline/stage_configs/qwen2_5_omni.yaml)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="folder the embedded tiny model is built in on first use (default: ~/.cache/omni-realtime)",
+    )
+    p.add_argument("--threads", type=int, default=None, help=f"CPU threads of the model (default: {threads_default})")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="make replies repeatable: each reply's sampling is seeded from this number "
+        "(default: none, every reply differs)",
+    )
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--text", default="Hello! Who are you?", help="what the user says, as text")
+    p.add_argument(
+        "--input-wav",
+        type=Path,
+        default=None,
+        help="say this audio file (WAV, any sample rate) instead of --text (default: none, --text is used)",
+    )
+    p.add_argument("--voice", default=None, help="the reply's voice, one of the model's speakers (default: its first)")
+    p.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=None,
+        help="cut the reply after this many text tokens; a cut reply ends as 'incomplete' "
+        "(default: no limit but the pipeline's own cap)",
+    )
+    p.add_argument("--out", type=Path, default=DEMO_OUT, help="WAV file the spoken reply is written to")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="omni-realtime", description=__doc__)
-    parser.add_argument("--log-level", default="INFO")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from realtime.config import LOG_LEVELS
 
-    def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--model",
-            default=None,
-            help="checkpoint folder or hub id already in the local cache; default: the embedded tiny "
-            "random-weight model (built on first run)",
-        )
-        p.add_argument("--stage-config", type=Path, default=None, help="stage graph YAML (default: packaged)")
-        p.add_argument("--cache-dir", type=Path, default=None, help="where the embedded tiny model is built")
-        p.add_argument(
-            "--threads",
-            type=int,
-            default=None,
-            help="torch CPU threads of the engine (serve: default 1, enough for a GPU engine)",
-        )
-        p.add_argument("--seed", type=int, default=None)
+    parser = argparse.ArgumentParser(prog="omni-realtime", description=DESCRIPTION, formatter_class=HelpFormatter)
+    parser.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="info", help="how much the log says")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="the realtime server: OpenAI Realtime API over WebSocket and WebRTC")
-    model_args(serve)
+    serve = sub.add_parser(
+        "serve",
+        help="the server: OpenAI Realtime API over WebSocket and WebRTC, and a web demo at /",
+        description="Serve the OpenAI Realtime API over WebSocket (/v1/realtime) and WebRTC "
+        "(/v1/realtime/calls), and a web demo at /, until Ctrl-C.",
+        formatter_class=HelpFormatter,
+    )
+    _model_args(serve, threads_default="1, enough when the model runs on a GPU; raise it for a model on the CPU")
     _serve_args(serve)
     serve.set_defaults(func=cmd_serve)
 
-    demo = sub.add_parser("demo", help="one turn through the streaming pipeline, reply written to a WAV")
-    model_args(demo)
-    demo.add_argument("--text", default="Hello! Who are you?")
-    demo.add_argument("--input-wav", type=Path, default=None, help="speak this WAV instead of --text")
-    demo.add_argument("--voice", default=None)
-    demo.add_argument("--max-output-tokens", type=int, default=64)
-    demo.add_argument("--out", type=Path, default=Path("reply.wav"))
+    demo = sub.add_parser(
+        "demo",
+        help="one turn through the pipeline: a question in, the reply's text printed and its audio written to a WAV",
+        description="One turn through the streaming pipeline: --text or --input-wav in; the reply's text is "
+        "printed as it comes, its audio written to --out.",
+        formatter_class=HelpFormatter,
+    )
+    _model_args(demo, threads_default="torch's own choice, about one per CPU core")
+    _demo_args(demo)
     demo.set_defaults(func=cmd_demo)
 
     # the bench's options are its own parser's (see cmd_bench): `omni-realtime bench --help` lists them
     bench = sub.add_parser(
         "bench",
         add_help=False,
-        help="latency benchmark: concurrent simulated users (TTFA, voice-to-voice, RTF, underruns, "
-        "barge-in) beside transformers' reference (see bench --help)",
+        help="latency benchmark: simulated users talk to a server at rising concurrency (see bench --help)",
     )
     bench.set_defaults(func=cmd_bench)
 
-    sub.add_parser("make-tiny-model", help="write a random Qwen2.5-Omni checkpoint (see --help)", add_help=False)
+    sub.add_parser(
+        "make-tiny-model",
+        add_help=False,
+        help="write a random-weight Qwen2.5-Omni checkpoint folder (see make-tiny-model --help)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``omni-realtime`` command: its exit status. Bad input is one ``error:`` line on stderr and status 2,
+    no traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["make-tiny-model"]:
         return cmd_make_tiny_model(argv[1:])
@@ -299,16 +411,13 @@ def main(argv: list[str] | None = None) -> int:
     if rest and args.command != "bench":
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.argv, args.rest = argv, rest
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = TRACE_LEVEL if args.log_level == "trace" else args.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except Exception as exc:  # noqa: BLE001 - the CLI turns our errors into one clear line
-        from pipeline.errors import PipelineError
-
-        if isinstance(exc, PipelineError):
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        raise
+    except (UsageError, PipelineError) as exc:  # bad input, the model's or the config's own checks: one clear line
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

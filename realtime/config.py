@@ -14,10 +14,10 @@ from realtime.limits import RateLimit
 from realtime.session import SessionLimits
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-WS_IMPLEMENTATIONS = ("websockets", "websockets-sansio")
-"""uvicorn's WebSocket implementations on the ``websockets`` library. ``websockets`` is the
-default although uvicorn deprecates it: ``websockets-sansio`` (uvicorn 0.54) logs a spurious
-"ASGI callable returned without completing handshake" error after every HTTP 401/403 refusal."""
+WS_IMPLEMENTATIONS = ("websockets-sansio", "websockets")
+"""uvicorn's WebSocket implementations on the ``websockets`` library: ``websockets-sansio`` (the default, the one
+uvicorn recommends; refusals log no error, see ``realtime/transports/ws_protocol.py``) and ``websockets`` (uvicorn's
+legacy one, deprecated: uvicorn warns when it starts)."""
 
 _KEY_CHARS = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 """RFC 7230 token characters: a key must fit both a header and a WebSocket subprotocol name."""
@@ -77,7 +77,8 @@ class ServerConfig:
     """Static files served at ``/`` when the folder has an index.html; ``None``: the packaged
     ``web_demo``."""
     log_level: str = "info"
-    ws_implementation: str = "websockets"
+    ws_implementation: str = WS_IMPLEMENTATIONS[0]
+    """uvicorn's WebSocket implementation, one of :data:`WS_IMPLEMENTATIONS`."""
     shutdown_timeout_s: float = 5.0
     """How long a shutdown waits for live sessions to close before giving up on them."""
     send_timeout_s: float = 30.0

@@ -1,4 +1,4 @@
-"""Value types of command-line flags that more than one command shares (``serve`` and ``bench``)."""
+"""What the commands' parsers share (``serve``, ``demo`` and ``bench``): flag value types and the help layout."""
 
 from __future__ import annotations
 
@@ -13,3 +13,17 @@ def ms_or_off(text: str) -> int | None:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected milliseconds or 'off', got {text!r}") from None
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help layout with ``(default: X)`` after the help of every option whose default is a value and
+    whose help does not state its default itself. Options without a value default (None, a flag's False, an
+    empty list) say in their help what happens without them, in the same ``(default: ...)`` form."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        no_value = default is None or default is False or default is argparse.SUPPRESS or default == []
+        if not action.option_strings or no_value or "(default" in text:
+            return text
+        return f"{text} (default: %(default)s)"

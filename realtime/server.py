@@ -638,10 +638,12 @@ def _web_demo_dir(config: ServerConfig) -> Path | None:
 def _uvicorn_config(app: Starlette, config: ServerConfig, **overrides: object):
     import uvicorn
 
+    from realtime.transports.ws_protocol import ws_protocol
+
     options: dict = {
         "host": config.host,
         "port": config.port,
-        "ws": config.ws_implementation,
+        "ws": ws_protocol(config.ws_implementation),
         "ws_max_size": config.ws_max_frame_bytes,
         "lifespan": "on",
         "log_level": config.log_level,

@@ -32,11 +32,12 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_OUT = Path("bench_out")
 DESCRIPTION = (
-    "Latency benchmark: simulated users talk to a server at rising concurrency (TTFA, voice-to-voice, "
-    "RTF, underruns, barge-in), optionally beside transformers' reference; writes results.json, report.md "
-    "and PNG plots. The default workload is a conversation: several turns per user, each reply about 8 "
-    "seconds of speech (bench_forced.yaml's forced lengths); --quick and shorter --text-tokens, "
-    "--codec-tokens or --turns are reported as a lighter workload."
+    "Latency benchmark: simulated users talk to a server at rising concurrency and the report gives time to first "
+    "audio (TTFA), voice-to-voice latency, real-time factor (RTF: generation time / audio time), playback "
+    "underruns and barge-in, optionally beside transformers' own generate as a reference. Writes results.json, "
+    "report.md and PNG plots to --out. The default workload is a conversation: several turns per user, each reply "
+    "about 8 seconds of speech (the forced lengths of pipeline/stage_configs/bench_forced.yaml); --quick, and "
+    "shorter --text-tokens, --codec-tokens or --turns, are reported as a lighter workload."
 )
 
 
@@ -109,115 +110,162 @@ def build_parser() -> argparse.ArgumentParser:
     from realtime.bench.models import default_reply_length
     from realtime.bench.speech import DEFAULT_FOLDER
     from realtime.config import DEFAULT_PREEMPTIVE_RESPONSE_MS
-    from realtime.flags import ms_or_off
+    from realtime.flags import HelpFormatter, ms_or_off
 
-    p = argparse.ArgumentParser(prog="omni-realtime bench", description=DESCRIPTION)
+    p = argparse.ArgumentParser(prog="omni-realtime bench", description=DESCRIPTION, formatter_class=HelpFormatter)
     reply = default_reply_length()
     p.add_argument(
         "--url",
         default=None,
-        help="a running server (http://host:port or ws://host:port); default: serve --model in process",
+        help="measure a running server (http://host:port or ws://host:port) (default: none, the bench serves "
+        "--model itself)",
     )
     p.add_argument(
         "--model",
         default=None,
-        help="checkpoint folder / cached hub id, random:7b or random:tiny (random weights built in "
-        "memory, nothing downloaded), default: the embedded tiny model",
+        help="a checkpoint folder, a Hugging Face model id already downloaded, or random:7b / random:tiny "
+        "(that architecture with random weights, built in memory) (default: the embedded tiny model)",
     )
-    p.add_argument("--device", default=None, help="every stage on this device (default: the stage config's, auto)")
+    p.add_argument(
+        "--device",
+        default=None,
+        help="run every part of the model on this device, e.g. cuda:0 or cpu (default: the settings file's)",
+    )
     p.add_argument(
         "--stage-config",
         type=Path,
         default=None,
-        help="stage graph YAML (default: pipeline/stage_configs/bench_forced.yaml, forced reply lengths)",
+        help="the pipeline's settings file (YAML) (default: pipeline/stage_configs/bench_forced.yaml, which "
+        "forces every reply's length)",
     )
     p.add_argument(
         "--text-tokens",
         type=int,
         default=None,
-        help="forced reply text length in thinker tokens (default: the stage config's, "
-        f"{reply.text_tokens} in bench_forced.yaml); shorter than that is reported as a lighter workload",
+        help="forced length of each reply's text, in tokens; shorter than the default is reported as a lighter "
+        f"workload (default: the settings file's, {reply.text_tokens} in bench_forced.yaml)",
     )
     p.add_argument(
         "--codec-tokens",
         type=int,
         default=None,
-        help="forced reply audio length in codec tokens, 50 per second (default: the stage config's, "
-        f"{reply.codec_tokens} = {reply.audio_s:.0f} s in bench_forced.yaml); shorter is reported as a "
-        "lighter workload",
+        help="forced length of each reply's audio, in audio tokens (50 a second); shorter than the default is "
+        f"reported as a lighter workload (default: the settings file's, {reply.codec_tokens} = "
+        f"{reply.audio_s:.0f} s in bench_forced.yaml)",
     )
-    p.add_argument("--transport", choices=("ws", "webrtc"), default="ws")
-    p.add_argument("--concurrency", default=None, help="comma-separated levels (default 1,2,4)")
+    p.add_argument(
+        "--transport", choices=("ws", "webrtc"), default="ws", help="how the users connect: WebSocket or WebRTC"
+    )
+    p.add_argument(
+        "--concurrency",
+        default=None,
+        help="comma-separated numbers of simultaneous users, one measured level each "
+        f"(default: {','.join(map(str, NORMAL['levels']))})",
+    )
     p.add_argument(
         "--turns",
         type=int,
         default=None,
-        help=f"turns per user, one conversation each (default {NORMAL['turns']}); fewer is reported as a "
-        "lighter workload",
+        help="turns per user, one conversation each; fewer than the default is reported as a lighter workload "
+        f"(default: {NORMAL['turns']})",
     )
     p.add_argument(
         "--min-samples",
         type=int,
         default=None,
-        help="at least this many turns per level in all: low levels run more turns per user (default 8)",
+        help="at least this many measured turns per level in all: low levels run more turns per user "
+        f"(default: {NORMAL['min_samples']})",
     )
-    p.add_argument("--warmup-turns", type=int, default=None, help="unrecorded turns before the sweep (default 1)")
-    p.add_argument("--wavs", type=Path, default=DEFAULT_FOLDER, help="folder of spoken WAVs (any rate; mono or not)")
-    p.add_argument("--max-wav-s", type=float, default=None, help="leave out longer WAVs (default 10)")
+    p.add_argument(
+        "--warmup-turns",
+        type=int,
+        default=None,
+        help=f"unmeasured turns before the first level (default: {NORMAL['warmup_turns']})",
+    )
+    p.add_argument(
+        "--wavs",
+        type=Path,
+        default=DEFAULT_FOLDER,
+        help="folder of spoken WAV files the users say (any sample rate, mono or not) "
+        "(default: the repository's tests/fixtures/speech)",
+    )
+    p.add_argument(
+        "--max-wav-s",
+        type=float,
+        default=None,
+        help=f"leave out WAV files longer than this many seconds (default: {NORMAL['max_wav_s']:g})",
+    )
     p.add_argument(
         "--barge-in-every",
         type=int,
         default=None,
-        help="every K-th turn the user talks over the reply with its next utterance (default 0: never)",
+        help="every K-th turn the user talks over the reply with its next utterance; 0: never "
+        f"(default: {NORMAL['barge_in_every']})",
     )
     p.add_argument(
         "--barge-in-after-ms",
         type=float,
         default=300.0,
-        help="on barge-in turns the user starts speaking this long after the reply starts playing "
-        "(default 300), whether or not the reply is still being generated",
+        help="on barge-in turns the user starts speaking this many milliseconds after the reply starts playing at the "
+        "client, whether or not the reply is still being generated",
     )
-    p.add_argument("--ramp-s", type=float, default=None, help="users' starts spread over this many seconds (default 1)")
-    p.add_argument("--jitter-ms", type=float, default=60.0, help="the modelled player's jitter buffer")
-    p.add_argument("--turn-timeout-s", type=float, default=None, help="longest wait for one reply (default 300)")
+    p.add_argument(
+        "--ramp-s",
+        type=float,
+        default=None,
+        help=f"the users' starts spread over this many seconds (default: {NORMAL['ramp_s']:g})",
+    )
+    p.add_argument(
+        "--jitter-ms",
+        type=float,
+        default=60.0,
+        help="the simulated audio player's buffer, in milliseconds: audio arriving later than that is an underrun",
+    )
+    p.add_argument(
+        "--turn-timeout-s",
+        type=float,
+        default=None,
+        help=f"longest wait for one reply, in seconds (default: {NORMAL['turn_timeout_s']:g})",
+    )
     p.add_argument(
         "--reference",
         action="store_true",
-        help="also serve the same turns with transformers' generate, one request at a time",
+        help="also answer the same turns with transformers' own generate, one at a time, for comparison",
     )
     p.add_argument(
         "--quick",
         action="store_true",
-        help="CI smoke: 1 user, 2 turns (the first interrupted by the second), 4 text + 40 codec tokens, "
-        "no warm-up; reported as a lighter workload",
+        help="a quick check: 1 user, 2 turns (the first interrupted by the second), replies of 4 text and 40 "
+        "audio tokens, no warm-up; reported as a lighter workload",
     )
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results.json, report.md and PNGs go here")
-    p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for results.json, report.md and the plots")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads of the model")
     p.add_argument(
         "--no-vad-batching",
         action="store_true",
-        help="the in-process server runs one VAD call per frame per session (the default batches them)",
+        help="the bench's own server runs each session's voice activity detection on its own instead of every "
+        "session's audio together",
     )
     p.add_argument(
         "--preemptive-response-ms",
         type=ms_or_off,
         default=DEFAULT_PREEMPTIVE_RESPONSE_MS,
         metavar="MS|off",
-        help="the in-process server starts replies after this much silence, unseen until speech stops "
-        f"(ServerConfig.preemptive_response_ms, default {DEFAULT_PREEMPTIVE_RESPONSE_MS}); off: when "
-        "speech stops. TTFA counts from speech_stopped either way",
+        help="the bench's own server starts a reply after this much silence, shown to the client only once the "
+        "user has stopped speaking; off: when the user stops speaking. TTFA counts from the end of speech "
+        "either way",
     )
     p.add_argument(
         "--pause-inside-ms",
         type=float,
         default=None,
         metavar="MS",
-        help="every input with MS of silence inserted mid-sentence (at a word gap): users who pause once "
-        "and go on; with --preemptive-response-ms below MS each turn withdraws one reply",
+        help="insert MS milliseconds of silence mid-sentence (at a word gap) into every utterance: users who pause "
+        "once and go on; with --preemptive-response-ms below MS each turn withdraws one reply (default: none)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--api-key", default=None, help="key of a --url server that requires one")
+    p.add_argument("--seed", type=int, default=0, help="seed of the replies' sampling, for repeatable runs")
+    p.add_argument("--api-key", default=None, help="the key a --url server requires (default: none, no key sent)")
     return p
 
 

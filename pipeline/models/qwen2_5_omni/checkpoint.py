@@ -457,21 +457,26 @@ def _placement(devices: dict[str, str] | None, dtypes: dict[str, torch.dtype] | 
 
 
 def resolve_checkpoint_path(name_or_path: str | os.PathLike[str]) -> Path:
-    """A local folder as is; otherwise a hub id looked up in the local HF cache only."""
+    """A local folder as is; otherwise a hub id (``Org/Name``) looked up in the local HF cache only. Cheap (no
+    weights read): callers check a model this way before loading it. :class:`CheckpointError` says which of
+    "no such folder", "a file, not a folder" or "not in the local cache" (with the download command) it is."""
     local = Path(name_or_path).expanduser()
     if local.is_dir():
         return local.resolve()
     name = str(name_or_path)
-    if local.exists() or name.count("/") != 1 or name.startswith((".", "/", "~")):
-        raise CheckpointError(f"{name}: not a checkpoint folder", param="model")
+    if local.exists():
+        raise CheckpointError(f"{name}: a file, not a checkpoint folder", param="model")
+    if name.count("/") != 1 or name.startswith((".", "/", "~")):
+        raise CheckpointError(f"{name}: no such folder (nor a hub id of the form Org/Name)", param="model")
     from huggingface_hub import snapshot_download
 
     try:
         return Path(snapshot_download(name, local_files_only=True))
     except Exception as exc:  # huggingface_hub raises LocalEntryNotFoundError and friends
         raise CheckpointError(
-            f"{name}: not found locally and downloads are disabled. Fetch it first, e.g. "
-            f"`huggingface-cli download {name}` (or pass a folder path). ({type(exc).__name__})",
+            f"{name}: no such folder, and not in the local Hugging Face cache as a hub id (nothing is "
+            f"downloaded here). Fetch it first with `hf download {name}` (huggingface_hub's command), or pass "
+            f"a checkpoint folder. ({type(exc).__name__})",
             param="model",
         ) from exc
 

@@ -817,9 +817,10 @@ def build_arg_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``make-tiny-model`` entry point: parse ``argv`` (default ``sys.argv[1:]``), write, report."""
-    args = build_arg_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
+    """``make-tiny-model`` entry point: parse ``argv`` (default ``sys.argv[1:]``; ``prog``: the command's name in
+    its help), write, report."""
+    args = build_arg_parser(prog).parse_args(argv)
     spec = PRESETS[args.preset](seed=args.seed)
     start = time.perf_counter()
     out = make_random_checkpoint(args.out, spec, dtype=PRESET_DTYPES[args.preset])

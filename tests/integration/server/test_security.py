@@ -291,3 +291,5 @@ def test_the_key_never_reaches_the_log_even_at_debug_level(tiny_model_dir, tmp_p
     assert KEY not in log
     assert REDACTED in log
     assert "Traceback" not in log
+    # the refusals (HTTP 401 before the handshake) are no server errors
+    assert "ERROR" not in log and "without completing handshake" not in log, log

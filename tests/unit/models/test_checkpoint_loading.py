@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -164,13 +165,20 @@ def test_hub_id_resolves_from_local_cache_only(tiny_dir: Path, tmp_path: Path, m
     (repo / "refs" / "main").write_text(revision)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
     assert ckpt.resolve_checkpoint_path("omni-test/tiny") == (repo / "snapshots" / revision).resolve()
-    with pytest.raises(CheckpointError, match="huggingface-cli download omni-test/absent"):
+    with pytest.raises(CheckpointError, match="not in the local Hugging Face cache") as missing:
         ckpt.resolve_checkpoint_path("omni-test/absent")
+    assert "`hf download omni-test/absent`" in str(missing.value)
+    hub_command = shutil.which("hf")  # the command huggingface_hub >= 1.0 installs (a dependency of transformers 5)
+    if hub_command is not None:
+        assert subprocess.run([hub_command, "download", "--help"], capture_output=True).returncode == 0
 
 
 def test_not_a_folder_nor_hub_id(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="not a checkpoint folder"):
+    with pytest.raises(CheckpointError, match="no such folder"):
         ckpt.load_checkpoint(tmp_path / "missing" / "deeper")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="a file, not a checkpoint folder"):
+        ckpt.load_checkpoint(tmp_path / "weights.bin")
 
 
 # --- Broken checkpoints -------------------------------------------------------------------------
