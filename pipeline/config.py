@@ -15,7 +15,7 @@ the YAML never names import paths.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,6 +29,8 @@ STAGE_ORDER = ("thinker", "talker", "token2wav")
 """Stage names in stream order; each stage's ``input`` must be the one before it."""
 STAGE_INPUTS = {"thinker": "request", "talker": "thinker", "token2wav": "talker"}
 AUTO = "auto"
+SLOW_STEP_MS_CUDA = 250.0
+SLOW_STEP_MS_CPU = 1000.0
 DTYPES = ("float32", "bfloat16", "float16")
 CONTEXT_POLICIES = ("drop_oldest", "error")
 AUDIO_FLOORS = ("streaming", "exact")
@@ -378,9 +380,23 @@ class EngineConfig:
     :mod:`pipeline.observe.timeline`) as JSON when the engine closes; None (default): nothing is recorded. For reading
     a load afterwards (``scripts/engine_timeline.py``); a relative path is relative to the engine process's working
     directory."""
+    slow_step_ms: float | str = AUTO
+    """A step that takes longer than this (milliseconds) is logged as a warning, with what it held. Holds a number once
+    in a :class:`StageGraphConfig`: ``auto`` = 250 with CUDA (a step there takes milliseconds, so 250 ms is a stall a
+    listener hears), 1000 on the CPU (where one token2wav chunk of the tiny model alone takes a few hundred
+    milliseconds on a busy core)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "process", _switch(self.process, "engine.process"))
+        if self.slow_step_ms != AUTO and (
+            isinstance(self.slow_step_ms, bool)
+            or not isinstance(self.slow_step_ms, int | float)
+            or not self.slow_step_ms > 0
+        ):
+            raise ConfigError(
+                f"engine.slow_step_ms must be a positive number of milliseconds or auto, got {self.slow_step_ms!r}",
+                param="engine.slow_step_ms",
+            )
         if self.timeline_path is not None and not isinstance(self.timeline_path, str):
             raise ConfigError(
                 f"engine.timeline_path has the wrong type ({type(self.timeline_path).__name__})",
@@ -408,10 +424,12 @@ class StageGraphConfig:
         connectors = family_of(self.model_family).connectors  # ConfigError naming the known families
         for stage in (self.talker, self.token2wav):
             _check_connector(stage.STAGE, stage.connector, f"{stage.path}.connector", connectors)
-        if self.engine.process == AUTO:
-            object.__setattr__(
-                self, "engine", EngineConfig(process=self.thinker.on_cuda, timeline_path=self.engine.timeline_path)
-            )
+        engine = self.engine
+        if engine.process == AUTO:
+            engine = replace(engine, process=self.thinker.on_cuda)
+        if engine.slow_step_ms == AUTO:
+            engine = replace(engine, slow_step_ms=SLOW_STEP_MS_CUDA if self.thinker.on_cuda else SLOW_STEP_MS_CPU)
+        object.__setattr__(self, "engine", engine)
 
     def stage(self, name: str) -> ThinkerConfig | TalkerConfig | Token2WavConfig:
         return getattr(self, name)

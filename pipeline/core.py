@@ -75,7 +75,7 @@ class EngineCore:
         self.codec_stop = tuple(self.family.codec_stop_ids(ckpt))
         self.seed = seed
         self._seed_counter = 0
-        self.observer = EngineObserver(cfg.engine.timeline_path)
+        self.observer = EngineObserver(cfg.engine.timeline_path, slow_step_ms=cfg.engine.slow_step_ms)
         thinker, talker, token2wav, worker = self._build_runners(ckpt, cfg)
         # capture the decode and prefill graphs now (seconds on a 7B model), not during the first replies; before the
         # scheduler is made: its prefill row budget is the largest captured prefill graph

@@ -14,12 +14,9 @@ from collections.abc import Callable
 from pipeline.observe.stall_watch import StallWatch
 from pipeline.observe.timeline import EngineTimeline
 
-__all__ = ["COUNTERS", "SLOW_STEP_MS", "EngineObserver"]
+__all__ = ["COUNTERS", "EngineObserver"]
 
 log = logging.getLogger("pipeline.core")  # operators grep the engine's warnings under one logger
-
-SLOW_STEP_MS = 250.0
-"""An engine step longer than this is logged: every live response waited that long for its next token."""
 
 COUNTERS = (
     "thinker_tokens_total",
@@ -37,7 +34,10 @@ decode steps and talker chains, and the underruns of a real-time player of each 
 
 
 class EngineObserver:
-    def __init__(self, timeline_path: str | None) -> None:
+    def __init__(self, timeline_path: str | None, *, slow_step_ms: float) -> None:
+        self.slow_step_ms = slow_step_ms
+        """A step longer than this (milliseconds) is logged: every live response waited that long for its next
+        token."""
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.finished = 0
         """Responses ended so far (any status)."""
@@ -97,7 +97,7 @@ class EngineObserver:
         """After each step: the slow-step warning, the stall watch, the timeline's step event."""
         ended = time.perf_counter()
         elapsed = (ended - started) * 1000
-        if elapsed > SLOW_STEP_MS:
+        if elapsed > self.slow_step_ms:
             log.warning(
                 "slow engine step: %.0f ms (%d responses decoding, %d token2wav chunks, %d background prefills, "
                 "%d responses)",

@@ -149,3 +149,17 @@ def test_bad_extends_are_refused(tmp_path) -> None:
     assert info.value.param == "extends"
     with pytest.raises(ConfigError, match="unknown field 'extends'"):  # only a file can extend another
         parse_stage_config({"extends": "qwen2_5_omni.yaml"})
+
+
+def test_slow_step_threshold_is_resolved_by_device_and_validated():
+    from pipeline.config import SLOW_STEP_MS_CPU, SLOW_STEP_MS_CUDA
+
+    cpu = load_stage_config(overrides={"stages": {"thinker": {"device": "cpu"}}})
+    assert cpu.engine.slow_step_ms == SLOW_STEP_MS_CPU
+    cuda = load_stage_config(overrides={"stages": {"thinker": {"device": "cuda"}}})
+    assert cuda.engine.slow_step_ms == SLOW_STEP_MS_CUDA
+    assert load_stage_config(overrides={"engine": {"slow_step_ms": 80}}).engine.slow_step_ms == 80
+    for bad in (0, -5, "soon", True):
+        with pytest.raises(ConfigError) as info:
+            load_stage_config(overrides={"engine": {"slow_step_ms": bad}})
+        assert info.value.param == "engine.slow_step_ms"

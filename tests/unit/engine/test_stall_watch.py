@@ -66,3 +66,32 @@ async def test_the_engine_logs_where_a_stalled_response_waits(tiny_engine, caplo
     (line,) = [line for line in lines if "stall_resp" in line]
     assert "accepts=False" in line and "status=PREFILLING" in line and "talker=WAITING" in line
     assert any(line.strip().startswith("talker KV slots:") for line in lines)
+
+
+def test_a_step_over_the_configured_threshold_is_logged(caplog):
+    import logging
+    import time
+
+    from pipeline.observe.observer import EngineObserver
+
+    def step(observer, ms):
+        observer.step_done(
+            time.perf_counter() - ms / 1000,
+            progressed=True,
+            live=1,
+            describe=list,
+            decoding=1,
+            prefills=0,
+            thinker_rows=1,
+            talker_rows=0,
+            codes_before=0,
+            chains_before=0,
+            ready=0,
+            background=0,
+        )
+
+    with caplog.at_level(logging.WARNING, logger="pipeline.core"):
+        step(EngineObserver(None, slow_step_ms=1000), 300)
+        assert not [r for r in caplog.records if "slow engine step" in r.getMessage()]
+        step(EngineObserver(None, slow_step_ms=250), 300)
+        assert [r for r in caplog.records if "slow engine step" in r.getMessage()]
