@@ -153,6 +153,10 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             audio_burst_bytes=args.audio_burst_bytes,
         ),
         web_demo_dir=args.web_demo_dir,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_keyfile_password=args.ssl_keyfile_password,
+        ssl_ca_certs=args.ssl_ca_certs,
         log_level=args.log_level.lower(),
         ws_implementation=args.ws,
     )
@@ -161,12 +165,13 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve the OpenAI Realtime API (WebSocket, WebRTC, web demo) until interrupted. The options, the model,
     the stage config and the port are checked before the model loads."""
-    from realtime.preflight import check_model, check_port_free, check_stage_config
+    from realtime.preflight import check_model, check_port_free, check_stage_config, check_tls
 
     try:
         config = server_config(args)
     except ValueError as exc:  # ServerConfig's own checks name the setting
         raise UsageError(str(exc)) from None
+    check_tls(config.ssl_certfile, config.ssl_keyfile, config.ssl_keyfile_password, config.ssl_ca_certs)
     check_model(config.model)
     check_stage_config(config.stage_config)
     check_port_free(config.host, config.port)
@@ -274,11 +279,42 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="folder of static files served at / (default: the packaged web demo)",
     )
+    _tls_args(p)
     p.add_argument(
         "--ws",
         choices=WS_IMPLEMENTATIONS,
         default=d.ws_implementation,
         help="uvicorn's WebSocket implementation; websockets is its older one, deprecated",
+    )
+
+
+def _tls_args(p: argparse.ArgumentParser) -> None:
+    """``serve``'s TLS options, named as uvicorn's and vLLM's."""
+    p.add_argument(
+        "--ssl-certfile",
+        type=Path,
+        default=None,
+        help="serve https:// and wss:// with this certificate (PEM), for clients that require wss:// and browsers "
+        "on other machines (microphone and camera need a secure page) (default: none, plain http:// and ws://)",
+    )
+    p.add_argument(
+        "--ssl-keyfile",
+        type=Path,
+        default=None,
+        help="the certificate's private key (PEM) (default: none, the key is in --ssl-certfile)",
+    )
+    p.add_argument(
+        "--ssl-keyfile-password",
+        default=None,
+        help="the password of an encrypted private key; other users of the machine can read it in the process "
+        "list (default: none, the key is not encrypted)",
+    )
+    p.add_argument(
+        "--ssl-ca-certs",
+        type=Path,
+        default=None,
+        help="CA certificates (PEM): every client must present a certificate one of them signed (mutual TLS) "
+        "(default: none, clients present no certificate)",
     )
 
 

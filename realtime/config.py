@@ -84,6 +84,16 @@ class ServerConfig:
     send_timeout_s: float = 30.0
     """A WebSocket client whose socket takes none of one event for this long has stopped reading:
     its session ends, closed with 1008 (RELIABILITY.md). Its queued events are bounded meanwhile."""
+    ssl_certfile: Path | None = None
+    """TLS: the server's certificate (PEM; its chain after it). Set, the server speaks only ``https://`` and
+    ``wss://`` on :attr:`port` (the calls endpoint and the web demo too); ``None``: plain ``http://`` and ``ws://``."""
+    ssl_keyfile: Path | None = None
+    """TLS: the certificate's private key (PEM); ``None``: the key is in :attr:`ssl_certfile`."""
+    ssl_keyfile_password: str | None = field(default=None, repr=False)
+    """TLS: the password of an encrypted private key; ``None``: the key is not encrypted. Never logged."""
+    ssl_ca_certs: Path | None = None
+    """TLS: CA certificates (PEM). Set, every client must present a certificate signed by one of them (mutual
+    TLS); ``None``: clients present none."""
     engine_probe_timeout_s: float = 5.0
     """How long ``/healthz`` and ``/metrics`` wait for the engine's stats. The engine answers commands between
     steps (a step is well under a second under load), so no answer in this time means it is stuck inside a step:
@@ -113,6 +123,20 @@ class ServerConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if isinstance(self.allowed_origins, (str, list)):
             raise ValueError("allowed_origins must be a tuple of origins or None")
+        if self.ssl_certfile is None:
+            for name in ("ssl_keyfile", "ssl_keyfile_password", "ssl_ca_certs"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} needs ssl_certfile (the server's certificate)")
+
+    @property
+    def tls(self) -> bool:
+        """Whether the server terminates TLS itself (:attr:`ssl_certfile` set)."""
+        return self.ssl_certfile is not None
+
+    @property
+    def http_scheme(self) -> str:
+        """``https`` with TLS, else ``http`` (WebSocket URLs: ``wss`` and ``ws``)."""
+        return "https" if self.tls else "http"
 
     @property
     def ws_max_frame_bytes(self) -> int:

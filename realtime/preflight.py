@@ -99,3 +99,78 @@ def check_output_file(path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--out {path}: cannot create its folder ({exc.strerror})") from None
+
+
+def check_tls(certfile: Path | None, keyfile: Path | None, password: str | None, ca_certs: Path | None) -> None:
+    """The TLS files (``--ssl-certfile``, ``--ssl-keyfile``, ``--ssl-ca-certs``) load as the server will load them:
+    each file exists and can be read, the certificate is a PEM certificate, the key is a PEM private key that
+    matches it (decrypted with ``password`` when encrypted) and the CA file holds PEM certificates. Nothing to
+    check without a certificate. OpenSSL is never left to prompt for a password on the terminal."""
+    import ssl
+
+    if certfile is None:
+        return
+    files = {"--ssl-certfile": certfile, "--ssl-keyfile": keyfile, "--ssl-ca-certs": ca_certs}
+    for option, path in files.items():
+        if path is not None:
+            _check_readable(option, path)
+    _load_certificates("--ssl-certfile", certfile, "a PEM certificate (-----BEGIN CERTIFICATE-----)")
+    key_option, key_path = ("--ssl-keyfile", keyfile) if keyfile is not None else ("--ssl-certfile", certfile)
+    asked: list[bool] = []
+
+    def give_password() -> str:
+        asked.append(True)
+        if password is None:
+            raise UsageError(
+                f"{key_option} {key_path}: the private key is encrypted; give its password with --ssl-keyfile-password"
+            )
+        return password
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(certfile, keyfile, give_password)
+    except ssl.SSLError as exc:
+        raise UsageError(_key_failure(key_option, key_path, certfile, exc, password_used=bool(asked))) from None
+    if ca_certs is not None:
+        _load_certificates("--ssl-ca-certs", ca_certs, "PEM CA certificates")
+
+
+def _check_readable(option: str, path: Path) -> None:
+    if not path.exists():
+        raise UsageError(f"{option}: no such file: {path}")
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a folder, not a PEM file")
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot be read ({exc.strerror})") from None
+
+
+def _load_certificates(option: str, path: Path, expected: str) -> None:
+    """``path`` holds at least one certificate OpenSSL loads (as trusted certificates: a server's certificate
+    loads the same way, and a private key in the same file is passed over)."""
+    import ssl
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+    except ssl.SSLError as exc:
+        reason = _reason(exc)
+        raise UsageError(f"{option} {path}: not {expected} that can be loaded{reason and f' ({reason})'}") from None
+
+
+def _key_failure(option: str, path: Path, certfile: Path, exc, *, password_used: bool) -> str:
+    reason = _reason(exc)
+    detail = f" ({reason})" if reason else ""
+    if reason == "KEY_VALUES_MISMATCH":
+        return f"{option} {path}: the private key does not match the certificate in --ssl-certfile {certfile}"
+    if password_used:
+        return f"{option} {path}: the private key cannot be decrypted with --ssl-keyfile-password{detail}"
+    if option == "--ssl-certfile":
+        return f"--ssl-certfile {path} holds no private key that can be loaded; give the key with --ssl-keyfile"
+    return f"{option} {path}: not a PEM private key that can be loaded{detail}"
+
+
+def _reason(exc) -> str:
+    """OpenSSL's reason code of an ``ssl.SSLError`` (``KEY_VALUES_MISMATCH``), or ``""`` when it has none."""
+    return getattr(exc, "reason", None) or ""

@@ -243,7 +243,10 @@ def _announce(engine: EngineHandle, config: ServerConfig) -> None:
             "!" * 78,
         )
     auth = "API key required" if config.api_key is not None else "NO API KEY (anyone who can connect may use it)"
-    logger.info("serving %s: %s, at most %d sessions", engine.model_name, auth, config.max_sessions)
+    scheme = f"{config.http_scheme}:// and {'wss' if config.tls else 'ws'}://"
+    if config.tls:
+        scheme += f" (TLS, certificate {config.ssl_certfile})"
+    logger.info("serving %s over %s: %s, at most %d sessions", engine.model_name, scheme, auth, config.max_sessions)
 
 
 # --- the server ---------------------------------------------------------------------------------
@@ -640,15 +643,35 @@ def _uvicorn_config(app: Starlette, config: ServerConfig, **overrides: object):
 
     from realtime.transports.ws_protocol import ws_protocol
 
-    options: dict = {
-        "host": config.host,
-        "port": config.port,
-        "ws": ws_protocol(config.ws_implementation),
-        "ws_max_size": config.ws_max_frame_bytes,
-        "lifespan": "on",
-        "log_level": config.log_level,
-    } | overrides
+    options: dict = (
+        {
+            "host": config.host,
+            "port": config.port,
+            "ws": ws_protocol(config.ws_implementation),
+            "ws_max_size": config.ws_max_frame_bytes,
+            "lifespan": "on",
+            "log_level": config.log_level,
+        }
+        | _uvicorn_tls(config)
+        | overrides
+    )
     return uvicorn.Config(app, **options)
+
+
+def _uvicorn_tls(config: ServerConfig) -> dict:
+    """uvicorn's TLS options for ``config`` (none without a certificate); with CA certificates every client must
+    present a certificate they signed."""
+    import ssl
+
+    if not config.tls:
+        return {}
+    return {
+        "ssl_certfile": config.ssl_certfile,
+        "ssl_keyfile": config.ssl_keyfile,
+        "ssl_keyfile_password": config.ssl_keyfile_password,
+        "ssl_ca_certs": config.ssl_ca_certs,
+        "ssl_cert_reqs": ssl.CERT_REQUIRED if config.ssl_ca_certs is not None else ssl.CERT_NONE,
+    }
 
 
 REDACTED = "[REDACTED]"
@@ -734,7 +757,7 @@ def run_server(config: ServerConfig) -> None:
 @contextlib.asynccontextmanager
 async def serve_in_background(app: Starlette, config: ServerConfig) -> AsyncIterator[str]:
     """Run ``app`` on uvicorn in this event loop (tests, benchmarks); yields its base URL
-    (``http://host:port``; ``config.port`` 0 picks a free port). Leaving the block shuts the
+    (``http://host:port``, ``https://`` with TLS; ``config.port`` 0 picks a free port). Leaving the block shuts the
     server down, lifespan included. The API key is kept out of the logs meanwhile."""
     import uvicorn
 
@@ -747,7 +770,7 @@ async def serve_in_background(app: Starlette, config: ServerConfig) -> AsyncIter
             await asyncio.sleep(0.01)
         host, port = server.servers[0].sockets[0].getsockname()[:2]
         try:
-            yield f"http://{host}:{port}"
+            yield f"{config.http_scheme}://{host}:{port}"
         finally:
             server.should_exit = True
             await task
