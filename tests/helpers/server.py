@@ -230,7 +230,7 @@ class ServeProcess:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self.base_url = self._wait_for_url(timeout=90)
-        self.ws_url = self.base_url.replace("http://", "ws://") + "/v1/realtime"
+        self.ws_url = re.sub("^http", "ws", self.base_url) + "/v1/realtime"
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -241,7 +241,7 @@ class ServeProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.process.poll() is None:
             for line in list(self.lines):
-                running = re.search(r"Uvicorn running on (http://\S+)", line)
+                running = re.search(r"Uvicorn running on (https?://\S+)", line)
                 if running:
                     return running.group(1)
             time.sleep(0.05)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 
 import numpy as np
 import pytest
 import soundfile as sf
 
+from realtime.config import ServerConfig
 from realtime.flags import HelpFormatter
 from realtime.preflight import (
     UsageError,
@@ -17,7 +19,9 @@ from realtime.preflight import (
     check_output_file,
     check_port_free,
     check_stage_config,
+    check_tls,
 )
+from tests.helpers.tls import self_signed
 
 
 def test_audio_files_missing_empty_or_not_audio_are_named(tmp_path):
@@ -65,6 +69,60 @@ def test_models_stage_configs_and_output_files(tmp_path):
         check_output_file(tmp_path)
     check_output_file(tmp_path / "a" / "b" / "reply.wav")
     assert (tmp_path / "a" / "b").is_dir()
+
+
+def test_tls_files_that_load_pass(tmp_path):
+    server = self_signed(tmp_path / "plain")
+    check_tls(None, None, None, None)  # no TLS: nothing to check
+    check_tls(server.cert, server.key, None, None)
+    check_tls(server.cert, server.key, None, server.cert)  # its own certificate as the clients' CA
+    both = tmp_path / "both.pem"
+    both.write_bytes(server.cert.read_bytes() + server.key.read_bytes())
+    check_tls(both, None, None, None)  # the key in the certificate's file
+    encrypted = self_signed(tmp_path / "encrypted", key_password="s3cret")
+    check_tls(encrypted.cert, encrypted.key, "s3cret", None)
+
+
+def test_tls_files_that_cannot_work_are_named_with_the_option_and_the_fix(tmp_path):
+    server, other = self_signed(tmp_path / "a"), self_signed(tmp_path / "b")
+    encrypted = self_signed(tmp_path / "encrypted", key_password="s3cret")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a PEM file\n")
+    absent = tmp_path / "absent.pem"
+    cases = (
+        ((absent, server.key, None, None), f"--ssl-certfile: no such file: {absent}"),
+        ((server.cert, absent, None, None), f"--ssl-keyfile: no such file: {absent}"),
+        ((server.cert, server.key, None, absent), f"--ssl-ca-certs: no such file: {absent}"),
+        ((server.cert, tmp_path, None, None), f"--ssl-keyfile {tmp_path} is a folder, not a PEM file"),
+        ((junk, server.key, None, None), f"--ssl-certfile {junk}: not a PEM certificate .* that can be loaded"),
+        ((server.key, server.key, None, None), "--ssl-certfile .*: not a PEM certificate"),
+        ((server.cert, junk, None, None), f"--ssl-keyfile {junk}: not a PEM private key that can be loaded"),
+        ((server.cert, other.key, None, None), "the private key does not match the certificate in --ssl-certfile"),
+        ((server.cert, None, None, None), "holds no private key that can be loaded; give the key with --ssl-keyfile"),
+        ((encrypted.cert, encrypted.key, None, None), "the private key is encrypted; give its password with"),
+        ((encrypted.cert, encrypted.key, "wrong", None), "cannot be decrypted with --ssl-keyfile-password"),
+        ((server.cert, server.key, None, junk), f"--ssl-ca-certs {junk}: not PEM CA certificates that can be loaded"),
+    )
+    for args, message in cases:
+        with pytest.raises(UsageError, match=message):
+            check_tls(*args)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions")
+def test_an_unreadable_tls_file_is_named(tmp_path):
+    server = self_signed(tmp_path)
+    server.key.chmod(0)
+    with pytest.raises(UsageError, match=f"--ssl-keyfile {server.key}: cannot be read \\(Permission denied\\)"):
+        check_tls(server.cert, server.key, None, None)
+
+
+def test_tls_settings_without_a_certificate_are_refused():
+    assert not ServerConfig().tls and ServerConfig().http_scheme == "http"
+    assert ServerConfig(ssl_certfile="cert.pem").http_scheme == "https"
+    for name in ("ssl_keyfile", "ssl_keyfile_password", "ssl_ca_certs"):
+        with pytest.raises(ValueError, match=f"{name} needs ssl_certfile"):
+            ServerConfig(**{name: "x"})
+    assert "s3cret" not in repr(ServerConfig(ssl_certfile="c.pem", ssl_keyfile_password="s3cret"))
 
 
 def test_the_help_shows_value_defaults_once_and_leaves_no_value_defaults_to_the_text():
