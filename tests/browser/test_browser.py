@@ -103,13 +103,16 @@ def loopback_only(sdp: str) -> str:
     return "\r\n".join(line for line in sdp.split("\r\n") if not foreign(line))
 
 
-def talk(browser, server, transport: str, screenshot: str) -> dict:
+def talk(browser, server, transport: str, screenshot: str, **context_options) -> dict:
     """Open the page, connect over ``transport``, wait for one full spoken turn; returns the
-    page's ``window.omniDemo`` state."""
+    page's ``window.omniDemo`` state, with the URLs of the WebSockets it opened under ``websockets``.
+    ``context_options``: Playwright's browser context options."""
     ARTIFACTS.mkdir(exist_ok=True)
-    context = browser.new_context()
+    context = browser.new_context(**context_options)
     page = context.new_page()
     offers: list[str] = []
+    websockets: list[str] = []
+    page.on("websocket", lambda ws: websockets.append(ws.url))
 
     def keep_on_loopback(route) -> None:
         offer = route.request.post_data or ""
@@ -144,6 +147,8 @@ def talk(browser, server, transport: str, screenshot: str) -> dict:
             "() => { const a = document.getElementById('remote-audio'); return a.srcObject !== null && !a.paused; }"
         )
         state["offers"] = offers
+        state["websockets"] = websockets
+        state["page_protocol"] = page.evaluate("() => location.protocol")
         state["latency_text"] = page.inner_text("#latency")
         page.click("#connect")  # disconnect
         page.wait_for_function("() => window.omniDemo.state === 'closed'", timeout=5_000)
@@ -175,6 +180,29 @@ def test_voice_turn_over_websocket(browser, server):
     assert state["stats"]["outputMaxRms"] > 0.01  # measured after the playback worklet
     assert state["stats"]["latenciesMs"]
     assert state["offers"] == []
+
+
+@pytest.fixture(scope="module")
+def tls_server(tiny_engine, tmp_path_factory):
+    """The server over TLS with a self-signed certificate made here (a browser on another machine needs https)."""
+    from realtime.config import ServerConfig
+    from realtime.server import create_app
+    from tests.helpers.tls import self_signed
+
+    certs = self_signed(tmp_path_factory.mktemp("tls"))
+    config = ServerConfig(ssl_certfile=certs.cert, ssl_keyfile=certs.key, ice_host_addresses=("127.0.0.1",))
+    with ServerThread(create_app(config, engine=tiny_engine), config) as running:
+        yield running
+
+
+def test_voice_turn_over_websocket_on_an_https_page(browser, tls_server):
+    """The page served over https (its certificate accepted as a user accepts a self-signed one) opens its
+    WebSocket with wss:// and holds a spoken turn."""
+    assert tls_server.url.startswith("https://")
+    state = talk(browser, tls_server, "websocket", "browser_https_websocket.png", ignore_https_errors=True)
+    assert state["error"] is None and state["page_protocol"] == "https:"
+    assert state["websockets"] and all(url.startswith("wss://") for url in state["websockets"]), state["websockets"]
+    assert state["stats"]["audioDeltas"] > 0 and state["stats"]["outputMaxRms"] > 0.01
 
 
 def server_app_calls(server: ServerThread) -> int:

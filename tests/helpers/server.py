@@ -308,21 +308,29 @@ def of_response(events: list[dict], event_type: str, response_id: str) -> list[d
 
 
 class ServerThread:
-    """uvicorn serving ``app`` on a loopback port from its own thread and event loop."""
+    """uvicorn serving ``app`` on a loopback port from its own thread and event loop; with ``config``, configured as
+    ``serve`` configures it (its TLS settings included; its host and port are not used)."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, config: ServerConfig | None = None) -> None:
         import uvicorn
+
+        from realtime.server import _uvicorn_config
 
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind(("127.0.0.1", 0))
         self.port = self.socket.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.scheme = config.http_scheme if config is not None else "http"
+        if config is None:
+            uvicorn_config = uvicorn.Config(app, log_level="warning", lifespan="on")
+        else:
+            uvicorn_config = _uvicorn_config(app, config, log_level="warning")
+        self.server = uvicorn.Server(uvicorn_config)
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.socket])))
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
+        return f"{self.scheme}://127.0.0.1:{self.port}/"
 
     def __enter__(self) -> ServerThread:
         self.thread.start()
