@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.paths import REPO
+from tests.helpers.tls import self_signed
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "COLUMNS": "100"}
 
@@ -149,6 +150,8 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
     not_audio.write_text("these are notes, not audio\n")
     missing_wav = tmp_path / "absent.wav"
     missing_dir = tmp_path / "no-such-model"
+    server, other = self_signed(tmp_path / "tls"), self_signed(tmp_path / "other")
+    missing_cert = tmp_path / "absent.pem"
     return {
         "missing wav": (["demo", "--input-wav", str(missing_wav)], [f"no such file: {missing_wav}"]),
         "non-audio wav": (["demo", "--input-wav", str(not_audio)], [str(not_audio), "not an audio file"]),
@@ -157,6 +160,14 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
         "serve: hub id not downloaded": (
             ["serve", "--model", "omni-test/not-downloaded"],
             ["not in the local Hugging Face cache", "`hf download omni-test/not-downloaded`"],
+        ),
+        "serve: missing certificate": (
+            ["serve", "--ssl-certfile", str(missing_cert), "--ssl-keyfile", str(server.key)],
+            [f"--ssl-certfile: no such file: {missing_cert}"],
+        ),
+        "serve: key of another certificate": (
+            ["serve", "--ssl-certfile", str(server.cert), "--ssl-keyfile", str(other.key)],
+            [str(other.key), "the private key does not match the certificate"],
         ),
         "bench: missing model folder": (
             ["bench", "--quick", "--model", str(missing_dir), "--out", str(tmp_path / "bench")],
