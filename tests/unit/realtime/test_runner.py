@@ -602,6 +602,21 @@ async def test_a_commit_with_no_reply_is_transcribed_at_once():
         assert len(side(engine)) == 1 and side(engine)[0].closed
 
 
+async def test_the_clients_language_and_prompt_reach_the_request_and_the_model_is_only_echoed():
+    engine = FakeEngine()
+    hints = {"model": "gpt-4o-transcribe", "language": "de", "prompt": "Namen: Anna, Berlin"}
+    async with Harness(engine) as h:
+        h.send(MANUAL, {"type": "session.update", "session": {"input_audio_transcription": hints}})
+        updated = [await h.transport.wait_for("session.updated") for _ in range(2)][-1]
+        assert updated["session"]["audio"]["input"]["transcription"] == hints
+        h.send(append(200, 0.5), {"type": "input_audio_buffer.commit"})
+        await h.transport.wait_for(COMPLETED)
+    (request,) = [c for c in side(engine)[0].calls if c[0] == "add_text"]
+    prompt = engine.transcription_prompt
+    assert request[2] == f"{prompt.request} Language: de. Context: Namen: Anna, Berlin"
+    assert prompt.render_request(language="", prompt=None) == prompt.request
+
+
 async def test_a_text_replys_first_text_opens_the_way_for_the_transcription():
     engine = FakeEngine(Script(text=("Sure", "!"), manual=True))
     text_only = {"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}}
