@@ -76,7 +76,7 @@ from realtime.session import (
     TruncateItem,
     TurnEvent,
 )
-from realtime.transcription import Transcriber, TranscriptionJob, TranscriptionReport
+from realtime.transcription import Transcriber, TranscriptionJob, TranscriptionReport, TranscriptionUnavailable
 from realtime.turn import ServerVadParams, SpeechResumed, SpeechStarted
 
 logger = logging.getLogger(__name__)
@@ -248,16 +248,18 @@ class OutboundQueue:
 
 @dataclass
 class _InputStream:
-    """An input audio message being streamed to the engine, with its own resampler; ``pcm`` keeps what went to the
-    engine (16 kHz), for a transcription of the message (at most the session's ``max_buffer_ms``)."""
+    """An input audio message being streamed to the engine, with its own resampler. ``pcm`` keeps what went to the
+    engine (16 kHz), for a transcription of the message (at most the session's ``max_buffer_ms``); None: not kept
+    (input transcription was off when the message began)."""
 
     handle: AudioInputHandle
     decoder: AudioDecoder
     format: AudioFormat
-    pcm: list[np.ndarray] = dataclasses.field(default_factory=list)
+    pcm: list[np.ndarray] | None = None
 
     def send(self, pcm: np.ndarray) -> None:
-        self.pcm.append(pcm)
+        if self.pcm is not None:
+            self.pcm.append(pcm)
         self.handle.append(pcm)
 
 
@@ -338,7 +340,7 @@ class SessionRunner:
         self._early_cancels: dict[str, CancelResponse] = {}  # cancelled before StartResponse ran
         self._pump_task: asyncio.Task | None = None  # the latest response's pump
         self._awaiting_output: dict[str, bool] = {}  # requested responses before their first output -> audio?
-        self._committed_audio: tuple[str, np.ndarray] | None = None  # the last commit's 16 kHz audio, until Transcribe
+        self._committed_audio: tuple[str, list[np.ndarray] | None] | None = None  # the last commit's kept audio
         self._transcriber: Transcriber | None = None  # started by the first Transcribe
         self._loops: set[asyncio.Task] = set()  # reader, writer, worker: the session ends with any
         self._tasks: set[asyncio.Task] = set()  # every task this runner started and has not seen end
@@ -598,7 +600,7 @@ class SessionRunner:
         elif isinstance(command, CommitAudio):
             stream = self._inputs.pop(command.item_id)
             stream.send(stream.decoder.flush())
-            self._committed_audio = (command.item_id, np.concatenate(stream.pcm))
+            self._committed_audio = (command.item_id, stream.pcm)
             # Sent now; not awaited here, so the response the turn asks for (next in the queue) reaches the
             # engine with the commit instead of one engine step (or round trip to its process) later.
             committed = stream.handle.commit()
@@ -636,7 +638,8 @@ class SessionRunner:
         stream = self._inputs.get(command.item_id)
         if stream is None:
             handle = conversation.open_audio(command.item_id)
-            stream = _InputStream(handle, self._decoder_factory(command.format), command.format)
+            keep = [] if self.session.config.transcription is not None else None
+            stream = _InputStream(handle, self._decoder_factory(command.format), command.format, keep)
             self._inputs[command.item_id] = stream
         elif stream.format is not command.format:  # the client switched formats mid-message
             stream.send(stream.decoder.flush())
@@ -660,15 +663,21 @@ class SessionRunner:
 
     def _transcribe(self, command: Transcribe) -> None:
         """Queue the transcription of the message just committed (its Transcribe follows its CommitAudio, before
-        any other commit)."""
+        any other commit). Its audio was kept if transcription was on when the message began; else it fails."""
         committed, self._committed_audio = self._committed_audio, None
         if committed is None or committed[0] != command.item_id:
             raise RuntimeError(f"Transcribe {command.item_id} does not follow the commit of its audio")
+        kept = committed[1]
+        pcm = np.concatenate(kept) if kept else np.zeros(0, np.float32)
+        job = TranscriptionJob(command.item_id, command.content_index, pcm, command.language, command.prompt)
+        if kept is None:
+            unavailable = "input transcription was turned on while this message was being spoken"
+            self._failed(job, TranscriptionUnavailable(unavailable))
+            return
         if self._transcriber is None:
             report = TranscriptionReport(self._transcription_delta, self._transcription_completed, self._failed)
             self._transcriber = Transcriber(self._engine, report, self._transcription_may_start)
             self._spawn(self._transcriber.run(), "transcriber")
-        job = TranscriptionJob(command.item_id, command.content_index, committed[1], command.language, command.prompt)
         self._transcriber.submit(job)
 
     def _transcription_may_start(self) -> bool:

@@ -62,6 +62,12 @@ class TranscriptionBacklog(LimitExceeded):
     code = ErrorCode.TRANSCRIPTION_BACKLOG
 
 
+class TranscriptionUnavailable(RealtimeError):
+    """The message's audio was not kept for a transcription: transcription was turned on while it was spoken."""
+
+    code = ErrorCode.TRANSCRIPTION_UNAVAILABLE
+
+
 @dataclass(frozen=True, eq=False)
 class TranscriptionJob:
     """The committed user message ``item_id`` (content part ``content_index``): float32 16 kHz mono ``pcm``."""

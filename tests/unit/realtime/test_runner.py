@@ -701,3 +701,25 @@ async def test_a_failed_transcription_is_reported_for_its_item_and_the_session_g
         assert side(engine)[0].closed
         h.send(*(append(200, 0.5), {"type": "input_audio_buffer.commit"}))
         assert (await h.transport.wait_for(COMPLETED))["item_id"] == "item_2"
+
+
+async def test_a_message_begun_before_transcription_was_on_fails_clearly_and_the_next_is_transcribed():
+    engine = FakeEngine()
+    async with Harness(engine) as h:
+        h.send(MANUAL, append(200, 0.5))
+        await until(lambda: h.calls("open_audio"))  # the message began with transcription off: its audio is not kept
+        h.send(TRANSCRIBE, {"type": "input_audio_buffer.commit"})
+        failed = await h.transport.wait_for(FAILED)
+        assert failed["item_id"] == "item_1" and failed["error"]["code"] == ErrorCode.TRANSCRIPTION_UNAVAILABLE
+        assert side(engine) == [] and h.runner._transcriber is None
+        h.send(append(200, 0.5), {"type": "input_audio_buffer.commit"})
+        assert (await h.transport.wait_for(COMPLETED))["item_id"] == "item_2"
+    assert h.runner._committed_audio is None
+
+
+async def test_without_transcription_no_audio_is_kept():
+    engine = FakeEngine()
+    async with Harness(engine) as h:
+        h.send(MANUAL, append(200, 0.5), {"type": "input_audio_buffer.commit"})
+        await until(lambda: h.calls("commit"))
+        assert h.runner._committed_audio == ("item_1", None) and h.runner._transcriber is None
