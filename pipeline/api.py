@@ -14,6 +14,7 @@ next response), but deleting or truncating items needs the conversation idle.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import numpy as np
@@ -25,6 +26,30 @@ INPUT_SAMPLE_RATE = 16_000
 
 Role = Literal["system", "user", "assistant"]
 Modality = Literal["text", "audio"]
+
+
+@dataclass(frozen=True)
+class TranscriptionPrompt:
+    """How a model family's thinker is asked to write down a spoken message (input transcription): a side
+    conversation with ``instructions`` as its system prompt, the audio as a user message, then the text of
+    :meth:`request` as a user message, answered in text only."""
+
+    instructions: str
+    request: str
+    """The instruction that follows the audio: write down exactly what was said."""
+    language_hint: str
+    """Added to the request when the client names the audio's language; ``{language}`` is replaced by it."""
+    context_hint: str
+    """Added to the request when the client gives a transcription prompt; ``{prompt}`` is replaced by it."""
+
+    def render_request(self, *, language: str | None = None, prompt: str | None = None) -> str:
+        """The request text, with the client's language and prompt (either may be None or empty) as hints."""
+        parts = [self.request]
+        if language:
+            parts.append(self.language_hint.format(language=language))
+        if prompt:
+            parts.append(self.context_hint.format(prompt=prompt))
+        return " ".join(parts)
 
 
 class ResponseHandle(Protocol):
@@ -114,6 +139,8 @@ class EngineHandle(Protocol):
     max_output_tokens: int
     """The longest reply in text tokens the engine makes: a response that asks for more, or for no
     limit, stops there (status ``incomplete``, reason ``max_output_tokens``)."""
+    transcription_prompt: TranscriptionPrompt
+    """How to ask the thinker for a transcript of a user's audio (the model family's)."""
 
     def conversation(self, *, instructions: str | None = None) -> ConversationHandle: ...
 

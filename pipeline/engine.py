@@ -289,7 +289,9 @@ class OmniEngine:
         self.model_name = facts.model_name
         self.voices = facts.voices
         self.default_voice = facts.default_voice
-        self.default_instructions = family_of(cfg.model_family).default_instructions
+        family = family_of(cfg.model_family)
+        self.default_instructions = family.default_instructions
+        self.transcription_prompt = family.transcription_prompt
         self.random_weights = facts.random_weights
         self.max_output_tokens = facts.max_output_tokens
         self.max_pending_events = max_pending_events

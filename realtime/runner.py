@@ -8,7 +8,10 @@ A :class:`SessionRunner` owns four kinds of tasks, all tracked and all cancelled
   (the engine seam requires it), except cancellation, which is executed at once; an audio commit is
   sent and not waited for, so the response that follows it reaches the engine with it;
 - one *commit* task per audio commit awaits its outcome and reports a failure as an ``error`` event;
-- one *pump* per response feeds the engine's output stream back into the session.
+- one *pump* per response feeds the engine's output stream back into the session;
+- with input transcription on, one *transcriber* runs the session's transcription jobs
+  (:mod:`realtime.transcription`) over copies of the committed messages' 16 kHz audio, each once no reply
+  is waiting for its first output (audio, or text for a text-only reply) and none is about to start.
 
 The runner stops when the client goes away (the transport's message iterator ends, or ``send``
 raises :class:`TransportClosed`), when the client stops reading (:class:`ClientNotReading`: its
@@ -39,7 +42,7 @@ import numpy as np
 
 from pipeline.api import AudioInputHandle, ConversationHandle, EngineHandle, ResponseHandle
 from pipeline.errors import EngineFailure, PipelineError
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseEvent, ResponseStatus, Usage
+from pipeline.outputs import AudioChunk, ResponseDone, ResponseEvent, ResponseStatus, TextDelta, Usage
 from realtime.audio import AudioFormat, InputDecoder, OutputEncoder
 from realtime.errors import RealtimeError
 from realtime.first_audio import FirstAudioTrace, FirstAudioTracer
@@ -69,9 +72,11 @@ from realtime.session import (
     SessionSettings,
     SetInstructions,
     StartResponse,
+    Transcribe,
     TruncateItem,
     TurnEvent,
 )
+from realtime.transcription import Transcriber, TranscriptionJob, TranscriptionReport, TranscriptionUnavailable
 from realtime.turn import ServerVadParams, SpeechResumed, SpeechStarted
 
 logger = logging.getLogger(__name__)
@@ -243,11 +248,19 @@ class OutboundQueue:
 
 @dataclass
 class _InputStream:
-    """An input audio message being streamed to the engine, with its own resampler."""
+    """An input audio message being streamed to the engine, with its own resampler. ``pcm`` keeps what went to the
+    engine (16 kHz), for a transcription of the message (at most the session's ``max_buffer_ms``); None: not kept
+    (input transcription was off when the message began)."""
 
     handle: AudioInputHandle
     decoder: AudioDecoder
     format: AudioFormat
+    pcm: list[np.ndarray] | None = None
+
+    def send(self, pcm: np.ndarray) -> None:
+        if self.pcm is not None:
+            self.pcm.append(pcm)
+        self.handle.append(pcm)
 
 
 @dataclass
@@ -326,6 +339,9 @@ class SessionRunner:
         self._responses: dict[str, _Running] = {}
         self._early_cancels: dict[str, CancelResponse] = {}  # cancelled before StartResponse ran
         self._pump_task: asyncio.Task | None = None  # the latest response's pump
+        self._awaiting_output: dict[str, bool] = {}  # requested responses before their first output -> audio?
+        self._committed_audio: tuple[str, list[np.ndarray] | None] | None = None  # the last commit's kept audio
+        self._transcriber: Transcriber | None = None  # started by the first Transcribe
         self._loops: set[asyncio.Task] = set()  # reader, writer, worker: the session ends with any
         self._tasks: set[asyncio.Task] = set()  # every task this runner started and has not seen end
         self._stopped = asyncio.Event()
@@ -441,6 +457,8 @@ class SessionRunner:
             except Exception as exc:  # reported to the client; the session carries on
                 if not _expected(exc):
                     logger.exception("session %s: %s failed", self.session.session_id, type(command).__name__)
+                if isinstance(command, StartResponse):
+                    self._awaiting_output.pop(command.response_id, None)  # no output will come
                 self._dispatch(self.session.command_failed(command, exc))
 
     async def _pump(self, response_id: str, running: _Running) -> None:
@@ -453,10 +471,22 @@ class SessionRunner:
             if isinstance(event, AudioChunk):
                 self._traces.received_audio(response_id)
             self._dispatch(self.session.response_event(response_id, event))
+            if self._first_output(response_id, event):
+                self._awaiting_output.pop(response_id, None)
+                if self._transcriber is not None:
+                    self._transcriber.wake()
             if isinstance(event, ResponseDone):
                 self._traces.done(response_id, event.timings)
                 self._responses.pop(response_id, None)
                 return
+
+    def _first_output(self, response_id: str, event: ResponseEvent) -> bool:
+        """Whether ``event`` ends the wait for the response's first output: its first audio (its first text for a
+        text-only response), or its end."""
+        audio = self._awaiting_output.get(response_id)
+        if audio is None:
+            return False
+        return isinstance(event, ResponseDone | (AudioChunk if audio else TextDelta))
 
     async def _room_unless_cancelled(self, cancelled: asyncio.Event) -> None:
         if cancelled.is_set():
@@ -499,7 +529,11 @@ class SessionRunner:
             else:
                 if isinstance(action, CommitAudio):
                     self._traces.turn_ended()
+                elif isinstance(action, StartResponse):
+                    self._awaiting_output[action.response_id] = "audio" in action.modalities
                 self._commands.put_nowait(action)
+        if self._transcriber is not None:
+            self._transcriber.wake()  # the session's state changed: a waiting job may start
 
     def _media_sink(self) -> MediaSink:
         assert self._media is not None, "checked in __init__ for MEDIA sessions"
@@ -565,7 +599,8 @@ class SessionRunner:
             self._append(conversation, command)
         elif isinstance(command, CommitAudio):
             stream = self._inputs.pop(command.item_id)
-            stream.handle.append(stream.decoder.flush())
+            stream.send(stream.decoder.flush())
+            self._committed_audio = (command.item_id, stream.pcm)
             # Sent now; not awaited here, so the response the turn asks for (next in the queue) reaches the
             # engine with the commit instead of one engine step (or round trip to its process) later.
             committed = stream.handle.commit()
@@ -575,11 +610,15 @@ class SessionRunner:
         elif isinstance(command, StartResponse):
             self._start_response(conversation, command)
         elif isinstance(command, DeleteItem):
+            if self._transcriber is not None:
+                self._transcriber.drop(command.item_id)
             await self._wait_idle()
             await conversation.delete_item(command.item_id)
         elif isinstance(command, TruncateItem):
             await self._wait_idle()
             await conversation.truncate_item(command.item_id, command.audio_end_ms)
+        elif isinstance(command, Transcribe):
+            self._transcribe(command)
         else:
             raise TypeError(f"not an engine command: {command!r}")
 
@@ -599,12 +638,13 @@ class SessionRunner:
         stream = self._inputs.get(command.item_id)
         if stream is None:
             handle = conversation.open_audio(command.item_id)
-            stream = _InputStream(handle, self._decoder_factory(command.format), command.format)
+            keep = [] if self.session.config.transcription is not None else None
+            stream = _InputStream(handle, self._decoder_factory(command.format), command.format, keep)
             self._inputs[command.item_id] = stream
         elif stream.format is not command.format:  # the client switched formats mid-message
-            stream.handle.append(stream.decoder.flush())
+            stream.send(stream.decoder.flush())
             stream.decoder, stream.format = self._decoder_factory(command.format), command.format
-        stream.handle.append(stream.decoder.decode(command.audio))
+        stream.send(stream.decoder.decode(command.audio))
 
     def _start_response(self, conversation: ConversationHandle, command: StartResponse) -> None:
         early = self._early_cancels.pop(command.response_id, None)
@@ -620,6 +660,38 @@ class SessionRunner:
         if early is not None:
             running.cancel(early.reason.value)
         self._pump_task = self._spawn(self._pump(command.response_id, running), f"pump {command.response_id}")
+
+    def _transcribe(self, command: Transcribe) -> None:
+        """Queue the transcription of the message just committed (its Transcribe follows its CommitAudio, before
+        any other commit). Its audio was kept if transcription was on when the message began; else it fails."""
+        committed, self._committed_audio = self._committed_audio, None
+        if committed is None or committed[0] != command.item_id:
+            raise RuntimeError(f"Transcribe {command.item_id} does not follow the commit of its audio")
+        kept = committed[1]
+        pcm = np.concatenate(kept) if kept else np.zeros(0, np.float32)
+        job = TranscriptionJob(command.item_id, command.content_index, pcm, command.language, command.prompt)
+        if kept is None:
+            unavailable = "input transcription was turned on while this message was being spoken"
+            self._failed(job, TranscriptionUnavailable(unavailable))
+            return
+        if self._transcriber is None:
+            report = TranscriptionReport(self._transcription_delta, self._transcription_completed, self._failed)
+            self._transcriber = Transcriber(self._engine, report, self._transcription_may_start)
+            self._spawn(self._transcriber.run(), "transcriber")
+        self._transcriber.submit(job)
+
+    def _transcription_may_start(self) -> bool:
+        """No reply waits for its first output, and none is due to start."""
+        return not self._awaiting_output and not self.session.reply_pending
+
+    def _transcription_delta(self, job: TranscriptionJob, text: str) -> None:
+        self._dispatch(self.session.transcription_delta(job.item_id, job.content_index, text))
+
+    def _transcription_completed(self, job: TranscriptionJob, transcript: str, usage: Usage) -> None:
+        self._dispatch(self.session.transcription_completed(job.item_id, job.content_index, transcript, usage))
+
+    def _failed(self, job: TranscriptionJob, exc: Exception) -> None:
+        self._dispatch(self.session.transcription_failed(job.item_id, job.content_index, exc))
 
     def _first_audio(self, trace: FirstAudioTrace) -> None:
         segments = ", ".join(f"{name} {ms:.1f}" for name, ms in trace.segments().items())

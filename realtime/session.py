@@ -6,11 +6,13 @@ Inputs, each a method returning the list of :data:`Action` to execute, in order:
 - turn events from the server VAD (:meth:`Session.turn_event`: ``SpeechStarted`` / ``SpeechStopped``
   of :mod:`realtime.turn`, in ms on the session's audio clock);
 - engine output of the active response (:meth:`Session.response_event`);
+- input transcription results (:meth:`Session.transcription_delta`, :meth:`Session.transcription_completed`,
+  :meth:`Session.transcription_failed`);
 - failures of engine commands (:meth:`Session.command_failed`) and, for WebRTC, the end of playback
   (:meth:`Session.playback_stopped`).
 
 Outputs: :class:`Send` (a server event dict), engine commands (:class:`AddText`,
-:class:`AppendAudio`, :class:`StartResponse`, …), turn-detection commands (:class:`DetectSpeech`,
+:class:`AppendAudio`, :class:`StartResponse`, :class:`Transcribe` …), turn-detection commands (:class:`DetectSpeech`,
 :class:`ConfigureTurnDetection`), output-audio commands (:class:`DropQueuedAudio`, and for
 WebRTC :class:`PlayAudio` / :class:`ClearOutputAudio`) and, for traces and metrics, :class:`PreemptiveReply`.
 Whoever drives the session (``runner``) executes engine commands in the order given; no engine call happens here,
@@ -25,6 +27,11 @@ holds every client event of both (a :class:`_Tentative`): on ``SpeechStopped`` i
 items are deleted from the engine and the message is streamed again under the same item id, with the audio that
 arrived meanwhile. The client sees the same events as without; the model hears the message without the silence
 after the pause.
+
+Input transcription (``audio.input.transcription`` set): every committed input audio buffer is followed by a
+:class:`Transcribe` action, emitted after the response the commit starts (if any) so that whoever runs it can see
+that a reply is pending; a preemptive reply's commit holds it with the reply's client events. Transcription results
+for an item that was deleted meanwhile are dropped.
 
 Audio input: in manual mode (``turn_detection: null``) every appended chunk goes to the engine at
 once. With ``server_vad`` the audio before speech is held back (prefix padding plus
@@ -178,6 +185,19 @@ class TruncateItem:
     audio_end_ms: int
 
 
+@dataclass(frozen=True)
+class Transcribe:
+    """Transcribe the committed input audio of user item ``item_id`` (content part ``content_index``) and report
+    the result through :meth:`Session.transcription_delta` / ``_completed`` / ``_failed``. Follows the item's
+    :class:`CommitAudio` and, when the commit starts a reply, that reply's :class:`StartResponse`. ``language``
+    and ``prompt``: the client's hints (``audio.input.transcription``)."""
+
+    item_id: str
+    content_index: int = 0
+    language: str | None = None
+    prompt: str | None = None
+
+
 EngineCommand = (
     SetInstructions
     | AddText
@@ -189,6 +209,7 @@ EngineCommand = (
     | CancelResponse
     | DeleteItem
     | TruncateItem
+    | Transcribe
 )
 
 
@@ -404,8 +425,9 @@ class _Response:
         )
 
 
-_CLIENT_ACTIONS = (Send, PlayAudio, ClearOutputAudio, DropQueuedAudio)
-"""What a :class:`_Tentative` holds back: the actions that reach the client; engine commands always go."""
+_CLIENT_ACTIONS = (Send, PlayAudio, ClearOutputAudio, DropQueuedAudio, Transcribe)
+"""What a :class:`_Tentative` holds back: the actions that reach the client (a transcription's events do); engine
+commands always go."""
 
 
 @dataclass
@@ -487,6 +509,11 @@ class Session:
     @property
     def response_phase(self) -> ResponsePhase | None:
         return self._response.phase if self._response else None
+
+    @property
+    def reply_pending(self) -> bool:
+        """A reply is due to start once the cancelled one ends (speech stopped while it wound down)."""
+        return self._auto_response_pending
 
     @property
     def input_buffer_ms(self) -> float:
@@ -589,6 +616,38 @@ class Session:
             else:
                 self._error(exc)
         return self._drain()
+
+    def transcription_delta(self, item_id: str, content_index: int, delta: str) -> list[Action]:
+        """More of the transcript of a :class:`Transcribe` job."""
+        if delta and self._transcribed_part(item_id, content_index) is not None:
+            self._send(self._events.input_transcription_delta(item_id, content_index, delta))
+        return self._drain()
+
+    def transcription_completed(self, item_id: str, content_index: int, transcript: str, usage: Usage) -> list[Action]:
+        """A :class:`Transcribe` job's whole transcript: it becomes the content part's ``transcript``."""
+        part = self._transcribed_part(item_id, content_index)
+        if part is not None:
+            part.transcript = transcript
+            self._send(self._events.input_transcription_completed(item_id, content_index, transcript, usage))
+        return self._drain()
+
+    def transcription_failed(self, item_id: str, content_index: int, exc: Exception) -> list[Action]:
+        """A :class:`Transcribe` job failed: ``...input_audio_transcription.failed`` with the error (logged like an
+        ``error`` event)."""
+        if self._transcribed_part(item_id, content_index) is not None:
+            payload = to_error_payload(exc)
+            log_error_event(payload, session_id=self.session_id, answers=None)
+            error = {key: payload[key] for key in ("type", "code", "message", "param")}
+            self._send(self._events.input_transcription_failed(item_id, content_index, error))
+        return self._drain()
+
+    def _transcribed_part(self, item_id: str, content_index: int) -> ContentPart | None:
+        """The input audio part a transcription is for; None once its item is deleted."""
+        item = self._items.get(item_id)
+        if item is None or content_index >= len(item.content):
+            return None
+        part = item.content[content_index]
+        return part if part.type is ContentType.INPUT_AUDIO else None
 
     def playback_stopped(self, response_id: str) -> list[Action]:
         """WebRTC: the output track played the last audio of ``response_id``."""
@@ -737,9 +796,10 @@ class Session:
                 code=ErrorCode.INPUT_AUDIO_BUFFER_COMMIT_EMPTY,
             )
         self._restart_detection_if_speaking()
-        self._commit()
+        self._transcribe(self._commit())
 
-    def _commit(self) -> None:
+    def _commit(self) -> str:
+        """Commit the input buffer as a user message; returns its item id."""
         self._stream_held()
         item = Item(self._buffer_item_id(), Role.USER, [ContentPart(ContentType.INPUT_AUDIO)])
         previous = self._add_item(item)
@@ -748,6 +808,13 @@ class Session:
         self._send(self._events.item_added(item, previous))
         self._send(self._events.item_done(item, previous))
         self._buffer = _InputBuffer()
+        return item.id
+
+    def _transcribe(self, item_id: str) -> None:
+        """Ask for the committed message's transcript, when input transcription is on."""
+        settings = self.config.transcription
+        if settings is not None:
+            self._emit(Transcribe(item_id, 0, settings.language, settings.prompt))
 
     def _clear(self, event: InputAudioClear) -> None:
         if self._buffer.opened and self._buffer.item_id is not None:
@@ -781,8 +848,9 @@ class Session:
             return
         self._tentative = _Tentative(self._buffer)
         with self._holding():
-            self._commit()
+            item_id = self._commit()
             self._start_response(ResponseParams())
+            self._transcribe(item_id)
         assert self._response is not None
         self._tentative.response_id, self._tentative.reply_item_id = self._response.id, self._response.item.id
         self._emit(PreemptiveReply(self._response.id, Preemption.STARTED))
@@ -821,15 +889,15 @@ class Session:
         self._send(self._events.speech_stopped(event.audio_end_ms, self._buffer_item_id()))
         if self._buffer.duration_ms <= 0:
             return
-        self._commit()
-        if not vad.create_response:
-            return
-        if self._response is None:
-            self._start_response(ResponseParams())
-        elif self._response.phase is ResponsePhase.CANCELLING:
-            self._auto_response_pending = True
-        # else: a response the user did not interrupt (interrupt_response false) keeps going and
-        # no new one starts, as in the OpenAI API.
+        item_id = self._commit()
+        if vad.create_response:
+            if self._response is None:
+                self._start_response(ResponseParams())
+            elif self._response.phase is ResponsePhase.CANCELLING:
+                self._auto_response_pending = True
+            # else: a response the user did not interrupt (interrupt_response false) keeps going and
+            # no new one starts, as in the OpenAI API.
+        self._transcribe(item_id)
 
     def _interrupt(self) -> None:
         """Barge-in: cancel the response in progress and stop the audio the user talks over."""

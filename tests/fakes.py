@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.api import INPUT_SAMPLE_RATE, Modality, Role
+from pipeline.api import INPUT_SAMPLE_RATE, Modality, Role, TranscriptionPrompt
 from pipeline.errors import EngineClosedError, ResponseActiveError, UnknownItemError, UnknownVoiceError
 from pipeline.outputs import (
     OUTPUT_SAMPLE_RATE,
@@ -286,7 +286,7 @@ class FakeConversation:
         self._check_idle("respond")
         if voice is not None and voice not in self._engine.voices:
             raise UnknownVoiceError(f"unknown voice {voice}", param="voice")
-        response = FakeResponse(self, item_id, modalities, self._engine.next_script())
+        response = FakeResponse(self, item_id, modalities, self._engine.next_script(self.instructions))
         self.responses.append(response)
         self.active = response
         self.items.append(item_id)
@@ -314,9 +314,17 @@ class FakeEngine:
     default_instructions = "You are a fake assistant."
     random_weights = True
     max_output_tokens = 4096
+    transcription_prompt = TranscriptionPrompt(
+        instructions="You are a fake speech recognizer.",
+        request="Write it down.",
+        language_hint="Language: {language}.",
+        context_hint="Context: {prompt}",
+    )
 
-    def __init__(self, default_script: Script | None = None) -> None:
+    def __init__(self, default_script: Script | None = None, transcription_script: Script | None = None) -> None:
         self.default_script = default_script or Script()
+        self.transcription_script = transcription_script or Script(text=("I said", " hello."), audio_chunks=0)
+        """What every transcription side reply (a conversation opened with ``transcription_prompt``) plays."""
         self.scripts: deque[Script] = deque()
         self.conversations: list[FakeConversation] = []
         self.failures: dict[str, Exception] = {}
@@ -331,7 +339,11 @@ class FakeEngine:
         """Queue scripts for the next responses, in order."""
         self.scripts.extend(scripts)
 
-    def next_script(self) -> Script:
+    def next_script(self, instructions: str | None = None) -> Script:
+        """The script of the next response of a conversation with ``instructions``: a transcription side reply
+        plays ``transcription_script``, any other the next queued script or ``default_script``."""
+        if instructions == self.transcription_prompt.instructions:
+            return self.transcription_script
         return self.scripts.popleft() if self.scripts else self.default_script
 
     def conversation(self, *, instructions: str | None = None) -> FakeConversation:

@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
+from pipeline.api import TranscriptionPrompt
+
 if TYPE_CHECKING:
     import torch
 
@@ -74,6 +76,10 @@ class ModelFamily(Protocol):
 
     default_instructions: str
     """The system prompt a conversation gets when the client sets none."""
+
+    transcription_prompt: TranscriptionPrompt
+    """How the thinker is asked to write down what a user said (input audio transcription, run by the server in a
+    side conversation over the user's audio)."""
 
     connectors: Mapping[str, Connector]
     """Connector name -> connector: ``thinker -> talker`` is ``fn(hidden (T, H), embeds (T, H)) -> talker inputs

@@ -73,6 +73,7 @@ class BenchOptions:
     """The in-process server's ``ServerConfig.preemptive_response_ms`` (its default unless ``off``: None)."""
     pause_inside_ms: float | None
     vad_batching: bool = True
+    transcription: bool = False
 
 
 QUICK = {
@@ -264,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="insert MS milliseconds of silence mid-sentence (at a word gap) into every utterance: users who pause "
         "once and go on; with --preemptive-response-ms below MS each turn withdraws one reply (default: none)",
     )
+    p.add_argument(
+        "--transcription",
+        action="store_true",
+        help="every user turns input audio transcription on (audio.input.transcription in its session.update); "
+        "the report counts the transcription events received",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the replies' sampling, for repeatable runs")
     p.add_argument("--api-key", default=None, help="the key a --url server requires (default: none, no key sent)")
     return p
@@ -308,6 +315,7 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         out=args.out,
         threads=args.threads,
         vad_batching=not args.no_vad_batching,
+        transcription=args.transcription,
         seed=args.seed,
         preemptive_response_ms=args.preemptive_response_ms,
         pause_inside_ms=args.pause_inside_ms,
@@ -376,6 +384,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
         options.barge_in_after_ms,
         options.jitter_ms,
         turn_timeout_s=options.turn_timeout_s,
+        transcription=options.transcription,
     )
     loaded = await asyncio.to_thread(_load, options, cfg) if options.url is None or options.reference else None
     info = _run_info(options, command, length, loaded)
@@ -523,6 +532,7 @@ def _run_info(options: BenchOptions, command: str, length, loaded: _Loaded | Non
         torch_threads=options.threads,
         load_average={"start": list(os.getloadavg())},
         versions=_versions(),
+        transcription=options.transcription,
     )
 
 

@@ -16,6 +16,10 @@ not its generation has ended (:class:`realtime.bench.metrics.BargeInKind` tells 
 turn's own file is cut :data:`BARGE_IN_TAIL_MS` after its speech, so its long trailing silence, still queued on
 the microphone, cannot hold the interrupting speech back.
 
+With ``ClientOptions.transcription`` each user turns input transcription on (a ``session.update`` with
+``audio.input.transcription``, sent when the session starts, before any speech) and counts the transcription
+events it receives (:attr:`SimulatedUser.counts`).
+
 Every time is the event loop's clock (``loop.time()``, seconds): arrivals are stamped as the
 client reads them, so they include the transport and this process's scheduling.
 """
@@ -105,6 +109,20 @@ class ClientOptions:
     turn_timeout_s: float = 120.0
     """Longest wait for one reply (generation and playback)."""
     connect_timeout_s: float = 30.0
+    transcription: bool = False
+    """Turn input audio transcription on in every session (``audio.input.transcription``)."""
+
+
+TRANSCRIPTION_MODEL = "whisper-1"
+"""The transcription model a user names (the server echoes it and transcribes with its own model)."""
+
+COUNTED_EVENTS = (
+    ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED,
+    ServerEvent.INPUT_TRANSCRIPTION_DELTA,
+    ServerEvent.INPUT_TRANSCRIPTION_COMPLETED,
+    ServerEvent.INPUT_TRANSCRIPTION_FAILED,
+)
+"""Server events each user counts (by GA wire name): the commits, and the transcription events that answer them."""
 
 
 # --- the microphone (pure) -----------------------------------------------------------------------
@@ -174,6 +192,10 @@ class Link(Protocol):
         its first sample is captured."""
         ...
 
+    async def send(self, event: dict) -> None:
+        """Send a client event (the session has started)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -208,6 +230,9 @@ class WebSocketLink:
 
     async def speak(self, pcm: np.ndarray) -> float:
         return self._t0 + self.mic.queue(pcm) / RATE
+
+    async def send(self, event: dict) -> None:
+        await self._ws.send(json.dumps(event))
 
     async def _pump(self) -> None:
         loop = asyncio.get_running_loop()
@@ -254,6 +279,7 @@ class WebRTCLink:
         self._pc = None
         self._mic = None
         self._spoken = 0
+        self._channel = None
         self._tasks: list[asyncio.Task] = []
 
     async def connect(self, listener: Listener) -> None:
@@ -265,7 +291,7 @@ class WebRTCLink:
         self._pc = pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self._mic = _TimedMicQueue(loop.time)
         pc.addTrack(PacedAudioTrack(self._mic, lambda _name: None))
-        channel = pc.createDataChannel(EVENTS_CHANNEL)
+        self._channel = channel = pc.createDataChannel(EVENTS_CHANNEL)
         channel.on("message", lambda m: listener.on_event(loop.time(), json.loads(m)))
         pc.on("track", lambda track: self._tasks.append(asyncio.create_task(self._read(track, listener))))
         host = urllib.parse.urlsplit(self.base_url).hostname or ""
@@ -291,6 +317,9 @@ class WebRTCLink:
         self._mic.play(name, pcm)
         self._mic.end(name)
         return await self._mic.started(name)
+
+    async def send(self, event: dict) -> None:
+        self._channel.send(json.dumps(event))
 
     async def _read(self, track, listener: Listener) -> None:
         from aiortc.mediastreams import MediaStreamError
@@ -384,6 +413,8 @@ class SimulatedUser:
         self._interrupted: TurnLog | None = None
         self.session: dict = {}
         """The session as ``session.created`` described it."""
+        self.counts: dict[str, int] = {server_event_name(e, Dialect.GA): 0 for e in COUNTED_EVENTS}
+        """How many of each :data:`COUNTED_EVENTS` the user received, by wire name."""
         self._ready = asyncio.Event()
         self._progress = asyncio.Event()
 
@@ -395,6 +426,8 @@ class SimulatedUser:
             async with asyncio.timeout(self.options.connect_timeout_s):
                 await self.link.connect(self)
                 await self._ready.wait()
+                if self.options.transcription:
+                    await self.link.send(_transcription_update())
         except (TimeoutError, OSError) as exc:
             await self.link.close()
             raise BenchClientError(f"user {self.plan.user}: no session ({exc!r})") from exc
@@ -490,6 +523,8 @@ class SimulatedUser:
     def on_event(self, at: float, event: dict) -> None:
         kind = _WIRE.get(event.get("type"))
         turn = self.logs[-1] if self.logs else None
+        if event.get("type") in self.counts:
+            self.counts[event["type"]] += 1
         if kind is ServerEvent.SESSION_CREATED:
             self.session = event.get("session", {})
             self._ready.set()
@@ -549,6 +584,14 @@ class SimulatedUser:
 _PCM24 = {"type": "audio/pcm", "rate": RATE}
 
 
+def _transcription_update() -> dict:
+    audio_input = {"transcription": {"model": TRANSCRIPTION_MODEL}}
+    return {
+        "type": ClientEventType.SESSION_UPDATE.value,
+        "session": {"type": "realtime", "audio": {"input": audio_input}},
+    }
+
+
 def _audio_formats(session: dict) -> list:
     audio = session.get("audio", {})
     return [audio.get(side, {}).get("format") for side in ("input", "output")]
@@ -598,11 +641,12 @@ def make_link(url: str, options: ClientOptions) -> Link:
 @dataclass
 class ClientRun:
     """What a group of users observed: every turn (by user, then turn), the server's ``error``
-    events, and the sessions' VAD silence window (ms)."""
+    events, the sessions' VAD silence window (ms), and the :data:`COUNTED_EVENTS` received (summed over users)."""
 
     logs: list[TurnLog]
     errors: list[dict]
     silence_window_ms: float | None
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 async def run_users(
@@ -620,4 +664,5 @@ async def run_users(
     logs = [log for user_logs in results for log in user_logs]
     errors = [error for user in users for error in user.errors]
     windows = {silence_window_ms(user.session) for user in users}
-    return ClientRun(logs, errors, windows.pop() if len(windows) == 1 else None)
+    counts = {name: sum(user.counts[name] for user in users) for name in users[0].counts} if users else {}
+    return ClientRun(logs, errors, windows.pop() if len(windows) == 1 else None, counts)

@@ -46,6 +46,8 @@ class RunInfo:
     load_average: dict[str, list[float]] = field(default_factory=dict)
     """``/proc/loadavg``-style 1/5/15 min averages, ``start`` and ``end`` of the run."""
     versions: dict[str, str] = field(default_factory=dict)
+    transcription: bool = False
+    """The users turned input audio transcription on (``--transcription``)."""
 
 
 # --- JSON ----------------------------------------------------------------------------------------
@@ -68,6 +70,7 @@ def _level_dict(level: LevelResult) -> dict:
         "turns": [t.to_dict() for t in level.turns],
         "errors": level.errors,
         "throughput": level.throughput.to_dict() if level.throughput is not None else None,
+        "event_counts": level.event_counts,
     }
     if level.reference is not None:
         ref_throughput = level.reference_throughput()
@@ -134,7 +137,8 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
     has_ref = any(level.reference is not None for level in levels)
     lines = [
         f"Model: {info.model}; device: {info.device}; transport: {info.transport}; server: {info.server}.",
-        f"Workload: {info.workload}; inputs: {info.wavs}.",
+        f"Workload: {info.workload}; inputs: {info.wavs}; input transcription: "
+        + ("on." if info.transcription else "off."),
         *(
             [f"**lighter workload: {info.lighter_workload}** (not the default conversation)."]
             if info.lighter_workload
@@ -174,7 +178,29 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
     lines += _delivery_notes(info, levels)
     lines += ["", *_barge_in_table(levels)]
     lines += ["", *_throughput_table(levels, has_ref)]
+    if info.transcription:
+        lines += ["", *_transcription_table(levels)]
     return "\n".join(lines) + "\n"
+
+
+_TRANSCRIPTION_COLUMNS = {
+    "input_audio_buffer.committed": "commits",
+    "conversation.item.input_audio_transcription.completed": "transcripts completed",
+    "conversation.item.input_audio_transcription.failed": "transcripts failed",
+    "conversation.item.input_audio_transcription.delta": "transcript deltas",
+}
+
+
+def _transcription_table(levels: Sequence[LevelResult]) -> list[str]:
+    """Per level: the commits the users saw and the input transcription events that answered them (all users,
+    warm-up excluded)."""
+    lines = ["Input transcription (events received, all users)", ""]
+    head = ["users", *_TRANSCRIPTION_COLUMNS.values()]
+    lines += [_row(head), _row(["---:"] * len(head))]
+    for level in levels:
+        counts = [str(level.event_counts.get(name, 0)) for name in _TRANSCRIPTION_COLUMNS]
+        lines.append(_row([str(level.concurrency), *counts]))
+    return lines
 
 
 def _delivery_notes(info: RunInfo, levels: Sequence[LevelResult]) -> list[str]:

@@ -104,6 +104,8 @@ class LevelResult:
     throughput: LevelThroughput | None = None
     """Our stage rates and device memory over the users' window; ``None`` when the server's
     counters could not be read."""
+    event_counts: dict[str, int] = field(default_factory=dict)
+    """Commits and input transcription events the users received (``realtime.bench.client.COUNTED_EVENTS``)."""
 
     def reference_metrics(self) -> list[TurnMetrics]:
         return [q.metrics() for q in self.reference or ()]
@@ -120,16 +122,16 @@ def _child_ready() -> None:
 
 def run_clients(
     url: str, plans: list[UserPlan], options: ClientOptions, label: str
-) -> tuple[list[TurnMetrics], list[dict], float | None, float]:
+) -> tuple[list[TurnMetrics], list[dict], float | None, float, dict[str, int]]:
     """Child-process entry: run the users with a progress bar; returns their turns' metrics, the
-    server errors, the sessions' silence window (ms) and the seconds with a reply in flight."""
+    server errors, the sessions' silence window (ms), the seconds with a reply in flight and the counted events."""
     from tqdm import tqdm
 
     total = sum(len(p.speeches) for p in plans)
     with tqdm(total=total, desc=label, unit="turn", leave=True) as bar:
         run: ClientRun = asyncio.run(run_users(url, plans, options, on_turn=lambda _log: bar.update()))
     metrics = [turn_metrics(log, jitter_ms=options.jitter_ms) for log in run.logs]
-    return metrics, run.errors, run.silence_window_ms, replying_seconds(run.logs)
+    return metrics, run.errors, run.silence_window_ms, replying_seconds(run.logs), run.counts
 
 
 async def run_sweep(
@@ -162,7 +164,7 @@ async def run_sweep(
             log.info("bench level %d: %d users start", level, level)  # scripts/first_audio_path.py splits here
             before = await counters() if counters is not None else None
             start = time.perf_counter()
-            turns, errors, window, replying = await loop.run_in_executor(
+            turns, errors, window, replying, counts = await loop.run_in_executor(
                 pool, run_clients, url, plans, options, f"{level} user{'s' * (level > 1)}"
             )
             result = LevelResult(
@@ -173,6 +175,7 @@ async def run_sweep(
                 errors,
                 window,
                 replying_s=replying,
+                event_counts=counts,
             )
             after = await counters() if before is not None else None
             if before is not None and after is not None:

@@ -27,6 +27,7 @@ from realtime.protocol.model import (
     ResponseParams,
     Role,
     SessionPatch,
+    TranscriptionSettings,
 )
 from realtime.protocol.names import ClientEventType, ContentType, parse_content_type
 from realtime.protocol.validation import from_validation_error
@@ -212,7 +213,21 @@ def _session_patch(s: wire.SessionModel) -> SessionPatch:
         output_format=_format(audio_out.format if audio_out else None, s.output_audio_format),
         turn_detection=_session_turn_detection(s, audio_in),
         max_output_tokens=_max_tokens(s, "max_output_tokens", "max_response_output_tokens"),
+        transcription=_session_transcription(s, audio_in),
     )
+
+
+def _session_transcription(
+    s: wire.SessionModel, audio_in: wire.AudioInputModel | None
+) -> TranscriptionSettings | None | Keep:
+    """``null`` turns transcription off; an object (even empty) turns it on."""
+    if audio_in is not None and "transcription" in audio_in.model_fields_set:
+        m = audio_in.transcription
+    elif "input_audio_transcription" in s.model_fields_set:
+        m = s.input_audio_transcription
+    else:
+        return KEEP
+    return None if m is None else TranscriptionSettings(model=m.model, language=m.language, prompt=m.prompt)
 
 
 def _session_turn_detection(

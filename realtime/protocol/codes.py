@@ -35,6 +35,10 @@ class ErrorCode(str, enum.Enum):
     DUPLICATE_ITEM_ID = "duplicate_item_id"
     ITEM_IN_PROGRESS = "item_in_progress"
     OUTPUT_AUDIO_BUFFER_EMPTY = "output_audio_buffer_empty"
+    TRANSCRIPTION_BACKLOG = "transcription_backlog"
+    """Too many input transcriptions of the session wait for their turn (``...input_audio_transcription.failed``)."""
+    TRANSCRIPTION_UNAVAILABLE = "transcription_unavailable"
+    """Input transcription was turned on while the committed message was being spoken: its audio was not kept."""
     UNSUPPORTED_EVENT = "unsupported_event"
     """An event the OpenAI API defines that this server or transport does not serve
     (``transcription_session.update``; ``output_audio_buffer.clear`` over a WebSocket)."""

@@ -68,6 +68,17 @@ DEFAULT_TURN_DETECTION = ServerVadParams()
 
 
 @dataclass(frozen=True)
+class TranscriptionSettings:
+    """``audio.input.transcription`` (beta ``input_audio_transcription``): input transcription is on. ``model`` is
+    the client's and only echoed (the server's own model transcribes); ``language`` (ISO-639-1) and ``prompt`` are
+    passed to it as hints."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
+@dataclass(frozen=True)
 class SessionPatch:
     """The fields one ``session.update`` sets; ``KEEP`` leaves a field as it is.
 
@@ -81,6 +92,7 @@ class SessionPatch:
     output_format: AudioFormat | Keep = KEEP
     turn_detection: ServerVadParams | None | Keep = KEEP
     max_output_tokens: int | None | Keep = KEEP
+    transcription: TranscriptionSettings | None | Keep = KEEP
     voice_param: str = "session.voice"
 
 
@@ -96,6 +108,8 @@ class SessionConfig:
     output_format: AudioFormat = AudioFormat.PCM
     turn_detection: ServerVadParams | None = DEFAULT_TURN_DETECTION
     max_output_tokens: int | None = None
+    transcription: TranscriptionSettings | None = None
+    """Input audio transcription settings; None: off (the API's default)."""
 
     def apply(self, patch: SessionPatch) -> SessionConfig:
         """A copy with the patch's set fields replaced."""

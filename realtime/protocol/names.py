@@ -75,6 +75,9 @@ class ServerEvent(enum.Enum):
     OUTPUT_AUDIO_BUFFER_STARTED = "output_audio_buffer.started"
     OUTPUT_AUDIO_BUFFER_STOPPED = "output_audio_buffer.stopped"
     OUTPUT_AUDIO_BUFFER_CLEARED = "output_audio_buffer.cleared"
+    INPUT_TRANSCRIPTION_DELTA = "input_transcription.delta"
+    INPUT_TRANSCRIPTION_COMPLETED = "input_transcription.completed"
+    INPUT_TRANSCRIPTION_FAILED = "input_transcription.failed"
 
 
 def _same(name: str) -> WireName:
@@ -112,6 +115,9 @@ SERVER_EVENT_NAMES: dict[ServerEvent, WireName] = {
     ServerEvent.OUTPUT_AUDIO_BUFFER_STARTED: _same("output_audio_buffer.started"),
     ServerEvent.OUTPUT_AUDIO_BUFFER_STOPPED: _same("output_audio_buffer.stopped"),
     ServerEvent.OUTPUT_AUDIO_BUFFER_CLEARED: _same("output_audio_buffer.cleared"),
+    ServerEvent.INPUT_TRANSCRIPTION_DELTA: _same("conversation.item.input_audio_transcription.delta"),
+    ServerEvent.INPUT_TRANSCRIPTION_COMPLETED: _same("conversation.item.input_audio_transcription.completed"),
+    ServerEvent.INPUT_TRANSCRIPTION_FAILED: _same("conversation.item.input_audio_transcription.failed"),
 }
 
 

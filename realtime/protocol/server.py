@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from pipeline.outputs import Usage
 from realtime.audio import AudioFormat
 from realtime.ids import IdGenerator, IdKind
-from realtime.protocol.model import ContentPart, Item, OutputModality, ResponseState, ResponseSummary, SessionConfig
+from realtime.protocol.model import (
+    ContentPart,
+    Item,
+    OutputModality,
+    ResponseState,
+    ResponseSummary,
+    SessionConfig,
+    TranscriptionSettings,
+)
 from realtime.protocol.names import ContentType, Dialect, PartType, ServerEvent, content_type_name, server_event_name
 from realtime.turn import ServerVadParams
 
@@ -60,6 +68,23 @@ def turn_detection_object(params: ServerVadParams | None) -> dict | None:
     }
 
 
+def transcription_object(settings: TranscriptionSettings | None) -> dict | None:
+    if settings is None:
+        return None
+    return {"model": settings.model, "language": settings.language, "prompt": settings.prompt}
+
+
+def transcription_usage_object(usage: Usage) -> dict:
+    """The ``usage`` of ``conversation.item.input_audio_transcription.completed`` (token-billed form)."""
+    return {
+        "type": "tokens",
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+        "input_token_details": {"text_tokens": usage.input_text_tokens, "audio_tokens": usage.input_audio_tokens},
+    }
+
+
 def _modalities(modality: OutputModality, dialect: Dialect) -> list[str]:
     """GA lists the one output modality; beta lists text alongside audio (the transcript)."""
     if modality is OutputModality.TEXT:
@@ -84,7 +109,7 @@ def session_object(config: SessionConfig, *, session_id: str, model: str, dialec
             "voice": config.voice,
             "input_audio_format": format_object(config.input_format, dialect),
             "output_audio_format": format_object(config.output_format, dialect),
-            "input_audio_transcription": None,
+            "input_audio_transcription": transcription_object(config.transcription),
             "turn_detection": turn_detection_object(config.turn_detection),
             "tools": [],
             "tool_choice": "auto",
@@ -100,7 +125,7 @@ def session_object(config: SessionConfig, *, session_id: str, model: str, dialec
         "audio": {
             "input": {
                 "format": format_object(config.input_format, dialect),
-                "transcription": None,
+                "transcription": transcription_object(config.transcription),
                 "noise_reduction": None,
                 "turn_detection": turn_detection_object(config.turn_detection),
             },
@@ -302,3 +327,25 @@ class ServerEvents:
 
     def output_audio_buffer_cleared(self, response_id: str) -> dict | None:
         return self._event(ServerEvent.OUTPUT_AUDIO_BUFFER_CLEARED, response_id=response_id)
+
+    def input_transcription_delta(self, item_id: str, content_index: int, delta: str) -> dict | None:
+        return self._event(
+            ServerEvent.INPUT_TRANSCRIPTION_DELTA, item_id=item_id, content_index=content_index, delta=delta
+        )
+
+    def input_transcription_completed(
+        self, item_id: str, content_index: int, transcript: str, usage: Usage
+    ) -> dict | None:
+        return self._event(
+            ServerEvent.INPUT_TRANSCRIPTION_COMPLETED,
+            item_id=item_id,
+            content_index=content_index,
+            transcript=transcript,
+            usage=transcription_usage_object(usage),
+        )
+
+    def input_transcription_failed(self, item_id: str, content_index: int, error: dict) -> dict | None:
+        """``error``: ``{"type", "code", "message", "param"}``."""
+        return self._event(
+            ServerEvent.INPUT_TRANSCRIPTION_FAILED, item_id=item_id, content_index=content_index, error=error
+        )

@@ -10,9 +10,12 @@ server does not implement are of two kinds:
   :data:`realtime.protocol.validation.REFUSALS`);
 - accepted and ignored, because SDK clients send them routinely and nothing the client relies on
   changes: ``model`` (one model per server), ``tool_choice`` (no tools), ``temperature`` (the engine's
-  sampling settings apply), input ``transcription`` and ``noise_reduction`` (the model hears the
-  audio itself; no transcription events are sent), ``tracing``, ``include``, ``truncation``. The
-  ``session.updated`` reply shows the effective configuration (``transcription: null``...).
+  sampling settings apply), input ``noise_reduction`` (the model hears the audio itself), ``tracing``,
+  ``include``, ``truncation``. The ``session.updated`` reply shows the effective configuration
+  (``noise_reduction: null``...).
+
+Input ``transcription`` (beta ``input_audio_transcription``) is implemented (:mod:`realtime.transcription`):
+its ``model`` is echoed, ``language`` and ``prompt`` are hints to the server's own model.
 
 Unions are kept out of field types on purpose: pydantic names union branches in error locations,
 and the error's ``param`` must be the client's field path.
@@ -69,10 +72,19 @@ class TurnDetectionModel(_Model):
     idle_timeout_ms: None = None
 
 
+class TranscriptionModel(_Model):
+    """Input audio transcription settings (GA ``audio.input.transcription``, beta ``input_audio_transcription``).
+    Fields of the API this server has no use for (``delay``, ``keywords``, ``languages``) are refused as unknown."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
 class AudioInputModel(_Model):
     format: FormatModel | None = None
     turn_detection: TurnDetectionModel | None = None
-    transcription: Any = None  # accepted and ignored (module docstring)
+    transcription: TranscriptionModel | None = None
     noise_reduction: Any = None  # accepted and ignored
 
 
@@ -104,13 +116,13 @@ class SessionModel(_Model):
     output_audio_format: BetaFormatName | None = None
     turn_detection: TurnDetectionModel | None = None
     max_response_output_tokens: MaxTokens = None
+    input_audio_transcription: TranscriptionModel | None = None
     # defined by the API, refused unless off
     tools: list[Any] | None = Field(default=None, max_length=0)
     # accepted and ignored (see the module docstring)
     model: str | None = None
     tool_choice: Literal["auto", "none"] | None = None
     temperature: float | None = None
-    input_audio_transcription: Any = None
     input_audio_noise_reduction: Any = None
     tracing: Any = None
     include: Any = None

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.api import TranscriptionPrompt
 from pipeline.errors import InvalidInputError
 from pipeline.models.family import Connector, StreamStatus
 from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
@@ -152,6 +153,12 @@ class ToneSynthesizer:
 class ToyFamily:
     name = "toy"
     default_instructions = "You are a toy."
+    transcription_prompt = TranscriptionPrompt(
+        instructions="You are a toy that writes down speech.",
+        request="Write the words.",
+        language_hint="Language: {language}.",
+        context_hint="Context: {prompt}",
+    )
     connectors = MappingProxyType(
         {
             c.name: c

@@ -17,7 +17,7 @@ from pipeline.models.qwen2_5_omni.checkpoint import (
     load_checkpoint,
 )
 from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
-from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT, PromptRenderer
+from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT, TRANSCRIPTION_PROMPT, PromptRenderer
 
 if TYPE_CHECKING:
     from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec
@@ -32,6 +32,7 @@ class Qwen25OmniFamily:
 
     name = "qwen2_5_omni"
     default_instructions = DEFAULT_SYSTEM_PROMPT
+    transcription_prompt = TRANSCRIPTION_PROMPT
     connectors = MappingProxyType(
         {
             c.name: c

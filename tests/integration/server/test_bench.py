@@ -411,6 +411,46 @@ async def test_simulated_user_waits_for_playback_and_barges_in():
     assert user.errors == []
 
 
+class TranscribingLink(ScriptedLink):
+    """The scripted server, with input transcription: once the client turned it on, each commit is answered by two
+    transcription deltas and a completed transcript."""
+
+    def __init__(self, chunks: int = 6) -> None:
+        super().__init__(chunks)
+        self.sent: list[dict] = []
+
+    async def send(self, event: dict) -> None:
+        self.sent.append(event)
+
+    def emit(self, event: dict) -> None:
+        super().emit(event)
+        if event["type"] == "input_audio_buffer.committed" and self.sent:
+            for delta in ("Hel", "lo"):
+                super().emit({"type": "conversation.item.input_audio_transcription.delta", "delta": delta})
+            super().emit({"type": "conversation.item.input_audio_transcription.completed", "transcript": "Hello"})
+
+
+async def test_a_transcribing_user_turns_transcription_on_and_counts_its_events():
+    plan = UserPlan(0, (speech("a.wav", end_ms=40, n=960), speech("b.wav", end_ms=40, n=960)))
+    link = TranscribingLink(chunks=4)
+    user = SimulatedUser(plan, link, ClientOptions(jitter_ms=10, turn_timeout_s=5, transcription=True))
+    async with asyncio.timeout(10):
+        await user.run()
+    (update,) = link.sent
+    assert update["type"] == "session.update"
+    assert update["session"]["audio"]["input"]["transcription"] == {"model": "whisper-1"}
+    assert user.counts == {
+        "input_audio_buffer.committed": 2,
+        "conversation.item.input_audio_transcription.delta": 4,
+        "conversation.item.input_audio_transcription.completed": 2,
+        "conversation.item.input_audio_transcription.failed": 0,
+    }
+    quiet = SimulatedUser(plan, TranscribingLink(chunks=4), ClientOptions(jitter_ms=10, turn_timeout_s=5))
+    async with asyncio.timeout(10):
+        await quiet.run()
+    assert quiet.link.sent == [] and quiet.counts["conversation.item.input_audio_transcription.completed"] == 0
+
+
 def test_reference_queue_serves_one_at_a_time_in_arrival_order():
     a, b = speech("a", end_ms=1000), speech("b", end_ms=500)
     plans = [UserPlan(0, (a, b)), UserPlan(1, (b,), start_delay_s=0.2)]
@@ -586,6 +626,17 @@ def test_report_writes_json_markdown_and_plots(tmp_path):
     assert "TTFA (reference)" in table and "1500 / 1900 / 1950" in table
     for name in PLOTS:
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    # input transcription: said in the header; its table counts the events each level received
+    assert "input transcription: off." in table and "Input transcription (events" not in table
+    levels[0].event_counts = {
+        "input_audio_buffer.committed": 3,
+        "conversation.item.input_audio_transcription.completed": 3,
+        "conversation.item.input_audio_transcription.delta": 17,
+    }
+    transcribed = markdown(replace(info, transcription=True), levels)
+    assert "input transcription: on." in transcribed and "| 1 | 3 | 3 | 0 | 17 |" in transcribed
+    assert "| 2 | 0 | 0 | 0 | 0 |" in transcribed
+    assert data["levels"][0]["event_counts"] == {}
     no_ref = markdown(info, [level(1, [100.0], with_reference=False)])
     assert "reference" not in no_ref
     # stage throughput: "–" without counters; GiB from bytes, "–" for no device memory (CPU)
@@ -629,6 +680,7 @@ def test_quick_sets_defaults_that_explicit_flags_override():
     assert normal.preemptive_response_ms == 200 and normal.pause_inside_ms is None  # the server's default
     off = resolve_options(bench_args("--preemptive-response-ms", "off", "--pause-inside-ms", "300"))
     assert (off.preemptive_response_ms, off.pause_inside_ms) == (None, 300.0)
+    assert not normal.transcription and resolve_options(bench_args("--transcription")).transcription
     for bad in ("0", "1,x", ""):
         with pytest.raises(ValueError):
             resolve_options(bench_args("--concurrency", bad))

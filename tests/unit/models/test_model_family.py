@@ -83,6 +83,7 @@ async def test_the_toy_family_serves_a_text_turn_and_a_spoken_reply(tiny_model_d
         try:
             assert engine.voices == ("low", "high") and engine.default_voice == "low"
             assert engine.default_instructions == TOY.default_instructions
+            assert engine.transcription_prompt is TOY.transcription_prompt
             core = engine.core
             assert core.family is TOY
             conv = engine.conversation()

@@ -4,6 +4,7 @@ checked against the official openai SDK's pydantic models."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import typing
 
@@ -41,6 +42,7 @@ from realtime.protocol.model import (
     Role,
     SessionConfig,
     SessionPatch,
+    TranscriptionSettings,
 )
 from realtime.protocol.names import (
     CONTENT_TYPE_NAMES,
@@ -190,8 +192,23 @@ def test_settings_sdk_clients_send_routinely_are_accepted():
         "input_audio_transcription": {"model": "whisper-1"},
         "input_audio_noise_reduction": None,
     }
-    assert parse({"type": "session.update", "session": ga}).patch.turn_detection == ServerVadParams()
-    assert parse({"type": "session.update", "session": beta}).patch == SessionPatch()
+    ga_patch = parse({"type": "session.update", "session": ga}).patch
+    assert ga_patch.turn_detection == ServerVadParams()
+    assert ga_patch.transcription == TranscriptionSettings(model="whisper-1")
+    beta_patch = parse({"type": "session.update", "session": beta}).patch
+    assert beta_patch == SessionPatch(transcription=TranscriptionSettings(model="whisper-1"))
+
+
+def test_transcription_settings_ga_wins_over_beta_and_null_turns_it_off():
+    both = {
+        "audio": {"input": {"transcription": {"model": "m", "language": "de", "prompt": "p"}}},
+        "input_audio_transcription": {"model": "beta"},
+    }
+    patch = parse({"type": "session.update", "session": both}).patch
+    assert patch.transcription == TranscriptionSettings("m", "de", "p")
+    off = parse({"type": "session.update", "session": {"input_audio_transcription": None}}).patch
+    assert off.transcription is None
+    assert parse({"type": "session.update", "session": {"audio": {"input": {}}}}).patch.transcription is KEEP
 
 
 @pytest.mark.parametrize(
@@ -809,6 +826,16 @@ def _all_server_events(b: ServerEvents) -> list[dict | None]:
         b.output_audio_buffer_started("resp_1"),
         b.output_audio_buffer_stopped("resp_1"),
         b.output_audio_buffer_cleared("resp_1"),
+        b.session_updated(
+            dataclasses.replace(config, transcription=TranscriptionSettings("whisper-1", "en", "Paris")),
+            session_id="sess_1",
+            model="qwen2.5-omni",
+        ),
+        b.input_transcription_delta("item_1", 0, "Hel"),
+        b.input_transcription_completed("item_1", 0, "Hello.", Usage(1, 2, 0, 3, 0)),
+        b.input_transcription_failed(
+            "item_1", 0, {"type": "server_error", "code": "engine_failure", "message": "boom", "param": None}
+        ),
     ]
 
 

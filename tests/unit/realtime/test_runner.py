@@ -539,3 +539,187 @@ def test_media_sessions_need_a_sink():
     settings = SessionSettings.for_engine(engine, audio_transport=AudioTransport.MEDIA)
     with pytest.raises(ValueError, match="media sink"):
         SessionRunner(MemoryTransport(), engine, turn_detector_factory=FakeTurnDetector, settings=settings)
+
+
+# --- input audio transcription ------------------------------------------------------------------
+
+TRANSCRIBE = {
+    "type": "session.update",
+    "session": {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1", "language": "en"}}}},
+}
+SPOKEN_TURN = (append(300, 0.5), *[append(100) for _ in range(8)])
+"""Speech, then silence past the VAD's window: a committed turn."""
+COMPLETED = "conversation.item.input_audio_transcription.completed"
+FAILED = "conversation.item.input_audio_transcription.failed"
+
+
+def side(engine: FakeEngine) -> list:
+    """The transcription side conversations opened so far."""
+    return [c for c in engine.conversations if c.instructions == engine.transcription_prompt.instructions]
+
+
+async def test_a_spoken_turns_transcription_starts_only_after_the_replys_first_audio():
+    engine = FakeEngine(Script(text=("Sure",), audio_chunks=2, manual=True))
+    async with Harness(engine) as h:
+        h.send(TRANSCRIBE, *SPOKEN_TURN)
+        await until(lambda: h.conversation.responses)
+        reply = h.conversation.responses[0]
+        reply.release(1)  # the reply's text: no audio yet
+        await h.transport.wait_for("response.output_audio_transcript.delta")
+        await asyncio.sleep(0.05)
+        assert side(engine) == [] and h.runner._transcriber.started == []
+        reply.release(1)  # its first audio
+        await h.transport.wait_for("response.output_audio.delta")
+        completed = await h.transport.wait_for(COMPLETED)
+        reply.release(2)
+        await h.transport.wait_for("response.done")
+        (asr,) = side(engine)
+        (commit,) = h.calls("commit")
+        item_id, samples = commit[1], commit[2]
+        assert completed["item_id"] == item_id and completed["transcript"] == "I said hello."
+        assert completed["usage"]["type"] == "tokens" and completed["usage"]["output_tokens"] == 2
+        assert [c[0] for c in asr.calls] == ["open", "add_audio", "add_text", "respond", "close"]
+        assert asr.calls[1][2] == samples  # the committed message's audio, as the engine got it
+        request = engine.transcription_prompt.render_request(language="en")
+        assert asr.calls[2][2:] == (request, "user")
+        max_tokens = asr.calls[3][4]
+        assert asr.calls[3][2] == ("text",) and 16 < max_tokens <= 16 + 10 * (samples / 16_000) + 1
+        h.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        retrieved = await h.transport.wait_for("conversation.item.retrieved")
+        assert retrieved["item"]["content"][0]["transcript"] == "I said hello."
+    types = h.transport.types()
+    deltas = [i for i, t in enumerate(types) if t == "conversation.item.input_audio_transcription.delta"]
+    assert len(deltas) == 2 and types.index("response.output_audio.delta") < deltas[0]
+    assert "error" not in types and h.runner._tasks == set()
+
+
+async def test_a_commit_with_no_reply_is_transcribed_at_once():
+    engine = FakeEngine()
+    async with Harness(engine) as h:
+        h.send(MANUAL, TRANSCRIBE, append(200, 0.5), {"type": "input_audio_buffer.commit"})
+        completed = await h.transport.wait_for(COMPLETED)
+        assert completed["item_id"] == "item_1" and h.calls("respond") == []
+        assert len(side(engine)) == 1 and side(engine)[0].closed
+
+
+async def test_the_clients_language_and_prompt_reach_the_request_and_the_model_is_only_echoed():
+    engine = FakeEngine()
+    hints = {"model": "gpt-4o-transcribe", "language": "de", "prompt": "Namen: Anna, Berlin"}
+    async with Harness(engine) as h:
+        h.send(MANUAL, {"type": "session.update", "session": {"input_audio_transcription": hints}})
+        updated = [await h.transport.wait_for("session.updated") for _ in range(2)][-1]
+        assert updated["session"]["audio"]["input"]["transcription"] == hints
+        h.send(append(200, 0.5), {"type": "input_audio_buffer.commit"})
+        await h.transport.wait_for(COMPLETED)
+    (request,) = [c for c in side(engine)[0].calls if c[0] == "add_text"]
+    prompt = engine.transcription_prompt
+    assert request[2] == f"{prompt.request} Language: de. Context: Namen: Anna, Berlin"
+    assert prompt.render_request(language="", prompt=None) == prompt.request
+
+
+async def test_a_text_replys_first_text_opens_the_way_for_the_transcription():
+    engine = FakeEngine(Script(text=("Sure", "!"), manual=True))
+    text_only = {"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}}
+    async with Harness(engine) as h:
+        h.send(text_only, TRANSCRIBE, *SPOKEN_TURN)
+        await until(lambda: h.conversation.responses)
+        await asyncio.sleep(0.05)
+        assert side(engine) == []
+        h.conversation.responses[0].release(1)
+        await h.transport.wait_for("response.output_text.delta")
+        await h.transport.wait_for(COMPLETED)
+        h.conversation.responses[0].release(2)
+        await h.transport.wait_for("response.done")
+
+
+async def test_a_turn_ended_while_the_last_reply_winds_down_waits_for_the_next_replys_audio():
+    engine = FakeEngine()
+    # the first reply speaks, then lingers after the barge-in's cancel; the second is paced by the test
+    engine.script(
+        Script(text=("a", "b", "c"), audio_chunks=3, manual=True, events_after_cancel=2, delay_s=0.1),
+        Script(text=("Yes",), audio_chunks=1, manual=True),
+    )
+    async with Harness(engine) as h:
+        h.send(*SPOKEN_TURN)
+        await until(lambda: h.conversation.responses)
+        h.conversation.responses[0].release(2)
+        await h.transport.wait_for("response.output_audio.delta")
+        h.send(TRANSCRIBE, *SPOKEN_TURN)  # barge-in, and the new turn ends before the reply has wound down
+        await h.transport.wait_for("input_audio_buffer.committed")
+        await until(lambda: len(h.conversation.responses) == 2)
+        second = h.conversation.responses[1]
+        await asyncio.sleep(0.05)
+        assert side(engine) == []
+        second.release(2)
+        await h.transport.wait_for(COMPLETED)
+        assert second.yielded and any(e.__class__.__name__ == "AudioChunk" for e in second.yielded)
+
+
+async def test_a_disconnect_cancels_the_running_transcription_and_closes_its_conversation():
+    engine = FakeEngine(transcription_script=Script(text=("I", " said"), audio_chunks=0, manual=True))
+    h = Harness(engine)
+    async with h:
+        h.send(MANUAL, TRANSCRIBE, append(200, 0.5), {"type": "input_audio_buffer.commit"})
+        await until(lambda: side(engine) and side(engine)[0].responses)
+        side(engine)[0].responses[0].release(1)
+        await h.transport.wait_for("conversation.item.input_audio_transcription.delta")
+    (asr,) = side(engine)
+    assert asr.responses[0].cancel_reason == "transcription_cancelled"
+    assert asr.closed and h.conversation.closed and h.runner._tasks == set()
+    assert COMPLETED not in h.transport.types() and FAILED not in h.transport.types()
+
+
+async def test_transcriptions_run_one_at_a_time_and_a_full_backlog_fails_the_newest():
+    engine = FakeEngine(transcription_script=Script(text=("x",), audio_chunks=0, manual=True))
+    commit = (append(200, 0.5), {"type": "input_audio_buffer.commit"})
+    async with Harness(engine) as h:
+        h.send(MANUAL, TRANSCRIBE, *commit)
+        await until(lambda: side(engine))
+        h.send(*commit * 5)  # four wait, the fifth is refused
+        failed = await h.transport.wait_for(FAILED)
+        assert failed["item_id"] == "item_6" and failed["error"]["code"] == ErrorCode.TRANSCRIPTION_BACKLOG
+        assert failed["error"]["type"] == "rate_limit_error"
+        assert len(side(engine)) == 1 and h.runner._transcriber.waiting == 4
+        h.send({"type": "conversation.item.delete", "item_id": "item_3"})  # its waiting job is dropped
+        await h.transport.wait_for("conversation.item.deleted")
+        await until(lambda: h.runner._transcriber.waiting == 3)
+        for done in range(1, 5):
+            side(engine)[-1].responses[0].release(2)
+            await until(lambda done=done: h.transport.types().count(COMPLETED) == done)
+        completed = [e["item_id"] for e in h.transport.sent if e["type"] == COMPLETED]
+        assert completed == ["item_1", "item_2", "item_4", "item_5"]
+        assert all(c.closed for c in side(engine))
+
+
+async def test_a_failed_transcription_is_reported_for_its_item_and_the_session_goes_on():
+    engine = FakeEngine()
+    engine.fail_next("add_audio", EngineClosedError("the engine is shutting down"))
+    async with Harness(engine) as h:
+        h.send(MANUAL, TRANSCRIBE, append(200, 0.5), {"type": "input_audio_buffer.commit"})
+        failed = await h.transport.wait_for(FAILED)
+        assert failed["item_id"] == "item_1" and failed["error"]["code"] == EngineClosedError.code
+        assert side(engine)[0].closed
+        h.send(*(append(200, 0.5), {"type": "input_audio_buffer.commit"}))
+        assert (await h.transport.wait_for(COMPLETED))["item_id"] == "item_2"
+
+
+async def test_a_message_begun_before_transcription_was_on_fails_clearly_and_the_next_is_transcribed():
+    engine = FakeEngine()
+    async with Harness(engine) as h:
+        h.send(MANUAL, append(200, 0.5))
+        await until(lambda: h.calls("open_audio"))  # the message began with transcription off: its audio is not kept
+        h.send(TRANSCRIBE, {"type": "input_audio_buffer.commit"})
+        failed = await h.transport.wait_for(FAILED)
+        assert failed["item_id"] == "item_1" and failed["error"]["code"] == ErrorCode.TRANSCRIPTION_UNAVAILABLE
+        assert side(engine) == [] and h.runner._transcriber is None
+        h.send(append(200, 0.5), {"type": "input_audio_buffer.commit"})
+        assert (await h.transport.wait_for(COMPLETED))["item_id"] == "item_2"
+    assert h.runner._committed_audio is None
+
+
+async def test_without_transcription_no_audio_is_kept():
+    engine = FakeEngine()
+    async with Harness(engine) as h:
+        h.send(MANUAL, append(200, 0.5), {"type": "input_audio_buffer.commit"})
+        await until(lambda: h.calls("commit"))
+        assert h.runner._committed_audio == ("item_1", None) and h.runner._transcriber is None

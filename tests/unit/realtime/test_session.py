@@ -42,6 +42,7 @@ from realtime.session import (
     SessionSettings,
     SetInstructions,
     StartResponse,
+    Transcribe,
     TruncateItem,
 )
 from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
@@ -510,6 +511,150 @@ def test_speech_stopping_while_the_cancel_winds_down_starts_the_next_response_af
     ]
     (start,) = of(acts, StartResponse)
     assert start.response_id != first and d.session.active_response_id == start.response_id
+
+
+# --- input audio transcription ---
+
+TRANSCRIPTION_EVENTS = (
+    "conversation.item.input_audio_transcription.delta",
+    "conversation.item.input_audio_transcription.completed",
+    "conversation.item.input_audio_transcription.failed",
+)
+
+
+def transcribing(d: Driver, **settings) -> Driver:
+    """Turn input transcription on (GA or beta spelling, by the driver's dialect)."""
+    body = {"model": "gpt-4o-transcribe", **settings}
+    session = (
+        {"audio": {"input": {"transcription": body}}}
+        if d.session.dialect is Dialect.GA
+        else {"input_audio_transcription": body}
+    )
+    (updated,) = events(d.send({"type": "session.update", "session": session}))
+    assert updated["type"] == "session.updated"
+    return d
+
+
+def shown_transcription(session: dict, dialect: Dialect) -> dict | None:
+    return session["audio"]["input"]["transcription"] if dialect is Dialect.GA else session["input_audio_transcription"]
+
+
+@pytest.mark.parametrize("dialect", [Dialect.GA, Dialect.BETA])
+def test_transcription_settings_are_applied_echoed_and_turned_off_with_null(dialect):
+    d = transcribing(Driver(dialect), language="en", prompt="Paris")
+    session = events(d.log[-1:])[0]["session"]
+    assert shown_transcription(session, dialect) == {"model": "gpt-4o-transcribe", "language": "en", "prompt": "Paris"}
+    off = (
+        {"audio": {"input": {"transcription": None}}} if dialect is Dialect.GA else {"input_audio_transcription": None}
+    )
+    session = events(d.send({"type": "session.update", "session": off}))[0]["session"]
+    assert d.session.config.transcription is None and shown_transcription(session, dialect) is None
+    # an update that does not name transcription leaves it as it is
+    transcribing(d)
+    d.send({"type": "session.update", "session": {"instructions": "x"}})
+    assert d.session.config.transcription is not None
+
+
+def test_an_unknown_transcription_field_is_refused_by_name():
+    d = Driver()
+    body = {"audio": {"input": {"transcription": {"model": "whisper-1", "delay": "low"}}}}
+    err = error_of(d.send({"type": "session.update", "event_id": "u1", "session": body}))
+    assert (err["code"], err["param"]) == (ErrorCode.UNKNOWN_PARAMETER, "session.audio.input.transcription.delay")
+    assert d.session.config.transcription is None
+
+
+def test_a_manual_commit_asks_for_its_transcription_after_the_commit():
+    d = transcribing(Driver(manual=True), language="fr", prompt="Paris")
+    d.append(200)
+    acts = d.send({"type": "input_audio_buffer.commit"})
+    (commit,) = of(acts, CommitAudio)
+    assert of(acts, Transcribe) == [Transcribe(commit.item_id, 0, "fr", "Paris")]
+    assert acts.index(of(acts, Transcribe)[0]) > acts.index(commit)
+    plain = Driver(manual=True)
+    plain.append(200)
+    assert of(plain.send({"type": "input_audio_buffer.commit"}), Transcribe) == []
+
+
+def test_a_vad_turn_asks_for_its_transcription_after_starting_the_reply():
+    d = transcribing(Driver())
+    start_vad_response(d)
+    (commit,) = of(d.log, CommitAudio)
+    (start,) = of(d.log, StartResponse)
+    (transcribe,) = of(d.log, Transcribe)
+    assert d.log.index(commit) < d.log.index(start) < d.log.index(transcribe)
+    assert transcribe.item_id == commit.item_id
+
+
+def test_a_vad_turn_without_create_response_is_transcribed_too():
+    d = transcribing(Driver())
+    d.send({"type": "session.update", "session": {"turn_detection": {"create_response": False}}})
+    d.append(100, 0.5)
+    d.turn(SpeechStarted(0, 0))
+    d.append(600)
+    acts = d.turn(SpeechStopped(700, 100))
+    assert of(acts, StartResponse) == [] and len(of(acts, Transcribe)) == 1
+
+
+@pytest.mark.parametrize("dialect", [Dialect.GA, Dialect.BETA])
+def test_transcription_results_become_sdk_valid_events_and_the_items_transcript(dialect):
+    d = transcribing(Driver(dialect, manual=True))
+    item = commit_turn(d)
+    acts = d._record(d.session.transcription_delta(item, 0, "Hello"))
+    acts += d._record(d.session.transcription_delta(item, 0, ""))  # nothing to say
+    acts += d._record(d.session.transcription_delta(item, 0, " world."))
+    usage = Usage(input_text_tokens=20, input_audio_tokens=50, output_text_tokens=4)
+    acts += d._record(d.session.transcription_completed(item, 0, "Hello world.", usage))
+    assert types(acts) == [TRANSCRIPTION_EVENTS[0], TRANSCRIPTION_EVENTS[0], TRANSCRIPTION_EVENTS[1]]
+    delta, _, completed = events(acts)
+    assert (delta["item_id"], delta["content_index"], delta["delta"]) == (item, 0, "Hello")
+    assert (completed["item_id"], completed["content_index"], completed["transcript"]) == (item, 0, "Hello world.")
+    assert completed["usage"] == {
+        "type": "tokens",
+        "input_tokens": 70,
+        "output_tokens": 4,
+        "total_tokens": 74,
+        "input_token_details": {"text_tokens": 20, "audio_tokens": 50},
+    }
+    retrieved = events(d.send({"type": "conversation.item.retrieve", "item_id": item}))[0]
+    assert retrieved["item"]["content"] == [{"type": "input_audio", "transcript": "Hello world."}]
+
+
+def test_a_failed_transcription_reports_its_error_for_the_item(caplog):
+    d = transcribing(Driver(manual=True))
+    item = commit_turn(d)
+    with caplog.at_level(logging.INFO, logger="realtime.error_log"):
+        acts = d._record(d.session.transcription_failed(item, 0, EngineFailure("engine fell over")))
+    (failed,) = events(acts)
+    assert failed["type"] == TRANSCRIPTION_EVENTS[2] and failed["item_id"] == item
+    assert failed["error"]["code"] == EngineFailure("x").code and failed["error"]["message"] == "engine fell over"
+    assert set(failed["error"]) == {"type", "code", "message", "param"}
+    assert "engine fell over" in caplog.text
+    unexpected = d._record(d.session.transcription_failed(item, 0, KeyError("internal")))
+    assert events(unexpected)[0]["error"]["code"] == ErrorCode.SERVER_ERROR  # no internals reach the client
+
+
+def test_results_for_a_deleted_item_are_dropped():
+    d = transcribing(Driver(manual=True))
+    item = commit_turn(d)
+    d.send({"type": "conversation.item.delete", "item_id": item})
+    assert d.session.transcription_delta(item, 0, "Hello") == []
+    assert d.session.transcription_completed(item, 0, "Hello", Usage()) == []
+    assert d.session.transcription_failed(item, 0, EngineFailure("x")) == []
+
+
+def test_a_preemptive_replys_transcription_is_held_with_it():
+    d = transcribing(Driver(preemptive=True))
+    user, rid = paused_turn(d)
+    assert of(d.log, Transcribe) == []  # held: the client has not seen the commit yet
+    acts = d.turn(SpeechStopped(audio_end_ms=800, speech_end_ms=300))
+    assert of(acts, Transcribe) == [Transcribe(user, 0)]
+    # a withdrawn reply's transcription is never asked for; the message's next commit asks once
+    w = transcribing(Driver(preemptive=True))
+    user, rid = paused_turn(w)
+    w.turn(SpeechResumed(speech_start_ms=600))
+    w.append(200, 0.5)
+    w.turn(SpeechStopped(audio_end_ms=1400, speech_end_ms=900))
+    assert of(w.log, Transcribe) == [Transcribe(user, 0)]
 
 
 # --- preemptive replies (SpeechPaused / SpeechResumed) ---
