@@ -87,10 +87,12 @@ from realtime.protocol.model import (
     ResponseSummary,
     Role,
     SessionConfig,
+    SessionPatch,
 )
 from realtime.protocol.names import ContentType, Dialect
 from realtime.protocol.server import ContentRef, ServerEvents
 from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnEvent
+from realtime.voices import VoiceTable, usable_aliases
 
 ROOT_ITEM_ID = "root"
 """``previous_item_id`` meaning "at the start of the conversation"."""
@@ -298,6 +300,9 @@ class SessionSettings:
     max_output_tokens: int | None = None
     """The engine's reply cap in text tokens (``EngineHandle.max_output_tokens``); a response asking for more, or for
     ``"inf"``, gets this limit, and its ``response.created`` / ``response.done`` show it. None: no cap."""
+    voice_aliases: tuple[tuple[str, str], ...] = ()
+    """``(name, speaker)`` pairs accepted as voices besides ``voices`` (:mod:`realtime.voices`): the session reports
+    ``name``, the engine speaks with ``speaker``. Pairs whose speaker is not one of ``voices`` are left out."""
     dialect: Dialect = Dialect.GA
     audio_transport: AudioTransport = AudioTransport.EVENTS
     limits: SessionLimits = SessionLimits()
@@ -441,6 +446,7 @@ class Session:
         self._ids = ids or RandomIds()
         self._events = ServerEvents(settings.dialect, self._ids)
         self._encoder_factory = encoder_factory
+        self._voices = VoiceTable(settings.voices, usable_aliases(settings.voice_aliases, settings.voices)[0])
         self.session_id = self._ids.new(IdKind.SESSION)
         self.conversation_id = self._ids.new(IdKind.CONVERSATION)
         self.config = SessionConfig(instructions=settings.default_instructions, voice=settings.default_voice)
@@ -652,9 +658,20 @@ class Session:
     # --- session.update ---
 
     def _session_update(self, event: SessionUpdate) -> None:
+        """Each refused field gets its own error and the rest applies (:mod:`realtime.protocol.session_update`; an
+        unknown voice is one more refused field). ``session.updated`` follows unless every field was refused."""
+        refused = list(event.refused)
         patch = event.patch
         if patch.voice is not KEEP:
-            patch = dataclasses.replace(patch, voice=self._voice(patch.voice, patch.voice_param))
+            try:
+                patch = dataclasses.replace(patch, voice=self._voice(patch.voice, patch.voice_param))
+            except RealtimeError as exc:
+                refused.append(exc)
+                patch = dataclasses.replace(patch, voice=KEEP)
+        for exc in refused:
+            self._error(exc, event.event_id, client_event_type(event).value)
+        if refused and patch == SessionPatch(voice_param=patch.voice_param):
+            return
         old, new = self.config, self.config.apply(patch)
         self.config = new
         if new.instructions != old.instructions:
@@ -664,14 +681,22 @@ class Session:
         self._send(self._events.session_updated(new, session_id=self.session_id, model=self.settings.model))
 
     def _voice(self, name: str, param: str) -> str:
-        """The engine's spelling of voice ``name`` (matched case-insensitively)."""
-        for voice in self.settings.voices:
-            if voice.lower() == name.lower():
-                return voice
-        known = ", ".join(self.settings.voices)
-        raise RealtimeError(
-            f"unknown voice {name!r}; this model has: {known}", code=ErrorCode.UNKNOWN_VOICE, param=param
-        )
+        """The name the session reports for voice ``name``: a speaker in the engine's spelling, an alias as the
+        client wrote it (matched case-insensitively, :class:`realtime.voices.VoiceTable`)."""
+        resolved = self._voices.resolve(name)
+        if resolved is None:
+            raise RealtimeError(
+                f"unknown voice {name!r}; this model has: {self._voices.names()}",
+                code=ErrorCode.UNKNOWN_VOICE,
+                param=param,
+            )
+        return resolved[0]
+
+    def _speaker(self, voice: str) -> str:
+        """The engine's speaker for a voice name :meth:`_voice` accepted."""
+        resolved = self._voices.resolve(voice)
+        assert resolved is not None, "only accepted voice names are kept"
+        return resolved[1]
 
     def _turn_detection_changed(self, params: ServerVadParams | None) -> None:
         self._speaking = False
@@ -1034,7 +1059,8 @@ class Session:
         self._send(self._events.item_added(item, response.previous_item_id))
         item.content.append(part)
         self._send(self._events.content_part_added(response.ref, part))
-        self._emit(StartResponse(response.id, item.id, modality.engine_modalities, voice, max_tokens))
+        speaker = self._speaker(voice)
+        self._emit(StartResponse(response.id, item.id, modality.engine_modalities, speaker, max_tokens))
 
     def _text_delta(self, response: _Response, event: TextDelta) -> None:
         if response.phase is ResponsePhase.CANCELLING or not event.text:

@@ -47,17 +47,23 @@ def format_object(fmt: AudioFormat, dialect: Dialect) -> dict | str:
     return {"type": fmt.value}
 
 
-def turn_detection_object(params: ServerVadParams | None) -> dict | None:
+def turn_detection_object(params: ServerVadParams | None, dialect: Dialect) -> dict | None:
+    """The detector as the client configured it: ``semantic_vad`` with its ``eagerness`` (the silence window it
+    maps to is not shown: the API's semantic_vad has no such field), or ``server_vad`` with every setting (the beta
+    shape has no ``idle_timeout_ms``)."""
     if params is None:
         return None
-    return {
+    flags = {"create_response": params.create_response, "interrupt_response": params.interrupt_response}
+    if params.eagerness is not None:
+        return {"type": "semantic_vad", "eagerness": params.eagerness, **flags}
+    body = {
         "type": "server_vad",
         "threshold": params.threshold,
         "prefix_padding_ms": params.prefix_padding_ms,
         "silence_duration_ms": params.silence_duration_ms,
-        "create_response": params.create_response,
-        "interrupt_response": params.interrupt_response,
+        **flags,
     }
+    return body if dialect is Dialect.BETA else body | {"idle_timeout_ms": params.idle_timeout_ms}
 
 
 def _modalities(modality: OutputModality, dialect: Dialect) -> list[str]:
@@ -85,7 +91,7 @@ def session_object(config: SessionConfig, *, session_id: str, model: str, dialec
             "input_audio_format": format_object(config.input_format, dialect),
             "output_audio_format": format_object(config.output_format, dialect),
             "input_audio_transcription": None,
-            "turn_detection": turn_detection_object(config.turn_detection),
+            "turn_detection": turn_detection_object(config.turn_detection, dialect),
             "tools": [],
             "tool_choice": "auto",
             "max_response_output_tokens": _max_tokens(config.max_output_tokens),
@@ -102,7 +108,7 @@ def session_object(config: SessionConfig, *, session_id: str, model: str, dialec
                 "format": format_object(config.input_format, dialect),
                 "transcription": None,
                 "noise_reduction": None,
-                "turn_detection": turn_detection_object(config.turn_detection),
+                "turn_detection": turn_detection_object(config.turn_detection, dialect),
             },
             "output": {"format": format_object(config.output_format, dialect), "voice": config.voice, "speed": 1.0},
         },

@@ -29,7 +29,7 @@ from realtime.config import ServerConfig
 from realtime.errors import ErrorType, RealtimeError
 from realtime.ids import SequentialIds
 from realtime.limits import LimitCode, RateLimit
-from realtime.protocol.client import parse_client_event
+from realtime.protocol.client import SessionUpdate, parse_client_event
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect
 from realtime.session import AudioTransport, Send, Session, SessionLimits, SessionSettings
@@ -72,13 +72,14 @@ def check_error(event: dict) -> dict:
     return error
 
 
-def refusal(message: str | bytes) -> RealtimeError | None:
-    """The parser's verdict on ``message`` (what the session must answer with one error)."""
+def refusal(message: str | bytes) -> tuple[bool, list[RealtimeError]]:
+    """The parser's verdict on ``message``: whether it refuses the whole event (the session must answer with that
+    one error), and its errors (for a ``session.update``, one per refused field: the session's first answers)."""
     try:
-        parse_client_event(message)
+        event = parse_client_event(message)
     except RealtimeError as exc:
-        return exc
-    return None
+        return True, [exc]
+    return False, list(event.refused) if isinstance(event, SessionUpdate) else []
 
 
 # --- strategies ---------------------------------------------------------------------------------
@@ -276,15 +277,12 @@ class Checked:
 
     def receive(self, message: str | bytes) -> list[dict]:
         events = self.record(self.session.receive(message))
-        expected = refusal(message)
-        if expected is not None:
+        whole, expected = refusal(message)
+        if whole:
             assert [e["type"] for e in events] == ["error"], events
-            error = events[0]["error"]
-            assert (error["code"], error["param"], error["event_id"]) == (
-                str(expected.code),
-                expected.param,
-                expected.event_id,
-            )
+        errors = [e.get("error", {}) for e in events[: len(expected)]]
+        answers = [(e.get("code"), e.get("param"), e.get("event_id")) for e in errors]
+        assert answers == [(str(x.code), x.param, x.event_id) for x in expected], events
         return events
 
 

@@ -45,6 +45,7 @@ from realtime.session import (
     TruncateItem,
 )
 from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
+from realtime.voices import DEFAULT_VOICE_ALIASES
 
 openai = pytest.importorskip("openai")
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent  # noqa: E402
@@ -77,6 +78,7 @@ class Driver:
         manual=False,
         preemptive=False,
         max_output_tokens=None,
+        voice_aliases=(),
     ):
         settings = SessionSettings(
             model="fake-omni",
@@ -88,6 +90,7 @@ class Driver:
             audio_transport=transport,
             limits=limits,
             preemptive_replies=preemptive,
+            voice_aliases=voice_aliases,
         )
         self.session = Session(settings, ids=SequentialIds())
         self.adapter = ADAPTERS[dialect]
@@ -185,12 +188,154 @@ def test_session_update_applies_and_reports_the_full_config():
     assert d.session.config.voice == "Ethan"
 
 
-def test_session_update_with_an_unknown_voice_changes_nothing():
-    d = Driver()
-    acts = d.send({"type": "session.update", "event_id": "u1", "session": {"instructions": "x", "voice": "alloy"}})
-    err = error_of(acts)
+def test_session_update_with_an_unknown_voice_refuses_the_voice_only():
+    d = Driver(voice_aliases=DEFAULT_VOICE_ALIASES)
+    acts = d.send({"type": "session.update", "event_id": "u1", "session": {"instructions": "x", "voice": "nova"}})
+    assert types(acts) == ["error", "session.updated"]
+    err = events(acts)[0]["error"]
     assert (err["code"], err["param"], err["event_id"]) == (ErrorCode.UNKNOWN_VOICE, "session.voice", "u1")
-    assert d.session.config.instructions == "You are helpful." and d.session.config.voice == "Chelsie"
+    assert "Chelsie, Ethan" in err["message"] and "marin" in err["message"]
+    assert d.session.config.instructions == "x" and d.session.config.voice == "Chelsie"
+    assert of(acts, SetInstructions) == [SetInstructions("x")]
+
+
+def test_an_update_whose_every_field_is_refused_gets_its_errors_only():
+    d = Driver()
+    acts = d.send({"type": "session.update", "event_id": "u2", "session": {"voice": "marin", "bogus": 1}})
+    assert types(acts) == ["error", "error"]
+    assert [(e["error"]["param"], e["error"]["event_id"]) for e in events(acts)] == [
+        ("session.bogus", "u2"),
+        ("session.voice", "u2"),
+    ]
+    assert d.session.config.voice == "Chelsie"
+
+
+def test_openai_voice_names_map_to_speakers_and_the_session_shows_the_name_asked_for():
+    d = Driver(manual=True, voice_aliases=DEFAULT_VOICE_ALIASES)
+    acts = d.send({"type": "session.update", "session": {"audio": {"output": {"voice": "marin"}}}})
+    assert events(acts)[0]["session"]["audio"]["output"]["voice"] == "marin"
+    commit_turn(d)
+    acts = d.respond()
+    assert of(acts, StartResponse)[0].voice == "Chelsie"
+    assert events(acts)[0]["response"]["audio"]["output"]["voice"] == "marin"
+    d.done()
+    acts = d.send({"type": "response.create", "response": {"audio": {"output": {"voice": "Cedar"}}}})
+    assert of(acts, StartResponse)[0].voice == "Ethan"
+    assert events(acts)[0]["response"]["audio"]["output"]["voice"] == "Cedar"  # the client's own spelling
+
+
+def test_an_alias_to_a_speaker_the_model_lacks_is_an_unknown_voice():
+    d = Driver(voice_aliases=(("alloy", "Nobody"), ("echo", "ethan")))
+    err = error_of(d.send({"type": "session.update", "session": {"voice": "alloy"}}))
+    assert err["code"] == ErrorCode.UNKNOWN_VOICE and "alloy" not in err["message"].split("alias:")[-1]
+    d.send({"type": "session.update", "session": {"voice": "echo"}})
+    assert d.session.config.voice == "echo"
+
+
+def test_a_framework_default_update_applies_all_but_the_refused_fields():
+    """Each refused field gets its own error with the client's event id and its own param; the rest applies."""
+    d = Driver(voice_aliases=DEFAULT_VOICE_ALIASES)
+    acts = d.send(
+        {
+            "type": "session.update",
+            "event_id": "lk_1",
+            "session": {
+                "type": "realtime",
+                "instructions": "Be brief.",
+                "tracing": "auto",
+                "include": ["item.input_audio_transcription.logprobs"],
+                "audio": {
+                    "input": {
+                        "format": {"type": "audio/pcmu"},
+                        "transcription": {"model": "gpt-4o-mini-transcribe"},
+                        "noise_reduction": None,
+                        "turn_detection": {"type": "semantic_vad", "eagerness": "high", "interrupt_response": False},
+                    },
+                    "output": {"voice": "marin", "speed": 1.5},
+                },
+                "vocie": "x",
+            },
+        }
+    )
+    assert types(acts) == ["error", "error", "error", "session.updated"]
+    errors = [e["error"] for e in events(acts)[:3]]
+    assert {(e["code"], e["param"]) for e in errors} == {
+        (ErrorCode.UNSUPPORTED_VALUE, "session.audio.input.transcription"),
+        (ErrorCode.UNSUPPORTED_VALUE, "session.audio.output.speed"),
+        (ErrorCode.UNKNOWN_PARAMETER, "session.vocie"),
+    }
+    assert all(e["event_id"] == "lk_1" for e in errors)
+    session = events(acts)[3]["session"]
+    assert session["instructions"] == "Be brief." and session["audio"]["output"]["voice"] == "marin"
+    assert session["audio"]["input"]["format"] == {"type": "audio/pcmu"}
+    assert session["audio"]["input"]["transcription"] is None
+    assert session["audio"]["input"]["turn_detection"] == {
+        "type": "semantic_vad",
+        "eagerness": "high",
+        "create_response": True,
+        "interrupt_response": False,
+    }
+    assert of(acts, SetInstructions) == [SetInstructions("Be brief.")]
+    (configure,) = of(acts, ConfigureTurnDetection)
+    assert configure.params.silence_duration_ms == 250 and not configure.params.interrupt_response
+
+
+@pytest.mark.parametrize(("eagerness", "silence_ms"), [("low", 800), ("medium", 500), ("auto", 500), ("high", 250)])
+@pytest.mark.parametrize("dialect", [Dialect.GA, Dialect.BETA])
+def test_semantic_vad_eagerness_sets_the_silence_window_and_is_echoed(dialect, eagerness, silence_ms):
+    d = Driver(dialect)
+    detection = {"type": "semantic_vad", "eagerness": eagerness}
+    session = (
+        {"turn_detection": detection}
+        if dialect is Dialect.BETA
+        else {"audio": {"input": {"turn_detection": detection}}}
+    )
+    acts = d.send({"type": "session.update", "session": session})
+    (configure,) = of(acts, ConfigureTurnDetection)
+    assert configure.params.silence_duration_ms == silence_ms
+    (updated,) = events(acts)
+    echoed = (
+        updated["session"]["turn_detection"]
+        if dialect is Dialect.BETA
+        else updated["session"]["audio"]["input"]["turn_detection"]
+    )
+    assert (echoed["type"], echoed["eagerness"]) == ("semantic_vad", eagerness)
+
+
+def test_semantic_vad_without_eagerness_is_auto():
+    d = Driver()
+    acts = d.send(
+        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}
+    )
+    assert of(acts, ConfigureTurnDetection)[0].params == ServerVadParams.semantic("auto")
+    assert events(acts)[0]["session"]["audio"]["input"]["turn_detection"]["eagerness"] == "auto"
+
+
+@pytest.mark.parametrize(
+    "detection",
+    [
+        {"type": "semantic_vad", "silence_duration_ms": 300},
+        {"type": "semantic_vad", "idle_timeout_ms": 5000},
+        {"type": "server_vad", "eagerness": "low"},
+        {"type": "semantic_vad", "eagerness": "eager"},
+        {"type": "server_vad", "threshold": 2.0, "silence_duration_ms": 900},
+    ],
+)
+def test_turn_detection_is_refused_as_a_whole_and_the_rest_applies(detection):
+    d = Driver()
+    acts = d.send(
+        {
+            "type": "session.update",
+            "event_id": "t1",
+            "session": {"instructions": "x", "audio": {"input": {"turn_detection": detection}}},
+        }
+    )
+    assert types(acts) == ["error", "session.updated"]
+    err = events(acts)[0]["error"]
+    assert err["param"].startswith("session.audio.input.turn_detection") and err["event_id"] == "t1"
+    assert err["code"] == ErrorCode.INVALID_VALUE
+    assert d.session.config.turn_detection == ServerVadParams() and not of(acts, ConfigureTurnDetection)
+    assert d.session.config.instructions == "x"
 
 
 def test_turning_vad_off_reconfigures_detection_at_the_current_clock():
