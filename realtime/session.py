@@ -109,19 +109,27 @@ class Send:
 
 
 @dataclass(frozen=True)
-class SetInstructions:
+class _Command:
+    """An engine command. ``event_id``: that of the client event whose handling emitted it (None for commands of
+    turn detection or engine output), so that its failure's ``error`` event carries it; not part of equality."""
+
+    event_id: str | None = field(default=None, compare=False, kw_only=True)
+
+
+@dataclass(frozen=True)
+class SetInstructions(_Command):
     instructions: str
 
 
 @dataclass(frozen=True)
-class AddText:
+class AddText(_Command):
     item_id: str
     text: str
     role: Role
 
 
 @dataclass(frozen=True)
-class AddAudio:
+class AddAudio(_Command):
     """A complete user audio message: ``audio`` is wire bytes in ``format``."""
 
     item_id: str
@@ -130,7 +138,7 @@ class AddAudio:
 
 
 @dataclass(frozen=True)
-class AppendAudio:
+class AppendAudio(_Command):
     """The next chunk of the input buffer's message ``item_id`` (opened by its first chunk)."""
 
     item_id: str
@@ -139,19 +147,19 @@ class AppendAudio:
 
 
 @dataclass(frozen=True)
-class CommitAudio:
+class CommitAudio(_Command):
     item_id: str
 
 
 @dataclass(frozen=True)
-class ClearAudio:
+class ClearAudio(_Command):
     """Discard the open input message ``item_id``."""
 
     item_id: str
 
 
 @dataclass(frozen=True)
-class StartResponse:
+class StartResponse(_Command):
     response_id: str
     item_id: str
     modalities: frozenset[Modality]
@@ -160,20 +168,20 @@ class StartResponse:
 
 
 @dataclass(frozen=True)
-class CancelResponse:
+class CancelResponse(_Command):
     response_id: str
     reason: StatusReason
 
 
 @dataclass(frozen=True)
-class DeleteItem:
+class DeleteItem(_Command):
     """Needs the conversation idle: the executor waits for a cancelled response to end first."""
 
     item_id: str
 
 
 @dataclass(frozen=True)
-class TruncateItem:
+class TruncateItem(_Command):
     """Needs the conversation idle, like :class:`DeleteItem`."""
 
     item_id: str
@@ -388,6 +396,11 @@ class _Response:
     metadata: dict[str, str] | None
     encoder: AudioEncoder | None
     restore_instructions: bool
+    event_id: str | None = None
+    """The ``event_id`` of the ``response.create`` that asked for it (None for one started by turn detection):
+    an ``error`` of its failure carries it."""
+    requested: bool = False
+    """Asked for by a ``response.create`` (rather than by turn detection)."""
     phase: ResponsePhase = ResponsePhase.IN_PROGRESS
     cancel_reason: StatusReason | None = None
 
@@ -461,6 +474,7 @@ class Session:
         self._withdrawn: set[str] = set()  # withdrawn replies still running: their output is dropped
         self._withdrawn_items: set[str] = set()  # items a withdrawal deleted: a failure to delete them is not news
         self._hold: list[Action] | None = None  # where client actions go while a tentative reply runs
+        self._event_id: str | None = None  # the client event being handled: its engine commands carry its id
         self._out: list[Action] = []
         self._handlers: dict[type, Callable] = {
             SessionUpdate: self._session_update,
@@ -527,10 +541,13 @@ class Session:
         now acts on)."""
         if self._tentative is not None and not isinstance(event, InputAudioAppend):
             self._withdraw()
+        self._event_id = event.event_id
         try:
             self._handlers[type(event)](event)
         except RealtimeError as exc:
             self._error(exc, event.event_id, client_event_type(event).value)
+        finally:
+            self._event_id = None
         return self._drain()
 
     def turn_event(self, event: TurnEvent) -> list[Action]:
@@ -593,7 +610,7 @@ class Session:
                 if held:
                     t.done = True  # type: ignore[union-attr]
             else:
-                self._error(exc)
+                self._error(exc, command.event_id)
         return self._drain()
 
     def playback_stopped(self, response_id: str) -> list[Action]:
@@ -606,6 +623,8 @@ class Session:
     # --- plumbing ---
 
     def _emit(self, action: Action) -> None:
+        if self._event_id is not None and isinstance(action, _Command):
+            action = dataclasses.replace(action, event_id=self._event_id)
         if self._hold is not None and isinstance(action, _CLIENT_ACTIONS):
             self._hold.append(action)
         else:
@@ -975,7 +994,7 @@ class Session:
                 f"conversation already has an active response in progress: {self._response.id}",
                 code=ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
             )
-        self._start_response(event.params)
+        self._start_response(event.params, requested=True)
 
     def _response_cancel(self, event: ResponseCancel) -> None:
         response = self._response
@@ -1018,7 +1037,8 @@ class Session:
 
     # --- responses: lifecycle ---
 
-    def _start_response(self, params: ResponseParams) -> None:
+    def _start_response(self, params: ResponseParams, *, requested: bool = False) -> None:
+        """``requested``: by the client event being handled (a ``response.create``), whose id the response keeps."""
         cfg = self.config
         voice = self._voice(params.voice, params.voice_param) if params.voice is not KEEP else cfg.voice
         modality = cfg.modality if params.modality is KEEP else params.modality
@@ -1052,6 +1072,8 @@ class Session:
             metadata=params.metadata,
             encoder=encoder,
             restore_instructions=override,
+            event_id=self._event_id if requested else None,
+            requested=requested,
         )
         self._response = response
         self._send(self._events.response_created(response.summary(self.conversation_id, ResponseState.IN_PROGRESS)))
@@ -1112,7 +1134,7 @@ class Session:
             self.conversation_id, state, output=(item,), reason=reason, error=error, usage=done.usage
         )
         if state is ResponseState.FAILED:  # also as an error event: clients that only watch errors see it
-            self._error(_failure(done))
+            self._error(_failure(done), response.event_id, "response.create" if response.requested else None)
         self._send(self._events.response_done(summary))
         self._response = None
         if response.restore_instructions:

@@ -521,6 +521,43 @@ def test_other_command_failures_become_error_events():
     assert (err["type"], err["code"]) == ("server_error", "engine_failure")
 
 
+def test_errors_of_a_requested_response_carry_the_event_id_of_its_response_create():
+    """A failure while the response runs (engine output, or its start) answers the response.create that asked."""
+    d = Driver(manual=True)
+    commit_turn(d)
+    d.send({"type": "response.create", "event_id": "rc_1"})
+    acts = d.done(ResponseStatus.FAILED, reason="error", error=EngineFailure("talker crashed"))
+    assert types(acts)[-2:] == ["error", "response.done"]
+    assert (events(acts)[-2]["error"]["event_id"], events(acts)[-2]["error"]["code"]) == ("rc_1", "engine_failure")
+    (start,) = of(d.send({"type": "response.create", "event_id": "rc_2"}), StartResponse)
+    assert start.event_id == "rc_2"
+    acts = d._record(d.session.command_failed(start, UnknownItemError("no such item", param="item_id")))
+    assert events(acts)[-2]["error"]["event_id"] == "rc_2"
+    (start,) = of(d.respond(), StartResponse)  # no event_id sent: none to carry
+    assert events(d._record(d.session.command_failed(start, EngineFailure("x"))))[-2]["error"]["event_id"] is None
+
+
+def test_a_failed_command_answers_the_client_event_that_caused_it():
+    d = Driver(manual=True)
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    (add,) = of(d.send({"type": "conversation.item.create", "event_id": "ic_1", "item": item}), AddText)
+    assert add.event_id == "ic_1" and add == AddText(add.item_id, "hi", Role.USER)  # the id is not compared
+    err = error_of(d._record(d.session.command_failed(add, EngineFailure("prefill failed"))))
+    assert (err["code"], err["event_id"]) == ("engine_failure", "ic_1")
+    (append,) = of(d.append(100), AppendAudio)
+    assert append.event_id is None  # the append had no event_id
+
+
+def test_a_response_started_by_turn_detection_fails_with_no_event_id():
+    d = Driver()
+    d.send({"type": "input_audio_buffer.append", "event_id": "a1", "audio": base64.b64encode(pcm16(600)).decode()})
+    d.turn(SpeechStarted(0, 0))
+    (start,) = of(d.turn(SpeechStopped(600, 100)), StartResponse)
+    assert start.event_id is None
+    acts = d.done(ResponseStatus.FAILED, reason="error", error=EngineFailure("talker crashed"))
+    assert events(acts)[-2]["error"]["event_id"] is None
+
+
 # --- server VAD turns ---------------------------------------------------------------------------
 
 
