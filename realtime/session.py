@@ -58,6 +58,7 @@ from pipeline.outputs import (
 from realtime.audio import AudioFormat, OutputEncoder
 from realtime.error_log import log_error_event
 from realtime.errors import InvalidAudioData, RealtimeError, to_error_payload
+from realtime.idle import IdleTimer, playback_end_ms
 from realtime.ids import IdGenerator, IdKind, RandomIds
 from realtime.protocol.client import (
     ClientEvent,
@@ -401,6 +402,8 @@ class _Response:
     an ``error`` of its failure carries it."""
     requested: bool = False
     """Asked for by a ``response.create`` (rather than by turn detection)."""
+    first_audio_ms: float | None = None
+    """The audio clock when its first audio delta was sent (WebSocket), for the idle timeout."""
     phase: ResponsePhase = ResponsePhase.IN_PROGRESS
     cancel_reason: StatusReason | None = None
 
@@ -471,6 +474,7 @@ class Session:
         self._auto_response_pending = False  # speech stopped while a cancelled response winds down
         self._audio_response_id: str | None = None  # last response whose audio reached the client
         self._tentative: _Tentative | None = None  # a preemptive reply the client has not seen yet
+        self._idle = IdleTimer()  # since when the assistant has finished speaking (server_vad.idle_timeout_ms)
         self._withdrawn: set[str] = set()  # withdrawn replies still running: their output is dropped
         self._withdrawn_items: set[str] = set()  # items a withdrawal deleted: a failure to delete them is not news
         self._hold: list[Action] | None = None  # where client actions go while a tentative reply runs
@@ -618,6 +622,8 @@ class Session:
         if self._audio_response_id == response_id:
             self._audio_response_id = None
             self._send(self._events.output_audio_buffer_stopped(response_id))
+            if self._response is None and not self._speaking:
+                self._idle.start(self._clock_ms)
         return self._drain()
 
     # --- plumbing ---
@@ -752,6 +758,7 @@ class Session:
         else:
             self._buffer.hold(chunk, vad.prefix_padding_ms + self.settings.limits.vad_lookback_ms)
         if vad is not None:
+            self._idle_timeout(vad)
             self._emit(DetectSpeech(event.audio, fmt))
 
     def _buffer_item_id(self) -> str:
@@ -809,8 +816,25 @@ class Session:
 
     # --- turn detection ---
 
+    def _idle_timeout(self, vad: ServerVadParams) -> None:
+        """``idle_timeout_ms`` after the assistant finished speaking with no speech since (:mod:`realtime.idle`):
+        ``timeout_triggered``, then the held (silent) audio is committed and, unless ``create_response`` is off, a
+        response is asked for. The committed item holds the last ``prefix_padding_ms`` (plus the detector's
+        look-back) of the silence, not all of it: silence is kept out of the model's context."""
+        if self._speaking or self._response is not None or self._tentative is not None:
+            return
+        since = self._idle.since_ms
+        if since is None or not self._idle.due(self._clock_ms, vad.idle_timeout_ms) or self._buffer.duration_ms <= 0:
+            return
+        self._idle.stop()
+        self._send(self._events.timeout_triggered(int(since), int(self._clock_ms), self._buffer_item_id()))
+        self._commit()
+        if vad.create_response:
+            self._start_response(ResponseParams())
+
     def _speech_started(self, event: SpeechStarted, vad: ServerVadParams) -> None:
         self._speaking = True
+        self._idle.stop()
         self._stream_held(after_ms=event.audio_start_ms)
         self._send(self._events.speech_started(event.audio_start_ms, self._buffer_item_id()))
         if vad.interrupt_response:
@@ -1041,6 +1065,7 @@ class Session:
         """``requested``: by the client event being handled (a ``response.create``), whose id the response keeps."""
         cfg = self.config
         voice = self._voice(params.voice, params.voice_param) if params.voice is not KEEP else cfg.voice
+        self._idle.stop()
         modality = cfg.modality if params.modality is KEEP else params.modality
         fmt = cfg.output_format if params.output_format is KEEP else params.output_format
         max_tokens = _capped(
@@ -1113,6 +1138,8 @@ class Session:
         if not data:
             return  # the resampler is still filling its window
         self._audio_response_id = response.id
+        if response.first_audio_ms is None:
+            response.first_audio_ms = self._clock_ms
         response.part.audio_ms += response.output_format.duration_ms(len(data))
         self._send(self._events.audio_delta(response.ref, base64.b64encode(data).decode("ascii")))
 
@@ -1137,6 +1164,9 @@ class Session:
             self._error(_failure(done), response.event_id, "response.create" if response.requested else None)
         self._send(self._events.response_done(summary))
         self._response = None
+        media_playing = self.settings.audio_transport is AudioTransport.MEDIA and self._audio_response_id == response.id
+        if not media_playing and not self._speaking:  # else the end of playback (or speech) decides
+            self._idle.start(playback_end_ms(self._clock_ms, response.first_audio_ms, part.audio_ms))
         if response.restore_instructions:
             self._emit(SetInstructions(self.config.instructions))
         if self._auto_response_pending:

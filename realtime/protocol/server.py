@@ -258,6 +258,11 @@ class ServerEvents:
     def speech_stopped(self, audio_end_ms: int, item_id: str) -> dict | None:
         return self._event(ServerEvent.SPEECH_STOPPED, audio_end_ms=audio_end_ms, item_id=item_id)
 
+    def timeout_triggered(self, audio_start_ms: int, audio_end_ms: int, item_id: str) -> dict | None:
+        return self._event(
+            ServerEvent.TIMEOUT_TRIGGERED, audio_start_ms=audio_start_ms, audio_end_ms=audio_end_ms, item_id=item_id
+        )
+
     def response_created(self, response: ResponseSummary) -> dict | None:
         return self._event(ServerEvent.RESPONSE_CREATED, response=response_object(response, self.dialect))
 

@@ -798,6 +798,7 @@ def _all_server_events(b: ServerEvents) -> list[dict | None]:
         b.input_audio_buffer_cleared(),
         b.speech_started(100, "item_1"),
         b.speech_stopped(900, "item_1"),
+        b.timeout_triggered(1200, 6200, "item_2"),
         b.response_created(summary),
         b.response_done(done),
         b.response_done(failed),

@@ -1331,3 +1331,113 @@ def test_random_sequences_keep_the_protocol_invariants(ops, data):
                 assert event["response_id"] not in cancelled  # nothing after the cancel decision
         assert d.session.input_buffer_ms <= SessionLimits().max_buffer_ms
     assert len(set(done)) == len(done) and len(created) - len(done) in (0, 1)
+
+
+# --- idle timeout (server_vad.idle_timeout_ms) ---------------------------------------------------
+
+
+def idle_driver(timeout_ms=1000, transport=AudioTransport.EVENTS, dialect=Dialect.GA, **vad) -> Driver:
+    d = Driver(dialect, transport=transport)
+    detection = {"type": "server_vad", "idle_timeout_ms": timeout_ms, **vad}
+    acts = d.send({"type": "session.update", "session": {"turn_detection": detection}})
+    assert of(acts, ConfigureTurnDetection)[0].params.idle_timeout_ms == timeout_ms
+    if dialect is Dialect.GA:
+        assert events(acts)[0]["session"]["audio"]["input"]["turn_detection"]["idle_timeout_ms"] == timeout_ms
+    return d
+
+
+def silence_until_timeout(d: Driver, limit_ms: int = 5000) -> list:
+    """Append 100 ms of silence at a time until something else than speech detection follows (or ``limit_ms``)."""
+    for _ in range(limit_ms // 100):
+        acts = d.append(100)
+        if events(acts):
+            return acts
+    return []
+
+
+def test_the_idle_timeout_commits_the_silence_and_asks_for_a_response():
+    d = idle_driver(1000)
+    d.send({"type": "session.update", "session": {"output_modalities": ["text"]}})
+    d.append(300)
+    d.respond()
+    d.done()  # a text reply: idle from now (clock 300)
+    acts = silence_until_timeout(d)
+    assert d.session.audio_clock_ms == 1300
+    assert types(acts)[:6] == [
+        "input_audio_buffer.timeout_triggered",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.created",
+        "response.output_item.added",
+    ]
+    triggered, committed = events(acts)[:2]
+    assert (triggered["audio_start_ms"], triggered["audio_end_ms"]) == (300, 1300)
+    assert triggered["item_id"] == committed["item_id"] == of(acts, CommitAudio)[0].item_id
+    assert sum(len(a.audio) for a in of(acts, AppendAudio)) > 0  # the held silence is the user item
+    assert of(acts, StartResponse) and isinstance(acts[-1], DetectSpeech)
+    d.done()
+    assert silence_until_timeout(d, 900) == []  # the next timeout runs from the new reply's end
+    assert types(d.append(100))[0] == "input_audio_buffer.timeout_triggered"
+
+
+def test_the_idle_timeout_runs_from_the_end_of_the_replys_playback():
+    """Over a WebSocket the client plays the deltas as they come: idle from the first delta plus their duration."""
+    d = idle_driver(1000)
+    d.append(200)
+    d.respond()
+    d.engine(chunk(1000))  # a second of reply audio, sent at clock 200
+    d.done()
+    start = events(silence_until_timeout(d))[0]
+    assert 1100 <= start["audio_start_ms"] <= 1200 and start["audio_end_ms"] - start["audio_start_ms"] >= 1000
+
+
+def test_on_webrtc_the_idle_timeout_runs_from_the_end_of_playback():
+    d = idle_driver(1000, transport=AudioTransport.MEDIA)
+    d.append(100)
+    rid = of(d.respond(), StartResponse)[0].response_id
+    d.engine(chunk(500))
+    d.done()
+    assert silence_until_timeout(d, 2000) == []  # still playing: no timeout
+    d._record(d.session.playback_stopped(rid))
+    clock = int(d.session.audio_clock_ms)
+    start = events(silence_until_timeout(d))[0]
+    assert (start["type"], start["audio_start_ms"], start["audio_end_ms"]) == (
+        "input_audio_buffer.timeout_triggered",
+        clock,
+        clock + 1000,
+    )
+
+
+def test_speech_or_no_reply_yet_means_no_idle_timeout():
+    d = idle_driver(500)
+    assert silence_until_timeout(d, 2000) == []  # nothing said yet by the assistant
+    d.append(100)
+    d.respond()
+    d.turn(SpeechStarted(100, 100))  # the user talks over the reply
+    d.done(ResponseStatus.CANCELLED, reason="turn_detected")
+    assert [t for t in types(d.append(2000)) if "timeout" in t] == []
+
+
+def test_without_create_response_the_idle_timeout_only_commits():
+    d = idle_driver(500, create_response=False)
+    d.append(100)
+    d.respond()
+    d.done()
+    acts = silence_until_timeout(d)
+    assert types(acts) == [
+        "input_audio_buffer.timeout_triggered",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+    ]
+    assert not of(acts, StartResponse) and d.session.active_response_id is None
+
+
+def test_beta_clients_get_the_commit_and_response_without_the_ga_event():
+    d = idle_driver(500, dialect=Dialect.BETA)
+    d.append(100)
+    d.respond()
+    d.done()
+    acts = silence_until_timeout(d)
+    assert types(acts)[0] == "input_audio_buffer.committed" and of(acts, StartResponse)
