@@ -4,6 +4,8 @@ Every event read is validated with the openai SDK's models."""
 
 from __future__ import annotations
 
+import logging
+
 import pydantic
 import pytest
 
@@ -96,3 +98,20 @@ async def test_an_engine_failure_during_a_response_answers_its_response_create()
         assert (error["code"], error["event_id"]) == ("engine_failure", "ask_2")
         assert done["status"] == "failed"
         checked(client.events)
+
+
+class ToyVoicesEngine(FakeEngine):
+    voices = ("low", "high")
+    default_voice = "low"
+
+
+async def test_aliases_to_speakers_the_model_lacks_are_logged_at_startup_and_unknown(caplog):
+    caplog.set_level(logging.WARNING, logger="realtime.server")
+    async with served(ToyVoicesEngine(), voice_aliases=(("alloy", "Chelsie"), ("echo", "HIGH"))) as (url, _):
+        async with connect(url) as client:
+            await client.send({"type": "session.update", "session": {"voice": "alloy"}})
+            assert (await client.until("error"))["error"]["code"] == "unknown_voice"
+            await client.send({"type": "session.update", "session": {"voice": "echo"}})
+            assert (await client.until("session.updated"))["session"]["audio"]["output"]["voice"] == "echo"
+    (line,) = [r.getMessage() for r in caplog.records if "voice aliases" in r.getMessage()]
+    assert "alloy=Chelsie" in line and "echo" not in line
