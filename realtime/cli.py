@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import PipelineError
-from realtime.flags import HelpFormatter, ms_or_off
+from realtime.flags import HelpFormatter, ms_or_off, voice_alias
 from realtime.preflight import UsageError
 
 if TYPE_CHECKING:  # imported lazily at run time: `--help` and `demo` need no server stack
@@ -121,6 +121,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     from realtime.config import ServerConfig
     from realtime.limits import RateLimit
     from realtime.preflight import UsageError
+    from realtime.voices import with_aliases
 
     defaults = ServerConfig()
     api_key = args.api_key
@@ -143,6 +144,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         torch_threads=args.threads or defaults.torch_threads,
         vad_batching=not args.no_vad_batching,
         preemptive_response_ms=args.preemptive_response_ms,
+        voice_aliases=with_aliases(defaults.voice_aliases, args.voice_aliases),
         ice_host_addresses=tuple(args.ice_hosts),
         webrtc=not args.no_webrtc,
         session_limits=replace(defaults.session_limits, max_buffer_ms=args.max_buffer_ms),
@@ -216,6 +218,17 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         metavar="MS|off",
         help="with server voice detection: start the reply after this much silence, shown to the client only once "
         "the user has stopped speaking (speaking on withdraws it); off: start it when the user stops speaking",
+    )
+    p.add_argument(
+        "--voice-alias",
+        dest="voice_aliases",
+        action="append",
+        type=voice_alias,
+        default=[],
+        metavar="NAME=SPEAKER",
+        help="a client asking for voice NAME gets the model's speaker SPEAKER; repeat for more; adds to (or replaces "
+        "an entry of) the default table, which maps OpenAI's voices to Chelsie (alloy, coral, marin, sage, shimmer) "
+        "and Ethan (ash, ballad, cedar, echo, verse) (default: that table alone)",
     )
     p.add_argument(
         "--max-message-bytes",

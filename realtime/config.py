@@ -12,6 +12,7 @@ from pathlib import Path
 
 from realtime.limits import RateLimit
 from realtime.session import SessionLimits
+from realtime.voices import DEFAULT_VOICE_ALIASES, check_voice_aliases
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 WS_IMPLEMENTATIONS = ("websockets-sansio", "websockets")
@@ -65,6 +66,11 @@ class ServerConfig:
     withdrawn one costs the GPU work it did. ``None``: replies start when speech stops (the OpenAI API's timing).
     On by default: on the H100 it cut the time to first audio at every load measured, even when every turn had a
     mid-sentence pause that withdrew one reply."""
+    voice_aliases: tuple[tuple[str, str], ...] = DEFAULT_VOICE_ALIASES
+    """``(name, speaker)`` pairs: a client asking for voice ``name`` (case-insensitive) gets the checkpoint's
+    ``speaker``, and sees ``name`` in the session (``realtime/voices.py``). The default maps OpenAI's built-in
+    voices onto Chelsie and Ethan. A checkpoint speaker's own name always wins over an alias; an alias whose
+    speaker the checkpoint lacks is left out (logged at startup)."""
     ice_host_addresses: tuple[str, ...] = ()
     """WebRTC: ICE host candidates, each ``ADDRESS`` or ``ANNOUNCED@BIND`` (behind a 1:1 NAT: the
     public address announced, the local one bound; tests use 127.0.0.1). Empty: the machine's own
@@ -121,6 +127,7 @@ class ServerConfig:
         for name in ("shutdown_timeout_s", "send_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        check_voice_aliases(self.voice_aliases)
         if isinstance(self.allowed_origins, (str, list)):
             raise ValueError("allowed_origins must be a tuple of origins or None")
         if self.ssl_certfile is None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from realtime.voices import parse_voice_alias
+
 
 def ms_or_off(text: str) -> int | None:
     """An ``MS|off`` flag's value: milliseconds, or None for ``off``."""
@@ -27,3 +29,11 @@ class HelpFormatter(argparse.HelpFormatter):
         if not action.option_strings or no_value or "(default" in text:
             return text
         return f"{text} (default: %(default)s)"
+
+
+def voice_alias(text: str) -> tuple[str, str]:
+    """A ``--voice-alias NAME=SPEAKER`` flag's value."""
+    try:
+        return parse_voice_alias(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -68,6 +68,7 @@ from realtime.session import SessionSettings
 from realtime.transports.websocket import BETA_HEADER, CloseCode, WebSocketTransport, beta_requested, negotiate
 from realtime.turn import TurnDetector
 from realtime.vad import SpeechProbability
+from realtime.voices import usable_aliases
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class ServerContext:
             dialect=dialect,
             limits=self.config.session_limits,
             preemptive_replies=self.config.preemptive_response_ms is not None,
+            voice_aliases=self.config.voice_aliases,
             **overrides,
         )
 
@@ -241,6 +243,13 @@ def _announce(engine: EngineHandle, config: ServerConfig) -> None:
             "!" * 78,
             engine.model_name,
             "!" * 78,
+        )
+    _, unusable = usable_aliases(config.voice_aliases, tuple(engine.voices))
+    if unusable:
+        logger.warning(
+            "voice aliases left out (this model has no such speaker; it has %s): %s",
+            ", ".join(engine.voices),
+            ", ".join(f"{name}={speaker}" for name, speaker in unusable),
         )
     auth = "API key required" if config.api_key is not None else "NO API KEY (anyone who can connect may use it)"
     scheme = f"{config.http_scheme}:// and {'wss' if config.tls else 'ws'}://"

@@ -65,6 +65,7 @@ from pipeline.outputs import (
 from realtime.audio import AudioFormat, OutputEncoder
 from realtime.error_log import log_error_event
 from realtime.errors import InvalidAudioData, RealtimeError, to_error_payload
+from realtime.idle import IdleTimer, playback_end_ms
 from realtime.ids import IdGenerator, IdKind, RandomIds
 from realtime.protocol.client import (
     ClientEvent,
@@ -94,10 +95,12 @@ from realtime.protocol.model import (
     ResponseSummary,
     Role,
     SessionConfig,
+    SessionPatch,
 )
 from realtime.protocol.names import ContentType, Dialect
 from realtime.protocol.server import ContentRef, ServerEvents
 from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnEvent
+from realtime.voices import VoiceTable, usable_aliases
 
 ROOT_ITEM_ID = "root"
 """``previous_item_id`` meaning "at the start of the conversation"."""
@@ -114,19 +117,27 @@ class Send:
 
 
 @dataclass(frozen=True)
-class SetInstructions:
+class _Command:
+    """An engine command. ``event_id``: that of the client event whose handling emitted it (None for commands of
+    turn detection or engine output), so that its failure's ``error`` event carries it; not part of equality."""
+
+    event_id: str | None = field(default=None, compare=False, kw_only=True)
+
+
+@dataclass(frozen=True)
+class SetInstructions(_Command):
     instructions: str
 
 
 @dataclass(frozen=True)
-class AddText:
+class AddText(_Command):
     item_id: str
     text: str
     role: Role
 
 
 @dataclass(frozen=True)
-class AddAudio:
+class AddAudio(_Command):
     """A complete user audio message: ``audio`` is wire bytes in ``format``."""
 
     item_id: str
@@ -135,7 +146,7 @@ class AddAudio:
 
 
 @dataclass(frozen=True)
-class AppendAudio:
+class AppendAudio(_Command):
     """The next chunk of the input buffer's message ``item_id`` (opened by its first chunk)."""
 
     item_id: str
@@ -144,19 +155,19 @@ class AppendAudio:
 
 
 @dataclass(frozen=True)
-class CommitAudio:
+class CommitAudio(_Command):
     item_id: str
 
 
 @dataclass(frozen=True)
-class ClearAudio:
+class ClearAudio(_Command):
     """Discard the open input message ``item_id``."""
 
     item_id: str
 
 
 @dataclass(frozen=True)
-class StartResponse:
+class StartResponse(_Command):
     response_id: str
     item_id: str
     modalities: frozenset[Modality]
@@ -165,20 +176,20 @@ class StartResponse:
 
 
 @dataclass(frozen=True)
-class CancelResponse:
+class CancelResponse(_Command):
     response_id: str
     reason: StatusReason
 
 
 @dataclass(frozen=True)
-class DeleteItem:
+class DeleteItem(_Command):
     """Needs the conversation idle: the executor waits for a cancelled response to end first."""
 
     item_id: str
 
 
 @dataclass(frozen=True)
-class TruncateItem:
+class TruncateItem(_Command):
     """Needs the conversation idle, like :class:`DeleteItem`."""
 
     item_id: str
@@ -319,6 +330,9 @@ class SessionSettings:
     max_output_tokens: int | None = None
     """The engine's reply cap in text tokens (``EngineHandle.max_output_tokens``); a response asking for more, or for
     ``"inf"``, gets this limit, and its ``response.created`` / ``response.done`` show it. None: no cap."""
+    voice_aliases: tuple[tuple[str, str], ...] = ()
+    """``(name, speaker)`` pairs accepted as voices besides ``voices`` (:mod:`realtime.voices`): the session reports
+    ``name``, the engine speaks with ``speaker``. Pairs whose speaker is not one of ``voices`` are left out."""
     dialect: Dialect = Dialect.GA
     audio_transport: AudioTransport = AudioTransport.EVENTS
     limits: SessionLimits = SessionLimits()
@@ -404,6 +418,13 @@ class _Response:
     metadata: dict[str, str] | None
     encoder: AudioEncoder | None
     restore_instructions: bool
+    event_id: str | None = None
+    """The ``event_id`` of the ``response.create`` that asked for it (None for one started by turn detection):
+    an ``error`` of its failure carries it."""
+    requested: bool = False
+    """Asked for by a ``response.create`` (rather than by turn detection)."""
+    first_audio_ms: float | None = None
+    """The audio clock when its first audio delta was sent (WebSocket), for the idle timeout."""
     phase: ResponsePhase = ResponsePhase.IN_PROGRESS
     cancel_reason: StatusReason | None = None
 
@@ -463,6 +484,7 @@ class Session:
         self._ids = ids or RandomIds()
         self._events = ServerEvents(settings.dialect, self._ids)
         self._encoder_factory = encoder_factory
+        self._voices = VoiceTable(settings.voices, usable_aliases(settings.voice_aliases, settings.voices)[0])
         self.session_id = self._ids.new(IdKind.SESSION)
         self.conversation_id = self._ids.new(IdKind.CONVERSATION)
         self.config = SessionConfig(instructions=settings.default_instructions, voice=settings.default_voice)
@@ -474,9 +496,11 @@ class Session:
         self._auto_response_pending = False  # speech stopped while a cancelled response winds down
         self._audio_response_id: str | None = None  # last response whose audio reached the client
         self._tentative: _Tentative | None = None  # a preemptive reply the client has not seen yet
+        self._idle = IdleTimer()  # since when the assistant has finished speaking (server_vad.idle_timeout_ms)
         self._withdrawn: set[str] = set()  # withdrawn replies still running: their output is dropped
         self._withdrawn_items: set[str] = set()  # items a withdrawal deleted: a failure to delete them is not news
         self._hold: list[Action] | None = None  # where client actions go while a tentative reply runs
+        self._event_id: str | None = None  # the client event being handled: its engine commands carry its id
         self._out: list[Action] = []
         self._handlers: dict[type, Callable] = {
             SessionUpdate: self._session_update,
@@ -548,10 +572,13 @@ class Session:
         now acts on)."""
         if self._tentative is not None and not isinstance(event, InputAudioAppend):
             self._withdraw()
+        self._event_id = event.event_id
         try:
             self._handlers[type(event)](event)
         except RealtimeError as exc:
             self._error(exc, event.event_id, client_event_type(event).value)
+        finally:
+            self._event_id = None
         return self._drain()
 
     def turn_event(self, event: TurnEvent) -> list[Action]:
@@ -614,7 +641,7 @@ class Session:
                 if held:
                     t.done = True  # type: ignore[union-attr]
             else:
-                self._error(exc)
+                self._error(exc, command.event_id)
         return self._drain()
 
     def transcription_delta(self, item_id: str, content_index: int, delta: str) -> list[Action]:
@@ -654,11 +681,15 @@ class Session:
         if self._audio_response_id == response_id:
             self._audio_response_id = None
             self._send(self._events.output_audio_buffer_stopped(response_id))
+            if self._response is None and not self._speaking:
+                self._idle.start(self._clock_ms)
         return self._drain()
 
     # --- plumbing ---
 
     def _emit(self, action: Action) -> None:
+        if self._event_id is not None and isinstance(action, _Command):
+            action = dataclasses.replace(action, event_id=self._event_id)
         if self._hold is not None and isinstance(action, _CLIENT_ACTIONS):
             self._hold.append(action)
         else:
@@ -711,9 +742,20 @@ class Session:
     # --- session.update ---
 
     def _session_update(self, event: SessionUpdate) -> None:
+        """Each refused field gets its own error and the rest applies (:mod:`realtime.protocol.session_update`; an
+        unknown voice is one more refused field). ``session.updated`` follows unless every field was refused."""
+        refused = list(event.refused)
         patch = event.patch
         if patch.voice is not KEEP:
-            patch = dataclasses.replace(patch, voice=self._voice(patch.voice, patch.voice_param))
+            try:
+                patch = dataclasses.replace(patch, voice=self._voice(patch.voice, patch.voice_param))
+            except RealtimeError as exc:
+                refused.append(exc)
+                patch = dataclasses.replace(patch, voice=KEEP)
+        for exc in refused:
+            self._error(exc, event.event_id, client_event_type(event).value)
+        if refused and patch == SessionPatch(voice_param=patch.voice_param):
+            return
         old, new = self.config, self.config.apply(patch)
         self.config = new
         if new.instructions != old.instructions:
@@ -723,14 +765,22 @@ class Session:
         self._send(self._events.session_updated(new, session_id=self.session_id, model=self.settings.model))
 
     def _voice(self, name: str, param: str) -> str:
-        """The engine's spelling of voice ``name`` (matched case-insensitively)."""
-        for voice in self.settings.voices:
-            if voice.lower() == name.lower():
-                return voice
-        known = ", ".join(self.settings.voices)
-        raise RealtimeError(
-            f"unknown voice {name!r}; this model has: {known}", code=ErrorCode.UNKNOWN_VOICE, param=param
-        )
+        """The name the session reports for voice ``name``: a speaker in the engine's spelling, an alias as the
+        client wrote it (matched case-insensitively, :class:`realtime.voices.VoiceTable`)."""
+        resolved = self._voices.resolve(name)
+        if resolved is None:
+            raise RealtimeError(
+                f"unknown voice {name!r}; this model has: {self._voices.names()}",
+                code=ErrorCode.UNKNOWN_VOICE,
+                param=param,
+            )
+        return resolved[0]
+
+    def _speaker(self, voice: str) -> str:
+        """The engine's speaker for a voice name :meth:`_voice` accepted."""
+        resolved = self._voices.resolve(voice)
+        assert resolved is not None, "only accepted voice names are kept"
+        return resolved[1]
 
     def _turn_detection_changed(self, params: ServerVadParams | None) -> None:
         self._speaking = False
@@ -767,6 +817,7 @@ class Session:
         else:
             self._buffer.hold(chunk, vad.prefix_padding_ms + self.settings.limits.vad_lookback_ms)
         if vad is not None:
+            self._idle_timeout(vad)
             self._emit(DetectSpeech(event.audio, fmt))
 
     def _buffer_item_id(self) -> str:
@@ -832,8 +883,25 @@ class Session:
 
     # --- turn detection ---
 
+    def _idle_timeout(self, vad: ServerVadParams) -> None:
+        """``idle_timeout_ms`` after the assistant finished speaking with no speech since (:mod:`realtime.idle`):
+        ``timeout_triggered``, then the held (silent) audio is committed and, unless ``create_response`` is off, a
+        response is asked for. The committed item holds the last ``prefix_padding_ms`` (plus the detector's
+        look-back) of the silence, not all of it: silence is kept out of the model's context."""
+        if self._speaking or self._response is not None or self._tentative is not None:
+            return
+        since = self._idle.since_ms
+        if since is None or not self._idle.due(self._clock_ms, vad.idle_timeout_ms) or self._buffer.duration_ms <= 0:
+            return
+        self._idle.stop()
+        self._send(self._events.timeout_triggered(int(since), int(self._clock_ms), self._buffer_item_id()))
+        self._commit()
+        if vad.create_response:
+            self._start_response(ResponseParams())
+
     def _speech_started(self, event: SpeechStarted, vad: ServerVadParams) -> None:
         self._speaking = True
+        self._idle.stop()
         self._stream_held(after_ms=event.audio_start_ms)
         self._send(self._events.speech_started(event.audio_start_ms, self._buffer_item_id()))
         if vad.interrupt_response:
@@ -1018,7 +1086,7 @@ class Session:
                 f"conversation already has an active response in progress: {self._response.id}",
                 code=ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
             )
-        self._start_response(event.params)
+        self._start_response(event.params, requested=True)
 
     def _response_cancel(self, event: ResponseCancel) -> None:
         response = self._response
@@ -1061,9 +1129,11 @@ class Session:
 
     # --- responses: lifecycle ---
 
-    def _start_response(self, params: ResponseParams) -> None:
+    def _start_response(self, params: ResponseParams, *, requested: bool = False) -> None:
+        """``requested``: by the client event being handled (a ``response.create``), whose id the response keeps."""
         cfg = self.config
         voice = self._voice(params.voice, params.voice_param) if params.voice is not KEEP else cfg.voice
+        self._idle.stop()
         modality = cfg.modality if params.modality is KEEP else params.modality
         fmt = cfg.output_format if params.output_format is KEEP else params.output_format
         max_tokens = _capped(
@@ -1095,6 +1165,8 @@ class Session:
             metadata=params.metadata,
             encoder=encoder,
             restore_instructions=override,
+            event_id=self._event_id if requested else None,
+            requested=requested,
         )
         self._response = response
         self._send(self._events.response_created(response.summary(self.conversation_id, ResponseState.IN_PROGRESS)))
@@ -1102,7 +1174,8 @@ class Session:
         self._send(self._events.item_added(item, response.previous_item_id))
         item.content.append(part)
         self._send(self._events.content_part_added(response.ref, part))
-        self._emit(StartResponse(response.id, item.id, modality.engine_modalities, voice, max_tokens))
+        speaker = self._speaker(voice)
+        self._emit(StartResponse(response.id, item.id, modality.engine_modalities, speaker, max_tokens))
 
     def _text_delta(self, response: _Response, event: TextDelta) -> None:
         if response.phase is ResponsePhase.CANCELLING or not event.text:
@@ -1133,6 +1206,8 @@ class Session:
         if not data:
             return  # the resampler is still filling its window
         self._audio_response_id = response.id
+        if response.first_audio_ms is None:
+            response.first_audio_ms = self._clock_ms
         response.part.audio_ms += response.output_format.duration_ms(len(data))
         self._send(self._events.audio_delta(response.ref, base64.b64encode(data).decode("ascii")))
 
@@ -1154,9 +1229,12 @@ class Session:
             self.conversation_id, state, output=(item,), reason=reason, error=error, usage=done.usage
         )
         if state is ResponseState.FAILED:  # also as an error event: clients that only watch errors see it
-            self._error(_failure(done))
+            self._error(_failure(done), response.event_id, "response.create" if response.requested else None)
         self._send(self._events.response_done(summary))
         self._response = None
+        media_playing = self.settings.audio_transport is AudioTransport.MEDIA and self._audio_response_id == response.id
+        if not media_playing and not self._speaking:  # else the end of playback (or speech) decides
+            self._idle.start(playback_end_ms(self._clock_ms, response.first_audio_ms, part.audio_ms))
         if response.restore_instructions:
             self._emit(SetInstructions(self.config.instructions))
         if self._auto_response_pending:

@@ -41,12 +41,23 @@ MIN_END_THRESHOLD = 0.01
 """Floor of the end threshold, so a low ``threshold`` still lets speech end."""
 
 
+SEMANTIC_SILENCE_MS = {"low": 800, "medium": 500, "auto": 500, "high": 250}
+"""``semantic_vad``'s ``eagerness`` → the silence window (ms) that ends a turn here. OpenAI's semantic detector is
+a model that judges whether the user has finished (waiting up to 8, 4 or 2 s for low, medium, high); this server
+has no such model, so ``semantic_vad`` is the same silence-based detector as ``server_vad``, with a longer window for
+a less eager setting (``auto`` is ``medium``, as in the API)."""
+
+
 @dataclass(frozen=True)
 class ServerVadParams:
-    """``turn_detection`` settings of type ``server_vad``; invalid values raise ``RealtimeError``.
+    """``turn_detection`` settings of type ``server_vad`` (or ``semantic_vad``); invalid values raise
+    ``RealtimeError``.
 
     ``create_response`` / ``interrupt_response`` are carried for the session layer (respond when
-    speech stops; cancel a playing response when speech starts); the detector itself ignores them.
+    speech stops; cancel a playing response when speech starts), and so is ``idle_timeout_ms`` (ask for a response
+    after that much silence following the last response, :mod:`realtime.idle`); the detector itself ignores them.
+    ``eagerness`` is set when the client asked for ``semantic_vad`` (:meth:`semantic`): the session reports that
+    type back, and ``silence_duration_ms`` comes from :data:`SEMANTIC_SILENCE_MS`.
     """
 
     threshold: float = 0.5
@@ -54,6 +65,16 @@ class ServerVadParams:
     silence_duration_ms: int = 500
     create_response: bool = True
     interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
+    eagerness: str | None = None
+
+    @classmethod
+    def semantic(cls, eagerness: str = "auto", **flags: bool) -> ServerVadParams:
+        """``semantic_vad`` with this ``eagerness``: default threshold and padding, the eagerness's silence window;
+        ``flags``: ``create_response`` / ``interrupt_response``."""
+        if eagerness not in SEMANTIC_SILENCE_MS:
+            _invalid("eagerness", f"must be one of {', '.join(SEMANTIC_SILENCE_MS)}, got {eagerness!r}")
+        return cls(silence_duration_ms=SEMANTIC_SILENCE_MS[eagerness], eagerness=eagerness, **flags)
 
     def __post_init__(self) -> None:
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
@@ -67,6 +88,11 @@ class ServerVadParams:
         for name in ("create_response", "interrupt_response"):
             if not isinstance(getattr(self, name), bool):
                 _invalid(name, f"must be a boolean, got {getattr(self, name)!r}")
+        idle = self.idle_timeout_ms
+        if idle is not None and (isinstance(idle, bool) or not isinstance(idle, int) or idle < 1):
+            _invalid("idle_timeout_ms", f"must be null or a positive integer number of milliseconds, got {idle!r}")
+        if self.eagerness is not None and idle is not None:
+            _invalid("idle_timeout_ms", "is a server_vad setting; semantic_vad has no idle timeout")
 
     @property
     def end_threshold(self) -> float:

@@ -30,14 +30,19 @@ from realtime.protocol.model import (
     TranscriptionSettings,
 )
 from realtime.protocol.names import ClientEventType, ContentType, parse_content_type
+from realtime.protocol.session_update import validate_session_update
 from realtime.protocol.validation import from_validation_error
 from realtime.turn import ServerVadParams
 
 
 @dataclass(frozen=True)
 class SessionUpdate:
+    """``patch`` holds the fields that passed validation; ``refused`` one error per field that did not (each is
+    answered on its own, the rest applies: :mod:`realtime.protocol.session_update`)."""
+
     event_id: str | None
     patch: SessionPatch
+    refused: tuple[RealtimeError, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,9 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
         raise error from None
     model_cls, convert = _PARSERS[event_type]
     try:
+        if event_type is ClientEventType.SESSION_UPDATE:
+            update, refused = validate_session_update(body, event_id)
+            return SessionUpdate(update.event_id, _session_patch(update.session), refused)
         model = model_cls.model_validate(body)
         return convert(model)
     except ValidationError as exc:
@@ -192,6 +200,7 @@ def _unsupported(message: str, param: str) -> ProtocolError:
 
 
 def _session_update(m: wire.SessionUpdateModel) -> SessionUpdate:
+    """Without field-by-field refusal: ``parse_client_event`` validates ``session.update`` itself."""
     return SessionUpdate(m.event_id, _session_patch(m.session))
 
 
@@ -244,12 +253,18 @@ def _turn_detection(m: wire.TurnDetectionModel | None) -> ServerVadParams | None
     if m is None:
         return None
     d = DEFAULT_TURN_DETECTION
+    flags = {
+        "create_response": d.create_response if m.create_response is None else m.create_response,
+        "interrupt_response": d.interrupt_response if m.interrupt_response is None else m.interrupt_response,
+    }
+    if m.type == "semantic_vad":
+        return ServerVadParams.semantic(m.eagerness or "auto", **flags)
     return ServerVadParams(
         threshold=d.threshold if m.threshold is None else m.threshold,
         prefix_padding_ms=d.prefix_padding_ms if m.prefix_padding_ms is None else m.prefix_padding_ms,
         silence_duration_ms=d.silence_duration_ms if m.silence_duration_ms is None else m.silence_duration_ms,
-        create_response=d.create_response if m.create_response is None else m.create_response,
-        interrupt_response=d.interrupt_response if m.interrupt_response is None else m.interrupt_response,
+        idle_timeout_ms=m.idle_timeout_ms,
+        **flags,
     )
 
 

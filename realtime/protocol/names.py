@@ -60,6 +60,7 @@ class ServerEvent(enum.Enum):
     INPUT_AUDIO_BUFFER_CLEARED = "input_audio_buffer.cleared"
     SPEECH_STARTED = "speech_started"
     SPEECH_STOPPED = "speech_stopped"
+    TIMEOUT_TRIGGERED = "timeout_triggered"
     RESPONSE_CREATED = "response.created"
     RESPONSE_DONE = "response.done"
     OUTPUT_ITEM_ADDED = "output_item.added"
@@ -100,6 +101,8 @@ SERVER_EVENT_NAMES: dict[ServerEvent, WireName] = {
     ServerEvent.INPUT_AUDIO_BUFFER_CLEARED: _same("input_audio_buffer.cleared"),
     ServerEvent.SPEECH_STARTED: _same("input_audio_buffer.speech_started"),
     ServerEvent.SPEECH_STOPPED: _same("input_audio_buffer.speech_stopped"),
+    # The idle timeout (server_vad.idle_timeout_ms) is a GA addition.
+    ServerEvent.TIMEOUT_TRIGGERED: WireName("input_audio_buffer.timeout_triggered", None),
     ServerEvent.RESPONSE_CREATED: _same("response.created"),
     ServerEvent.RESPONSE_DONE: _same("response.done"),
     ServerEvent.OUTPUT_ITEM_ADDED: _same("response.output_item.added"),

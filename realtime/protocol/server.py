@@ -55,17 +55,23 @@ def format_object(fmt: AudioFormat, dialect: Dialect) -> dict | str:
     return {"type": fmt.value}
 
 
-def turn_detection_object(params: ServerVadParams | None) -> dict | None:
+def turn_detection_object(params: ServerVadParams | None, dialect: Dialect) -> dict | None:
+    """The detector as the client configured it: ``semantic_vad`` with its ``eagerness`` (the silence window it
+    maps to is not shown: the API's semantic_vad has no such field), or ``server_vad`` with every setting (the beta
+    shape has no ``idle_timeout_ms``)."""
     if params is None:
         return None
-    return {
+    flags = {"create_response": params.create_response, "interrupt_response": params.interrupt_response}
+    if params.eagerness is not None:
+        return {"type": "semantic_vad", "eagerness": params.eagerness, **flags}
+    body = {
         "type": "server_vad",
         "threshold": params.threshold,
         "prefix_padding_ms": params.prefix_padding_ms,
         "silence_duration_ms": params.silence_duration_ms,
-        "create_response": params.create_response,
-        "interrupt_response": params.interrupt_response,
+        **flags,
     }
+    return body if dialect is Dialect.BETA else body | {"idle_timeout_ms": params.idle_timeout_ms}
 
 
 def transcription_object(settings: TranscriptionSettings | None) -> dict | None:
@@ -110,7 +116,7 @@ def session_object(config: SessionConfig, *, session_id: str, model: str, dialec
             "input_audio_format": format_object(config.input_format, dialect),
             "output_audio_format": format_object(config.output_format, dialect),
             "input_audio_transcription": transcription_object(config.transcription),
-            "turn_detection": turn_detection_object(config.turn_detection),
+            "turn_detection": turn_detection_object(config.turn_detection, dialect),
             "tools": [],
             "tool_choice": "auto",
             "max_response_output_tokens": _max_tokens(config.max_output_tokens),
@@ -127,7 +133,7 @@ def session_object(config: SessionConfig, *, session_id: str, model: str, dialec
                 "format": format_object(config.input_format, dialect),
                 "transcription": transcription_object(config.transcription),
                 "noise_reduction": None,
-                "turn_detection": turn_detection_object(config.turn_detection),
+                "turn_detection": turn_detection_object(config.turn_detection, dialect),
             },
             "output": {"format": format_object(config.output_format, dialect), "voice": config.voice, "speed": 1.0},
         },
@@ -276,6 +282,11 @@ class ServerEvents:
 
     def speech_stopped(self, audio_end_ms: int, item_id: str) -> dict | None:
         return self._event(ServerEvent.SPEECH_STOPPED, audio_end_ms=audio_end_ms, item_id=item_id)
+
+    def timeout_triggered(self, audio_start_ms: int, audio_end_ms: int, item_id: str) -> dict | None:
+        return self._event(
+            ServerEvent.TIMEOUT_TRIGGERED, audio_start_ms=audio_start_ms, audio_end_ms=audio_end_ms, item_id=item_id
+        )
 
     def response_created(self, response: ResponseSummary) -> dict | None:
         return self._event(ServerEvent.RESPONSE_CREATED, response=response_object(response, self.dialect))

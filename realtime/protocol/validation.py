@@ -3,7 +3,7 @@
 A refused event gets one of two kinds of message:
 
 - a **refusal** (code ``unsupported_value``): the field belongs to a feature the OpenAI Realtime API
-  defines and this server does not implement (function tools, ``semantic_vad``, out-of-band responses,
+  defines and this server does not implement (function tools, out-of-band responses,
   image input…); the message says what is not supported and what to send instead (:data:`REFUSALS`);
 - a **plain description** of any other invalid field: ``missing_required_parameter``,
   ``unknown_parameter``, ``invalid_type`` ("must be an integer, not a string") or ``invalid_value``
@@ -11,7 +11,8 @@ A refused event gets one of two kinds of message:
 
 ``param`` is always the dotted path of the client's field (``session.audio.input.turn_detection.type``).
 When an event has several problems, a refusal is reported first (it is the one the client must act on),
-else the first problem pydantic found.
+else the first problem pydantic found. (``session.update`` reports each refused field on its own:
+:mod:`.session_update`.)
 """
 
 from __future__ import annotations
@@ -55,14 +56,9 @@ REFUSALS = (
         "or leave '{param}' out",
     ),
     Refusal(
-        "*turn_detection.type",
-        "turn_detection type {value} is not supported: use 'server_vad', or null for no turn detection "
-        "(the client commits the audio and asks for responses)",
-        frozenset({"semantic_vad"}),
-    ),
-    Refusal(
-        "*turn_detection.idle_timeout_ms",
-        "turn_detection.idle_timeout_ms is not supported: leave it out, or send null",
+        "session.prompt",
+        "prompt templates are not supported: send the prompt as 'session.instructions'; send null, or leave "
+        "'session.prompt' out",
     ),
     Refusal(
         "*.speed",
@@ -104,7 +100,12 @@ REFUSALS = (
 
 def from_validation_error(exc: ValidationError, event_id: str | None) -> ProtocolError:
     """The event's problem (a refusal first, else the first one found) as a :class:`ProtocolError`."""
-    errors = [(_param(err), err) for err in exc.errors(include_url=False)]
+    return from_errors(exc.errors(include_url=False), event_id)
+
+
+def from_errors(problems: list, event_id: str | None) -> ProtocolError:
+    """:func:`from_validation_error` over some of a ``ValidationError``'s ``errors()`` (at least one)."""
+    errors = [(_param(err), err) for err in problems]
     for param, err in errors:
         refusal = next((r for r in REFUSALS if r.matches(param, err.get("input"))), None)
         if refusal is not None:

@@ -5,17 +5,19 @@ gets an ``unknown_parameter`` error instead of being ignored. Fields the OpenAI 
 server does not implement are of two kinds:
 
 - refused unless "off" (``null``, ``[]``, ``1.0``) because ignoring them would change what the client
-  gets: ``tools``, ``idle_timeout_ms``, ``semantic_vad``, ``speed``, out-of-band responses (the
-  ``unsupported_value`` message of each, saying what to send instead, is in
+  gets: ``tools``, input ``transcription`` (no transcription events are sent), ``prompt``, ``speed``,
+  out-of-band responses (the ``unsupported_value`` message of each, saying what to send instead, is in
   :data:`realtime.protocol.validation.REFUSALS`);
 - accepted and ignored, because SDK clients send them routinely and nothing the client relies on
   changes: ``model`` (one model per server), ``tool_choice`` (no tools), ``temperature`` (the engine's
-  sampling settings apply), input ``noise_reduction`` (the model hears the audio itself), ``tracing``,
-  ``include``, ``truncation``. The ``session.updated`` reply shows the effective configuration
-  (``noise_reduction: null``...).
+  sampling settings apply), input ``noise_reduction`` (the model hears the audio as sent), ``tracing``,
+  ``include`` (it only asks for transcription log-probabilities), ``truncation``. The ``session.updated``
+  reply shows the effective configuration (``noise_reduction: null``...).
 
 Input ``transcription`` (beta ``input_audio_transcription``) is implemented (:mod:`realtime.transcription`):
 its ``model`` is echoed, ``language`` and ``prompt`` are hints to the server's own model.
+``semantic_vad`` is accepted and served by the silence-based detector (:data:`realtime.turn.SEMANTIC_SILENCE_MS`).
+In ``session.update`` a refused field refuses only itself (:mod:`.session_update`).
 
 Unions are kept out of field types on purpose: pydantic names union branches in error locations,
 and the error's ``param`` must be the client's field path.
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 MAX_OUTPUT_TOKENS_LIMIT = 4096
 """Largest integer ``max_output_tokens`` the API accepts (``"inf"`` means no limit)."""
@@ -59,17 +61,34 @@ class FormatModel(_Model):
     rate: Literal[24000] | None = None
 
 
-class TurnDetectionModel(_Model):
-    """``server_vad`` settings; missing fields take the API defaults. ``semantic_vad`` and the idle
-    timeout are not implemented."""
+_SERVER_VAD_ONLY = ("threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms")
 
-    type: Literal["server_vad"] = "server_vad"
+
+class TurnDetectionModel(_Model):
+    """``server_vad`` or ``semantic_vad`` settings; missing fields take the API defaults. Each type takes its own
+    fields only (``eagerness`` is semantic_vad's; the silence settings and the idle timeout are server_vad's)."""
+
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
     threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     prefix_padding_ms: int | None = Field(default=None, ge=0)
     silence_duration_ms: int | None = Field(default=None, ge=0)
     create_response: bool | None = None
     interrupt_response: bool | None = None
-    idle_timeout_ms: None = None
+    idle_timeout_ms: int | None = Field(default=None, ge=1)
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
+
+    @model_validator(mode="after")
+    def _fields_of_its_type(self) -> TurnDetectionModel:
+        if self.type == "server_vad" and self.eagerness is not None:
+            raise ValueError("sets 'eagerness', a semantic_vad setting: send type 'semantic_vad', or leave it out")
+        if self.type == "semantic_vad":
+            given = [name for name in _SERVER_VAD_ONLY if getattr(self, name) is not None]
+            if given:
+                raise ValueError(
+                    f"sets {', '.join(repr(n) for n in given)}: server_vad settings that semantic_vad does not take "
+                    "(its silence window comes from 'eagerness')"
+                )
+        return self
 
 
 class TranscriptionModel(_Model):
@@ -119,6 +138,7 @@ class SessionModel(_Model):
     input_audio_transcription: TranscriptionModel | None = None
     # defined by the API, refused unless off
     tools: list[Any] | None = Field(default=None, max_length=0)
+    prompt: None = None
     # accepted and ignored (see the module docstring)
     model: str | None = None
     tool_choice: Literal["auto", "none"] | None = None

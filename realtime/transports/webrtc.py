@@ -52,7 +52,7 @@ from realtime.errors import ErrorType, RealtimeError, to_error_payload
 from realtime.first_audio import FirstAudioTrace
 from realtime.ids import RandomIds
 from realtime.limits import MessageGate, SessionSlot, SessionSlots
-from realtime.protocol.client import parse_client_event
+from realtime.protocol.client import SessionUpdate, parse_client_event
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, server_event_name
 from realtime.protocol.server import ServerEvents
@@ -662,13 +662,15 @@ async def _discard(track: MediaStreamTrack) -> None:
 
 
 def _overrides_message(overrides: dict | None) -> str | None:
-    """The ``session.update`` message applying ``overrides``, parsed now so that a malformed one
-    fails the HTTP request (values the session refuses, such as an unknown voice, come back as an
-    ``error`` event on the data channel, as for any ``session.update``)."""
+    """The ``session.update`` message applying ``overrides``, parsed now so that a malformed one (any field the
+    parser refuses) fails the HTTP request; values the session refuses, such as an unknown voice, come back as an
+    ``error`` event on the data channel, as for any ``session.update``."""
     if not overrides:
         return None
     message = json.dumps({"type": ClientEventType.SESSION_UPDATE.value, "session": overrides})
-    parse_client_event(message)
+    event = parse_client_event(message)
+    if isinstance(event, SessionUpdate) and event.refused:
+        raise event.refused[0]
     return message
 
 

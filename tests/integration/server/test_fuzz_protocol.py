@@ -29,7 +29,7 @@ from realtime.config import ServerConfig
 from realtime.errors import ErrorType, RealtimeError
 from realtime.ids import SequentialIds
 from realtime.limits import LimitCode, RateLimit
-from realtime.protocol.client import parse_client_event
+from realtime.protocol.client import SessionUpdate, parse_client_event
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect
 from realtime.session import AudioTransport, Send, Session, SessionLimits, SessionSettings
@@ -72,13 +72,14 @@ def check_error(event: dict) -> dict:
     return error
 
 
-def refusal(message: str | bytes) -> RealtimeError | None:
-    """The parser's verdict on ``message`` (what the session must answer with one error)."""
+def refusal(message: str | bytes) -> tuple[bool, list[RealtimeError]]:
+    """The parser's verdict on ``message``: whether it refuses the whole event (the session must answer with that
+    one error), and its errors (for a ``session.update``, one per refused field: the session's first answers)."""
     try:
-        parse_client_event(message)
+        event = parse_client_event(message)
     except RealtimeError as exc:
-        return exc
-    return None
+        return True, [exc]
+    return False, list(event.refused) if isinstance(event, SessionUpdate) else []
 
 
 # --- strategies ---------------------------------------------------------------------------------
@@ -276,15 +277,12 @@ class Checked:
 
     def receive(self, message: str | bytes) -> list[dict]:
         events = self.record(self.session.receive(message))
-        expected = refusal(message)
-        if expected is not None:
+        whole, expected = refusal(message)
+        if whole:
             assert [e["type"] for e in events] == ["error"], events
-            error = events[0]["error"]
-            assert (error["code"], error["param"], error["event_id"]) == (
-                str(expected.code),
-                expected.param,
-                expected.event_id,
-            )
+        errors = [e.get("error", {}) for e in events[: len(expected)]]
+        answers = [(e.get("code"), e.get("param"), e.get("event_id")) for e in errors]
+        assert answers == [(str(x.code), x.param, x.event_id) for x in expected], events
         return events
 
 
@@ -375,9 +373,9 @@ async def test_any_messages_over_a_websocket_get_their_errors_and_the_session_su
                     break
             answer = client.events[start:-1]
             errors = [check_error(e) for e in answer if e["type"] == "error"]
-            expected = "invalid_event" if isinstance(message, bytearray) else _verdict(frame)
-            if expected is not None:
-                assert [e["code"] for e in errors] == [expected], (message, answer)
+            whole, expected = (True, ["invalid_event"]) if isinstance(message, bytearray) else _verdict(frame)
+            codes = [e["code"] for e in errors]
+            assert (codes if whole else codes[: len(expected)]) == expected, (message, answer)
     await assert_clean(app)
 
 
@@ -386,13 +384,14 @@ def _as_text(message: str | bytes) -> str:
     return message if isinstance(message, str) else message.decode("utf-8", errors="replace")
 
 
-def _verdict(message: str | bytes) -> str | None:
-    """The error code a text frame must get: the transport's size limit first, then the parser's."""
+def _verdict(message: str | bytes) -> tuple[bool, list[str]]:
+    """Whether a text frame is refused whole, and the error codes its answer must start with: the transport's size
+    limit first, then the parser's (a session.update's refused fields, one error each)."""
     text = _as_text(message)
     if len(text.encode()) > ServerConfig().max_message_bytes:
-        return str(LimitCode.MESSAGE_TOO_LARGE)
-    error = refusal(text)
-    return None if error is None else str(error.code)
+        return True, [str(LimitCode.MESSAGE_TOO_LARGE)]
+    whole, errors = refusal(text)
+    return whole, [str(error.code) for error in errors]
 
 
 async def test_a_text_frame_that_is_not_utf8_closes_with_1007_and_frees_the_session(fuzz_server):

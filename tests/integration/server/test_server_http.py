@@ -199,7 +199,7 @@ async def test_error_events_are_logged_with_the_session_and_the_client_event(cap
     caplog.set_level(logging.INFO, logger="realtime.error_log")
     async with served(FakeEngine()) as (http, _), websockets.connect(ws_url(http)) as ws:
         session_id = (await until(ws, "session.created"))["session"]["id"]
-        bad = {"type": "session.update", "event_id": "setup_1", "session": {"turn_detection": {"type": "semantic_vad"}}}
+        bad = {"type": "session.update", "event_id": "setup_1", "session": {"prompt": {"id": "p"}}}
         await ws.send(json.dumps(bad))
         error = (await until(ws, "error"))["error"]
         await ws.send(b"\x00binary")
@@ -207,7 +207,7 @@ async def test_error_events_are_logged_with_the_session_and_the_client_event(cap
     lines = [r.getMessage() for r in caplog.records if r.name == "realtime.error_log"]
     assert lines == [
         f"session {session_id}: error unsupported_value answering session.update (event_id setup_1, "
-        f"param session.turn_detection.type): {error['message']}",
+        f"param session.prompt): {error['message']}",
         f"session {session_id}: error invalid_event answering - (event_id -, param -): {refused['message']}",
     ]
 

@@ -15,6 +15,7 @@ import json
 
 import av
 import numpy as np
+import pydantic
 import pytest
 import soundfile as sf
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
@@ -356,6 +357,24 @@ async def test_client_clear_stops_playback_of_a_finished_reply(fake_calls, clien
     assert "output_audio_buffer.stopped" not in client.types()
     (call,) = calls.calls()
     assert call.output.response_ids() == ()
+
+
+async def test_output_audio_buffer_events_bracket_the_played_reply(fake_calls, client):
+    """``output_audio_buffer.started`` when the reply's audio starts playing, ``.stopped`` once the track has played
+    its last frame (after ``response.done``); every data-channel event validates with the openai SDK's models."""
+    realtime_types = pytest.importorskip("openai.types.realtime")
+    adapter = pydantic.TypeAdapter(realtime_types.RealtimeServerEvent)
+    engine, calls = fake_calls
+    engine.script(Script(audio_chunks=10, chunk_ms=40))  # 0.4 s of audio
+    await client.call(calls)
+    client.say("weather_today")
+    started_at, started = await client.wait_for("output_audio_buffer.started")
+    _, done = await client.wait_for("response.done")
+    stopped_at, stopped = await client.wait_for("output_audio_buffer.stopped")
+    assert started["response_id"] == stopped["response_id"] == done["response"]["id"]
+    assert stopped_at - started_at >= 0.3  # played in real time
+    for _, event in client.events:
+        adapter.validate_python(event)
 
 
 class RecordingObserver:

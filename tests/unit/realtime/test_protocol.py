@@ -75,9 +75,13 @@ def b64(data: bytes) -> str:
 
 
 def parse_error(message) -> RealtimeError:
-    with pytest.raises(RealtimeError) as info:
-        parse_client_event(message if isinstance(message, (str, bytes)) else json.dumps(message))
-    return info.value
+    """The error of a refused event; of a session.update, that of its first refused field."""
+    try:
+        event = parse_client_event(message if isinstance(message, (str, bytes)) else json.dumps(message))
+    except RealtimeError as exc:
+        return exc
+    assert isinstance(event, SessionUpdate) and event.refused, f"accepted: {event}"
+    return event.refused[0]
 
 
 # --- client events: every type, GA shape --------------------------------------------------------
@@ -178,9 +182,10 @@ def test_settings_sdk_clients_send_routinely_are_accepted():
         "tracing": "auto",
         "include": ["item.input_audio_transcription.logprobs"],
         "truncation": "auto",
+        "prompt": None,
         "audio": {
             "input": {
-                "transcription": {"model": "whisper-1"},
+                "transcription": None,
                 "noise_reduction": {"type": "near_field"},
                 "turn_detection": {"type": "server_vad", "idle_timeout_ms": None},
             },
@@ -189,17 +194,17 @@ def test_settings_sdk_clients_send_routinely_are_accepted():
     }
     beta = {
         "temperature": 0.7,
-        "input_audio_transcription": {"model": "whisper-1"},
-        "input_audio_noise_reduction": None,
+        "input_audio_transcription": None,
+        "input_audio_noise_reduction": {"type": "far_field"},
     }
-    ga_patch = parse({"type": "session.update", "session": ga}).patch
-    assert ga_patch.turn_detection == ServerVadParams()
-    assert ga_patch.transcription == TranscriptionSettings(model="whisper-1")
-    beta_patch = parse({"type": "session.update", "session": beta}).patch
-    assert beta_patch == SessionPatch(transcription=TranscriptionSettings(model="whisper-1"))
+    ga_update = parse({"type": "session.update", "session": ga})
+    assert ga_update.patch.turn_detection == ServerVadParams() and ga_update.refused == ()
+    assert parse({"type": "session.update", "session": beta}) == SessionUpdate(None, SessionPatch(transcription=None))
 
 
 def test_transcription_settings_ga_wins_over_beta_and_null_turns_it_off():
+    beta = parse({"type": "session.update", "session": {"input_audio_transcription": {"model": "whisper-1"}}})
+    assert beta.patch == SessionPatch(transcription=TranscriptionSettings(model="whisper-1")) and beta.refused == ()
     both = {
         "audio": {"input": {"transcription": {"model": "m", "language": "de", "prompt": "p"}}},
         "input_audio_transcription": {"model": "beta"},
@@ -215,16 +220,10 @@ def test_transcription_settings_ga_wins_over_beta_and_null_turns_it_off():
     ("session", "param", "instead"),
     [
         ({"audio": {"output": {"speed": 1.2}}}, "session.audio.output.speed", "send 1.0"),
-        ({"turn_detection": {"idle_timeout_ms": 5000}}, "session.turn_detection.idle_timeout_ms", "send null"),
+        ({"prompt": {"id": "pmpt_1"}}, "session.prompt", "session.instructions"),
         ({"tools": [{"type": "function", "name": "f"}]}, "session.tools", "leave 'session.tools' out"),
         ({"tool_choice": "required"}, "session.tool_choice", "send 'auto' or 'none'"),
         ({"tool_choice": {"type": "function", "name": "f"}}, "session.tool_choice", "send 'auto' or 'none'"),
-        ({"turn_detection": {"type": "semantic_vad"}}, "session.turn_detection.type", "use 'server_vad', or null"),
-        (
-            {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}},
-            "session.audio.input.turn_detection.type",
-            "use 'server_vad', or null",
-        ),
         (
             {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
             "session.audio.input.format.rate",
@@ -234,8 +233,7 @@ def test_transcription_settings_ga_wins_over_beta_and_null_turns_it_off():
     ],
 )
 def test_settings_that_would_change_the_result_are_refused_as_not_supported(session, param, instead):
-    """A feature of the OpenAI API this server lacks is refused as such, with what to send instead (the
-    refusal wins over other problems of the same event: ``eagerness`` is unknown here too)."""
+    """A feature of the OpenAI API this server lacks is refused as such, with what to send instead."""
     error = parse_error({"type": "session.update", "session": session})
     assert (error.code, error.param) == (ErrorCode.UNSUPPORTED_VALUE, param)
     assert "not supported" in error.message and instead in error.message, error.message
@@ -581,9 +579,9 @@ def test_events_built_with_the_beta_sdk_models_parse():
             "session.audio.input.format.rate",
         ),
         (
-            {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}},
-            ErrorCode.UNSUPPORTED_VALUE,
-            "session.audio.input.turn_detection.type",
+            {"type": "session.update", "session": {"audio": {"input": {"transcription": {"delay": "low"}}}}},
+            ErrorCode.UNKNOWN_PARAMETER,
+            "session.audio.input.transcription.delay",
         ),
         (
             {"type": "session.update", "session": {"turn_detection": {"threshold": 1.5}}},
@@ -810,6 +808,7 @@ def _all_server_events(b: ServerEvents) -> list[dict | None]:
         b.input_audio_buffer_cleared(),
         b.speech_started(100, "item_1"),
         b.speech_stopped(900, "item_1"),
+        b.timeout_triggered(1200, 6200, "item_2"),
         b.response_created(summary),
         b.response_done(done),
         b.response_done(failed),

@@ -46,6 +46,7 @@ from realtime.session import (
     TruncateItem,
 )
 from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
+from realtime.voices import DEFAULT_VOICE_ALIASES
 
 openai = pytest.importorskip("openai")
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent  # noqa: E402
@@ -78,6 +79,7 @@ class Driver:
         manual=False,
         preemptive=False,
         max_output_tokens=None,
+        voice_aliases=(),
     ):
         settings = SessionSettings(
             model="fake-omni",
@@ -89,6 +91,7 @@ class Driver:
             audio_transport=transport,
             limits=limits,
             preemptive_replies=preemptive,
+            voice_aliases=voice_aliases,
         )
         self.session = Session(settings, ids=SequentialIds())
         self.adapter = ADAPTERS[dialect]
@@ -186,12 +189,157 @@ def test_session_update_applies_and_reports_the_full_config():
     assert d.session.config.voice == "Ethan"
 
 
-def test_session_update_with_an_unknown_voice_changes_nothing():
-    d = Driver()
-    acts = d.send({"type": "session.update", "event_id": "u1", "session": {"instructions": "x", "voice": "alloy"}})
-    err = error_of(acts)
+def test_session_update_with_an_unknown_voice_refuses_the_voice_only():
+    d = Driver(voice_aliases=DEFAULT_VOICE_ALIASES)
+    acts = d.send({"type": "session.update", "event_id": "u1", "session": {"instructions": "x", "voice": "nova"}})
+    assert types(acts) == ["error", "session.updated"]
+    err = events(acts)[0]["error"]
     assert (err["code"], err["param"], err["event_id"]) == (ErrorCode.UNKNOWN_VOICE, "session.voice", "u1")
-    assert d.session.config.instructions == "You are helpful." and d.session.config.voice == "Chelsie"
+    assert "Chelsie, Ethan" in err["message"] and "marin" in err["message"]
+    assert d.session.config.instructions == "x" and d.session.config.voice == "Chelsie"
+    assert of(acts, SetInstructions) == [SetInstructions("x")]
+
+
+def test_an_update_whose_every_field_is_refused_gets_its_errors_only():
+    d = Driver()
+    acts = d.send({"type": "session.update", "event_id": "u2", "session": {"voice": "marin", "bogus": 1}})
+    assert types(acts) == ["error", "error"]
+    assert [(e["error"]["param"], e["error"]["event_id"]) for e in events(acts)] == [
+        ("session.bogus", "u2"),
+        ("session.voice", "u2"),
+    ]
+    assert d.session.config.voice == "Chelsie"
+
+
+def test_openai_voice_names_map_to_speakers_and_the_session_shows_the_name_asked_for():
+    d = Driver(manual=True, voice_aliases=DEFAULT_VOICE_ALIASES)
+    acts = d.send({"type": "session.update", "session": {"audio": {"output": {"voice": "marin"}}}})
+    assert events(acts)[0]["session"]["audio"]["output"]["voice"] == "marin"
+    commit_turn(d)
+    acts = d.respond()
+    assert of(acts, StartResponse)[0].voice == "Chelsie"
+    assert events(acts)[0]["response"]["audio"]["output"]["voice"] == "marin"
+    d.done()
+    acts = d.send({"type": "response.create", "response": {"audio": {"output": {"voice": "Cedar"}}}})
+    assert of(acts, StartResponse)[0].voice == "Ethan"
+    assert events(acts)[0]["response"]["audio"]["output"]["voice"] == "Cedar"  # the client's own spelling
+
+
+def test_an_alias_to_a_speaker_the_model_lacks_is_an_unknown_voice():
+    d = Driver(voice_aliases=(("alloy", "Nobody"), ("echo", "ethan")))
+    err = error_of(d.send({"type": "session.update", "session": {"voice": "alloy"}}))
+    assert err["code"] == ErrorCode.UNKNOWN_VOICE and "alloy" not in err["message"].split("alias:")[-1]
+    d.send({"type": "session.update", "session": {"voice": "echo"}})
+    assert d.session.config.voice == "echo"
+
+
+def test_a_framework_default_update_applies_all_but_the_refused_fields():
+    """Each refused field gets its own error with the client's event id and its own param; the rest applies."""
+    d = Driver(voice_aliases=DEFAULT_VOICE_ALIASES)
+    acts = d.send(
+        {
+            "type": "session.update",
+            "event_id": "lk_1",
+            "session": {
+                "type": "realtime",
+                "instructions": "Be brief.",
+                "tracing": "auto",
+                "include": ["item.input_audio_transcription.logprobs"],
+                "audio": {
+                    "input": {
+                        "format": {"type": "audio/pcmu"},
+                        "transcription": {"model": "gpt-4o-mini-transcribe"},
+                        "noise_reduction": None,
+                        "turn_detection": {"type": "semantic_vad", "eagerness": "high", "interrupt_response": False},
+                    },
+                    "output": {"voice": "marin", "speed": 1.5},
+                },
+                "vocie": "x",
+            },
+        }
+    )
+    assert types(acts) == ["error", "error", "session.updated"]
+    errors = [e["error"] for e in events(acts)[:2]]
+    assert {(e["code"], e["param"]) for e in errors} == {
+        (ErrorCode.UNSUPPORTED_VALUE, "session.audio.output.speed"),
+        (ErrorCode.UNKNOWN_PARAMETER, "session.vocie"),
+    }
+    assert all(e["event_id"] == "lk_1" for e in errors)
+    session = events(acts)[2]["session"]
+    assert session["instructions"] == "Be brief." and session["audio"]["output"]["voice"] == "marin"
+    assert session["audio"]["input"]["format"] == {"type": "audio/pcmu"}
+    assert session["audio"]["input"]["transcription"] == {
+        "model": "gpt-4o-mini-transcribe",
+        "language": None,
+        "prompt": None,
+    }
+    assert session["audio"]["input"]["turn_detection"] == {
+        "type": "semantic_vad",
+        "eagerness": "high",
+        "create_response": True,
+        "interrupt_response": False,
+    }
+    assert of(acts, SetInstructions) == [SetInstructions("Be brief.")]
+    (configure,) = of(acts, ConfigureTurnDetection)
+    assert configure.params.silence_duration_ms == 250 and not configure.params.interrupt_response
+
+
+@pytest.mark.parametrize(("eagerness", "silence_ms"), [("low", 800), ("medium", 500), ("auto", 500), ("high", 250)])
+@pytest.mark.parametrize("dialect", [Dialect.GA, Dialect.BETA])
+def test_semantic_vad_eagerness_sets_the_silence_window_and_is_echoed(dialect, eagerness, silence_ms):
+    d = Driver(dialect)
+    detection = {"type": "semantic_vad", "eagerness": eagerness}
+    session = (
+        {"turn_detection": detection}
+        if dialect is Dialect.BETA
+        else {"audio": {"input": {"turn_detection": detection}}}
+    )
+    acts = d.send({"type": "session.update", "session": session})
+    (configure,) = of(acts, ConfigureTurnDetection)
+    assert configure.params.silence_duration_ms == silence_ms
+    (updated,) = events(acts)
+    echoed = (
+        updated["session"]["turn_detection"]
+        if dialect is Dialect.BETA
+        else updated["session"]["audio"]["input"]["turn_detection"]
+    )
+    assert (echoed["type"], echoed["eagerness"]) == ("semantic_vad", eagerness)
+
+
+def test_semantic_vad_without_eagerness_is_auto():
+    d = Driver()
+    acts = d.send(
+        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}
+    )
+    assert of(acts, ConfigureTurnDetection)[0].params == ServerVadParams.semantic("auto")
+    assert events(acts)[0]["session"]["audio"]["input"]["turn_detection"]["eagerness"] == "auto"
+
+
+@pytest.mark.parametrize(
+    "detection",
+    [
+        {"type": "semantic_vad", "silence_duration_ms": 300},
+        {"type": "semantic_vad", "idle_timeout_ms": 5000},
+        {"type": "server_vad", "eagerness": "low"},
+        {"type": "semantic_vad", "eagerness": "eager"},
+        {"type": "server_vad", "threshold": 2.0, "silence_duration_ms": 900},
+    ],
+)
+def test_turn_detection_is_refused_as_a_whole_and_the_rest_applies(detection):
+    d = Driver()
+    acts = d.send(
+        {
+            "type": "session.update",
+            "event_id": "t1",
+            "session": {"instructions": "x", "audio": {"input": {"turn_detection": detection}}},
+        }
+    )
+    assert types(acts) == ["error", "session.updated"]
+    err = events(acts)[0]["error"]
+    assert err["param"].startswith("session.audio.input.turn_detection") and err["event_id"] == "t1"
+    assert err["code"] == ErrorCode.INVALID_VALUE
+    assert d.session.config.turn_detection == ServerVadParams() and not of(acts, ConfigureTurnDetection)
+    assert d.session.config.instructions == "x"
 
 
 def test_turning_vad_off_reconfigures_detection_at_the_current_clock():
@@ -375,6 +523,43 @@ def test_other_command_failures_become_error_events():
     item_id = commit_turn(d)
     err = error_of(d._record(d.session.command_failed(CommitAudio(item_id), EngineFailure("prefill failed"))))
     assert (err["type"], err["code"]) == ("server_error", "engine_failure")
+
+
+def test_errors_of_a_requested_response_carry_the_event_id_of_its_response_create():
+    """A failure while the response runs (engine output, or its start) answers the response.create that asked."""
+    d = Driver(manual=True)
+    commit_turn(d)
+    d.send({"type": "response.create", "event_id": "rc_1"})
+    acts = d.done(ResponseStatus.FAILED, reason="error", error=EngineFailure("talker crashed"))
+    assert types(acts)[-2:] == ["error", "response.done"]
+    assert (events(acts)[-2]["error"]["event_id"], events(acts)[-2]["error"]["code"]) == ("rc_1", "engine_failure")
+    (start,) = of(d.send({"type": "response.create", "event_id": "rc_2"}), StartResponse)
+    assert start.event_id == "rc_2"
+    acts = d._record(d.session.command_failed(start, UnknownItemError("no such item", param="item_id")))
+    assert events(acts)[-2]["error"]["event_id"] == "rc_2"
+    (start,) = of(d.respond(), StartResponse)  # no event_id sent: none to carry
+    assert events(d._record(d.session.command_failed(start, EngineFailure("x"))))[-2]["error"]["event_id"] is None
+
+
+def test_a_failed_command_answers_the_client_event_that_caused_it():
+    d = Driver(manual=True)
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    (add,) = of(d.send({"type": "conversation.item.create", "event_id": "ic_1", "item": item}), AddText)
+    assert add.event_id == "ic_1" and add == AddText(add.item_id, "hi", Role.USER)  # the id is not compared
+    err = error_of(d._record(d.session.command_failed(add, EngineFailure("prefill failed"))))
+    assert (err["code"], err["event_id"]) == ("engine_failure", "ic_1")
+    (append,) = of(d.append(100), AppendAudio)
+    assert append.event_id is None  # the append had no event_id
+
+
+def test_a_response_started_by_turn_detection_fails_with_no_event_id():
+    d = Driver()
+    d.send({"type": "input_audio_buffer.append", "event_id": "a1", "audio": base64.b64encode(pcm16(600)).decode()})
+    d.turn(SpeechStarted(0, 0))
+    (start,) = of(d.turn(SpeechStopped(600, 100)), StartResponse)
+    assert start.event_id is None
+    acts = d.done(ResponseStatus.FAILED, reason="error", error=EngineFailure("talker crashed"))
+    assert events(acts)[-2]["error"]["event_id"] is None
 
 
 # --- server VAD turns ---------------------------------------------------------------------------
@@ -1294,3 +1479,113 @@ def test_random_sequences_keep_the_protocol_invariants(ops, data):
                 assert event["response_id"] not in cancelled  # nothing after the cancel decision
         assert d.session.input_buffer_ms <= SessionLimits().max_buffer_ms
     assert len(set(done)) == len(done) and len(created) - len(done) in (0, 1)
+
+
+# --- idle timeout (server_vad.idle_timeout_ms) ---------------------------------------------------
+
+
+def idle_driver(timeout_ms=1000, transport=AudioTransport.EVENTS, dialect=Dialect.GA, **vad) -> Driver:
+    d = Driver(dialect, transport=transport)
+    detection = {"type": "server_vad", "idle_timeout_ms": timeout_ms, **vad}
+    acts = d.send({"type": "session.update", "session": {"turn_detection": detection}})
+    assert of(acts, ConfigureTurnDetection)[0].params.idle_timeout_ms == timeout_ms
+    if dialect is Dialect.GA:
+        assert events(acts)[0]["session"]["audio"]["input"]["turn_detection"]["idle_timeout_ms"] == timeout_ms
+    return d
+
+
+def silence_until_timeout(d: Driver, limit_ms: int = 5000) -> list:
+    """Append 100 ms of silence at a time until something else than speech detection follows (or ``limit_ms``)."""
+    for _ in range(limit_ms // 100):
+        acts = d.append(100)
+        if events(acts):
+            return acts
+    return []
+
+
+def test_the_idle_timeout_commits_the_silence_and_asks_for_a_response():
+    d = idle_driver(1000)
+    d.send({"type": "session.update", "session": {"output_modalities": ["text"]}})
+    d.append(300)
+    d.respond()
+    d.done()  # a text reply: idle from now (clock 300)
+    acts = silence_until_timeout(d)
+    assert d.session.audio_clock_ms == 1300
+    assert types(acts)[:6] == [
+        "input_audio_buffer.timeout_triggered",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.created",
+        "response.output_item.added",
+    ]
+    triggered, committed = events(acts)[:2]
+    assert (triggered["audio_start_ms"], triggered["audio_end_ms"]) == (300, 1300)
+    assert triggered["item_id"] == committed["item_id"] == of(acts, CommitAudio)[0].item_id
+    assert sum(len(a.audio) for a in of(acts, AppendAudio)) > 0  # the held silence is the user item
+    assert of(acts, StartResponse) and isinstance(acts[-1], DetectSpeech)
+    d.done()
+    assert silence_until_timeout(d, 900) == []  # the next timeout runs from the new reply's end
+    assert types(d.append(100))[0] == "input_audio_buffer.timeout_triggered"
+
+
+def test_the_idle_timeout_runs_from_the_end_of_the_replys_playback():
+    """Over a WebSocket the client plays the deltas as they come: idle from the first delta plus their duration."""
+    d = idle_driver(1000)
+    d.append(200)
+    d.respond()
+    d.engine(chunk(1000))  # a second of reply audio, sent at clock 200
+    d.done()
+    start = events(silence_until_timeout(d))[0]
+    assert 1100 <= start["audio_start_ms"] <= 1200 and start["audio_end_ms"] - start["audio_start_ms"] >= 1000
+
+
+def test_on_webrtc_the_idle_timeout_runs_from_the_end_of_playback():
+    d = idle_driver(1000, transport=AudioTransport.MEDIA)
+    d.append(100)
+    rid = of(d.respond(), StartResponse)[0].response_id
+    d.engine(chunk(500))
+    d.done()
+    assert silence_until_timeout(d, 2000) == []  # still playing: no timeout
+    d._record(d.session.playback_stopped(rid))
+    clock = int(d.session.audio_clock_ms)
+    start = events(silence_until_timeout(d))[0]
+    assert (start["type"], start["audio_start_ms"], start["audio_end_ms"]) == (
+        "input_audio_buffer.timeout_triggered",
+        clock,
+        clock + 1000,
+    )
+
+
+def test_speech_or_no_reply_yet_means_no_idle_timeout():
+    d = idle_driver(500)
+    assert silence_until_timeout(d, 2000) == []  # nothing said yet by the assistant
+    d.append(100)
+    d.respond()
+    d.turn(SpeechStarted(100, 100))  # the user talks over the reply
+    d.done(ResponseStatus.CANCELLED, reason="turn_detected")
+    assert [t for t in types(d.append(2000)) if "timeout" in t] == []
+
+
+def test_without_create_response_the_idle_timeout_only_commits():
+    d = idle_driver(500, create_response=False)
+    d.append(100)
+    d.respond()
+    d.done()
+    acts = silence_until_timeout(d)
+    assert types(acts) == [
+        "input_audio_buffer.timeout_triggered",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+    ]
+    assert not of(acts, StartResponse) and d.session.active_response_id is None
+
+
+def test_beta_clients_get_the_commit_and_response_without_the_ga_event():
+    d = idle_driver(500, dialect=Dialect.BETA)
+    d.append(100)
+    d.respond()
+    d.done()
+    acts = silence_until_timeout(d)
+    assert types(acts)[0] == "input_audio_buffer.committed" and of(acts, StartResponse)
