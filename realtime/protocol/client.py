@@ -27,6 +27,8 @@ from realtime.protocol.model import (
     ResponseParams,
     Role,
     SessionPatch,
+    Truncation,
+    TruncationType,
 )
 from realtime.protocol.names import ClientEventType, ContentType, parse_content_type
 from realtime.protocol.validation import from_validation_error
@@ -212,6 +214,21 @@ def _session_patch(s: wire.SessionModel) -> SessionPatch:
         output_format=_format(audio_out.format if audio_out else None, s.output_audio_format),
         turn_detection=_session_turn_detection(s, audio_in),
         max_output_tokens=_max_tokens(s, "max_output_tokens", "max_response_output_tokens"),
+        truncation=_truncation(s.truncation),
+    )
+
+
+def _truncation(value: str | dict | None) -> Truncation | Keep:
+    """The wire value, already validated (:func:`realtime.protocol.wire._truncation`); null leaves it as it is."""
+    if value is None:
+        return KEEP
+    if isinstance(value, str):
+        return Truncation(TruncationType(value))
+    limits = value.get("token_limits") or {}
+    return Truncation(
+        TruncationType.RETENTION_RATIO,
+        retention_ratio=float(value["retention_ratio"]),
+        post_instructions_tokens=limits.get("post_instructions"),
     )
 
 

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from pipeline.outputs import Usage
 from realtime.audio import AudioFormat
 from realtime.ids import IdGenerator, IdKind
-from realtime.protocol.model import ContentPart, Item, OutputModality, ResponseState, ResponseSummary, SessionConfig
+from realtime.protocol.model import (
+    ContentPart,
+    Item,
+    OutputModality,
+    ResponseState,
+    ResponseSummary,
+    SessionConfig,
+    Truncation,
+    TruncationType,
+)
 from realtime.protocol.names import ContentType, Dialect, PartType, ServerEvent, content_type_name, server_event_name
 from realtime.turn import ServerVadParams
 
@@ -58,6 +67,15 @@ def turn_detection_object(params: ServerVadParams | None) -> dict | None:
         "create_response": params.create_response,
         "interrupt_response": params.interrupt_response,
     }
+
+
+def truncation_object(truncation: Truncation) -> str | dict:
+    if truncation.type is not TruncationType.RETENTION_RATIO:
+        return truncation.type.value
+    body: dict = {"type": "retention_ratio", "retention_ratio": truncation.retention_ratio}
+    if truncation.post_instructions_tokens is not None:
+        body["token_limits"] = {"post_instructions": truncation.post_instructions_tokens}
+    return body
 
 
 def _modalities(modality: OutputModality, dialect: Dialect) -> list[str]:
@@ -109,6 +127,7 @@ def session_object(config: SessionConfig, *, session_id: str, model: str, dialec
         "tools": [],
         "tool_choice": "auto",
         "max_output_tokens": _max_tokens(config.max_output_tokens),
+        "truncation": truncation_object(config.truncation),
     }
 
 
