@@ -7,8 +7,8 @@ Units: user audio handed to the engine is float32 mono at :data:`INPUT_SAMPLE_RA
 values in [-1, 1]; reply audio comes back at 24 kHz (see :mod:`pipeline.outputs`).
 
 Ordering: operations on one conversation take effect in call order. A conversation runs at most
-one response at a time; items may be added while a response runs (they join the context of the
-next response), but deleting or truncating items needs the conversation idle.
+one response at a time; items may be appended while a response runs (they join the context of the
+next response), but inserting an item before the end, deleting or truncating items needs the conversation idle.
 """
 
 from __future__ import annotations
@@ -26,6 +26,27 @@ INPUT_SAMPLE_RATE = 16_000
 
 Role = Literal["system", "user", "assistant"]
 Modality = Literal["text", "audio"]
+
+ROOT_ITEM_ID = "root"
+"""``previous_item_id`` meaning "before every item" (the start of the conversation, right after the instructions);
+no item may have this id."""
+
+
+@dataclass(frozen=True)
+class ContextPolicy:
+    """How one conversation makes room when a response's prompt plus its reply room would not fit the context
+    (:meth:`ConversationHandle.set_context_policy`; the engine's own is the stage config's ``thinker.context_policy``
+    and ``thinker.context_retention_ratio``).
+
+    ``drop_oldest`` False: the response fails with ``context_length_exceeded`` and nothing is dropped. True: the
+    oldest turns are dropped, whole turns at a time, until the prompt takes at most ``retention_ratio`` (0 to 1) of
+    the room beside the reply; the instructions and the turn being answered are never dropped.
+    ``max_history_tokens``: a lower limit than the context for the items after the instructions (the prompt then must
+    fit both); None: only the context limits them."""
+
+    drop_oldest: bool
+    retention_ratio: float = 1.0
+    max_history_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -98,10 +119,21 @@ class ConversationHandle(Protocol):
         """Replace the system prompt (the history is re-prefilled lazily)."""
         ...
 
-    async def add_text(self, item_id: str, text: str, role: Role = "user") -> None: ...
+    async def add_text(
+        self, item_id: str, text: str, role: Role = "user", *, previous_item_id: str | None = None
+    ) -> None:
+        """A text message, appended (``previous_item_id`` None) or inserted right after the item
+        ``previous_item_id`` (:data:`ROOT_ITEM_ID`: first). An item the context policy dropped counts as being before
+        every kept item. Inserting before the end needs the conversation idle; the next prefill keeps the cached
+        positions before the inserted item and prefills from there."""
+        ...
 
-    async def add_audio(self, item_id: str, pcm: np.ndarray) -> None:
-        """A complete user audio message (float32, 16 kHz mono)."""
+    async def add_audio(self, item_id: str, pcm: np.ndarray, *, previous_item_id: str | None = None) -> None:
+        """A complete user audio message (float32, 16 kHz mono), placed as :meth:`add_text` places it."""
+        ...
+
+    async def set_context_policy(self, policy: ContextPolicy | None) -> None:
+        """This conversation's context policy from its next response on; None: the engine's."""
         ...
 
     def open_audio(self, item_id: str) -> AudioInputHandle: ...
@@ -121,7 +153,8 @@ class ConversationHandle(Protocol):
         voice: str | None = None,
         max_output_tokens: int | None = None,
     ) -> ResponseHandle:
-        """Start a reply; its assistant message joins the conversation as ``item_id``."""
+        """Start a reply; its assistant message joins the conversation as ``item_id``. A conversation with no items
+        is answered too: the reply answers the instructions alone (a greeting)."""
         ...
 
     async def close(self) -> None:

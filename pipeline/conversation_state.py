@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.errors import ContextLimitError, ResponseActiveError, UnknownItemError
+from pipeline.api import ROOT_ITEM_ID, ContextPolicy
+from pipeline.errors import ContextLimitError, InvalidInputError, ResponseActiveError, UnknownItemError
 from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
 
 
@@ -90,6 +91,8 @@ class ConversationState:
         self.instructions = instructions
         self.max_context_tokens = max_context_tokens
         self.items: list[ConvItem] = []
+        self.policy: ContextPolicy | None = None
+        """The conversation's own context policy (None: the engine's)."""
         self.dropped: set[str] = set()
         """Ids of the items :meth:`make_room` dropped to fit the context: deleting or truncating one does nothing
         (its owner may still show it; the model no longer sees it)."""
@@ -123,13 +126,31 @@ class ConversationState:
         blocks += [b for pending in self.open_audio.values() for b in pending.blocks]
         return next((b.error for b in blocks if b.error is not None), None)
 
-    def add(self, item: ConvItem) -> None:
-        if self.has_item(item.id):
-            from pipeline.errors import InvalidInputError
-
-            raise InvalidInputError(f"item id {item.id!r} already exists", param="item_id")
-        self.items.append(item)
+    def add(self, item: ConvItem, previous_item_id: str | None = None) -> None:
+        """Append ``item`` (``previous_item_id`` None) or insert it right after ``previous_item_id``
+        (:data:`~pipeline.api.ROOT_ITEM_ID`: first). The cache is not touched here: the next prefill keeps its common
+        prefix with the new rendering (everything before the inserted item) and prefills the rest."""
+        self.items.insert(self.place(item.id, previous_item_id), item)
         self.dirty = True
+
+    def place(self, item_id: str, previous_item_id: str | None) -> int:
+        """The index :meth:`add` gives a new item ``item_id``, or what it raises: the id is taken or reserved, the
+        previous item is unknown, or the item would go before the end while a response runs. An item
+        :meth:`make_room` dropped counts as being before every kept item (so an item after it goes first)."""
+        if item_id == ROOT_ITEM_ID:
+            raise InvalidInputError(f"{ROOT_ITEM_ID!r} is reserved and cannot be an item id", param="item_id")
+        if self.has_item(item_id):
+            raise InvalidInputError(f"item id {item_id!r} already exists", param="item_id")
+        if previous_item_id is None:
+            return len(self.items)
+        index = next((k + 1 for k, item in enumerate(self.items) if item.id == previous_item_id), None)
+        if previous_item_id == ROOT_ITEM_ID or previous_item_id in self.dropped and index is None:
+            index = 0
+        if index is None:
+            raise UnknownItemError(f"no conversation item with id {previous_item_id!r}", param="previous_item_id")
+        if index < len(self.items):
+            self._require_idle("insert an item before the end of the conversation", param="previous_item_id")
+        return index
 
     def delete(self, item_id: str) -> None:
         self._require_idle("delete an item")
@@ -146,8 +167,6 @@ class ConversationState:
             return  # the model no longer sees it
         item = self.find(item_id)
         if item.kind is not ItemKind.REPLY:
-            from pipeline.errors import InvalidInputError
-
             raise InvalidInputError("only assistant replies with audio can be truncated", param="item_id")
         if item.audio_ms <= 0 or audio_end_ms >= item.audio_ms:
             return
@@ -156,9 +175,9 @@ class ConversationState:
         item.audio_ms = float(max(audio_end_ms, 0))
         self.dirty = True
 
-    def _require_idle(self, what: str) -> None:
+    def _require_idle(self, what: str, param: str = "item_id") -> None:
         if self.active_response is not None:
-            raise ResponseActiveError(f"cannot {what} while a response is in progress", param="item_id")
+            raise ResponseActiveError(f"cannot {what} while a response is in progress", param=param)
 
     # -- rendering ----------------------------------------------------------------------------
     def render(self, *, with_open_audio: bool = False) -> Rendering:
@@ -230,24 +249,39 @@ class ConversationState:
         self.talker_vectors = [vectors]
         return vectors
 
-    def make_room(self, reply_budget: int, *, drop_oldest: bool, retention_ratio: float = 1.0) -> None:
-        """Ensure the prompt plus ``reply_budget`` tokens fits ``max_context_tokens``.
+    def make_room(
+        self,
+        reply_budget: int,
+        *,
+        drop_oldest: bool,
+        retention_ratio: float = 1.0,
+        max_history_tokens: int | None = None,
+    ) -> None:
+        """Ensure the prompt plus ``reply_budget`` tokens fits ``max_context_tokens`` and, with
+        ``max_history_tokens``, that the items after the instructions take at most that many positions.
 
         When it does not and ``drop_oldest``: the oldest items are dropped, whole turns at a time (the kept history
         starts with an item that is not the assistant's), until the prompt takes at most ``retention_ratio`` of the
-        room beside the reply (``max_context_tokens - reply_budget``). The instructions and the turn being answered
-        (:meth:`turn_start`) are never dropped. The next prefill keeps the cache's common prefix (the instructions)
-        and prefills the rest again. Dropped ids go to :attr:`dropped`.
+        room (``max_context_tokens - reply_budget``, or the instructions plus ``max_history_tokens`` when that is
+        less). The instructions and the turn being answered (:meth:`turn_start`) are never dropped. The next prefill
+        keeps the cache's common prefix (the instructions) and prefills the rest again. Dropped ids go to
+        :attr:`dropped`.
 
         Raises ContextLimitError, having dropped nothing, when the prompt does not fit: without ``drop_oldest``, or
         when the instructions and the turn being answered alone do not fit."""
         head, lengths = self._rendered_lengths()
         prompt, room = head + sum(lengths), self.max_context_tokens - reply_budget
+        history_limited = False
+        if max_history_tokens is not None and head + max_history_tokens < room:
+            room, history_limited = head + max_history_tokens, True
         if prompt <= room:
             return
         if not drop_oldest:
             raise ContextLimitError(
-                f"conversation has {prompt} tokens; with up to {reply_budget} reply tokens it exceeds the context "
+                f"conversation has {prompt - head} tokens after the instructions, more than its limit of "
+                f"{max_history_tokens} (delete items or start a new conversation)"
+                if history_limited
+                else f"conversation has {prompt} tokens; with up to {reply_budget} reply tokens it exceeds the context "
                 f"limit of {self.max_context_tokens} tokens (delete items or start a new conversation)",
                 param="max_output_tokens",
             )
@@ -255,7 +289,10 @@ class ConversationState:
         turn = sum(lengths[first_kept:])
         if head + turn > room:
             raise ContextLimitError(
-                f"the instructions ({head} tokens) and the input being answered ({turn} tokens) with up to "
+                f"the input being answered ({turn} tokens) exceeds the conversation's limit of {max_history_tokens} "
+                "tokens after the instructions (send a shorter input)"
+                if history_limited
+                else f"the instructions ({head} tokens) and the input being answered ({turn} tokens) with up to "
                 f"{reply_budget} reply tokens exceed the context limit of {self.max_context_tokens} tokens "
                 "(send a shorter input, shorter instructions or a smaller max_output_tokens)",
                 param="max_output_tokens",

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pipeline.api import ContextPolicy
 from pipeline.conversation_state import AudioBlock, ConversationState, ConvItem, ItemKind, OpenAudio
 from pipeline.errors import EmptyInputError, InvalidAudioError, InvalidInputError, UnknownItemError
 from pipeline.scheduler.scheduler import Scheduler
@@ -73,10 +74,23 @@ class Conversations:
         conv.instructions = instructions
         conv.dirty = True
 
-    def add_text(self, conv_id: str, item_id: str, role: str, text: str) -> None:
+    def set_context_policy(self, conv_id: str, policy: ContextPolicy | None) -> None:
+        if policy is not None:
+            if not 0.0 <= policy.retention_ratio <= 1.0:
+                raise InvalidInputError(
+                    f"retention_ratio must be between 0 and 1, got {policy.retention_ratio}", param="retention_ratio"
+                )
+            if policy.max_history_tokens is not None and policy.max_history_tokens <= 0:
+                raise InvalidInputError(
+                    f"max_history_tokens must be positive, got {policy.max_history_tokens}", param="max_history_tokens"
+                )
+        self.get(conv_id).policy = policy
+
+    def add_text(self, conv_id: str, item_id: str, role: str, text: str, previous_item_id: str | None = None) -> None:
+        """A text message, appended or inserted after ``previous_item_id`` (:meth:`ConversationState.add`)."""
         if not text.strip():
             raise EmptyInputError("text message is empty", param="text")
-        self.get(conv_id).add(ConvItem(id=item_id, role=role, kind=ItemKind.TEXT, text=text))
+        self.get(conv_id).add(ConvItem(id=item_id, role=role, kind=ItemKind.TEXT, text=text), previous_item_id)
 
     def append_audio(self, conv_id: str, item_id: str, pcm: np.ndarray) -> None:
         """Feed user audio (16 kHz float32) of a message still being spoken. Each complete 2 s block is queued for
@@ -99,9 +113,10 @@ class Conversations:
             log.exception("encoding audio of %s failed", item_id)
             pending.error = exc
 
-    def commit_audio(self, conv_id: str, item_id: str) -> None:
+    def commit_audio(self, conv_id: str, item_id: str, previous_item_id: str | None = None) -> None:
         """Close a spoken message: queue the tail's encode (and, with an exact floor, the re-encode of the blocks whose
-        features the final loudness changed) for the next step, and add it to the conversation."""
+        features the final loudness changed) for the next step, and add it to the conversation (appended, or after
+        ``previous_item_id``)."""
         conv = self.get(conv_id)
         pending = conv.open_audio.pop(item_id, None)
         if pending is None:
@@ -123,7 +138,8 @@ class Conversations:
         tail = feats.raw_tail()
         if tail.shape[1]:
             pending.blocks.append(self.audio_encodes.block(feats.features(tail, final), floor=final))
-        conv.add(ConvItem(id=item_id, role="user", kind=ItemKind.AUDIO, audio_blocks=pending.blocks))
+        item = ConvItem(id=item_id, role="user", kind=ItemKind.AUDIO, audio_blocks=pending.blocks)
+        conv.add(item, previous_item_id)
 
     def _encode_block(self, feats, k: int, floor: float, version: int = 0) -> AudioBlock:
         return self.audio_encodes.block(feats.features(feats.raw_block(k), floor), floor=floor, version=version)
@@ -133,9 +149,13 @@ class Conversations:
         if conv.open_audio.pop(item_id, None) is not None:
             conv.dirty = True  # its prefilled positions are rolled back in the background
 
-    def add_audio(self, conv_id: str, item_id: str, pcm: np.ndarray) -> None:
+    def add_audio(self, conv_id: str, item_id: str, pcm: np.ndarray, previous_item_id: str | None = None) -> None:
+        """A whole audio message, placed as :meth:`add_text` places a text one."""
+        conv = self.get(conv_id)
+        if previous_item_id is not None:
+            conv.place(item_id, previous_item_id)  # before any encode: a refused insertion leaves nothing behind
         self.append_audio(conv_id, item_id, pcm)
-        self.commit_audio(conv_id, item_id)
+        self.commit_audio(conv_id, item_id, previous_item_id)
 
     def delete_item(self, conv_id: str, item_id: str) -> None:
         self.get(conv_id).delete(item_id)

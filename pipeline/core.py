@@ -21,7 +21,7 @@ import torch
 from pipeline.config import StageGraphConfig
 from pipeline.conversation_state import ConvItem, ItemKind
 from pipeline.conversations import Conversations
-from pipeline.errors import EmptyInputError, EngineFailure, PipelineError, ResponseActiveError
+from pipeline.errors import EngineFailure, PipelineError, ResponseActiveError
 from pipeline.models import family_of
 from pipeline.models.family import Checkpoint, StreamStatus
 from pipeline.observe.observer import EngineObserver
@@ -42,6 +42,7 @@ from pipeline.requests import (
     GetStats,
     HasWork,
     OpenConversation,
+    SetContextPolicy,
     SetInstructions,
     StartResponse,
     TruncateItem,
@@ -203,10 +204,12 @@ class EngineCore:
                 return c.close(conv_id)
             case SetInstructions(conv_id, instructions):
                 return c.set_instructions(conv_id, instructions)
-            case AddText(conv_id, item_id, role, text):
-                return c.add_text(conv_id, item_id, role, text)
-            case AddAudio(conv_id, item_id, pcm):
-                return c.add_audio(conv_id, item_id, pcm)
+            case SetContextPolicy(conv_id, policy):
+                return c.set_context_policy(conv_id, policy)
+            case AddText(conv_id, item_id, role, text, previous_item_id):
+                return c.add_text(conv_id, item_id, role, text, previous_item_id)
+            case AddAudio(conv_id, item_id, pcm, previous_item_id):
+                return c.add_audio(conv_id, item_id, pcm, previous_item_id)
             case AppendAudio(conv_id, item_id, pcm):
                 return c.append_audio(conv_id, item_id, pcm)
             case CommitAudio(conv_id, item_id):
@@ -228,11 +231,12 @@ class EngineCore:
         raise TypeError(f"not an engine request: {type(request).__name__}")
 
     def start_response(self, spec: ResponseSpec) -> None:
+        """Open the reply item at the end of the conversation and queue the response's prefill. Any conversation is
+        answered: with no items (or no user item) the prompt is the instructions and the reply's header, so the reply
+        answers the instructions (a greeting)."""
         conv = self.conversations.get(spec.conv_id)
         if conv.active_response is not None:
             raise ResponseActiveError("a response is already in progress for this conversation", param="response")
-        if not any(item.role == "user" for item in conv.items):
-            raise EmptyInputError("the conversation has no user input to respond to", param="input")
         item = ConvItem(id=spec.item_id, role="assistant", kind=ItemKind.REPLY, open=True)
         conv.add(item)
         conv.active_response = spec.id

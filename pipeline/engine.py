@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from pipeline import requests as rq
-from pipeline.api import INPUT_SAMPLE_RATE, Modality, Role
+from pipeline.api import INPUT_SAMPLE_RATE, ContextPolicy, Modality, Role
 from pipeline.config import StageGraphConfig, load_stage_config
 from pipeline.core import EngineCore
 from pipeline.errors import (
@@ -185,14 +185,19 @@ class Conversation:
     async def set_instructions(self, instructions: str) -> None:
         await self._engine._call(rq.SetInstructions(self.id, instructions))
 
-    async def add_text(self, item_id: str, text: str, role: Role = "user") -> None:
+    async def set_context_policy(self, policy: ContextPolicy | None) -> None:
+        await self._engine._call(rq.SetContextPolicy(self.id, policy))
+
+    async def add_text(
+        self, item_id: str, text: str, role: Role = "user", *, previous_item_id: str | None = None
+    ) -> None:
         if role not in ("system", "user", "assistant"):
             raise InvalidInputError(f"unknown role {role!r}", param="role")
-        await self._engine._call(rq.AddText(self.id, item_id, role, text))
+        await self._engine._call(rq.AddText(self.id, item_id, role, text, previous_item_id))
 
-    async def add_audio(self, item_id: str, pcm: np.ndarray) -> None:
+    async def add_audio(self, item_id: str, pcm: np.ndarray, *, previous_item_id: str | None = None) -> None:
         validate_pcm(pcm)
-        await self._engine._call(rq.AddAudio(self.id, item_id, pcm))
+        await self._engine._call(rq.AddAudio(self.id, item_id, pcm, previous_item_id))
 
     def open_audio(self, item_id: str) -> AudioInput:
         return AudioInput(self, item_id)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.api import ContextPolicy
 from pipeline.request import ResponseSpec
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "GetStats",
     "HasWork",
     "OpenConversation",
+    "SetContextPolicy",
     "SetInstructions",
     "StartResponse",
     "TruncateItem",
@@ -54,20 +56,33 @@ class SetInstructions:
 
 
 @dataclass(frozen=True)
+class SetContextPolicy:
+    """The conversation's own context policy (None: the engine's), applied from its next response on."""
+
+    conv_id: str
+    policy: ContextPolicy | None
+
+
+@dataclass(frozen=True)
 class AddText:
+    """Appended, or inserted right after ``previous_item_id`` (``pipeline.api.ROOT_ITEM_ID``: first)."""
+
     conv_id: str
     item_id: str
     role: str
     text: str
+    previous_item_id: str | None = None
 
 
 @dataclass(frozen=True)
 class AddAudio:
-    """A whole audio message (16 kHz float32 mono): the same path as streamed audio, so features are identical."""
+    """A whole audio message (16 kHz float32 mono): the same path as streamed audio, so features are identical.
+    Placed as :class:`AddText` is."""
 
     conv_id: str
     item_id: str
     pcm: np.ndarray
+    previous_item_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +151,7 @@ EngineRequest = (
     OpenConversation
     | CloseConversation
     | SetInstructions
+    | SetContextPolicy
     | AddText
     | AddAudio
     | AppendAudio

@@ -70,6 +70,7 @@ from realtime.session import (
     Send,
     Session,
     SessionSettings,
+    SetContextPolicy,
     SetInstructions,
     StartResponse,
     Transcribe,
@@ -589,12 +590,20 @@ class SessionRunner:
         assert conversation is not None, "run() creates the conversation before any command"
         if isinstance(command, SetInstructions):
             await conversation.set_instructions(command.instructions)
+        elif isinstance(command, SetContextPolicy):
+            await conversation.set_context_policy(command.policy)
         elif isinstance(command, AddText):
-            await conversation.add_text(command.item_id, command.text, command.role.value)
+            if command.previous_item_id is not None:  # an insertion: after the cancelled response ends
+                await self._wait_idle()
+            await conversation.add_text(
+                command.item_id, command.text, command.role.value, previous_item_id=command.previous_item_id
+            )
         elif isinstance(command, AddAudio):
             decoder = self._decoder_factory(command.format)
             pcm = np.concatenate([decoder.decode(command.audio), decoder.flush()])
-            await conversation.add_audio(command.item_id, pcm)
+            if command.previous_item_id is not None:
+                await self._wait_idle()
+            await conversation.add_audio(command.item_id, pcm, previous_item_id=command.previous_item_id)
         elif isinstance(command, AppendAudio):
             self._append(conversation, command)
         elif isinstance(command, CommitAudio):

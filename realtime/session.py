@@ -52,7 +52,7 @@ from typing import Protocol
 
 import numpy as np
 
-from pipeline.api import EngineHandle, Modality
+from pipeline.api import ROOT_ITEM_ID, ContextPolicy, EngineHandle, Modality
 from pipeline.outputs import (
     OUTPUT_SAMPLE_RATE,
     AudioChunk,
@@ -102,10 +102,6 @@ from realtime.protocol.server import ContentRef, ServerEvents
 from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnEvent
 from realtime.voices import VoiceTable, usable_aliases
 
-ROOT_ITEM_ID = "root"
-"""``previous_item_id`` meaning "at the start of the conversation"."""
-
-
 # --- actions ------------------------------------------------------------------------------------
 
 
@@ -130,19 +126,31 @@ class SetInstructions(_Command):
 
 
 @dataclass(frozen=True)
+class SetContextPolicy(_Command):
+    """The conversation's context policy in the engine (the session's ``truncation``; None: the engine's own)."""
+
+    policy: ContextPolicy | None
+
+
+@dataclass(frozen=True)
 class AddText(_Command):
+    """Appended (``previous_item_id`` None), or inserted right after ``previous_item_id`` (``root``: first): an
+    insertion needs the conversation idle, like :class:`DeleteItem`."""
+
     item_id: str
     text: str
     role: Role
+    previous_item_id: str | None = None
 
 
 @dataclass(frozen=True)
 class AddAudio(_Command):
-    """A complete user audio message: ``audio`` is wire bytes in ``format``."""
+    """A complete user audio message: ``audio`` is wire bytes in ``format``. Placed as :class:`AddText` is."""
 
     item_id: str
     audio: bytes
     format: AudioFormat
+    previous_item_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -211,6 +219,7 @@ class Transcribe:
 
 EngineCommand = (
     SetInstructions
+    | SetContextPolicy
     | AddText
     | AddAudio
     | AppendAudio
@@ -727,11 +736,16 @@ class Session:
     def _last_item_id(self) -> str | None:
         return next(reversed(self._items), None)
 
-    def _add_item(self, item: Item) -> str | None:
-        """Append ``item`` to the mirror; returns the id of the item before it."""
-        previous = self._last_item_id()
-        self._items[item.id] = item
-        return previous
+    def _add_item(self, item: Item, index: int | None = None) -> str | None:
+        """Put ``item`` into the mirror at ``index`` (None: last); returns the id of the item before it."""
+        if index is None or index == len(self._items):
+            previous = self._last_item_id()
+            self._items[item.id] = item
+            return previous
+        entries = list(self._items.items())
+        entries.insert(index, (item.id, item))
+        self._items = dict(entries)
+        return entries[index - 1][0] if index else None
 
     def _get_item(self, item_id: str, param: str = "item_id") -> Item:
         item = self._items.get(item_id)
@@ -760,6 +774,8 @@ class Session:
         self.config = new
         if new.instructions != old.instructions:
             self._emit(SetInstructions(new.instructions))
+        if new.truncation != old.truncation:
+            self._emit(SetContextPolicy(new.truncation.context_policy()))
         if new.turn_detection != old.turn_detection:
             self._turn_detection_changed(new.turn_detection)
         self._send(self._events.session_updated(new, session_id=self.session_id, model=self.settings.model))
@@ -980,7 +996,14 @@ class Session:
         new = event.item
         if new.id is not None and new.id in self._items:
             raise RealtimeError(f"item {new.id!r} already exists", code=ErrorCode.DUPLICATE_ITEM_ID, param="item.id")
-        self._check_append_position(event.previous_item_id)
+        if new.id == ROOT_ITEM_ID:
+            raise RealtimeError(
+                f"{ROOT_ITEM_ID!r} is reserved (previous_item_id {ROOT_ITEM_ID!r} means the start of the "
+                "conversation); choose another item id",
+                code=ErrorCode.INVALID_VALUE,
+                param="item.id",
+            )
+        index = self._insert_index(event.previous_item_id)
         if new.audio is not None:
             fmt = self.config.input_format
             if not new.audio or len(new.audio) % fmt.bytes_per_sample:
@@ -989,31 +1012,39 @@ class Session:
                     param="item.content.0.audio",
                 )
         item_id = new.id or self._new_id(IdKind.ITEM)
+        ids = list(self._items)
+        after = None if index == len(ids) else ids[index - 1] if index else ROOT_ITEM_ID  # None: appended
         if new.audio is not None:
-            self._emit(AddAudio(item_id, new.audio, self.config.input_format))
+            self._emit(AddAudio(item_id, new.audio, self.config.input_format, after))
             part = ContentPart(ContentType.INPUT_AUDIO, transcript=new.transcript)
         else:
-            self._emit(AddText(item_id, new.text or "", new.role))
+            self._emit(AddText(item_id, new.text or "", new.role, after))
             part = ContentPart(new.content, text=new.text)
         item = Item(item_id, new.role, [part])
-        previous = self._add_item(item)
+        previous = self._add_item(item, index)
         self._send(self._events.item_added(item, previous))
         self._send(self._events.item_done(item, previous))
 
-    def _check_append_position(self, previous_item_id: str | None) -> None:
-        """Items can only be appended: the engine's context is a prefix-cached sequence.
-        (``root``, the API's name for "first", is the end of an empty conversation.)"""
-        last = self._last_item_id()
-        if previous_item_id is None or previous_item_id == last or (previous_item_id == ROOT_ITEM_ID and last is None):
-            return
-        if previous_item_id != ROOT_ITEM_ID:
-            self._get_item(previous_item_id, param="previous_item_id")  # item_not_found for an unknown id
-        raise RealtimeError(
-            "inserting an item before the end of the conversation is not supported: leave 'previous_item_id' out "
-            "(the item is appended)",
-            code=ErrorCode.UNSUPPORTED_VALUE,
-            param="previous_item_id",
-        )
+    def _insert_index(self, previous_item_id: str | None) -> int:
+        """Where a created item goes in the mirror: after ``previous_item_id`` (``root``: first; left out: last).
+        Before the end while a response is in progress it is refused (the reply being written would no longer
+        follow what it was written for); a response being cancelled is waited for by the executor."""
+        ids = list(self._items)
+        if previous_item_id is None:
+            return len(ids)
+        if previous_item_id == ROOT_ITEM_ID:
+            index = 0
+        else:
+            index = ids.index(self._get_item(previous_item_id, param="previous_item_id").id) + 1
+        response = self._response
+        if index < len(ids) and response is not None and response.phase is ResponsePhase.IN_PROGRESS:
+            raise RealtimeError(
+                f"response {response.id} is in progress: an item can only be appended until it ends; cancel it or "
+                "wait for response.done to insert before the end",
+                code=ErrorCode.CONVERSATION_BUSY,
+                param="previous_item_id",
+            )
+        return index
 
     def _item_retrieve(self, event: ItemRetrieve) -> None:
         self._send(self._events.item_retrieved(self._get_item(event.item_id)))

@@ -2,8 +2,8 @@
 
 :class:`FakeEngine` hands out :class:`FakeConversation` objects that record every call in
 ``calls`` (tuples such as ``("add_text", item_id, text, role)``) and enforce the seam's contract:
-one response at a time, deletes/truncates only while idle, unknown items rejected, appends only
-before commit/discard. Each response plays a :class:`Script`: text deltas interleaved with audio
+one response at a time, deletes/truncates/insertions before the end only while idle, unknown items
+rejected, appends only before commit/discard. Each response plays a :class:`Script`: text deltas interleaved with audio
 chunks, then ``ResponseDone``; pacing is free-running, delayed, or ``manual`` (each event waits for
 :meth:`FakeResponse.release`), and ``events_after_cancel`` lets a cancelled response still deliver
 some output, as a real engine does until its current step ends.
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.api import INPUT_SAMPLE_RATE, Modality, Role, TranscriptionPrompt
+from pipeline.api import INPUT_SAMPLE_RATE, ROOT_ITEM_ID, ContextPolicy, Modality, Role, TranscriptionPrompt
 from pipeline.errors import EngineClosedError, ResponseActiveError, UnknownItemError, UnknownVoiceError
 from pipeline.outputs import (
     OUTPUT_SAMPLE_RATE,
@@ -240,16 +240,38 @@ class FakeConversation:
         self.instructions = instructions
         self.calls.append(("set_instructions", instructions))
 
-    async def add_text(self, item_id: str, text: str, role: Role = "user") -> None:
-        self._check_open("add_text")
-        self.items.append(item_id)
-        self.calls.append(("add_text", item_id, text, role))
+    async def set_context_policy(self, policy: ContextPolicy | None) -> None:
+        self._check_open("set_context_policy")
+        self.calls.append(("set_context_policy", policy))
 
-    async def add_audio(self, item_id: str, pcm: np.ndarray) -> None:
+    def _place(self, item_id: str, previous_item_id: str | None) -> None:
+        """As the engine: appended, or inserted after ``previous_item_id`` (root: first) while no response runs."""
+        if previous_item_id is None:
+            self.items.append(item_id)
+            return
+        index = 0 if previous_item_id == ROOT_ITEM_ID else None
+        if index is None:
+            if previous_item_id not in self.items:
+                raise UnknownItemError(f"no item {previous_item_id}", param="previous_item_id")
+            index = self.items.index(previous_item_id) + 1
+        if index < len(self.items):
+            self._check_idle("insert")
+        self.items.insert(index, item_id)
+
+    async def add_text(
+        self, item_id: str, text: str, role: Role = "user", *, previous_item_id: str | None = None
+    ) -> None:
+        self._check_open("add_text")
+        self._place(item_id, previous_item_id)
+        call = ("add_text", item_id, text, role)
+        self.calls.append(call if previous_item_id is None else (*call, previous_item_id))
+
+    async def add_audio(self, item_id: str, pcm: np.ndarray, *, previous_item_id: str | None = None) -> None:
         self._check_open("add_audio")
         assert pcm.dtype == np.float32 and pcm.ndim == 1
-        self.items.append(item_id)
-        self.calls.append(("add_audio", item_id, len(pcm)))
+        self._place(item_id, previous_item_id)
+        call = ("add_audio", item_id, len(pcm))
+        self.calls.append(call if previous_item_id is None else (*call, previous_item_id))
 
     def open_audio(self, item_id: str) -> FakeAudioInput:
         self._check_open("open_audio")

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.api import ContextPolicy
 from pipeline.conversation_state import ConversationState
 from pipeline.output.start_buffer import holds_start
 from pipeline.outputs import ResponseStatus
@@ -38,7 +39,8 @@ class SchedulerConfig:
     """Most positions of one step's prefill batch (the largest captured prefill graph; None: no limit)."""
     prefill_chunk_tokens: int
     drop_oldest: bool
-    """Context policy: drop the oldest turns to make room (else a response that does not fit fails)."""
+    """Context policy: drop the oldest turns to make room (else a response that does not fit fails). A conversation's
+    own policy (``ConversationState.policy``) replaces this and ``context_retention_ratio``."""
     context_retention_ratio: float
     """Under ``drop_oldest``: a drop leaves the prompt at most this fraction of the room beside the reply."""
     talker_prefills_per_step: int
@@ -124,10 +126,12 @@ class Scheduler:
         if (error := conv.audio_error()) is not None:
             raise error
         if r.thinker.prompt_len == 0:  # first prefill step of this response
+            policy = conv.policy or ContextPolicy(self.cfg.drop_oldest, self.cfg.context_retention_ratio)
             conv.make_room(
                 r.spec.max_text_tokens,
-                drop_oldest=self.cfg.drop_oldest,
-                retention_ratio=self.cfg.context_retention_ratio,
+                drop_oldest=policy.drop_oldest,
+                retention_ratio=policy.retention_ratio,
+                max_history_tokens=policy.max_history_tokens,
             )
         if self.thinker_slot(conv, evict=True) is None:
             return False

@@ -28,6 +28,8 @@ from realtime.protocol.model import (
     Role,
     SessionPatch,
     TranscriptionSettings,
+    Truncation,
+    TruncationType,
 )
 from realtime.protocol.names import ClientEventType, ContentType, parse_content_type
 from realtime.protocol.session_update import validate_session_update
@@ -223,6 +225,21 @@ def _session_patch(s: wire.SessionModel) -> SessionPatch:
         turn_detection=_session_turn_detection(s, audio_in),
         max_output_tokens=_max_tokens(s, "max_output_tokens", "max_response_output_tokens"),
         transcription=_session_transcription(s, audio_in),
+        truncation=_truncation(s.truncation),
+    )
+
+
+def _truncation(value: str | dict | None) -> Truncation | Keep:
+    """The wire value, already validated (:func:`realtime.protocol.wire._truncation`); null leaves it as it is."""
+    if value is None:
+        return KEEP
+    if isinstance(value, str):
+        return Truncation(TruncationType(value))
+    limits = value.get("token_limits") or {}
+    return Truncation(
+        TruncationType.RETENTION_RATIO,
+        retention_ratio=float(value["retention_ratio"]),
+        post_instructions_tokens=limits.get("post_instructions"),
     )
 
 

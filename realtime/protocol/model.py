@@ -11,7 +11,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 
-from pipeline.api import Modality
+from pipeline.api import ContextPolicy, Modality
 from pipeline.outputs import Usage
 from realtime.audio import AudioFormat
 from realtime.protocol.codes import StatusReason
@@ -63,6 +63,37 @@ class ResponseState(str, enum.Enum):
     INCOMPLETE = "incomplete"
 
 
+class TruncationType(str, enum.Enum):
+    AUTO = "auto"
+    DISABLED = "disabled"
+    RETENTION_RATIO = "retention_ratio"
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """The session's ``truncation``: what happens when a response's prompt and its reply room would not fit the
+    context. ``auto``: the engine's context policy (the stage config's ``thinker.context_policy``); ``disabled``: the
+    response fails with ``context_length_exceeded`` and nothing is dropped; ``retention_ratio``: the oldest turns are
+    dropped until the prompt takes at most ``retention_ratio`` of the room beside the reply, and, with
+    ``post_instructions_tokens`` (the API's ``token_limits.post_instructions``), the items after the instructions are
+    kept within that many tokens."""
+
+    type: TruncationType = TruncationType.AUTO
+    retention_ratio: float | None = None
+    post_instructions_tokens: int | None = None
+
+    def context_policy(self) -> ContextPolicy | None:
+        """The conversation's context policy in the engine (None: the engine's own)."""
+        if self.type is TruncationType.AUTO:
+            return None
+        if self.type is TruncationType.DISABLED:
+            return ContextPolicy(drop_oldest=False)
+        assert self.retention_ratio is not None
+        return ContextPolicy(
+            drop_oldest=True, retention_ratio=self.retention_ratio, max_history_tokens=self.post_instructions_tokens
+        )
+
+
 DEFAULT_TURN_DETECTION = ServerVadParams()
 """``server_vad`` with the API's defaults: threshold 0.5, 300 ms padding, 500 ms silence."""
 
@@ -93,6 +124,7 @@ class SessionPatch:
     turn_detection: ServerVadParams | None | Keep = KEEP
     max_output_tokens: int | None | Keep = KEEP
     transcription: TranscriptionSettings | None | Keep = KEEP
+    truncation: Truncation | Keep = KEEP
     voice_param: str = "session.voice"
 
 
@@ -110,6 +142,7 @@ class SessionConfig:
     max_output_tokens: int | None = None
     transcription: TranscriptionSettings | None = None
     """Input audio transcription settings; None: off (the API's default)."""
+    truncation: Truncation = Truncation()
 
     def apply(self, patch: SessionPatch) -> SessionConfig:
         """A copy with the patch's set fields replaced."""

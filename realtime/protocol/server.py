@@ -21,6 +21,8 @@ from realtime.protocol.model import (
     ResponseSummary,
     SessionConfig,
     TranscriptionSettings,
+    Truncation,
+    TruncationType,
 )
 from realtime.protocol.names import ContentType, Dialect, PartType, ServerEvent, content_type_name, server_event_name
 from realtime.turn import ServerVadParams
@@ -91,6 +93,15 @@ def transcription_usage_object(usage: Usage) -> dict:
     }
 
 
+def truncation_object(truncation: Truncation) -> str | dict:
+    if truncation.type is not TruncationType.RETENTION_RATIO:
+        return truncation.type.value
+    body: dict = {"type": "retention_ratio", "retention_ratio": truncation.retention_ratio}
+    if truncation.post_instructions_tokens is not None:
+        body["token_limits"] = {"post_instructions": truncation.post_instructions_tokens}
+    return body
+
+
 def _modalities(modality: OutputModality, dialect: Dialect) -> list[str]:
     """GA lists the one output modality; beta lists text alongside audio (the transcript)."""
     if modality is OutputModality.TEXT:
@@ -140,6 +151,7 @@ def session_object(config: SessionConfig, *, session_id: str, model: str, dialec
         "tools": [],
         "tool_choice": "auto",
         "max_output_tokens": _max_tokens(config.max_output_tokens),
+        "truncation": truncation_object(config.truncation),
     }
 
 

@@ -11,13 +11,14 @@ server does not implement are of two kinds:
 - accepted and ignored, because SDK clients send them routinely and nothing the client relies on
   changes: ``model`` (one model per server), ``tool_choice`` (no tools), ``temperature`` (the engine's
   sampling settings apply), input ``noise_reduction`` (the model hears the audio as sent), ``tracing``,
-  ``include`` (it only asks for transcription log-probabilities), ``truncation``. The ``session.updated``
+  ``include`` (it only asks for transcription log-probabilities). The ``session.updated``
   reply shows the effective configuration (``noise_reduction: null``...).
 
 Input ``transcription`` (beta ``input_audio_transcription``) is implemented (:mod:`realtime.transcription`):
 its ``model`` is echoed, ``language`` and ``prompt`` are hints to the server's own model.
 ``semantic_vad`` is accepted and served by the silence-based detector (:data:`realtime.turn.SEMANTIC_SILENCE_MS`).
-In ``session.update`` a refused field refuses only itself (:mod:`.session_update`).
+In ``session.update`` a refused field refuses only itself (:mod:`.session_update`). ``truncation`` maps onto the
+conversation's context policy.
 
 Unions are kept out of field types on purpose: pydantic names union branches in error locations,
 and the error's ``param`` must be the client's field path.
@@ -45,6 +46,37 @@ def _max_tokens(value: Any) -> int | None:
 
 
 MaxTokens = Annotated[Any, AfterValidator(_max_tokens)]
+
+_TRUNCATION_SHAPE = (
+    'must be "auto", "disabled" or {"type": "retention_ratio", "retention_ratio": <0 to 1>, '
+    '"token_limits": {"post_instructions": <tokens>}} (token_limits optional)'
+)
+
+
+def _truncation(value: Any) -> Any:
+    """``"auto"``, ``"disabled"`` or a retention-ratio object (``retention_ratio`` in [0, 1], optional
+    ``token_limits.post_instructions`` a positive integer or null); returned as given."""
+    if value is None or value in ("auto", "disabled"):
+        return value
+    if not isinstance(value, dict) or value.get("type") != "retention_ratio" or "retention_ratio" not in value:
+        raise ValueError(_TRUNCATION_SHAPE)
+    if set(value) - {"type", "retention_ratio", "token_limits"}:
+        raise ValueError(f"has unknown fields {sorted(set(value) - {'type', 'retention_ratio', 'token_limits'})}")
+    ratio = value["retention_ratio"]
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"retention_ratio must be a number between 0 and 1, got {ratio!r}")
+    limits = value.get("token_limits")
+    if limits is None:
+        return value
+    if not isinstance(limits, dict) or set(limits) - {"post_instructions"}:
+        raise ValueError('token_limits must be an object with the one field "post_instructions"')
+    post = limits.get("post_instructions")
+    if post is not None and (isinstance(post, bool) or not isinstance(post, int) or post < 1):
+        raise ValueError(f"token_limits.post_instructions must be a positive integer, got {post!r}")
+    return value
+
+
+Truncation = Annotated[Any, AfterValidator(_truncation)]
 GaFormatType = Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
 BetaFormatName = Literal["pcm16", "g711_ulaw", "g711_alaw"]
 ModalityName = Literal["text", "audio"]
@@ -139,6 +171,7 @@ class SessionModel(_Model):
     # defined by the API, refused unless off
     tools: list[Any] | None = Field(default=None, max_length=0)
     prompt: None = None
+    truncation: Truncation = None
     # accepted and ignored (see the module docstring)
     model: str | None = None
     tool_choice: Literal["auto", "none"] | None = None
@@ -146,7 +179,6 @@ class SessionModel(_Model):
     input_audio_noise_reduction: Any = None
     tracing: Any = None
     include: Any = None
-    truncation: Any = None
 
 
 class SessionUpdateModel(_Model):

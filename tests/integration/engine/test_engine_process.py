@@ -25,6 +25,7 @@ import soxr
 import websockets
 
 from conftest import greedy_stage_config
+from pipeline.api import ROOT_ITEM_ID
 from pipeline.config import load_stage_config, parse_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.errors import (
@@ -35,6 +36,7 @@ from pipeline.errors import (
     EngineDeadError,
     EngineProcessError,
     InvalidAudioError,
+    InvalidInputError,
     PipelineError,
     ResponseActiveError,
     UnknownItemError,
@@ -274,14 +276,20 @@ async def check_invalid_calls(engine: OmniEngine) -> None:
     assert info.value.param == "audio"
     with pytest.raises(UnknownItemError, match="never"):
         await conv.open_audio("never").commit()
-    refused = await conv.respond(item_id="a1").wait()
-    assert refused.status is ResponseStatus.FAILED and isinstance(refused.error, EmptyInputError)
-    assert refused.error.param == "input"
+    refused = await conv.respond(item_id=ROOT_ITEM_ID).wait()  # a reserved id: refused when the response starts
+    assert refused.status is ResponseStatus.FAILED and isinstance(refused.error, InvalidInputError)
+    assert refused.error.param == "item_id"
     await conv.add_text("u3", "Now something")
     resp = conv.respond(item_id="a2", modalities=frozenset({"text"}), max_output_tokens=2)
     with pytest.raises(ResponseActiveError):
         await conv.delete_item("u3")
+    with pytest.raises(ResponseActiveError) as info:
+        await conv.add_text("u4", "Before it", previous_item_id=ROOT_ITEM_ID)
+    assert info.value.param == "previous_item_id"
     assert (await resp.wait()).status is not ResponseStatus.FAILED
+    with pytest.raises(UnknownItemError) as info:
+        await conv.add_text("u4", "After nothing", previous_item_id="ghost")
+    assert info.value.param == "previous_item_id"
     await conv.close()
 
 

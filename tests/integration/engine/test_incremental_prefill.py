@@ -17,6 +17,7 @@ import torch
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.outputs import AudioChunk, ResponseStatus
+from tests.helpers.one_shot import assert_same_reply, core_conv, reply_and_one_shot
 from tests.helpers.paths import TESTS
 
 FIXTURES = TESTS / "fixtures" / "speech"
@@ -39,10 +40,6 @@ def engine(tiny_model_dir, request):
     eng.close()
 
 
-def core_conv(engine, conv):
-    return engine.core.conversations.get(conv.id)
-
-
 async def stream_audio(engine, conv, item_id: str, pcm: np.ndarray, *, piece: int = 320) -> None:
     """Append in 20 ms pieces, letting the engine work between them, as a live microphone would."""
     audio = conv.open_audio(item_id)
@@ -52,23 +49,6 @@ async def stream_audio(engine, conv, item_id: str, pcm: np.ndarray, *, piece: in
             await engine.wait_idle()
     await engine.wait_idle()
     await audio.commit()
-
-
-async def reply_and_one_shot(engine, conv, item_id: str, **kwargs):
-    """The reply as the incremental engine gives it, then the same reply recomputed from a one-shot
-    prefill (delete it, drop every cache, respond again); returns both ResponseDone."""
-    first = await conv.respond(item_id=item_id, **kwargs).wait()
-    state = core_conv(engine, conv)
-    await conv.delete_item(item_id)
-    await engine._call(lambda core: state.free())
-    again = await conv.respond(item_id=item_id, **kwargs).wait()
-    return first, again
-
-
-def assert_same_reply(a, b):
-    assert a.status is not ResponseStatus.FAILED, a.error
-    assert a.text_token_ids == b.text_token_ids
-    assert a.audio_codes == b.audio_codes
 
 
 async def test_streamed_audio_is_prefilled_before_commit(engine):

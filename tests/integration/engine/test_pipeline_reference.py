@@ -95,6 +95,25 @@ async def test_text_prompt_matches_reference(tiny_engine, reference):
     await conv.close()
 
 
+async def test_a_greeting_matches_reference(tiny_engine, reference):
+    """A response with no user input answers the instructions alone: the prompt is the system message and the start
+    of the assistant's turn, exactly what the chat template makes of the instructions with a generation prompt."""
+    model, tokenizer, _ = reference
+    special = tiny_engine.ckpt.special
+    messages = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_tensors="pt")
+    ids = ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
+    ref_text, ref_codes = run_reference(model, special, ids)
+
+    conv = tiny_engine.conversation()
+    done = (await collect(conv.respond(item_id="a1", max_output_tokens=THINKER_MAX)))[-1]
+    assert done.status in (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE), done.error
+    assert done.usage.input_tokens == ids.shape[1]
+    assert list(done.text_token_ids) == ref_text and len(ref_text) > 0
+    assert list(done.audio_codes) == ref_codes
+    await conv.close()
+
+
 async def test_audio_prompt_matches_reference(tiny_engine, reference):
     model, tokenizer, fe = reference
     special = tiny_engine.ckpt.special

@@ -119,3 +119,28 @@ def test_deleting_or_truncating_a_dropped_item_does_nothing():
         conv.delete("u0")  # forgotten once deleted
     with pytest.raises(UnknownItemError):
         conv.delete("never-there")
+
+
+def test_a_history_limit_below_the_context_drops_down_to_its_ratio():
+    conv = conversation(4, max_context=200)  # 97 positions: the context fits them, a 40-token history limit does not
+    conv.make_room(10, drop_oldest=True, retention_ratio=1.0, max_history_tokens=40)
+    assert ids(conv) == ["u3", "a3", "now", "reply"], "down to 45 positions (instructions + 40), whole turns"
+    assert prompt_len(conv) == 37
+    assert conv.dropped == {"u0", "a0", "u1", "a1", "u2", "a2"}
+
+
+def test_a_history_limit_above_the_context_changes_nothing():
+    conv, same = conversation(4), conversation(4)
+    conv.make_room(10, drop_oldest=True, retention_ratio=0.65, max_history_tokens=1000)
+    same.make_room(10, drop_oldest=True, retention_ratio=0.65)
+    assert ids(conv) == ids(same)
+
+
+def test_the_error_policy_names_the_history_limit():
+    conv = conversation(2)  # 52 positions after the instructions
+    with pytest.raises(ContextLimitError, match="52 tokens after the instructions, more than its limit of 30"):
+        conv.make_room(10, drop_oldest=False, max_history_tokens=30)
+    assert conv.dropped == set()
+    with pytest.raises(ContextLimitError, match=r"input being answered \(12 tokens\) exceeds .* limit of 10 tokens"):
+        conv.make_room(10, drop_oldest=True, max_history_tokens=10)
+    assert conv.dropped == set()

@@ -723,3 +723,25 @@ async def test_without_transcription_no_audio_is_kept():
         h.send(MANUAL, append(200, 0.5), {"type": "input_audio_buffer.commit"})
         await until(lambda: h.calls("commit"))
         assert h.runner._committed_audio == ("item_1", None) and h.runner._transcriber is None
+
+
+# --- history: insertions ------------------------------------------------------------------------
+
+
+async def test_an_insertion_behind_a_cancelled_response_waits_for_its_end_and_lands_in_place():
+    """An item created before the end while the response is being cancelled reaches the engine once the response
+    ended (the fake engine refuses an insertion while a response runs, as the engine does)."""
+    engine = FakeEngine()
+    engine.script(Script(delay_s=0.05, events_after_cancel=2))
+    first = {**TEXT_ITEM, "item": {**TEXT_ITEM["item"], "id": "u1"}}
+    early = {**TEXT_ITEM, "previous_item_id": "root", "item": {**TEXT_ITEM["item"], "id": "u0"}}
+    async with Harness(engine) as h:
+        h.send(MANUAL, first, {"type": "response.create"})
+        await until(lambda: len(h.calls("respond")) == 1)
+        h.send({"type": "response.cancel"}, early)
+        done = await h.transport.wait_for("response.done")
+        assert done["response"]["status"] == "cancelled"
+        await until(lambda: len(h.calls("add_text")) == 2)
+        assert h.calls("add_text")[1] == ("add_text", "u0", "Hi!", "user", "root")
+        assert h.conversation.items == ["u0", "u1", h.calls("respond")[0][1]]
+    assert "error" not in h.transport.types()

@@ -1164,11 +1164,15 @@ def test_item_create_retrieve_delete():
         (
             {
                 "type": "conversation.item.create",
-                "previous_item_id": "first",
-                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]},
+                "item": {
+                    "id": "root",
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "x"}],
+                },
             },
-            ErrorCode.UNSUPPORTED_VALUE,
-            "previous_item_id",
+            ErrorCode.INVALID_VALUE,
+            "item.id",
         ),
         (
             {
@@ -1203,13 +1207,16 @@ def test_item_errors(event, code, param):
     assert [i.id for i in d.session.items] == ["first", "second"]
 
 
-def test_root_means_the_start_of_an_empty_conversation():
+def test_root_means_the_start_of_the_conversation():
     d = Driver(manual=True)
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
     acts = d.send({"type": "conversation.item.create", "previous_item_id": "root", "item": item})
     assert types(acts) == ["conversation.item.added", "conversation.item.done"]
-    err = error_of(d.send({"type": "conversation.item.create", "previous_item_id": "root", "item": item}))
-    assert (err["code"], err["param"]) == (ErrorCode.UNSUPPORTED_VALUE, "previous_item_id")
+    assert of(acts, AddText)[0].previous_item_id is None, "the end of an empty conversation: an append"
+    acts = d.send({"type": "conversation.item.create", "previous_item_id": "root", "item": item})
+    assert of(acts, AddText)[0].previous_item_id == "root"
+    assert events(acts)[0]["previous_item_id"] is None
+    assert [i.id for i in d.session.items] == ["item_2", "item_1"]
 
 
 def test_deleting_during_a_response():
