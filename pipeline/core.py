@@ -21,16 +21,19 @@ import torch
 from pipeline.config import StageGraphConfig
 from pipeline.conversation_state import ConvItem, ItemKind
 from pipeline.conversations import Conversations
-from pipeline.errors import EmptyInputError, EngineFailure, PipelineError, ResponseActiveError
+from pipeline.errors import EmptyInputError, EngineFailure, FunctionCallError, PipelineError, ResponseActiveError
 from pipeline.models import family_of
 from pipeline.models.family import Checkpoint, StreamStatus
 from pipeline.observe.observer import EngineObserver
 from pipeline.output.detokenizer import IncrementalDetokenizer
+from pipeline.output.function_calls import function_calls
 from pipeline.output.processor import OutputProcessor
 from pipeline.outputs import EngineStats, ResponseStatus
 from pipeline.request import ResponseSpec, ResponseState, TextEnd
 from pipeline.requests import (
     AddAudio,
+    AddFunctionCall,
+    AddFunctionOutput,
     AddText,
     AppendAudio,
     CancelResponse,
@@ -43,6 +46,7 @@ from pipeline.requests import (
     HasWork,
     OpenConversation,
     SetInstructions,
+    SetTools,
     StartResponse,
     TruncateItem,
 )
@@ -56,6 +60,7 @@ from pipeline.scheduler.plan import StepPlan
 from pipeline.scheduler.prefill_batch import PrefillJob
 from pipeline.scheduler.scheduler import Scheduler, SchedulerConfig
 from pipeline.talker_stage import TalkerStage
+from pipeline.tools import ToolMode
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +208,12 @@ class EngineCore:
                 return c.close(conv_id)
             case SetInstructions(conv_id, instructions):
                 return c.set_instructions(conv_id, instructions)
+            case SetTools(conv_id, tools):
+                return c.set_tools(conv_id, tools)
+            case AddFunctionCall(conv_id, item_id, name, arguments):
+                return c.add_function_call(conv_id, item_id, name, arguments)
+            case AddFunctionOutput(conv_id, item_id, output):
+                return c.add_function_output(conv_id, item_id, output)
             case AddText(conv_id, item_id, role, text):
                 return c.add_text(conv_id, item_id, role, text)
             case AddAudio(conv_id, item_id, pcm):
@@ -233,6 +244,7 @@ class EngineCore:
             raise ResponseActiveError("a response is already in progress for this conversation", param="response")
         if not any(item.role == "user" for item in conv.items):
             raise EmptyInputError("the conversation has no user input to respond to", param="input")
+        calls = function_calls(self.renderer, conv.tools, spec)
         item = ConvItem(id=spec.item_id, role="assistant", kind=ItemKind.REPLY, open=True)
         conv.add(item)
         conv.active_response = spec.id
@@ -241,10 +253,15 @@ class EngineCore:
             conv=conv,
             item=item,
             detok=IncrementalDetokenizer(self.renderer.decode),
+            calls=calls,
             seed=self._response_seed(),
             started_at=time.perf_counter(),
             started_at_s=time.monotonic(),
         )
+        if spec.tool_choice.mode is ToolMode.REQUIRED:  # the reply opens the call; the model completes it
+            item.reply_ids = self.renderer.tools.forced(spec.tool_choice.name)
+            r.thinker.silent = True
+            calls.prime(item.reply_ids)
         self.scheduler.responses[spec.id] = r
         self.observer.milestone(spec.id, "started", r.started_at)
 
@@ -484,7 +501,7 @@ class EngineCore:
             exc = EngineFailure("the engine failed while generating this response")
         if r.status is ResponseStatus.PREFILLING and not isinstance(exc, EngineFailure):
             r.conv.items.remove(r.item)  # refused before anything was generated: leave no trace
-        else:
+        elif not isinstance(exc, FunctionCallError):  # a malformed call is the model's output: the caches are sound
             self.scheduler.release_slots(
                 r.conv
             )  # a stage may have died mid-update: never keep a possibly corrupt cache

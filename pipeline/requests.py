@@ -14,9 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.request import ResponseSpec
+from pipeline.tools import Tool
 
 __all__ = [
     "AddAudio",
+    "AddFunctionCall",
+    "AddFunctionOutput",
     "AddText",
     "AppendAudio",
     "CancelResponse",
@@ -29,6 +32,7 @@ __all__ = [
     "HasWork",
     "OpenConversation",
     "SetInstructions",
+    "SetTools",
     "StartResponse",
     "TruncateItem",
 ]
@@ -51,6 +55,33 @@ class CloseConversation:
 class SetInstructions:
     conv_id: str
     instructions: str
+
+
+@dataclass(frozen=True)
+class SetTools:
+    """The function tools offered to the model (part of its system prompt); ``()``: none."""
+
+    conv_id: str
+    tools: tuple[Tool, ...]
+
+
+@dataclass(frozen=True)
+class AddFunctionCall:
+    """An assistant's call added by the client (history); ``arguments``: JSON text of an object."""
+
+    conv_id: str
+    item_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class AddFunctionOutput:
+    """A tool's result for the model's next reply."""
+
+    conv_id: str
+    item_id: str
+    output: str
 
 
 @dataclass(frozen=True)
@@ -136,6 +167,9 @@ EngineRequest = (
     OpenConversation
     | CloseConversation
     | SetInstructions
+    | SetTools
+    | AddFunctionCall
+    | AddFunctionOutput
     | AddText
     | AddAudio
     | AppendAudio

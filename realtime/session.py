@@ -49,12 +49,16 @@ from pipeline.api import EngineHandle, Modality
 from pipeline.outputs import (
     OUTPUT_SAMPLE_RATE,
     AudioChunk,
+    FunctionCallDelta,
+    FunctionCallDone,
+    FunctionCallStarted,
     ResponseDone,
     ResponseEvent,
     ResponseStatus,
     TextDelta,
     Usage,
 )
+from pipeline.tools import AUTO, ToolChoice
 from realtime.audio import AudioFormat, OutputEncoder
 from realtime.error_log import log_error_event
 from realtime.errors import InvalidAudioData, RealtimeError, to_error_payload
@@ -81,6 +85,7 @@ from realtime.protocol.model import (
     ContentPart,
     Item,
     ItemStatus,
+    ItemType,
     OutputModality,
     ResponseParams,
     ResponseState,
@@ -90,6 +95,7 @@ from realtime.protocol.model import (
 )
 from realtime.protocol.names import ContentType, Dialect
 from realtime.protocol.server import ContentRef, ServerEvents
+from realtime.tool_calls import AddFunctionCall, AddFunctionOutput, FunctionCalls, ResponseCalls, SetTools
 from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnEvent
 
 ROOT_ITEM_ID = "root"
@@ -155,6 +161,9 @@ class StartResponse:
     modalities: frozenset[Modality]
     voice: str
     max_output_tokens: int | None
+    tool_choice: ToolChoice = AUTO
+    call_item_ids: tuple[str, ...] = ()
+    """Item ids of the calls the reply may make (none: it makes no calls; see :mod:`realtime.tool_calls`)."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +189,9 @@ class TruncateItem:
 
 EngineCommand = (
     SetInstructions
+    | SetTools
+    | AddFunctionCall
+    | AddFunctionOutput
     | AddText
     | AddAudio
     | AppendAudio
@@ -385,10 +397,17 @@ class _Response:
     restore_instructions: bool
     phase: ResponsePhase = ResponsePhase.IN_PROGRESS
     cancel_reason: StatusReason | None = None
+    calls: ResponseCalls = field(default_factory=ResponseCalls)
+    outputs: list[Item] = field(default_factory=list)
+    """The output items announced so far, in output order (the message, then function calls)."""
+
+    @property
+    def announced(self) -> bool:
+        return self.item in self.outputs
 
     @property
     def ref(self) -> ContentRef:
-        return ContentRef(self.id, self.item.id)
+        return ContentRef(self.id, self.item.id, output_index=self.outputs.index(self.item))
 
     def summary(self, conversation_id: str, state: ResponseState, **done: object) -> ResponseSummary:
         return ResponseSummary(
@@ -426,7 +445,7 @@ class _Tentative:
 # --- the session --------------------------------------------------------------------------------
 
 
-class Session:
+class Session(FunctionCalls):
     """One client's session. Not thread-safe; every method is synchronous and returns the
     actions its input caused (an empty list when nothing follows)."""
 
@@ -560,6 +579,8 @@ class Session:
                 self._text_delta(response, event)
             elif isinstance(event, AudioChunk):
                 self._audio_chunk(response, event)
+            elif isinstance(event, (FunctionCallStarted, FunctionCallDelta, FunctionCallDone)):
+                self._call_event(response, event)
             else:
                 self._finish(response, event)
                 if tentative is not None:
@@ -659,6 +680,8 @@ class Session:
         self.config = new
         if new.instructions != old.instructions:
             self._emit(SetInstructions(new.instructions))
+        if new.tools != old.tools:
+            self._emit(SetTools(new.tools))
         if new.turn_detection != old.turn_detection:
             self._turn_detection_changed(new.turn_detection)
         self._send(self._events.session_updated(new, session_id=self.session_id, model=self.settings.model))
@@ -853,6 +876,12 @@ class Session:
                     param="item.content.0.audio",
                 )
         item_id = new.id or self._new_id(IdKind.ITEM)
+        if new.type is not ItemType.MESSAGE:
+            item = self._function_item(new, item_id)
+            previous = self._add_item(item)
+            self._send(self._events.item_added(item, previous))
+            self._send(self._events.item_done(item, previous))
+            return
         if new.audio is not None:
             self._emit(AddAudio(item_id, new.audio, self.config.input_format))
             part = ContentPart(ContentType.INPUT_AUDIO, transcript=new.transcript)
@@ -1002,6 +1031,7 @@ class Session:
             cfg.max_output_tokens if params.max_output_tokens is KEEP else params.max_output_tokens,
             self.settings.max_output_tokens,
         )
+        calls = self._response_calls(params)
         override = params.instructions is not KEEP and params.instructions != cfg.instructions
         if override:
             self._emit(SetInstructions(params.instructions))  # type: ignore[arg-type]
@@ -1019,7 +1049,7 @@ class Session:
             id=self._new_id(IdKind.RESPONSE),
             item=item,
             part=part,
-            previous_item_id=self._add_item(item),
+            previous_item_id=None,
             modality=modality,
             voice=voice,
             output_format=fmt,
@@ -1027,18 +1057,40 @@ class Session:
             metadata=params.metadata,
             encoder=encoder,
             restore_instructions=override,
+            calls=calls,
         )
         self._response = response
         self._send(self._events.response_created(response.summary(self.conversation_id, ResponseState.IN_PROGRESS)))
-        self._send(self._events.output_item_added(response.id, 0, item))
+        if not calls.lazy_message:
+            self._announce_message(response)
+        self._emit(
+            StartResponse(
+                response.id,
+                item.id,
+                modality.engine_modalities,
+                voice,
+                max_tokens,
+                tool_choice=calls.choice,
+                call_item_ids=calls.item_ids,
+            )
+        )
+
+    def _announce_message(self, response: _Response) -> None:
+        """The reply's message item joins the conversation and the response's output (before its first text or audio
+        is sent)."""
+        item = response.item
+        response.previous_item_id = self._add_item(item)
+        response.outputs.append(item)
+        self._send(self._events.output_item_added(response.id, response.outputs.index(item), item))
         self._send(self._events.item_added(item, response.previous_item_id))
-        item.content.append(part)
-        self._send(self._events.content_part_added(response.ref, part))
-        self._emit(StartResponse(response.id, item.id, modality.engine_modalities, voice, max_tokens))
+        item.content.append(response.part)
+        self._send(self._events.content_part_added(response.ref, response.part))
 
     def _text_delta(self, response: _Response, event: TextDelta) -> None:
         if response.phase is ResponsePhase.CANCELLING or not event.text:
             return
+        if not response.announced:
+            self._announce_message(response)
         if response.modality is OutputModality.AUDIO:
             response.part.transcript = (response.part.transcript or "") + event.text
             self._send(self._events.transcript_delta(response.ref, event.text))
@@ -1051,6 +1103,8 @@ class Session:
         # (the engine was asked for text only, so this is defensive).
         if response.phase is ResponsePhase.CANCELLING or response.modality is OutputModality.TEXT:
             return
+        if not response.announced:
+            self._announce_message(response)
         if self.settings.audio_transport is AudioTransport.MEDIA:
             if self._audio_response_id != response.id:
                 self._audio_response_id = response.id
@@ -1070,20 +1124,15 @@ class Session:
 
     def _finish(self, response: _Response, done: ResponseDone) -> None:
         state, reason, error = self._outcome(response, done)
-        if state is ResponseState.COMPLETED and response.encoder is not None:
+        if not response.outputs:  # a reply of neither text nor calls still has its (empty) message
+            self._announce_message(response)
+        if state is ResponseState.COMPLETED and response.encoder is not None and response.announced:
             self._send_audio(response, response.encoder.flush())
-        item, part, ref = response.item, response.part, response.ref
-        item.status = ItemStatus.COMPLETED if state is ResponseState.COMPLETED else ItemStatus.INCOMPLETE
-        if response.modality is OutputModality.AUDIO:
-            self._send(self._events.audio_done(ref))
-            self._send(self._events.transcript_done(ref, part.transcript or ""))
-        else:
-            self._send(self._events.text_done(ref, part.text or ""))
-        self._send(self._events.content_part_done(ref, part))
-        self._send(self._events.output_item_done(response.id, 0, item))
-        self._send(self._events.item_done(item, response.previous_item_id))
+        if response.announced:
+            self._finish_message(response, state)
+        self._finish_calls(response)
         summary = response.summary(
-            self.conversation_id, state, output=(item,), reason=reason, error=error, usage=done.usage
+            self.conversation_id, state, output=tuple(response.outputs), reason=reason, error=error, usage=done.usage
         )
         if state is ResponseState.FAILED:  # also as an error event: clients that only watch errors see it
             self._error(_failure(done))
@@ -1094,6 +1143,18 @@ class Session:
         if self._auto_response_pending:
             self._auto_response_pending = False
             self._start_response(ResponseParams())
+
+    def _finish_message(self, response: _Response, state: ResponseState) -> None:
+        item, part, ref = response.item, response.part, response.ref
+        item.status = ItemStatus.COMPLETED if state is ResponseState.COMPLETED else ItemStatus.INCOMPLETE
+        if response.modality is OutputModality.AUDIO:
+            self._send(self._events.audio_done(ref))
+            self._send(self._events.transcript_done(ref, part.transcript or ""))
+        else:
+            self._send(self._events.text_done(ref, part.text or ""))
+        self._send(self._events.content_part_done(ref, part))
+        self._send(self._events.output_item_done(response.id, ref.output_index, item))
+        self._send(self._events.item_done(item, response.previous_item_id))
 
     @staticmethod
     def _outcome(response: _Response, done: ResponseDone) -> tuple[ResponseState, StatusReason | None, dict | None]:

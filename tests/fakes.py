@@ -33,6 +33,7 @@ from pipeline.outputs import (
     TextDelta,
     Usage,
 )
+from pipeline.tools import AUTO, Tool, ToolChoice
 from realtime.runner import TransportClosed
 from realtime.turn import ServerVadParams, SpeechStarted, SpeechStopped
 
@@ -240,6 +241,21 @@ class FakeConversation:
         self.instructions = instructions
         self.calls.append(("set_instructions", instructions))
 
+    async def set_tools(self, tools: tuple[Tool, ...]) -> None:
+        self._check_open("set_tools")
+        self._check_idle("set tools")
+        self.calls.append(("set_tools", tuple(tool.name for tool in tools)))
+
+    async def add_function_call(self, item_id: str, name: str, arguments: str) -> None:
+        self._check_open("add_function_call")
+        self.items.append(item_id)
+        self.calls.append(("add_function_call", item_id, name, arguments))
+
+    async def add_function_output(self, item_id: str, output: str) -> None:
+        self._check_open("add_function_output")
+        self.items.append(item_id)
+        self.calls.append(("add_function_output", item_id, output))
+
     async def add_text(self, item_id: str, text: str, role: Role = "user") -> None:
         self._check_open("add_text")
         self.items.append(item_id)
@@ -281,6 +297,8 @@ class FakeConversation:
         modalities: frozenset[Modality] = frozenset({"text", "audio"}),
         voice: str | None = None,
         max_output_tokens: int | None = None,
+        tool_choice: ToolChoice = AUTO,
+        call_item_ids: tuple[str, ...] = (),
     ) -> FakeResponse:
         self._check_open("respond")
         self._check_idle("respond")

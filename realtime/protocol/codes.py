@@ -34,6 +34,8 @@ class ErrorCode(str, enum.Enum):
     ITEM_NOT_FOUND = "item_not_found"
     DUPLICATE_ITEM_ID = "duplicate_item_id"
     ITEM_IN_PROGRESS = "item_in_progress"
+    UNKNOWN_CALL_ID = "unknown_call_id"
+    """A ``function_call_output`` whose ``call_id`` is that of no ``function_call`` item in the conversation."""
     OUTPUT_AUDIO_BUFFER_EMPTY = "output_audio_buffer_empty"
     UNSUPPORTED_EVENT = "unsupported_event"
     """An event the OpenAI API defines that this server or transport does not serve
