@@ -15,8 +15,8 @@ spoken) or **stop** (the reply's text ends there; the token is not kept). The ru
 A call that is malformed (not the family's JSON, a function the response does not offer, or still open when the text
 ends) raises :class:`~pipeline.errors.FunctionCallError`: the response fails with it. :meth:`CallTracker.settle`, at
 the end of the response, splits the reply item: its text stays the reply, each completed call becomes a
-``FUNCTION_CALL`` item after it (the tokens exactly as generated, so the cache is reused), and the rest (an unfinished
-call) is dropped from the conversation.
+``FUNCTION_CALL`` item after it (the tokens exactly as generated, whitespace after the last call included, so the cache
+is reused), and an unfinished call is dropped from the conversation.
 """
 
 from __future__ import annotations
@@ -122,6 +122,8 @@ class CallTracker:
         if not self.calls or reply not in conv.items:
             return
         ids = reply.reply_ids
+        if done and done[-1] is self.calls[-1]:
+            done[-1].end = len(ids)  # what it wrote after its last call (whitespace) stays, as generated
         items = [
             ConvItem(
                 id=c.item_id,

@@ -129,7 +129,11 @@ class CallParser:
             return ParsedCall(name, arguments), name, arguments
         raw = self.text[self._args_at :].rstrip()
         arguments = raw[:-1].rstrip()  # the call object's closing brace
-        if not raw.endswith("}") or json.loads(arguments) != body["arguments"]:
+        try:
+            exact = raw.endswith("}") and json.loads(arguments) == body["arguments"]
+        except json.JSONDecodeError:
+            exact = False
+        if not exact:
             raise FunctionCallError(f"the model's call of {self.name!r} has extra fields after its arguments")
         return ParsedCall(self.name or body["name"], arguments), None, arguments[self._sent :]
 
