@@ -14,7 +14,7 @@ from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
 from pipeline.models.qwen2_5_omni.tools import CallParser
 from pipeline.output.function_calls import CallTracker, Verdict
 from pipeline.outputs import FunctionCallDelta, FunctionCallDone, FunctionCallStarted
-from pipeline.tools import Tool, ToolChoice, ToolMode
+from pipeline.tools import AUTO, Tool, ToolChoice, ToolMode
 
 WEATHER = Tool(
     "get_weather",
@@ -73,7 +73,10 @@ def test_a_tool_round_trip_renders_as_the_chat_template_with_tools(loaded, rende
             "role": "assistant",
             "content": "Let me check.",
             "tool_calls": [
-                {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "note": "été"}}},
+                {
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris", "note": "été"}},
+                },
                 {"type": "function", "function": {"name": "noop", "arguments": {}}},
             ],
         },
@@ -172,7 +175,7 @@ def test_a_malformed_call_is_refused_with_what_is_wrong(text, words):
 # --- a reply's calls -------------------------------------------------------------------------------------------
 
 
-def _tracker(renderer, events, choice=ToolChoice(), ids=("call_a", "call_b")) -> CallTracker:
+def _tracker(renderer, events, choice=AUTO, ids=("call_a", "call_b")) -> CallTracker:
     return CallTracker(
         renderer.tools,
         tools=frozenset({"get_weather", "noop"}),
