@@ -228,3 +228,55 @@ async def test_client_items_replay_a_call_and_an_unknown_call_id_is_refused(clie
     (done,) = of(events, "response.done")
     assert done["response"]["status"] == "completed"
     assert done["response"]["output"][0]["content"][0]["transcript"] == "Foggy."
+
+
+@pytest.mark.timeout(120)
+async def test_the_openai_sdk_holds_a_tool_round_trip(scripted_engine):
+    """The official SDK's GA realtime client, unmodified: a forced call of a tool, its output, a spoken answer."""
+    SCRIPTED.reset()
+    async with served(scripted_engine) as (_url, app):
+        client = openai.AsyncOpenAI(base_url=f"{app.state.base_url}/v1", api_key="sdk-test-key")
+        async with client.realtime.connect(model="gpt-realtime") as connection:
+            seen: list = []
+
+            async def until(kind: str):
+                async for event in connection:
+                    seen.append(event)
+                    assert event.type != "error", event
+                    if event.type == kind:
+                        return event
+                raise AssertionError(f"closed before {kind}")
+
+            await until("session.created")
+            await connection.session.update(
+                session={"type": "realtime", "tools": [WEATHER], "audio": {"input": {"turn_detection": None}}}
+            )
+            updated = await until("session.updated")
+            assert updated.session.tools[0].name == "get_weather"
+            await connection.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Paris?"}]}
+            )
+            tools = scripted_engine.core.renderer.tools
+            SCRIPTED.play(
+                text(scripted_engine, '{"city": "Paris"}}\n') + [tools.call_close],
+                text(scripted_engine, "Sunny."),
+            )
+            await connection.response.create(response={"tool_choice": {"type": "function", "name": "get_weather"}})
+            done = await until("response.done")
+            (call_item,) = done.response.output
+            assert (call_item.type, call_item.name, call_item.arguments) == (
+                "function_call",
+                "get_weather",
+                '{"city": "Paris"}',
+            )
+            deltas = "".join(e.delta for e in seen if e.type == "response.function_call_arguments.delta")
+            assert deltas == call_item.arguments
+
+            await connection.conversation.item.create(
+                item={"type": "function_call_output", "call_id": call_item.call_id, "output": '{"sky": "clear"}'}
+            )
+            await connection.response.create()
+            done = await until("response.done")
+            assert done.response.status == "completed"
+            assert done.response.output[0].content[0].transcript == "Sunny."
+            assert any(e.type == "response.output_audio.delta" for e in seen[-20:])
