@@ -111,6 +111,7 @@ async def test_a_reply_speaks_then_calls_and_the_tool_output_gets_a_spoken_answe
     assert arguments == args_done["arguments"] == '{"city": "Paris"}' and args_done["name"] == "get_weather"
     (done,) = of(events, "response.done")
     assert done["response"]["status"] == "completed"
+    first_usage = done["response"]["usage"]
     message, function_call = done["response"]["output"]
     assert message["type"] == "message" and function_call["type"] == "function_call"
     assert function_call["status"] == "completed" and function_call["call_id"] == args_done["call_id"]
@@ -129,6 +130,9 @@ async def test_a_reply_speaks_then_calls_and_the_tool_output_gets_a_spoken_answe
     (done,) = of(events, "response.done")
     assert done["response"]["status"] == "completed"
     assert [item["type"] for item in done["response"]["output"]] == ["message"]
+    # the reply with its call was kept as generated: the next prompt reuses all of it from the cache
+    cached = done["response"]["usage"]["input_token_details"]["cached_tokens"]
+    assert cached >= first_usage["input_tokens"] + first_usage["output_token_details"]["text_tokens"]
 
 
 async def test_tool_choice_required_forces_a_call_and_nothing_is_spoken(client, scripted_engine):
