@@ -20,6 +20,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from pipeline.outputs import EngineStats, ResponseDone, ResponseEvent
+from pipeline.tools import AUTO, Tool, ToolChoice
 
 INPUT_SAMPLE_RATE = 16_000
 """Sample rate (Hz) of user audio handed to the engine."""
@@ -119,6 +120,19 @@ class ConversationHandle(Protocol):
         """Replace the system prompt (the history is re-prefilled lazily)."""
         ...
 
+    async def set_tools(self, tools: tuple[Tool, ...]) -> None:
+        """Replace the function tools offered to the model (part of the system prompt: the history is re-prefilled
+        lazily from it on). Needs the conversation idle."""
+        ...
+
+    async def add_function_call(self, item_id: str, name: str, arguments: str) -> None:
+        """An assistant's call the client adds (history); ``arguments``: JSON text of an object."""
+        ...
+
+    async def add_function_output(self, item_id: str, output: str) -> None:
+        """A tool's result; the next response continues from it."""
+        ...
+
     async def add_text(
         self, item_id: str, text: str, role: Role = "user", *, previous_item_id: str | None = None
     ) -> None:
@@ -152,9 +166,12 @@ class ConversationHandle(Protocol):
         modalities: frozenset[Modality] = frozenset({"text", "audio"}),
         voice: str | None = None,
         max_output_tokens: int | None = None,
+        tool_choice: ToolChoice = AUTO,
+        call_item_ids: tuple[str, ...] = (),
     ) -> ResponseHandle:
-        """Start a reply; its assistant message joins the conversation as ``item_id``. A conversation with no items
-        is answered too: the reply answers the instructions alone (a greeting)."""
+        """Start a reply; its assistant message joins the conversation as ``item_id``, and its function calls (when the
+        conversation has tools) as ``call_item_ids``, in order (it makes at most that many). A conversation with no
+        items is answered too: the reply answers the instructions alone (a greeting)."""
         ...
 
     async def close(self) -> None:

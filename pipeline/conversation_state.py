@@ -24,12 +24,18 @@ import torch
 from pipeline.api import ROOT_ITEM_ID, ContextPolicy
 from pipeline.errors import ContextLimitError, InvalidInputError, ResponseActiveError, UnknownItemError
 from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
+from pipeline.tools import Tool
 
 
 class ItemKind(enum.Enum):
     TEXT = "text"
     AUDIO = "audio"
     REPLY = "reply"
+    FUNCTION_CALL = "function_call"
+    """An assistant's call: ``reply_ids`` are its tokens (the model's own, or the family's rendering of a call the
+    client added); it continues the assistant turn of the items before it."""
+    FUNCTION_OUTPUT = "function_output"
+    """A tool's result (``text``), in the user turn of tool responses that consecutive outputs share."""
 
 
 @dataclass
@@ -71,9 +77,31 @@ class ConvItem:
     """REPLY: generated thinker tokens (the final eos excluded)."""
     open: bool = False
     """REPLY: still being generated (rendered without its closing footer)."""
+    generated: bool = False
+    """FUNCTION_CALL: ``reply_ids`` are the model's own tokens (with whatever it wrote between two calls)."""
     audio_ms: float = 0.0
     """REPLY: milliseconds of audio produced for it."""
     text_tokens: int = 0
+
+
+def function_item_tokens(renderer, item: ConvItem, prev: ConvItem | None, nxt: ConvItem | None) -> list[int]:
+    """A function call's or tool output's positions, by its neighbours: a call continues the assistant turn before it
+    (a call the client added is preceded by the family's separator unless it opens the turn or follows the assistant's
+    text, which carries it), and the turn's footer follows the last call; tool outputs in a row share one user turn."""
+    tools = renderer.tools
+    kind = item.kind
+    same_next = nxt is not None and nxt.kind is kind
+    if kind is ItemKind.FUNCTION_CALL:
+        continues = prev is not None and prev.role == "assistant" and prev.kind is not ItemKind.AUDIO
+        ids = list(item.reply_ids)
+        if continues and not item.generated and prev.kind is not ItemKind.TEXT:
+            ids = tools.call_separator() + ids
+        head = [] if continues else renderer.header("assistant")
+        return head + ids + ([] if same_next else renderer.footer())
+    first = prev is None or prev.kind is not ItemKind.FUNCTION_OUTPUT
+    text = tools.response_text(item.text, first=first, more=same_next)
+    ids = renderer.open_message("user", text) if first else renderer.text(text)
+    return ids + ([] if same_next else renderer.footer())
 
 
 @dataclass
@@ -89,6 +117,8 @@ class ConversationState:
         self.id = conv_id
         self.renderer = renderer
         self.instructions = instructions
+        self.tools: tuple[Tool, ...] = ()
+        """Function tools offered to the model: rendered into the system message by the family's ``tools`` format."""
         self.max_context_tokens = max_context_tokens
         self.items: list[ConvItem] = []
         self.policy: ContextPolicy | None = None
@@ -184,22 +214,39 @@ class ConversationState:
         """The conversation's token layout. ``with_open_audio`` appends the first message still
         being spoken, as far as it is encoded (a prefix of its rendering once committed)."""
         r = Rendering(keys=[], token_ids=[], audio={})
-        self._append_tokens(r, self.renderer.text_message("system", self.instructions))
-        for item in self.items:
-            self._render_item(r, item)
+        self._append_tokens(r, self.system_message())
+        for k, item in enumerate(self.items):
+            self._render_item(r, item, *self._neighbours(k))
         if with_open_audio and self.open_audio:
             pending = next(iter(self.open_audio.values()))
             self._render_audio(r, pending.id, "user", pending.blocks, closed=False)
         return r
 
-    def _render_item(self, r: Rendering, item: ConvItem) -> None:
-        if item.kind is ItemKind.TEXT:
+    def system_message(self) -> list[int]:
+        """The instructions, with the tools block when the conversation offers tools."""
+        content = self.instructions
+        if self.tools:
+            content = self.renderer.tools.system_text(self.instructions, self.tools)
+        return self.renderer.text_message("system", content)
+
+    def _neighbours(self, k: int) -> tuple[ConvItem | None, ConvItem | None]:
+        return (self.items[k - 1] if k else None, self.items[k + 1] if k + 1 < len(self.items) else None)
+
+    def _render_item(self, r: Rendering, item: ConvItem, prev: ConvItem | None, nxt: ConvItem | None) -> None:
+        """One item's positions. A function call continues the assistant turn of the items before it (their footer
+        moves after it); consecutive tool outputs share one user turn (:func:`function_item_tokens`)."""
+        call_next = nxt is not None and nxt.kind is ItemKind.FUNCTION_CALL
+        if item.kind in (ItemKind.FUNCTION_CALL, ItemKind.FUNCTION_OUTPUT):
+            self._append_tokens(r, function_item_tokens(self.renderer, item, prev, nxt))
+        elif item.kind is ItemKind.TEXT and item.role == "assistant" and call_next:
+            self._append_tokens(r, self.renderer.open_message(item.role, item.text + "\n"))
+        elif item.kind is ItemKind.TEXT:
             self._append_tokens(r, self.renderer.text_message(item.role, item.text))
         elif item.kind is ItemKind.AUDIO:
             self._render_audio(r, item.id, item.role, item.audio_blocks, closed=True)
         else:
             self._append_tokens(r, self.renderer.header(item.role) + item.reply_ids)
-            if not item.open:
+            if not item.open and not call_next:
                 self._append_tokens(r, self.renderer.footer())
 
     def _render_audio(self, r: Rendering, item_id: str, role: str, blocks: list[AudioBlock], *, closed: bool) -> None:
@@ -316,11 +363,11 @@ class ConversationState:
     def _rendered_lengths(self) -> tuple[int, list[int]]:
         """Positions of the instructions and of each item in :meth:`render` (which concatenates them)."""
         head = Rendering(keys=[], token_ids=[], audio={})
-        self._append_tokens(head, self.renderer.text_message("system", self.instructions))
+        self._append_tokens(head, self.system_message())
         lengths = []
-        for item in self.items:
+        for k, item in enumerate(self.items):
             r = Rendering(keys=[], token_ids=[], audio={})
-            self._render_item(r, item)
+            self._render_item(r, item, *self._neighbours(k))
             lengths.append(len(r.keys))
         return len(head.keys), lengths
 

@@ -17,6 +17,7 @@ from pipeline.api import ContextPolicy
 from pipeline.conversation_state import AudioBlock, ConversationState, ConvItem, ItemKind, OpenAudio
 from pipeline.errors import EmptyInputError, InvalidAudioError, InvalidInputError, UnknownItemError
 from pipeline.scheduler.scheduler import Scheduler
+from pipeline.tools import Tool
 
 __all__ = ["MIN_AUDIO_FRAMES", "Conversations"]
 
@@ -85,6 +86,32 @@ class Conversations:
                     f"max_history_tokens must be positive, got {policy.max_history_tokens}", param="max_history_tokens"
                 )
         self.get(conv_id).policy = policy
+
+    def set_tools(self, conv_id: str, tools: tuple[Tool, ...]) -> None:
+        """The function tools the model is offered (in the system message): the next prefill re-renders the prompt
+        from the system message on."""
+        conv = self.get(conv_id)
+        conv._require_idle("change the tools")
+        if tools:
+            self._tool_format()
+        conv.tools = tuple(tools)
+        conv.dirty = True
+
+    def add_function_call(self, conv_id: str, item_id: str, name: str, arguments: str) -> None:
+        """A call of the assistant's that the client adds (history): rendered in the family's call format."""
+        ids = self._tool_format().call(name, arguments)
+        self.get(conv_id).add(ConvItem(id=item_id, role="assistant", kind=ItemKind.FUNCTION_CALL, reply_ids=ids))
+
+    def add_function_output(self, conv_id: str, item_id: str, output: str) -> None:
+        """A tool's result, for the model's next reply."""
+        self._tool_format()
+        self.get(conv_id).add(ConvItem(id=item_id, role="user", kind=ItemKind.FUNCTION_OUTPUT, text=output))
+
+    def _tool_format(self):
+        tools = getattr(self.renderer, "tools", None)
+        if tools is None:
+            raise InvalidInputError("this model has no function-calling format: tools are not available", param="tools")
+        return tools
 
     def add_text(self, conv_id: str, item_id: str, role: str, text: str, previous_item_id: str | None = None) -> None:
         """A text message, appended or inserted after ``previous_item_id`` (:meth:`ConversationState.add`)."""

@@ -21,16 +21,19 @@ import torch
 from pipeline.config import StageGraphConfig
 from pipeline.conversation_state import ConvItem, ItemKind
 from pipeline.conversations import Conversations
-from pipeline.errors import EngineFailure, PipelineError, ResponseActiveError
+from pipeline.errors import EngineFailure, FunctionCallError, PipelineError, ResponseActiveError
 from pipeline.models import family_of
 from pipeline.models.family import Checkpoint, StreamStatus
 from pipeline.observe.observer import EngineObserver
 from pipeline.output.detokenizer import IncrementalDetokenizer
+from pipeline.output.function_calls import function_calls
 from pipeline.output.processor import OutputProcessor
 from pipeline.outputs import EngineStats, ResponseStatus
 from pipeline.request import ResponseSpec, ResponseState, TextEnd
 from pipeline.requests import (
     AddAudio,
+    AddFunctionCall,
+    AddFunctionOutput,
     AddText,
     AppendAudio,
     CancelResponse,
@@ -44,6 +47,7 @@ from pipeline.requests import (
     OpenConversation,
     SetContextPolicy,
     SetInstructions,
+    SetTools,
     StartResponse,
     TruncateItem,
 )
@@ -57,6 +61,7 @@ from pipeline.scheduler.plan import StepPlan
 from pipeline.scheduler.prefill_batch import PrefillJob
 from pipeline.scheduler.scheduler import Scheduler, SchedulerConfig
 from pipeline.talker_stage import TalkerStage
+from pipeline.tools import ToolMode
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +209,12 @@ class EngineCore:
                 return c.close(conv_id)
             case SetInstructions(conv_id, instructions):
                 return c.set_instructions(conv_id, instructions)
+            case SetTools(conv_id, tools):
+                return c.set_tools(conv_id, tools)
+            case AddFunctionCall(conv_id, item_id, name, arguments):
+                return c.add_function_call(conv_id, item_id, name, arguments)
+            case AddFunctionOutput(conv_id, item_id, output):
+                return c.add_function_output(conv_id, item_id, output)
             case SetContextPolicy(conv_id, policy):
                 return c.set_context_policy(conv_id, policy)
             case AddText(conv_id, item_id, role, text, previous_item_id):
@@ -237,6 +248,7 @@ class EngineCore:
         conv = self.conversations.get(spec.conv_id)
         if conv.active_response is not None:
             raise ResponseActiveError("a response is already in progress for this conversation", param="response")
+        calls = function_calls(self.renderer, conv.tools, spec)
         item = ConvItem(id=spec.item_id, role="assistant", kind=ItemKind.REPLY, open=True)
         conv.add(item)
         conv.active_response = spec.id
@@ -245,10 +257,15 @@ class EngineCore:
             conv=conv,
             item=item,
             detok=IncrementalDetokenizer(self.renderer.decode),
+            calls=calls,
             seed=self._response_seed(),
             started_at=time.perf_counter(),
             started_at_s=time.monotonic(),
         )
+        if spec.tool_choice.mode is ToolMode.REQUIRED:  # the reply opens the call; the model completes it
+            item.reply_ids = self.renderer.tools.forced(spec.tool_choice.name)
+            r.thinker.silent = True
+            calls.prime(item.reply_ids)
         self.scheduler.responses[spec.id] = r
         self.observer.milestone(spec.id, "started", r.started_at)
 
@@ -488,7 +505,7 @@ class EngineCore:
             exc = EngineFailure("the engine failed while generating this response")
         if r.status is ResponseStatus.PREFILLING and not isinstance(exc, EngineFailure):
             r.conv.items.remove(r.item)  # refused before anything was generated: leave no trace
-        else:
+        elif not isinstance(exc, FunctionCallError):  # a malformed call is the model's output: the caches are sound
             self.scheduler.release_slots(
                 r.conv
             )  # a stage may have died mid-update: never keep a possibly corrupt cache

@@ -50,6 +50,7 @@ from pipeline.models import family_of
 from pipeline.models.family import Checkpoint
 from pipeline.outputs import EngineStats, ResponseDone, ResponseEvent, ResponseStatus, Usage
 from pipeline.request import ResponseSpec
+from pipeline.tools import AUTO, Tool, ToolChoice
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,15 @@ class Conversation:
     async def set_context_policy(self, policy: ContextPolicy | None) -> None:
         await self._engine._call(rq.SetContextPolicy(self.id, policy))
 
+    async def set_tools(self, tools: tuple[Tool, ...]) -> None:
+        await self._engine._call(rq.SetTools(self.id, tuple(tools)))
+
+    async def add_function_call(self, item_id: str, name: str, arguments: str) -> None:
+        await self._engine._call(rq.AddFunctionCall(self.id, item_id, name, arguments))
+
+    async def add_function_output(self, item_id: str, output: str) -> None:
+        await self._engine._call(rq.AddFunctionOutput(self.id, item_id, output))
+
     async def add_text(
         self, item_id: str, text: str, role: Role = "user", *, previous_item_id: str | None = None
     ) -> None:
@@ -217,6 +227,8 @@ class Conversation:
         modalities: frozenset[Modality] = frozenset({"text", "audio"}),
         voice: str | None = None,
         max_output_tokens: int | None = None,
+        tool_choice: ToolChoice = AUTO,
+        call_item_ids: tuple[str, ...] = (),
     ) -> Response:
         engine = self._engine
         voice = voice or engine.default_voice
@@ -242,6 +254,8 @@ class Conversation:
             max_text_tokens=limit,
             sink=resp._sink,
             can_accept=resp._can_accept,
+            tool_choice=tool_choice,
+            call_item_ids=tuple(call_item_ids),
         )
         self._active = resp
         try:

@@ -74,6 +74,14 @@ class ResponseActiveError(PipelineError):
     code = "conversation_busy"
 
 
+class FunctionCallError(PipelineError):
+    """The model wrote a function call that does not hold up: not ``{"name": <a tool of the response>, "arguments":
+    <JSON object>}`` between the family's call markers, or never closed. The response fails with it; the engine's
+    caches stay valid (the model wrote it, nothing broke)."""
+
+    code = "invalid_function_call"
+
+
 class EngineClosedError(PipelineError):
     code = "engine_closed"
 

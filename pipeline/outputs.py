@@ -1,7 +1,10 @@
 """What a response stream yields: typed, immutable events.
 
 Order contract for one response: zero or more :class:`TextDelta` and :class:`AudioChunk` events,
-interleaved as produced (text usually leads audio), then exactly one :class:`ResponseDone`, last.
+interleaved as produced (text usually leads audio), then exactly one :class:`ResponseDone`, last. A response whose
+conversation offers function tools may also make calls, after its text: per call one :class:`FunctionCallStarted`,
+its :class:`FunctionCallDelta` events, and :class:`FunctionCallDone` once the call is complete and valid (a call that
+is not fails the response instead). A call's text is never in a ``TextDelta`` and never spoken.
 Audio is float32 mono at :data:`OUTPUT_SAMPLE_RATE` (24 kHz); chunks are contiguous and
 ``AudioChunk.start_sample`` counts samples from the start of the response.
 """
@@ -121,6 +124,34 @@ class AudioChunk:
 
 
 @dataclass(frozen=True)
+class FunctionCallStarted:
+    """The model began call ``index`` (0, 1, ... within the response) of function ``name``; it joins the conversation
+    as item ``item_id`` if it completes."""
+
+    index: int
+    item_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class FunctionCallDelta:
+    """More of call ``index``'s arguments (JSON text), as generated."""
+
+    index: int
+    delta: str
+
+
+@dataclass(frozen=True)
+class FunctionCallDone:
+    """Call ``index`` is complete: ``arguments`` is the JSON text of an object, its deltas joined."""
+
+    index: int
+    item_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class ResponseDone:
     """Always the last event. ``reason`` is set when status is not completed:
     ``client_cancelled`` / ``turn_detected`` (or any reason given to ``cancel``),
@@ -139,7 +170,7 @@ class ResponseDone:
     timings: StageTimings = field(default_factory=StageTimings, compare=False)
 
 
-ResponseEvent = TextDelta | AudioChunk | ResponseDone
+ResponseEvent = TextDelta | AudioChunk | FunctionCallStarted | FunctionCallDelta | FunctionCallDone | ResponseDone
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,11 @@ from dataclasses import dataclass, field, replace
 
 from pipeline.conversation_state import ConversationState, ConvItem
 from pipeline.output.detokenizer import IncrementalDetokenizer
+from pipeline.output.function_calls import CallTracker
 from pipeline.output.playout import Playout
 from pipeline.output.start_buffer import StartBuffer
 from pipeline.outputs import ResponseEvent, ResponseStatus
+from pipeline.tools import AUTO, ToolChoice
 
 __all__ = ["AudioState", "ResponseSpec", "ResponseState", "TalkerState", "TalkerStatus", "TextEnd", "ThinkerState"]
 
@@ -67,6 +69,10 @@ class ResponseSpec:
     max_text_tokens: int
     sink: Callable[[ResponseEvent], None]
     can_accept: Callable[[], bool] = _accept_always
+    tool_choice: ToolChoice = AUTO
+    """Whether the reply may (or must) call one of the conversation's tools."""
+    call_item_ids: tuple[str, ...] = ()
+    """The conversation item ids of the calls the reply makes, in order; it makes at most that many."""
 
     def detached(self) -> ResponseSpec:
         """This spec without its callables (module-level placeholders, so it pickles); its sink raises."""
@@ -84,6 +90,8 @@ class ThinkerState:
     """None while the thinker still writes."""
     pending_token: int | None = None
     """Sampled but not yet fed through the thinker."""
+    silent: bool = False
+    """The reply began a function call: what the thinker writes from then on never reaches the talker."""
     prompt_len: int = 0
     """Positions of the prompt up to the reply's header; 0 before the first prefill chunk is planned."""
     input_text_tokens: int = 0
@@ -145,6 +153,8 @@ class ResponseState:
     conv: ConversationState
     item: ConvItem
     detok: IncrementalDetokenizer
+    calls: CallTracker | None = None
+    """The reply's function calls, when its conversation offers tools (None: every token is text)."""
     seed: int = 0
     """Noise seed of this response's thinker and talker sampling."""
     status: ResponseStatus = ResponseStatus.PREFILLING

@@ -15,9 +15,12 @@ import numpy as np
 
 from pipeline.api import ContextPolicy
 from pipeline.request import ResponseSpec
+from pipeline.tools import Tool
 
 __all__ = [
     "AddAudio",
+    "AddFunctionCall",
+    "AddFunctionOutput",
     "AddText",
     "AppendAudio",
     "CancelResponse",
@@ -31,6 +34,7 @@ __all__ = [
     "OpenConversation",
     "SetContextPolicy",
     "SetInstructions",
+    "SetTools",
     "StartResponse",
     "TruncateItem",
 ]
@@ -61,6 +65,33 @@ class SetContextPolicy:
 
     conv_id: str
     policy: ContextPolicy | None
+
+
+@dataclass(frozen=True)
+class SetTools:
+    """The function tools offered to the model (part of its system prompt); ``()``: none."""
+
+    conv_id: str
+    tools: tuple[Tool, ...]
+
+
+@dataclass(frozen=True)
+class AddFunctionCall:
+    """An assistant's call added by the client (history); ``arguments``: JSON text of an object."""
+
+    conv_id: str
+    item_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class AddFunctionOutput:
+    """A tool's result for the model's next reply."""
+
+    conv_id: str
+    item_id: str
+    output: str
 
 
 @dataclass(frozen=True)
@@ -152,6 +183,9 @@ EngineRequest = (
     | CloseConversation
     | SetInstructions
     | SetContextPolicy
+    | SetTools
+    | AddFunctionCall
+    | AddFunctionOutput
     | AddText
     | AddAudio
     | AppendAudio

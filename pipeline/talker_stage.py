@@ -113,13 +113,13 @@ class TalkerStage:
         if talker.started:
             if talker.queue:
                 return talker.queue.popleft()
-            if not r.thinker.done:
+            if not r.thinker.done and not r.thinker.silent:
                 return None
             vector = self.text_end_vectors[1 if talker.eos_sent else 0]
             talker.eos_sent = True
             return vector
         if not talker.queue:
-            if r.thinker.done:  # the reply had no token the talker could start from
+            if r.thinker.done or r.thinker.silent:  # the reply had no token the talker could start from
                 self.end(r)
             return None
         if self.prefills_left <= 0:

@@ -28,6 +28,7 @@ class IdKind(enum.Enum):
     RESPONSE = "resp"
     SESSION = "sess"
     CONVERSATION = "conv"
+    CALL = "call"
 
 
 class IdGenerator(Protocol):

@@ -77,6 +77,7 @@ from realtime.session import (
     TruncateItem,
     TurnEvent,
 )
+from realtime.tool_calls import AddFunctionCall, AddFunctionOutput, SetTools
 from realtime.transcription import Transcriber, TranscriptionJob, TranscriptionReport, TranscriptionUnavailable
 from realtime.turn import ServerVadParams, SpeechResumed, SpeechStarted
 
@@ -598,6 +599,13 @@ class SessionRunner:
             await conversation.add_text(
                 command.item_id, command.text, command.role.value, previous_item_id=command.previous_item_id
             )
+        elif isinstance(command, SetTools):
+            await self._wait_idle()  # the tools are part of the prompt: they change between responses
+            await conversation.set_tools(command.tools)
+        elif isinstance(command, AddFunctionCall):
+            await conversation.add_function_call(command.item_id, command.name, command.arguments)
+        elif isinstance(command, AddFunctionOutput):
+            await conversation.add_function_output(command.item_id, command.output)
         elif isinstance(command, AddAudio):
             decoder = self._decoder_factory(command.format)
             pcm = np.concatenate([decoder.decode(command.audio), decoder.flush()])
@@ -662,6 +670,8 @@ class SessionRunner:
             modalities=command.modalities,
             voice=command.voice,
             max_output_tokens=command.max_output_tokens,
+            tool_choice=command.tool_choice,
+            call_item_ids=command.call_item_ids,
         )
         running = _Running(handle)
         self._responses[command.response_id] = running

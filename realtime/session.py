@@ -56,12 +56,16 @@ from pipeline.api import ROOT_ITEM_ID, ContextPolicy, EngineHandle, Modality
 from pipeline.outputs import (
     OUTPUT_SAMPLE_RATE,
     AudioChunk,
+    FunctionCallDelta,
+    FunctionCallDone,
+    FunctionCallStarted,
     ResponseDone,
     ResponseEvent,
     ResponseStatus,
     TextDelta,
     Usage,
 )
+from pipeline.tools import AUTO, ToolChoice
 from realtime.audio import AudioFormat, OutputEncoder
 from realtime.error_log import log_error_event
 from realtime.errors import InvalidAudioData, RealtimeError, to_error_payload
@@ -89,6 +93,7 @@ from realtime.protocol.model import (
     ContentPart,
     Item,
     ItemStatus,
+    ItemType,
     OutputModality,
     ResponseParams,
     ResponseState,
@@ -99,6 +104,7 @@ from realtime.protocol.model import (
 )
 from realtime.protocol.names import ContentType, Dialect
 from realtime.protocol.server import ContentRef, ServerEvents
+from realtime.tool_calls import AddFunctionCall, AddFunctionOutput, FunctionCalls, ResponseCalls, SetTools
 from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnEvent
 from realtime.voices import VoiceTable, usable_aliases
 
@@ -181,6 +187,9 @@ class StartResponse(_Command):
     modalities: frozenset[Modality]
     voice: str
     max_output_tokens: int | None
+    tool_choice: ToolChoice = AUTO
+    call_item_ids: tuple[str, ...] = ()
+    """Item ids of the calls the reply may make (none: it makes no calls; see :mod:`realtime.tool_calls`)."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +229,9 @@ class Transcribe:
 EngineCommand = (
     SetInstructions
     | SetContextPolicy
+    | SetTools
+    | AddFunctionCall
+    | AddFunctionOutput
     | AddText
     | AddAudio
     | AppendAudio
@@ -436,10 +448,17 @@ class _Response:
     """The audio clock when its first audio delta was sent (WebSocket), for the idle timeout."""
     phase: ResponsePhase = ResponsePhase.IN_PROGRESS
     cancel_reason: StatusReason | None = None
+    calls: ResponseCalls = field(default_factory=ResponseCalls)
+    outputs: list[Item] = field(default_factory=list)
+    """The output items announced so far, in output order (the message, then function calls)."""
+
+    @property
+    def announced(self) -> bool:
+        return self.item in self.outputs
 
     @property
     def ref(self) -> ContentRef:
-        return ContentRef(self.id, self.item.id)
+        return ContentRef(self.id, self.item.id, output_index=self.outputs.index(self.item))
 
     def summary(self, conversation_id: str, state: ResponseState, **done: object) -> ResponseSummary:
         return ResponseSummary(
@@ -478,7 +497,7 @@ class _Tentative:
 # --- the session --------------------------------------------------------------------------------
 
 
-class Session:
+class Session(FunctionCalls):
     """One client's session. Not thread-safe; every method is synchronous and returns the
     actions its input caused (an empty list when nothing follows)."""
 
@@ -623,6 +642,8 @@ class Session:
                 self._text_delta(response, event)
             elif isinstance(event, AudioChunk):
                 self._audio_chunk(response, event)
+            elif isinstance(event, (FunctionCallStarted, FunctionCallDelta, FunctionCallDone)):
+                self._call_event(response, event)
             else:
                 self._finish(response, event)
                 if tentative is not None:
@@ -776,6 +797,8 @@ class Session:
             self._emit(SetInstructions(new.instructions))
         if new.truncation != old.truncation:
             self._emit(SetContextPolicy(new.truncation.context_policy()))
+        if new.tools != old.tools:
+            self._emit(SetTools(new.tools))
         if new.turn_detection != old.turn_detection:
             self._turn_detection_changed(new.turn_detection)
         self._send(self._events.session_updated(new, session_id=self.session_id, model=self.settings.model))
@@ -1012,6 +1035,19 @@ class Session:
                     param="item.content.0.audio",
                 )
         item_id = new.id or self._new_id(IdKind.ITEM)
+        if new.type is not ItemType.MESSAGE:
+            if index != len(self._items):
+                raise RealtimeError(
+                    f"{new.type.value} items can only be added at the end of the conversation: leave "
+                    "'previous_item_id' out, or give the last item's id",
+                    code=ErrorCode.UNSUPPORTED_VALUE,
+                    param="previous_item_id",
+                )
+            item = self._function_item(new, item_id)
+            previous = self._add_item(item)
+            self._send(self._events.item_added(item, previous))
+            self._send(self._events.item_done(item, previous))
+            return
         ids = list(self._items)
         after = None if index == len(ids) else ids[index - 1] if index else ROOT_ITEM_ID  # None: appended
         if new.audio is not None:
@@ -1171,6 +1207,7 @@ class Session:
             cfg.max_output_tokens if params.max_output_tokens is KEEP else params.max_output_tokens,
             self.settings.max_output_tokens,
         )
+        calls = self._response_calls(params)
         override = params.instructions is not KEEP and params.instructions != cfg.instructions
         if override:
             self._emit(SetInstructions(params.instructions))  # type: ignore[arg-type]
@@ -1188,7 +1225,7 @@ class Session:
             id=self._new_id(IdKind.RESPONSE),
             item=item,
             part=part,
-            previous_item_id=self._add_item(item),
+            previous_item_id=None,
             modality=modality,
             voice=voice,
             output_format=fmt,
@@ -1198,19 +1235,40 @@ class Session:
             restore_instructions=override,
             event_id=self._event_id if requested else None,
             requested=requested,
+            calls=calls,
         )
         self._response = response
         self._send(self._events.response_created(response.summary(self.conversation_id, ResponseState.IN_PROGRESS)))
-        self._send(self._events.output_item_added(response.id, 0, item))
+        if not calls.lazy_message:
+            self._announce_message(response)
+        self._emit(
+            StartResponse(
+                response.id,
+                item.id,
+                modality.engine_modalities,
+                self._speaker(voice),
+                max_tokens,
+                tool_choice=calls.choice,
+                call_item_ids=calls.item_ids,
+            )
+        )
+
+    def _announce_message(self, response: _Response) -> None:
+        """The reply's message item joins the conversation and the response's output (before its first text or audio
+        is sent)."""
+        item = response.item
+        response.previous_item_id = self._add_item(item)
+        response.outputs.append(item)
+        self._send(self._events.output_item_added(response.id, response.outputs.index(item), item))
         self._send(self._events.item_added(item, response.previous_item_id))
-        item.content.append(part)
-        self._send(self._events.content_part_added(response.ref, part))
-        speaker = self._speaker(voice)
-        self._emit(StartResponse(response.id, item.id, modality.engine_modalities, speaker, max_tokens))
+        item.content.append(response.part)
+        self._send(self._events.content_part_added(response.ref, response.part))
 
     def _text_delta(self, response: _Response, event: TextDelta) -> None:
         if response.phase is ResponsePhase.CANCELLING or not event.text:
             return
+        if not response.announced:
+            self._announce_message(response)
         if response.modality is OutputModality.AUDIO:
             response.part.transcript = (response.part.transcript or "") + event.text
             self._send(self._events.transcript_delta(response.ref, event.text))
@@ -1223,6 +1281,8 @@ class Session:
         # (the engine was asked for text only, so this is defensive).
         if response.phase is ResponsePhase.CANCELLING or response.modality is OutputModality.TEXT:
             return
+        if not response.announced:
+            self._announce_message(response)
         if self.settings.audio_transport is AudioTransport.MEDIA:
             if self._audio_response_id != response.id:
                 self._audio_response_id = response.id
@@ -1244,8 +1304,30 @@ class Session:
 
     def _finish(self, response: _Response, done: ResponseDone) -> None:
         state, reason, error = self._outcome(response, done)
-        if state is ResponseState.COMPLETED and response.encoder is not None:
+        if not response.outputs:  # a reply of neither text nor calls still has its (empty) message
+            self._announce_message(response)
+        if state is ResponseState.COMPLETED and response.encoder is not None and response.announced:
             self._send_audio(response, response.encoder.flush())
+        if response.announced:
+            self._finish_message(response, state)
+        self._finish_calls(response)
+        summary = response.summary(
+            self.conversation_id, state, output=tuple(response.outputs), reason=reason, error=error, usage=done.usage
+        )
+        if state is ResponseState.FAILED:  # also as an error event: clients that only watch errors see it
+            self._error(_failure(done), response.event_id, "response.create" if response.requested else None)
+        self._send(self._events.response_done(summary))
+        self._response = None
+        media_playing = self.settings.audio_transport is AudioTransport.MEDIA and self._audio_response_id == response.id
+        if not media_playing and not self._speaking:  # else the end of playback (or speech) decides
+            self._idle.start(playback_end_ms(self._clock_ms, response.first_audio_ms, response.part.audio_ms))
+        if response.restore_instructions:
+            self._emit(SetInstructions(self.config.instructions))
+        if self._auto_response_pending:
+            self._auto_response_pending = False
+            self._start_response(ResponseParams())
+
+    def _finish_message(self, response: _Response, state: ResponseState) -> None:
         item, part, ref = response.item, response.part, response.ref
         item.status = ItemStatus.COMPLETED if state is ResponseState.COMPLETED else ItemStatus.INCOMPLETE
         if response.modality is OutputModality.AUDIO:
@@ -1254,23 +1336,8 @@ class Session:
         else:
             self._send(self._events.text_done(ref, part.text or ""))
         self._send(self._events.content_part_done(ref, part))
-        self._send(self._events.output_item_done(response.id, 0, item))
+        self._send(self._events.output_item_done(response.id, ref.output_index, item))
         self._send(self._events.item_done(item, response.previous_item_id))
-        summary = response.summary(
-            self.conversation_id, state, output=(item,), reason=reason, error=error, usage=done.usage
-        )
-        if state is ResponseState.FAILED:  # also as an error event: clients that only watch errors see it
-            self._error(_failure(done), response.event_id, "response.create" if response.requested else None)
-        self._send(self._events.response_done(summary))
-        self._response = None
-        media_playing = self.settings.audio_transport is AudioTransport.MEDIA and self._audio_response_id == response.id
-        if not media_playing and not self._speaking:  # else the end of playback (or speech) decides
-            self._idle.start(playback_end_ms(self._clock_ms, response.first_audio_ms, part.audio_ms))
-        if response.restore_instructions:
-            self._emit(SetInstructions(self.config.instructions))
-        if self._auto_response_pending:
-            self._auto_response_pending = False
-            self._start_response(ResponseParams())
 
     @staticmethod
     def _outcome(response: _Response, done: ResponseDone) -> tuple[ResponseState, StatusReason | None, dict | None]:

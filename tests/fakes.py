@@ -33,6 +33,7 @@ from pipeline.outputs import (
     TextDelta,
     Usage,
 )
+from pipeline.tools import AUTO, Tool, ToolChoice
 from realtime.runner import TransportClosed
 from realtime.turn import ServerVadParams, SpeechStarted, SpeechStopped
 
@@ -244,6 +245,21 @@ class FakeConversation:
         self._check_open("set_context_policy")
         self.calls.append(("set_context_policy", policy))
 
+    async def set_tools(self, tools: tuple[Tool, ...]) -> None:
+        self._check_open("set_tools")
+        self._check_idle("set tools")
+        self.calls.append(("set_tools", tuple(tool.name for tool in tools)))
+
+    async def add_function_call(self, item_id: str, name: str, arguments: str) -> None:
+        self._check_open("add_function_call")
+        self.items.append(item_id)
+        self.calls.append(("add_function_call", item_id, name, arguments))
+
+    async def add_function_output(self, item_id: str, output: str) -> None:
+        self._check_open("add_function_output")
+        self.items.append(item_id)
+        self.calls.append(("add_function_output", item_id, output))
+
     def _place(self, item_id: str, previous_item_id: str | None) -> None:
         """As the engine: appended, or inserted after ``previous_item_id`` (root: first) while no response runs."""
         if previous_item_id is None:
@@ -303,6 +319,8 @@ class FakeConversation:
         modalities: frozenset[Modality] = frozenset({"text", "audio"}),
         voice: str | None = None,
         max_output_tokens: int | None = None,
+        tool_choice: ToolChoice = AUTO,
+        call_item_ids: tuple[str, ...] = (),
     ) -> FakeResponse:
         self._check_open("respond")
         self._check_idle("respond")

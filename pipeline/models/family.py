@@ -121,7 +121,13 @@ class ModelFamily(Protocol):
     def renderer(self, ckpt: Any) -> Any:
         """The prompt renderer of the family's chat format, for the conversation state: ``header(role)``,
         ``footer()`` (after a message or a reply), ``text_message(role, text)`` (all token id lists),
-        ``decode(token_ids) -> str`` and ``special`` (as :meth:`special`)."""
+        ``decode(token_ids) -> str`` and ``special`` (as :meth:`special`). Function calling needs ``tools`` (None or
+        absent: the family has none), the family's call format, with ``open_message(role, text)`` and ``text(text)``
+        (the renderer's; a turn written in parts): ``system_text(instructions, tools)``, ``call_open`` /
+        ``call_close`` (token ids that open and close a call in a reply), ``call(name, arguments)`` /
+        ``call_separator()`` (a client's call, token ids), ``response_text(output, first=, more=)`` (a tool
+        response in a user turn of them), ``forced(name)`` (token ids that open a required call) and
+        ``parser(tool_names)`` (:class:`pipeline.models.qwen2_5_omni.tools.CallParser`'s interface)."""
         ...
 
     def voices(self, ckpt: Any) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pipeline.observe.observer import EngineObserver
+from pipeline.output.function_calls import Verdict
 from pipeline.output.start_buffer import StartBuffer
 from pipeline.outputs import (
     OUTPUT_SAMPLE_RATE,
@@ -53,17 +54,31 @@ class OutputProcessor:
         reply may have, fed through the thinker at the next step."""
         self.observer.count("thinker_tokens_total")
         r.thinker.pending_token = None
+        verdict = Verdict.TEXT
         if token in self.text_stop:
-            r.thinker.end = TextEnd.STOP
+            verdict = Verdict.STOP
+        elif r.calls is not None:
+            verdict = r.calls.accept(token, len(r.item.reply_ids))
+        if verdict is Verdict.STOP:
+            self._end_text(r, TextEnd.STOP)
             return
         r.item.reply_ids.append(token)
-        delta = r.detok.push(token)
-        if delta:
-            r.spec.sink(TextDelta(text=delta, token_ids=(token,)))
+        if verdict is Verdict.HIDDEN:
+            r.thinker.silent = True  # a call began: the talker gets nothing more
+        else:
+            delta = r.detok.push(token)
+            if delta:
+                r.spec.sink(TextDelta(text=delta, token_ids=(token,)))
         if len(r.item.reply_ids) >= r.spec.max_text_tokens:
-            r.thinker.end = TextEnd.MAX_TOKENS
+            self._end_text(r, TextEnd.MAX_TOKENS)
         else:
             r.thinker.pending_token = token
+
+    @staticmethod
+    def _end_text(r: ResponseState, end: TextEnd) -> None:
+        r.thinker.end = end
+        if r.calls is not None:
+            r.calls.end_of_text()  # raises for a call left open
 
     # -- audio --------------------------------------------------------------------------------------
     def emit_audio(self, r: ResponseState, pcm: np.ndarray) -> None:
@@ -156,3 +171,5 @@ class OutputProcessor:
                 timings=StageTimings(**r.milestones, started_at_s=r.started_at_s),
             )
         )
+        if r.calls is not None:
+            r.calls.settle(r.conv, r.item)

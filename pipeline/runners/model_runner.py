@@ -141,7 +141,7 @@ class ModelRunner:
             sampled.append((batch, step.tokens.clone()))  # the graph's buffer is overwritten by the next replay
             for i, r in enumerate(batch):
                 r.conv.extend([r.thinker.pending_token], vectors[i : i + 1])
-                if r.spec.audio:
+                if r.spec.audio and not r.thinker.silent:
                     r.talker.queue.append(vectors[i])
                 done.add(r.id)
 

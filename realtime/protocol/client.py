@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from pipeline.tools import Tool
 from realtime.audio import AudioFormat
 from realtime.errors import InvalidAudioData, ProtocolError, RealtimeError
 from realtime.protocol import wire
@@ -21,6 +22,7 @@ from realtime.protocol.codes import ErrorCode
 from realtime.protocol.model import (
     DEFAULT_TURN_DETECTION,
     KEEP,
+    ItemType,
     Keep,
     NewItem,
     OutputModality,
@@ -33,6 +35,7 @@ from realtime.protocol.model import (
 )
 from realtime.protocol.names import ClientEventType, ContentType, parse_content_type
 from realtime.protocol.session_update import validate_session_update
+from realtime.protocol.tools import engine_tool
 from realtime.protocol.validation import from_validation_error
 from realtime.turn import ServerVadParams
 
@@ -226,6 +229,8 @@ def _session_patch(s: wire.SessionModel) -> SessionPatch:
         max_output_tokens=_max_tokens(s, "max_output_tokens", "max_response_output_tokens"),
         transcription=_session_transcription(s, audio_in),
         truncation=_truncation(s.truncation),
+        tools=_tools(s.tools),
+        tool_choice=s.tool_choice if s.tool_choice is not None else KEEP,
     )
 
 
@@ -254,6 +259,12 @@ def _session_transcription(
     else:
         return KEEP
     return None if m is None else TranscriptionSettings(model=m.model, language=m.language, prompt=m.prompt)
+
+
+def _tools(tools: list[wire.ToolModel] | None) -> tuple[Tool, ...] | Keep:
+    if tools is None:
+        return KEEP
+    return tuple(engine_tool(t.name, t.description, t.parameters) for t in tools)
 
 
 def _session_turn_detection(
@@ -330,7 +341,58 @@ _ALLOWED_CONTENT = {
 }
 
 
+_ITEM_FIELDS = {
+    "message": ("role", "content"),
+    "function_call": ("call_id", "name", "arguments"),
+    "function_call_output": ("call_id", "output"),
+}
+
+
 def _new_item(m: wire.ItemModel) -> NewItem:
+    """A message, a function call or a function call's output, with the fields its type needs and no others."""
+    needed = _ITEM_FIELDS[m.type]
+    for name in needed:
+        if getattr(m, name) is None:
+            raise ProtocolError(
+                f"missing required parameter 'item.{name}' (a {m.type} item has {', '.join(needed)})",
+                code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+                param=f"item.{name}",
+            )
+    for name in ("role", "content", "call_id", "name", "arguments", "output"):
+        if name not in needed and getattr(m, name) is not None and not (name == "role" and m.type == "function_call"):
+            raise ProtocolError(
+                f"unknown parameter 'item.{name}' for a {m.type} item",
+                code=ErrorCode.UNKNOWN_PARAMETER,
+                param=f"item.{name}",
+            )
+    if m.type == "function_call":
+        _check_arguments(m.arguments)
+        return NewItem(
+            m.id,
+            Role.ASSISTANT,
+            None,
+            type=ItemType.FUNCTION_CALL,
+            call_id=m.call_id,
+            name=m.name,
+            arguments=m.arguments,
+        )
+    if m.type == "function_call_output":
+        return NewItem(m.id, Role.USER, None, type=ItemType.FUNCTION_CALL_OUTPUT, call_id=m.call_id, output=m.output)
+    return _message(m)
+
+
+def _check_arguments(arguments: str | None) -> None:
+    try:
+        value = json.loads(arguments or "")
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise ProtocolError(
+            "'item.arguments' must be the JSON text of an object", code=ErrorCode.INVALID_VALUE, param="item.arguments"
+        )
+
+
+def _message(m: wire.ItemModel) -> NewItem:
     """One message of one content kind: text parts are joined, audio must be a single part."""
     role = Role(m.role)
     kinds = [parse_content_type(part.type) for part in m.content]
@@ -395,6 +457,8 @@ def _response_create(m: wire.ResponseCreateModel) -> ResponseCreate:
         output_format=_format(out.format if out else None, r.output_audio_format),
         max_output_tokens=_max_tokens(r, "max_output_tokens", "max_response_output_tokens"),
         instructions=r.instructions if r.instructions is not None else KEEP,
+        tools=_tools(r.tools),
+        tool_choice=r.tool_choice if r.tool_choice is not None else KEEP,
         metadata=r.metadata,
     )
     return ResponseCreate(m.event_id, params)

@@ -34,6 +34,8 @@ class ErrorCode(str, enum.Enum):
     ITEM_NOT_FOUND = "item_not_found"
     DUPLICATE_ITEM_ID = "duplicate_item_id"
     ITEM_IN_PROGRESS = "item_in_progress"
+    UNKNOWN_CALL_ID = "unknown_call_id"
+    """A ``function_call_output`` whose ``call_id`` is that of no ``function_call`` item in the conversation."""
     OUTPUT_AUDIO_BUFFER_EMPTY = "output_audio_buffer_empty"
     TRANSCRIPTION_BACKLOG = "transcription_backlog"
     """Too many input transcriptions of the session wait for their turn (``...input_audio_transcription.failed``)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from pipeline.api import ContextPolicy, Modality
 from pipeline.outputs import Usage
+from pipeline.tools import AUTO, Tool, ToolChoice
 from realtime.audio import AudioFormat
 from realtime.protocol.codes import StatusReason
 from realtime.protocol.names import ContentType
@@ -45,6 +46,12 @@ class Role(str, enum.Enum):
     USER = "user"
     ASSISTANT = "assistant"
     SYSTEM = "system"
+
+
+class ItemType(str, enum.Enum):
+    MESSAGE = "message"
+    FUNCTION_CALL = "function_call"
+    FUNCTION_CALL_OUTPUT = "function_call_output"
 
 
 class ItemStatus(str, enum.Enum):
@@ -125,6 +132,8 @@ class SessionPatch:
     max_output_tokens: int | None | Keep = KEEP
     transcription: TranscriptionSettings | None | Keep = KEEP
     truncation: Truncation | Keep = KEEP
+    tools: tuple[Tool, ...] | Keep = KEEP
+    tool_choice: ToolChoice | Keep = KEEP
     voice_param: str = "session.voice"
 
 
@@ -143,6 +152,8 @@ class SessionConfig:
     transcription: TranscriptionSettings | None = None
     """Input audio transcription settings; None: off (the API's default)."""
     truncation: Truncation = Truncation()
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = AUTO
 
     def apply(self, patch: SessionPatch) -> SessionConfig:
         """A copy with the patch's set fields replaced."""
@@ -162,6 +173,8 @@ class ResponseParams:
     output_format: AudioFormat | Keep = KEEP
     max_output_tokens: int | None | Keep = KEEP
     instructions: str | Keep = KEEP
+    tools: tuple[Tool, ...] | Keep = KEEP
+    tool_choice: ToolChoice | Keep = KEEP
     metadata: dict[str, str] | None = None
     voice_param: str = "response.voice"
 
@@ -179,27 +192,39 @@ class ContentPart:
 
 @dataclass
 class Item:
-    """A conversation item (always a message: this server has no tool calls)."""
+    """A conversation item: a message (``role``, ``content``), a function call (``call_id``, ``name``,
+    ``arguments``; role assistant) or a function call's output (``call_id``, ``output``; role user)."""
 
     id: str
     role: Role
     content: list[ContentPart] = field(default_factory=list)
     status: ItemStatus = ItemStatus.COMPLETED
+    type: ItemType = ItemType.MESSAGE
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
 
 
 @dataclass(frozen=True)
 class NewItem:
-    """A message from ``conversation.item.create``, validated: exactly one kind of content.
-
+    """An item from ``conversation.item.create``, validated. A message has exactly one kind of content:
     ``content`` is ``INPUT_TEXT`` (user/system), ``OUTPUT_TEXT`` (assistant) or ``INPUT_AUDIO``
-    (user; ``audio`` holds the decoded wire bytes, in the session's input format)."""
+    (user; ``audio`` holds the decoded wire bytes, in the session's input format). A function call or output has
+    no content (``None``)."""
 
     id: str | None
     role: Role
-    content: ContentType
+    content: ContentType | None
     text: str | None = None
     audio: bytes | None = None
     transcript: str | None = None
+    type: ItemType = ItemType.MESSAGE
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    """JSON text of an object (checked)."""
+    output: str | None = None
 
 
 @dataclass(frozen=True)

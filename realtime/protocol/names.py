@@ -73,6 +73,8 @@ class ServerEvent(enum.Enum):
     TRANSCRIPT_DONE = "transcript.done"
     TEXT_DELTA = "text.delta"
     TEXT_DONE = "text.done"
+    FUNCTION_CALL_ARGUMENTS_DELTA = "function_call_arguments.delta"
+    FUNCTION_CALL_ARGUMENTS_DONE = "function_call_arguments.done"
     OUTPUT_AUDIO_BUFFER_STARTED = "output_audio_buffer.started"
     OUTPUT_AUDIO_BUFFER_STOPPED = "output_audio_buffer.stopped"
     OUTPUT_AUDIO_BUFFER_CLEARED = "output_audio_buffer.cleared"
@@ -115,6 +117,8 @@ SERVER_EVENT_NAMES: dict[ServerEvent, WireName] = {
     ServerEvent.TRANSCRIPT_DONE: WireName("response.output_audio_transcript.done", "response.audio_transcript.done"),
     ServerEvent.TEXT_DELTA: WireName("response.output_text.delta", "response.text.delta"),
     ServerEvent.TEXT_DONE: WireName("response.output_text.done", "response.text.done"),
+    ServerEvent.FUNCTION_CALL_ARGUMENTS_DELTA: _same("response.function_call_arguments.delta"),
+    ServerEvent.FUNCTION_CALL_ARGUMENTS_DONE: _same("response.function_call_arguments.done"),
     ServerEvent.OUTPUT_AUDIO_BUFFER_STARTED: _same("output_audio_buffer.started"),
     ServerEvent.OUTPUT_AUDIO_BUFFER_STOPPED: _same("output_audio_buffer.stopped"),
     ServerEvent.OUTPUT_AUDIO_BUFFER_CLEARED: _same("output_audio_buffer.cleared"),

@@ -16,6 +16,7 @@ from realtime.ids import IdGenerator, IdKind
 from realtime.protocol.model import (
     ContentPart,
     Item,
+    ItemType,
     OutputModality,
     ResponseState,
     ResponseSummary,
@@ -25,6 +26,7 @@ from realtime.protocol.model import (
     TruncationType,
 )
 from realtime.protocol.names import ContentType, Dialect, PartType, ServerEvent, content_type_name, server_event_name
+from realtime.protocol.tools import beta_tool_choice, tool_choice_object, tool_object
 from realtime.turn import ServerVadParams
 
 
@@ -128,8 +130,8 @@ def session_object(config: SessionConfig, *, session_id: str, model: str, dialec
             "output_audio_format": format_object(config.output_format, dialect),
             "input_audio_transcription": transcription_object(config.transcription),
             "turn_detection": turn_detection_object(config.turn_detection, dialect),
-            "tools": [],
-            "tool_choice": "auto",
+            "tools": [tool_object(tool) for tool in config.tools],
+            "tool_choice": beta_tool_choice(config.tool_choice),
             "max_response_output_tokens": _max_tokens(config.max_output_tokens),
         }
     return {
@@ -148,8 +150,8 @@ def session_object(config: SessionConfig, *, session_id: str, model: str, dialec
             },
             "output": {"format": format_object(config.output_format, dialect), "voice": config.voice, "speed": 1.0},
         },
-        "tools": [],
-        "tool_choice": "auto",
+        "tools": [tool_object(tool) for tool in config.tools],
+        "tool_choice": tool_choice_object(config.tool_choice),
         "max_output_tokens": _max_tokens(config.max_output_tokens),
         "truncation": truncation_object(config.truncation),
     }
@@ -165,14 +167,12 @@ def content_object(part: ContentPart, dialect: Dialect) -> dict:
 
 
 def item_object(item: Item, dialect: Dialect) -> dict:
-    return {
-        "id": item.id,
-        "object": "realtime.item",
-        "type": "message",
-        "role": item.role.value,
-        "status": item.status.value,
-        "content": [content_object(part, dialect) for part in item.content],
-    }
+    body = {"id": item.id, "object": "realtime.item", "type": item.type.value, "status": item.status.value}
+    if item.type is ItemType.FUNCTION_CALL:
+        return body | {"call_id": item.call_id, "name": item.name, "arguments": item.arguments or ""}
+    if item.type is ItemType.FUNCTION_CALL_OUTPUT:
+        return body | {"call_id": item.call_id, "output": item.output}
+    return body | {"role": item.role.value, "content": [content_object(part, dialect) for part in item.content]}
 
 
 def part_object(part: ContentPart) -> dict:
@@ -341,6 +341,29 @@ class ServerEvents:
 
     def text_done(self, ref: ContentRef, text: str) -> dict | None:
         return self._event(ServerEvent.TEXT_DONE, **ref.fields(), text=text)
+
+    def function_call_arguments_delta(self, response_id: str, output_index: int, item: Item, delta: str) -> dict | None:
+        return self._event(
+            ServerEvent.FUNCTION_CALL_ARGUMENTS_DELTA,
+            response_id=response_id,
+            item_id=item.id,
+            output_index=output_index,
+            call_id=item.call_id,
+            delta=delta,
+        )
+
+    def function_call_arguments_done(self, response_id: str, output_index: int, item: Item) -> dict | None:
+        """GA names the function here too; beta does not."""
+        name = {"name": item.name} if self.dialect is Dialect.GA else {}
+        return self._event(
+            ServerEvent.FUNCTION_CALL_ARGUMENTS_DONE,
+            response_id=response_id,
+            item_id=item.id,
+            output_index=output_index,
+            call_id=item.call_id,
+            **name,
+            arguments=item.arguments,
+        )
 
     def output_audio_buffer_started(self, response_id: str) -> dict | None:
         return self._event(ServerEvent.OUTPUT_AUDIO_BUFFER_STARTED, response_id=response_id)

@@ -3,7 +3,7 @@
 A refused event gets one of two kinds of message:
 
 - a **refusal** (code ``unsupported_value``): the field belongs to a feature the OpenAI Realtime API
-  defines and this server does not implement (function tools, out-of-band responses,
+  defines and this server does not implement (MCP tools, out-of-band responses,
   image input…); the message says what is not supported and what to send instead (:data:`REFUSALS`);
 - a **plain description** of any other invalid field: ``missing_required_parameter``,
   ``unknown_parameter``, ``invalid_type`` ("must be an integer, not a string") or ``invalid_value``
@@ -47,13 +47,9 @@ class Refusal:
 
 REFUSALS = (
     Refusal(
-        "*.tools",
-        "function tools are not supported by this server (yet): leave '{param}' out, or send an empty list",
-    ),
-    Refusal(
-        "*.tool_choice",
-        "tool_choice {value} is not supported: this server has no function tools; send 'auto' or 'none', "
-        "or leave '{param}' out",
+        "*.tools.*.type",
+        "tool type {value} is not supported: this server runs function tools only; send 'function' tools",
+        frozenset({"mcp"}),
     ),
     Refusal(
         "session.prompt",
@@ -86,8 +82,9 @@ REFUSALS = (
     ),
     Refusal(
         "item.type",
-        "item type {value} is not supported: this server has no function tools; create 'message' items only",
-        frozenset({"function_call", "function_call_output", "mcp_approval_response"}),
+        "item type {value} is not supported: this server has no MCP tools; create 'message', 'function_call' or "
+        "'function_call_output' items",
+        frozenset({"mcp_approval_response", "mcp_call", "mcp_list_tools", "mcp_approval_request"}),
     ),
     Refusal(
         "item.content.*.type",

@@ -4,21 +4,19 @@ Validation is strict (no coercion of ``"5"`` to ``5``) and unknown fields are re
 gets an ``unknown_parameter`` error instead of being ignored. Fields the OpenAI API defines but this
 server does not implement are of two kinds:
 
-- refused unless "off" (``null``, ``[]``, ``1.0``) because ignoring them would change what the client
-  gets: ``tools``, input ``transcription`` (no transcription events are sent), ``prompt``, ``speed``,
-  out-of-band responses (the ``unsupported_value`` message of each, saying what to send instead, is in
-  :data:`realtime.protocol.validation.REFUSALS`);
+- refused unless "off" (``null``, ``1.0``) because ignoring them would change what the client
+  gets: ``prompt``, ``speed``, MCP tools, out-of-band responses (the ``unsupported_value`` message of each, saying
+  what to send instead, is in :data:`realtime.protocol.validation.REFUSALS`);
 - accepted and ignored, because SDK clients send them routinely and nothing the client relies on
-  changes: ``model`` (one model per server), ``tool_choice`` (no tools), ``temperature`` (the engine's
-  sampling settings apply), input ``noise_reduction`` (the model hears the audio as sent), ``tracing``,
-  ``include`` (it only asks for transcription log-probabilities). The ``session.updated``
-  reply shows the effective configuration (``noise_reduction: null``...).
+  changes: ``model`` (one model per server), ``temperature`` (the engine's sampling settings apply), input
+  ``noise_reduction`` (the model hears the audio as sent), ``tracing``, ``include`` (it only asks for transcription
+  log-probabilities). The ``session.updated`` reply shows the effective configuration (``noise_reduction: null``...).
 
 Input ``transcription`` (beta ``input_audio_transcription``) is implemented (:mod:`realtime.transcription`):
 its ``model`` is echoed, ``language`` and ``prompt`` are hints to the server's own model.
 ``semantic_vad`` is accepted and served by the silence-based detector (:data:`realtime.turn.SEMANTIC_SILENCE_MS`).
 In ``session.update`` a refused field refuses only itself (:mod:`.session_update`). ``truncation`` maps onto the
-conversation's context policy.
+conversation's context policy. Function ``tools`` and ``tool_choice`` are implemented (:mod:`realtime.tool_calls`).
 
 Unions are kept out of field types on purpose: pydantic names union branches in error locations,
 and the error's ``param`` must be the client's field path.
@@ -29,6 +27,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from realtime.protocol import tools
 
 MAX_OUTPUT_TOKENS_LIMIT = 4096
 """Largest integer ``max_output_tokens`` the API accepts (``"inf"`` means no limit)."""
@@ -84,6 +84,25 @@ ModalityName = Literal["text", "audio"]
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def _tool_choice(value: Any) -> Any:
+    return tools.check_tool_choice(value)
+
+
+ToolChoiceValue = Annotated[Any, AfterValidator(_tool_choice)]
+
+
+class ToolModel(_Model):
+    """A function tool (``tools.*``): see :mod:`realtime.protocol.tools` for what is checked."""
+
+    type: Literal["function"] = "function"
+    name: Annotated[str, AfterValidator(tools.check_name)]
+    description: str | None = None
+    parameters: Annotated[Any, AfterValidator(tools.check_parameters)] = None
+
+
+ToolList = Annotated[list[ToolModel] | None, AfterValidator(tools.check_unique)]
 
 
 class FormatModel(_Model):
@@ -168,13 +187,13 @@ class SessionModel(_Model):
     turn_detection: TurnDetectionModel | None = None
     max_response_output_tokens: MaxTokens = None
     input_audio_transcription: TranscriptionModel | None = None
-    # defined by the API, refused unless off
-    tools: list[Any] | None = Field(default=None, max_length=0)
-    prompt: None = None
+    tools: ToolList = None
+    tool_choice: ToolChoiceValue = None
     truncation: Truncation = None
+    # defined by the API, refused unless off
+    prompt: None = None
     # accepted and ignored (see the module docstring)
     model: str | None = None
-    tool_choice: Literal["auto", "none"] | None = None
     temperature: float | None = None
     input_audio_noise_reduction: Any = None
     tracing: Any = None
@@ -210,10 +229,18 @@ class ContentModel(_Model):
 
 
 class ItemModel(_Model):
+    """A created item: a ``message`` (``role``, ``content``), a ``function_call`` (``call_id``, ``name``,
+    ``arguments``) or a ``function_call_output`` (``call_id``, ``output``); which fields each needs is checked by
+    the converter (:func:`realtime.protocol.client._new_item`)."""
+
     id: str | None = Field(default=None, min_length=1, max_length=32)
-    type: Literal["message"]
-    role: Literal["user", "assistant", "system"]
-    content: list[ContentModel] = Field(min_length=1)
+    type: Literal["message", "function_call", "function_call_output"]
+    role: Literal["user", "assistant", "system"] | None = None
+    content: list[ContentModel] | None = Field(default=None, min_length=1)
+    call_id: str | None = Field(default=None, min_length=1)
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
     status: Literal["completed", "incomplete", "in_progress"] | None = None
     object: Literal["realtime.item"] | None = None
 
@@ -259,14 +286,14 @@ class ResponseModel(_Model):
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     conversation: Literal["auto"] | None = None
     input: None = None
-    tools: list[Any] | None = Field(default=None, max_length=0)
+    tools: ToolList = None
+    tool_choice: ToolChoiceValue = None
     # beta spellings
     modalities: list[ModalityName] | None = Field(default=None, min_length=1)
     voice: str | None = None
     output_audio_format: BetaFormatName | None = None
     max_response_output_tokens: MaxTokens = None
     # accepted and ignored (see the module docstring)
-    tool_choice: Literal["auto", "none"] | None = None
     temperature: float | None = None
 
 

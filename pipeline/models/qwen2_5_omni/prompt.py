@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pipeline.api import TranscriptionPrompt
 from pipeline.models.qwen2_5_omni.checkpoint import SpecialTokens
+from pipeline.models.qwen2_5_omni.tools import ToolFormat
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
@@ -43,6 +44,8 @@ class PromptRenderer:
         self.special = special
         self._newline = self._encode("\n")
         self._headers: dict[str, list[int]] = {}
+        self.tools = ToolFormat.of(tokenizer)
+        """Function calling in Qwen2.5's format (None when the tokenizer lacks the call markers)."""
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -58,6 +61,15 @@ class PromptRenderer:
 
     def text_message(self, role: str, text: str) -> list[int]:
         return [self.special.im_start, *self._encode(f"{role}\n{text}"), *self.footer()]
+
+    def open_message(self, role: str, text: str) -> list[int]:
+        """``<|im_start|>{role}\n{text}`` without the footer: a turn whose next part follows (a call after an
+        assistant's text, one tool response after another); ``text`` carries any separator before that part."""
+        return [self.special.im_start, *self._encode(f"{role}\n{text}")]
+
+    def text(self, text: str) -> list[int]:
+        """Plain text inside a message (a later part of a turn)."""
+        return self._encode(text)
 
     def audio_content(self, n_audio_tokens: int) -> list[int]:
         s = self.special

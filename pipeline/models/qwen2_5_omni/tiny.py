@@ -40,6 +40,7 @@ from pipeline.models.qwen2_5_omni import checkpoint as ckpt
 from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
 from pipeline.models.qwen2_5_omni.parts import thinker_text_model
 from pipeline.models.qwen2_5_omni.tokenizer_corpus import CORPUS
+from pipeline.models.qwen2_5_omni.tools import TOOLS_EPILOGUE, TOOLS_PREAMBLE
 
 SPEAKER_NAMES = ("Chelsie", "Ethan")
 """Voices of the released checkpoints; Chelsie is the reference default."""
@@ -283,9 +284,43 @@ def chat_template() -> str:
     ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, a default system message when the
     first message is not one, media parts as ``<|audio_bos|><|AUDIO|><|audio_eos|>`` (and the vision
     equivalents, optionally numbered with ``add_audio_id`` / ``add_vision_id``), and
-    ``<|im_start|>assistant\\n`` for ``add_generation_prompt``. Written on one line: transformers
-    renders with ``trim_blocks``, which would eat a newline written after a block tag."""
+    ``<|im_start|>assistant\\n`` for ``add_generation_prompt``; with ``tools=``, function calling as Qwen2.5 renders it
+    (:mod:`~pipeline.models.qwen2_5_omni.tools`): the tools block after the system message's content, an assistant's
+    ``tool_calls`` as ``<tool_call>`` blocks after its content, and consecutive ``tool`` messages as one user turn of
+    ``<tool_response>`` blocks. Written on one line: transformers renders with ``trim_blocks``, which would eat a
+    newline written after a block tag (text that starts with one right after a tag is written as a Jinja string)."""
     im_start, im_end = ckpt.IM_START, ckpt.IM_END
+    tools_block = "".join(
+        [
+            "{% if tools %}",
+            _jinja_text(TOOLS_PREAMBLE),
+            "{% for tool in tools %}",
+            _jinja_text("\n"),
+            "{{ tool | tojson }}{% endfor %}",
+            _jinja_text(TOOLS_EPILOGUE),
+            "{% endif %}",
+        ]
+    )
+    tool_turns = "".join(
+        [
+            "{% if message['role'] == 'tool' %}",
+            f"{{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}}{im_start}user{{% endif %}}",
+            _jinja_text("\n<tool_response>\n"),
+            "{{ message['content'] }}\n</tool_response>",
+            f"{{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}}{im_end}\n{{% endif %}}",
+            "{% elif message['role'] == 'assistant' and message['tool_calls'] %}",
+            f"{im_start}assistant{{% if message['content'] %}}",
+            _jinja_text("\n"),
+            "{{ message['content'] }}{% endif %}",
+            "{% for call in message['tool_calls'] %}",
+            "{% set fn = call['function'] if call['function'] is defined else call %}",
+            _jinja_text('\n<tool_call>\n{"name": "'),
+            "{{ fn['name'] }}\", ",
+            "\"arguments\": {{ fn['arguments'] | tojson }}}\n</tool_call>",
+            f"{{% endfor %}}{im_end}\n",
+            "{% else %}",
+        ]
+    )
     audio = ckpt.AUDIO_BOS + ckpt.AUDIO_PLACEHOLDER + ckpt.AUDIO_EOS
     image = ckpt.VISION_BOS + ckpt.IMAGE_PLACEHOLDER + ckpt.VISION_EOS
     video = ckpt.VISION_BOS + ckpt.VIDEO_PLACEHOLDER + ckpt.VISION_EOS
@@ -294,8 +329,9 @@ def chat_template() -> str:
             "{% set n = namespace(audio=0, image=0, video=0) %}",
             "{% for message in messages %}",
             "{% if loop.first and message['role'] != 'system' %}",
-            f"{im_start}system\n{DEFAULT_SYSTEM_PROMPT}{im_end}\n",
+            f"{im_start}system\n{DEFAULT_SYSTEM_PROMPT}{tools_block}{im_end}\n",
             "{% endif %}",
+            tool_turns,
             f"{im_start}{{{{ message['role'] }}}}\n",
             "{% if message['content'] is string %}{{ message['content'] }}{% else %}",
             "{% for part in message['content'] %}",
@@ -310,11 +346,20 @@ def chat_template() -> str:
             video,
             "{% elif 'text' in part %}{{ part['text'] }}{% endif %}",
             "{% endfor %}{% endif %}",
+            "{% if loop.first and message['role'] == 'system' %}",
+            tools_block,
+            "{% endif %}",
             f"{im_end}\n",
+            "{% endif %}",
             "{% endfor %}",
             f"{{% if add_generation_prompt %}}{im_start}assistant\n{{% endif %}}",
         ]
     )
+
+
+def _jinja_text(text: str) -> str:
+    """``text`` as a Jinja expression of a string literal (written out as is, newlines included)."""
+    return "{{ " + json.dumps(text) + " }}"
 
 
 def train_bpe(bpe_vocab_size: int) -> Any:

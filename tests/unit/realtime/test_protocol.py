@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.outputs import Usage
+from pipeline.tools import Tool, ToolChoice, ToolMode
 from realtime.audio import AudioFormat
 from realtime.errors import InvalidAudioData, ProtocolError, RealtimeError
 from realtime.ids import SequentialIds
@@ -36,6 +37,7 @@ from realtime.protocol.model import (
     ContentPart,
     Item,
     ItemStatus,
+    ItemType,
     OutputModality,
     ResponseState,
     ResponseSummary,
@@ -221,9 +223,7 @@ def test_transcription_settings_ga_wins_over_beta_and_null_turns_it_off():
     [
         ({"audio": {"output": {"speed": 1.2}}}, "session.audio.output.speed", "send 1.0"),
         ({"prompt": {"id": "pmpt_1"}}, "session.prompt", "session.instructions"),
-        ({"tools": [{"type": "function", "name": "f"}]}, "session.tools", "leave 'session.tools' out"),
-        ({"tool_choice": "required"}, "session.tool_choice", "send 'auto' or 'none'"),
-        ({"tool_choice": {"type": "function", "name": "f"}}, "session.tool_choice", "send 'auto' or 'none'"),
+        ({"tools": [{"type": "mcp", "server_label": "s"}]}, "session.tools.0.type", "send 'function' tools"),
         (
             {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
             "session.audio.input.format.rate",
@@ -243,19 +243,19 @@ def test_settings_that_would_change_the_result_are_refused_as_not_supported(sess
     ("event", "param", "words"),
     [
         (
-            {"type": "response.create", "response": {"tools": [{"type": "function"}]}},
-            "response.tools",
-            "function tools",
+            {"type": "response.create", "response": {"tools": [{"type": "mcp", "server_label": "s"}]}},
+            "response.tools.0.type",
+            "function tools only",
         ),
         ({"type": "response.create", "response": {"conversation": "none"}}, "response.conversation", "out-of-band"),
         ({"type": "response.create", "response": {"input": []}}, "response.input", "out-of-band"),
         (
             {
                 "type": "conversation.item.create",
-                "item": {"type": "function_call_output", "call_id": "c", "output": "x"},
+                "item": {"type": "mcp_approval_response", "approval_request_id": "r", "approve": True},
             },
             "item.type",
-            "create 'message' items only",
+            "create 'message', 'function_call' or 'function_call_output' items",
         ),
         (
             {
@@ -567,8 +567,8 @@ def test_events_built_with_the_beta_sdk_models_parse():
         ),
         (
             {"type": "session.update", "session": {"tools": [{"type": "function"}]}},
-            ErrorCode.UNSUPPORTED_VALUE,
-            "session.tools",
+            ErrorCode.MISSING_REQUIRED_PARAMETER,
+            "session.tools.0.name",
         ),
         (
             {
@@ -618,7 +618,22 @@ def test_parse_errors_have_a_specific_code_and_param(message, code, param):
 @pytest.mark.parametrize(
     ("item", "code", "param"),
     [
-        ({"type": "function_call", "role": "assistant", "content": []}, ErrorCode.UNSUPPORTED_VALUE, "item.type"),
+        (
+            {"type": "function_call", "name": "f", "arguments": "{}"},
+            ErrorCode.MISSING_REQUIRED_PARAMETER,
+            "item.call_id",
+        ),
+        (
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"},
+            ErrorCode.INVALID_VALUE,
+            "item.arguments",
+        ),
+        ({"type": "function_call_output", "call_id": "c"}, ErrorCode.MISSING_REQUIRED_PARAMETER, "item.output"),
+        (
+            {"type": "function_call_output", "call_id": "c", "output": "x", "role": "user"},
+            ErrorCode.UNKNOWN_PARAMETER,
+            "item.role",
+        ),
         ({"type": "reasoning", "role": "assistant", "content": []}, ErrorCode.INVALID_VALUE, "item.type"),
         (
             {"type": "message", "role": "tool", "content": [{"type": "input_text", "text": "x"}]},
@@ -835,6 +850,41 @@ def _all_server_events(b: ServerEvents) -> list[dict | None]:
         b.input_transcription_failed(
             "item_1", 0, {"type": "server_error", "code": "engine_failure", "message": "boom", "param": None}
         ),
+        *_function_call_events(b),
+    ]
+
+
+def _function_call_events(b: ServerEvents) -> list[dict | None]:
+    """Tools in the session, a call streamed as an output item, a client's call output, a response of calls."""
+    weather = Tool("get_weather", "The weather.", '{"type": "object", "properties": {"city": {"type": "string"}}}')
+    tools = SessionConfig("sys", "Chelsie", tools=(weather, Tool("noop")), tool_choice=ToolChoice(ToolMode.REQUIRED))
+    named = SessionConfig("sys", "Chelsie", tools=(weather,), tool_choice=ToolChoice(ToolMode.REQUIRED, "get_weather"))
+    started = Item("item_5", Role.ASSISTANT, [], ItemStatus.IN_PROGRESS, ItemType.FUNCTION_CALL, "call_1", "f", "")
+    call = Item("item_5", Role.ASSISTANT, [], ItemStatus.COMPLETED, ItemType.FUNCTION_CALL, "call_1", "f", '{"a": 1}')
+    output = Item("item_6", Role.USER, type=ItemType.FUNCTION_CALL_OUTPUT, call_id="call_1", output="sunny")
+    done = ResponseSummary(
+        "resp_3",
+        "conv_1",
+        ResponseState.COMPLETED,
+        OutputModality.AUDIO,
+        "Chelsie",
+        AudioFormat.PCM,
+        None,
+        (_assistant_item(), call),
+        usage=Usage(1, 2, 3, 4, 5),
+    )
+    return [
+        b.session_updated(tools, session_id="sess_1", model="qwen2.5-omni"),
+        b.session_updated(named, session_id="sess_1", model="qwen2.5-omni"),
+        b.output_item_added("resp_3", 1, started),
+        b.item_added(started, "item_2"),
+        b.function_call_arguments_delta("resp_3", 1, started, '{"a"'),
+        b.function_call_arguments_done("resp_3", 1, call),
+        b.output_item_done("resp_3", 1, call),
+        b.item_done(call, "item_2"),
+        b.item_added(output, "item_5"),
+        b.item_retrieved(output),
+        b.response_done(done),
     ]
 
 
