@@ -168,12 +168,10 @@ class ConversationHandle(Protocol):
         max_output_tokens: int | None = None,
         tool_choice: ToolChoice = AUTO,
         call_item_ids: tuple[str, ...] = (),
-        background: bool = False,
     ) -> ResponseHandle:
         """Start a reply; its assistant message joins the conversation as ``item_id``, and its function calls (when the
         conversation has tools) as ``call_item_ids``, in order (it makes at most that many). A conversation with no
-        items is answered too: the reply answers the instructions alone (a greeting). ``background``: work nobody
-        listens to as it comes (a transcription), which waits while any other response waits for its first output."""
+        items is answered too: the reply answers the instructions alone (a greeting)."""
         ...
 
     async def close(self) -> None:

@@ -229,7 +229,6 @@ class Conversation:
         max_output_tokens: int | None = None,
         tool_choice: ToolChoice = AUTO,
         call_item_ids: tuple[str, ...] = (),
-        background: bool = False,
     ) -> Response:
         engine = self._engine
         voice = voice or engine.default_voice
@@ -257,7 +256,6 @@ class Conversation:
             can_accept=resp._can_accept,
             tool_choice=tool_choice,
             call_item_ids=tuple(call_item_ids),
-            background=background,
         )
         self._active = resp
         try:

@@ -73,9 +73,6 @@ class ResponseSpec:
     """Whether the reply may (or must) call one of the conversation's tools."""
     call_item_ids: tuple[str, ...] = ()
     """The conversation item ids of the calls the reply makes, in order; it makes at most that many."""
-    background: bool = False
-    """Work no listener waits for (a transcription): it is neither prefilled nor decoded while another response
-    waits for its first output (:func:`pipeline.scheduler.policies.background_yields`)."""
 
     def detached(self) -> ResponseSpec:
         """This spec without its callables (module-level placeholders, so it pickles); its sink raises."""

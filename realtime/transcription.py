@@ -114,7 +114,6 @@ async def transcribe(engine: EngineHandle, job: TranscriptionJob, on_delta: Call
             item_id=SIDE_REPLY_ITEM,
             modalities=frozenset({"text"}),
             max_output_tokens=max_transcript_tokens(len(job.pcm), engine.max_output_tokens),
-            background=True,
         )
         pieces: list[str] = []
         done: ResponseDone | None = None

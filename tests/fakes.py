@@ -217,8 +217,6 @@ class FakeConversation:
         self.items: list[str] = []
         self.inputs: dict[str, FakeAudioInput] = {}
         self.responses: list[FakeResponse] = []
-        self.background: list[bool] = []
-        """Each response's ``background`` flag, in order."""
         self.active: FakeResponse | None = None
         self.closed = False
         self._engine = engine
@@ -323,7 +321,6 @@ class FakeConversation:
         max_output_tokens: int | None = None,
         tool_choice: ToolChoice = AUTO,
         call_item_ids: tuple[str, ...] = (),
-        background: bool = False,
     ) -> FakeResponse:
         self._check_open("respond")
         self._check_idle("respond")
@@ -334,7 +331,6 @@ class FakeConversation:
         self.active = response
         self.items.append(item_id)
         self.calls.append(("respond", item_id, tuple(sorted(modalities)), voice, max_output_tokens))
-        self.background.append(background)
         return response
 
     def _response_finished(self, response: FakeResponse) -> None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 __all__ = [
     "ChainRow",
     "FirstChunkRow",
-    "background_yields",
     "chain_steps",
     "first_chunks_alone",
     "quick_first_chunk",
@@ -29,13 +28,6 @@ class FirstChunkRow:
     """It has a talker that has not made its last code."""
     first_chunk_in_worker: bool
     """Its first audio chunk is being made by the token2wav worker right now."""
-
-
-def background_yields(first_output_pending: Iterable[bool]) -> bool:
-    """Whether background responses (transcriptions: nobody listens to them) sit this step out: yes while any other
-    response still waits for its first output (prefilling, or its first audio chunk not made yet), so that they never
-    slow a reply a listener waits for. ``first_output_pending``: one value per foreground response."""
-    return any(first_output_pending)
 
 
 def first_chunks_alone(rows: Sequence[FirstChunkRow]) -> bool:

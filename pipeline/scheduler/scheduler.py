@@ -81,17 +81,12 @@ class Scheduler:
         them, the oldest turns dropped under ``drop_oldest``."""
         plan = StepPlan()
         batch = PrefillBatch(self.cfg.prefills_per_step, self.cfg.prefill_rows)
-        background_waits = policies.background_yields(
-            self._first_output_pending(r) for r in self.responses.values() if not r.spec.background
-        )
         for r in list(self.responses.values()):
             if r.cancel_reason is not None:
                 end(r, None)
                 plan.progressed = True
             elif not r.spec.can_accept():
                 continue  # backpressure: its consumer is behind
-            elif r.spec.background and background_waits:
-                continue
             elif r.status is ResponseStatus.PREFILLING:
                 if batch.has_room():
                     try:
@@ -117,13 +112,6 @@ class Scheduler:
         if policies.talker_may_step([self._gpu_row(r, in_worker) for r in spoken]):
             plan.talker_rows = spoken
         plan.talker_prefills = self.cfg.talker_prefills_per_step
-
-    @staticmethod
-    def _first_output_pending(r: ResponseState) -> bool:
-        """It has produced nothing its listener can hear or read yet."""
-        if r.status is ResponseStatus.PREFILLING:
-            return True
-        return r.spec.audio and r.audio.first_made_at is None and not r.talker.done
 
     @staticmethod
     def _gpu_row(r: ResponseState, in_worker: set[str]) -> policies.FirstChunkRow:

@@ -77,9 +77,7 @@ def conversation(s: Scheduler, conv_id: str, words: int = 3) -> ConversationStat
     return conv
 
 
-def respond(
-    s: Scheduler, conv: ConversationState, *, audio: bool = True, accepts: bool = True, background: bool = False
-) -> ResponseState:
+def respond(s: Scheduler, conv: ConversationState, *, audio: bool = True, accepts: bool = True) -> ResponseState:
     rid = f"r-{conv.id}"
     spec = ResponseSpec(
         id=rid,
@@ -90,7 +88,6 @@ def respond(
         max_text_tokens=16,
         sink=lambda event: None,
         can_accept=lambda: accepts,
-        background=background,
     )
     item = ConvItem(id=spec.item_id, role="assistant", kind=ItemKind.REPLY, open=True)
     conv.add(item)
@@ -400,25 +397,3 @@ def test_the_response_status_is_ordered_and_only_moves_forward():
     r.advance(ResponseStatus.SYNTHESIZING)
     with pytest.raises(RuntimeError, match="back"):
         r.advance(ResponseStatus.DECODING)
-
-
-def test_a_background_response_waits_while_another_waits_for_its_first_output():
-    s = make_scheduler()
-    reply = respond(s, conversation(s, "a"))
-    side = respond(s, conversation(s, "b"), audio=False, background=True)
-    plan = s.schedule(in_worker=set(), end=no_end)
-    assert [job.owner for job in plan.prefills] == [reply], "the reply prefills; the transcription waits"
-    run_chunks(plan)
-    plan = s.schedule(in_worker=set(), end=no_end)
-    assert plan.prefills == [] and plan.decoding == [reply], "still no audio out: the transcription still waits"
-    reply.audio.first_made_at = 1.0  # the reply's first chunk is made
-    plan = s.schedule(in_worker=set(), end=no_end)
-    assert [job.owner for job in plan.prefills] == [side] and plan.decoding == [reply]
-    run_chunks(plan)
-    plan = s.schedule(in_worker=set(), end=no_end)
-    assert plan.decoding == [reply, side]
-
-
-def test_background_yields_rule():
-    assert policies.background_yields([False, True]) and not policies.background_yields([False, False])
-    assert not policies.background_yields([])
