@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
-import time
 from asyncio.subprocess import PIPE
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from pipeline.conversation_state import ItemKind
 from pipeline.engine import OmniEngine
 from pipeline.loaders import PretrainedCheckpoint
 from pipeline.models import registered
+from tests.helpers.npm import installed_version, npm_folder
 from tests.helpers.paths import TESTS
 from tests.helpers.server import served
 from tests.helpers.speech import SPEECH_DIR
@@ -34,7 +33,6 @@ from openai.types.realtime import RealtimeServerEvent  # noqa: E402
 SERVER_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
 NODE_SCRIPT = TESTS / "integration" / "frameworks" / "node" / "agents_realtime_session.mjs"
 PACKAGES = ("@openai/agents-realtime@0.20.0", "zod@4.6.7")
-NPM_INSTALL_TIMEOUT_S = 240
 SUMMARY_LIMIT = 16 * 1024 * 1024
 """Bytes the summary line may take (every event, audio included)."""
 SPEECH = SPEECH_DIR / "capital_of_france.wav"
@@ -46,26 +44,9 @@ SPOKEN_ANSWER = "It is sunny in Paris."
 
 @pytest.fixture(scope="session")
 def agents_npm(request, tmp_path_factory) -> Path:
-    """A folder with the pinned ``PACKAGES`` installed by npm (cached in pytest's cache folder when the cache is
-    on); skips the test, saying why, when node or npm is missing or npm cannot install (offline)."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node and npm are needed for the Agents SDK's test")
-    cache = getattr(request.config, "cache", None)
-    folder = cache.mkdir("npm-agents-realtime") if cache is not None else tmp_path_factory.mktemp("npm-agents")
-    installed = folder / "node_modules" / "@openai" / "agents-realtime" / "package.json"
-    if not installed.is_file():
-        start = time.monotonic()
-        done = subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--no-save", "--prefix", str(folder), *PACKAGES],
-            capture_output=True,
-            text=True,
-            timeout=NPM_INSTALL_TIMEOUT_S,
-        )
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            pytest.skip(f"npm could not install {' '.join(PACKAGES)} (offline?): {last}")
-        print(f"npm installed {' '.join(PACKAGES)} in {time.monotonic() - start:.1f} s")
-    assert json.loads(installed.read_text())["version"] == "0.20.0"
+    """A folder with the pinned ``PACKAGES`` installed (skips when npm cannot install them)."""
+    folder = npm_folder(request, tmp_path_factory, "npm-agents-realtime", PACKAGES, "@openai/agents-realtime")
+    assert installed_version(folder, "@openai/agents-realtime") == "0.20.0"
     return folder
 
 
