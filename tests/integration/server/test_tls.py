@@ -13,8 +13,6 @@ import json
 import os
 import shutil
 import ssl
-import subprocess
-import time
 from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,6 +24,7 @@ from openai import AsyncOpenAI
 
 from realtime.config import ServerConfig
 from realtime.server import create_app, serve_in_background
+from tests.helpers.npm import installed_version, npm_folder
 from tests.helpers.paths import TESTS
 from tests.helpers.server import ServeProcess, SilentVad
 from tests.helpers.tls import CertFiles, client_certificate, self_signed
@@ -33,7 +32,6 @@ from tests.helpers.tls import CertFiles, client_certificate, self_signed
 API_KEY = "tls-test-key"
 NODE_SCRIPT = TESTS / "integration" / "server" / "node" / "openai_wss_text_turn.mjs"
 OPENAI_NPM = "openai@7"
-NPM_INSTALL_TIMEOUT_S = 180
 
 
 @pytest.fixture(scope="module")
@@ -182,26 +180,10 @@ def test_serve_with_an_encrypted_key_says_https_and_answers_over_it(tiny_model_d
 
 @pytest.fixture(scope="session")
 def openai_npm(request, tmp_path_factory) -> Path:
-    """A folder with ``openai@7`` and ``ws`` installed by npm (cached in pytest's cache folder when the cache is
-    on); skips the test, saying why, when node or npm is missing or npm cannot install (offline)."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node and npm are needed for the openai npm package's test")
-    cache = getattr(request.config, "cache", None)
-    folder = cache.mkdir("npm-openai7") if cache is not None else tmp_path_factory.mktemp("npm-openai7")
-    if not (folder / "node_modules" / "openai" / "package.json").is_file():
-        start = time.monotonic()
-        done = subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--no-save", "--prefix", str(folder), OPENAI_NPM, "ws"],
-            capture_output=True,
-            text=True,
-            timeout=NPM_INSTALL_TIMEOUT_S,
-        )
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            pytest.skip(f"npm could not install {OPENAI_NPM} (offline?): {last}")
-        print(f"npm installed {OPENAI_NPM} in {time.monotonic() - start:.1f} s")
-    package = json.loads((folder / "node_modules" / "openai" / "package.json").read_text())
-    assert package["version"].startswith("7."), package["version"]
+    """A folder with ``openai@7`` and ``ws`` installed by npm (skips when npm cannot install them)."""
+    folder = npm_folder(request, tmp_path_factory, "npm-openai7", (OPENAI_NPM, "ws"), "openai")
+    version = installed_version(folder, "openai")
+    assert version.startswith("7."), version
     return folder
 
 
