@@ -729,7 +729,8 @@ class SessionRunner:
             self._on_first_audio(trace)
 
     async def _wait_idle(self) -> None:
-        """Wait for the running response (already cancelled by the session) to end."""
+        """Wait for the running response to end (cancelled by the session, or, for a truncation or new tools, let
+        run to its end)."""
         task = self._pump_task
         if task is not None and not task.done():
             await asyncio.wait({task})

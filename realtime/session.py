@@ -207,7 +207,8 @@ class DeleteItem(_Command):
 
 @dataclass(frozen=True)
 class TruncateItem(_Command):
-    """Needs the conversation idle, like :class:`DeleteItem`."""
+    """Needs the conversation idle: the executor waits for the running response (cancelled or not) to end first.
+    The response running meanwhile was written for the item as it was."""
 
     item_id: str
     audio_end_ms: int
@@ -1086,7 +1087,7 @@ class Session(FunctionCalls):
         self._send(self._events.item_retrieved(self._get_item(event.item_id)))
 
     def _check_mutable(self, item: Item) -> None:
-        """Deleting or truncating needs the conversation idle (or its response being cancelled)."""
+        """Deleting needs the conversation idle (or its response being cancelled)."""
         response = self._response
         if response is None:
             return
@@ -1111,6 +1112,9 @@ class Session(FunctionCalls):
         self._send(self._events.item_deleted(item.id))
 
     def _item_truncate(self, event: ItemTruncate) -> None:
+        """Any finished assistant audio, also while a later response runs (a client truncates what its user did not
+        hear when the user starts speaking; that turn may have ended, and its reply begun, before the truncate
+        arrives): the client sees it truncated at once, the engine once that response ends."""
         item = self._get_item(event.item_id)
         if item.role is not Role.ASSISTANT:
             raise RealtimeError("only assistant audio can be truncated", code=ErrorCode.INVALID_VALUE, param="item_id")
@@ -1121,8 +1125,6 @@ class Session(FunctionCalls):
                 code=ErrorCode.ITEM_IN_PROGRESS,
                 param="item_id",
             )
-        if response is not None and response.item.id != item.id:
-            self._check_mutable(item)
         part = self._audio_part(item, event.content_index)
         if event.audio_end_ms > part.audio_ms + 0.5:  # sent durations are fractional ms
             raise RealtimeError(

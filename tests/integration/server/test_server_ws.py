@@ -17,7 +17,7 @@ import websockets
 from realtime.config import ServerConfig
 from realtime.server import create_app, serve_in_background
 from tests.fakes import FakeEngine, Script
-from tests.helpers.server import of_response
+from tests.helpers.server import of_response, user_text
 from tests.helpers.speech import FRAME_BYTES, SPEECH_DIR, b64, wav_pcm
 
 MANIFEST = json.loads((SPEECH_DIR / "manifest.json").read_text())
@@ -113,6 +113,35 @@ async def test_barge_in_cancels_the_response_and_truncate_works(tiny_engine, vad
         second = await client.until("response.done")
         assert second["response"]["id"] != rid
         assert second["response"]["status"] in ("completed", "incomplete")
+        assert not [e for e in client.events if e["type"] == "error"]
+
+
+async def test_a_truncate_of_an_earlier_reply_while_a_later_response_runs_reaches_the_engine_when_it_ends():
+    """pipecat's truncate on speech_started, arriving after that turn's reply began: answered at once, applied in the
+    engine (which refuses edits while a response runs) only once the running response has ended."""
+    engine = FakeEngine()
+    engine.script(Script(), Script(manual=True))
+    async with served(engine) as (url, _), connect(url) as client:
+        await client.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+        await client.until("session.updated")
+        await client.send(user_text("Hello?"))
+        await client.send({"type": "response.create"})
+        first = (await client.until("response.done"))["response"]["output"][0]["id"]
+        await client.send(user_text("And then?"))
+        await client.send({"type": "response.create"})
+        await client.until("response.created")
+        truncate = {"type": "conversation.item.truncate", "item_id": first, "content_index": 0, "audio_end_ms": 40}
+        await client.send(truncate)
+        truncated = await client.until("conversation.item.truncated")
+        assert (truncated["item_id"], truncated["audio_end_ms"]) == (first, 40)
+        (conversation,) = engine.conversations
+        running = conversation.responses[-1]
+        assert running.done is None and ("truncate", first, 40) not in conversation.calls
+        running.release(10)
+        await client.until("response.done")
+        async with asyncio.timeout(5):
+            while ("truncate", first, 40) not in conversation.calls:
+                await asyncio.sleep(0.01)
         assert not [e for e in client.events if e["type"] == "error"]
 
 

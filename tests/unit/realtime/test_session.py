@@ -1118,6 +1118,31 @@ def test_truncate_is_validated_against_the_audio_sent(change, code, param):
     assert (err["code"], err["param"], err["event_id"]) == (code, param, "t")
 
 
+def test_truncate_of_a_finished_item_while_a_later_response_runs():
+    """What pipecat sends on ``speech_started`` (a truncate of its last reply), arriving after that turn's own reply
+    began: the client sees the truncation at once; the engine command is the one the executor runs once idle."""
+    d = Driver(manual=True)
+    commit_turn(d)
+    d.respond()
+    d.engine(chunk(40))
+    d.engine(chunk(40, 960))
+    first = d.session.items[-1].id
+    d.done()
+    commit_turn(d)
+    d.respond()
+    d.engine(chunk(40))
+    request = {"type": "conversation.item.truncate", "item_id": first, "content_index": 0, "audio_end_ms": 60}
+    acts = d.send({**request, "event_id": "t"})
+    assert of(acts, TruncateItem) == [TruncateItem(first, 60)]
+    assert types(acts) == ["conversation.item.truncated"]
+    part = d.session.items[-3].content[0]
+    assert (d.session.items[-3].id, part.audio_ms, part.transcript) == (first, 60.0, None)
+    running = d.session.items[-1].id
+    err = error_of(d.send({**request, "item_id": running, "audio_end_ms": 10}))
+    assert err["code"] == ErrorCode.ITEM_IN_PROGRESS
+    assert types(d.done())[-1] == "response.done"
+
+
 def test_truncate_of_an_item_still_being_generated_is_refused():
     d = Driver(manual=True)
     commit_turn(d)
