@@ -11,7 +11,10 @@ the last one's results (``--phase-timeout`` seconds each):
    session's audio input; the server's turn detection ends the turn and answers it; the phase ends once the reply
    and the user's input transcript have arrived;
 3. a tool round trip: ``generate_reply(user_input=--question)``; the model calls ``get_weather``, LiveKit runs it and
-   sends its output back, and the spoken answer arrives.
+   sends its output back, and the spoken answer arrives;
+4. an edit of the history (``Agent.update_chat_ctx``): a user message (``--first-message``) inserted before
+   everything, the greeting's text replaced by ``--edited-greeting``; then ``generate_reply(user_input=--follow-up)``
+   and its reply.
 
 Prints one line of JSON on stdout (see :func:`summary`), also when a phase does not complete in time (then it exits
 with status 1). Everything LiveKit logs goes to stderr."""
@@ -29,7 +32,7 @@ import wave
 from collections.abc import Callable
 
 from livekit import rtc
-from livekit.agents import Agent, AgentSession, function_tool
+from livekit.agents import Agent, AgentSession, function_tool, llm
 from livekit.agents.voice import io
 from livekit.plugins.openai.realtime import RealtimeModel
 
@@ -243,6 +246,27 @@ async def run(args: argparse.Namespace, recorder: Recorder, phases: dict[str, di
         await until("the tool's spoken answer", answered, args.phase_timeout)
         await until("the answer's playout", lambda: len(audio_out.segments) >= segments_before + 2, args.phase_timeout)
         phases["tool"] = {"items": recorder.items[items_before:], "segments": audio_out.segments[segments_before:]}
+
+        # 4. an edit of the history
+        agent = session.current_agent
+        edited = agent.chat_ctx.copy()
+        edited.items.insert(0, llm.ChatMessage(role="user", content=[args.first_message]))
+        greeting_item = next(i for i in edited.items if i.type == "message" and i.role == "assistant")
+        greeting_item.content = [args.edited_greeting]
+        await agent.update_chat_ctx(edited)
+        items_before = len(recorder.items)
+        session.generate_reply(user_input=args.follow_up)
+        await until(
+            "the reply after the edit",
+            lambda: any(item.get("role") == "assistant" for item in recorder.items[items_before:]),
+            args.phase_timeout,
+        )
+        mirror = agent.realtime_llm_session.chat_ctx.items
+        phases["history"] = {
+            "greeting_id": greeting_item.id,
+            "remote": [{"id": i.id, "type": i.type, "text": getattr(i, "text_content", None)} for i in mirror],
+            "items": recorder.items[items_before:],
+        }
     finally:
         await session.aclose()
         await model.aclose()
@@ -273,6 +297,9 @@ def main() -> None:
     parser.add_argument("--api-key", default="x")
     parser.add_argument("--speech", required=True, help="a 24 kHz mono pcm16 WAV file: the spoken turn")
     parser.add_argument("--question", required=True, help="the typed user input that leads to the tool call")
+    parser.add_argument("--first-message", required=True, help="the user message the history edit puts first")
+    parser.add_argument("--edited-greeting", required=True, help="the greeting's text after the history edit")
+    parser.add_argument("--follow-up", required=True, help="the typed user input after the history edit")
     parser.add_argument("--phase-timeout", type=float, default=60.0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)

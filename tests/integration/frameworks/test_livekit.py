@@ -2,8 +2,9 @@
 venv of their own (tests/helpers/livekit_venv.py), running tests/integration/frameworks/livekit_agent.py: an
 ``AgentSession`` over the plugin's ``RealtimeModel`` with its default settings (voice ``marin``, ``semantic_vad``,
 input transcription on) and a ``function_tool``, with no room. It holds the quickstart greeting, a spoken turn (real
-speech into the session's audio input, ended by the server's turn detection) and a tool round trip (the model speaks,
-then calls the tool; LiveKit runs it, sends its output and asks for the spoken answer).
+speech into the session's audio input, ended by the server's turn detection), a tool round trip (the model speaks,
+then calls the tool; LiveKit runs it, sends its output and asks for the spoken answer) and an edit of its history (a
+message inserted at ``root``, the greeting replaced where it stands) followed by a reply.
 
 The server runs here, over the real engine whose thinker replays scripts (the scripted test family), one per reply in
 the order LiveKit asks for them (:class:`ScriptedTurns`). The test reads the agent's JSON summary (what LiveKit saw:
@@ -48,6 +49,10 @@ GREETING = "Hello! How can I help you today?"
 SPOKEN_REPLY = "Paris is the capital of France."
 BEFORE_CALL = "Let me check."
 ANSWER = "It is clear and 21 degrees in Paris."
+FIRST_MESSAGE = "My name is Ada."
+EDITED_GREETING = "Hello, Ada!"
+FOLLOW_UP = "What is my name?"
+FOLLOW_UP_REPLY = "Your name is Ada."
 AGENT_TIMEOUT_S = 240
 OWN_OUTPUT_WARNING = "resume_false_interruption is enabled but audio output does not support pause"
 """LiveKit's warning that the agent's in-memory audio output (which plays each segment at once) cannot pause."""
@@ -91,14 +96,15 @@ class ScriptedTurns:
     tentative reply cancelled by more speech, is replayed by the next), and an input transcription's side request
     (which runs on the same thinker) waits until no script is playing, so that it never takes a script's tokens.
     Records the replies that completed (:attr:`completed`: their text), the function outputs the conversations got
-    (:attr:`function_outputs`) and any reply that started while a transcription ran (:attr:`overlaps`: the script
-    would have been shared)."""
+    (:attr:`function_outputs`), the texts they got and the items they deleted, in order (:attr:`edits`), and any
+    reply that started while a transcription ran (:attr:`overlaps`: the script would have been shared)."""
 
     def __init__(self, engine: OmniEngine, scripts: list[list[int]]) -> None:
         self._engine = engine
         self.scripts = scripts
         self.completed: list[str] = []
         self.function_outputs: list[tuple[str, str]] = []
+        self.edits: list[tuple] = []
         self.overlaps: list[str] = []
         self.transcribing = False
 
@@ -123,6 +129,14 @@ class _Conversation:
     async def add_function_output(self, item_id: str, output: str) -> None:
         self._turns.function_outputs.append((item_id, output))
         await self._conversation.add_function_output(item_id, output)
+
+    async def add_text(self, item_id: str, text: str, role: str = "user", *, previous_item_id: str | None = None):
+        self._turns.edits.append(("add_text", item_id, role, text, previous_item_id))
+        await self._conversation.add_text(item_id, text, role, previous_item_id=previous_item_id)
+
+    async def delete_item(self, item_id: str) -> None:
+        self._turns.edits.append(("delete_item", item_id))
+        await self._conversation.delete_item(item_id)
 
     def respond(self, **kwargs):
         turns = self._turns
@@ -184,6 +198,12 @@ async def run_agent(python: Path, base_url: str) -> tuple[int, dict | None, str]
         str(SPEECH_DIR / SPEECH),
         "--question",
         QUESTION,
+        "--first-message",
+        FIRST_MESSAGE,
+        "--edited-greeting",
+        EDITED_GREETING,
+        "--follow-up",
+        FOLLOW_UP,
         stdout=PIPE,
         stderr=PIPE,
         env=env | {"OMP_NUM_THREADS": "1"},
@@ -203,7 +223,7 @@ def of(events: list[dict], kind: str) -> list[dict]:
 
 
 @pytest.mark.timeout(AGENT_TIMEOUT_S + 120)
-async def test_livekit_agents_holds_a_greeting_a_spoken_turn_and_a_tool_round_trip(
+async def test_livekit_agents_holds_a_greeting_a_spoken_turn_a_tool_round_trip_and_a_history_edit(
     livekit_python, scripted_engine, caplog
 ):
     caplog.set_level(logging.INFO, logger="realtime.error_log")
@@ -215,6 +235,7 @@ async def test_livekit_agents_holds_a_greeting_a_spoken_turn_and_a_tool_round_tr
             renderer.text(SPOKEN_REPLY),
             renderer.text(BEFORE_CALL + "\n") + renderer.tools.call("get_weather", json.dumps({"city": "Paris"})),
             renderer.text(ANSWER),
+            renderer.text(FOLLOW_UP_REPLY),
         ],
     )
     # the scripted family's voices are the toy's: LiveKit's default voice is mapped onto one, as a deployment would
@@ -231,31 +252,38 @@ async def test_livekit_agents_holds_a_greeting_a_spoken_turn_and_a_tool_round_tr
 
     # the server's view: no error event, every event valid for the openai SDK, each reply played its script
     assert not [r.getMessage() for r in caplog.records if r.name == "realtime.error_log"] and not errors_sent
-    server_events = summary["server_events"]
-    assert not of(server_events, "error")
-    for event in server_events:
+    assert not of(summary["server_events"], "error")
+    for event in summary["server_events"]:
         SERVER_EVENT.validate_python(event)
-    assert turns.completed == [GREETING, SPOKEN_REPLY, BEFORE_CALL + "\n", ANSWER] and not turns.overlaps
+    assert turns.completed == [GREETING, SPOKEN_REPLY, BEFORE_CALL + "\n", ANSWER, FOLLOW_UP_REPLY]
+    assert not turns.overlaps
 
     # LiveKit's view: no error event, nothing logged at WARNING or above but what it says of the test's own output
     assert summary["errors"] == []
     assert [line for line in summary["log"] if OWN_OUTPUT_WARNING not in line] == []
+    check_defaults_applied(summary)
+    check_greeting_and_spoken_turn(summary)
+    check_tool_round_trip(summary, turns)
+    check_history_edit(summary, turns)
 
-    # its default settings were sent and applied in full
-    (setup,) = [e["session"] for e in of(summary["client_events"], "session.update")][:1]
+
+def check_defaults_applied(summary: dict) -> None:
+    """LiveKit's default settings were sent (its first session.update) and applied in full."""
+    setup = of(summary["client_events"], "session.update")[0]["session"]
     audio_in, audio_out = setup["audio"]["input"], setup["audio"]["output"]
     assert audio_in["turn_detection"]["type"] == "semantic_vad" and audio_out["voice"] == "marin"
     assert audio_in["transcription"]["model"]
-    applied = of(server_events, "session.updated")[0]["session"]["audio"]
+    applied = of(summary["server_events"], "session.updated")[0]["session"]["audio"]
     assert applied["input"]["turn_detection"]["type"] == "semantic_vad" and applied["output"]["voice"] == "marin"
     assert applied["input"]["transcription"]["model"] == audio_in["transcription"]["model"]
 
-    phases = summary["phases"]
-    # 1. the greeting: its transcript and audio arrived
+
+def check_greeting_and_spoken_turn(summary: dict) -> None:
+    """The greeting's transcript and audio arrived; the server's turn detection committed the spoken turn, and
+    LiveKit got its reply and the user's transcript."""
+    phases, server_events = summary["phases"], summary["server_events"]
     assert phases["greeting"]["assistant"] == [GREETING] and len(phases["greeting"]["segments"]) == 1
     assert phases["greeting"]["segments"][0] > 0
-
-    # 2. the spoken turn: the server's turn detection committed it, LiveKit got the reply and the user's transcript
     (committed,) = of(server_events, "input_audio_buffer.committed")
     assert of(server_events, "input_audio_buffer.speech_started")
     assert of(server_events, "input_audio_buffer.speech_stopped")
@@ -264,7 +292,9 @@ async def test_livekit_agents_holds_a_greeting_a_spoken_turn_and_a_tool_round_tr
     assert phases["spoken"]["user"] == [transcribed["transcript"]]
     assert phases["spoken"]["assistant"] == [SPOKEN_REPLY] and phases["spoken"]["segments"][0] > 0
 
-    # 3. the tool round trip: called with the scripted arguments, its output reached the engine, the answer is spoken
+
+def check_tool_round_trip(summary: dict, turns: ScriptedTurns) -> None:
+    """The tool was called with the scripted arguments, its output reached the engine, the answer was spoken."""
     assert summary["tool_calls"] == [{"city": "Paris"}]
     (executed,) = summary["tools_executed"]
     assert executed == {
@@ -273,17 +303,38 @@ async def test_livekit_agents_holds_a_greeting_a_spoken_turn_and_a_tool_round_tr
         "output": json.dumps(WEATHER),
         "is_error": False,
     }
-    (call_done,) = of(server_events, "response.function_call_arguments.done")
+    (call_done,) = of(summary["server_events"], "response.function_call_arguments.done")
     (output_item,) = [
         e["item"] for e in of(summary["client_events"], "conversation.item.create") if e["item"]["type"] != "message"
     ]
     assert output_item["type"] == "function_call_output" and output_item["call_id"] == call_done["call_id"]
     assert [output for _, output in turns.function_outputs] == [json.dumps(WEATHER)]
-    tool_items = phases["tool"]["items"]
-    assert [(i["type"], i.get("role"), i.get("text")) for i in tool_items] == [
+    tool = summary["phases"]["tool"]
+    assert [(i["type"], i.get("role"), i.get("text")) for i in tool["items"]] == [
         ("message", "user", QUESTION),
         ("message", "assistant", BEFORE_CALL + "\n"),
         ("function_tools_executed", None, None),
         ("message", "assistant", ANSWER),
     ]
-    assert len(phases["tool"]["segments"]) == 2 and all(samples > 0 for samples in phases["tool"]["segments"])
+    assert len(tool["segments"]) == 2 and all(samples > 0 for samples in tool["segments"])
+
+
+def check_history_edit(summary: dict, turns: ScriptedTurns) -> None:
+    """The new message went in at root, the greeting was deleted and created again where it stood (in LiveKit's
+    mirror of the server's conversation and in the engine), and the next reply came."""
+    history = summary["phases"]["history"]
+    greeting_id, remote = history["greeting_id"], history["remote"]
+    first_id = remote[0]["id"]
+    assert (remote[0]["text"], remote[1]["id"], remote[1]["text"]) == (FIRST_MESSAGE, greeting_id, EDITED_GREETING)
+    (inserted,) = [e for e in of(summary["client_events"], "conversation.item.create") if e["item"]["id"] == first_id]
+    assert inserted["previous_item_id"] == "root"
+    assert [e["item_id"] for e in of(summary["server_events"], "conversation.item.deleted")] == [greeting_id]
+    edits = turns.edits[turns.edits.index(("add_text", first_id, "user", FIRST_MESSAGE, "root")) :]
+    assert edits[1:3] == [
+        ("delete_item", greeting_id),
+        ("add_text", greeting_id, "assistant", EDITED_GREETING, first_id),
+    ]
+    assert [(i.get("role"), i.get("text")) for i in history["items"]] == [
+        ("user", FOLLOW_UP),
+        ("assistant", FOLLOW_UP_REPLY),
+    ]
