@@ -30,6 +30,7 @@ import sys
 import time
 import wave
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, function_tool, llm
@@ -190,8 +191,78 @@ def speech_frames(path: str) -> list[rtc.AudioFrame]:
     ]
 
 
+@dataclass
+class Harness:
+    """A started session with its in-memory audio I/O and its recorder; ``timeout``: seconds per phase."""
+
+    session: AgentSession
+    audio_in: PushedAudio
+    audio_out: InstantPlayback
+    recorder: Recorder
+    timeout: float
+
+
+async def greeting(h: Harness) -> dict:
+    handle = h.session.generate_reply(instructions=GREETING)
+    await until("the greeting's playout", handle.done, h.timeout)
+    await until("the greeting's message", lambda: h.recorder.messages("assistant"), h.timeout)
+    return {"assistant": h.recorder.messages("assistant"), "segments": list(h.audio_out.segments)}
+
+
+async def spoken_turn(h: Harness, speech: str) -> dict:
+    assistant_before, segments_before = len(h.recorder.messages("assistant")), len(h.audio_out.segments)
+    for frame in speech_frames(speech):
+        h.audio_in.frames.put_nowait(frame)
+    await until(
+        "the spoken turn's reply and the user's transcript",
+        lambda: len(h.recorder.messages("assistant")) > assistant_before and h.recorder.messages("user"),
+        h.timeout,
+    )
+    return {
+        "assistant": h.recorder.messages("assistant")[assistant_before:],
+        "user": h.recorder.messages("user"),
+        "segments": h.audio_out.segments[segments_before:],
+    }
+
+
+async def tool_round_trip(h: Harness, question: str) -> dict:
+    items_before, segments_before = len(h.recorder.items), len(h.audio_out.segments)
+    h.session.generate_reply(user_input=question)
+
+    def answered() -> bool:
+        after = h.recorder.items[items_before:]
+        executed = [i for i, item in enumerate(after) if item["type"] == "function_tools_executed"]
+        return bool(executed) and any(item.get("role") == "assistant" for item in after[executed[0] :])
+
+    await until("the tool's spoken answer", answered, h.timeout)
+    await until("the answer's playout", lambda: len(h.audio_out.segments) >= segments_before + 2, h.timeout)
+    return {"items": h.recorder.items[items_before:], "segments": h.audio_out.segments[segments_before:]}
+
+
+async def history_edit(h: Harness, first_message: str, edited_greeting: str, follow_up: str) -> dict:
+    agent = h.session.current_agent
+    edited = agent.chat_ctx.copy()
+    edited.items.insert(0, llm.ChatMessage(role="user", content=[first_message]))
+    greeting_item = next(i for i in edited.items if i.type == "message" and i.role == "assistant")
+    greeting_item.content = [edited_greeting]
+    await agent.update_chat_ctx(edited)
+    items_before = len(h.recorder.items)
+    h.session.generate_reply(user_input=follow_up)
+    await until(
+        "the reply after the edit",
+        lambda: any(item.get("role") == "assistant" for item in h.recorder.items[items_before:]),
+        h.timeout,
+    )
+    mirror = agent.realtime_llm_session.chat_ctx.items
+    return {
+        "greeting_id": greeting_item.id,
+        "remote": [{"id": i.id, "type": i.type, "text": getattr(i, "text_content", None)} for i in mirror],
+        "items": h.recorder.items[items_before:],
+    }
+
+
 async def run(args: argparse.Namespace, recorder: Recorder, phases: dict[str, dict]) -> None:
-    """The three phases (module docstring); each one's results go into ``phases`` as it completes."""
+    """The four phases (module docstring), in order; each one's results go into ``phases`` as it completes."""
     calls = recorder.tool_calls
 
     @function_tool
@@ -207,66 +278,15 @@ async def run(args: argparse.Namespace, recorder: Recorder, phases: dict[str, di
     model = RecordingModel(base_url=args.base_url, api_key=args.api_key)
     model.recorder = recorder
     session = AgentSession(llm=model)
-    audio_in, audio_out = PushedAudio(), InstantPlayback()
-    session.input.audio, session.output.audio = audio_in, audio_out
+    h = Harness(session, PushedAudio(), InstantPlayback(), recorder, args.phase_timeout)
+    session.input.audio, session.output.audio = h.audio_in, h.audio_out
     recorder.attach(session)
     try:
         await session.start(agent=Agent(instructions=INSTRUCTIONS, tools=[get_weather]))
-
-        # 1. the greeting
-        greeting = session.generate_reply(instructions=GREETING)
-        await until("the greeting's playout", greeting.done, args.phase_timeout)
-        await until("the greeting's message", lambda: recorder.messages("assistant"), args.phase_timeout)
-        phases["greeting"] = {"assistant": recorder.messages("assistant"), "segments": list(audio_out.segments)}
-
-        # 2. a spoken turn
-        assistant_before, segments_before = len(recorder.messages("assistant")), len(audio_out.segments)
-        for frame in speech_frames(args.speech):
-            audio_in.frames.put_nowait(frame)
-        await until(
-            "the spoken turn's reply and the user's transcript",
-            lambda: len(recorder.messages("assistant")) > assistant_before and recorder.messages("user"),
-            args.phase_timeout,
-        )
-        phases["spoken"] = {
-            "assistant": recorder.messages("assistant")[assistant_before:],
-            "user": recorder.messages("user"),
-            "segments": audio_out.segments[segments_before:],
-        }
-
-        # 3. a tool round trip
-        items_before, segments_before = len(recorder.items), len(audio_out.segments)
-        session.generate_reply(user_input=args.question)
-
-        def answered() -> bool:
-            after = recorder.items[items_before:]
-            executed = [i for i, item in enumerate(after) if item["type"] == "function_tools_executed"]
-            return bool(executed) and any(item.get("role") == "assistant" for item in after[executed[0] :])
-
-        await until("the tool's spoken answer", answered, args.phase_timeout)
-        await until("the answer's playout", lambda: len(audio_out.segments) >= segments_before + 2, args.phase_timeout)
-        phases["tool"] = {"items": recorder.items[items_before:], "segments": audio_out.segments[segments_before:]}
-
-        # 4. an edit of the history
-        agent = session.current_agent
-        edited = agent.chat_ctx.copy()
-        edited.items.insert(0, llm.ChatMessage(role="user", content=[args.first_message]))
-        greeting_item = next(i for i in edited.items if i.type == "message" and i.role == "assistant")
-        greeting_item.content = [args.edited_greeting]
-        await agent.update_chat_ctx(edited)
-        items_before = len(recorder.items)
-        session.generate_reply(user_input=args.follow_up)
-        await until(
-            "the reply after the edit",
-            lambda: any(item.get("role") == "assistant" for item in recorder.items[items_before:]),
-            args.phase_timeout,
-        )
-        mirror = agent.realtime_llm_session.chat_ctx.items
-        phases["history"] = {
-            "greeting_id": greeting_item.id,
-            "remote": [{"id": i.id, "type": i.type, "text": getattr(i, "text_content", None)} for i in mirror],
-            "items": recorder.items[items_before:],
-        }
+        phases["greeting"] = await greeting(h)
+        phases["spoken"] = await spoken_turn(h, args.speech)
+        phases["tool"] = await tool_round_trip(h, args.question)
+        phases["history"] = await history_edit(h, args.first_message, args.edited_greeting, args.follow_up)
     finally:
         await session.aclose()
         await model.aclose()
