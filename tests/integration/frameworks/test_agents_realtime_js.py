@@ -17,13 +17,11 @@ import pydantic
 import pytest
 from toy_family.scripted import SCRIPTED
 
-from pipeline.config import parse_stage_config
 from pipeline.conversation_state import ItemKind
-from pipeline.engine import OmniEngine
-from pipeline.loaders import PretrainedCheckpoint
-from pipeline.models import registered
 from tests.helpers.npm import installed_version, npm_folder
 from tests.helpers.paths import TESTS
+from tests.helpers.scripted import call, text
+from tests.helpers.scripted import scripted_engine as make_scripted_engine
 from tests.helpers.server import served
 from tests.helpers.speech import SPEECH_DIR
 
@@ -50,41 +48,10 @@ def agents_npm(request, tmp_path_factory) -> Path:
     return folder
 
 
-def _config() -> dict:
-    greedy = {"device": "cpu", "dtype": "float32", "sampling": {"do_sample": False}}
-    return {
-        "model_family": "scripted",
-        "engine": {"process": "off"},
-        "stages": {
-            "thinker": {"input": "request", **greedy},
-            "talker": {
-                "input": "thinker",
-                "connector": "toy_text_to_talker",
-                "min_tokens": 9,
-                "max_tokens": 30,
-                **greedy,
-            },
-            "token2wav": {"input": "talker", "connector": "toy_codes_to_tones", "device": "cpu"},
-        },
-    }
-
-
 @pytest.fixture(scope="module")
 def scripted_engine(tiny_model_dir):
-    with registered(SCRIPTED):
-        engine = OmniEngine.from_loader(
-            PretrainedCheckpoint(str(tiny_model_dir)), parse_stage_config(_config()), seed=5
-        )
+    with make_scripted_engine(tiny_model_dir) as engine:
         yield engine
-        engine.close()
-
-
-def text(engine, words: str) -> list[int]:
-    return engine.core.renderer.text(words)
-
-
-def call(engine, name: str, arguments: dict) -> list[int]:
-    return engine.core.renderer.tools.call(name, json.dumps(arguments))
 
 
 async def engine_view(engine) -> dict:

@@ -25,14 +25,12 @@ import pydantic
 import pytest
 from toy_family.scripted import SCRIPTED
 
-from pipeline.config import parse_stage_config
 from pipeline.engine import OmniEngine
-from pipeline.loaders import PretrainedCheckpoint
-from pipeline.models import registered
 from pipeline.outputs import ResponseDone, ResponseStatus
-from tests.helpers.livekit_venv import built_venv
+from tests.helpers.scripted import scripted_engine as make_scripted_engine
 from tests.helpers.server import assert_clean, served
 from tests.helpers.speech import SPEECH_DIR
+from tests.helpers.venv import cached_venv
 
 openai = pytest.importorskip("openai")
 from openai.types.realtime import RealtimeServerEvent  # noqa: E402
@@ -61,33 +59,13 @@ OWN_OUTPUT_WARNING = "resume_false_interruption is enabled but audio output does
 @pytest.fixture(scope="session")
 def livekit_python(request, tmp_path_factory) -> Path:
     """The interpreter of a venv with LiveKit Agents (in pytest's cache folder when the cache is on)."""
-    cache = getattr(request.config, "cache", None)
-    folder = cache.mkdir("venv-livekit-1.8.9") if cache is not None else tmp_path_factory.mktemp("venv-livekit")
-    return built_venv(folder, LIVEKIT, timeout_s=INSTALL_TIMEOUT_S)
-
-
-def _config() -> dict:
-    greedy = {"device": "cpu", "dtype": "float32", "sampling": {"do_sample": False}}
-    return {
-        "model_family": "scripted",
-        "engine": {"process": "off"},
-        "stages": {
-            "thinker": {"input": "request", **greedy},
-            "talker": {"input": "thinker", "connector": "toy_text_to_talker", "min_tokens": 9, "max_tokens": 30}
-            | greedy,
-            "token2wav": {"input": "talker", "connector": "toy_codes_to_tones", "device": "cpu"},
-        },
-    }
+    return cached_venv(request, tmp_path_factory, "venv-livekit-1.8.9", LIVEKIT, timeout_s=INSTALL_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
 def scripted_engine(tiny_model_dir):
-    with registered(SCRIPTED):
-        engine = OmniEngine.from_loader(
-            PretrainedCheckpoint(str(tiny_model_dir)), parse_stage_config(_config()), seed=5
-        )
+    with make_scripted_engine(tiny_model_dir) as engine:
         yield engine
-        engine.close()
 
 
 class ScriptedTurns:

@@ -22,14 +22,11 @@ import sys
 import pytest
 from toy_family.scripted import SCRIPTED
 
-from pipeline.config import parse_stage_config
-from pipeline.engine import OmniEngine
-from pipeline.loaders import PretrainedCheckpoint
-from pipeline.models import registered
 from tests.helpers.paths import TESTS
-from tests.helpers.pipecat_venv import pipecat_python
+from tests.helpers.scripted import scripted_engine as make_scripted_engine
 from tests.helpers.server import served
 from tests.helpers.speech import SPEECH_DIR
+from tests.helpers.venv import cached_venv
 
 AGENT = TESTS / "integration" / "frameworks" / "pipecat_agent.py"
 SPOKEN_TURN = SPEECH_DIR / "weather_today.wav"
@@ -39,19 +36,8 @@ ANSWER = "It is sunny in Paris."
 WEATHER_CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
 WEATHER_RESULT = {"sky": "clear", "temperature_c": 21}  # what the agent's tool returns
 AGENT_TIMEOUT_S = 150
-
-
-def _config() -> dict:
-    greedy = {"device": "cpu", "dtype": "float32", "sampling": {"do_sample": False}}
-    return {
-        "model_family": "scripted",
-        "engine": {"process": "off"},
-        "stages": {
-            "thinker": {"input": "request", **greedy},
-            "talker": {"input": "thinker", "connector": "toy_text_to_talker", "min_tokens": 9, "max_tokens": 30},
-            "token2wav": {"input": "talker", "connector": "toy_codes_to_tones", "device": "cpu"},
-        },
-    }
+PIPECAT = ("pipecat-ai[openai]==1.14.0",)
+INSTALL_TIMEOUT_S = 600
 
 
 class Routed:
@@ -94,17 +80,13 @@ class _Watched:
 
 @pytest.fixture(scope="module")
 def scripted_engine(tiny_model_dir):
-    with registered(SCRIPTED):
-        engine = OmniEngine.from_loader(
-            PretrainedCheckpoint(str(tiny_model_dir)), parse_stage_config(_config()), seed=5
-        )
+    with make_scripted_engine(tiny_model_dir, greedy_talker=False) as engine:
         yield engine
-        engine.close()
 
 
 @pytest.fixture(scope="module")
 def pipecat(request, tmp_path_factory):
-    return pipecat_python(request, tmp_path_factory)
+    return cached_venv(request, tmp_path_factory, "venv-pipecat-1.14.0", PIPECAT, timeout_s=INSTALL_TIMEOUT_S)
 
 
 def script(engine) -> list[list[int]]:

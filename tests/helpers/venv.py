@@ -1,4 +1,4 @@
-"""A Python virtual environment for a framework the tests drive in a subprocess (LiveKit Agents): built with
+"""A Python virtual environment for a framework the tests drive in a subprocess (LiveKit Agents, pipecat): built with
 ``python -m venv`` and ``pip install`` of pinned requirements, never in the test interpreter's own environment (the
 framework's dependencies are not ours to pin). The folder is reused while its stamp names the same requirements:
 kept in pytest's cache folder when the cache is on, it is built once and not again on later runs."""
@@ -19,6 +19,14 @@ STAMP = "requirements.json"
 
 def venv_python(folder: Path) -> Path:
     return folder / "bin" / "python"
+
+
+def cached_venv(request, tmp_path_factory, name: str, requirements: tuple[str, ...], *, timeout_s: float) -> Path:
+    """:func:`built_venv` in pytest's cache folder ``name`` when the cache is on (built once across runs), else in a
+    temporary folder (built for this session)."""
+    cache = getattr(request.config, "cache", None)
+    folder = cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp(name)
+    return built_venv(folder, requirements, timeout_s=timeout_s)
 
 
 def built_venv(folder: Path, requirements: tuple[str, ...], *, timeout_s: float) -> Path:
