@@ -58,6 +58,7 @@ from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, serve
 from realtime.protocol.server import ServerEvents
 from realtime.runner import MediaSink, SessionRunner, TransportClosed, TurnDetectorFactory, session_task_name
 from realtime.session import AudioTransport, ResponsePhase, SessionSettings
+from realtime.transports import sctp_teardown
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
 
 logger = logging.getLogger(__name__)
@@ -510,6 +511,7 @@ class WebRTCCalls:
         slot: the caller's)."""
         # The call (and its handlers) must exist before the offer is set: aiortc announces the
         # browser's tracks while it applies the offer.
+        sctp_teardown.install()
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self._peers.add(pc)
         try:
