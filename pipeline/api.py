@@ -13,6 +13,7 @@ next response), but inserting an item before the end, deleting or truncating ite
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -26,6 +27,9 @@ INPUT_SAMPLE_RATE = 16_000
 """Sample rate (Hz) of user audio handed to the engine."""
 
 Role = Literal["system", "user", "assistant"]
+ContentPart = str | np.ndarray
+"""One part of a user message with pictures (:meth:`ConversationHandle.add_content`): text, or an image as uint8 RGB
+``(H, W, 3)``."""
 Modality = Literal["text", "audio"]
 
 ROOT_ITEM_ID = "root"
@@ -74,6 +78,51 @@ class TranscriptionPrompt:
         return " ".join(parts)
 
 
+@dataclass(frozen=True)
+class VisionInfo:
+    """What the engine's vision tower takes (:attr:`EngineHandle.vision`; None there: the checkpoint has none).
+
+    Pictures of any size are resized by the engine to a multiple of ``patch_size * merge_size`` pixels on each side
+    with between ``min_pixels`` and ``max_pixels`` pixels; a video's frames go in pairs (``temporal_patch_size``).
+    """
+
+    fps: float
+    """Video frames per second the model was trained at: the default camera sampling rate."""
+    min_pixels: int
+    max_pixels: int
+    patch_size: int
+    merge_size: int
+    temporal_patch_size: int
+
+    def resized(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) in pixels the engine resizes a ``height`` x ``width`` picture to: each side rounded to a
+        multiple of ``patch_size * merge_size`` (at least one multiple), then the aspect ratio kept while the area is
+        scaled into [``min_pixels``, ``max_pixels``]."""
+        factor = self.patch_size * self.merge_size
+        h = max(factor, round(height / factor) * factor)
+        w = max(factor, round(width / factor) * factor)
+        if h * w > self.max_pixels:
+            scale = math.sqrt(height * width / self.max_pixels)
+            h = max(factor, math.floor(height / scale / factor) * factor)
+            w = max(factor, math.floor(width / scale / factor) * factor)
+        elif h * w < self.min_pixels:
+            scale = math.sqrt(self.min_pixels / (height * width))
+            h = math.ceil(height * scale / factor) * factor
+            w = math.ceil(width * scale / factor) * factor
+        return h, w
+
+    def grid(self, height: int, width: int) -> tuple[int, int]:
+        """(rows, columns) of vision patches of a ``height`` x ``width`` picture after the engine resizes it."""
+        h, w = self.resized(height, width)
+        return h // self.patch_size, w // self.patch_size
+
+    def tokens(self, height: int, width: int, frames: int = 1) -> int:
+        """Thinker positions of an image (``frames`` 1) or of ``frames`` video frames of that size."""
+        rows, cols = self.grid(height, width)
+        pairs = -(-frames // self.temporal_patch_size)
+        return pairs * rows * cols // (self.merge_size * self.merge_size)
+
+
 class ResponseHandle(Protocol):
     """One streaming reply. Iterate it for events; ``ResponseDone`` is always last.
 
@@ -112,6 +161,14 @@ class AudioInputHandle(Protocol):
 
     async def discard(self) -> None: ...
 
+    def add_video_frame(self, frame: np.ndarray, t: float) -> None:
+        """A camera frame (uint8 RGB ``(H, W, 3)``) seen ``t`` seconds after the message's first audio sample; ``t``
+        never decreases from one call to the next. The message becomes audio with video: its frames and its audio
+        are interleaved in the model's time chunks and prefilled in the background as both arrive. Never blocks on
+        model work. Raises ``UnsupportedInputError`` when the checkpoint has no vision tower, ``InvalidImageError``
+        for a frame that is not such an array (the message carries on without it)."""
+        ...
+
 
 class ConversationHandle(Protocol):
     id: str
@@ -144,6 +201,15 @@ class ConversationHandle(Protocol):
 
     async def add_audio(self, item_id: str, pcm: np.ndarray, *, previous_item_id: str | None = None) -> None:
         """A complete user audio message (float32, 16 kHz mono), placed as :meth:`add_text` places it."""
+        ...
+
+    async def add_content(
+        self, item_id: str, parts: tuple[ContentPart, ...], *, previous_item_id: str | None = None
+    ) -> None:
+        """A user message of text and images in order (see :data:`ContentPart`), placed as :meth:`add_text` places
+        it; its images go through the vision tower and are prefilled in the background like text. Raises
+        ``UnsupportedInputError`` when the checkpoint has no vision tower, ``InvalidImageError`` for a part that is
+        not text or an image array."""
         ...
 
     async def set_context_policy(self, policy: ContextPolicy | None) -> None:
@@ -191,6 +257,8 @@ class EngineHandle(Protocol):
     limit, stops there (status ``incomplete``, reason ``max_output_tokens``)."""
     transcription_prompt: TranscriptionPrompt
     """How to ask the thinker for a transcript of a user's audio (the model family's)."""
+    vision: VisionInfo | None
+    """What the vision tower takes; None: the checkpoint cannot see (images and video frames are refused)."""
 
     def conversation(self, *, instructions: str | None = None) -> ConversationHandle: ...
 

@@ -313,6 +313,7 @@ class OmniEngine:
         self.transcription_prompt = family.transcription_prompt
         self.random_weights = facts.random_weights
         self.max_output_tokens = facts.max_output_tokens
+        self.vision = facts.vision
         self.max_pending_events = max_pending_events
         self._backend = backend
         if self.random_weights:

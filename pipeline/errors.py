@@ -58,6 +58,18 @@ class InvalidAudioError(InvalidInputError):
     code = "invalid_audio"
 
 
+class InvalidImageError(InvalidInputError):
+    """A picture that is not uint8 RGB ``(H, W, 3)``, is empty, or is larger than the engine takes."""
+
+    code = "invalid_image"
+
+
+class UnsupportedInputError(InvalidInputError):
+    """Input the checkpoint cannot take (images or video on a model without a vision tower)."""
+
+    code = "unsupported_input"
+
+
 class ContextLimitError(InvalidInputError):
     """The conversation would exceed the thinker's context window (or the configured limit)."""
 

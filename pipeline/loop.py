@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
+from pipeline.api import VisionInfo
 from pipeline.config import StageGraphConfig
 from pipeline.core import EngineCore
 from pipeline.errors import EngineClosedError, PipelineError
@@ -95,6 +96,8 @@ class EngineFacts:
     """The thinker's device in words (the GPU's name on CUDA), for reports."""
     max_output_tokens: int
     """The longest reply in text tokens: the thinker's ``max_tokens``, else its context size."""
+    vision: VisionInfo | None = None
+    """What the checkpoint's vision tower takes; None: it has none."""
 
     @classmethod
     def of(cls, ckpt: Checkpoint, cfg: StageGraphConfig) -> EngineFacts:

@@ -56,19 +56,20 @@ _STATUS_ORDER = {status: i for i, status in enumerate(ResponseStatus)}
 
 @dataclass(frozen=True)
 class Usage:
-    """Token counts of one response. Input counts the whole prompt (the conversation so far),
-    split into text and audio positions; ``cached_tokens`` of it were already in the KV cache when
-    the response started (prefilled earlier, in the background or by earlier turns)."""
+    """Token counts of one response. Input counts the whole prompt (the conversation so far), split
+    into text, audio and image positions (video frames count as image positions); ``cached_tokens`` of it were
+    already in the KV cache when the response started (prefilled earlier, in the background or by earlier turns)."""
 
     input_text_tokens: int = 0
     input_audio_tokens: int = 0
+    input_image_tokens: int = 0
     cached_tokens: int = 0
     output_text_tokens: int = 0
     output_audio_tokens: int = 0
 
     @property
     def input_tokens(self) -> int:
-        return self.input_text_tokens + self.input_audio_tokens
+        return self.input_text_tokens + self.input_audio_tokens + self.input_image_tokens
 
     @property
     def output_tokens(self) -> int:

@@ -354,6 +354,7 @@ class FakeEngine:
     default_instructions = "You are a fake assistant."
     random_weights = True
     max_output_tokens = 4096
+    vision = None
     transcription_prompt = TranscriptionPrompt(
         instructions="You are a fake speech recognizer.",
         request="Write it down.",
