@@ -846,7 +846,14 @@ def _all_server_events(b: ServerEvents) -> list[dict | None]:
             model="qwen2.5-omni",
         ),
         b.input_transcription_delta("item_1", 0, "Hel"),
-        b.input_transcription_completed("item_1", 0, "Hello.", Usage(input_text_tokens=1, input_audio_tokens=2, cached_tokens=0, output_text_tokens=3, output_audio_tokens=0)),
+        b.input_transcription_completed(
+            "item_1",
+            0,
+            "Hello.",
+            Usage(
+                input_text_tokens=1, input_audio_tokens=2, cached_tokens=0, output_text_tokens=3, output_audio_tokens=0
+            ),
+        ),
         b.input_transcription_failed(
             "item_1", 0, {"type": "server_error", "code": "engine_failure", "message": "boom", "param": None}
         ),
@@ -871,7 +878,9 @@ def _function_call_events(b: ServerEvents) -> list[dict | None]:
         AudioFormat.PCM,
         None,
         (_assistant_item(), call),
-        usage=Usage(input_text_tokens=1, input_audio_tokens=2, cached_tokens=3, output_text_tokens=4, output_audio_tokens=5),
+        usage=Usage(
+            input_text_tokens=1, input_audio_tokens=2, cached_tokens=3, output_text_tokens=4, output_audio_tokens=5
+        ),
     )
     return [
         b.session_updated(tools, session_id="sess_1", model="qwen2.5-omni"),
