@@ -2,9 +2,9 @@
 
 A checkpoint folder holds ``config.json`` (thinker / talker / token2wav sub-configs),
 ``model.safetensors`` or ``model-0000X-of-0000N.safetensors`` + ``model.safetensors.index.json``,
-``spk_dict.pt`` (the voices), tokenizer files and ``preprocessor_config.json`` (the Whisper
-feature extractor's settings and, for a checkpoint that takes pictures, the image processor's beside them). Random-weight test checkpoints made by :mod:`.tiny` also carry
-:data:`RANDOM_MARKER_FILE`.
+``spk_dict.pt`` (the voices), tokenizer files and ``preprocessor_config.json`` (the Whisper feature
+extractor's settings and, for a checkpoint that takes pictures, the image processor's beside them).
+Random-weight test checkpoints made by :mod:`.tiny` also carry :data:`RANDOM_MARKER_FILE`.
 
 Every special id the engine needs is read from the checkpoint config and cross-checked against the
 tokenizer here, once; the rest of the engine takes them from :class:`SpecialTokens` and never
