@@ -111,6 +111,12 @@ RELEASED_7B_IDS: dict = {
 7B preset needs them as values; the engine itself reads every id from the checkpoint config."""
 
 
+TEST_ATTENTION_SHARPNESS = 8.0
+"""Query/key scale of the sharpened test checkpoint. At 1 (the random init) replacing an image prompt's 3-D positions
+with 1-D ones moves the last logits by ~1e-3 and no greedy token; at 8 both that and a one-position shift after an
+audio block change the greedy tokens within ten steps."""
+
+
 @dataclass(frozen=True)
 class RandomModelSpec:
     """Every size of a random Qwen2.5-Omni. Units: hidden sizes in channels, ``*_vocab`` in ids.
@@ -215,6 +221,11 @@ class RandomModelSpec:
     def tiny(cls, seed: int = 0) -> RandomModelSpec:
         """~5 MB; a short spoken turn runs well under a second on one CPU core."""
         return cls(seed=seed)
+
+    @classmethod
+    def sharpened(cls, seed: int = 0) -> RandomModelSpec:
+        """The tiny model with :data:`TEST_ATTENTION_SHARPNESS`: a wrong position changes its greedy tokens."""
+        return cls(seed=seed, attention_sharpness=TEST_ATTENTION_SHARPNESS)
 
     @classmethod
     def qwen2_5_omni_7b(cls, seed: int = 0) -> RandomModelSpec:
@@ -599,6 +610,13 @@ def _bigvgan_config(spec: RandomModelSpec) -> dict[str, Any]:
 
 def check_spec(spec: RandomModelSpec) -> None:
     """Rules specific to random checkpoints (the generic ones are in ``validate_config``)."""
+    if not spec.attention_sharpness > 0:
+        raise CheckpointError("spec: attention_sharpness must be positive", param="attention_sharpness")
+    if not set(spec.vision_fullatt_blocks) <= set(range(spec.vision_depth)):
+        raise CheckpointError(
+            f"spec: vision_fullatt_blocks {spec.vision_fullatt_blocks} must index layers of depth {spec.vision_depth}",
+            param="vision_fullatt_blocks",
+        )
     tokenizer_size = spec.tokenizer_bpe_vocab + len(QWEN_ADDED_TOKENS)
     if tokenizer_size > spec.thinker_vocab:
         raise CheckpointError(
