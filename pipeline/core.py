@@ -89,7 +89,6 @@ class EngineCore:
         with device_scope(thinker.device):
             thinker.capture()
         talker.capture()
-        self._log_placement()
         self.token2wav = token2wav
         self.runner = ModelRunner(
             thinker=thinker,
@@ -103,6 +102,7 @@ class EngineCore:
             overlap=ta.overlap,
             fail=self._fail,
         )
+        self._log_placement()
         chunking = token2wav.cfg
         self.scheduler = Scheduler(
             SchedulerConfig(
