@@ -469,6 +469,7 @@ class RealtimeServer:
             await self._deny(websocket, refusal)
             return
         handshake = negotiate(websocket.headers, subprotocols)
+        self.pool.check()  # an engine that died since the last watch tick takes no new session
         slot = self.slots.admit()
         await websocket.accept(subprotocol=handshake.subprotocol)
         if not isinstance(slot, EngineSlot):
@@ -554,6 +555,7 @@ class RealtimeServer:
             )
             return error_response(501, error)
         dialect = Dialect.BETA if beta_requested(request.headers.get(BETA_HEADER)) else Dialect.GA
+        self.pool.check()  # an engine that died since the last watch tick takes no new call
         try:
             offer, overrides = await _read_offer(request)
             answer = await self.webrtc.create_call(offer, dialect=dialect, session_overrides=overrides)
