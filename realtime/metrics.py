@@ -41,6 +41,7 @@ from pipeline.outputs import EngineStats
 from realtime.auth import AccessCode
 from realtime.first_audio import USUAL_SEGMENTS, FirstAudioTrace
 from realtime.limits import LimitCode
+from realtime.placement import EngineLoad, EngineState, PlacementCode
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.model import ResponseState
 from realtime.protocol.names import Dialect, ServerEvent, server_event_name
@@ -179,7 +180,12 @@ class ServerMetrics:
         for transport in TRANSPORTS:
             self.sessions_active.labels(transport)
             self.sessions_total.labels(transport)
-        for reason in (ErrorCode.INVALID_API_KEY, *AccessCode, LimitCode.SESSION_LIMIT_REACHED):
+        busy = (
+            LimitCode.SESSION_LIMIT_REACHED,
+            PlacementCode.ENGINE_CAPACITY_REACHED,
+            PlacementCode.NO_ENGINE_AVAILABLE,
+        )
+        for reason in (ErrorCode.INVALID_API_KEY, *AccessCode, *busy):
             self.sessions_refused.labels(str(reason))
         for status in ResponseState:
             if status is not ResponseState.IN_PROGRESS:
@@ -188,7 +194,12 @@ class ServerMetrics:
             self.first_audio_hops.labels(segment)
         for outcome in ("shown", "withdrawn"):
             self.preemptive_replies.labels(outcome)
-        for code in (*ErrorCode, LimitCode.RATE_LIMIT_EXCEEDED, LimitCode.MESSAGE_TOO_LARGE):
+        for code in (
+            *ErrorCode,
+            LimitCode.RATE_LIMIT_EXCEEDED,
+            LimitCode.MESSAGE_TOO_LARGE,
+            PlacementCode.ENGINE_FAILED,
+        ):
             self.errors.labels(str(code))
         for stage in ("thinker", "talker"):
             self.engine_kv_positions.labels(stage)
@@ -211,6 +222,31 @@ class ServerMetrics:
         self.open_fds = Gauge(f"{PREFIX}_process_open_fds", "Open file descriptors of the process", registry=r)
         self.engine_work = EngineWorkCollector()
         r.register(self.engine_work)
+        self._engine_gauges(r)
+
+    def _engine_gauges(self, r: CollectorRegistry) -> None:
+        """Per-engine series (label ``engine``: its index; ``device`` on ``engine_up``), set at each scrape."""
+        self.engine_up = Gauge(
+            f"{PREFIX}_engine_up", "1 while the engine serves, 0 once it failed", ["engine", "device"], registry=r
+        )
+        self.engine_sessions = Gauge(
+            f"{PREFIX}_engine_sessions", "Live sessions placed on the engine", ["engine"], registry=r
+        )
+        self.engine_capacity = Gauge(
+            f"{PREFIX}_engine_session_capacity", "Sessions the engine takes at most", ["engine"], registry=r
+        )
+        self.engine_live_responses = Gauge(
+            f"{PREFIX}_engine_live_responses",
+            "Responses the engine is generating (at its last report)",
+            ["engine"],
+            registry=r,
+        )
+        self.engine_failures = Counter(
+            f"{PREFIX}_engine_failures",
+            "Engines marked failed (their process died) since start",
+            ["engine"],
+            registry=r,
+        )
 
     def observe_hygiene(self, hygiene: Hygiene) -> None:
         """Set the hygiene gauges from a snapshot (engine and process gauges keep their last
@@ -231,6 +267,26 @@ class ServerMetrics:
         if hygiene.memory is not None:
             self.rss.set(hygiene.memory.rss_bytes)
             self.open_fds.set(hygiene.memory.open_fds)
+
+    def observe_engines(
+        self, loads: list[EngineLoad], devices: tuple[str | None, ...], stats: list[EngineStats | None] | None = None
+    ) -> None:
+        """Set the per-engine gauges from the placement's view (``stats``: each engine's latest, ``None`` where it
+        gave none: its live responses keep their last value)."""
+        for load in loads:
+            engine = str(load.index)
+            self.engine_up.labels(engine, str(devices[load.index])).set(int(load.state is EngineState.SERVING))
+            self.engine_sessions.labels(engine).set(load.sessions)
+            self.engine_capacity.labels(engine).set(load.capacity)
+            self.engine_failures.labels(engine)
+            report = stats[load.index] if stats is not None else None
+            if report is not None:
+                self.engine_live_responses.labels(engine).set(report.responses)
+            else:
+                self.engine_live_responses.labels(engine)
+
+    def engine_failed(self, engine: str) -> None:
+        self.engine_failures.labels(engine).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition (:data:`CONTENT_TYPE`)."""

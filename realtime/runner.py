@@ -44,10 +44,12 @@ from pipeline.api import AudioInputHandle, ConversationHandle, EngineHandle, Res
 from pipeline.errors import EngineFailure, PipelineError
 from pipeline.outputs import AudioChunk, ResponseDone, ResponseEvent, ResponseStatus, TextDelta, Usage
 from realtime.audio import AudioFormat, InputDecoder, OutputEncoder
-from realtime.errors import RealtimeError
+from realtime.error_log import log_error_event
+from realtime.errors import RealtimeError, to_error_payload
 from realtime.first_audio import FirstAudioTrace, FirstAudioTracer
-from realtime.ids import IdGenerator
+from realtime.ids import IdGenerator, RandomIds
 from realtime.protocol.names import ServerEvent, server_event_name
+from realtime.protocol.server import ServerEvents
 from realtime.session import (
     Action,
     AddAudio,
@@ -113,6 +115,8 @@ class SessionEnd(enum.Enum):
     """A task of the session failed unexpectedly (a bug), or the engine refused the conversation."""
     CANCELLED = "cancelled"
     """:meth:`SessionRunner.run` was cancelled: the server is shutting down."""
+    ENGINE_FAILED = "engine_failed"
+    """The engine serving the session failed (:meth:`SessionRunner.end_for`): its conversation is gone."""
 
 
 # --- what the runner is plugged into ------------------------------------------------------------
@@ -348,6 +352,7 @@ class SessionRunner:
         self._tasks: set[asyncio.Task] = set()  # every task this runner started and has not seen end
         self._stopped = asyncio.Event()
         self._failure: BaseException | None = None
+        self._final_error: Exception | None = None  # sent as the last event before the close (end_for)
         self._on_end = on_end
         self.end: SessionEnd | None = None
         """Why the session stopped (the first reason wins); ``None`` while it runs."""
@@ -382,6 +387,16 @@ class SessionRunner:
             await self._shutdown()
         if self._failure is not None:
             raise self._failure
+
+    def end_for(self, end: SessionEnd, error: Exception) -> None:
+        """End the session from outside (its engine failed): the client gets ``error`` as the last ``error`` event,
+        then the transport closes as for ``end``. No I/O here (call it from the event loop's thread); a session
+        already ending keeps its first reason and sends nothing more."""
+        if self.end is not None:
+            return
+        self._ended(end)
+        self._final_error = error
+        self._stopped.set()
 
     def playback_finished(self, response_id: str) -> None:
         """WebRTC: the media sink played the last audio of ``response_id``."""
@@ -431,12 +446,23 @@ class SessionRunner:
                 await self._conversation.close()
             except Exception:  # the client is gone either way; the engine logs its own state
                 logger.exception("session %s: closing the conversation failed", self.session.session_id)
+        if self._final_error is not None:
+            await self._send_final_error(self._final_error)
         if self._on_end is not None:
             self._on_end(self.end or SessionEnd.CLIENT_LEFT)
         try:
             await self._transport.close()
         except Exception:
             logger.exception("session %s: closing the transport failed", self.session.session_id)
+
+    async def _send_final_error(self, error: Exception) -> None:
+        payload = to_error_payload(error)
+        log_error_event(payload, session_id=self.session.session_id, answers=None)
+        event = ServerEvents(self.session.dialect, RandomIds()).error(payload)
+        try:
+            await self._transport.send(event)
+        except (TransportClosed, ClientNotReading) as exc:
+            logger.info("session %s: the closing error was not delivered: %s", self.session.session_id, exc)
 
     # --- loops ---
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import enum
+import functools
 import inspect
 import ipaddress
 import itertools
@@ -47,11 +48,13 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcicetransport import RTCIceGatherer
 
 from pipeline.api import EngineHandle
+from realtime.engine_pool import end_on_engine_failure
 from realtime.error_log import log_error_event
 from realtime.errors import ErrorType, RealtimeError, to_error_payload
 from realtime.first_audio import FirstAudioTrace
 from realtime.ids import RandomIds
 from realtime.limits import MessageGate, SessionSlot, SessionSlots
+from realtime.placement import EngineSlot
 from realtime.protocol.client import SessionUpdate, parse_client_event
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, server_event_name
@@ -553,10 +556,13 @@ class WebRTCCalls:
         made = self._turn_detector_factory()
         turn_detector_factory = await made if inspect.isawaitable(made) else made
 
+        # a slot of the server's engine placement names the call's engine, for the call's life
+        engine = slot.engine if isinstance(slot, EngineSlot) else self._engine
+
         def make_runner(transport: DataChannelTransport, media: MediaSink) -> SessionRunner:
             return SessionRunner(
                 transport,
-                self._engine,
+                engine,
                 turn_detector_factory=turn_detector_factory,
                 settings=settings,
                 media=media,
@@ -566,6 +572,8 @@ class WebRTCCalls:
         gate = self._message_gate() if self._message_gate is not None else None
         call = Call(f"rtc_{next(self._ids)}", pc, dialect, make_runner, gate=gate, slot=slot)
         self._watch(call)
+        if isinstance(slot, EngineSlot):
+            slot.on_engine_failure(functools.partial(end_on_engine_failure, call.runner, slot.index))
         return call
 
     def _watch(self, call: Call) -> None:
