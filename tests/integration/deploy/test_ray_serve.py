@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -40,6 +41,7 @@ def _loopback_only() -> bool:
 inside = pytest.mark.skipif(not _loopback_only(), reason="runs inside a loopback-only network namespace (see below)")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_loopback_only(), reason="already inside the namespace")
 @pytest.mark.timeout(600)
 def test_in_a_loopback_only_network_namespace():
@@ -55,7 +57,8 @@ def test_in_a_loopback_only_network_namespace():
     )
     output = done.stdout[-6000:] + done.stderr[-3000:]
     assert done.returncode == 0, output
-    assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1], output
+    summary = done.stdout.strip().splitlines()[-1]
+    assert re.match(r"\d+ passed, 1 skipped in ", summary), output  # only this test is skipped in there
 
 
 # --- the cluster (inside the namespace) ---------------------------------------------------------------------------
@@ -213,7 +216,9 @@ async def test_a_removed_replica_leaves_the_other_serving_and_new_sessions_succe
 
 @inside
 @pytest.mark.timeout(240)
-async def test_scale_down_drains_a_replica_then_closes_its_session_clearly(cluster):
+async def test_a_stopped_replica_drains_then_closes_its_session_clearly(cluster):
+    """A new deployment of the app with one replica: Serve stops the old replicas one after another, each
+    gracefully (a rolling update: ``serve.run`` from code deploys a new version)."""
     from ray import serve
 
     wait_for_running_replicas(2)
@@ -221,18 +226,17 @@ async def test_scale_down_drains_a_replica_then_closes_its_session_clearly(clust
         placed = await sessions_on_every_replica(stack, set(replica_actors()))
         started = time.monotonic()
         redeploy = asyncio.create_task(asyncio.to_thread(serve.run, _serve_app(cluster, 1), name=APP_NAME))
-        # Serve stops one replica: its session is closed by the drain after the grace period, with a clear code
+        # the first replica Serve stops takes no new sessions; its session runs on for the grace period, then is
+        # closed by the drain with a clear code, before Serve's own shutdown timeout
         closed = await _first_closed(placed, timeout_s=GRACE_S + 30)
         elapsed = time.monotonic() - started
         ws = placed[closed].ws
         assert (ws.close_code, ws.close_reason) == (1001, "server shutting down")
         assert elapsed >= GRACE_S, elapsed
-        (kept,) = set(placed) - {closed}
-        await placed[kept].turn("Still serving?")
-        async with session() as fresh:
-            assert fresh.replica == kept
-            await fresh.turn("A new session after the scale-down.")
         await redeploy
+        async with session() as fresh:
+            assert fresh.replica not in placed
+            await fresh.turn("A new session after the redeploy.")
 
 
 async def _first_closed(placed: dict[str, Session], timeout_s: float) -> str:
