@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -83,7 +84,7 @@ def _serve_app(model_dir: Path, replicas: int):
 def cluster(tiny_model_dir):
     # before Ray starts: the proxy routes to replicas on every node, not its own first; Ray's files in a folder of ours
     os.environ["RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"] = "0"
-    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     import ray
     from ray import serve
     from ray.cluster_utils import Cluster
@@ -99,6 +100,7 @@ def cluster(tiny_model_dir):
         serve.shutdown()
         ray.shutdown()
         nodes.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)  # Ray's logs and sockets of this cluster, no longer used
 
 
 def replica_actors() -> dict[str, object]:
