@@ -59,6 +59,7 @@ from realtime.config import ServerConfig
 from realtime.errors import LimitExceeded, RealtimeError, to_error_payload
 from realtime.ids import RandomIds
 from realtime.limits import MessageGate, SessionSlots
+from realtime.loop_lag import LoopLagProbe
 from realtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from realtime.metrics import EngineStatsSource, Hygiene, ServerMetrics, process_memory
 from realtime.protocol.names import Dialect
@@ -227,6 +228,7 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
         message_gate=context.message_gate,
         session_observer=lambda: context.metrics.session("webrtc"),
         on_first_audio=context.metrics.first_audio_path,
+        on_input_delay=lambda seconds: context.metrics.webrtc_input_delay.observe(max(seconds, 0.0)),
     )
 
 
@@ -283,6 +285,8 @@ class RealtimeServer:
         self._webrtc_factory = webrtc_factory
         self._context: ServerContext | None = None
         self._sessions: dict[asyncio.Task, SessionRunner] = {}  # WebSocket sessions
+        self.loop_lag = LoopLagProbe(on_lag=self.metrics.loop_lag.observe)
+        """The event loop's lag while the server runs (``/metrics``: ``event_loop_lag_seconds``)."""
 
     @property
     def context(self) -> ServerContext:
@@ -305,12 +309,14 @@ class RealtimeServer:
             except BaseException:
                 await self._close_engine()
                 raise
+        self.loop_lag.start()
 
     async def stop(self) -> None:
         await self._close_sessions()
         if self.webrtc is not None:
             await self.webrtc.close()
         await self._close_engine()
+        await self.loop_lag.stop()
 
     async def _close_engine(self) -> None:
         engine, self._engine = self._engine, None

@@ -74,6 +74,7 @@ class BenchOptions:
     pause_inside_ms: float | None
     vad_batching: bool = True
     transcription: bool = False
+    client_processes: int = 1
 
 
 QUICK = {
@@ -271,6 +272,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="every user turns input audio transcription on (audio.input.transcription in its session.update); "
         "the report counts the transcription events received",
     )
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="spread each level's simulated users over N worker processes, each with its own event loop (users "
+        "dealt round-robin): a WebRTC user costs its process Opus, SRTP and RTP work every 20 ms, and the report's "
+        "client loop lag shows when the users fell behind",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the replies' sampling, for repeatable runs")
     p.add_argument("--api-key", default=None, help="the key a --url server requires (default: none, no key sent)")
     return p
@@ -292,6 +302,8 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         return base[name] if value is None else value
 
     levels = base["levels"] if args.concurrency is None else _levels(args.concurrency)
+    if args.client_processes < 1:
+        raise ValueError(f"--client-processes must be at least 1, got {args.client_processes}")
     return BenchOptions(
         url=args.url,
         model=args.model,
@@ -316,6 +328,7 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         threads=args.threads,
         vad_batching=not args.no_vad_batching,
         transcription=args.transcription,
+        client_processes=args.client_processes,
         seed=args.seed,
         preemptive_response_ms=args.preemptive_response_ms,
         pause_inside_ms=args.pause_inside_ms,
@@ -410,6 +423,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
                 on_level=on_level,
                 counters=functools.partial(scrape_counters, options.url),
                 counters_source="metrics",
+                client_processes=options.client_processes,
             )
         else:
             async with _in_process_server(loaded.engine, options) as url:
@@ -422,6 +436,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
                     on_level=on_level,
                     counters=functools.partial(engine_counters, loaded.engine),
                     counters_source="engine",
+                    client_processes=options.client_processes,
                 )
     finally:
         if loaded is not None and loaded.engine is not None:
