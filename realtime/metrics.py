@@ -170,6 +170,20 @@ class ServerMetrics:
             registry=r,
         )
         self.errors = Counter(f"{PREFIX}_errors", "error events sent to clients, by code", ["code"], registry=r)
+        self.loop_lag = Histogram(
+            f"{PREFIX}_event_loop_lag_seconds",
+            "How late the server's event loop woke a sleeping task (realtime/loop_lag.py): near zero when idle, "
+            "growing when one loop has more work than time",
+            buckets=HOP_BUCKETS,
+            registry=r,
+        )
+        self.webrtc_input_delay = Histogram(
+            f"{PREFIX}_webrtc_input_delay_seconds",
+            "How much later than its first frame a WebRTC call's microphone frame reached the session, beyond its "
+            "place in the stream (RTP time): a growing value is a backlog between the peer and the turn detector",
+            buckets=HOP_BUCKETS,
+            registry=r,
+        )
         self._hygiene_gauges(r)
         self._known_series()
 

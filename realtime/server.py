@@ -72,6 +72,7 @@ from realtime.engine_pool import (
 from realtime.errors import LimitExceeded, RealtimeError, to_error_payload
 from realtime.ids import RandomIds
 from realtime.limits import LimitCode, MessageGate
+from realtime.loop_lag import LoopLagProbe
 from realtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from realtime.metrics import Hygiene, ServerMetrics, process_memory
 from realtime.placement import EngineSlot, EngineSlots, EngineState, PlacementCode
@@ -265,6 +266,7 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
         message_gate=context.message_gate,
         session_observer=lambda: context.metrics.session("webrtc"),
         on_first_audio=context.metrics.first_audio_path,
+        on_input_delay=lambda seconds: context.metrics.webrtc_input_delay.observe(max(seconds, 0.0)),
     )
 
 
@@ -336,6 +338,8 @@ class RealtimeServer:
         self._webrtc_factory = webrtc_factory
         self._context: ServerContext | None = None
         self._sessions: dict[asyncio.Task, SessionRunner] = {}  # WebSocket sessions
+        self.loop_lag = LoopLagProbe(on_lag=self.metrics.loop_lag.observe)
+        """The event loop's lag while the server runs (``/metrics``: ``event_loop_lag_seconds``)."""
 
     @property
     def context(self) -> ServerContext:
@@ -378,6 +382,7 @@ class RealtimeServer:
                 await self._close_engines()
                 raise
         self._watch = asyncio.create_task(self._pool.watch(), name="omni-engine-watch")
+        self.loop_lag.start()
 
     async def stop(self) -> None:
         if self._watch is not None:
@@ -387,6 +392,7 @@ class RealtimeServer:
         if self.webrtc is not None:
             await self.webrtc.close()
         await self._close_engines()
+        await self.loop_lag.stop()
 
     async def _close_engines(self) -> None:
         engines, self._engines = self._engines, ()

@@ -76,6 +76,7 @@ class BenchOptions:
     transcription: bool = False
     data_parallel_size: int = 1
     """The bench's own server: engines, one per GPU, as ``serve --data-parallel-size``."""
+    client_processes: int = 1
 
 
 QUICK = {
@@ -281,6 +282,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="every user turns input audio transcription on (audio.input.transcription in its session.update); "
         "the report counts the transcription events received",
     )
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="spread each level's simulated users over N worker processes, each with its own event loop (users "
+        "dealt round-robin): a WebRTC user costs its process Opus, SRTP and RTP work every 20 ms, and the report's "
+        "client loop lag shows when the users fell behind",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the replies' sampling, for repeatable runs")
     p.add_argument("--api-key", default=None, help="the key a --url server requires (default: none, no key sent)")
     return p
@@ -302,6 +312,8 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         return base[name] if value is None else value
 
     levels = base["levels"] if args.concurrency is None else _levels(args.concurrency)
+    if args.client_processes < 1:
+        raise ValueError(f"--client-processes must be at least 1, got {args.client_processes}")
     return BenchOptions(
         url=args.url,
         model=args.model,
@@ -327,6 +339,7 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         vad_batching=not args.no_vad_batching,
         transcription=args.transcription,
         data_parallel_size=_data_parallel_size(args),
+        client_processes=args.client_processes,
         seed=args.seed,
         preemptive_response_ms=args.preemptive_response_ms,
         pause_inside_ms=args.pause_inside_ms,
@@ -429,6 +442,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
                 on_level=on_level,
                 counters=functools.partial(scrape_counters, options.url),
                 counters_source="metrics",
+                client_processes=options.client_processes,
             )
         else:
             async with _in_process_server(loaded.engines, options) as url:
@@ -441,6 +455,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
                     on_level=on_level,
                     counters=functools.partial(engines_counters, loaded.engines),
                     counters_source="engine",
+                    client_processes=options.client_processes,
                 )
     finally:
         if loaded is not None:

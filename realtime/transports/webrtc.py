@@ -62,6 +62,7 @@ from realtime.protocol.server import ServerEvents
 from realtime.runner import MediaSink, SessionRunner, TransportClosed, TurnDetectorFactory, session_task_name
 from realtime.session import AudioTransport, ResponsePhase, SessionSettings
 from realtime.transports import sctp_teardown
+from realtime.transports.input_delay import InputDelayMeter
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
 
 logger = logging.getLogger(__name__)
@@ -423,7 +424,9 @@ class WebRTCCalls:
     ``message_gate()``: a fresh gate for each call's data channel messages (default: none).
     ``connect_timeout_s``: a call whose connection is not up by then is dropped.
     ``session_observer()`` (metrics) is called once per answered call; its observer sees every
-    event sent on the data channel and is closed when the call ends."""
+    event sent on the data channel and is closed when the call ends. ``on_input_delay(seconds)`` (metrics) gets
+    each microphone frame's delay behind the call's stream clock as it reaches the session
+    (:class:`~realtime.transports.input_delay.InputDelayMeter`)."""
 
     def __init__(
         self,
@@ -440,6 +443,7 @@ class WebRTCCalls:
         connect_timeout_s: float = 20.0,
         session_observer: Callable[[], EventObserver] | None = None,
         on_first_audio: Callable[[FirstAudioTrace], None] | None = None,
+        on_input_delay: Callable[[float], None] | None = None,
     ) -> None:
         if max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, got {max_calls}")
@@ -454,6 +458,7 @@ class WebRTCCalls:
         self.connect_timeout_s = connect_timeout_s
         self._session_observer = session_observer
         self._on_first_audio = on_first_audio
+        self._on_input_delay = on_input_delay
         self._calls: dict[str, Call] = {}
         self._serving: dict[str, asyncio.Task] = {}
         self._ids = itertools.count(1)
@@ -621,12 +626,15 @@ class WebRTCCalls:
         """Feed the browser's microphone to the session until the track ends. Audio it cannot
         convert ends the call: a session that silently stopped hearing its user is worse."""
         encoder = MicrophoneEncoder()
+        delay = InputDelayMeter(self._on_input_delay, asyncio.get_running_loop().time) if self._on_input_delay else None
         while True:
             try:
                 frame = await track.recv()
             except MediaStreamError:
                 return
             call.microphone_frames += 1
+            if delay is not None:
+                delay.frame(frame.pts, frame.sample_rate)
             fmt = call.runner.session.config.input_format
             try:
                 data = encoder.encode(frame_to_mono(frame), frame.sample_rate, fmt)
