@@ -138,6 +138,7 @@ class ServerContext:
             self.engine,
             dialect=dialect,
             limits=self.config.session_limits,
+            image_limits=self.config.image_limits,
             preemptive_replies=self.config.preemptive_response_ms is not None,
             voice_aliases=self.config.voice_aliases,
             **overrides,
@@ -227,6 +228,8 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
         message_gate=context.message_gate,
         session_observer=lambda: context.metrics.session("webrtc"),
         on_first_audio=context.metrics.first_audio_path,
+        camera=context.config.camera,
+        on_camera_frame=context.metrics.camera_frame,
     )
 
 
