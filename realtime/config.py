@@ -10,8 +10,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from realtime.images import ImageLimits
 from realtime.limits import RateLimit
 from realtime.session import SessionLimits
+from realtime.video_settings import CameraSettings
 from realtime.voices import DEFAULT_VOICE_ALIASES, check_voice_aliases
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -88,6 +90,10 @@ class ServerConfig:
     webrtc: bool = True
     """Serve ``POST /v1/realtime/calls`` when aiortc and the WebRTC transport are installed."""
     session_limits: SessionLimits = SessionLimits()
+    image_limits: ImageLimits = ImageLimits()
+    """``input_image`` pictures: the largest accepted (bytes, pixels) and the pixel budget of each ``detail``."""
+    camera: CameraSettings = CameraSettings()
+    """WebRTC camera tracks: frames kept a second (default: the model's rate) and each frame's pixel budget."""
     rate_limit: RateLimit = RateLimit()
     web_demo_dir: Path | None = None
     """Static files served at ``/`` when the folder has an index.html; ``None``: the packaged

@@ -45,6 +45,7 @@ from realtime.placement import EngineLoad, EngineState, PlacementCode
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.model import ResponseState
 from realtime.protocol.names import Dialect, ServerEvent, server_event_name
+from realtime.video_settings import CAMERA_OUTCOMES
 
 PREFIX = "omni_realtime"
 
@@ -184,6 +185,13 @@ class ServerMetrics:
             buckets=HOP_BUCKETS,
             registry=r,
         )
+        self.camera_frames = Counter(
+            f"{PREFIX}_camera_frames",
+            "WebRTC camera frames received, by outcome: delivered to a spoken message, skipped by the sampling rate, "
+            "idle (dropped while no message was open), invalid (unconvertible or refused), no_vision",
+            ["outcome"],
+            registry=r,
+        )
         self._hygiene_gauges(r)
         self._known_series()
 
@@ -217,6 +225,8 @@ class ServerMetrics:
             self.errors.labels(str(code))
         for stage in ("thinker", "talker"):
             self.engine_kv_positions.labels(stage)
+        for outcome in CAMERA_OUTCOMES:
+            self.camera_frames.labels(outcome)
 
     def _hygiene_gauges(self, r: CollectorRegistry) -> None:
         self.session_tasks = Gauge(f"{PREFIX}_session_tasks", "asyncio tasks of live sessions", registry=r)
@@ -321,6 +331,10 @@ class ServerMetrics:
                 return
         for segment, ms in trace.segments().items():
             self.first_audio_hops.labels(segment).observe(max(ms, 0.0) / 1000.0)
+
+    def camera_frame(self, outcome: str) -> None:
+        """Count one received camera frame (:data:`realtime.video_settings.CAMERA_OUTCOMES`)."""
+        self.camera_frames.labels(outcome).inc()
 
     def refused(self, reason: str) -> None:
         self.sessions_refused.labels(reason).inc()

@@ -48,11 +48,14 @@ from realtime.error_log import log_error_event
 from realtime.errors import RealtimeError, to_error_payload
 from realtime.first_audio import FirstAudioTrace, FirstAudioTracer
 from realtime.ids import IdGenerator, RandomIds
+from realtime.images import decode_item
+from realtime.protocol.client import ItemCreate, parse_client_event
 from realtime.protocol.names import ServerEvent, server_event_name
 from realtime.protocol.server import ServerEvents
 from realtime.session import (
     Action,
     AddAudio,
+    AddContent,
     AddText,
     AppendAudio,
     AudioTransport,
@@ -252,6 +255,16 @@ class OutboundQueue:
 # --- the runner ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class OpenMessage:
+    """The spoken message being recorded: its engine handle and when (``time.monotonic`` seconds) its first audio
+    sample reached the server."""
+
+    item_id: str
+    handle: AudioInputHandle
+    started_at: float
+
+
 @dataclass
 class _InputStream:
     """An input audio message being streamed to the engine, with its own resampler. ``pcm`` keeps what went to the
@@ -262,6 +275,8 @@ class _InputStream:
     decoder: AudioDecoder
     format: AudioFormat
     pcm: list[np.ndarray] | None = None
+    message: OpenMessage | None = None
+    """What a camera sees of it (WebRTC): the handle and when its first sample reached the server."""
 
     def send(self, pcm: np.ndarray) -> None:
         if self.pcm is not None:
@@ -358,6 +373,7 @@ class SessionRunner:
         """Why the session stopped (the first reason wins); ``None`` while it runs."""
         self._on_first_audio = on_first_audio
         self._traces = FirstAudioTracer(time.monotonic, self._first_audio)
+        self._heard = (time.monotonic(), 0.0)  # when the session's audio clock last advanced, and to where (ms)
         self._preemptive = {
             Preemption.STARTED: self._traces.preempted,
             Preemption.SHOWN: self._traces.shown,
@@ -468,7 +484,37 @@ class SessionRunner:
 
     async def _read_loop(self) -> None:
         async for message in self._transport:
-            await self._dispatch_received(self.session.receive(message))
+            await self._dispatch_received(await self._receive(message))
+            clock_ms = self.session.audio_clock_ms
+            if clock_ms != self._heard[1]:
+                self._heard = (time.monotonic(), clock_ms)
+
+    async def _receive(self, message: str | bytes) -> list[Action]:
+        """The session's actions for one client message. A message with pictures has them decoded first, in a
+        worker thread (the reader waits, so the client's events keep their order); a picture that cannot be taken
+        refuses the whole message with an ``error`` event and changes nothing."""
+        try:
+            event = parse_client_event(message)
+        except RealtimeError as exc:
+            return self.session.refuse(exc)
+        if isinstance(event, ItemCreate) and event.item.images:
+            try:
+                event = await decode_item(event, self._engine.vision, self.session.settings.image_limits)
+            except (RealtimeError, PipelineError) as exc:
+                return self.session.refuse(exc, event)
+        return self.session.handle(event)
+
+    def open_message(self) -> OpenMessage | None:
+        """The spoken message being recorded, for a camera (``realtime.video.CameraFeed``); None when none
+        is open."""
+        stream = next(reversed(self._inputs.values()), None)
+        return stream.message if stream is not None else None
+
+    def _heard_at(self, clock_ms: float) -> float:
+        """When (``time.monotonic``) audio at ``clock_ms`` of the session's audio clock reached the server,
+        reckoned back from the latest append (audio arrives in real time)."""
+        at, latest_ms = self._heard
+        return at - (latest_ms - clock_ms) / 1000.0
 
     async def _write_loop(self) -> None:
         while True:
@@ -625,6 +671,10 @@ class SessionRunner:
             await conversation.add_text(
                 command.item_id, command.text, command.role.value, previous_item_id=command.previous_item_id
             )
+        elif isinstance(command, AddContent):
+            if command.previous_item_id is not None:
+                await self._wait_idle()
+            await conversation.add_content(command.item_id, command.parts, previous_item_id=command.previous_item_id)
         elif isinstance(command, SetTools):
             await self._wait_idle()  # the tools are part of the prompt: they change between responses
             await conversation.set_tools(command.tools)
@@ -683,6 +733,7 @@ class SessionRunner:
             handle = conversation.open_audio(command.item_id)
             keep = [] if self.session.config.transcription is not None else None
             stream = _InputStream(handle, self._decoder_factory(command.format), command.format, keep)
+            stream.message = OpenMessage(command.item_id, handle, self._heard_at(command.start_ms))
             self._inputs[command.item_id] = stream
         elif stream.format is not command.format:  # the client switched formats mid-message
             stream.send(stream.decoder.flush())

@@ -154,6 +154,7 @@ class ServerContext:
             self.engine,
             dialect=dialect,
             limits=self.config.session_limits,
+            image_limits=self.config.image_limits,
             preemptive_replies=self.config.preemptive_response_ms is not None,
             voice_aliases=self.config.voice_aliases,
             **overrides,
@@ -267,6 +268,8 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
         session_observer=lambda: context.metrics.session("webrtc"),
         on_first_audio=context.metrics.first_audio_path,
         on_input_delay=lambda seconds: context.metrics.webrtc_input_delay.observe(max(seconds, 0.0)),
+        camera=context.config.camera,
+        on_camera_frame=context.metrics.camera_frame,
     )
 
 

@@ -64,6 +64,8 @@ from realtime.session import AudioTransport, ResponsePhase, SessionSettings
 from realtime.transports import sctp_teardown
 from realtime.transports.input_delay import InputDelayMeter
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
+from realtime.video import CameraFeed
+from realtime.video_settings import DEFAULT_CAMERA, CameraSettings
 
 logger = logging.getLogger(__name__)
 
@@ -426,7 +428,8 @@ class WebRTCCalls:
     ``session_observer()`` (metrics) is called once per answered call; its observer sees every
     event sent on the data channel and is closed when the call ends. ``on_input_delay(seconds)`` (metrics) gets
     each microphone frame's delay behind the call's stream clock as it reaches the session
-    (:class:`~realtime.transports.input_delay.InputDelayMeter`)."""
+    (:class:`~realtime.transports.input_delay.InputDelayMeter`). ``camera``: how a call's video track is sampled
+    (:mod:`realtime.video`); ``on_camera_frame(outcome)`` counts each received camera frame."""
 
     def __init__(
         self,
@@ -444,6 +447,8 @@ class WebRTCCalls:
         session_observer: Callable[[], EventObserver] | None = None,
         on_first_audio: Callable[[FirstAudioTrace], None] | None = None,
         on_input_delay: Callable[[float], None] | None = None,
+        camera: CameraSettings = DEFAULT_CAMERA,
+        on_camera_frame: Callable[[str], None] = lambda outcome: None,
     ) -> None:
         if max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, got {max_calls}")
@@ -459,6 +464,8 @@ class WebRTCCalls:
         self._session_observer = session_observer
         self._on_first_audio = on_first_audio
         self._on_input_delay = on_input_delay
+        self._camera_settings = camera
+        self._on_camera_frame = on_camera_frame
         self._calls: dict[str, Call] = {}
         self._serving: dict[str, asyncio.Task] = {}
         self._ids = itertools.count(1)
@@ -593,7 +600,12 @@ class WebRTCCalls:
 
         @pc.on("track")
         def on_track(track: MediaStreamTrack) -> None:
-            pump = self._microphone(call, track) if track.kind == "audio" else _discard(track)
+            if track.kind == "audio":
+                pump = self._microphone(call, track)
+            elif track.kind == "video":
+                pump = self._camera(call, track)
+            else:
+                pump = _discard(track)
             call.spawn(pump, f"{track.kind} track")
 
         @pc.on("connectionstatechange")
@@ -644,6 +656,13 @@ class WebRTCCalls:
                 return
             if data:
                 call.transport.push(append_message(data))
+
+    async def _camera(self, call: Call, track: MediaStreamTrack) -> None:
+        """Feed the browser's camera to the user's spoken messages (:mod:`realtime.video`) until the track ends."""
+        feed = CameraFeed(
+            call.runner, self._engine.vision, self._camera_settings, count=self._on_camera_frame, label=call.id
+        )
+        await feed.run(track)
 
     async def _teardown(self, call: Call) -> None:
         """Release everything the call holds; safe whatever state it is in."""

@@ -260,10 +260,10 @@ def test_settings_that_would_change_the_result_are_refused_as_not_supported(sess
         (
             {
                 "type": "conversation.item.create",
-                "item": {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]},
+                "item": {"type": "message", "role": "user", "content": [{"type": "item_reference", "id": "x"}]},
             },
             "item.content.0.type",
-            "content type 'input_image' is not supported",
+            "content type 'item_reference' is not supported",
         ),
     ],
 )
@@ -643,8 +643,22 @@ def test_parse_errors_have_a_specific_code_and_param(message, code, param):
         ({"type": "message", "role": "user", "content": []}, ErrorCode.INVALID_VALUE, "item.content"),
         (
             {"type": "message", "role": "user", "content": [{"type": "input_image"}]},
+            ErrorCode.MISSING_REQUIRED_PARAMETER,
+            "item.content.0.image_url",
+        ),
+        (
+            {"type": "message", "role": "system", "content": [{"type": "input_image", "image_url": "data:,"}]},
             ErrorCode.UNSUPPORTED_VALUE,
             "item.content.0.type",
+        ),
+        (
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_image", "image_url": "x", "detail": "max"}],
+            },
+            ErrorCode.INVALID_VALUE,
+            "item.content.0.detail",
         ),
         (
             {"type": "message", "role": "user", "content": [{"type": "input_text"}]},
@@ -763,7 +777,7 @@ def test_content_type_names_parse_in_both_dialects():
     for content, wire in CONTENT_TYPE_NAMES.items():
         assert parse_content_type(wire.ga) is content
         assert parse_content_type(wire.beta) is content
-    assert parse_content_type("input_image") is None
+    assert parse_content_type("item_reference") is None
 
 
 # --- server events against the SDK models -------------------------------------------------------
