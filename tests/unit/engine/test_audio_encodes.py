@@ -103,6 +103,7 @@ class StubCore:
         self.queued = 0
         self.step_wanted = False
         self.device = torch.device("cpu")
+        self.decode_devices = (self.device,)
         self.backend = None
 
     def wake_on_audio(self, callback) -> None:
