@@ -137,6 +137,9 @@ class ConversationState:
         self.slot: int | None = None
         """The thinker KV slot holding the first ``len(cached_keys)`` positions of the rendering."""
         self.cached_keys: list[Hashable] = []
+        self.rope_shift = 0
+        """Rope position - cache index of text after the cached prefix (0 without pictures): what a decode step adds
+        on every TMRoPE axis. Set by each prefill chunk that ends outside a picture."""
         self.talker_vectors: list[torch.Tensor] = []
         """Chunks of (T, H) talker input vectors, together aligned with ``cached_keys``."""
 
@@ -379,5 +382,6 @@ class ConversationState:
         """Forget every cached position (they are rebuilt from the items on the next prefill). The slots stay
         assigned; the engine releases them (:meth:`EngineCore.release_slots`)."""
         self.cached_keys = []
+        self.rope_shift = 0
         self.talker_vectors = []
         self.talker_keys = []
