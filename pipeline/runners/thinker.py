@@ -79,6 +79,8 @@ class ThinkerRunner:
         self.dtype = dtype
         self.audio = parts.audio
         """User audio blocks, batched (the family's encoder; on CUDA replayed from graphs)."""
+        self.vision = parts.vision
+        """The vision tower (None: the checkpoint has none)."""
         self.decoder = PooledDecoder(
             self.text_model,
             slots=kv_slots,
@@ -148,13 +150,22 @@ class ThinkerRunner:
         attends within each block, so the blocks of different conversations batch without mixing."""
         return [out.to(self.dtype) for out in self.audio.encode_many(features)]
 
+    def image_tokens(self, grid_thw) -> int:
+        """Thinker positions the vision tower makes of a picture of patch grid ``grid_thw``."""
+        return self.vision.tokens(grid_thw)
+
+    def encode_images(self, items: list) -> list[torch.Tensor]:
+        """Pictures ``(pixel_values, grid_thw)`` through the vision tower (several items may run as one batch; each
+        attends within itself): one (tokens, H) tensor each, in the thinker's dtype."""
+        return [out.to(self.dtype) for out in self.vision.encode_many(items)]
+
     @torch.inference_mode()
     def prefill(
         self, embeds: torch.Tensor, slot: int, start: int, *, logits: bool = True, rope: torch.Tensor | None = None
     ) -> ThinkerOutput:
         """Run ``embeds`` (T, H) at cache indices ``start..start+T-1`` of KV slot ``slot`` with rope positions
-        ``rope`` ((3, T) int64 on the host; None: the cache indices); ``logits=False`` skips the vocabulary projection
-        (a background prefill samples nothing)."""
+        ``rope`` ((3, T) int64 on the host, a tensor or numpy array; None: the cache indices); ``logits=False`` skips
+        the vocabulary projection (a background prefill samples nothing)."""
         return self.prefill_many([(embeds, slot, start, logits, rope)])[0]
 
     @property
@@ -195,7 +206,7 @@ class ThinkerRunner:
     def _prefill_eager(
         self, embeds: torch.Tensor, slot: int, start: int, logits: bool, rope: torch.Tensor | None
     ) -> ThinkerOutput:
-        rope = None if rope is None else rope.to(self.device, torch.long)
+        rope = None if rope is None else torch.as_tensor(rope).to(self.device, torch.long)
         hidden = self.decoder.prefill(slot, embeds, start, rope)
         last = self.lm_head(hidden[-1:]).float()[0] if logits else None
         return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=last)

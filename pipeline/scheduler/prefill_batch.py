@@ -41,7 +41,7 @@ class PrefillJob:
     owner: object | None = None
     """The response whose prompt this is (None: a background prefill of an idle conversation)."""
     rope: object | None = None
-    """(3, rows) int64 host tensor of the chunk's TMRoPE positions (None: the cache indices, as without pictures)."""
+    """(3, rows) int64 numpy array of the chunk's TMRoPE positions (None: the cache indices, as without pictures)."""
     rope_shift: int | None = 0
     """Rope position - cache index of text after the chunk (what decode rows add once it ran); None: the chunk ends
     inside a span of explicit positions."""
