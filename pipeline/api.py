@@ -20,6 +20,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from pipeline.errors import InvalidImageError
 from pipeline.outputs import EngineStats, ResponseDone, ResponseEvent
 from pipeline.tools import AUTO, Tool, ToolChoice
 
@@ -78,6 +79,10 @@ class TranscriptionPrompt:
         return " ".join(parts)
 
 
+MAX_ASPECT_RATIO = 200
+"""Longest to shortest side a picture may have (the reference image processor refuses more)."""
+
+
 @dataclass(frozen=True)
 class VisionInfo:
     """What the engine's vision tower takes (:attr:`EngineHandle.vision`; None there: the checkpoint has none).
@@ -95,12 +100,22 @@ class VisionInfo:
     temporal_patch_size: int
 
     def resized(self, height: int, width: int) -> tuple[int, int]:
-        """(height, width) in pixels the engine resizes a ``height`` x ``width`` picture to: each side rounded to a
-        multiple of ``patch_size * merge_size`` (at least one multiple), then the aspect ratio kept while the area is
-        scaled into [``min_pixels``, ``max_pixels``]."""
+        """(height, width) in pixels the engine resizes a ``height`` x ``width`` picture to: each side rounded to the
+        nearest multiple of ``patch_size * merge_size``; if that area is above ``max_pixels`` both sides are scaled
+        down to fit (each rounded down to a multiple, at least one multiple), if below ``min_pixels`` scaled up (each
+        rounded up). The rule of the reference image processor: at extreme aspect ratios the result may exceed
+        ``max_pixels`` by the one-multiple floor. Raises :class:`~pipeline.errors.InvalidImageError` for an empty
+        picture or one whose longer side is more than :data:`MAX_ASPECT_RATIO` times its shorter side."""
+        if height <= 0 or width <= 0:
+            raise InvalidImageError(f"picture of {height}x{width} pixels is empty", param="image")
+        if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+            raise InvalidImageError(
+                f"picture of {height}x{width} pixels: the aspect ratio must be at most {MAX_ASPECT_RATIO}:1",
+                param="image",
+            )
         factor = self.patch_size * self.merge_size
-        h = max(factor, round(height / factor) * factor)
-        w = max(factor, round(width / factor) * factor)
+        h = round(height / factor) * factor
+        w = round(width / factor) * factor
         if h * w > self.max_pixels:
             scale = math.sqrt(height * width / self.max_pixels)
             h = max(factor, math.floor(height / scale / factor) * factor)

@@ -27,6 +27,15 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return make_random_checkpoint(tmp_path_factory.mktemp("tiny-omni"))
 
 
+@pytest.fixture(scope="session")
+def sharp_model_dir(tmp_path_factory) -> Path:
+    """The tiny checkpoint with sharpened thinker attention (``RandomModelSpec.sharpened``), built once per session: on
+    it a wrong position changes greedy tokens, so equivalence tests on it catch position bugs."""
+    from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, make_random_checkpoint
+
+    return make_random_checkpoint(tmp_path_factory.mktemp("sharp-omni"), RandomModelSpec.sharpened())
+
+
 def run_triton_check(code: str, timeout: float = 600) -> None:
     """Run ``code`` (a script that prints "ok" when its checks pass) in a fresh interpreter: on the GPU the Triton
     kernels compile; without one they run in Triton's interpreter, which is chosen at import, hence the subprocess.

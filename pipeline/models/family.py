@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
-from pipeline.api import TranscriptionPrompt
+from pipeline.api import TranscriptionPrompt, VisionInfo
 
 if TYPE_CHECKING:
     import torch
@@ -65,6 +65,10 @@ class ThinkerParts:
     """The user-audio encoder: ``capture()`` (its CUDA graphs, at start), ``encode_many(features) -> list`` (log-mel
     blocks of at most one encoder window each, encoded together; one (tokens, hidden) tensor each, in order) and
     ``audio_tokens(frames) -> int`` (tokens it makes of that many feature frames)."""
+    vision: Any = None
+    """The vision tower (None: the checkpoint has none): ``encode_many(items) -> list`` (items ``(pixel_values,
+    grid_thw)`` as :meth:`ModelFamily.vision_preprocessor` makes them; one (tokens, hidden) tensor each, in order;
+    several may run as one batch) and ``tokens(grid_thw) -> int`` (thinker positions of an item of that grid)."""
 
 
 @runtime_checkable
@@ -148,8 +152,20 @@ class ModelFamily(Protocol):
         ...
 
     def thinker_parts(self, ckpt: Any, *, device: torch.device, cuda_graphs: bool) -> ThinkerParts:
-        """The thinker's decoder stack, vocabulary head and user-audio encoder on ``device`` (the encoder's graphs only
-        with ``cuda_graphs`` on CUDA)."""
+        """The thinker's decoder stack, vocabulary head, user-audio encoder and vision tower (None without one) on
+        ``device`` (the audio encoder's graphs only with ``cuda_graphs`` on CUDA)."""
+        ...
+
+    def vision_info(self, ckpt: Any) -> VisionInfo | None:
+        """What the checkpoint's vision tower takes (pixel budget, patch sizes, video fps); None: it takes no
+        pictures."""
+        ...
+
+    def vision_preprocessor(self, ckpt: Any) -> Any:
+        """None when :meth:`vision_info` is None; else a callable ``(frames, *, info=None) -> (pixel_values,
+        grid_thw)``: uint8 RGB ``(H, W, 3)`` frames (one picture, or video frames in time order) to the vision tower's
+        input, resized by ``info`` (default :meth:`vision_info`), raising ``InvalidImageError`` for a bad frame (the
+        interface of :class:`pipeline.models.qwen2_5_omni.vision.VisionPreprocessor`). Runs on any thread."""
         ...
 
     def token2wav(self, ckpt: Any, stage: Any) -> Any:

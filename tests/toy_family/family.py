@@ -214,6 +214,13 @@ class ToyFamily:
 
         return family_of("qwen2_5_omni").thinker_parts(ckpt, device=device, cuda_graphs=cuda_graphs)
 
+    def vision_info(self, ckpt: ToyCheckpoint) -> None:
+        """The toy family takes no pictures."""
+        return None
+
+    def vision_preprocessor(self, ckpt: ToyCheckpoint) -> None:
+        return None
+
     def token2wav(self, ckpt: ToyCheckpoint, stage) -> ToneSynthesizer:
         return ToneSynthesizer(max_batch=stage.max_batch)
 

@@ -2,9 +2,9 @@
 
 A checkpoint folder holds ``config.json`` (thinker / talker / token2wav sub-configs),
 ``model.safetensors`` or ``model-0000X-of-0000N.safetensors`` + ``model.safetensors.index.json``,
-``spk_dict.pt`` (the voices), tokenizer files and ``preprocessor_config.json`` (the Whisper
-feature extractor). Random-weight test checkpoints made by :mod:`.tiny` also carry
-:data:`RANDOM_MARKER_FILE`.
+``spk_dict.pt`` (the voices), tokenizer files and ``preprocessor_config.json`` (the Whisper feature
+extractor's settings and, for a checkpoint that takes pictures, the image processor's beside them).
+Random-weight test checkpoints made by :mod:`.tiny` also carry :data:`RANDOM_MARKER_FILE`.
 
 Every special id the engine needs is read from the checkpoint config and cross-checked against the
 tokenizer here, once; the rest of the engine takes them from :class:`SpecialTokens` and never
@@ -29,6 +29,7 @@ import torch
 
 from pipeline.errors import CheckpointError, ConfigError
 from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
+from pipeline.models.qwen2_5_omni.vision import VisionPreprocessor
 
 logger = logging.getLogger(__name__)
 
@@ -377,6 +378,8 @@ class LoadedCheckpoint:
     speakers: dict[str, Speaker]
     special: SpecialTokens
     random_weights: bool
+    vision: VisionPreprocessor | None = None
+    """The image processor settings (None: the checkpoint takes no pictures)."""
 
     @property
     def thinker_hidden_size(self) -> int:
@@ -417,6 +420,7 @@ def load_checkpoint(
     special = SpecialTokens.from_config(config, tokenizer)
     speakers = load_speakers(_required_file(path, SPEAKERS_FILE), config)
     feature_extractor = load_feature_extractor(path, config)
+    vision = load_vision_preprocessor(path, config)
     thinker, talker, token2wav = _load_submodels(path, placement)
     return LoadedCheckpoint(
         source=str(name_or_path),
@@ -430,6 +434,7 @@ def load_checkpoint(
         speakers=speakers,
         special=special,
         random_weights=is_random_checkpoint(path),
+        vision=vision,
     )
 
 
@@ -560,6 +565,19 @@ def load_feature_extractor(path: Path, config: Any) -> Any:
     if fe.sampling_rate != 16_000:
         raise CheckpointError(f"{PREPROCESSOR_FILE}: sampling_rate {fe.sampling_rate}, expected 16000")
     return fe
+
+
+def load_vision_preprocessor(path: Path, config: Any) -> VisionPreprocessor | None:
+    """The image processor settings of ``preprocessor_config.json`` (None when it has none), checked against the
+    vision tower's config."""
+    file = _required_file(path, PREPROCESSOR_FILE)
+    try:
+        raw = json.loads(file.read_text())
+    except ValueError as exc:
+        raise CheckpointError(f"{PREPROCESSOR_FILE}: not valid JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{PREPROCESSOR_FILE}: expected a JSON object")
+    return VisionPreprocessor.from_preprocessor_config(raw, config.thinker_config.vision_config)
 
 
 def _load_submodels(path: Path, placement: dict[str, Placement]) -> tuple[Any, Any, Any]:

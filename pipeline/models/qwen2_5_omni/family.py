@@ -1,5 +1,6 @@
 """Qwen2.5-Omni as a model family (:class:`pipeline.models.family.ModelFamily`): its checkpoint loader, chat format,
-voices (``spk_dict.pt``), Whisper log-mel features and the streaming DiT + BigVGAN token2wav."""
+voices (``spk_dict.pt``), Whisper log-mel features, picture preprocessing and the streaming DiT + BigVGAN
+token2wav."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pipeline.api import VisionInfo
 from pipeline.models.family import Connector, ThinkerParts
 from pipeline.models.qwen2_5_omni import connectors
 from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
@@ -18,6 +20,7 @@ from pipeline.models.qwen2_5_omni.checkpoint import (
 )
 from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT, TRANSCRIPTION_PROMPT, PromptRenderer
+from pipeline.models.qwen2_5_omni.vision import VisionPreprocessor
 
 if TYPE_CHECKING:
     from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec
@@ -86,10 +89,23 @@ class Qwen25OmniFamily:
 
     def thinker_parts(self, ckpt: LoadedCheckpoint, *, device: torch.device, cuda_graphs: bool) -> ThinkerParts:
         from pipeline.models.qwen2_5_omni.audio_encoder import BlockEncoder
-        from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model
+        from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model, thinker_vision_tower
+        from pipeline.models.qwen2_5_omni.vision_encoder import VisionEncoder
 
-        audio = BlockEncoder(thinker_audio_tower(ckpt.thinker), device=torch.device(device), cuda_graphs=cuda_graphs)
-        return ThinkerParts(text_model=thinker_text_model(ckpt.thinker), lm_head=ckpt.thinker.lm_head, audio=audio)
+        device = torch.device(device)
+        audio = BlockEncoder(thinker_audio_tower(ckpt.thinker), device=device, cuda_graphs=cuda_graphs)
+        vision = None
+        if getattr(ckpt, "vision", None) is not None:
+            vision = VisionEncoder(thinker_vision_tower(ckpt.thinker), device=device)
+        return ThinkerParts(
+            text_model=thinker_text_model(ckpt.thinker), lm_head=ckpt.thinker.lm_head, audio=audio, vision=vision
+        )
+
+    def vision_info(self, ckpt: LoadedCheckpoint) -> VisionInfo | None:
+        return None if ckpt.vision is None else ckpt.vision.info
+
+    def vision_preprocessor(self, ckpt: LoadedCheckpoint) -> VisionPreprocessor | None:
+        return ckpt.vision
 
     def token2wav(self, ckpt: LoadedCheckpoint, stage: Any) -> StreamingToken2Wav:
         from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav

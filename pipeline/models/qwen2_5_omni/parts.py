@@ -19,3 +19,8 @@ def thinker_text_model(thinker) -> nn.Module:
 def thinker_audio_tower(thinker) -> nn.Module:
     tower = getattr(thinker, "audio_tower", None)
     return tower if tower is not None else thinker.model.audio_tower
+
+
+def thinker_vision_tower(thinker) -> nn.Module:
+    tower = getattr(thinker, "visual", None)
+    return tower if tower is not None else thinker.model.visual

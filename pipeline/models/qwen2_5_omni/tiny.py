@@ -111,6 +111,12 @@ RELEASED_7B_IDS: dict = {
 7B preset needs them as values; the engine itself reads every id from the checkpoint config."""
 
 
+TEST_ATTENTION_SHARPNESS = 8.0
+"""Query/key scale of the sharpened test checkpoint. At 1 (the random init) replacing an image prompt's 3-D positions
+with 1-D ones moves the last logits by ~1e-3 and no greedy token; at 8 both that and a one-position shift after an
+audio block change the greedy tokens within ten steps."""
+
+
 @dataclass(frozen=True)
 class RandomModelSpec:
     """Every size of a random Qwen2.5-Omni. Units: hidden sizes in channels, ``*_vocab`` in ids.
@@ -120,7 +126,10 @@ class RandomModelSpec:
     vocoder's last convolution; ``stop_logit_scale`` multiplies the talker's codec-head rows of
     the stop ids (1.0 leaves the random init alone); ``reply_end_logit`` is the level the thinker's
     ``<|im_end|>`` logit is held near and ``speech_end_logit`` the talker's codec-eos logit once the
-    reply's text has ended (``None`` leaves the random init alone).
+    reply's text has ended (``None`` leaves the random init alone). ``attention_sharpness`` multiplies the thinker's
+    query and key projections (weights and biases; attention logits grow by its square): a random model's attention
+    is nearly uniform, so its outputs hardly depend on positions; a sharpened one's greedy tokens do (test checkpoints
+    that must catch a wrong position).
     """
 
     # thinker language model
@@ -139,13 +148,22 @@ class RandomModelSpec:
     audio_heads: int = 1
     audio_ffn: int = 64
     audio_output_dim: int = 64
-    # vision encoder (small but valid)
+    # vision encoder: windowed attention in every layer but the full-attention ones; windows of window_size pixels
     vision_hidden: int = 32
-    vision_depth: int = 1
+    vision_depth: int = 3
     vision_heads: int = 1
     vision_intermediate: int = 64
     vision_out_hidden: int = 64
-    vision_fullatt_blocks: tuple[int, ...] = (0,)
+    vision_fullatt_blocks: tuple[int, ...] = (1,)
+    vision_window_size: int = 56
+    vision_patch_size: int = 14
+    vision_merge_size: int = 2
+    vision_temporal_patch_size: int = 2
+    # image processor (preprocessor_config.json): the pixel budget of a picture, CLIP's mean / std
+    image_min_pixels: int = 4 * 28 * 28
+    image_max_pixels: int = 64 * 28 * 28
+    image_mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
+    image_std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
     # talker
     talker_hidden: int = 32
     talker_layers: int = 2
@@ -197,11 +215,17 @@ class RandomModelSpec:
     stop_logit_scale: float = 0.3
     reply_end_logit: float | None = 0.29
     speech_end_logit: float | None = 0.06
+    attention_sharpness: float = 1.0
 
     @classmethod
     def tiny(cls, seed: int = 0) -> RandomModelSpec:
         """~5 MB; a short spoken turn runs well under a second on one CPU core."""
         return cls(seed=seed)
+
+    @classmethod
+    def sharpened(cls, seed: int = 0) -> RandomModelSpec:
+        """The tiny model with :data:`TEST_ATTENTION_SHARPNESS`: a wrong position changes its greedy tokens."""
+        return cls(seed=seed, attention_sharpness=TEST_ATTENTION_SHARPNESS)
 
     @classmethod
     def qwen2_5_omni_7b(cls, seed: int = 0) -> RandomModelSpec:
@@ -225,6 +249,9 @@ class RandomModelSpec:
             vision_intermediate=3420,
             vision_out_hidden=3584,
             vision_fullatt_blocks=(7, 15, 23, 31),
+            vision_window_size=112,
+            image_min_pixels=3136,
+            image_max_pixels=12845056,
             talker_hidden=896,
             talker_layers=24,
             talker_heads=12,
@@ -509,6 +536,10 @@ def _thinker_config(spec: RandomModelSpec, markers: dict[str, int], ids: dict[st
         "intermediate_size": spec.vision_intermediate,
         "out_hidden_size": spec.vision_out_hidden,
         "fullatt_block_indexes": list(spec.vision_fullatt_blocks),
+        "window_size": spec.vision_window_size,
+        "patch_size": spec.vision_patch_size,
+        "spatial_merge_size": spec.vision_merge_size,
+        "temporal_patch_size": spec.vision_temporal_patch_size,
     }
     return {
         "text_config": text,
@@ -579,6 +610,13 @@ def _bigvgan_config(spec: RandomModelSpec) -> dict[str, Any]:
 
 def check_spec(spec: RandomModelSpec) -> None:
     """Rules specific to random checkpoints (the generic ones are in ``validate_config``)."""
+    if not spec.attention_sharpness > 0:
+        raise CheckpointError("spec: attention_sharpness must be positive", param="attention_sharpness")
+    if not set(spec.vision_fullatt_blocks) <= set(range(spec.vision_depth)):
+        raise CheckpointError(
+            f"spec: vision_fullatt_blocks {spec.vision_fullatt_blocks} must index layers of depth {spec.vision_depth}",
+            param="vision_fullatt_blocks",
+        )
     tokenizer_size = spec.tokenizer_bpe_vocab + len(QWEN_ADDED_TOKENS)
     if tokenizer_size > spec.thinker_vocab:
         raise CheckpointError(
@@ -672,6 +710,8 @@ def _tune_random_weights(model: Any, spec: RandomModelSpec) -> None:
       that logit to ``spec.speech_end_logit`` exactly then: inside the sampler's top-k but below the
       best code, so sampled speech ends soon after the text while greedy decoding runs to its cap.
     """
+    if spec.attention_sharpness != 1.0:
+        _sharpen_attention(model.thinker, spec.attention_sharpness)
     model.token2wav.code2wav_bigvgan_model.conv_post.weight.mul_(spec.output_gain)
     talker = model.talker
     for stop_id in (talker.codec_eos_token, talker.codec_pad_token):
@@ -681,6 +721,16 @@ def _tune_random_weights(model: Any, spec: RandomModelSpec) -> None:
         _hold_reply_end_logit(model.thinker, end_id, spec.reply_end_logit)
     if spec.speech_end_logit is not None:
         _end_speech_after_text(model, spec, spec.speech_end_logit)
+
+
+@torch.no_grad()
+def _sharpen_attention(thinker: Any, factor: float) -> None:
+    """Multiply every thinker layer's query and key projections (weights and biases) by ``factor``."""
+    for layer in thinker_text_model(thinker).layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+            proj.weight.mul_(factor)
+            if proj.bias is not None:
+                proj.bias.mul_(factor)
 
 
 REPLY_END_NOISE_SCALE = 0.1
@@ -773,12 +823,31 @@ def _generation_config(ids: dict[str, int]) -> Any:
     )
 
 
-def _write_feature_extractor(out_dir: Path) -> None:
+IMAGE_PROCESSOR_TYPE = "Qwen2VLImageProcessor"
+"""The reference image processor class the released ``preprocessor_config.json`` names."""
+
+
+def _write_preprocessor_config(out_dir: Path, spec: RandomModelSpec) -> None:
+    """``preprocessor_config.json`` as released: the Whisper feature extractor's settings and the image processor's
+    in one object (each reference processor reads its own fields)."""
     from transformers import WhisperFeatureExtractor
 
     WhisperFeatureExtractor(
         feature_size=MEL_BINS_IN, sampling_rate=SAMPLE_RATE_IN, return_attention_mask=True
     ).save_pretrained(out_dir)
+    file = out_dir / ckpt.PREPROCESSOR_FILE
+    settings = json.loads(file.read_text())
+    settings.update(
+        image_processor_type=IMAGE_PROCESSOR_TYPE,
+        min_pixels=spec.image_min_pixels,
+        max_pixels=spec.image_max_pixels,
+        patch_size=spec.vision_patch_size,
+        merge_size=spec.vision_merge_size,
+        temporal_patch_size=spec.vision_temporal_patch_size,
+        image_mean=list(spec.image_mean),
+        image_std=list(spec.image_std),
+    )
+    file.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
 def make_random_checkpoint(
@@ -800,7 +869,7 @@ def make_random_checkpoint(
     model.generation_config = _generation_config(ids)
     model.save_pretrained(out, max_shard_size=MAX_SHARD_SIZE)
     torch.save(make_speakers(spec), out / ckpt.SPEAKERS_FILE)
-    _write_feature_extractor(out)
+    _write_preprocessor_config(out, spec)
     marker = {"random_weights": True, "spec": spec.to_dict()}
     (out / ckpt.RANDOM_MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
     return out
@@ -817,10 +886,11 @@ def build_random_model(
     folder = Path(tempfile.mkdtemp(prefix="omni-random-"))
     try:
         write_tokenizer(folder, spec)
-        _write_feature_extractor(folder)
+        _write_preprocessor_config(folder, spec)
         model = build_model(spec, config, device=device, dtype=dtype)
         tokenizer = ckpt.load_tokenizer(folder)
         feature_extractor = ckpt.load_feature_extractor(folder, config)
+        vision = ckpt.load_vision_preprocessor(folder, config)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -836,6 +906,7 @@ def build_random_model(
         speakers=ckpt.speakers_from_dict(make_speakers(spec), config, source="random speakers"),
         special=ckpt.SpecialTokens.from_config(config, tokenizer),
         random_weights=True,
+        vision=vision,
     )
 
 
