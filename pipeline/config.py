@@ -14,6 +14,7 @@ the YAML never names import paths.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -35,6 +36,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 CONTEXT_POLICIES = ("drop_oldest", "error")
 AUDIO_FLOORS = ("streaming", "exact")
 DIT_ATTENTION = ("triton", "sdpa")
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+"""What a stage's ``device`` may say."""
 MAX_EXTENDS_DEPTH = 8
 """How many files a chain of ``extends`` may hold, the first included (a longer chain is refused as a likely cycle)."""
 
@@ -85,7 +88,7 @@ TALKER_SAMPLING = SamplingConfig(do_sample=True, temperature=0.9, top_k=40, top_
 def _kind(kind: str, default: Any = None, *, factory=None, choices: tuple = ()) -> Any:
     """A field with how its value is checked (``kind``) in its metadata: ``positive`` (an integer > 0, or None),
     ``at_least_0`` (an integer >= 0), ``fraction`` (a number in (0, 1]), ``bool``, ``str``, ``choice`` (one of
-    ``choices``), ``switch`` (auto / on /
+    ``choices``), ``device`` (auto, cpu, cuda or cuda:N), ``switch`` (auto / on /
     off or a boolean, resolved by the class), ``sampling``, ``chunking``, ``fixed`` (must equal the default)."""
     meta = {"kind": kind, "choices": choices}
     if factory is not None:
@@ -102,8 +105,9 @@ class StageConfig:
 
     input: str = _kind("fixed", "")
     """The stage it reads (stages stream thinker -> talker -> token2wav)."""
-    device: str = _kind("str", AUTO)
-    """``cpu``, ``cuda`` or ``cuda:N``; ``auto`` = ``cuda`` when available, else ``cpu``."""
+    device: str = _kind("device", AUTO)
+    """``cpu``, ``cuda`` or ``cuda:N``; ``auto`` = ``cuda`` when available, else ``cpu``. Stages may be on different
+    GPUs of one host (docs/server.md, "Stage placement"); :func:`check_devices` says whether this host has them."""
     dtype: str = _kind("choice", AUTO, choices=(AUTO, *DTYPES))
     """The weights' precision; ``auto`` = bfloat16 on CUDA, float32 on the CPU (where half precision is slower)."""
 
@@ -153,6 +157,8 @@ class StageConfig:
             raise ConfigError(f"{where} has the wrong type ({type(value).__name__})", param=where)
         elif kind == "choice" and value not in f.metadata["choices"]:
             raise ConfigError(f"{where} must be one of {f.metadata['choices']}, got {value!r}", param=where)
+        elif kind == "device" and (not isinstance(value, str) or not _DEVICE.fullmatch(value)):
+            raise ConfigError(f"{where} must be auto, cpu, cuda or cuda:N, got {value!r}", param=where)
         elif kind == "switch":
             self._set(f.name, _switch(value, where))
         elif kind == "sampling":
@@ -444,6 +450,37 @@ class StageGraphConfig:
 
     def stage(self, name: str) -> ThinkerConfig | TalkerConfig | Token2WavConfig:
         return getattr(self, name)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The stages' devices as configured, each once, in stage order (``cuda`` and ``cuda:0`` count apart here:
+        which GPU ``cuda`` means is decided in the engine's process)."""
+        return tuple(dict.fromkeys(self.stage(name).device for name in STAGE_ORDER))
+
+
+def check_devices(cfg: StageGraphConfig) -> None:
+    """Raise :class:`ConfigError` naming the first stage whose device this host does not have (``cuda`` without a
+    CUDA device torch can use, ``cuda:N`` with N at or past the device count). Separate from loading, so that a config
+    can be read and checked on a machine other than the one it is for; the engine's loaders and the CLI call it before
+    any weight is loaded."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for name in STAGE_ORDER:
+        stage = cfg.stage(name)
+        if not stage.on_cuda:
+            continue
+        where = f"{stage.path}.device"
+        if count == 0:
+            raise ConfigError(f"{where} is {stage.device!r}, but torch sees no CUDA device on this host", param=where)
+        index = stage.torch_device.index
+        if index is not None and index >= count:
+            have = "cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}"
+            raise ConfigError(
+                f"{where} is {stage.device!r}, but this host has {count} CUDA device{'s' if count > 1 else ''} "
+                f"({have})",
+                param=where,
+            )
 
 
 def load_stage_config(

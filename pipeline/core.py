@@ -22,6 +22,7 @@ from pipeline.config import StageGraphConfig
 from pipeline.conversation_state import ConvItem, ItemKind
 from pipeline.conversations import Conversations
 from pipeline.errors import EngineFailure, FunctionCallError, PipelineError, ResponseActiveError
+from pipeline.kernels.devices import concrete, device_scope, peer_access
 from pipeline.models import family_of
 from pipeline.models.family import Checkpoint, StreamStatus
 from pipeline.observe.observer import EngineObserver
@@ -85,7 +86,8 @@ class EngineCore:
         thinker, talker, token2wav, worker = self._build_runners(ckpt, cfg)
         # capture the decode and prefill graphs now (seconds on a 7B model), not during the first replies; before the
         # scheduler is made: its prefill row budget is the largest captured prefill graph
-        thinker.capture()
+        with device_scope(thinker.device):
+            thinker.capture()
         talker.capture()
         self.token2wav = token2wav
         self.runner = ModelRunner(
@@ -100,6 +102,7 @@ class EngineCore:
             overlap=ta.overlap,
             fail=self._fail,
         )
+        self._log_placement()
         chunking = token2wav.cfg
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -162,13 +165,37 @@ class EngineCore:
     def _build_runners(self, ckpt: Checkpoint, cfg: StageGraphConfig):
         """The thinker and talker runners (KV pools, graphs, in-graph sampling: the salts keep the two stages' noise
         apart), the streaming token2wav (compiled and graph-captured now, not during the first replies) and its
-        worker thread."""
+        worker thread, each built with its own stage's device current (stages may be on different GPUs)."""
         th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
         text_stop = tuple(sorted({self.special.im_end, self.special.endoftext}))
-        thinker = ThinkerRunner.of(
+        th_device, ta_device, self.t2w_device = (concrete(stage.device) for stage in (th, ta, tw))
+        with device_scope(th_device):
+            thinker = self._build_thinker(ckpt, th, th_device, text_stop)
+        # talker positions: the thinker prompt, speaker bos, then one per codec token
+        with device_scope(ta_device):
+            talker = TalkerRunner(
+                ckpt.talker,
+                device=ta_device,
+                dtype=ta.torch_dtype,
+                kv_slots=ta.kv_slots,
+                max_len=self.max_context + self.max_codes + 2,
+                cuda_graphs=ta.cuda_graphs,
+                fused_decode=ta.fused_decode,
+                sampler=SamplerSpec(
+                    ta.sampling, suppress=tuple(self._codec_suppress_ids()), stop=self.codec_stop, salt=1
+                ),
+            )
+        with device_scope(self.t2w_device):
+            token2wav = self.family.token2wav(ckpt, tw)
+            token2wav.warm_up(max_batch=tw.max_batch)
+        worker = Token2WavWorker(token2wav, self.t2w_device) if tw.worker_thread else None
+        return thinker, talker, token2wav, worker
+
+    def _build_thinker(self, ckpt: Checkpoint, th, device: torch.device, text_stop: tuple[int, ...]) -> ThinkerRunner:
+        return ThinkerRunner.of(
             self.family,
             ckpt,
-            device=th.device,
+            device=device,
             dtype=th.torch_dtype,
             kv_slots=th.kv_slots,
             max_len=self.max_context,
@@ -176,22 +203,6 @@ class EngineCore:
             fused_decode=th.fused_decode,
             sampler=SamplerSpec(th.sampling, stop=text_stop, salt=0),
         )
-        # talker positions: the thinker prompt, speaker bos, then one per codec token
-        talker = TalkerRunner(
-            ckpt.talker,
-            device=ta.device,
-            dtype=ta.torch_dtype,
-            kv_slots=ta.kv_slots,
-            max_len=self.max_context + self.max_codes + 2,
-            cuda_graphs=ta.cuda_graphs,
-            fused_decode=ta.fused_decode,
-            sampler=SamplerSpec(ta.sampling, suppress=tuple(self._codec_suppress_ids()), stop=self.codec_stop, salt=1),
-        )
-        self.t2w_device = tw.torch_device
-        token2wav = self.family.token2wav(ckpt, tw)
-        token2wav.warm_up(max_batch=tw.max_batch)
-        worker = Token2WavWorker(token2wav, self.t2w_device) if tw.worker_thread else None
-        return thinker, talker, token2wav, worker
 
     def _codec_suppress_ids(self) -> list[int]:
         """Ids the talker must never emit: ids token2wav cannot make audio of (the family's list)."""
@@ -541,14 +552,41 @@ class EngineCore:
             **self._device_memory(),
         )
 
+    @property
+    def decode_devices(self) -> tuple[torch.device, ...]:
+        """The devices of the decode steps, each once: the thinker's, then the talker's."""
+        return tuple(dict.fromkeys((self.runner.thinker.device, self.runner.talker.device)))
+
+    @property
+    def devices(self) -> tuple[torch.device, ...]:
+        """The devices the stages run on, each once: the thinker's first, then the talker's and token2wav's."""
+        stages = (self.runner.thinker.device, self.runner.talker.device, self.t2w_device)
+        return tuple(dict.fromkeys(stages))
+
     def _device_memory(self) -> dict[str, int]:
-        device = self.runner.thinker.device
-        if device.type != "cuda":
+        """torch's allocated memory summed over the engine's CUDA devices (each device's peak: the sum of peaks)."""
+        cuda = [d for d in self.devices if d.type == "cuda"]
+        if not cuda:
             return {}
         return {
-            "device_memory_bytes": torch.cuda.memory_allocated(device),
-            "device_memory_peak_bytes": torch.cuda.max_memory_allocated(device),
+            "device_memory_bytes": sum(torch.cuda.memory_allocated(d) for d in cuda),
+            "device_memory_peak_bytes": sum(torch.cuda.max_memory_allocated(d) for d in cuda),
         }
+
+    def _log_placement(self) -> None:
+        """One line when the stages are on several CUDA devices: where each runs, and whether the devices that pass
+        tensors to each other (thinker -> talker, vectors every step) have peer access."""
+        cuda = [d for d in self.devices if d.type == "cuda"]
+        if len(cuda) < 2:
+            return
+        peers = peer_access(cuda)
+        log.info(
+            "stages on several devices: thinker %s, talker %s, token2wav %s; peer access: %s",
+            self.runner.thinker.device,
+            self.runner.talker.device,
+            self.t2w_device,
+            ", ".join(f"cuda:{a}->cuda:{b} {'yes' if ok else 'no'}" for (a, b), ok in peers.items()),
+        )
 
     def describe(self) -> list[str]:
         """One line per live response (where it is in each stage) and per shared resource (KV slots, token2wav

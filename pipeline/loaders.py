@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pipeline.config import check_devices
 from pipeline.models import family_of
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class PretrainedCheckpoint:
     model: str
 
     def load(self, cfg: StageGraphConfig) -> Checkpoint:
+        check_devices(cfg)
         return family_of(cfg.model_family).load_pretrained(
             self.model,
             devices={name: cfg.stage(name).device for name in STAGES},
@@ -47,11 +49,18 @@ class PretrainedCheckpoint:
 class RandomCheckpoint:
     """The random-weight architecture of ``spec`` (the family's own description, e.g.
     ``RandomModelSpec.qwen2_5_omni_7b()`` for GPU benchmarks) built in memory (nothing downloaded or written but its
-    tokenizer files). Built on the thinker's device, thinker and talker in ``dtype`` (default: the thinker's dtype)."""
+    tokenizer files). Built on the thinker's device, thinker and talker in ``dtype`` (default: the thinker's dtype);
+    then the talker and token2wav are moved to their own stages' devices."""
 
     spec: Any
     dtype: torch.dtype | None = None
 
     def load(self, cfg: StageGraphConfig) -> Checkpoint:
+        check_devices(cfg)
         dtype = self.dtype if self.dtype is not None else cfg.thinker.torch_dtype
-        return family_of(cfg.model_family).build_random(self.spec, device=cfg.thinker.device, dtype=dtype)
+        return family_of(cfg.model_family).build_random(
+            self.spec,
+            device=cfg.thinker.device,
+            dtype=dtype,
+            devices={name: cfg.stage(name).device for name in STAGES},
+        )

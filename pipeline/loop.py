@@ -171,12 +171,15 @@ class EngineThread:
     def _decode_stream(self):
         """On CUDA the engine thread's GPU work goes to a high-priority stream: its decode steps are hundreds of
         small kernels, and at equal priority each one queued behind the token2wav worker's large DiT kernels
-        (a 4 ms step took ~290 ms while a chunk was being made)."""
-        device = self.core.device
-        if device.type != "cuda":
-            return contextlib.nullcontext()
-        torch.cuda.synchronize(device)  # what start-up queued on the default stream (pools, graphs) is done
-        return torch.cuda.stream(torch.cuda.Stream(device, priority=DECODE_STREAM_PRIORITY))
+        (a 4 ms step took ~290 ms while a chunk was being made). With the talker on another GPU than the thinker, it
+        gets such a stream there too (token2wav may share that GPU); the thinker's device stays the thread's current
+        one."""
+        stack = contextlib.ExitStack()
+        for device in reversed(self.core.decode_devices):  # the thinker's last: its device ends up current
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # what start-up queued on the default stream (pools, graphs) is done
+                stack.enter_context(torch.cuda.stream(torch.cuda.Stream(device, priority=DECODE_STREAM_PRIORITY)))
+        return stack
 
     def _serve(self) -> None:
         progressed = True

@@ -54,7 +54,7 @@ class ResponseStatus(enum.Enum):
 _STATUS_ORDER = {status: i for i, status in enumerate(ResponseStatus)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Usage:
     """Token counts of one response. Input counts the whole prompt (the conversation so far), split
     into text, audio and image positions (video frames count as image positions); ``cached_tokens`` of it were

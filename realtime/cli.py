@@ -135,6 +135,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         api_key=api_key,
         max_sessions=args.max_sessions,
+        max_sessions_per_engine=args.max_sessions_per_engine,
+        data_parallel_size=args.data_parallel_size,
         max_message_bytes=args.max_message_bytes,
         allowed_origins=tuple(args.allowed_origins) if args.allowed_origins else None,
         model=args.model,
@@ -203,7 +205,28 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         "--api-key-file", type=Path, default=None, help="read the key from this file (default: none, no key required)"
     )
     p.add_argument(
-        "--max-sessions", type=int, default=d.max_sessions, help="most sessions at once; one more is refused"
+        "--max-sessions",
+        type=int,
+        default=d.max_sessions,
+        help="most sessions at once over every engine (WebSocket and WebRTC); one more is refused (WebSocket: an "
+        "error event and close code 1013; WebRTC: HTTP 503)",
+    )
+    p.add_argument(
+        "--max-sessions-per-engine",
+        type=int,
+        default=None,
+        metavar="N",
+        help="most sessions one engine serves at its latency goal (measure it with bench: docs/server.md, "
+        "Admission); a session that finds every engine full is refused like one over --max-sessions "
+        "(default: none, the engines share --max-sessions)",
+    )
+    p.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=d.data_parallel_size,
+        metavar="N",
+        help="engines, one per GPU (cuda:0..N-1; on the CPU, N engines on the CPU), each in a process of its own; "
+        "a session stays on the engine with the most headroom when it started",
     )
     p.add_argument(
         "--no-vad-batching",

@@ -10,8 +10,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from realtime.images import ImageLimits
 from realtime.limits import RateLimit
 from realtime.session import SessionLimits
+from realtime.video_settings import CameraSettings
 from realtime.voices import DEFAULT_VOICE_ALIASES, check_voice_aliases
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -38,7 +40,17 @@ class ServerConfig:
     api_key: str | None = field(default=None, repr=False)
     """``None``: no authentication. Never logged (hidden from ``repr``)."""
     max_sessions: int = 16
-    """Concurrent sessions (WebSocket); one more is refused with close code 1013."""
+    """Concurrent sessions in all (WebSocket sessions and WebRTC calls, over every engine); one more is refused
+    (WebSocket: an ``error`` event, then close code 1013; WebRTC: HTTP 503)."""
+    max_sessions_per_engine: int | None = None
+    """Concurrent sessions one engine serves at its latency goal (measure it: docs/server.md, "Admission"); a
+    session that finds every serving engine at this count is refused as over :attr:`max_sessions`, with the code
+    ``engine_capacity_reached``. ``None``: engines are bounded by :attr:`max_sessions` alone (with several
+    engines, a survivor of a failure may then take them all)."""
+    data_parallel_size: int = 1
+    """Engines, one per GPU (``cuda:0`` .. ``cuda:N-1``; on the CPU, N engines on the CPU), each with its engine
+    core in a child process of its own (``engine.process`` is forced on when N > 1). A session is placed on the
+    engine with the most headroom and stays there (``realtime/placement.py``)."""
     max_message_bytes: int = 8 * 1024 * 1024
     """Largest client message (UTF-8 bytes) handed to the session; larger ones get a
     ``message_too_large`` error and the connection stays open, up to :attr:`ws_max_frame_bytes`."""
@@ -78,6 +90,10 @@ class ServerConfig:
     webrtc: bool = True
     """Serve ``POST /v1/realtime/calls`` when aiortc and the WebRTC transport are installed."""
     session_limits: SessionLimits = SessionLimits()
+    image_limits: ImageLimits = ImageLimits()
+    """``input_image`` pictures: the largest accepted (bytes, pixels) and the pixel budget of each ``detail``."""
+    camera: CameraSettings = CameraSettings()
+    """WebRTC camera tracks: frames kept a second (default: the model's rate) and each frame's pixel budget."""
     rate_limit: RateLimit = RateLimit()
     web_demo_dir: Path | None = None
     """Static files served at ``/`` when the folder has an index.html; ``None``: the packaged
@@ -112,9 +128,12 @@ class ServerConfig:
             raise ValueError("api_key must be a non-empty token (letters, digits, -._~ and similar; no spaces)")
         if self.engine_probe_timeout_s <= 0:
             raise ValueError(f"engine_probe_timeout_s must be > 0, got {self.engine_probe_timeout_s}")
-        for name in ("max_sessions", "torch_threads"):
+        for name in ("max_sessions", "torch_threads", "data_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        per_engine = self.max_sessions_per_engine
+        if per_engine is not None and (type(per_engine) is not int or per_engine < 1):
+            raise ValueError(f"max_sessions_per_engine must be None or an integer >= 1, got {per_engine!r}")
         pause = self.preemptive_response_ms
         if pause is not None and (isinstance(pause, bool) or not isinstance(pause, int) or pause < 0):
             raise ValueError(f"preemptive_response_ms must be None or an integer >= 0, got {pause!r}")
@@ -134,6 +153,11 @@ class ServerConfig:
             for name in ("ssl_keyfile", "ssl_keyfile_password", "ssl_ca_certs"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} needs ssl_certfile (the server's certificate)")
+
+    @property
+    def sessions_per_engine(self) -> int:
+        """Each engine's session capacity: :attr:`max_sessions_per_engine`, else :attr:`max_sessions`."""
+        return self.max_sessions_per_engine if self.max_sessions_per_engine is not None else self.max_sessions
 
     @property
     def tls(self) -> bool:

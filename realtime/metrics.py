@@ -41,9 +41,11 @@ from pipeline.outputs import EngineStats
 from realtime.auth import AccessCode
 from realtime.first_audio import USUAL_SEGMENTS, FirstAudioTrace
 from realtime.limits import LimitCode
+from realtime.placement import EngineLoad, EngineState, PlacementCode
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.model import ResponseState
 from realtime.protocol.names import Dialect, ServerEvent, server_event_name
+from realtime.video_settings import CAMERA_OUTCOMES
 
 PREFIX = "omni_realtime"
 
@@ -169,6 +171,27 @@ class ServerMetrics:
             registry=r,
         )
         self.errors = Counter(f"{PREFIX}_errors", "error events sent to clients, by code", ["code"], registry=r)
+        self.loop_lag = Histogram(
+            f"{PREFIX}_event_loop_lag_seconds",
+            "How late the server's event loop woke a sleeping task (realtime/loop_lag.py): near zero when idle, "
+            "growing when one loop has more work than time",
+            buckets=HOP_BUCKETS,
+            registry=r,
+        )
+        self.webrtc_input_delay = Histogram(
+            f"{PREFIX}_webrtc_input_delay_seconds",
+            "How much later than its first frame a WebRTC call's microphone frame reached the session, beyond its "
+            "place in the stream (RTP time): a growing value is a backlog between the peer and the turn detector",
+            buckets=HOP_BUCKETS,
+            registry=r,
+        )
+        self.camera_frames = Counter(
+            f"{PREFIX}_camera_frames",
+            "WebRTC camera frames received, by outcome: delivered to a spoken message, skipped by the sampling rate, "
+            "idle (dropped while no message was open), invalid (unconvertible or refused), no_vision",
+            ["outcome"],
+            registry=r,
+        )
         self._hygiene_gauges(r)
         self._known_series()
 
@@ -179,7 +202,12 @@ class ServerMetrics:
         for transport in TRANSPORTS:
             self.sessions_active.labels(transport)
             self.sessions_total.labels(transport)
-        for reason in (ErrorCode.INVALID_API_KEY, *AccessCode, LimitCode.SESSION_LIMIT_REACHED):
+        busy = (
+            LimitCode.SESSION_LIMIT_REACHED,
+            PlacementCode.ENGINE_CAPACITY_REACHED,
+            PlacementCode.NO_ENGINE_AVAILABLE,
+        )
+        for reason in (ErrorCode.INVALID_API_KEY, *AccessCode, *busy):
             self.sessions_refused.labels(str(reason))
         for status in ResponseState:
             if status is not ResponseState.IN_PROGRESS:
@@ -188,10 +216,17 @@ class ServerMetrics:
             self.first_audio_hops.labels(segment)
         for outcome in ("shown", "withdrawn"):
             self.preemptive_replies.labels(outcome)
-        for code in (*ErrorCode, LimitCode.RATE_LIMIT_EXCEEDED, LimitCode.MESSAGE_TOO_LARGE):
+        for code in (
+            *ErrorCode,
+            LimitCode.RATE_LIMIT_EXCEEDED,
+            LimitCode.MESSAGE_TOO_LARGE,
+            PlacementCode.ENGINE_FAILED,
+        ):
             self.errors.labels(str(code))
         for stage in ("thinker", "talker"):
             self.engine_kv_positions.labels(stage)
+        for outcome in CAMERA_OUTCOMES:
+            self.camera_frames.labels(outcome)
 
     def _hygiene_gauges(self, r: CollectorRegistry) -> None:
         self.session_tasks = Gauge(f"{PREFIX}_session_tasks", "asyncio tasks of live sessions", registry=r)
@@ -211,6 +246,31 @@ class ServerMetrics:
         self.open_fds = Gauge(f"{PREFIX}_process_open_fds", "Open file descriptors of the process", registry=r)
         self.engine_work = EngineWorkCollector()
         r.register(self.engine_work)
+        self._engine_gauges(r)
+
+    def _engine_gauges(self, r: CollectorRegistry) -> None:
+        """Per-engine series (label ``engine``: its index; ``device`` on ``engine_up``), set at each scrape."""
+        self.engine_up = Gauge(
+            f"{PREFIX}_engine_up", "1 while the engine serves, 0 once it failed", ["engine", "device"], registry=r
+        )
+        self.engine_sessions = Gauge(
+            f"{PREFIX}_engine_sessions", "Live sessions placed on the engine", ["engine"], registry=r
+        )
+        self.engine_capacity = Gauge(
+            f"{PREFIX}_engine_session_capacity", "Sessions the engine takes at most", ["engine"], registry=r
+        )
+        self.engine_live_responses = Gauge(
+            f"{PREFIX}_engine_live_responses",
+            "Responses the engine is generating (at its last report)",
+            ["engine"],
+            registry=r,
+        )
+        self.engine_failures = Counter(
+            f"{PREFIX}_engine_failures",
+            "Engines marked failed (their process died) since start",
+            ["engine"],
+            registry=r,
+        )
 
     def observe_hygiene(self, hygiene: Hygiene) -> None:
         """Set the hygiene gauges from a snapshot (engine and process gauges keep their last
@@ -232,6 +292,26 @@ class ServerMetrics:
             self.rss.set(hygiene.memory.rss_bytes)
             self.open_fds.set(hygiene.memory.open_fds)
 
+    def observe_engines(
+        self, loads: list[EngineLoad], devices: tuple[str | None, ...], stats: list[EngineStats | None] | None = None
+    ) -> None:
+        """Set the per-engine gauges from the placement's view (``stats``: each engine's latest, ``None`` where it
+        gave none: its live responses keep their last value)."""
+        for load in loads:
+            engine = str(load.index)
+            self.engine_up.labels(engine, str(devices[load.index])).set(int(load.state is EngineState.SERVING))
+            self.engine_sessions.labels(engine).set(load.sessions)
+            self.engine_capacity.labels(engine).set(load.capacity)
+            self.engine_failures.labels(engine)
+            report = stats[load.index] if stats is not None else None
+            if report is not None:
+                self.engine_live_responses.labels(engine).set(report.responses)
+            else:
+                self.engine_live_responses.labels(engine)
+
+    def engine_failed(self, engine: str) -> None:
+        self.engine_failures.labels(engine).inc()
+
     def render(self) -> bytes:
         """The Prometheus text exposition (:data:`CONTENT_TYPE`)."""
         return generate_latest(self.registry)
@@ -251,6 +331,10 @@ class ServerMetrics:
                 return
         for segment, ms in trace.segments().items():
             self.first_audio_hops.labels(segment).observe(max(ms, 0.0) / 1000.0)
+
+    def camera_frame(self, outcome: str) -> None:
+        """Count one received camera frame (:data:`realtime.video_settings.CAMERA_OUTCOMES`)."""
+        self.camera_frames.labels(outcome).inc()
 
     def refused(self, reason: str) -> None:
         self.sessions_refused.labels(reason).inc()

@@ -81,12 +81,13 @@ def _bind_failure(host: str, port: int, exc: OSError) -> str:
 
 
 def check_stage_config(path: Path | None) -> None:
-    """``path`` (``--stage-config``; None: the packaged one) reads as a valid pipeline configuration."""
-    from pipeline.config import load_stage_config
+    """``path`` (``--stage-config``; None: the packaged one) reads as a valid pipeline configuration whose stages'
+    devices this host has."""
+    from pipeline.config import check_devices, load_stage_config
     from pipeline.errors import ConfigError
 
     try:
-        load_stage_config(path)
+        check_devices(load_stage_config(path))
     except ConfigError as exc:
         raise UsageError(f"--stage-config: {exc}") from None
 

@@ -44,13 +44,18 @@ from pipeline.api import AudioInputHandle, ConversationHandle, EngineHandle, Res
 from pipeline.errors import EngineFailure, PipelineError
 from pipeline.outputs import AudioChunk, ResponseDone, ResponseEvent, ResponseStatus, TextDelta, Usage
 from realtime.audio import AudioFormat, InputDecoder, OutputEncoder
-from realtime.errors import RealtimeError
+from realtime.error_log import log_error_event
+from realtime.errors import RealtimeError, to_error_payload
 from realtime.first_audio import FirstAudioTrace, FirstAudioTracer
-from realtime.ids import IdGenerator
+from realtime.ids import IdGenerator, RandomIds
+from realtime.images import decode_item
+from realtime.protocol.client import ItemCreate, parse_client_event
 from realtime.protocol.names import ServerEvent, server_event_name
+from realtime.protocol.server import ServerEvents
 from realtime.session import (
     Action,
     AddAudio,
+    AddContent,
     AddText,
     AppendAudio,
     AudioTransport,
@@ -113,6 +118,8 @@ class SessionEnd(enum.Enum):
     """A task of the session failed unexpectedly (a bug), or the engine refused the conversation."""
     CANCELLED = "cancelled"
     """:meth:`SessionRunner.run` was cancelled: the server is shutting down."""
+    ENGINE_FAILED = "engine_failed"
+    """The engine serving the session failed (:meth:`SessionRunner.end_for`): its conversation is gone."""
 
 
 # --- what the runner is plugged into ------------------------------------------------------------
@@ -248,6 +255,16 @@ class OutboundQueue:
 # --- the runner ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class OpenMessage:
+    """The spoken message being recorded: its engine handle and when (``time.monotonic`` seconds) its first audio
+    sample reached the server."""
+
+    item_id: str
+    handle: AudioInputHandle
+    started_at: float
+
+
 @dataclass
 class _InputStream:
     """An input audio message being streamed to the engine, with its own resampler. ``pcm`` keeps what went to the
@@ -258,6 +275,8 @@ class _InputStream:
     decoder: AudioDecoder
     format: AudioFormat
     pcm: list[np.ndarray] | None = None
+    message: OpenMessage | None = None
+    """What a camera sees of it (WebRTC): the handle and when its first sample reached the server."""
 
     def send(self, pcm: np.ndarray) -> None:
         if self.pcm is not None:
@@ -348,11 +367,13 @@ class SessionRunner:
         self._tasks: set[asyncio.Task] = set()  # every task this runner started and has not seen end
         self._stopped = asyncio.Event()
         self._failure: BaseException | None = None
+        self._final_error: Exception | None = None  # sent as the last event before the close (end_for)
         self._on_end = on_end
         self.end: SessionEnd | None = None
         """Why the session stopped (the first reason wins); ``None`` while it runs."""
         self._on_first_audio = on_first_audio
         self._traces = FirstAudioTracer(time.monotonic, self._first_audio)
+        self._heard = (time.monotonic(), 0.0)  # when the session's audio clock last advanced, and to where (ms)
         self._preemptive = {
             Preemption.STARTED: self._traces.preempted,
             Preemption.SHOWN: self._traces.shown,
@@ -382,6 +403,16 @@ class SessionRunner:
             await self._shutdown()
         if self._failure is not None:
             raise self._failure
+
+    def end_for(self, end: SessionEnd, error: Exception) -> None:
+        """End the session from outside (its engine failed): the client gets ``error`` as the last ``error`` event,
+        then the transport closes as for ``end``. No I/O here (call it from the event loop's thread); a session
+        already ending keeps its first reason and sends nothing more."""
+        if self.end is not None:
+            return
+        self._ended(end)
+        self._final_error = error
+        self._stopped.set()
 
     def playback_finished(self, response_id: str) -> None:
         """WebRTC: the media sink played the last audio of ``response_id``."""
@@ -431,6 +462,8 @@ class SessionRunner:
                 await self._conversation.close()
             except Exception:  # the client is gone either way; the engine logs its own state
                 logger.exception("session %s: closing the conversation failed", self.session.session_id)
+        if self._final_error is not None:
+            await self._send_final_error(self._final_error)
         if self._on_end is not None:
             self._on_end(self.end or SessionEnd.CLIENT_LEFT)
         try:
@@ -438,11 +471,50 @@ class SessionRunner:
         except Exception:
             logger.exception("session %s: closing the transport failed", self.session.session_id)
 
+    async def _send_final_error(self, error: Exception) -> None:
+        payload = to_error_payload(error)
+        log_error_event(payload, session_id=self.session.session_id, answers=None)
+        event = ServerEvents(self.session.dialect, RandomIds()).error(payload)
+        try:
+            await self._transport.send(event)
+        except (TransportClosed, ClientNotReading) as exc:
+            logger.info("session %s: the closing error was not delivered: %s", self.session.session_id, exc)
+
     # --- loops ---
 
     async def _read_loop(self) -> None:
         async for message in self._transport:
-            await self._dispatch_received(self.session.receive(message))
+            await self._dispatch_received(await self._receive(message))
+            clock_ms = self.session.audio_clock_ms
+            if clock_ms != self._heard[1]:
+                self._heard = (time.monotonic(), clock_ms)
+
+    async def _receive(self, message: str | bytes) -> list[Action]:
+        """The session's actions for one client message. A message with pictures has them decoded first, in a
+        worker thread (the reader waits, so the client's events keep their order); a picture that cannot be taken
+        refuses the whole message with an ``error`` event and changes nothing."""
+        try:
+            event = parse_client_event(message)
+        except RealtimeError as exc:
+            return self.session.refuse(exc)
+        if isinstance(event, ItemCreate) and event.item.images:
+            try:
+                event = await decode_item(event, self._engine.vision, self.session.settings.image_limits)
+            except (RealtimeError, PipelineError) as exc:
+                return self.session.refuse(exc, event)
+        return self.session.handle(event)
+
+    def open_message(self) -> OpenMessage | None:
+        """The spoken message being recorded, for a camera (``realtime.video.CameraFeed``); None when none
+        is open."""
+        stream = next(reversed(self._inputs.values()), None)
+        return stream.message if stream is not None else None
+
+    def _heard_at(self, clock_ms: float) -> float:
+        """When (``time.monotonic``) audio at ``clock_ms`` of the session's audio clock reached the server,
+        reckoned back from the latest append (audio arrives in real time)."""
+        at, latest_ms = self._heard
+        return at - (latest_ms - clock_ms) / 1000.0
 
     async def _write_loop(self) -> None:
         while True:
@@ -599,6 +671,10 @@ class SessionRunner:
             await conversation.add_text(
                 command.item_id, command.text, command.role.value, previous_item_id=command.previous_item_id
             )
+        elif isinstance(command, AddContent):
+            if command.previous_item_id is not None:
+                await self._wait_idle()
+            await conversation.add_content(command.item_id, command.parts, previous_item_id=command.previous_item_id)
         elif isinstance(command, SetTools):
             await self._wait_idle()  # the tools are part of the prompt: they change between responses
             await conversation.set_tools(command.tools)
@@ -657,6 +733,7 @@ class SessionRunner:
             handle = conversation.open_audio(command.item_id)
             keep = [] if self.session.config.transcription is not None else None
             stream = _InputStream(handle, self._decoder_factory(command.format), command.format, keep)
+            stream.message = OpenMessage(command.item_id, handle, self._heard_at(command.start_ms))
             self._inputs[command.item_id] = stream
         elif stream.format is not command.format:  # the client switched formats mid-message
             stream.send(stream.decoder.flush())

@@ -4,28 +4,31 @@ Routes:
 
 - ``WebSocket /v1/realtime``: one session per connection (``?model=`` is accepted and ignored:
   the server serves one model, and SDKs always send one). Order of admission: origin and API key
-  (refused before the handshake with HTTP 403 / 401, see :mod:`realtime.auth`), then the session
-  limit (accepted, one ``error`` event ``session_limit_reached``, closed with 1013 "try again
-  later"), then the session runs (:class:`realtime.runner.SessionRunner`) until the client leaves
-  (1000), stops reading (1008), the session fails (1011) or the server shuts down (1001; 1012 when
-  uvicorn closes the connections first). The session limit counts WebSocket sessions and WebRTC
+  (refused before the handshake with HTTP 403 / 401, see :mod:`realtime.auth`), then admission and placement
+  (:mod:`realtime.placement`: refused ones are accepted, get one ``error`` event ``session_limit_reached``,
+  ``engine_capacity_reached`` or ``no_engine_available``, and are closed with 1013 "try again later"), then the
+  session runs on its engine (:class:`realtime.runner.SessionRunner`) until the client leaves (1000), stops reading
+  (1008), the session fails or its engine does (1011, after an ``engine_failed`` error event) or the server shuts
+  down (1001; 1012 when uvicorn closes the connections first). The limits count WebSocket sessions and WebRTC
   calls together.
 - ``/v1/realtime`` over plain HTTP: 426 Upgrade Required to a GET (405 to other methods), with a JSON
   error (``websocket_required``) that says how to connect.
 - ``POST /v1/realtime/calls``: WebRTC; the SDP offer (``application/sdp``, or a multipart form
   with ``sdp`` and ``session`` fields) goes to ``app.state.webrtc``; 201 with the SDP answer.
-  Without a WebRTC endpoint: 501 with a JSON error.
-- ``GET /healthz`` (JSON: ``ok`` (false, with status 503, once the engine is closed or its process died, or when
-  it answers no stats request within ``engine_probe_timeout_s``: ``engine_responsive`` false),
-  ``model``, ``random_weights``, ``sessions`` (WebSocket and WebRTC), ``max_sessions``, ``webrtc``,
-  ``calls`` (live WebRTC calls)) and ``GET /metrics``
+  Without a WebRTC endpoint: 501 with a JSON error; refused for want of capacity: 503 with ``Retry-After``.
+- ``GET /healthz`` (JSON: ``ok`` (false, with status 503, once no engine serves and answers: each is closed, its
+  process died, or it answers no stats request within ``engine_probe_timeout_s``), ``engine_responsive`` (every
+  serving engine answered), ``model``, ``random_weights``, ``sessions`` (WebSocket and WebRTC), ``max_sessions``,
+  ``webrtc``, ``calls`` (live WebRTC calls), ``engines`` (each engine's index, device, ``state`` serving or failed,
+  ``responsive``, ``sessions``, ``max_sessions``)) and ``GET /metrics``
   (Prometheus text; each scrape first samples the hygiene gauges, :meth:`RealtimeServer.hygiene`):
   both unauthenticated, and neither shows content of any session.
 - ``/``: the static voice chat page (``web_demo/``) when its folder has an index.html.
 
-Lifespan: startup loads the engine (unless one was injected: tests, or :func:`run_server`, which
-loads it first to fail early) and the WebRTC endpoint; shutdown closes every live session (close
-code 1001), the WebRTC endpoint, and the engine if the app loaded it. :func:`run_server` stops on
+Lifespan: startup loads the engines (unless they were injected: tests, or :func:`run_server`, which
+loads them first to fail early), the WebRTC endpoint and the engines' watch (:mod:`realtime.engine_pool`: a
+failed engine's sessions are ended); shutdown closes every live session (close code 1001), the WebRTC endpoint,
+and the engines if the app loaded them. :func:`run_server` stops on
 SIGINT and SIGTERM alike, and keeps the API key out of every log line (:class:`SecretFilter`).
 """
 
@@ -34,12 +37,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import json
 import logging
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -53,14 +57,25 @@ from starlette.websockets import WebSocket
 
 from pipeline.api import EngineHandle
 from pipeline.errors import PipelineError
-from pipeline.outputs import EngineStats
 from realtime.auth import AccessPolicy, Refusal
 from realtime.config import ServerConfig
+from realtime.engine_pool import (
+    EnginePool,
+    EngineProbe,
+    check_devices,
+    closed,
+    end_on_engine_failure,
+    replica_configs,
+    start_engines,
+    total_stats,
+)
 from realtime.errors import LimitExceeded, RealtimeError, to_error_payload
 from realtime.ids import RandomIds
-from realtime.limits import MessageGate, SessionSlots
+from realtime.limits import LimitCode, MessageGate
+from realtime.loop_lag import LoopLagProbe
 from realtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from realtime.metrics import EngineStatsSource, Hygiene, ServerMetrics, process_memory
+from realtime.metrics import Hygiene, ServerMetrics, process_memory
+from realtime.placement import EngineSlot, EngineSlots, EngineState, PlacementCode
 from realtime.protocol.names import Dialect
 from realtime.protocol.server import ServerEvents
 from realtime.runner import SessionRunner, TurnDetectorFactory, live_session_tasks, session_task_name
@@ -126,8 +141,9 @@ class ServerContext:
     engine: EngineHandle
     metrics: ServerMetrics
     vad_factory: VadFactory
-    slots: SessionSlots
-    """Live sessions of every transport, under ``config.max_sessions``."""
+    slots: EngineSlots
+    """Live sessions of every transport, under ``config.max_sessions``, each placed on one engine (its slot's
+    ``engine``; ``engine`` above is the first, whose facts every engine shares)."""
 
     def message_gate(self) -> MessageGate:
         """A fresh gate for one session's client messages (size, kind, event rate)."""
@@ -138,6 +154,7 @@ class ServerContext:
             self.engine,
             dialect=dialect,
             limits=self.config.session_limits,
+            image_limits=self.config.image_limits,
             preemptive_replies=self.config.preemptive_response_ms is not None,
             voice_aliases=self.config.voice_aliases,
             **overrides,
@@ -172,6 +189,29 @@ def load_engine(config: ServerConfig) -> EngineHandle:
     torch.set_num_threads(config.torch_threads)
     path = resolve_model(config.model, config.cache_dir)
     return OmniEngine.from_pretrained(path, config.stage_config, seed=config.seed, torch_threads=config.torch_threads)
+
+
+def load_engines(config: ServerConfig) -> list[EngineHandle]:
+    """:func:`load_engine` for ``config.data_parallel_size`` engines (``realtime/engine_pool.py``): one per GPU, each
+    in its own child process, loaded in parallel; all or nothing."""
+    if config.data_parallel_size == 1:
+        return [load_engine(config)]
+    import silero_vad  # noqa: F401  (as in load_engine: before torch's thread count is set)
+    import torch
+
+    from pipeline.config import load_stage_config
+    from pipeline.embedded import resolve_model
+    from pipeline.engine import OmniEngine
+
+    torch.set_num_threads(config.torch_threads)
+    path = resolve_model(config.model, config.cache_dir)
+    configs = replica_configs(load_stage_config(config.stage_config), config.data_parallel_size)
+    check_devices(configs, torch.cuda.device_count)
+
+    def start(cfg) -> EngineHandle:
+        return OmniEngine.from_pretrained(path, cfg, seed=config.seed, torch_threads=config.torch_threads)
+
+    return start_engines(start, configs)
 
 
 def batched_silero_vad_factory(torch_threads: int) -> VadFactory:
@@ -227,15 +267,13 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
         message_gate=context.message_gate,
         session_observer=lambda: context.metrics.session("webrtc"),
         on_first_audio=context.metrics.first_audio_path,
+        on_input_delay=lambda seconds: context.metrics.webrtc_input_delay.observe(max(seconds, 0.0)),
+        camera=context.config.camera,
+        on_camera_frame=context.metrics.camera_frame,
     )
 
 
-def _closed(engine: EngineHandle) -> bool:
-    """Whether ``engine`` can serve no more (``OmniEngine.closed``: stopped, or its process died)."""
-    return bool(getattr(engine, "closed", False))
-
-
-def _announce(engine: EngineHandle, config: ServerConfig) -> None:
+def _announce(engine: EngineHandle, config: ServerConfig, pool: EnginePool) -> None:
     if engine.random_weights:
         logger.warning(
             "\n%s\n  MODEL %s HAS RANDOM WEIGHTS: a test model, not an assistant.\n"
@@ -256,33 +294,55 @@ def _announce(engine: EngineHandle, config: ServerConfig) -> None:
     if config.tls:
         scheme += f" (TLS, certificate {config.ssl_certfile})"
     logger.info("serving %s over %s: %s, at most %d sessions", engine.model_name, scheme, auth, config.max_sessions)
+    engines = len(pool.engines)
+    if engines > 1 or config.max_sessions_per_engine is not None:
+        logger.info(
+            "%d engines (%s), at most %d sessions each",
+            engines,
+            ", ".join(str(device) for device in pool.devices),
+            config.sessions_per_engine,
+        )
+    if engines > 1 and engines * config.sessions_per_engine > config.max_sessions:
+        logger.warning(
+            "%d engines share --max-sessions %d: set --max-sessions-per-engine from the calibration (docs/server.md) "
+            "and --max-sessions to %d times it to use them all",
+            engines,
+            config.max_sessions,
+            engines,
+        )
 
 
 # --- the server ---------------------------------------------------------------------------------
 
 
 class RealtimeServer:
-    """The app's state (``app.state.realtime``): engine, limits, metrics and live sessions."""
+    """The app's state (``app.state.realtime``): engines, limits, metrics and live sessions.
+
+    ``engines``: serve these (the caller keeps ownership) instead of loading ``config.data_parallel_size`` engines
+    at startup."""
 
     def __init__(
         self,
         config: ServerConfig,
         *,
-        engine: EngineHandle | None,
+        engines: Sequence[EngineHandle] | None,
         vad_factory: VadFactory,
         webrtc_factory: WebRTCFactory | None,
     ) -> None:
         self.config = config
         self.metrics = ServerMetrics()
         self.access = AccessPolicy(config.api_key, config.allowed_origins)
-        self.slots = SessionSlots(config.max_sessions)
         self.webrtc: WebRTCEndpoint | None = None
-        self._engine = engine
-        self._owns_engine = engine is None
+        self._engines = tuple(engines) if engines else ()
+        self._owns_engines = not engines
+        self._pool: EnginePool | None = None
+        self._watch: asyncio.Task | None = None
         self._vad_factory = vad_factory
         self._webrtc_factory = webrtc_factory
         self._context: ServerContext | None = None
         self._sessions: dict[asyncio.Task, SessionRunner] = {}  # WebSocket sessions
+        self.loop_lag = LoopLagProbe(on_lag=self.metrics.loop_lag.observe)
+        """The event loop's lag while the server runs (``/metrics``: ``event_loop_lag_seconds``)."""
 
     @property
     def context(self) -> ServerContext:
@@ -292,30 +352,56 @@ class RealtimeServer:
 
     @property
     def engine(self) -> EngineHandle:
+        """The first engine (every engine serves the same model)."""
         return self.context.engine
 
+    @property
+    def pool(self) -> EnginePool:
+        if self._pool is None:
+            raise RuntimeError("the server has not started (its lifespan loads the engines)")
+        return self._pool
+
+    @property
+    def slots(self) -> EngineSlots:
+        return self.pool.slots
+
     async def start(self) -> None:
-        engine = self._engine or await asyncio.to_thread(load_engine, self.config)
-        self._engine = engine
-        self._context = ServerContext(self.config, engine, self.metrics, self._vad_factory, self.slots)
-        _announce(engine, self.config)
+        engines = self._engines or tuple(await asyncio.to_thread(load_engines, self.config))
+        self._engines = engines
+        self._pool = EnginePool(
+            engines,
+            max_sessions=self.config.max_sessions,
+            sessions_per_engine=self.config.sessions_per_engine,
+            probe_timeout_s=self.config.engine_probe_timeout_s,
+            on_failed=lambda index, sessions: self.metrics.engine_failed(str(index)),
+        )
+        self.metrics.observe_engines(self._pool.slots.loads(), self._pool.devices)
+        self._context = ServerContext(self.config, engines[0], self.metrics, self._vad_factory, self._pool.slots)
+        _announce(engines[0], self.config, self._pool)
         if self.config.webrtc and self._webrtc_factory is not None:
             try:
                 self.webrtc = self._webrtc_factory(self._context)
             except BaseException:
-                await self._close_engine()
+                await self._close_engines()
                 raise
+        self._watch = asyncio.create_task(self._pool.watch(), name="omni-engine-watch")
+        self.loop_lag.start()
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
         await self._close_sessions()
         if self.webrtc is not None:
             await self.webrtc.close()
-        await self._close_engine()
+        await self._close_engines()
+        await self.loop_lag.stop()
 
-    async def _close_engine(self) -> None:
-        engine, self._engine = self._engine, None
-        if self._owns_engine and engine is not None:
-            await asyncio.to_thread(engine.close)  # type: ignore[attr-defined]  (OmniEngine: joins its thread/process)
+    async def _close_engines(self) -> None:
+        engines, self._engines = self._engines, ()
+        if self._owns_engines and engines:
+            # OmniEngine.close joins its thread or process
+            await asyncio.gather(*(asyncio.to_thread(engine.close) for engine in engines))  # type: ignore[attr-defined]
 
     async def _close_sessions(self) -> None:
         if not self._sessions:
@@ -326,8 +412,10 @@ class RealtimeServer:
         if pending:
             logger.warning("%d sessions did not close within %.1f s", len(pending), self.config.shutdown_timeout_s)
 
-    async def hygiene(self) -> Hygiene:
-        """What the server holds now (the ``/metrics`` hygiene gauges; tests check it after faults)."""
+    async def hygiene(self, probes: list[EngineProbe] | None = None) -> Hygiene:
+        """What the server holds now (the ``/metrics`` hygiene gauges; tests check it after faults). ``engine``:
+        the sum over the engines that reported (``probes``: reuse these instead of asking again)."""
+        probes = probes if probes is not None else await self.pool.probe()
         return Hygiene(
             sessions=self.slots.active,
             session_tasks=live_session_tasks(),
@@ -335,49 +423,50 @@ class RealtimeServer:
             webrtc_peers=self.webrtc.open_peers if self.webrtc is not None else 0,
             outbound_events=sum(len(runner.outbound) for runner in self._sessions.values())
             + (self.webrtc.outbound_events if self.webrtc is not None else 0),
-            engine=(await self.probe_engine())[1],
+            engine=total_stats([probe.stats for probe in probes if probe.stats is not None]),
             memory=process_memory(),
         )
 
-    async def probe_engine(self) -> tuple[bool, EngineStats | None]:
-        """(responsive, stats): the engine's stats within ``engine_probe_timeout_s``. An engine that reports no
-        stats, or is closed, counts as responsive with None (closed shows in :meth:`health`); one that does not
-        answer in time is stuck inside a step (logged). The caller stops waiting: an engine thread drops the
-        request unrun; an engine process still runs it, cheaply, if it ever answers again."""
-        engine = self.engine
-        if not isinstance(engine, EngineStatsSource) or _closed(engine):
-            return True, None
-        timeout = self.config.engine_probe_timeout_s
-        try:
-            return True, await asyncio.wait_for(engine.stats(), timeout)
-        except TimeoutError:
-            logger.error("the engine answered no stats request within %.1f s: it is stuck inside a step", timeout)
-            return False, None
-        except PipelineError as exc:  # closed or died between the check and the call: health() shows it
-            logger.info("engine stats unavailable: %s", exc)
-            return True, None
-
     async def probe_health(self) -> dict:
-        """:meth:`health` plus ``engine_responsive`` (see :meth:`probe_engine`); ``ok`` needs both."""
-        responsive, _ = await self.probe_engine()
+        """:meth:`health` with each engine's ``responsive`` (it answered a stats request within
+        ``engine_probe_timeout_s``: not stuck inside a step) and ``engine_responsive`` (every serving engine is);
+        ``ok``: at least one engine serves and is responsive."""
+        probes = await self.pool.probe()
         health = self.health()
-        health["engine_responsive"] = responsive
-        health["ok"] = health["ok"] and responsive
+        for engine, probe in zip(health["engines"], probes, strict=True):
+            engine["responsive"] = probe.responsive
+        serving = [probe for probe in probes if probe.state is EngineState.SERVING]
+        health["engine_responsive"] = all(probe.responsive for probe in serving)
+        health["ok"] = any(probe.responsive for probe in serving)
         return health
 
     def health(self) -> dict:
-        """``ok`` is false once the engine is closed: stopped, or its child process died (the server stays up,
-        refusing sessions, until it is restarted)."""
-        engine = self.engine
+        """``ok`` is false once no engine serves: each is closed (stopped, or its child process died). The server
+        stays up, refusing sessions, until it is restarted. ``engines``: each engine's ``state`` (``serving`` or
+        ``failed``), ``device``, live ``sessions`` and ``max_sessions``."""
+        slots = self.slots
         return {
-            "ok": not _closed(engine),
-            "model": engine.model_name,
-            "random_weights": engine.random_weights,
-            "sessions": self.slots.active,
-            "max_sessions": self.slots.limit,
+            "ok": any(state is EngineState.SERVING and not closed(engine) for state, engine in self._states()),
+            "model": self.engine.model_name,
+            "random_weights": self.engine.random_weights,
+            "sessions": slots.active,
+            "max_sessions": slots.limit,
             "webrtc": self.webrtc is not None,
             "calls": self.webrtc.live_calls if self.webrtc is not None else 0,
+            "engines": [
+                {
+                    "engine": index,
+                    "device": self.pool.devices[index],
+                    "state": str(slots.state(index)),
+                    "sessions": slots.sessions(index),
+                    "max_sessions": slots.capacity,
+                }
+                for index in range(len(self.pool.engines))
+            ],
         }
+
+    def _states(self) -> list[tuple[EngineState, EngineHandle]]:
+        return [(self.slots.state(i), engine) for i, engine in enumerate(self.pool.engines)]
 
     # --- WebSocket sessions ---
 
@@ -389,13 +478,14 @@ class RealtimeServer:
             await self._deny(websocket, refusal)
             return
         handshake = negotiate(websocket.headers, subprotocols)
-        slot = self.slots.try_acquire()
+        self.pool.check()  # an engine that died since the last watch tick takes no new session
+        slot = self.slots.admit()
         await websocket.accept(subprotocol=handshake.subprotocol)
-        if slot is None:
-            await self._refuse_busy(websocket, handshake.dialect)
+        if not isinstance(slot, EngineSlot):
+            await self._refuse_busy(websocket, handshake.dialect, slot)
             return
         with slot:
-            await self._run_session(websocket, handshake.dialect)
+            await self._run_session(websocket, handshake.dialect, slot)
 
     async def _deny(self, websocket: WebSocket, refusal: Refusal) -> None:
         reason = str(refusal.error.code)
@@ -406,15 +496,16 @@ class RealtimeServer:
         else:
             await websocket.close(CloseCode.POLICY_VIOLATION, refusal.error.message[:120])
 
-    async def _refuse_busy(self, websocket: WebSocket, dialect: Dialect) -> None:
-        error = self.slots.refusal()
+    async def _refuse_busy(self, websocket: WebSocket, dialect: Dialect, error: RealtimeError) -> None:
         self.metrics.refused(str(error.code))
-        logger.warning("refused a session from %s: %d sessions live (the limit)", _client(websocket), self.slots.limit)
+        logger.warning(
+            "refused a session from %s: %s (%d sessions live)", _client(websocket), error.code, self.slots.active
+        )
         event = ServerEvents(dialect, RandomIds()).error(to_error_payload(error))
         await websocket.send_text(json.dumps(event))
         await websocket.close(CloseCode.TRY_AGAIN_LATER, "try again later")
 
-    async def _run_session(self, websocket: WebSocket, dialect: Dialect) -> None:
+    async def _run_session(self, websocket: WebSocket, dialect: Dialect, slot: EngineSlot) -> None:
         context = self.context
         observer = self.metrics.session("websocket")
         transport = WebSocketTransport(
@@ -427,13 +518,14 @@ class RealtimeServer:
         try:
             runner = SessionRunner(
                 transport,
-                context.engine,
+                slot.engine,
                 turn_detector_factory=await context.turn_detector_factory(),
                 settings=context.session_settings(dialect),
                 on_end=transport.session_ended,
                 on_first_audio=self.metrics.first_audio_path,
             )
             transport.session_id = runner.session.session_id
+            slot.on_engine_failure(functools.partial(end_on_engine_failure, runner, slot.index))
             await self._supervise(runner, _client(websocket))
         finally:
             observer.close()
@@ -472,6 +564,7 @@ class RealtimeServer:
             )
             return error_response(501, error)
         dialect = Dialect.BETA if beta_requested(request.headers.get(BETA_HEADER)) else Dialect.GA
+        self.pool.check()  # an engine that died since the last watch tick takes no new call
         try:
             offer, overrides = await _read_offer(request)
             answer = await self.webrtc.create_call(offer, dialect=dialect, session_overrides=overrides)
@@ -480,6 +573,9 @@ class RealtimeServer:
             logger.info(
                 "refused a WebRTC call from %s: HTTP %d, %s: %s", _client(request), status, exc.code, exc.message
             )
+            if str(exc.code) in BUSY_CODES:
+                self.metrics.refused(str(exc.code))
+                return error_response(status, exc, headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
             return error_response(status, exc)
         except Exception as exc:  # a bug in the call setup: logged, answered without internals
             logger.exception("WebRTC call setup failed")
@@ -487,7 +583,21 @@ class RealtimeServer:
         return Response(answer, status_code=201, media_type=SDP_MEDIA_TYPE)
 
 
+BUSY_CODES = frozenset(
+    {
+        str(LimitCode.SESSION_LIMIT_REACHED),
+        str(PlacementCode.ENGINE_CAPACITY_REACHED),
+        str(PlacementCode.NO_ENGINE_AVAILABLE),
+    }
+)
+"""Refusals for want of capacity: HTTP 503 with ``Retry-After`` on the calls endpoint, close code 1013 on WebSocket."""
+BUSY_RETRY_AFTER_S = 5
+"""The ``Retry-After`` (seconds) of a call refused for want of capacity."""
+
+
 def _status_for(exc: Exception) -> int:
+    if str(getattr(exc, "code", "")) in BUSY_CODES:
+        return 503
     if isinstance(exc, LimitExceeded):
         return 429
     if isinstance(exc, PipelineError) and exc.code.startswith("engine"):
@@ -580,16 +690,20 @@ def create_app(
     config: ServerConfig,
     *,
     engine: EngineHandle | None = None,
+    engines: Sequence[EngineHandle] | None = None,
     vad_factory: VadFactory | None = None,
     webrtc_factory: WebRTCFactory | None = _default_webrtc,
 ) -> Starlette:
-    """The ASGI app for ``config``. ``engine``: serve this engine (the caller keeps ownership)
-    instead of loading ``config.model`` at startup. ``vad_factory``: one VAD per session
+    """The ASGI app for ``config``. ``engine``: serve this engine, or ``engines``: these, one session on one engine
+    (the caller keeps ownership), instead of loading ``config.data_parallel_size`` engines of ``config.model`` at
+    startup. ``vad_factory``: one VAD per session
     (default silero). ``webrtc_factory``: builds ``app.state.webrtc`` at startup (``None``, or
     ``config.webrtc`` false: no WebRTC, the calls endpoint answers 501)."""
+    if engine is not None and engines is not None:
+        raise ValueError("pass engine or engines, not both")
     server = RealtimeServer(
         config,
-        engine=engine,
+        engines=(engine,) if engine is not None else engines,
         vad_factory=vad_factory
         or (batched_silero_vad_factory if config.vad_batching else silero_vad_factory)(config.torch_threads),
         webrtc_factory=webrtc_factory,
@@ -615,7 +729,9 @@ def create_app(
         return JSONResponse(health, status_code=200 if health["ok"] else 503)
 
     async def metrics(request: Request) -> Response:
-        server.metrics.observe_hygiene(await server.hygiene())
+        probes = await server.pool.probe()
+        server.metrics.observe_hygiene(await server.hygiene(probes))
+        server.metrics.observe_engines(server.slots.loads(), server.pool.devices, [probe.stats for probe in probes])
         return Response(server.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     routes: list[BaseRoute] = [
@@ -749,18 +865,19 @@ def _sigterm_interrupts():
 
 def run_server(config: ServerConfig) -> None:
     """Serve until interrupted (the CLI's ``serve``): SIGINT or SIGTERM shut down gracefully and
-    raise ``KeyboardInterrupt``. The engine is loaded before the socket is bound, so a bad
+    raise ``KeyboardInterrupt``. The engines are loaded (in parallel) before the socket is bound, so a bad
     checkpoint fails here with its own error."""
     import uvicorn
 
     with _sigterm_interrupts():
-        engine = load_engine(config)
+        engines = load_engines(config)
         try:
-            server = uvicorn.Server(_uvicorn_config(create_app(config, engine=engine), config))
+            server = uvicorn.Server(_uvicorn_config(create_app(config, engines=engines), config))
             with _redacting(config.api_key):
                 server.run()
         finally:
-            engine.close()  # type: ignore[attr-defined]  (OmniEngine)
+            for engine in engines:
+                engine.close()  # type: ignore[attr-defined]  (OmniEngine)
 
 
 @contextlib.asynccontextmanager

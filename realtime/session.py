@@ -71,6 +71,7 @@ from realtime.error_log import log_error_event
 from realtime.errors import InvalidAudioData, RealtimeError, to_error_payload
 from realtime.idle import IdleTimer, playback_end_ms
 from realtime.ids import IdGenerator, IdKind, RandomIds
+from realtime.images import ImageLimits, engine_parts, mirror_parts
 from realtime.protocol.client import (
     ClientEvent,
     InputAudioAppend,
@@ -149,6 +150,15 @@ class AddText(_Command):
     previous_item_id: str | None = None
 
 
+@dataclass(frozen=True, eq=False)
+class AddContent(_Command):
+    """A user message of text and pictures (uint8 RGB arrays), in order. Placed as :class:`AddText` is."""
+
+    item_id: str
+    parts: tuple[str | np.ndarray, ...]
+    previous_item_id: str | None = None
+
+
 @dataclass(frozen=True)
 class AddAudio(_Command):
     """A complete user audio message: ``audio`` is wire bytes in ``format``. Placed as :class:`AddText` is."""
@@ -161,11 +171,13 @@ class AddAudio(_Command):
 
 @dataclass(frozen=True)
 class AppendAudio(_Command):
-    """The next chunk of the input buffer's message ``item_id`` (opened by its first chunk)."""
+    """The next chunk of the input buffer's message ``item_id`` (opened by its first chunk). ``start_ms``: where
+    the chunk begins on the session's audio clock (:attr:`Session.audio_clock_ms`)."""
 
     item_id: str
     audio: bytes
     format: AudioFormat
+    start_ms: float = field(default=0.0, compare=False, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -234,6 +246,7 @@ EngineCommand = (
     | AddFunctionCall
     | AddFunctionOutput
     | AddText
+    | AddContent
     | AddAudio
     | AppendAudio
     | CommitAudio
@@ -358,6 +371,8 @@ class SessionSettings:
     dialect: Dialect = Dialect.GA
     audio_transport: AudioTransport = AudioTransport.EVENTS
     limits: SessionLimits = SessionLimits()
+    image_limits: ImageLimits = ImageLimits()
+    """What a client's pictures may be and how large the model sees them (``input_image``)."""
     preemptive_replies: bool = False
     """The turn detector reports pauses (``ServerConfig.preemptive_response_ms``): a ``SpeechPaused`` starts a
     tentative reply, and the current message's chunks are kept until its commit, to be streamed again if that reply
@@ -591,9 +606,22 @@ class Session(FunctionCalls):
         try:
             event = parse_client_event(message)
         except RealtimeError as exc:
+            return self.refuse(exc)
+        return self.handle(event)
+
+    def refuse(self, exc: Exception, event: ClientEvent | None = None) -> list[Action]:
+        """A client message refused before it reached :meth:`handle`: unparsable (``event`` None; ``exc`` a
+        :class:`RealtimeError` from the parser) or with input its driver could not take (a picture it could not
+        decode). Only an ``error`` event; the state stays as it was, but a tentative reply is withdrawn as
+        :meth:`handle` would."""
+        if event is None:
+            assert isinstance(exc, RealtimeError), "a parse failure is a RealtimeError"
             self._error(exc, exc.event_id, exc.event_type)
             return self._drain()
-        return self.handle(event)
+        if self._tentative is not None and not isinstance(event, InputAudioAppend):
+            self._withdraw()
+        self._error(exc, event.event_id, client_event_type(event).value)
+        return self._drain()
 
     def handle(self, event: ClientEvent) -> list[Action]:
         """A parsed client event. A request the state does not allow yields only an error event. Anything but an
@@ -866,7 +894,8 @@ class Session(FunctionCalls):
         return self._buffer.item_id
 
     def _stream(self, chunk: _Chunk) -> None:
-        self._emit(AppendAudio(self._buffer_item_id(), chunk.audio, chunk.format))
+        start_ms = chunk.end_ms - chunk.duration_ms
+        self._emit(AppendAudio(self._buffer_item_id(), chunk.audio, chunk.format, start_ms=start_ms))
         self._buffer.opened = True
         self._buffer.sent_ms += chunk.duration_ms
         if self.settings.preemptive_replies:
@@ -1053,11 +1082,14 @@ class Session(FunctionCalls):
         after = None if index == len(ids) else ids[index - 1] if index else ROOT_ITEM_ID  # None: appended
         if new.audio is not None:
             self._emit(AddAudio(item_id, new.audio, self.config.input_format, after))
-            part = ContentPart(ContentType.INPUT_AUDIO, transcript=new.transcript)
+            parts = [ContentPart(ContentType.INPUT_AUDIO, transcript=new.transcript)]
+        elif new.content is ContentType.INPUT_IMAGE:
+            self._emit(AddContent(item_id, engine_parts(new), after))
+            parts = mirror_parts(new)
         else:
             self._emit(AddText(item_id, new.text or "", new.role, after))
-            part = ContentPart(new.content, text=new.text)
-        item = Item(item_id, new.role, [part])
+            parts = [ContentPart(new.content, text=new.text)]
+        item = Item(item_id, new.role, parts)
         previous = self._add_item(item, index)
         self._send(self._events.item_added(item, previous))
         self._send(self._events.item_done(item, previous))

@@ -22,8 +22,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.api import INPUT_SAMPLE_RATE, ROOT_ITEM_ID, ContextPolicy, Modality, Role, TranscriptionPrompt
-from pipeline.errors import EngineClosedError, ResponseActiveError, UnknownItemError, UnknownVoiceError
+from pipeline.api import (
+    INPUT_SAMPLE_RATE,
+    ROOT_ITEM_ID,
+    ContextPolicy,
+    Modality,
+    Role,
+    TranscriptionPrompt,
+    VisionInfo,
+)
+from pipeline.errors import (
+    EngineClosedError,
+    InvalidImageError,
+    ResponseActiveError,
+    UnknownItemError,
+    UnknownVoiceError,
+    UnsupportedInputError,
+)
 from pipeline.outputs import (
     OUTPUT_SAMPLE_RATE,
     AudioChunk,
@@ -149,6 +164,7 @@ class FakeResponse:
         usage = Usage(
             input_text_tokens=3,
             input_audio_tokens=5,
+            input_image_tokens=self._conversation.image_tokens,
             output_text_tokens=sum(isinstance(e, TextDelta) for e in self.yielded),
             output_audio_tokens=sum(len(c.pcm) for c in chunks) // SAMPLES_PER_CODEC_TOKEN,
         )
@@ -163,12 +179,27 @@ class FakeResponse:
         return self.done
 
 
+def _check_picture(picture: object) -> None:
+    if not (isinstance(picture, np.ndarray) and picture.dtype == np.uint8 and picture.ndim == 3):
+        raise InvalidImageError("not a uint8 (H, W, 3) array")
+    if picture.shape[2] != 3 or picture.shape[0] < 1 or picture.shape[1] < 1:
+        raise InvalidImageError(f"a picture of shape {picture.shape}")
+
+
+TINY_VISION = VisionInfo(
+    fps=2.0, min_pixels=56 * 56, max_pixels=28 * 28 * 1280, patch_size=14, merge_size=2, temporal_patch_size=2
+)
+"""A vision tower like Qwen2.5-Omni's (28-pixel grid, frames in pairs) for a :class:`FakeEngine` that sees."""
+
+
 class FakeAudioInput:
     """A :class:`pipeline.api.AudioInputHandle` recording what was appended."""
 
     def __init__(self, conversation: FakeConversation, item_id: str) -> None:
         self.item_id = item_id
         self.chunks: list[np.ndarray] = []
+        self.frames: list[tuple[tuple[int, ...], float]] = []
+        """(shape, t) of each video frame added."""
         self.state = "open"
         self._conversation = conversation
 
@@ -182,6 +213,17 @@ class FakeAudioInput:
         self.chunks.append(pcm)
         self._conversation.calls.append(("append", self.item_id, len(pcm)))
 
+    def add_video_frame(self, frame: np.ndarray, t: float) -> None:
+        """Like the engine's: refused without vision or for a frame that is not uint8 RGB; ``t`` never decreases."""
+        assert self.state == "open", f"a video frame for a {self.state} audio input"
+        vision = self._conversation._engine.vision
+        if vision is None:
+            raise UnsupportedInputError("no vision tower")
+        _check_picture(frame)
+        assert t >= 0 and (not self.frames or t >= self.frames[-1][1]), f"t went back to {t}"
+        self.frames.append((frame.shape, t))
+        self._conversation.calls.append(("video_frame", self.item_id, frame.shape, round(t, 3)))
+
     def commit(self) -> asyncio.Future:
         """Like the engine's: takes effect when called; the returned future holds the outcome."""
         assert self.state == "open"
@@ -193,6 +235,10 @@ class FakeAudioInput:
             done.set_exception(exc)
             return done
         self._conversation.items.append(self.item_id)
+        vision = self._conversation._engine.vision
+        if self.frames and vision is not None:  # frames in pairs, each pair (h/28)*(w/28) positions
+            height, width = self.frames[0][0][:2]
+            self._conversation.image_tokens += vision.tokens(height, width, len(self.frames))
         self._conversation.calls.append(("commit", self.item_id, self.samples))
         held = self._conversation._engine.held_commits
         if held is not None:
@@ -219,6 +265,8 @@ class FakeConversation:
         self.responses: list[FakeResponse] = []
         self.active: FakeResponse | None = None
         self.closed = False
+        self.image_tokens = 0
+        """Thinker positions of every picture and video frame in the conversation (reported in usage)."""
         self._engine = engine
 
     def _check_open(self, method: str) -> None:
@@ -289,6 +337,25 @@ class FakeConversation:
         call = ("add_audio", item_id, len(pcm))
         self.calls.append(call if previous_item_id is None else (*call, previous_item_id))
 
+    async def add_content(
+        self, item_id: str, parts: tuple[str | np.ndarray, ...], *, previous_item_id: str | None = None
+    ) -> None:
+        self._check_open("add_content")
+        vision = self._engine.vision
+        if vision is None:
+            raise UnsupportedInputError("no vision tower")
+        shapes: list = []
+        for part in parts:
+            if isinstance(part, str):
+                shapes.append("text")
+                continue
+            _check_picture(part)
+            shapes.append(part.shape)
+        self._place(item_id, previous_item_id)
+        self.image_tokens += sum(vision.tokens(*shape[:2]) for shape in shapes if shape != "text")
+        call = ("add_content", item_id, tuple(shapes))
+        self.calls.append(call if previous_item_id is None else (*call, previous_item_id))
+
     def open_audio(self, item_id: str) -> FakeAudioInput:
         self._check_open("open_audio")
         previous = self.inputs.get(item_id)
@@ -354,7 +421,6 @@ class FakeEngine:
     default_instructions = "You are a fake assistant."
     random_weights = True
     max_output_tokens = 4096
-    vision = None
     transcription_prompt = TranscriptionPrompt(
         instructions="You are a fake speech recognizer.",
         request="Write it down.",
@@ -362,7 +428,15 @@ class FakeEngine:
         context_hint="Context: {prompt}",
     )
 
-    def __init__(self, default_script: Script | None = None, transcription_script: Script | None = None) -> None:
+    def __init__(
+        self,
+        default_script: Script | None = None,
+        transcription_script: Script | None = None,
+        *,
+        vision: VisionInfo | None = None,
+    ) -> None:
+        self.vision = vision
+        """None (the default): the engine cannot see, as a checkpoint without a vision tower."""
         self.default_script = default_script or Script()
         self.transcription_script = transcription_script or Script(text=("I said", " hello."), audio_chunks=0)
         """What every transcription side reply (a conversation opened with ``transcription_prompt``) plays."""

@@ -98,9 +98,12 @@ class ModelFamily(Protocol):
         ``CheckpointError`` naming the file or field that is missing or inconsistent."""
         ...
 
-    def build_random(self, spec: Any, *, device: torch.device | str, dtype: torch.dtype) -> Any:
+    def build_random(
+        self, spec: Any, *, device: torch.device | str, dtype: torch.dtype, devices: dict[str, str] | None = None
+    ) -> Any:
         """A checkpoint with random weights of the family's architecture ``spec`` (e.g. a tiny or full-size preset),
-        built in memory on ``device``; ``random_weights`` is true."""
+        built in memory on ``device``, then each stage's part moved to its device in ``devices`` (keyed by stage
+        name; a stage not named stays on ``device``); ``random_weights`` is true."""
         ...
 
     def max_context(self, ckpt: Any) -> int:

@@ -8,6 +8,10 @@ Streaming contract (the reference ``generate`` computes the same thing after the
   text-pad forever) plus the embedding of the previous codec token.
 So the talker can start as soon as the thinker has run reply token 0 through its layers, and then
 needs the thinker one token ahead — it never waits for the whole reply.
+
+Devices: the talker may be on another GPU than the thinker. Its inputs (the thinker's vectors, on the thinker's
+device) are copied to the talker's device inside each call, device to device, and every call runs with the talker's
+device current (:func:`~pipeline.kernels.devices.device_scope`: its Triton kernels launch on the current device).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 
 from pipeline.kernels.cuda_graphs import host_to_device
 from pipeline.kernels.decode_attention import triton_available
+from pipeline.kernels.devices import device_scope
 from pipeline.runners.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
 from pipeline.runners.decoder import PooledDecoder
 from pipeline.runners.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
@@ -82,8 +87,9 @@ class TalkerRunner:
 
     def capture(self) -> None:
         """Record the decode and prefill graphs (CUDA with Triton only): call once at start."""
-        self.batched.capture()
-        self.prefills.capture()
+        with device_scope(self.device):
+            self.batched.capture()
+            self.prefills.capture()
 
     @torch.inference_mode()
     def prefill(
@@ -91,17 +97,19 @@ class TalkerRunner:
     ) -> torch.Tensor:
         """``vectors`` (P, H_thinker) — the prompt positions from ``start`` on (earlier ones are
         already in the slot), then [speaker bos, reply token 0]; returns (V,) logits."""
-        x = vectors.to(self.device, self.dtype).clone()
-        special = self.codec_embed(host_to_device([codec_pad, codec_bos], torch.long, self.device))
-        x[-2:] = x[-2:] + special
-        hidden = self._prefill_rows(self.proj(x), slot, start)
-        return self.head(hidden[-1:]).float()[0]
+        with device_scope(self.device):
+            x = vectors.to(self.device, self.dtype).clone()
+            special = self.codec_embed(host_to_device([codec_pad, codec_bos], torch.long, self.device))
+            x[-2:] = x[-2:] + special
+            hidden = self._prefill_rows(self.proj(x), slot, start)
+            return self.head(hidden[-1:]).float()[0]
 
     @torch.inference_mode()
     def prefill_prompt(self, vectors: torch.Tensor, *, slot: int, start: int) -> None:
         """``vectors`` (P, H_thinker): prompt positions ``start .. start+P-1`` only, no logits: the talker's cache
         brought up to the conversation ahead of a reply, so that :meth:`prefill` later gets only the rest."""
-        self._prefill_rows(self.proj(vectors.to(self.device, self.dtype)), slot, start)
+        with device_scope(self.device):
+            self._prefill_rows(self.proj(vectors.to(self.device, self.dtype)), slot, start)
 
     def _prefill_rows(self, x: torch.Tensor, slot: int, start: int) -> torch.Tensor:
         if self.prefills.fits(x.shape[0]):
@@ -122,7 +130,8 @@ class TalkerRunner:
         logits and, with a sampler, the (B,) codes sampled with ``sample``'s rows (views of static buffers on CUDA:
         consume them before the next step). Nothing here waits for the device."""
         sampling = sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample)
-        outputs = self.batched(slots, positions, (prev_codes, *sampling), vectors.to(self.device, self.dtype))
+        with device_scope(self.device):
+            outputs = self.batched(slots, positions, (prev_codes, *sampling), vectors.to(self.device, self.dtype))
         return outputs[0], outputs[1] if self.sampler else None
 
     @property
@@ -156,9 +165,10 @@ class TalkerRunner:
             packed[_COUNTER_ROW, :rows] += 1
 
         host = (prev_codes, *sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample))
-        return self.batched.chain(
-            slots, positions, host, vectors.to(self.device, self.dtype), steps=steps, advance=advance, keep=1
-        )
+        with device_scope(self.device):
+            return self.batched.chain(
+                slots, positions, host, vectors.to(self.device, self.dtype), steps=steps, advance=advance, keep=1
+            )
 
     def _decode_fn(self, slots, positions, codes, *rest: torch.Tensor, graph_safe: bool):
         *sample, vectors = rest  # host rows (sampling) come before the device row (vectors)

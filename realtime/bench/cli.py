@@ -74,6 +74,9 @@ class BenchOptions:
     pause_inside_ms: float | None
     vad_batching: bool = True
     transcription: bool = False
+    data_parallel_size: int = 1
+    """The bench's own server: engines, one per GPU, as ``serve --data-parallel-size``."""
+    client_processes: int = 1
 
 
 QUICK = {
@@ -243,6 +246,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     p.add_argument("--threads", type=int, default=1, help="CPU threads of the model")
     p.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the bench's own server runs N engines, one per GPU (cuda:0..N-1), each in a process of its own, as "
+        "serve --data-parallel-size does; stage throughput is their sum",
+    )
+    p.add_argument(
         "--no-vad-batching",
         action="store_true",
         help="the bench's own server runs each session's voice activity detection on its own instead of every "
@@ -271,6 +282,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="every user turns input audio transcription on (audio.input.transcription in its session.update); "
         "the report counts the transcription events received",
     )
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="spread each level's simulated users over N worker processes, each with its own event loop (users "
+        "dealt round-robin): a WebRTC user costs its process Opus, SRTP and RTP work every 20 ms, and the report's "
+        "client loop lag shows when the users fell behind",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the replies' sampling, for repeatable runs")
     p.add_argument("--api-key", default=None, help="the key a --url server requires (default: none, no key sent)")
     return p
@@ -292,6 +312,8 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         return base[name] if value is None else value
 
     levels = base["levels"] if args.concurrency is None else _levels(args.concurrency)
+    if args.client_processes < 1:
+        raise ValueError(f"--client-processes must be at least 1, got {args.client_processes}")
     return BenchOptions(
         url=args.url,
         model=args.model,
@@ -316,12 +338,22 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         threads=args.threads,
         vad_batching=not args.no_vad_batching,
         transcription=args.transcription,
+        data_parallel_size=_data_parallel_size(args),
+        client_processes=args.client_processes,
         seed=args.seed,
         preemptive_response_ms=args.preemptive_response_ms,
         pause_inside_ms=args.pause_inside_ms,
         api_key=args.api_key,
         plots=not args.no_plots,
     )
+
+
+def _data_parallel_size(args: argparse.Namespace) -> int:
+    if args.data_parallel_size < 1:
+        raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    if args.data_parallel_size > 1 and args.url is not None:
+        raise ValueError("--data-parallel-size is for the bench's own server: start the --url server with it instead")
+    return args.data_parallel_size
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -374,7 +406,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
     from realtime.bench.models import reply_length
     from realtime.bench.report import REPORT_MD, where_written, write_report
     from realtime.bench.sweep import run_sweep
-    from realtime.bench.throughput import engine_counters, scrape_counters
+    from realtime.bench.throughput import engines_counters, scrape_counters
 
     cfg = _stage_config(options)
     length = reply_length(cfg)
@@ -410,9 +442,10 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
                 on_level=on_level,
                 counters=functools.partial(scrape_counters, options.url),
                 counters_source="metrics",
+                client_processes=options.client_processes,
             )
         else:
-            async with _in_process_server(loaded.engine, options) as url:
+            async with _in_process_server(loaded.engines, options) as url:
                 await run_sweep(
                     url,
                     speeches,
@@ -420,12 +453,13 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
                     client,
                     reference=reference,
                     on_level=on_level,
-                    counters=functools.partial(engine_counters, loaded.engine),
+                    counters=functools.partial(engines_counters, loaded.engines),
                     counters_source="engine",
+                    client_processes=options.client_processes,
                 )
     finally:
-        if loaded is not None and loaded.engine is not None:
-            await asyncio.to_thread(loaded.engine.close)
+        if loaded is not None:
+            await asyncio.gather(*(asyncio.to_thread(engine.close) for engine in loaded.engines))
     info.load_average["end"] = list(os.getloadavg())
     paths = write_report(options.out, info, results, plots=options.plots)
     print((options.out / REPORT_MD).read_text(encoding="utf-8"))
@@ -450,6 +484,9 @@ class _Loaded:
     ckpt: object | None
     """The reference's checkpoint in this process (``--reference`` only)."""
     engine: object | None
+    """The first engine (``engines[0]``), None with ``--url``."""
+    engines: tuple
+    """The bench's own server's engines (``--data-parallel-size``); empty with ``--url``."""
     label: str
     device: str
     """The thinker's device in words."""
@@ -463,11 +500,19 @@ def _load(options: BenchOptions, cfg) -> _Loaded:
     torch.set_num_threads(options.threads)
     loader = model_loader(options.model)
     engine = ckpt = None
+    engines: list = []
     if options.url is None:
         from pipeline.engine import OmniEngine
+        from realtime.engine_pool import check_devices, replica_configs, start_engines
 
-        # with the engine core in a child process the child builds or loads the weights from the loader itself
-        engine = OmniEngine.from_loader(loader, cfg, seed=options.seed, torch_threads=options.threads)
+        def start(replica_cfg):
+            # with the engine core in a child process the child builds or loads the weights from the loader itself
+            return OmniEngine.from_loader(loader, replica_cfg, seed=options.seed, torch_threads=options.threads)
+
+        configs = replica_configs(cfg, options.data_parallel_size)
+        check_devices(configs, torch.cuda.device_count)
+        engines = start_engines(start, configs)
+        engine = engines[0]
         ckpt = engine.ckpt
     if options.reference and ckpt is None:
         # transformers' generate runs in this process: it needs weights here, a second copy when the engine
@@ -477,15 +522,18 @@ def _load(options: BenchOptions, cfg) -> _Loaded:
         source, random_weights, device = engine.model_name, engine.random_weights, engine.facts.device_name
     else:
         source, random_weights, device = ckpt.source, ckpt.random_weights, _device_name(cfg.thinker.device)
+    if len(engines) > 1:
+        device = f"{len(engines)} engines, one on each of {len(engines)} × {device}"
     return _Loaded(
         ckpt if options.reference else None,
         engine,
+        tuple(engines),
         model_label(options.model, cfg, source=source, random_weights=random_weights),
         device,
     )
 
 
-def _in_process_server(engine, options: BenchOptions):
+def _in_process_server(engines, options: BenchOptions):
     from realtime.config import ServerConfig
     from realtime.server import create_app, serve_in_background
 
@@ -500,7 +548,7 @@ def _in_process_server(engine, options: BenchOptions):
         log_level="warning",
         preemptive_response_ms=options.preemptive_response_ms,
     )
-    return serve_in_background(create_app(config, engine=engine), config)
+    return serve_in_background(create_app(config, engines=engines), config)
 
 
 def _run_info(options: BenchOptions, command: str, length, loaded: _Loaded | None):

@@ -417,6 +417,8 @@ class SimulatedUser:
         """How many of each :data:`COUNTED_EVENTS` the user received, by wire name."""
         self._ready = asyncio.Event()
         self._progress = asyncio.Event()
+        self._voiced: set[str] = set()
+        """Responses whose ``response.done`` reported output audio (on WebRTC it may still be on its way)."""
 
     async def run(self) -> list[TurnLog]:
         """Connect, speak every turn, disconnect. Raises :class:`BenchClientError` when the session
@@ -475,11 +477,14 @@ class SimulatedUser:
         return turn
 
     def _reply_over(self, turn: TurnLog) -> bool:
-        """The reply is generated, and on WebRTC its output has stopped playing on the track."""
+        """The reply is generated, and on WebRTC its output has stopped playing on the track (a reply with audio,
+        seen on the track or counted in ``response.done``'s usage: a fast engine's reply can be done before its first
+        frame arrives)."""
         if not _answered(turn):
             return False
         response = turn.response
-        return not self.link.paced_audio or not response.audio or response.output_stopped_at is not None
+        voiced = bool(response.audio) or response.response_id in self._voiced
+        return not self.link.paced_audio or not voiced or response.output_stopped_at is not None
 
     def _barge_in_start(self, turn: TurnLog, speech: Speech) -> float:
         """When to start ``speech`` so that its onset comes ``barge_in_after_ms`` into the reply's playback."""
@@ -567,6 +572,9 @@ class SimulatedUser:
         if response is None:
             return
         response.done_at = at
+        usage = payload.get("usage") or {}
+        if (usage.get("output_token_details") or {}).get("audio_tokens"):
+            self._voiced.add(response.response_id)
         response.status = ResponseStatus(payload.get("status"))
         response.reason = (payload.get("status_details") or {}).get("reason")
 

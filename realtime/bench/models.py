@@ -68,7 +68,16 @@ class Workload:
 
 def bench_stage_config(path: Path | None, *, device: str | None, length: ReplyLength | None) -> StageGraphConfig:
     """The stage graph at ``path`` (default :data:`FORCED_STAGE_CONFIG`), every stage on ``device``
-    when given, reply lengths forced to ``length`` when given (min = max tokens)."""
+    when given, reply lengths forced to ``length`` when given (min = max tokens). A ``device`` with a stage config
+    that places its stages on different devices is refused (:class:`BenchConfigError`): it would undo the placement
+    being measured."""
+    if device is not None:
+        placement = load_stage_config(path or FORCED_STAGE_CONFIG).devices
+        if len(placement) > 1:
+            raise BenchConfigError(
+                f"--device {device} would put every stage on one device, but the stage config places them on "
+                f"{', '.join(placement)}: leave --device out to measure that placement"
+            )
     placed = {} if device is None else {"device": device}
     thinker, talker = dict(placed), dict(placed)
     if length is not None:

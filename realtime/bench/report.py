@@ -71,6 +71,7 @@ def _level_dict(level: LevelResult) -> dict:
         "errors": level.errors,
         "throughput": level.throughput.to_dict() if level.throughput is not None else None,
         "event_counts": level.event_counts,
+        "client_processes": level.client_processes,
     }
     if level.reference is not None:
         ref_throughput = level.reference_throughput()
@@ -178,9 +179,32 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
     lines += _delivery_notes(info, levels)
     lines += ["", *_barge_in_table(levels)]
     lines += ["", *_throughput_table(levels, has_ref)]
+    lines += ["", *_client_load_table(levels)]
     if info.transcription:
         lines += ["", *_transcription_table(levels)]
     return "\n".join(lines) + "\n"
+
+
+def _client_load_table(levels: Sequence[LevelResult]) -> list[str]:
+    """Per level: the simulated users' own load (client worker processes, their event loops' lag, CPU per user). A
+    lag near the media frame (20 ms) or above means the clients, not the server, held the measurement back."""
+    lines = [
+        "Client load (the simulated users' own processes; loop lag of the worst process, ms)",
+        "",
+        _row(["users", "client processes", "loop lag p50 / p99 / max", "client CPU % per user"]),
+        _row(["---:"] * 4),
+    ]
+    for level in levels:
+        shares = level.client_processes
+        if not shares:
+            continue
+        worst = max(shares, key=lambda s: s["loop_lag_ms"]["p99_ms"])["loop_lag_ms"]
+        cpu = sum(s["cpu_s"] for s in shares)
+        wall = max(s["wall_s"] for s in shares)
+        per_user = 100.0 * cpu / wall / level.concurrency if wall > 0 else float("nan")
+        lag = f"{_f(worst['p50_ms'], 1)} / {_f(worst['p99_ms'], 1)} / {_f(worst['max_ms'], 1)}"
+        lines.append(_row([str(level.concurrency), str(len(shares)), lag, _f(per_user, 1)]))
+    return lines
 
 
 _TRANSCRIPTION_COLUMNS = {

@@ -1,7 +1,9 @@
 """The concurrency sweep: at each level, N simulated users talk to one server at the same time.
 
-The users of a level run in a child process (``spawn``), so the measuring clients never share an
-event loop or an interpreter lock with an in-process server they measure; the parent only serves.
+The users of a level run in child processes (``spawn``; ``client_processes`` of them, users dealt round-robin:
+:mod:`realtime.bench.workers`), so the measuring clients never share an event loop or an interpreter lock with an
+in-process server they measure, nor, with enough processes, fall behind real time themselves; the parent only
+serves.
 After each level the reference serves the same users' turns (:func:`realtime.bench.reference.
 serve_one_worker`), so every level's result holds both, and is handed to ``on_level`` at once (the
 report is rewritten after every level: an interrupted sweep keeps what it measured).
@@ -15,7 +17,7 @@ Around each level's users (not the reference) the sweep snapshots the engine's c
 counters (``counters``: the in-process engine's, or a remote server's ``/metrics``) and keeps the
 stage rates and device memory of the window (:mod:`realtime.bench.throughput`).
 
-The child is started with ``spawn`` (no fork of a process holding CUDA and an engine thread), so a
+The children are started with ``spawn`` (no fork of a process holding CUDA and an engine thread), so a
 script that calls :func:`run_sweep` needs the usual ``if __name__ == "__main__":`` guard.
 """
 
@@ -31,8 +33,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 
-from realtime.bench.client import ClientOptions, ClientRun, UserPlan, run_users
-from realtime.bench.metrics import TurnMetrics, turn_metrics
+from realtime.bench.client import ClientOptions, Transport, UserPlan
+from realtime.bench.metrics import TurnMetrics
 from realtime.bench.reference import QueuedTurn, Served, serve_one_worker
 from realtime.bench.speech import Speech
 from realtime.bench.throughput import (
@@ -41,8 +43,8 @@ from realtime.bench.throughput import (
     ReferenceThroughput,
     level_throughput,
     reference_throughput,
-    replying_seconds,
 )
+from realtime.bench.workers import LevelClients, merge_shares, run_share, split_plans
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,9 @@ class LevelResult:
     counters could not be read."""
     event_counts: dict[str, int] = field(default_factory=dict)
     """Commits and input transcription events the users received (``realtime.bench.client.COUNTED_EVENTS``)."""
+    client_processes: list[dict] = field(default_factory=list)
+    """Each client worker's users, event-loop lag and CPU time (:meth:`realtime.bench.workers.ClientShare.stats`):
+    a lagging worker means the measurement itself fell behind."""
 
     def reference_metrics(self) -> list[TurnMetrics]:
         return [q.metrics() for q in self.reference or ()]
@@ -114,24 +119,41 @@ class LevelResult:
         return reference_throughput(self.reference) if self.reference else None
 
 
-def _child_ready() -> None:
-    """Child-process entry: import what :func:`run_clients` needs."""
-    for module in ("tqdm", "realtime.bench.client"):
+_CLIENT_MODULES = ("tqdm", "realtime.bench.client", "realtime.bench.workers")
+_WEBRTC_MODULES = ("aiortc", "realtime.transports.media")
+
+
+def _child_ready(modules: tuple[str, ...]) -> None:
+    """Worker-process entry: import what :func:`realtime.bench.workers.run_share` needs."""
+    for module in modules:
         importlib.import_module(module)
 
 
-def run_clients(
-    url: str, plans: list[UserPlan], options: ClientOptions, label: str
-) -> tuple[list[TurnMetrics], list[dict], float | None, float, dict[str, int]]:
-    """Child-process entry: run the users with a progress bar; returns their turns' metrics, the
-    server errors, the sessions' silence window (ms), the seconds with a reply in flight and the counted events."""
-    from tqdm import tqdm
+STARTUP_MARGIN_S = 0.5
+"""A level's client workers start their users this long after the level is dispatched, all at the same instant."""
 
-    total = sum(len(p.speeches) for p in plans)
-    with tqdm(total=total, desc=label, unit="turn", leave=True) as bar:
-        run: ClientRun = asyncio.run(run_users(url, plans, options, on_turn=lambda _log: bar.update()))
-    metrics = [turn_metrics(log, jitter_ms=options.jitter_ms) for log in run.logs]
-    return metrics, run.errors, run.silence_window_ms, replying_seconds(run.logs), run.counts
+
+async def _run_level_clients(
+    pool: ProcessPoolExecutor, url: str, plans: list[UserPlan], options: ClientOptions, label: str, processes: int
+) -> LevelClients:
+    """The level's users, spread over ``processes`` workers of ``pool`` (:mod:`realtime.bench.workers`)."""
+    loop = asyncio.get_running_loop()
+    shares = split_plans(plans, processes)
+    start_at = time.monotonic() + STARTUP_MARGIN_S if len(shares) > 1 else None
+    runs = [
+        loop.run_in_executor(
+            pool,
+            run_share,
+            url,
+            share,
+            options,
+            start_at,
+            f"{label} [{i + 1}/{len(shares)}]" if len(shares) > 1 else label,
+            i,
+        )
+        for i, share in enumerate(shares)
+    ]
+    return merge_shares(await asyncio.gather(*runs), jitter_ms=options.jitter_ms)
 
 
 async def run_sweep(
@@ -144,19 +166,24 @@ async def run_sweep(
     on_level: Callable[[LevelResult], None] | None = None,
     counters: Callable[[], Awaitable[EngineCounters | None]] | None = None,
     counters_source: str = "engine",
+    client_processes: int = 1,
 ) -> list[LevelResult]:
     """Run every level against the server at ``url`` (which this event loop may be serving), the
     reference after each. Levels run in order; ``on_level`` gets each result as soon as it is
     complete. ``counters`` snapshots the server's engine counters (``None``: no throughput), named
-    ``counters_source`` in the results."""
+    ``counters_source`` in the results. Each level's users are spread over ``client_processes`` worker processes
+    (fewer when the level has fewer users)."""
     loop = asyncio.get_running_loop()
     results = []
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-        # start the child (interpreter, imports) before any level's window opens
-        await loop.run_in_executor(pool, _child_ready)
+    if client_processes < 1:
+        raise ValueError(f"client_processes must be at least 1, got {client_processes}")
+    with ProcessPoolExecutor(client_processes, mp_context=get_context("spawn")) as pool:
+        # start the children (interpreter, imports) before any level's window opens
+        modules = _CLIENT_MODULES + (_WEBRTC_MODULES if options.transport is Transport.WEBRTC else ())
+        await asyncio.gather(*(loop.run_in_executor(pool, _child_ready, modules) for _ in range(client_processes)))
         if plan.warmup_turns:
             warm = user_plans(speeches, 1, plan, turns=plan.warmup_turns)
-            await loop.run_in_executor(pool, run_clients, url, warm, options, "warm-up")
+            await _run_level_clients(pool, url, warm, options, "warm-up", 1)
             if reference is not None:
                 await asyncio.to_thread(reference, speeches[0])
         for level in plan.levels:
@@ -164,25 +191,28 @@ async def run_sweep(
             log.info("bench level %d: %d users start", level, level)  # scripts/first_audio_path.py splits here
             before = await counters() if counters is not None else None
             start = time.perf_counter()
-            turns, errors, window, replying, counts = await loop.run_in_executor(
-                pool, run_clients, url, plans, options, f"{level} user{'s' * (level > 1)}"
+            clients = await _run_level_clients(
+                pool, url, plans, options, f"{level} user{'s' * (level > 1)}", client_processes
             )
             result = LevelResult(
                 level,
                 plan.turns_per_user(level),
                 time.perf_counter() - start,
-                turns,
-                errors,
-                window,
-                replying_s=replying,
-                event_counts=counts,
+                clients.turns,
+                clients.errors,
+                clients.silence_window_ms,
+                replying_s=clients.replying_s,
+                event_counts=clients.counts,
+                client_processes=clients.processes,
             )
             after = await counters() if before is not None else None
             if before is not None and after is not None:
-                result.throughput = level_throughput(before, after, counters_source, replying_s=replying)
+                result.throughput = level_throughput(before, after, counters_source, replying_s=clients.replying_s)
             if reference is not None:
                 start = time.perf_counter()
-                result.reference = await asyncio.to_thread(_reference_level, plans, reference, window, level)
+                result.reference = await asyncio.to_thread(
+                    _reference_level, plans, reference, clients.silence_window_ms, level
+                )
                 result.reference_wall_s = time.perf_counter() - start
             results.append(result)
             if on_level is not None:

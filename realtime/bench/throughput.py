@@ -88,6 +88,14 @@ async def engine_counters(engine) -> EngineCounters:
     return EngineCounters.from_stats(stats)
 
 
+async def engines_counters(engines) -> EngineCounters:
+    """Snapshot of the bench's own engines (one, or one per GPU with ``--data-parallel-size``): their sum."""
+    from realtime.engine_pool import total_stats
+
+    stats = await asyncio.gather(*(engine.stats() for engine in engines))
+    return EngineCounters.from_stats(total_stats(stats))
+
+
 def counters_from_metrics(text: str, at: float | None = None) -> EngineCounters | None:
     """The counters in a Prometheus text exposition; ``None`` when any of them is missing (a server
     from before they were exported)."""

@@ -22,6 +22,8 @@ from realtime.protocol.codes import ErrorCode
 from realtime.protocol.model import (
     DEFAULT_TURN_DETECTION,
     KEEP,
+    Detail,
+    ImagePart,
     ItemType,
     Keep,
     NewItem,
@@ -335,7 +337,7 @@ def _item_create(m: wire.ItemCreateModel) -> ItemCreate:
 
 
 _ALLOWED_CONTENT = {
-    Role.USER: (ContentType.INPUT_TEXT, ContentType.INPUT_AUDIO),
+    Role.USER: (ContentType.INPUT_TEXT, ContentType.INPUT_AUDIO, ContentType.INPUT_IMAGE),
     Role.SYSTEM: (ContentType.INPUT_TEXT,),
     Role.ASSISTANT: (ContentType.OUTPUT_TEXT,),
 }
@@ -393,7 +395,8 @@ def _check_arguments(arguments: str | None) -> None:
 
 
 def _message(m: wire.ItemModel) -> NewItem:
-    """One message of one content kind: text parts are joined, audio must be a single part."""
+    """One message of one content kind: text parts are joined, audio must be a single part; a user message with
+    pictures keeps its text and picture parts in order."""
     role = Role(m.role)
     kinds = [parse_content_type(part.type) for part in m.content]
     for i, kind in enumerate(kinds):
@@ -407,6 +410,8 @@ def _message(m: wire.ItemModel) -> NewItem:
         if len(kinds) > 1:
             raise _unsupported("an audio message must have exactly one content part", "item.content")
         return _audio_item(m, role)
+    if ContentType.INPUT_IMAGE in kinds:
+        return _picture_item(m, role, kinds)
     for i, part in enumerate(m.content):
         if part.text is None:
             raise ProtocolError(
@@ -416,6 +421,21 @@ def _message(m: wire.ItemModel) -> NewItem:
             )
     text = "".join(part.text or "" for part in m.content)
     return NewItem(m.id, role, _ALLOWED_CONTENT[role][0], text=text)
+
+
+def _picture_item(m: wire.ItemModel, role: Role, kinds: list[ContentType | None]) -> NewItem:
+    parts: list[str | ImagePart] = []
+    for i, (part, kind) in enumerate(zip(m.content, kinds, strict=True)):
+        field = "image_url" if kind is ContentType.INPUT_IMAGE else "text"
+        value = getattr(part, field)
+        if value is None:
+            raise ProtocolError(
+                f"missing required parameter 'item.content.{i}.{field}'",
+                code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+                param=f"item.content.{i}.{field}",
+            )
+        parts.append(ImagePart(value, Detail(part.detail or "auto")) if kind is ContentType.INPUT_IMAGE else value)
+    return NewItem(m.id, role, ContentType.INPUT_IMAGE, parts=tuple(parts))
 
 
 def _audio_item(m: wire.ItemModel, role: Role) -> NewItem:

@@ -23,6 +23,16 @@ class ErrorCode(str, enum.Enum):
     """A value the OpenAI API accepts but this server does not implement."""
     INVALID_BASE64 = "invalid_base64"
     INVALID_AUDIO = "invalid_audio"
+    INVALID_IMAGE_URL = "invalid_image_url"
+    """An ``input_image`` whose ``image_url`` is not a base64 data URI (realtime.images)."""
+    UNSUPPORTED_IMAGE_FORMAT = "unsupported_image_format"
+    """A picture that is not PNG or JPEG (by its media type or by its bytes)."""
+    IMAGE_TOO_LARGE = "image_too_large"
+    """A picture over the server's byte or pixel limit (``ServerConfig.image_limits``)."""
+    INVALID_IMAGE = "invalid_image"
+    """A picture that cannot be decoded (corrupt) or has no pixels; the engine's ``InvalidImageError`` too."""
+    UNSUPPORTED_INPUT = "unsupported_input"
+    """Pictures for a model without a vision tower (the engine's ``UnsupportedInputError``)."""
 
     # Requests that do not fit the session's state (realtime.session).
     UNKNOWN_VOICE = "unknown_voice"

@@ -11,6 +11,8 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from pipeline.api import ContextPolicy, Modality
 from pipeline.outputs import Usage
 from pipeline.tools import AUTO, Tool, ToolChoice
@@ -179,15 +181,36 @@ class ResponseParams:
     voice_param: str = "response.voice"
 
 
+class Detail(str, enum.Enum):
+    """``input_image.detail``: how many pixels of the picture the model sees (``realtime.images.ImageLimits``)."""
+
+    AUTO = "auto"
+    LOW = "low"
+    HIGH = "high"
+
+
+@dataclass(frozen=True, eq=False)
+class ImagePart:
+    """An ``input_image`` content part of a created message: ``url`` as the client sent it (checked and decoded off
+    the event loop by :mod:`realtime.images`, which fills ``pixels``: uint8 RGB ``(H, W, 3)`` as the engine takes
+    it)."""
+
+    url: str
+    detail: Detail = Detail.AUTO
+    pixels: np.ndarray | None = None
+
+
 @dataclass
 class ContentPart:
     """One content part of an item. ``audio_ms`` counts the audio of an output part actually
-    sent to the client (what ``conversation.item.truncate`` may cut); it is not serialized."""
+    sent to the client (what ``conversation.item.truncate`` may cut); it is not serialized.
+    ``detail``: an ``input_image`` part's (its picture is not kept)."""
 
     type: ContentType
     text: str | None = None
     transcript: str | None = None
     audio_ms: float = 0.0
+    detail: str | None = None
 
 
 @dataclass
@@ -209,9 +232,10 @@ class Item:
 @dataclass(frozen=True)
 class NewItem:
     """An item from ``conversation.item.create``, validated. A message has exactly one kind of content:
-    ``content`` is ``INPUT_TEXT`` (user/system), ``OUTPUT_TEXT`` (assistant) or ``INPUT_AUDIO``
-    (user; ``audio`` holds the decoded wire bytes, in the session's input format). A function call or output has
-    no content (``None``)."""
+    ``content`` is ``INPUT_TEXT`` (user/system), ``OUTPUT_TEXT`` (assistant), ``INPUT_AUDIO``
+    (user; ``audio`` holds the decoded wire bytes, in the session's input format) or ``INPUT_IMAGE`` (user text and
+    pictures in order: ``parts``, each text or an :class:`ImagePart`). A function call or output has no content
+    (``None``)."""
 
     id: str | None
     role: Role
@@ -225,6 +249,11 @@ class NewItem:
     arguments: str | None = None
     """JSON text of an object (checked)."""
     output: str | None = None
+    parts: tuple[str | ImagePart, ...] = ()
+
+    @property
+    def images(self) -> tuple[ImagePart, ...]:
+        return tuple(part for part in self.parts if isinstance(part, ImagePart))
 
 
 @dataclass(frozen=True)

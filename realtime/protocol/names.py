@@ -138,6 +138,7 @@ class ContentType(enum.Enum):
 
     INPUT_TEXT = "input_text"
     INPUT_AUDIO = "input_audio"
+    INPUT_IMAGE = "input_image"
     OUTPUT_TEXT = "output_text"
     OUTPUT_AUDIO = "output_audio"
 
@@ -145,6 +146,7 @@ class ContentType(enum.Enum):
 CONTENT_TYPE_NAMES: dict[ContentType, WireName] = {
     ContentType.INPUT_TEXT: _same("input_text"),
     ContentType.INPUT_AUDIO: _same("input_audio"),
+    ContentType.INPUT_IMAGE: _same("input_image"),
     ContentType.OUTPUT_TEXT: WireName("output_text", "text"),
     ContentType.OUTPUT_AUDIO: WireName("output_audio", "audio"),
 }

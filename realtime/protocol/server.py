@@ -161,6 +161,8 @@ def content_object(part: ContentPart, dialect: Dialect) -> dict:
     body: dict = {"type": content_type_name(part.type, dialect)}
     if part.type in (ContentType.INPUT_TEXT, ContentType.OUTPUT_TEXT):
         body["text"] = part.text
+    elif part.type is ContentType.INPUT_IMAGE:
+        body["detail"] = part.detail  # the picture itself is not kept, so never echoed
     else:
         body["transcript"] = part.transcript
     return body
@@ -182,14 +184,16 @@ def part_object(part: ContentPart) -> dict:
     return {"type": PartType.TEXT.value, "text": part.text or ""}
 
 
-def usage_object(usage: Usage) -> dict:
-    return {
+def usage_object(usage: Usage, dialect: Dialect = Dialect.GA) -> dict:
+    """``image_tokens`` is GA's (the beta API had no pictures)."""
+    body = {
         "total_tokens": usage.input_tokens + usage.output_tokens,
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "input_token_details": {
             "text_tokens": usage.input_text_tokens,
             "audio_tokens": usage.input_audio_tokens,
+            "image_tokens": usage.input_image_tokens,
             "cached_tokens": usage.cached_tokens,
         },
         "output_token_details": {
@@ -197,6 +201,9 @@ def usage_object(usage: Usage) -> dict:
             "audio_tokens": usage.output_audio_tokens,
         },
     }
+    if dialect is Dialect.BETA:
+        del body["input_token_details"]["image_tokens"]
+    return body
 
 
 def response_object(r: ResponseSummary, dialect: Dialect) -> dict:
@@ -208,7 +215,7 @@ def response_object(r: ResponseSummary, dialect: Dialect) -> dict:
         "output": [item_object(item, dialect) for item in r.output],
         "conversation_id": r.conversation_id,
         "max_output_tokens": _max_tokens(r.max_output_tokens),
-        "usage": usage_object(r.usage) if r.usage is not None else None,
+        "usage": usage_object(r.usage, dialect) if r.usage is not None else None,
         "metadata": r.metadata,
     }
     if dialect is Dialect.BETA:

@@ -4,7 +4,7 @@ A refused event gets one of two kinds of message:
 
 - a **refusal** (code ``unsupported_value``): the field belongs to a feature the OpenAI Realtime API
   defines and this server does not implement (MCP tools, out-of-band responses,
-  image input…); the message says what is not supported and what to send instead (:data:`REFUSALS`);
+  item references…); the message says what is not supported and what to send instead (:data:`REFUSALS`);
 - a **plain description** of any other invalid field: ``missing_required_parameter``,
   ``unknown_parameter``, ``invalid_type`` ("must be an integer, not a string") or ``invalid_value``
   ("must be 'text' or 'audio', not 'video'"), never pydantic's own phrasing.
@@ -88,9 +88,9 @@ REFUSALS = (
     ),
     Refusal(
         "item.content.*.type",
-        "content type {value} is not supported: send 'input_text' or 'input_audio' parts (user), "
+        "content type {value} is not supported: send 'input_text', 'input_image' or 'input_audio' parts (user), "
         "'input_text' (system) or 'output_text' (assistant)",
-        frozenset({"input_image", "output_audio", "audio", "item_reference"}),
+        frozenset({"output_audio", "audio", "item_reference"}),
     ),
 )
 

@@ -222,10 +222,12 @@ class BareEventModel(_Model):
 class ContentModel(_Model):
     """A content part of a created item; which fields must be set depends on ``type``."""
 
-    type: Literal["input_text", "input_audio", "output_text", "text"]
+    type: Literal["input_text", "input_audio", "input_image", "output_text", "text"]
     text: str | None = None
     audio: str | None = None
     transcript: str | None = None
+    image_url: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
 
 
 class ItemModel(_Model):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import enum
+import functools
 import inspect
 import ipaddress
 import itertools
@@ -47,11 +48,13 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcicetransport import RTCIceGatherer
 
 from pipeline.api import EngineHandle
+from realtime.engine_pool import end_on_engine_failure
 from realtime.error_log import log_error_event
 from realtime.errors import ErrorType, RealtimeError, to_error_payload
 from realtime.first_audio import FirstAudioTrace
 from realtime.ids import RandomIds
 from realtime.limits import MessageGate, SessionSlot, SessionSlots
+from realtime.placement import EngineSlot
 from realtime.protocol.client import SessionUpdate, parse_client_event
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, server_event_name
@@ -59,7 +62,10 @@ from realtime.protocol.server import ServerEvents
 from realtime.runner import MediaSink, SessionRunner, TransportClosed, TurnDetectorFactory, session_task_name
 from realtime.session import AudioTransport, ResponsePhase, SessionSettings
 from realtime.transports import sctp_teardown
+from realtime.transports.input_delay import InputDelayMeter
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
+from realtime.video import CameraFeed
+from realtime.video_settings import DEFAULT_CAMERA, CameraSettings
 
 logger = logging.getLogger(__name__)
 
@@ -420,7 +426,10 @@ class WebRTCCalls:
     ``message_gate()``: a fresh gate for each call's data channel messages (default: none).
     ``connect_timeout_s``: a call whose connection is not up by then is dropped.
     ``session_observer()`` (metrics) is called once per answered call; its observer sees every
-    event sent on the data channel and is closed when the call ends."""
+    event sent on the data channel and is closed when the call ends. ``on_input_delay(seconds)`` (metrics) gets
+    each microphone frame's delay behind the call's stream clock as it reaches the session
+    (:class:`~realtime.transports.input_delay.InputDelayMeter`). ``camera``: how a call's video track is sampled
+    (:mod:`realtime.video`); ``on_camera_frame(outcome)`` counts each received camera frame."""
 
     def __init__(
         self,
@@ -437,6 +446,9 @@ class WebRTCCalls:
         connect_timeout_s: float = 20.0,
         session_observer: Callable[[], EventObserver] | None = None,
         on_first_audio: Callable[[FirstAudioTrace], None] | None = None,
+        on_input_delay: Callable[[float], None] | None = None,
+        camera: CameraSettings = DEFAULT_CAMERA,
+        on_camera_frame: Callable[[str], None] = lambda outcome: None,
     ) -> None:
         if max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, got {max_calls}")
@@ -451,6 +463,9 @@ class WebRTCCalls:
         self.connect_timeout_s = connect_timeout_s
         self._session_observer = session_observer
         self._on_first_audio = on_first_audio
+        self._on_input_delay = on_input_delay
+        self._camera_settings = camera
+        self._on_camera_frame = on_camera_frame
         self._calls: dict[str, Call] = {}
         self._serving: dict[str, asyncio.Task] = {}
         self._ids = itertools.count(1)
@@ -553,10 +568,13 @@ class WebRTCCalls:
         made = self._turn_detector_factory()
         turn_detector_factory = await made if inspect.isawaitable(made) else made
 
+        # a slot of the server's engine placement names the call's engine, for the call's life
+        engine = slot.engine if isinstance(slot, EngineSlot) else self._engine
+
         def make_runner(transport: DataChannelTransport, media: MediaSink) -> SessionRunner:
             return SessionRunner(
                 transport,
-                self._engine,
+                engine,
                 turn_detector_factory=turn_detector_factory,
                 settings=settings,
                 media=media,
@@ -566,6 +584,8 @@ class WebRTCCalls:
         gate = self._message_gate() if self._message_gate is not None else None
         call = Call(f"rtc_{next(self._ids)}", pc, dialect, make_runner, gate=gate, slot=slot)
         self._watch(call)
+        if isinstance(slot, EngineSlot):
+            slot.on_engine_failure(functools.partial(end_on_engine_failure, call.runner, slot.index))
         return call
 
     def _watch(self, call: Call) -> None:
@@ -580,7 +600,12 @@ class WebRTCCalls:
 
         @pc.on("track")
         def on_track(track: MediaStreamTrack) -> None:
-            pump = self._microphone(call, track) if track.kind == "audio" else _discard(track)
+            if track.kind == "audio":
+                pump = self._microphone(call, track)
+            elif track.kind == "video":
+                pump = self._camera(call, track)
+            else:
+                pump = _discard(track)
             call.spawn(pump, f"{track.kind} track")
 
         @pc.on("connectionstatechange")
@@ -613,12 +638,15 @@ class WebRTCCalls:
         """Feed the browser's microphone to the session until the track ends. Audio it cannot
         convert ends the call: a session that silently stopped hearing its user is worse."""
         encoder = MicrophoneEncoder()
+        delay = InputDelayMeter(self._on_input_delay, asyncio.get_running_loop().time) if self._on_input_delay else None
         while True:
             try:
                 frame = await track.recv()
             except MediaStreamError:
                 return
             call.microphone_frames += 1
+            if delay is not None:
+                delay.frame(frame.pts, frame.sample_rate)
             fmt = call.runner.session.config.input_format
             try:
                 data = encoder.encode(frame_to_mono(frame), frame.sample_rate, fmt)
@@ -628,6 +656,13 @@ class WebRTCCalls:
                 return
             if data:
                 call.transport.push(append_message(data))
+
+    async def _camera(self, call: Call, track: MediaStreamTrack) -> None:
+        """Feed the browser's camera to the user's spoken messages (:mod:`realtime.video`) until the track ends."""
+        feed = CameraFeed(
+            call.runner, self._engine.vision, self._camera_settings, count=self._on_camera_frame, label=call.id
+        )
+        await feed.run(track)
 
     async def _teardown(self, call: Call) -> None:
         """Release everything the call holds; safe whatever state it is in."""

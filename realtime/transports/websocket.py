@@ -14,8 +14,8 @@ the runner's own sends.
 
 Close codes (:data:`CLOSE_FOR`, from the runner's :class:`~realtime.runner.SessionEnd`): 1000 when
 the client left, 1008 when it stopped reading (its outbound queue reached the hard limit, or one
-send made no progress for ``send_timeout_s``), 1011 when the session failed, 1001 when the server
-shuts down.
+send made no progress for ``send_timeout_s``), 1011 when the session failed or its engine did (after an
+``engine_failed`` error event: a new session goes to a surviving engine), 1001 when the server shuts down.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ CLOSE_FOR: dict[SessionEnd, tuple[CloseCode, str]] = {
     SessionEnd.CLIENT_NOT_READING: (CloseCode.POLICY_VIOLATION, "the client is not reading its events"),
     SessionEnd.FAILED: (CloseCode.INTERNAL_ERROR, "internal server error"),
     SessionEnd.CANCELLED: (CloseCode.GOING_AWAY, "server shutting down"),
+    SessionEnd.ENGINE_FAILED: (CloseCode.INTERNAL_ERROR, "the engine serving this session failed; reconnect"),
 }
 """The close code and reason of each way a session ends."""
 

@@ -174,10 +174,10 @@ class ToyFamily:
     def load_pretrained(self, model: str, *, devices: dict, dtypes: dict) -> ToyCheckpoint:
         return _from_qwen(load_checkpoint(model, devices=devices, dtypes=dtypes))
 
-    def build_random(self, spec, *, device, dtype) -> ToyCheckpoint:
-        from pipeline.models.qwen2_5_omni.tiny import build_random_model
+    def build_random(self, spec, *, device, dtype, devices=None) -> ToyCheckpoint:
+        from pipeline.models.qwen2_5_omni.family import Qwen25OmniFamily
 
-        return _from_qwen(build_random_model(spec, device=device, dtype=dtype))
+        return _from_qwen(Qwen25OmniFamily().build_random(spec, device=device, dtype=dtype, devices=devices))
 
     def max_context(self, ckpt: ToyCheckpoint) -> int:
         return MAX_CONTEXT

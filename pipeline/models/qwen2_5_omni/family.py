@@ -50,11 +50,21 @@ class Qwen25OmniFamily:
         return load_checkpoint(model, devices=devices, dtypes=dtypes)
 
     def build_random(
-        self, spec: RandomModelSpec, *, device: torch.device | str, dtype: torch.dtype
+        self,
+        spec: RandomModelSpec,
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        devices: dict[str, str] | None = None,
     ) -> LoadedCheckpoint:
         from pipeline.models.qwen2_5_omni.tiny import build_random_model
 
-        return build_random_model(spec, device=device, dtype=dtype)
+        ckpt = build_random_model(spec, device=device, dtype=dtype)
+        for name in ("talker", "token2wav"):  # built beside the thinker; moved where their stage runs
+            target = (devices or {}).get(name)
+            if target is not None and torch.device(target) != torch.device(device):
+                getattr(ckpt, name).to(device=target)
+        return ckpt
 
     def max_context(self, ckpt: LoadedCheckpoint) -> int:
         return ckpt.config.thinker_config.text_config.max_position_embeddings

@@ -675,14 +675,46 @@ def _default_device_and_dtype(device: str | torch.device, dtype: torch.dtype) ->
         torch.set_default_dtype(previous)
 
 
+VISION_SEED_OFFSET = 2
+"""The vision tower's weights come from generator seed ``spec.seed + VISION_SEED_OFFSET``."""
+
+RNG_LAYOUT_VISION = {
+    "depth": 1,
+    "hidden_size": 32,
+    "num_heads": 1,
+    "intermediate_size": 64,
+    "fullatt_block_indexes": [0],
+}
+"""The vision tower shape the model is first built with, then replaced by the spec's own tower drawn from its own
+generator: the draws of every other part (thinker, talker, token2wav) never depend on the vision tower's shape, so
+changing the tower leaves their random weights, and the tests tuned on them, as they were."""
+
+
 def build_model(spec: RandomModelSpec, config: Any, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Any:
     """A seeded random ``Qwen2_5OmniForConditionalGeneration`` (token2wav float32), tuned by
-    :func:`_tune_random_weights`, in eval mode."""
+    :func:`_tune_random_weights`, in eval mode. The vision tower is drawn separately (:data:`RNG_LAYOUT_VISION`)."""
+    import copy
+
     from transformers import Qwen2_5OmniForConditionalGeneration
 
+    layout = copy.deepcopy(config)
+    for name, value in RNG_LAYOUT_VISION.items():
+        setattr(layout.thinker_config.vision_config, name, value)
+    layout.thinker_config.vision_config.out_hidden_size = spec.vision_out_hidden
     torch.manual_seed(spec.seed)  # seeds every device's generator
     with _default_device_and_dtype(device, dtype):
-        model = Qwen2_5OmniForConditionalGeneration(config)
+        model = Qwen2_5OmniForConditionalGeneration(layout)
+    holder = model.thinker if getattr(model.thinker, "visual", None) is not None else model.thinker.model
+    torch.manual_seed(spec.seed + VISION_SEED_OFFSET)
+    with _default_device_and_dtype(device, dtype):
+        visual = type(holder.visual)._from_config(config.thinker_config.vision_config)
+        visual.post_init()
+    holder.visual = visual
+    for module in model.modules():
+        if getattr(module, "config", None) is layout:
+            module.config = config
+        elif getattr(module, "config", None) is layout.thinker_config:
+            module.config = config.thinker_config
     model.token2wav.float()
     _tune_random_weights(model, spec)
     return model.eval()

@@ -52,6 +52,7 @@ from torch import Tensor
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 
 from pipeline.errors import CheckpointError, ConfigError, InvalidInputError, PipelineError
+from pipeline.kernels.devices import device_scope
 from pipeline.models.family import StreamStatus
 from pipeline.models.qwen2_5_omni import vocoder
 from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
@@ -719,7 +720,7 @@ class StreamingToken2Wav:
         _check_conditioning(self.dit, cond, ref_mel)
         # looked up as given (any device): the engine passes the checkpoint's own host tensors, which hit the cache by
         # identity; comparing device copies would wait for the device's queued work (~12 ms at a talker start)
-        with torch.inference_mode():
+        with torch.inference_mode(), device_scope(self.device):
             noise = self._noise(noise, generator, frames)
             speaker = self._speakers.get(cond, ref_mel, voice)
         return Token2WavStream(self, speaker, noise, max_codes, self.cfg.quick() if quick else self.cfg)
@@ -734,7 +735,7 @@ class StreamingToken2Wav:
         the synthesizer never falls back to the uncompiled DiT on its own; build it with ``compile_dit=False`` for
         that."""
         slots = sorted({bucket_at_least(n, self.batch_sizes) for n in range(1, min(max_batch, self.max_batch) + 1)})
-        with torch.inference_mode(), _tf32_matmuls(self.tf32_matmul):
+        with torch.inference_mode(), _tf32_matmuls(self.tf32_matmul), device_scope(self.device):
             if self.compile_dit:
                 self._compile()
             if not self.cuda_graphs:
@@ -812,7 +813,8 @@ class StreamingToken2Wav:
             ) from exc
 
     def _synthesize(self, chunks: list[tuple[Token2WavStream, ChunkPlan]]) -> list[np.ndarray]:
-        with torch.inference_mode(), _tf32_matmuls(self.tf32_matmul):
+        # on this synthesizer's device whatever the caller's current one (its Triton kernels launch on the current one)
+        with torch.inference_mode(), _tf32_matmuls(self.tf32_matmul), device_scope(self.device):
             if len(chunks) == 1 and not self.cuda_graphs:
                 ((stream, plan),) = chunks
                 windows = [stream._solve_window(plan)]  # the unpadded eager computation

@@ -116,11 +116,10 @@ class VisionPreprocessor:
         for frame in frames:
             _check_frame(frame)
         height, width = info.resized(frames[0].shape[0], frames[0].shape[1])
-        table = self._table()
-        normalised = [_normalise(_resize(frame, height, width), table) for frame in frames]
-        pad = -len(normalised) % info.temporal_patch_size
-        normalised.extend([normalised[-1]] * pad)
-        return _patchify(np.stack(normalised), info)
+        resized = [_resize(frame, height, width) for frame in frames]
+        resized.extend([resized[-1]] * (-len(resized) % info.temporal_patch_size))
+        levels, grid = _patchify(np.stack(resized), info)
+        return VisionInput(_lookup(levels, self._table()), grid)
 
     def _table(self) -> np.ndarray:
         """float32 ``(256, 3)``: the normalised value of each uint8 level per channel, computed as the reference does
@@ -158,18 +157,20 @@ def _resize(frame: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.asarray(image.resize((width, height), resample=Image.Resampling.BICUBIC))
 
 
-def _normalise(frame: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """float32 ``(3, H, W)``: each channel's levels looked up in its column of ``table``."""
-    return np.stack([table[:, c][frame[:, :, c]] for c in range(CHANNELS)])
-
-
-def _patchify(frames: np.ndarray, info: VisionInfo) -> VisionInput:
-    """``frames`` float32 ``(T, C, H, W)``, T a multiple of the temporal patch -> one row per patch, rows ordered
+def _patchify(frames: np.ndarray, info: VisionInfo) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """``frames`` uint8 ``(T, H, W, C)``, T a multiple of the temporal patch -> one row per patch, rows ordered
     (time, merged row, merged column, row in merge, column in merge), each row ``(C, frame, y, x)``."""
-    count, channels, height, width = frames.shape
+    count, height, width, channels = frames.shape
     tp, p, m = info.temporal_patch_size, info.patch_size, info.merge_size
     gt, gh, gw = count // tp, height // p, width // p
-    patches = frames.reshape(gt, tp, channels, gh // m, m, p, gw // m, m, p)
-    patches = patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    rows = np.ascontiguousarray(patches).reshape(gt * gh * gw, channels * tp * p * p)
-    return VisionInput(rows, (gt, gh, gw))
+    patches = frames.reshape(gt, tp, gh // m, m, p, gw // m, m, p, channels)
+    patches = patches.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
+    return np.ascontiguousarray(patches).reshape(gt * gh * gw, channels * tp * p * p), (gt, gh, gw)
+
+
+def _lookup(levels: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """float32 rows of uint8 patch ``levels`` (columns channel-major): each level looked up in its channel's column of
+    ``table``."""
+    per_channel = levels.shape[1] // CHANNELS
+    offsets = np.repeat(np.arange(CHANNELS, dtype=np.intp) * 256, per_channel)
+    return np.take(table.T.ravel(), levels + offsets)

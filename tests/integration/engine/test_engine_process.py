@@ -9,6 +9,7 @@ cores), so the tests share one where that is safe; the ones that stop or kill th
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import pickle
@@ -431,9 +432,11 @@ async def test_a_killed_engine_process_fails_pending_calls_live_responses_and_la
                 assert health.status_code == 503 and health.json()["ok"] is False
                 assert (await http.get("/metrics")).status_code == 200
             async with websockets.connect(url) as ws:
+                refusal = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                assert refusal["type"] == "error" and refusal["error"]["code"] == "no_engine_available"
                 with pytest.raises(websockets.ConnectionClosed) as closed:
                     await asyncio.wait_for(ws.recv(), 10)
-            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
     finally:
         started = time.perf_counter()
         engine.close()

@@ -1,4 +1,5 @@
-"""Streaming pipeline == transformers' reference ``generate`` (greedy), token for token."""
+"""Streaming pipeline == transformers' reference ``generate`` (greedy), token for token, on the tiny checkpoint and
+on the sharpened one (``sharp_model_dir``), whose greedy tokens change when a position is wrong."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration, WhisperFeatureExtractor
 
+from conftest import greedy_stage_config
+from pipeline.engine import OmniEngine
 from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
 from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta
@@ -15,11 +18,27 @@ THINKER_MAX = 12
 TALKER_MAX = 120
 
 
+@pytest.fixture(scope="module", params=["tiny_model_dir", "sharp_model_dir"], ids=["plain", "sharp"])
+def model_dir(request):
+    return request.getfixturevalue(request.param)
+
+
 @pytest.fixture(scope="module")
-def reference(tiny_model_dir):
-    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    fe = WhisperFeatureExtractor.from_pretrained(tiny_model_dir)
+def engine(model_dir, tiny_model_dir, request):
+    """The shared greedy engine on the plain checkpoint; one like it on the sharpened one."""
+    if model_dir == tiny_model_dir:
+        yield request.getfixturevalue("tiny_engine")
+        return
+    engine = OmniEngine.from_pretrained(model_dir, greedy_stage_config(talker={"max_tokens": 120}), seed=1234)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    fe = WhisperFeatureExtractor.from_pretrained(model_dir)
     return model, tokenizer, fe
 
 
@@ -73,9 +92,9 @@ async def collect(resp):
     return events
 
 
-async def test_text_prompt_matches_reference(tiny_engine, reference):
+async def test_text_prompt_matches_reference(engine, reference):
     model, tokenizer, _ = reference
-    special = tiny_engine.ckpt.special
+    special = engine.ckpt.special
     messages = [
         {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
         {"role": "user", "content": "Hello, who are you?"},
@@ -84,7 +103,7 @@ async def test_text_prompt_matches_reference(tiny_engine, reference):
     ids = ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
     ref_text, ref_codes = run_reference(model, special, ids)
 
-    conv = tiny_engine.conversation()
+    conv = engine.conversation()
     await conv.add_text("u1", "Hello, who are you?")
     events = await collect(conv.respond(item_id="a1", max_output_tokens=THINKER_MAX))
     done = events[-1]
@@ -95,17 +114,17 @@ async def test_text_prompt_matches_reference(tiny_engine, reference):
     await conv.close()
 
 
-async def test_a_greeting_matches_reference(tiny_engine, reference):
+async def test_a_greeting_matches_reference(engine, reference):
     """A response with no user input answers the instructions alone: the prompt is the system message and the start
     of the assistant's turn, exactly what the chat template makes of the instructions with a generation prompt."""
     model, tokenizer, _ = reference
-    special = tiny_engine.ckpt.special
+    special = engine.ckpt.special
     messages = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_tensors="pt")
     ids = ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
     ref_text, ref_codes = run_reference(model, special, ids)
 
-    conv = tiny_engine.conversation()
+    conv = engine.conversation()
     done = (await collect(conv.respond(item_id="a1", max_output_tokens=THINKER_MAX)))[-1]
     assert done.status in (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE), done.error
     assert done.usage.input_tokens == ids.shape[1]
@@ -114,9 +133,9 @@ async def test_a_greeting_matches_reference(tiny_engine, reference):
     await conv.close()
 
 
-async def test_audio_prompt_matches_reference(tiny_engine, reference):
+async def test_audio_prompt_matches_reference(engine, reference):
     model, tokenizer, fe = reference
-    special = tiny_engine.ckpt.special
+    special = engine.ckpt.special
     rng = np.random.default_rng(0)
     t = np.arange(int(1.7 * 16000)) / 16000
     pcm = (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
@@ -149,7 +168,7 @@ async def test_audio_prompt_matches_reference(tiny_engine, reference):
         feature_attention_mask=feats["attention_mask"],
     )
 
-    conv = tiny_engine.conversation()
+    conv = engine.conversation()
     await conv.add_audio("u1", pcm)
     events = await collect(conv.respond(item_id="a1", max_output_tokens=THINKER_MAX))
     done = events[-1]

@@ -314,7 +314,12 @@ def _engine_event(op: str, start: int):
     }[op]
     error = EngineFailure("stage broke") if op == "failed" else None
     reason = {"incomplete": "max_output_tokens", "cancelled": "client_cancelled"}.get(op)
-    return ResponseDone(status, Usage(1, 2, 0, 3, 4), reason=reason, error=error)
+    return ResponseDone(
+        status,
+        Usage(input_text_tokens=1, input_audio_tokens=2, cached_tokens=0, output_text_tokens=3, output_audio_tokens=4),
+        reason=reason,
+        error=error,
+    )
 
 
 @budget(60)

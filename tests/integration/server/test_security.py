@@ -117,7 +117,7 @@ async def test_the_session_limit_counts_websocket_sessions_and_webrtc_calls_toge
                 assert (await peers[0].call(http)).status_code == 201
                 await peers[0].until("session.created")  # (closing a peer mid-ICE leaks an aioice task)
                 refused = await peers[1].call(http)  # one WebSocket session + one call: full
-                assert refused.status_code == 429
+                assert refused.status_code == 503 and refused.headers["retry-after"].isdigit()
                 assert refused.json()["error"]["code"] == "session_limit_reached"
                 async with websockets.connect(url) as third:
                     error = json.loads(await third.recv())

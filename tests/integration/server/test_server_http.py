@@ -132,10 +132,14 @@ async def test_healthz_reports_model_weights_and_sessions():
             "webrtc": False,
             "calls": 0,
             "engine_responsive": True,
+            "engines": [
+                {"engine": 0, "device": None, "state": "serving", "responsive": True, "sessions": 0, "max_sessions": 16}
+            ],
         }
         async with websockets.connect(ws_url(http)) as ws:
             await until(ws, "session.created")
-            assert (await http.get("/healthz")).json()["sessions"] == 1
+            health = (await http.get("/healthz")).json()
+            assert (health["sessions"], health["engines"][0]["sessions"]) == (1, 1)
 
 
 class StuckEngine(FakeEngine):

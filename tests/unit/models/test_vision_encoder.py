@@ -101,3 +101,16 @@ def test_the_7b_preset_tower_has_the_released_sizes():
         "temporal_patch_size": 2,
     }
     assert {k: (list(v) if isinstance(v, tuple) else v) for k in released for v in [getattr(vision, k)]} == released
+
+
+def test_the_vision_towers_shape_leaves_the_other_random_weights_alone():
+    from pipeline.models.qwen2_5_omni.tiny import build_model
+
+    spec = RandomModelSpec.tiny()
+    other = dataclasses.replace(spec, vision_depth=2, vision_fullatt_blocks=(0,), vision_window_size=112)
+    a, b = build_model(spec, build_config(spec)), build_model(other, build_config(other))
+    assert len(a.thinker.model.visual.blocks) == 3 and len(b.thinker.model.visual.blocks) == 2
+    for part in ("talker", "token2wav"):
+        assert all(torch.equal(x, y) for x, y in zip(*(getattr(m, part).state_dict().values() for m in (a, b))))
+    rest = [{k: v for k, v in m.thinker.state_dict().items() if "visual" not in k} for m in (a, b)]
+    assert rest[0].keys() == rest[1].keys() and all(torch.equal(rest[0][k], rest[1][k]) for k in rest[0])

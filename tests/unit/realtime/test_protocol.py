@@ -260,10 +260,10 @@ def test_settings_that_would_change_the_result_are_refused_as_not_supported(sess
         (
             {
                 "type": "conversation.item.create",
-                "item": {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]},
+                "item": {"type": "message", "role": "user", "content": [{"type": "item_reference", "id": "x"}]},
             },
             "item.content.0.type",
-            "content type 'input_image' is not supported",
+            "content type 'item_reference' is not supported",
         ),
     ],
 )
@@ -643,8 +643,22 @@ def test_parse_errors_have_a_specific_code_and_param(message, code, param):
         ({"type": "message", "role": "user", "content": []}, ErrorCode.INVALID_VALUE, "item.content"),
         (
             {"type": "message", "role": "user", "content": [{"type": "input_image"}]},
+            ErrorCode.MISSING_REQUIRED_PARAMETER,
+            "item.content.0.image_url",
+        ),
+        (
+            {"type": "message", "role": "system", "content": [{"type": "input_image", "image_url": "data:,"}]},
             ErrorCode.UNSUPPORTED_VALUE,
             "item.content.0.type",
+        ),
+        (
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_image", "image_url": "x", "detail": "max"}],
+            },
+            ErrorCode.INVALID_VALUE,
+            "item.content.0.detail",
         ),
         (
             {"type": "message", "role": "user", "content": [{"type": "input_text"}]},
@@ -763,7 +777,7 @@ def test_content_type_names_parse_in_both_dialects():
     for content, wire in CONTENT_TYPE_NAMES.items():
         assert parse_content_type(wire.ga) is content
         assert parse_content_type(wire.beta) is content
-    assert parse_content_type("input_image") is None
+    assert parse_content_type("item_reference") is None
 
 
 # --- server events against the SDK models -------------------------------------------------------
@@ -794,7 +808,7 @@ def _all_server_events(b: ServerEvents) -> list[dict | None]:
         (_assistant_item(ItemStatus.INCOMPLETE),),
         StatusReason.TURN_DETECTED,
         None,
-        Usage(1, 2, 3, 4, 5),
+        Usage(input_text_tokens=1, input_audio_tokens=2, cached_tokens=3, output_text_tokens=4, output_audio_tokens=5),
         {"k": "v"},
     )
     failed = ResponseSummary(
@@ -846,7 +860,14 @@ def _all_server_events(b: ServerEvents) -> list[dict | None]:
             model="qwen2.5-omni",
         ),
         b.input_transcription_delta("item_1", 0, "Hel"),
-        b.input_transcription_completed("item_1", 0, "Hello.", Usage(1, 2, 0, 3, 0)),
+        b.input_transcription_completed(
+            "item_1",
+            0,
+            "Hello.",
+            Usage(
+                input_text_tokens=1, input_audio_tokens=2, cached_tokens=0, output_text_tokens=3, output_audio_tokens=0
+            ),
+        ),
         b.input_transcription_failed(
             "item_1", 0, {"type": "server_error", "code": "engine_failure", "message": "boom", "param": None}
         ),
@@ -871,7 +892,9 @@ def _function_call_events(b: ServerEvents) -> list[dict | None]:
         AudioFormat.PCM,
         None,
         (_assistant_item(), call),
-        usage=Usage(1, 2, 3, 4, 5),
+        usage=Usage(
+            input_text_tokens=1, input_audio_tokens=2, cached_tokens=3, output_text_tokens=4, output_audio_tokens=5
+        ),
     )
     return [
         b.session_updated(tools, session_id="sess_1", model="qwen2.5-omni"),

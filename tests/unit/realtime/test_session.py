@@ -136,7 +136,15 @@ class Driver:
     def respond(self) -> list:
         return self.send({"type": "response.create"})
 
-    def done(self, status=ResponseStatus.COMPLETED, reason=None, error=None, usage=Usage(1, 2, 0, 3, 4)) -> list:
+    def done(
+        self,
+        status=ResponseStatus.COMPLETED,
+        reason=None,
+        error=None,
+        usage=Usage(
+            input_text_tokens=1, input_audio_tokens=2, cached_tokens=0, output_text_tokens=3, output_audio_tokens=4
+        ),
+    ) -> list:
         return self.engine(ResponseDone(status, usage, reason=reason, error=error))
 
 

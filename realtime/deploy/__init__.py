@@ -1,0 +1,1 @@
+"""Deployments of the server beyond one process."""

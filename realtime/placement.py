@@ -1,0 +1,227 @@
+"""Which engine a new session goes to, and how many sessions each engine takes: pure, no I/O.
+
+A server runs one engine or several (data parallel: one engine per GPU, ``--data-parallel-size``). Each session
+is placed on one engine when it is admitted and stays there for its life: its conversation's KV cache lives in
+that engine. :class:`EngineSlots` admits sessions over the engines; it has the interface of
+:class:`realtime.limits.SessionSlots` (``limit``, ``active``, ``try_acquire``, ``refusal``), so the WebSocket
+endpoint and the WebRTC calls take their slots from it alike.
+
+Admission, in order (the first that fails names the refusal):
+
+1. the server's total, ``max_sessions`` (``session_limit_reached``, :class:`realtime.limits.SessionSlots`);
+2. an engine still serving (:attr:`PlacementCode.NO_ENGINE_AVAILABLE`: every engine failed);
+3. an engine below its session capacity, ``max_sessions_per_engine`` (:attr:`PlacementCode.ENGINE_CAPACITY_REACHED`).
+
+Headroom (:func:`choose_engine`): the serving engine with the most free session capacity; ties go to the one with
+the fewest live responses (as its engine last reported them), then to the lowest index. With equal capacities this
+spreads sessions evenly and, among equals, prefers the engine doing the least generation now.
+
+An engine that fails (:meth:`EngineSlots.fail`) takes no new session; each of its sessions' slots runs the
+callback its holder registered (:meth:`EngineSlot.on_engine_failure`), which ends that session.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from realtime.errors import ErrorType, LimitExceeded, RealtimeError
+from realtime.limits import SessionSlot, SessionSlots
+
+logger = logging.getLogger(__name__)
+
+E = TypeVar("E")
+
+
+class PlacementCode(str, enum.Enum):
+    """Wire error codes of engine placement (the ``error.code`` field, and ``/metrics`` refusal reasons)."""
+
+    ENGINE_CAPACITY_REACHED = "engine_capacity_reached"
+    """Every serving engine holds its ``max_sessions_per_engine`` sessions."""
+    NO_ENGINE_AVAILABLE = "no_engine_available"
+    """Every engine has failed: the server serves nothing until it is restarted."""
+    ENGINE_FAILED = "engine_failed"
+    """The engine serving this session failed; the session ends (a new one goes to a surviving engine)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class EngineState(str, enum.Enum):
+    SERVING = "serving"
+    FAILED = "failed"
+    """Its process died or it was closed: it takes no session again."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class NoEngineAvailable(RealtimeError):
+    type = ErrorType.SERVER
+    code = PlacementCode.NO_ENGINE_AVAILABLE
+
+
+class EngineFailed(RealtimeError):
+    """What a session whose engine failed is told before it is closed."""
+
+    type = ErrorType.SERVER
+    code = PlacementCode.ENGINE_FAILED
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """One engine as placement sees it."""
+
+    index: int
+    state: EngineState
+    sessions: int
+    capacity: int
+    responses: int = 0
+    """Live responses at the engine's last stats report (0 before any)."""
+
+    @property
+    def free(self) -> int:
+        return max(self.capacity - self.sessions, 0)
+
+
+def choose_engine(loads: Sequence[EngineLoad]) -> int | None:
+    """The index of the engine with the most headroom (module docstring), or ``None`` when no serving engine has a
+    free session slot."""
+    open_ = [load for load in loads if load.state is EngineState.SERVING and load.free > 0]
+    if not open_:
+        return None
+    return min(open_, key=lambda load: (-load.free, load.responses, load.index)).index
+
+
+class EngineSlot(SessionSlot, Generic[E]):
+    """One admitted session, placed on engine :attr:`index` (:attr:`engine`) for its life. :meth:`release` (or
+    leaving the ``with`` block) frees it, once."""
+
+    def __init__(self, slots: EngineSlots[E], total: SessionSlot, index: int) -> None:
+        super().__init__(slots._total)
+        self._engine_slots = slots
+        self._total_slot = total
+        self.index = index
+        self._on_failure: Callable[[], None] | None = None
+
+    @property
+    def engine(self) -> E:
+        return self._engine_slots.engines[self.index]
+
+    def on_engine_failure(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (once, on the event loop, no I/O in it: it should only signal the session to end) if
+        this slot's engine fails while the slot is held; at once if it has failed already."""
+        self._on_failure = callback
+        if self._engine_slots.state(self.index) is EngineState.FAILED and not self._released:
+            callback()
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._total_slot.release()
+            self._engine_slots._release(self)
+
+    def _engine_failed(self) -> None:
+        if self._on_failure is not None and not self._released:
+            self._on_failure()
+
+
+class EngineSlots(Generic[E]):
+    """Admission of sessions over ``engines`` (module docstring): at most ``max_sessions`` in all and
+    ``capacity`` on each engine. Not thread-safe: used from the event loop."""
+
+    def __init__(self, engines: Sequence[E], *, max_sessions: int, capacity: int) -> None:
+        if not engines:
+            raise ValueError("at least one engine is needed")
+        if capacity < 1:
+            raise ValueError(f"the sessions per engine must be >= 1, got {capacity}")
+        self.engines = tuple(engines)
+        self.capacity = capacity
+        self._total = SessionSlots(max_sessions)
+        self._states = [EngineState.SERVING] * len(self.engines)
+        self._responses = [0] * len(self.engines)
+        self._held: list[set[EngineSlot[E]]] = [set() for _ in self.engines]
+        self._last_refusal: RealtimeError = self._total.refusal()
+
+    @property
+    def limit(self) -> int:
+        """The server's total session limit."""
+        return self._total.limit
+
+    @property
+    def active(self) -> int:
+        return self._total.active
+
+    def state(self, index: int) -> EngineState:
+        return self._states[index]
+
+    def sessions(self, index: int) -> int:
+        return len(self._held[index])
+
+    @property
+    def serving(self) -> int:
+        """Engines still serving."""
+        return sum(state is EngineState.SERVING for state in self._states)
+
+    def loads(self) -> list[EngineLoad]:
+        return [
+            EngineLoad(i, self._states[i], len(self._held[i]), self.capacity, self._responses[i])
+            for i in range(len(self.engines))
+        ]
+
+    def report_responses(self, index: int, responses: int) -> None:
+        """The engine's live responses, from its latest stats (the placement's tie-break)."""
+        self._responses[index] = responses
+
+    def admit(self) -> EngineSlot[E] | RealtimeError:
+        """A slot on the engine with the most headroom, or the error saying why there is none."""
+        total = self._total.try_acquire()
+        if total is None:
+            return self._total.refusal()
+        index = choose_engine(self.loads())
+        if index is None:
+            total.release()
+            return self._refusal_without_engine()
+        slot: EngineSlot[E] = EngineSlot(self, total, index)
+        self._held[index].add(slot)
+        return slot
+
+    def try_acquire(self) -> EngineSlot[E] | None:
+        """:meth:`admit` as :class:`SessionSlots` offers it: ``None`` when refused (:meth:`refusal` says why)."""
+        admitted = self.admit()
+        if isinstance(admitted, EngineSlot):
+            return admitted
+        self._last_refusal = admitted
+        return None
+
+    def refusal(self) -> RealtimeError:
+        """Why the last :meth:`try_acquire` returned ``None``."""
+        return self._last_refusal
+
+    def _refusal_without_engine(self) -> RealtimeError:
+        if self.serving == 0:
+            return NoEngineAvailable("no engine of this server is serving (every one failed); try again later")
+        return LimitExceeded(
+            f"every engine of this server is serving its maximum of {self.capacity} sessions; try again later",
+            code=PlacementCode.ENGINE_CAPACITY_REACHED,
+        )
+
+    def fail(self, index: int) -> int:
+        """Mark engine ``index`` failed (idempotent): it takes no new session, and each of its sessions' failure
+        callbacks runs. Returns how many sessions it held."""
+        if self._states[index] is EngineState.FAILED:
+            return 0
+        self._states[index] = EngineState.FAILED
+        held = list(self._held[index])
+        for slot in held:
+            try:
+                slot._engine_failed()
+            except Exception:  # noqa: BLE001 - every other session must still be ended
+                logger.exception("ending a session of failed engine %d failed", index)
+        return len(held)
+
+    def _release(self, slot: EngineSlot[E]) -> None:
+        self._held[slot.index].discard(slot)

@@ -1,0 +1,131 @@
+"""A call's camera (realtime.video): an aiortc peer sends a camera-like VP8 track with speech; the spoken message
+gets sampled, downscaled frames and the reply's usage counts their image tokens. Against the FakeEngine with a
+vision tower; loopback only, as test_webrtc.py."""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+
+import av
+import numpy as np
+import pytest
+from aiortc import VideoStreamTrack
+
+from realtime.runner import OpenMessage
+from realtime.transports.webrtc import WebRTCCalls
+from realtime.video import CameraFeed
+from realtime.video_settings import CameraSettings
+from tests.fakes import TINY_VISION, FakeEngine
+from tests.integration.server.test_webrtc import ClientPeer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class MovingPattern(VideoStreamTrack):
+    """A 640x480 camera at 15 fps: a bright bar moving over a gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = 0
+
+    async def recv(self) -> av.VideoFrame:
+        pts, time_base = await self.next_timestamp()
+        image = np.zeros((480, 640, 3), np.uint8)
+        image[..., 0] = np.linspace(0, 255, 640, dtype=np.uint8)
+        x = (self.sent * 16) % 600
+        image[:, x : x + 40] = 255
+        frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+        frame.pts, frame.time_base = pts, time_base
+        self.sent += 1
+        return frame
+
+
+async def test_camera_frames_reach_the_spoken_message_and_usage_counts_them():
+    engine = FakeEngine(vision=TINY_VISION)
+    outcomes: list[str] = []
+    calls = WebRTCCalls(engine, ice_host_addresses=("127.0.0.1",), on_camera_frame=outcomes.append)
+    client = ClientPeer()
+    camera = MovingPattern()
+    client.pc.addTrack(camera)
+    try:
+        await client.call(calls)
+        await asyncio.sleep(0.5)  # the camera runs before the user speaks: its latest frame is held
+        client.say("capital_of_france")
+        _, done = await client.wait_for("response.done")
+    finally:
+        await client.close()
+        await calls.close()
+    conversation = engine.conversations[0]
+    (message,) = [handle for handle in conversation.inputs.values() if handle.state == "committed"]
+    shapes = {shape for shape, _ in message.frames}
+    times = [t for _, t in message.frames]
+    # 640x480 under the default budget (128 x 28 x 28 pixels) -> 364x252 on the 28-pixel grid
+    assert shapes == {(252, 364, 3)}
+    assert CameraSettings().frame_size(TINY_VISION, 480, 640) == (252, 364)
+    speech_s = message.samples / 16_000
+    # about 2 frames a second of the message from its start (the frame held before it opened first), times never
+    # decreasing
+    assert 0.0 <= times[0] < 1.0 and times == sorted(times) and times[-1] <= speech_s + 0.5
+    assert abs(len(times) - 2 * speech_s) <= 3, (len(times), speech_s)
+    usage = done["response"]["usage"]
+    assert usage["input_token_details"]["image_tokens"] == TINY_VISION.tokens(252, 364, len(times)) > 0
+    assert outcomes.count("delivered") == len(times)
+    assert outcomes.count("skipped") > outcomes.count("delivered")  # 15 fps sampled at 2
+    assert "invalid" not in outcomes and "no_vision" not in outcomes
+
+
+# --- the sampling rules, without a network ------------------------------------------------------
+
+
+class Messages:
+    def __init__(self) -> None:
+        self.open: OpenMessage | None = None
+
+    def open_message(self) -> OpenMessage | None:
+        return self.open
+
+
+class Handle:
+    def __init__(self) -> None:
+        self.frames: list[tuple[tuple[int, ...], float]] = []
+
+    def add_video_frame(self, frame: np.ndarray, t: float) -> None:
+        self.frames.append((frame.shape, t))
+
+
+def frame_at(seconds: float, width: int = 320, height: int = 240) -> av.VideoFrame:
+    frame = av.VideoFrame(width, height, "yuv420p")
+    frame.pts, frame.time_base = round(seconds * 90_000), fractions.Fraction(1, 90_000)
+    return frame
+
+
+async def test_frames_while_no_message_is_open_keep_the_latest_for_the_next_message():
+    messages, counts = Messages(), []
+    feed = CameraFeed(messages, TINY_VISION, CameraSettings(), count=counts.append)
+    for i in range(12):  # 30 fps for 0.4 s: one frame a 0.5 s period at most, so the first is taken
+        await feed.offer(frame_at(i / 30), 100 + i / 30)
+    await feed.offer(frame_at(0.6), 100.6)  # a second sampled frame replaces the held one (counted idle)
+    assert counts.count("idle") == 1 and counts.count("skipped") == 11
+    handle = Handle()
+    messages.open = OpenMessage("item_1", handle, started_at=100.9)
+    await feed.offer(frame_at(1.2), 101.2)
+    # 320x240 is within the budget: only rounded to the 28-pixel grid (252x308)
+    assert handle.frames == [((252, 308, 3), 0.0), ((252, 308, 3), pytest.approx(0.3))]
+    messages.open = None  # committed: frames are held again
+    await feed.offer(frame_at(1.8), 101.8)
+    assert counts.count("delivered") == 2 and len(handle.frames) == 2
+
+
+async def test_unusable_frames_and_a_blind_model_are_counted_drops():
+    messages, counts = Messages(), []
+    messages.open = OpenMessage("item_1", Handle(), started_at=0.0)
+    feed = CameraFeed(messages, TINY_VISION, CameraSettings(), count=counts.append)
+    bad = frame_at(0.0)
+    bad.pts = None
+    feed._convert = lambda frame: (_ for _ in ()).throw(ValueError("the frame is 0x0"))  # a corrupt frame
+    await feed.offer(bad, 1.0)
+    assert counts == ["invalid"]
+    blind = CameraFeed(messages, None, CameraSettings(), count=counts.append)
+    await blind.offer(frame_at(0.0), 1.0)
+    assert counts == ["invalid", "no_vision"]
