@@ -19,10 +19,12 @@ import enum
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from pipeline.api import ROOT_ITEM_ID, ContextPolicy
 from pipeline.errors import ContextLimitError, InvalidInputError, ResponseActiveError, UnknownItemError
+from pipeline.models.qwen2_5_omni.positions import GridSpan
 from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
 from pipeline.tools import Tool
 
@@ -34,6 +36,8 @@ class ItemKind(enum.Enum):
     FUNCTION_CALL = "function_call"
     """An assistant's call: ``reply_ids`` are its tokens (the model's own, or the family's rendering of a call the
     client added); it continues the assistant turn of the items before it."""
+    CONTENT = "content"
+    """A user message of text and images (``parts``)."""
     FUNCTION_OUTPUT = "function_output"
     """A tool's result (``text``), in the user turn of tool responses that consecutive outputs share."""
 
@@ -50,6 +54,18 @@ class AudioBlock:
     """The log-mel floor its features were computed with (None: the final floor)."""
     error: Exception | None = None
     """Why its encode failed (pipeline/runners/audio_encodes.py); a response reading it fails with it."""
+
+
+@dataclass
+class ImageBlock:
+    """Vision-tower output for one image of a message."""
+
+    embeds: torch.Tensor
+    """(n_tokens, H) on the thinker device (filled by the step's image encodes before anything renders)."""
+    offsets: np.ndarray
+    """(3, n_tokens) TMRoPE offsets (time, row, column) of its tokens from its first position."""
+    error: Exception | None = None
+    """Why its encode failed; a response reading it fails with it."""
 
 
 @dataclass
@@ -82,6 +98,8 @@ class ConvItem:
     audio_ms: float = 0.0
     """REPLY: milliseconds of audio produced for it."""
     text_tokens: int = 0
+    parts: list[str | ImageBlock] = field(default_factory=list)
+    """CONTENT: text and images, in order."""
 
 
 def function_item_tokens(renderer, item: ConvItem, prev: ConvItem | None, nxt: ConvItem | None) -> list[int]:
@@ -109,7 +127,11 @@ class Rendering:
     keys: list[Hashable]
     token_ids: list[int]
     audio: dict[int, tuple[torch.Tensor, int]]
-    """position -> (audio tensor, row) for audio placeholder positions."""
+    """position -> (encoder output, row) for audio and image placeholder positions."""
+    spans: list[GridSpan] = field(default_factory=list)
+    """Positions with explicit TMRoPE positions (images), in order."""
+    image_tokens: int = 0
+    """How many of ``audio``'s positions are image positions."""
 
 
 class ConversationState:
@@ -137,6 +159,9 @@ class ConversationState:
         self.slot: int | None = None
         """The thinker KV slot holding the first ``len(cached_keys)`` positions of the rendering."""
         self.cached_keys: list[Hashable] = []
+        self.rope_shift = 0
+        """Rope position - cache index of text after the cached prefix (0 without pictures): what a decode step adds
+        on every TMRoPE axis. Set by each prefill chunk that ends outside a picture."""
         self.talker_vectors: list[torch.Tensor] = []
         """Chunks of (T, H) talker input vectors, together aligned with ``cached_keys``."""
 
@@ -151,9 +176,12 @@ class ConversationState:
         return item_id in self.open_audio or any(item.id == item_id for item in self.items)
 
     def audio_error(self) -> Exception | None:
-        """The first failed encode among the conversation's audio blocks (committed or still being spoken)."""
+        """The first failed encode among the conversation's audio blocks (committed or still being spoken) and
+        images."""
         blocks = [b for item in self.items if item.kind is ItemKind.AUDIO for b in item.audio_blocks]
         blocks += [b for pending in self.open_audio.values() for b in pending.blocks]
+        contents = [item for item in self.items if item.kind is ItemKind.CONTENT]
+        blocks += [p for item in contents for p in item.parts if not isinstance(p, str)]
         return next((b.error for b in blocks if b.error is not None), None)
 
     def add(self, item: ConvItem, previous_item_id: str | None = None) -> None:
@@ -244,6 +272,8 @@ class ConversationState:
             self._append_tokens(r, self.renderer.text_message(item.role, item.text))
         elif item.kind is ItemKind.AUDIO:
             self._render_audio(r, item.id, item.role, item.audio_blocks, closed=True)
+        elif item.kind is ItemKind.CONTENT:
+            self._render_content(r, item)
         else:
             self._append_tokens(r, self.renderer.header(item.role) + item.reply_ids)
             if not item.open and not call_next:
@@ -259,6 +289,24 @@ class ConversationState:
                 r.token_ids.append(s.audio_token)
         if closed:
             self._append_tokens(r, [s.audio_end] + self.renderer.footer())
+
+    def _render_content(self, r: Rendering, item: ConvItem) -> None:
+        """Text and images; an image's positions get its explicit TMRoPE offsets (a :class:`GridSpan`)."""
+        images = [p for p in item.parts if not isinstance(p, str)]
+        parts = [p if isinstance(p, str) else p.embeds.shape[0] for p in item.parts]
+        k = 0
+        for segment in self.renderer.content_message(item.role, parts):
+            if isinstance(segment, list):
+                self._append_tokens(r, segment)
+                continue
+            block = images[k]
+            r.spans.append(GridSpan(at=len(r.keys), offsets=block.offsets))
+            for i in range(segment):
+                r.audio[len(r.keys)] = (block.embeds, i)
+                r.keys.append((item.id, "image", k, i))
+                r.token_ids.append(self.renderer.special.image_token)
+            r.image_tokens += segment
+            k += 1
 
     @staticmethod
     def _append_tokens(r: Rendering, ids: list[int]) -> None:
@@ -284,6 +332,7 @@ class ConversationState:
         if length >= len(self.cached_keys):
             return
         self.cached_keys = self.cached_keys[:length]
+        # the shift after the kept prefix is set again by the prefill that follows every crop
         vectors = torch.cat(self.talker_vectors) if self.talker_vectors else None
         self.talker_vectors = [vectors[:length]] if vectors is not None and length else []
 
@@ -379,5 +428,6 @@ class ConversationState:
         """Forget every cached position (they are rebuilt from the items on the next prefill). The slots stay
         assigned; the engine releases them (:meth:`EngineCore.release_slots`)."""
         self.cached_keys = []
+        self.rope_shift = 0
         self.talker_vectors = []
         self.talker_keys = []

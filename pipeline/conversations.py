@@ -14,8 +14,15 @@ from collections.abc import Callable
 import numpy as np
 
 from pipeline.api import ContextPolicy
-from pipeline.conversation_state import AudioBlock, ConversationState, ConvItem, ItemKind, OpenAudio
-from pipeline.errors import EmptyInputError, InvalidAudioError, InvalidInputError, UnknownItemError
+from pipeline.conversation_state import AudioBlock, ConversationState, ConvItem, ImageBlock, ItemKind, OpenAudio
+from pipeline.errors import (
+    EmptyInputError,
+    InvalidAudioError,
+    InvalidImageError,
+    InvalidInputError,
+    UnknownItemError,
+    UnsupportedInputError,
+)
 from pipeline.scheduler.scheduler import Scheduler
 from pipeline.tools import Tool
 
@@ -38,6 +45,8 @@ class Conversations:
         audio_encodes,
         exact_floor: bool,
         end_response: Callable[[str], None],
+        image_encodes=None,
+        preprocess: Callable | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.renderer = renderer
@@ -45,6 +54,10 @@ class Conversations:
         self.features = features
         """Makes the incremental log-mel features of one message (the model family's)."""
         self.audio_encodes = audio_encodes
+        self.image_encodes = image_encodes
+        """Queues pictures for the next step's vision encode (None: the checkpoint has no vision tower)."""
+        self.preprocess = preprocess
+        """The family's picture preprocessing: ``([frame]) -> (pixel_values, grid_thw)``."""
         self.exact_floor = exact_floor
         """``audio_floor: exact``: re-encode, at commit, the blocks whose features the final loudness changed."""
         self.end_response = end_response
@@ -118,6 +131,34 @@ class Conversations:
         if not text.strip():
             raise EmptyInputError("text message is empty", param="text")
         self.get(conv_id).add(ConvItem(id=item_id, role=role, kind=ItemKind.TEXT, text=text), previous_item_id)
+
+    def add_content(self, conv_id: str, item_id: str, parts: tuple, previous_item_id: str | None = None) -> None:
+        """A user message of text and pictures in order, placed as :meth:`add_text` places it; each picture is
+        preprocessed here and queued for the next step's vision encode, then prefilled in the background. Every part
+        is checked before anything is queued: a refused message leaves the conversation as it was."""
+        conv = self.get(conv_id)
+        if self.image_encodes is None or self.preprocess is None:
+            if any(not isinstance(part, str) for part in parts):
+                raise UnsupportedInputError("this model has no vision tower: it cannot take images", param="content")
+        conv.place(item_id, previous_item_id)
+        if not parts or all(isinstance(part, str) and not part.strip() for part in parts):
+            raise EmptyInputError("message has no text and no image", param="content")
+        inputs = []
+        for k, part in enumerate(parts):
+            if isinstance(part, str):
+                inputs.append(part)
+            elif isinstance(part, np.ndarray):
+                inputs.append(self.preprocess([part]))  # raises InvalidImageError for a bad picture
+            else:
+                raise InvalidImageError(
+                    f"content part {k} must be text or a uint8 RGB (H, W, 3) array, got {type(part).__name__}",
+                    param="content",
+                )
+        blocks: list[str | ImageBlock] = [
+            item if isinstance(item, str) else self.image_encodes.block(item.pixel_values, item.grid_thw)
+            for item in inputs
+        ]
+        conv.add(ConvItem(id=item_id, role="user", kind=ItemKind.CONTENT, parts=blocks), previous_item_id)
 
     def append_audio(self, conv_id: str, item_id: str, pcm: np.ndarray) -> None:
         """Feed user audio (16 kHz float32) of a message still being spoken. Each complete 2 s block is queued for

@@ -33,6 +33,7 @@ from pipeline.outputs import EngineStats, ResponseStatus
 from pipeline.request import ResponseSpec, ResponseState, TextEnd
 from pipeline.requests import (
     AddAudio,
+    AddContent,
     AddFunctionCall,
     AddFunctionOutput,
     AddText,
@@ -53,6 +54,7 @@ from pipeline.requests import (
     TruncateItem,
 )
 from pipeline.runners.audio_encodes import AudioEncodes
+from pipeline.runners.image_encodes import ImageEncodes
 from pipeline.runners.model_runner import ModelRunner, Sampled
 from pipeline.runners.sampling import SamplerSpec
 from pipeline.runners.talker import TalkerRunner
@@ -103,6 +105,18 @@ class EngineCore:
             fail=self._fail,
         )
         self._log_placement()
+        self.image_encodes = (
+            None
+            if thinker.vision is None
+            else ImageEncodes(
+                thinker,
+                merge=thinker.vision.merge_size,
+                width=thinker.text_model.config.hidden_size,
+                dtype=thinker.dtype,
+                device=thinker.device,
+            )
+        )
+        """Pictures queued by requests, encoded together at the start of each step (None: no vision tower)."""
         chunking = token2wav.cfg
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -139,6 +153,8 @@ class EngineCore:
             max_context=self.max_context,
             features=lambda: self.family.audio_features(ckpt),
             audio_encodes=self.runner.audio_encodes,
+            image_encodes=self.image_encodes,
+            preprocess=self.family.vision_preprocessor(ckpt),
             exact_floor=th.audio_floor == "exact",
             end_response=lambda rid: self._end_cancelled(rid),
         )
@@ -228,6 +244,8 @@ class EngineCore:
                 return c.add_function_output(conv_id, item_id, output)
             case SetContextPolicy(conv_id, policy):
                 return c.set_context_policy(conv_id, policy)
+            case AddContent(conv_id, item_id, parts, previous_item_id):
+                return c.add_content(conv_id, item_id, parts, previous_item_id)
             case AddText(conv_id, item_id, role, text, previous_item_id):
                 return c.add_text(conv_id, item_id, role, text, previous_item_id)
             case AddAudio(conv_id, item_id, pcm, previous_item_id):
@@ -338,10 +356,11 @@ class EngineCore:
         return progressed
 
     def encode_audio(self) -> int:
-        """Run the audio encodes the requests queued, every conversation's in one call (:meth:`step` starts with it;
-        the engine loop also calls it before running the requests that arrived meanwhile). Returns how many blocks
-        were encoded."""
-        return self.runner.audio_encodes.flush()
+        """Run the audio and picture encodes the requests queued, every conversation's in one call each (:meth:`step`
+        starts with it; the engine loop also calls it before running the requests that arrived meanwhile). Returns
+        how many blocks and pictures were encoded."""
+        encoded = self.runner.audio_encodes.flush()
+        return encoded + (self.image_encodes.flush() if self.image_encodes is not None else 0)
 
     def _in_worker(self) -> set[str]:
         return {r.id for r in self.runner.jobs.values()}
@@ -535,6 +554,7 @@ class EngineCore:
         return (
             bool(self.scheduler.responses)
             or self.runner.audio_encodes.pending > 0
+            or (self.image_encodes is not None and self.image_encodes.pending > 0)
             or self.scheduler.has_background_work()
             or not self.runner.worker_idle()
         )

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from pipeline import requests as rq
-from pipeline.api import INPUT_SAMPLE_RATE, ContextPolicy, Modality, Role
+from pipeline.api import INPUT_SAMPLE_RATE, ContentPart, ContextPolicy, Modality, Role
 from pipeline.config import StageGraphConfig, load_stage_config
 from pipeline.core import EngineCore
 from pipeline.errors import (
@@ -43,6 +43,7 @@ from pipeline.errors import (
     InvalidInputError,
     ResponseActiveError,
     UnknownVoiceError,
+    UnsupportedInputError,
 )
 from pipeline.loaders import CheckpointLoader, PretrainedCheckpoint
 from pipeline.loop import CoreCall, EngineBackend, EngineFacts, EngineThread
@@ -208,6 +209,13 @@ class Conversation:
     async def add_audio(self, item_id: str, pcm: np.ndarray, *, previous_item_id: str | None = None) -> None:
         validate_pcm(pcm)
         await self._engine._call(rq.AddAudio(self.id, item_id, pcm, previous_item_id))
+
+    async def add_content(
+        self, item_id: str, parts: tuple[ContentPart, ...], *, previous_item_id: str | None = None
+    ) -> None:
+        if self._engine.vision is None and any(not isinstance(part, str) for part in parts):
+            raise UnsupportedInputError("this model has no vision tower: it cannot take images", param="content")
+        await self._engine._call(rq.AddContent(self.id, item_id, tuple(parts), previous_item_id))
 
     def open_audio(self, item_id: str) -> AudioInput:
         return AudioInput(self, item_id)

@@ -114,6 +114,7 @@ class EngineFacts:
             random_weights=ckpt.random_weights,
             device_name=name,
             max_output_tokens=cfg.thinker.max_tokens or cfg.thinker.max_context_tokens or family.max_context(ckpt),
+            vision=family.vision_info(ckpt),
         )
 
 

@@ -96,6 +96,7 @@ class ThinkerState:
     """Positions of the prompt up to the reply's header; 0 before the first prefill chunk is planned."""
     input_text_tokens: int = 0
     input_audio_tokens: int = 0
+    input_image_tokens: int = 0
     cached_tokens: int = 0
     """Prompt positions already in the KV cache when the response started."""
 

@@ -21,6 +21,7 @@ __all__ = [
     "AddAudio",
     "AddFunctionCall",
     "AddFunctionOutput",
+    "AddContent",
     "AddText",
     "AppendAudio",
     "CancelResponse",
@@ -92,6 +93,16 @@ class AddFunctionOutput:
     conv_id: str
     item_id: str
     output: str
+
+
+@dataclass(frozen=True)
+class AddContent:
+    """A user message of text and pictures (uint8 RGB ``(H, W, 3)`` arrays), placed as :class:`AddText` places it."""
+
+    conv_id: str
+    item_id: str
+    parts: tuple
+    previous_item_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +197,7 @@ EngineRequest = (
     | SetTools
     | AddFunctionCall
     | AddFunctionOutput
+    | AddContent
     | AddText
     | AddAudio
     | AppendAudio

@@ -128,6 +128,8 @@ if triton is not None:
         Values,
         Slots,
         Positions,
+        Rope,
+        stride_r,
         stride_ks,
         stride_kl,
         stride_kh,
@@ -137,6 +139,8 @@ if triton is not None:
         HQ: tl.constexpr,
         HKV: tl.constexpr,
         HALF: tl.constexpr,
+        S0: tl.constexpr,
+        S01: tl.constexpr,
     ):
         row = tl.program_id(0)
         head = tl.program_id(1)  # q heads, then k heads, then v heads: the column order of the fused GEMM
@@ -148,10 +152,15 @@ if triton is not None:
         pos = tl.load(Positions + row)
         slot = tl.load(Slots + row)
         if head < HQ + HKV:
-            cos_lo = tl.load(Cos + pos * 2 * HALF + d).to(tl.float32)
-            cos_hi = tl.load(Cos + pos * 2 * HALF + HALF + d).to(tl.float32)
-            sin_lo = tl.load(Sin + pos * 2 * HALF + d).to(tl.float32)
-            sin_hi = tl.load(Sin + pos * 2 * HALF + HALF + d).to(tl.float32)
+            # frequency d rotates by the rope position of its TMRoPE axis (time below S0, height below S01, width)
+            r_t = tl.load(Rope + row)
+            r_h = tl.load(Rope + stride_r + row)
+            r_w = tl.load(Rope + 2 * stride_r + row)
+            rp = tl.where(d < S0, r_t, tl.where(d < S01, r_h, r_w))
+            cos_lo = tl.load(Cos + rp * 2 * HALF + d).to(tl.float32)
+            cos_hi = tl.load(Cos + rp * 2 * HALF + HALF + d).to(tl.float32)
+            sin_lo = tl.load(Sin + rp * 2 * HALF + d).to(tl.float32)
+            sin_hi = tl.load(Sin + rp * 2 * HALF + HALF + d).to(tl.float32)
             lo_f, hi_f = lo.to(tl.float32), hi.to(tl.float32)
             # eager: x * cos + rotate_half(x) * sin, each product and the sum rounded to the model dtype
             dt = lo.dtype
@@ -215,18 +224,29 @@ def rope_and_store(
     values: torch.Tensor,
     slots: torch.Tensor,
     positions: torch.Tensor,
+    rope: torch.Tensor | None = None,
     *,
     heads: int,
     kv_heads: int,
+    mrope_section: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Split the fused projection ``qkv`` (B, (heads + 2 kv_heads) × D) into heads, rotate q and k by the rotary
-    table rows ``cos``/``sin`` (max_len, D) at ``positions`` (B,), write k and v into the pool layer
-    ``keys``/``values`` (slots, max_len, kv_heads, D) at ``[slots[b], positions[b]]``; returns q (B, heads, D)."""
+    table rows ``cos``/``sin`` (rope_len, D), write k and v into the pool layer ``keys``/``values``
+    (slots, max_len, kv_heads, D) at ``[slots[b], positions[b]]``; returns q (B, heads, D).
+
+    Rotation: row b's frequency j (of D / 2) at the rope position ``rope[axis, b]`` of its TMRoPE axis — time for
+    j < ``mrope_section[0]``, height below ``mrope_section[0] + mrope_section[1]``, width after (None: time for every
+    j). ``rope`` (3, B) int64, rows may have stride 0 (None: ``positions`` on every axis)."""
     _require_triton()
     batch = qkv.shape[0]
     head_dim = cos.shape[-1]
     if head_dim % 2 or (head_dim // 2) & (head_dim // 2 - 1):
         raise ValueError(f"head_dim must be twice a power of two for the fused RoPE kernel, got {head_dim}")
+    if rope is None:
+        rope = positions.view(1, -1).expand(3, -1)
+    if rope.shape != (3, batch) or rope.stride(1) != 1:
+        raise ValueError(f"rope positions must be (3, {batch}) with unit row stride, got {tuple(rope.shape)}")
+    s0, s1 = mrope_section if mrope_section is not None else (head_dim // 2, 0)
     q = qkv.new_empty(batch, heads, head_dim)
     _rope_store_kernel[(batch, heads + 2 * kv_heads)](
         qkv,
@@ -237,6 +257,8 @@ def rope_and_store(
         values,
         slots,
         positions,
+        rope,
+        rope.stride(0),
         keys.stride(0),
         keys.stride(1),
         keys.stride(2),
@@ -246,6 +268,8 @@ def rope_and_store(
         HQ=heads,
         HKV=kv_heads,
         HALF=head_dim // 2,
+        S0=s0,
+        S01=s0 + s1,
     )
     return q
 

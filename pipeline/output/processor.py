@@ -136,6 +136,7 @@ class OutputProcessor:
         usage = Usage(
             input_text_tokens=r.thinker.input_text_tokens,
             input_audio_tokens=r.thinker.input_audio_tokens,
+            input_image_tokens=r.thinker.input_image_tokens,
             cached_tokens=r.thinker.cached_tokens,
             output_text_tokens=len(r.item.reply_ids),
             output_audio_tokens=r.codec_tokens,

@@ -49,10 +49,13 @@ def default_batch_sizes(max_rows: int) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class HostRow:
     """A row input whose values the host knows (token ids, sampling settings): given as a list, ``dtype`` on the
-    device, ``fill`` in padding rows (e.g. the scratch slot for an input that indexes per-slot state)."""
+    device, ``fill`` in padding rows (e.g. the scratch slot for an input that indexes per-slot state). With ``width``
+    > 1 it is ``width`` values per row (rope positions on three axes): given as ``width`` lists, passed to the step as
+    one (width, B) view."""
 
     dtype: torch.dtype = torch.long
     fill: int = 0
+    width: int = 1
 
 
 class BatchedDecode:
@@ -121,14 +124,19 @@ class BatchedDecode:
         if len(host) != len(self.host_rows):
             raise ValueError(f"expected {len(self.host_rows)} host row inputs, got {len(host)}")
         columns = [list(slots) + [self.pool.scratch_slot] * pad, list(positions) + [0] * pad]
-        columns += [[int(v) for v in values] + [row.fill] * pad for values, row in zip(host, self.host_rows)]
+        for values, row in zip(host, self.host_rows):
+            lines = [values] if row.width == 1 else list(values)
+            if len(lines) != row.width:
+                raise ValueError(f"a host row input of width {row.width} got {len(lines)} lists")
+            columns += [[int(v) for v in line] + [row.fill] * pad for line in lines]
         return torch.tensor(columns, dtype=torch.long)
 
     def _unpack(self, packed: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        host = [
-            packed[2 + i] if row.dtype == torch.long else packed[2 + i].to(row.dtype)
-            for i, row in enumerate(self.host_rows)
-        ]
+        host, at = [], 2
+        for row in self.host_rows:
+            value = packed[at] if row.width == 1 else packed[at : at + row.width]
+            host.append(value if row.dtype == torch.long else value.to(row.dtype))
+            at += row.width
         return (packed[0], packed[1], *host)
 
     def _graph_fn(self, packed, *device_rows):
@@ -223,8 +231,8 @@ def prefill_graphs(decoder, *, width: int, dtype: torch.dtype, cuda_graphs: bool
     :data:`PREFILL_GRAPH_SIZES` rows, for :func:`graphed_prefill` (``decoder``: a
     :class:`~pipeline.runners.decoder.PooledDecoder`)."""
 
-    def step(slots, positions, x, *, graph_safe: bool):
-        return (decoder.decode(x, slots, positions, graph_safe=graph_safe),)
+    def step(slots, positions, rope, x, *, graph_safe: bool):
+        return (decoder.decode(x, slots, positions, rope, graph_safe=graph_safe),)
 
     return BatchedDecode(
         step,
@@ -232,21 +240,28 @@ def prefill_graphs(decoder, *, width: int, dtype: torch.dtype, cuda_graphs: bool
         device=decoder.device,
         cuda_graphs=cuda_graphs,
         batch_sizes=PREFILL_GRAPH_SIZES,
+        host_rows=(HostRow(width=3),),
         device_rows=lambda b: (torch.zeros(b, width, dtype=dtype, device=decoder.device),),
     )
 
 
-def graphed_prefill(prefill: BatchedDecode, spans: Sequence[tuple[int, torch.Tensor, int]]) -> list[torch.Tensor]:
-    """Spans ``(slot, x, start)``: the positions ``start .. start+T-1`` of ``slot`` with input vectors ``x`` (T, H),
-    every span's positions as rows of one captured step (``prefill`` runs a decoder's graph-safe row step): each row
-    writes its key/value, then attends over its slot up to its own position, so a span's rows see each other causally
-    as in a prefill (spans must not share positions of a slot). Returns each span's (T, H), copies (the graph's buffer
-    is reused by the next call). The caller checks :meth:`BatchedDecode.fits` for the total first."""
-    slots, positions = [], []
-    for slot, x, start in spans:
+def graphed_prefill(
+    prefill: BatchedDecode, spans: Sequence[tuple[int, torch.Tensor, int, torch.Tensor | None]]
+) -> list[torch.Tensor]:
+    """Spans ``(slot, x, start, rope)``: the cache indices ``start .. start+T-1`` of ``slot`` with input vectors ``x``
+    (T, H) and rope positions ``rope`` (3, T) int64 on the host (None: the cache indices), every span's positions as
+    rows of one captured step (``prefill`` runs a decoder's graph-safe row step): each row writes its key/value, then
+    attends over its slot up to its own position, so a span's rows see each other causally as in a prefill (spans must
+    not share positions of a slot). Returns each span's (T, H), copies (the graph's buffer is reused by the next
+    call). The caller checks :meth:`BatchedDecode.fits` for the total first."""
+    slots, positions, rope_rows = [], [], [[], [], []]
+    for slot, x, start, rope in spans:
         if start + x.shape[0] > prefill.pool.max_len:
             raise ValueError(f"positions up to {start + x.shape[0]} exceed the KV pool's {prefill.pool.max_len}")
         slots += [slot] * x.shape[0]
-        positions += range(start, start + x.shape[0])
-    (hidden,) = prefill(slots, positions, (), torch.cat([x for _, x, _ in spans]))
+        indices = range(start, start + x.shape[0])
+        positions += indices
+        for axis, line in enumerate(rope_rows):
+            line += indices if rope is None else rope[axis].tolist()
+    (hidden,) = prefill(slots, positions, (rope_rows,), torch.cat([x for _, x, _, _ in spans]))
     return list(hidden.clone().split([x.shape[0] for _, x, _ in spans]))

@@ -77,7 +77,7 @@ class ModelRunner:
         if not jobs:
             return [], []
         inputs = [self._embeds(job) for job in jobs]
-        spans = [(embeds, job.conv.slot, job.start, job.logits) for job, (embeds, _) in zip(jobs, inputs)]
+        spans = [(embeds, job.conv.slot, job.start, job.logits, job.rope) for job, (embeds, _) in zip(jobs, inputs)]
         failed: list[tuple[PrefillJob, Exception]] = []
         try:
             outputs = list(zip(jobs, inputs, self.thinker.prefill_many(spans)))
@@ -93,6 +93,8 @@ class ModelRunner:
         for job, (_, talker_embeds), out in outputs:
             try:
                 job.conv.extend(job.keys, self.to_talker(out.hidden, talker_embeds))
+                if job.rope_shift is not None:
+                    job.conv.rope_shift = job.rope_shift
             except Exception as exc:  # noqa: BLE001 - isolate this conversation's failure
                 failed.append((job, exc))
                 continue
@@ -100,8 +102,8 @@ class ModelRunner:
         return ran, failed
 
     def _embeds(self, job: PrefillJob) -> tuple[torch.Tensor, torch.Tensor]:
-        """(thinker inputs, what the talker's vectors add) of a chunk: token embeddings, the audio encoder's outputs
-        at audio positions (zero for the talker: the reference zeroes multimodal positions)."""
+        """(thinker inputs, what the talker's vectors add) of a chunk: token embeddings, the audio and vision encoders'
+        outputs at their placeholder positions (zero for the talker: the reference zeroes multimodal positions)."""
         embeds = self.thinker.embed(job.token_ids)
         talker_embeds = embeds.clone()
         for at, audio, rows in job.audio:  # one copy per audio run, not per position
@@ -131,11 +133,13 @@ class ModelRunner:
                 seeds=[r.seed for r in batch],
                 counters=[len(r.item.reply_ids) for r in batch],
             )
+            shifts = [r.conv.rope_shift for r in batch]
             step = self.thinker.decode(
                 [r.thinker.pending_token for r in batch],
                 [r.conv.slot for r in batch],
                 [len(r.conv.cached_keys) for r in batch],
                 sample_rows,
+                rope_shifts=shifts if any(shifts) else None,
             )
             vectors = self.to_talker(step.hidden, step.embeds)
             sampled.append((batch, step.tokens.clone()))  # the graph's buffer is overwritten by the next replay

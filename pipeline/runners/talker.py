@@ -113,7 +113,7 @@ class TalkerRunner:
 
     def _prefill_rows(self, x: torch.Tensor, slot: int, start: int) -> torch.Tensor:
         if self.prefills.fits(x.shape[0]):
-            (hidden,) = graphed_prefill(self.prefills, [(slot, x, start)])
+            (hidden,) = graphed_prefill(self.prefills, [(slot, x, start, None)])
             return hidden
         return self.decoder.prefill(slot, x, start)
 

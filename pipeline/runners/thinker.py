@@ -4,11 +4,14 @@ It exposes the three operations the engine core schedules — encode user audio,
 the conversation into a KV cache, decode one token — and returns for every position what the talker
 needs: the input embedding and the last hidden state (after the final norm).
 
-Positions: text and audio tokens use plain sequential positions on all three TMRoPE axes (the 3-D
-positions of Qwen2.5-Omni differ from ``arange`` only for images and video), so a span prefilled at
-offset ``start`` uses ``start .. start+T-1``, and a position's rotary angle is its index in the KV slot
-(:class:`~pipeline.runners.decoder.PooledDecoder`). All methods run under ``torch.inference_mode`` and
-must be called from the engine thread only.
+Positions: a position's KV cache index (where it is stored, what attention is causal in) and its TMRoPE rope
+positions (time, height, width) differ once a conversation holds a picture: picture tokens take explicit 3-D
+positions and the text after them continues at the picture's largest position + 1
+(:mod:`pipeline.models.qwen2_5_omni.positions`). A prefill span takes its rope positions explicitly as a (3, T) host
+tensor (None: the cache indices, on every axis); a decode row takes a rope *shift* (rope position - cache index, the
+same on every axis: decoded tokens are text), 0 for a conversation without pictures
+(:class:`~pipeline.runners.decoder.PooledDecoder`). All methods run under ``torch.inference_mode`` and must be called
+from the engine thread only.
 """
 
 from __future__ import annotations
@@ -76,6 +79,8 @@ class ThinkerRunner:
         self.dtype = dtype
         self.audio = parts.audio
         """User audio blocks, batched (the family's encoder; on CUDA replayed from graphs)."""
+        self.vision = parts.vision
+        """The vision tower (None: the checkpoint has none)."""
         self.decoder = PooledDecoder(
             self.text_model,
             slots=kv_slots,
@@ -100,7 +105,11 @@ class ThinkerRunner:
             device=self.device,
             cuda_graphs=cuda_graphs,
             batch_sizes=graph_batch_sizes,
-            host_rows=(HostRow(), *(sample_host_rows(self.pool.scratch_slot) if self.sampler else ())),
+            host_rows=(
+                HostRow(),  # token ids
+                HostRow(width=3),  # rope positions
+                *(sample_host_rows(self.pool.scratch_slot) if self.sampler else ()),
+            ),
         )
 
     @classmethod
@@ -141,11 +150,23 @@ class ThinkerRunner:
         attends within each block, so the blocks of different conversations batch without mixing."""
         return [out.to(self.dtype) for out in self.audio.encode_many(features)]
 
+    def image_tokens(self, grid_thw) -> int:
+        """Thinker positions the vision tower makes of a picture of patch grid ``grid_thw``."""
+        return self.vision.tokens(grid_thw)
+
+    def encode_images(self, items: list) -> list[torch.Tensor]:
+        """Pictures ``(pixel_values, grid_thw)`` through the vision tower (several items may run as one batch; each
+        attends within itself): one (tokens, H) tensor each, in the thinker's dtype."""
+        return [out.to(self.dtype) for out in self.vision.encode_many(items)]
+
     @torch.inference_mode()
-    def prefill(self, embeds: torch.Tensor, slot: int, start: int, *, logits: bool = True) -> ThinkerOutput:
-        """Run ``embeds`` (T, H) at positions ``start..start+T-1`` of KV slot ``slot``; ``logits=False`` skips the
-        vocabulary projection (a background prefill samples nothing)."""
-        return self.prefill_many([(embeds, slot, start, logits)])[0]
+    def prefill(
+        self, embeds: torch.Tensor, slot: int, start: int, *, logits: bool = True, rope: torch.Tensor | None = None
+    ) -> ThinkerOutput:
+        """Run ``embeds`` (T, H) at cache indices ``start..start+T-1`` of KV slot ``slot`` with rope positions
+        ``rope`` ((3, T) int64 on the host, a tensor or numpy array; None: the cache indices); ``logits=False`` skips
+        the vocabulary projection (a background prefill samples nothing)."""
+        return self.prefill_many([(embeds, slot, start, logits, rope)])[0]
 
     @property
     def prefill_rows(self) -> int | None:
@@ -153,14 +174,18 @@ class ThinkerRunner:
         return max(self.prefills.captured) if self.prefills.captured else None
 
     @torch.inference_mode()
-    def prefill_many(self, spans: list[tuple[torch.Tensor, int, int, bool]]) -> list[ThinkerOutput]:
-        """Several :meth:`prefill` calls, ``(embeds, slot, start, logits)`` each, in one replay when their positions
-        together fit the largest prefill graph (one row per position; each span's rows attend within their own
-        slot), else one by one. Spans must be in different slots (or not overlap)."""
-        sizes = [embeds.shape[0] for embeds, _, _, _ in spans]
+    def prefill_many(
+        self, spans: list[tuple[torch.Tensor, int, int, bool, torch.Tensor | None]]
+    ) -> list[ThinkerOutput]:
+        """Several :meth:`prefill` calls, ``(embeds, slot, start, logits, rope)`` each, in one replay when their
+        positions together fit the largest prefill graph (one row per position; each span's rows attend within their
+        own slot), else one by one. Spans must be in different slots (or not overlap)."""
+        sizes = [span[0].shape[0] for span in spans]
+        for embeds, _, _, _, rope in spans:
+            self._check_rope(rope, embeds.shape[0])
         if not self.prefills.fits(sum(sizes)):
             return [self._prefill_eager(*span) for span in spans]
-        hiddens = graphed_prefill(self.prefills, [(slot, embeds, start) for embeds, slot, start, _ in spans])
+        hiddens = graphed_prefill(self.prefills, [(slot, x, start, rope) for x, slot, start, _, rope in spans])
         wanted = [i for i, span in enumerate(spans) if span[3]]
         logits = self.lm_head(torch.stack([hiddens[i][-1] for i in wanted])).float() if wanted else None
         last = {i: logits[k] for k, i in enumerate(wanted)}
@@ -169,28 +194,57 @@ class ThinkerRunner:
             for i, (span, h) in enumerate(zip(spans, hiddens))
         ]
 
-    def _prefill_eager(self, embeds: torch.Tensor, slot: int, start: int, logits: bool) -> ThinkerOutput:
-        hidden = self.decoder.prefill(slot, embeds, start)
+    def _check_rope(self, rope: torch.Tensor | None, rows: int) -> None:
+        """Rope positions must be (3, rows) and inside the decoder's cos/sin table (checked on the host)."""
+        if rope is None:
+            return
+        if tuple(rope.shape) != (3, rows):
+            raise ValueError(f"rope positions must have shape (3, {rows}), got {tuple(rope.shape)}")
+        if rows and (int(rope.min()) < 0 or int(rope.max()) >= self.decoder.rope_len):
+            raise ValueError(f"rope positions must lie in [0, {self.decoder.rope_len}), got up to {int(rope.max())}")
+
+    def _prefill_eager(
+        self, embeds: torch.Tensor, slot: int, start: int, logits: bool, rope: torch.Tensor | None
+    ) -> ThinkerOutput:
+        rope = None if rope is None else torch.as_tensor(rope).to(self.device, torch.long)
+        hidden = self.decoder.prefill(slot, embeds, start, rope)
         last = self.lm_head(hidden[-1:]).float()[0] if logits else None
         return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=last)
 
     @torch.inference_mode()
     def decode(
-        self, tokens: list[int], slots: list[int], positions: list[int], sample: SampleRows | None = None
+        self,
+        tokens: list[int],
+        slots: list[int],
+        positions: list[int],
+        sample: SampleRows | None = None,
+        rope_shifts: list[int] | None = None,
     ) -> ThinkerStep:
-        """One token per row: row b feeds ``tokens[b]`` at ``positions[b]`` of slot ``slots[b]`` (all rows in
-        one batch; one CUDA graph replay on a GPU), and, with a sampler, samples the next token of each row with
-        ``sample``'s rows. Nothing here waits for the device: read ``tokens`` (one transfer) when needed."""
+        """One token per row: row b feeds ``tokens[b]`` at cache index ``positions[b]`` of slot ``slots[b]``, at rope
+        position ``positions[b] + rope_shifts[b]`` on every axis (None: shifts 0) (all rows in one batch; one CUDA
+        graph replay on a GPU), and, with a sampler, samples the next token of each row with ``sample``'s rows.
+        Nothing here waits for the device: read ``tokens`` (one transfer) when needed."""
         sampling = sample_inputs(len(tokens), self.pool.scratch_slot, self.sampler, sample)
-        outputs = self.batched(slots, positions, (tokens, *sampling))
+        rope = positions
+        if rope_shifts is not None:
+            rope = [p + d for p, d in zip(positions, rope_shifts)]
+            if any(not 0 <= p < self.decoder.rope_len for p in rope):
+                raise ValueError(f"rope positions must lie in [0, {self.decoder.rope_len})")
+        outputs = self.batched(slots, positions, (tokens, (rope, rope, rope), *sampling))
         embeds, hidden, logits = outputs[:3]
         return ThinkerStep(embeds=embeds, hidden=hidden, logits=logits, tokens=outputs[3] if self.sampler else None)
 
     def _decode_fn(
-        self, slots: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, *sample: torch.Tensor, graph_safe: bool
+        self,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        ids: torch.Tensor,
+        rope: torch.Tensor,
+        *sample: torch.Tensor,
+        graph_safe: bool,
     ):
         embeds = self.text_model.embed_tokens(ids)
-        hidden = self.decoder.decode(embeds, slots, positions, graph_safe=graph_safe)
+        hidden = self.decoder.decode(embeds, slots, positions, rope, graph_safe=graph_safe)
         logits = self.lm_head(hidden).float()
         if self.sampler is None:
             return embeds, hidden, logits

@@ -40,6 +40,11 @@ class PrefillJob:
     """The last position's logits are needed (a response's final chunk: its first reply token)."""
     owner: object | None = None
     """The response whose prompt this is (None: a background prefill of an idle conversation)."""
+    rope: object | None = None
+    """(3, rows) int64 numpy array of the chunk's TMRoPE positions (None: the cache indices, as without pictures)."""
+    rope_shift: int | None = 0
+    """Rope position - cache index of text after the chunk (what decode rows add once it ran); None: the chunk ends
+    inside a span of explicit positions."""
 
     @property
     def rows(self) -> int:

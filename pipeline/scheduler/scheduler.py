@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from pipeline.api import ContextPolicy
 from pipeline.conversation_state import ConversationState
+from pipeline.models.qwen2_5_omni.positions import rope_positions, rope_shift
 from pipeline.output.start_buffer import holds_start
 from pipeline.outputs import ResponseStatus
 from pipeline.request import ResponseState
@@ -139,7 +140,8 @@ class Scheduler:
         if r.thinker.prompt_len == 0:
             r.thinker.cached_tokens = min(conv.common_prefix(rendering.keys), len(rendering.keys) - 1)
             r.thinker.prompt_len = len(rendering.keys)
-            r.thinker.input_audio_tokens = len(rendering.audio)
+            r.thinker.input_image_tokens = rendering.image_tokens
+            r.thinker.input_audio_tokens = len(rendering.audio) - rendering.image_tokens
             r.thinker.input_text_tokens = r.thinker.prompt_len - len(rendering.audio)
             plan.sampler_resets.append((conv.slot, list(rendering.token_ids)))
         job = self._chunk(conv, rendering, need_logits=True)
@@ -192,6 +194,8 @@ class Scheduler:
             start = min(start, len(keys) - 1)
         conv.crop(start)
         end = min(len(keys), start + self.cfg.prefill_chunk_tokens)
+        rope = rope_positions(end, rendering.spans, start=start)
+        inside = any(span.at < end < span.at + span.length for span in rendering.spans)
         return PrefillJob(
             conv,
             keys[start:end],
@@ -200,6 +204,8 @@ class Scheduler:
             start,
             last=end == len(keys),
             logits=need_logits and end == len(keys),
+            rope=rope,
+            rope_shift=None if inside else rope_shift(rendering.spans, end),
         )
 
     def needs_prefill(self, conv: ConversationState) -> bool:

@@ -7,11 +7,14 @@ Layout (what the checkpoint's chat template renders)::
     <|im_start|>assistant\\n                         generation prompt
 
 Audio content is ``<|audio_bos|>`` + one ``<|AUDIO|>`` placeholder per audio-encoder output token +
-``<|audio_eos|>``. The role header and text content are tokenized as one string, as the template
-does, so BPE merges across the newline match the reference exactly.
+``<|audio_eos|>``; an image in a message is ``<|vision_bos|>`` + one ``<|IMAGE|>`` per vision-tower output token +
+``<|vision_eos|>``, between the message's text parts. The role header and text content are tokenized as one
+string, as the template does, so BPE merges across the newline match the reference exactly.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from pipeline.api import TranscriptionPrompt
 from pipeline.models.qwen2_5_omni.checkpoint import SpecialTokens
@@ -70,6 +73,24 @@ class PromptRenderer:
     def text(self, text: str) -> list[int]:
         """Plain text inside a message (a later part of a turn)."""
         return self._encode(text)
+
+    def content_message(self, role: str, parts: Sequence[str | int]) -> list[list[int] | int]:
+        """A message of text parts (``str``) and images (``int``: the image's vision-tower token count), in order, as
+        segments: token ids (the header, text, vision markers, footer) and, for each image, its token count (the
+        caller places that many ``image_token`` positions there). Text between two images is tokenized as one string
+        with the role header when it opens the message, as the chat template's string is."""
+        s = self.special
+        segments: list[list[int] | int] = []
+        ids, text = [s.im_start], f"{role}\n"
+        for part in parts:
+            if isinstance(part, str):
+                text += part
+                continue
+            segments.append([*ids, *(self._encode(text) if text else []), s.vision_start])
+            segments.append(part)
+            ids, text = [s.vision_end], ""
+        segments.append([*ids, *(self._encode(text) if text else []), *self.footer()])
+        return segments
 
     def audio_content(self, n_audio_tokens: int) -> list[int]:
         s = self.special

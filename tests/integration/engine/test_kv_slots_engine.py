@@ -231,7 +231,7 @@ async def test_a_burst_of_turns_prefills_together_and_answers_as_each_alone(tiny
     prefill_many = core.runner.thinker.prefill_many
 
     def recording(spans):
-        batches.append([logits for _, _, _, logits in spans])
+        batches.append([span[3] for span in spans])
         return prefill_many(spans)
 
     core.runner.thinker.prefill_many = recording

@@ -58,6 +58,14 @@ for dtype, tol in ((torch.float32, 1e-5),):
                 for s, p in zip(slots, pos.tolist()):
                     for pool, ref_pool in ((fused.pool.keys, ref.pool.keys), (fused.pool.values, ref.pool.values)):
                         torch.testing.assert_close(pool[layer][s, p], ref_pool[layer][s, p], rtol=tol, atol=tol)
+        # explicit 3-D rope positions (a picture's), apart from the cache indices: prefill and decode rows
+        rope = torch.stack([torch.randint(0, 40, (6,)) for _ in range(3)])
+        x = torch.randn(6, hidden, dtype=dtype)
+        torch.testing.assert_close(fused.prefill(2, x, 0, rope), ref.prefill(2, x, 0, rope), rtol=tol, atol=tol)
+        rows = torch.randn(2, hidden, dtype=dtype)
+        slots2, pos2, rope2 = torch.tensor([2, 2]), torch.tensor([6, 7]), torch.tensor([[3, 30], [5, 1], [39, 0]])
+        want = ref.decode(rows, slots2, pos2, rope2)
+        torch.testing.assert_close(fused.decode_fused(rows, slots2, pos2, rope2), want, rtol=tol, atol=tol)
         layer = body.layers[0]
         h = torch.randn(5, hidden, dtype=dtype)
         d = torch.randn(5, hidden, dtype=dtype)
