@@ -37,6 +37,7 @@ from pipeline.errors import (
     EngineDeadError,
     EngineProcessError,
     InvalidAudioError,
+    InvalidImageError,
     InvalidInputError,
     PipelineError,
     ResponseActiveError,
@@ -166,6 +167,27 @@ async def test_streamed_audio_then_commit_and_respond(engine, tiny_engine):
     # timing (seen once in a full suite on 2 loaded cores: 192 against 166 cached positions, tokens identical).
     assert (ours.text_token_ids, ours.audio_codes) == (theirs.text_token_ids, theirs.audio_codes)
     assert replace(ours.usage, cached_tokens=0) == replace(theirs.usage, cached_tokens=0)
+
+
+async def test_an_image_message_crosses_to_the_child(engine, tiny_engine):
+    """A message with a picture (a numpy array, pickled to the child): the same reply and image usage as the engine
+    thread gives; a bad picture is refused with its own error class across the process boundary."""
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (50, 70, 3), dtype=np.uint8)
+    assert engine.vision == tiny_engine.vision and engine.vision is not None
+    replies = []
+    for eng in (engine, tiny_engine):
+        conv = eng.conversation()
+        with pytest.raises(InvalidImageError):
+            await conv.add_content("u1", ("look", np.zeros((5, 5), np.uint8)))
+        await conv.add_content("u1", ("look", image, "what is it?"))
+        done = await conv.respond(item_id="a1", modalities=frozenset({"text"}), max_output_tokens=6).wait()
+        assert done.status is not ResponseStatus.FAILED, done.error
+        replies.append(done)
+        await conv.close()
+    ours, theirs = replies
+    assert ours.text_token_ids == theirs.text_token_ids
+    assert ours.usage.input_image_tokens == theirs.usage.input_image_tokens == engine.vision.tokens(50, 70)
 
 
 async def test_stats_and_wait_idle(engine):
