@@ -55,6 +55,11 @@ class VideoTimeline:
     def has_video(self) -> bool:
         return bool(self._frames)
 
+    @property
+    def ended(self) -> bool:
+        """No patch will be added any more (the video ended by the grace rule, or the message is closed)."""
+        return self._end is not None
+
     # -- patches --------------------------------------------------------------------------------
     def final_patches(self, audio_s: float, *, closed: bool) -> int:
         """Temporal patches that are final with ``audio_s`` seconds of audio heard (``closed``: the message is
