@@ -27,6 +27,7 @@ from pipeline.errors import ContextLimitError, InvalidInputError, ResponseActive
 from pipeline.models.qwen2_5_omni.positions import GridSpan
 from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
 from pipeline.tools import Tool
+from pipeline.video_message import OpenVideo, VideoPart
 
 
 class ItemKind(enum.Enum):
@@ -79,6 +80,8 @@ class OpenAudio:
     blocks: list[AudioBlock] = field(default_factory=list)
     error: Exception | None = None
     """First failure while encoding in the background; raised at commit."""
+    video: OpenVideo | None = None
+    """Its camera video, from its first frame on (:mod:`pipeline.video_message`)."""
 
 
 @dataclass
@@ -100,6 +103,8 @@ class ConvItem:
     text_tokens: int = 0
     parts: list[str | ImageBlock] = field(default_factory=list)
     """CONTENT: text and images, in order."""
+    video: VideoPart | None = None
+    """AUDIO: its camera video (None: none, or removed by the video budget), interleaved with the audio."""
 
 
 def function_item_tokens(renderer, item: ConvItem, prev: ConvItem | None, nxt: ConvItem | None) -> list[int]:
@@ -180,6 +185,8 @@ class ConversationState:
         images."""
         blocks = [b for item in self.items if item.kind is ItemKind.AUDIO for b in item.audio_blocks]
         blocks += [b for pending in self.open_audio.values() for b in pending.blocks]
+        blocks += [b for item in self.items if item.video is not None for b in item.video.pairs]
+        blocks += [b for p in self.open_audio.values() if p.video is not None for b in p.video.part.pairs]
         contents = [item for item in self.items if item.kind is ItemKind.CONTENT]
         blocks += [p for item in contents for p in item.parts if not isinstance(p, str)]
         return next((b.error for b in blocks if b.error is not None), None)
@@ -247,7 +254,12 @@ class ConversationState:
             self._render_item(r, item, *self._neighbours(k))
         if with_open_audio and self.open_audio:
             pending = next(iter(self.open_audio.values()))
-            self._render_audio(r, pending.id, "user", pending.blocks, closed=False)
+            video = pending.video
+            if video is not None and video.timeline.has_video:
+                closed = video.closed
+                self._render_av(r, pending.id, "user", pending.blocks, video.part, closed=False, video_closed=closed)
+            else:
+                self._render_audio(r, pending.id, "user", pending.blocks, closed=False)
         return r
 
     def system_message(self) -> list[int]:
@@ -270,6 +282,8 @@ class ConversationState:
             self._append_tokens(r, self.renderer.open_message(item.role, item.text + "\n"))
         elif item.kind is ItemKind.TEXT:
             self._append_tokens(r, self.renderer.text_message(item.role, item.text))
+        elif item.kind is ItemKind.AUDIO and item.video is not None:
+            self._render_av(r, item.id, item.role, item.audio_blocks, item.video, closed=True, video_closed=True)
         elif item.kind is ItemKind.AUDIO:
             self._render_audio(r, item.id, item.role, item.audio_blocks, closed=True)
         elif item.kind is ItemKind.CONTENT:
@@ -289,6 +303,48 @@ class ConversationState:
                 r.token_ids.append(s.audio_token)
         if closed:
             self._append_tokens(r, [s.audio_end] + self.renderer.footer())
+
+    def _render_av(
+        self,
+        r: Rendering,
+        item_id: str,
+        role: str,
+        blocks: list[AudioBlock],
+        video: VideoPart,
+        *,
+        closed: bool,
+        video_closed: bool,
+    ) -> None:
+        """A spoken message with video, as the reference lays out audio in video (one :class:`GridSpan` from its
+        opening markers on; see :mod:`pipeline.models.qwen2_5_omni.av_interleave`). Open (``closed`` False): only
+        the chunks already final, without the closing markers, so each open rendering is a prefix of the next."""
+        s = self.renderer.special
+        audio = [(b, i) for b, block in enumerate(blocks) for i in range(block.embeds.shape[0])]
+        layout = video.layout(len(audio))
+        n = layout.n_chunks if closed else layout.ready_chunks(video_closed=video_closed, audio_closed=False)
+        per_pair = video.rows * video.cols
+        self._append_tokens(r, self.renderer.header(role))
+        at = len(r.keys)
+        self._append_tokens(r, [s.vision_start, s.audio_start])
+        for j in range(n):
+            chunk = layout.chunk(j)
+            for v in chunk.video:
+                pair, i = divmod(v, per_pair)
+                r.audio[len(r.keys)] = (video.pairs[pair].embeds, i)
+                r.keys.append((item_id, "video", pair, i))
+                r.token_ids.append(s.video_token)
+            for a in chunk.audio:
+                b, i = audio[a]
+                r.audio[len(r.keys)] = (blocks[b].embeds, i)
+                r.keys.append((item_id, b, blocks[b].version, i))
+                r.token_ids.append(s.audio_token)
+            r.image_tokens += len(chunk.video)
+        if closed:
+            r.spans.append(GridSpan(at=at, offsets=layout.offsets(), advance=layout.advance))
+            self._append_tokens(r, [s.audio_end, s.vision_end] + self.renderer.footer())
+        else:
+            offsets = [np.zeros((3, 2), dtype=np.int64)] + [layout.chunk_offsets(j) for j in range(n)]
+            r.spans.append(GridSpan(at=at, offsets=np.concatenate(offsets, axis=1)))
 
     def _render_content(self, r: Rendering, item: ConvItem) -> None:
         """Text and images; an image's positions get its explicit TMRoPE offsets (a :class:`GridSpan`)."""

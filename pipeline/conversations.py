@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pipeline.api import ContextPolicy
+from pipeline.api import ContextPolicy, VisionInfo
 from pipeline.conversation_state import AudioBlock, ConversationState, ConvItem, ImageBlock, ItemKind, OpenAudio
 from pipeline.errors import (
     EmptyInputError,
@@ -23,8 +23,10 @@ from pipeline.errors import (
     UnknownItemError,
     UnsupportedInputError,
 )
+from pipeline.models.qwen2_5_omni.av_interleave import AVTiming
 from pipeline.scheduler.scheduler import Scheduler
 from pipeline.tools import Tool
+from pipeline.video_message import OpenVideo
 
 __all__ = ["MIN_AUDIO_FRAMES", "Conversations"]
 
@@ -47,6 +49,9 @@ class Conversations:
         end_response: Callable[[str], None],
         image_encodes=None,
         preprocess: Callable | None = None,
+        vision_info: VisionInfo | None = None,
+        av_timing: AVTiming | None = None,
+        video_grace_s: float = 2.0,
     ) -> None:
         self.scheduler = scheduler
         self.renderer = renderer
@@ -58,6 +63,15 @@ class Conversations:
         """Queues pictures for the next step's vision encode (None: the checkpoint has no vision tower)."""
         self.preprocess = preprocess
         """The family's picture preprocessing: ``([frame]) -> (pixel_values, grid_thw)``."""
+        self.vision_info = vision_info
+        """What the vision tower takes (None: no vision tower)."""
+        self.av_timing = av_timing
+        """The model's time constants for audio in video (None: no vision tower)."""
+        self.video_grace_s = video_grace_s
+        """``thinker.video_frame_grace_seconds`` (:class:`~pipeline.video_timeline.VideoTimeline`)."""
+        self.frames_dropped = 0
+        """Camera frames dropped by the rules of :mod:`pipeline.video_message` since start (counted at commit or
+        discard of their message)."""
         self.exact_floor = exact_floor
         """``audio_floor: exact``: re-encode, at commit, the blocks whose features the final loudness changed."""
         self.end_response = end_response
@@ -165,11 +179,7 @@ class Conversations:
         the next step's encode and prefilled in the background while the conversation is idle. An error is kept and
         raised at commit, where the caller waits."""
         conv = self.get(conv_id)
-        pending = conv.open_audio.get(item_id)
-        if pending is None:
-            pending = conv.open_audio[item_id] = OpenAudio(item_id, self.features())
-            if any(item.id == item_id for item in conv.items):
-                pending.error = InvalidInputError(f"item id {item_id!r} already exists", param="item_id")
+        pending = self._open(conv, item_id)
         if pending.error is not None:
             return
         try:
@@ -177,9 +187,58 @@ class Conversations:
             for k in range(len(pending.blocks), pending.features.ready_blocks()):
                 pending.blocks.append(self._encode_block(pending.features, k, pending.features.running_floor))
                 conv.dirty = True
+            self._advance_video(conv, pending, closed=False)
         except Exception as exc:  # noqa: BLE001 - kept and raised at commit, where the caller waits
             log.exception("encoding audio of %s failed", item_id)
             pending.error = exc
+
+    def _open(self, conv: ConversationState, item_id: str) -> OpenAudio:
+        """The message ``item_id`` being spoken, opened by its first audio or frame."""
+        pending = conv.open_audio.get(item_id)
+        if pending is None:
+            pending = conv.open_audio[item_id] = OpenAudio(item_id, self.features())
+            if any(item.id == item_id for item in conv.items):
+                pending.error = InvalidInputError(f"item id {item_id!r} already exists", param="item_id")
+        return pending
+
+    def add_video_frame(self, conv_id: str, item_id: str, frame: np.ndarray, t: float) -> None:
+        """A camera frame of the message ``item_id`` being spoken, seen ``t`` seconds after its first audio sample
+        (the handle checked the frame). Frame pairs that become final are preprocessed and queued for the next step's
+        vision encode; the chunks they complete are prefilled in the background. A frame the rules drop is counted
+        (:mod:`pipeline.video_message`); an error is kept and raised at commit."""
+        conv = self.get(conv_id)
+        if self.image_encodes is None or self.vision_info is None or self.av_timing is None:
+            raise UnsupportedInputError("this model has no vision tower: it cannot take video", param="video")
+        pending = self._open(conv, item_id)
+        if pending.error is not None:
+            return
+        try:
+            if pending.video is None:
+                size = self.vision_info.resized(frame.shape[0], frame.shape[1])
+                pending.video = OpenVideo(self.vision_info, self.av_timing, grace_s=self.video_grace_s, size=size)
+            had_video = pending.video.timeline.has_video
+            if pending.video.add(frame, t) and not had_video:
+                conv.dirty = True  # the message is rendered as audio in video from now on
+            self._advance_video(conv, pending, closed=False)
+        except InvalidImageError as exc:  # a frame of extreme aspect ratio: dropped, the message carries on
+            self.frames_dropped += 1
+            log.warning("camera frame of %s dropped: %s", item_id, exc)
+        except Exception as exc:  # noqa: BLE001 - kept and raised at commit, where the caller waits
+            log.exception("adding a camera frame to %s failed", item_id)
+            pending.error = exc
+
+    def _advance_video(self, conv: ConversationState, pending: OpenAudio, *, closed: bool) -> None:
+        """Queue the encodes of the message's frame pairs that became final (``closed``: at commit)."""
+        video = pending.video
+        if video is None:
+            return
+        audio_s = pending.features.samples_received / pending.features.sampling_rate
+        if video.advance(audio_s, self._encode_pair, closed=closed):
+            conv.dirty = True
+
+    def _encode_pair(self, frames: list[np.ndarray]) -> ImageBlock:
+        vi = self.preprocess(frames)
+        return self.image_encodes.block(vi.pixel_values, vi.grid_thw)
 
     def commit_audio(self, conv_id: str, item_id: str, previous_item_id: str | None = None) -> None:
         """Close a spoken message: queue the tail's encode (and, with an exact floor, the re-encode of the blocks whose
@@ -206,7 +265,12 @@ class Conversations:
         tail = feats.raw_tail()
         if tail.shape[1]:
             pending.blocks.append(self.audio_encodes.block(feats.features(tail, final), floor=final))
-        item = ConvItem(id=item_id, role="user", kind=ItemKind.AUDIO, audio_blocks=pending.blocks)
+        video = None
+        if pending.video is not None:
+            self._advance_video(conv, pending, closed=True)
+            self.frames_dropped += pending.video.frames_dropped
+            video = pending.video.part if pending.video.part.pairs else None
+        item = ConvItem(id=item_id, role="user", kind=ItemKind.AUDIO, audio_blocks=pending.blocks, video=video)
         conv.add(item, previous_item_id)
 
     def _encode_block(self, feats, k: int, floor: float, version: int = 0) -> AudioBlock:
@@ -214,8 +278,11 @@ class Conversations:
 
     def discard_audio(self, conv_id: str, item_id: str) -> None:
         conv = self.get(conv_id)
-        if conv.open_audio.pop(item_id, None) is not None:
+        pending = conv.open_audio.pop(item_id, None)
+        if pending is not None:
             conv.dirty = True  # its prefilled positions are rolled back in the background
+            if pending.video is not None:
+                self.frames_dropped += pending.video.frames_dropped
 
     def add_audio(self, conv_id: str, item_id: str, pcm: np.ndarray, previous_item_id: str | None = None) -> None:
         """A whole audio message, placed as :meth:`add_text` places a text one."""

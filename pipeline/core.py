@@ -37,6 +37,7 @@ from pipeline.requests import (
     AddFunctionCall,
     AddFunctionOutput,
     AddText,
+    AddVideoFrame,
     AppendAudio,
     CancelResponse,
     CloseConversation,
@@ -65,6 +66,7 @@ from pipeline.scheduler.prefill_batch import PrefillJob
 from pipeline.scheduler.scheduler import Scheduler, SchedulerConfig
 from pipeline.talker_stage import TalkerStage
 from pipeline.tools import ToolMode
+from pipeline.video_budget import VideoBudget
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +139,7 @@ class EngineCore:
                 start_buffer_busy=tw.start_buffer_busy or tw.max_batch,
                 quick_first_chunk=chunking.quick_first_chunk_frames is not None,
                 quick_first_chunk_max_open=chunking.quick_first_chunk_max_open,
+                video_budget=VideoBudget(th.video_history_seconds, th.video_retention_ratio),
             ),
             thinker_slots=thinker.pool.slots,
             talker_slots=talker.pool.slots,
@@ -155,6 +158,9 @@ class EngineCore:
             audio_encodes=self.runner.audio_encodes,
             image_encodes=self.image_encodes,
             preprocess=self.family.vision_preprocessor(ckpt),
+            vision_info=self.family.vision_info(ckpt),
+            av_timing=self.family.av_timing(ckpt),
+            video_grace_s=th.video_frame_grace_seconds,
             exact_floor=th.audio_floor == "exact",
             end_response=lambda rid: self._end_cancelled(rid),
         )
@@ -252,6 +258,8 @@ class EngineCore:
                 return c.add_audio(conv_id, item_id, pcm, previous_item_id)
             case AppendAudio(conv_id, item_id, pcm):
                 return c.append_audio(conv_id, item_id, pcm)
+            case AddVideoFrame(conv_id, item_id, frame, t):
+                return c.add_video_frame(conv_id, item_id, frame, t)
             case CommitAudio(conv_id, item_id):
                 return c.commit_audio(conv_id, item_id)
             case DiscardAudio(conv_id, item_id):
@@ -568,6 +576,8 @@ class EngineCore:
             cached_tokens=sum(len(c.cached_keys) for c in convs),
             talker_cached_tokens=sum(len(c.talker_keys) for c in convs if c.talker_slot is not None),
             pending_commands=pending_requests,
+            video_positions=sum(item.video.tokens for c in convs for item in c.items if item.video is not None),
+            video_frames_dropped_total=self.conversations.frames_dropped,
             **self.observer.counters,
             **self._device_memory(),
         )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import threading
 from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import Future
@@ -40,6 +41,7 @@ from pipeline.errors import (
     ConfigError,
     EngineClosedError,
     InvalidAudioError,
+    InvalidImageError,
     InvalidInputError,
     ResponseActiveError,
     UnknownVoiceError,
@@ -72,6 +74,15 @@ def validate_pcm(pcm: np.ndarray, *, sample_rate: int = INPUT_SAMPLE_RATE, allow
     if not np.isfinite(pcm).all():
         raise InvalidAudioError("audio contains NaN or infinite samples", param="audio")
     return pcm
+
+
+def validate_frame(frame: np.ndarray) -> None:
+    """Raise ``InvalidImageError`` unless ``frame`` is a non-empty uint8 RGB ``(H, W, 3)`` array."""
+    if not isinstance(frame, np.ndarray) or frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
+        shape, dtype = getattr(frame, "shape", None), getattr(frame, "dtype", type(frame).__name__)
+        raise InvalidImageError(f"a video frame must be uint8 RGB (H, W, 3), got {dtype} {shape}", param="video")
+    if frame.shape[0] == 0 or frame.shape[1] == 0:
+        raise InvalidImageError(f"video frame of {frame.shape[0]}x{frame.shape[1]} pixels is empty", param="video")
 
 
 class Response:
@@ -173,6 +184,16 @@ class AudioInput:
     async def discard(self) -> None:
         self._closed = True
         await self._conv._engine._call(rq.DiscardAudio(self._conv.id, self.item_id))
+
+    def add_video_frame(self, frame: np.ndarray, t: float) -> None:
+        if self._conv._engine.vision is None:
+            raise UnsupportedInputError("this model has no vision tower: it cannot take video", param="video")
+        if self._closed:
+            raise InvalidInputError("this audio message is already committed or discarded", param="video")
+        validate_frame(frame)
+        if not math.isfinite(t) or t < 0:
+            raise InvalidInputError(f"a frame's time must be a finite number of seconds >= 0, got {t}", param="t")
+        self._conv._engine._post(rq.AddVideoFrame(self._conv.id, self.item_id, np.array(frame), float(t)))
 
 
 class Conversation:

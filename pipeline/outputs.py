@@ -213,3 +213,9 @@ class EngineStats:
     """Accelerator memory allocated by torch now (0 on the CPU)."""
     device_memory_peak_bytes: int = 0
     """Highest accelerator memory allocated by torch since start (0 on the CPU)."""
+    video_positions: int = 0
+    """Camera video positions in the conversations' committed messages (what the video budget bounds)."""
+    video_frames_dropped_total: int = 0
+    """Camera frames the engine dropped since start (a second frame in a frame slot, late frames, frames after the
+    video ended or of another size than the message's first; pipeline/video_message.py), counted when their message
+    is committed or discarded."""

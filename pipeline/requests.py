@@ -23,6 +23,7 @@ __all__ = [
     "AddFunctionOutput",
     "AddContent",
     "AddText",
+    "AddVideoFrame",
     "AppendAudio",
     "CancelResponse",
     "CloseConversation",
@@ -128,6 +129,18 @@ class AddAudio:
 
 
 @dataclass(frozen=True)
+class AddVideoFrame:
+    """A camera frame (uint8 RGB ``(H, W, 3)``, checked by the handle) of a message still being spoken, seen ``t``
+    seconds after its first audio sample (:mod:`pipeline.video_message`). An error is kept and raised by the
+    message's :class:`CommitAudio`."""
+
+    conv_id: str
+    item_id: str
+    frame: np.ndarray
+    t: float
+
+
+@dataclass(frozen=True)
 class AppendAudio:
     """More of a message still being spoken (16 kHz float32 mono); its complete 2 s blocks are encoded and prefilled
     in the background. An error is kept and raised by the message's :class:`CommitAudio`."""
@@ -201,6 +214,7 @@ EngineRequest = (
     | AddText
     | AddAudio
     | AppendAudio
+    | AddVideoFrame
     | CommitAudio
     | DiscardAudio
     | DeleteItem

@@ -164,6 +164,12 @@ class ModelFamily(Protocol):
         pictures."""
         ...
 
+    def av_timing(self, ckpt: Any) -> Any:
+        """None when :meth:`vision_info` is None; else the time constants of audio in video
+        (:class:`pipeline.models.qwen2_5_omni.av_interleave.AVTiming`: rotary positions per second, seconds per
+        chunk, seconds per temporal patch at :attr:`VisionInfo.fps`), for camera video interleaved with speech."""
+        ...
+
     def vision_preprocessor(self, ckpt: Any) -> Any:
         """None when :meth:`vision_info` is None; else a callable ``(frames, *, info=None) -> (pixel_values,
         grid_thw)``: uint8 RGB ``(H, W, 3)`` frames (one picture, or video frames in time order) to the vision tower's

@@ -24,6 +24,8 @@ from pipeline.scheduler import policies
 from pipeline.scheduler.plan import AudioPlan, StepPlan
 from pipeline.scheduler.prefill_batch import PrefillBatch, PrefillJob
 from pipeline.scheduler.token2wav_jobs import ChunkCandidate, RecentJobs, pick_job
+from pipeline.video_budget import VideoBudget
+from pipeline.video_message import remove_old_videos
 
 __all__ = ["SchedulerConfig", "Scheduler"]
 
@@ -57,6 +59,8 @@ class SchedulerConfig:
     quick_first_chunk: bool
     """The token2wav schedule has a quick first chunk."""
     quick_first_chunk_max_open: int
+    video_budget: VideoBudget = VideoBudget(None, 1.0)
+    """How much camera video the history keeps (:mod:`pipeline.video_budget`; applied before each response)."""
 
 
 class Scheduler:
@@ -71,6 +75,8 @@ class Scheduler:
         self.recent_jobs = RecentJobs()
         """How long the last token2wav jobs took, hand-over to emission (ms)."""
         self._background_turn = 0
+        self.video_removed_tokens = 0
+        """Thinker positions of video the video budget removed since start."""
 
     # -- one step ---------------------------------------------------------------------------------
     def schedule(self, *, in_worker: set[str], end: Callable[[ResponseState, Exception | None], None]) -> StepPlan:
@@ -127,6 +133,7 @@ class Scheduler:
         if (error := conv.audio_error()) is not None:
             raise error
         if r.thinker.prompt_len == 0:  # first prefill step of this response
+            self.video_removed_tokens += remove_old_videos(conv.items, conv.turn_start(), self.cfg.video_budget)
             policy = conv.policy or ContextPolicy(self.cfg.drop_oldest, self.cfg.context_retention_ratio)
             conv.make_room(
                 r.spec.max_text_tokens,

@@ -221,6 +221,9 @@ class ToyFamily:
     def vision_preprocessor(self, ckpt: ToyCheckpoint) -> None:
         return None
 
+    def av_timing(self, ckpt: ToyCheckpoint) -> None:
+        return None
+
     def token2wav(self, ckpt: ToyCheckpoint, stage) -> ToneSynthesizer:
         return ToneSynthesizer(max_batch=stage.max_batch)
 

@@ -13,6 +13,7 @@ from pipeline.api import VisionInfo
 from pipeline.models.family import Connector, ThinkerParts
 from pipeline.models.qwen2_5_omni import connectors
 from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
+from pipeline.models.qwen2_5_omni.av_interleave import AVTiming
 from pipeline.models.qwen2_5_omni.checkpoint import (
     LoadedCheckpoint,
     SpecialTokens,
@@ -113,6 +114,17 @@ class Qwen25OmniFamily:
 
     def vision_info(self, ckpt: LoadedCheckpoint) -> VisionInfo | None:
         return None if ckpt.vision is None else ckpt.vision.info
+
+    def av_timing(self, ckpt: LoadedCheckpoint) -> AVTiming | None:
+        info = self.vision_info(ckpt)
+        if info is None:
+            return None
+        config = ckpt.thinker.config
+        return AVTiming(
+            int(config.position_id_per_seconds),
+            int(config.seconds_per_chunk),
+            second_per_grid=info.temporal_patch_size / info.fps,
+        )
 
     def vision_preprocessor(self, ckpt: LoadedCheckpoint) -> VisionPreprocessor | None:
         return ckpt.vision

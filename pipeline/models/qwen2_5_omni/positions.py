@@ -2,9 +2,9 @@
 
 Text and audio positions advance by one on all three axes. A span with explicit 3-D positions (an image's or a
 video's tokens) is given as offsets from its first position; the span starts at the next position and the text after
-it continues at the span's largest position + 1, so positions past a picture run behind the KV cache index. Their
-difference, the rope *shift* (rope position - cache index), is constant over a run of text and changes after every
-explicit span.
+it continues at the span's largest position + 1 (or at its own ``advance``), so positions past a picture run behind
+the KV cache index. Their difference, the rope *shift* (rope position - cache index), is constant over a run of text
+and changes after every explicit span.
 
 A conversation without explicit spans has rope position == cache index on every axis: :func:`rope_positions` returns
 None then and costs nothing. Every function here is pure (numpy on the host).
@@ -23,10 +23,14 @@ __all__ = ["GridSpan", "rope_positions", "rope_shift", "vision_offsets"]
 @dataclass(frozen=True)
 class GridSpan:
     """Positions ``at .. at + n - 1`` of a rendering with explicit 3-D positions: ``offsets`` (3, n) int64, each row
-    (t, h, w) relative to the span's start (every entry >= 0)."""
+    (t, h, w) relative to the span's start (every entry >= 0). ``advance``: rope positions from the span's start to
+    the text after it, when that is not the largest offset + 1 (a spoken message with video, whose closing markers
+    follow its last block: :attr:`~pipeline.models.qwen2_5_omni.av_interleave.AVLayout.advance`); None: the largest
+    offset + 1."""
 
     at: int
     offsets: np.ndarray
+    advance: int | None = None
 
     @property
     def length(self) -> int:
@@ -34,7 +38,9 @@ class GridSpan:
 
     @property
     def extent(self) -> int:
-        """Rope positions the span advances the text after it by (its largest offset + 1)."""
+        """Rope positions the span advances the text after it by (:attr:`advance`, else its largest offset + 1)."""
+        if self.advance is not None:
+            return self.advance
         return int(self.offsets.max()) + 1 if self.length else 0
 
 

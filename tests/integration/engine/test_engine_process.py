@@ -190,6 +190,31 @@ async def test_an_image_message_crosses_to_the_child(engine, tiny_engine):
     assert ours.usage.input_image_tokens == theirs.usage.input_image_tokens == engine.vision.tokens(50, 70)
 
 
+async def test_camera_frames_cross_to_the_child(engine, tiny_engine):
+    """A spoken message with camera frames (numpy arrays, pickled to the child): the same reply and image usage as
+    the engine thread gives; a bad frame is refused in the caller and the message carries on."""
+    rng = np.random.default_rng(1)
+    frames = [rng.integers(0, 256, (60, 80, 3), dtype=np.uint8) for _ in range(4)]
+    pcm = (0.1 * rng.standard_normal(16_000 * 2)).astype(np.float32)
+    replies = []
+    for eng in (engine, tiny_engine):
+        conv = eng.conversation()
+        handle = conv.open_audio("u1")
+        with pytest.raises(InvalidImageError):
+            handle.add_video_frame(np.zeros((5, 5), np.uint8), 0.0)
+        for k, frame in enumerate(frames):
+            handle.add_video_frame(frame, 0.5 * k)
+        handle.append(pcm)
+        await handle.commit()
+        done = await conv.respond(item_id="a1", modalities=frozenset({"text"}), max_output_tokens=6).wait()
+        assert done.status is not ResponseStatus.FAILED, done.error
+        replies.append(done)
+        await conv.close()
+    ours, theirs = replies
+    assert ours.text_token_ids == theirs.text_token_ids
+    assert ours.usage.input_image_tokens == theirs.usage.input_image_tokens == engine.vision.tokens(60, 80, frames=4)
+
+
 async def test_stats_and_wait_idle(engine):
     before = await engine.stats()
     conv = engine.conversation()

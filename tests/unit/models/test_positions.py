@@ -162,3 +162,14 @@ def test_decoder_without_rope_is_unchanged(tiny_model_dir):
     c = dec.decode(step, slots, positions)
     d = dec.decode(step, slots, positions, positions[None].repeat(3, 1))
     assert torch.equal(c, d)
+
+
+def test_a_span_advance_overrides_the_largest_offset():
+    """A spoken message with video ends at its last block, not its largest offset: the text after the span continues
+    at ``at + advance`` (a tall picture grid in the first chunk must not push it further)."""
+    offsets = np.array([[0, 1, 1, 3], [0, 9, 1, 3], [0, 1, 9, 3]], dtype=np.int64)
+    plain, advanced = GridSpan(at=2, offsets=offsets), GridSpan(at=2, offsets=offsets, advance=5)
+    assert plain.extent == 10 and advanced.extent == 5
+    positions = rope_positions(8, [advanced])
+    np.testing.assert_array_equal(positions[:, 6:], np.broadcast_to([7, 8], (3, 2)))
+    assert rope_shift([advanced], 6) == 1
