@@ -110,14 +110,25 @@ def turn_camera_on(page) -> None:
     )
 
 
-def talk(browser, server, transport: str, screenshot: str, *, camera: str | None = None, **context_options) -> dict:
-    """Open the page, connect over ``transport`` (``camera``: the camera turned on ``before`` connecting or
-    ``during`` the call, before the user speaks), wait for one full
+def talk(
+    browser,
+    server,
+    transport: str,
+    screenshot: str,
+    *,
+    camera: str | None = None,
+    init_script: str | None = None,
+    **context_options,
+) -> dict:
+    """Open the page (``init_script`` run first), connect over ``transport`` (``camera``: the camera turned on
+    ``before`` connecting or ``during`` the call, before the user speaks), wait for one full
     spoken turn; returns the page's ``window.omniDemo`` state, with the URLs of the WebSockets it opened under
     ``websockets``. ``context_options``: Playwright's browser context options."""
     ARTIFACTS.mkdir(exist_ok=True)
     context = browser.new_context(**context_options)
     page = context.new_page()
+    if init_script is not None:
+        page.add_init_script(init_script)
     offers: list[str] = []
     websockets: list[str] = []
     page.on("websocket", lambda ws: websockets.append(ws.url))
@@ -269,6 +280,44 @@ def test_voice_turn_with_the_camera_over_websocket(browser, seeing_server):
     assert len(pictures) == state["camera"]["picturesSent"], conversation.calls
     assert all(len(call[2]) == 1 and call[2][0][2] == 3 for call in pictures)
     assert conversation.image_tokens > 0
+
+
+VP9_ONLY = """
+const addTransceiver = RTCPeerConnection.prototype.addTransceiver;
+RTCPeerConnection.prototype.addTransceiver = function (...args) {
+    const transceiver = addTransceiver.apply(this, args);
+    if (transceiver.receiver.track.kind === "video") {
+        const codecs = RTCRtpReceiver.getCapabilities("video").codecs;
+        transceiver.setCodecPreferences(codecs.filter((c) => /vp9/i.test(c.mimeType)));
+    }
+    return transceiver;
+};
+"""
+
+
+def test_a_camera_in_a_codec_the_server_cannot_decode_is_refused_and_the_call_goes_on(browser, seeing_server):
+    """The page offers its video in VP9 only (aiortc decodes VP8 and H.264): the answer rejects the video section,
+    the refusal is counted, and the spoken turn goes on."""
+    refused = lambda: camera_tracks_refused(seeing_server)  # noqa: E731
+    before, delivered = refused(), camera_frames(seeing_server)["delivered"]
+    state = talk(browser, seeing_server, "webrtc", "browser_webrtc_vp9.png", camera="during", init_script=VP9_ONLY)
+    assert state["error"] is None and state["camera"]["on"]
+    (offer,) = state["offers"]
+    video = offer.split("m=video")[1].split("m=")[0]
+    assert "VP9/90000" in video and "VP8/90000" not in video and "H264/90000" not in video
+    assert state["stats"]["outputMaxRms"] > 0.01 and "response.done" in state["events"]
+    assert refused() == before + 1
+    assert camera_frames(seeing_server)["delivered"] == delivered
+
+
+def camera_tracks_refused(server: ServerThread) -> float:
+    from urllib.request import urlopen
+
+    with urlopen(server.url + "metrics", timeout=5) as response:
+        text = response.read().decode()
+    return float(
+        re.search(r'^omni_realtime_camera_tracks_refused_total\{reason="unsupported_codec"\} (\S+)$', text, re.M)[1]
+    )
 
 
 def server_app_calls(server: ServerThread) -> int:
