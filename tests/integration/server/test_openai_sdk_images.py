@@ -18,9 +18,19 @@ from realtime.config import ServerConfig
 from realtime.images import ImageLimits, fit
 from realtime.server import create_app, serve_in_background
 from tests.fakes import TINY_VISION, FakeEngine
-from tests.integration.server.test_openai_sdk import API_KEY, until
 
 pytestmark = pytest.mark.timeout(120)
+API_KEY = "sdk-test-key"
+
+
+async def until(connection, event_type: str, seen: list) -> object:
+    """Read events (recorded in ``seen``) up to the first of ``event_type``; an error event fails."""
+    async for event in connection:
+        seen.append(event)
+        assert event.type != "error", event
+        if event.type == event_type:
+            return event
+    raise AssertionError(f"the connection closed before {event_type}")
 
 
 def jpeg_uri(height: int = 240, width: int = 320) -> tuple[str, Image.Image]:

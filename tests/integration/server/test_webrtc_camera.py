@@ -18,7 +18,7 @@ from realtime.transports.webrtc import WebRTCCalls
 from realtime.video import CameraFeed
 from realtime.video_settings import CameraSettings
 from tests.fakes import TINY_VISION, FakeEngine
-from tests.integration.server.test_webrtc import ClientPeer
+from tests.helpers.webrtc_peer import ClientPeer
 
 pytestmark = pytest.mark.timeout(60)
 
