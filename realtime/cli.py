@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import PipelineError
-from realtime.flags import HelpFormatter, ms_or_off, voice_alias
+from realtime.flags import HelpFormatter, ms_or_off, positive_float, positive_int, voice_alias
 from realtime.preflight import UsageError
 
 if TYPE_CHECKING:  # imported lazily at run time: `--help` and `demo` need no server stack
@@ -119,8 +119,10 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     from dataclasses import replace
 
     from realtime.config import ServerConfig
+    from realtime.images import ImageLimits
     from realtime.limits import RateLimit
     from realtime.preflight import UsageError
+    from realtime.video_settings import CameraSettings
     from realtime.voices import with_aliases
 
     defaults = ServerConfig()
@@ -130,6 +132,11 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             api_key = args.api_key_file.read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise UsageError(f"--api-key-file {args.api_key_file}: {exc.strerror}") from None
+    if (args.image_max_bytes + 2) // 3 * 4 > args.max_message_bytes:
+        raise UsageError(
+            f"--image-max-bytes {args.image_max_bytes}: a picture that large is a data URI of "
+            f"{(args.image_max_bytes + 2) // 3 * 4} bytes, over --max-message-bytes {args.max_message_bytes}"
+        )
     return ServerConfig(
         host=args.host,
         port=args.port,
@@ -150,6 +157,13 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         ice_host_addresses=tuple(args.ice_hosts),
         webrtc=not args.no_webrtc,
         session_limits=replace(defaults.session_limits, max_buffer_ms=args.max_buffer_ms),
+        image_limits=ImageLimits(
+            max_bytes=args.image_max_bytes,
+            max_pixels=args.image_max_pixels,
+            low_detail_pixels=args.image_low_detail_pixels,
+            high_detail_pixels=args.image_high_detail_pixels,
+        ),
+        camera=CameraSettings(fps=args.camera_fps, max_pixels=args.camera_max_pixels),
         rate_limit=RateLimit(
             events_per_second=args.events_per_second,
             burst=args.event_burst,
@@ -309,6 +323,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         "(default: this machine's own addresses, loopback excepted)",
     )
     p.add_argument("--no-webrtc", action="store_true", help="turn WebRTC off (POST /v1/realtime/calls)")
+    _picture_args(p, d)
     p.add_argument(
         "--web-demo-dir",
         type=Path,
@@ -321,6 +336,58 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         choices=WS_IMPLEMENTATIONS,
         default=d.ws_implementation,
         help="uvicorn's WebSocket implementation; websockets is its older one, deprecated",
+    )
+
+
+def _picture_args(p: argparse.ArgumentParser, d: ServerConfig) -> None:
+    """``serve``'s options for pictures (``input_image`` items) and WebRTC cameras (docs/server.md, Pictures and
+    the camera)."""
+    p.add_argument(
+        "--image-max-bytes",
+        type=positive_int,
+        default=d.image_limits.max_bytes,
+        metavar="BYTES",
+        help="largest input_image picture accepted, in bytes of the image file (its data URI is a third larger: "
+        "keep it under --max-message-bytes); a larger one is answered with an error event (image_too_large)",
+    )
+    p.add_argument(
+        "--image-max-pixels",
+        type=positive_int,
+        default=d.image_limits.max_pixels,
+        metavar="PIXELS",
+        help="largest input_image picture accepted, in pixels (width x height), checked before it is decoded",
+    )
+    p.add_argument(
+        "--image-low-detail-pixels",
+        type=positive_int,
+        default=d.image_limits.low_detail_pixels,
+        metavar="PIXELS",
+        help="an input_image with detail 'low' is downscaled to at most this many pixels; the model reads one "
+        "token per 28x28 pixels",
+    )
+    p.add_argument(
+        "--image-high-detail-pixels",
+        type=positive_int,
+        default=d.image_limits.high_detail_pixels,
+        metavar="PIXELS",
+        help="an input_image with detail 'high' or 'auto' is downscaled to at most this many pixels (and never "
+        "more than the checkpoint's own limit)",
+    )
+    p.add_argument(
+        "--camera-fps",
+        type=positive_float,
+        default=d.camera.fps,
+        metavar="FPS",
+        help="WebRTC camera: frames a second kept for the model while the user speaks "
+        "(default: the model's own rate, 2 for Qwen2.5-Omni)",
+    )
+    p.add_argument(
+        "--camera-max-pixels",
+        type=positive_int,
+        default=d.camera.max_pixels,
+        metavar="PIXELS",
+        help="WebRTC camera: each kept frame is downscaled to at most this many pixels; the model reads one token "
+        "per 28x28 pixels per pair of frames",
     )
 
 

@@ -17,6 +17,28 @@ def ms_or_off(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected milliseconds or 'off', got {text!r}") from None
 
 
+def positive_int(text: str) -> int:
+    """A flag's whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A flag's number above 0 (finite)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text}")
+    return value
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's help layout with ``(default: X)`` after the help of every option whose default is a value and
     whose help does not state its default itself. Options without a value default (None, a flag's False, an

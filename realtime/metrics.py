@@ -192,6 +192,13 @@ class ServerMetrics:
             ["outcome"],
             registry=r,
         )
+        self.camera_tracks_refused = Counter(
+            f"{PREFIX}_camera_tracks_refused",
+            "WebRTC video tracks refused in the SDP answer, by reason: unsupported_codec (the offer lists no codec "
+            "the server decodes); the call goes on without video",
+            ["reason"],
+            registry=r,
+        )
         self._hygiene_gauges(r)
         self._known_series()
 
@@ -227,6 +234,7 @@ class ServerMetrics:
             self.engine_kv_positions.labels(stage)
         for outcome in CAMERA_OUTCOMES:
             self.camera_frames.labels(outcome)
+        self.camera_tracks_refused.labels("unsupported_codec")
 
     def _hygiene_gauges(self, r: CollectorRegistry) -> None:
         self.session_tasks = Gauge(f"{PREFIX}_session_tasks", "asyncio tasks of live sessions", registry=r)
@@ -335,6 +343,10 @@ class ServerMetrics:
     def camera_frame(self, outcome: str) -> None:
         """Count one received camera frame (:data:`realtime.video_settings.CAMERA_OUTCOMES`)."""
         self.camera_frames.labels(outcome).inc()
+
+    def camera_track_refused(self, reason: str) -> None:
+        """Count one WebRTC video track refused in the answer (``unsupported_codec``)."""
+        self.camera_tracks_refused.labels(reason).inc()
 
     def refused(self, reason: str) -> None:
         self.sessions_refused.labels(reason).inc()

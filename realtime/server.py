@@ -270,6 +270,7 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
         on_input_delay=lambda seconds: context.metrics.webrtc_input_delay.observe(max(seconds, 0.0)),
         camera=context.config.camera,
         on_camera_frame=context.metrics.camera_frame,
+        on_camera_refused=context.metrics.camera_track_refused,
     )
 
 

@@ -5,6 +5,7 @@
 // `window.omniDemo` exposes the page's state (connection, transcript, audio statistics) for
 // tests and for anyone poking at the console.
 
+import { Camera } from "./camera.js";
 import { connectWebRTC } from "./rtc.js";
 import { connectWebSocket } from "./ws.js";
 
@@ -30,6 +31,8 @@ const ui = {
   emptyHint: $("empty-hint"),
   log: $("log"),
   audio: $("remote-audio"),
+  cameraToggle: $("camera-toggle"),
+  cameraPreview: $("camera-preview"),
 };
 
 const demo = {
@@ -39,6 +42,7 @@ const demo = {
   events: [], // server event types, in order
   transcript: [], // {itemId, role, text, status}
   stats: { micMaxRms: 0, outputMaxRms: 0, outputAudibleMs: 0, audioDeltas: 0, latenciesMs: [] },
+  camera: { on: false, picturesSent: 0, lastPicture: null }, // lastPicture: {width, height, bytes} (WebSocket)
 };
 window.omniDemo = demo;
 
@@ -236,6 +240,39 @@ function sendSettings() {
   if (update && call && call.session) call.session.send(update);
 }
 
+// --- camera --------------------------------------------------------------------------------
+
+const camera = new Camera(ui.cameraPreview);
+
+camera.onChange = (track) => {
+  demo.camera.on = track !== null;
+  ui.cameraToggle.textContent = track ? "Turn the camera off" : "Turn the camera on";
+  ui.cameraToggle.setAttribute("aria-pressed", String(track !== null));
+  if (call && call.session) call.session.setVideoTrack(track);
+};
+
+function pictureSent(dataUri) {
+  demo.camera.picturesSent += 1;
+  const image = new Image();
+  image.onload = () => {
+    demo.camera.lastPicture = { width: image.width, height: image.height, bytes: Math.floor((dataUri.length * 3) / 4) };
+  };
+  image.src = dataUri;
+  log("picture sent (input_image)");
+}
+
+async function toggleCamera() {
+  ui.cameraToggle.disabled = true;
+  try {
+    if (camera.stream) camera.stop();
+    else await camera.start();
+  } catch (error) {
+    log(`camera unavailable: ${error}`, "error");
+  } finally {
+    ui.cameraToggle.disabled = false;
+  }
+}
+
 // --- connect / disconnect --------------------------------------------------------------------
 
 async function connect() {
@@ -256,6 +293,9 @@ async function connect() {
     ctx.createMediaStreamSource(attempt.micStream).connect(micAnalyser);
     const options = {
       micStream: attempt.micStream,
+      videoTrack: camera.track,
+      camera,
+      onPicture: pictureSent,
       ctx,
       audioElement: ui.audio,
       apiKey: ui.apiKey.value.trim(),
@@ -303,5 +343,6 @@ ui.connect.addEventListener("click", () => {
   else connect();
 });
 ui.apply.addEventListener("click", sendSettings);
+ui.cameraToggle.addEventListener("click", toggleCamera);
 setState("idle", "not connected");
 showModelBanner();

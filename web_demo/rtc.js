@@ -2,6 +2,8 @@
 // answer; the microphone is an Opus track, the reply a remote track played by an <audio> element
 // (which also lets the browser's echo canceller remove it from the microphone), and events travel
 // on the "oai-events" data channel. The server interrupts and clears its own output on barge-in.
+// The camera rides on a video sender added at call start (with no track while the camera is off):
+// `setVideoTrack` swaps its track, with no renegotiation.
 
 const EVENTS_CHANNEL = "oai-events";
 const GATHER_TIMEOUT_MS = 3000;
@@ -30,13 +32,15 @@ function channelOpen(channel) {
 }
 
 // Connect; `onEvent(event)` gets every server event, `onClose(reason)` once when the call ends.
-// Returns {kind, send(event), outputAnalyser, close()}.
-export async function connectWebRTC({ micStream, ctx, audioElement, apiKey, onEvent, onClose }) {
+// `videoTrack`: the camera's track at call start, or null. Returns {kind, send(event),
+// setVideoTrack(track), outputAnalyser, close()}.
+export async function connectWebRTC({ micStream, videoTrack = null, ctx, audioElement, apiKey, onEvent, onClose }) {
   const pc = new RTCPeerConnection({ iceServers: [] });
   const remoteStream = new Promise((resolve) => {
     pc.ontrack = (e) => resolve(e.streams[0] || new MediaStream([e.track]));
   });
   for (const track of micStream.getAudioTracks()) pc.addTrack(track, micStream);
+  const video = pc.addTransceiver(videoTrack || "video", { direction: "sendonly" });
   const channel = pc.createDataChannel(EVENTS_CHANNEL);
   try {
     await pc.setLocalDescription(await pc.createOffer());
@@ -87,6 +91,7 @@ export async function connectWebRTC({ micStream, ctx, audioElement, apiKey, onEv
   return {
     kind: "webrtc",
     send: (event) => { if (channel.readyState === "open") channel.send(JSON.stringify(event)); },
+    setVideoTrack: (track) => video.sender.replaceTrack(track),
     outputAnalyser,
     close() {
       closed = true;

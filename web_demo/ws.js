@@ -4,7 +4,10 @@
 // Barge-in: the server cancels the reply when its VAD hears the user; this side stops local
 // playback at once on `input_audio_buffer.speech_started` (and on a cancelled `response.done`)
 // and truncates the interrupted item to what was actually heard, so the model's context matches
-// the user's experience. Echo: see the notes in index.html.
+// the user's experience. Echo: see the notes in index.html. The camera's pictures go up as
+// `input_image` items (camera.js, PictureSender).
+
+import { PictureSender } from "./camera.js";
 
 const WIRE_RATE = 24000;
 const CHUNK_MS = 20;
@@ -36,22 +39,26 @@ function opened(ws) {
 }
 
 // Connect; `onEvent(event)` gets every server event, `onClose(reason)` once when the socket ends.
-// Returns {kind, send(event), outputAnalyser, close()}.
-export async function connectWebSocket({ micStream, ctx, apiKey, onEvent, onClose }) {
+// `camera`: the page's Camera (camera.js); `onPicture(dataUri)` reports each picture sent.
+// Returns {kind, send(event), setVideoTrack(track), outputAnalyser, close()}.
+export async function connectWebSocket({ micStream, camera, ctx, apiKey, onEvent, onClose, onPicture }) {
   const url = new URL("/v1/realtime", location.href);
   url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
   const protocols = ["realtime"]; // the server echoes it; the key rides as a second subprotocol
   if (apiKey) protocols.push(`openai-insecure-api-key.${apiKey}`);
   const ws = new WebSocket(url, protocols);
   let player = null; // set once the worklets are up; no reply audio can come before that
+  let pictures = null; // likewise
   ws.onmessage = (message) => {
     const event = JSON.parse(message.data);
     if (player) player.handle(event);
+    if (pictures) pictures.handle(event);
     onEvent(event);
   };
   await opened(ws);
   ws.onclose = (e) => onClose(`WebSocket closed (code ${e.code}${e.reason ? ": " + e.reason : ""})`);
   const send = (event) => { if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event)); };
+  pictures = new PictureSender(camera, send, onPicture);
 
   await ctx.audioWorklet.addModule(new URL("./worklets.js", import.meta.url));
   const source = ctx.createMediaStreamSource(micStream);
@@ -80,8 +87,10 @@ export async function connectWebSocket({ micStream, ctx, apiKey, onEvent, onClos
   return {
     kind: "websocket",
     send,
+    setVideoTrack: () => {}, // pictures are taken from the camera when sent
     outputAnalyser,
     close() {
+      pictures.stop();
       ws.onclose = null;
       ws.close(1000);
       capture.port.onmessage = null;

@@ -64,6 +64,7 @@ from realtime.session import AudioTransport, ResponsePhase, SessionSettings
 from realtime.transports import sctp_teardown
 from realtime.transports.input_delay import InputDelayMeter
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
+from realtime.transports.video_codecs import SetAside, reject_in_answer, set_aside_undecodable_video
 from realtime.video import CameraFeed
 from realtime.video_settings import DEFAULT_CAMERA, CameraSettings
 
@@ -336,6 +337,8 @@ class Call:
         self.connected = asyncio.Event()
         self.tasks: set[asyncio.Task] = set()
         self.microphone_frames = 0
+        self.refused_video: tuple[SetAside, ...] = ()
+        """The offer's video sections refused for their codecs (rejected in the answer)."""
         self.observer: EventObserver | None = None
         self._done_type = server_event_name(ServerEvent.RESPONSE_DONE, dialect)
         self._item_added_type = server_event_name(ServerEvent.OUTPUT_ITEM_ADDED, dialect)
@@ -429,7 +432,9 @@ class WebRTCCalls:
     event sent on the data channel and is closed when the call ends. ``on_input_delay(seconds)`` (metrics) gets
     each microphone frame's delay behind the call's stream clock as it reaches the session
     (:class:`~realtime.transports.input_delay.InputDelayMeter`). ``camera``: how a call's video track is sampled
-    (:mod:`realtime.video`); ``on_camera_frame(outcome)`` counts each received camera frame."""
+    (:mod:`realtime.video`); ``on_camera_frame(outcome)`` counts each received camera frame;
+    ``on_camera_refused(reason)`` each video track refused in the answer (``unsupported_codec``:
+    :mod:`realtime.transports.video_codecs`)."""
 
     def __init__(
         self,
@@ -449,6 +454,7 @@ class WebRTCCalls:
         on_input_delay: Callable[[float], None] | None = None,
         camera: CameraSettings = DEFAULT_CAMERA,
         on_camera_frame: Callable[[str], None] = lambda outcome: None,
+        on_camera_refused: Callable[[str], None] = lambda reason: None,
     ) -> None:
         if max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, got {max_calls}")
@@ -466,6 +472,7 @@ class WebRTCCalls:
         self._on_input_delay = on_input_delay
         self._camera_settings = camera
         self._on_camera_frame = on_camera_frame
+        self._on_camera_refused = on_camera_refused
         self._calls: dict[str, Call] = {}
         self._serving: dict[str, asyncio.Task] = {}
         self._ids = itertools.count(1)
@@ -519,7 +526,7 @@ class WebRTCCalls:
             call.observer = self._session_observer()
         self._serving[call.id] = asyncio.create_task(self._serve(call), name=call.task_name("session"))
         logger.info("webrtc %s: answered", call.id)
-        return call.pc.localDescription.sdp
+        return reject_in_answer(call.pc.localDescription.sdp, call.refused_video)
 
     async def _set_up(self, first_message: str | None, offer_sdp: str, dialect: Dialect, slot: SessionSlot) -> Call:
         """A call with its answer set; on any failure everything it holds is released (but the
@@ -534,6 +541,16 @@ class WebRTCCalls:
         except BaseException:
             await pc.close()
             raise
+        offer_sdp, call.refused_video = set_aside_undecodable_video(offer_sdp)
+        for section in call.refused_video:
+            logger.warning(
+                "webrtc %s: refusing the offer's video track (mid %s): it offers %s, this server decodes VP8 and "
+                "H.264; the call goes on without video",
+                call.id,
+                section.mid,
+                ", ".join(section.codecs) or "no codec",
+            )
+            self._on_camera_refused("unsupported_codec")
         try:
             await _accept_offer(pc, offer_sdp)
             if first_message is not None:

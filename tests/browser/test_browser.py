@@ -103,13 +103,32 @@ def loopback_only(sdp: str) -> str:
     return "\r\n".join(line for line in sdp.split("\r\n") if not foreign(line))
 
 
-def talk(browser, server, transport: str, screenshot: str, **context_options) -> dict:
-    """Open the page, connect over ``transport``, wait for one full spoken turn; returns the
-    page's ``window.omniDemo`` state, with the URLs of the WebSockets it opened under ``websockets``.
-    ``context_options``: Playwright's browser context options."""
+def turn_camera_on(page) -> None:
+    page.click("#camera-toggle")
+    page.wait_for_function(
+        "() => window.omniDemo.camera.on && document.getElementById('camera-preview').videoWidth > 0", timeout=5_000
+    )
+
+
+def talk(
+    browser,
+    server,
+    transport: str,
+    screenshot: str,
+    *,
+    camera: str | None = None,
+    init_script: str | None = None,
+    **context_options,
+) -> dict:
+    """Open the page (``init_script`` run first), connect over ``transport`` (``camera``: the camera turned on
+    ``before`` connecting or ``during`` the call, before the user speaks), wait for one full
+    spoken turn; returns the page's ``window.omniDemo`` state, with the URLs of the WebSockets it opened under
+    ``websockets``. ``context_options``: Playwright's browser context options."""
     ARTIFACTS.mkdir(exist_ok=True)
     context = browser.new_context(**context_options)
     page = context.new_page()
+    if init_script is not None:
+        page.add_init_script(init_script)
     offers: list[str] = []
     websockets: list[str] = []
     page.on("websocket", lambda ws: websockets.append(ws.url))
@@ -128,8 +147,12 @@ def talk(browser, server, transport: str, screenshot: str, **context_options) ->
         page.wait_for_selector("#banner:not([hidden])", timeout=5_000)  # random weights, said plainly
         page.select_option("#transport", transport)
         page.fill("#max-tokens", "8")  # a short reply: the random model would ramble for seconds
+        if camera == "before":
+            turn_camera_on(page)
         page.click("#connect")
         page.wait_for_function("() => window.omniDemo.state === 'connected'", timeout=15_000)
+        if camera == "during":
+            turn_camera_on(page)
         page.wait_for_function(
             """() => {
                 const d = window.omniDemo;
@@ -169,7 +192,7 @@ def test_voice_turn_over_webrtc(browser, server):
     assert state["stats"]["micMaxRms"] > 0.01  # the fake microphone was heard
     assert state["stats"]["outputMaxRms"] > 0.01 and state["remote_audio_playing"]
     assert state["stats"]["latenciesMs"] and state["latency_text"].endswith("ms")
-    assert len(state["offers"]) == 1
+    assert len(state["offers"]) == 1 and "m=video" in state["offers"][0]  # the camera's sender, trackless
     assert _wait(lambda: server_app_calls(server) == 0)  # the call was torn down after disconnect
 
 
@@ -203,6 +226,98 @@ def test_voice_turn_over_websocket_on_an_https_page(browser, tls_server):
     assert state["error"] is None and state["page_protocol"] == "https:"
     assert state["websockets"] and all(url.startswith("wss://") for url in state["websockets"]), state["websockets"]
     assert state["stats"]["audioDeltas"] > 0 and state["stats"]["outputMaxRms"] > 0.01
+
+
+@pytest.fixture(scope="module")
+def seeing_server():
+    """The server over a fake engine with a vision tower (tests.fakes): the page's camera paths without a model."""
+    from realtime.config import ServerConfig
+    from realtime.server import create_app
+    from tests.fakes import TINY_VISION, FakeEngine
+
+    engine = FakeEngine(vision=TINY_VISION)
+    with ServerThread(create_app(ServerConfig(ice_host_addresses=("127.0.0.1",)), engine=engine)) as running:
+        running.engine = engine
+        yield running
+
+
+def camera_frames(server: ServerThread) -> dict[str, float]:
+    """The server's ``/metrics`` camera frame counts by outcome."""
+    from urllib.request import urlopen
+
+    with urlopen(server.url + "metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        m[1]: float(m[2])
+        for m in re.finditer(r'^omni_realtime_camera_frames_total\{outcome="(\w+)"\} (\S+)$', text, re.M)
+    }
+
+
+def test_voice_turn_with_the_camera_over_webrtc(browser, seeing_server):
+    """The camera turned on during the call (the page's video sender gets the track, no renegotiation): the
+    server hands sampled frames to the spoken message."""
+    before = camera_frames(seeing_server).get("delivered", 0.0)
+    state = talk(browser, seeing_server, "webrtc", "browser_webrtc_camera.png", camera="during")
+    assert state["error"] is None and state["camera"]["on"]
+    assert state["stats"]["outputMaxRms"] > 0.01
+    frames = camera_frames(seeing_server)
+    assert frames["delivered"] - before >= 2, frames  # 2 a second of speech (the question lasts ~2 s)
+    assert frames["invalid"] == 0 and frames["no_vision"] == 0
+    conversation = seeing_server.engine.conversations[-1]
+    assert any(handle.frames for handle in conversation.inputs.values())
+
+
+def test_voice_turn_with_the_camera_over_websocket(browser, seeing_server):
+    """Over WebSocket the page sends the camera's picture as an input_image item when the user starts speaking,
+    downscaled to the low-detail budget, and the server takes it."""
+    state = talk(browser, seeing_server, "websocket", "browser_websocket_camera.png", camera="before")
+    assert state["error"] is None and "error" not in state["events"]
+    assert state["camera"]["picturesSent"] >= 1
+    picture = state["camera"]["lastPicture"]
+    assert 0 < picture["width"] * picture["height"] <= 256 * 28 * 28
+    conversation = seeing_server.engine.conversations[-1]
+    pictures = [call for call in conversation.calls if call[0] == "add_content"]
+    assert len(pictures) == state["camera"]["picturesSent"], conversation.calls
+    assert all(len(call[2]) == 1 and call[2][0][2] == 3 for call in pictures)
+    assert conversation.image_tokens > 0
+
+
+VP9_ONLY = """
+const addTransceiver = RTCPeerConnection.prototype.addTransceiver;
+RTCPeerConnection.prototype.addTransceiver = function (...args) {
+    const transceiver = addTransceiver.apply(this, args);
+    if (transceiver.receiver.track.kind === "video") {
+        const codecs = RTCRtpReceiver.getCapabilities("video").codecs;
+        transceiver.setCodecPreferences(codecs.filter((c) => /vp9/i.test(c.mimeType)));
+    }
+    return transceiver;
+};
+"""
+
+
+def test_a_camera_in_a_codec_the_server_cannot_decode_is_refused_and_the_call_goes_on(browser, seeing_server):
+    """The page offers its video in VP9 only (aiortc decodes VP8 and H.264): the answer rejects the video section,
+    the refusal is counted, and the spoken turn goes on."""
+    refused = lambda: camera_tracks_refused(seeing_server)  # noqa: E731
+    before, delivered = refused(), camera_frames(seeing_server)["delivered"]
+    state = talk(browser, seeing_server, "webrtc", "browser_webrtc_vp9.png", camera="during", init_script=VP9_ONLY)
+    assert state["error"] is None and state["camera"]["on"]
+    (offer,) = state["offers"]
+    video = offer.split("m=video")[1].split("m=")[0]
+    assert "VP9/90000" in video and "VP8/90000" not in video and "H264/90000" not in video
+    assert state["stats"]["outputMaxRms"] > 0.01 and "response.done" in state["events"]
+    assert refused() == before + 1
+    assert camera_frames(seeing_server)["delivered"] == delivered
+
+
+def camera_tracks_refused(server: ServerThread) -> float:
+    from urllib.request import urlopen
+
+    with urlopen(server.url + "metrics", timeout=5) as response:
+        text = response.read().decode()
+    return float(
+        re.search(r'^omni_realtime_camera_tracks_refused_total\{reason="unsupported_codec"\} (\S+)$', text, re.M)[1]
+    )
 
 
 def server_app_calls(server: ServerThread) -> int:

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from aiortc import VideoStreamTrack
 
+from pipeline.errors import UnsupportedInputError
 from realtime.runner import OpenMessage
 from realtime.transports.webrtc import WebRTCCalls
 from realtime.video import CameraFeed
 from realtime.video_settings import CameraSettings
 from tests.fakes import TINY_VISION, FakeEngine
-from tests.integration.server.test_webrtc import ClientPeer
+from tests.helpers.webrtc_peer import ClientPeer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,6 +74,51 @@ async def test_camera_frames_reach_the_spoken_message_and_usage_counts_them():
     assert outcomes.count("delivered") == len(times)
     assert outcomes.count("skipped") > outcomes.count("delivered")  # 15 fps sampled at 2
     assert "invalid" not in outcomes and "no_vision" not in outcomes
+
+
+async def refusal_of_frames(engine) -> str | None:
+    """Why ``engine`` takes no camera frames (None: it takes them): no vision tower, or a build whose spoken
+    messages refuse video (``UnsupportedInputError``)."""
+    if engine.vision is None:
+        return "the engine has no vision (engine.vision is None)"
+    conversation = engine.conversation()
+    try:
+        message = conversation.open_audio("probe")
+        try:
+            message.add_video_frame(np.zeros((56, 56, 3), np.uint8), 0.0)
+        except UnsupportedInputError as exc:
+            return f"the engine refuses camera frames in this build: {exc}"
+        finally:
+            await message.discard()
+    finally:
+        await conversation.close()
+    return None
+
+
+async def test_on_the_tiny_engine_the_reply_counts_the_camera_frames_image_tokens(tiny_engine):
+    """The real engine on the tiny checkpoint: camera frames go into the spoken message and the reply's usage
+    counts their image tokens."""
+    reason = await refusal_of_frames(tiny_engine)
+    if reason is not None:
+        pytest.skip(reason)
+    outcomes: list[str] = []
+    calls = WebRTCCalls(tiny_engine, ice_host_addresses=("127.0.0.1",), on_camera_frame=outcomes.append)
+    client = ClientPeer()
+    client.pc.addTrack(MovingPattern())
+    try:
+        await client.call(calls, session_overrides={"type": "realtime", "max_output_tokens": 8})
+        await asyncio.sleep(0.5)
+        client.say("capital_of_france")
+        _, done = await client.wait_for("response.done", timeout=40.0)
+    finally:
+        await client.close()
+        await calls.close()
+    assert done["response"]["status"] in ("completed", "incomplete")
+    delivered = outcomes.count("delivered")
+    assert delivered >= 2 and "invalid" not in outcomes, outcomes
+    image_tokens = done["response"]["usage"]["input_token_details"]["image_tokens"]
+    # 640x480 -> 364x252 under the default budget: (252/28) * (364/28) = 117 tokens a pair of frames at most
+    assert 0 < image_tokens <= tiny_engine.vision.tokens(252, 364, delivered + 1)
 
 
 # --- the sampling rules, without a network ------------------------------------------------------

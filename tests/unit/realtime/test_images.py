@@ -15,7 +15,7 @@ from PIL import Image
 from realtime.images import ImageLimits
 from realtime.session import SessionSettings
 from tests.fakes import TINY_VISION, FakeEngine
-from tests.unit.realtime.test_runner import MANUAL, TEXT_ITEM, Harness
+from tests.helpers.session_harness import MANUAL, TEXT_ITEM, Harness
 
 openai = pytest.importorskip("openai")
 from openai.types.realtime import RealtimeServerEvent  # noqa: E402
