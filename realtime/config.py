@@ -68,9 +68,10 @@ class ServerConfig:
     config's ``engine.process`` runs it in one). One by default: the VAD models are tiny and a GPU engine
     needs no CPU threads; raise it for a real model on CPU."""
     vad_batching: bool = True
-    """Score every session's VAD frames together: frames that arrive within 4 ms run as one silero call on the
-    event loop (``realtime/vad_batch.py``). ``False``: one silero model per session, one call per 32 ms frame
-    (~1 ms of CPU each: at 64 sessions ~75 % of the event loop, and turn ends were detected seconds late)."""
+    """Score every session's VAD frames together: frames that arrive within 16 ms (or until every active session
+    has one) run as one silero call on the event loop (``realtime/vad_batch.py``). ``False``: one silero model per
+    session, one call per 32 ms frame (~1 ms of CPU each: at 64 sessions ~75 % of the event loop, and turn ends
+    were detected seconds late)."""
     preemptive_response_ms: int | None = DEFAULT_PREEMPTIVE_RESPONSE_MS
     """With ``server_vad``: after this much silence (below the session's ``silence_duration_ms``) the turn is
     committed and the reply started at once, unseen by the client until speech stops; speech resuming withdraws it

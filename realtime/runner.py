@@ -49,7 +49,7 @@ from realtime.errors import RealtimeError, to_error_payload
 from realtime.first_audio import FirstAudioTrace, FirstAudioTracer
 from realtime.ids import IdGenerator, RandomIds
 from realtime.images import decode_item
-from realtime.protocol.client import ItemCreate, parse_client_event
+from realtime.protocol.client import InputAudioAppend, ItemCreate, parse_client_event
 from realtime.protocol.names import ServerEvent, server_event_name
 from realtime.protocol.server import ServerEvents
 from realtime.session import (
@@ -132,11 +132,13 @@ class TransportClosed(Exception):
 class Transport(Protocol):
     """One client's message channel (a WebSocket, a WebRTC data channel…).
 
-    Iterating it yields the client's text messages and ends when the client disconnects.
+    Iterating it yields the client's text messages and ends when the client disconnects; a transport
+    that makes client events itself (a WebRTC call's microphone audio) may yield them already parsed,
+    as :class:`~realtime.protocol.client.InputAudioAppend` events, which skip the JSON round trip.
     ``send`` delivers one server event (JSON-encoding it) or raises :class:`TransportClosed`;
     ``close`` ends the connection and may be called more than once."""
 
-    def __aiter__(self) -> AsyncIterator[str | bytes]: ...
+    def __aiter__(self) -> AsyncIterator[str | bytes | InputAudioAppend]: ...
 
     async def send(self, event: dict) -> None: ...
 
@@ -489,10 +491,12 @@ class SessionRunner:
             if clock_ms != self._heard[1]:
                 self._heard = (time.monotonic(), clock_ms)
 
-    async def _receive(self, message: str | bytes) -> list[Action]:
+    async def _receive(self, message: str | bytes | InputAudioAppend) -> list[Action]:
         """The session's actions for one client message. A message with pictures has them decoded first, in a
         worker thread (the reader waits, so the client's events keep their order); a picture that cannot be taken
         refuses the whole message with an ``error`` event and changes nothing."""
+        if isinstance(message, InputAudioAppend):
+            return self.session.handle(message)
         try:
             event = parse_client_event(message)
         except RealtimeError as exc:

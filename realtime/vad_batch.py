@@ -10,6 +10,7 @@ sessions that was ~75 % of the loop's time, and turn ends were detected seconds 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,33 +59,58 @@ class SileroBatchModel:
 
 
 class VadBatcher:
-    """Scores the frames of every session's VAD together: frames that arrive within ``window_s`` of the first
-    one pending run as one batched call on the event loop. Each session awaits a frame's
-    probability before sending its next, so a stream appears at most once in a call. Bounded: one pending
-    frame per live session. A failing call fails every frame of that call (their sessions get the error)."""
+    """Scores the frames of every session's VAD together, one batched call on the event loop per flush.
 
-    def __init__(self, model: SileroBatchModel, *, window_s: float = 0.004) -> None:
+    A flush runs as soon as every *active* stream (made, or sent a frame, within ``active_s``) has a frame pending,
+    else ``window_s`` after the first pending frame. Sessions send a frame each 32 ms hop, at phases of their own: the
+    window gathers about ``window_s / 32 ms`` of them per call, and the early flush means a lone session (or a set
+    of sessions whose frames happen to line up) waits for no one. A frame thus waits at most ``window_s`` for its
+    probability. Each session awaits a frame's probability before sending its next, so a stream appears at most
+    once in a call and a session with a backlog drains it at one frame per flush. Bounded: one pending frame per
+    live session. A failing call fails every frame of that call (their sessions get the error)."""
+
+    def __init__(self, model: SileroBatchModel, *, window_s: float = 0.016, active_s: float = 0.1) -> None:
         self.model = model
         self.window_s = window_s
+        self.active_s = active_s
         self.calls = 0
         """Batched model calls so far (the tests count them)."""
         self._pending: list[tuple[SileroState, np.ndarray, asyncio.Future]] = []
         self._flush_at: asyncio.TimerHandle | None = None
+        self._last_frame: dict[int, float] = {}
+        """id of a stream's state → ``time.monotonic()`` of its creation or latest frame (pruned as a batch starts)."""
 
     def stream(self) -> BatchedSileroStream:
         """A fresh stream (one session's VAD)."""
         return BatchedSileroStream(self)
 
+    def new_state(self) -> SileroState:
+        """A fresh stream state, active from now: the next flush waits (up to its window) for its first frame too."""
+        state = self.model.new_state()
+        self._mark_active(state)
+        return state
+
+    def _mark_active(self, state: SileroState) -> None:
+        self._last_frame[id(state)] = time.monotonic()
+
     async def probability(self, state: SileroState, frame: np.ndarray) -> float:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
+        if not self._pending:  # a new batch: forget the streams that went quiet
+            horizon = time.monotonic() - self.active_s
+            self._last_frame = {k: t for k, t in self._last_frame.items() if t >= horizon}
         self._pending.append((state, frame, done))
-        if self._flush_at is None:
+        self._mark_active(state)
+        if len(self._pending) >= len(self._last_frame):  # every active stream is waiting: no one else to wait for
+            self._flush()
+        elif self._flush_at is None:
             self._flush_at = loop.call_later(self.window_s, self._flush)
         return await done
 
     def _flush(self) -> None:
-        self._flush_at = None
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
         batch, self._pending = self._pending, []
         self.calls += 1
         try:
@@ -106,7 +132,7 @@ class BatchedSileroStream:
 
     def __init__(self, batcher: VadBatcher) -> None:
         self._batcher = batcher
-        self._state = batcher.model.new_state()
+        self._state = batcher.new_state()
 
     def __call__(self, frame: np.ndarray) -> float:
         """Score one frame now, alone (a batch of one)."""
@@ -116,4 +142,4 @@ class BatchedSileroStream:
         return await self._batcher.probability(self._state, np.asarray(frame, dtype=np.float32))
 
     def reset(self) -> None:
-        self._state = self._batcher.model.new_state()
+        self._state = self._batcher.new_state()

@@ -28,6 +28,7 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from realtime.audio import ENGINE_OUTPUT_RATE, AudioFormat, StreamResampler, encode_audio, float_to_pcm16
+from realtime.transports.opus_packets import OpusPackets
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +215,9 @@ class PacedAudioTrack(MediaStreamTrack):
     so the track is paced by its pts: frame *k* is due ``k * 20 ms`` after the first. When a frame
     carries the last sample of a response, ``on_finished(response_id)`` is called before the
     frame is returned (the sender encodes and sends it right after). Frames are mono s16; aiortc's
-    Opus encoder upmixes them."""
+    Opus encoder upmixes them. After :meth:`send_opus` (the call negotiated Opus) the track returns
+    Opus packets instead (:class:`~realtime.transports.opus_packets.OpusPackets`), which the sender
+    only packetizes."""
 
     kind = "audio"
 
@@ -226,8 +229,13 @@ class PacedAudioTrack(MediaStreamTrack):
         self._pts = 0
         self.frames_sent = 0
         self.audible_frames_sent = 0
+        self.opus: OpusPackets | None = None
 
-    async def recv(self) -> av.AudioFrame:
+    def send_opus(self) -> None:
+        """Return Opus packets from now on (call it before the sender starts: the negotiated codec must be Opus)."""
+        self.opus = OpusPackets()
+
+    async def recv(self) -> av.AudioFrame | av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
         await self._wait_for_slot()
@@ -236,6 +244,8 @@ class PacedAudioTrack(MediaStreamTrack):
             self._on_finished(response_id)
         self.frames_sent += 1
         self.audible_frames_sent += frame.audible
+        if self.opus is not None:
+            return self.opus.packet(frame.samples, self._pts, audible=frame.audible)
         return self._av_frame(frame.samples)
 
     async def _wait_for_slot(self) -> None:

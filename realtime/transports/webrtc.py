@@ -5,9 +5,10 @@ A call is one ``RTCPeerConnection`` serving one :class:`realtime.runner.SessionR
 - the browser's offer carries an audio track (its microphone) and the ``oai-events`` data
   channel; :meth:`WebRTCCalls.create_call` answers it once every ICE candidate is gathered (aiortc
   has no trickle ICE), announcing only the configured host addresses and using no STUN server;
-- microphone frames (Opus → s16 stereo 48 kHz) become ``input_audio_buffer.append`` messages in
-  the session's input format, interleaved with the data channel's messages in arrival order, so
-  the session, server VAD and barge-in work exactly as over a WebSocket;
+- microphone frames (Opus → s16 stereo 48 kHz) become ``input_audio_buffer.append`` events in
+  the session's input format (handed over already parsed: no JSON or base64), interleaved with
+  the data channel's messages in arrival order, so the session, server VAD and barge-in work
+  exactly as over a WebSocket;
 - the data channel carries the same JSON server events as the WebSocket, except that reply audio
   plays on the outgoing :class:`PacedAudioTrack` (``AudioTransport.MEDIA``) and the session
   reports ``output_audio_buffer.started|stopped|cleared``; a cleared reply (barge-in,
@@ -29,7 +30,6 @@ Only ``webrtc`` extras (aiortc, av) are needed; the ASGI route lives in ``realti
 from __future__ import annotations
 
 import asyncio
-import base64
 import enum
 import functools
 import inspect
@@ -46,6 +46,7 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcicetransport import RTCIceGatherer
+from aiortc.sdp import SessionDescription
 
 from pipeline.api import EngineHandle
 from realtime.engine_pool import end_on_engine_failure
@@ -55,7 +56,7 @@ from realtime.first_audio import FirstAudioTrace
 from realtime.ids import RandomIds
 from realtime.limits import MessageGate, SessionSlot, SessionSlots
 from realtime.placement import EngineSlot
-from realtime.protocol.client import SessionUpdate, parse_client_event
+from realtime.protocol.client import InputAudioAppend, SessionUpdate, parse_client_event
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, server_event_name
 from realtime.protocol.server import ServerEvents
@@ -210,8 +211,9 @@ class DataChannelTransport:
         else:
             channel.on("open", self._open.set)
 
-    def push(self, message: str | bytes) -> None:
-        """A client message synthesized by the server (microphone audio, truncation)."""
+    def push(self, message: str | bytes | InputAudioAppend) -> None:
+        """A client message synthesized by the server: microphone audio (an already parsed append) or a
+        truncation."""
         if not self._gone.is_set():
             self._incoming.put_nowait(message)
 
@@ -227,7 +229,7 @@ class DataChannelTransport:
             self._gone.set()
             self._incoming.put_nowait(self._END)
 
-    async def __aiter__(self) -> AsyncIterator[str | bytes]:
+    async def __aiter__(self) -> AsyncIterator[str | bytes | InputAudioAppend]:
         while True:
             message = await self._incoming.get()
             if message is self._END:
@@ -285,12 +287,6 @@ def truncate_message(item_id: str, audio_end_ms: int) -> str:
             "audio_end_ms": audio_end_ms,
         }
     )
-
-
-def append_message(audio: bytes) -> str:
-    """The ``input_audio_buffer.append`` client message carrying ``audio`` (wire bytes)."""
-    encoded = base64.b64encode(audio).decode("ascii")
-    return json.dumps({"type": ClientEventType.INPUT_AUDIO_BUFFER_APPEND.value, "audio": encoded})
 
 
 # --- calls ---------------------------------------------------------------------------------------
@@ -559,6 +555,8 @@ class WebRTCCalls:
             if self.ice_host_addresses:
                 await announce_host_addresses(pc, self.ice_host_addresses)
             await pc.setLocalDescription(await pc.createAnswer())
+            if _sends_opus(pc.localDescription.sdp):
+                call.track.send_opus()  # encoded by the track: aiortc then only packetizes
             if self._closed:  # close() ran meanwhile and will not see this call
                 raise WebRTCUnavailable("the server is shutting down")
         except BaseException:
@@ -672,7 +670,7 @@ class WebRTCCalls:
                 call.transport.disconnect()
                 return
             if data:
-                call.transport.push(append_message(data))
+                call.transport.push(InputAudioAppend(None, data))
 
     async def _camera(self, call: Call, track: MediaStreamTrack) -> None:
         """Feed the browser's camera to the user's spoken messages (:mod:`realtime.video`) until the track ends."""
@@ -726,6 +724,12 @@ def _overrides_message(overrides: dict | None) -> str | None:
     if isinstance(event, SessionUpdate) and event.refused:
         raise event.refused[0]
     return message
+
+
+def _sends_opus(answer_sdp: str) -> bool:
+    """Whether the answer's audio section sends Opus: its first codec, the one aiortc's sender uses."""
+    audio = [m for m in SessionDescription.parse(answer_sdp).media if m.kind == "audio"]
+    return bool(audio and audio[0].rtp.codecs and audio[0].rtp.codecs[0].mimeType.lower() == "audio/opus")
 
 
 async def _accept_offer(pc: RTCPeerConnection, offer_sdp: str) -> None:

@@ -215,6 +215,9 @@ async def test_spoken_turn_round_trip(tiny_engine, client):
         (call,) = calls.calls()
         assert call.status is CallStatus.CONNECTED and call.microphone_frames > 100
         assert call.track.audible_frames_sent > 10
+        # the reply went out as the track's own Opus packets (the client heard it above); silence was not encoded
+        opus = call.track.opus
+        assert opus is not None and call.track.audible_frames_sent <= opus.encoded < call.track.frames_sent
     finally:
         await calls.close()
 

@@ -59,12 +59,12 @@ async def test_concurrent_sessions_share_calls_and_keep_their_order(model):
     batcher = VadBatcher(model, window_s=0.002)
     clips = [frames_of(name, 20) for name in CLIPS]
 
-    async def session(clip: np.ndarray) -> list[float]:
-        stream = batcher.stream()
+    async def session(stream, clip: np.ndarray) -> list[float]:
         assert isinstance(stream, BatchedSpeechProbability)
         return [await stream.probability(frame) for frame in clip]
 
-    batched = await asyncio.gather(*(session(clip) for clip in clips))
+    streams = [batcher.stream() for _ in clips]  # the sessions are live before their audio flows
+    batched = await asyncio.gather(*(session(stream, clip) for stream, clip in zip(streams, clips, strict=True)))
     alone = []
     for clip in clips:
         vad = SileroVad()
@@ -98,3 +98,32 @@ async def test_turns_detected_on_a_shared_vad_equal_those_on_a_session_vad(model
         expected += alone.feed(pcm[start : start + 320])
         got += await shared.afeed(pcm[start : start + 320])
     assert got == expected and len(expected) == 2  # speech started, speech stopped
+
+
+async def test_a_call_runs_once_every_active_stream_has_a_frame(model):
+    batcher = VadBatcher(model, window_s=60.0)  # the window never ends within the test
+    a, b = batcher.stream(), batcher.stream()
+    frame = frames_of("capital_of_france.wav", 1)[0]
+    first = asyncio.ensure_future(a.probability(frame))
+    await asyncio.sleep(0.05)
+    assert not first.done() and batcher.calls == 0  # b is active (just made): its frame is awaited
+    second = await asyncio.wait_for(b.probability(frame), 5.0)
+    assert await first == pytest.approx(second) and batcher.calls == 1
+
+
+async def test_a_lone_or_quiet_stream_does_not_wait_for_the_window(model):
+    batcher = VadBatcher(model, window_s=60.0, active_s=0.05)
+    a, _quiet = batcher.stream(), batcher.stream()
+    await asyncio.sleep(0.1)  # the second stream sent nothing within active_s: no longer awaited
+    frame = frames_of("capital_of_france.wav", 1)[0]
+    await asyncio.wait_for(a.probability(frame), 5.0)
+    await asyncio.wait_for(a.probability(frame), 5.0)
+    assert batcher.calls == 2
+
+
+async def test_a_frame_waits_at_most_the_window_for_the_others(model):
+    batcher = VadBatcher(model, window_s=0.02)
+    a, _silent = batcher.stream(), batcher.stream()
+    frame = frames_of("capital_of_france.wav", 1)[0]
+    await asyncio.wait_for(a.probability(frame), 5.0)
+    assert batcher.calls == 1
