@@ -11,18 +11,25 @@ Over WebSocket there is no video track: at the start of each turn's speech the u
 pattern as an ``input_image`` item (:func:`picture_item`: a user message holding a JPEG data URI, ``detail: low``),
 as a browser client sends a camera still; the picture is first shrunk to the server's camera pixel budget
 (:data:`realtime.video_settings.DEFAULT_CAMERA`), so it costs the model the positions of one WebRTC frame pair.
+
+What the server made of the WebRTC frames is read from its ``/metrics`` (:func:`scrape_camera_frames`: received
+frames by outcome, delivered to a spoken message or skipped by its sampling rate, ...).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import math
+import urllib.request
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 
+from realtime.bench.throughput import metrics_url
 from realtime.protocol.names import ClientEventType
 from realtime.video_settings import DEFAULT_CAMERA
 
@@ -117,3 +124,35 @@ def _shrink(rgb: np.ndarray, max_pixels: int, grid: int = PICTURE_GRID) -> np.nd
     scale = math.sqrt(h * w / max_pixels)
     size = (max(grid, math.floor(w / scale / grid) * grid), max(grid, math.floor(h / scale / grid) * grid))
     return np.asarray(Image.fromarray(rgb).resize(size, Image.Resampling.BILINEAR))
+
+
+# --- what the server made of it --------------------------------------------------------------------------------------
+
+CAMERA_FRAMES_METRIC = "omni_realtime_camera_frames_total"
+"""The server's count of received WebRTC camera frames, labelled by ``outcome`` (:mod:`realtime.metrics`)."""
+
+
+def camera_frames_from_metrics(text: str) -> dict[str, int] | None:
+    """Camera frames by outcome in a Prometheus text exposition; None when the server does not export them."""
+    found = {
+        sample.labels["outcome"]: round(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == CAMERA_FRAMES_METRIC and "outcome" in sample.labels
+    }
+    return found or None
+
+
+async def scrape_camera_frames(url: str, *, timeout_s: float = 10.0) -> dict[str, int] | None:
+    """The camera frame counts of the server at ``url`` from its ``/metrics``; None when the scrape fails or it does
+    not export them (the report says "not measured", the bench goes on)."""
+
+    def get() -> str:
+        with urllib.request.urlopen(metrics_url(url), timeout=timeout_s) as response:  # noqa: S310 - the bench's server
+            return response.read().decode("utf-8")
+
+    try:
+        text = await asyncio.to_thread(get)
+    except (OSError, ValueError):
+        return None
+    return camera_frames_from_metrics(text)
