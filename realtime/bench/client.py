@@ -17,7 +17,7 @@ turn's own file is cut :data:`BARGE_IN_TAIL_MS` after its speech, so its long tr
 the microphone, cannot hold the interrupting speech back.
 
 With ``ClientOptions.camera`` each user also shows a camera (:mod:`realtime.bench.camera`): over WebRTC a video
-track beside the microphone; over WebSocket one ``input_image`` item at the start of each turn's speech. Every user
+track beside the microphone; over WebSocket one ``input_image`` item at the start of each turn's speech. Such a user
 counts the pictures it sent and the image tokens the replies' usage reports (:data:`USAGE_COUNTS`).
 
 With ``ClientOptions.transcription`` each user turns input transcription on (a ``session.update`` with
@@ -437,8 +437,10 @@ class SimulatedUser:
         self.session: dict = {}
         """The session as ``session.created`` described it."""
         self.counts: dict[str, int] = {server_event_name(e, Dialect.GA): 0 for e in COUNTED_EVENTS}
-        self.counts |= dict.fromkeys(USAGE_COUNTS, 0)
-        """How many of each :data:`COUNTED_EVENTS` the user received, by wire name, and the :data:`USAGE_COUNTS`."""
+        if options.camera is not None:
+            self.counts |= dict.fromkeys(USAGE_COUNTS, 0)
+        """How many of each :data:`COUNTED_EVENTS` the user received, by wire name; with a camera also the
+        :data:`USAGE_COUNTS`."""
         self._pictures = None
         if options.camera is not None and not getattr(link, "sends_video", False):
             from realtime.bench.camera import CameraPictures
@@ -616,7 +618,7 @@ class SimulatedUser:
         usage = payload.get("usage") or {}
         if (usage.get("output_token_details") or {}).get("audio_tokens"):
             self._voiced.add(response.response_id)
-        if usage:
+        if usage and USAGE_RESPONSES in self.counts:
             self.counts[USAGE_RESPONSES] += 1
             self.counts[USAGE_IMAGE_TOKENS] += int((usage.get("input_token_details") or {}).get("image_tokens") or 0)
         response.status = ResponseStatus(payload.get("status"))

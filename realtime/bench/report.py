@@ -143,8 +143,8 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
     lines = [
         f"Model: {info.model}; device: {info.device}; transport: {info.transport}; server: {info.server}.",
         f"Workload: {info.workload}; inputs: {info.wavs}; input transcription: "
-        + ("on" if info.transcription else "off")
-        + f"; camera: {'on (' + info.camera['sent_as'] + ')' if info.camera else 'off'}.",
+        + ("on." if info.transcription else "off.")
+        + f" Camera: {'on (' + info.camera['sent_as'] + ')' if info.camera else 'off'}.",
         *(
             [f"**lighter workload: {info.lighter_workload}** (not the default conversation)."]
             if info.lighter_workload

@@ -86,7 +86,7 @@ def test_a_webrtc_user_with_a_camera_sends_frames_the_server_delivers(tmp_path):
         camera={"width": 320, "height": 240, "fps": 5.0, "sent_as": "WebRTC video track"},
     )
     text = markdown(info, [level])
-    assert "camera: on (WebRTC video track)." in text
+    assert "Camera: on (WebRTC video track)." in text
     row = next(line for line in text.splitlines() if line.startswith("| 1 | 0 | "))
     assert row.split(" | ")[2] == str(frames["delivered"])
     write_report(tmp_path, info, [level], plots=False)
