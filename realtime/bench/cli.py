@@ -27,6 +27,10 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from realtime.bench.camera import CameraOptions
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +81,8 @@ class BenchOptions:
     data_parallel_size: int = 1
     """The bench's own server: engines, one per GPU, as ``serve --data-parallel-size``."""
     client_processes: int = 1
+    camera: CameraOptions | None = None
+    """``--camera``: every user shows this camera; None: no camera."""
 
 
 QUICK = {
@@ -291,9 +297,51 @@ def build_parser() -> argparse.ArgumentParser:
         "dealt round-robin): a WebRTC user costs its process Opus, SRTP and RTP work every 20 ms, and the report's "
         "client loop lag shows when the users fell behind",
     )
+    _camera_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the replies' sampling, for repeatable runs")
     p.add_argument("--api-key", default=None, help="the key a --url server requires (default: none, no key sent)")
     return p
+
+
+DEFAULT_CAMERA_SIZE = "640x480"
+DEFAULT_CAMERA_FPS = 5.0
+"""The simulated camera's rate: above the server's sampling rate (2 a second), a third of a browser camera's, so that
+the users' VP8 encoding stays a small load (``--camera-fps`` sends more)."""
+
+
+def _camera_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--camera",
+        action="store_true",
+        help="every user shows a camera (a moving test pattern): over WebRTC a video track beside the microphone, "
+        "sampled and downscaled by the server; over WebSocket one input_image item (a JPEG still, shrunk to the "
+        "server's camera pixel budget) sent when each turn's speech starts. The report counts the frames the server "
+        "received and the image tokens in the replies' usage",
+    )
+    p.add_argument(
+        "--camera-size",
+        default=DEFAULT_CAMERA_SIZE,
+        metavar="WxH",
+        help="the camera's frame size in pixels (even numbers)",
+    )
+    p.add_argument(
+        "--camera-fps",
+        type=float,
+        default=DEFAULT_CAMERA_FPS,
+        help="frames a second of the WebRTC camera track (the server keeps its own rate of them, 2 a second by "
+        "default; each sent frame costs the user's process a VP8 encode and the server a decode)",
+    )
+
+
+def _camera(args: argparse.Namespace) -> CameraOptions | None:
+    """``--camera`` with its size and rate; ``ValueError`` on a malformed size."""
+    from realtime.bench.camera import CameraOptions
+
+    width, sep, height = args.camera_size.partition("x")
+    if not sep or not width.isdigit() or not height.isdigit():
+        raise ValueError(f"--camera-size must be WIDTHxHEIGHT in pixels, e.g. 640x480, got {args.camera_size!r}")
+    options = CameraOptions(int(width), int(height), args.camera_fps)
+    return options if args.camera else None
 
 
 def main(argv: list[str], *, command_argv: list[str] | None = None) -> int:
@@ -340,6 +388,7 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         transcription=args.transcription,
         data_parallel_size=_data_parallel_size(args),
         client_processes=args.client_processes,
+        camera=_camera(args),
         seed=args.seed,
         preemptive_response_ms=args.preemptive_response_ms,
         pause_inside_ms=args.pause_inside_ms,
@@ -402,6 +451,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 
 async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
+    from realtime.bench.camera import scrape_camera_frames
     from realtime.bench.client import ClientOptions, Transport
     from realtime.bench.models import reply_length
     from realtime.bench.report import REPORT_MD, where_written, write_report
@@ -417,6 +467,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
         options.jitter_ms,
         turn_timeout_s=options.turn_timeout_s,
         transcription=options.transcription,
+        camera=options.camera,
     )
     loaded = await asyncio.to_thread(_load, options, cfg) if options.url is None or options.reference else None
     info = _run_info(options, command, length, loaded)
@@ -443,6 +494,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
                 counters=functools.partial(scrape_counters, options.url),
                 counters_source="metrics",
                 client_processes=options.client_processes,
+                camera_frames=functools.partial(scrape_camera_frames, options.url) if options.camera else None,
             )
         else:
             async with _in_process_server(loaded.engines, options) as url:
@@ -456,6 +508,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
                     counters=functools.partial(engines_counters, loaded.engines),
                     counters_source="engine",
                     client_processes=options.client_processes,
+                    camera_frames=functools.partial(scrape_camera_frames, url) if options.camera else None,
                 )
     finally:
         if loaded is not None:
@@ -581,7 +634,20 @@ def _run_info(options: BenchOptions, command: str, length, loaded: _Loaded | Non
         load_average={"start": list(os.getloadavg())},
         versions=_versions(),
         transcription=options.transcription,
+        camera=_camera_info(options),
     )
+
+
+def _camera_info(options: BenchOptions) -> dict | None:
+    """How the users showed their camera (``results.json`` info.camera; None: no camera)."""
+    camera = options.camera
+    if camera is None:
+        return None
+    if options.transport == "webrtc":
+        how = f"WebRTC video track, {camera.describe()} (VP8), sampled by the server"
+    else:
+        how = "one input_image item (JPEG, detail low, on the server's camera pixel budget) at each turn's speech start"
+    return {"width": camera.width, "height": camera.height, "fps": camera.fps, "sent_as": how}
 
 
 def _device_name(device: str) -> str:

@@ -16,6 +16,10 @@ not its generation has ended (:class:`realtime.bench.metrics.BargeInKind` tells 
 turn's own file is cut :data:`BARGE_IN_TAIL_MS` after its speech, so its long trailing silence, still queued on
 the microphone, cannot hold the interrupting speech back.
 
+With ``ClientOptions.camera`` each user also shows a camera (:mod:`realtime.bench.camera`): over WebRTC a video
+track beside the microphone; over WebSocket one ``input_image`` item at the start of each turn's speech. Such a user
+counts the pictures it sent and the image tokens the replies' usage reports (:data:`USAGE_COUNTS`).
+
 With ``ClientOptions.transcription`` each user turns input transcription on (a ``session.update`` with
 ``audio.input.transcription``, sent when the session starts, before any speech) and counts the transcription
 events it receives (:attr:`SimulatedUser.counts`).
@@ -42,6 +46,7 @@ from typing import Protocol
 
 import numpy as np
 
+from realtime.bench.camera import CameraOptions
 from realtime.bench.metrics import (
     DEFAULT_JITTER_MS,
     SILENCE_THRESHOLD,
@@ -111,6 +116,8 @@ class ClientOptions:
     connect_timeout_s: float = 30.0
     transcription: bool = False
     """Turn input audio transcription on in every session (``audio.input.transcription``)."""
+    camera: CameraOptions | None = None
+    """Show a camera (module docstring); None: none."""
 
 
 TRANSCRIPTION_MODEL = "whisper-1"
@@ -123,6 +130,15 @@ COUNTED_EVENTS = (
     ServerEvent.INPUT_TRANSCRIPTION_FAILED,
 )
 """Server events each user counts (by GA wire name): the commits, and the transcription events that answer them."""
+
+PICTURES_SENT = "input_images_sent"
+"""Counted: ``input_image`` items the user sent (WebSocket camera)."""
+USAGE_IMAGE_TOKENS = "usage_image_tokens"
+"""Counted: the sum over replies of ``response.done`` usage ``input_token_details.image_tokens`` (the image and video
+positions in each reply's context)."""
+USAGE_RESPONSES = "usage_responses"
+"""Counted: replies whose ``response.done`` carried usage."""
+USAGE_COUNTS = (PICTURES_SENT, USAGE_IMAGE_TOKENS, USAGE_RESPONSES)
 
 
 # --- the microphone (pure) -----------------------------------------------------------------------
@@ -270,11 +286,14 @@ class WebRTCLink:
 
     paced_audio = True
 
-    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+    def __init__(self, base_url: str, api_key: str | None = None, camera: CameraOptions | None = None) -> None:
         from realtime.transports.media import TRACK_RATE
 
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
+        self.camera = camera
+        self.sends_video = camera is not None
+        """A video track goes beside the microphone (the camera needs no pictures over events)."""
         self.output_rate = TRACK_RATE
         self._pc = None
         self._mic = None
@@ -291,6 +310,10 @@ class WebRTCLink:
         self._pc = pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self._mic = _TimedMicQueue(loop.time)
         pc.addTrack(PacedAudioTrack(self._mic, lambda _name: None))
+        if self.camera is not None:
+            from realtime.bench.camera_track import CameraTrack
+
+            pc.addTrack(CameraTrack(self.camera))
         self._channel = channel = pc.createDataChannel(EVENTS_CHANNEL)
         channel.on("message", lambda m: listener.on_event(loop.time(), json.loads(m)))
         pc.on("track", lambda track: self._tasks.append(asyncio.create_task(self._read(track, listener))))
@@ -414,7 +437,17 @@ class SimulatedUser:
         self.session: dict = {}
         """The session as ``session.created`` described it."""
         self.counts: dict[str, int] = {server_event_name(e, Dialect.GA): 0 for e in COUNTED_EVENTS}
-        """How many of each :data:`COUNTED_EVENTS` the user received, by wire name."""
+        if options.camera is not None:
+            self.counts |= dict.fromkeys(USAGE_COUNTS, 0)
+        """How many of each :data:`COUNTED_EVENTS` the user received, by wire name; with a camera also the
+        :data:`USAGE_COUNTS`."""
+        self._pictures = None
+        if options.camera is not None and not getattr(link, "sends_video", False):
+            from realtime.bench.camera import CameraPictures
+
+            self._pictures = CameraPictures(options.camera)
+        self._picture_tasks: list[asyncio.Task] = []
+        """One per turn: sends the turn's picture when its speech starts (cancelled when the user stops)."""
         self._ready = asyncio.Event()
         self._progress = asyncio.Event()
         self._voiced: set[str] = set()
@@ -457,6 +490,7 @@ class SimulatedUser:
             # let the last reply's trailing events (cancelled replies' done) arrive
             await self._until(lambda: all(_settled(t) for t in self.logs), loop.time() + 5.0)
         finally:
+            await _cancel(self._picture_tasks)
             await self.link.close()
         return self.logs
 
@@ -471,10 +505,19 @@ class SimulatedUser:
             sample_rate=self.link.output_rate,
             paced_audio=self.link.paced_audio,
         )
+        if self._pictures is not None:
+            task = asyncio.create_task(self._show_picture(turn.speech_start_at), name=f"bench picture {index}")
+            self._picture_tasks.append(task)
         if self._interrupted is not None and self._interrupted.barge_in is None:
             self._interrupted.barge_in = BargeInLog(onset_at=turn.speech_start_at)
         self.logs.append(turn)
         return turn
+
+    async def _show_picture(self, when: float) -> None:
+        """Send the next camera picture at ``when`` (the loop's clock): the start of a turn's speech."""
+        await self._sleep_until(when)
+        await self.link.send(self._pictures.next_item())
+        self.counts[PICTURES_SENT] += 1
 
     def _reply_over(self, turn: TurnLog) -> bool:
         """The reply is generated, and on WebRTC its output has stopped playing on the track (a reply with audio,
@@ -575,6 +618,9 @@ class SimulatedUser:
         usage = payload.get("usage") or {}
         if (usage.get("output_token_details") or {}).get("audio_tokens"):
             self._voiced.add(response.response_id)
+        if usage and USAGE_RESPONSES in self.counts:
+            self.counts[USAGE_RESPONSES] += 1
+            self.counts[USAGE_IMAGE_TOKENS] += int((usage.get("input_token_details") or {}).get("image_tokens") or 0)
         response.status = ResponseStatus(payload.get("status"))
         response.reason = (payload.get("status_details") or {}).get("reason")
 
@@ -642,7 +688,7 @@ def make_link(url: str, options: ClientOptions) -> Link:
     ws = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
     base = f"{parts.netloc}"
     if options.transport is Transport.WEBRTC:
-        return WebRTCLink(f"{http}://{base}", options.api_key)
+        return WebRTCLink(f"{http}://{base}", options.api_key, options.camera)
     return WebSocketLink(f"{ws}://{base}{REALTIME_PATH}", options.api_key)
 
 

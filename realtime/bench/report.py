@@ -48,6 +48,9 @@ class RunInfo:
     versions: dict[str, str] = field(default_factory=dict)
     transcription: bool = False
     """The users turned input audio transcription on (``--transcription``)."""
+    camera: dict | None = None
+    """How every user showed a camera (``--camera``: ``width``, ``height``, ``fps``, ``sent_as`` in words); None: the
+    camera was off."""
 
 
 # --- JSON ----------------------------------------------------------------------------------------
@@ -72,6 +75,7 @@ def _level_dict(level: LevelResult) -> dict:
         "throughput": level.throughput.to_dict() if level.throughput is not None else None,
         "event_counts": level.event_counts,
         "client_processes": level.client_processes,
+        "camera_frames": level.camera_frames,
     }
     if level.reference is not None:
         ref_throughput = level.reference_throughput()
@@ -139,7 +143,8 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
     lines = [
         f"Model: {info.model}; device: {info.device}; transport: {info.transport}; server: {info.server}.",
         f"Workload: {info.workload}; inputs: {info.wavs}; input transcription: "
-        + ("on." if info.transcription else "off."),
+        + ("on." if info.transcription else "off.")
+        + f" Camera: {'on (' + info.camera['sent_as'] + ')' if info.camera else 'off'}.",
         *(
             [f"**lighter workload: {info.lighter_workload}** (not the default conversation)."]
             if info.lighter_workload
@@ -182,6 +187,8 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
     lines += ["", *_client_load_table(levels)]
     if info.transcription:
         lines += ["", *_transcription_table(levels)]
+    if info.camera:
+        lines += ["", *_camera_table(levels)]
     return "\n".join(lines) + "\n"
 
 
@@ -204,6 +211,33 @@ def _client_load_table(levels: Sequence[LevelResult]) -> list[str]:
         per_user = 100.0 * cpu / wall / level.concurrency if wall > 0 else float("nan")
         lag = f"{_f(worst['p50_ms'], 1)} / {_f(worst['p99_ms'], 1)} / {_f(worst['max_ms'], 1)}"
         lines.append(_row([str(level.concurrency), str(len(shares)), lag, _f(per_user, 1)]))
+    return lines
+
+
+def _camera_table(levels: Sequence[LevelResult]) -> list[str]:
+    """Per level: what the users' cameras sent and what reached the model (``--camera``)."""
+    from realtime.bench.client import PICTURES_SENT, USAGE_IMAGE_TOKENS, USAGE_RESPONSES
+    from realtime.video_settings import CAMERA_OUTCOMES
+
+    lines = [
+        "Camera (all users; WebRTC frames as the server counted them during the level, by outcome)",
+        "",
+        _row(["users", "pictures sent", *(f"frames {o}" for o in CAMERA_OUTCOMES), "image tokens per reply (mean)"]),
+        _row(["---:"] * (3 + len(CAMERA_OUTCOMES))),
+    ]
+    for level in levels:
+        counts, frames = level.event_counts, level.camera_frames
+        replies = counts.get(USAGE_RESPONSES, 0)
+        per_reply = _f(counts.get(USAGE_IMAGE_TOKENS, 0) / replies) if replies else NA
+        by_outcome = [str(frames.get(o, 0)) if frames is not None else "–" for o in CAMERA_OUTCOMES]
+        lines.append(_row([str(level.concurrency), str(counts.get(PICTURES_SENT, 0)), *by_outcome, per_reply]))
+    lines += [
+        "",
+        "pictures sent: input_image items (WebSocket). frames: delivered to a spoken message, skipped by the server's "
+        "sampling rate, idle (replaced while no message was open), invalid, no_vision (the model cannot see); – : "
+        "not counted (the server exports no camera metrics). image tokens per reply: the usage's "
+        "input_token_details.image_tokens, the image and video positions in each reply's context.",
+    ]
     return lines
 
 

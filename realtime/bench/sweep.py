@@ -15,7 +15,8 @@ enough samples for percentiles.
 
 Around each level's users (not the reference) the sweep snapshots the engine's cumulative
 counters (``counters``: the in-process engine's, or a remote server's ``/metrics``) and keeps the
-stage rates and device memory of the window (:mod:`realtime.bench.throughput`).
+stage rates and device memory of the window (:mod:`realtime.bench.throughput`); with ``camera_frames``, likewise
+the server's count of received camera frames by outcome (:func:`realtime.bench.camera.scrape_camera_frames`).
 
 The children are started with ``spawn`` (no fork of a process holding CUDA and an engine thread), so a
 script that calls :func:`run_sweep` needs the usual ``if __name__ == "__main__":`` guard.
@@ -111,6 +112,9 @@ class LevelResult:
     client_processes: list[dict] = field(default_factory=list)
     """Each client worker's users, event-loop lag and CPU time (:meth:`realtime.bench.workers.ClientShare.stats`):
     a lagging worker means the measurement itself fell behind."""
+    camera_frames: dict[str, int] | None = None
+    """WebRTC camera frames the server received during the level, by outcome
+    (:data:`realtime.video_settings.CAMERA_OUTCOMES`); None: not measured (no ``--camera``, or no ``/metrics``)."""
 
     def reference_metrics(self) -> list[TurnMetrics]:
         return [q.metrics() for q in self.reference or ()]
@@ -167,12 +171,14 @@ async def run_sweep(
     counters: Callable[[], Awaitable[EngineCounters | None]] | None = None,
     counters_source: str = "engine",
     client_processes: int = 1,
+    camera_frames: Callable[[], Awaitable[dict[str, int] | None]] | None = None,
 ) -> list[LevelResult]:
     """Run every level against the server at ``url`` (which this event loop may be serving), the
     reference after each. Levels run in order; ``on_level`` gets each result as soon as it is
     complete. ``counters`` snapshots the server's engine counters (``None``: no throughput), named
     ``counters_source`` in the results. Each level's users are spread over ``client_processes`` worker processes
-    (fewer when the level has fewer users)."""
+    (fewer when the level has fewer users). ``camera_frames`` snapshots the server's cumulative camera frame counts
+    (``None``: not measured)."""
     loop = asyncio.get_running_loop()
     results = []
     if client_processes < 1:
@@ -190,6 +196,7 @@ async def run_sweep(
             plans = user_plans(speeches, level, plan)
             log.info("bench level %d: %d users start", level, level)  # scripts/first_audio_path.py splits here
             before = await counters() if counters is not None else None
+            frames_before = await camera_frames() if camera_frames is not None else None
             start = time.perf_counter()
             clients = await _run_level_clients(
                 pool, url, plans, options, f"{level} user{'s' * (level > 1)}", client_processes
@@ -208,6 +215,9 @@ async def run_sweep(
             after = await counters() if before is not None else None
             if before is not None and after is not None:
                 result.throughput = level_throughput(before, after, counters_source, replying_s=clients.replying_s)
+            frames_after = await camera_frames() if frames_before is not None else None
+            if frames_before is not None and frames_after is not None:
+                result.camera_frames = {k: frames_after.get(k, 0) - v for k, v in frames_before.items()}
             if reference is not None:
                 start = time.perf_counter()
                 result.reference = await asyncio.to_thread(
