@@ -114,7 +114,7 @@ RELEASED_7B_IDS: dict = {
 TEST_ATTENTION_SHARPNESS = 8.0
 """Query/key scale of the sharpened test checkpoint. At 1 (the random init) replacing an image prompt's 3-D positions
 with 1-D ones moves the last logits by ~1e-3 and no greedy token; at 8 both that and a one-position shift after an
-audio block change the greedy tokens within ten steps."""
+audio block change the greedy tokens within ten steps; the talker's likewise change its greedy codes."""
 
 
 @dataclass(frozen=True)
@@ -127,9 +127,9 @@ class RandomModelSpec:
     the stop ids (1.0 leaves the random init alone); ``reply_end_logit`` is the level the thinker's
     ``<|im_end|>`` logit is held near and ``speech_end_logit`` the talker's codec-eos logit once the
     reply's text has ended (``None`` leaves the random init alone). ``attention_sharpness`` multiplies the thinker's
-    query and key projections (weights and biases; attention logits grow by its square): a random model's attention
-    is nearly uniform, so its outputs hardly depend on positions; a sharpened one's greedy tokens do (test checkpoints
-    that must catch a wrong position).
+    and the talker's query and key projections (weights and biases; attention logits grow by its square): a random
+    model's attention is nearly uniform, so its outputs hardly depend on positions; a sharpened one's greedy tokens
+    and codes do (test checkpoints that must catch a wrong position).
     """
 
     # thinker language model
@@ -743,7 +743,8 @@ def _tune_random_weights(model: Any, spec: RandomModelSpec) -> None:
       best code, so sampled speech ends soon after the text while greedy decoding runs to its cap.
     """
     if spec.attention_sharpness != 1.0:
-        _sharpen_attention(model.thinker, spec.attention_sharpness)
+        _sharpen_attention(thinker_text_model(model.thinker).layers, spec.attention_sharpness)
+        _sharpen_attention(model.talker.model.layers, spec.attention_sharpness)
     model.token2wav.code2wav_bigvgan_model.conv_post.weight.mul_(spec.output_gain)
     talker = model.talker
     for stop_id in (talker.codec_eos_token, talker.codec_pad_token):
@@ -756,9 +757,9 @@ def _tune_random_weights(model: Any, spec: RandomModelSpec) -> None:
 
 
 @torch.no_grad()
-def _sharpen_attention(thinker: Any, factor: float) -> None:
-    """Multiply every thinker layer's query and key projections (weights and biases) by ``factor``."""
-    for layer in thinker_text_model(thinker).layers:
+def _sharpen_attention(layers: Any, factor: float) -> None:
+    """Multiply every layer's query and key projections (weights and biases) by ``factor``."""
+    for layer in layers:
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
             proj.weight.mul_(factor)
             if proj.bias is not None:

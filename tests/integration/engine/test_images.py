@@ -37,10 +37,11 @@ def setup(request):
     engine.close()
 
 
-def reference_reply(engine, thinker, tokenizer, turns: list[tuple[list, list[int]]]) -> list[int]:
-    """Greedy thinker reply to ``turns`` (user content parts, the assistant's earlier reply ids; the last turn's
-    reply is what is generated), with the processor's placeholder expansion done by hand. Earlier replies go in as
-    their ids (a random model's text need not survive decoding and re-encoding)."""
+def reference_inputs(engine, tokenizer, turns: list[tuple[list, list[int]]]) -> dict:
+    """The reference's inputs for ``turns`` (user content parts, the assistant's earlier reply ids; the last turn's
+    reply is what is generated): ``input_ids`` (1, L), ``pixel_values``, ``image_grid_thw``, with the processor's
+    placeholder expansion done by hand. Earlier replies go in as their ids (a random model's text need not survive
+    decoding and re-encoding)."""
     core = engine.core
     preprocess = core.family.vision_preprocessor(core.ckpt)
     special = core.special
@@ -74,17 +75,27 @@ def reference_reply(engine, thinker, tokenizer, turns: list[tuple[list, list[int
             k += 1
         else:
             ids.append(token)
+    return dict(
+        input_ids=torch.tensor([ids]),
+        pixel_values=torch.from_numpy(np.concatenate(pixels)),
+        image_grid_thw=torch.tensor(grids),
+    )
+
+
+def reference_reply(engine, thinker, tokenizer, turns: list[tuple[list, list[int]]]) -> list[int]:
+    """Greedy thinker reply to ``turns`` (as for :func:`reference_inputs`)."""
+    special = engine.core.special
+    inputs = reference_inputs(engine, tokenizer, turns)
+    ids = inputs["input_ids"]
     with torch.inference_mode():
         out = thinker.generate(
-            input_ids=torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            pixel_values=torch.from_numpy(np.concatenate(pixels)),
-            image_grid_thw=torch.tensor(grids),
+            **inputs,
+            attention_mask=torch.ones_like(ids),
             max_new_tokens=MAX_TOKENS,
             do_sample=False,
             repetition_penalty=1.0,
         )
-    reply = out[0, len(ids) :].tolist()
+    reply = out[0, ids.shape[1] :].tolist()
     return [t for t in reply if t not in (special.im_end, special.endoftext)]
 
 
