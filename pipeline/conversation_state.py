@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from pipeline.api import ROOT_ITEM_ID, ContextPolicy
+from pipeline.cached_rope import CachedRope
 from pipeline.errors import ContextLimitError, InvalidInputError, ResponseActiveError, UnknownItemError
 from pipeline.models.qwen2_5_omni.positions import GridSpan
 from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
@@ -169,6 +170,8 @@ class ConversationState:
         on every TMRoPE axis. Set by each prefill chunk that ends outside a picture."""
         self.talker_vectors: list[torch.Tensor] = []
         """Chunks of (T, H) talker input vectors, together aligned with ``cached_keys``."""
+        self.cached_rope = CachedRope()
+        """The rope positions the cached positions were run at (the talker runs its prompt at the same)."""
 
     # -- items --------------------------------------------------------------------------------
     def find(self, item_id: str) -> ConvItem:
@@ -392,7 +395,12 @@ class ConversationState:
         vectors = torch.cat(self.talker_vectors) if self.talker_vectors else None
         self.talker_vectors = [vectors[:length]] if vectors is not None and length else []
 
-    def extend(self, keys: list[Hashable], vectors: torch.Tensor) -> None:
+    def extend(
+        self, keys: list[Hashable], vectors: torch.Tensor, *, rope: np.ndarray | None = None, shift: int = 0
+    ) -> None:
+        """Append positions run at rope positions ``rope`` (3, len(keys)), or at cache index + ``shift`` on every
+        axis without it."""
+        self.cached_rope.record(len(self.cached_keys), len(keys), rope, shift)
         self.cached_keys.extend(keys)
         self.talker_vectors.append(vectors)
 
@@ -486,4 +494,5 @@ class ConversationState:
         self.cached_keys = []
         self.rope_shift = 0
         self.talker_vectors = []
+        self.cached_rope.clear()
         self.talker_keys = []
