@@ -116,6 +116,9 @@ class TalkerState:
     """The text-eos vector was consumed: every later input is text-pad."""
     length: int = 0
     """Positions of the conversation's talker slot in use by this reply (prompt, speaker bos, codes so far)."""
+    rope_shift: int = 0
+    """Rope position - cache index of the reply's talker positions after its prompt (speaker bos, reply vectors,
+    codes): the thinker's shift after the prompt (0 without pictures or video), fixed when the talker starts."""
     last_code: int | None = None
     codes: list[int] = field(default_factory=list)
 

@@ -141,6 +141,7 @@ class TalkerStage:
         conv.talker_keys = list(prompt_keys)
         r.talker.status = TalkerStatus.RUNNING
         r.talker.length = r.thinker.prompt_len + 2
+        r.talker.rope_shift = conv.rope_shift  # set by the prompt's last prefill chunk; the reply's text shares it
         seen = {self.special.codec_pad, self.special.codec_bos}
         if r.thinker.prompt_len:
             seen.add(self.special.codec_mask)

@@ -235,6 +235,16 @@ class PooledDecoder:
         return out
 
     # -- rotation ---------------------------------------------------------------------------------
+    def check_host_rope(self, rope, rows: int) -> None:
+        """Host rope positions (a (3, ``rows``) tensor or numpy array; None: the cache indices) must have that shape
+        and lie inside the cos/sin table (checked on the host, before anything is queued)."""
+        if rope is None:
+            return
+        if tuple(rope.shape) != (3, rows):
+            raise ValueError(f"rope positions must have shape (3, {rows}), got {tuple(rope.shape)}")
+        if rows and (int(rope.min()) < 0 or int(rope.max()) >= self.rope_len):
+            raise ValueError(f"rope positions must lie in [0, {self.rope_len}), got up to {int(rope.max())}")
+
     def _check_rope(self, rope: torch.Tensor | None, rows: int) -> None:
         if rope is not None and tuple(rope.shape) != (3, rows):
             raise ValueError(f"rope positions must have shape (3, {rows}), got {tuple(rope.shape)}")

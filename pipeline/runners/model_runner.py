@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from pipeline.conversation_state import ConversationState
@@ -92,7 +93,7 @@ class ModelRunner:
         ran = []
         for job, (_, talker_embeds), out in outputs:
             try:
-                job.conv.extend(job.keys, self.to_talker(out.hidden, talker_embeds))
+                job.conv.extend(job.keys, self.to_talker(out.hidden, talker_embeds), rope=job.rope)
                 if job.rope_shift is not None:
                     job.conv.rope_shift = job.rope_shift
             except Exception as exc:  # noqa: BLE001 - isolate this conversation's failure
@@ -144,7 +145,7 @@ class ModelRunner:
             vectors = self.to_talker(step.hidden, step.embeds)
             sampled.append((batch, step.tokens.clone()))  # the graph's buffer is overwritten by the next replay
             for i, r in enumerate(batch):
-                r.conv.extend([r.thinker.pending_token], vectors[i : i + 1])
+                r.conv.extend([r.thinker.pending_token], vectors[i : i + 1], shift=shifts[i])
                 if r.spec.audio and not r.thinker.silent:
                     r.talker.queue.append(vectors[i])
                 done.add(r.id)
@@ -156,18 +157,25 @@ class ModelRunner:
     def talker_prefill(self, r: ResponseState, *, reuse: int, speaker_bos: int, codec: dict[str, int]) -> torch.Tensor:
         """The talker prompt positions past ``reuse`` (kept across turns), then the speaker's bos and the first reply
         vector, into the conversation's talker slot; returns the last position's logits."""
-        conv = r.conv
-        prompt = conv.talker_prompt()[reuse : r.thinker.prompt_len]
+        conv, end = r.conv, r.thinker.prompt_len
+        prompt = conv.talker_prompt()[reuse:end]
         bos = self.thinker.embed([speaker_bos])
         first = r.talker.queue.popleft().view(1, -1)
         vectors = torch.cat([prompt, bos, first]).to(self.talker.device)
+        rope = conv.cached_rope.get(reuse, end)
+        if rope is not None or r.talker.rope_shift:  # the prompt's own positions, then text at the reply's shift
+            head = rope if rope is not None else np.tile(np.arange(reuse, end), (3, 1))
+            rope = np.concatenate([head, np.tile(np.arange(end, end + 2) + r.talker.rope_shift, (3, 1))], axis=1)
         return self.talker.prefill(
-            vectors, codec_pad=codec["pad"], codec_bos=codec["bos"], slot=conv.talker_slot, start=reuse
+            vectors, codec_pad=codec["pad"], codec_bos=codec["bos"], slot=conv.talker_slot, start=reuse, rope=rope
         )
 
     def talker_prompt_prefill(self, conv: ConversationState, start: int) -> None:
-        """Bring the conversation's talker cache up to its thinker cache from position ``start`` (listening)."""
-        self.talker.prefill_prompt(conv.talker_prompt()[start:], slot=conv.talker_slot, start=start)
+        """Bring the conversation's talker cache up to its thinker cache from position ``start`` (listening), at the
+        thinker's rope positions."""
+        vectors = conv.talker_prompt()[start:]
+        rope = conv.cached_rope.get(start, start + vectors.shape[0])
+        self.talker.prefill_prompt(vectors, slot=conv.talker_slot, start=start, rope=rope)
 
     def talker_decode(
         self,
@@ -197,11 +205,13 @@ class ModelRunner:
                 [r.talker.length for r in batch],
                 sample_rows,
             )
+            shifts = [r.talker.rope_shift for r in batch]
+            rope_shifts = shifts if any(shifts) else None
             if steps > 1:
-                sampled.append((batch, self.talker.decode_chain(*inputs, steps=steps)))
+                sampled.append((batch, self.talker.decode_chain(*inputs, steps=steps, rope_shifts=rope_shifts)))
                 chains()
             else:
-                sampled.append((batch, self.talker.decode(*inputs)[1].clone()))
+                sampled.append((batch, self.talker.decode(*inputs, rope_shifts=rope_shifts)[1].clone()))
             for r in batch:
                 r.talker.length += steps
                 done.add(r.id)

@@ -9,6 +9,12 @@ Streaming contract (the reference ``generate`` computes the same thing after the
 So the talker can start as soon as the thinker has run reply token 0 through its layers, and then
 needs the thinker one token ahead — it never waits for the whole reply.
 
+Positions: as in the reference, the talker's prompt positions take the thinker's TMRoPE positions of the same
+positions (3-D for pictures and video) and every later position (speaker bos, reply vectors, codes) its cache index
+plus a rope shift, the thinker's after the prompt: a prefill takes its rope positions as a (3, T) host array (None:
+the cache indices), a decode row a shift (0 without pictures or video); see
+:class:`~pipeline.runners.decoder.PooledDecoder`.
+
 Devices: the talker may be on another GPU than the thinker. Its inputs (the thinker's vectors, on the thinker's
 device) are copied to the talker's device inside each call, device to device, and every call runs with the talker's
 device current (:func:`~pipeline.kernels.devices.device_scope`: its Triton kernels launch on the current device).
@@ -16,6 +22,7 @@ device current (:func:`~pipeline.kernels.devices.device_scope`: its Triton kerne
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from pipeline.kernels.cuda_graphs import host_to_device
@@ -27,10 +34,11 @@ from pipeline.runners.sampling import SampleRows, SamplerSpec, sample_host_rows,
 
 _POSITION_ROW = 1
 """Rows of a decode step's packed host inputs (:class:`BatchedDecode`): slots, positions, then the host rows in the
-order :class:`TalkerRunner` declares them: the previous code, then the sampler's (table row, stop suppression, seed,
-counter; :func:`sample_host_rows`)."""
+order :class:`TalkerRunner` declares them: the previous code, the rope positions (three rows), then the sampler's
+(table row, stop suppression, seed, counter; :func:`sample_host_rows`)."""
 _CODE_ROW = 2
-_COUNTER_ROW = 6
+_ROPE_ROWS = slice(3, 6)
+_COUNTER_ROW = 9
 
 
 class TalkerRunner:
@@ -81,7 +89,11 @@ class TalkerRunner:
             device=self.device,
             cuda_graphs=cuda_graphs,
             batch_sizes=graph_batch_sizes,
-            host_rows=(HostRow(), *(sample_host_rows(self.pool.scratch_slot) if self.sampler else ())),
+            host_rows=(
+                HostRow(),  # the previous code
+                HostRow(width=3),  # rope positions
+                *(sample_host_rows(self.pool.scratch_slot) if self.sampler else ()),
+            ),
             device_rows=lambda b: (torch.zeros(b, width, dtype=dtype, device=self.device),),
         )
 
@@ -93,29 +105,41 @@ class TalkerRunner:
 
     @torch.inference_mode()
     def prefill(
-        self, vectors: torch.Tensor, *, codec_pad: int, codec_bos: int, slot: int, start: int = 0
+        self,
+        vectors: torch.Tensor,
+        *,
+        codec_pad: int,
+        codec_bos: int,
+        slot: int,
+        start: int = 0,
+        rope: np.ndarray | None = None,
     ) -> torch.Tensor:
         """``vectors`` (P, H_thinker) — the prompt positions from ``start`` on (earlier ones are
-        already in the slot), then [speaker bos, reply token 0]; returns (V,) logits."""
+        already in the slot), then [speaker bos, reply token 0] — at rope positions ``rope`` ((3, P) int64 on the host;
+        None: the cache indices); returns (V,) logits."""
+        self.decoder.check_host_rope(rope, vectors.shape[0])
         with device_scope(self.device):
             x = vectors.to(self.device, self.dtype).clone()
             special = self.codec_embed(host_to_device([codec_pad, codec_bos], torch.long, self.device))
             x[-2:] = x[-2:] + special
-            hidden = self._prefill_rows(self.proj(x), slot, start)
+            hidden = self._prefill_rows(self.proj(x), slot, start, rope)
             return self.head(hidden[-1:]).float()[0]
 
     @torch.inference_mode()
-    def prefill_prompt(self, vectors: torch.Tensor, *, slot: int, start: int) -> None:
-        """``vectors`` (P, H_thinker): prompt positions ``start .. start+P-1`` only, no logits: the talker's cache
-        brought up to the conversation ahead of a reply, so that :meth:`prefill` later gets only the rest."""
+    def prefill_prompt(self, vectors: torch.Tensor, *, slot: int, start: int, rope: np.ndarray | None = None) -> None:
+        """``vectors`` (P, H_thinker): prompt positions ``start .. start+P-1`` only, at rope positions ``rope`` (as
+        for :meth:`prefill`), no logits: the talker's cache brought up to the conversation ahead of a reply, so that
+        :meth:`prefill` later gets only the rest."""
+        self.decoder.check_host_rope(rope, vectors.shape[0])
         with device_scope(self.device):
-            self._prefill_rows(self.proj(vectors.to(self.device, self.dtype)), slot, start)
+            self._prefill_rows(self.proj(vectors.to(self.device, self.dtype)), slot, start, rope)
 
-    def _prefill_rows(self, x: torch.Tensor, slot: int, start: int) -> torch.Tensor:
+    def _prefill_rows(self, x: torch.Tensor, slot: int, start: int, rope: np.ndarray | None) -> torch.Tensor:
         if self.prefills.fits(x.shape[0]):
-            (hidden,) = graphed_prefill(self.prefills, [(slot, x, start, None)])
+            (hidden,) = graphed_prefill(self.prefills, [(slot, x, start, rope)])
             return hidden
-        return self.decoder.prefill(slot, x, start)
+        rope = None if rope is None else torch.as_tensor(rope).to(self.device, torch.long)
+        return self.decoder.prefill(slot, x, start, rope)
 
     @torch.inference_mode()
     def decode(
@@ -125,14 +149,23 @@ class TalkerRunner:
         slots: list[int],
         positions: list[int],
         sample: SampleRows | None = None,
+        rope_shifts: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One step per row: previous codec token + the next thinker vector (B, H_thinker). Returns (B, V) float32
-        logits and, with a sampler, the (B,) codes sampled with ``sample``'s rows (views of static buffers on CUDA:
-        consume them before the next step). Nothing here waits for the device."""
+        """One step per row: previous codec token + the next thinker vector (B, H_thinker), row b at cache index
+        ``positions[b]`` and rope position ``positions[b] + rope_shifts[b]`` on every axis (None: shifts 0). Returns
+        (B, V) float32 logits and, with a sampler, the (B,) codes sampled with ``sample``'s rows (views of static
+        buffers on CUDA: consume them before the next step). Nothing here waits for the device."""
         sampling = sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample)
+        host = (prev_codes, self._rope_rows(positions, rope_shifts), *sampling)
         with device_scope(self.device):
-            outputs = self.batched(slots, positions, (prev_codes, *sampling), vectors.to(self.device, self.dtype))
+            outputs = self.batched(slots, positions, host, vectors.to(self.device, self.dtype))
         return outputs[0], outputs[1] if self.sampler else None
+
+    def _rope_rows(self, positions: list[int], shifts: list[int] | None) -> tuple[list[int], list[int], list[int]]:
+        rope = list(positions) if shifts is None else [p + d for p, d in zip(positions, shifts)]
+        if shifts is not None and any(not 0 <= p < self.decoder.rope_len for p in rope):
+            raise ValueError(f"rope positions must lie in [0, {self.decoder.rope_len})")
+        return rope, rope, rope
 
     @property
     def can_chain(self) -> bool:
@@ -148,32 +181,36 @@ class TalkerRunner:
         positions: list[int],
         sample: SampleRows,
         steps: int,
+        rope_shifts: list[int] | None = None,
     ) -> torch.Tensor:
         """``steps`` decode steps in a row for every row, each fed the code the step before sampled and the same
         thinker vector (B, H_thinker): what a reply past its text gets (the text-pad vector at every step). The
-        inputs of the later steps are made on the device (positions and sample counters + 1, the sampled code as the
-        next input), so the host queues the chain at once and waits for it once. The codes equal ``steps`` calls of
-        :meth:`decode` that feed each call's code back with positions and counters one further, and ``sample``'s stop
-        suppression (``force_continue``) holds for every step. Returns (steps, B) int64 codes on the device (a copy).
-        A chain of a row that samples a stop code goes on past it: its later codes mean nothing."""
+        inputs of the later steps are made on the device (positions, rope positions and sample counters + 1, the
+        sampled code as the next input), so the host queues the chain at once and waits for it once. The codes equal
+        ``steps`` calls of :meth:`decode` that feed each call's code back with positions and counters one further (the
+        same ``rope_shifts``), and ``sample``'s stop suppression (``force_continue``) holds for every step. Returns
+        (steps, B) int64 codes on the device (a copy). A chain of a row that samples a stop code goes on past it: its
+        later codes mean nothing."""
         if self.sampler is None:
             raise ValueError("chained talker steps need the in-graph sampler")
 
         def advance(packed: torch.Tensor, outputs: tuple[torch.Tensor, ...], rows: int) -> None:
             packed[_POSITION_ROW, :rows] += 1
             packed[_CODE_ROW, :rows] = outputs[1]
+            packed[_ROPE_ROWS, :rows] += 1
             packed[_COUNTER_ROW, :rows] += 1
 
-        host = (prev_codes, *sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample))
+        sampling = sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample)
+        host = (prev_codes, self._rope_rows(positions, rope_shifts), *sampling)
         with device_scope(self.device):
             return self.batched.chain(
                 slots, positions, host, vectors.to(self.device, self.dtype), steps=steps, advance=advance, keep=1
             )
 
-    def _decode_fn(self, slots, positions, codes, *rest: torch.Tensor, graph_safe: bool):
+    def _decode_fn(self, slots, positions, codes, rope, *rest: torch.Tensor, graph_safe: bool):
         *sample, vectors = rest  # host rows (sampling) come before the device row (vectors)
         x = self.proj(self.codec_embed(codes) + vectors)
-        hidden = self.decoder.decode(x, slots, positions, graph_safe=graph_safe)
+        hidden = self.decoder.decode(x, slots, positions, rope, graph_safe=graph_safe)
         logits = self.head(hidden).float()
         if self.sampler is None:
             return (logits,)

@@ -196,12 +196,7 @@ class ThinkerRunner:
 
     def _check_rope(self, rope: torch.Tensor | None, rows: int) -> None:
         """Rope positions must be (3, rows) and inside the decoder's cos/sin table (checked on the host)."""
-        if rope is None:
-            return
-        if tuple(rope.shape) != (3, rows):
-            raise ValueError(f"rope positions must have shape (3, {rows}), got {tuple(rope.shape)}")
-        if rows and (int(rope.min()) < 0 or int(rope.max()) >= self.decoder.rope_len):
-            raise ValueError(f"rope positions must lie in [0, {self.decoder.rope_len}), got up to {int(rope.max())}")
+        self.decoder.check_host_rope(rope, rows)
 
     def _prefill_eager(
         self, embeds: torch.Tensor, slot: int, start: int, logits: bool, rope: torch.Tensor | None

@@ -35,11 +35,9 @@ def make_core(tiny_model_dir, chain_steps: int, device: str = "cpu", min_codes: 
     return EngineCore(load_checkpoint(tiny_model_dir, devices=devices, dtypes=dtypes), cfg, seed=7)
 
 
-@torch.inference_mode()
-def test_a_chain_samples_what_steps_one_by_one_sample(tiny_model_dir):
-    """Runner level: two rows with their own seeds and counters; the chain's codes equal ``decode`` called step by step
-    with each code fed back, from the same cache contents (slots 0-1 step by step, 2-3 chained)."""
-    core = make_core(tiny_model_dir, 1)
+def chain_and_steps(core, steps: int, shifts: list[int] | None = None) -> tuple[list[list[int]], torch.Tensor]:
+    """Two rows with their own seeds and counters (and rope shifts), from the same cache contents: the codes of
+    ``decode`` called step by step with each code fed back (slots 0-1), and of one chain (slots 2-3)."""
     talker, special = core.runner.talker, core.special
     width = talker.proj.in_features
     prompt = torch.randn(5, width, generator=torch.Generator().manual_seed(3))
@@ -47,21 +45,42 @@ def test_a_chain_samples_what_steps_one_by_one_sample(tiny_model_dir):
         talker.prefill(prompt, codec_pad=special.codec_pad, codec_bos=special.codec_bos, slot=slot)
         talker.sampler.reset(slot, {special.codec_pad, special.codec_bos})
     vectors = core.runner.thinker.embed([core.special.tts_text_pad]).expand(2, -1)
-    seeds, steps = [11, 12], 7
+    seeds = [11, 12]
 
     def rows(slots, counters):
         return SampleRows.of(slots, force_continue=[True, False], seeds=seeds, counters=counters)
 
     codes, one_by_one = [3, 5], []
     for k in range(steps):
-        _, sampled = talker.decode(codes, vectors, [0, 1], [5 + k, 5 + k], rows([0, 1], [3 + k, 3 + k]))
+        _, sampled = talker.decode(
+            codes, vectors, [0, 1], [5 + k, 5 + k], rows([0, 1], [3 + k, 3 + k]), rope_shifts=shifts
+        )
         codes = sampled.tolist()
         one_by_one.append(codes)
-    chained = talker.decode_chain([3, 5], vectors, [2, 3], [5, 5], rows([2, 3], [3, 3]), steps=steps)
-    assert chained.shape == (steps, 2) and chained.tolist() == one_by_one
+    chained = talker.decode_chain(
+        [3, 5], vectors, [2, 3], [5, 5], rows([2, 3], [3, 3]), steps=steps, rope_shifts=shifts
+    )
     assert torch.equal(talker.sampler.seen[0:2], talker.sampler.seen[2:4])  # the repetition penalty's table too
     with pytest.raises(ValueError, match="at least one step"):
         talker.decode_chain([1], vectors[:1], [2], [5], rows([2, 3], [3, 3]), steps=0)
+    return one_by_one, chained
+
+
+@torch.inference_mode()
+def test_a_chain_samples_what_steps_one_by_one_sample(tiny_model_dir):
+    """Runner level: the chain's codes equal ``decode`` called step by step with each code fed back."""
+    one_by_one, chained = chain_and_steps(make_core(tiny_model_dir, 1), steps=7)
+    assert chained.shape == (7, 2) and chained.tolist() == one_by_one
+
+
+@torch.inference_mode()
+def test_a_chain_advances_rope_positions_like_steps_one_by_one(sharp_model_dir):
+    """Rows with rope shifts (a conversation with pictures): the chain advances the rope positions with the cache
+    indices, as steps one by one do; on the sharpened checkpoint the shifts change the codes, so this checks them."""
+    core = make_core(sharp_model_dir, 1)
+    one_by_one, chained = chain_and_steps(core, steps=7, shifts=[-3, -4])
+    assert chained.tolist() == one_by_one
+    assert chain_and_steps(core, steps=7)[1].tolist() != one_by_one
 
 
 @torch.inference_mode()
