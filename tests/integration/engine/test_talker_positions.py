@@ -75,10 +75,21 @@ async def test_spoken_replies_to_pictures_match_the_reference_over_two_turns(set
     await conv.close()
 
 
-async def test_spoken_replies_to_video_with_audio_match_the_reference(setup):
+async def test_spoken_replies_to_video_with_audio_match_the_reference(setup, monkeypatch):
+    """The message is spoken with the engine idle between steps: the talker's cache follows the thinker's while the
+    user speaks (``listen``, at 3-D positions), and the reply's talker prefill covers only the rest."""
     engine, model, path = setup
+    talker, listened = engine.core.runner.talker, []
+    prefill_prompt = talker.prefill_prompt
+
+    def spy(vectors, **kwargs):
+        listened.append(kwargs.get("rope") is not None)
+        return prefill_prompt(vectors, **kwargs)
+
+    monkeypatch.setattr(talker, "prefill_prompt", spy)
     conv = engine.conversation()
     await speak(engine, conv, "u1", CLIP)
+    assert any(listened), "the talker listened at explicit positions while the user spoke"
     done = await spoken(conv, "a1")
     ref_text, ref_codes = video_reference(engine, model, path, [(*CLIP, [])])
     assert list(done.text_token_ids) == ref_text
