@@ -501,6 +501,11 @@ def child_main(conn: Connection, spec: ProcessSpec) -> None:
     import torch
 
     torch.set_num_threads(spec.torch_threads)
+    device = torch.device(spec.cfg.thinker.device)
+    if device.type == "cuda" and device.index is not None:
+        # this process's GPU is the thinker's: CUDA state that follows the current device (streams, caching
+        # allocator, the random build's kernels) then never lands on GPU 0 when the engine serves another one
+        torch.cuda.set_device(device)
     outbox = Outbox(conn)
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(_LogPipe(outbox))]  # formatted here, pickled without args

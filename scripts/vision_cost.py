@@ -27,6 +27,7 @@ the values assumed are printed).
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import statistics
 import sys
@@ -166,16 +167,18 @@ def time_prefill(preset: str, device: torch.device, new: list[int], context: int
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     hidden = text_config.hidden_size
     out = {}
+    # transformers renamed ``past_key_values`` to ``cache`` (5.2x); the GPU image may hold either
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.inference_mode():
         cache = DynamicCache(config=text_config)
-        model(inputs_embeds=torch.randn(1, context, hidden, device=device, dtype=dtype), cache=cache)
+        model(inputs_embeds=torch.randn(1, context, hidden, device=device, dtype=dtype), **{cache_arg: cache})
         for positions in new:
             embeds = torch.randn(1, positions, hidden, device=device, dtype=dtype)
             times = []
             for i in range(warmup + iterations):
                 sync()
                 started = time.perf_counter()
-                model(inputs_embeds=embeds, cache=cache)
+                model(inputs_embeds=embeds, **{cache_arg: cache})
                 sync()
                 cache.crop(-positions)  # back to the context
                 if i >= warmup:

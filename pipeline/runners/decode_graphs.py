@@ -104,7 +104,8 @@ class BatchedDecode:
         for b in sorted(self.batch_sizes, reverse=True):
             if b in self._graphs:
                 continue
-            packed = self._pack([], [], [[] for _ in self.host_rows], pad=b).to(self.device)
+            empty = [[] if row.width == 1 else [[] for _ in range(row.width)] for row in self.host_rows]
+            packed = self._pack([], [], empty, pad=b).to(self.device)
             self._graphs[b] = CapturedCall(
                 self._graph_fn, (packed, *self.device_rows(b)), capture_stream=self.capture_stream
             )
@@ -264,4 +265,4 @@ def graphed_prefill(
         for axis, line in enumerate(rope_rows):
             line += indices if rope is None else rope[axis].tolist()
     (hidden,) = prefill(slots, positions, (rope_rows,), torch.cat([x for _, x, _, _ in spans]))
-    return list(hidden.clone().split([x.shape[0] for _, x, _ in spans]))
+    return list(hidden.clone().split([x.shape[0] for _, x, _, _ in spans]))

@@ -46,7 +46,9 @@ def test_cuda_decode_paths_equal_the_eager_one_with_pictures(sharp_model_dir):
 
     results = {}
     for name, graphs, fused in (("eager", False, False), ("graphs", True, False), ("graphs+fused", True, True)):
-        cfg = greedy_stage_config("cuda", thinker={"cuda_graphs": graphs, "fused_decode": fused})
+        cfg = greedy_stage_config(
+            "cuda", thinker={"cuda_graphs": graphs, "fused_decode": fused}, engine={"process": "off"}
+        )
         engine = OmniEngine.from_pretrained(sharp_model_dir, cfg, seed=0)
         try:
             thinker = engine.core.runner.thinker
@@ -81,7 +83,7 @@ def test_cuda_talker_paths_equal_the_eager_one_with_pictures(sharp_model_dir):
     results = {}
     for name, graphs, fused in (("eager", False, False), ("graphs", True, False), ("graphs+fused", True, True)):
         stage = {"cuda_graphs": graphs, "fused_decode": fused}
-        cfg = greedy_stage_config("cuda", thinker=stage, talker={**stage, "max_tokens": 80})
+        cfg = greedy_stage_config("cuda", thinker=stage, talker={**stage, "max_tokens": 80}, engine={"process": "off"})
         engine = OmniEngine.from_pretrained(sharp_model_dir, cfg, seed=0)
         try:
             talker = engine.core.runner.talker

@@ -173,3 +173,23 @@ def test_a_span_advance_overrides_the_largest_offset():
     positions = rope_positions(8, [advanced])
     np.testing.assert_array_equal(positions[:, 6:], np.broadcast_to([7, 8], (3, 2)))
     assert rope_shift([advanced], 6) == 1
+
+
+@torch.inference_mode()
+def test_graphed_prefill_rows_equal_the_prefill_with_pictures(tiny_model_dir):
+    """The prefill-as-rows step (captured as a CUDA graph on the GPU; here its eager row step, the same function) over
+    two spans in two slots, one with 3-D rope positions, gives the hidden states of plain prefills of those spans."""
+    from pipeline.runners.decode_graphs import graphed_prefill, prefill_graphs
+
+    thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    body = sharpened(thinker)
+    ids, spans, _, _ = layout(thinker.config, PROMPTS["several images, text between, several turns"])
+    x = body.embed_tokens(torch.tensor(ids))
+    n = len(ids)
+    rope = torch.from_numpy(rope_positions(n, spans))
+    dec = PooledDecoder(body, slots=4, max_len=128, dtype=torch.float32, device=torch.device("cpu"))
+    want = [dec.prefill(0, x, 0, rope), dec.prefill(1, x[:7], 0)]
+    rows = prefill_graphs(dec, width=x.shape[1], dtype=torch.float32, cuda_graphs=False)
+    got = graphed_prefill(rows, [(2, x, 0, rope), (3, x[:7], 0, None)])
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)  # rows attend one query at a time: summation order
