@@ -57,7 +57,14 @@ from realtime.protocol.client import InputAudioAppend, SessionUpdate, parse_clie
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, server_event_name
 from realtime.protocol.server import ServerEvents
-from realtime.runner import MediaSink, SessionRunner, TransportClosed, TurnDetectorFactory, session_task_name
+from realtime.runner import (
+    MediaSink,
+    SessionRunner,
+    Transport,
+    TransportClosed,
+    TurnDetectorFactory,
+    session_task_name,
+)
 from realtime.session import AudioTransport, ResponsePhase, SessionSettings
 from realtime.transports import sctp_teardown
 from realtime.transports.input_delay import InputDelayMeter
@@ -430,6 +437,9 @@ class WebRTCCalls:
     def calls(self) -> tuple[Call, ...]:
         return tuple(self._calls.values())
 
+    async def start(self) -> None:
+        """Nothing to start: calls are answered in this process."""
+
     async def create_call(
         self, offer_sdp: str, *, dialect: Dialect = Dialect.GA, session_overrides: dict | None = None
     ) -> str:
@@ -452,8 +462,7 @@ class WebRTCCalls:
             raise
         self._calls[call.id] = call
         self.calls_started += 1
-        if self._session_observer is not None:
-            call.observer = self._session_observer()
+        call.observer = self.new_observer()
         self._serving[call.id] = asyncio.create_task(self._serve(call), name=call.task_name("session"))
         logger.info("webrtc %s: answered", call.id)
         return reject_in_answer(call.pc.localDescription.sdp, call.refused_video)
@@ -512,15 +521,19 @@ class WebRTCCalls:
 
     # --- one call ---
 
-    async def _new_call(self, pc: RTCPeerConnection, dialect: Dialect, slot: SessionSlot) -> Call:
+    async def session_factory(
+        self, dialect: Dialect, slot: SessionSlot
+    ) -> Callable[[Transport, MediaSink], SessionRunner]:
+        """What makes the session runner of a call in ``dialect`` holding ``slot``: its settings (audio transport
+        ``MEDIA``), its own turn detection and its engine (the slot's, when the server places sessions on engines).
+        The media workers' endpoint (:mod:`realtime.transports.media_workers`) uses it too."""
         settings = replace(self._settings_factory(dialect), audio_transport=AudioTransport.MEDIA, dialect=dialect)
         made = self._turn_detector_factory()
         turn_detector_factory = await made if inspect.isawaitable(made) else made
-
         # a slot of the server's engine placement names the call's engine, for the call's life
         engine = slot.engine if isinstance(slot, EngineSlot) else self._engine
 
-        def make_runner(transport: DataChannelTransport, media: MediaSink) -> SessionRunner:
+        def make_runner(transport: Transport, media: MediaSink) -> SessionRunner:
             return SessionRunner(
                 transport,
                 engine,
@@ -530,8 +543,27 @@ class WebRTCCalls:
                 on_first_audio=self._on_first_audio,
             )
 
-        gate = self._message_gate() if self._message_gate is not None else None
-        call = Call(f"rtc_{next(self._ids)}", pc, dialect, make_runner, gate=gate, slot=slot)
+        return make_runner
+
+    def new_gate(self) -> MessageGate | None:
+        """A fresh gate for one call's data-channel messages (None: not gated)."""
+        return self._message_gate() if self._message_gate is not None else None
+
+    def new_observer(self) -> EventObserver | None:
+        """A fresh observer of one call's outgoing events (None: not observed)."""
+        return self._session_observer() if self._session_observer is not None else None
+
+    @property
+    def slots(self) -> SessionSlots:
+        return self._slots
+
+    @property
+    def on_input_delay(self) -> Callable[[float], None] | None:
+        return self._on_input_delay
+
+    async def _new_call(self, pc: RTCPeerConnection, dialect: Dialect, slot: SessionSlot) -> Call:
+        make_runner = await self.session_factory(dialect, slot)
+        call = Call(f"rtc_{next(self._ids)}", pc, dialect, make_runner, gate=self.new_gate(), slot=slot)
         self._watch(call)
         if isinstance(slot, EngineSlot):
             slot.on_engine_failure(functools.partial(end_on_engine_failure, call.runner, slot.index))

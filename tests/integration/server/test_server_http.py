@@ -60,6 +60,9 @@ class FakeCalls:
             raise self.fail
         return "v=0\r\ns=answer\r\n"
 
+    async def start(self) -> None:
+        pass
+
     async def close(self) -> None:
         self.closed = True
 
