@@ -103,6 +103,7 @@ class RemoteTransport:
         self._idle = asyncio.Event()  # the worker's data channel is not busy
         self._idle.set()
         self._gone = asyncio.Event()
+        self._overflowed = False
 
     def opened(self) -> None:
         self._open.set()
@@ -114,19 +115,16 @@ class RemoteTransport:
             self._idle.set()
 
     def push(self, message: str | bytes | InputAudioAppend | _Refused) -> None:
-        """An incoming message; a full queue ends the call with :class:`MediaBacklog`."""
-        if self._gone.is_set():
+        """An incoming message; a full queue ends the session with :class:`MediaBacklog` (its ``error`` event is still
+        sent, then the call closes) and nothing more is taken."""
+        if self._gone.is_set() or self._overflowed:
             return
         if self._incoming.qsize() >= INCOMING_LIMIT:
-            logger.error(
-                "webrtc %s: the session is %d messages behind its client: ending the call",
-                self._call.id,
-                INCOMING_LIMIT,
-            )
+            self._overflowed = True
+            logger.error("webrtc %s: the session is %d messages behind: ending the call", self._call.id, INCOMING_LIMIT)
             self._call.runner.end_for(
                 SessionEnd.FAILED, MediaBacklog("the server fell behind on this call's audio; the call ends")
             )
-            self.disconnect()
             return
         self._incoming.put_nowait(message)
 
