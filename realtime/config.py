@@ -167,11 +167,12 @@ class ServerConfig:
 
     @property
     def media_worker_count(self) -> int:
-        """:attr:`media_workers`, with ``None`` resolved for this machine: half its CPU cores, at most 8 (0 on one
-        core)."""
+        """:attr:`media_workers`, with ``None`` resolved for this machine: half the CPU cores this process may run on,
+        at most 8 (0 on one core)."""
         if self.media_workers is not None:
             return self.media_workers
-        return min((os.cpu_count() or 1) // 2, MAX_AUTO_MEDIA_WORKERS)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return min(cores // 2, MAX_AUTO_MEDIA_WORKERS)
 
     @property
     def sessions_per_engine(self) -> int:
