@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import PipelineError
-from realtime.flags import HelpFormatter, ms_or_off, positive_float, positive_int, voice_alias
+from realtime.flags import HelpFormatter, count, ms_or_off, positive_float, positive_int, voice_alias
 from realtime.preflight import UsageError
 
 if TYPE_CHECKING:  # imported lazily at run time: `--help` and `demo` need no server stack
@@ -156,6 +156,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         voice_aliases=with_aliases(defaults.voice_aliases, args.voice_aliases),
         ice_host_addresses=tuple(args.ice_hosts),
         webrtc=not args.no_webrtc,
+        media_workers=args.media_workers,
         session_limits=replace(defaults.session_limits, max_buffer_ms=args.max_buffer_ms),
         image_limits=ImageLimits(
             max_bytes=args.image_max_bytes,
@@ -321,6 +322,14 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         help="WebRTC: an address offered to browsers for the audio connection; repeat for more. ADDRESS, or "
         "PUBLIC@LOCAL behind a 1:1 NAT (the public address offered, the local one listened on) "
         "(default: this machine's own addresses, loopback excepted)",
+    )
+    p.add_argument(
+        "--media-workers",
+        type=count,
+        default=d.media_workers,
+        metavar="N",
+        help="WebRTC: processes that carry the calls' media (encryption, Opus, resampling, pacing), spreading it "
+        "over cores; 0 keeps it in the server's process (default: half the CPU cores, at most 8)",
     )
     p.add_argument("--no-webrtc", action="store_true", help="turn WebRTC off (POST /v1/realtime/calls)")
     _picture_args(p, d)

@@ -6,6 +6,7 @@ Nothing here reads environment variables: a deployment passes everything explici
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,8 @@ from realtime.voices import DEFAULT_VOICE_ALIASES, check_voice_aliases
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 WS_IMPLEMENTATIONS = ("websockets-sansio", "websockets")
+MAX_AUTO_MEDIA_WORKERS = 8
+"""The most WebRTC media workers ``media_workers=None`` picks."""
 """uvicorn's WebSocket implementations on the ``websockets`` library: ``websockets-sansio`` (the default, the one
 uvicorn recommends; refusals log no error, see ``realtime/transports/ws_protocol.py``) and ``websockets`` (uvicorn's
 legacy one, deprecated: uvicorn warns when it starts)."""
@@ -89,6 +92,11 @@ class ServerConfig:
     public address announced, the local one bound; tests use 127.0.0.1). Empty: the machine's own
     non-loopback interface addresses. No STUN server is ever used."""
     webrtc: bool = True
+    media_workers: int | None = None
+    """WebRTC: worker processes that carry the calls' media (ICE, DTLS/SRTP, RTP, Opus, resampling, the paced reply
+    track), so that it spreads over cores; sessions, turn detection and the engine stay in the server's process.
+    ``0``: media in the server's process. ``None``: :attr:`media_worker_count` picks half the CPU cores, at most 8.
+    Calls with a camera track are always served in the server's process."""
     """Serve ``POST /v1/realtime/calls`` when aiortc and the WebRTC transport are installed."""
     session_limits: SessionLimits = SessionLimits()
     image_limits: ImageLimits = ImageLimits()
@@ -129,6 +137,8 @@ class ServerConfig:
             raise ValueError("api_key must be a non-empty token (letters, digits, -._~ and similar; no spaces)")
         if self.engine_probe_timeout_s <= 0:
             raise ValueError(f"engine_probe_timeout_s must be > 0, got {self.engine_probe_timeout_s}")
+        if self.media_workers is not None and (type(self.media_workers) is not int or self.media_workers < 0):
+            raise ValueError(f"media_workers must be None (auto) or an integer >= 0, got {self.media_workers!r}")
         for name in ("max_sessions", "torch_threads", "data_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -154,6 +164,15 @@ class ServerConfig:
             for name in ("ssl_keyfile", "ssl_keyfile_password", "ssl_ca_certs"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} needs ssl_certfile (the server's certificate)")
+
+    @property
+    def media_worker_count(self) -> int:
+        """:attr:`media_workers`, with ``None`` resolved for this machine: half the CPU cores this process may run on,
+        at most 8 (0 on one core)."""
+        if self.media_workers is not None:
+            return self.media_workers
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return min(cores // 2, MAX_AUTO_MEDIA_WORKERS)
 
     @property
     def sessions_per_engine(self) -> int:

@@ -121,6 +121,10 @@ class WebRTCEndpoint(Protocol):
         """Server events waiting to be sent, over all calls."""
         ...
 
+    async def start(self) -> None:
+        """Get ready to take calls (start the media workers); called once, at server startup."""
+        ...
+
     async def create_call(self, offer_sdp: str, *, dialect: Dialect, session_overrides: dict | None) -> str:
         """Start a call for the SDP offer; returns the SDP answer."""
         ...
@@ -252,13 +256,15 @@ def silero_vad_factory(torch_threads: int) -> VadFactory:
 
 
 def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
-    """The aiortc transport, when it and aiortc are installed."""
+    """The aiortc transport, when it and aiortc are installed; its calls' media runs in
+    ``config.media_worker_count`` worker processes (:mod:`realtime.transports.media_workers`), or in this process
+    when that is 0."""
     try:
         from realtime.transports.webrtc import WebRTCCalls
     except ImportError as exc:
         logger.warning("WebRTC disabled (POST %s answers 501): %s", CALLS_PATH, exc)
         return None
-    return WebRTCCalls(
+    calls = WebRTCCalls(
         context.engine,
         turn_detector_factory=context.turn_detector_factory,
         settings_factory=context.session_settings,
@@ -272,6 +278,12 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
         on_camera_frame=context.metrics.camera_frame,
         on_camera_refused=context.metrics.camera_track_refused,
     )
+    workers = context.config.media_worker_count
+    if workers == 0:
+        return calls
+    from realtime.transports.media_workers.calls import WorkerCalls
+
+    return WorkerCalls(calls, workers)
 
 
 def _announce(engine: EngineHandle, config: ServerConfig, pool: EnginePool) -> None:
@@ -382,6 +394,8 @@ class RealtimeServer:
         if self.config.webrtc and self._webrtc_factory is not None:
             try:
                 self.webrtc = self._webrtc_factory(self._context)
+                if self.webrtc is not None:
+                    await self.webrtc.start()
             except BaseException:
                 await self._close_engines()
                 raise

@@ -7,7 +7,8 @@ buffer, Opus decode and encode), resampling, batched silero VAD, the paced outpu
 ``--users`` level. Per level it prints, for each side:
 
 - CPU per user: the process's CPU seconds (every thread) per user per second of the level (``%`` of one core; the
-  server's split into its event-loop thread and the other threads, where aiortc decodes and encodes Opus);
+  server's split into its event-loop thread and the other threads, where aiortc decodes and encodes Opus; with
+  ``--media-workers N`` the calls' media runs in N worker processes, whose CPU is shown apart);
 - event-loop lag p50 / p99 / max (ms, :mod:`realtime.loop_lag`): how late a sleeping task woke; a loop with more work
   than time shows lag that grows with the level;
 - the server's input delay (``realtime_webrtc_input_delay_seconds``): how far the microphone audio fell behind its
@@ -19,7 +20,8 @@ per second of media (SRTP, RTP and jitter buffer, DTLS/ICE/SCTP, VAD, resampling
 with the top functions. Run from the repository root:
 
     python scripts/webrtc_load.py --users 1,2,4 --turns 2                       # this machine
-    python scripts/webrtc_load.py --users 16,32 --client-processes 8 --turns 2  # a 16-core host
+    python scripts/webrtc_load.py --users 1,2,4 --turns 2 --media-workers 0     # media on the server's loop
+    python scripts/webrtc_load.py --users 16,32 --client-processes 8 --media-workers 8 --turns 2  # a 16-core host
     python scripts/webrtc_load.py --users 16,32 --transport ws --client-processes 8 --turns 2
 """
 
@@ -30,6 +32,7 @@ import asyncio
 import cProfile
 import io
 import json
+import os
 import pstats
 import sys
 import time
@@ -77,6 +80,8 @@ STAGES = (
 class ServerSample:
     cpu_s: float
     loop_thread_cpu_s: float
+    media_workers_cpu_s: float
+    """CPU seconds of the server's media worker processes (0 without workers)."""
     wall_s: float
     input_delay: list[tuple[float, float]]
     """Cumulative bucket counts of the input-delay histogram (upper bound, count)."""
@@ -90,7 +95,20 @@ def _snapshot(app) -> ServerSample:
         for s in metric.samples
         if s.name.endswith("_bucket")
     ]
-    return ServerSample(time.process_time(), time.thread_time(), time.monotonic(), buckets)
+    return ServerSample(time.process_time(), time.thread_time(), _media_workers_cpu_s(app), time.monotonic(), buckets)
+
+
+def _media_workers_cpu_s(app) -> float:
+    """CPU seconds (user + system) of the server's live media worker processes, from /proc."""
+    pool = getattr(app.state.webrtc, "pool", None)
+    if pool is None:
+        return 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for link in pool.workers.values():
+        fields = Path(f"/proc/{link.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of stat)
+    return total
 
 
 def _percentile_bound(before: list, after: list, q: float) -> str:
@@ -137,6 +155,7 @@ async def _main(args: argparse.Namespace) -> dict:
         max_sessions=max(levels) + 1,
         webrtc=args.transport == "webrtc",
         ice_host_addresses=("127.0.0.1",),
+        media_workers=args.media_workers,
         log_level="warning",
     )
     app = create_app(config, engine=_fake_engine(args.reply_s, args.engine_speed))
@@ -171,6 +190,10 @@ async def _main(args: argparse.Namespace) -> dict:
             "client_processes": len(shares),
             "server_cpu_pct_per_user": round(100 * cpu / wall / users, 2),
             "server_loop_thread_cpu_pct_per_user": round(100 * loop_cpu / wall / users, 2),
+            "media_workers": config.media_worker_count if config.webrtc else 0,
+            "media_workers_cpu_pct_per_user": round(
+                100 * (after.media_workers_cpu_s - before.media_workers_cpu_s) / wall / users, 2
+            ),
             "server_loop_lag_ms": lag.to_dict(),
             "server_input_delay_ms_p50": _percentile_bound(before.input_delay, after.input_delay, 0.5),
             "server_input_delay_ms_p99": _percentile_bound(before.input_delay, after.input_delay, 0.99),
@@ -211,6 +234,12 @@ def main() -> int:
     p.add_argument("--users", default="1,2,4", help="comma-separated users per level")
     p.add_argument("--transport", choices=("webrtc", "ws"), default="webrtc")
     p.add_argument("--client-processes", type=int, default=1, help="worker processes of the simulated users")
+    p.add_argument(
+        "--media-workers",
+        type=int,
+        default=None,
+        help="the server's WebRTC media worker processes (0: media on the server's event loop; default: serve's)",
+    )
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--reply-s", type=float, default=8.0, help="seconds of audio in every reply")
     p.add_argument("--engine-speed", type=float, default=5.0, help="the fake engine's speed, × real time")

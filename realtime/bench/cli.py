@@ -80,6 +80,8 @@ class BenchOptions:
     transcription: bool = False
     data_parallel_size: int = 1
     """The bench's own server: engines, one per GPU, as ``serve --data-parallel-size``."""
+    media_workers: int | None = None
+    """The bench's own server: WebRTC media worker processes, as ``serve --media-workers`` (None: its default)."""
     client_processes: int = 1
     camera: CameraOptions | None = None
     """``--camera``: every user shows this camera; None: no camera."""
@@ -120,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     from realtime.bench.models import default_reply_length
     from realtime.bench.speech import DEFAULT_FOLDER
     from realtime.config import DEFAULT_PREEMPTIVE_RESPONSE_MS
-    from realtime.flags import HelpFormatter, ms_or_off
+    from realtime.flags import HelpFormatter, count, ms_or_off
 
     p = argparse.ArgumentParser(prog="omni-realtime bench", description=DESCRIPTION, formatter_class=HelpFormatter)
     reply = default_reply_length()
@@ -260,6 +262,14 @@ def build_parser() -> argparse.ArgumentParser:
         "serve --data-parallel-size does; stage throughput is their sum",
     )
     p.add_argument(
+        "--media-workers",
+        type=count,
+        default=None,
+        metavar="N",
+        help="the bench's own server: processes carrying the WebRTC calls' media, as serve --media-workers "
+        "(default: serve's default)",
+    )
+    p.add_argument(
         "--no-vad-batching",
         action="store_true",
         help="the bench's own server runs each session's voice activity detection on its own instead of every "
@@ -387,6 +397,7 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         vad_batching=not args.no_vad_batching,
         transcription=args.transcription,
         data_parallel_size=_data_parallel_size(args),
+        media_workers=args.media_workers,
         client_processes=args.client_processes,
         camera=_camera(args),
         seed=args.seed,
@@ -598,6 +609,7 @@ def _in_process_server(engines, options: BenchOptions):
         ice_host_addresses=("127.0.0.1",),
         torch_threads=options.threads,
         vad_batching=options.vad_batching,
+        media_workers=options.media_workers,
         log_level="warning",
         preemptive_response_ms=options.preemptive_response_ms,
     )

@@ -33,20 +33,17 @@ import asyncio
 import enum
 import functools
 import inspect
-import ipaddress
 import itertools
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
-from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from aiortc.rtcicetransport import RTCIceGatherer
-from aiortc.sdp import SessionDescription
 
 from pipeline.api import EngineHandle
 from realtime.engine_pool import end_on_engine_failure
@@ -60,19 +57,30 @@ from realtime.protocol.client import InputAudioAppend, SessionUpdate, parse_clie
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, server_event_name
 from realtime.protocol.server import ServerEvents
-from realtime.runner import MediaSink, SessionRunner, TransportClosed, TurnDetectorFactory, session_task_name
+from realtime.runner import (
+    MediaSink,
+    SessionRunner,
+    Transport,
+    TransportClosed,
+    TurnDetectorFactory,
+    session_task_name,
+)
 from realtime.session import AudioTransport, ResponsePhase, SessionSettings
 from realtime.transports import sctp_teardown
 from realtime.transports.input_delay import InputDelayMeter
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
+from realtime.transports.peer import (  # noqa: F401  (IceHostAddress, announce_host_addresses: re-exported)
+    OAI_EVENTS_LABEL,
+    IceHostAddress,
+    accept_offer,
+    announce_host_addresses,
+    sends_opus,
+)
 from realtime.transports.video_codecs import SetAside, reject_in_answer, set_aside_undecodable_video
 from realtime.video import CameraFeed
 from realtime.video_settings import DEFAULT_CAMERA, CameraSettings
 
 logger = logging.getLogger(__name__)
-
-OAI_EVENTS_LABEL = "oai-events"
-"""Label of the data channel that carries the JSON events (OpenAI's name)."""
 
 CHANNEL_HIGH_WATER = 1 << 20
 """Bytes queued on the data channel above which ``send`` waits for the peer to catch up."""
@@ -84,73 +92,6 @@ class WebRTCUnavailable(RealtimeError):
 
     type = ErrorType.SERVER
     code = ErrorCode.SERVER_ERROR
-
-
-# --- ICE host candidates -------------------------------------------------------------------------
-
-
-def _ice_gatherers(pc: RTCPeerConnection) -> Iterator[RTCIceGatherer]:
-    seen: set[int] = set()
-    transports = [t.receiver.transport for t in pc.getTransceivers()]
-    if pc.sctp is not None:
-        transports.append(pc.sctp.transport)
-    for dtls in transports:
-        gatherer = dtls.transport.iceGatherer
-        if id(gatherer) not in seen:
-            seen.add(id(gatherer))
-            yield gatherer
-
-
-@dataclass(frozen=True)
-class IceHostAddress:
-    """A host candidate to offer: UDP bound on ``bind`` (a local address, or ``0.0.0.0`` / ``::``),
-    announced as ``announce``, which differs from ``bind`` behind a 1:1 NAT (a cloud VM's public
-    address), as mediasoup's ``announcedIp`` or LiveKit's ``node_ip`` do."""
-
-    bind: str
-    announce: str
-
-    @classmethod
-    def parse(cls, spec: str) -> IceHostAddress:
-        """``"ADDRESS"`` (bind and announce it) or ``"ANNOUNCED@BIND"``; raises ``ValueError``."""
-        announce, at, bind = spec.partition("@")
-        bind = bind if at else announce
-        for part in (announce, bind):
-            try:
-                ipaddress.ip_address(part)
-            except ValueError:
-                raise ValueError(f"ICE host address {spec!r}: {part!r} is not an IP address") from None
-        if ipaddress.ip_address(announce).version != ipaddress.ip_address(bind).version:
-            raise ValueError(f"ICE host address {spec!r}: announced and bound addresses differ in IP version")
-        return cls(bind=bind, announce=announce)
-
-
-async def announce_host_addresses(pc: RTCPeerConnection, addresses: Sequence[IceHostAddress]) -> None:
-    """Make ``pc`` offer host candidates on exactly ``addresses``, and no other candidate.
-
-    aioice lists the machine's interfaces itself and skips loopback, and aiortc has no option to
-    choose them, so this gathers the candidates beforehand; the gathering that
-    ``setLocalDescription`` starts then finds them done. Call it after the transports exist
-    (after ``setRemoteDescription`` for an answer, after adding transceivers / the data channel
-    for an offer) and before ``setLocalDescription``. This reaches into aioice's ``Connection``
-    (private attributes, aioice 0.9–0.13); the tests check the resulting SDP, so a change there
-    fails loudly. Raises ``OSError`` when none of the addresses can be bound."""
-    for gatherer in _ice_gatherers(pc):
-        connection = gatherer._connection
-        if connection._local_candidates_start:
-            continue  # already gathered (a bundled transport seen twice)
-        connection._local_candidates_start = True
-        for component in sorted(connection._components):
-            candidates = []
-            for address in addresses:
-                bound = await connection.get_component_candidates(component=component, addresses=[address.bind])
-                for candidate in bound:
-                    candidate.host = address.announce  # what the SDP offers; the socket stays bound on `bind`
-                candidates += bound
-            if not candidates:
-                raise OSError(f"no ICE host candidate could be bound on {[a.bind for a in addresses]}")
-            connection._local_candidates += candidates
-        connection._local_candidates_end = True
 
 
 # --- the data-channel transport ------------------------------------------------------------------
@@ -496,6 +437,9 @@ class WebRTCCalls:
     def calls(self) -> tuple[Call, ...]:
         return tuple(self._calls.values())
 
+    async def start(self) -> None:
+        """Nothing to start: calls are answered in this process."""
+
     async def create_call(
         self, offer_sdp: str, *, dialect: Dialect = Dialect.GA, session_overrides: dict | None = None
     ) -> str:
@@ -518,8 +462,7 @@ class WebRTCCalls:
             raise
         self._calls[call.id] = call
         self.calls_started += 1
-        if self._session_observer is not None:
-            call.observer = self._session_observer()
+        call.observer = self.new_observer()
         self._serving[call.id] = asyncio.create_task(self._serve(call), name=call.task_name("session"))
         logger.info("webrtc %s: answered", call.id)
         return reject_in_answer(call.pc.localDescription.sdp, call.refused_video)
@@ -548,14 +491,14 @@ class WebRTCCalls:
             )
             self._on_camera_refused("unsupported_codec")
         try:
-            await _accept_offer(pc, offer_sdp)
+            await accept_offer(pc, offer_sdp)
             if first_message is not None:
                 call.transport.push(first_message)
             pc.addTrack(call.track)
             if self.ice_host_addresses:
                 await announce_host_addresses(pc, self.ice_host_addresses)
             await pc.setLocalDescription(await pc.createAnswer())
-            if _sends_opus(pc.localDescription.sdp):
+            if sends_opus(pc.localDescription.sdp):
                 call.track.send_opus()  # encoded by the track: aiortc then only packetizes
             if self._closed:  # close() ran meanwhile and will not see this call
                 raise WebRTCUnavailable("the server is shutting down")
@@ -578,15 +521,19 @@ class WebRTCCalls:
 
     # --- one call ---
 
-    async def _new_call(self, pc: RTCPeerConnection, dialect: Dialect, slot: SessionSlot) -> Call:
+    async def session_factory(
+        self, dialect: Dialect, slot: SessionSlot
+    ) -> Callable[[Transport, MediaSink], SessionRunner]:
+        """What makes the session runner of a call in ``dialect`` holding ``slot``: its settings (audio transport
+        ``MEDIA``), its own turn detection and its engine (the slot's, when the server places sessions on engines).
+        The media workers' endpoint (:mod:`realtime.transports.media_workers`) uses it too."""
         settings = replace(self._settings_factory(dialect), audio_transport=AudioTransport.MEDIA, dialect=dialect)
         made = self._turn_detector_factory()
         turn_detector_factory = await made if inspect.isawaitable(made) else made
-
         # a slot of the server's engine placement names the call's engine, for the call's life
         engine = slot.engine if isinstance(slot, EngineSlot) else self._engine
 
-        def make_runner(transport: DataChannelTransport, media: MediaSink) -> SessionRunner:
+        def make_runner(transport: Transport, media: MediaSink) -> SessionRunner:
             return SessionRunner(
                 transport,
                 engine,
@@ -596,8 +543,27 @@ class WebRTCCalls:
                 on_first_audio=self._on_first_audio,
             )
 
-        gate = self._message_gate() if self._message_gate is not None else None
-        call = Call(f"rtc_{next(self._ids)}", pc, dialect, make_runner, gate=gate, slot=slot)
+        return make_runner
+
+    def new_gate(self) -> MessageGate | None:
+        """A fresh gate for one call's data-channel messages (None: not gated)."""
+        return self._message_gate() if self._message_gate is not None else None
+
+    def new_observer(self) -> EventObserver | None:
+        """A fresh observer of one call's outgoing events (None: not observed)."""
+        return self._session_observer() if self._session_observer is not None else None
+
+    @property
+    def slots(self) -> SessionSlots:
+        return self._slots
+
+    @property
+    def on_input_delay(self) -> Callable[[float], None] | None:
+        return self._on_input_delay
+
+    async def _new_call(self, pc: RTCPeerConnection, dialect: Dialect, slot: SessionSlot) -> Call:
+        make_runner = await self.session_factory(dialect, slot)
+        call = Call(f"rtc_{next(self._ids)}", pc, dialect, make_runner, gate=self.new_gate(), slot=slot)
         self._watch(call)
         if isinstance(slot, EngineSlot):
             slot.on_engine_failure(functools.partial(end_on_engine_failure, call.runner, slot.index))
@@ -724,27 +690,3 @@ def _overrides_message(overrides: dict | None) -> str | None:
     if isinstance(event, SessionUpdate) and event.refused:
         raise event.refused[0]
     return message
-
-
-def _sends_opus(answer_sdp: str) -> bool:
-    """Whether the answer's audio section sends Opus: its first codec, the one aiortc's sender uses."""
-    audio = [m for m in SessionDescription.parse(answer_sdp).media if m.kind == "audio"]
-    return bool(audio and audio[0].rtp.codecs and audio[0].rtp.codecs[0].mimeType.lower() == "audio/opus")
-
-
-async def _accept_offer(pc: RTCPeerConnection, offer_sdp: str) -> None:
-    """Set the remote offer; it must bring an audio track and a data channel."""
-    if "m=" not in offer_sdp:
-        raise RealtimeError("the request body is not an SDP offer", code=ErrorCode.INVALID_VALUE, param="sdp")
-    try:
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-    except (ValueError, TypeError, KeyError) as exc:  # aiortc's parse/validation errors
-        raise RealtimeError(f"invalid SDP offer: {exc}", code=ErrorCode.INVALID_VALUE, param="sdp") from None
-    if not any(t.kind == "audio" for t in pc.getTransceivers()):
-        raise RealtimeError("the SDP offer has no audio track", code=ErrorCode.INVALID_VALUE, param="sdp")
-    if pc.sctp is None:
-        raise RealtimeError(
-            f"the SDP offer has no data channel (create one named {OAI_EVENTS_LABEL!r})",
-            code=ErrorCode.INVALID_VALUE,
-            param="sdp",
-        )

@@ -246,7 +246,8 @@ async def test_a_webrtc_peer_that_vanishes_is_torn_down(monkeypatch, caplog, spe
 
     monkeypatch.setattr(aioice.ice, "CONSENT_INTERVAL", 0.2)
     engine = StatsEngine(Script(text=("word ",) * 2000, audio_chunks=2000, delay_s=0.02))
-    async with served(engine, webrtc=True, ice_host_addresses=("127.0.0.1",)) as (_, app):
+    # media in the server's process: the shortened consent interval is patched here, not in media workers
+    async with served(engine, webrtc=True, ice_host_addresses=("127.0.0.1",), media_workers=0) as (_, app):
         peer = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",

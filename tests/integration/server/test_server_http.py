@@ -60,6 +60,9 @@ class FakeCalls:
             raise self.fail
         return "v=0\r\ns=answer\r\n"
 
+    async def start(self) -> None:
+        pass
+
     async def close(self) -> None:
         self.closed = True
 
@@ -320,13 +323,18 @@ async def test_calls_are_delegated_to_the_webrtc_endpoint():
     assert calls.closed, "shutdown closes the WebRTC endpoint"
 
 
-async def test_the_default_webrtc_endpoint_is_the_aiortc_transport():
+@pytest.mark.parametrize("media_workers", [0, 1])
+async def test_the_default_webrtc_endpoint_is_the_aiortc_transport(media_workers):
+    from realtime.transports.media_workers.calls import WorkerCalls
     from realtime.transports.webrtc import WebRTCCalls
 
-    config = ServerConfig(port=0, ice_host_addresses=("127.0.0.1",), max_sessions=3)
+    config = ServerConfig(port=0, ice_host_addresses=("127.0.0.1",), max_sessions=3, media_workers=media_workers)
     app = create_app(config, engine=FakeEngine(), vad_factory=SilentVad)
     async with serve_in_background(app, config) as url, httpx2.AsyncClient(base_url=url) as http:
         calls = app.state.webrtc
+        if media_workers:  # the calls' media in worker processes, configured as the in-process endpoint
+            assert isinstance(calls, WorkerCalls) and calls.pool.size == media_workers
+            calls = calls.local
         assert isinstance(calls, WebRTCCalls) and calls.max_calls == 3 and calls.live_calls == 0
         assert [(a.bind, a.announce) for a in calls.ice_host_addresses] == [("127.0.0.1", "127.0.0.1")]
         health = (await http.get("/healthz")).json()

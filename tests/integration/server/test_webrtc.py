@@ -29,6 +29,7 @@ from realtime.transports.media import (
     PacedAudioTrack,
     frame_to_mono,
 )
+from realtime.transports.media_workers.calls import WorkerCalls
 from realtime.transports.webrtc import (
     CallStatus,
     IceHostAddress,
@@ -57,6 +58,18 @@ async def fake_calls():
     calls = WebRTCCalls(engine, ice_host_addresses=("127.0.0.1",))
     yield engine, calls
     await calls.close()
+
+
+@pytest.fixture(params=[0, 2], ids=["in-process", "2-media-workers"])
+async def media_calls(request):
+    """The WebRTC endpoint with media in this process (0) or in two media worker processes."""
+    engine = FakeEngine()
+    local = WebRTCCalls(engine, ice_host_addresses=("127.0.0.1",))
+    calls = local if request.param == 0 else WorkerCalls(local, request.param)
+    await calls.start()
+    yield engine, calls
+    await calls.close()
+    assert calls.live_calls == 0 and calls.open_peers == 0
 
 
 @pytest.fixture
@@ -170,8 +183,8 @@ def _candidates(sdp: str) -> list[list[str]]:
     return [line.split()[4:8] for line in sdp.splitlines() if line.startswith("a=candidate:")]
 
 
-async def test_answer_offers_only_the_configured_host_candidates(fake_calls, client):
-    _, calls = fake_calls
+async def test_answer_offers_only_the_configured_host_candidates(media_calls, client):
+    _, calls = media_calls
     answer = await client.call(calls)
     found = _candidates(answer)
     assert found and all(c[0] == "127.0.0.1" and c[2:] == ["typ", "host"] for c in found), found
@@ -222,8 +235,8 @@ async def test_spoken_turn_round_trip(tiny_engine, client):
         await calls.close()
 
 
-async def test_barge_in_cancels_the_reply_and_clears_output(fake_calls, client):
-    engine, calls = fake_calls
+async def test_barge_in_cancels_the_reply_and_clears_output(media_calls, client):
+    engine, calls = media_calls
     # A reply still being generated when the user talks over it, then a short one.
     engine.script(Script(text=("word",) * 60, audio_chunks=60, chunk_ms=100, delay_s=0.05), Script())
     await client.call(calls)
@@ -270,12 +283,12 @@ async def test_client_clear_stops_playback_of_a_finished_reply(fake_calls, clien
     assert call.output.response_ids() == ()
 
 
-async def test_output_audio_buffer_events_bracket_the_played_reply(fake_calls, client):
+async def test_output_audio_buffer_events_bracket_the_played_reply(media_calls, client):
     """``output_audio_buffer.started`` when the reply's audio starts playing, ``.stopped`` once the track has played
     its last frame (after ``response.done``); every data-channel event validates with the openai SDK's models."""
     realtime_types = pytest.importorskip("openai.types.realtime")
     adapter = pydantic.TypeAdapter(realtime_types.RealtimeServerEvent)
-    engine, calls = fake_calls
+    engine, calls = media_calls
     engine.script(Script(audio_chunks=10, chunk_ms=40))  # 0.4 s of audio
     await client.call(calls)
     client.say("weather_today")
@@ -378,8 +391,8 @@ async def test_bad_offers_and_limits_are_refused(fake_calls):
     assert calls.live_calls == 0
 
 
-async def test_session_overrides_apply_before_anything_else(fake_calls, client):
-    _, calls = fake_calls
+async def test_session_overrides_apply_before_anything_else(media_calls, client):
+    _, calls = media_calls
     await client.call(calls, session_overrides={"type": "realtime", "instructions": "Be brief."})
     await client.wait_for("session.created")
     _, updated = await client.wait_for("session.updated")
