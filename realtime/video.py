@@ -66,17 +66,20 @@ class FrameClock:
 
 
 class FrameSampler:
-    """Keeps at most ``fps`` frames a second of frame time: a frame is kept when it is at least one period after
-    the last kept one (less a quarter period of slack, so a 30 fps camera sampled at 2 fps keeps every 15th)."""
+    """Keeps ``fps`` frames a second of frame time on average: slots ``1 / fps`` apart on a grid that starts at the
+    first kept frame; the first frame at or after a slot (less a quarter period of slack, for jittered timestamps) is
+    kept and the grid moves one period on, so a camera of any faster rate keeps ``fps`` frames a second. After a gap
+    longer than a period (a stalled camera) the grid restarts at the next frame."""
 
     def __init__(self, fps: float) -> None:
         self._period = 1.0 / fps
-        self._last: float | None = None
+        self._due: float | None = None
 
     def take(self, at: float) -> bool:
-        if self._last is not None and at - self._last < self._period * 0.75:
+        if self._due is not None and at < self._due - self._period * 0.25:
             return False
-        self._last = at
+        late = self._due is None or at - self._due > self._period
+        self._due = (at if late else self._due) + self._period
         return True
 
 
