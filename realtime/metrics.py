@@ -413,6 +413,17 @@ class EngineWorkCollector:
             value=s.audio_start_held_ms_total / 1000.0,
         )
         yield GaugeMetricFamily(
+            f"{engine}_video_positions",
+            "Thinker positions of camera video the engine's conversations hold now (kept within the video budget)",
+            value=s.video_positions,
+        )
+        yield CounterMetricFamily(
+            f"{engine}_video_frames_dropped",
+            "Camera frames the engine dropped since it started (a second frame in one slot, another picture size, "
+            "late or after the message's audio)",
+            value=s.video_frames_dropped_total,
+        )
+        yield GaugeMetricFamily(
             f"{engine}_device_memory_bytes",
             "Accelerator memory allocated by torch (0 on the CPU)",
             value=s.device_memory_bytes,
