@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_images import PICTURES, reference_inputs
 from test_pipeline_reference import TALKER_MAX, THINKER_MAX, run_reference
 from test_video import CLIP, CLIP2, Reference, speak
 from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
@@ -16,6 +15,7 @@ from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.outputs import ResponseStatus
+from tests.helpers.image_reference import PICTURES, reference_inputs
 
 FIRST = ("Look at this:", PICTURES[0], "and this one", PICTURES[1], "What do you see?")
 SECOND = (PICTURES[1], "Again?")

@@ -1,7 +1,7 @@
 """Stage placement in the stage config: a stage's ``device`` is checked for its form when the config is read, and
 against the host's devices before any weight is loaded (:func:`pipeline.config.check_devices`); the split examples
 load as documented. Runs on the CPU: the host's CUDA devices are simulated where a test needs some (the GPU run of a
-split engine is tests/gpu/test_stage_placement.py)."""
+split engine is tests/gpu/test_split_stages_gpu.py)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ equal; ``AUDIO_ATOL`` (1e-3 of full scale) allows only for a kernel variant that
 (cuBLAS workspaces are per stream) and for float rounding in the bfloat16 DiT. A chunk lost, repeated or synthesized
 from the wrong codes or noise differs by the order of the signal itself.
 
-Run on a host with two GPUs: ``python -m pytest tests/gpu/test_stage_placement.py`` (the ``random:7b`` cases build the
+Run on a host with two GPUs: ``python -m pytest tests/gpu/test_split_stages_gpu.py`` (the ``random:7b`` cases build the
 7B architecture three times, a few minutes; ``-k tiny`` runs the tiny model only)."""
 
 from __future__ import annotations
