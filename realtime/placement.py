@@ -145,6 +145,7 @@ class EngineSlots(Generic[E]):
         self._responses = [0] * len(self.engines)
         self._held: list[set[EngineSlot[E]]] = [set() for _ in self.engines]
         self._last_refusal: RealtimeError = self._total.refusal()
+        self._closed_with: RealtimeError | None = None
 
     @property
     def limit(self) -> int:
@@ -176,8 +177,20 @@ class EngineSlots(Generic[E]):
         """The engine's live responses, from its latest stats (the placement's tie-break)."""
         self._responses[index] = responses
 
+    def close_admission(self, refusal: RealtimeError) -> None:
+        """From now on every admission is refused with ``refusal`` (a drain: the server is going away); live
+        sessions keep their slots until they end. Idempotent (the first refusal stays)."""
+        if self._closed_with is None:
+            self._closed_with = refusal
+
+    @property
+    def admission_closed(self) -> bool:
+        return self._closed_with is not None
+
     def admit(self) -> EngineSlot[E] | RealtimeError:
         """A slot on the engine with the most headroom, or the error saying why there is none."""
+        if self._closed_with is not None:
+            return self._closed_with
         total = self._total.try_acquire()
         if total is None:
             return self._total.refusal()

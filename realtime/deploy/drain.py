@@ -1,12 +1,11 @@
 """Graceful drain of one server: no new sessions, running ones get a grace period, then a clear close.
 
-:class:`DrainingSlots` is the server's session counter (:class:`realtime.limits.SessionSlots`) with a drain switch:
-once :meth:`DrainingSlots.start_draining` is called it admits nothing more, and the server's usual refusal path
-answers the client with :meth:`DrainingSlots.refusal`: on WebSocket an ``error`` event of code
-:attr:`DrainCode.SERVER_DRAINING`, then close 1013 "try again later" (another replica serves the retry); on
-``POST /v1/realtime/calls`` an HTTP error with the same code.
+:class:`Drain` closes the server's admission (:meth:`realtime.placement.EngineSlots.close_admission`): every new
+session is refused through the server's usual refusal path with :func:`draining_refusal`: on WebSocket an ``error``
+event of code :attr:`DrainCode.SERVER_DRAINING`, then close 1013 "try again later" (another replica serves the retry);
+on ``POST /v1/realtime/calls`` an HTTP error with the same code.
 
-:class:`Drain` runs the drain of a :class:`realtime.server.RealtimeServer` whose slots are draining slots: it waits
+:class:`Drain` then waits
 until every session (WebSocket and WebRTC) has ended or ``grace_s`` seconds have passed, whichever comes first, then
 stops the server, which closes each remaining WebSocket session with 1001 "server shutting down" and hangs up every
 WebRTC call. Starting it twice runs it once.
@@ -21,7 +20,6 @@ import time
 from typing import Protocol
 
 from realtime.errors import LimitExceeded
-from realtime.limits import SessionSlot, SessionSlots
 
 logger = logging.getLogger(__name__)
 
@@ -38,37 +36,29 @@ class DrainCode(str, enum.Enum):
         return self.value
 
 
-class DrainingSlots(SessionSlots):
-    """Session slots that refuse every new session once draining (see the module docstring). Event loop only."""
+def draining_refusal() -> LimitExceeded:
+    """The refusal of a new session while the server drains."""
+    return LimitExceeded(
+        "this server is shutting down and takes no new sessions; connect again to be served by another",
+        code=DrainCode.SERVER_DRAINING,
+    )
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(limit)
-        self._draining = False
+
+class Admission(Protocol):
+    """The server's session admission (:class:`realtime.placement.EngineSlots`), as a drain uses it."""
 
     @property
-    def draining(self) -> bool:
-        return self._draining
+    def active(self) -> int: ...
 
-    def start_draining(self) -> None:
-        """Admit no more sessions, for good; live ones keep their slots."""
-        self._draining = True
-
-    def try_acquire(self) -> SessionSlot | None:
-        return None if self._draining else super().try_acquire()
-
-    def refusal(self) -> LimitExceeded:
-        if not self._draining:
-            return super().refusal()
-        return LimitExceeded(
-            "this server is shutting down and takes no new sessions; connect again to be served by another",
-            code=DrainCode.SERVER_DRAINING,
-        )
+    def close_admission(self, refusal: LimitExceeded) -> None: ...
 
 
 class Stoppable(Protocol):
-    """What a drain needs of the server (:class:`realtime.server.RealtimeServer`)."""
+    """What a drain needs of the server (:class:`realtime.server.RealtimeServer`): its admission, read once the
+    server has started (its engines are loaded then), and ``stop``."""
 
-    slots: SessionSlots
+    @property
+    def slots(self) -> Admission: ...
 
     async def stop(self) -> None: ...
 
@@ -76,11 +66,10 @@ class Stoppable(Protocol):
 class Drain:
     """The drain of one server (see the module docstring). ``grace_s``: how long running sessions may go on."""
 
-    def __init__(self, server: Stoppable, slots: DrainingSlots, grace_s: float) -> None:
+    def __init__(self, server: Stoppable, grace_s: float) -> None:
         if not grace_s >= 0:
             raise ValueError(f"the drain's grace period must be >= 0 seconds, got {grace_s}")
         self._server = server
-        self._slots = slots
         self.grace_s = grace_s
         self._task: asyncio.Task | None = None
 
@@ -91,7 +80,7 @@ class Drain:
     def start(self) -> asyncio.Task:
         """Start draining now (idempotent); the task ends once the server is stopped."""
         if self._task is None:
-            self._slots.start_draining()
+            self._server.slots.close_admission(draining_refusal())
             self._task = asyncio.create_task(self._run(), name="drain")
         return self._task
 
@@ -100,15 +89,16 @@ class Drain:
         await asyncio.shield(self.start())
 
     async def _run(self) -> None:
-        live = self._slots.active
+        slots = self._server.slots
+        live = slots.active
         logger.info("draining: no new sessions; %d live sessions have %.1f s to finish", live, self.grace_s)
         deadline = time.monotonic() + self.grace_s
-        while self._slots.active > 0 and time.monotonic() < deadline:
+        while slots.active > 0 and time.monotonic() < deadline:
             await asyncio.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
-        if self._slots.active > 0:
+        if slots.active > 0:
             logger.warning(
                 "drain: %d sessions still live after %.1f s: closing them (1001 server shutting down)",
-                self._slots.active,
+                slots.active,
                 self.grace_s,
             )
         await self._server.stop()

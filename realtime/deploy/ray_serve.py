@@ -33,7 +33,7 @@ from ray import serve
 from ray.serve.deployment import Application
 
 from realtime.config import ServerConfig
-from realtime.deploy.drain import Drain, DrainingSlots
+from realtime.deploy.drain import Drain
 
 logger = logging.getLogger(__name__)
 
@@ -146,9 +146,7 @@ class RealtimeReplica:
             config = dataclasses.replace(config, ice_host_addresses=(ray.util.get_node_ip_address(),))
         inner = create_app(config)
         server = inner.state.realtime
-        slots = DrainingSlots(config.max_sessions)
-        server.slots = slots  # before the lifespan starts: every transport admits through it
-        drain = Drain(server, slots, self._grace_s)
+        drain = Drain(server, self._grace_s)
         replica_id = serve.get_replica_context().replica_tag
         return ReplicaApp(inner, drain, replica_id, _serve_stopping_probe())
 

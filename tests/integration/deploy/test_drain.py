@@ -12,8 +12,9 @@ import pytest
 import websockets
 
 from realtime.config import ServerConfig
-from realtime.deploy.drain import Drain, DrainCode, DrainingSlots
+from realtime.deploy.drain import Drain, DrainCode, draining_refusal
 from realtime.limits import LimitCode
+from realtime.placement import EngineSlots
 from realtime.server import create_app, serve_in_background
 from tests.fakes import FakeEngine
 from tests.helpers.server import SilentVad, connect
@@ -26,22 +27,22 @@ async def draining_server(grace_s: float = GRACE_S):
     config = ServerConfig(port=0, webrtc=False, max_sessions=4)
     app = create_app(config, engine=FakeEngine(), vad_factory=SilentVad)
     server = app.state.realtime
-    server.slots = slots = DrainingSlots(config.max_sessions)
     async with serve_in_background(app, config) as url:
-        yield url.replace("http://", "ws://") + "/v1/realtime", Drain(server, slots, grace_s)
+        yield url.replace("http://", "ws://") + "/v1/realtime", Drain(server, grace_s)
 
 
-def test_draining_slots_refuse_every_new_session_and_keep_live_ones():
-    slots = DrainingSlots(2)
+def test_closed_admission_refuses_every_new_session_and_keeps_live_ones():
+    slots = EngineSlots([object()], max_sessions=2, capacity=2)
     live = slots.try_acquire()
-    assert slots.refusal().code == LimitCode.SESSION_LIMIT_REACHED
-    slots.start_draining()
+    slots.try_acquire()
+    assert slots.try_acquire() is None and slots.refusal().code == LimitCode.SESSION_LIMIT_REACHED
+    slots.close_admission(draining_refusal())
+    assert slots.admission_closed and slots.active == 2
+    live.release()
     assert slots.try_acquire() is None and slots.active == 1
     assert slots.refusal().code == DrainCode.SERVER_DRAINING
-    live.release()
-    assert slots.active == 0 and slots.try_acquire() is None
     with pytest.raises(ValueError, match="grace"):
-        Drain(object(), slots, -1.0)
+        Drain(object(), -1.0)
 
 
 @pytest.mark.timeout(60)
