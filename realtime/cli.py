@@ -329,7 +329,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         default=d.media_workers,
         metavar="N",
         help="WebRTC: processes that carry the calls' media (encryption, Opus, resampling, pacing), spreading it "
-        "over cores; 0 keeps it in the server's process (default: half the CPU cores, at most 8)",
+        "over cores; 0 keeps it in the server's process (default: 0)",
     )
     p.add_argument("--no-webrtc", action="store_true", help="turn WebRTC off (POST /v1/realtime/calls)")
     _picture_args(p, d)

@@ -92,10 +92,11 @@ class ServerConfig:
     public address announced, the local one bound; tests use 127.0.0.1). Empty: the machine's own
     non-loopback interface addresses. No STUN server is ever used."""
     webrtc: bool = True
-    media_workers: int | None = None
+    media_workers: int | None = 0
     """WebRTC: worker processes that carry the calls' media (ICE, DTLS/SRTP, RTP, Opus, resampling, the paced reply
     track), so that it spreads over cores; sessions, turn detection and the engine stay in the server's process.
-    ``0``: media in the server's process. ``None``: :attr:`media_worker_count` picks half the CPU cores, at most 8.
+    ``0`` (the default until the workers are measured under load on a GPU host): media in the server's process.
+    ``None``: :attr:`media_worker_count` picks half the CPU cores, at most 8.
     Calls with a camera track are always served in the server's process."""
     """Serve ``POST /v1/realtime/calls`` when aiortc and the WebRTC transport are installed."""
     session_limits: SessionLimits = SessionLimits()
