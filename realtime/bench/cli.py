@@ -443,6 +443,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             options.barge_in_every,
             options.ramp_s,
             options.warmup_turns,
+            warmup_users=options.data_parallel_size,
         )
         speeches = load_speech_folder(options.wavs, max_seconds=options.max_wav_s)
         if options.pause_inside_ms is not None:

@@ -62,7 +62,10 @@ class SweepPlan:
     """Every K-th turn of a user is a barge-in turn (0: none)."""
     ramp_s: float = 1.0
     warmup_turns: int = 1
-    """Turns of one user (and reference runs) before the first level, not recorded."""
+    """Turns of the warm-up users (and reference runs) before the first level, not recorded."""
+    warmup_users: int = 1
+    """Users warming up at once: one per engine of the server, so that placement by headroom gives every engine its
+    first replies (cold paths: first kernel launches, allocator growth) before any level is measured."""
 
     def __post_init__(self) -> None:
         if not self.levels or any(level < 1 for level in self.levels):
@@ -71,6 +74,8 @@ class SweepPlan:
             raise ValueError("turns must be >= 1; min_samples, barge_in_every and warmup_turns >= 0")
         if self.ramp_s < 0:
             raise ValueError(f"ramp_s must be >= 0, got {self.ramp_s}")
+        if self.warmup_users < 1:
+            raise ValueError(f"warmup_users must be >= 1, got {self.warmup_users}")
 
     def turns_per_user(self, level: int) -> int:
         return max(self.turns, math.ceil(self.min_samples / level))
@@ -188,8 +193,8 @@ async def run_sweep(
         modules = _CLIENT_MODULES + (_WEBRTC_MODULES if options.transport is Transport.WEBRTC else ())
         await asyncio.gather(*(loop.run_in_executor(pool, _child_ready, modules) for _ in range(client_processes)))
         if plan.warmup_turns:
-            warm = user_plans(speeches, 1, plan, turns=plan.warmup_turns)
-            await _run_level_clients(pool, url, warm, options, "warm-up", 1)
+            warm = user_plans(speeches, plan.warmup_users, plan, turns=plan.warmup_turns)
+            await _run_level_clients(pool, url, warm, options, "warm-up", min(client_processes, plan.warmup_users))
             if reference is not None:
                 await asyncio.to_thread(reference, speeches[0])
         for level in plan.levels:

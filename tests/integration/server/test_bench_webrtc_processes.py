@@ -45,3 +45,30 @@ def test_two_webrtc_users_in_two_client_processes():
 
     assert count(lag) > 0  # the server's probe ran
     assert count(delay) > 2 * 50  # both calls' microphones: 50 frames a second each, for seconds
+
+
+def test_the_warm_up_puts_one_user_on_each_engine_before_the_first_level():
+    """With several engines (``--data-parallel-size``) one warm-up user would warm one engine only, and the first
+    level's replies on the others would carry their cold first replies: the warm-up runs ``warmup_users`` users."""
+    speeches = load_speech_folder(TESTS / "fixtures" / "speech", max_seconds=3.0)[:2]
+    config = ServerConfig(host="127.0.0.1", port=0, max_sessions=4, log_level="warning")
+    app = create_app(config, engine=FakeEngine(Script(audio_chunks=5, chunk_ms=40, delay_s=0.01)))
+    plan = SweepPlan((1,), turns=1, min_samples=0, ramp_s=0.2, warmup_turns=1, warmup_users=3)
+
+    def started() -> float:
+        families = app.state.realtime.metrics.sessions_total.collect()
+        return sum(s.value for f in families for s in f.samples if s.name.endswith("_total"))
+
+    async def run():
+        async with serve_in_background(app, config) as url:
+            levels = await run_sweep(url, speeches, plan, ClientOptions(Transport.WS), client_processes=1)
+            return levels, started()
+
+    (level,), sessions = asyncio.run(run())
+    assert [t.status for t in level.turns] == ["completed"]
+    assert sessions == 3 + 1  # three warm-up users, then the level's one
+
+
+def test_warmup_users_must_be_positive():
+    with pytest.raises(ValueError, match="warmup_users"):
+        SweepPlan((1,), warmup_users=0)
