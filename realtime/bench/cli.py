@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from realtime.bench.goal import DEFAULT_P95_TTFA_MS, LatencyGoal
+
 if TYPE_CHECKING:
     from realtime.bench.camera import CameraOptions
 
@@ -85,6 +87,8 @@ class BenchOptions:
     client_processes: int = 1
     camera: CameraOptions | None = None
     """``--camera``: every user shows this camera; None: no camera."""
+    goal: LatencyGoal = LatencyGoal()
+    """The latency goal the report counts the users served at (``--goal-ms``)."""
 
 
 QUICK = {
@@ -232,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="the simulated audio player's buffer, in milliseconds: audio arriving later than that is an underrun",
+    )
+    p.add_argument(
+        "--goal-ms",
+        type=float,
+        default=DEFAULT_P95_TTFA_MS,
+        help="the latency goal of the report's 'users at the goal' line: the p95 time to first audio after "
+        "speech_stopped, in milliseconds, with no turn having underruns",
     )
     p.add_argument(
         "--turn-timeout-s",
@@ -390,6 +401,7 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         barge_in_after_ms=args.barge_in_after_ms,
         ramp_s=pick("ramp_s", args.ramp_s),
         jitter_ms=args.jitter_ms,
+        goal=LatencyGoal(args.goal_ms),
         turn_timeout_s=pick("turn_timeout_s", args.turn_timeout_s),
         reference=args.reference,
         out=args.out,
@@ -648,6 +660,8 @@ def _run_info(options: BenchOptions, command: str, length, loaded: _Loaded | Non
         versions=_versions(),
         transcription=options.transcription,
         camera=_camera_info(options),
+        goal=options.goal.describe(),
+        goal_p95_ttfa_ms=options.goal.p95_ttfa_ms,
     )
 
 

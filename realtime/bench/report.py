@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from realtime.bench.goal import DEFAULT_P95_TTFA_MS, LatencyGoal
 from realtime.bench.metrics import BargeInKind, Distribution, TurnMetrics, barge_in_counts, status_counts, summarize
 from realtime.bench.sweep import LevelResult
 from realtime.bench.throughput import GIB
@@ -51,18 +52,27 @@ class RunInfo:
     camera: dict | None = None
     """How every user showed a camera (``--camera``: ``width``, ``height``, ``fps``, ``sent_as`` in words); None: the
     camera was off."""
+    goal: str = LatencyGoal().describe()
+    """The latency goal in words (:mod:`realtime.bench.goal`)."""
+    goal_p95_ttfa_ms: float = DEFAULT_P95_TTFA_MS
 
 
 # --- JSON ----------------------------------------------------------------------------------------
 
 
 def results_dict(info: RunInfo, levels: Sequence[LevelResult]) -> dict:
-    return {"info": asdict(info), "levels": [_level_dict(level) for level in levels]}
+    goal = LatencyGoal(info.goal_p95_ttfa_ms)
+    return {
+        "info": asdict(info),
+        "users_at_goal": goal.users_at_goal([(level.concurrency, level.turns) for level in levels]),
+        "levels": [_level_dict(level, goal) for level in levels],
+    }
 
 
-def _level_dict(level: LevelResult) -> dict:
+def _level_dict(level: LevelResult, goal: LatencyGoal) -> dict:
     out = {
         "concurrency": level.concurrency,
+        "meets_goal": goal.meets(level.turns),
         "turns_per_user": level.turns_per_user,
         "wall_s": level.wall_s,
         "replying_s": level.replying_s,
@@ -172,6 +182,7 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
             ref = summarize(level.reference_metrics())
             row += [_ppp(ref["ttfa_ms"]), _ppp(ref["voice_to_voice_ms"])]
         lines.append(_row(row))
+    lines += ["", _goal_line(info, levels)]
     lines += ["", "Delivery (replies played to their end)", ""]
     head = (
         ["users", "RTF p50 / p90 (ours)"]
@@ -190,6 +201,16 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
     if info.camera:
         lines += ["", *_camera_table(levels)]
     return "\n".join(lines) + "\n"
+
+
+def _goal_line(info: RunInfo, levels: Sequence[LevelResult]) -> str:
+    goal = LatencyGoal(info.goal_p95_ttfa_ms)
+    met = [level.concurrency for level in levels if goal.meets(level.turns)]
+    users = goal.users_at_goal([(level.concurrency, level.turns) for level in levels])
+    return (
+        f"**Users at the goal** ({info.goal}): {users if users else 'none of the levels'}"
+        + f"; levels meeting it: {', '.join(map(str, met)) if met else 'none'}."
+    )
 
 
 def _client_load_table(levels: Sequence[LevelResult]) -> list[str]:

@@ -120,3 +120,19 @@ def test_the_default_output_folder_is_git_ignored():
     ignored = [line.strip() for line in (REPO / ".gitignore").read_text().splitlines()]
     assert not DEFAULT_OUT.is_absolute() and len(DEFAULT_OUT.parts) == 1  # under the directory of the run
     assert any(re.fullmatch(rf"/?{re.escape(DEFAULT_OUT.name)}/?", line) for line in ignored)
+
+
+def test_the_users_at_the_goal_are_in_the_text_and_in_results_json(tmp_path):
+    def level(users: int, ttfa_ms: float, underruns: int = 0) -> LevelResult:
+        turns = [TurnMetrics(u, 0, "a", "completed", ttfa_ms=ttfa_ms, underruns=underruns) for u in range(users)]
+        return LevelResult(users, 1, 3.0, turns)
+
+    levels = [level(4, 200.0), level(8, 500.0), level(12, 550.0, underruns=1), level(16, 900.0)]
+    write_report(tmp_path, info(), levels, plots=False)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["users_at_goal"] == 8
+    assert [lv["meets_goal"] for lv in data["levels"]] == [True, True, False, False]
+    assert (
+        "**Users at the goal** (p95 first audio ≤ 600 ms after speech_stopped, no turn with underruns): 8; "
+        "levels meeting it: 4, 8." in markdown(info(), levels)
+    )
