@@ -611,10 +611,20 @@ def _load(options: BenchOptions, cfg) -> _Loaded:
 
 
 def _in_process_server(engines, options: BenchOptions):
-    from realtime.config import ServerConfig
     from realtime.server import create_app, serve_in_background
 
-    config = ServerConfig(
+    config = server_config(options)
+    return serve_in_background(create_app(config, engines=engines), config)
+
+
+def server_config(options: BenchOptions):
+    """The settings of the bench's own server: serve's defaults but for what ``options`` set, on a free loopback
+    port, room for the highest level's users."""
+    from realtime.config import ServerConfig
+
+    # None: serve's default (ServerConfig's None would mean "as many as the cores allow")
+    workers = {} if options.media_workers is None else {"media_workers": options.media_workers}
+    return ServerConfig(
         host="127.0.0.1",
         port=0,
         max_sessions=max(options.levels) + 1,
@@ -622,11 +632,10 @@ def _in_process_server(engines, options: BenchOptions):
         ice_host_addresses=("127.0.0.1",),
         torch_threads=options.threads,
         vad_batching=options.vad_batching,
-        media_workers=options.media_workers,
         log_level="warning",
         preemptive_response_ms=options.preemptive_response_ms,
+        **workers,
     )
-    return serve_in_background(create_app(config, engines=engines), config)
 
 
 def _run_info(options: BenchOptions, command: str, length, loaded: _Loaded | None):

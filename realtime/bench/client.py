@@ -279,10 +279,17 @@ class WebSocketLink:
             await self._ws.close()
 
 
+BROWSER_HOLD_PACKETS = 2
+"""Reply packets the WebRTC user's receiver holds before decoding: 40 ms, the middle of what a browser's adaptive
+jitter buffer keeps on a clean link (about 20 to 60 ms), rather than aiortc's fixed 80 ms
+(:mod:`realtime.transports.receive_buffer`)."""
+
+
 class WebRTCLink:
     """A WebRTC call (``POST /v1/realtime/calls``) through aiortc: the microphone is a paced
     track, reply audio arrives on the remote track as 48 kHz frames, events on ``oai-events``.
-    On a loopback server the peer offers only 127.0.0.1 and uses no STUN server."""
+    On a loopback server the peer offers only 127.0.0.1 and uses no STUN server. The reply's
+    packets wait :data:`BROWSER_HOLD_PACKETS` in the receiver, as in a browser."""
 
     paced_audio = True
 
@@ -302,12 +309,28 @@ class WebRTCLink:
         self._tasks: list[asyncio.Task] = []
 
     async def connect(self, listener: Listener) -> None:
-        from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+        from aiortc import RTCSessionDescription
+
+        self._pc = pc = self._peer(listener)
+        host = urllib.parse.urlsplit(self.base_url).hostname or ""
+        if _is_loopback(host):
+            from realtime.transports.webrtc import IceHostAddress, announce_host_addresses
+
+            await announce_host_addresses(pc, [IceHostAddress.parse("127.0.0.1")])
+        await pc.setLocalDescription(await pc.createOffer())
+        answer = await asyncio.to_thread(self._post_offer, pc.localDescription.sdp)
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+
+    def _peer(self, listener: Listener):
+        """The user's peer connection before its offer: microphone (and camera) tracks, the events channel, the
+        reply track's reader and receive buffer. Needs a running event loop."""
+        from aiortc import RTCConfiguration, RTCPeerConnection
 
         from realtime.transports.media import PacedAudioTrack
+        from realtime.transports.receive_buffer import hold_audio
 
         loop = asyncio.get_running_loop()
-        self._pc = pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self._mic = _TimedMicQueue(loop.time)
         pc.addTrack(PacedAudioTrack(self._mic, lambda _name: None))
         if self.camera is not None:
@@ -317,14 +340,8 @@ class WebRTCLink:
         self._channel = channel = pc.createDataChannel(EVENTS_CHANNEL)
         channel.on("message", lambda m: listener.on_event(loop.time(), json.loads(m)))
         pc.on("track", lambda track: self._tasks.append(asyncio.create_task(self._read(track, listener))))
-        host = urllib.parse.urlsplit(self.base_url).hostname or ""
-        if _is_loopback(host):
-            from realtime.transports.webrtc import IceHostAddress, announce_host_addresses
-
-            await announce_host_addresses(pc, [IceHostAddress.parse("127.0.0.1")])
-        await pc.setLocalDescription(await pc.createOffer())
-        answer = await asyncio.to_thread(self._post_offer, pc.localDescription.sdp)
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        hold_audio(pc, BROWSER_HOLD_PACKETS)
+        return pc
 
     def _post_offer(self, sdp: str) -> str:
         headers = {"Content-Type": "application/sdp"}
@@ -365,8 +382,10 @@ class WebRTCLink:
 
 class _TimedMicQueue:
     """The microphone of a WebRTC user: an :class:`~realtime.transports.media.OutputAudioQueue`
-    (the server's own paced-output logic, reused) that notes when each utterance's first frame
-    goes out on the track."""
+    (the server's own paced-output logic, reused) that notes when each utterance's first sample
+    was captured. A frame goes out on the track once all of it is captured, as from a real
+    microphone (and as :class:`WebSocketLink` sends it): the first sample of a frame that leaves
+    at *t* was captured at *t* − :data:`FRAME_MS`."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         from realtime.transports.media import OutputAudioQueue
@@ -391,7 +410,7 @@ class _TimedMicQueue:
         if frame.audible and playing:
             future = self._started.get(playing[0])
             if future is not None and not future.done():
-                future.set_result(self._clock())
+                future.set_result(self._clock() - FRAME_MS / 1000)
         return frame
 
 

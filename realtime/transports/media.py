@@ -28,6 +28,7 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from realtime.audio import ENGINE_OUTPUT_RATE, AudioFormat, StreamResampler, encode_audio, float_to_pcm16
+from realtime.transports.decimator import Decimator
 from realtime.transports.opus_packets import OpusPackets
 
 logger = logging.getLogger(__name__)
@@ -71,19 +72,28 @@ class MicrophoneEncoder:
 
     The session decides the format (``session.audio.input.format``); a WebRTC client rarely
     changes it, but when it does the resampler restarts for the new rate (dropping the few ms the
-    old one held back)."""
+    old one held back). A rate that is a whole multiple of the format's (48 kHz Opus to every
+    session format) goes through a :class:`~realtime.transports.decimator.Decimator`, which holds
+    nothing back: the end of the user's speech reaches the session as soon as its frame arrives."""
 
     def __init__(self) -> None:
-        self._resampler: StreamResampler | None = None
+        self._resampler: StreamResampler | Decimator | None = None
         self._key: tuple[int, AudioFormat] | None = None
 
     def encode(self, mono: np.ndarray, rate: int, fmt: AudioFormat) -> bytes:
-        """The next chunk of the signal; may return fewer bytes than its share (resampler lag)."""
+        """The next chunk of the signal; with a rate that is not a whole multiple of the format's,
+        may return fewer bytes than its share (resampler lag)."""
         if self._key != (rate, fmt):
-            self._resampler = StreamResampler(rate, fmt.sample_rate)
+            self._resampler = _downsampler(rate, fmt.sample_rate)
             self._key = (rate, fmt)
         assert self._resampler is not None
         return encode_audio(self._resampler.process(mono), fmt)
+
+
+def _downsampler(in_rate: int, out_rate: int) -> StreamResampler | Decimator:
+    if in_rate > out_rate and in_rate % out_rate == 0:
+        return Decimator(in_rate // out_rate)
+    return StreamResampler(in_rate, out_rate)
 
 
 # --- output --------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Shared by the in-process transport (:mod:`realtime.transports.webrtc`) and the m
 must start without torch):
 
 - :class:`IceHostAddress` and :func:`announce_host_addresses`: which host candidates an answer offers;
-- :func:`accept_offer`: set the browser's offer, checking it brings an audio track and the data channel;
+- :func:`accept_offer`: set the browser's offer, checking it brings an audio track and the data channel, and give
+  its microphone the server's short receive buffer (:mod:`realtime.transports.receive_buffer`);
 - :func:`sends_opus`: whether an answer sends Opus (the reply track then encodes its own packets).
 """
 
@@ -21,6 +22,7 @@ from aiortc.sdp import SessionDescription
 
 from realtime.errors import RealtimeError
 from realtime.protocol.codes import ErrorCode
+from realtime.transports.receive_buffer import SERVER_AUDIO_HOLD_PACKETS, hold_audio
 
 OAI_EVENTS_LABEL = "oai-events"
 """Label of the data channel that carries the JSON events (OpenAI's name)."""
@@ -102,7 +104,9 @@ def sends_opus(answer_sdp: str) -> bool:
 
 
 async def accept_offer(pc: RTCPeerConnection, offer_sdp: str) -> None:
-    """Set the remote offer; it must bring an audio track and a data channel."""
+    """Set the remote offer; it must bring an audio track and a data channel. The audio it receives is then held
+    :data:`~realtime.transports.receive_buffer.SERVER_AUDIO_HOLD_PACKETS` packet(s) before decoding, not aiortc's
+    four."""
     if "m=" not in offer_sdp:
         raise RealtimeError("the request body is not an SDP offer", code=ErrorCode.INVALID_VALUE, param="sdp")
     try:
@@ -117,3 +121,4 @@ async def accept_offer(pc: RTCPeerConnection, offer_sdp: str) -> None:
             code=ErrorCode.INVALID_VALUE,
             param="sdp",
         )
+    hold_audio(pc, SERVER_AUDIO_HOLD_PACKETS)
