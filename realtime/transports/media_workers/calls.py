@@ -87,10 +87,28 @@ class _Refused:
         self.error = error
 
 
+class _Truncation:
+    """The truncation of a cleared reply, queued among the incoming messages where the clear happened; how much of
+    the reply was played (``played_ms``) comes later, from the worker (:class:`~.messages.AudioCleared`)."""
+
+    def __init__(self, item_id: str) -> None:
+        self.item_id = item_id
+        self.played_ms: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+
+    def resolve(self, played_ms: float | None) -> None:
+        if not self.played_ms.done():
+            self.played_ms.set_result(played_ms)
+
+
 class RemoteTransport:
     """A call's :class:`~realtime.runner.Transport` over its worker (module docstring): iteration yields the client's
     data-channel messages (through ``gate``; a refused one is answered with an ``error`` event) and the microphone's
-    appends, in arrival order, and ends after :meth:`disconnect`."""
+    appends, in arrival order, and ends after :meth:`disconnect`.
+
+    A cleared reply's ``conversation.item.truncate`` (:meth:`RemoteCall.clear`) takes its place in that order when
+    the reply is cleared, as in-process; iteration waits there until the worker says how much was played, so nothing
+    received after the clear (the microphone's end of the interrupting turn, a ``response.create``) reaches the
+    session before the truncation: the next reply is generated from what the user heard."""
 
     _END = object()
 
@@ -114,7 +132,7 @@ class RemoteTransport:
         else:
             self._idle.set()
 
-    def push(self, message: str | bytes | InputAudioAppend | _Refused) -> None:
+    def push(self, message: str | bytes | InputAudioAppend | _Refused | _Truncation) -> None:
         """An incoming message; a full queue ends the session with :class:`MediaBacklog` (its ``error`` event is still
         sent, then the call closes) and nothing more is taken."""
         if self._gone.is_set() or self._overflowed:
@@ -147,6 +165,12 @@ class RemoteTransport:
                 log_error_event(payload, session_id=self._call.runner.session.session_id, answers=None)
                 await self.send(self._events.error(payload))
                 continue
+            if isinstance(message, _Truncation):
+                await self._wait_until(message.played_ms)
+                played_ms = message.played_ms.result() if message.played_ms.done() else None
+                if played_ms is not None:  # None: nothing of it was queued, or the call is ending
+                    yield truncate_message(message.item_id, int(played_ms))
+                continue
             yield message
 
     async def send(self, event: dict) -> None:
@@ -165,7 +189,18 @@ class RemoteTransport:
     async def close(self) -> None:
         self.disconnect()
 
-    async def _wait_until(self, event: asyncio.Event) -> None:
+    async def _wait_until(self, event: asyncio.Event | asyncio.Future) -> None:
+        """Wait for ``event`` (set, or done: it is never cancelled here) or for the call to end, whichever comes
+        first."""
+        if isinstance(event, asyncio.Future):
+            if event.done() or self._gone.is_set():
+                return
+            gone = asyncio.ensure_future(self._gone.wait())
+            try:
+                await asyncio.wait({event, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+            return
         if event.is_set() or self._gone.is_set():
             return
         waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._gone.wait())}
@@ -205,7 +240,7 @@ class RemoteCall:
         self._done_type = server_event_name(ServerEvent.RESPONSE_DONE, dialect)
         self._item_added_type = server_event_name(ServerEvent.OUTPUT_ITEM_ADDED, dialect)
         self._items: dict[str, str] = {}  # response id → its assistant item id
-        self._truncating: dict[str, str] = {}  # cleared response id → item to truncate to what was played
+        self._truncating: dict[str, _Truncation] = {}  # cleared response id → its truncation, waiting for the worker
         self.transport = RemoteTransport(self, gate, dialect)
         self.runner = make_runner(self.transport, self)
         self.input_format = self.runner.session.config.input_format
@@ -227,13 +262,21 @@ class RemoteCall:
         self.worker.send(m.PlayAudio(self.id, response_id, np.asarray(pcm, dtype=np.float32)))
 
     def clear(self, response_id: str) -> None:
-        """Stop ``response_id``'s audio now; once the worker says how much was played, cut the conversation to it
-        (as the in-process call does; not while the response is still being generated)."""
+        """Stop ``response_id``'s audio now, and cut the conversation to what was played (as the in-process call
+        does; not while the response is still being generated).
+
+        Ordering: :class:`~.messages.ClearAudio` names the response and follows every :class:`~.messages.PlayAudio`
+        sent before it on the call's one ordered wire, so the worker drops that response's audio and nothing else
+        (a reply started after the clear plays). The truncation is queued among the incoming messages now and
+        delivered to the session, before anything received later, once the worker's
+        :class:`~.messages.AudioCleared` says how much was played (:class:`RemoteTransport`)."""
         item_id = self._items.pop(response_id, None)
         session = self.runner.session
         generating = session.active_response_id == response_id and session.response_phase is ResponsePhase.IN_PROGRESS
         if item_id is not None and not generating:
-            self._truncating[response_id] = item_id
+            truncation = _Truncation(item_id)
+            self._truncating[response_id] = truncation
+            self.transport.push(truncation)
         self.worker.send(m.ClearAudio(self.id, response_id))
 
     # --- events ---
@@ -263,9 +306,9 @@ class RemoteCall:
                 self.runner.playback_finished(message.response_id)
         elif isinstance(message, m.AudioCleared):
             self._items.pop(message.response_id, None)
-            item_id = self._truncating.pop(message.response_id, None)
-            if item_id is not None and message.played_ms is not None:
-                self.transport.push(truncate_message(item_id, int(message.played_ms)))
+            truncation = self._truncating.pop(message.response_id, None)
+            if truncation is not None:
+                truncation.resolve(message.played_ms)
         elif isinstance(message, m.ChannelOpen):
             self.transport.opened()
         elif isinstance(message, m.Connected):
