@@ -46,6 +46,7 @@ from realtime.protocol.names import Dialect, ServerEvent, server_event_name
 from realtime.protocol.server import ServerEvents
 from realtime.runner import MediaSink, SessionEnd, SessionRunner, Transport, TransportClosed, session_task_name
 from realtime.session import ResponsePhase
+from realtime.transports.call_lifecycle import CallLifecycle
 from realtime.transports.input_delay import InputDelayMeter
 from realtime.transports.media_workers import messages as m
 from realtime.transports.media_workers.pool import MediaWorkerPool, NoMediaWorker, WorkerLink
@@ -235,8 +236,6 @@ class RemoteCall:
         self.observer: EventObserver | None = None
         self.tasks: set[asyncio.Task] = set()
         self.microphone_chunks = 0
-        self.started = False
-        """The call was answered and its session started."""
         self._done_type = server_event_name(ServerEvent.RESPONSE_DONE, dialect)
         self._item_added_type = server_event_name(ServerEvent.OUTPUT_ITEM_ADDED, dialect)
         self._items: dict[str, str] = {}  # response id → its assistant item id
@@ -255,6 +254,22 @@ class RemoteCall:
         task = asyncio.create_task(coro, name=self.task_name(role))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    # --- teardown (realtime.transports.call_lifecycle) ---
+
+    def closing(self) -> None:
+        """Nothing to mark: the call's state is its worker's."""
+
+    async def close_media(self) -> None:
+        """Hang up on the worker unless it already ended the call, and wait (at most :data:`HANGUP_TIMEOUT_S`) for it
+        to report the peer connection closed."""
+        if self.ended.is_set():
+            return
+        self.worker.send(m.Hangup(self.id))
+        try:
+            await asyncio.wait_for(self.ended.wait(), HANGUP_TIMEOUT_S)
+        except TimeoutError:
+            logger.warning("webrtc %s: the media worker did not confirm the hang-up", self.id)
 
     # --- the session's MediaSink ---
 
@@ -372,37 +387,43 @@ class WorkerCalls:
             log_level=logging.getLogger().getEffectiveLevel(),
         )
         self.max_calls = local.max_calls
-        self._calls: dict[str, RemoteCall] = {}
-        self._serving: dict[str, asyncio.Task] = {}
+        self._lifecycle: CallLifecycle[RemoteCall] = CallLifecycle(
+            local.connect_timeout_s, on_closed=lambda call: self.pool.release(call.worker, call.id)
+        )
         self._ids = itertools.count(1)
-        self._closed = False
-        self.calls_started = 0
-        self.calls_ended = 0
+
+    @property
+    def calls_started(self) -> int:
+        return self._lifecycle.calls_started
+
+    @property
+    def calls_ended(self) -> int:
+        return self._lifecycle.calls_ended
 
     async def start(self) -> None:
         await self.pool.start()
 
     @property
     def live_calls(self) -> int:
-        return len(self._calls) + self.local.live_calls
+        return len(self._lifecycle.calls) + self.local.live_calls
 
     @property
     def open_peers(self) -> int:
         """Peer connections not known closed: the in-process ones, and the workers' calls not reported ended."""
-        return self.local.open_peers + sum(1 for call in self._calls.values() if not call.ended.is_set())
+        return self.local.open_peers + sum(1 for call in self._lifecycle.calls.values() if not call.ended.is_set())
 
     @property
     def outbound_events(self) -> int:
-        return self.local.outbound_events + sum(len(call.runner.outbound) for call in self._calls.values())
+        return self.local.outbound_events + sum(len(call.runner.outbound) for call in self._lifecycle.calls.values())
 
     def calls(self) -> tuple[RemoteCall, ...]:
-        return tuple(self._calls.values())
+        return tuple(self._lifecycle.calls.values())
 
     async def create_call(
         self, offer_sdp: str, *, dialect: Dialect = Dialect.GA, session_overrides: dict | None = None
     ) -> str:
         """As :meth:`WebRTCCalls.create_call`; :class:`WebRTCUnavailable` also when no media worker runs."""
-        if self._closed:
+        if self._lifecycle.closed:
             raise WebRTCUnavailable("the server is shutting down")
         if _has_camera(offer_sdp):
             return await self.local.create_call(offer_sdp, dialect=dialect, session_overrides=session_overrides)
@@ -418,14 +439,12 @@ class WorkerCalls:
             answer = await self._answer(call, offer_sdp)
         except BaseException:
             if call is not None:
-                await self._teardown(call)
+                await self._lifecycle.teardown(call)
             else:
                 slot.release()
             raise
-        self.calls_started += 1
-        call.started = True
         call.observer = self.local.new_observer()
-        self._serving[call.id] = asyncio.create_task(self._serve(call), name=call.task_name("session"))
+        self._lifecycle.serve(call)
         logger.info("webrtc %s: answered by media worker %d", call.id, call.worker.index)
         return answer
 
@@ -449,7 +468,7 @@ class WorkerCalls:
         except BaseException:
             self.pool.release(worker, call_id)
             raise
-        self._calls[call.id] = call
+        self._lifecycle.add(call)
         if isinstance(slot, EngineSlot):
             slot.on_engine_failure(functools.partial(end_on_engine_failure, call.runner, slot.index))
         return call
@@ -464,18 +483,18 @@ class WorkerCalls:
             if result.param is not None:
                 raise RealtimeError(result.message, code=ErrorCode.INVALID_VALUE, param=result.param)
             raise WebRTCUnavailable(result.message)
-        if self._closed:  # close() ran meanwhile and will not see this call
+        if self._lifecycle.closed:  # close() ran meanwhile and will not see this call
             raise WebRTCUnavailable("the server is shutting down")
         return result.answer_sdp
 
     def _from_worker(self, message: object) -> None:
-        call = self._calls.get(getattr(message, "call", ""))
+        call = self._lifecycle.calls.get(getattr(message, "call", ""))
         if call is not None:
             call.receive(message)
 
     def _worker_lost(self, call_ids: tuple[str, ...]) -> None:
         for call_id in call_ids:
-            call = self._calls.get(call_id)
+            call = self._lifecycle.calls.get(call_id)
             if call is None:
                 continue
             call.runner.end_for(
@@ -483,56 +502,9 @@ class WorkerCalls:
             )
             call.worker_ended("media worker lost")
 
-    async def _serve(self, call: RemoteCall) -> None:
-        call.spawn(self._connect_watchdog(call), "connect watchdog")
-        try:
-            await call.runner.run()
-        except Exception:
-            logger.exception("webrtc %s: session failed", call.id)
-        finally:
-            await self._teardown(call)
-
-    async def _connect_watchdog(self, call: RemoteCall) -> None:
-        timeout = self.local.connect_timeout_s
-        try:
-            await asyncio.wait_for(call.connected.wait(), timeout)
-        except TimeoutError:
-            logger.warning("webrtc %s: not connected after %.0f s: closing", call.id, timeout)
-            call.transport.disconnect()
-
-    async def _teardown(self, call: RemoteCall) -> None:
-        """Release everything the call holds; safe whatever state it is in."""
-        call.transport.disconnect()
-        tasks = list(call.tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if not call.ended.is_set():
-            call.worker.send(m.Hangup(call.id))
-            try:
-                await asyncio.wait_for(call.ended.wait(), HANGUP_TIMEOUT_S)
-            except TimeoutError:
-                logger.warning("webrtc %s: the media worker did not confirm the hang-up", call.id)
-        self.pool.release(call.worker, call.id)
-        call.slot.release()
-        if call.observer is not None:
-            call.observer.close()
-        self._serving.pop(call.id, None)
-        if self._calls.pop(call.id, None) is not None and call.started:
-            self.calls_ended += 1
-            logger.info("webrtc %s: closed", call.id)
-
     async def close(self) -> None:
         """Refuse new calls, end every call, stop the workers."""
-        self._closed = True
-        for call in list(self._calls.values()):
-            call.transport.disconnect()
-        serving = list(self._serving.values())
-        if serving:
-            _, late = await asyncio.wait(serving, timeout=5.0)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*serving, return_exceptions=True)
+        await self._lifecycle.close()
         await self.local.close()
         await self.pool.close()
 
