@@ -67,6 +67,7 @@ from realtime.runner import (
 )
 from realtime.session import AudioTransport, ResponsePhase, SessionSettings
 from realtime.transports import sctp_teardown
+from realtime.transports.call_lifecycle import CallLifecycle
 from realtime.transports.input_delay import InputDelayMeter
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
 from realtime.transports.peer import (  # noqa: F401  (IceHostAddress, announce_host_addresses: re-exported)
@@ -299,6 +300,21 @@ class Call:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    # --- teardown (realtime.transports.call_lifecycle) ---
+
+    def closing(self) -> None:
+        self.status = CallStatus.CLOSING
+
+    async def close_media(self) -> None:
+        """Stop the reply track, drop its audio and close the peer connection."""
+        self.track.stop()
+        self.output.clear_all()
+        try:
+            await self.pc.close()
+        except Exception:  # the peer is gone either way; the call must still be forgotten
+            logger.exception("webrtc %s: closing the peer connection failed", self.id)
+        self.status = CallStatus.CLOSED
+
     # --- the session's MediaSink ---
 
     def play(self, response_id: str, pcm: np.ndarray) -> None:
@@ -403,24 +419,31 @@ class WebRTCCalls:
         self._settings_factory = settings_factory or (lambda d: SessionSettings.for_engine(engine, dialect=d))
         self.ice_host_addresses = tuple(IceHostAddress.parse(a) for a in ice_host_addresses)
         self.max_calls = self._slots.limit
-        self.connect_timeout_s = connect_timeout_s
         self._session_observer = session_observer
         self._on_first_audio = on_first_audio
         self._on_input_delay = on_input_delay
         self._camera_settings = camera
         self._on_camera_frame = on_camera_frame
         self._on_camera_refused = on_camera_refused
-        self._calls: dict[str, Call] = {}
-        self._serving: dict[str, asyncio.Task] = {}
+        self._lifecycle: CallLifecycle[Call] = CallLifecycle(connect_timeout_s)
         self._ids = itertools.count(1)
-        self._closed = False
-        self.calls_started = 0
-        self.calls_ended = 0
+
+    @property
+    def connect_timeout_s(self) -> float:
+        return self._lifecycle.connect_timeout_s
+
+    @property
+    def calls_started(self) -> int:
+        return self._lifecycle.calls_started
+
+    @property
+    def calls_ended(self) -> int:
+        return self._lifecycle.calls_ended
 
     @property
     def live_calls(self) -> int:
         """Calls not yet torn down (their peer connection is open)."""
-        return len(self._calls)
+        return len(self._lifecycle.calls)
 
     @property
     def open_peers(self) -> int:
@@ -432,10 +455,10 @@ class WebRTCCalls:
     def outbound_events(self) -> int:
         """Server events waiting to be sent, over all calls (bounded per call by the runner's
         outbound queue)."""
-        return sum(len(call.runner.outbound) for call in self._calls.values())
+        return sum(len(call.runner.outbound) for call in self._lifecycle.calls.values())
 
     def calls(self) -> tuple[Call, ...]:
-        return tuple(self._calls.values())
+        return tuple(self._lifecycle.calls.values())
 
     async def start(self) -> None:
         """Nothing to start: calls are answered in this process."""
@@ -449,7 +472,7 @@ class WebRTCCalls:
         first ``session.update``. Raises :class:`RealtimeError` for an invalid offer or overrides
         (``param`` ``sdp`` / ``session``), ``LimitExceeded`` (``session_limit_reached``) when no
         session slot is free, :class:`WebRTCUnavailable` after :meth:`close`."""
-        if self._closed:
+        if self._lifecycle.closed:
             raise WebRTCUnavailable("the server is shutting down")
         first_message = _overrides_message(session_overrides)
         slot = self._slots.try_acquire()  # held while the answer is prepared, then by the call
@@ -460,10 +483,8 @@ class WebRTCCalls:
         except BaseException:
             slot.release()
             raise
-        self._calls[call.id] = call
-        self.calls_started += 1
         call.observer = self.new_observer()
-        self._serving[call.id] = asyncio.create_task(self._serve(call), name=call.task_name("session"))
+        self._lifecycle.serve(call)
         logger.info("webrtc %s: answered", call.id)
         return reject_in_answer(call.pc.localDescription.sdp, call.refused_video)
 
@@ -500,24 +521,16 @@ class WebRTCCalls:
             await pc.setLocalDescription(await pc.createAnswer())
             if sends_opus(pc.localDescription.sdp):
                 call.track.send_opus()  # encoded by the track: aiortc then only packetizes
-            if self._closed:  # close() ran meanwhile and will not see this call
+            if self._lifecycle.closed:  # close() ran meanwhile and will not see this call
                 raise WebRTCUnavailable("the server is shutting down")
         except BaseException:
-            await self._teardown(call)
+            await self._lifecycle.teardown(call)
             raise
         return call
 
     async def close(self) -> None:
         """Refuse new calls, end every call and wait until all are torn down."""
-        self._closed = True
-        for call in list(self._calls.values()):
-            call.transport.disconnect()
-        serving = list(self._serving.values())
-        if serving:
-            _, late = await asyncio.wait(serving, timeout=5.0)
-            for task in late:  # a session stuck in its engine: cancelling it still tears down
-                task.cancel()
-            await asyncio.gather(*serving, return_exceptions=True)
+        await self._lifecycle.close()
 
     # --- one call ---
 
@@ -599,22 +612,6 @@ class WebRTCCalls:
             elif state in ("failed", "closed"):
                 call.transport.disconnect()
 
-    async def _serve(self, call: Call) -> None:
-        call.spawn(self._connect_watchdog(call), "connect watchdog")
-        try:
-            await call.runner.run()
-        except Exception:
-            logger.exception("webrtc %s: session failed", call.id)
-        finally:
-            await self._teardown(call)
-
-    async def _connect_watchdog(self, call: Call) -> None:
-        try:
-            await asyncio.wait_for(call.connected.wait(), self.connect_timeout_s)
-        except TimeoutError:
-            logger.warning("webrtc %s: not connected after %.0f s: closing", call.id, self.connect_timeout_s)
-            call.transport.disconnect()
-
     async def _microphone(self, call: Call, track: MediaStreamTrack) -> None:
         """Feed the browser's microphone to the session until the track ends. Audio it cannot
         convert ends the call: a session that silently stopped hearing its user is worse."""
@@ -644,30 +641,6 @@ class WebRTCCalls:
             call.runner, self._engine.vision, self._camera_settings, count=self._on_camera_frame, label=call.id
         )
         await feed.run(track)
-
-    async def _teardown(self, call: Call) -> None:
-        """Release everything the call holds; safe whatever state it is in."""
-        call.status = CallStatus.CLOSING
-        call.transport.disconnect()
-        tasks = list(call.tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        call.track.stop()
-        call.output.clear_all()
-        try:
-            await call.pc.close()
-        except Exception:  # the peer is gone either way; the call must still be forgotten
-            logger.exception("webrtc %s: closing the peer connection failed", call.id)
-        call.status = CallStatus.CLOSED
-        if call.slot is not None:
-            call.slot.release()
-        if call.observer is not None:
-            call.observer.close()
-        self._serving.pop(call.id, None)
-        if self._calls.pop(call.id, None) is not None:
-            self.calls_ended += 1
-            logger.info("webrtc %s: closed", call.id)
 
 
 async def _discard(track: MediaStreamTrack) -> None:

@@ -46,6 +46,7 @@ from realtime.protocol.names import Dialect, ServerEvent, server_event_name
 from realtime.protocol.server import ServerEvents
 from realtime.runner import MediaSink, SessionEnd, SessionRunner, Transport, TransportClosed, session_task_name
 from realtime.session import ResponsePhase
+from realtime.transports.call_lifecycle import CallLifecycle
 from realtime.transports.input_delay import InputDelayMeter
 from realtime.transports.media_workers import messages as m
 from realtime.transports.media_workers.pool import MediaWorkerPool, NoMediaWorker, WorkerLink
@@ -87,10 +88,28 @@ class _Refused:
         self.error = error
 
 
+class _Truncation:
+    """The truncation of a cleared reply, queued among the incoming messages where the clear happened; how much of
+    the reply was played (``played_ms``) comes later, from the worker (:class:`~.messages.AudioCleared`)."""
+
+    def __init__(self, item_id: str) -> None:
+        self.item_id = item_id
+        self.played_ms: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+
+    def resolve(self, played_ms: float | None) -> None:
+        if not self.played_ms.done():
+            self.played_ms.set_result(played_ms)
+
+
 class RemoteTransport:
     """A call's :class:`~realtime.runner.Transport` over its worker (module docstring): iteration yields the client's
     data-channel messages (through ``gate``; a refused one is answered with an ``error`` event) and the microphone's
-    appends, in arrival order, and ends after :meth:`disconnect`."""
+    appends, in arrival order, and ends after :meth:`disconnect`.
+
+    A cleared reply's ``conversation.item.truncate`` (:meth:`RemoteCall.clear`) takes its place in that order when
+    the reply is cleared, as in-process; iteration waits there until the worker says how much was played, so nothing
+    received after the clear (the microphone's end of the interrupting turn, a ``response.create``) reaches the
+    session before the truncation: the next reply is generated from what the user heard."""
 
     _END = object()
 
@@ -114,7 +133,7 @@ class RemoteTransport:
         else:
             self._idle.set()
 
-    def push(self, message: str | bytes | InputAudioAppend | _Refused) -> None:
+    def push(self, message: str | bytes | InputAudioAppend | _Refused | _Truncation) -> None:
         """An incoming message; a full queue ends the session with :class:`MediaBacklog` (its ``error`` event is still
         sent, then the call closes) and nothing more is taken."""
         if self._gone.is_set() or self._overflowed:
@@ -147,6 +166,12 @@ class RemoteTransport:
                 log_error_event(payload, session_id=self._call.runner.session.session_id, answers=None)
                 await self.send(self._events.error(payload))
                 continue
+            if isinstance(message, _Truncation):
+                await self._wait_until(message.played_ms)
+                played_ms = message.played_ms.result() if message.played_ms.done() else None
+                if played_ms is not None:  # None: nothing of it was queued, or the call is ending
+                    yield truncate_message(message.item_id, int(played_ms))
+                continue
             yield message
 
     async def send(self, event: dict) -> None:
@@ -165,7 +190,18 @@ class RemoteTransport:
     async def close(self) -> None:
         self.disconnect()
 
-    async def _wait_until(self, event: asyncio.Event) -> None:
+    async def _wait_until(self, event: asyncio.Event | asyncio.Future) -> None:
+        """Wait for ``event`` (set, or done: it is never cancelled here) or for the call to end, whichever comes
+        first."""
+        if isinstance(event, asyncio.Future):
+            if event.done() or self._gone.is_set():
+                return
+            gone = asyncio.ensure_future(self._gone.wait())
+            try:
+                await asyncio.wait({event, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+            return
         if event.is_set() or self._gone.is_set():
             return
         waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._gone.wait())}
@@ -200,12 +236,10 @@ class RemoteCall:
         self.observer: EventObserver | None = None
         self.tasks: set[asyncio.Task] = set()
         self.microphone_chunks = 0
-        self.started = False
-        """The call was answered and its session started."""
         self._done_type = server_event_name(ServerEvent.RESPONSE_DONE, dialect)
         self._item_added_type = server_event_name(ServerEvent.OUTPUT_ITEM_ADDED, dialect)
         self._items: dict[str, str] = {}  # response id → its assistant item id
-        self._truncating: dict[str, str] = {}  # cleared response id → item to truncate to what was played
+        self._truncating: dict[str, _Truncation] = {}  # cleared response id → its truncation, waiting for the worker
         self.transport = RemoteTransport(self, gate, dialect)
         self.runner = make_runner(self.transport, self)
         self.input_format = self.runner.session.config.input_format
@@ -221,19 +255,43 @@ class RemoteCall:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    # --- teardown (realtime.transports.call_lifecycle) ---
+
+    def closing(self) -> None:
+        """Nothing to mark: the call's state is its worker's."""
+
+    async def close_media(self) -> None:
+        """Hang up on the worker unless it already ended the call, and wait (at most :data:`HANGUP_TIMEOUT_S`) for it
+        to report the peer connection closed."""
+        if self.ended.is_set():
+            return
+        self.worker.send(m.Hangup(self.id))
+        try:
+            await asyncio.wait_for(self.ended.wait(), HANGUP_TIMEOUT_S)
+        except TimeoutError:
+            logger.warning("webrtc %s: the media worker did not confirm the hang-up", self.id)
+
     # --- the session's MediaSink ---
 
     def play(self, response_id: str, pcm: np.ndarray) -> None:
         self.worker.send(m.PlayAudio(self.id, response_id, np.asarray(pcm, dtype=np.float32)))
 
     def clear(self, response_id: str) -> None:
-        """Stop ``response_id``'s audio now; once the worker says how much was played, cut the conversation to it
-        (as the in-process call does; not while the response is still being generated)."""
+        """Stop ``response_id``'s audio now, and cut the conversation to what was played (as the in-process call
+        does; not while the response is still being generated).
+
+        Ordering: :class:`~.messages.ClearAudio` names the response and follows every :class:`~.messages.PlayAudio`
+        sent before it on the call's one ordered wire, so the worker drops that response's audio and nothing else
+        (a reply started after the clear plays). The truncation is queued among the incoming messages now and
+        delivered to the session, before anything received later, once the worker's
+        :class:`~.messages.AudioCleared` says how much was played (:class:`RemoteTransport`)."""
         item_id = self._items.pop(response_id, None)
         session = self.runner.session
         generating = session.active_response_id == response_id and session.response_phase is ResponsePhase.IN_PROGRESS
         if item_id is not None and not generating:
-            self._truncating[response_id] = item_id
+            truncation = _Truncation(item_id)
+            self._truncating[response_id] = truncation
+            self.transport.push(truncation)
         self.worker.send(m.ClearAudio(self.id, response_id))
 
     # --- events ---
@@ -263,9 +321,9 @@ class RemoteCall:
                 self.runner.playback_finished(message.response_id)
         elif isinstance(message, m.AudioCleared):
             self._items.pop(message.response_id, None)
-            item_id = self._truncating.pop(message.response_id, None)
-            if item_id is not None and message.played_ms is not None:
-                self.transport.push(truncate_message(item_id, int(message.played_ms)))
+            truncation = self._truncating.pop(message.response_id, None)
+            if truncation is not None:
+                truncation.resolve(message.played_ms)
         elif isinstance(message, m.ChannelOpen):
             self.transport.opened()
         elif isinstance(message, m.Connected):
@@ -329,37 +387,43 @@ class WorkerCalls:
             log_level=logging.getLogger().getEffectiveLevel(),
         )
         self.max_calls = local.max_calls
-        self._calls: dict[str, RemoteCall] = {}
-        self._serving: dict[str, asyncio.Task] = {}
+        self._lifecycle: CallLifecycle[RemoteCall] = CallLifecycle(
+            local.connect_timeout_s, on_closed=lambda call: self.pool.release(call.worker, call.id)
+        )
         self._ids = itertools.count(1)
-        self._closed = False
-        self.calls_started = 0
-        self.calls_ended = 0
+
+    @property
+    def calls_started(self) -> int:
+        return self._lifecycle.calls_started
+
+    @property
+    def calls_ended(self) -> int:
+        return self._lifecycle.calls_ended
 
     async def start(self) -> None:
         await self.pool.start()
 
     @property
     def live_calls(self) -> int:
-        return len(self._calls) + self.local.live_calls
+        return len(self._lifecycle.calls) + self.local.live_calls
 
     @property
     def open_peers(self) -> int:
         """Peer connections not known closed: the in-process ones, and the workers' calls not reported ended."""
-        return self.local.open_peers + sum(1 for call in self._calls.values() if not call.ended.is_set())
+        return self.local.open_peers + sum(1 for call in self._lifecycle.calls.values() if not call.ended.is_set())
 
     @property
     def outbound_events(self) -> int:
-        return self.local.outbound_events + sum(len(call.runner.outbound) for call in self._calls.values())
+        return self.local.outbound_events + sum(len(call.runner.outbound) for call in self._lifecycle.calls.values())
 
     def calls(self) -> tuple[RemoteCall, ...]:
-        return tuple(self._calls.values())
+        return tuple(self._lifecycle.calls.values())
 
     async def create_call(
         self, offer_sdp: str, *, dialect: Dialect = Dialect.GA, session_overrides: dict | None = None
     ) -> str:
         """As :meth:`WebRTCCalls.create_call`; :class:`WebRTCUnavailable` also when no media worker runs."""
-        if self._closed:
+        if self._lifecycle.closed:
             raise WebRTCUnavailable("the server is shutting down")
         if _has_camera(offer_sdp):
             return await self.local.create_call(offer_sdp, dialect=dialect, session_overrides=session_overrides)
@@ -375,14 +439,12 @@ class WorkerCalls:
             answer = await self._answer(call, offer_sdp)
         except BaseException:
             if call is not None:
-                await self._teardown(call)
+                await self._lifecycle.teardown(call)
             else:
                 slot.release()
             raise
-        self.calls_started += 1
-        call.started = True
         call.observer = self.local.new_observer()
-        self._serving[call.id] = asyncio.create_task(self._serve(call), name=call.task_name("session"))
+        self._lifecycle.serve(call)
         logger.info("webrtc %s: answered by media worker %d", call.id, call.worker.index)
         return answer
 
@@ -406,7 +468,7 @@ class WorkerCalls:
         except BaseException:
             self.pool.release(worker, call_id)
             raise
-        self._calls[call.id] = call
+        self._lifecycle.add(call)
         if isinstance(slot, EngineSlot):
             slot.on_engine_failure(functools.partial(end_on_engine_failure, call.runner, slot.index))
         return call
@@ -421,18 +483,18 @@ class WorkerCalls:
             if result.param is not None:
                 raise RealtimeError(result.message, code=ErrorCode.INVALID_VALUE, param=result.param)
             raise WebRTCUnavailable(result.message)
-        if self._closed:  # close() ran meanwhile and will not see this call
+        if self._lifecycle.closed:  # close() ran meanwhile and will not see this call
             raise WebRTCUnavailable("the server is shutting down")
         return result.answer_sdp
 
     def _from_worker(self, message: object) -> None:
-        call = self._calls.get(getattr(message, "call", ""))
+        call = self._lifecycle.calls.get(getattr(message, "call", ""))
         if call is not None:
             call.receive(message)
 
     def _worker_lost(self, call_ids: tuple[str, ...]) -> None:
         for call_id in call_ids:
-            call = self._calls.get(call_id)
+            call = self._lifecycle.calls.get(call_id)
             if call is None:
                 continue
             call.runner.end_for(
@@ -440,56 +502,9 @@ class WorkerCalls:
             )
             call.worker_ended("media worker lost")
 
-    async def _serve(self, call: RemoteCall) -> None:
-        call.spawn(self._connect_watchdog(call), "connect watchdog")
-        try:
-            await call.runner.run()
-        except Exception:
-            logger.exception("webrtc %s: session failed", call.id)
-        finally:
-            await self._teardown(call)
-
-    async def _connect_watchdog(self, call: RemoteCall) -> None:
-        timeout = self.local.connect_timeout_s
-        try:
-            await asyncio.wait_for(call.connected.wait(), timeout)
-        except TimeoutError:
-            logger.warning("webrtc %s: not connected after %.0f s: closing", call.id, timeout)
-            call.transport.disconnect()
-
-    async def _teardown(self, call: RemoteCall) -> None:
-        """Release everything the call holds; safe whatever state it is in."""
-        call.transport.disconnect()
-        tasks = list(call.tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if not call.ended.is_set():
-            call.worker.send(m.Hangup(call.id))
-            try:
-                await asyncio.wait_for(call.ended.wait(), HANGUP_TIMEOUT_S)
-            except TimeoutError:
-                logger.warning("webrtc %s: the media worker did not confirm the hang-up", call.id)
-        self.pool.release(call.worker, call.id)
-        call.slot.release()
-        if call.observer is not None:
-            call.observer.close()
-        self._serving.pop(call.id, None)
-        if self._calls.pop(call.id, None) is not None and call.started:
-            self.calls_ended += 1
-            logger.info("webrtc %s: closed", call.id)
-
     async def close(self) -> None:
         """Refuse new calls, end every call, stop the workers."""
-        self._closed = True
-        for call in list(self._calls.values()):
-            call.transport.disconnect()
-        serving = list(self._serving.values())
-        if serving:
-            _, late = await asyncio.wait(serving, timeout=5.0)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*serving, return_exceptions=True)
+        await self._lifecycle.close()
         await self.local.close()
         await self.pool.close()
 

@@ -59,7 +59,9 @@ class EndAudio:
 
 @dataclass(frozen=True)
 class ClearAudio:
-    """Drop ``response_id``'s unplayed audio now; the worker replies :class:`AudioCleared`."""
+    """Drop ``response_id``'s unplayed audio now, and only that response's: audio of any other response queued before
+    it arrives plays on (a clear that overtakes the next reply's audio does not silence it). The worker replies
+    :class:`AudioCleared`."""
 
     call: str
     response_id: str
@@ -146,7 +148,8 @@ class PlaybackFinished:
 
 @dataclass(frozen=True)
 class AudioCleared:
-    """Answers :class:`ClearAudio`: how much of the response had been played (ms; None: nothing of it was queued)."""
+    """Answers :class:`ClearAudio` (and :class:`EndAudio` of a response with nothing queued): how much of the
+    response had been played (ms; None: nothing of it was queued). The server truncates the cleared reply to it."""
 
     call: str
     response_id: str
