@@ -37,16 +37,16 @@ def sharp_model_dir(tmp_path_factory) -> Path:
 
 
 def pytest_collection_finish(session) -> None:
-    """Start the Triton checks of the selected tests in the background (tests/helpers/triton_check.py)."""
-    from tests.helpers.triton_check import marked_checks, start_in_background
+    """Start the background tasks of the selected tests (tests/helpers/background.py)."""
+    from tests.helpers.background import start_marked
 
-    session.config.triton_checks = marked_checks(session.items)
-    start_in_background(session.config.triton_checks)
+    start_marked(session.config, session.items)
 
 
 def pytest_sessionfinish(session) -> None:
-    for check in getattr(session.config, "triton_checks", ()):
-        check.stop()
+    from tests.helpers.background import stop_all
+
+    stop_all()
 
 
 def load_script(name: str):

@@ -80,7 +80,7 @@ print("ok")
 FUSED = TritonCheck(FUSED_CHECK, interpreter_only=True)  # with CUDA: test_fused_decode_on_the_gpu
 
 
-@pytest.mark.triton_check(FUSED)
+@pytest.mark.background(FUSED)
 def test_fused_decode_matches_hf_layers_in_the_triton_interpreter():
     FUSED.assert_ok()
 

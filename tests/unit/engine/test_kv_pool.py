@@ -141,7 +141,7 @@ print("ok")
 ATTENTION = TritonCheck(TRITON_CHECK, timeout_s=300, interpreter_only=True)  # with CUDA: the GPU test below
 
 
-@pytest.mark.triton_check(ATTENTION)
+@pytest.mark.background(ATTENTION)
 def test_triton_decode_attention_matches_the_reference_in_the_interpreter():
     """The kernel's arithmetic (GQA head mapping, per-row slot and length, online softmax over several blocks)
     checked on the CPU through Triton's interpreter; the GPU test below runs it compiled."""

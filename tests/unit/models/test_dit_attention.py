@@ -121,7 +121,7 @@ print("ok")
 BLOCK = TritonCheck(BLOCK_CHECK)
 
 
-@pytest.mark.triton_check(BLOCK)
+@pytest.mark.background(BLOCK)
 def test_the_triton_attention_equals_sdpa() -> None:
     """On the GPU the compiled kernel in bfloat16; without one, the same kernel in Triton's interpreter in float16."""
     BLOCK.assert_ok()

@@ -69,7 +69,7 @@ print("ok")
 KERNEL = TritonCheck(KERNEL_CHECK)
 
 
-@pytest.mark.triton_check(KERNEL)
+@pytest.mark.background(KERNEL)
 def test_the_fused_activation_kernel_equals_the_module() -> None:
     """On the GPU the compiled kernels; without one, the same kernels in Triton's interpreter."""
     KERNEL.assert_ok()
