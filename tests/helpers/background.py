@@ -1,7 +1,8 @@
 """Slow, self-contained preparations that tests wait for, started in the background when the session's collection
 finishes: a framework's venv install, a Triton check in the interpreter.
 
-A test marked ``@pytest.mark.background(TASK)`` (``TASK`` has ``start_in_background(config)``) has ``TASK`` started
+A test marked ``@pytest.mark.background(TASK)`` (``TASK`` has ``start_in_background(config)``, which returns the
+:class:`BackgroundProcess` to run or None, as a :class:`BackgroundProcess` itself does) has ``TASK`` started
 by :func:`start_marked` (from tests/conftest.py) before any test runs: one task's process after another, in a daemon
 thread, each at the lowest CPU priority, so that it runs on a core the tests leave idle and yields the CPU to them
 otherwise. The test then waits for its task's process (:meth:`BackgroundProcess.wait`, which starts it at normal
@@ -36,6 +37,10 @@ class BackgroundProcess:
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
         self._out = self._err = None
+
+    def start_in_background(self, config) -> BackgroundProcess:
+        """Itself: a process is a task of its own."""
+        return self
 
     def start(self, *, background: bool) -> subprocess.Popen:
         """The process, started now unless it already was (at the lowest priority when ``background``)."""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.background import BackgroundProcess
 from tests.helpers.paths import REPO
 from tests.helpers.tls import self_signed
 
@@ -261,6 +262,11 @@ def _main_here(argv: list[str], capsys, caplog) -> tuple[int | None, str, str, f
 # --- help -----------------------------------------------------------------------------------------
 
 COMMANDS = ([], ["serve"], ["demo"], ["bench"], ["make-tiny-model"])
+HELP = {
+    tuple(command): BackgroundProcess([sys.executable, "-m", "realtime.cli", *command, "--help"], env=ENV, cwd=REPO)
+    for command in COMMANDS
+}
+"""Each command's ``--help`` as a user runs it, started in the background (tests/helpers/background.py)."""
 
 
 def help_entries(text: str) -> list[tuple[str, str]]:
@@ -285,9 +291,13 @@ def _required_options(usage: str) -> set[str]:
     return set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", unbracketed))
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "omni-realtime")
+@pytest.mark.parametrize(
+    "command",
+    [pytest.param(c, marks=pytest.mark.background(HELP[tuple(c)])) for c in COMMANDS],
+    ids=lambda c: " ".join(c) or "omni-realtime",
+)
 def test_help_explains_every_option_with_its_default_in_plain_words(command):
-    done, _ = _cli(*command, "--help")
+    done = HELP[tuple(command)].wait(timeout_s=60)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     text = done.stdout
     assert "``" not in text and ":class:" not in text and ":data:" not in text, text  # no reStructuredText markup
