@@ -36,22 +36,17 @@ def sharp_model_dir(tmp_path_factory) -> Path:
     return make_random_checkpoint(tmp_path_factory.mktemp("sharp-omni"), RandomModelSpec.sharpened())
 
 
-def run_triton_check(code: str, timeout: float = 600) -> None:
-    """Run ``code`` (a script that prints "ok" when its checks pass) in a fresh interpreter: on the GPU the Triton
-    kernels compile; without one they run in Triton's interpreter, which is chosen at import, hence the subprocess.
-    Skips when Triton is not installed."""
-    import subprocess
-    import sys
+def pytest_collection_finish(session) -> None:
+    """Start the background tasks of the selected tests (tests/helpers/background.py)."""
+    from tests.helpers.background import start_marked
 
-    pytest.importorskip("triton", reason="Triton is not installed (CUDA builds of torch include it)")
-    root = Path(__file__).resolve().parents[1]
-    # the tests folder too, as pytest puts it on the path: a check may import a test module, which imports conftest
-    path = os.pathsep.join(p for p in (str(root), str(root / "tests"), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    start_marked(session.config, session.items)
+
+
+def pytest_sessionfinish(session) -> None:
+    from tests.helpers.background import stop_all
+
+    stop_all()
 
 
 def load_script(name: str):

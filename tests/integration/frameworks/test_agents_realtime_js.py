@@ -18,7 +18,7 @@ import pytest
 from toy_family.scripted import SCRIPTED
 
 from pipeline.conversation_state import ItemKind
-from tests.helpers.npm import installed_version, npm_folder
+from tests.helpers.npm import NpmPackages, installed_version
 from tests.helpers.paths import TESTS
 from tests.helpers.scripted import call, text
 from tests.helpers.scripted import scripted_engine as make_scripted_engine
@@ -31,6 +31,7 @@ from openai.types.realtime import RealtimeServerEvent  # noqa: E402
 SERVER_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
 NODE_SCRIPT = TESTS / "integration" / "frameworks" / "node" / "agents_realtime_session.mjs"
 PACKAGES = ("@openai/agents-realtime@0.20.0", "zod@4.6.7")
+NPM = NpmPackages("npm-agents-realtime", PACKAGES, "@openai/agents-realtime")
 SUMMARY_LIMIT = 16 * 1024 * 1024
 """Bytes the summary line may take (every event, audio included)."""
 SPEECH = SPEECH_DIR / "capital_of_france.wav"
@@ -41,9 +42,9 @@ SPOKEN_ANSWER = "It is sunny in Paris."
 
 
 @pytest.fixture(scope="session")
-def agents_npm(request, tmp_path_factory) -> Path:
+def agents_npm(request) -> Path:
     """A folder with the pinned ``PACKAGES`` installed (skips when npm cannot install them)."""
-    folder = npm_folder(request, tmp_path_factory, "npm-agents-realtime", PACKAGES, "@openai/agents-realtime")
+    folder = NPM.folder(request.config)
     assert installed_version(folder, "@openai/agents-realtime") == "0.20.0"
     return folder
 
@@ -125,6 +126,7 @@ async def run_session(engine, folder: Path) -> tuple[dict, dict, float]:
         SCRIPTED.reset()
 
 
+@pytest.mark.background(NPM)
 @pytest.mark.timeout(300)
 async def test_a_realtime_session_with_the_sdk_defaults_holds_a_greeting_a_spoken_turn_and_a_tool_round_trip(
     scripted_engine, agents_npm

@@ -1,5 +1,5 @@
 """LiveKit Agents, unmodified, against the real server: ``livekit-agents`` and ``livekit-plugins-openai`` 1.8.9 in a
-venv of their own (tests/helpers/livekit_venv.py), running tests/integration/frameworks/livekit_agent.py: an
+venv of their own (tests/helpers/venv.py), running tests/integration/frameworks/livekit_agent.py: an
 ``AgentSession`` over the plugin's ``RealtimeModel`` with its default settings (voice ``marin``, ``semantic_vad``,
 input transcription on) and a ``function_tool``, with no room. It holds the quickstart greeting, a spoken turn (real
 speech into the session's audio input, ended by the server's turn detection), a tool round trip (the model speaks,
@@ -30,7 +30,7 @@ from pipeline.outputs import ResponseDone, ResponseStatus
 from tests.helpers.scripted import scripted_engine as make_scripted_engine
 from tests.helpers.server import assert_clean, served
 from tests.helpers.speech import SPEECH_DIR
-from tests.helpers.venv import cached_venv
+from tests.helpers.venv import FrameworkVenv
 
 openai = pytest.importorskip("openai")
 from openai.types.realtime import RealtimeServerEvent  # noqa: E402
@@ -38,6 +38,7 @@ from openai.types.realtime import RealtimeServerEvent  # noqa: E402
 SERVER_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
 LIVEKIT = ("livekit-agents==1.8.9", "livekit-plugins-openai==1.8.9")
 INSTALL_TIMEOUT_S = 600
+VENV = FrameworkVenv("venv-livekit-1.8.9", LIVEKIT, timeout_s=INSTALL_TIMEOUT_S)
 AGENT = Path(__file__).with_name("livekit_agent.py")
 SPEECH = "capital_of_france.wav"
 QUESTION = "What is the weather in Paris?"
@@ -57,9 +58,9 @@ OWN_OUTPUT_WARNING = "resume_false_interruption is enabled but audio output does
 
 
 @pytest.fixture(scope="session")
-def livekit_python(request, tmp_path_factory) -> Path:
+def livekit_python(request) -> Path:
     """The interpreter of a venv with LiveKit Agents (in pytest's cache folder when the cache is on)."""
-    return cached_venv(request, tmp_path_factory, "venv-livekit-1.8.9", LIVEKIT, timeout_s=INSTALL_TIMEOUT_S)
+    return VENV.python(request.config)
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +201,7 @@ def of(events: list[dict], kind: str) -> list[dict]:
     return [e for e in events if e["type"] == kind]
 
 
+@pytest.mark.background(VENV)
 @pytest.mark.timeout(AGENT_TIMEOUT_S + 120)
 async def test_livekit_agents_holds_a_greeting_a_spoken_turn_a_tool_round_trip_and_a_history_edit(
     livekit_python, scripted_engine, caplog

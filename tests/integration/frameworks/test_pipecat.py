@@ -26,7 +26,7 @@ from tests.helpers.paths import TESTS
 from tests.helpers.scripted import scripted_engine as make_scripted_engine
 from tests.helpers.server import served
 from tests.helpers.speech import SPEECH_DIR
-from tests.helpers.venv import cached_venv
+from tests.helpers.venv import FrameworkVenv
 
 AGENT = TESTS / "integration" / "frameworks" / "pipecat_agent.py"
 SPOKEN_TURN = SPEECH_DIR / "weather_today.wav"
@@ -38,6 +38,7 @@ WEATHER_RESULT = {"sky": "clear", "temperature_c": 21}  # what the agent's tool 
 AGENT_TIMEOUT_S = 150
 PIPECAT = ("pipecat-ai[openai]==1.14.0",)
 INSTALL_TIMEOUT_S = 600
+VENV = FrameworkVenv("venv-pipecat-1.14.0", PIPECAT, timeout_s=INSTALL_TIMEOUT_S)
 
 
 class Routed:
@@ -85,8 +86,8 @@ def scripted_engine(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def pipecat(request, tmp_path_factory):
-    return cached_venv(request, tmp_path_factory, "venv-pipecat-1.14.0", PIPECAT, timeout_s=INSTALL_TIMEOUT_S)
+def pipecat(request):
+    return VENV.python(request.config)
 
 
 def script(engine) -> list[list[int]]:
@@ -114,6 +115,7 @@ async def run_agent(python, url: str) -> tuple[dict, str]:
     return json.loads(out.decode().strip().splitlines()[-1]), log
 
 
+@pytest.mark.background(VENV)
 @pytest.mark.timeout(600)
 async def test_pipecat_holds_a_greeting_a_spoken_turn_and_a_tool_round_trip(
     scripted_engine, tiny_engine, pipecat, caplog

@@ -1,7 +1,8 @@
 """A newcomer's first commands, run as a user runs them (``python -m realtime.cli`` in a subprocess, an empty model
 cache): ``serve`` starts and stops with no warning in its output but the deliberate random-weights banner; each bad
-input gets its one-line message and exit status 2, with no traceback, before any model loads; every command's
-``--help`` shows each option's default."""
+input gets its one-line message and exit status 2, with no traceback, before any model loads (each case through
+the CLI's entry function in-process, two of them also in a subprocess); every command's ``--help`` shows each
+option's default."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.background import BackgroundProcess
 from tests.helpers.paths import REPO
 from tests.helpers.tls import self_signed
 
@@ -176,11 +179,28 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
     }
 
 
+IN_A_SUBPROCESS = ("non-audio wav", "serve: hub id not downloaded")
+"""The bad inputs also run as a user runs them (a demo and a serve case): exit status 2 and no traceback from the
+real process; every case runs through :func:`realtime.cli.main` in this process."""
+
+
 @pytest.mark.timeout(300)
-def test_bad_inputs_get_one_line_and_status_2_before_any_model_loads(tmp_path):
+def test_bad_inputs_get_one_line_and_status_2_before_any_model_loads(tmp_path, monkeypatch, capsys, caplog):
     """Each bad input of a newcomer: its message on stderr, exit status 2, no traceback, and no model loaded (the
-    embedded model's cache stays empty, and it returns well within a model load's time even on 2 busy cores)."""
-    env = ENV | {"HF_HUB_CACHE": str(tmp_path / "hub")}  # an empty Hugging Face cache
+    embedded model's cache stays empty, no server or engine starts, and it returns well within a model load's time even
+    on 2 busy cores). Every case runs through the CLI's entry function in this process (:func:`_main_here`, on an
+    empty Hugging Face cache); those of :data:`IN_A_SUBPROCESS` also in a subprocess."""
+    import huggingface_hub.constants
+
+    import realtime.server
+    from pipeline.engine import OmniEngine
+
+    hub = tmp_path / "hub"  # an empty Hugging Face cache
+    env = ENV | {"HF_HUB_CACHE": str(hub)}
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(realtime.server, "run_server", _no_model_loads)  # past serve's checks
+    monkeypatch.setattr(OmniEngine, "from_pretrained", _no_model_loads)  # past demo's checks
     cache = tmp_path / "cache"
     failures = []
     with _busy_port() as listener:
@@ -188,27 +208,65 @@ def test_bad_inputs_get_one_line_and_status_2_before_any_model_loads(tmp_path):
         cases = _bad_inputs(tmp_path) | {
             "port in use": (["serve", "--port", str(port)], [f"{host}:{port} is already in use", "--port"]),
         }
+        assert set(IN_A_SUBPROCESS) <= set(cases)
         for name, (args, texts) in cases.items():
             cache_args = ["--cache-dir", str(cache)] if args[0] in ("serve", "demo") else []
-            done, seconds = _cli(*args, *cache_args, env=env)
-            output = done.stdout + done.stderr
-            error_lines = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-            ok = (
-                done.returncode == 2
-                and len(error_lines) == 1
-                and all(text in error_lines[0] for text in texts)
-                and "Traceback" not in output
-                and seconds < 20
-                and not cache.exists()
-            )
-            if not ok:
-                failures.append(f"{name}: status {done.returncode} in {seconds:.1f} s:\n{output}")
+            runs = {"here": _main_here([*args, *cache_args], capsys, caplog)}
+            if name in IN_A_SUBPROCESS:
+                done, seconds = _cli(*args, *cache_args, env=env)
+                runs["subprocess"] = (done.returncode, done.stdout, done.stderr, seconds)
+            for where, (status, stdout, stderr, seconds) in runs.items():
+                output = stdout + stderr
+                error_lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
+                ok = (
+                    status == 2
+                    and len(error_lines) == 1
+                    and all(text in error_lines[0] for text in texts)
+                    and "Traceback" not in output
+                    and seconds < 20
+                    and not cache.exists()
+                )
+                if not ok:
+                    failures.append(f"{name} ({where}): status {status} in {seconds:.1f} s:\n{output}")
     assert not failures, "\n\n".join(failures)
+
+
+def _no_model_loads(*args, **kwargs) -> None:
+    raise AssertionError("the command went past its checks: a bad input must be refused before any model loads")
+
+
+def _main_here(argv: list[str], capsys, caplog) -> tuple[int | None, str, str, float]:
+    """``omni-realtime ARGV`` through :func:`realtime.cli.main` in this process, as ``sys.exit(main())`` ends:
+    (exit status, stdout, stderr, seconds). An exception out of it, or a record logged with one, is a traceback the
+    user would have seen: its text goes into stderr."""
+    from realtime.cli import main
+
+    capsys.readouterr()
+    caplog.clear()
+    start = time.monotonic()
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        status = exc.code
+    except Exception:
+        status, trace = None, traceback.format_exc()
+    else:
+        trace = ""
+    seconds = time.monotonic() - start
+    out, err = capsys.readouterr()
+    logged = [record.getMessage() for record in caplog.records if record.exc_info]
+    trace += "".join(f"Traceback of a logged record: {message}\n" for message in logged)
+    return status, out, err + trace, seconds
 
 
 # --- help -----------------------------------------------------------------------------------------
 
 COMMANDS = ([], ["serve"], ["demo"], ["bench"], ["make-tiny-model"])
+HELP = {
+    tuple(command): BackgroundProcess([sys.executable, "-m", "realtime.cli", *command, "--help"], env=ENV, cwd=REPO)
+    for command in COMMANDS
+}
+"""Each command's ``--help`` as a user runs it, started in the background (tests/helpers/background.py)."""
 
 
 def help_entries(text: str) -> list[tuple[str, str]]:
@@ -233,9 +291,13 @@ def _required_options(usage: str) -> set[str]:
     return set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", unbracketed))
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "omni-realtime")
+@pytest.mark.parametrize(
+    "command",
+    [pytest.param(c, marks=pytest.mark.background(HELP[tuple(c)])) for c in COMMANDS],
+    ids=lambda c: " ".join(c) or "omni-realtime",
+)
 def test_help_explains_every_option_with_its_default_in_plain_words(command):
-    done, _ = _cli(*command, "--help")
+    done = HELP[tuple(command)].wait(timeout_s=60)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     text = done.stdout
     assert "``" not in text and ":class:" not in text and ":data:" not in text, text  # no reStructuredText markup

@@ -24,7 +24,7 @@ from openai import AsyncOpenAI
 
 from realtime.config import ServerConfig
 from realtime.server import create_app, serve_in_background
-from tests.helpers.npm import installed_version, npm_folder
+from tests.helpers.npm import NpmPackages, installed_version
 from tests.helpers.paths import TESTS
 from tests.helpers.server import ServeProcess, SilentVad
 from tests.helpers.tls import CertFiles, client_certificate, self_signed
@@ -32,6 +32,7 @@ from tests.helpers.tls import CertFiles, client_certificate, self_signed
 API_KEY = "tls-test-key"
 NODE_SCRIPT = TESTS / "integration" / "server" / "node" / "openai_wss_text_turn.mjs"
 OPENAI_NPM = "openai@7"
+NPM = NpmPackages("npm-openai7", (OPENAI_NPM, "ws"), "openai")
 
 
 @pytest.fixture(scope="module")
@@ -179,14 +180,15 @@ def test_serve_with_an_encrypted_key_says_https_and_answers_over_it(tiny_model_d
 
 
 @pytest.fixture(scope="session")
-def openai_npm(request, tmp_path_factory) -> Path:
+def openai_npm(request) -> Path:
     """A folder with ``openai@7`` and ``ws`` installed by npm (skips when npm cannot install them)."""
-    folder = npm_folder(request, tmp_path_factory, "npm-openai7", (OPENAI_NPM, "ws"), "openai")
+    folder = NPM.folder(request.config)
     version = installed_version(folder, "openai")
     assert version.startswith("7."), version
     return folder
 
 
+@pytest.mark.background(NPM)
 @pytest.mark.timeout(300)
 async def test_the_openai_npm_realtime_client_holds_a_text_turn_over_wss(tiny_engine, certs, openai_npm):
     script = openai_npm / NODE_SCRIPT.name

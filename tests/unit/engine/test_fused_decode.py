@@ -5,35 +5,33 @@ must be set before Triton is imported); on a GPU the compiled kernels are checke
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from pipeline.kernels.fused_decode import fusable
 from pipeline.runners.decoder import PooledDecoder
-from tests.helpers.paths import REPO
 from tests.helpers.runners import thinker_runner
-
-ROOT = REPO
+from tests.helpers.triton_check import TritonCheck
 
 # Both stages' bodies of the tiny checkpoint, fused and not: prefill (fused kernels around the same attention) and
 # three batched decode steps with rows in different slots at different positions. float32 only, so the only
 # differences are summation order: the interpreter truncates float32 -> bfloat16 casts where compiled Triton rounds
 # to nearest, so the bfloat16 rounding is checked on the GPU (test_fused_kernels_round_as_eager_bf16_on_the_gpu).
 FUSED_CHECK = """
-import sys
+import tempfile
+from pathlib import Path
 import torch
 from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
+from pipeline.models.qwen2_5_omni.tiny import make_random_checkpoint
 from pipeline.models.qwen2_5_omni.parts import thinker_text_model
 from pipeline.runners.decoder import PooledDecoder
 from pipeline.kernels.fused_decode import add_rms_norm, silu_mul
 
+folder = tempfile.TemporaryDirectory()  # the tiny checkpoint (as the tiny_model_dir fixture makes it), removed at exit
+model_dir = make_random_checkpoint(Path(folder.name))
 torch.manual_seed(0)
 for dtype, tol in ((torch.float32, 1e-5),):
-    ckpt = load_checkpoint(sys.argv[1], dtypes={"thinker": dtype, "talker": dtype})
+    ckpt = load_checkpoint(model_dir, dtypes={"thinker": dtype, "talker": dtype})
     for body in (thinker_text_model(ckpt.thinker), ckpt.talker.model):
         hidden = body.config.hidden_size
         ref = PooledDecoder(body, slots=4, max_len=40, dtype=dtype, device=torch.device("cpu"))
@@ -79,16 +77,12 @@ print("ok")
 """
 
 
-def test_fused_decode_matches_hf_layers_in_the_triton_interpreter(tiny_model_dir):
-    pytest.importorskip("triton", reason="Triton is not installed (CUDA builds of torch include it)")
-    if torch.cuda.is_available():
-        pytest.skip("with CUDA the compiled kernels are tested instead (test_fused_decode_on_the_gpu)")
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", FUSED_CHECK, str(tiny_model_dir)], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+FUSED = TritonCheck(FUSED_CHECK, interpreter_only=True)  # with CUDA: test_fused_decode_on_the_gpu
+
+
+@pytest.mark.background(FUSED)
+def test_fused_decode_matches_hf_layers_in_the_triton_interpreter():
+    FUSED.assert_ok()
 
 
 @torch.inference_mode()

@@ -3,10 +3,6 @@ a DynamicCache computes, for chunked prefill and for a batch of rows at differen
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from transformers import DynamicCache
@@ -15,11 +11,8 @@ from pipeline.kernels.decode_attention import attend_reference
 from pipeline.runners.decode_graphs import BatchedDecode, HostRow, default_batch_sizes
 from pipeline.runners.decoder import PooledDecoder
 from pipeline.runners.kv_pool import KVPool, SlotAllocator
-from tests.helpers.paths import REPO
 from tests.helpers.runners import thinker_runner
-
-ROOT = REPO
-
+from tests.helpers.triton_check import TritonCheck
 
 # -- slot allocation ---------------------------------------------------------------------------------
 
@@ -145,16 +138,14 @@ print("ok")
 """
 
 
+ATTENTION = TritonCheck(TRITON_CHECK, timeout_s=300, interpreter_only=True)  # with CUDA: the GPU test below
+
+
+@pytest.mark.background(ATTENTION)
 def test_triton_decode_attention_matches_the_reference_in_the_interpreter():
     """The kernel's arithmetic (GQA head mapping, per-row slot and length, online softmax over several blocks)
     checked on the CPU through Triton's interpreter; the GPU test below runs it compiled."""
-    pytest.importorskip("triton", reason="Triton is not installed (CUDA builds of torch include it)")
-    if torch.cuda.is_available():
-        pytest.skip("with CUDA the compiled kernel is tested instead (test_triton_decode_attention_on_the_gpu)")
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    done = subprocess.run([sys.executable, "-c", TRITON_CHECK], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+    ATTENTION.assert_ok()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import run_triton_check
 from pipeline.config import SamplingConfig
 from pipeline.kernels.noise import uniform_noise_reference as uniform_noise
 from pipeline.runners.sampling import BatchSampler, SampleRows, SamplerSpec
 from tests.helpers.runners import thinker_runner
+from tests.helpers.triton_check import TritonCheck
 
 
 def hf_processed(cfg: SamplingConfig, logits: torch.Tensor, seen: list[int], suppress: list[int]) -> torch.Tensor:
@@ -201,6 +201,10 @@ print("ok")
 """
 
 
+NOISE = TritonCheck(NOISE_CHECK, timeout_s=300)
+
+
+@pytest.mark.background(NOISE)
 def test_the_triton_noise_kernel_equals_the_reference_bit_for_bit():
     """On the GPU the compiled kernel; without one, the same kernel in Triton's interpreter."""
-    run_triton_check(NOISE_CHECK, timeout=300)
+    NOISE.assert_ok()

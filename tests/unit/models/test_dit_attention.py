@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_triton_check
 from pipeline.config import parse_stage_config
 from pipeline.errors import ConfigError
 from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
@@ -29,6 +28,7 @@ from tests.helpers.token2wav import (
     stages,
     utterance,
 )
+from tests.helpers.triton_check import TritonCheck
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -118,9 +118,13 @@ print("ok")
 """
 
 
+BLOCK = TritonCheck(BLOCK_CHECK)
+
+
+@pytest.mark.background(BLOCK)
 def test_the_triton_attention_equals_sdpa() -> None:
     """On the GPU the compiled kernel in bfloat16; without one, the same kernel in Triton's interpreter in float16."""
-    run_triton_check(BLOCK_CHECK)
+    BLOCK.assert_ok()
 
 
 def test_triton_attention_needs_cuda_and_half_precision() -> None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import run_triton_check
 from pipeline.errors import ConfigError
 from pipeline.models.qwen2_5_omni import vocoder
 from tests.helpers.token2wav import MEL_DIM, build_token2wav, trained_like
+from tests.helpers.triton_check import TritonCheck
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +66,13 @@ print("ok")
 """
 
 
+KERNEL = TritonCheck(KERNEL_CHECK)
+
+
+@pytest.mark.background(KERNEL)
 def test_the_fused_activation_kernel_equals_the_module() -> None:
     """On the GPU the compiled kernels; without one, the same kernels in Triton's interpreter."""
-    run_triton_check(KERNEL_CHECK)
+    KERNEL.assert_ok()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
