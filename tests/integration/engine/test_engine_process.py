@@ -328,13 +328,16 @@ async def check_invalid_calls(engine: OmniEngine) -> None:
     assert refused.status is ResponseStatus.FAILED and isinstance(refused.error, InvalidInputError)
     assert refused.error.param == "item_id"
     await conv.add_text("u3", "Now something")
-    resp = conv.respond(item_id="a2", modalities=frozenset({"text"}), max_output_tokens=2)
+    # Long enough (a greedy tiny reply runs to its cap) to be still active when the calls below reach the engine on
+    # a loaded machine; cancelled once they have been refused.
+    resp = conv.respond(item_id="a2", modalities=frozenset({"text"}), max_output_tokens=4096)
     with pytest.raises(ResponseActiveError):
         await conv.delete_item("u3")
     with pytest.raises(ResponseActiveError) as info:
         await conv.add_text("u4", "Before it", previous_item_id=ROOT_ITEM_ID)
     assert info.value.param == "previous_item_id"
-    assert (await resp.wait()).status is not ResponseStatus.FAILED
+    resp.cancel()
+    assert (await resp.wait()).status is ResponseStatus.CANCELLED
     with pytest.raises(UnknownItemError) as info:
         await conv.add_text("u4", "After nothing", previous_item_id="ghost")
     assert info.value.param == "previous_item_id"
