@@ -3,18 +3,23 @@ within a few milliseconds, instead of one call per frame per session on the even
 sessions that was ~75 % of the loop's time, and turn ends were detected seconds late).
 
 :class:`SileroBatchModel` is the network run over a batch with each stream's state kept by the caller (pure);
-:class:`VadBatcher` gathers frames on the event loop and runs them; :class:`BatchedSileroStream` is one session's
-:class:`~realtime.vad.BatchedSpeechProbability` on it.
+:class:`VadBatcher` gathers frames on the event loop and runs each batch on the process's VAD thread, off the loop;
+:class:`BatchedSileroStream` is one session's :class:`~realtime.vad.BatchedSpeechProbability` on it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,8 +63,29 @@ class SileroBatchModel:
         return out[:, 0].numpy()
 
 
+_vad_thread: ThreadPoolExecutor | None = None
+_vad_thread_lock = threading.Lock()
+
+
+def _one_torch_thread() -> None:
+    # A new thread starts with OpenMP's default thread count (every core): a batch of a few 512-sample frames only
+    # pays for their spinning.
+    torch.set_num_threads(1)
+
+
+def vad_thread() -> ThreadPoolExecutor:
+    """The process's one VAD thread, shared by every :class:`VadBatcher` (made on first use; its idle thread ends
+    with the interpreter). One thread: batches run one at a time, in the order they were flushed."""
+    global _vad_thread
+    with _vad_thread_lock:
+        if _vad_thread is None:
+            _vad_thread = ThreadPoolExecutor(1, thread_name_prefix="vad", initializer=_one_torch_thread)
+        return _vad_thread
+
+
 class VadBatcher:
-    """Scores the frames of every session's VAD together, one batched call on the event loop per flush.
+    """Scores the frames of every session's VAD together, one batched call per flush, run on the VAD thread
+    (:func:`vad_thread`) so that the event loop only gathers frames and hands out results.
 
     A flush runs as soon as every *active* stream (made, or sent a frame, within ``active_s``) has a frame pending,
     else ``window_s`` after the first pending frame. Sessions send a frame each 32 ms hop, at phases of their own: the
@@ -67,7 +93,9 @@ class VadBatcher:
     of sessions whose frames happen to line up) waits for no one. A frame thus waits at most ``window_s`` for its
     probability. Each session awaits a frame's probability before sending its next, so a stream appears at most
     once in a call and a session with a backlog drains it at one frame per flush. Bounded: one pending frame per
-    live session. A failing call fails every frame of that call (their sessions get the error)."""
+    live session. Frames that arrive while a batch runs gather into the next one. Results are set on the event loop
+    once their batch has run; a session cancelled meanwhile just misses its result (the stream's state still
+    advances, as it would have). A failing call fails every frame of that call (their sessions get the error)."""
 
     def __init__(self, model: SileroBatchModel, *, window_s: float = 0.016, active_s: float = 0.1) -> None:
         self.model = model
@@ -113,16 +141,34 @@ class VadBatcher:
             self._flush_at = None
         batch, self._pending = self._pending, []
         self.calls += 1
-        try:
-            probs = self.model.run([state for state, _, _ in batch], np.stack([frame for _, frame, _ in batch]))
-        except Exception as exc:  # delivered to every session that waits on this call
-            for _, _, done in batch:
-                if not done.done():
-                    done.set_exception(exc)
-            return
-        for (_, _, done), prob in zip(batch, probs, strict=True):
-            if not done.done():  # its session may have been cancelled meanwhile
-                done.set_result(float(prob))
+        loop = asyncio.get_running_loop()
+        states, frames = [state for state, _, _ in batch], [frame for _, frame, _ in batch]
+        ran = vad_thread().submit(lambda: self.model.run(states, np.stack(frames)))
+        ran.add_done_callback(lambda f: _hand_back(loop, batch, f))
+
+
+def _hand_back(loop: asyncio.AbstractEventLoop, batch: list, ran: Future) -> None:
+    """On the VAD thread: the batch's results go back to the loop its sessions wait on. A loop already closed has no
+    one waiting (its sessions ended with it): there is nothing to deliver."""
+    try:
+        loop.call_soon_threadsafe(_deliver, batch, ran)
+    except RuntimeError:  # asyncio's "Event loop is closed"
+        if not loop.is_closed():
+            raise
+        logger.debug("VAD batch of %d frames finished after its event loop closed", len(batch))
+
+
+def _deliver(batch: list[tuple[SileroState, np.ndarray, asyncio.Future]], ran: Future) -> None:
+    """On the event loop: each frame's probability, or the call's exception, to the session awaiting it."""
+    exc = ran.exception()
+    if exc is not None:  # delivered to every session that waits on this call
+        for _, _, done in batch:
+            if not done.done():
+                done.set_exception(exc)
+        return
+    for (_, _, done), prob in zip(batch, ran.result(), strict=True):
+        if not done.done():  # its session may have been cancelled meanwhile
+            done.set_result(float(prob))
 
 
 class BatchedSileroStream:

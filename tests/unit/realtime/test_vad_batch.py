@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -127,3 +128,26 @@ async def test_a_frame_waits_at_most_the_window_for_the_others(model):
     frame = frames_of("capital_of_france.wav", 1)[0]
     await asyncio.wait_for(a.probability(frame), 5.0)
     assert batcher.calls == 1
+
+
+async def test_batches_run_on_the_vad_thread_not_the_event_loop(model):
+    class Where(SileroBatchModel):
+        def __init__(self) -> None:
+            self._inner, self.context_samples, self.threads = model, model.context_samples, []
+
+        def new_state(self):
+            return self._inner.new_state()
+
+        def run(self, states, frames):
+            self.threads.append(threading.current_thread())
+            return self._inner.run(states, frames)
+
+    where = Where()
+    batcher = VadBatcher(where, window_s=0.001)
+    clip = frames_of("short_joke.wav", 3)
+    stream = batcher.stream()
+    probs = [await stream.probability(frame) for frame in clip]
+    alone = SileroVad()
+    assert probs == pytest.approx([alone(frame) for frame in clip], abs=TOL)
+    assert len(where.threads) == 3 and all(t is not threading.current_thread() for t in where.threads)
+    assert {t.name.split("_")[0] for t in where.threads} == {"vad"}
