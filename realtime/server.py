@@ -83,15 +83,12 @@ CALLS_PATH = "/v1/realtime/calls"
 SDP_MEDIA_TYPE = "application/sdp"
 
 
-class ServerCode(str, enum.Enum):
+class ServerCode(enum.StrEnum):
     """Wire error codes of the HTTP endpoints."""
 
     WEBRTC_UNAVAILABLE = "webrtc_unavailable"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     WEBSOCKET_REQUIRED = "websocket_required"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class WebRTCEndpoint(CallCounts, Protocol):
