@@ -28,13 +28,10 @@ KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 """Subprotocol prefix of the browser form of the key."""
 
 
-class AccessCode(str, enum.Enum):
+class AccessCode(enum.StrEnum):
     """Wire error codes of refused requests not already named in ``realtime.protocol.codes``."""
 
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class OriginError(RealtimeError):

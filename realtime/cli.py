@@ -11,6 +11,7 @@ import asyncio
 import logging
 import sys
 import time
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -348,56 +349,64 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+_PICTURE_FLAGS = (
+    (
+        "--image-max-bytes",
+        positive_int,
+        "BYTES",
+        "image_limits.max_bytes",
+        "largest input_image picture accepted, in bytes of the image file (its data URI is a third larger: "
+        "keep it under --max-message-bytes); a larger one is answered with an error event (image_too_large)",
+    ),
+    (
+        "--image-max-pixels",
+        positive_int,
+        "PIXELS",
+        "image_limits.max_pixels",
+        "largest input_image picture accepted, in pixels (width x height), checked before it is decoded",
+    ),
+    (
+        "--image-low-detail-pixels",
+        positive_int,
+        "PIXELS",
+        "image_limits.low_detail_pixels",
+        "an input_image with detail 'low' is downscaled to at most this many pixels; the model reads one "
+        "token per 28x28 pixels",
+    ),
+    (
+        "--image-high-detail-pixels",
+        positive_int,
+        "PIXELS",
+        "image_limits.high_detail_pixels",
+        "an input_image with detail 'high' or 'auto' is downscaled to at most this many pixels (and never "
+        "more than the checkpoint's own limit)",
+    ),
+    (
+        "--camera-fps",
+        positive_float,
+        "FPS",
+        "camera.fps",
+        "WebRTC camera: frames a second kept for the model while the user speaks "
+        "(default: the model's own rate, 2 for Qwen2.5-Omni)",
+    ),
+    (
+        "--camera-max-pixels",
+        positive_int,
+        "PIXELS",
+        "camera.max_pixels",
+        "WebRTC camera: each kept frame is downscaled to at most this many pixels; the model reads one token "
+        "per 28x28 pixels per pair of frames",
+    ),
+)
+"""``serve``'s picture and camera options: flag, value type, metavar, the :class:`ServerConfig` setting that gives
+its default, help."""
+
+
 def _picture_args(p: argparse.ArgumentParser, d: ServerConfig) -> None:
     """``serve``'s options for pictures (``input_image`` items) and WebRTC cameras (docs/server.md, Pictures and
     the camera)."""
-    p.add_argument(
-        "--image-max-bytes",
-        type=positive_int,
-        default=d.image_limits.max_bytes,
-        metavar="BYTES",
-        help="largest input_image picture accepted, in bytes of the image file (its data URI is a third larger: "
-        "keep it under --max-message-bytes); a larger one is answered with an error event (image_too_large)",
-    )
-    p.add_argument(
-        "--image-max-pixels",
-        type=positive_int,
-        default=d.image_limits.max_pixels,
-        metavar="PIXELS",
-        help="largest input_image picture accepted, in pixels (width x height), checked before it is decoded",
-    )
-    p.add_argument(
-        "--image-low-detail-pixels",
-        type=positive_int,
-        default=d.image_limits.low_detail_pixels,
-        metavar="PIXELS",
-        help="an input_image with detail 'low' is downscaled to at most this many pixels; the model reads one "
-        "token per 28x28 pixels",
-    )
-    p.add_argument(
-        "--image-high-detail-pixels",
-        type=positive_int,
-        default=d.image_limits.high_detail_pixels,
-        metavar="PIXELS",
-        help="an input_image with detail 'high' or 'auto' is downscaled to at most this many pixels (and never "
-        "more than the checkpoint's own limit)",
-    )
-    p.add_argument(
-        "--camera-fps",
-        type=positive_float,
-        default=d.camera.fps,
-        metavar="FPS",
-        help="WebRTC camera: frames a second kept for the model while the user speaks "
-        "(default: the model's own rate, 2 for Qwen2.5-Omni)",
-    )
-    p.add_argument(
-        "--camera-max-pixels",
-        type=positive_int,
-        default=d.camera.max_pixels,
-        metavar="PIXELS",
-        help="WebRTC camera: each kept frame is downscaled to at most this many pixels; the model reads one token "
-        "per 28x28 pixels per pair of frames",
-    )
+    for flag, kind, metavar, setting, text in _PICTURE_FLAGS:
+        p.add_argument(flag, type=kind, default=attrgetter(setting)(d), metavar=metavar, help=text)
 
 
 def _tls_args(p: argparse.ArgumentParser) -> None:

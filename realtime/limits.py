@@ -32,15 +32,12 @@ _AUDIO_APPEND = re.compile(r'"type"\s*:\s*"input_audio_buffer\.append"')
 ``type`` key matches). A crafted message that evades or imitates it only moves its cost to the other bucket."""
 
 
-class LimitCode(str, enum.Enum):
+class LimitCode(enum.StrEnum):
     """Wire error codes of the server's limits (the ``error.code`` field); never change one."""
 
     MESSAGE_TOO_LARGE = "message_too_large"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     SESSION_LIMIT_REACHED = "session_limit_reached"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

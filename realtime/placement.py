@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 E = TypeVar("E")
 
 
-class PlacementCode(str, enum.Enum):
+class PlacementCode(enum.StrEnum):
     """Wire error codes of engine placement (the ``error.code`` field, and ``/metrics`` refusal reasons)."""
 
     ENGINE_CAPACITY_REACHED = "engine_capacity_reached"
@@ -46,17 +46,11 @@ class PlacementCode(str, enum.Enum):
     ENGINE_FAILED = "engine_failed"
     """The engine serving this session failed; the session ends (a new one goes to a surviving engine)."""
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class EngineState(str, enum.Enum):
+class EngineState(enum.StrEnum):
     SERVING = "serving"
     FAILED = "failed"
     """Its process died or it was closed: it takes no session again."""
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class NoEngineAvailable(RealtimeError):

@@ -22,13 +22,13 @@ Routes:
   ``webrtc``, ``calls`` (live WebRTC calls), ``engines`` (each engine's index, device, ``state`` serving or failed,
   ``responsive``, ``sessions``, ``max_sessions``)) and ``GET /metrics``
   (Prometheus text; each scrape first samples the hygiene gauges, :meth:`RealtimeServer.hygiene`):
-  both unauthenticated, and neither shows content of any session.
+  both unauthenticated, and neither shows content of any session (:mod:`realtime.health`).
 - ``/``: the static voice chat page (``web_demo/``) when its folder has an index.html.
 
-Lifespan: startup loads the engines (unless they were injected: tests, or :func:`run_server`, which
-loads them first to fail early), the WebRTC endpoint and the engines' watch (:mod:`realtime.engine_pool`: a
-failed engine's sessions are ended); shutdown closes every live session (close code 1001), the WebRTC endpoint,
-and the engines if the app loaded them. :func:`run_server` stops on
+Lifespan: startup loads the engines (:mod:`realtime.server_engines`; unless they were injected: tests, or
+:func:`run_server`, which loads them first to fail early), the WebRTC endpoint and the engines' watch
+(:mod:`realtime.engine_pool`: a failed engine's sessions are ended); shutdown closes every live session (close code
+1001), the WebRTC endpoint, and the engines if the app loaded them. :func:`run_server` stops on
 SIGINT and SIGTERM alike, and keeps the API key out of every log line (:class:`SecretFilter`).
 """
 
@@ -59,31 +59,22 @@ from pipeline.api import EngineHandle
 from pipeline.errors import PipelineError
 from realtime.auth import AccessPolicy, Refusal
 from realtime.config import ServerConfig
-from realtime.engine_pool import (
-    EnginePool,
-    EngineProbe,
-    check_devices,
-    closed,
-    end_on_engine_failure,
-    replica_configs,
-    start_engines,
-    total_stats,
-)
+from realtime.engine_pool import EnginePool, EngineProbe, end_on_engine_failure
 from realtime.errors import LimitExceeded, RealtimeError, to_error_payload
+from realtime.health import CallCounts, ServerHealth, health_routes
 from realtime.ids import RandomIds
 from realtime.limits import LimitCode, MessageGate
 from realtime.loop_lag import LoopLagProbe
-from realtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from realtime.metrics import Hygiene, ServerMetrics, process_memory
-from realtime.placement import EngineSlot, EngineSlots, EngineState, PlacementCode
+from realtime.metrics import Hygiene, ServerMetrics
+from realtime.placement import EngineSlot, EngineSlots, PlacementCode
 from realtime.protocol.names import Dialect
 from realtime.protocol.server import ServerEvents
-from realtime.runner import SessionRunner, TurnDetectorFactory, live_session_tasks, session_task_name
+from realtime.runner import SessionRunner, TurnDetectorFactory, session_task_name
+from realtime.server_engines import ServerEngines, load_engines
 from realtime.session import SessionSettings
 from realtime.transports.websocket import BETA_HEADER, CloseCode, WebSocketTransport, beta_requested, negotiate
 from realtime.turn import TurnDetector
 from realtime.vad import SpeechProbability
-from realtime.voices import usable_aliases
 
 logger = logging.getLogger(__name__)
 
@@ -92,34 +83,17 @@ CALLS_PATH = "/v1/realtime/calls"
 SDP_MEDIA_TYPE = "application/sdp"
 
 
-class ServerCode(str, enum.Enum):
+class ServerCode(enum.StrEnum):
     """Wire error codes of the HTTP endpoints."""
 
     WEBRTC_UNAVAILABLE = "webrtc_unavailable"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     WEBSOCKET_REQUIRED = "websocket_required"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class WebRTCEndpoint(Protocol):
-    """What ``POST /v1/realtime/calls`` delegates to (``realtime.transports.webrtc`` provides it)."""
-
-    @property
-    def live_calls(self) -> int:
-        """Calls whose peer connection is open."""
-        ...
-
-    @property
-    def open_peers(self) -> int:
-        """Peer connections created and not closed (hygiene: zero without calls)."""
-        ...
-
-    @property
-    def outbound_events(self) -> int:
-        """Server events waiting to be sent, over all calls."""
-        ...
+class WebRTCEndpoint(CallCounts, Protocol):
+    """What ``POST /v1/realtime/calls`` delegates to (``realtime.transports.webrtc`` provides it); its call counts
+    are read by ``/healthz`` and ``/metrics``."""
 
     async def start(self) -> None:
         """Get ready to take calls (start the media workers); called once, at server startup."""
@@ -175,47 +149,7 @@ class ServerContext:
 WebRTCFactory = Callable[[ServerContext], "WebRTCEndpoint | None"]
 
 
-# --- engine and VAD -----------------------------------------------------------------------------
-
-
-def load_engine(config: ServerConfig) -> EngineHandle:
-    """Load ``config.model`` (building the embedded tiny model on first use), with torch set to
-    ``config.torch_threads`` CPU threads first. The stage config's ``engine.process`` decides whether the
-    engine core runs in a child process (the default on CUDA: it loads the weights there, with the same
-    thread count) or on a thread of this one."""
-    # Importing silero_vad sets torch's default thread count to 1; import it before our setting.
-    import silero_vad  # noqa: F401
-    import torch
-
-    from pipeline.embedded import resolve_model
-    from pipeline.engine import OmniEngine
-
-    torch.set_num_threads(config.torch_threads)
-    path = resolve_model(config.model, config.cache_dir)
-    return OmniEngine.from_pretrained(path, config.stage_config, seed=config.seed, torch_threads=config.torch_threads)
-
-
-def load_engines(config: ServerConfig) -> list[EngineHandle]:
-    """:func:`load_engine` for ``config.data_parallel_size`` engines (``realtime/engine_pool.py``): one per GPU, each
-    in its own child process, loaded in parallel; all or nothing."""
-    if config.data_parallel_size == 1:
-        return [load_engine(config)]
-    import silero_vad  # noqa: F401  (as in load_engine: before torch's thread count is set)
-    import torch
-
-    from pipeline.config import load_stage_config
-    from pipeline.embedded import resolve_model
-    from pipeline.engine import OmniEngine
-
-    torch.set_num_threads(config.torch_threads)
-    path = resolve_model(config.model, config.cache_dir)
-    configs = replica_configs(load_stage_config(config.stage_config), config.data_parallel_size)
-    check_devices(configs, torch.cuda.device_count)
-
-    def start(cfg) -> EngineHandle:
-        return OmniEngine.from_pretrained(path, cfg, seed=config.seed, torch_threads=config.torch_threads)
-
-    return start_engines(start, configs)
+# --- VAD ----------------------------------------------------------------------------------------
 
 
 def batched_silero_vad_factory(torch_threads: int) -> VadFactory:
@@ -286,45 +220,6 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
     return WorkerCalls(calls, workers)
 
 
-def _announce(engine: EngineHandle, config: ServerConfig, pool: EnginePool) -> None:
-    if engine.random_weights:
-        logger.warning(
-            "\n%s\n  MODEL %s HAS RANDOM WEIGHTS: a test model, not an assistant.\n"
-            "  Its replies are noise. Pass --model PATH_OR_ID for a real checkpoint.\n%s",
-            "!" * 78,
-            engine.model_name,
-            "!" * 78,
-        )
-    _, unusable = usable_aliases(config.voice_aliases, tuple(engine.voices))
-    if unusable:
-        logger.warning(
-            "voice aliases left out (this model has no such speaker; it has %s): %s",
-            ", ".join(engine.voices),
-            ", ".join(f"{name}={speaker}" for name, speaker in unusable),
-        )
-    auth = "API key required" if config.api_key is not None else "NO API KEY (anyone who can connect may use it)"
-    scheme = f"{config.http_scheme}:// and {'wss' if config.tls else 'ws'}://"
-    if config.tls:
-        scheme += f" (TLS, certificate {config.ssl_certfile})"
-    logger.info("serving %s over %s: %s, at most %d sessions", engine.model_name, scheme, auth, config.max_sessions)
-    engines = len(pool.engines)
-    if engines > 1 or config.max_sessions_per_engine is not None:
-        logger.info(
-            "%d engines (%s), at most %d sessions each",
-            engines,
-            ", ".join(str(device) for device in pool.devices),
-            config.sessions_per_engine,
-        )
-    if engines > 1 and engines * config.sessions_per_engine > config.max_sessions:
-        logger.warning(
-            "%d engines share --max-sessions %d: set --max-sessions-per-engine from the calibration (docs/server.md) "
-            "and --max-sessions to %d times it to use them all",
-            engines,
-            config.max_sessions,
-            engines,
-        )
-
-
 # --- the server ---------------------------------------------------------------------------------
 
 
@@ -346,13 +241,11 @@ class RealtimeServer:
         self.metrics = ServerMetrics()
         self.access = AccessPolicy(config.api_key, config.allowed_origins)
         self.webrtc: WebRTCEndpoint | None = None
-        self._engines = tuple(engines) if engines else ()
-        self._owns_engines = not engines
-        self._pool: EnginePool | None = None
-        self._watch: asyncio.Task | None = None
+        self._engines = ServerEngines(config, engines, self.metrics)
         self._vad_factory = vad_factory
         self._webrtc_factory = webrtc_factory
         self._context: ServerContext | None = None
+        self._health: ServerHealth | None = None
         self._sessions: dict[asyncio.Task, SessionRunner] = {}  # WebSocket sessions
         self.loop_lag = LoopLagProbe(on_lag=self.metrics.loop_lag.observe)
         """The event loop's lag while the server runs (``/metrics``: ``event_loop_lag_seconds``)."""
@@ -370,53 +263,41 @@ class RealtimeServer:
 
     @property
     def pool(self) -> EnginePool:
-        if self._pool is None:
-            raise RuntimeError("the server has not started (its lifespan loads the engines)")
-        return self._pool
+        return self._engines.pool
 
     @property
     def slots(self) -> EngineSlots:
         return self.pool.slots
 
+    @property
+    def reports(self) -> ServerHealth:
+        """What ``/healthz`` and ``/metrics`` report (:mod:`realtime.health`)."""
+        if self._health is None:
+            raise RuntimeError("the server has not started (its lifespan loads the engines)")
+        return self._health
+
     async def start(self) -> None:
-        engines = self._engines or tuple(await asyncio.to_thread(load_engines, self.config))
-        self._engines = engines
-        self._pool = EnginePool(
-            engines,
-            max_sessions=self.config.max_sessions,
-            sessions_per_engine=self.config.sessions_per_engine,
-            probe_timeout_s=self.config.engine_probe_timeout_s,
-            on_failed=lambda index, sessions: self.metrics.engine_failed(str(index)),
-        )
-        self.metrics.observe_engines(self._pool.slots.loads(), self._pool.devices)
-        self._context = ServerContext(self.config, engines[0], self.metrics, self._vad_factory, self._pool.slots)
-        _announce(engines[0], self.config, self._pool)
+        pool = await self._engines.start()
+        self._context = ServerContext(self.config, pool.engines[0], self.metrics, self._vad_factory, pool.slots)
         if self.config.webrtc and self._webrtc_factory is not None:
             try:
                 self.webrtc = self._webrtc_factory(self._context)
                 if self.webrtc is not None:
                     await self.webrtc.start()
             except BaseException:
-                await self._close_engines()
+                await self._engines.close()
                 raise
-        self._watch = asyncio.create_task(self._pool.watch(), name="omni-engine-watch")
+        self._health = ServerHealth(pool, self.metrics, self.webrtc, self._websocket_outbound)
+        self._engines.watch()
         self.loop_lag.start()
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
+        await self._engines.stop_watch()
         await self._close_sessions()
         if self.webrtc is not None:
             await self.webrtc.close()
-        await self._close_engines()
+        await self._engines.close()
         await self.loop_lag.stop()
-
-    async def _close_engines(self) -> None:
-        engines, self._engines = self._engines, ()
-        if self._owns_engines and engines:
-            # OmniEngine.close joins its thread or process
-            await asyncio.gather(*(asyncio.to_thread(engine.close) for engine in engines))  # type: ignore[attr-defined]
 
     async def _close_sessions(self) -> None:
         if not self._sessions:
@@ -427,61 +308,20 @@ class RealtimeServer:
         if pending:
             logger.warning("%d sessions did not close within %.1f s", len(pending), self.config.shutdown_timeout_s)
 
+    def _websocket_outbound(self) -> int:
+        return sum(len(runner.outbound) for runner in self._sessions.values())
+
     async def hygiene(self, probes: list[EngineProbe] | None = None) -> Hygiene:
-        """What the server holds now (the ``/metrics`` hygiene gauges; tests check it after faults). ``engine``:
-        the sum over the engines that reported (``probes``: reuse these instead of asking again)."""
-        probes = probes if probes is not None else await self.pool.probe()
-        return Hygiene(
-            sessions=self.slots.active,
-            session_tasks=live_session_tasks(),
-            loop_tasks=len(asyncio.all_tasks()),
-            webrtc_peers=self.webrtc.open_peers if self.webrtc is not None else 0,
-            outbound_events=sum(len(runner.outbound) for runner in self._sessions.values())
-            + (self.webrtc.outbound_events if self.webrtc is not None else 0),
-            engine=total_stats([probe.stats for probe in probes if probe.stats is not None]),
-            memory=process_memory(),
-        )
+        """:meth:`realtime.health.ServerHealth.hygiene`: what the server holds now (tests check it after faults)."""
+        return await self.reports.hygiene(probes)
 
     async def probe_health(self) -> dict:
-        """:meth:`health` with each engine's ``responsive`` (it answered a stats request within
-        ``engine_probe_timeout_s``: not stuck inside a step) and ``engine_responsive`` (every serving engine is);
-        ``ok``: at least one engine serves and is responsive."""
-        probes = await self.pool.probe()
-        health = self.health()
-        for engine, probe in zip(health["engines"], probes, strict=True):
-            engine["responsive"] = probe.responsive
-        serving = [probe for probe in probes if probe.state is EngineState.SERVING]
-        health["engine_responsive"] = all(probe.responsive for probe in serving)
-        health["ok"] = any(probe.responsive for probe in serving)
-        return health
+        """:meth:`realtime.health.ServerHealth.probe`: the ``/healthz`` answer."""
+        return await self.reports.probe()
 
     def health(self) -> dict:
-        """``ok`` is false once no engine serves: each is closed (stopped, or its child process died). The server
-        stays up, refusing sessions, until it is restarted. ``engines``: each engine's ``state`` (``serving`` or
-        ``failed``), ``device``, live ``sessions`` and ``max_sessions``."""
-        slots = self.slots
-        return {
-            "ok": any(state is EngineState.SERVING and not closed(engine) for state, engine in self._states()),
-            "model": self.engine.model_name,
-            "random_weights": self.engine.random_weights,
-            "sessions": slots.active,
-            "max_sessions": slots.limit,
-            "webrtc": self.webrtc is not None,
-            "calls": self.webrtc.live_calls if self.webrtc is not None else 0,
-            "engines": [
-                {
-                    "engine": index,
-                    "device": self.pool.devices[index],
-                    "state": str(slots.state(index)),
-                    "sessions": slots.sessions(index),
-                    "max_sessions": slots.capacity,
-                }
-                for index in range(len(self.pool.engines))
-            ],
-        }
-
-    def _states(self) -> list[tuple[EngineState, EngineHandle]]:
-        return [(self.slots.state(i), engine) for i, engine in enumerate(self.pool.engines)]
+        """:meth:`realtime.health.ServerHealth.report`: :meth:`probe_health` without asking the engines."""
+        return self.reports.report()
 
     # --- WebSocket sessions ---
 
@@ -739,22 +579,11 @@ def create_app(
     async def calls(request: Request) -> Response:
         return await server.create_call(request)
 
-    async def healthz(request: Request) -> Response:
-        health = await server.probe_health()
-        return JSONResponse(health, status_code=200 if health["ok"] else 503)
-
-    async def metrics(request: Request) -> Response:
-        probes = await server.pool.probe()
-        server.metrics.observe_hygiene(await server.hygiene(probes))
-        server.metrics.observe_engines(server.slots.loads(), server.pool.devices, [probe.stats for probe in probes])
-        return Response(server.metrics.render(), media_type=METRICS_CONTENT_TYPE)
-
     routes: list[BaseRoute] = [
         WebSocketRoute(REALTIME_PATH, realtime_ws),
         Route(REALTIME_PATH, websocket_required, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
         Route(CALLS_PATH, calls, methods=["POST"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        *health_routes(lambda: server.reports),
     ]
     demo = _web_demo_dir(config)
     if demo is not None:

@@ -10,28 +10,25 @@ Contract: :meth:`AudioEncodes.block` returns an :class:`~pipeline.conversation_s
 ``embeds`` allocated on the device (its token count is known from the frame count) and filled by the next
 :meth:`AudioEncodes.flush`, which the engine runs at the start of every step, before anything renders or prefills a
 conversation. Device work is stream-ordered, so nothing waits for it on the host. A block whose encode fails keeps
-the exception in ``AudioBlock.error``; the response that would read it fails with it.
+the exception in ``AudioBlock.error``; the response that would read it fails with it. The queue is
+:class:`~pipeline.runners.background_encodes.EncodeQueue`, shared with the picture encodes.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from pipeline.conversation_state import AudioBlock
+from pipeline.runners.background_encodes import EncodeNames, EncodeQueue
 
 __all__ = ["AudioEncoder", "AudioEncodes"]
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class _Encode:
-    features: torch.Tensor
-    block: AudioBlock
+_NAMES = EncodeNames(many="audio blocks", one="an audio block", unit="block", encoder="encoder")
 
 
 class AudioEncoder(Protocol):
@@ -49,42 +46,25 @@ class AudioEncoder(Protocol):
 class AudioEncodes:
     def __init__(self, encoder: AudioEncoder, *, width: int, dtype: torch.dtype, device: torch.device) -> None:
         self._encoder = encoder
-        self._width, self._dtype, self._device = width, dtype, torch.device(device)
-        self._queue: list[_Encode] = []
+        self._queue: EncodeQueue[torch.Tensor, AudioBlock] = EncodeQueue(
+            lambda items: encoder.encode_many(items),  # looked up per call: a test may replace it
+            _NAMES,
+            log=log,
+            width=width,
+            dtype=dtype,
+            device=device,
+        )
 
     @property
     def pending(self) -> int:
-        return len(self._queue)
+        return self._queue.pending
 
     def block(self, features: torch.Tensor, *, floor: float | None, version: int = 0) -> AudioBlock:
         """A block for ``features`` (n_mels, T), encoded at the next :meth:`flush`."""
-        tokens = self._encoder.audio_tokens(features.shape[1])
-        embeds = torch.empty(tokens, self._width, dtype=self._dtype, device=self._device)
-        block = AudioBlock(embeds, version=version, floor=floor)
-        self._queue.append(_Encode(features, block))
-        return block
+        embeds = self._queue.empty(self._encoder.audio_tokens(features.shape[1]))
+        return self._queue.add(features, AudioBlock(embeds, version=version, floor=floor))
 
     def flush(self) -> int:
         """Encode every queued block in one call (if that fails, each alone, so only a faulty one fails). Returns
         how many were encoded."""
-        queued, self._queue = self._queue, []
-        if not queued:
-            return 0
-        try:
-            self._fill(queued, self._encoder.encode_many([q.features for q in queued]))
-        except Exception:  # noqa: BLE001 - find the faulty block by encoding one by one
-            log.exception("batched encode of %d audio blocks failed; encoding each alone", len(queued))
-            for q in queued:
-                try:
-                    self._fill([q], self._encoder.encode_many([q.features]))
-                except Exception as exc:  # noqa: BLE001 - kept on the block: its response fails with it
-                    log.exception("encoding an audio block failed")
-                    q.block.error = exc
-        return len(queued)
-
-    @staticmethod
-    def _fill(queued: list[_Encode], outputs: list[torch.Tensor]) -> None:
-        for q, out in zip(queued, outputs, strict=True):
-            if out.shape != q.block.embeds.shape:
-                raise RuntimeError(f"encoder gave {tuple(out.shape)} for a block of {tuple(q.block.embeds.shape)}")
-            q.block.embeds.copy_(out)
+        return self._queue.flush()

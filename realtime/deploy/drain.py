@@ -27,13 +27,10 @@ POLL_S = 0.1
 """How often the drain looks at the live session count."""
 
 
-class DrainCode(str, enum.Enum):
+class DrainCode(enum.StrEnum):
     """Wire error code of a refusal during a drain (the ``error.code`` field); never change it."""
 
     SERVER_DRAINING = "server_draining"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def draining_refusal() -> LimitExceeded:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 
 
-class ErrorCode(str, enum.Enum):
+class ErrorCode(enum.StrEnum):
     # Malformed client messages (realtime.protocol.client).
     INVALID_JSON = "invalid_json"
     INVALID_EVENT = "invalid_event"
@@ -60,9 +60,6 @@ class ErrorCode(str, enum.Enum):
     LIMIT_EXCEEDED = "limit_exceeded"
     INVALID_API_KEY = "invalid_api_key"
     SERVER_ERROR = "server_error"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class StatusReason(str, enum.Enum):
