@@ -105,8 +105,8 @@ def sends_opus(answer_sdp: str) -> bool:
 
 async def accept_offer(pc: RTCPeerConnection, offer_sdp: str) -> None:
     """Set the remote offer; it must bring an audio track and a data channel. The audio it receives is then held
-    :data:`~realtime.transports.receive_buffer.SERVER_AUDIO_HOLD_PACKETS` packet(s) before decoding, not aiortc's
-    four."""
+    :data:`~realtime.transports.receive_buffer.SERVER_AUDIO_HOLD_PACKETS` packets before decoding (none), not
+    aiortc's four."""
     if "m=" not in offer_sdp:
         raise RealtimeError("the request body is not an SDP offer", code=ErrorCode.INVALID_VALUE, param="sdp")
     try:

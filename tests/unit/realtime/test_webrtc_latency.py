@@ -15,7 +15,7 @@ from realtime.config import ServerConfig
 from realtime.transports.decimator import Decimator
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack
 from realtime.transports.peer import accept_offer
-from realtime.transports.receive_buffer import SERVER_AUDIO_HOLD_PACKETS, audio_buffer
+from realtime.transports.receive_buffer import SERVER_AUDIO_HOLD_PACKETS, InOrderAudioBuffer, audio_buffer
 from realtime.transports.webrtc import IceHostAddress, announce_host_addresses
 
 PACKET = 960  # 20 ms of 48 kHz audio: one Opus packet
@@ -39,14 +39,36 @@ def _audio_receive_buffer(pc: RTCPeerConnection):
     return receiver._RTCRtpReceiver__jitter_buffer
 
 
-@pytest.mark.parametrize("packets", [1, 2, 3])
+@pytest.mark.parametrize("packets", [0, 1, 2, 3])
 def test_audio_buffer_releases_a_packet_once_that_many_later_packets_arrived(packets):
     assert _packets_until_release(audio_buffer(packets)) == packets
     with pytest.raises(ValueError):
-        audio_buffer(0)
+        audio_buffer(-1)
+    with pytest.raises(ValueError):
+        audio_buffer(16)
 
 
-async def test_the_server_holds_the_microphone_one_packet_not_four():
+def _packet(sequence: int) -> RtpPacket:
+    packet = RtpPacket(payload_type=111, sequence_number=sequence % 65536, timestamp=sequence * PACKET % 2**32)
+    packet._data = bytes([sequence % 256])
+    return packet
+
+
+def test_the_in_order_buffer_releases_at_once_skips_gaps_drops_late_packets_and_follows_a_restart():
+    buffer = InOrderAudioBuffer()
+    released = []
+    # in order across the 16-bit wrap; 65538 missing (lost); 65537 after 65539 (late); then a restarted sequence
+    for sequence in (65533, 65534, 65535, 65536, 65537, 65539, 65538, 65540, 30000, 30001):
+        pli, frame = buffer.add(_packet(sequence))
+        assert pli is False
+        released.append(None if frame is None else (frame.data[0], frame.timestamp))
+    want = [(s % 256, s * PACKET % 2**32) for s in (65533, 65534, 65535, 65536, 65537, 65539)]
+    want += [None] + [(s % 256, s * PACKET % 2**32) for s in (65540, 30000, 30001)]
+    assert released == want
+    assert (buffer.lost, buffer.late) == (1, 1)
+
+
+async def test_the_server_holds_the_microphone_no_packet_not_four():
     browser = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     server = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     try:
@@ -55,7 +77,7 @@ async def test_the_server_holds_the_microphone_one_packet_not_four():
         await announce_host_addresses(browser, [IceHostAddress.parse("127.0.0.1")])
         await browser.setLocalDescription(await browser.createOffer())
         await accept_offer(server, browser.localDescription.sdp)
-        assert _packets_until_release(_audio_receive_buffer(server)) == SERVER_AUDIO_HOLD_PACKETS == 1
+        assert _packets_until_release(_audio_receive_buffer(server)) == SERVER_AUDIO_HOLD_PACKETS == 0
     finally:
         await browser.close()
         await server.close()
