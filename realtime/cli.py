@@ -152,7 +152,6 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         cache_dir=args.cache_dir,
         seed=args.seed,
         torch_threads=args.threads or defaults.torch_threads,
-        vad_batching=not args.no_vad_batching,
         preemptive_response_ms=args.preemptive_response_ms,
         voice_aliases=with_aliases(defaults.voice_aliases, args.voice_aliases),
         ice_host_addresses=tuple(args.ice_hosts),
@@ -245,12 +244,6 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         "a session stays on the engine with the most headroom when it started",
     )
     p.add_argument(
-        "--no-vad-batching",
-        action="store_true",
-        help="run each session's voice activity detection (VAD) on its own, one call per 32 ms of audio, instead "
-        "of every session's audio together in shared calls",
-    )
-    p.add_argument(
         "--preemptive-response-ms",
         type=ms_or_off,
         default=d.preemptive_response_ms,
@@ -330,7 +323,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         default=d.media_workers,
         metavar="N",
         help="WebRTC: processes that carry the calls' media (encryption, Opus, resampling, pacing), spreading it "
-        "over cores; 0 keeps it in the server's process (default: 0)",
+        "over cores; 0 keeps it in the server's process (default: half the CPU cores, at most 8; none below 4 cores)",
     )
     p.add_argument("--no-webrtc", action="store_true", help="turn WebRTC off (POST /v1/realtime/calls)")
     _picture_args(p, d)

@@ -21,6 +21,9 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 WS_IMPLEMENTATIONS = ("websockets-sansio", "websockets")
 MAX_AUTO_MEDIA_WORKERS = 8
 """The most WebRTC media workers ``media_workers=None`` picks."""
+MIN_CORES_FOR_MEDIA_WORKERS = 4
+"""Below this many cores ``media_workers=None`` keeps the media in the server's process: there is no spare core to
+spread it over (the engine and the server's loop already share them), so a worker would only add a process hop."""
 """uvicorn's WebSocket implementations on the ``websockets`` library: ``websockets-sansio`` (the default, the one
 uvicorn recommends; refusals log no error, see ``realtime/transports/ws_protocol.py``) and ``websockets`` (uvicorn's
 legacy one, deprecated: uvicorn warns when it starts)."""
@@ -70,11 +73,6 @@ class ServerConfig:
     """torch CPU threads of the engine, set before it loads (in its child process too, when the stage
     config's ``engine.process`` runs it in one). One by default: the VAD models are tiny and a GPU engine
     needs no CPU threads; raise it for a real model on CPU."""
-    vad_batching: bool = True
-    """Score every session's VAD frames together: frames that arrive within 16 ms (or until every active session
-    has one) run as one silero call on the event loop (``realtime/vad_batch.py``). ``False``: one silero model per
-    session, one call per 32 ms frame (~1 ms of CPU each: at 64 sessions ~75 % of the event loop, and turn ends
-    were detected seconds late)."""
     preemptive_response_ms: int | None = DEFAULT_PREEMPTIVE_RESPONSE_MS
     """With ``server_vad``: after this much silence (below the session's ``silence_duration_ms``) the turn is
     committed and the reply started at once, unseen by the client until speech stops; speech resuming withdraws it
@@ -92,11 +90,10 @@ class ServerConfig:
     public address announced, the local one bound; tests use 127.0.0.1). Empty: the machine's own
     non-loopback interface addresses. No STUN server is ever used."""
     webrtc: bool = True
-    media_workers: int | None = 0
+    media_workers: int | None = None
     """WebRTC: worker processes that carry the calls' media (ICE, DTLS/SRTP, RTP, Opus, resampling, the paced reply
     track), so that it spreads over cores; sessions, turn detection and the engine stay in the server's process.
-    ``0`` (the default until the workers are measured under load on a GPU host): media in the server's process.
-    ``None``: :attr:`media_worker_count` picks half the CPU cores, at most 8.
+    ``None`` (the default): :attr:`media_worker_count` picks for this machine. ``0``: media in the server's process.
     Calls with a camera track are always served in the server's process."""
     """Serve ``POST /v1/realtime/calls`` when aiortc and the WebRTC transport are installed."""
     session_limits: SessionLimits = SessionLimits()
@@ -169,10 +166,12 @@ class ServerConfig:
     @property
     def media_worker_count(self) -> int:
         """:attr:`media_workers`, with ``None`` resolved for this machine: half the CPU cores this process may run on,
-        at most 8 (0 on one core)."""
+        at most :data:`MAX_AUTO_MEDIA_WORKERS`; none below :data:`MIN_CORES_FOR_MEDIA_WORKERS` cores."""
         if self.media_workers is not None:
             return self.media_workers
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if cores < MIN_CORES_FOR_MEDIA_WORKERS:
+            return 0
         return min(cores // 2, MAX_AUTO_MEDIA_WORKERS)
 
     @property

@@ -153,8 +153,10 @@ WebRTCFactory = Callable[[ServerContext], "WebRTCEndpoint | None"]
 
 
 def batched_silero_vad_factory(torch_threads: int) -> VadFactory:
-    """A factory of sessions' streams on one shared :class:`realtime.vad_batch.VadBatcher` (``vad_batching``):
-    the model is loaded by the first call; torch's thread count is restored as in :func:`silero_vad_factory`."""
+    """A factory of sessions' streams on one shared :class:`realtime.vad_batch.VadBatcher`, which scores every
+    session's frames together: the model is loaded by the first call. Loading silero sets torch's default thread
+    count to 1; the factory restores ``torch_threads`` so threads started later (an engine's) get the configured
+    count."""
     lock = threading.Lock()
     batcher: list = []  # the one VadBatcher, once made
 
@@ -168,23 +170,6 @@ def batched_silero_vad_factory(torch_threads: int) -> VadFactory:
                 batcher.append(VadBatcher(SileroBatchModel()))
                 torch.set_num_threads(torch_threads)
         return batcher[0].stream()
-
-    return make
-
-
-def silero_vad_factory(torch_threads: int) -> VadFactory:
-    """A factory of :class:`realtime.vad.SileroVad`. Constructing one sets torch's default thread
-    count to 1; the factory restores ``torch_threads`` so threads started later (an engine's)
-    get the configured count."""
-
-    def make() -> SpeechProbability:
-        import torch
-
-        from realtime.vad import SileroVad
-
-        vad = SileroVad()
-        torch.set_num_threads(torch_threads)
-        return vad
 
     return make
 
@@ -559,8 +544,7 @@ def create_app(
     server = RealtimeServer(
         config,
         engines=(engine,) if engine is not None else engines,
-        vad_factory=vad_factory
-        or (batched_silero_vad_factory if config.vad_batching else silero_vad_factory)(config.torch_threads),
+        vad_factory=vad_factory or batched_silero_vad_factory(config.torch_threads),
         webrtc_factory=webrtc_factory,
     )
 

@@ -78,7 +78,6 @@ class BenchOptions:
     preemptive_response_ms: int | None
     """The in-process server's ``ServerConfig.preemptive_response_ms`` (its default unless ``off``: None)."""
     pause_inside_ms: float | None
-    vad_batching: bool = True
     transcription: bool = False
     data_parallel_size: int = 1
     """The bench's own server: engines, one per GPU, as ``serve --data-parallel-size``."""
@@ -281,12 +280,6 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: serve's default)",
     )
     p.add_argument(
-        "--no-vad-batching",
-        action="store_true",
-        help="the bench's own server runs each session's voice activity detection on its own instead of every "
-        "session's audio together",
-    )
-    p.add_argument(
         "--preemptive-response-ms",
         type=ms_or_off,
         default=DEFAULT_PREEMPTIVE_RESPONSE_MS,
@@ -406,7 +399,6 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         reference=args.reference,
         out=args.out,
         threads=args.threads,
-        vad_batching=not args.no_vad_batching,
         transcription=args.transcription,
         data_parallel_size=_data_parallel_size(args),
         media_workers=args.media_workers,
@@ -631,7 +623,6 @@ def server_config(options: BenchOptions):
         webrtc=options.transport == "webrtc",
         ice_host_addresses=("127.0.0.1",),
         torch_threads=options.threads,
-        vad_batching=options.vad_batching,
         log_level="warning",
         preemptive_response_ms=options.preemptive_response_ms,
         **workers,

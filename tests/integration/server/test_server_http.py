@@ -425,7 +425,6 @@ def test_serve_flags_become_the_server_config(tmp_path):
             "--threads",
             "2",
             "--no-webrtc",
-            "--no-vad-batching",
         ]
     )
     config = server_config(args)
@@ -436,7 +435,6 @@ def test_serve_flags_become_the_server_config(tmp_path):
     assert (config.rate_limit.events_per_second, config.rate_limit.burst) == (20.0, 40)
     assert (config.rate_limit.audio_bytes_per_second, config.rate_limit.audio_burst_bytes) == (32000, 640000)
     assert config.torch_threads == 2 and config.webrtc is False and config.model is None
-    assert config.vad_batching is False and ServerConfig().vad_batching is True
     assert config.preemptive_response_ms == ServerConfig().preemptive_response_ms == 200  # on by default
     for flag, value in (("off", None), ("OFF", None), ("150", 150)):
         assert (

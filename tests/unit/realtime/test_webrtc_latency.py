@@ -3,6 +3,8 @@ browser), the microphone's downsampling, and how the bench stamps its own microp
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
@@ -109,9 +111,20 @@ async def test_the_bench_microphone_stamps_when_the_first_frame_was_captured():
 
 def test_bench_server_runs_serves_media_worker_default():
     options = resolve_options(build_parser().parse_args(["--transport", "webrtc", "--quick"]))
-    assert server_config(options).media_workers == ServerConfig().media_workers == 0
+    assert server_config(options).media_workers is ServerConfig().media_workers is None
+    chosen = resolve_options(build_parser().parse_args(["--transport", "webrtc", "--quick", "--media-workers", "0"]))
+    assert server_config(chosen).media_workers == 0
     chosen = resolve_options(build_parser().parse_args(["--transport", "webrtc", "--quick", "--media-workers", "2"]))
     assert server_config(chosen).media_workers == 2
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 0), (2, 0), (3, 0), (4, 2), (9, 4), (16, 8), (64, 8)])
+def test_the_default_media_workers_take_half_the_cores(monkeypatch, cores, workers):
+    """Half the cores this process may run on, at most 8; none where there is no spare core to spread media over."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert ServerConfig().media_worker_count == workers
+    assert ServerConfig(media_workers=0).media_worker_count == 0
+    assert ServerConfig(media_workers=3).media_worker_count == 3
 
 
 # --- the microphone's downsampling ---------------------------------------------------------------
