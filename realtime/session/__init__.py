@@ -48,11 +48,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Protocol
 
-import numpy as np
-
-from pipeline.api import ROOT_ITEM_ID, EngineHandle
+from pipeline.api import ROOT_ITEM_ID
 from pipeline.outputs import (
     OUTPUT_SAMPLE_RATE,
     AudioChunk,
@@ -70,7 +67,7 @@ from realtime.error_log import log_error_event
 from realtime.errors import InvalidAudioData, RealtimeError, to_error_payload
 from realtime.idle import IdleTimer, playback_end_ms
 from realtime.ids import IdGenerator, IdKind, RandomIds
-from realtime.images import ImageLimits, engine_parts, mirror_parts
+from realtime.images import engine_parts, mirror_parts
 from realtime.protocol.client import (
     ClientEvent,
     InputAudioAppend,
@@ -131,6 +128,13 @@ from realtime.session.commands import (
     TruncateItem,
     _Command,
 )
+from realtime.session.settings import (
+    AudioEncoder,
+    AudioTransport,
+    EncoderFactory,
+    SessionLimits,
+    SessionSettings,
+)
 from realtime.tool_calls import FunctionCalls, ResponseCalls, SetTools
 from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnEvent
 from realtime.voices import VoiceTable, usable_aliases
@@ -168,76 +172,6 @@ __all__ = [
     "TruncateItem",
     "TurnEvent",
 ]
-
-
-# --- settings -----------------------------------------------------------------------------------
-
-
-class AudioTransport(enum.Enum):
-    """How reply audio reaches the client."""
-
-    EVENTS = "events"
-    """As base64 ``response.output_audio.delta`` events (WebSocket)."""
-    MEDIA = "media"
-    """On a media track (WebRTC): :class:`PlayAudio` actions, ``output_audio_buffer.*`` events."""
-
-
-@dataclass(frozen=True)
-class SessionLimits:
-    max_buffer_ms: int = 300_000
-    """Most audio the input buffer holds before a commit; appends beyond it are refused."""
-    min_commit_ms: int = 100
-    """A manual commit needs at least this much audio (the OpenAI API's rule)."""
-    vad_lookback_ms: int = 500
-    """With server_vad, audio held back before speech beyond the prefix padding: the detector
-    reports a start up to its frame and resampler latency after the audio arrived."""
-
-
-@dataclass(frozen=True)
-class SessionSettings:
-    """What a session needs to know about its server and transport."""
-
-    model: str
-    voices: tuple[str, ...]
-    default_voice: str
-    default_instructions: str
-    max_output_tokens: int | None = None
-    """The engine's reply cap in text tokens (``EngineHandle.max_output_tokens``); a response asking for more, or for
-    ``"inf"``, gets this limit, and its ``response.created`` / ``response.done`` show it. None: no cap."""
-    voice_aliases: tuple[tuple[str, str], ...] = ()
-    """``(name, speaker)`` pairs accepted as voices besides ``voices`` (:mod:`realtime.voices`): the session reports
-    ``name``, the engine speaks with ``speaker``. Pairs whose speaker is not one of ``voices`` are left out."""
-    dialect: Dialect = Dialect.GA
-    audio_transport: AudioTransport = AudioTransport.EVENTS
-    limits: SessionLimits = SessionLimits()
-    image_limits: ImageLimits = ImageLimits()
-    """What a client's pictures may be and how large the model sees them (``input_image``)."""
-    preemptive_replies: bool = False
-    """The turn detector reports pauses (``ServerConfig.preemptive_response_ms``): a ``SpeechPaused`` starts a
-    tentative reply, and the current message's chunks are kept until its commit, to be streamed again if that reply
-    is withdrawn (up to ``limits.max_buffer_ms`` of audio). Without it ``SpeechPaused`` is ignored."""
-
-    @classmethod
-    def for_engine(cls, engine: EngineHandle, **overrides: object) -> SessionSettings:
-        base = {
-            "model": engine.model_name,
-            "voices": tuple(engine.voices),
-            "default_voice": engine.default_voice,
-            "default_instructions": engine.default_instructions,
-            "max_output_tokens": engine.max_output_tokens,
-        }
-        return cls(**(base | overrides))  # type: ignore[arg-type]
-
-
-class AudioEncoder(Protocol):
-    """Streaming float32 24 kHz → wire bytes (``realtime.audio.OutputEncoder`` is one)."""
-
-    def encode(self, samples: np.ndarray) -> bytes: ...
-
-    def flush(self) -> bytes: ...
-
-
-EncoderFactory = Callable[[AudioFormat], AudioEncoder]
 
 
 # --- state --------------------------------------------------------------------------------------
