@@ -129,6 +129,7 @@ from realtime.session.commands import (
 )
 from realtime.session.input_audio import InputAudio, _Chunk, _InputBuffer
 from realtime.session.settings import AudioEncoder, AudioTransport, EncoderFactory, SessionLimits, SessionSettings
+from realtime.session.transcripts import InputTranscription
 from realtime.tool_calls import FunctionCalls, ResponseCalls, SetTools
 from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnEvent
 from realtime.voices import VoiceTable, usable_aliases
@@ -243,7 +244,7 @@ class _Tentative:
 # --- the session --------------------------------------------------------------------------------
 
 
-class Session(FunctionCalls, InputAudio):
+class Session(FunctionCalls, InputTranscription, InputAudio):
     """One client's session. Not thread-safe; every method is synchronous and returns the
     actions its input caused (an empty list when nothing follows)."""
 
@@ -433,38 +434,6 @@ class Session(FunctionCalls, InputAudio):
                 self._error(exc, command.event_id)
         return self._drain()
 
-    def transcription_delta(self, item_id: str, content_index: int, delta: str) -> list[Action]:
-        """More of the transcript of a :class:`Transcribe` job."""
-        if delta and self._transcribed_part(item_id, content_index) is not None:
-            self._send(self._events.input_transcription_delta(item_id, content_index, delta))
-        return self._drain()
-
-    def transcription_completed(self, item_id: str, content_index: int, transcript: str, usage: Usage) -> list[Action]:
-        """A :class:`Transcribe` job's whole transcript: it becomes the content part's ``transcript``."""
-        part = self._transcribed_part(item_id, content_index)
-        if part is not None:
-            part.transcript = transcript
-            self._send(self._events.input_transcription_completed(item_id, content_index, transcript, usage))
-        return self._drain()
-
-    def transcription_failed(self, item_id: str, content_index: int, exc: Exception) -> list[Action]:
-        """A :class:`Transcribe` job failed: ``...input_audio_transcription.failed`` with the error (logged like an
-        ``error`` event)."""
-        if self._transcribed_part(item_id, content_index) is not None:
-            payload = to_error_payload(exc)
-            log_error_event(payload, session_id=self.session_id, answers=None)
-            error = {key: payload[key] for key in ("type", "code", "message", "param")}
-            self._send(self._events.input_transcription_failed(item_id, content_index, error))
-        return self._drain()
-
-    def _transcribed_part(self, item_id: str, content_index: int) -> ContentPart | None:
-        """The input audio part a transcription is for; None once its item is deleted."""
-        item = self._items.get(item_id)
-        if item is None or content_index >= len(item.content):
-            return None
-        part = item.content[content_index]
-        return part if part.type is ContentType.INPUT_AUDIO else None
-
     def playback_stopped(self, response_id: str) -> list[Action]:
         """WebRTC: the output track played the last audio of ``response_id``."""
         if self._audio_response_id == response_id:
@@ -587,12 +556,6 @@ class Session(FunctionCalls, InputAudio):
         self._emit(ConfigureTurnDetection(params, int(self._clock_ms)))
 
     # --- input audio buffer ---
-
-    def _transcribe(self, item_id: str) -> None:
-        """Ask for the committed message's transcript, when input transcription is on."""
-        settings = self.config.transcription
-        if settings is not None:
-            self._emit(Transcribe(item_id, 0, settings.language, settings.prompt))
 
     def _restart_detection_if_speaking(self) -> None:
         """The turn in progress was committed or dropped by the client: the detector must not
