@@ -41,7 +41,6 @@ once. With ``server_vad`` the audio before speech is held back (prefix padding p
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -49,7 +48,6 @@ from dataclasses import dataclass, field
 
 from pipeline.api import ROOT_ITEM_ID
 from pipeline.outputs import (
-    OUTPUT_SAMPLE_RATE,
     AudioChunk,
     FunctionCallDelta,
     FunctionCallDone,
@@ -83,17 +81,7 @@ from realtime.protocol.client import (
     parse_client_event,
 )
 from realtime.protocol.codes import ErrorCode, StatusReason
-from realtime.protocol.model import (
-    KEEP,
-    ContentPart,
-    Item,
-    ItemType,
-    OutputModality,
-    ResponseParams,
-    Role,
-    SessionConfig,
-    SessionPatch,
-)
+from realtime.protocol.model import KEEP, ContentPart, Item, ItemType, ResponseParams, Role, SessionConfig, SessionPatch
 from realtime.protocol.names import ContentType, Dialect
 from realtime.protocol.server import ServerEvents
 from realtime.session.commands import (
@@ -124,6 +112,7 @@ from realtime.session.commands import (
     _Command,
 )
 from realtime.session.input_audio import InputAudio, _Chunk, _InputBuffer
+from realtime.session.output_audio import OutputAudio
 from realtime.session.responses import ResponsePhase, Responses, _Response
 from realtime.session.settings import AudioEncoder, AudioTransport, EncoderFactory, SessionLimits, SessionSettings
 from realtime.session.transcripts import InputTranscription
@@ -187,7 +176,7 @@ class _Tentative:
 # --- the session --------------------------------------------------------------------------------
 
 
-class Session(FunctionCalls, Responses, InputTranscription, InputAudio):
+class Session(FunctionCalls, OutputAudio, Responses, InputTranscription, InputAudio):
     """One client's session. Not thread-safe; every method is synchronous and returns the
     actions its input caused (an empty list when nothing follows)."""
 
@@ -375,15 +364,6 @@ class Session(FunctionCalls, Responses, InputTranscription, InputAudio):
                     t.done = True  # type: ignore[union-attr]
             else:
                 self._error(exc, command.event_id)
-        return self._drain()
-
-    def playback_stopped(self, response_id: str) -> list[Action]:
-        """WebRTC: the output track played the last audio of ``response_id``."""
-        if self._audio_response_id == response_id:
-            self._audio_response_id = None
-            self._send(self._events.output_audio_buffer_stopped(response_id))
-            if self._response is None and not self._speaking:
-                self._idle.start(self._clock_ms)
         return self._drain()
 
     # --- plumbing ---
@@ -738,53 +718,7 @@ class Session(FunctionCalls, Responses, InputTranscription, InputAudio):
 
     # --- responses: requests ---
 
-    def _output_audio_clear(self, event: OutputAudioClear) -> None:
-        if self.settings.audio_transport is not AudioTransport.MEDIA:
-            raise RealtimeError(
-                "output_audio_buffer.clear is for WebRTC sessions; over a WebSocket the client owns playback",
-                code=ErrorCode.UNSUPPORTED_EVENT,
-                param="type",
-            )
-        if self._audio_response_id is None:
-            raise RealtimeError("no response audio is playing", code=ErrorCode.OUTPUT_AUDIO_BUFFER_EMPTY)
-        self._stop_output_audio(self._audio_response_id)
-
-    def _stop_output_audio(self, response_id: str) -> None:
-        """Nothing more of this response's audio may reach the listener."""
-        self._audio_response_id = None
-        if self.settings.audio_transport is AudioTransport.MEDIA:
-            self._emit(ClearOutputAudio(response_id))
-            self._send(self._events.output_audio_buffer_cleared(response_id))
-        else:
-            self._emit(DropQueuedAudio(response_id))
-
     # --- responses: lifecycle ---
-
-    def _audio_chunk(self, response: _Response, event: AudioChunk) -> None:
-        # Audio after the cancel decision is never sent; audio of a text response is not either
-        # (the engine was asked for text only, so this is defensive).
-        if response.phase is ResponsePhase.CANCELLING or response.modality is OutputModality.TEXT:
-            return
-        if not response.announced:
-            self._announce_message(response)
-        if self.settings.audio_transport is AudioTransport.MEDIA:
-            if self._audio_response_id != response.id:
-                self._audio_response_id = response.id
-                self._send(self._events.output_audio_buffer_started(response.id))
-            response.part.audio_ms += 1000.0 * len(event.pcm) / OUTPUT_SAMPLE_RATE
-            self._emit(PlayAudio(response.id, event.pcm))
-            return
-        assert response.encoder is not None
-        self._send_audio(response, response.encoder.encode(event.pcm))
-
-    def _send_audio(self, response: _Response, data: bytes) -> None:
-        if not data:
-            return  # the resampler is still filling its window
-        self._audio_response_id = response.id
-        if response.first_audio_ms is None:
-            response.first_audio_ms = self._clock_ms
-        response.part.audio_ms += response.output_format.duration_ms(len(data))
-        self._send(self._events.audio_delta(response.ref, base64.b64encode(data).decode("ascii")))
 
 
 def _command_ids(command: EngineCommand) -> set[str]:
