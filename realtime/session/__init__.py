@@ -42,9 +42,8 @@ once. With ``server_vad`` the audio before speech is held back (prefix padding p
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from contextlib import nullcontext
 
 from pipeline.outputs import (
     AudioChunk,
@@ -78,8 +77,8 @@ from realtime.protocol.client import (
     client_event_type,
     parse_client_event,
 )
-from realtime.protocol.codes import ErrorCode, StatusReason
-from realtime.protocol.model import KEEP, Item, ResponseParams, SessionConfig, SessionPatch
+from realtime.protocol.codes import ErrorCode
+from realtime.protocol.model import KEEP, Item, SessionConfig, SessionPatch
 from realtime.protocol.names import Dialect
 from realtime.protocol.server import ServerEvents
 from realtime.session.commands import (
@@ -109,15 +108,16 @@ from realtime.session.commands import (
     TruncateItem,
     _Command,
 )
-from realtime.session.input_audio import InputAudio, _Chunk, _InputBuffer
+from realtime.session.input_audio import InputAudio, _InputBuffer
 from realtime.session.items import ConversationItems
 from realtime.session.output_audio import OutputAudio
+from realtime.session.preemptive import PreemptiveReplies, _Tentative
 from realtime.session.responses import ResponsePhase, Responses, _Response
 from realtime.session.settings import AudioEncoder, AudioTransport, EncoderFactory, SessionLimits, SessionSettings
 from realtime.session.transcripts import InputTranscription
 from realtime.session.turns import TurnDetection
 from realtime.tool_calls import FunctionCalls, SetTools
-from realtime.turn import ServerVadParams, TurnEvent
+from realtime.turn import TurnEvent
 from realtime.voices import VoiceTable, usable_aliases
 
 __all__ = [
@@ -158,25 +158,19 @@ __all__ = [
 # --- state --------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Tentative:
-    """A reply started on a pause (``SpeechPaused``) before the turn is known to end. ``buffer`` is the user message
-    as it was committed; ``held`` the client actions of the commit and the reply, in order; ``after`` the audio
-    appended since (silence the reply did not hear; streamed into the message if the reply is withdrawn)."""
-
-    buffer: _InputBuffer
-    held: list[Action] = field(default_factory=list)
-    after: list[_Chunk] = field(default_factory=list)
-    response_id: str = ""
-    reply_item_id: str = ""
-    done: bool = False
-    """The reply ended (its ``ResponseDone`` came) while still tentative."""
-
-
 # --- the session --------------------------------------------------------------------------------
 
 
-class Session(FunctionCalls, TurnDetection, ConversationItems, OutputAudio, Responses, InputTranscription, InputAudio):
+class Session(
+    FunctionCalls,
+    PreemptiveReplies,
+    TurnDetection,
+    ConversationItems,
+    OutputAudio,
+    Responses,
+    InputTranscription,
+    InputAudio,
+):
     """One client's session. Not thread-safe; every method is synchronous and returns the
     actions its input caused (an empty list when nothing follows)."""
 
@@ -363,16 +357,6 @@ class Session(FunctionCalls, TurnDetection, ConversationItems, OutputAudio, Resp
         if event is not None:  # None: the client's dialect has no such event
             self._emit(Send(event))
 
-    @contextmanager
-    def _holding(self) -> Iterator[None]:
-        """Client actions emitted inside go to the tentative reply's ``held`` list instead of out."""
-        assert self._tentative is not None
-        self._hold = self._tentative.held
-        try:
-            yield
-        finally:
-            self._hold = None
-
     def _error(self, exc: Exception, event_id: str | None = None, answers: str | None = None) -> None:
         """Send (and log) the ``error`` event for ``exc``: every error event of the session comes from here.
         ``answers``: the type of the client event it answers, for the log. (An error of a preemptive reply
@@ -438,44 +422,6 @@ class Session(FunctionCalls, TurnDetection, ConversationItems, OutputAudio, Resp
     # --- input audio buffer ---
 
     # --- turn detection ---
-
-    def _speech_paused(self, vad: ServerVadParams) -> None:
-        """The user paused: commit and start the reply now, holding their client events (see the module
-        docstring), when speech stopping now would do that too."""
-        if not self.settings.preemptive_replies or not vad.create_response:
-            return
-        if self._response is not None or self._buffer.duration_ms <= 0:
-            return
-        self._tentative = _Tentative(self._buffer)
-        with self._holding():
-            item_id = self._commit()
-            self._start_response(ResponseParams())
-            self._transcribe(item_id)
-        assert self._response is not None
-        self._tentative.response_id, self._tentative.reply_item_id = self._response.id, self._response.item.id
-        self._emit(PreemptiveReply(self._response.id, Preemption.STARTED))
-
-    def _withdraw(self) -> None:
-        """Take back the tentative reply unseen: cancel it, delete its item and the message from the engine, and
-        stream the message again under its item id, with the audio that came after the pause."""
-        t, self._tentative = self._tentative, None
-        if t is None:
-            return
-        assert t.buffer.item_id is not None
-        self._emit(PreemptiveReply(t.response_id, Preemption.WITHDRAWN))
-        if not t.done:
-            self._emit(CancelResponse(t.response_id, StatusReason.TURN_DETECTED))
-            self._withdrawn.add(t.response_id)
-            self._response = None
-        if self._audio_response_id == t.response_id:
-            self._audio_response_id = None
-        for item_id in (t.reply_item_id, t.buffer.item_id):
-            self._items.pop(item_id, None)
-            self._emit(DeleteItem(item_id))
-        self._withdrawn_items |= {t.reply_item_id, t.buffer.item_id}
-        self._buffer = _InputBuffer(item_id=t.buffer.item_id)
-        for chunk in [*t.buffer.sent, *t.after]:
-            self._stream(chunk)
 
     # --- conversation items ---
 
