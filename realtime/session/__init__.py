@@ -77,8 +77,7 @@ from realtime.protocol.client import (
     client_event_type,
     parse_client_event,
 )
-from realtime.protocol.codes import ErrorCode
-from realtime.protocol.model import KEEP, Item, SessionConfig, SessionPatch
+from realtime.protocol.model import Item, SessionConfig
 from realtime.protocol.names import Dialect
 from realtime.protocol.server import ServerEvents
 from realtime.session.commands import (
@@ -116,7 +115,8 @@ from realtime.session.responses import ResponsePhase, Responses, _Response
 from realtime.session.settings import AudioEncoder, AudioTransport, EncoderFactory, SessionLimits, SessionSettings
 from realtime.session.transcripts import InputTranscription
 from realtime.session.turns import TurnDetection
-from realtime.tool_calls import FunctionCalls, SetTools
+from realtime.session.updates import SessionUpdates
+from realtime.tool_calls import FunctionCalls
 from realtime.turn import TurnEvent
 from realtime.voices import VoiceTable, usable_aliases
 
@@ -163,6 +163,7 @@ __all__ = [
 
 class Session(
     FunctionCalls,
+    SessionUpdates,
     PreemptiveReplies,
     TurnDetection,
     ConversationItems,
@@ -373,51 +374,6 @@ class Session(
         return self._ids.new(kind)
 
     # --- session.update ---
-
-    def _session_update(self, event: SessionUpdate) -> None:
-        """Each refused field gets its own error and the rest applies (:mod:`realtime.protocol.session_update`; an
-        unknown voice is one more refused field). ``session.updated`` follows unless every field was refused."""
-        refused = list(event.refused)
-        patch = event.patch
-        if patch.voice is not KEEP:
-            try:
-                patch = dataclasses.replace(patch, voice=self._voice(patch.voice, patch.voice_param))
-            except RealtimeError as exc:
-                refused.append(exc)
-                patch = dataclasses.replace(patch, voice=KEEP)
-        for exc in refused:
-            self._error(exc, event.event_id, client_event_type(event).value)
-        if refused and patch == SessionPatch(voice_param=patch.voice_param):
-            return
-        old, new = self.config, self.config.apply(patch)
-        self.config = new
-        if new.instructions != old.instructions:
-            self._emit(SetInstructions(new.instructions))
-        if new.truncation != old.truncation:
-            self._emit(SetContextPolicy(new.truncation.context_policy()))
-        if new.tools != old.tools:
-            self._emit(SetTools(new.tools))
-        if new.turn_detection != old.turn_detection:
-            self._turn_detection_changed(new.turn_detection)
-        self._send(self._events.session_updated(new, session_id=self.session_id, model=self.settings.model))
-
-    def _voice(self, name: str, param: str) -> str:
-        """The name the session reports for voice ``name``: a speaker in the engine's spelling, an alias as the
-        client wrote it (matched case-insensitively, :class:`realtime.voices.VoiceTable`)."""
-        resolved = self._voices.resolve(name)
-        if resolved is None:
-            raise RealtimeError(
-                f"unknown voice {name!r}; this model has: {self._voices.names()}",
-                code=ErrorCode.UNKNOWN_VOICE,
-                param=param,
-            )
-        return resolved[0]
-
-    def _speaker(self, voice: str) -> str:
-        """The engine's speaker for a voice name :meth:`_voice` accepted."""
-        resolved = self._voices.resolve(voice)
-        assert resolved is not None, "only accepted voice names are kept"
-        return resolved[1]
 
     # --- input audio buffer ---
 
