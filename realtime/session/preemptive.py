@@ -38,9 +38,9 @@ class PreemptiveReplies:
     """Preemptive replies (mixed into :class:`realtime.session.Session`). Owns the tentative reply (``_tentative``),
     where client actions go while it runs (``_hold``, read by ``_emit``), and what its withdrawals left behind
     (``_withdrawn``: replies still running, whose output is dropped; ``_withdrawn_items``: items whose failure to be
-    deleted is not news); uses the session's ``_emit``, ``_events``, ``config``, ``settings``, the input buffer
-    (``_buffer``, ``_commit``, ``_stream``), the conversation (``_items``), the responses (``_response``,
-    ``_start_response``), output audio (``_audio_response_id``) and transcription (``_transcribe``)."""
+    deleted is not news); uses the session's ``_emit``, ``settings``, the input buffer (``_buffer``, ``_commit``,
+    ``_stream``), the conversation (``_items``), the responses (``_response``, ``_start_response``), output audio
+    (``_audio_response_id``) and transcription (``_transcribe``)."""
 
     _tentative: _Tentative | None
     _hold: list[Action] | None

@@ -93,10 +93,11 @@ class _Response:
 
 class Responses:
     """Responses (mixed into :class:`realtime.session.Session`). Owns the active response and the reply due once a
-    cancelled one ends; uses the session's ``_emit``, ``_send``, ``_error``, ``_new_id``, ``_events``, ``config``,
-    ``settings``, ``conversation_id``, ``_event_id``, the conversation (``_add_item``), the voices (``_voice``,
-    ``_speaker``), function calling (``_response_calls``, ``_finish_calls``), output audio (``_send_audio``,
-    ``_stop_output_audio``, ``_audio_response_id``) and the turn state (``_speaking``, ``_idle``, ``_clock_ms``)."""
+    cancelled one ends; uses the session's ``_emit``, ``_send``, ``_error``, ``_new_id``, ``_events``,
+    ``_encoder_factory``, ``config``, ``settings``, ``conversation_id``, ``_event_id``, the conversation
+    (``_add_item``), the voices (``_voice``, ``_speaker``), function calling (``_response_calls``, ``_finish_calls``),
+    output audio (``_send_audio``, ``_stop_output_audio``, ``_audio_response_id``) and the turn state (``_speaking``,
+    ``_idle``, ``_clock_ms``)."""
 
     _response: _Response | None
     _auto_response_pending: bool

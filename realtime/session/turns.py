@@ -19,13 +19,12 @@ from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechSt
 
 
 class TurnDetection:
-    """Turn detection (mixed into :class:`realtime.session.Session`). Owns whether the user is speaking
-    (``_speaking``) and since when the assistant has been idle (``_idle``, for ``server_vad.idle_timeout_ms``); uses
-    the session's ``_emit``, ``_send``, ``_drain``, ``_events``, ``config``, ``settings``, the input buffer
-    (``_buffer``, ``_clock_ms``, ``_commit``, ``_stream_held``, ``_buffer_item_id``), the responses (``_response``,
-    ``_start_response``, ``_cancel``, ``_auto_response_pending``), output audio (``_audio_response_id``,
-    ``_stop_output_audio``), transcription (``_transcribe``) and the preemptive reply (``_tentative``,
-    ``_speech_paused``, ``_withdraw``)."""
+    """Turn detection (mixed into :class:`realtime.session.Session`). Owns whether the user is speaking (``_speaking``)
+    and since when the assistant has been idle (``_idle``, for ``server_vad.idle_timeout_ms``); uses the session's
+    ``_emit``, ``_send``, ``_drain``, ``_out``, ``_events``, ``config``, the input buffer (``_buffer``, ``_clock_ms``,
+    ``_commit``, ``_stream_held``, ``_buffer_item_id``), the responses (``_response``, ``_start_response``, ``_cancel``,
+    ``_auto_response_pending``), output audio (``_audio_response_id``, ``_stop_output_audio``), transcription
+    (``_transcribe``) and the preemptive reply (``_tentative``, ``_speech_paused``, ``_withdraw``)."""
 
     _speaking: bool
     _idle: IdleTimer
