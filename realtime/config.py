@@ -76,7 +76,7 @@ class ServerConfig:
     preemptive_response_ms: int | None = DEFAULT_PREEMPTIVE_RESPONSE_MS
     """With ``server_vad``: after this much silence (below the session's ``silence_duration_ms``) the turn is
     committed and the reply started at once, unseen by the client until speech stops; speech resuming withdraws it
-    (``realtime/session.py``). The reply then has the rest of the silence window to make its first audio; a
+    (``realtime/session/preemptive.py``). The reply then has the rest of the silence window to make its first audio; a
     withdrawn one costs the GPU work it did. ``None``: replies start when speech stops (the OpenAI API's timing).
     On by default: on the H100 it cut the time to first audio at every load measured, even when every turn had a
     mid-sentence pause that withdrew one reply."""
