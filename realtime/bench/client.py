@@ -285,6 +285,17 @@ jitter buffer keeps on a clean link (about 20 to 60 ms), rather than aiortc's fi
 (:mod:`realtime.transports.receive_buffer`)."""
 
 
+def import_webrtc() -> None:
+    """Import what a WebRTC user needs (aiortc, PyAV, the server's media modules) now. Call it before a process's
+    event loop runs its users: imported lazily on the first call instead, these modules (seconds on a loaded host)
+    would stall that loop and show as its lag."""
+    import aiortc  # noqa: F401
+
+    import realtime.transports.media
+    import realtime.transports.receive_buffer
+    import realtime.transports.webrtc  # noqa: F401
+
+
 class WebRTCLink:
     """A WebRTC call (``POST /v1/realtime/calls``) through aiortc: the microphone is a paced
     track, reply audio arrives on the remote track as 48 kHz frames, events on ``oai-events``.
