@@ -11,7 +11,8 @@ Watching (:meth:`EnginePool.watch`): every :data:`WATCH_INTERVAL_S` the pool loo
 ``closed`` flag (no I/O: an engine process's reader thread sets it the moment the child dies). A closed engine is
 marked failed: it takes no new session and each of its sessions is ended (an ``engine_failed`` error event, then a
 close). With several engines the pool also reads each one's stats every :data:`STATS_INTERVAL_S`, for the
-placement's tie-break (live responses).
+placement's tie-break (live responses). A failed engine may be replaced (:meth:`EnginePool.restarting`, then
+:meth:`EnginePool.replace`); who loads the replacement decides when (``realtime/server_engines.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from pipeline.api import EngineHandle
 from pipeline.config import StageGraphConfig
@@ -38,6 +40,7 @@ WATCH_INTERVAL_S = 0.1
 STATS_INTERVAL_S = 1.0
 """How often, with several engines, the pool reads each engine's live responses for placement."""
 STAGES = ("thinker", "talker", "token2wav")
+T = TypeVar("T")
 
 
 def closed(engine: EngineHandle) -> bool:
@@ -94,9 +97,10 @@ def check_devices(configs: Sequence[StageGraphConfig], device_count: Callable[[]
         )
 
 
-def start_engines(start: Callable[[StageGraphConfig], EngineHandle], configs: Sequence[StageGraphConfig]) -> list:
-    """``start(cfg)`` for every config, in parallel threads (a 7B engine takes a while to load); all or nothing: if
-    one raises, the engines that started are closed and the first error is raised."""
+def start_engines(start: Callable[[T], EngineHandle], configs: Sequence[T]) -> list:
+    """``start(c)`` for every ``c`` of ``configs`` (stage configs, or engine indexes), in parallel threads (a 7B
+    engine takes a while to load); all or nothing: if one raises, the engines that started are closed and the first
+    error is raised."""
     if len(configs) == 1:
         return [start(configs[0])]
     with ThreadPoolExecutor(max_workers=len(configs), thread_name_prefix="omni-engine-start") as pool:
@@ -137,13 +141,26 @@ class EnginePool:
         probe_timeout_s: float,
         on_failed: Callable[[int, int], None] | None = None,
     ) -> None:
-        self.engines = tuple(engines)
-        self.devices = tuple(engine_device(engine) for engine in self.engines)
+        self.devices = tuple(engine_device(engine) for engine in engines)
         self.slots: EngineSlots[EngineHandle] = EngineSlots(
-            self.engines, max_sessions=max_sessions, capacity=sessions_per_engine
+            engines, max_sessions=max_sessions, capacity=sessions_per_engine
         )
         self.probe_timeout_s = probe_timeout_s
         self._on_failed = on_failed
+
+    @property
+    def engines(self) -> tuple[EngineHandle, ...]:
+        """The engine at each index now (a replaced one's successor)."""
+        return self.slots.engines
+
+    def restarting(self, index: int) -> None:
+        """Failed engine ``index`` is being replaced (``/healthz`` shows it; it takes no session yet)."""
+        self.slots.restarting(index)
+
+    def replace(self, index: int, engine: EngineHandle) -> None:
+        """``engine`` serves in place of failed engine ``index`` (same devices) from now on."""
+        self.slots.replace(index, engine)
+        logger.info("engine %d (%s) restarted: serving again", index, self.devices[index])
 
     def check(self) -> None:
         """Mark every engine that has closed (died) failed; cheap, no I/O."""
@@ -174,7 +191,7 @@ class EnginePool:
 
     async def _probe(self, index: int) -> EngineProbe:
         engine, state = self.engines[index], self.slots.state(index)
-        if state is EngineState.FAILED or not isinstance(engine, EngineStatsSource):
+        if state is not EngineState.SERVING or not isinstance(engine, EngineStatsSource):
             return EngineProbe(index, state, True, None)
         try:
             stats = await asyncio.wait_for(engine.stats(), self.probe_timeout_s)

@@ -87,9 +87,9 @@ class ServerHealth:
         return health
 
     def report(self) -> dict:
-        """``ok`` is false once no engine serves: each is closed (stopped, or its child process died). The server
-        stays up, refusing sessions, until it is restarted. ``engines``: each engine's ``state`` (``serving`` or
-        ``failed``), ``device``, live ``sessions`` and ``max_sessions``."""
+        """``ok`` is false while no engine serves: each is closed (stopped, or its child process died) or being
+        restarted. The server stays up, refusing sessions, meanwhile. ``engines``: each engine's ``state``
+        (``serving``, ``failed`` or ``restarting``), ``device``, live ``sessions`` and ``max_sessions``."""
         pool, slots, webrtc = self.pool, self.pool.slots, self.webrtc
         first = pool.engines[0]  # every engine serves the same model
         return {

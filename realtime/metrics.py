@@ -259,7 +259,10 @@ class ServerMetrics:
     def _engine_gauges(self, r: CollectorRegistry) -> None:
         """Per-engine series (label ``engine``: its index; ``device`` on ``engine_up``), set at each scrape."""
         self.engine_up = Gauge(
-            f"{PREFIX}_engine_up", "1 while the engine serves, 0 once it failed", ["engine", "device"], registry=r
+            f"{PREFIX}_engine_up",
+            "1 while the engine serves, 0 while it is failed or restarting",
+            ["engine", "device"],
+            registry=r,
         )
         self.engine_sessions = Gauge(
             f"{PREFIX}_engine_sessions", "Live sessions placed on the engine", ["engine"], registry=r
@@ -276,6 +279,12 @@ class ServerMetrics:
         self.engine_failures = Counter(
             f"{PREFIX}_engine_failures",
             "Engines marked failed (their process died) since start",
+            ["engine"],
+            registry=r,
+        )
+        self.engine_restarts = Counter(
+            f"{PREFIX}_engine_restarts",
+            "Failed engines replaced by a newly loaded one since start",
             ["engine"],
             registry=r,
         )
@@ -311,6 +320,7 @@ class ServerMetrics:
             self.engine_sessions.labels(engine).set(load.sessions)
             self.engine_capacity.labels(engine).set(load.capacity)
             self.engine_failures.labels(engine)
+            self.engine_restarts.labels(engine)
             report = stats[load.index] if stats is not None else None
             if report is not None:
                 self.engine_live_responses.labels(engine).set(report.responses)
@@ -319,6 +329,9 @@ class ServerMetrics:
 
     def engine_failed(self, engine: str) -> None:
         self.engine_failures.labels(engine).inc()
+
+    def engine_restarted(self, engine: str) -> None:
+        self.engine_restarts.labels(engine).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition (:data:`CONTENT_TYPE`)."""

@@ -17,7 +17,9 @@ the fewest live responses (as its engine last reported them), then to the lowest
 spreads sessions evenly and, among equals, prefers the engine doing the least generation now.
 
 An engine that fails (:meth:`EngineSlots.fail`) takes no new session; each of its sessions' slots runs the
-callback its holder registered (:meth:`EngineSlot.on_engine_failure`), which ends that session.
+callback its holder registered (:meth:`EngineSlot.on_engine_failure`), which ends that session. A failed engine may
+be replaced (:meth:`EngineSlots.replace`, after :meth:`EngineSlots.restarting`): the new one serves new sessions from
+zero; the failed one's sessions keep their own engine and end as before, their slots counting against nothing of it.
 """
 
 from __future__ import annotations
@@ -42,15 +44,19 @@ class PlacementCode(enum.StrEnum):
     ENGINE_CAPACITY_REACHED = "engine_capacity_reached"
     """Every serving engine holds its ``max_sessions_per_engine`` sessions."""
     NO_ENGINE_AVAILABLE = "no_engine_available"
-    """Every engine has failed: the server serves nothing until it is restarted."""
+    """Every engine has failed (and none is restarted yet): the server serves nothing for now."""
     ENGINE_FAILED = "engine_failed"
     """The engine serving this session failed; the session ends (a new one goes to a surviving engine)."""
 
 
 class EngineState(enum.StrEnum):
+    """An engine's place in admission, in the order it moves through them (a replaced engine is serving again)."""
+
     SERVING = "serving"
     FAILED = "failed"
-    """Its process died or it was closed: it takes no session again."""
+    """Its process died or it was closed: it takes no session; its sessions are being ended."""
+    RESTARTING = "restarting"
+    """A new engine is loading in its place: it takes no session until :meth:`EngineSlots.replace`."""
 
 
 class NoEngineAvailable(RealtimeError):
@@ -99,17 +105,15 @@ class EngineSlot(SessionSlot, Generic[E]):
         self._engine_slots = slots
         self._total_slot = total
         self.index = index
+        self.engine: E = slots.engines[index]
+        """The engine this session is placed on, for its life (a replacement at :attr:`index` is not it)."""
         self._on_failure: Callable[[], None] | None = None
-
-    @property
-    def engine(self) -> E:
-        return self._engine_slots.engines[self.index]
 
     def on_engine_failure(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (once, on the event loop, no I/O in it: it should only signal the session to end) if
         this slot's engine fails while the slot is held; at once if it has failed already."""
         self._on_failure = callback
-        if self._engine_slots.state(self.index) is EngineState.FAILED and not self._released:
+        if self._engine_slots.engine_failed(self) and not self._released:
             callback()
 
     def release(self) -> None:
@@ -132,7 +136,7 @@ class EngineSlots(Generic[E]):
             raise ValueError("at least one engine is needed")
         if capacity < 1:
             raise ValueError(f"the sessions per engine must be >= 1, got {capacity}")
-        self.engines = tuple(engines)
+        self.engines: tuple[E, ...] = tuple(engines)
         self.capacity = capacity
         self._total = SessionSlots(max_sessions)
         self._states = [EngineState.SERVING] * len(self.engines)
@@ -216,10 +220,30 @@ class EngineSlots(Generic[E]):
             code=PlacementCode.ENGINE_CAPACITY_REACHED,
         )
 
+    def engine_failed(self, slot: EngineSlot[E]) -> bool:
+        """Whether ``slot``'s own engine has failed (it is not serving, or another engine has replaced it)."""
+        return self.engines[slot.index] is not slot.engine or self._states[slot.index] is not EngineState.SERVING
+
+    def restarting(self, index: int) -> None:
+        """Failed engine ``index`` is being replaced (it still takes no session)."""
+        if self._states[index] is EngineState.SERVING:
+            raise ValueError(f"engine {index} is serving: only a failed engine is restarted")
+        self._states[index] = EngineState.RESTARTING
+
+    def replace(self, index: int, engine: E) -> None:
+        """``engine`` serves in place of failed engine ``index`` from now on, with no session yet. The failed
+        one's sessions (their failure callbacks already ran) keep their slots until they end, outside its count."""
+        if self._states[index] is EngineState.SERVING:
+            raise ValueError(f"engine {index} is serving: only a failed engine is replaced")
+        self.engines = (*self.engines[:index], engine, *self.engines[index + 1 :])
+        self._held[index] = set()
+        self._responses[index] = 0
+        self._states[index] = EngineState.SERVING
+
     def fail(self, index: int) -> int:
         """Mark engine ``index`` failed (idempotent): it takes no new session, and each of its sessions' failure
         callbacks runs. Returns how many sessions it held."""
-        if self._states[index] is EngineState.FAILED:
+        if self._states[index] is not EngineState.SERVING:
             return 0
         self._states[index] = EngineState.FAILED
         held = list(self._held[index])

@@ -221,12 +221,13 @@ class RealtimeServer:
         engines: Sequence[EngineHandle] | None,
         vad_factory: VadFactory,
         webrtc_factory: WebRTCFactory | None,
+        restart_engines: bool | None = None,
     ) -> None:
         self.config = config
         self.metrics = ServerMetrics()
         self.access = AccessPolicy(config.api_key, config.allowed_origins)
         self.webrtc: WebRTCEndpoint | None = None
-        self._engines = ServerEngines(config, engines, self.metrics)
+        self._engines = ServerEngines(config, engines, self.metrics, restart=restart_engines)
         self._vad_factory = vad_factory
         self._webrtc_factory = webrtc_factory
         self._context: ServerContext | None = None
@@ -533,11 +534,13 @@ def create_app(
     engines: Sequence[EngineHandle] | None = None,
     vad_factory: VadFactory | None = None,
     webrtc_factory: WebRTCFactory | None = _default_webrtc,
+    restart_engines: bool | None = None,
 ) -> Starlette:
     """The ASGI app for ``config``. ``engine``: serve this engine, or ``engines``: these, one session on one engine
     (the caller keeps ownership), instead of loading ``config.data_parallel_size`` engines of ``config.model`` at
-    startup. ``vad_factory``: one VAD per session
-    (default silero). ``webrtc_factory``: builds ``app.state.webrtc`` at startup (``None``, or
+    startup. ``restart_engines``: load a new engine from ``config`` in place of one that fails (default: when the
+    engines are loaded at startup; pass True with ``engines`` loaded from ``config``). ``vad_factory``: one VAD per
+    session (default silero). ``webrtc_factory``: builds ``app.state.webrtc`` at startup (``None``, or
     ``config.webrtc`` false: no WebRTC, the calls endpoint answers 501)."""
     if engine is not None and engines is not None:
         raise ValueError("pass engine or engines, not both")
@@ -546,6 +549,7 @@ def create_app(
         engines=(engine,) if engine is not None else engines,
         vad_factory=vad_factory or batched_silero_vad_factory(config.torch_threads),
         webrtc_factory=webrtc_factory,
+        restart_engines=restart_engines,
     )
 
     @contextlib.asynccontextmanager
@@ -700,7 +704,8 @@ def run_server(config: ServerConfig) -> None:
     with _sigterm_interrupts():
         engines = load_engines(config)
         try:
-            server = uvicorn.Server(_uvicorn_config(create_app(config, engines=engines), config))
+            app = create_app(config, engines=engines, restart_engines=True)
+            server = uvicorn.Server(_uvicorn_config(app, config))
             with _redacting(config.api_key):
                 server.run()
         finally:

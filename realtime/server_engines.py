@@ -1,21 +1,24 @@
 """The server's engines: loaded (:func:`load_engines`, one per GPU with ``data_parallel_size`` > 1) unless the
 caller injected them, pooled for admission and watched (:class:`realtime.engine_pool.EnginePool`), announced in the
-log, and closed at shutdown if they were loaded here (:class:`ServerEngines`).
+log, restarted when one fails if they were loaded from the server's configuration
+(:class:`realtime.engine_restarts.EngineRestarts`), and closed at shutdown if they were loaded here
+(:class:`ServerEngines`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pipeline.api import EngineHandle
 from realtime.config import ServerConfig
 from realtime.engine_pool import EnginePool, check_devices, replica_configs, start_engines
+from realtime.engine_restarts import EngineRestarts
 from realtime.metrics import ServerMetrics
 from realtime.voices import usable_aliases
 
-__all__ = ["ServerEngines", "load_engine", "load_engines"]
+__all__ = ["ServerEngines", "engine_loader", "load_engine", "load_engines"]
 
 logger = logging.getLogger("realtime.server")
 """The server's own logger: these are the server's startup lines."""
@@ -38,11 +41,12 @@ def load_engine(config: ServerConfig) -> EngineHandle:
     return OmniEngine.from_pretrained(path, config.stage_config, seed=config.seed, torch_threads=config.torch_threads)
 
 
-def load_engines(config: ServerConfig) -> list[EngineHandle]:
-    """:func:`load_engine` for ``config.data_parallel_size`` engines (``realtime/engine_pool.py``): one per GPU, each
-    in its own child process, loaded in parallel; all or nothing."""
+def engine_loader(config: ServerConfig) -> Callable[[int], EngineHandle]:
+    """A loader of engine ``i`` of ``config.data_parallel_size`` (``realtime/engine_pool.py``: one per GPU, each in
+    its own child process), the same each time it is called: :func:`load_engines` starts them all with it, a restart
+    loads one again. Resolves the model and checks the GPUs now."""
     if config.data_parallel_size == 1:
-        return [load_engine(config)]
+        return lambda index: load_engine(config)
     import silero_vad  # noqa: F401  (as in load_engine: before torch's thread count is set)
     import torch
 
@@ -55,22 +59,40 @@ def load_engines(config: ServerConfig) -> list[EngineHandle]:
     configs = replica_configs(load_stage_config(config.stage_config), config.data_parallel_size)
     check_devices(configs, torch.cuda.device_count)
 
-    def start(cfg) -> EngineHandle:
-        return OmniEngine.from_pretrained(path, cfg, seed=config.seed, torch_threads=config.torch_threads)
+    def load(index: int) -> EngineHandle:
+        return OmniEngine.from_pretrained(path, configs[index], seed=config.seed, torch_threads=config.torch_threads)
 
-    return start_engines(start, configs)
+    return load
+
+
+def load_engines(config: ServerConfig) -> list[EngineHandle]:
+    """Every engine of ``config`` (:func:`engine_loader`), loaded in parallel; all or nothing."""
+    return start_engines(engine_loader(config), range(config.data_parallel_size))
 
 
 class ServerEngines:
     """The engines of one server, from :meth:`start` to :meth:`close`. ``engines``: serve these (the caller keeps
-    ownership) instead of loading ``config.data_parallel_size`` engines at :meth:`start`."""
+    ownership) instead of loading ``config.data_parallel_size`` engines at :meth:`start`. ``restart``: load a new
+    engine from ``config`` in place of one that fails (:mod:`realtime.engine_restarts`); default: when the engines
+    are loaded here. The caller that passes its own engines with ``restart`` must have loaded them from ``config``;
+    the replacements are closed here, the engines passed in stay the caller's."""
 
-    def __init__(self, config: ServerConfig, engines: Sequence[EngineHandle] | None, metrics: ServerMetrics) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        engines: Sequence[EngineHandle] | None,
+        metrics: ServerMetrics,
+        *,
+        restart: bool | None = None,
+    ) -> None:
         self.config = config
         self.metrics = metrics
         self._engines = tuple(engines) if engines else ()
         self._owns_engines = not engines
+        self._restart = self._owns_engines if restart is None else restart
         self._pool: EnginePool | None = None
+        self._restarts: EngineRestarts | None = None
+        self._loader: Callable[[int], EngineHandle] | None = None
         self._watch: asyncio.Task | None = None
 
     @property
@@ -90,11 +112,31 @@ class ServerEngines:
             max_sessions=config.max_sessions,
             sessions_per_engine=config.sessions_per_engine,
             probe_timeout_s=config.engine_probe_timeout_s,
-            on_failed=lambda index, sessions: self.metrics.engine_failed(str(index)),
+            on_failed=self._failed,
         )
+        if self._restart:
+            self._restarts = EngineRestarts(
+                self._pool, self._load_again, on_restarted=lambda index: self.metrics.engine_restarted(str(index))
+            )
         self.metrics.observe_engines(self._pool.slots.loads(), self._pool.devices)
         _announce(engines[0], config, self._pool)
         return self._pool
+
+    @property
+    def restarts(self) -> EngineRestarts | None:
+        """The restarts of failed engines (``None`` when the engines are not restarted)."""
+        return self._restarts
+
+    def _failed(self, index: int, sessions: int) -> None:
+        self.metrics.engine_failed(str(index))
+        if self._restarts is not None:
+            self._restarts.engine_failed(index)
+
+    def _load_again(self, index: int) -> EngineHandle:
+        """A new engine ``index`` (on a restart thread): the loader is made on first use, as at startup."""
+        if self._loader is None:
+            self._loader = engine_loader(self.config)
+        return self._loader(index)
 
     def watch(self) -> None:
         """Start the pool's watch (a task, until :meth:`stop_watch`): a failed engine's sessions are ended."""
@@ -106,7 +148,10 @@ class ServerEngines:
             await asyncio.gather(self._watch, return_exceptions=True)
 
     async def close(self) -> None:
-        """Close the engines if :meth:`start` loaded them (each joins its thread or process); once."""
+        """Cancel the pending restarts, close the engines they loaded, and close the engines if :meth:`start`
+        loaded them (each joins its thread or process); once."""
+        if self._restarts is not None:
+            await self._restarts.close()
         engines, self._engines = self._engines, ()
         if self._owns_engines and engines:
             await asyncio.gather(*(asyncio.to_thread(engine.close) for engine in engines))  # type: ignore[attr-defined]

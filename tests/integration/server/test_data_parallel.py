@@ -3,7 +3,7 @@
 their engine; admission refuses the session over capacity (WebSocket: an error event and 1013; calls endpoint: 503
 with Retry-After) and ``/metrics`` counts it; one engine killed mid-response ends its sessions with an
 ``engine_failed`` error and a close while the other engine's sessions complete, new sessions go to the survivor, and
-``/healthz`` shows it.
+``/healthz`` shows it. A server that loaded its engines itself restarts a killed one, and new sessions go to it.
 
 The two engine processes are started once for the module (a spawn imports torch: seconds); each test serves them
 from an app of its own (the engines stay the module's). The kill test comes last: it leaves one engine dead."""
@@ -34,17 +34,23 @@ FORCED_END = "incomplete"
 
 
 @pytest.fixture(scope="module")
-def two_engines(tiny_model_dir, tmp_path_factory):
-    """Two engines on the CPU, each in its own process; replies forced to 6 text and 80 codec tokens (greedy)."""
-    stages = tmp_path_factory.mktemp("dp") / "stages.yaml"
+def stages(tmp_path_factory):
+    """The CPU stage config of these tests: replies forced to 6 text and 80 codec tokens (greedy)."""
+    path = tmp_path_factory.mktemp("dp") / "stages.yaml"
     lm = "device: cpu, dtype: float32, sampling: {do_sample: false}"
-    stages.write_text(
+    path.write_text(
         f"extends: {os.path.abspath(PACKAGED)}\n"
         "stages:\n"
         f"  thinker: {{{lm}, min_tokens: 6, max_tokens: 6}}\n"
         f"  talker: {{{lm}, min_tokens: 80, max_tokens: 80}}\n"
         "  token2wav: {device: cpu}\n"
     )
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_engines(tiny_model_dir, stages):
+    """Two engines on the CPU, each in its own process."""
     config = ServerConfig(model=str(tiny_model_dir), stage_config=stages, data_parallel_size=2, seed=1234)
     engines = load_engines(config)
     assert [engine.uses_process for engine in engines] == [True, True]
@@ -176,3 +182,38 @@ async def test_a_killed_engine_ends_its_sessions_while_the_other_serves_on(two_e
             assert sample(text, "omni_realtime_engine_up", engine="0", device="cpu") == 0
             assert sample(text, "omni_realtime_engine_failures_total", engine="0") == 1
             assert sample(text, "omni_realtime_errors_total", code="engine_failed") == 1
+
+
+async def test_a_server_restarts_a_killed_engine_it_loaded(tiny_model_dir, stages):
+    config = ServerConfig(
+        port=0, webrtc=False, model=str(tiny_model_dir), stage_config=stages, data_parallel_size=2, seed=1234
+    )
+    app = create_app(config, vad_factory=SilentVad)  # no engines passed: the server loads and owns them
+    async with serve_in_background(app, config) as base, httpx2.AsyncClient(base_url=base) as http:
+        url = base.replace("http://", "ws://") + "/v1/realtime"
+        pool = app.state.realtime.pool
+        killed = pool.engines[0]
+        async with websockets.connect(url) as victim, websockets.connect(url) as other:
+            await until(victim, "session.created")
+            await until(other, "session.created")
+            os.kill(killed._backend.pid, signal.SIGKILL)
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                while True:
+                    await recv(victim)
+            assert closed.value.rcvd.code == 1011
+            async with asyncio.timeout(120):  # a 1 s delay, then a new engine process loads
+                while (await http.get("/healthz")).json()["engines"][0]["state"] != "serving":
+                    await asyncio.sleep(0.1)
+            assert pool.engines[0] is not killed and not pool.engines[0].closed
+            async with websockets.connect(url) as newcomer:  # the restarted engine has the most room
+                await until(newcomer, "session.created")
+                assert [e["sessions"] for e in (await http.get("/healthz")).json()["engines"]] == [1, 1]
+                await ask(newcomer)
+                assert (await until(newcomer, "response.done"))["response"]["status"] == FORCED_END
+            await ask(other)  # the other engine served on throughout
+            assert (await until(other, "response.done"))["response"]["status"] == FORCED_END
+        text = (await http.get("/metrics")).text
+        assert sample(text, "omni_realtime_engine_up", engine="0", device="cpu") == 1
+        assert sample(text, "omni_realtime_engine_failures_total", engine="0") == 1
+        assert sample(text, "omni_realtime_engine_restarts_total", engine="0") == 1
+    assert killed.closed and pool.engines[0].closed  # the server closed what it loaded

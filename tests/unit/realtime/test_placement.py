@@ -89,6 +89,29 @@ def test_a_failed_engine_ends_its_sessions_and_takes_no_new_ones():
     assert slots.sessions(0) == 0
 
 
+def test_a_replaced_engine_serves_new_sessions_from_zero_while_the_old_ones_end():
+    slots = EngineSlots(["a", "b"], max_sessions=16, capacity=2)
+    old, ended = slots.admit(), []
+    assert old.index == 0 and old.engine == "a"
+    with pytest.raises(ValueError, match="serving"):
+        slots.restarting(0)  # only a failed engine is restarted
+    assert slots.fail(0) == 1
+    slots.restarting(0)
+    assert slots.state(0) is EngineState.RESTARTING and slots.admit().index == 1  # none placed while it loads
+    assert slots.fail(0) == 0  # a restarting engine is not failed again
+    slots.replace(0, "a2")
+    assert slots.state(0) is SERVING and slots.engines == ("a2", "b") and slots.sessions(0) == 0
+    new = slots.admit()
+    assert (new.index, new.engine) == (0, "a2") and slots.sessions(0) == 1
+    old.on_engine_failure(lambda: ended.append("old"))  # its engine failed, whatever serves at its index now
+    new.on_engine_failure(lambda: ended.append("new"))
+    assert ended == ["old"]
+    old.release()  # counts against nothing of the new engine
+    assert slots.sessions(0) == 1 and slots.active == 2
+    with pytest.raises(ValueError, match="serving"):
+        slots.replace(0, "a3")
+
+
 def test_no_serving_engine_refuses_with_no_engine_available():
     slots = EngineSlots(["a"], max_sessions=16, capacity=16)
     slots.fail(0)
