@@ -12,8 +12,9 @@ buffer, Opus decode and encode), resampling, batched silero VAD, the paced outpu
 - event-loop lag p50 / p99 / max (ms, :mod:`realtime.loop_lag`): how late a sleeping task woke; a loop with more work
   than time shows lag that grows with the level;
 - the server's input delay (``realtime_webrtc_input_delay_seconds``): how far the microphone audio fell behind its
-  own stream clock before reaching the session; and the users' end of turn (real end of speech → ``speech_stopped``,
-  the VAD's silence window included) and voice-to-voice, p50 / p95.
+  own stream clock before reaching the session; the users' end of turn (real end of speech → ``speech_stopped``,
+  the VAD's silence window included) and voice-to-voice, p50 / p95; and the turns whose playback starved (the bench's
+  player model) with the longest starvation.
 
 ``--profile FILE`` also profiles the server's event-loop thread (cProfile) and writes its time per stage per user
 per second of media (SRTP, RTP and jitter buffer, DTLS/ICE/SCTP, VAD, resampling, session and protocol, asyncio)
@@ -201,6 +202,8 @@ async def _main(args: argparse.Namespace) -> dict:
             "client_loop_lag_ms_worst_process": worst,
             "end_of_turn_ms_p50_p95": [summary["end_of_turn_ms"].p50, summary["end_of_turn_ms"].p95],
             "voice_to_voice_ms_p50_p95": [summary["voice_to_voice_ms"].p50, summary["voice_to_voice_ms"].p95],
+            "turns_with_underruns": f"{sum(1 for t in level.turns if t.underruns)} of {len(level.turns)}",
+            "starved_ms_max": max((t.starved_ms or 0.0 for t in level.turns), default=0.0),
             "statuses": sorted({t.status for t in level.turns}),
         }
         if profiler is not None:
