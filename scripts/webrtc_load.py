@@ -69,7 +69,7 @@ STAGES = (
     ("resample + pcm", ("realtime/audio.py", "realtime/transports/media.py", "numpy", "scipy", "soxr")),
     (
         "session + protocol",
-        ("realtime/session", "realtime/runner.py", "realtime/protocol", "pydantic", "json", "base64"),
+        ("realtime/session", "realtime/runner/", "realtime/protocol", "pydantic", "json", "base64"),
     ),
     ("transport glue", ("realtime/transports/webrtc.py", "realtime/transports/input_delay.py", "prometheus")),
     ("fake engine", ("tests/fakes.py",)),
