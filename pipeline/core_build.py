@@ -16,7 +16,7 @@ import torch
 from pipeline.config import StageGraphConfig
 from pipeline.conversations import Conversations
 from pipeline.models import family_of
-from pipeline.models.family import Checkpoint
+from pipeline.models.family import Checkpoint, ModelFamily
 from pipeline.observe.observer import EngineObserver
 from pipeline.observe.report import log_placement
 from pipeline.output.processor import OutputProcessor
@@ -46,7 +46,7 @@ class CoreHooks:
 
 @dataclass(frozen=True)
 class CoreParts:
-    family: object
+    family: ModelFamily
     special: object
     """The checkpoint's special token ids (the family's)."""
     renderer: object
@@ -78,24 +78,12 @@ def build_core(
     )
     runner, t2w_device = build_model_runner(family, ckpt, cfg, limits, fail=hooks.fail)
     log_placement(runner, t2w_device)
-    thinker = runner.thinker
-    image_encodes = (
-        None
-        if thinker.vision is None
-        else ImageEncodes(
-            thinker,
-            merge=thinker.vision.merge_size,
-            width=thinker.text_model.config.hidden_size,
-            dtype=thinker.dtype,
-            device=thinker.device,
-        )
-    )
+    image_encodes = _image_encodes(runner)
     scheduler = _scheduler(cfg, runner, limits)
-    tw = cfg.token2wav
     output = OutputProcessor(
         observer,
         text_stop={special.im_end, special.endoftext},
-        start_buffer_ms=tw.start_buffer_ms,
+        start_buffer_ms=cfg.token2wav.start_buffer_ms,
         holds_start=lambda r: scheduler.holds_start(r.conv),
     )
     conversations = _conversations(ckpt, cfg, family, renderer, limits, runner, image_encodes, scheduler, hooks)
@@ -107,8 +95,8 @@ def build_core(
         ckpt=ckpt,
         synthesizer=runner.token2wav,
         special=special,
-        text_end_vectors=tuple(thinker.embed([special.tts_text_end, special.tts_text_pad])),
-        to_token2wav=family.connectors[tw.connector].fn,
+        text_end_vectors=tuple(runner.thinker.embed([special.tts_text_end, special.tts_text_pad])),
+        to_token2wav=family.connectors[cfg.token2wav.connector].fn,
         codec_stop=limits.codec_stop,
         max_codes=limits.max_codes,
         generator=lambda: seeds.generator(t2w_device),
@@ -127,6 +115,19 @@ def build_core(
         output=output,
         conversations=conversations,
         talker_stage=talker_stage,
+    )
+
+
+def _image_encodes(runner: ModelRunner) -> ImageEncodes | None:
+    thinker = runner.thinker
+    if thinker.vision is None:
+        return None
+    return ImageEncodes(
+        thinker,
+        merge=thinker.vision.merge_size,
+        width=thinker.text_model.config.hidden_size,
+        dtype=thinker.dtype,
+        device=thinker.device,
     )
 
 
@@ -160,7 +161,15 @@ def _scheduler(cfg: StageGraphConfig, runner: ModelRunner, limits: RunnerLimits)
 
 
 def _conversations(
-    ckpt, cfg: StageGraphConfig, family, renderer, limits: RunnerLimits, runner, image_encodes, scheduler, hooks
+    ckpt: Checkpoint,
+    cfg: StageGraphConfig,
+    family: ModelFamily,
+    renderer,
+    limits: RunnerLimits,
+    runner: ModelRunner,
+    image_encodes: ImageEncodes | None,
+    scheduler: Scheduler,
+    hooks: CoreHooks,
 ) -> Conversations:
     th = cfg.thinker
     return Conversations(

@@ -14,7 +14,7 @@ import torch
 
 from pipeline.config import StageGraphConfig
 from pipeline.kernels.devices import concrete, device_scope
-from pipeline.models.family import Checkpoint
+from pipeline.models.family import Checkpoint, ModelFamily
 from pipeline.request import ResponseState
 from pipeline.runners.audio_encodes import AudioEncodes
 from pipeline.runners.model_runner import ModelRunner
@@ -38,7 +38,7 @@ class RunnerLimits:
 
 
 def build_model_runner(
-    family,
+    family: ModelFamily,
     ckpt: Checkpoint,
     cfg: StageGraphConfig,
     limits: RunnerLimits,
@@ -68,7 +68,7 @@ def build_model_runner(
     return runner, t2w_device
 
 
-def _build_runners(family, ckpt: Checkpoint, cfg: StageGraphConfig, limits: RunnerLimits):
+def _build_runners(family: ModelFamily, ckpt: Checkpoint, cfg: StageGraphConfig, limits: RunnerLimits):
     """The thinker and talker runners (KV pools, graphs, in-graph sampling: the salts keep the two stages' noise
     apart), the streaming token2wav (compiled and graph-captured now, not during the first replies) and its
     worker thread, each built with its own stage's device current (stages may be on different GPUs)."""
@@ -97,7 +97,9 @@ def _build_runners(family, ckpt: Checkpoint, cfg: StageGraphConfig, limits: Runn
     return thinker, talker, token2wav, worker, t2w_device
 
 
-def _build_thinker(family, ckpt: Checkpoint, th, device: torch.device, limits: RunnerLimits) -> ThinkerRunner:
+def _build_thinker(
+    family: ModelFamily, ckpt: Checkpoint, th, device: torch.device, limits: RunnerLimits
+) -> ThinkerRunner:
     return ThinkerRunner.of(
         family,
         ckpt,
@@ -111,6 +113,6 @@ def _build_thinker(family, ckpt: Checkpoint, th, device: torch.device, limits: R
     )
 
 
-def _codec_suppress_ids(family, ckpt: Checkpoint) -> list[int]:
+def _codec_suppress_ids(family: ModelFamily, ckpt: Checkpoint) -> list[int]:
     """Ids the talker must never emit: ids token2wav cannot make audio of (the family's list)."""
     return family.codec_suppress_ids(ckpt)
