@@ -59,8 +59,8 @@ class EngineCore:
         asked for everything model-specific."""
         self.ckpt = ckpt
         self.cfg = cfg
-        self.seed = seed
         self.seeds = Seeds(seed)
+        """The engine seed (None: drawn from the OS) and the counter of its draws."""
         self.observer = EngineObserver(cfg.engine.timeline_path, slow_step_ms=cfg.engine.slow_step_ms)
         hooks = CoreHooks(
             fail=lambda r, exc: self.lifecycle.fail(r, exc),
