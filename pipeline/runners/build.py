@@ -1,0 +1,118 @@
+"""Building an engine's runners: the thinker and talker runners, the streaming token2wav and its worker, and the
+:class:`~pipeline.runners.model_runner.ModelRunner` over them.
+
+Each stage is built with its own device current (stages may be on different GPUs). The decode and prefill graphs are
+captured and token2wav is compiled and warmed up here (seconds on a 7B model), not during the first replies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.config import StageGraphConfig
+from pipeline.kernels.devices import concrete, device_scope
+from pipeline.models.family import Checkpoint, ModelFamily
+from pipeline.request import ResponseState
+from pipeline.runners.audio_encodes import AudioEncodes
+from pipeline.runners.model_runner import ModelRunner
+from pipeline.runners.sampling import SamplerSpec
+from pipeline.runners.talker import TalkerRunner
+from pipeline.runners.thinker import ThinkerRunner
+from pipeline.runners.token2wav_worker import Token2WavWorker
+
+__all__ = ["RunnerLimits", "build_model_runner"]
+
+
+@dataclass(frozen=True)
+class RunnerLimits:
+    """What bounds the runners' caches and sampling: the thinker's context (tokens), a reply's codec tokens, the
+    thinker's text stop ids and the talker's codec stop ids."""
+
+    max_context: int
+    max_codes: int
+    text_stop: tuple[int, ...]
+    codec_stop: tuple[int, ...]
+
+
+def build_model_runner(
+    family: ModelFamily,
+    ckpt: Checkpoint,
+    cfg: StageGraphConfig,
+    limits: RunnerLimits,
+    *,
+    fail: Callable[[ResponseState, Exception], None],
+) -> tuple[ModelRunner, torch.device]:
+    """The engine's :class:`ModelRunner` (graphs captured, token2wav warmed up) and the token2wav stage's device.
+    ``fail(response, error)``: how the runner ends a response whose rows failed."""
+    thinker, talker, token2wav, worker, t2w_device = _build_runners(family, ckpt, cfg, limits)
+    # capture the decode and prefill graphs now (seconds on a 7B model), not during the first replies; before the
+    # scheduler is made: its prefill row budget is the largest captured prefill graph
+    with device_scope(thinker.device):
+        thinker.capture()
+    talker.capture()
+    runner = ModelRunner(
+        thinker=thinker,
+        talker=talker,
+        token2wav=token2wav,
+        worker=worker,
+        to_talker=family.connectors[cfg.talker.connector].fn,
+        audio_encodes=AudioEncodes(
+            thinker, width=thinker.text_model.config.hidden_size, dtype=thinker.dtype, device=thinker.device
+        ),
+        overlap=cfg.talker.overlap,
+        fail=fail,
+    )
+    return runner, t2w_device
+
+
+def _build_runners(family: ModelFamily, ckpt: Checkpoint, cfg: StageGraphConfig, limits: RunnerLimits):
+    """The thinker and talker runners (KV pools, graphs, in-graph sampling: the salts keep the two stages' noise
+    apart), the streaming token2wav (compiled and graph-captured now, not during the first replies) and its
+    worker thread, each built with its own stage's device current (stages may be on different GPUs)."""
+    th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
+    th_device, ta_device, t2w_device = (concrete(stage.device) for stage in (th, ta, tw))
+    with device_scope(th_device):
+        thinker = _build_thinker(family, ckpt, th, th_device, limits)
+    # talker positions: the thinker prompt, speaker bos, then one per codec token
+    with device_scope(ta_device):
+        talker = TalkerRunner(
+            ckpt.talker,
+            device=ta_device,
+            dtype=ta.torch_dtype,
+            kv_slots=ta.kv_slots,
+            max_len=limits.max_context + limits.max_codes + 2,
+            cuda_graphs=ta.cuda_graphs,
+            fused_decode=ta.fused_decode,
+            sampler=SamplerSpec(
+                ta.sampling, suppress=tuple(_codec_suppress_ids(family, ckpt)), stop=limits.codec_stop, salt=1
+            ),
+        )
+    with device_scope(t2w_device):
+        token2wav = family.token2wav(ckpt, tw)
+        token2wav.warm_up(max_batch=tw.max_batch)
+    worker = Token2WavWorker(token2wav, t2w_device) if tw.worker_thread else None
+    return thinker, talker, token2wav, worker, t2w_device
+
+
+def _build_thinker(
+    family: ModelFamily, ckpt: Checkpoint, th, device: torch.device, limits: RunnerLimits
+) -> ThinkerRunner:
+    return ThinkerRunner.of(
+        family,
+        ckpt,
+        device=device,
+        dtype=th.torch_dtype,
+        kv_slots=th.kv_slots,
+        max_len=limits.max_context,
+        cuda_graphs=th.cuda_graphs,
+        fused_decode=th.fused_decode,
+        sampler=SamplerSpec(th.sampling, stop=limits.text_stop, salt=0),
+    )
+
+
+def _codec_suppress_ids(family: ModelFamily, ckpt: Checkpoint) -> list[int]:
+    """Ids the talker must never emit: ids token2wav cannot make audio of (the family's list)."""
+    return family.codec_suppress_ids(ckpt)
