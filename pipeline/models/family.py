@@ -134,7 +134,7 @@ class ModelFamily(Protocol):
         ``call_close`` (token ids that open and close a call in a reply), ``call(name, arguments)`` /
         ``call_separator()`` (a client's call, token ids), ``response_text(output, first=, more=)`` (a tool
         response in a user turn of them), ``forced(name)`` (token ids that open a required call) and
-        ``parser(tool_names)`` (:class:`pipeline.models.qwen2_5_omni.tools.CallParser`'s interface)."""
+        ``parser(tool_names)`` (:class:`pipeline.models.common.hermes_tools.CallParser`'s interface)."""
         ...
 
     def voices(self, ckpt: Any) -> tuple[str, ...]:

@@ -14,11 +14,8 @@ string, as the template does, so BPE merges across the newline match the referen
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from pipeline.api import TranscriptionPrompt
-from pipeline.models.qwen2_5_omni.checkpoint import SpecialTokens
-from pipeline.models.qwen2_5_omni.tools import ToolFormat
+from pipeline.models.common.chatml import PromptRenderer
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
@@ -40,61 +37,4 @@ TRANSCRIPTION_PROMPT = TranscriptionPrompt(
 """Input transcription with Qwen2.5-Omni's thinker: a system message saying it is a speech recognizer, the user's
 audio, then the request to write it down."""
 
-
-class PromptRenderer:
-    def __init__(self, tokenizer, special: SpecialTokens) -> None:
-        self.tokenizer = tokenizer
-        self.special = special
-        self._newline = self._encode("\n")
-        self._headers: dict[str, list[int]] = {}
-        self.tools = ToolFormat.of(tokenizer)
-        """Function calling in Qwen2.5's format (None when the tokenizer lacks the call markers)."""
-
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def header(self, role: str) -> list[int]:
-        """``<|im_start|>{role}\\n`` — also the generation prompt for ``assistant``."""
-        if role not in self._headers:
-            self._headers[role] = [self.special.im_start, *self._encode(f"{role}\n")]
-        return self._headers[role]
-
-    def footer(self) -> list[int]:
-        return [self.special.im_end, *self._newline]
-
-    def text_message(self, role: str, text: str) -> list[int]:
-        return [self.special.im_start, *self._encode(f"{role}\n{text}"), *self.footer()]
-
-    def open_message(self, role: str, text: str) -> list[int]:
-        """``<|im_start|>{role}\n{text}`` without the footer: a turn whose next part follows (a call after an
-        assistant's text, one tool response after another); ``text`` carries any separator before that part."""
-        return [self.special.im_start, *self._encode(f"{role}\n{text}")]
-
-    def text(self, text: str) -> list[int]:
-        """Plain text inside a message (a later part of a turn)."""
-        return self._encode(text)
-
-    def content_message(self, role: str, parts: Sequence[str | int]) -> list[list[int] | int]:
-        """A message of text parts (``str``) and images (``int``: the image's vision-tower token count), in order, as
-        segments: token ids (the header, text, vision markers, footer) and, for each image, its token count (the
-        caller places that many ``image_token`` positions there). Text between two images is tokenized as one string
-        with the role header when it opens the message, as the chat template's string is."""
-        s = self.special
-        segments: list[list[int] | int] = []
-        ids, text = [s.im_start], f"{role}\n"
-        for part in parts:
-            if isinstance(part, str):
-                text += part
-                continue
-            segments.append([*ids, *(self._encode(text) if text else []), s.vision_start])
-            segments.append(part)
-            ids, text = [s.vision_end], ""
-        segments.append([*ids, *(self._encode(text) if text else []), *self.footer()])
-        return segments
-
-    def audio_content(self, n_audio_tokens: int) -> list[int]:
-        s = self.special
-        return [s.audio_start, *([s.audio_token] * n_audio_tokens), s.audio_end]
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "TRANSCRIPTION_PROMPT", "PromptRenderer"]

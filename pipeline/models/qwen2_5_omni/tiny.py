@@ -36,11 +36,11 @@ from typing import Any
 import torch
 
 from pipeline.errors import CheckpointError
+from pipeline.models.common.hermes_tools import TOOLS_EPILOGUE, TOOLS_PREAMBLE
 from pipeline.models.qwen2_5_omni import checkpoint as ckpt
 from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
 from pipeline.models.qwen2_5_omni.parts import thinker_text_model
 from pipeline.models.qwen2_5_omni.tokenizer_corpus import CORPUS
-from pipeline.models.qwen2_5_omni.tools import TOOLS_EPILOGUE, TOOLS_PREAMBLE
 
 SPEAKER_NAMES = ("Chelsie", "Ethan")
 """Voices of the released checkpoints; Chelsie is the reference default."""
@@ -312,7 +312,7 @@ def chat_template() -> str:
     first message is not one, media parts as ``<|audio_bos|><|AUDIO|><|audio_eos|>`` (and the vision
     equivalents, optionally numbered with ``add_audio_id`` / ``add_vision_id``), and
     ``<|im_start|>assistant\\n`` for ``add_generation_prompt``; with ``tools=``, function calling as Qwen2.5 renders it
-    (:mod:`~pipeline.models.qwen2_5_omni.tools`): the tools block after the system message's content, an assistant's
+    (:mod:`~pipeline.models.common.hermes_tools`): the tools block after the system message's content, an assistant's
     ``tool_calls`` as ``<tool_call>`` blocks after its content, and consecutive ``tool`` messages as one user turn of
     ``<tool_response>`` blocks. Written on one line: transformers renders with ``trim_blocks``, which would eat a
     newline written after a block tag (text that starts with one right after a tag is written as a Jinja string)."""

@@ -9,9 +9,9 @@ import pytest
 
 from pipeline.conversation_state import ConversationState, ConvItem, ItemKind
 from pipeline.errors import FunctionCallError
+from pipeline.models.common.hermes_tools import CallParser
 from pipeline.models.qwen2_5_omni import checkpoint as ckpt
 from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
-from pipeline.models.qwen2_5_omni.tools import CallParser
 from pipeline.output.function_calls import CallTracker, Verdict
 from pipeline.outputs import FunctionCallDelta, FunctionCallDone, FunctionCallStarted
 from pipeline.tools import AUTO, Tool, ToolChoice, ToolMode

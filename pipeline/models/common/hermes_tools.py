@@ -1,6 +1,7 @@
-"""Function calling in Qwen2.5's chat format: the tools block of the system message, calls and tool responses.
+"""Function calling in Qwen's chat format (Qwen2.5-Omni and Qwen3-Omni render it alike): the tools block of the
+system message, calls and tool responses.
 
-Layout (what Qwen2.5's chat template renders for ``tools=`` and tool messages)::
+Layout (what the Qwen chat templates render for ``tools=`` and tool messages)::
 
     <|im_start|>system\n{instructions}\n\n# Tools\n\n{preamble}\n<tools>\n{tool json}\n...\n</tools>
     \n\n{call format}<|im_end|>\n
