@@ -28,6 +28,24 @@ from typing import Any
 import torch
 
 from pipeline.errors import CheckpointError, ConfigError
+from pipeline.models.common.hf_checkpoint import (
+    CONFIG_FILE,
+    PREPROCESSOR_FILE,
+    RANDOM_MARKER_FILE,
+    SINGLE_WEIGHTS_FILE,
+    TOKENIZER_FILES,
+    WEIGHTS_INDEX_FILE,
+    check_distinct,
+    check_in_vocab,
+    check_loading_info,
+    check_weights_present,
+    config_id,
+    is_random_checkpoint,
+    load_tokenizer,
+    required_file,
+    resolve_checkpoint_path,
+    tokenizer_ids,
+)
 from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
 from pipeline.models.qwen2_5_omni.vision import VisionPreprocessor
 
@@ -59,14 +77,7 @@ TOKENIZER_NAMED_FIELDS: Mapping[str, str] = {
 }
 """:class:`SpecialTokens` field -> the tokenizer token that must carry the same id."""
 
-CONFIG_FILE = "config.json"
-SINGLE_WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 SPEAKERS_FILE = "spk_dict.pt"
-PREPROCESSOR_FILE = "preprocessor_config.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-RANDOM_MARKER_FILE = "omni_realtime_random.json"
-"""Written by :mod:`.tiny` next to random weights: ``{"random_weights": true, "spec": {...}}``."""
 
 SUBMODELS = ("thinker", "talker", "token2wav")
 TOKEN2WAV_DTYPE = torch.float32
@@ -121,26 +132,26 @@ class SpecialTokens:
         the Omni config) come from the tokenizer by name. Raises :class:`CheckpointError` when an id
         is missing, out of its vocabulary, or disagrees with the tokenizer."""
         thinker, talker = config.thinker_config, config.talker_config
-        by_name = _tokenizer_ids(tokenizer)
+        by_name = tokenizer_ids(tokenizer, TOKENIZER_NAMED_FIELDS.values())
         special = cls(
             im_start=by_name[IM_START],
             im_end=by_name[IM_END],
             endoftext=by_name[ENDOFTEXT],
-            audio_token=_config_id(thinker, "thinker_config", "audio_token_index"),
-            audio_start=_config_id(thinker, "thinker_config", "audio_start_token_id"),
-            audio_end=_config_id(thinker, "thinker_config", "audio_end_token_id"),
-            image_token=_config_id(thinker, "thinker_config", "image_token_index"),
-            video_token=_config_id(thinker, "thinker_config", "video_token_index"),
+            audio_token=config_id(thinker, "thinker_config", "audio_token_index"),
+            audio_start=config_id(thinker, "thinker_config", "audio_start_token_id"),
+            audio_end=config_id(thinker, "thinker_config", "audio_end_token_id"),
+            image_token=config_id(thinker, "thinker_config", "image_token_index"),
+            video_token=config_id(thinker, "thinker_config", "video_token_index"),
             # The thinker config of the released checkpoints may lack the vision ids; the talker's has them.
             vision_start=_config_id_with_fallback(thinker, talker, "vision_start_token_id"),
             vision_end=_config_id_with_fallback(thinker, talker, "vision_end_token_id"),
-            tts_text_start=_config_id(talker, "talker_config", "tts_text_start_token_id"),
-            tts_text_end=_config_id(talker, "talker_config", "tts_text_end_token_id"),
-            tts_text_pad=_config_id(talker, "talker_config", "tts_text_pad_token_id"),
-            codec_bos=_config_id(talker, "talker_config", "tts_codec_start_token_id"),
-            codec_eos=_config_id(talker, "talker_config", "tts_codec_end_token_id"),
-            codec_pad=_config_id(talker, "talker_config", "tts_codec_pad_token_id"),
-            codec_mask=_config_id(talker, "talker_config", "tts_codec_mask_token_id"),
+            tts_text_start=config_id(talker, "talker_config", "tts_text_start_token_id"),
+            tts_text_end=config_id(talker, "talker_config", "tts_text_end_token_id"),
+            tts_text_pad=config_id(talker, "talker_config", "tts_text_pad_token_id"),
+            codec_bos=config_id(talker, "talker_config", "tts_codec_start_token_id"),
+            codec_eos=config_id(talker, "talker_config", "tts_codec_end_token_id"),
+            codec_pad=config_id(talker, "talker_config", "tts_codec_pad_token_id"),
+            codec_mask=config_id(talker, "talker_config", "tts_codec_mask_token_id"),
         )
         special.check(config, by_name)
         return special
@@ -150,11 +161,11 @@ class SpecialTokens:
         thinker_vocab = config.thinker_config.text_config.vocab_size
         talker_vocab = config.talker_config.vocab_size
         for name, value in self.thinker_ids().items():
-            _check_in_vocab(value, thinker_vocab, f"thinker id {name}")
+            check_in_vocab(value, thinker_vocab, f"thinker id {name}")
         for name, value in self.codec_ids().items():
-            _check_in_vocab(value, talker_vocab, f"talker codec id {name}")
-        _check_distinct(self.thinker_ids(), "thinker special ids")
-        _check_distinct(self.codec_ids(), "codec special ids")
+            check_in_vocab(value, talker_vocab, f"talker codec id {name}")
+        check_distinct(self.thinker_ids(), "thinker special ids")
+        check_distinct(self.codec_ids(), "codec special ids")
         for name, token in TOKENIZER_NAMED_FIELDS.items():
             if tokenizer_ids[token] != getattr(self, name):
                 raise CheckpointError(
@@ -168,41 +179,10 @@ class SpecialTokens:
             raise CheckpointError(f"{CONFIG_FILE}: talker tts_text_* ids collide with modality marker ids")
 
 
-def _tokenizer_ids(tokenizer: Any) -> dict[str, int]:
-    ids: dict[str, int] = {}
-    for token in TOKENIZER_NAMED_FIELDS.values():
-        token_id = tokenizer.convert_tokens_to_ids(token)
-        unknown = tokenizer.unk_token_id is not None and token_id == tokenizer.unk_token_id
-        if token_id is None or (unknown and token != tokenizer.unk_token):
-            raise CheckpointError(f"tokenizer: special token {token} is missing", param=token)
-        ids[token] = int(token_id)
-    return ids
-
-
-def _config_id(sub_config: Any, where: str, attr: str) -> int:
-    value = getattr(sub_config, attr, None)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise CheckpointError(f"{CONFIG_FILE}: {where}.{attr} is missing or not an integer", param=f"{where}.{attr}")
-    return value
-
-
 def _config_id_with_fallback(thinker: Any, talker: Any, attr: str) -> int:
     if isinstance(getattr(thinker, attr, None), int):
-        return _config_id(thinker, "thinker_config", attr)
-    return _config_id(talker, "talker_config", attr)
-
-
-def _check_in_vocab(value: int, vocab_size: int, what: str) -> None:
-    if not 0 <= value < vocab_size:
-        raise CheckpointError(f"{CONFIG_FILE}: {what} = {value} is outside the vocabulary [0, {vocab_size})")
-
-
-def _check_distinct(ids: Mapping[str, int], what: str) -> None:
-    seen: dict[int, str] = {}
-    for name, value in ids.items():
-        if value in seen:
-            raise CheckpointError(f"{CONFIG_FILE}: {what} {seen[value]} and {name} share the id {value}")
-        seen[value] = name
+        return config_id(thinker, "thinker_config", attr)
+    return config_id(talker, "talker_config", attr)
 
 
 # --- Config consistency ---------------------------------------------------------------------
@@ -320,7 +300,7 @@ def speakers_from_dict(raw: Any, config: Any, *, source: str = SPEAKERS_FILE) ->
                 f"{source}: speaker {name!r} ref_mel shape {tuple(ref_mel.shape)} != (1, frames, {dit.mel_dim})",
                 param=str(name),
             )
-        _check_in_vocab(bos, thinker_vocab, f"{source} speaker {name!r} bos_token")
+        check_in_vocab(bos, thinker_vocab, f"{source} speaker {name!r} bos_token")
         speakers[str(name)] = Speaker(name=str(name), bos_token=bos, cond=cond, ref_mel=ref_mel)
     bos_ids = [s.bos_token for s in speakers.values()]
     if len(set(bos_ids)) != len(bos_ids):
@@ -415,10 +395,10 @@ def load_checkpoint(
     placement = _placement(devices, dtypes)
     path = resolve_checkpoint_path(name_or_path)
     config = _load_config(path)
-    _check_weights_present(path)
+    check_weights_present(path)
     tokenizer = load_tokenizer(path)
     special = SpecialTokens.from_config(config, tokenizer)
-    speakers = load_speakers(_required_file(path, SPEAKERS_FILE), config)
+    speakers = load_speakers(required_file(path, SPEAKERS_FILE), config)
     feature_extractor = load_feature_extractor(path, config)
     vision = load_vision_preprocessor(path, config)
     thinker, talker, token2wav = _load_submodels(path, placement)
@@ -461,53 +441,11 @@ def _placement(devices: dict[str, str] | None, dtypes: dict[str, torch.dtype] | 
     return placement
 
 
-def resolve_checkpoint_path(name_or_path: str | os.PathLike[str]) -> Path:
-    """A local folder as is; otherwise a hub id (``Org/Name``) looked up in the local HF cache only. Cheap (no
-    weights read): callers check a model this way before loading it. :class:`CheckpointError` says which of
-    "no such folder", "a file, not a folder" or "not in the local cache" (with the download command) it is."""
-    local = Path(name_or_path).expanduser()
-    if local.is_dir():
-        return local.resolve()
-    name = str(name_or_path)
-    if local.exists():
-        raise CheckpointError(f"{name}: a file, not a checkpoint folder", param="model")
-    if name.count("/") != 1 or name.startswith((".", "/", "~")):
-        raise CheckpointError(f"{name}: no such folder (nor a hub id of the form Org/Name)", param="model")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(name, local_files_only=True))
-    except Exception as exc:  # huggingface_hub raises LocalEntryNotFoundError and friends
-        raise CheckpointError(
-            f"{name}: no such folder, and not in the local Hugging Face cache as a hub id (nothing is "
-            f"downloaded here). Fetch it first with `hf download {name}` (huggingface_hub's command), or pass "
-            f"a checkpoint folder. ({type(exc).__name__})",
-            param="model",
-        ) from exc
-
-
-def is_random_checkpoint(path: Path) -> bool:
-    marker = path / RANDOM_MARKER_FILE
-    if not marker.is_file():
-        return False
-    try:
-        return bool(json.loads(marker.read_text())["random_weights"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{RANDOM_MARKER_FILE}: malformed ({exc})") from exc
-
-
-def _required_file(path: Path, name: str) -> Path:
-    file = path / name
-    if not file.is_file():
-        raise CheckpointError(f"{name}: missing from checkpoint folder {path}", param=name)
-    return file
-
-
 def _load_config(path: Path) -> Any:
     from transformers import Qwen2_5OmniConfig
 
     quiet_talker_token_id_warnings()
-    file = _required_file(path, CONFIG_FILE)
+    file = required_file(path, CONFIG_FILE)
     try:
         raw = json.loads(file.read_text())
     except ValueError as exc:
@@ -522,36 +460,10 @@ def _load_config(path: Path) -> Any:
     return config
 
 
-def _check_weights_present(path: Path) -> None:
-    if (path / SINGLE_WEIGHTS_FILE).is_file():
-        return
-    index = path / WEIGHTS_INDEX_FILE
-    if not index.is_file():
-        raise CheckpointError(f"{SINGLE_WEIGHTS_FILE} / {WEIGHTS_INDEX_FILE}: no weights in {path}", param="weights")
-    try:
-        shards = set(json.loads(index.read_text())["weight_map"].values())
-    except (ValueError, KeyError, AttributeError) as exc:
-        raise CheckpointError(f"{WEIGHTS_INDEX_FILE}: malformed ({exc})") from exc
-    missing = sorted(s for s in shards if not (path / s).is_file())
-    if missing:
-        raise CheckpointError(f"{WEIGHTS_INDEX_FILE}: shard(s) missing: {', '.join(missing)}", param="weights")
-
-
-def load_tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    if not any((path / name).is_file() for name in (*TOKENIZER_FILES, "vocab.json")):
-        raise CheckpointError(f"tokenizer: no tokenizer files ({', '.join(TOKENIZER_FILES)}) in {path}")
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except Exception as exc:  # tokenizers / transformers raise assorted types on bad files
-        raise CheckpointError(f"tokenizer: cannot be loaded from {path}: {exc}") from exc
-
-
 def load_feature_extractor(path: Path, config: Any) -> Any:
     from transformers import WhisperFeatureExtractor
 
-    _required_file(path, PREPROCESSOR_FILE)
+    required_file(path, PREPROCESSOR_FILE)
     try:
         fe = WhisperFeatureExtractor.from_pretrained(path)
     except Exception as exc:  # as above
@@ -570,7 +482,7 @@ def load_feature_extractor(path: Path, config: Any) -> Any:
 def load_vision_preprocessor(path: Path, config: Any) -> VisionPreprocessor | None:
     """The image processor settings of ``preprocessor_config.json`` (None when it has none), checked against the
     vision tower's config."""
-    file = _required_file(path, PREPROCESSOR_FILE)
+    file = required_file(path, PREPROCESSOR_FILE)
     try:
         raw = json.loads(file.read_text())
     except ValueError as exc:
@@ -599,7 +511,7 @@ def _load_submodels(path: Path, placement: dict[str, Placement]) -> tuple[Any, A
         model, info = generic_from_pretrained(path, dtype="auto", device_map=load_device, output_loading_info=True)
     except Exception as exc:  # safetensors / transformers raise assorted types on bad weights
         raise CheckpointError(f"weights: cannot be loaded from {path}: {exc}", param="weights") from exc
-    _check_loading_info(info)
+    check_loading_info(info)
     parts = []
     for name in SUBMODELS:
         module = getattr(model, name, None)
@@ -611,15 +523,19 @@ def _load_submodels(path: Path, placement: dict[str, Placement]) -> tuple[Any, A
     return parts[0], parts[1], parts[2]
 
 
-def _check_loading_info(info: Mapping[str, Any]) -> None:
-    """transformers fills missing tensors with random values and only warns: refuse that here."""
-    missing = sorted(info.get("missing_keys") or [])
-    mismatched = list(info.get("mismatched_keys") or [])
-    if missing:
-        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-        raise CheckpointError(f"weights: {len(missing)} tensor(s) missing: {shown}", param="weights")
-    if mismatched:
-        raise CheckpointError(f"weights: tensor shapes disagree with {CONFIG_FILE}: {mismatched[:3]}", param="weights")
-    unexpected = sorted(info.get("unexpected_keys") or [])
-    if unexpected:
-        logger.warning("weights: %d unexpected tensor(s) ignored, e.g. %s", len(unexpected), unexpected[:3])
+__all__ = [
+    "CONFIG_FILE",
+    "PREPROCESSOR_FILE",
+    "RANDOM_MARKER_FILE",
+    "SINGLE_WEIGHTS_FILE",
+    "SPEAKERS_FILE",
+    "TOKENIZER_FILES",
+    "WEIGHTS_INDEX_FILE",
+    "LoadedCheckpoint",
+    "SpecialTokens",
+    "Speaker",
+    "is_random_checkpoint",
+    "load_checkpoint",
+    "load_tokenizer",
+    "resolve_checkpoint_path",
+]
