@@ -83,6 +83,8 @@ THINKER_SAMPLING = SamplingConfig(do_sample=True, temperature=0.7, top_k=20, top
 """Qwen2.5's chat defaults."""
 TALKER_SAMPLING = SamplingConfig(do_sample=True, temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
 """The reference sampling of the official release."""
+RESIDUAL_SAMPLING = SamplingConfig(do_sample=True, temperature=1.0, top_k=50, top_p=0.8)
+"""How a frame talker's residual codebooks are sampled: the Qwen3-Omni reference's code predictor settings."""
 
 
 def _kind(kind: str, default: Any = None, *, factory=None, choices: tuple = ()) -> Any:
@@ -266,8 +268,12 @@ class TalkerConfig(DecoderConfig):
     connector: str = _kind("str", "thinker_to_talker")
     """The model family's name of the function that makes the talker's input from the thinker's."""
     sampling: SamplingConfig = _kind("sampling", factory=lambda: TALKER_SAMPLING)
+    residual_sampling: SamplingConfig = _kind("sampling", factory=lambda: RESIDUAL_SAMPLING)
+    """For a talker that makes frames of several codebooks (Qwen3-Omni): how the codebooks after the first are
+    sampled (``sampling`` samples the first); unused by a talker of one code per step."""
     max_tokens: int | None = _kind("positive", 4096)
-    """Reply length cap in codec tokens (50 per second of audio)."""
+    """Reply length cap in codec tokens (50 per second of audio), or in frames for a frame talker (12.5 per second
+    for Qwen3-Omni)."""
     overlap: bool = _kind("switch", AUTO)
     """Given as auto / on / off; holds a bool. On: each engine step's talker decode runs beside the thinker's decode
     (on CUDA on a stream of its own), fed with thinker vectors of earlier steps, so a step costs about the longer of

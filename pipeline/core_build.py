@@ -22,10 +22,12 @@ from pipeline.observe.report import log_placement
 from pipeline.output.processor import OutputProcessor
 from pipeline.request import ResponseState
 from pipeline.runners.build import RunnerLimits, build_model_runner
+from pipeline.runners.frame_talker import FrameTalkerRunner
 from pipeline.runners.image_encodes import ImageEncodes
 from pipeline.runners.model_runner import ModelRunner
 from pipeline.scheduler.scheduler import Scheduler, SchedulerConfig
 from pipeline.seeds import Seeds
+from pipeline.step.frame_talker_stage import FrameTalkerStage
 from pipeline.step.talker_stage import TalkerStage
 from pipeline.video_budget import VideoBudget
 
@@ -59,7 +61,7 @@ class CoreParts:
     scheduler: Scheduler
     output: OutputProcessor
     conversations: Conversations
-    talker_stage: TalkerStage
+    talker_stage: TalkerStage | FrameTalkerStage
 
 
 def build_core(
@@ -87,21 +89,8 @@ def build_core(
         holds_start=lambda r: scheduler.holds_start(r.conv),
     )
     conversations = _conversations(ckpt, cfg, family, renderer, limits, runner, image_encodes, scheduler, hooks)
-    talker_stage = TalkerStage(
-        scheduler=scheduler,
-        runner=runner,
-        observer=observer,
-        family=family,
-        ckpt=ckpt,
-        synthesizer=runner.token2wav,
-        special=special,
-        text_end_vectors=tuple(runner.thinker.embed([special.tts_text_end, special.tts_text_pad])),
-        to_token2wav=family.connectors[cfg.token2wav.connector].fn,
-        codec_stop=limits.codec_stop,
-        max_codes=limits.max_codes,
-        generator=lambda: seeds.generator(t2w_device),
-        fail=hooks.fail,
-        commands_waiting=hooks.commands_waiting,
+    talker_stage = _talker_stage(
+        cfg, family, ckpt, special, limits, runner, t2w_device, scheduler, observer, seeds, hooks
     )
     return CoreParts(
         family=family,
@@ -115,6 +104,44 @@ def build_core(
         output=output,
         conversations=conversations,
         talker_stage=talker_stage,
+    )
+
+
+def _talker_stage(
+    cfg: StageGraphConfig,
+    family: ModelFamily,
+    ckpt: Checkpoint,
+    special,
+    limits: RunnerLimits,
+    runner: ModelRunner,
+    t2w_device: torch.device,
+    scheduler: Scheduler,
+    observer: EngineObserver,
+    seeds: Seeds,
+    hooks: CoreHooks,
+) -> TalkerStage | FrameTalkerStage:
+    """The stage that drives the family's talker: one code per step, or frames of several codebooks."""
+    common = dict(
+        scheduler=scheduler,
+        observer=observer,
+        family=family,
+        ckpt=ckpt,
+        synthesizer=runner.token2wav,
+        codec_stop=limits.codec_stop,
+        max_codes=limits.max_codes,
+        generator=lambda: seeds.generator(t2w_device),
+        fail=hooks.fail,
+    )
+    if isinstance(runner.talker, FrameTalkerRunner):
+        end_ids = list(runner.talker.parts.text_end_ids)
+        return FrameTalkerStage(talker=runner.talker, text_end_vectors=tuple(runner.thinker.embed(end_ids)), **common)
+    return TalkerStage(
+        runner=runner,
+        special=special,
+        text_end_vectors=tuple(runner.thinker.embed([special.tts_text_end, special.tts_text_pad])),
+        to_token2wav=family.connectors[cfg.token2wav.connector].fn,
+        commands_waiting=hooks.commands_waiting,
+        **common,
     )
 
 

@@ -119,8 +119,9 @@ class TalkerState:
     rope_shift: int = 0
     """Rope position - cache index of the reply's talker positions after its prompt (speaker bos, reply vectors,
     codes): the thinker's shift after the prompt (0 without pictures or video), fixed when the talker starts."""
-    last_code: int | None = None
-    codes: list[int] = field(default_factory=list)
+    last_code: int | tuple[int, ...] | None = None
+    codes: list[int] | list[tuple[int, ...]] = field(default_factory=list)
+    """The codes made so far: one per step, or one frame (a tuple of codebook ids) per step of a frame talker."""
 
     @property
     def started(self) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 from pipeline.api import TranscriptionPrompt, VisionInfo
+from pipeline.models.frame_talker import FrameTalkerParts
 
 if TYPE_CHECKING:
     import torch
@@ -152,6 +153,12 @@ class ModelFamily(Protocol):
     def audio_features(self, ckpt: Any) -> Any:
         """Incremental log-mel features of one spoken message (16 kHz mono float32 in; the interface of
         :class:`pipeline.models.qwen2_5_omni.audio_features.IncrementalLogMel`), for the thinker's audio encoder."""
+        ...
+
+    def frame_talker_parts(self, ckpt: Any, *, device: torch.device, dtype: torch.dtype) -> FrameTalkerParts | None:
+        """None when the family's talker makes one code per step from the thinker's vectors (the engine's talker
+        runner drives ``ckpt.talker``); else the parts of a talker that makes frames of several codebooks
+        (:mod:`pipeline.models.frame_talker`) on ``device`` in ``dtype``."""
         ...
 
     def thinker_parts(self, ckpt: Any, *, device: torch.device, cuda_graphs: bool) -> ThinkerParts:

@@ -17,6 +17,7 @@ from pipeline.kernels.devices import concrete, device_scope
 from pipeline.models.family import Checkpoint, ModelFamily
 from pipeline.request import ResponseState
 from pipeline.runners.audio_encodes import AudioEncodes
+from pipeline.runners.frame_talker import FrameTalkerRunner
 from pipeline.runners.model_runner import ModelRunner
 from pipeline.runners.sampling import SamplerSpec
 from pipeline.runners.talker import TalkerRunner
@@ -24,6 +25,9 @@ from pipeline.runners.thinker import ThinkerRunner
 from pipeline.runners.token2wav_worker import Token2WavWorker
 
 __all__ = ["RunnerLimits", "build_model_runner"]
+
+FRAME_TALKER_OPENING_ROOM = 16
+"""Talker positions a frame talker's reply opening may take beyond its prompt and frames."""
 
 
 @dataclass(frozen=True)
@@ -76,25 +80,46 @@ def _build_runners(family: ModelFamily, ckpt: Checkpoint, cfg: StageGraphConfig,
     th_device, ta_device, t2w_device = (concrete(stage.device) for stage in (th, ta, tw))
     with device_scope(th_device):
         thinker = _build_thinker(family, ckpt, th, th_device, limits)
-    # talker positions: the thinker prompt, speaker bos, then one per codec token
     with device_scope(ta_device):
-        talker = TalkerRunner(
-            ckpt.talker,
-            device=ta_device,
-            dtype=ta.torch_dtype,
-            kv_slots=ta.kv_slots,
-            max_len=limits.max_context + limits.max_codes + 2,
-            cuda_graphs=ta.cuda_graphs,
-            fused_decode=ta.fused_decode,
-            sampler=SamplerSpec(
-                ta.sampling, suppress=tuple(_codec_suppress_ids(family, ckpt)), stop=limits.codec_stop, salt=1
-            ),
-        )
+        talker = _build_talker(family, ckpt, ta, ta_device, limits)
     with device_scope(t2w_device):
         token2wav = family.token2wav(ckpt, tw)
         token2wav.warm_up(max_batch=tw.max_batch)
     worker = Token2WavWorker(token2wav, t2w_device) if tw.worker_thread else None
     return thinker, talker, token2wav, worker, t2w_device
+
+
+def _build_talker(
+    family: ModelFamily, ckpt: Checkpoint, ta, device: torch.device, limits: RunnerLimits
+) -> TalkerRunner | FrameTalkerRunner:
+    """The family's talker: a frame talker when the family's talker makes frames of several codebooks, else the
+    one-code-per-step talker over ``ckpt.talker``."""
+    sampler = SamplerSpec(
+        ta.sampling, suppress=tuple(_codec_suppress_ids(family, ckpt)), stop=limits.codec_stop, salt=1
+    )
+    parts = family.frame_talker_parts(ckpt, device=device, dtype=ta.torch_dtype)
+    if parts is not None:
+        # talker positions: the prompt positions it reads, the reply's opening, then one per frame
+        return FrameTalkerRunner(
+            parts,
+            device=device,
+            dtype=ta.torch_dtype,
+            kv_slots=ta.kv_slots,
+            max_len=limits.max_context + limits.max_codes + FRAME_TALKER_OPENING_ROOM,
+            sampler=sampler,
+            residual_sampler=SamplerSpec(ta.residual_sampling, salt=2),
+        )
+    # talker positions: the thinker prompt, speaker bos, then one per codec token
+    return TalkerRunner(
+        ckpt.talker,
+        device=device,
+        dtype=ta.torch_dtype,
+        kv_slots=ta.kv_slots,
+        max_len=limits.max_context + limits.max_codes + 2,
+        cuda_graphs=ta.cuda_graphs,
+        fused_decode=ta.fused_decode,
+        sampler=sampler,
+    )
 
 
 def _build_thinker(

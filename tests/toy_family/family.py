@@ -208,6 +208,10 @@ class ToyFamily:
     def audio_features(self, ckpt: ToyCheckpoint) -> IncrementalLogMel:
         return IncrementalLogMel(ckpt.feature_extractor)
 
+    def frame_talker_parts(self, ckpt, *, device: torch.device, dtype: torch.dtype) -> None:
+        """None: the talker makes one code per step."""
+        return None
+
     def thinker_parts(self, ckpt: ToyCheckpoint, *, device, cuda_graphs: bool):
         """The tiny Qwen2.5-Omni's thinker modules (the runners need a decoder-shaped stack and an audio encoder)."""
         from pipeline.models import family_of

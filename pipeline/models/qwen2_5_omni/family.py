@@ -98,6 +98,10 @@ class Qwen25OmniFamily:
     def audio_features(self, ckpt: LoadedCheckpoint) -> IncrementalLogMel:
         return IncrementalLogMel(ckpt.feature_extractor)
 
+    def frame_talker_parts(self, ckpt: LoadedCheckpoint, *, device: torch.device, dtype: torch.dtype) -> None:
+        """None: the talker makes one code per step."""
+        return None
+
     def thinker_parts(self, ckpt: LoadedCheckpoint, *, device: torch.device, cuda_graphs: bool) -> ThinkerParts:
         from pipeline.models.qwen2_5_omni.audio_encoder import BlockEncoder
         from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model, thinker_vision_tower

@@ -1,0 +1,230 @@
+"""The talker stage of a step for a frame talker (several codebooks per step, see :mod:`pipeline.models.frame_talker`):
+starting each reply's talker, feeding it, decoding its frames and accepting them.
+
+Same duties and interface as :class:`~pipeline.step.talker_stage.TalkerStage`, for a talker that reads only some of
+the conversation's positions (its prompt keys are a subsequence of the thinker's cached keys, kept in the
+conversation's talker slot across turns) and makes one frame per step. A talker's inputs are the thinker's vectors of
+the reply tokens from the second on (the first is part of its prefill), then the text-end vector once, then text-pad;
+it never runs ahead of the text. A response's failure is isolated (``fail``). Engine thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from pipeline.conversation_state import ConversationState
+from pipeline.request import ResponseState, TalkerStatus
+from pipeline.runners.frame_talker import FrameTalkerRunner
+from pipeline.runners.model_runner import Sampled
+from pipeline.runners.sampling import SampleRows
+from pipeline.scheduler.plan import StepPlan
+from pipeline.scheduler.scheduler import Scheduler
+
+__all__ = ["FrameTalkerStage"]
+
+log = logging.getLogger("pipeline.core")
+
+
+class FrameTalkerStage:
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        talker: FrameTalkerRunner,
+        observer,
+        family,
+        ckpt,
+        synthesizer,
+        text_end_vectors: tuple[torch.Tensor, torch.Tensor],
+        codec_stop: tuple[int, ...],
+        max_codes: int,
+        generator: Callable[[], torch.Generator | None],
+        fail: Callable[[ResponseState, Exception], None],
+    ) -> None:
+        self.scheduler = scheduler
+        self.talker = talker
+        self.parts = talker.parts
+        self.observer = observer
+        self.family = family
+        self.ckpt = ckpt
+        self.synthesizer = synthesizer
+        """The family's streaming code2wav: each reply's stream is opened on it when its talker starts."""
+        self.text_end_vectors = text_end_vectors
+        """(text-end, text-pad) thinker vectors."""
+        self.codec_stop = frozenset(codec_stop)
+        self.max_codes = max_codes
+        """Frames a reply may have."""
+        self.generator = generator
+        self.fail = fail
+        self.prefills_left = 0
+        """What is left this step of the talker's prefill budget (``StepPlan.talker_prefills``)."""
+
+    def prompt_keys(self, keys: list) -> tuple[list[int], list]:
+        """The positions of ``keys`` the talker reads, and their keys."""
+        picked = self.parts.prompt_positions(keys)
+        return picked, [keys[i] for i in picked]
+
+    def listen(self, conv: ConversationState) -> None:
+        """While a conversation is idle, bring its talker cache up to what the talker reads of its thinker cache, so
+        that a reply's talker prefill covers only the turn's last positions and the reply's opening. Only into a slot
+        the conversation holds or a free one (listening never evicts). A failure is logged and leaves the talker cache
+        as it was: the reply's own prefill then covers the rest."""
+        if conv.active_response is not None or not conv.cached_keys:
+            return
+        picked, keys = self.prompt_keys(conv.cached_keys)
+        start = conv.common_prefix_of(conv.talker_keys, keys)
+        if start == len(keys) or self.scheduler.talker_slot(conv, evict=False) is None:
+            return
+        conv.crop_talker(start)
+        try:
+            inputs = self._prompt_inputs(conv, picked[start:], keys[start:])
+            self.talker.prefill_prompt(inputs, slot=conv.talker_slot, start=start)
+        except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
+            log.exception("background talker prefill of %s failed; its talker cache is dropped", conv.id)
+            return
+        conv.talker_keys = list(keys)
+
+    def _prompt_inputs(self, conv: ConversationState, picked: list[int], keys: list) -> torch.Tensor:
+        vectors = conv.talker_prompt()
+        index = torch.as_tensor(picked, dtype=torch.long, device=vectors.device)
+        return self.parts.prompt_inputs(vectors.index_select(0, index), keys)
+
+    def force_codes(self, r: ResponseState) -> bool:
+        return r.codec_tokens < self.scheduler.cfg.min_codes
+
+    def inputs(self, rows: list[ResponseState]) -> list[tuple[ResponseState, torch.Tensor]]:
+        """Each row's talker work this step: a talker not started is started here (prefill and first frame, one at a
+        time); the others yield (row, next text vector) for the batched decode, or nothing while they wait for the
+        thinker."""
+        batch = []
+        for r in rows:
+            try:
+                vector = self.next_input(r)
+            except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
+                self.fail(r, exc)
+                continue
+            if vector is not None:
+                batch.append((r, vector))
+        return batch
+
+    def next_input(self, r: ResponseState) -> torch.Tensor | None:
+        """Start the talker or return the text vector of its next step: reply vectors, then text-end once, then
+        text-pad. The talker never runs ahead of the text."""
+        talker = r.talker
+        if talker.done:
+            return None
+        if talker.started:
+            if talker.queue:
+                return talker.queue.popleft()
+            if not r.thinker.done and not r.thinker.silent:
+                return None
+            vector = self.text_end_vectors[1 if talker.eos_sent else 0]
+            talker.eos_sent = True
+            return vector
+        if not talker.queue:
+            if r.thinker.done or r.thinker.silent:  # the reply had no token the talker could start from
+                self.end(r)
+            return None
+        if self.prefills_left <= 0:
+            return None
+        self.prefills_left -= 1
+        self.start(r)
+        return None
+
+    def start(self, r: ResponseState) -> None:
+        """Talker prefill — the prompt positions the talker reads that its slot does not hold yet (kept across turns),
+        then the reply's opening with the first reply vector — its first frame, and the reply's code2wav stream.
+        Waits (nothing happens) while every talker slot is busy."""
+        conv = r.conv
+        if self.scheduler.talker_slot(conv) is None:
+            return
+        picked, keys = self.prompt_keys(conv.cached_keys[: r.thinker.prompt_len])
+        reuse = conv.common_prefix_of(conv.talker_keys, keys)
+        conv.crop_talker(reuse)
+        conv.talker_keys = list(keys)
+        prompt = self._prompt_inputs(conv, picked[reuse:], keys[reuse:])
+        opening = self.parts.reply_start(r.talker.queue.popleft(), r.spec.voice)
+        inputs = torch.cat([prompt.to(opening.device, opening.dtype), opening])
+        r.talker.status = TalkerStatus.RUNNING
+        r.talker.length = len(keys) + opening.shape[0]
+        self.talker.sampler.reset(conv.talker_slot, set())
+        r.audio.stream = self.family.start_stream(
+            self.synthesizer,
+            self.ckpt,
+            r.spec.voice,
+            generator=self.generator(),
+            max_codes=self.max_codes,
+            quick=self.scheduler.quick_first_chunk(conv),
+        )
+        frame = self.talker.start(inputs, slot=conv.talker_slot, start=reuse, sample=self._sample_rows([r]))
+        self.accept_code(r, frame.tolist())
+
+    def _sample_rows(self, rows: list[ResponseState]) -> SampleRows:
+        return SampleRows.of(
+            [r.conv.talker_slot for r in rows],
+            force_continue=[self.force_codes(r) for r in rows],
+            seeds=[r.seed for r in rows],
+            counters=[r.codec_tokens for r in rows],
+        )
+
+    def decode(self, rows: list[tuple[ResponseState, torch.Tensor]], plan: StepPlan, *, alone: bool) -> list[Sampled]:
+        """One frame for every row in one batched step (a batch that raises is retried row by row, so only a faulty
+        response fails). Returns each batch with its frames as a (1, B, groups) device tensor, not read yet."""
+        del plan, alone  # a frame talker takes no chains: every step needs its frames' residual codebooks
+        if not rows:
+            return []
+        try:
+            return [self._decode([r for r, _ in rows], [v for _, v in rows])]
+        except Exception:  # noqa: BLE001 - find the faulty row by retrying one by one
+            if len(rows) == 1:
+                self.fail(rows[0][0], RuntimeError("the talker step failed"))
+                log.exception("talker step of %s failed", rows[0][0].id)
+                return []
+            log.exception("batched talker step of %d rows failed; retrying each alone", len(rows))
+        sampled = []
+        for r, vector in rows:
+            try:
+                sampled.append(self._decode([r], [vector]))
+            except Exception as exc:  # noqa: BLE001 - isolate this response's failure
+                self.fail(r, exc)
+        return sampled
+
+    def _decode(self, rows: list[ResponseState], vectors: list[torch.Tensor]) -> Sampled:
+        frames = torch.tensor([r.talker.last_code for r in rows], dtype=torch.long)
+        out = self.talker.decode(
+            frames,
+            torch.stack(vectors),
+            [r.conv.talker_slot for r in rows],
+            [r.talker.length for r in rows],
+            self._sample_rows(rows),
+        )
+        for r in rows:
+            r.talker.length += 1
+        return rows, out.unsqueeze(0)
+
+    def accept_code(self, r: ResponseState, frame: list[int]) -> None:
+        """Take one frame: a stop code in codebook 0 ends the utterance; otherwise the frame goes to the stream."""
+        if r.talker.done:
+            return
+        self.observer.count("talker_tokens_total")
+        if frame[0] in self.codec_stop:
+            self.end(r)
+            return
+        r.talker.codes.append(tuple(frame))
+        if len(r.talker.codes) == 1:
+            self.observer.milestone(r.id, "first_code")
+        r.mark("talker_first_code_ms")
+        r.talker.last_code = tuple(frame)
+        r.audio.stream.push([frame])
+        if r.codec_tokens >= self.max_codes:
+            self.end(r)
+
+    def end(self, r: ResponseState) -> None:
+        r.talker.status = TalkerStatus.DONE
+        self.observer.milestone(r.id, "codes_done")
+        r.talker.length = 0  # the reply's positions lie past the prompt in the slot: the next prefill overwrites them
+        if r.audio.stream is not None:
+            r.audio.stream.finish()
