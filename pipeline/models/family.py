@@ -66,6 +66,9 @@ class ThinkerParts:
     """The user-audio encoder: ``capture()`` (its CUDA graphs, at start), ``encode_many(features) -> list`` (log-mel
     blocks of at most one encoder window each, encoded together; one (tokens, hidden) tensor each, in order) and
     ``audio_tokens(frames) -> int`` (tokens it makes of that many feature frames)."""
+    talker_hidden_layer: int | None = None
+    """The thinker hidden state the talker connector reads in prompt prefills (HF ``hidden_states`` index: 0 the
+    embeddings, ``i`` the output of layer ``i - 1``); None: the last, after the final norm."""
     vision: Any = None
     """The vision tower (None: the checkpoint has none): ``encode_many(items) -> list`` (items ``(pixel_values,
     grid_thw)`` as :meth:`ModelFamily.vision_preprocessor` makes them; one (tokens, hidden) tensor each, in order;
@@ -87,9 +90,12 @@ class ModelFamily(Protocol):
     side conversation over the user's audio)."""
 
     connectors: Mapping[str, Connector]
-    """Connector name -> connector: ``thinker -> talker`` is ``fn(hidden (T, H), embeds (T, H)) -> talker inputs
-    (T, H)``; ``talker -> token2wav`` is ``fn(code, stop_ids) -> the synthesizer's code, or None when ``code``
-    ends the utterance``."""
+    """Connector name -> connector: ``thinker -> talker`` is ``fn(hidden (T, H), embeds (T, H), multimodal (T,) bool or
+    None) -> vectors the conversation keeps per position (T, H')`` (``hidden``: the thinker's hidden state the family
+    asks for (:attr:`ThinkerParts.talker_hidden_layer`), ``embeds``: the tokens' input embeddings, ``multimodal``:
+    audio/image/video positions, None in decode steps); ``talker -> token2wav`` is ``fn(code, stop_ids) -> the
+    synthesizer's code, or None when ``code`` ends the utterance`` (not used by a frame talker, whose frames go to the
+    synthesizer as they are)."""
 
     def load_pretrained(
         self, model: str, *, devices: dict[str, torch.device | str], dtypes: dict[str, torch.dtype]

@@ -78,7 +78,7 @@ class ModelRunner:
         if not jobs:
             return [], []
         inputs = [self._embeds(job) for job in jobs]
-        spans = [(embeds, job.conv.slot, job.start, job.logits, job.rope) for job, (embeds, _) in zip(jobs, inputs)]
+        spans = [(embeds, job.conv.slot, job.start, job.logits, job.rope) for job, (embeds, *_) in zip(jobs, inputs)]
         failed: list[tuple[PrefillJob, Exception]] = []
         try:
             outputs = list(zip(jobs, inputs, self.thinker.prefill_many(spans)))
@@ -91,9 +91,10 @@ class ModelRunner:
                 except Exception as exc:  # noqa: BLE001 - isolate this conversation's failure
                     failed.append((job, exc))
         ran = []
-        for job, (_, talker_embeds), out in outputs:
+        for job, (_, token_embeds, multimodal), out in outputs:
             try:
-                job.conv.extend(job.keys, self.to_talker(out.hidden, talker_embeds), rope=job.rope)
+                vectors = self.to_talker(out.talker_hidden, token_embeds, multimodal)
+                job.conv.extend(job.keys, vectors, rope=job.rope)
                 if job.rope_shift is not None:
                     job.conv.rope_shift = job.rope_shift
             except Exception as exc:  # noqa: BLE001 - isolate this conversation's failure
@@ -102,15 +103,17 @@ class ModelRunner:
             ran.append((job, out))
         return ran, failed
 
-    def _embeds(self, job: PrefillJob) -> tuple[torch.Tensor, torch.Tensor]:
-        """(thinker inputs, what the talker's vectors add) of a chunk: token embeddings, the audio and vision encoders'
-        outputs at their placeholder positions (zero for the talker: the reference zeroes multimodal positions)."""
-        embeds = self.thinker.embed(job.token_ids)
-        talker_embeds = embeds.clone()
+    def _embeds(self, job: PrefillJob) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(thinker inputs, token embeddings, multimodal) of a chunk: the inputs are the token embeddings with the audio
+        and vision encoders' outputs at their placeholder positions, which ``multimodal`` (T,) bool marks (the
+        connector decides what the talker takes there)."""
+        token_embeds = self.thinker.embed(job.token_ids)
+        embeds = token_embeds.clone()
+        multimodal = torch.zeros(len(job.token_ids), dtype=torch.bool, device=embeds.device)
         for at, audio, rows in job.audio:  # one copy per audio run, not per position
             embeds[at : at + len(rows)] = audio[rows.start : rows.stop]
-            talker_embeds[at : at + len(rows)] = 0
-        return embeds, talker_embeds
+            multimodal[at : at + len(rows)] = True
+        return embeds, token_embeds, multimodal
 
     def sample_first(self, rows: list[ResponseState], logits: list[torch.Tensor], *, force: list[bool]) -> list[int]:
         """The first reply token of each response whose prompt was completed this step, sampled in one batch."""
@@ -142,7 +145,7 @@ class ModelRunner:
                 sample_rows,
                 rope_shifts=shifts if any(shifts) else None,
             )
-            vectors = self.to_talker(step.hidden, step.embeds)
+            vectors = self.to_talker(step.hidden, step.embeds, None)
             sampled.append((batch, step.tokens.clone()))  # the graph's buffer is overwritten by the next replay
             for i, r in enumerate(batch):
                 r.conv.extend([r.thinker.pending_token], vectors[i : i + 1], shift=shifts[i])

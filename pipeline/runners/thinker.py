@@ -38,6 +38,14 @@ class ThinkerOutput:
     """(T, H) last hidden states after the final norm."""
     last_logits: torch.Tensor | None
     """(V,) float32 logits of the last position (None when not asked for)."""
+    layer_hidden: torch.Tensor | None = None
+    """(T, H) hidden states of the layer the talker connector reads (``ThinkerParts.talker_hidden_layer``); None when
+    it reads the last."""
+
+    @property
+    def talker_hidden(self) -> torch.Tensor:
+        """The hidden states the talker connector takes."""
+        return self.hidden if self.layer_hidden is None else self.layer_hidden
 
 
 @dataclass

@@ -163,7 +163,9 @@ class ToyFamily:
         {
             c.name: c
             for c in (
-                Connector("toy_text_to_talker", "thinker", "talker", lambda hidden, embeds: hidden + embeds),
+                Connector(
+                    "toy_text_to_talker", "thinker", "talker", lambda hidden, embeds, _multimodal: hidden + embeds
+                ),
                 Connector(
                     "toy_codes_to_tones", "talker", "token2wav", lambda code, stop: None if code in stop else code
                 ),

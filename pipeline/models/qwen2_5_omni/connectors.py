@@ -13,9 +13,12 @@ from __future__ import annotations
 import torch
 
 
-def thinker_to_talker(hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-    """``hidden`` and ``embeds`` are (T, H_thinker); returns the talker inputs (T, H_thinker)."""
-    return hidden + embeds
+def thinker_to_talker(hidden: torch.Tensor, embeds: torch.Tensor, multimodal: torch.Tensor | None) -> torch.Tensor:
+    """``hidden`` and ``embeds`` (the tokens' input embeddings) are (T, H_thinker), ``multimodal`` (T,) bool marks
+    audio/image/video positions (None: none); returns the talker inputs (T, H_thinker)."""
+    if multimodal is None:
+        return hidden + embeds
+    return hidden + embeds.masked_fill(multimodal.unsqueeze(1), 0)
 
 
 def talker_to_token2wav(code: int, stop_ids: tuple[int, ...]) -> int | None:
