@@ -191,7 +191,7 @@ class TalkerInputs:
     def text_vectors(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """(n, H): ``text_projection`` of the thinker's input embeddings of ``token_ids``."""
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.embed.weight.device).reshape(-1)
-        return self._text(self.embed(ids))
+        return self.project_text(self.embed(ids))
 
     def text_vector(self, token_id: int) -> torch.Tensor:
         """(H,): the text part a reply token gives a talker step."""
@@ -200,7 +200,8 @@ class TalkerInputs:
     def end_vector(self, end: TextEnd) -> torch.Tensor:
         return self.tts_eos if end is TextEnd.EOS else self.tts_pad
 
-    def _text(self, embeds: torch.Tensor) -> torch.Tensor:
+    def project_text(self, embeds: torch.Tensor) -> torch.Tensor:
+        """(n, H): ``text_projection`` of thinker input embeddings (n, H_thinker)."""
         proj = self.talker.text_projection
         return proj(embeds.to(proj.linear_fc1.weight.device, proj.linear_fc1.weight.dtype)).to(self.dtype)
 
@@ -230,21 +231,26 @@ class TalkerInputs:
             if embeds is None:
                 out[~mm.to(self.device)] = self.text_vectors(text).to(self.device)
             else:
-                out[~mm.to(self.device)] = self._text(embeds[~mm.to(embeds.device)]).to(self.device)
+                out[~mm.to(self.device)] = self.project_text(embeds[~mm.to(embeds.device)]).to(self.device)
         return out
 
-    def assistant_part(self, header_ids: Sequence[int], speaker: int, first_token: int) -> torch.Tensor:
+    def assistant_part(self, header_ids: Sequence[int], speaker: int, first_token: int | torch.Tensor) -> torch.Tensor:
         """(9, H): the talker prompt's last positions, from the prompt's last three ids ``header_ids``
-        (``<|im_start|>``, ``assistant``, the newline), the speaker's codec id and reply token 0 — text part
+        (``<|im_start|>``, ``assistant``, the newline), the speaker's codec id and reply token 0 (its id, or its
+        thinker input embedding (H_thinker,)) — text part
         [header x3, tts_pad x4, tts_bos, token 0] plus codec part [0 x3, nothink, think_bos, think_eos, speaker,
         codec_pad, codec_bos]. Its logits give frame 0's codebook-0 code."""
         t = self.tokens
         header = list(header_ids)
         if len(header) != 3 or header[0] != t.im_start or header[1] != t.assistant:
             raise InvalidInputError("the prompt must end with <|im_start|>assistant and a newline", param="header_ids")
-        text = self.text_vectors([*header, first_token])
+        if isinstance(first_token, torch.Tensor):
+            first = self.project_text(first_token.reshape(1, -1))
+        else:
+            first = self.text_vectors([first_token])
+        head = self.text_vectors(header)
         pad = self.tts_pad.expand(4, -1)
-        text = torch.cat((text[:3], pad, self.tts_bos[None], text[3:4]))
+        text = torch.cat((head, pad, self.tts_bos[None], first))
         special = [t.codec_nothink, t.codec_think_bos, t.codec_think_eos, speaker, t.codec_pad, t.codec_bos]
         codec = self.codec_embedding(torch.tensor(special, dtype=torch.long, device=self.device))
         codec = torch.cat((codec.new_zeros(3, codec.shape[1]), codec))
