@@ -1,4 +1,5 @@
-"""Picture preprocessing (pipeline/models/qwen2_5_omni/vision.py) against transformers' Qwen2-VL image processor.
+"""Qwen2.5-Omni picture preprocessing (pipeline/models/qwen2_5_omni/vision.py over
+pipeline/models/common/vision_patches.py) against transformers' Qwen2-VL image processor.
 
 No torchvision here, so the reference is the processor's PIL path; our resize is PIL's bicubic filter too, so the
 pixel values must be bit-identical. Video has no reference processor without torchvision: it is checked against the
