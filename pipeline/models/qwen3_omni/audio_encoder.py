@@ -50,8 +50,8 @@ __all__ = [
 
 GRAPH_BATCHES = (1, 2, 4)
 """Blocks per captured encode. A block is a whole attention window (8 s), so a step rarely has more than a few; more
-than the largest run as several replays. Each size keeps its own activation pool (~35 MB a block in bf16 with the
-released sizes), which is why the sizes stop at 4."""
+than the largest run as several replays. Each size keeps its own activation pool, the convolutions' activations of
+every chunk of its blocks, which is why the sizes stop at 4."""
 
 REFERENCE_TOKENS_PER_CHUNK = 13
 """transformers' ``_get_feat_extract_output_lengths`` (the model's and the processor's audio token count) counts 13
