@@ -158,7 +158,7 @@ class ModelFamily(Protocol):
 
     def audio_features(self, ckpt: Any) -> Any:
         """Incremental log-mel features of one spoken message (16 kHz mono float32 in; the interface of
-        :class:`pipeline.models.qwen2_5_omni.audio_features.IncrementalLogMel`), for the thinker's audio encoder."""
+        :class:`pipeline.models.common.log_mel.IncrementalLogMel`), for the thinker's audio encoder."""
         ...
 
     def frame_talker_parts(self, ckpt: Any, *, device: torch.device, dtype: torch.dtype) -> FrameTalkerParts | None:

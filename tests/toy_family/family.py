@@ -17,8 +17,8 @@ import torch
 
 from pipeline.api import TranscriptionPrompt
 from pipeline.errors import InvalidInputError
+from pipeline.models.common.log_mel import IncrementalLogMel
 from pipeline.models.family import Connector, StreamStatus
-from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
 from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint, load_checkpoint
 
 SAMPLE_RATE = 24_000

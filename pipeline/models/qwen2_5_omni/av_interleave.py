@@ -165,14 +165,16 @@ class AVLayout:
         """Rope positions from the message's first position to the text after it (close offset + 1)."""
         return self.close_offset + 1
 
+    def prefix_offsets(self, n: int) -> np.ndarray:
+        """(3, length) offsets of the two opening markers and the first ``n`` chunks: an open message's rendering."""
+        parts = [np.zeros((3, 2), dtype=np.int64)] + [self.chunk_offsets(j) for j in range(n)]
+        return np.concatenate(parts, axis=1)
+
     def offsets(self) -> np.ndarray:
         """(3, length) offsets of the whole closed message: the two opening markers, every chunk, the two closing
         markers."""
-        close = self.close_offset
-        parts = [np.zeros((3, 2), dtype=np.int64)]
-        parts += [self.chunk_offsets(j) for j in range(self.n_chunks)]
-        parts.append(np.full((3, 2), close, dtype=np.int64))
-        return np.concatenate(parts, axis=1)
+        close = np.full((3, 2), self.close_offset, dtype=np.int64)
+        return np.concatenate([self.prefix_offsets(self.n_chunks), close], axis=1)
 
     def token_ids(
         self, *, vision_start: int, audio_start: int, video: int, audio: int, audio_end: int, vision_end: int

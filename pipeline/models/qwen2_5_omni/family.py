@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pipeline.api import VisionInfo
+from pipeline.models.common.log_mel import IncrementalLogMel
 from pipeline.models.family import Connector, ThinkerParts
 from pipeline.models.qwen2_5_omni import connectors
-from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
 from pipeline.models.qwen2_5_omni.av_interleave import AVTiming
 from pipeline.models.qwen2_5_omni.checkpoint import (
     LoadedCheckpoint,

@@ -74,7 +74,7 @@ async def test_streamed_audio_is_prefilled_before_commit(engine):
 async def test_exact_floor_features_equal_the_reference_processor(engine):
     """With ``audio_floor: exact`` the encoded message equals the reference features of the whole
     signal (speech that gets louder later changes early blocks); ``streaming`` keeps early blocks."""
-    from pipeline.models.qwen2_5_omni.audio_features import IncrementalLogMel
+    from pipeline.models.common.log_mel import IncrementalLogMel
 
     pcm = np.concatenate([0.05 * speech_16k("short_joke.wav"), speech_16k("long_story.wav")[: 16000 * 3]])
     conv = engine.conversation()

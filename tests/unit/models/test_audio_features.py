@@ -1,4 +1,4 @@
-"""Incremental log-mel features (pipeline.models.qwen2_5_omni.audio_features) equal the reference
+"""Incremental log-mel features (pipeline.models.common.log_mel) equal the reference
 WhisperFeatureExtractor's one-shot features, whatever the chunking; blocks are claimed ready only once
 their look-ahead arrived; block_changes says exactly which early blocks the final floor changes; and the
 audio tower run block by block equals the tower run on the whole sequence."""
@@ -16,7 +16,7 @@ import torch
 from transformers import WhisperFeatureExtractor
 
 from pipeline.errors import InvalidAudioError
-from pipeline.models.qwen2_5_omni.audio_features import (
+from pipeline.models.common.log_mel import (
     IncrementalLogMel,
     MelGeometry,
     StreamStatus,

@@ -133,6 +133,8 @@ def test_chunks_are_final_once_ready():
         for j in range(ready):
             assert layout.chunk(j) == final.chunk(j)
             np.testing.assert_array_equal(layout.chunk_offsets(j), final.chunk_offsets(j))
+        prefix = layout.prefix_offsets(ready)  # the open message's rendering: a prefix of the closed one's
+        np.testing.assert_array_equal(prefix, final.offsets()[:, : prefix.shape[1]])
         assert ready >= seen
         seen = ready
     assert seen == final.n_chunks

@@ -1,13 +1,19 @@
-"""Incremental Whisper log-mel features for streaming audio prefill.
+"""Incremental Whisper log-mel features for streaming audio prefill, shared by the families.
 
-Qwen2.5-Omni's audio encoder works on independent blocks of ``2 * n_window`` mel frames (200
-frames = 2 s at the 10 ms hop). The engine encodes each complete block while the user is still
-speaking and, at commit, only the unfinished tail. :class:`IncrementalLogMel` computes the features
-of those blocks so that, at the end, they are the reference processor's features of the whole
-signal::
+A family's audio encoder works on independent blocks of ``block_frames`` mel frames (Qwen2.5-Omni: 200 frames = 2 s
+at the 10 ms hop; Qwen3-Omni: one attention window, 800 frames = 8 s). The engine encodes each complete block while
+the user is still speaking and, at commit, only the unfinished tail. :class:`IncrementalLogMel` computes the features
+of those blocks so that, at the end, they are the reference processor's features of the whole signal, under one of
+the two padding conventions the families' processors use:
+
+- ``padding="max_length"`` (Qwen2.5-Omni)::
 
     WhisperFeatureExtractor(...)(pcm, sampling_rate=16000, return_attention_mask=True,
                                  padding="max_length", return_tensors="pt")
+
+  the signal zero-padded to 30 s (``max_samples``); audio longer than that follows the ``"longest"`` convention
+  below instead of being truncated;
+- ``padding="longest"`` (Qwen3-Omni: ``padding=True, truncation=False``): the signal itself, no zero padding;
 
 keeping the first ``attention_mask.sum()`` frames.
 
@@ -15,11 +21,11 @@ Reference arithmetic, reproduced here step by step (the reference takes its torc
 torch is installed):
 
 - centred STFT: frame ``i`` is the ``n_fft`` samples starting at sample ``i * hop - n_fft // 2`` of
-  the signal zero-padded to 30 s (``max_samples``), reflect-padded by ``n_fft // 2`` at both ends;
+  the padded signal (:meth:`MelGeometry.padded_length`), reflect-padded by ``n_fft // 2`` at both ends;
   the STFT's last frame is dropped, so the reference has ``padded_len // hop`` frames;
 - power spectrum, ``mel_filters.T @ power``, ``log10(clamp(mel, 1e-10))``: the *raw* values;
-- a GLOBAL floor ``max(raw over all frames) - 8`` (the max includes the frames that only see the
-  zero padding, and the frames after ``attention_mask.sum()``), then ``(max(raw, floor) + 4) / 4``.
+- a GLOBAL floor ``max(raw over all frames) - 8`` (with ``"max_length"`` the max includes the frames that only see
+  the zero padding, and the frames after ``attention_mask.sum()``), then ``(max(raw, floor) + 4) / 4``.
 
 Two things make early blocks differ from one-shot ones, and the design answers both:
 
@@ -38,10 +44,8 @@ would be *more* accurate but differs from the float32 reference by up to ~1e-5 o
 matrix product is also run at full block width because BLAS picks other summation orders for
 very narrow products. On the CPUs tested the results are bit-identical to the reference.
 
-Beyond 30 s the reference truncates the audio. Here, audio longer than ``max_samples`` follows the
-``padding="longest", truncation=False`` convention instead: nothing is cut, no zero padding is
-added, the end is reflect-padded on the real signal, ``len // hop`` frames are kept and the global
-max covers exactly those frames.
+With ``"longest"`` (and beyond 30 s with ``"max_length"``) nothing is cut, no zero padding is added, the end is
+reflect-padded on the real signal, ``len // hop`` frames are kept and the global max covers exactly those frames.
 
 Units: samples at the extractor's sampling rate (16 kHz mono float32), frames of ``hop`` samples
 (10 ms), log10 mel power.
@@ -52,7 +56,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -66,6 +70,9 @@ MEL_POWER_EPSILON = 1e-10
 FEATURE_SHIFT = 4.0
 """The reference maps ``raw`` to ``(raw + 4) / 4``."""
 FEATURE_SCALE = 4.0
+
+Padding = Literal["max_length", "longest"]
+"""The reference's padding convention (see the module docstring)."""
 
 
 def floor_for_max(max_log10: float) -> float:
@@ -85,18 +92,22 @@ class MelGeometry:
     """Frame and block arithmetic of the reference extractor (pure, no audio).
 
     Frame ``i``'s window covers signal samples ``[i * hop - n_fft // 2, i * hop - n_fft // 2 + n_fft)``;
-    block ``k`` holds frames ``[k * block_frames, (k + 1) * block_frames)``.
+    block ``k`` holds frames ``[k * block_frames, (k + 1) * block_frames)``. ``max_samples``: the length the
+    ``"max_length"`` convention zero-pads to (unused with ``"longest"``).
     """
 
     n_fft: int
     hop: int
     max_samples: int
     block_frames: int
+    padding: Padding = "max_length"
 
     def __post_init__(self) -> None:
         for name in ("n_fft", "hop", "max_samples", "block_frames"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.padding not in ("max_length", "longest"):
+            raise ValueError(f"padding must be 'max_length' or 'longest', got {self.padding!r}")
 
     @property
     def half_window(self) -> int:
@@ -121,8 +132,11 @@ class MelGeometry:
         return (n_received - last_stop_in_block0) // (self.block_frames * self.hop) + 1
 
     def padded_length(self, n_samples: int) -> int:
-        """Length of the signal the reference takes the STFT of: zero-padded to ``max_samples``, or
-        the signal itself when longer (the no-truncation convention)."""
+        """Length of the signal the reference takes the STFT of: with ``"max_length"`` zero-padded to
+        ``max_samples``, or the signal itself when longer (the no-truncation convention); with ``"longest"`` the
+        signal itself."""
+        if self.padding == "longest":
+            return n_samples
         return max(n_samples, self.max_samples)
 
     def reference_frames(self, n_samples: int) -> int:
@@ -204,7 +218,7 @@ class IncrementalLogMel:
     ``k`` under ``final_floor()`` when ``block_changes(k, floor_used)``.
     """
 
-    def __init__(self, feature_extractor: Any, *, block_frames: int = 200) -> None:
+    def __init__(self, feature_extractor: Any, *, block_frames: int = 200, padding: Padding = "max_length") -> None:
         if getattr(feature_extractor, "dither", 0.0):
             raise ValueError("a dithering feature extractor is random: its features cannot be reproduced")
         self.geometry = MelGeometry(
@@ -212,6 +226,7 @@ class IncrementalLogMel:
             hop=int(feature_extractor.hop_length),
             max_samples=int(feature_extractor.n_samples),
             block_frames=block_frames,
+            padding=padding,
         )
         self.sampling_rate = int(feature_extractor.sampling_rate)
         self.n_mels = int(feature_extractor.feature_size)
