@@ -103,8 +103,8 @@ class Qwen25OmniFamily:
         return None
 
     def thinker_parts(self, ckpt: LoadedCheckpoint, *, device: torch.device, cuda_graphs: bool) -> ThinkerParts:
+        from pipeline.models.common.hf_parts import thinker_audio_tower, thinker_text_model, thinker_vision_tower
         from pipeline.models.qwen2_5_omni.audio_encoder import BlockEncoder
-        from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower, thinker_text_model, thinker_vision_tower
         from pipeline.models.qwen2_5_omni.vision_encoder import VisionEncoder
 
         device = torch.device(device)

@@ -37,9 +37,9 @@ import torch
 
 from pipeline.errors import CheckpointError
 from pipeline.models.common.hermes_tools import TOOLS_EPILOGUE, TOOLS_PREAMBLE
+from pipeline.models.common.hf_parts import thinker_text_model
 from pipeline.models.qwen2_5_omni import checkpoint as ckpt
 from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
-from pipeline.models.qwen2_5_omni.parts import thinker_text_model
 from pipeline.models.qwen2_5_omni.tokenizer_corpus import CORPUS
 
 SPEAKER_NAMES = ("Chelsie", "Ethan")

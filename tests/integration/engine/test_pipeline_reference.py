@@ -10,7 +10,7 @@ from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration, Whi
 
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
-from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower
+from pipeline.models.common.hf_parts import thinker_audio_tower
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
 from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta
 

@@ -15,8 +15,8 @@ from transformers import AutoTokenizer, Qwen2_5OmniThinkerForConditionalGenerati
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.errors import InvalidImageError, UnsupportedInputError
+from pipeline.models.common.hf_parts import thinker_audio_tower
 from pipeline.models.qwen2_5_omni.av_interleave import AVLayout
-from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower
 from pipeline.models.qwen2_5_omni.positions import rope_positions
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
 from pipeline.outputs import ResponseStatus

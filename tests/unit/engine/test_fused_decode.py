@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 from pipeline.models.qwen2_5_omni.tiny import make_random_checkpoint
-from pipeline.models.qwen2_5_omni.parts import thinker_text_model
+from pipeline.models.common.hf_parts import thinker_text_model
 from pipeline.runners.decoder import PooledDecoder
 from pipeline.kernels.fused_decode import add_rms_norm, silu_mul
 

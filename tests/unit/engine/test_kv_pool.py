@@ -51,8 +51,8 @@ def test_default_batch_sizes_cover_every_count_up_to_the_pool():
 
 @pytest.fixture(scope="module")
 def tiny_bodies(tiny_model_dir):
+    from pipeline.models.common.hf_parts import thinker_text_model
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.models.qwen2_5_omni.parts import thinker_text_model
 
     ckpt = load_checkpoint(tiny_model_dir)
     return {"thinker": thinker_text_model(ckpt.thinker), "talker": ckpt.talker.model}

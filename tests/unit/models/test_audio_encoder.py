@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pipeline.models.common.hf_parts import thinker_audio_tower
 from pipeline.models.qwen2_5_omni.audio_encoder import BlockEncoder
 from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
-from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower
 
 LENGTHS = (200, 199, 37, 4, 3, 2, 150)
 """Full blocks and tails, odd and even positions after the strided convolution, the shortest a commit accepts."""

@@ -16,6 +16,7 @@ import torch
 from transformers import WhisperFeatureExtractor
 
 from pipeline.errors import InvalidAudioError
+from pipeline.models.common.hf_parts import thinker_audio_tower
 from pipeline.models.common.log_mel import (
     IncrementalLogMel,
     MelGeometry,
@@ -23,7 +24,6 @@ from pipeline.models.common.log_mel import (
     floor_for_max,
     virtual_signal,
 )
-from pipeline.models.qwen2_5_omni.parts import thinker_audio_tower
 from tests.helpers.paths import TESTS
 
 SR = 16_000

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import Qwen2_5OmniThinkerForConditionalGeneration
 
+from pipeline.models.common.hf_parts import thinker_text_model
 from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-from pipeline.models.qwen2_5_omni.parts import thinker_text_model
 from pipeline.models.qwen2_5_omni.positions import GridSpan, rope_positions, rope_shift, vision_offsets
 from pipeline.runners.decoder import PooledDecoder
 

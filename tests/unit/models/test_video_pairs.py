@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.models.common.hf_parts import thinker_vision_tower
 from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-from pipeline.models.qwen2_5_omni.parts import thinker_vision_tower
 from pipeline.models.qwen2_5_omni.vision_encoder import VisionEncoder
 
 

@@ -11,8 +11,8 @@ import torch
 from transformers.vision_utils import get_vision_window_index
 
 from pipeline.models import family_of
+from pipeline.models.common.hf_parts import thinker_vision_tower
 from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-from pipeline.models.qwen2_5_omni.parts import thinker_vision_tower
 from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, build_config
 from pipeline.models.qwen2_5_omni.vision_encoder import VisionEncoder
 

@@ -1,4 +1,4 @@
-"""Where the thinker's sub-modules live, across transformers 5.x releases.
+"""Where a Qwen-Omni thinker's sub-modules live, across transformers 5.x releases (both families lay them out alike).
 
 transformers 5.17 keeps ``thinker.model`` = the text model and ``thinker.audio_tower`` beside it;
 later 5.x releases wrap them as ``thinker.model.language_model`` / ``thinker.model.audio_tower``.

@@ -1,0 +1,156 @@
+"""Qwen3-Omni as a model family (:class:`pipeline.models.family.ModelFamily`): its checkpoint loader, chat format,
+voices (codec ids in the talker config), incremental log-mel features and AuT encoder, the frame talker (codebook 0
+by the MoE talker, codebooks 1..15 by the code predictor) and the streaming code2wav."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pipeline.errors import UnsupportedInputError
+from pipeline.models.common.chatml import PromptRenderer
+from pipeline.models.common.hf_parts import thinker_audio_tower, thinker_text_model
+from pipeline.models.family import Connector, ThinkerParts
+from pipeline.models.qwen3_omni.checkpoint import LoadedCheckpoint, SpecialTokens, load_checkpoint
+from pipeline.models.qwen3_omni.frame_talker import Qwen3FrameTalker, thinker_to_talker
+from pipeline.models.qwen3_omni.prompt import DEFAULT_SYSTEM_PROMPT, TRANSCRIPTION_PROMPT
+from pipeline.models.qwen3_omni.talker import CodecRules, TalkerTokens
+
+if TYPE_CHECKING:
+    from pipeline.models.common.log_mel import IncrementalLogMel
+    from pipeline.models.qwen3_omni.code2wav_stream import Code2WavStream, StreamingCode2Wav
+
+
+def talker_to_token2wav(frame: list[int], stop_ids: tuple[int, ...]) -> list[int] | None:
+    """A frame as code2wav takes it, or None when its codebook-0 code ends the utterance (such a frame has no audio)."""
+    return None if frame[0] in stop_ids else frame
+
+
+class Qwen3OmniFamily:
+    """Qwen3-Omni's checkpoints (:class:`LoadedCheckpoint`) for the engine."""
+
+    name = "qwen3_omni"
+    default_instructions = DEFAULT_SYSTEM_PROMPT
+    transcription_prompt = TRANSCRIPTION_PROMPT
+    connectors = MappingProxyType(
+        {
+            c.name: c
+            for c in (
+                Connector("thinker_to_talker", "thinker", "talker", thinker_to_talker),
+                Connector("talker_to_token2wav", "talker", "token2wav", talker_to_token2wav),
+            )
+        }
+    )
+
+    def load_pretrained(self, model: str, *, devices: dict, dtypes: dict) -> LoadedCheckpoint:
+        return load_checkpoint(model, devices=devices, dtypes=dtypes)
+
+    def build_random(
+        self, spec: Any, *, device: torch.device | str, dtype: torch.dtype, devices: dict[str, str] | None = None
+    ) -> LoadedCheckpoint:
+        from pipeline.models.qwen3_omni.tiny import build_random_model
+
+        ckpt = build_random_model(spec, device=device, dtype=dtype)
+        for part, stage in (("talker", "talker"), ("code2wav", "token2wav")):  # built beside the thinker, then moved
+            target = (devices or {}).get(stage)
+            module = getattr(ckpt, part)
+            if module is not None and target is not None and torch.device(target) != torch.device(device):
+                module.to(device=target)
+        return ckpt
+
+    def max_context(self, ckpt: LoadedCheckpoint) -> int:
+        return ckpt.config.thinker_config.text_config.max_position_embeddings
+
+    def special(self, ckpt: LoadedCheckpoint) -> SpecialTokens:
+        return ckpt.special
+
+    def codec_stop_ids(self, ckpt: LoadedCheckpoint) -> tuple[int, ...]:
+        return ckpt.special.codec_stop_ids()
+
+    def codec_suppress_ids(self, ckpt: LoadedCheckpoint) -> list[int]:
+        """The talker's control ids (the last 1024 of its vocabulary), codec eos excepted, as the reference suppresses
+        them."""
+        if not ckpt.audio_output:
+            return []
+        return list(CodecRules.of(TalkerTokens.of(ckpt.config)).suppress)
+
+    def renderer(self, ckpt: LoadedCheckpoint) -> PromptRenderer:
+        return PromptRenderer(ckpt.tokenizer, ckpt.special)
+
+    def voices(self, ckpt: LoadedCheckpoint) -> tuple[str, ...]:
+        return tuple(ckpt.voices)
+
+    def default_voice(self, ckpt: LoadedCheckpoint) -> str:
+        if not ckpt.voices:
+            raise UnsupportedInputError(f"{ckpt.source} has no talker: it answers in text only", param="modalities")
+        return ckpt.default_voice
+
+    def voice_bos(self, ckpt: LoadedCheckpoint, voice: str) -> int:
+        """The voice's codec id (the talker's reply opening carries it; Qwen3-Omni has no thinker-vocabulary voice
+        token)."""
+        return TalkerTokens.of(ckpt.config).speaker(voice)
+
+    def audio_features(self, ckpt: LoadedCheckpoint) -> IncrementalLogMel:
+        from pipeline.models.qwen3_omni.audio_features import incremental_log_mel
+
+        return incremental_log_mel(ckpt.feature_extractor, ckpt.config.thinker_config.audio_config)
+
+    def thinker_parts(self, ckpt: LoadedCheckpoint, *, device: torch.device, cuda_graphs: bool) -> ThinkerParts:
+        from pipeline.models.qwen3_omni.audio_encoder import BlockEncoder
+
+        device = torch.device(device)
+        audio = BlockEncoder(thinker_audio_tower(ckpt.thinker), device=device, cuda_graphs=cuda_graphs)
+        layer = ckpt.config.talker_config.accept_hidden_layer if ckpt.audio_output else None
+        return ThinkerParts(
+            text_model=thinker_text_model(ckpt.thinker),
+            lm_head=ckpt.thinker.lm_head,
+            audio=audio,
+            talker_hidden_layer=layer,
+        )
+
+    def frame_talker_parts(
+        self, ckpt: LoadedCheckpoint, *, device: torch.device, dtype: torch.dtype
+    ) -> Qwen3FrameTalker | None:
+        if not ckpt.audio_output:
+            return None
+        header = self.renderer(ckpt).header("assistant")
+        embedding = thinker_text_model(ckpt.thinker).get_input_embeddings()
+        return Qwen3FrameTalker(ckpt.talker, embedding, ckpt.config, header)
+
+    def vision_info(self, ckpt: LoadedCheckpoint) -> None:
+        """None: the engine does not feed Qwen3-Omni's vision encoder yet (its deepstack features go into the first
+        decoder layers' hidden states); pictures are refused as for a checkpoint without a vision tower."""
+        return None
+
+    def av_timing(self, ckpt: LoadedCheckpoint) -> None:
+        return None
+
+    def vision_preprocessor(self, ckpt: LoadedCheckpoint) -> None:
+        return None
+
+    def token2wav(self, ckpt: LoadedCheckpoint, stage: Any) -> StreamingCode2Wav:
+        from pipeline.models.qwen3_omni.code2wav_stream import StreamingCode2Wav
+
+        if ckpt.code2wav is None:
+            raise UnsupportedInputError(f"{ckpt.source} has no code2wav: it answers in text only", param="modalities")
+        return StreamingCode2Wav(ckpt.code2wav, max_batch=stage.max_batch)
+
+    def start_stream(
+        self,
+        synthesizer: StreamingCode2Wav,
+        ckpt: LoadedCheckpoint,
+        voice: str,
+        *,
+        generator: torch.Generator | None,
+        max_codes: int,
+        quick: bool,
+    ) -> Code2WavStream:
+        """A code2wav stream of at most ``max_codes`` frames (code2wav takes no voice and draws no noise: the voice is
+        in the talker's codes)."""
+        del voice, generator
+        return synthesizer.start(max_codes, quick=quick)
+
+
+FAMILY = Qwen3OmniFamily()
