@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from pipeline.errors import CheckpointError, ConfigError
+from pipeline.models.common.random_checkpoint import RANDOM_MARKER_FILE
 from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
 from pipeline.models.qwen2_5_omni.vision import VisionPreprocessor
 
@@ -65,8 +66,6 @@ WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 SPEAKERS_FILE = "spk_dict.pt"
 PREPROCESSOR_FILE = "preprocessor_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-RANDOM_MARKER_FILE = "omni_realtime_random.json"
-"""Written by :mod:`.tiny` next to random weights: ``{"random_weights": true, "spec": {...}}``."""
 
 SUBMODELS = ("thinker", "talker", "token2wav")
 TOKEN2WAV_DTYPE = torch.float32
