@@ -8,7 +8,7 @@ its own added tokens (in its released order) after the ``bpe_vocab_size`` BPE en
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,22 @@ QWEN_PRETOKENIZE_REGEX = (
 """Qwen2's pre-tokenization split (contractions, letters, single digits, punctuation, spaces)."""
 
 
-def train_bpe(bpe_vocab_size: int) -> Any:
-    """Train the byte-level BPE on the corpus. Returns a ``tokenizers.Tokenizer`` with exactly ``bpe_vocab_size``
-    entries, added tokens not yet appended; :class:`CheckpointError` (``param="tokenizer_bpe_vocab"``) when the corpus
-    cannot yield that many."""
+CHAT_ROLES = ("system", "user", "assistant")
+"""The ChatML role words, in the order :func:`role_prefixed_corpus` cycles through them."""
+
+
+def role_prefixed_corpus(corpus: Sequence[str] = CORPUS) -> tuple[str, ...]:
+    """``corpus`` followed by each of its lines as a chat turn's text (``"{role}\n{line}"``, the roles cycling through
+    :data:`CHAT_ROLES`): trained on it, the BPE has every role word as one token, as a checkpoint whose config names
+    the role tokens' ids (``system_token_id``...) needs."""
+    turns = tuple(f"{CHAT_ROLES[i % len(CHAT_ROLES)]}\n{line}" for i, line in enumerate(corpus))
+    return tuple(corpus) + turns
+
+
+def train_bpe(bpe_vocab_size: int, corpus: Iterable[str] = CORPUS) -> Any:
+    """Train the byte-level BPE on ``corpus`` (default: the embedded one). Returns a ``tokenizers.Tokenizer`` with
+    exactly ``bpe_vocab_size`` entries, added tokens not yet appended; :class:`CheckpointError`
+    (``param="tokenizer_bpe_vocab"``) when the corpus cannot yield that many."""
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
     from tokenizers.trainers import BpeTrainer
@@ -45,10 +57,10 @@ def train_bpe(bpe_vocab_size: int) -> Any:
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(CORPUS, trainer)
+    tokenizer.train_from_iterator(corpus, trainer)
     if tokenizer.get_vocab_size() != bpe_vocab_size:
         raise CheckpointError(
-            f"tokenizer: the embedded corpus yields {tokenizer.get_vocab_size()} BPE tokens, "
+            f"tokenizer: the corpus yields {tokenizer.get_vocab_size()} BPE tokens, "
             f"not the {bpe_vocab_size} requested (spec.tokenizer_bpe_vocab)",
             param="tokenizer_bpe_vocab",
         )
@@ -60,13 +72,15 @@ def added_token_ids(bpe_vocab_size: int, tokens: Sequence[str]) -> dict[str, int
     return {token: bpe_vocab_size + i for i, token in enumerate(tokens)}
 
 
-def train_with_added_tokens(bpe_vocab_size: int, added: Sequence[tuple[str, bool]]) -> tuple[Any, dict[str, int]]:
-    """:func:`train_bpe`, then ``added`` (``(token, special)`` pairs, in order) appended unnormalized. Returns the
-    tokenizer and the added tokens' ids; :class:`CheckpointError` if one did not get the id its order implies (a
-    token that the BPE already holds)."""
+def train_with_added_tokens(
+    bpe_vocab_size: int, added: Sequence[tuple[str, bool]], corpus: Iterable[str] = CORPUS
+) -> tuple[Any, dict[str, int]]:
+    """:func:`train_bpe` on ``corpus``, then ``added`` (``(token, special)`` pairs, in order) appended unnormalized.
+    Returns the tokenizer and the added tokens' ids; :class:`CheckpointError` if one did not get the id its order
+    implies (a token that the BPE already holds)."""
     from tokenizers import AddedToken
 
-    tokenizer = train_bpe(bpe_vocab_size)
+    tokenizer = train_bpe(bpe_vocab_size, corpus)
     tokenizer.add_tokens([AddedToken(token, special=special, normalized=False) for token, special in added])
     ids = added_token_ids(bpe_vocab_size, [token for token, _ in added])
     for token, expected in ids.items():
