@@ -41,7 +41,8 @@ class RandomModelSpec:
     The thinker's vocabulary holds the BPE (``tokenizer_bpe_vocab`` entries), then the added tokens, then padding up
     to ``thinker_vocab``. The talker's codec vocabulary holds the ``codebook_size`` codes of codebook 0, then control
     ids and speakers; its last 1024 ids are what the reference never samples but for codec-eos. Tuning knobs
-    (``None`` or 1.0 leave the random init alone): ``output_gain`` multiplies code2wav's last convolution;
+    (``None`` or 1.0 leave the random init alone): ``output_gain`` multiplies code2wav's last convolution (a tiny
+    random code2wav outputs an RMS of ~2e-8; the default brings it to ~0.1);
     ``stop_logit_scale`` shrinks the talker's codec-eos head row; ``reply_end_logit`` is the level the thinker's
     ``<|im_end|>`` logit is held near; ``speech_end_logit`` is the talker's codec-eos logit once the reply's text has
     ended; ``attention_sharpness`` multiplies the thinker's and the talker's q/k RMSNorm weights.
@@ -132,10 +133,10 @@ class RandomModelSpec:
     enable_audio_output: bool = True
     # randomness and the tuning for end-to-end tests
     seed: int = 0
-    output_gain: float = 1.0
-    stop_logit_scale: float = 0.3
-    reply_end_logit: float | None = None
-    speech_end_logit: float | None = None
+    output_gain: float = 5.0e6
+    stop_logit_scale: float = 0.1
+    reply_end_logit: float | None = 0.28
+    speech_end_logit: float | None = 2.0
     attention_sharpness: float = 1.0
 
     @classmethod
@@ -213,7 +214,12 @@ class RandomModelSpec:
             code2wav_decoder_dim=code2wav["decoder_dim"],
             # The released tokenizer's 151643 BPE entries cannot be trained on the embedded corpus: the 30B preset
             # keeps the tiny tokenizer, and its ids (all below the thinker vocabulary) stand in for the released ones.
+            # A random code2wav of the released width is loud already (RMS ~0.4 before its clamp to [-1, 1]).
+            output_gain=1.0,
+            # GPU benchmarks force reply lengths; the random init is left alone.
             stop_logit_scale=1.0,
+            reply_end_logit=None,
+            speech_end_logit=None,
             seed=seed,
         )
 

@@ -25,9 +25,28 @@ def build_model(
     with default_device_and_dtype(device, dtype):
         model = Qwen3OmniMoeForConditionalGeneration(config)
     if model.has_talker:
+        _init_talker_experts(model.talker, spec.seed + TALKER_EXPERTS_SEED_OFFSET)
         model.code2wav.float()
     tune_random_weights(model, spec, ids)
     return model.eval()
+
+
+TALKER_EXPERTS_SEED_OFFSET = 1
+"""The talker's routed experts and router are drawn from generator seed ``spec.seed + TALKER_EXPERTS_SEED_OFFSET``."""
+
+
+@torch.no_grad()
+def _init_talker_experts(talker: Any, seed: int) -> None:
+    """Draw the talker's routed experts and router like the thinker's (normal, std ``initializer_range``).
+
+    transformers (5.25) initialises only the thinker's MoE blocks: the talker's expert tensors are left as
+    ``torch.empty`` (whatever memory held, NaN included, and different on every build) and its router at zero (every
+    expert tied, so the first ones always win)."""
+    std = talker.config.text_config.initializer_range
+    generator = torch.Generator(device=talker.codec_head.weight.device).manual_seed(seed)
+    for layer in talker.model.layers:
+        for tensor in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj, layer.mlp.gate.weight):
+            torch.nn.init.normal_(tensor, mean=0.0, std=std, generator=generator)
 
 
 @torch.no_grad()
@@ -120,7 +139,7 @@ def _end_speech_after_text(model: Any, spec: RandomModelSpec, marked: list[int],
     ``marked``; one hidden unit of
     the projection carries it alone into the talker's last channel, which no other input (codec embeddings, the
     multimodal ``hidden_projection``) fills and no talker layer writes. The codec head reads that channel only in the
-    eos row, calibrated on a probe of text-pad inputs; before the text ends the channel is zero.
+    eos row, calibrated on a probe of text-pad steps; before the text ends the channel is zero.
     """
     thinker_embed = model.thinker.model.language_model.embed_tokens.weight
     talker = model.talker
@@ -143,9 +162,14 @@ def _end_speech_after_text(model: Any, spec: RandomModelSpec, marked: list[int],
     _never_write(talker.model.layers, channel)
     head = talker.codec_head.weight
     head[:, channel] = 0.0
-    codes = torch.arange(32, device=head.device).reshape(2, 16) % spec.codebook_size
-    pad_input = projection(thinker_embed[marked[-1]])
-    probe = talker.model.codec_embedding(codes) + pad_input
+    # A talker step's input: the sum of the frame's codebook embeddings (codebook 0's table, then the predictor's
+    # tables for the residual codebooks) plus the text input.
+    codes = torch.arange(2 * 16 * spec.num_code_groups, device=head.device) % spec.codebook_size
+    codes = codes.reshape(spec.num_code_groups, 2, 16)
+    frames = talker.model.codec_embedding(codes[0])
+    for table, group in zip(talker.code_predictor.model.codec_embedding, codes[1:], strict=True):
+        frames = frames + table(group)
+    probe = frames + projection(thinker_embed[marked[-1]])
     normed = talker.model(inputs_embeds=probe).last_hidden_state[..., channel].float().mean()
     head[spec.codec_eos_id, channel] = level / normed.item()
 
