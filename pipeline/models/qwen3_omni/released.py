@@ -340,7 +340,7 @@ PREPROCESSOR = _frozen(
 image processor's settings beside them in the same object."""
 
 PARAMETERS_B = _frozen({"total": 35.26, "thinker": 31.7, "talker": 3.3, "code2wav": 0.2})
-"""Parameter counts (billions) of a model built from the released config (transformers 5.17, measured on an H100)."""
+"""Parameter counts (billions) of the model the released config describes, per part and in total."""
 
 __all__ = [
     "AUDIO",
