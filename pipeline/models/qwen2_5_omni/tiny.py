@@ -13,7 +13,7 @@ stop rows are shrunk by ``spec.stop_logit_scale`` so that decoding does not stop
 steps, and the thinker's end-of-reply and the talker's end-of-speech logits are raised just enough
 that a sampled reply ends on its own after a few seconds, as a real model's does.
 
-The tokenizer is a byte-level BPE trained at build time on :mod:`.tokenizer_corpus`, with the Qwen
+The tokenizer is a byte-level BPE trained at build time on :mod:`pipeline.models.common.tokenizer_corpus`, with the Qwen
 special tokens appended in the released order; the thinker vocabulary is padded beyond it (like the
 released 152064-entry table) and the talker's ``tts_text_*`` ids and the speakers' bos ids live in
 that padding.
@@ -22,13 +22,12 @@ that padding.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,11 +35,12 @@ from typing import Any
 import torch
 
 from pipeline.errors import CheckpointError
+from pipeline.models.common import bpe
 from pipeline.models.common.hermes_tools import TOOLS_EPILOGUE, TOOLS_PREAMBLE
 from pipeline.models.common.hf_parts import thinker_text_model
+from pipeline.models.common.random_checkpoint import default_device_and_dtype, write_random_marker
 from pipeline.models.qwen2_5_omni import checkpoint as ckpt
 from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
-from pipeline.models.qwen2_5_omni.tokenizer_corpus import CORPUS
 
 SPEAKER_NAMES = ("Chelsie", "Ethan")
 """Voices of the released checkpoints; Chelsie is the reference default."""
@@ -92,13 +92,6 @@ _TOKENIZER_NAMED_TOKENS = {
     "vision_bos_token": ckpt.VISION_BOS,
     "vision_eos_token": ckpt.VISION_EOS,
 }
-
-# Qwen2's pre-tokenization split (contractions, letters, single digits, punctuation, spaces).
-_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
-    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-
 
 RELEASED_7B_IDS: dict = {
     "codec_pad": 8292,
@@ -303,7 +296,7 @@ class RandomModelSpec:
 # --- Tokenizer --------------------------------------------------------------------------------
 def added_token_ids(bpe_vocab_size: int) -> dict[str, int]:
     """Ids of the Qwen added tokens when they follow a BPE vocabulary of ``bpe_vocab_size``."""
-    return {token: bpe_vocab_size + i for i, (token, _) in enumerate(QWEN_ADDED_TOKENS)}
+    return bpe.added_token_ids(bpe_vocab_size, [token for token, _ in QWEN_ADDED_TOKENS])
 
 
 def chat_template() -> str:
@@ -320,11 +313,11 @@ def chat_template() -> str:
     tools_block = "".join(
         [
             "{% if tools %}",
-            _jinja_text(TOOLS_PREAMBLE),
+            bpe.jinja_text(TOOLS_PREAMBLE),
             "{% for tool in tools %}",
-            _jinja_text("\n"),
+            bpe.jinja_text("\n"),
             "{{ tool | tojson }}{% endfor %}",
-            _jinja_text(TOOLS_EPILOGUE),
+            bpe.jinja_text(TOOLS_EPILOGUE),
             "{% endif %}",
         ]
     )
@@ -332,16 +325,16 @@ def chat_template() -> str:
         [
             "{% if message['role'] == 'tool' %}",
             f"{{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}}{im_start}user{{% endif %}}",
-            _jinja_text("\n<tool_response>\n"),
+            bpe.jinja_text("\n<tool_response>\n"),
             "{{ message['content'] }}\n</tool_response>",
             f"{{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}}{im_end}\n{{% endif %}}",
             "{% elif message['role'] == 'assistant' and message['tool_calls'] %}",
             f"{im_start}assistant{{% if message['content'] %}}",
-            _jinja_text("\n"),
+            bpe.jinja_text("\n"),
             "{{ message['content'] }}{% endif %}",
             "{% for call in message['tool_calls'] %}",
             "{% set fn = call['function'] if call['function'] is defined else call %}",
-            _jinja_text('\n<tool_call>\n{"name": "'),
+            bpe.jinja_text('\n<tool_call>\n{"name": "'),
             "{{ fn['name'] }}\", ",
             "\"arguments\": {{ fn['arguments'] | tojson }}}\n</tool_call>",
             f"{{% endfor %}}{im_end}\n",
@@ -384,61 +377,11 @@ def chat_template() -> str:
     )
 
 
-def _jinja_text(text: str) -> str:
-    """``text`` as a Jinja expression of a string literal (written out as is, newlines included)."""
-    return "{{ " + json.dumps(text) + " }}"
-
-
-def train_bpe(bpe_vocab_size: int) -> Any:
-    """Train the byte-level BPE (Qwen2's normalizer, split regex and byte mapping) on the corpus.
-    Returns a ``tokenizers.Tokenizer`` with exactly ``bpe_vocab_size`` entries, added tokens not yet
-    appended. Deterministic: same corpus, same vocabulary."""
-    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
-    from tokenizers.models import BPE
-    from tokenizers.trainers import BpeTrainer
-
-    tokenizer = Tokenizer(BPE())
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(
-        vocab_size=bpe_vocab_size,
-        min_frequency=2,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(CORPUS, trainer)
-    if tokenizer.get_vocab_size() != bpe_vocab_size:
-        raise CheckpointError(
-            f"tokenizer: the embedded corpus yields {tokenizer.get_vocab_size()} BPE tokens, "
-            f"not the {bpe_vocab_size} requested (spec.tokenizer_bpe_vocab)",
-            param="tokenizer_bpe_vocab",
-        )
-    return tokenizer
-
-
 def write_tokenizer(out_dir: Path, spec: RandomModelSpec) -> dict[str, int]:
     """Write tokenizer.json, vocab.json, merges.txt, tokenizer_config.json and chat_template.json
     (the released file set) and return the added tokens' ids."""
-    from tokenizers import AddedToken
-
-    tokenizer = train_bpe(spec.tokenizer_bpe_vocab)
-    tokenizer.add_tokens([AddedToken(tok, special=special, normalized=False) for tok, special in QWEN_ADDED_TOKENS])
-    ids = added_token_ids(spec.tokenizer_bpe_vocab)
-    for token, expected in ids.items():
-        if tokenizer.token_to_id(token) != expected:
-            raise CheckpointError(f"tokenizer: {token} got id {tokenizer.token_to_id(token)}, expected {expected}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    model = json.loads(tokenizer.to_str())["model"]
-    (out_dir / "vocab.json").write_text(json.dumps(model["vocab"], ensure_ascii=False))
-    merges = ["#version: 0.2"] + [" ".join(pair) for pair in model["merges"]]
-    (out_dir / "merges.txt").write_text("\n".join(merges) + "\n")
+    tokenizer, ids = bpe.train_with_added_tokens(spec.tokenizer_bpe_vocab, QWEN_ADDED_TOKENS)
+    bpe.write_bpe_files(tokenizer, out_dir)
     template = chat_template()
     (out_dir / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(ids, template), indent=2))
     (out_dir / "chat_template.json").write_text(json.dumps({"chat_template": template}, indent=2))
@@ -460,17 +403,7 @@ def _tokenizer_config(ids: dict[str, int], template: str) -> dict[str, Any]:
         "split_special_tokens": False,
         "extra_special_tokens": [t for t in specials if t != ckpt.ENDOFTEXT],
         **_TOKENIZER_NAMED_TOKENS,
-        "added_tokens_decoder": {
-            str(ids[token]): {
-                "content": token,
-                "lstrip": False,
-                "normalized": False,
-                "rstrip": False,
-                "single_word": False,
-                "special": special,
-            }
-            for token, special in QWEN_ADDED_TOKENS
-        },
+        "added_tokens_decoder": bpe.added_tokens_decoder(ids, QWEN_ADDED_TOKENS),
         "chat_template": template,
     }
 
@@ -662,19 +595,6 @@ def check_spec(spec: RandomModelSpec) -> None:
 
 
 # --- Weights ----------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _default_device_and_dtype(device: str | torch.device, dtype: torch.dtype) -> Iterator[None]:
-    """Build modules directly on ``device`` in ``dtype`` (a 7B model built in float32 then cast
-    would need twice the memory). Restores torch's defaults on exit."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
 VISION_SEED_OFFSET = 2
 """The vision tower's weights come from generator seed ``spec.seed + VISION_SEED_OFFSET``."""
 
@@ -702,11 +622,11 @@ def build_model(spec: RandomModelSpec, config: Any, *, device: str = "cpu", dtyp
         setattr(layout.thinker_config.vision_config, name, value)
     layout.thinker_config.vision_config.out_hidden_size = spec.vision_out_hidden
     torch.manual_seed(spec.seed)  # seeds every device's generator
-    with _default_device_and_dtype(device, dtype):
+    with default_device_and_dtype(device, dtype):
         model = Qwen2_5OmniForConditionalGeneration(layout)
     holder = model.thinker if getattr(model.thinker, "visual", None) is not None else model.thinker.model
     torch.manual_seed(spec.seed + VISION_SEED_OFFSET)
-    with _default_device_and_dtype(device, dtype):
+    with default_device_and_dtype(device, dtype):
         visual = type(holder.visual)._from_config(config.thinker_config.vision_config)
         visual.post_init()
     holder.visual = visual
@@ -903,8 +823,7 @@ def make_random_checkpoint(
     model.save_pretrained(out, max_shard_size=MAX_SHARD_SIZE)
     torch.save(make_speakers(spec), out / ckpt.SPEAKERS_FILE)
     _write_preprocessor_config(out, spec)
-    marker = {"random_weights": True, "spec": spec.to_dict()}
-    (out / ckpt.RANDOM_MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+    write_random_marker(out, spec.to_dict())
     return out
 
 

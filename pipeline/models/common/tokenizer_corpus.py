@@ -1,4 +1,4 @@
-"""English text the tiny checkpoint's byte-level BPE tokenizer is trained on (offline, at build time).
+"""English text the tiny checkpoints' byte-level BPE tokenizer is trained on (offline, at build time).
 
 Written for this project. It only has to give the BPE trainer enough common English words, chat
 phrases, digits and punctuation that ordinary prompts tokenize into a few tokens per word; nothing
