@@ -295,12 +295,36 @@ def load_checkpoint(
     config = load_config(path)
     check_weights_present(path)
     tokenizer = load_tokenizer(path)
-    special = SpecialTokens.from_config(config, tokenizer)
-    voices = speakers_from_config(config) if config.enable_audio_output else {}
     feature_extractor = load_feature_extractor(path, config)
     thinker, talker, code2wav = _load_parts(path, config, placement)
+    return assemble(
+        str(name_or_path),
+        path,
+        config,
+        (thinker, talker, code2wav),
+        tokenizer,
+        feature_extractor,
+        is_random_checkpoint(path),
+    )
+
+
+def assemble(
+    source: str,
+    path: Path,
+    config: Any,
+    parts: tuple[Any, Any, Any],
+    tokenizer: Any,
+    feature_extractor: Any,
+    random_weights: bool,
+) -> LoadedCheckpoint:
+    """A :class:`LoadedCheckpoint` of loaded (or built) parts ``(thinker, talker, code2wav)``: the config validated,
+    the special ids read and cross-checked with the tokenizer, the voices read."""
+    validate_config(config)
+    special = SpecialTokens.from_config(config, tokenizer)
+    voices = speakers_from_config(config) if config.enable_audio_output else {}
+    thinker, talker, code2wav = parts
     return LoadedCheckpoint(
-        source=str(name_or_path),
+        source=source,
         path=path,
         config=config,
         thinker=thinker,
@@ -310,7 +334,7 @@ def load_checkpoint(
         feature_extractor=feature_extractor,
         special=special,
         voices=voices,
-        random_weights=is_random_checkpoint(path),
+        random_weights=random_weights,
     )
 
 

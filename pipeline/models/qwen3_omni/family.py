@@ -50,15 +50,29 @@ class Qwen3OmniFamily:
     def build_random(
         self, spec: Any, *, device: torch.device | str, dtype: torch.dtype, devices: dict[str, str] | None = None
     ) -> LoadedCheckpoint:
+        from pipeline.models.qwen3_omni.checkpoint import assemble
         from pipeline.models.qwen3_omni.tiny import build_random_model
 
-        ckpt = build_random_model(spec, device=device, dtype=dtype)
-        for part, stage in (("talker", "talker"), ("code2wav", "token2wav")):  # built beside the thinker, then moved
+        built = build_random_model(spec, device=device, dtype=dtype)
+        parts = (built.thinker, built.talker, built.code2wav)
+        for part in parts:
+            if part is not None:
+                part.eval()
+        if built.code2wav is not None:
+            built.code2wav.float()  # as loaded checkpoints run it: in float32
+        for part, stage in ((built.talker, "talker"), (built.code2wav, "token2wav")):  # built beside the thinker
             target = (devices or {}).get(stage)
-            module = getattr(ckpt, part)
-            if module is not None and target is not None and torch.device(target) != torch.device(device):
-                module.to(device=target)
-        return ckpt
+            if part is not None and target is not None and torch.device(target) != torch.device(device):
+                part.to(device=target)
+        return assemble(
+            built.source,
+            built.path,
+            built.config,
+            parts,
+            built.tokenizer,
+            built.feature_extractor,
+            built.random_weights,
+        )
 
     def max_context(self, ckpt: LoadedCheckpoint) -> int:
         return ckpt.config.thinker_config.text_config.max_position_embeddings
