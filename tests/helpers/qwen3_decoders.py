@@ -42,21 +42,21 @@ _COMMON = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=32,
-    initializer_range=0.1,
 )
 
 
-def _randomize_norms(model: torch.nn.Module, generator: torch.Generator) -> None:
-    """HF initialises RMSNorm weights to ones: random ones show that each norm (q/k norms included) is applied."""
+def _randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
+    """Every weight drawn here rather than left to HF's init, which skips some (the talker's experts stay
+    ``torch.empty``): matrices normal with std 0.1, RMSNorm weights (HF: ones) around 1, so that each norm, q/k norms
+    included, is seen to be applied."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1 + 0.3 * torch.randn(param.shape, generator=generator))
+            noise = torch.randn(param.shape, generator=generator)
+            param.copy_(1 + 0.3 * noise if name.endswith("norm.weight") else 0.1 * noise)
 
 
 def thinker_body(seed: int = 0) -> Qwen3OmniMoeThinkerTextModel:
     """3 layers: MoE (8 experts, top 2, ``norm_topk_prob``), dense (``mlp_only_layers``), MoE; interleaved MRoPE."""
-    torch.manual_seed(seed)
     config = Qwen3OmniMoeTextConfig(
         **_COMMON,
         num_hidden_layers=3,
@@ -72,7 +72,6 @@ def thinker_body(seed: int = 0) -> Qwen3OmniMoeThinkerTextModel:
 
 def talker_body(seed: int = 1) -> Qwen3OmniMoeTalkerModel:
     """2 layers of MoE with a shared expert and its sigmoid gate (8 experts, top 2, unnormalised top-k)."""
-    torch.manual_seed(seed)
     config = Qwen3OmniMoeTalkerTextConfig(
         **_COMMON,
         num_hidden_layers=2,
@@ -88,7 +87,6 @@ def talker_body(seed: int = 1) -> Qwen3OmniMoeTalkerModel:
 
 def code_predictor_body(seed: int = 2) -> Qwen3OmniMoeTalkerCodePredictorModel:
     """2 dense layers with q/k norms, 1-D rope."""
-    torch.manual_seed(seed)
     config = Qwen3OmniMoeTalkerCodePredictorConfig(
         **_COMMON, num_hidden_layers=2, num_code_groups=4, rope_parameters={"rope_type": "default", "rope_theta": 1e4}
     )
@@ -96,7 +94,7 @@ def code_predictor_body(seed: int = 2) -> Qwen3OmniMoeTalkerCodePredictorModel:
 
 
 def _ready(model, seed: int):
-    _randomize_norms(model, torch.Generator().manual_seed(seed + 100))
+    _randomize(model, torch.Generator().manual_seed(seed))
     return model.eval()
 
 

@@ -23,7 +23,6 @@ from tests.helpers.qwen3_decoders import (
     conversations,
     decoder_for,
     hf_forward,
-    thinker_body,
 )
 from tests.helpers.triton_check import TritonCheck
 
@@ -190,31 +189,36 @@ def test_graph_safe_decode_equals_the_hf_forward_in_the_triton_interpreter():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @torch.inference_mode()
-def test_captured_steps_of_qwen3_bodies_equal_the_hf_forward_on_the_gpu():
-    """Compiled Triton attention, HF's MoE blocks (the default grouped-mm experts) and q/k norms captured in CUDA
-    graphs: the graphed prefill (every position a row of one captured step) and a captured decode step of three rows
-    equal HF's forward on the same GPU."""
+def test_captured_steps_of_qwen3_bodies_replay_the_eager_step_on_the_gpu():
+    """q/k norms, interleaved rope, HF's MoE blocks (grouped-mm experts) and the compiled Triton attention captured in
+    CUDA graphs, bfloat16: the graphed prefill (each position a row of one captured step) equals the same step run
+    eagerly. In float32 transformers' grouped-mm experts fall back to a loop over host-side offsets, which a graph
+    cannot capture: Qwen3's MoE decoders are graphed in bfloat16 (the arithmetic against HF is the CPU tests')."""
     from pipeline.runners.decode_graphs import graphed_prefill, prefill_graphs
 
-    cuda = torch.device("cuda")
-    for build, three_d in ((thinker_body, True), (BODIES["talker"], True), (code_predictor_body, False)):
-        body = build().to(cuda)
-        dec = PooledDecoder(body, slots=4, max_len=MAX_LEN, dtype=torch.float32, device=cuda, rope_len=ROPE_LEN)
-        graphs = prefill_graphs(dec, width=body.config.hidden_size, dtype=torch.float32, cuda_graphs=True)
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    for name, build in BODIES.items():
+        body = build().to(cuda, bf16)
+        dec = PooledDecoder(body, slots=4, max_len=MAX_LEN, dtype=bf16, device=cuda, rope_len=ROPE_LEN)
+        graphs = prefill_graphs(dec, width=body.config.hidden_size, dtype=bf16, cuda_graphs=True)
         graphs.capture()
-        rows = [
-            Conversation(r.slot, r.prompt, r.x.to(cuda), None if r.rope is None else r.rope.to(cuda))
-            for r in conversations(body.config.hidden_size, three_d)
+        rows = conversations(body.config.hidden_size, THREE_D[name])
+        spans = [
+            (r.slot, r.x[: r.prompt].to(cuda, bf16), 0, None if r.rope is None else r.rope[:, : r.prompt]) for r in rows
         ]
-        want = [hf_forward(body, r).last_hidden_state[0] for r in rows]
-        spans = [(r.slot, r.x[: r.prompt], 0, None if r.rope is None else r.rope[:, : r.prompt].cpu()) for r in rows]
-        for got, r, ref in zip(graphed_prefill(graphs, spans), rows, want):
-            torch.testing.assert_close(got, ref[: r.prompt], rtol=1e-4, atol=1e-4)
-        steps = [(r.slot, r.x[r.prompt : r.prompt + 1], r.prompt, _rope_at(r, r.prompt)) for r in rows]
-        for got, r, ref in zip(graphed_prefill(graphs, steps), rows, want):
-            torch.testing.assert_close(got[0], ref[r.prompt], rtol=1e-4, atol=1e-4)
-        assert graphs.replays == 2 and graphs.eager_steps == 0
-
-
-def _rope_at(row: Conversation, p: int):
-    return None if row.rope is None else row.rope[:, p : p + 1].cpu()
+        graphed = graphed_prefill(graphs, spans)
+        assert graphs.replays == 1 and graphs.eager_steps == 0, name
+        # the same step eagerly, padded as the replay was (scratch slot, position 0, zeros) so that every GEMM has the
+        # same shape: a bf16 rounding elsewhere could flip an expert choice
+        n = sum(r.prompt for r in rows)
+        pad = min(size for size in graphs.captured if size >= n) - n
+        slots = torch.cat([torch.full((r.prompt,), r.slot) for r in rows] + [torch.full((pad,), dec.pool.scratch_slot)])
+        positions = torch.cat([torch.arange(r.prompt) for r in rows] + [torch.zeros(pad, dtype=torch.long)])
+        rope = positions.expand(3, -1)
+        if THREE_D[name]:
+            rope = torch.cat([r.rope[:, : r.prompt] for r in rows] + [torch.zeros(3, pad, dtype=torch.long)], 1)
+        x = torch.cat(
+            [x for _, x, _, _ in spans] + [torch.zeros(pad, body.config.hidden_size, device=cuda, dtype=bf16)]
+        )
+        eager = dec.decode(x, slots.to(cuda), positions.to(cuda), rope.to(cuda), graph_safe=True)
+        torch.testing.assert_close(torch.cat(graphed), eager[:n], rtol=1e-2, atol=1e-2, msg=name)
