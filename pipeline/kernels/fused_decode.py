@@ -46,9 +46,12 @@ class FusedLayer:
 
 def fusable(layer) -> bool:
     """Whether ``layer`` has the Qwen2 structure the fused step reproduces exactly: RMSNorms with
-    ``variance_epsilon``, bias-or-not q/k/v projections, a SiLU-gated MLP without biases."""
+    ``variance_epsilon``, bias-or-not q/k/v projections and no q/k norms, a SiLU-gated MLP without biases (a
+    mixture-of-experts block is not one)."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     if attn is None or mlp is None:
+        return False
+    if getattr(attn, "q_norm", None) is not None or getattr(attn, "k_norm", None) is not None:
         return False
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     if not all(hasattr(n, "variance_epsilon") and hasattr(n, "weight") for n in norms):

@@ -1,34 +1,41 @@
-"""A Qwen2-style decoder (the thinker's text model or the talker's body) run over a :class:`KVPool`.
+"""A decoder of HF layers (Qwen2-style or Qwen3-style: the thinker's text model, the talker's body, a code predictor)
+run over a :class:`KVPool`.
 
-The weights stay in the Hugging Face modules (norms, projections and MLPs are called as they are, so the
-arithmetic is theirs); this module owns only what HF's cache classes cannot do for us: every batch row at its
-own position in its own slot, and a decode step with fixed shapes that a CUDA graph can capture.
+The weights stay in the Hugging Face modules (norms, projections, q/k norms and MLPs, mixture-of-experts blocks
+included, are called as they are, so the arithmetic is theirs); this module owns only what HF's cache classes cannot do
+for us: every batch row at its own position in its own slot, and a decode step with fixed shapes that a CUDA graph can
+capture. The structure is read from the modules: a layer's attention applies ``q_norm``/``k_norm`` (RMSNorm over the
+head dimension, before the rotation) when it has them; the MLP is called on a (1, N, H) view (HF's MoE blocks want a
+batch dimension).
 
 Positions: a position has a KV cache index (where its key/value is stored; attention is causal in it) and a rope
 position on each of the three TMRoPE axes (time, height, width). Without ``rope`` every axis equals the cache index.
-With ``rope`` (3, N) int64 on the device, frequency ``j`` of the head dimension rotates by the axis its
-``mrope_section`` assigns it (the first ``s0`` frequencies time, the next ``s1`` height, the rest width; both halves of
-the head the same), as HF's multimodal rotary embedding does; a decoder without ``mrope_section`` (1-D rope) takes
-time for every frequency. The cos/sin table is computed the way HF computes it (float32 ``position * inv_freq``, cast
-to the model dtype) for rope positions ``0 .. rope_len - 1``, and a row's cos/sin gathers each frequency from its
-axis' position.
+With ``rope`` (3, N) int64 on the device, each head-dim channel rotates by the position of its axis. Which axis each
+channel takes is read once from the HF rotary embedding itself (:func:`rope_axes`): Qwen2.5's ``mrope_section`` gives
+contiguous blocks (time, then height, then width), Qwen3's interleaves them (height and width every third frequency);
+a rotary without ``mrope_section`` (1-D rope) takes time for every channel. The cos/sin table is computed the way HF
+computes it (float32 ``position * inv_freq``, cast to the model dtype) for rope positions ``0 .. rope_len - 1``, and a
+row's cos/sin gathers each channel from its axis' position.
 
 - :meth:`PooledDecoder.prefill`: one conversation, ``T`` positions from cache index ``start``, causal over the slot's
   first ``start + T`` positions. Eager (shapes vary).
 - :meth:`PooledDecoder.decode`: ``B`` rows, one position each; with ``graph_safe`` the attention reads the
-  lengths on the device (Triton), so the step can be captured, and, when the decoder was built with ``fuse``,
-  the layers run as the 9 kernels of :mod:`.fused_decode` instead of HF's ~37.
-Both write the new keys/values into the pool before attending. Call under ``torch.inference_mode()``.
+  lengths on the device (Triton), so the step can be captured, and, when the decoder was built with ``fuse`` and its
+  layers have the Qwen2 structure, the layers run as the 9 kernels of :mod:`.fused_decode` instead of HF's ~37.
+Both write the new keys/values into the pool before attending, and both can add deepstack features to the first
+layers' outputs and return the hidden state of one layer as HF's ``output_hidden_states`` indexes them. Call under
+``torch.inference_mode()``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
+from pipeline.errors import CheckpointError
 from pipeline.kernels.decode_attention import attend_reference, attend_triton
 from pipeline.kernels.fused_decode import (
     FusedLayer,
@@ -41,12 +48,47 @@ from pipeline.kernels.fused_decode import (
 from pipeline.kernels.sdpa import PREFILL_BACKENDS
 from pipeline.runners.kv_pool import KVPool
 
-__all__ = ["PooledDecoder"]
+__all__ = ["PooledDecoder", "rope_axes"]
+
+PrefillDeepstack = Sequence[tuple[torch.Tensor, torch.Tensor]]
+"""Deepstack features of a prefill: entry ``i`` is ``(rows, features)`` for layer ``i`` (the first ``k`` layers):
+``rows`` (n,) int64 indices into the span's T rows, ``features`` (n, H), added to layer ``i``'s output there."""
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@torch.no_grad()
+def rope_axes(rotary, head_dim: int) -> torch.Tensor:
+    """(head_dim,) int64 on the CPU: the rope axis (0 time, 1 height, 2 width) each head-dim channel of the HF rotary
+    embedding ``rotary`` rotates by. A rotary without ``mrope_section`` is 1-D (every channel: time). A multimodal one
+    is asked: position ids (3, 3, 1) with batch row ``b`` at position 1 on axis ``b`` and 0 on the others, so a
+    channel's sine is nonzero exactly in the row of its axis (``sin(inv_freq) != 0`` for every frequency). Raises
+    :class:`~pipeline.errors.CheckpointError` if a channel follows no axis or several."""
+    if getattr(rotary, "mrope_section", None) is None:
+        return torch.zeros(head_dim, dtype=torch.long)
+    device = rotary.inv_freq.device
+    probe = torch.eye(3, dtype=torch.long, device=device).view(3, 3, 1)
+    _, sin = rotary(torch.zeros(1, dtype=torch.float32, device=device), probe)  # (3 rows, 1, D)
+    moved = (sin[:, 0, :] != 0).cpu()
+    if moved.shape != (3, head_dim) or not (moved.sum(0) == 1).all():
+        raise CheckpointError(
+            f"the rotary embedding {type(rotary).__name__} does not rotate each of the {head_dim} head-dim channels by "
+            "exactly one of the three rope axes"
+        )
+    return moved.long().argmax(0)
+
+
+def _contiguous_sections(axes: torch.Tensor) -> tuple[int, int] | None:
+    """``(time, height)`` frequency counts when the channels take time, then height, then width in blocks, both halves
+    of the head alike (the layout the fused RoPE kernel reproduces); None for any other layout (interleaved)."""
+    half = axes.shape[0] // 2
+    first = axes[:half].tolist()
+    if axes[half:].tolist() != first or first != sorted(first):
+        return None
+    return first.count(0), first.count(1)
 
 
 class PooledDecoder:
@@ -62,19 +104,30 @@ class PooledDecoder:
         rope_len: int | None = None,
     ) -> None:
         """``body``: an HF decoder model with ``layers`` (each with ``input_layernorm``, ``self_attn`` having
-        ``q_proj/k_proj/v_proj/o_proj``, ``post_attention_layernorm``, ``mlp``), ``norm`` and ``rotary_emb``.
-        ``fuse``: concatenate each layer's q/k/v and gate/up weights (in place, no extra memory) so that graph-safe
-        decode steps run the fused kernels; ignored (``self.fused`` is None) for layers of another structure.
-        ``rope_len``: rope positions the cos/sin table covers (default ``max_len``; rope positions after pictures
-        run behind the cache index, video's time axis may run ahead of it)."""
+        ``q_proj/k_proj/v_proj/o_proj`` and possibly ``q_norm/k_norm``, ``post_attention_layernorm``, ``mlp``),
+        ``norm`` and ``rotary_emb``. ``fuse``: concatenate each layer's q/k/v and gate/up weights (in place, no extra
+        memory) so that graph-safe decode steps run the fused kernels; ignored (``self.fused`` is None) unless every
+        layer has the Qwen2 structure (:func:`~pipeline.kernels.fused_decode.fusable`) and the rope axes are contiguous
+        blocks. ``rope_len``: rope positions the cos/sin table covers (default ``max_len``; rope positions after
+        pictures run behind the cache index, video's time axis may run ahead of it). Raises
+        :class:`~pipeline.errors.CheckpointError` for layers this decoder cannot run (sliding-window attention)."""
         cfg = body.config
         self.layers = list(body.layers)
         self.norm = body.norm
         self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        attn = self.layers[0].self_attn
+        self.head_dim = (
+            getattr(attn, "head_dim", None)
+            or getattr(cfg, "head_dim", None)
+            or cfg.hidden_size // cfg.num_attention_heads
+        )
         self.scale = self.head_dim**-0.5
         self.device, self.dtype = torch.device(device), dtype
+        for i, layer in enumerate(self.layers):
+            window = getattr(layer.self_attn, "sliding_window", None)
+            if window is not None and window < max_len:
+                raise CheckpointError(f"layer {i} attends within a sliding window of {window} positions: unsupported")
         self.pool = KVPool(
             layers=len(self.layers),
             slots=slots,
@@ -92,47 +145,80 @@ class PooledDecoder:
         scaling = getattr(rotary, "attention_scaling", 1.0)
         self.cos = (emb.cos() * scaling).to(dtype)  # (max_len, D)
         self.sin = (emb.sin() * scaling).to(dtype)
-        half = self.head_dim // 2
-        section = list(getattr(rotary, "mrope_section", None) or [half, 0, 0])
-        if len(section) != 3 or sum(section) != half:
-            raise ValueError(f"mrope_section {section} must be three sizes summing to head_dim / 2 = {half}")
-        self.mrope_section = (section[0], section[1])
-        """Frequencies on the time axis, then on the height axis (the rest: width)."""
-        axes = torch.tensor([0] * section[0] + [1] * section[1] + [2] * section[2], device=self.device)
-        self.rope_axes = torch.cat([axes, axes])
+        axes = rope_axes(rotary, self.head_dim)
+        self.rope_axes = axes.to(self.device)
         """(D,) the rope axis of each head-dim channel."""
+        self.mrope_section = _contiguous_sections(axes)
+        """Frequencies on the time axis, then on the height axis (the rest: width), when the axes are contiguous
+        blocks; None when they interleave."""
         self.fused: list[FusedLayer] | None = None
-        if fuse and all(fusable(layer) for layer in self.layers) and hasattr(self.norm, "variance_epsilon"):
+        if (
+            fuse
+            and self.mrope_section is not None
+            and all(fusable(layer) for layer in self.layers)
+            and hasattr(self.norm, "variance_epsilon")
+        ):
             self.fused = [fuse_layer_weights(layer) for layer in self.layers]
 
     # -- public -----------------------------------------------------------------------------------
-    def prefill(self, slot: int, x: torch.Tensor, start: int, rope: torch.Tensor | None = None) -> torch.Tensor:
+    def prefill(
+        self,
+        slot: int,
+        x: torch.Tensor,
+        start: int,
+        rope: torch.Tensor | None = None,
+        *,
+        deepstack: PrefillDeepstack | None = None,
+        capture_layer: int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``x`` (T, H) at cache indices ``start .. start+T-1`` of ``slot``, rope positions ``rope`` (3, T) int64 on
         the device (None: the cache indices); returns (T, H) after the final norm. With fused weights (``fuse`` on
-        CUDA) the layers use the fused kernels around the same attention."""
+        CUDA) the layers use the fused kernels around the same attention.
+
+        ``deepstack``: per layer ``i`` of the first ``len(deepstack)``, ``(rows, features)``: ``features`` (n, H) are
+        added to layer ``i``'s output at the span's rows ``rows`` ((n,) int64 on the device, distinct), as HF's
+        ``_deepstack_process`` adds the visual features at ``visual_pos_masks`` (the features cast to the model dtype,
+        one addition). ``capture_layer``: also return HF's ``output_hidden_states`` entry of that index, then the
+        result is ``(hidden, captured)`` with captured (T, H): index 0 is the input ``x``, index ``k`` in
+        ``1 .. layers-1`` layer ``k-1``'s output before its deepstack addition (HF records the layer's output), index
+        ``layers`` the final-normed output (HF ties the last entry to it)."""
         t = x.shape[0]
         end = start + t
         if end > self.pool.max_len:
             raise ValueError(f"positions up to {end} exceed the KV pool's {self.pool.max_len}")
         self._check_rope(rope, t)
+        self._check_extras(len(deepstack) if deepstack is not None else 0, capture_layer)
         # query i (absolute start+i) sees keys 0..start+i
         mask = torch.arange(end, device=self.device)[None, :] <= torch.arange(start, end, device=self.device)[:, None]
         # Grouped-query attention without copying the cache: the `group` query heads that share a kv head become
         # extra query rows of that head (rows ordered (g, t), the mask tiled the same way).
         mask = mask.repeat(self.heads // self.kv_heads, 1)
-        if self.fused is not None:
+        if self.fused is not None and deepstack is None and capture_layer is None:
             return self._prefill_fused(slot, x, start, mask, rope)
         if rope is None:
             cos, sin = self.cos[start:end].unsqueeze(1), self.sin[start:end].unsqueeze(1)  # (T, 1, D)
         else:
             cos, sin = self._rotation(None, rope)
-        h = x.to(self.dtype)
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, cos, sin)  # (T, heads, D)
+
+        def store(i: int, k: torch.Tensor, v: torch.Tensor) -> None:
             self.pool.keys[i][slot, start:end] = k
             self.pool.values[i][slot, start:end] = v
-            h = self._finish_layer(layer, h, self._prefill_attention(i, q, slot, end, mask))
-        return self.norm(h)
+
+        def add(i: int, h: torch.Tensor) -> torch.Tensor:
+            rows, features = deepstack[i]
+            return h.index_put((rows,), h[rows] + features.to(h.dtype))  # out of place: a captured h stays as it was
+
+        hidden, captured = self._eager_layers(
+            x,
+            cos,
+            sin,
+            store,
+            lambda i, q: self._prefill_attention(i, q, slot, end, mask),
+            add,
+            len(deepstack) if deepstack is not None else 0,
+            capture_layer,
+        )
+        return hidden if capture_layer is None else (hidden, captured)
 
     def _prefill_fused(
         self, slot: int, x: torch.Tensor, start: int, mask: torch.Tensor, rope: torch.Tensor | None
@@ -164,23 +250,44 @@ class PooledDecoder:
         rope: torch.Tensor | None = None,
         *,
         graph_safe: bool = False,
-    ) -> torch.Tensor:
+        deepstack: Sequence[torch.Tensor] | None = None,
+        capture_layer: int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``x`` (B, H), row b at cache index ``positions[b]`` of slot ``slots[b]`` with rope positions ``rope[:, b]``
         (``rope`` (3, B); None: the cache indices) (int64 tensors on the device); returns (B, H) after the final
-        norm. Rows of one slot attend causally by cache index (a graphed prefill's rows)."""
-        if graph_safe and self.fused is not None:
+        norm. Rows of one slot attend causally by cache index (a graphed prefill's rows).
+
+        ``deepstack``: (B, H) tensors, the ``i``-th added to layer ``i``'s output (zero rows where a row has no
+        features: adding 0 leaves a value as it is, so this equals HF's masked addition and keeps shapes fixed for a
+        graph). ``capture_layer``: also return that ``output_hidden_states`` entry, (B, H), as for :meth:`prefill`.
+        With either, the step runs the HF layers even when fused weights exist."""
+        self._check_extras(len(deepstack) if deepstack is not None else 0, capture_layer)
+        if graph_safe and self.fused is not None and deepstack is None and capture_layer is None:
             return self.decode_fused(x, slots, positions, rope)
         cos, sin = self._rotation(positions if rope is None else None, rope)
         lengths = positions + 1
         attend = attend_triton if graph_safe else attend_reference
-        h = x.to(self.dtype)
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, cos, sin)  # (B, heads, D)
+        rows = x.shape[0]
+
+        def store(i: int, k: torch.Tensor, v: torch.Tensor) -> None:
             self.pool.keys[i][slots, positions] = k
             self.pool.values[i][slots, positions] = v
+
+        def attention(i: int, q: torch.Tensor) -> torch.Tensor:
             att = attend(q.contiguous(), self.pool.keys[i], self.pool.values[i], slots, lengths, self.scale)
-            h = self._finish_layer(layer, h, att.reshape(x.shape[0], -1))
-        return self.norm(h)
+            return att.reshape(rows, -1)
+
+        hidden, captured = self._eager_layers(
+            x,
+            cos,
+            sin,
+            store,
+            attention,
+            lambda i, h: h + deepstack[i].to(h.dtype),
+            len(deepstack) if deepstack is not None else 0,
+            capture_layer,
+        )
+        return hidden if capture_layer is None else (hidden, captured)
 
     def decode_fused(
         self, x: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor | None = None
@@ -197,6 +304,41 @@ class PooledDecoder:
                 rows, -1
             ),
         )
+
+    def _eager_layers(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        store: Callable[[int, torch.Tensor, torch.Tensor], None],
+        attend: Callable[[int, torch.Tensor], torch.Tensor],
+        add: Callable[[int, torch.Tensor], torch.Tensor],
+        added_layers: int,
+        capture_layer: int | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every layer through the HF modules over rows ``x`` (N, H) rotated by ``cos``/``sin`` (N, 1, D):
+        ``store(layer, k, v)`` writes the rows' keys/values (N, kv_heads, D) before ``attend(layer, q)`` maps the
+        queries (N, heads, D) to (N, heads * D); ``add(layer, h)`` adds the deepstack features to the outputs of the
+        first ``added_layers`` layers. Returns the final-normed rows and the ``capture_layer`` hidden state (None
+        without one)."""
+        h = x.to(self.dtype)
+        captured = h if capture_layer == 0 else None
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, h, cos, sin)
+            store(i, k, v)
+            h = self._finish_layer(layer, h, attend(i, q))
+            if capture_layer == i + 1:
+                captured = h  # HF records the layer's output before the deepstack addition
+            if i < added_layers:
+                h = add(i, h)
+        out = self.norm(h)
+        return out, out if capture_layer == len(self.layers) else captured
+
+    def _check_extras(self, deepstack_layers: int, capture_layer: int | None) -> None:
+        if deepstack_layers > len(self.layers):
+            raise ValueError(f"deepstack features for {deepstack_layers} layers, the decoder has {len(self.layers)}")
+        if capture_layer is not None and not 0 <= capture_layer <= len(self.layers):
+            raise ValueError(f"capture_layer must lie in [0, {len(self.layers)}], got {capture_layer}")
 
     def _fused_layers(
         self,
@@ -264,6 +406,8 @@ class PooledDecoder:
         q = attn.q_proj(n).view(h.shape[0], self.heads, self.head_dim)
         k = attn.k_proj(n).view(h.shape[0], self.kv_heads, self.head_dim)
         v = attn.v_proj(n).view(h.shape[0], self.kv_heads, self.head_dim)
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3: RMSNorm over each head, before the rotation
+            q, k = attn.q_norm(q), attn.k_norm(k)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         return q, k, v
@@ -271,4 +415,5 @@ class PooledDecoder:
     @staticmethod
     def _finish_layer(layer, h: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         h = h + layer.self_attn.o_proj(att)
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        # HF's MoE blocks unpack (batch, sequence, hidden): the rows as one sequence
+        return h + layer.mlp(layer.post_attention_layernorm(h).unsqueeze(0)).squeeze(0)
