@@ -89,6 +89,8 @@ class ThinkerRunner:
         """User audio blocks, batched (the family's encoder; on CUDA replayed from graphs)."""
         self.vision = parts.vision
         """The vision tower (None: the checkpoint has none)."""
+        self.talker_hidden_layer = parts.talker_hidden_layer
+        """The hidden state prefills also return for the talker connector (None: the last)."""
         self.decoder = PooledDecoder(
             self.text_model,
             slots=kv_slots,
@@ -103,8 +105,12 @@ class ThinkerRunner:
             if sampler is None
             else sampler.build(vocab=self.lm_head.out_features, rows=self.pool.scratch_slot + 1, device=self.device)
         )
+        # a prefill that must also return an inner layer's hidden states runs eagerly (the graphs return the last only)
         self.prefills = prefill_graphs(
-            self.decoder, width=self.text_model.config.hidden_size, dtype=dtype, cuda_graphs=cuda_graphs
+            self.decoder,
+            width=self.text_model.config.hidden_size,
+            dtype=dtype,
+            cuda_graphs=cuda_graphs and self.talker_hidden_layer is None,
         )
         """Prefill spans of up to 512 positions as captured row steps (see :func:`graphed_prefill`)."""
         self.batched = BatchedDecode(
@@ -191,7 +197,7 @@ class ThinkerRunner:
         sizes = [span[0].shape[0] for span in spans]
         for embeds, _, _, _, rope in spans:
             self._check_rope(rope, embeds.shape[0])
-        if not self.prefills.fits(sum(sizes)):
+        if self.talker_hidden_layer is not None or not self.prefills.fits(sum(sizes)):
             return [self._prefill_eager(*span) for span in spans]
         hiddens = graphed_prefill(self.prefills, [(slot, x, start, rope) for x, slot, start, _, rope in spans])
         wanted = [i for i, span in enumerate(spans) if span[3]]
@@ -210,9 +216,14 @@ class ThinkerRunner:
         self, embeds: torch.Tensor, slot: int, start: int, logits: bool, rope: torch.Tensor | None
     ) -> ThinkerOutput:
         rope = None if rope is None else torch.as_tensor(rope).to(self.device, torch.long)
-        hidden = self.decoder.prefill(slot, embeds, start, rope)
+        layer_hidden = None
+        if self.talker_hidden_layer is None:
+            hidden = self.decoder.prefill(slot, embeds, start, rope)
+        else:
+            layer = self.talker_hidden_layer
+            hidden, layer_hidden = self.decoder.prefill(slot, embeds, start, rope, capture_layer=layer)
         last = self.lm_head(hidden[-1:]).float()[0] if logits else None
-        return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=last)
+        return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=last, layer_hidden=layer_hidden)
 
     @torch.inference_mode()
     def decode(
