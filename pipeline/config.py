@@ -25,7 +25,12 @@ import yaml
 from pipeline.errors import ConfigError
 from pipeline.models import family_of
 
-DEFAULT_STAGE_CONFIG = Path(__file__).parent / "stage_configs" / "qwen2_5_omni.yaml"
+PACKAGED_STAGE_CONFIGS = {
+    "qwen2_5_omni": Path(__file__).parent / "stage_configs" / "qwen2_5_omni.yaml",
+    "qwen3_omni": Path(__file__).parent / "stage_configs" / "qwen3_omni.yaml",
+}
+"""Each model family's packaged stage graph (what a checkpoint of that family is served with by default)."""
+DEFAULT_STAGE_CONFIG = PACKAGED_STAGE_CONFIGS["qwen2_5_omni"]
 STAGE_ORDER = ("thinker", "talker", "token2wav")
 """Stage names in stream order; each stage's ``input`` must be the one before it."""
 STAGE_INPUTS = {"thinker": "request", "talker": "thinker", "token2wav": "talker"}

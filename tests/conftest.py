@@ -36,6 +36,22 @@ def sharp_model_dir(tmp_path_factory) -> Path:
     return make_random_checkpoint(tmp_path_factory.mktemp("sharp-omni"), RandomModelSpec.sharpened())
 
 
+@pytest.fixture(scope="session")
+def qwen3_model_dir(tmp_path_factory) -> Path:
+    """The tiny random Qwen3-Omni checkpoint, built once per test session (seconds)."""
+    from pipeline.models.qwen3_omni.tiny import make_random_checkpoint
+
+    return make_random_checkpoint(tmp_path_factory.mktemp("tiny-qwen3-omni"))
+
+
+@pytest.fixture(scope="session")
+def qwen3_sharp_model_dir(tmp_path_factory) -> Path:
+    """The tiny Qwen3-Omni checkpoint with sharpened attention: a wrong position changes its greedy tokens."""
+    from pipeline.models.qwen3_omni.tiny import RandomModelSpec, make_random_checkpoint
+
+    return make_random_checkpoint(tmp_path_factory.mktemp("sharp-qwen3-omni"), RandomModelSpec.sharpened())
+
+
 def pytest_collection_finish(session) -> None:
     """Start the background tasks of the selected tests (tests/helpers/background.py)."""
     from tests.helpers.background import start_marked
@@ -64,11 +80,12 @@ def load_script(name: str):
     return module
 
 
-def greedy_stage_config(device: str = "cpu", **overrides):
-    """The packaged stage graph on ``device`` (CPU by default) with greedy sampling in both LM stages (for equivalence
-    tests), each stage's ``overrides`` (YAML values) merged in before ``auto`` values are resolved.
-    The thinker keeps no repetition penalty; the talker keeps the reference's 1.05."""
-    from pipeline.config import SamplingConfig, load_stage_config
+def greedy_stage_config(device: str = "cpu", family: str = "qwen2_5_omni", **overrides):
+    """The packaged stage graph of ``family`` on ``device`` (CPU by default) with greedy sampling in both LM stages (and
+    a frame talker's residual codebooks) for equivalence tests, each stage's ``overrides`` (YAML values) merged in
+    before ``auto`` values are resolved. The thinker keeps no repetition penalty; the talker keeps the reference's
+    1.05."""
+    from pipeline.config import PACKAGED_STAGE_CONFIGS, SamplingConfig, load_stage_config
 
     lm = {"device": device, "dtype": "float32"}
     stages = {
@@ -76,13 +93,14 @@ def greedy_stage_config(device: str = "cpu", **overrides):
         "talker": {
             **lm,
             "sampling": SamplingConfig(do_sample=False, repetition_penalty=1.05),
+            **({"residual_sampling": SamplingConfig(do_sample=False)} if family == "qwen3_omni" else {}),
             **overrides.pop("talker", {}),
         },
         "token2wav": {"device": device, **overrides.pop("token2wav", {})},
     }
     engine = overrides.pop("engine", {})
     assert not overrides, overrides
-    return load_stage_config(overrides={"stages": stages, "engine": engine})
+    return load_stage_config(PACKAGED_STAGE_CONFIGS[family], overrides={"stages": stages, "engine": engine})
 
 
 def start_spoken_reply(core, name: str, max_text_tokens: int = 4) -> list:

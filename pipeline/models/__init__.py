@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 FAMILIES: dict[str, str] = {
     "qwen2_5_omni": "pipeline.models.qwen2_5_omni.family:FAMILY",
+    "qwen3_omni": "pipeline.models.qwen3_omni.family:FAMILY",
 }
 """Family name -> ``module:attribute`` of its :class:`~pipeline.models.family.ModelFamily` object (imported on first
 use, so that reading a config imports no model code)."""

@@ -1,0 +1,168 @@
+"""The streaming engine on Qwen3-Omni == transformers' reference ``generate`` (greedy), token for token and frame for
+frame (all 16 codebooks), on the tiny random checkpoint and on the sharpened one, whose greedy tokens change when a
+position is wrong; the streamed code2wav audio equals the reference's one-shot decode of the same frames."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
+
+from conftest import greedy_stage_config
+from pipeline.engine import OmniEngine
+from pipeline.models.qwen3_omni.code2wav_stream import one_shot
+from pipeline.models.qwen3_omni.prompt import DEFAULT_SYSTEM_PROMPT
+from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
+
+THINKER_MAX = 12
+TALKER_MAX = 60
+VOICE = "Ethan"
+
+pytestmark = pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`:UserWarning")
+
+
+@pytest.fixture(scope="module", params=["qwen3_model_dir", "qwen3_sharp_model_dir"], ids=["plain", "sharp"])
+def model_dir(request):
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    config = greedy_stage_config(family="qwen3_omni", talker={"max_tokens": TALKER_MAX})
+    engine = OmniEngine.from_pretrained(model_dir, config, seed=1234)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(model_dir), WhisperFeatureExtractor.from_pretrained(model_dir)
+
+
+def run_reference(model, special, input_ids: torch.Tensor, **kwargs) -> tuple[list[int], torch.Tensor]:
+    """Reference generate with a greedy thinker and talker: (reply ids without the stop token, frames (T, 16))."""
+    captured = {}
+    chunked = model.code2wav.chunked_decode
+
+    def record(codes, **kw):
+        captured["codes"] = codes
+        return chunked(codes, **kw)
+
+    model.code2wav.chunked_decode = record
+    try:
+        with torch.inference_mode():
+            seqs, _wav = model.generate(
+                input_ids=input_ids,
+                speaker=VOICE,
+                thinker_max_new_tokens=THINKER_MAX,
+                thinker_do_sample=False,
+                thinker_repetition_penalty=1.0,
+                thinker_eos_token_id=special.im_end,
+                talker_do_sample=False,
+                talker_max_new_tokens=TALKER_MAX,
+                **kwargs,
+            )
+    finally:
+        del model.code2wav.chunked_decode
+    reply = [t for t in seqs[0, input_ids.shape[1] :].tolist() if t not in (special.im_end, special.endoftext)]
+    return reply, captured["codes"][0].T
+
+
+async def collect(resp) -> tuple[ResponseDone, np.ndarray]:
+    events = [ev async for ev in resp]
+    done = events[-1]
+    assert isinstance(done, ResponseDone), done
+    pcm = [ev.pcm for ev in events if isinstance(ev, AudioChunk)]
+    return done, np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
+
+
+def template_ids(tokenizer, messages) -> torch.Tensor:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_tensors="pt")
+    return ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
+
+
+def check_reply(engine, done: ResponseDone, pcm: np.ndarray, ref_text: list[int], ref_frames: torch.Tensor) -> None:
+    assert done.status in (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE), done.error
+    assert list(done.text_token_ids) == ref_text
+    assert len(ref_frames) >= 3, "the tiny talker should speak for a few frames"
+    assert [list(f) for f in done.audio_codes] == ref_frames.tolist()
+    # code2wav streamed == one shot over the same frames; only summation order differs (float32, batched shapes)
+    expected = one_shot(engine.ckpt.code2wav, ref_frames.tolist())
+    assert pcm.shape == expected.shape
+    np.testing.assert_allclose(pcm, expected, atol=1e-4)
+
+
+async def test_text_prompt_matches_reference(engine, reference):
+    model, tokenizer, _ = reference
+    messages = [
+        {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+        {"role": "user", "content": "Hello, who are you?"},
+    ]
+    ref_text, ref_frames = run_reference(model, engine.ckpt.special, template_ids(tokenizer, messages))
+
+    conv = engine.conversation()
+    await conv.add_text("u1", "Hello, who are you?")
+    done, pcm = await collect(conv.respond(item_id="a1", voice=VOICE, max_output_tokens=THINKER_MAX))
+    check_reply(engine, done, pcm, ref_text, ref_frames)
+    await conv.close()
+
+
+async def test_second_turn_matches_reference(engine, reference):
+    """The second turn's talker reads both user turns and not the first reply (the reference's prompt), reusing the
+    talker cache of the first."""
+    model, tokenizer, _ = reference
+    special = engine.ckpt.special
+    conv = engine.conversation()
+    await conv.add_text("u1", "Hello, who are you?")
+    first, _ = await collect(conv.respond(item_id="a1", voice=VOICE, max_output_tokens=THINKER_MAX))
+    await conv.add_text("u2", "Tell me more.")
+    done, pcm = await collect(conv.respond(item_id="a2", voice=VOICE, max_output_tokens=THINKER_MAX))
+
+    first_ids = tokenizer.apply_chat_template(
+        [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": "Hello, who are you?"}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    history = tokenizer(first_ids, add_special_tokens=False)["input_ids"] + list(first.text_token_ids)
+    history += [special.im_end, *tokenizer("\n", add_special_tokens=False)["input_ids"]]  # the reply, closed
+    second = tokenizer(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Tell me more."}], add_generation_prompt=True, tokenize=False
+        ),
+        add_special_tokens=False,
+    )["input_ids"]
+    ref_text, ref_frames = run_reference(model, special, torch.tensor([history + second]))
+    check_reply(engine, done, pcm, ref_text, ref_frames)
+    assert done.usage.cached_tokens > 0
+    await conv.close()
+
+
+async def test_audio_prompt_matches_reference(engine, reference):
+    model, tokenizer, fe = reference
+    special = engine.ckpt.special
+    rng = np.random.default_rng(7)
+    pcm_in = (0.1 * rng.standard_normal(16_000 * 3)).astype(np.float32)  # 3 s of noise: the encoder sees real frames
+
+    conv = engine.conversation()
+    await conv.add_audio("u1", pcm_in)
+    done, pcm = await collect(conv.respond(item_id="a1", voice=VOICE, max_output_tokens=THINKER_MAX))
+
+    feats = fe(pcm_in, sampling_rate=16_000, return_tensors="pt", padding=True, truncation=False)
+    mel = feats["input_features"]
+    mask = torch.ones(1, mel.shape[-1], dtype=torch.long)
+    n_tokens = done.usage.input_audio_tokens
+    renderer = engine.ckpt.tokenizer
+    system = template_ids(tokenizer, [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}])[0].tolist()
+    system = system[: system.index(special.im_end) + 2]  # the system message without the generation prompt
+    user = (
+        [special.im_start, *renderer("user\n", add_special_tokens=False)["input_ids"], special.audio_start]
+        + [special.audio_token] * n_tokens
+        + [special.audio_end, special.im_end, *renderer("\n", add_special_tokens=False)["input_ids"]]
+    )
+    header = [special.im_start, *renderer("assistant\n", add_special_tokens=False)["input_ids"]]
+    ids = torch.tensor([system + user + header])
+    ref_text, ref_frames = run_reference(model, special, ids, input_features=mel, feature_attention_mask=mask)
+    check_reply(engine, done, pcm, ref_text, ref_frames)
+    await conv.close()
