@@ -26,12 +26,12 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "omni-realtime"
 
 
-def ensure_tiny_checkpoint(cache_dir: Path | None = None, *, seed: int = 0, family: str = DEFAULT_FAMILY) -> Path:
-    """Return the folder of ``family``'s tiny checkpoint, building it (seconds) if it is not cached yet.
+def ensure_tiny_checkpoint(cache_dir: Path | None = None, *, seed: int = 0) -> Path:
+    """Return the tiny checkpoint folder, building it (seconds) if it is not cached yet.
 
     Built into a temporary sibling and renamed into place, so concurrent first runs never see a
     half-written checkpoint."""
-    models = family_of(family)
+    models = family_of(DEFAULT_FAMILY)
     spec = models.random_spec("tiny", seed=seed)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache_dir / f"tiny-{models.name}-seed{seed}-{_spec_digest(spec)}"
