@@ -2,7 +2,7 @@
 positions: the talker's prompt is the thinker's, position for position, at the thinker's rope positions.
 
 A position has a cache index and a rope position on each of the three axes (time, height, width); they differ once a
-conversation holds a picture or video (:mod:`pipeline.models.qwen2_5_omni.positions`). :class:`CachedRope` stores
+conversation holds a picture or video (:mod:`pipeline.models.positions`). :class:`CachedRope` stores
 nothing while every recorded position's rope equals its cache index (a conversation without pictures or video), so
 that case costs nothing. Host numpy only; engine thread only.
 """

@@ -9,7 +9,8 @@ device; a config object resolves these once, when it is made, so its fields hold
 
 Errors are :class:`pipeline.errors.ConfigError` whose ``param`` is the dotted path of the bad field
 (``stages.talker.sampling.top_p``). Connectors are looked up by name in the model family (:mod:`pipeline.models`);
-the YAML never names import paths.
+the YAML never names import paths. The token2wav section also holds the family's own keys (its synthesizer's
+settings), which the family parses (:meth:`pipeline.models.family.ModelFamily.token2wav_config`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import yaml
 
 from pipeline.errors import ConfigError
 from pipeline.models import family_of
+from pipeline.models.common.settings import AUTO, DTYPES, check_bool, check_choice, reject_unknown, switch
 
 PACKAGED_STAGE_CONFIGS = {
     "qwen2_5_omni": Path(__file__).parent / "stage_configs" / "qwen2_5_omni.yaml",
@@ -34,34 +36,19 @@ DEFAULT_STAGE_CONFIG = PACKAGED_STAGE_CONFIGS["qwen2_5_omni"]
 STAGE_ORDER = ("thinker", "talker", "token2wav")
 """Stage names in stream order; each stage's ``input`` must be the one before it."""
 STAGE_INPUTS = {"thinker": "request", "talker": "thinker", "token2wav": "talker"}
-AUTO = "auto"
 SLOW_STEP_MS_CUDA = 250.0
 SLOW_STEP_MS_CPU = 1000.0
-DTYPES = ("float32", "bfloat16", "float16")
 CONTEXT_POLICIES = ("drop_oldest", "error")
 AUDIO_FLOORS = ("streaming", "exact")
-DIT_ATTENTION = ("triton", "sdpa")
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 """What a stage's ``device`` may say."""
 MAX_EXTENDS_DEPTH = 8
 """How many files a chain of ``extends`` may hold, the first included (a longer chain is refused as a likely cycle)."""
 
-PACKAGED_CHUNKING: dict[str, Any] = {
-    "first_chunk_frames": 48,
-    "first_vocoder_lookahead_frames": 20,
-    "ramp_frames": [48, 48],
-    "lookahead_chunks": 3,
-    "chunk_frames": 72,
-    "quick_first_chunk_frames": 24,
-    "quick_first_chunk_max_open": 0,
-    "past_frames": 48,
-    "future_frames": 24,
-    "ode_steps": 10,
-    "guidance_scale": 0.5,
-    "sway_coefficient": -1.0,
-}
-"""token2wav's chunk schedule (:class:`pipeline.models.qwen2_5_omni.chunk_schedule.ChunkingConfig` fields, in mel
-frames): the stage's default ``chunking``; a ``chunking`` mapping given in the YAML changes the keys it names."""
+
+class UnparsedSettings(dict):
+    """A family's keys of a stage config section as the YAML gave them, until the :class:`StageGraphConfig` has the
+    family parse them."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +83,8 @@ def _kind(kind: str, default: Any = None, *, factory=None, choices: tuple = ()) 
     """A field with how its value is checked (``kind``) in its metadata: ``positive`` (an integer > 0, or None),
     ``at_least_0`` (an integer >= 0), ``fraction`` (a number in (0, 1]), ``bool``, ``str``, ``choice`` (one of
     ``choices``), ``device`` (auto, cpu, cuda or cuda:N), ``switch`` (auto / on /
-    off or a boolean, resolved by the class), ``sampling``, ``chunking``, ``fixed`` (must equal the default)."""
+    off or a boolean, resolved by the class), ``sampling``, ``fixed`` (must equal the default), ``family`` (the model
+    family's own keys, parsed by the :class:`StageGraphConfig`)."""
     meta = {"kind": kind, "choices": choices}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
@@ -160,18 +148,18 @@ class StageConfig:
             raise ConfigError(f"{where} must be an integer >= 0", param=where)
         elif kind == "fraction" and (not _is_number(value) or not 0 < value <= 1):
             raise ConfigError(f"{where} must be a number in (0, 1], got {value!r}", param=where)
-        elif (kind == "bool" and not isinstance(value, bool)) or (kind == "str" and not isinstance(value, str)):
+        elif kind == "bool":
+            check_bool(value, where)
+        elif kind == "str" and not isinstance(value, str):
             raise ConfigError(f"{where} has the wrong type ({type(value).__name__})", param=where)
-        elif kind == "choice" and value not in f.metadata["choices"]:
-            raise ConfigError(f"{where} must be one of {f.metadata['choices']}, got {value!r}", param=where)
+        elif kind == "choice":
+            check_choice(value, f.metadata["choices"], where)
         elif kind == "device" and (not isinstance(value, str) or not _DEVICE.fullmatch(value)):
             raise ConfigError(f"{where} must be auto, cpu, cuda or cuda:N, got {value!r}", param=where)
         elif kind == "switch":
-            self._set(f.name, _switch(value, where))
+            self._set(f.name, switch(value, where))
         elif kind == "sampling":
             self._set(f.name, _parse_sampling(value, where))
-        elif kind == "chunking":
-            self._set(f.name, _parse_chunking(value, where))
 
     def _resolve(self) -> None:
         """Replace ``auto`` values by what they mean on this stage's device, in dependency order."""
@@ -311,30 +299,8 @@ class Token2WavConfig(StageConfig):
     connector: str = _kind("str", "talker_to_token2wav")
     """The model family's name of the function that hands the talker's codes to token2wav."""
     dtype: str = _kind("choice", "float32", choices=(AUTO, *DTYPES))
-    """The DiT's and the vocoder's weights and state: float32, as the reference (``dit_dtype`` sets the DiT blocks'
-    compute precision)."""
-    tf32_matmul: bool = _kind("bool", True)
-    """On CUDA: TF32 matmuls in the DiT (about 2x faster; mel within ~2e-4 of float32); ignored on the CPU."""
-    dit_dtype: str = _kind("choice", AUTO, choices=(AUTO, *DTYPES))
-    """Precision of the DiT's transformer blocks; ``auto`` = bfloat16 with CUDA, float32 on the CPU (where half
-    precision is slower). A half precision runs copies of the blocks on the tensor cores; the ODE state, the time
-    embedding and the vocoder stay float32 (StreamingToken2Wav's ``dit_dtype``). bfloat16 rather than float16 (as fast,
-    closer to float32 on the audio) because its range cannot overflow on activations nobody here has seen."""
-    compile: bool = _kind("switch", AUTO)
-    """Given as auto / on / off; holds a bool. On: each DiT transformer block runs through ``torch.compile``
-    (inductor fuses its elementwise kernels; the CUDA graphs then record the compiled kernels), compiled at engine
-    start before the graphs are captured (seconds to a minute or more), and with CUDA each of the vocoder's
-    anti-aliased activations runs as two Triton kernels (:mod:`pipeline.models.qwen2_5_omni.vocoder`); the audio
-    equals off's up to float rounding. Off runs both as transformers writes them; ``auto`` = on with CUDA, off on the
-    CPU (there the compile is C++ builds of about a minute at start; on works there too). A failure to compile stops
-    the engine's start with a ConfigError whose message names this field: nothing falls back to off on its own."""
-    dit_attention: str = _kind("choice", AUTO, choices=(AUTO, *DIT_ATTENTION))
-    """How the DiT blocks attend. ``triton``: one Triton kernel per block that reads the query/key/value product in
-    place, rotates the first head, computes the block mask from each frame's block id and writes the layout the output
-    projection reads (:mod:`pipeline.models.qwen2_5_omni.dit_attention`); needs CUDA and a half-precision
-    ``dit_dtype``. ``sdpa``: ``scaled_dot_product_attention`` over a mask, with the RoPE, concatenation and transpose
-    as kernels of their own. ``auto`` = ``triton`` where it can run and the DiT is compiled, else ``sdpa``. Equal up
-    to float rounding; the one kernel saves the launches and memory passes of the others."""
+    """The synthesizer's weights and state: float32, as the reference (a family may set a compute precision of its
+    own among its keys)."""
     worker_thread: bool = _kind("switch", AUTO)
     """Given as auto / on / off; holds a bool. On: chunk synthesis runs on a thread (and CUDA stream) of its own, so
     decode steps never wait for it; off: it runs inside the engine step; ``auto`` = on with CUDA, off on the CPU
@@ -364,32 +330,18 @@ class Token2WavConfig(StageConfig):
     """How many other conversations must be busy (a user's audio being streamed in, or a response running) when a
     reply's first chunk is made for ``start_buffer_ms`` to hold it; None: ``max_batch`` (more conversations busy than
     one token2wav job holds)."""
-    chunking: dict[str, Any] = _kind("chunking", factory=lambda: dict(PACKAGED_CHUNKING))
-    """The chunk schedule (:data:`PACKAGED_CHUNKING`): a smaller first chunk than the official 72 frames, vocoded
-    with 20 of its look-ahead frames so that it plays 480 ms; two 48-frame ramp chunks, each also vocoded with its
-    look-ahead, so that a stream has more in hand where a burst's long jobs starve it; a 24-frame first chunk only
-    for a reply that finds token2wav idle (under load the extra job costs more than it saves)."""
+    settings: Any = _kind("family", factory=UnparsedSettings)
+    """The model family's own settings of this section (its synthesizer's: for Qwen2.5-Omni the DiT's precision,
+    compile and attention kernel and the chunk schedule). Given as the section's keys that are the family's
+    (:attr:`~pipeline.models.family.ModelFamily.token2wav_keys`), as an :class:`UnparsedSettings`; holds what the
+    family's :meth:`~pipeline.models.family.ModelFamily.token2wav_config` makes of them once in a
+    :class:`StageGraphConfig` (which reads the section's ``device`` resolved). Opaque to the engine: only the
+    family's ``token2wav`` reads it."""
 
     def _resolve(self) -> None:
         super()._resolve()
         if self.worker_thread == AUTO:
             self._set("worker_thread", self.on_cuda)
-        if self.compile == AUTO:
-            self._set("compile", self.on_cuda)
-        if self.dit_dtype == AUTO:
-            self._set("dit_dtype", "bfloat16" if self.on_cuda else "float32")
-        if self.dit_attention == AUTO:  # needs the device, dit_dtype and compile resolved first
-            from pipeline.models.qwen2_5_omni.dit_attention import dit_attention_available
-
-            usable = dit_attention_available(self.torch_device, self.torch_dit_dtype)
-            self._set("dit_attention", "triton" if usable and self.compile else "sdpa")
-
-    @property
-    def torch_dit_dtype(self):
-        """``dit_dtype`` as a ``torch.dtype``."""
-        import torch
-
-        return getattr(torch, self.dit_dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -415,7 +367,7 @@ class EngineConfig:
     milliseconds on a busy core)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "process", _switch(self.process, "engine.process"))
+        object.__setattr__(self, "process", switch(self.process, "engine.process"))
         if self.slow_step_ms != AUTO and (
             isinstance(self.slow_step_ms, bool)
             or not isinstance(self.slow_step_ms, int | float)
@@ -449,7 +401,12 @@ class StageGraphConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
-        connectors = family_of(self.model_family).connectors  # ConfigError naming the known families
+        family = family_of(self.model_family)  # ConfigError naming the known families
+        t2w = self.token2wav
+        if isinstance(t2w.settings, UnparsedSettings):
+            settings = family.token2wav_config(t2w.settings, path=t2w.path, device=t2w.torch_device)
+            object.__setattr__(self, "token2wav", replace(t2w, settings=settings))
+        connectors = family.connectors
         for stage in (self.talker, self.token2wav):
             _check_connector(stage.STAGE, stage.connector, f"{stage.path}.connector", connectors)
         engine = self.engine
@@ -548,18 +505,21 @@ def parse_stage_config(data: Any, *, source: str = "<dict>") -> StageGraphConfig
     """Validate the YAML's data and make the resolved config."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the stage config must be a mapping", param="<root>")
-    _reject_unknown(data, {"model_family", "stages", "engine"}, "")
+    reject_unknown(data, {"model_family", "stages", "engine"}, "")
     family = data.get("model_family")
-    family_of(family)  # ConfigError naming the known families, before the stages are read
+    family_keys = family_of(family).token2wav_keys  # ConfigError naming the known families, before the stages are read
     stages = data.get("stages")
     if not isinstance(stages, dict):
         raise ConfigError(f"{source}: 'stages' must be a mapping of stage name to settings", param="stages")
-    _reject_unknown(stages, set(STAGE_ORDER), "stages")
+    reject_unknown(stages, set(STAGE_ORDER), "stages")
     parsed = {}
     for name in STAGE_ORDER:
         if name not in stages:
             raise ConfigError(f"{source}: stage {name!r} is missing", param=f"stages.{name}")
-        parsed[name] = _build(STAGE_CLASSES[name], stages[name], f"stages.{name}")
+        if name == "token2wav":
+            parsed[name] = _build_token2wav(stages[name], f"stages.{name}", family_keys)
+        else:
+            parsed[name] = _build(STAGE_CLASSES[name], stages[name], f"stages.{name}")
     engine = _build(EngineConfig, data.get("engine", {}), "engine")
     return StageGraphConfig(model_family=family, source=source, engine=engine, **parsed)
 
@@ -567,17 +527,19 @@ def parse_stage_config(data: Any, *, source: str = "<dict>") -> StageGraphConfig
 def _build(cls, raw: Any, path: str):
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must be a mapping", param=path)
-    _reject_unknown(raw, {f.name for f in fields(cls)}, path)
+    reject_unknown(raw, {f.name for f in fields(cls)}, path)
     return cls(**raw)
 
 
-def _switch(value: Any, where: str) -> bool | str:
-    """auto / on / off, or YAML 1.1's bare on / off (read as booleans): True, False or ``auto``."""
-    if isinstance(value, bool) or value == AUTO:
-        return value
-    if value in ("on", "off"):
-        return value == "on"
-    raise ConfigError(f"{where} must be one of ('auto', 'on', 'off'), got {value!r}", param=where)
+def _build_token2wav(raw: Any, path: str, family_keys: frozenset[str]) -> Token2WavConfig:
+    """The section's engine keys checked; the family's (``family_keys``, disjoint from the engine's) kept for the
+    family to parse."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must be a mapping", param=path)
+    engine_keys = {f.name for f in fields(Token2WavConfig)} - {"settings"}
+    reject_unknown(raw, engine_keys | family_keys, path)
+    own = UnparsedSettings({key: value for key, value in raw.items() if key not in engine_keys})
+    return Token2WavConfig(**{key: value for key, value in raw.items() if key in engine_keys}, settings=own)
 
 
 def _is_number(value: Any) -> bool:
@@ -602,7 +564,7 @@ def _parse_sampling(raw: Any, path: str) -> SamplingConfig:
     else:
         if not isinstance(raw, dict):
             raise ConfigError(f"{path} must be a mapping", param=path)
-        _reject_unknown(raw, {f.name for f in fields(SamplingConfig)}, path)
+        reject_unknown(raw, {f.name for f in fields(SamplingConfig)}, path)
         _check_type(raw, "do_sample", bool, path)
         for key in ("temperature", "top_p", "repetition_penalty"):
             _check_type(raw, key, (int, float), path)
@@ -610,26 +572,6 @@ def _parse_sampling(raw: Any, path: str) -> SamplingConfig:
         sampling = SamplingConfig(**raw)
     sampling.validate(path)
     return sampling
-
-
-def _parse_chunking(raw: Any, path: str) -> dict[str, Any]:
-    from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
-
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{path} must be a mapping", param=path)
-    _reject_unknown(raw, {f.name for f in fields(ChunkingConfig)}, path)
-    try:
-        ChunkingConfig(**{**PACKAGED_CHUNKING, **raw})
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: {exc}", param=path) from exc
-    return {**PACKAGED_CHUNKING, **raw}
-
-
-def _reject_unknown(raw: Mapping, allowed: set[str], path: str) -> None:
-    for key in raw:
-        if key not in allowed:
-            where = f"{path}.{key}" if path else str(key)
-            raise ConfigError(f"unknown field {where!r} (allowed: {sorted(allowed)})", param=where)
 
 
 def _check_type(raw: dict, key: str, types, path: str) -> None:

@@ -25,8 +25,8 @@ import torch
 from pipeline.api import ROOT_ITEM_ID, ContextPolicy
 from pipeline.cached_rope import CachedRope
 from pipeline.errors import ContextLimitError, InvalidInputError, ResponseActiveError, UnknownItemError
-from pipeline.models.qwen2_5_omni.positions import GridSpan
-from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
+from pipeline.models.positions import GridSpan
+from pipeline.models.rendering import PromptRenderer
 from pipeline.tools import Tool
 from pipeline.video_message import OpenVideo, VideoPart
 
@@ -318,8 +318,8 @@ class ConversationState:
         closed: bool,
         video_closed: bool,
     ) -> None:
-        """A spoken message with video, as the reference lays out audio in video (one :class:`GridSpan` from its
-        opening markers on; see :mod:`pipeline.models.qwen2_5_omni.av_interleave`). Open (``closed`` False): only
+        """A spoken message with video, in the family's layout of audio in video (one :class:`GridSpan` from its
+        opening markers on; :class:`pipeline.models.positions.AVLayout`). Open (``closed`` False): only
         the chunks already final, without the closing markers, so each open rendering is a prefix of the next."""
         s = self.renderer.special
         audio = [(b, i) for b, block in enumerate(blocks) for i in range(block.embeds.shape[0])]

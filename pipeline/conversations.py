@@ -23,7 +23,7 @@ from pipeline.errors import (
     UnknownItemError,
     UnsupportedInputError,
 )
-from pipeline.models.qwen2_5_omni.av_interleave import AVTiming
+from pipeline.models.positions import AVTiming
 from pipeline.scheduler.scheduler import Scheduler
 from pipeline.tools import Tool
 from pipeline.video_message import OpenVideo

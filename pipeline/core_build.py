@@ -17,6 +17,8 @@ from pipeline.config import StageGraphConfig
 from pipeline.conversations import Conversations
 from pipeline.models import family_of
 from pipeline.models.family import Checkpoint, ModelFamily
+from pipeline.models.positions import PositionScheme
+from pipeline.models.rendering import PromptRenderer, SpecialIds
 from pipeline.observe.observer import EngineObserver
 from pipeline.observe.report import log_placement
 from pipeline.output.processor import OutputProcessor
@@ -49,9 +51,9 @@ class CoreHooks:
 @dataclass(frozen=True)
 class CoreParts:
     family: ModelFamily
-    special: object
+    special: SpecialIds
     """The checkpoint's special token ids (the family's)."""
-    renderer: object
+    renderer: PromptRenderer
     """Renders conversations to prompt token ids and decodes reply ids (the family's)."""
     limits: RunnerLimits
     runner: ModelRunner
@@ -80,8 +82,9 @@ def build_core(
     )
     runner, t2w_device = build_model_runner(family, ckpt, cfg, limits, fail=hooks.fail)
     log_placement(runner, t2w_device)
-    image_encodes = _image_encodes(runner)
-    scheduler = _scheduler(cfg, runner, limits)
+    positions = family.positions(ckpt)
+    image_encodes = _image_encodes(runner, positions)
+    scheduler = _scheduler(cfg, runner, limits, positions)
     output = OutputProcessor(
         observer,
         text_stop={special.im_end, special.endoftext},
@@ -145,12 +148,13 @@ def _talker_stage(
     )
 
 
-def _image_encodes(runner: ModelRunner) -> ImageEncodes | None:
+def _image_encodes(runner: ModelRunner, positions: PositionScheme) -> ImageEncodes | None:
     thinker = runner.thinker
     if thinker.vision is None:
         return None
     return ImageEncodes(
         thinker,
+        positions=positions,
         merge=thinker.vision.merge_size,
         width=thinker.text_model.config.hidden_size,
         dtype=thinker.dtype,
@@ -158,7 +162,9 @@ def _image_encodes(runner: ModelRunner) -> ImageEncodes | None:
     )
 
 
-def _scheduler(cfg: StageGraphConfig, runner: ModelRunner, limits: RunnerLimits) -> Scheduler:
+def _scheduler(
+    cfg: StageGraphConfig, runner: ModelRunner, limits: RunnerLimits, positions: PositionScheme
+) -> Scheduler:
     th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
     chunking = runner.token2wav.cfg
     return Scheduler(
@@ -184,6 +190,7 @@ def _scheduler(cfg: StageGraphConfig, runner: ModelRunner, limits: RunnerLimits)
         ),
         thinker_slots=runner.thinker.pool.slots,
         talker_slots=runner.talker.pool.slots,
+        positions=positions,
     )
 
 
@@ -191,7 +198,7 @@ def _conversations(
     ckpt: Checkpoint,
     cfg: StageGraphConfig,
     family: ModelFamily,
-    renderer,
+    renderer: PromptRenderer,
     limits: RunnerLimits,
     runner: ModelRunner,
     image_encodes: ImageEncodes | None,

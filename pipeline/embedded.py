@@ -1,5 +1,6 @@
-"""The embedded tiny model: a random-weight Qwen2.5-Omni built offline on first use into a cache
-folder, so the server and demos run on a fresh machine with nothing downloaded.
+"""The embedded tiny model: a random-weight model of the packaged family (the ``tiny`` random preset of
+:data:`pipeline.models.DEFAULT_FAMILY`) built offline on first use into a cache folder, so the server and demos run
+on a fresh machine with nothing downloaded.
 
 It is a test model, never an assistant: its checkpoint carries the ``omni_realtime_random.json``
 marker, and the engine logs that loudly.
@@ -11,6 +12,8 @@ import json
 import logging
 import tempfile
 from pathlib import Path
+
+from pipeline.models import DEFAULT_FAMILY, family_of
 
 log = logging.getLogger(__name__)
 
@@ -28,21 +31,16 @@ def ensure_tiny_checkpoint(cache_dir: Path | None = None, *, seed: int = 0) -> P
 
     Built into a temporary sibling and renamed into place, so concurrent first runs never see a
     half-written checkpoint."""
-    from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, make_random_checkpoint
-
-    spec = RandomModelSpec.tiny()
-    if seed != spec.seed:
-        from dataclasses import replace
-
-        spec = replace(spec, seed=seed)
+    models = family_of(DEFAULT_FAMILY)
+    spec = models.random_spec("tiny", seed=seed)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = cache_dir / f"tiny-qwen2_5-omni-seed{seed}-{_spec_digest(spec)}"
+    target = cache_dir / f"tiny-{models.name}-seed{seed}-{_spec_digest(spec)}"
     if (target / "config.json").exists():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=cache_dir))
     log.info("building the embedded tiny model (random weights) into %s", target)
-    make_random_checkpoint(tmp, spec)
+    models.write_random(tmp, spec)
     try:
         tmp.rename(target)
     except OSError:

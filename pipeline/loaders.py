@@ -47,10 +47,11 @@ class PretrainedCheckpoint:
 
 @dataclass(frozen=True)
 class RandomCheckpoint:
-    """The random-weight architecture of ``spec`` (the family's own description, e.g.
-    ``RandomModelSpec.qwen2_5_omni_7b()`` for GPU benchmarks) built in memory (nothing downloaded or written but its
-    tokenizer files). Built on the thinker's device, thinker and talker in ``dtype`` (default: the thinker's dtype);
-    then the talker and token2wav are moved to their own stages' devices."""
+    """The random-weight architecture of ``spec`` (the family's own description,
+    :meth:`~pipeline.models.family.ModelFamily.random_spec`, e.g. its ``7b`` preset for GPU benchmarks) built in
+    memory (nothing downloaded or written but its tokenizer files). Built on the thinker's device, thinker and talker
+    in ``dtype`` (default: the thinker's dtype); then the talker and token2wav are moved to their own stages'
+    devices."""
 
     spec: Any
     dtype: torch.dtype | None = None

@@ -4,9 +4,9 @@ budget.
 A spoken message gets video through :meth:`pipeline.api.AudioInputHandle.add_video_frame`. Its frames go onto the
 model's frame grid (:class:`~pipeline.video_timeline.VideoTimeline`); every frame pair (temporal patch) that becomes
 final is preprocessed at once and queued for the next step's vision encode (:class:`OpenVideo`). The message is then
-rendered as the reference renders audio in video (:mod:`pipeline.models.qwen2_5_omni.av_interleave`): chunk by chunk,
-the chunks whose video and audio are both final prefilled in the background while the user speaks, so that at commit
-only the last chunk remains.
+rendered in the family's layout of audio in video (:class:`pipeline.models.positions.AVLayout`): chunk by chunk, the
+chunks whose video and audio are both final prefilled in the background while the user speaks, so that at commit only
+the last chunk remains.
 
 Rules of the engine (beside the timeline's): the message's picture size is its first frame's (resized by the pixel
 budget, :meth:`pipeline.api.VisionInfo.resized`); a frame that resizes to another size is dropped and counted. A
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.api import VisionInfo
-from pipeline.models.qwen2_5_omni.av_interleave import AVLayout, AVTiming
+from pipeline.models.positions import AVLayout, AVTiming
 from pipeline.video_budget import VideoBudget
 from pipeline.video_timeline import VideoTimeline
 
@@ -50,7 +50,7 @@ class VideoPart:
 
     def layout(self, n_audio: int) -> AVLayout:
         """The message's layout with ``n_audio`` audio tokens."""
-        return AVLayout(self.timing, rows=self.rows, cols=self.cols, n_patches=len(self.pairs), n_audio=n_audio)
+        return self.timing.layout(rows=self.rows, cols=self.cols, n_patches=len(self.pairs), n_audio=n_audio)
 
 
 class OpenVideo:

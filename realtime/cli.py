@@ -443,9 +443,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_make_tiny_model(argv: list[str]) -> int:
-    from pipeline.models.qwen2_5_omni.tiny import main as make_main
+    """The packaged family's random checkpoint writer."""
+    from pipeline.models import DEFAULT_FAMILY, family_of
 
-    return make_main(argv, prog="omni-realtime make-tiny-model")
+    return family_of(DEFAULT_FAMILY).random_checkpoint_command(argv, prog="omni-realtime make-tiny-model")
 
 
 DESCRIPTION = (

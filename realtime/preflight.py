@@ -41,10 +41,10 @@ def check_model(model: str | None) -> None:
         return
     # the packaged family's resolver: a folder, or a hub id in the local cache (reads no weights)
     from pipeline.errors import CheckpointError
-    from pipeline.models.qwen2_5_omni.checkpoint import resolve_checkpoint_path
+    from pipeline.models import DEFAULT_FAMILY, family_of
 
     try:
-        resolve_checkpoint_path(model)
+        family_of(DEFAULT_FAMILY).resolve_checkpoint(model)
     except CheckpointError as exc:
         raise UsageError(f"--model {exc}") from None
 

@@ -20,6 +20,10 @@ FAMILIES: dict[str, str] = {
 """Family name -> ``module:attribute`` of its :class:`~pipeline.models.family.ModelFamily` object (imported on first
 use, so that reading a config imports no model code)."""
 
+DEFAULT_FAMILY = "qwen2_5_omni"
+"""The packaged stage config's family (``pipeline/stage_configs/qwen2_5_omni.yaml``): the family of what is used
+where no stage config is read, the embedded tiny model and ``make-tiny-model`` among them."""
+
 _registered: dict[str, ModelFamily] = {}
 """Families registered as objects (:func:`registered`), ahead of :data:`FAMILIES`."""
 

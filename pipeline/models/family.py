@@ -6,42 +6,36 @@ A family is a stateless object (one per family, listed in :mod:`pipeline.models`
 ``talker``, HF decoder-shaped modules that the engine's runners drive (``pipeline/runners/``). Everything else the
 engine learns by handing the checkpoint back to the family's methods below, on the engine thread.
 
-The streaming synthesizer a family makes (:meth:`ModelFamily.token2wav`) is driven by the engine core and its
-token2wav worker. It must offer ``max_batch`` (streams per batched step), ``cfg`` (with
-``quick_first_chunk_frames`` (None: no quick first chunk) and ``quick_first_chunk_max_open``),
-``warm_up(max_batch=...)`` and ``step_many(streams) -> list of float32 24 kHz sample arrays`` (one chunk per
-stream, in order). Its streams (:meth:`ModelFamily.start_stream`) offer ``status`` (a :class:`StreamStatus`),
-``done``, ``codes_received``, ``chunks_emitted``, ``push(codes)``, ``finish()``, ``ready()``, ``step()``,
-``codes_until_ready()`` (None while no chunk is pending) and ``close()``
-(idempotent), with the calling order of :class:`pipeline.models.qwen2_5_omni.token2wav_stream.Token2WavStream`.
+What the family's objects offer is typed by the protocols of the sibling modules: the prompt renderer, its special
+ids and call format (:mod:`pipeline.models.rendering`), the rotary positions and the layout of audio in video
+(:mod:`pipeline.models.positions`), the streaming synthesizer and its streams, with their calling order
+(:mod:`pipeline.models.synthesis`). The engine reaches a family only through this protocol: no module outside a
+family's folder imports the family (``tests/unit/test_imports.py``); code several families share lives in
+:mod:`pipeline.models.common`.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 from pipeline.api import TranscriptionPrompt, VisionInfo
 from pipeline.models.frame_talker import FrameTalkerParts
+from pipeline.models.positions import AVTiming, PositionScheme
+from pipeline.models.rendering import PromptRenderer, SpecialIds
+from pipeline.models.synthesis import StreamingSynthesizer, StreamStatus, Token2WavStream
 
 if TYPE_CHECKING:
     import torch
+
+__all__ = ["Checkpoint", "Connector", "ModelFamily", "StreamStatus", "ThinkerParts"]
 
 
 Checkpoint: TypeAlias = Any
 """A loaded checkpoint of some family: opaque to the engine but for ``source``, ``random_weights``, ``thinker`` and
 ``talker`` (see the module docstring)."""
-
-
-class StreamStatus(enum.Enum):
-    """Lifecycle of a token2wav stream, in order: OPEN -> FINISHED -> DONE; CLOSED from any state."""
-
-    OPEN = "open"  # accepting codes
-    FINISHED = "finished"  # no more codes; chunks may remain to synthesize
-    DONE = "done"  # every sample emitted
-    CLOSED = "closed"  # tensors released
 
 
 @dataclass(frozen=True)
@@ -97,108 +91,154 @@ class ModelFamily(Protocol):
     synthesizer's code, or None when ``code`` ends the utterance`` (not used by a frame talker, whose frames go to the
     synthesizer as they are)."""
 
+    token2wav_keys: frozenset[str]
+    """The keys of the stage config's ``stages.token2wav`` section that are the family's own (its synthesizer's
+    settings), beside the engine's (:class:`pipeline.config.Token2WavConfig`'s fields, which they never repeat); the
+    config refuses any other key, naming both sets."""
+
+    def token2wav_config(self, raw: Mapping[str, Any], *, path: str, device: torch.device) -> object:
+        """The family's settings of the token2wav section: ``raw`` holds the section's keys of
+        :attr:`token2wav_keys` as the YAML gives them (any subset; ``auto`` values allowed), the result holds them
+        validated, defaults filled in and ``auto`` resolved for the stage's ``device``. Raises ``ConfigError`` whose
+        ``param`` is ``{path}.{key}`` for a bad value. Called once per stage config, on the thread that reads it; the
+        engine keeps the result in ``Token2WavConfig.settings`` and hands it to nothing but :meth:`token2wav`."""
+        ...
+
+    def resolve_checkpoint(self, model: str) -> Path:
+        """The folder of checkpoint ``model`` (a folder, or a hub id already in the local cache), found without
+        reading weights, so that a command line can check ``--model`` before loading; ``CheckpointError`` saying
+        what is wrong otherwise. Never downloads."""
+        ...
+
     def load_pretrained(
         self, model: str, *, devices: dict[str, torch.device | str], dtypes: dict[str, torch.dtype]
-    ) -> Any:
+    ) -> Checkpoint:
         """The checkpoint of folder ``model``, or of hub id ``model`` already in the local cache (never downloads),
         validated, its stages placed as ``devices`` / ``dtypes`` (keyed by stage name) say. Raises
         ``CheckpointError`` naming the file or field that is missing or inconsistent."""
         ...
 
-    def build_random(
-        self, spec: Any, *, device: torch.device | str, dtype: torch.dtype, devices: dict[str, str] | None = None
-    ) -> Any:
-        """A checkpoint with random weights of the family's architecture ``spec`` (e.g. a tiny or full-size preset),
-        built in memory on ``device``, then each stage's part moved to its device in ``devices`` (keyed by stage
-        name; a stage not named stays on ``device``); ``random_weights`` is true."""
+    random_presets: tuple[str, ...]
+    """Names of the family's random-weight architectures (:meth:`random_spec`); ``tiny`` among them: the embedded
+    model and the tests' model, seconds to build on a CPU."""
+
+    def random_spec(self, preset: str, *, seed: int = 0) -> Any:
+        """The architecture of random-weight preset ``preset`` (one of :attr:`random_presets`; ``KeyError``
+        otherwise) with weight seed ``seed``: a frozen dataclass, equal for equal arguments, that
+        :meth:`build_random` and :meth:`write_random` take."""
         ...
 
-    def max_context(self, ckpt: Any) -> int:
+    def build_random(
+        self, spec: Any, *, device: torch.device | str, dtype: torch.dtype, devices: dict[str, str] | None = None
+    ) -> Checkpoint:
+        """A checkpoint with random weights of the family's architecture ``spec`` (:meth:`random_spec`), built in
+        memory on ``device``, then each stage's part moved to its device in ``devices`` (keyed by stage name; a stage
+        not named stays on ``device``); ``random_weights`` is true."""
+        ...
+
+    def write_random(self, out_dir: Path, spec: Any) -> Path:
+        """Write a checkpoint with random weights of ``spec`` into folder ``out_dir`` (made if missing) in the
+        layout :meth:`load_pretrained` reads, marked as random, and return the folder. Offline and deterministic:
+        the same spec and software write the same weights."""
+        ...
+
+    def random_checkpoint_command(self, argv: Sequence[str], *, prog: str) -> int:
+        """The ``make-tiny-model`` command: parse ``argv`` (``prog``: the command's name in its help), write the
+        random checkpoint it asks for (:meth:`random_spec`, :meth:`write_random`), say what was written; returns
+        the exit status."""
+        ...
+
+    def max_context(self, ckpt: Checkpoint) -> int:
         """The thinker's longest context (positions) the checkpoint supports."""
         ...
 
-    def special(self, ckpt: Any) -> Any:
-        """The special ids the engine reads by name: ``im_end`` and ``endoftext`` (a reply's text ends),
-        ``tts_text_end`` / ``tts_text_pad`` (thinker-vocabulary ids fed to the talker once the text ended),
-        ``codec_bos`` / ``codec_pad`` / ``codec_mask`` (the talker's prefill and its sampler's seen ids), and
-        ``audio_start`` / ``audio_token`` / ``audio_end`` (a spoken message: its audio positions, between markers)."""
+    def special(self, ckpt: Checkpoint) -> SpecialIds:
+        """The special ids the engine reads by name."""
         ...
 
-    def codec_stop_ids(self, ckpt: Any) -> tuple[int, ...]:
+    def codec_stop_ids(self, ckpt: Checkpoint) -> tuple[int, ...]:
         """Talker ids that end an utterance (the talker's sampler stops on them; never reach token2wav)."""
         ...
 
-    def codec_suppress_ids(self, ckpt: Any) -> list[int]:
+    def codec_suppress_ids(self, ckpt: Checkpoint) -> list[int]:
         """Talker ids the talker's sampler must never emit (ids token2wav cannot make audio of, except stop ids)."""
         ...
 
-    def renderer(self, ckpt: Any) -> Any:
-        """The prompt renderer of the family's chat format, for the conversation state: ``header(role)``,
-        ``footer()`` (after a message or a reply), ``text_message(role, text)`` (all token id lists),
-        ``decode(token_ids) -> str`` and ``special`` (as :meth:`special`). Function calling needs ``tools`` (None or
-        absent: the family has none), the family's call format, with ``open_message(role, text)`` and ``text(text)``
-        (the renderer's; a turn written in parts): ``system_text(instructions, tools)``, ``call_open`` /
-        ``call_close`` (token ids that open and close a call in a reply), ``call(name, arguments)`` /
-        ``call_separator()`` (a client's call, token ids), ``response_text(output, first=, more=)`` (a tool
-        response in a user turn of them), ``forced(name)`` (token ids that open a required call) and
-        ``parser(tool_names)`` (:class:`pipeline.models.common.hermes_tools.CallParser`'s interface)."""
+    def renderer(self, ckpt: Checkpoint) -> PromptRenderer:
+        """The prompt renderer of the family's chat format, for the conversation state (its ``special`` are
+        :meth:`special`'s)."""
         ...
 
-    def voices(self, ckpt: Any) -> tuple[str, ...]:
+    def positions(self, ckpt: Checkpoint) -> PositionScheme:
+        """How the thinker's rotary positions follow from a rendering's explicit-position spans, and the offsets of
+        a picture's positions, for the scheduler's prefills and the picture encodes."""
+        ...
+
+    def voices(self, ckpt: Checkpoint) -> tuple[str, ...]:
         """The voice names a reply may ask for."""
         ...
 
-    def default_voice(self, ckpt: Any) -> str:
+    def default_voice(self, ckpt: Checkpoint) -> str:
         """The voice of a reply that names none; one of :meth:`voices`."""
         ...
 
-    def voice_bos(self, ckpt: Any, voice: str) -> int:
+    def voice_bos(self, ckpt: Checkpoint, voice: str) -> int:
         """The thinker-vocabulary id that opens the talker's stream for ``voice`` (after the prompt)."""
         ...
 
-    def audio_features(self, ckpt: Any) -> Any:
-        """Incremental log-mel features of one spoken message (16 kHz mono float32 in; the interface of
-        :class:`pipeline.models.common.log_mel.IncrementalLogMel`), for the thinker's audio encoder."""
+    def audio_features(self, ckpt: Checkpoint) -> Any:
+        """Incremental features of one spoken message for the thinker's audio encoder (16 kHz mono float32 in):
+        ``append(pcm)``, ``ready_blocks()``, ``raw_block(k)`` / ``raw_tail()``, ``features(raw, floor)``,
+        ``running_floor``, ``finish()``, ``total_frames``, ``final_floor()``, ``block_changes(k, floor)``,
+        ``samples_received`` and ``sampling_rate``, as :class:`pipeline.conversations.Conversations` calls them."""
         ...
 
-    def frame_talker_parts(self, ckpt: Any, *, device: torch.device, dtype: torch.dtype) -> FrameTalkerParts | None:
+    def frame_talker_parts(
+        self, ckpt: Checkpoint, *, device: torch.device, dtype: torch.dtype
+    ) -> FrameTalkerParts | None:
         """None when the family's talker makes one code per step from the thinker's vectors (the engine's talker
         runner drives ``ckpt.talker``); else the parts of a talker that makes frames of several codebooks
         (:mod:`pipeline.models.frame_talker`) on ``device`` in ``dtype``."""
         ...
 
-    def thinker_parts(self, ckpt: Any, *, device: torch.device, cuda_graphs: bool) -> ThinkerParts:
+    def thinker_parts(self, ckpt: Checkpoint, *, device: torch.device, cuda_graphs: bool) -> ThinkerParts:
         """The thinker's decoder stack, vocabulary head, user-audio encoder and vision tower (None without one) on
         ``device`` (the audio encoder's graphs only with ``cuda_graphs`` on CUDA)."""
         ...
 
-    def vision_info(self, ckpt: Any) -> VisionInfo | None:
+    def vision_info(self, ckpt: Checkpoint) -> VisionInfo | None:
         """What the checkpoint's vision tower takes (pixel budget, patch sizes, video fps); None: it takes no
         pictures."""
         ...
 
-    def av_timing(self, ckpt: Any) -> Any:
-        """None when :meth:`vision_info` is None; else the time constants of audio in video
-        (:class:`pipeline.models.qwen2_5_omni.av_interleave.AVTiming`: rotary positions per second, seconds per
-        chunk, seconds per temporal patch at :attr:`VisionInfo.fps`), for camera video interleaved with speech."""
+    def av_timing(self, ckpt: Checkpoint) -> AVTiming | None:
+        """None when :meth:`vision_info` is None; else how a spoken message with camera video is laid out (its
+        time constants from the checkpoint, seconds per temporal patch at :attr:`VisionInfo.fps`)."""
         ...
 
-    def vision_preprocessor(self, ckpt: Any) -> Any:
+    def vision_preprocessor(self, ckpt: Checkpoint) -> Callable[..., tuple[Any, Any]] | None:
         """None when :meth:`vision_info` is None; else a callable ``(frames, *, info=None) -> (pixel_values,
         grid_thw)``: uint8 RGB ``(H, W, 3)`` frames (one picture, or video frames in time order) to the vision tower's
-        input, resized by ``info`` (default :meth:`vision_info`), raising ``InvalidImageError`` for a bad frame (the
-        interface of :class:`pipeline.models.qwen2_5_omni.vision.VisionPreprocessor`). Runs on any thread."""
+        input, resized by ``info`` (default :meth:`vision_info`), raising ``InvalidImageError`` for a bad frame. Runs
+        on any thread."""
         ...
 
-    def token2wav(self, ckpt: Any, stage: Any) -> Any:
-        """The streaming synthesizer (see the module docstring) set up as ``stage`` says: the resolved
-        ``stages.token2wav`` config (:class:`pipeline.config.Token2WavConfig`; not imported here: the config reads the
-        family registry, never the other way)."""
+    def token2wav(self, ckpt: Checkpoint, stage: Any) -> StreamingSynthesizer:
+        """The streaming synthesizer set up as ``stage`` says: the resolved ``stages.token2wav`` config
+        (:class:`pipeline.config.Token2WavConfig`, its family settings :meth:`token2wav_config`'s; not imported here:
+        the config reads the family registry, never the other way)."""
         ...
 
     def start_stream(
-        self, synthesizer: Any, ckpt: Any, voice: str, *, generator: torch.Generator | None, max_codes: int, quick: bool
-    ) -> Any:
+        self,
+        synthesizer: StreamingSynthesizer,
+        ckpt: Checkpoint,
+        voice: str,
+        *,
+        generator: torch.Generator | None,
+        max_codes: int,
+        quick: bool,
+    ) -> Token2WavStream:
         """Open ``synthesizer``'s stream of one utterance in ``voice`` of at most ``max_codes`` codes; its noise (if
         any) drawn from ``generator``; ``quick``: the stream starts with the quick first chunk."""
         ...

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from pipeline.conversation_state import ImageBlock
-from pipeline.models.qwen2_5_omni.positions import vision_offsets
+from pipeline.models.positions import PositionScheme
 from pipeline.runners.background_encodes import EncodeNames, EncodeQueue
 
 __all__ = ["ImageEncodes", "ImageEncoder"]
@@ -39,9 +39,18 @@ class ImageEncoder(Protocol):
 
 class ImageEncodes:
     def __init__(
-        self, encoder: ImageEncoder, *, merge: int, width: int, dtype: torch.dtype, device: torch.device
+        self,
+        encoder: ImageEncoder,
+        *,
+        positions: PositionScheme,
+        merge: int,
+        width: int,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
+        """``positions``: the family's, which give a picture's offsets from its grid and the tower's ``merge``."""
         self._encoder = encoder
+        self._positions = positions
         self._merge = merge
         self._queue: EncodeQueue[tuple[np.ndarray, tuple[int, int, int]], ImageBlock] = EncodeQueue(
             lambda items: encoder.encode_images(items),  # looked up per call: a test may replace it
@@ -57,13 +66,15 @@ class ImageEncodes:
         return self._queue.pending
 
     def block(self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]) -> ImageBlock:
-        """A block for one picture (the vision preprocessor's output), encoded at the next :meth:`flush`. Its TMRoPE
-        offsets: one temporal patch per picture at time 0, one row/column per merged patch."""
+        """A block for one picture (the vision preprocessor's output), encoded at the next :meth:`flush`, with the
+        family's offsets of its positions (:meth:`pipeline.models.positions.PositionScheme.image_offsets`)."""
         t, h, w = (int(v) for v in grid_thw)
         if t != 1:
             raise ValueError(f"a picture is one temporal patch, got a grid of {t}")
         tokens = self._encoder.image_tokens((t, h, w))
-        block = ImageBlock(self._queue.empty(tokens), offsets=vision_offsets(t, h, w, merge=self._merge, t_step=0))
+        block = ImageBlock(
+            self._queue.empty(tokens), offsets=self._positions.image_offsets((t, h, w), merge=self._merge)
+        )
         if block.offsets.shape[1] != tokens:
             raise ValueError(f"a picture of grid {(t, h, w)} has {tokens} tokens, not {block.offsets.shape[1]}")
         return self._queue.add((pixel_values, (t, h, w)), block)

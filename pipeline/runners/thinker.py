@@ -7,7 +7,7 @@ needs: the input embedding and the last hidden state (after the final norm).
 Positions: a position's KV cache index (where it is stored, what attention is causal in) and its TMRoPE rope
 positions (time, height, width) differ once a conversation holds a picture: picture tokens take explicit 3-D
 positions and the text after them continues at the picture's largest position + 1
-(:mod:`pipeline.models.qwen2_5_omni.positions`). A prefill span takes its rope positions explicitly as a (3, T) host
+(:mod:`pipeline.models.positions`). A prefill span takes its rope positions explicitly as a (3, T) host
 tensor (None: the cache indices, on every axis); a decode row takes a rope *shift* (rope position - cache index, the
 same on every axis: decoded tokens are text), 0 for a conversation without pictures
 (:class:`~pipeline.runners.decoder.PooledDecoder`). All methods run under ``torch.inference_mode`` and must be called

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pipeline.api import ContextPolicy
 from pipeline.conversation_state import ConversationState
-from pipeline.models.qwen2_5_omni.positions import rope_positions, rope_shift
+from pipeline.models.positions import PositionScheme
 from pipeline.output.start_buffer import holds_start
 from pipeline.outputs import ResponseStatus
 from pipeline.request import ResponseState
@@ -64,11 +64,13 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, *, thinker_slots, talker_slots) -> None:
+    def __init__(self, cfg: SchedulerConfig, *, thinker_slots, talker_slots, positions: PositionScheme) -> None:
         self.cfg = cfg
         self.thinker_slots = thinker_slots
         self.talker_slots = talker_slots
         """The two decoder stages' slot allocators (:class:`pipeline.runners.kv_pool.SlotAllocator`)."""
+        self.positions = positions
+        """The model family's rotary positions: each prefill chunk's rope positions and shift."""
         self.conversations: dict[str, ConversationState] = {}
         self.responses: dict[str, ResponseState] = {}
         """Live responses, in start order."""
@@ -201,7 +203,7 @@ class Scheduler:
             start = min(start, len(keys) - 1)
         conv.crop(start)
         end = min(len(keys), start + self.cfg.prefill_chunk_tokens)
-        rope = rope_positions(end, rendering.spans, start=start)
+        rope = self.positions.rope_positions(end, rendering.spans, start=start)
         inside = any(span.at < end < span.at + span.length for span in rendering.spans)
         return PrefillJob(
             conv,
@@ -212,7 +214,7 @@ class Scheduler:
             last=end == len(keys),
             logits=need_logits and end == len(keys),
             rope=rope,
-            rope_shift=None if inside else rope_shift(rendering.spans, end),
+            rope_shift=None if inside else self.positions.rope_shift(rendering.spans, end),
         )
 
     def needs_prefill(self, conv: ConversationState) -> bool:

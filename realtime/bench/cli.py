@@ -495,9 +495,10 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
 
     reference = None
     if options.reference:
+        from pipeline.models import family_of
         from realtime.bench.reference import ReferenceGenerator
 
-        reference = ReferenceGenerator(loaded.ckpt, length)
+        reference = ReferenceGenerator(loaded.ckpt, length, family_of(cfg.model_family))
     try:
         if options.url is not None:
             await run_sweep(
@@ -567,7 +568,7 @@ def _load(options: BenchOptions, cfg) -> _Loaded:
     from realtime.bench.models import model_label, model_loader
 
     torch.set_num_threads(options.threads)
-    loader = model_loader(options.model)
+    loader = model_loader(options.model, family=cfg.model_family)
     engine = ckpt = None
     engines: list = []
     if options.url is None:

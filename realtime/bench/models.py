@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.config import StageGraphConfig, load_stage_config
 from pipeline.loaders import CheckpointLoader, PretrainedCheckpoint, RandomCheckpoint
+from pipeline.models import DEFAULT_FAMILY, family_of
 
 
 class BenchConfigError(ValueError):
@@ -111,29 +112,28 @@ def reply_length(cfg: StageGraphConfig) -> ReplyLength:
     return ReplyLength(th.max_tokens, ta.max_tokens)
 
 
-def model_loader(model: str | None, *, cache_dir: Path | None = None) -> CheckpointLoader:
-    """The picklable recipe of ``model`` (:mod:`pipeline.loaders`): an engine whose core runs in a child
-    process hands it to the child, which builds or loads the weights itself (a random architecture on the
-    thinker's device and dtype; token2wav float32)."""
+def model_loader(model: str | None, *, cache_dir: Path | None = None, family: str = DEFAULT_FAMILY) -> CheckpointLoader:
+    """The picklable recipe of ``model`` (:mod:`pipeline.loaders`) of model family ``family`` (the stage config's):
+    an engine whose core runs in a child process hands it to the child, which builds or loads the weights itself (a
+    random architecture on the thinker's device and dtype; token2wav float32)."""
     if model is not None and model.startswith(RANDOM_PREFIX):
-        from pipeline.models.qwen2_5_omni.tiny import PRESETS
-
+        models = family_of(family)
         preset = model[len(RANDOM_PREFIX) :]
-        if preset not in PRESETS:
+        if preset not in models.random_presets:
             raise BenchConfigError(
                 f"--model {model}: unknown random architecture (one of: "
-                f"{', '.join(RANDOM_PREFIX + p for p in sorted(PRESETS))})"
+                f"{', '.join(RANDOM_PREFIX + p for p in sorted(models.random_presets))})"
             )
-        return RandomCheckpoint(PRESETS[preset]())
+        return RandomCheckpoint(models.random_spec(preset))
     from pipeline.embedded import resolve_model
 
     return PretrainedCheckpoint(resolve_model(model, cache_dir))
 
 
 def load_model(model: str | None, cfg: StageGraphConfig, *, cache_dir: Path | None = None):
-    """The :class:`~pipeline.models.qwen2_5_omni.checkpoint.LoadedCheckpoint` of ``model``, loaded in this
-    process and placed as ``cfg`` says."""
-    return model_loader(model, cache_dir=cache_dir).load(cfg)
+    """The checkpoint of ``model`` (of ``cfg``'s model family), loaded in this process and placed as ``cfg``
+    says."""
+    return model_loader(model, cache_dir=cache_dir, family=cfg.model_family).load(cfg)
 
 
 def model_label(model: str | None, cfg: StageGraphConfig, *, source: str, random_weights: bool) -> str:

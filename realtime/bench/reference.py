@@ -21,6 +21,7 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from realtime.bench.client import UserPlan
 from realtime.bench.metrics import ResponseStatus, TurnMetrics
 from realtime.bench.models import ReplyLength
 from realtime.bench.speech import RATE, Speech
+
+if TYPE_CHECKING:
+    from pipeline.models.family import ModelFamily
 
 MODEL_INPUT_RATE = 16_000
 """The thinker's audio encoder input rate (Hz)."""
@@ -132,13 +136,12 @@ def _arrival(speech_start_s: float, speech: Speech, silence_window_s: float) -> 
 
 
 class ReferenceGenerator:
-    """``generate`` on a loaded checkpoint (sharing its modules: no second copy of the weights)."""
+    """``generate`` on a loaded checkpoint (sharing its modules: no second copy of the weights); ``family`` is the
+    checkpoint's (its prompt format and default instructions)."""
 
-    def __init__(self, ckpt, length: ReplyLength, *, instructions: str | None = None) -> None:
+    def __init__(self, ckpt, length: ReplyLength, family: ModelFamily, *, instructions: str | None = None) -> None:
         import torch
         from transformers import Qwen2_5OmniForConditionalGeneration
-
-        from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT, PromptRenderer
 
         self.ckpt = ckpt
         self.length = length
@@ -151,8 +154,8 @@ class ReferenceGenerator:
             name: {"bos_token": s.bos_token, "cond": s.cond, "ref_mel": s.ref_mel} for name, s in ckpt.speakers.items()
         }
         self.model = model.eval()
-        self.renderer = PromptRenderer(ckpt.tokenizer, ckpt.special)
-        self.instructions = instructions or DEFAULT_SYSTEM_PROMPT
+        self.renderer = family.renderer(ckpt)
+        self.instructions = instructions or family.default_instructions
         self.banned = self._banned_codes()
 
     def _banned_codes(self) -> list[list[int]]:

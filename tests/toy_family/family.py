@@ -8,7 +8,9 @@ Registered by the tests that use it (``pipeline.models.registered(FAMILY)``), un
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -17,7 +19,9 @@ import torch
 
 from pipeline.api import TranscriptionPrompt
 from pipeline.errors import InvalidInputError
+from pipeline.models import family_of
 from pipeline.models.common.log_mel import IncrementalLogMel
+from pipeline.models.common.tmrope import TMROPE
 from pipeline.models.family import Connector, StreamStatus
 from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint, load_checkpoint
 
@@ -64,6 +68,9 @@ def _from_qwen(qwen: LoadedCheckpoint) -> ToyCheckpoint:
 
 class ToyRenderer:
     """``[role]: text<|endoftext|>`` per message; ``[assistant]: `` opens a reply."""
+
+    tools = None
+    """No function calling."""
 
     def __init__(self, tokenizer, special) -> None:
         self.tokenizer, self.special = tokenizer, special
@@ -173,13 +180,35 @@ class ToyFamily:
         }
     )
 
+    token2wav_keys = frozenset()
+    """The tones have no settings."""
+    random_presets = ("tiny",)
+
+    def token2wav_config(self, raw, *, path: str, device) -> None:
+        return None
+
+    def resolve_checkpoint(self, model: str) -> Path:
+        return family_of("qwen2_5_omni").resolve_checkpoint(model)
+
     def load_pretrained(self, model: str, *, devices: dict, dtypes: dict) -> ToyCheckpoint:
         return _from_qwen(load_checkpoint(model, devices=devices, dtypes=dtypes))
 
-    def build_random(self, spec, *, device, dtype, devices=None) -> ToyCheckpoint:
-        from pipeline.models.qwen2_5_omni.family import Qwen25OmniFamily
+    def random_spec(self, preset: str, *, seed: int = 0):
+        """The tiny Qwen2.5-Omni's (whose thinker and talker the toy borrows)."""
+        if preset not in self.random_presets:
+            raise KeyError(preset)
+        return family_of("qwen2_5_omni").random_spec(preset, seed=seed)
 
-        return _from_qwen(Qwen25OmniFamily().build_random(spec, device=device, dtype=dtype, devices=devices))
+    def build_random(self, spec, *, device, dtype, devices=None) -> ToyCheckpoint:
+        qwen = family_of("qwen2_5_omni")
+        return _from_qwen(qwen.build_random(spec, device=device, dtype=dtype, devices=devices))
+
+    def write_random(self, out_dir: Path, spec) -> Path:
+        return family_of("qwen2_5_omni").write_random(out_dir, spec)
+
+    def random_checkpoint_command(self, argv: Sequence[str], *, prog: str) -> int:
+        """The toy loads Qwen2.5-Omni checkpoints: that family's command writes them."""
+        return family_of("qwen2_5_omni").random_checkpoint_command(argv, prog=prog)
 
     def max_context(self, ckpt: ToyCheckpoint) -> int:
         return MAX_CONTEXT
@@ -197,6 +226,10 @@ class ToyFamily:
 
     def renderer(self, ckpt: ToyCheckpoint) -> ToyRenderer:
         return ToyRenderer(ckpt.tokenizer, ckpt.special)
+
+    def positions(self, ckpt: ToyCheckpoint):
+        """The borrowed thinker's TMRoPE (without pictures: every position at its cache index)."""
+        return TMROPE
 
     def voices(self, ckpt: ToyCheckpoint) -> tuple[str, ...]:
         return tuple(ckpt.voice_bos)
@@ -216,8 +249,6 @@ class ToyFamily:
 
     def thinker_parts(self, ckpt: ToyCheckpoint, *, device, cuda_graphs: bool):
         """The tiny Qwen2.5-Omni's thinker modules (the runners need a decoder-shaped stack and an audio encoder)."""
-        from pipeline.models import family_of
-
         return family_of("qwen2_5_omni").thinker_parts(ckpt, device=device, cuda_graphs=cuda_graphs)
 
     def vision_info(self, ckpt: ToyCheckpoint) -> None:

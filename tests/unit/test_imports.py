@@ -1,5 +1,6 @@
-"""Import structure: no import cycles among the first-party packages, serving never loads the
-benchmark, and no test file imports another (shared helpers live in ``tests/helpers/``)."""
+"""Import structure: no import cycles among the first-party packages, no module outside a model family's folder
+imports the family, serving never loads the benchmark, and no test file imports another (shared helpers live in
+``tests/helpers/``)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,56 @@ def test_the_cycle_finder_sees_every_kind_of_import(tmp_path):
     assert graph["pkg.sub.d"] == {"pkg.sub.c", "pkg.sub.e"}
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
     assert one_cycle(graph, ["pkg.a", "pkg.b", "pkg.sub.c"]) == ["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]
+
+
+def family_packages(root: Path) -> set[str]:
+    """The model families' packages: every package under ``pipeline/models/`` but ``common`` (shared code)."""
+    models = root / "pipeline" / "models"
+    return {
+        f"pipeline.models.{p.name}" for p in models.iterdir() if (p / "__init__.py").exists() and p.name != "common"
+    }
+
+
+def foreign_family_imports(graph: dict[str, set[str]], families: set[str]) -> list[str]:
+    """``module -> imported`` for each import of a family's module by a module outside that family's package."""
+
+    def family(name: str) -> str | None:
+        return next((f for f in families if name == f or name.startswith(f + ".")), None)
+
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if family(target) is not None and family(target) != family(module)
+    )
+
+
+def test_only_a_family_imports_its_own_modules():
+    """The engine and the server reach a model family through :mod:`pipeline.models` (``family_of``) and the
+    protocols of :mod:`pipeline.models.family`; no module of pipeline/ or realtime/ outside a family's folder imports
+    it, another family's included (what families share lives in ``pipeline/models/common/``). The registry names
+    families in strings, which are not imports. Tests may import a family."""
+    graph = import_graph(REPO, FIRST_PARTY)
+    families = family_packages(REPO)
+    assert "pipeline.models.qwen2_5_omni" in families and "pipeline.models.common" not in families
+    inside = [t for m, ts in graph.items() if m.startswith("pipeline.models.qwen2_5_omni.") for t in ts]
+    assert any(t.startswith("pipeline.models.qwen2_5_omni.") for t in inside), "the graph sees a family's own imports"
+    found = foreign_family_imports(graph, families)
+    assert not found, "modules outside a family import it (ask the family object instead):\n" + "\n".join(found)
+
+
+def test_foreign_family_imports_are_found():
+    families = {"pipeline.models.a", "pipeline.models.b"}
+    graph = {
+        "pipeline.models.a.x": {"pipeline.models.a.y", "pipeline.models.common.z"},
+        "pipeline.models.b": {"pipeline.models.a.x"},
+        "pipeline.core": {"pipeline.models", "pipeline.models.b"},
+        "realtime.cli": {"pipeline.models.family"},
+    }
+    assert foreign_family_imports(graph, families) == [
+        "pipeline.core -> pipeline.models.b",
+        "pipeline.models.b -> pipeline.models.a.x",
+    ]
 
 
 SERVE_PROBE = """

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 
 from pipeline.errors import FunctionCallError
+from pipeline.models.rendering import ParsedCall
 from pipeline.tools import Tool
 
 CALL_OPEN = "<tool_call>"
@@ -70,13 +70,6 @@ def forced_prefix(name: str | None) -> str:
 
 _NAME_THEN_ARGS = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 _HELD_TAIL = re.compile(r"\s*(\}\s*)?$")
-
-
-@dataclass
-class ParsedCall:
-    name: str
-    arguments: str
-    """JSON text of an object."""
 
 
 class CallParser:
@@ -147,8 +140,8 @@ class CallParser:
 
 
 class ToolFormat:
-    """Qwen2.5's function-calling format over a tokenizer: the renderer's ``tools`` (see
-    :meth:`pipeline.models.family.ModelFamily.renderer`)."""
+    """Qwen2.5's function-calling format over a tokenizer: the renderer's ``tools``
+    (:class:`pipeline.models.rendering.ToolFormat`)."""
 
     def __init__(self, tokenizer, *, call_open: int, call_close: int) -> None:
         self.tokenizer = tokenizer

@@ -38,7 +38,8 @@ __all__ = ["AVChunk", "AVLayout", "AVTiming", "token_chunks"]
 
 @dataclass(frozen=True)
 class AVTiming:
-    """The model's time constants (from the checkpoint config) and the video's seconds per temporal patch."""
+    """The model's time constants (from the checkpoint config) and the video's seconds per temporal patch: the family's
+    :class:`pipeline.models.positions.AVTiming`."""
 
     position_id_per_seconds: int
     seconds_per_chunk: int
@@ -52,6 +53,10 @@ class AVTiming:
     def patch_time(self, i: int) -> int:
         """Time offset (before the +1 of the opening markers) of temporal patch ``i``."""
         return int(np.float32(i) * np.float32(self.second_per_grid) * np.float32(self.position_id_per_seconds))
+
+    def layout(self, *, rows: int, cols: int, n_patches: int, n_audio: int) -> AVLayout:
+        """The :class:`AVLayout` of a message of these media (:class:`pipeline.models.positions.AVTiming`)."""
+        return AVLayout(self, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
 
 
 def token_chunks(values: np.ndarray, tokens_per_chunk: int) -> np.ndarray:

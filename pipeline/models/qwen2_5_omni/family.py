@@ -4,6 +4,8 @@ token2wav."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +13,7 @@ import torch
 
 from pipeline.api import VisionInfo
 from pipeline.models.common.log_mel import IncrementalLogMel
+from pipeline.models.common.tmrope import TMROPE, TMRoPE
 from pipeline.models.family import Connector, ThinkerParts
 from pipeline.models.qwen2_5_omni import connectors
 from pipeline.models.qwen2_5_omni.av_interleave import AVTiming
@@ -18,9 +21,11 @@ from pipeline.models.qwen2_5_omni.checkpoint import (
     LoadedCheckpoint,
     SpecialTokens,
     load_checkpoint,
+    resolve_checkpoint_path,
 )
 from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT, TRANSCRIPTION_PROMPT, PromptRenderer
+from pipeline.models.qwen2_5_omni.token2wav_settings import KEYS, Token2WavSettings, parse_token2wav_settings
 from pipeline.models.qwen2_5_omni.vision import VisionPreprocessor
 
 if TYPE_CHECKING:
@@ -47,8 +52,27 @@ class Qwen25OmniFamily:
         }
     )
 
+    token2wav_keys = KEYS
+
+    def token2wav_config(self, raw: Mapping[str, Any], *, path: str, device: torch.device) -> Token2WavSettings:
+        return parse_token2wav_settings(raw, path=path, device=device)
+
+    def resolve_checkpoint(self, model: str) -> Path:
+        return resolve_checkpoint_path(model)
+
     def load_pretrained(self, model: str, *, devices: dict, dtypes: dict) -> LoadedCheckpoint:
         return load_checkpoint(model, devices=devices, dtypes=dtypes)
+
+    @property
+    def random_presets(self) -> tuple[str, ...]:
+        from pipeline.models.qwen2_5_omni.tiny import PRESETS
+
+        return tuple(PRESETS)
+
+    def random_spec(self, preset: str, *, seed: int = 0) -> RandomModelSpec:
+        from pipeline.models.qwen2_5_omni.tiny import PRESETS
+
+        return PRESETS[preset](seed=seed)
 
     def build_random(
         self,
@@ -66,6 +90,17 @@ class Qwen25OmniFamily:
             if target is not None and torch.device(target) != torch.device(device):
                 getattr(ckpt, name).to(device=target)
         return ckpt
+
+    def write_random(self, out_dir: Path, spec: RandomModelSpec) -> Path:
+        """Weights in float32 (``random_checkpoint_command`` writes the 7B preset in bfloat16, as released)."""
+        from pipeline.models.qwen2_5_omni.tiny import make_random_checkpoint
+
+        return make_random_checkpoint(out_dir, spec)
+
+    def random_checkpoint_command(self, argv: Sequence[str], *, prog: str) -> int:
+        from pipeline.models.qwen2_5_omni.tiny import main
+
+        return main(argv, prog=prog)
 
     def max_context(self, ckpt: LoadedCheckpoint) -> int:
         return ckpt.config.thinker_config.text_config.max_position_embeddings
@@ -85,6 +120,10 @@ class Qwen25OmniFamily:
 
     def renderer(self, ckpt: LoadedCheckpoint) -> PromptRenderer:
         return PromptRenderer(ckpt.tokenizer, ckpt.special)
+
+    def positions(self, ckpt: LoadedCheckpoint) -> TMRoPE:
+        """TMRoPE (the thinker config's ``mrope_section`` splits each head over the three axes)."""
+        return TMROPE
 
     def voices(self, ckpt: LoadedCheckpoint) -> tuple[str, ...]:
         return tuple(ckpt.speakers)
@@ -134,18 +173,20 @@ class Qwen25OmniFamily:
         return ckpt.vision
 
     def token2wav(self, ckpt: LoadedCheckpoint, stage: Any) -> StreamingToken2Wav:
+        """``stage.settings`` is :meth:`token2wav_config`'s :class:`Token2WavSettings`."""
         from pipeline.models.qwen2_5_omni.token2wav_stream import StreamingToken2Wav
 
         on_cuda = stage.torch_device.type == "cuda"
+        own: Token2WavSettings = stage.settings
         return StreamingToken2Wav(
             ckpt.token2wav,
-            ChunkingConfig(**stage.chunking),
+            ChunkingConfig(**own.chunking),
             max_batch=stage.max_batch,
-            tf32_matmul=stage.tf32_matmul and on_cuda,
-            compile_dit=stage.compile,
-            fused_vocoder=stage.compile and on_cuda,
-            dit_dtype=stage.torch_dit_dtype,
-            dit_attention=stage.dit_attention,
+            tf32_matmul=own.tf32_matmul and on_cuda,
+            compile_dit=own.compile,
+            fused_vocoder=own.compile and on_cuda,
+            dit_dtype=own.torch_dit_dtype,
+            dit_attention=own.dit_attention,
         )
 
     def start_stream(

@@ -53,7 +53,6 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniTo
 
 from pipeline.errors import CheckpointError, ConfigError, InvalidInputError, PipelineError
 from pipeline.kernels.devices import device_scope
-from pipeline.models.family import StreamStatus
 from pipeline.models.qwen2_5_omni import vocoder
 from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
 from pipeline.models.qwen2_5_omni.dit import (
@@ -75,6 +74,7 @@ from pipeline.models.qwen2_5_omni.token2wav_graphs import (
     pack_windows,
     slot_sizes,
 )
+from pipeline.models.synthesis import StreamStatus
 
 log = logging.getLogger(__name__)
 

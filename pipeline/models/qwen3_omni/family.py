@@ -4,14 +4,20 @@ by the MoE talker, codebooks 1..15 by the code predictor) and the streaming code
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pipeline.errors import UnsupportedInputError
+from pipeline.errors import ConfigError, UnsupportedInputError
 from pipeline.models.common.chatml import PromptRenderer
+from pipeline.models.common.hf_checkpoint import resolve_checkpoint_path
 from pipeline.models.common.hf_parts import thinker_audio_tower, thinker_text_model
+from pipeline.models.common.settings import reject_unknown
+from pipeline.models.common.tmrope import TMROPE, TMRoPE
 from pipeline.models.family import Connector, ThinkerParts
 from pipeline.models.qwen3_omni.checkpoint import LoadedCheckpoint, SpecialTokens, load_checkpoint
 from pipeline.models.qwen3_omni.frame_talker import Qwen3FrameTalker, thinker_to_talker
@@ -20,7 +26,7 @@ from pipeline.models.qwen3_omni.talker import CodecRules, TalkerTokens
 
 if TYPE_CHECKING:
     from pipeline.models.common.log_mel import IncrementalLogMel
-    from pipeline.models.qwen3_omni.code2wav_stream import Code2WavStream, StreamingCode2Wav
+    from pipeline.models.qwen3_omni.code2wav_stream import Code2WavChunking, Code2WavStream, StreamingCode2Wav
 
 
 def talker_to_token2wav(frame: list[int], stop_ids: tuple[int, ...]) -> list[int] | None:
@@ -44,8 +50,50 @@ class Qwen3OmniFamily:
         }
     )
 
+    token2wav_keys = frozenset({"chunking"})
+    """The token2wav section's keys that are Qwen3-Omni's: ``chunking``, code2wav's chunk schedule
+    (:class:`~pipeline.models.qwen3_omni.code2wav_stream.Code2WavChunking`'s fields, in codec frames)."""
+
+    def token2wav_config(self, raw: Mapping[str, Any], *, path: str, device: torch.device) -> Code2WavChunking:
+        from pipeline.models.qwen3_omni.code2wav_stream import Code2WavChunking
+
+        chunking = raw.get("chunking", {})
+        where = f"{path}.chunking"
+        if not isinstance(chunking, Mapping):
+            raise ConfigError(f"{where} must be a mapping of chunk settings", param=where)
+        known = {f.name for f in fields(Code2WavChunking)}
+        reject_unknown(chunking, known, where)
+        try:
+            return Code2WavChunking(**chunking)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}", param=f"{where}.{exc.param}" if exc.param else where) from exc
+
+    def resolve_checkpoint(self, model: str) -> Path:
+        return resolve_checkpoint_path(model)
+
     def load_pretrained(self, model: str, *, devices: dict, dtypes: dict) -> LoadedCheckpoint:
         return load_checkpoint(model, devices=devices, dtypes=dtypes)
+
+    @property
+    def random_presets(self) -> tuple[str, ...]:
+        from pipeline.models.qwen3_omni.tiny import PRESETS
+
+        return tuple(PRESETS)
+
+    def random_spec(self, preset: str, *, seed: int = 0) -> Any:
+        from pipeline.models.qwen3_omni.tiny import PRESETS
+
+        return PRESETS[preset](seed=seed)
+
+    def write_random(self, out_dir: Path, spec: Any) -> Path:
+        from pipeline.models.qwen3_omni.tiny import make_random_checkpoint
+
+        return make_random_checkpoint(out_dir, spec)
+
+    def random_checkpoint_command(self, argv: Sequence[str], *, prog: str) -> int:
+        from pipeline.models.qwen3_omni.tiny import main
+
+        return main(argv, prog=prog)
 
     def build_random(
         self, spec: Any, *, device: torch.device | str, dtype: torch.dtype, devices: dict[str, str] | None = None
@@ -92,6 +140,10 @@ class Qwen3OmniFamily:
 
     def renderer(self, ckpt: LoadedCheckpoint) -> PromptRenderer:
         return PromptRenderer(ckpt.tokenizer, ckpt.special)
+
+    def positions(self, ckpt: LoadedCheckpoint) -> TMRoPE:
+        """TMRoPE: text and audio advance every axis by one; a picture's positions are its grid's offsets."""
+        return TMROPE
 
     def voices(self, ckpt: LoadedCheckpoint) -> tuple[str, ...]:
         return tuple(ckpt.voices)
@@ -149,7 +201,7 @@ class Qwen3OmniFamily:
 
         if ckpt.code2wav is None:
             raise UnsupportedInputError(f"{ckpt.source} has no code2wav: it answers in text only", param="modalities")
-        return StreamingCode2Wav(ckpt.code2wav, max_batch=stage.max_batch)
+        return StreamingCode2Wav(ckpt.code2wav, stage.settings, max_batch=stage.max_batch)
 
     def start_stream(
         self,

@@ -1,6 +1,6 @@
 """Qwen3-Omni's TMRoPE positions as the engine consumes them.
 
-The span arithmetic is the one both families share (:mod:`pipeline.models.common.rope_spans`, re-exported here): text
+The span arithmetic is the one both families share (:mod:`pipeline.models.common.tmrope`, re-exported here): text
 and audio advance one position on the three axes; a picture's tokens are a :class:`GridSpan` of
 :func:`vision_offsets` (an image: ``t_step`` irrelevant, one temporal patch; a video: ``t_step`` =
 :attr:`~pipeline.models.qwen3_omni.av_interleave.AVTiming.patch_step`), its closing marker and the text after it at
@@ -12,6 +12,7 @@ mel frames. Together these equal the thinker's ``get_rope_index`` (tests/unit/mo
 
 from __future__ import annotations
 
-from pipeline.models.common.rope_spans import GridSpan, rope_positions, rope_shift, vision_offsets
+from pipeline.models.common.tmrope import rope_positions, rope_shift, vision_offsets
+from pipeline.models.positions import GridSpan
 
 __all__ = ["GridSpan", "rope_positions", "rope_shift", "vision_offsets"]

@@ -17,7 +17,7 @@ def make_core(tiny_model_dir, **chunking):
     from pipeline.core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
-    packaged = load_stage_config().token2wav.chunking
+    packaged = load_stage_config().token2wav.settings.chunking
     cfg = greedy_stage_config(
         thinker={"min_tokens": 4, "max_tokens": 4},
         talker={"min_tokens": 60, "max_tokens": 60},
@@ -55,7 +55,9 @@ def test_only_a_reply_that_finds_token2wav_idle_gets_the_quick_first_chunk(tiny_
 
 @torch.inference_mode()
 def test_without_the_setting_every_reply_starts_with_the_packaged_first_chunk(tiny_model_dir):
-    assert load_stage_config().token2wav.chunking["quick_first_chunk_frames"] == 24, "the packaged config has it"
+    assert load_stage_config().token2wav.settings.chunking["quick_first_chunk_frames"] == 24, (
+        "the packaged config has it"
+    )
     core = make_core(tiny_model_dir, quick_first_chunk_frames=None)
     events = start(core, "a")
     while core.stats().responses:

@@ -7,6 +7,8 @@ what is kept; bad frames are refused and the message carries on."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -16,8 +18,8 @@ from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.errors import InvalidImageError, UnsupportedInputError
 from pipeline.models.common.hf_parts import thinker_audio_tower
+from pipeline.models.common.tmrope import rope_positions
 from pipeline.models.qwen2_5_omni.av_interleave import AVLayout
-from pipeline.models.qwen2_5_omni.positions import rope_positions
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
 from pipeline.outputs import ResponseStatus
 
@@ -263,13 +265,11 @@ async def test_the_video_budget_removes_old_video_and_keeps_the_rest_exact(sharp
 async def test_on_the_sharpened_checkpoint_1d_positions_change_the_reply(sharp_model_dir, monkeypatch):
     """What makes the equivalence above a position check: with the video message's positions 1-D (rope = cache
     index), the sharpened model's greedy reply differs from the reference's."""
-    import pipeline.scheduler.scheduler as scheduler
-
     engine = engine_for(sharp_model_dir)
     thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(sharp_model_dir, dtype=torch.float32).eval()
     want = Reference(engine, thinker, sharp_model_dir).reply([(CLIP[0], CLIP[1], [])])
-    monkeypatch.setattr(scheduler, "rope_positions", lambda *args, **kwargs: None)
-    monkeypatch.setattr(scheduler, "rope_shift", lambda *args: 0)
+    one_d = SimpleNamespace(rope_positions=lambda *args, **kwargs: None, rope_shift=lambda *args: 0)
+    monkeypatch.setattr(engine.core.scheduler, "positions", one_d)
     try:
         conv = engine.conversation()
         await speak(engine, conv, "u1", CLIP, incremental=False)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.models.common.tmrope import TMROPE
 from pipeline.runners.image_encodes import ImageEncodes
 
 MERGE = 2
@@ -35,7 +36,7 @@ class FakeVision:
 
 
 def encodes(vision: FakeVision) -> ImageEncodes:
-    return ImageEncodes(vision, merge=MERGE, width=3, dtype=torch.float32, device=torch.device("cpu"))
+    return ImageEncodes(vision, positions=TMROPE, merge=MERGE, width=3, dtype=torch.float32, device=torch.device("cpu"))
 
 
 def picture(h: int, w: int = 4) -> tuple[np.ndarray, tuple[int, int, int]]:

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.conversation_state import ConversationState, ConvItem, ItemKind
+from pipeline.models.common.tmrope import TMROPE
 from pipeline.output.detokenizer import IncrementalDetokenizer
 from pipeline.output.playout import Playout
 from pipeline.outputs import ResponseStatus
@@ -66,7 +67,10 @@ class Renderer:
 
 def make_scheduler(slots: int = 4, talker_slots: int = 4, **overrides) -> Scheduler:
     return Scheduler(
-        scheduler_config(**overrides), thinker_slots=SlotAllocator(slots), talker_slots=SlotAllocator(talker_slots)
+        scheduler_config(**overrides),
+        thinker_slots=SlotAllocator(slots),
+        talker_slots=SlotAllocator(talker_slots),
+        positions=TMROPE,
     )
 
 
@@ -349,7 +353,7 @@ def test_the_scheduler_picks_token2wav_jobs_by_audio_ahead_of_a_real_time_player
     new = SimpleNamespace(audio=SimpleNamespace(first_made_at=None, playout=Playout()))
     ahead, starving = sent(2.0), sent(0.5)
     cfg = scheduler_config(starving_margin_ms=0)
-    s = Scheduler(cfg, thinker_slots=None, talker_slots=None)
+    s = Scheduler(cfg, thinker_slots=None, talker_slots=None, positions=TMROPE)
 
     def pick(ready):
         job = s.audio_job(ready, now)

@@ -19,6 +19,7 @@ from pipeline.config import (
     merge_settings,
     parse_stage_config,
 )
+from pipeline.models.qwen2_5_omni.token2wav_settings import Token2WavSettings
 
 
 def code_default(cls, name: str):
@@ -29,9 +30,9 @@ def code_default(cls, name: str):
 def test_every_value_the_packaged_yaml_sets_is_the_code_default() -> None:
     raw = yaml.safe_load(DEFAULT_STAGE_CONFIG.read_text())
     for name, settings in raw["stages"].items():
-        cls = STAGE_CLASSES[name]
         for key, value in settings.items():
-            default = code_default(cls, key)
+            own = name == "token2wav" and key in Token2WavSettings.__dataclass_fields__  # the family's keys
+            default = code_default(Token2WavSettings if own else STAGE_CLASSES[name], key)
             if key == "sampling":
                 value = SamplingConfig(**value)
             elif key == "chunking":
@@ -60,12 +61,16 @@ def test_auto_values_are_resolved_at_load(device: str) -> None:
     assert cfg.token2wav.dtype == "float32"  # the packaged precision, not auto
     assert cfg.talker.overlap is cuda and cfg.engine.process is cuda
     tw = cfg.token2wav
-    assert tw.worker_thread is cuda and tw.compile is cuda and tw.dit_dtype == ("bfloat16" if cuda else "float32")
-    assert tw.dit_attention in ("triton", "sdpa") and (tw.dit_attention == "sdpa" or cuda)
+    assert (
+        tw.worker_thread is cuda
+        and tw.settings.compile is cuda
+        and tw.settings.dit_dtype == ("bfloat16" if cuda else "float32")
+    )
+    assert tw.settings.dit_attention in ("triton", "sdpa") and (tw.settings.dit_attention == "sdpa" or cuda)
     assert str(cfg.thinker.torch_device) == device
-    assert (cfg.thinker.torch_dtype, tw.torch_dit_dtype) == (
+    assert (cfg.thinker.torch_dtype, tw.settings.torch_dit_dtype) == (
         getattr(__import__("torch"), cfg.thinker.dtype),
-        getattr(__import__("torch"), tw.dit_dtype),
+        getattr(__import__("torch"), tw.settings.dit_dtype),
     )
 
 
@@ -123,8 +128,8 @@ def test_an_overlay_of_an_overlay(tmp_path) -> None:
         "extends: base.yaml\nstages:\n  token2wav:\n    chunking:\n      chunk_frames: 96\n"
     )
     cfg = load_stage_config(tmp_path / "top.yaml")
-    assert cfg.talker.chain_steps == 2 and cfg.token2wav.chunking["chunk_frames"] == 96
-    assert cfg.token2wav.chunking["first_chunk_frames"] == 48  # the mapping merged, not replaced
+    assert cfg.talker.chain_steps == 2 and cfg.token2wav.settings.chunking["chunk_frames"] == 96
+    assert cfg.token2wav.settings.chunking["first_chunk_frames"] == 48  # the mapping merged, not replaced
 
 
 def test_bad_extends_are_refused(tmp_path) -> None:

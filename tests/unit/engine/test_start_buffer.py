@@ -54,7 +54,7 @@ def make_core(tiny_model_dir, monkeypatch, *, start_buffer_ms, busy=1, codes=100
     from pipeline.core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
-    chunking = load_stage_config().token2wav.chunking | {"quick_first_chunk_frames": quick}
+    chunking = load_stage_config().token2wav.settings.chunking | {"quick_first_chunk_frames": quick}
     cfg = greedy_stage_config(
         thinker={"min_tokens": 4, "max_tokens": 4},
         talker={"min_tokens": codes, "max_tokens": codes},

@@ -201,7 +201,7 @@ def starvation_ms(cfg: ChunkingConfig, total_codes: int, speed: float) -> float:
 def test_packaged_schedule_never_starves_a_player_at_one_and_a_half_real_time():
     from pipeline.config import load_stage_config
 
-    cfg = ChunkingConfig(**load_stage_config().token2wav.chunking, dit_block_frames=24)
+    cfg = ChunkingConfig(**load_stage_config().token2wav.settings.chunking, dit_block_frames=24)
     assert cfg.first_audio_codes == 36
     for speed in (1.5, 2.0, 4.0):
         assert starvation_ms(cfg, 500, speed) == 0.0, speed

@@ -140,9 +140,9 @@ def test_triton_attention_needs_cuda_and_half_precision() -> None:
 
 
 def test_stage_config_dit_attention_field() -> None:
-    assert parse_stage_config(stages(device="cpu")).token2wav.dit_attention == "sdpa"  # auto: no Triton kernel
+    assert parse_stage_config(stages(device="cpu")).token2wav.settings.dit_attention == "sdpa"  # auto: no Triton kernel
     for value in ("triton", "sdpa"):
-        assert parse_stage_config(stages(dit_attention=value)).token2wav.dit_attention == value
+        assert parse_stage_config(stages(dit_attention=value)).token2wav.settings.dit_attention == value
     for bad in ("flash", True, 1):
         assert_refused(stages(dit_attention=bad), "stages.token2wav.dit_attention")
     assert_refused(on_the_talker("dit_attention", "triton"), "stages.talker.dit_attention")
@@ -151,9 +151,9 @@ def test_stage_config_dit_attention_field() -> None:
 @needs_cuda
 def test_auto_picks_triton_when_compiled_on_cuda_in_half_precision() -> None:
     pytest.importorskip("triton")
-    assert parse_stage_config(stages(device="cuda")).token2wav.dit_attention == "triton"
-    assert parse_stage_config(stages(device="cuda", compile="off")).token2wav.dit_attention == "sdpa"
-    assert parse_stage_config(stages(device="cuda", dit_dtype="float32")).token2wav.dit_attention == "sdpa"
+    assert parse_stage_config(stages(device="cuda")).token2wav.settings.dit_attention == "triton"
+    assert parse_stage_config(stages(device="cuda", compile="off")).token2wav.settings.dit_attention == "sdpa"
+    assert parse_stage_config(stages(device="cuda", dit_dtype="float32")).token2wav.settings.dit_attention == "sdpa"
 
 
 @needs_cuda

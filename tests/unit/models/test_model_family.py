@@ -12,11 +12,11 @@ import pytest
 from toy_family import FAMILY as TOY
 from toy_family import TONE_SAMPLES, tone
 
-from pipeline.config import parse_stage_config
+from pipeline.config import load_stage_config, parse_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.errors import ConfigError
 from pipeline.loaders import PretrainedCheckpoint
-from pipeline.models import FAMILIES, family_of, registered
+from pipeline.models import DEFAULT_FAMILY, FAMILIES, family_of, registered
 from pipeline.models.family import ModelFamily
 from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
 from tests.helpers.paths import REPO
@@ -61,6 +61,29 @@ def test_connectors_are_checked_against_the_config_family():
     with registered(TOY), pytest.raises(ConfigError, match="toy_text_to_talker") as caught:
         parse_stage_config(_toy_config(talker_connector="thinker_to_talker"))
     assert caught.value.param == "stages.talker.connector"
+
+
+def test_the_packaged_stage_config_names_the_default_family():
+    assert load_stage_config().model_family == DEFAULT_FAMILY and DEFAULT_FAMILY in FAMILIES
+
+
+def test_the_token2wav_section_holds_the_engine_keys_and_the_family_keys():
+    """The engine parses its own keys of ``stages.token2wav``, the family its own (``token2wav_config``): the toy
+    family has none, so Qwen2.5-Omni's DiT keys are unknown to it."""
+    assert family_of("qwen2_5_omni").token2wav_keys == {
+        "tf32_matmul",
+        "dit_dtype",
+        "compile",
+        "dit_attention",
+        "chunking",
+    }
+    with registered(TOY):
+        assert parse_stage_config(_toy_config()).token2wav.settings is None
+        doc = _toy_config()
+        doc["stages"]["token2wav"]["compile"] = "on"
+        with pytest.raises(ConfigError, match="unknown field 'stages.token2wav.compile'") as caught:
+            parse_stage_config(doc)
+        assert "max_batch" in str(caught.value) and "chunking" not in str(caught.value)
 
 
 def _toy_config(talker_connector: str = "toy_text_to_talker") -> dict:

@@ -1,4 +1,4 @@
-"""TMRoPE positions (pipeline/models/qwen2_5_omni/positions.py) equal transformers' ``get_rope_index``, and the pooled
+"""TMRoPE positions (pipeline/models/common/tmrope.py) equal transformers' ``get_rope_index``, and the pooled
 decoder rotates by them as HF's multimodal rotary embedding does (prefill in chunks and decode rows whose rope
 position differs from their cache index)."""
 
@@ -10,8 +10,9 @@ import torch
 from transformers import Qwen2_5OmniThinkerForConditionalGeneration
 
 from pipeline.models.common.hf_parts import thinker_text_model
+from pipeline.models.common.tmrope import TMROPE, rope_positions, rope_shift, vision_offsets
+from pipeline.models.positions import GridSpan
 from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-from pipeline.models.qwen2_5_omni.positions import GridSpan, rope_positions, rope_shift, vision_offsets
 from pipeline.runners.decoder import PooledDecoder
 
 MERGE = 2
@@ -193,3 +194,12 @@ def test_graphed_prefill_rows_equal_the_prefill_with_pictures(tiny_model_dir):
     got = graphed_prefill(rows, [(2, x, 0, rope), (3, x[:7], 0, None)])
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)  # rows attend one query at a time: summation order
+
+
+def test_the_tmrope_scheme_is_these_functions():
+    """The family's :class:`~pipeline.models.positions.PositionScheme`: a picture is one temporal patch at time 0."""
+    span = GridSpan(at=3, offsets=TMROPE.image_offsets((1, 4, 6), merge=2))
+    np.testing.assert_array_equal(span.offsets, vision_offsets(1, 4, 6, merge=2, t_step=0))
+    assert span.offsets.shape == (3, 6) and span.extent == 3
+    np.testing.assert_array_equal(TMROPE.rope_positions(12, [span], start=2), rope_positions(12, [span], start=2))
+    assert TMROPE.rope_shift([span], 12) == rope_shift([span], 12) == -3

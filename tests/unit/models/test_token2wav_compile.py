@@ -136,10 +136,13 @@ def test_stage_config_worker_thread_field() -> None:
 
 
 def test_stage_config_dit_dtype_field() -> None:
-    assert parse_stage_config(stages(device="cpu")).token2wav.dit_dtype == "float32"  # auto on the CPU
-    assert parse_stage_config(stages(device="cuda")).token2wav.dit_dtype == "bfloat16"
-    assert parse_stage_config(stages(device="cuda", dit_dtype="float32")).token2wav.torch_dit_dtype == torch.float32
-    assert parse_stage_config(stages(dit_dtype="float16")).token2wav.torch_dit_dtype == torch.float16
+    assert parse_stage_config(stages(device="cpu")).token2wav.settings.dit_dtype == "float32"  # auto on the CPU
+    assert parse_stage_config(stages(device="cuda")).token2wav.settings.dit_dtype == "bfloat16"
+    assert (
+        parse_stage_config(stages(device="cuda", dit_dtype="float32")).token2wav.settings.torch_dit_dtype
+        == torch.float32
+    )
+    assert parse_stage_config(stages(dit_dtype="float16")).token2wav.settings.torch_dit_dtype == torch.float16
     for bad in ("int8", "half", 16):
         assert_refused(stages(dit_dtype=bad), "stages.token2wav.dit_dtype")
     assert_refused(on_the_talker("dit_dtype", "bfloat16"), "stages.talker.dit_dtype")
@@ -147,18 +150,18 @@ def test_stage_config_dit_dtype_field() -> None:
 
 def test_stage_config_compile_field() -> None:
     for value, expected in (("on", True), ("off", False), (True, True), (False, False)):
-        assert parse_stage_config(stages(compile=value)).token2wav.compile is expected  # YAML reads on as True
-    assert parse_stage_config(stages(device="cpu")).token2wav.compile is False  # auto: off on the CPU
-    assert parse_stage_config(stages(device="cpu", compile="on")).token2wav.compile is True
-    assert parse_stage_config(stages(device="cuda")).token2wav.compile is True  # auto: on with CUDA
-    assert parse_stage_config(stages(device="cuda", compile="off")).token2wav.compile is False
+        assert parse_stage_config(stages(compile=value)).token2wav.settings.compile is expected  # YAML reads on as True
+    assert parse_stage_config(stages(device="cpu")).token2wav.settings.compile is False  # auto: off on the CPU
+    assert parse_stage_config(stages(device="cpu", compile="on")).token2wav.settings.compile is True
+    assert parse_stage_config(stages(device="cuda")).token2wav.settings.compile is True  # auto: on with CUDA
+    assert parse_stage_config(stages(device="cuda", compile="off")).token2wav.settings.compile is False
     for bad in ("yes", 1, "max-autotune"):
         assert_refused(stages(compile=bad), "stages.token2wav.compile")
     assert_refused(on_the_talker("compile", "on"), "stages.talker.compile")
 
 
 def test_the_cpu_engine_runs_the_dit_uncompiled_by_default(tiny_engine) -> None:
-    assert tiny_engine.cfg.token2wav.compile is False
+    assert tiny_engine.cfg.token2wav.settings.compile is False
     assert not tiny_engine.core.token2wav.compile_dit
 
 

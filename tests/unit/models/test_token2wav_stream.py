@@ -531,7 +531,7 @@ def packaged_schedule() -> ChunkingConfig:
     """The chunking of the packaged qwen2_5_omni.yaml, without its quick first chunk."""
     from pipeline.config import load_stage_config
 
-    return replace(ChunkingConfig(**load_stage_config().token2wav.chunking), quick_first_chunk_frames=None)
+    return replace(ChunkingConfig(**load_stage_config().token2wav.settings.chunking), quick_first_chunk_frames=None)
 
 
 def test_the_packaged_first_chunk_plays_its_look_ahead_and_stays_close_to_one_shot(

@@ -1,5 +1,5 @@
-"""TMRoPE positions of a rendered conversation: three rotary axes (time, height, width) per thinker position, the
-same arithmetic for every Qwen omni family (each family's ``positions`` module exposes these).
+"""TMRoPE, the Qwen-Omni families' rotary positions of a rendered conversation: three axes (time, height, width) per
+thinker position (:class:`pipeline.models.positions.PositionScheme`, as :data:`TMROPE`).
 
 Text and audio positions advance by one on all three axes. A span with explicit 3-D positions (an image's or a
 video's tokens) is given as offsets from its first position; the span starts at the next position and the text after
@@ -14,34 +14,12 @@ None then and costs nothing. Every function here is pure (numpy on the host).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GridSpan", "rope_positions", "rope_shift", "vision_offsets"]
+from pipeline.models.positions import GridSpan
 
-
-@dataclass(frozen=True)
-class GridSpan:
-    """Positions ``at .. at + n - 1`` of a rendering with explicit 3-D positions: ``offsets`` (3, n) int64, each row
-    (t, h, w) relative to the span's start (every entry >= 0). ``advance``: rope positions from the span's start to
-    the text after it, when that is not the largest offset + 1 (a spoken message with video, whose closing markers
-    follow its last block: the ``advance`` of the family's audio-in-video layout); None: the largest offset + 1."""
-
-    at: int
-    offsets: np.ndarray
-    advance: int | None = None
-
-    @property
-    def length(self) -> int:
-        return int(self.offsets.shape[1])
-
-    @property
-    def extent(self) -> int:
-        """Rope positions the span advances the text after it by (:attr:`advance`, else its largest offset + 1)."""
-        if self.advance is not None:
-            return self.advance
-        return int(self.offsets.max()) + 1 if self.length else 0
+__all__ = ["TMROPE", "TMRoPE", "rope_positions", "rope_shift", "vision_offsets"]
 
 
 def vision_offsets(grid_t: int, grid_h: int, grid_w: int, *, merge: int, t_step: int) -> np.ndarray:
@@ -98,3 +76,19 @@ def rope_shift(spans: Sequence[GridSpan], length: int) -> int:
             raise ValueError(f"position {length} lies inside an explicit position span at {span.at}")
         shift += span.extent - span.length
     return shift
+
+
+class TMRoPE:
+    """The functions above as a :class:`~pipeline.models.positions.PositionScheme`; a picture is one temporal patch
+    at time 0 (``t_step`` 0)."""
+
+    rope_positions = staticmethod(rope_positions)
+    rope_shift = staticmethod(rope_shift)
+
+    @staticmethod
+    def image_offsets(grid_thw: tuple[int, int, int], *, merge: int) -> np.ndarray:
+        t, h, w = grid_thw
+        return vision_offsets(t, h, w, merge=merge, t_step=0)
+
+
+TMROPE = TMRoPE()
