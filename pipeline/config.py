@@ -451,6 +451,25 @@ def check_devices(cfg: StageGraphConfig) -> None:
             )
 
 
+def stage_config_for(model: str, path: str | Path | None = None) -> StageGraphConfig:
+    """The stage config checkpoint ``model`` is served with: ``path``'s (its ``model_family`` must be the checkpoint's
+    family), or the packaged one of the checkpoint's family (``model_type`` in its ``config.json``) when ``path`` is
+    None. :class:`ConfigError` for a stage config of another family; ``CheckpointError`` when the checkpoint's family
+    is unknown."""
+    from pipeline.models import checkpoint_family
+
+    family = checkpoint_family(model)
+    if path is None:
+        return load_stage_config(PACKAGED_STAGE_CONFIGS[family])
+    cfg = load_stage_config(path)
+    if cfg.model_family != family:
+        raise ConfigError(
+            f"stage config {path} is for model family {cfg.model_family!r}, but {model} is a {family!r} checkpoint",
+            param="model_family",
+        )
+    return cfg
+
+
 def load_stage_config(
     path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None
 ) -> StageGraphConfig:

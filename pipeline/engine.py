@@ -35,7 +35,7 @@ import torch
 
 from pipeline import requests as rq
 from pipeline.api import INPUT_SAMPLE_RATE, ContentPart, ContextPolicy, Modality, Role
-from pipeline.config import StageGraphConfig, load_stage_config
+from pipeline.config import StageGraphConfig, stage_config_for
 from pipeline.core import EngineCore
 from pipeline.errors import (
     ConfigError,
@@ -361,9 +361,10 @@ class OmniEngine:
         max_pending_events: int = 256,
         torch_threads: int | None = None,
     ) -> OmniEngine:
-        """The checkpoint folder or cached hub id ``model`` served as ``stage_config`` says (the packaged
-        stage graph when None), its engine core in a child process or not per ``engine.process``."""
-        cfg = stage_config if isinstance(stage_config, StageGraphConfig) else load_stage_config(stage_config)
+        """The checkpoint folder or cached hub id ``model`` served as ``stage_config`` says (a path: its family must be
+        the checkpoint's; None: the packaged stage graph of the checkpoint's family), its engine core in a child
+        process or not per ``engine.process``."""
+        cfg = stage_config if isinstance(stage_config, StageGraphConfig) else stage_config_for(str(model), stage_config)
         return cls.from_loader(
             PretrainedCheckpoint(str(model)),
             cfg,

@@ -442,11 +442,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args.rest, command_argv=args.argv)
 
 
+FAMILY_NAMES = {"qwen2.5-omni": "qwen2_5_omni", "qwen3-omni": "qwen3_omni"}
+"""``make-tiny-model --family`` values -> model families."""
+
+
 def cmd_make_tiny_model(argv: list[str]) -> int:
-    """The packaged family's random checkpoint writer."""
+    """A family's random checkpoint writer: ``--family`` (default the packaged family) picks it; the family's own
+    options (``--out``, ``--preset``, ...) follow."""
     from pipeline.models import DEFAULT_FAMILY, family_of
 
-    return family_of(DEFAULT_FAMILY).random_checkpoint_command(argv, prog="omni-realtime make-tiny-model")
+    picker = argparse.ArgumentParser(add_help=False)
+    picker.add_argument("--family", choices=sorted(FAMILY_NAMES), default=None)
+    known, rest = picker.parse_known_args(argv)
+    family = FAMILY_NAMES[known.family] if known.family else DEFAULT_FAMILY
+    prog = "omni-realtime make-tiny-model" + (f" --family {known.family}" if known.family else "")
+    return family_of(family).random_checkpoint_command(rest, prog=prog)
 
 
 DESCRIPTION = (
@@ -469,7 +479,7 @@ def _model_args(p: argparse.ArgumentParser, threads_default: str) -> None:
         type=Path,
         default=None,
         help="the pipeline's settings file (YAML: devices, batch sizes, reply lengths) "
-        "(default: the packaged pipeline/stage_configs/qwen2_5_omni.yaml)",
+        "(default: the packaged one of the checkpoint's model family, pipeline/stage_configs/<family>.yaml)",
     )
     p.add_argument(
         "--cache-dir",
@@ -546,7 +556,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "make-tiny-model",
         add_help=False,
-        help="write a random-weight Qwen2.5-Omni checkpoint folder (see make-tiny-model --help)",
+        help="write a random-weight checkpoint folder: Qwen2.5-Omni, or Qwen3-Omni with --family qwen3-omni (see "
+        "make-tiny-model --help)",
     )
     return parser
 

@@ -50,13 +50,13 @@ def engine_loader(config: ServerConfig) -> Callable[[int], EngineHandle]:
     import silero_vad  # noqa: F401  (as in load_engine: before torch's thread count is set)
     import torch
 
-    from pipeline.config import load_stage_config
+    from pipeline.config import stage_config_for
     from pipeline.embedded import resolve_model
     from pipeline.engine import OmniEngine
 
     torch.set_num_threads(config.torch_threads)
     path = resolve_model(config.model, config.cache_dir)
-    configs = replica_configs(load_stage_config(config.stage_config), config.data_parallel_size)
+    configs = replica_configs(stage_config_for(path, config.stage_config), config.data_parallel_size)
     check_devices(configs, torch.cuda.device_count)
 
     def load(index: int) -> EngineHandle:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from pipeline.errors import ConfigError
+from pipeline.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from pipeline.models.family import ModelFamily
@@ -19,6 +19,12 @@ FAMILIES: dict[str, str] = {
 }
 """Family name -> ``module:attribute`` of its :class:`~pipeline.models.family.ModelFamily` object (imported on first
 use, so that reading a config imports no model code)."""
+
+MODEL_TYPES: dict[str, str] = {
+    "qwen2_5_omni": "qwen2_5_omni",
+    "qwen3_omni_moe": "qwen3_omni",
+}
+"""A checkpoint's ``config.json`` ``model_type`` -> the family that serves it."""
 
 DEFAULT_FAMILY = "qwen2_5_omni"
 """The packaged stage config's family (``pipeline/stage_configs/qwen2_5_omni.yaml``): the family of what is used
@@ -37,6 +43,21 @@ def family_of(name: object) -> ModelFamily:
         raise ConfigError(f"model_family must be one of {known}, got {name!r}", param="model_family")
     module, attribute = FAMILIES[name].split(":")
     return getattr(importlib.import_module(module), attribute)
+
+
+def checkpoint_family(model: str) -> str:
+    """The name of the family that serves checkpoint ``model`` (a folder, or a hub id already in the local cache),
+    from its ``config.json``'s ``model_type``; reads no weights, never downloads. :class:`CheckpointError` when the
+    checkpoint cannot be found or no family serves its model type."""
+    from pipeline.models.common.hf_checkpoint import read_model_type, resolve_checkpoint_path
+
+    model_type = read_model_type(resolve_checkpoint_path(model))
+    if model_type not in MODEL_TYPES:
+        raise CheckpointError(
+            f"{model}: model_type {model_type!r} is not one this server serves ({', '.join(sorted(MODEL_TYPES))})",
+            param="model",
+        )
+    return MODEL_TYPES[model_type]
 
 
 @contextmanager
