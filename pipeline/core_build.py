@@ -93,7 +93,7 @@ def build_core(
     )
     conversations = _conversations(ckpt, cfg, family, renderer, limits, runner, image_encodes, scheduler, hooks)
     talker_stage = _talker_stage(
-        cfg, family, ckpt, special, limits, runner, t2w_device, scheduler, observer, seeds, hooks
+        cfg, family, ckpt, special, limits, runner, t2w_device, scheduler, observer, seeds, hooks, positions
     )
     return CoreParts(
         family=family,
@@ -122,6 +122,7 @@ def _talker_stage(
     observer: EngineObserver,
     seeds: Seeds,
     hooks: CoreHooks,
+    positions: PositionScheme,
 ) -> TalkerStage | FrameTalkerStage:
     """The stage that drives the family's talker: one code per step, or frames of several codebooks."""
     common = dict(
@@ -137,7 +138,12 @@ def _talker_stage(
     )
     if isinstance(runner.talker, FrameTalkerRunner):
         end_ids = list(runner.talker.parts.text_end_ids)
-        return FrameTalkerStage(talker=runner.talker, text_end_vectors=tuple(runner.thinker.embed(end_ids)), **common)
+        return FrameTalkerStage(
+            talker=runner.talker,
+            text_end_vectors=tuple(runner.thinker.embed(end_ids)),
+            positions=positions,
+            **common,
+        )
     return TalkerStage(
         runner=runner,
         special=special,

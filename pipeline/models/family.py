@@ -30,7 +30,7 @@ from pipeline.models.synthesis import StreamingSynthesizer, StreamStatus, Token2
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Checkpoint", "Connector", "ModelFamily", "StreamStatus", "ThinkerParts"]
+__all__ = ["Checkpoint", "Connector", "LayeredVision", "ModelFamily", "StreamStatus", "ThinkerParts"]
 
 
 Checkpoint: TypeAlias = Any
@@ -65,8 +65,20 @@ class ThinkerParts:
     embeddings, ``i`` the output of layer ``i - 1``); None: the last, after the final norm."""
     vision: Any = None
     """The vision tower (None: the checkpoint has none): ``encode_many(items) -> list`` (items ``(pixel_values,
-    grid_thw)`` as :meth:`ModelFamily.vision_preprocessor` makes them; one (tokens, hidden) tensor each, in order;
-    several may run as one batch) and ``tokens(grid_thw) -> int`` (thinker positions of an item of that grid)."""
+    grid_thw)`` as :meth:`ModelFamily.vision_preprocessor` makes them, in order; several may run as one batch), each
+    output either a (tokens, hidden) tensor (the item's input embeddings) or a :class:`LayeredVision`;
+    ``tokens(grid_thw) -> int`` (thinker positions of an item of that grid); ``merge_size`` (the tower's spatial
+    merge); ``deepstack_layers`` (how many :attr:`LayeredVision.deepstack` tensors each output carries; 0 when the
+    outputs are plain tensors)."""
+
+
+class LayeredVision(Protocol):
+    """A vision tower's output for one item whose features also enter the decoder past its input: ``tokens`` (n, hidden)
+    are the input embeddings of the item's ``n`` positions, and ``deepstack[k]`` (n, hidden) is added to the output of
+    decoder layer ``k`` at the same positions, for ``k`` in ``range(len(deepstack))`` (Qwen3-Omni's deepstack)."""
+
+    tokens: torch.Tensor
+    deepstack: tuple[torch.Tensor, ...]
 
 
 @runtime_checkable

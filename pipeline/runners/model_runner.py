@@ -21,6 +21,7 @@ import torch
 from pipeline.conversation_state import ConversationState
 from pipeline.request import ResponseState
 from pipeline.runners.sampling import SampleRows
+from pipeline.runners.thinker import PrefillSpan
 from pipeline.runners.token2wav_worker import Token2WavWorker
 from pipeline.scheduler.plan import AudioPlan
 from pipeline.scheduler.prefill_batch import PrefillJob
@@ -78,7 +79,10 @@ class ModelRunner:
         if not jobs:
             return [], []
         inputs = [self._embeds(job) for job in jobs]
-        spans = [(embeds, job.conv.slot, job.start, job.logits, job.rope) for job, (embeds, *_) in zip(jobs, inputs)]
+        spans = [
+            PrefillSpan(embeds, job.conv.slot, job.start, job.logits, job.rope, self._deepstack(job, embeds.device))
+            for job, (embeds, *_) in zip(jobs, inputs)
+        ]
         failed: list[tuple[PrefillJob, Exception]] = []
         try:
             outputs = list(zip(jobs, inputs, self.thinker.prefill_many(spans)))
@@ -94,7 +98,7 @@ class ModelRunner:
         for job, (_, token_embeds, multimodal), out in outputs:
             try:
                 vectors = self.to_talker(out.talker_hidden, token_embeds, multimodal)
-                job.conv.extend(job.keys, vectors, rope=job.rope)
+                job.conv.extend(job.keys, vectors, rope=job.rope, spans=job.spans)
                 if job.rope_shift is not None:
                     job.conv.rope_shift = job.rope_shift
             except Exception as exc:  # noqa: BLE001 - isolate this conversation's failure
@@ -114,6 +118,21 @@ class ModelRunner:
             embeds[at : at + len(rows)] = audio[rows.start : rows.stop]
             multimodal[at : at + len(rows)] = True
         return embeds, token_embeds, multimodal
+
+    @staticmethod
+    def _deepstack(job: PrefillJob, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """The chunk's deepstack features as the decoder takes them: per layer, (rows of the chunk (n,), features
+        (n, H)), every run of the chunk in order; None when no position of the chunk has any."""
+        if not job.deepstack:
+            return None
+        layers = {len(features) for _, features, _ in job.deepstack}
+        if len(layers) != 1:
+            raise ValueError(f"the pictures of one chunk carry deepstack features for {sorted(layers)} layers")
+        rows = torch.cat([torch.arange(at, at + len(r), device=device) for at, _, r in job.deepstack])
+        return [
+            (rows, torch.cat([features[k][r.start : r.stop] for _, features, r in job.deepstack]))
+            for k in range(layers.pop())
+        ]
 
     def sample_first(self, rows: list[ResponseState], logits: list[torch.Tensor], *, force: list[bool]) -> list[int]:
         """The first reply token of each response whose prompt was completed this step, sampled in one batch."""

@@ -215,6 +215,8 @@ class Scheduler:
             logits=need_logits and end == len(keys),
             rope=rope,
             rope_shift=None if inside else self.positions.rope_shift(rendering.spans, end),
+            deepstack=audio_runs(rendering.deepstack, start, end),
+            spans=[span for span in rendering.spans if span.at < end and start < span.at + span.length],
         )
 
     def needs_prefill(self, conv: ConversationState) -> bool:
@@ -357,7 +359,8 @@ class Scheduler:
 
 def audio_runs(audio: dict[int, tuple[object, int]], start: int, end: int) -> list[tuple[int, object, range]]:
     """The audio positions of ``[start, end)`` as runs ``(offset from start, encoder output, rows)`` of consecutive
-    positions holding consecutive rows of the same block (one copy per run, not per position)."""
+    positions holding consecutive rows of the same block (one copy per run, not per position). Any map of positions
+    to ``(a block's output, row)`` (the picture positions' deepstack features too)."""
     runs: list[tuple[int, object, range]] = []
     for pos in range(start, end):
         if pos not in audio:
