@@ -64,3 +64,19 @@ def reference_inputs(
         pixel_values=torch.from_numpy(np.concatenate(pixels)),
         image_grid_thw=torch.tensor(grids),
     )
+
+
+class OneDPositions:
+    """A family's position scheme with every rope position at its cache index (pictures' offsets kept): what a model
+    blind to 3-D positions would run at."""
+
+    def __init__(self, scheme) -> None:
+        self.image_offsets = scheme.image_offsets
+
+    @staticmethod
+    def rope_positions(length, spans, start=0):
+        return None
+
+    @staticmethod
+    def rope_shift(spans, length):
+        return 0

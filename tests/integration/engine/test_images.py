@@ -14,7 +14,7 @@ from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.errors import InvalidImageError, UnsupportedInputError
 from pipeline.outputs import ResponseStatus
-from tests.helpers.image_reference import PICTURES, reference_inputs
+from tests.helpers.image_reference import PICTURES, OneDPositions, reference_inputs
 
 MAX_TOKENS = 8
 TEXT = frozenset({"text"})
@@ -143,14 +143,12 @@ async def test_a_model_without_a_vision_tower_refuses_pictures(tiny_engine):
 async def test_on_the_sharpened_checkpoint_1d_positions_change_the_reply(sharp_model_dir, monkeypatch):
     """What makes the equivalence above a position check: with every picture's positions 1-D (rope = cache index),
     the sharpened model's greedy reply differs from the reference's."""
-    import pipeline.scheduler.scheduler as scheduler
-
     engine = OmniEngine.from_pretrained(sharp_model_dir, greedy_stage_config(), seed=1234)
     thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(sharp_model_dir, dtype=torch.float32).eval()
     parts = ["Look at this:", PICTURES[0], "and this one", PICTURES[1], "What do you see?"]
     want = reference_reply(engine, thinker, AutoTokenizer.from_pretrained(sharp_model_dir), [(parts, [])])
-    monkeypatch.setattr(scheduler, "rope_positions", lambda *args, **kwargs: None)
-    monkeypatch.setattr(scheduler, "rope_shift", lambda *args: 0)
+    scheduler = engine.core.scheduler
+    monkeypatch.setattr(scheduler, "positions", OneDPositions(scheduler.positions))
     try:
         conv = engine.conversation()
         await conv.add_content("u1", tuple(parts))

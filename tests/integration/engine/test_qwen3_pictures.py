@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.models.qwen3_omni.prompt import DEFAULT_SYSTEM_PROMPT
-from tests.helpers.image_reference import picture, reference_inputs
+from tests.helpers.image_reference import OneDPositions, picture, reference_inputs
 from tests.helpers.qwen3_reference import TALKER_MAX, THINKER_MAX, VOICE, check_reply, collect, run_reference
 
 pytestmark = pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`:UserWarning")
@@ -137,24 +137,9 @@ async def test_with_1d_talker_positions_the_codes_differ(engine, reference, monk
     thinker's): the equality above checks them."""
     stage = engine.core.talker_stage
     monkeypatch.setattr(stage, "prompt_rope", lambda *args: None)
-    monkeypatch.setattr(stage, "positions", _OneD(stage.positions))
+    monkeypatch.setattr(stage, "positions", OneDPositions(stage.positions))
     conv, done, _ = await spoken_reply(engine, PARTS)
     ref_text, ref_frames = reference_reply(engine, reference, [(PARTS, [])])
     assert list(done.text_token_ids) == ref_text
     assert [list(f) for f in done.audio_codes] != ref_frames.tolist()
     await conv.close()
-
-
-class _OneD:
-    """A position scheme whose every position is its cache index."""
-
-    def __init__(self, scheme) -> None:
-        self.image_offsets = scheme.image_offsets
-
-    @staticmethod
-    def rope_positions(length, spans, start=0):
-        return None
-
-    @staticmethod
-    def rope_shift(spans, length):
-        return 0
