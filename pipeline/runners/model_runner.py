@@ -125,13 +125,11 @@ class ModelRunner:
         (n, H)), every run of the chunk in order; None when no position of the chunk has any."""
         if not job.deepstack:
             return None
-        layers = {len(features) for _, features, _ in job.deepstack}
-        if len(layers) != 1:
-            raise ValueError(f"the pictures of one chunk carry deepstack features for {sorted(layers)} layers")
         rows = torch.cat([torch.arange(at, at + len(r), device=device) for at, _, r in job.deepstack])
+        layers = len(job.deepstack[0][1])  # every picture's block has the tower's count (ImageEncodes)
         return [
             (rows, torch.cat([features[k][r.start : r.stop] for _, features, r in job.deepstack]))
-            for k in range(layers.pop())
+            for k in range(layers)
         ]
 
     def sample_first(self, rows: list[ResponseState], logits: list[torch.Tensor], *, force: list[bool]) -> list[int]:
