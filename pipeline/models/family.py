@@ -76,6 +76,13 @@ class ModelFamily(Protocol):
     name: str
     """The stage config's ``model_family``."""
 
+    display_name: str
+    """The family's name in words, for logs and reports (``Qwen2.5-Omni``)."""
+
+    codes_per_second: float
+    """Talker steps per second of audio in the released architecture: codec tokens (one code a step) or frames
+    (several codebooks a step); used to state reply lengths in seconds."""
+
     default_instructions: str
     """The system prompt a conversation gets when the client sets none."""
 

@@ -159,6 +159,8 @@ class ToneSynthesizer:
 
 class ToyFamily:
     name = "toy"
+    display_name = "toy"
+    codes_per_second = 50.0
     default_instructions = "You are a toy."
     transcription_prompt = TranscriptionPrompt(
         instructions="You are a toy that writes down speech.",

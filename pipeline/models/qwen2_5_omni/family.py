@@ -40,6 +40,8 @@ class Qwen25OmniFamily:
     """Qwen2.5-Omni's checkpoints (:class:`LoadedCheckpoint`) for the engine."""
 
     name = "qwen2_5_omni"
+    display_name = "Qwen2.5-Omni"
+    codes_per_second = 50.0
     default_instructions = DEFAULT_SYSTEM_PROMPT
     transcription_prompt = TRANSCRIPTION_PROMPT
     connectors = MappingProxyType(

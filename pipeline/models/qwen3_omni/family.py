@@ -38,6 +38,8 @@ class Qwen3OmniFamily:
     """Qwen3-Omni's checkpoints (:class:`LoadedCheckpoint`) for the engine."""
 
     name = "qwen3_omni"
+    display_name = "Qwen3-Omni"
+    codes_per_second = 12.5
     default_instructions = DEFAULT_SYSTEM_PROMPT
     transcription_prompt = TRANSCRIPTION_PROMPT
     connectors = MappingProxyType(
