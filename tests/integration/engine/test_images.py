@@ -5,6 +5,8 @@ picture reuses the cache exactly; bad pictures are refused and the conversation 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -143,14 +145,12 @@ async def test_a_model_without_a_vision_tower_refuses_pictures(tiny_engine):
 async def test_on_the_sharpened_checkpoint_1d_positions_change_the_reply(sharp_model_dir, monkeypatch):
     """What makes the equivalence above a position check: with every picture's positions 1-D (rope = cache index),
     the sharpened model's greedy reply differs from the reference's."""
-    import pipeline.scheduler.scheduler as scheduler
-
     engine = OmniEngine.from_pretrained(sharp_model_dir, greedy_stage_config(), seed=1234)
     thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(sharp_model_dir, dtype=torch.float32).eval()
     parts = ["Look at this:", PICTURES[0], "and this one", PICTURES[1], "What do you see?"]
     want = reference_reply(engine, thinker, AutoTokenizer.from_pretrained(sharp_model_dir), [(parts, [])])
-    monkeypatch.setattr(scheduler, "rope_positions", lambda *args, **kwargs: None)
-    monkeypatch.setattr(scheduler, "rope_shift", lambda *args: 0)
+    one_d = SimpleNamespace(rope_positions=lambda *args, **kwargs: None, rope_shift=lambda *args: 0)
+    monkeypatch.setattr(engine.core.scheduler, "positions", one_d)
     try:
         conv = engine.conversation()
         await conv.add_content("u1", tuple(parts))
