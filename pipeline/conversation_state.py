@@ -9,8 +9,8 @@ item, dropping the oldest turns to fit the context (:meth:`ConversationState.mak
 cancelling a reply therefore rolls the cache back exactly as far as needed and never further, and history is never
 prefilled twice.
 
-For the talker the state keeps, per cached position, its talker input vector (thinker last hidden +
-input embedding, the embedding zeroed at audio positions as the reference does).
+For the talker the state keeps, per cached position, its talker input vector (what the family's ``thinker -> talker``
+connector makes of it); an engine without a talker keeps none.
 """
 
 from __future__ import annotations
@@ -169,7 +169,8 @@ class ConversationState:
         """Rope position - cache index of text after the cached prefix (0 without pictures): what a decode step adds
         on every TMRoPE axis. Set by each prefill chunk that ends outside a picture."""
         self.talker_vectors: list[torch.Tensor] = []
-        """Chunks of (T, H) talker input vectors, together aligned with ``cached_keys``."""
+        """Chunks of (T, H) talker input vectors, together aligned with ``cached_keys`` (always empty in an engine
+        without a talker)."""
         self.cached_rope = CachedRope()
         """The rope positions the cached positions were run at (the talker runs its prompt at the same)."""
 
@@ -396,13 +397,14 @@ class ConversationState:
         self.talker_vectors = [vectors[:length]] if vectors is not None and length else []
 
     def extend(
-        self, keys: list[Hashable], vectors: torch.Tensor, *, rope: np.ndarray | None = None, shift: int = 0
+        self, keys: list[Hashable], vectors: torch.Tensor | None, *, rope: np.ndarray | None = None, shift: int = 0
     ) -> None:
         """Append positions run at rope positions ``rope`` (3, len(keys)), or at cache index + ``shift`` on every
-        axis without it."""
+        axis without it, with their talker vectors (None: the engine has no talker; it never passes vectors)."""
         self.cached_rope.record(len(self.cached_keys), len(keys), rope, shift)
         self.cached_keys.extend(keys)
-        self.talker_vectors.append(vectors)
+        if vectors is not None:
+            self.talker_vectors.append(vectors)
 
     def talker_prompt(self) -> torch.Tensor:
         vectors = torch.cat(self.talker_vectors)

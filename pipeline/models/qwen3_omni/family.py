@@ -147,6 +147,11 @@ class Qwen3OmniFamily:
         """TMRoPE: text and audio advance every axis by one; a picture's positions are its grid's offsets."""
         return TMROPE
 
+    def speaks(self, ckpt: LoadedCheckpoint) -> bool:
+        """False for a checkpoint saved without its talker and code2wav (``enable_audio_output`` false, like the
+        released -Thinking ones)."""
+        return ckpt.audio_output
+
     def voices(self, ckpt: LoadedCheckpoint) -> tuple[str, ...]:
         return tuple(ckpt.voices)
 
