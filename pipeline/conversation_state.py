@@ -9,8 +9,8 @@ item, dropping the oldest turns to fit the context (:meth:`ConversationState.mak
 cancelling a reply therefore rolls the cache back exactly as far as needed and never further, and history is never
 prefilled twice.
 
-For the talker the state keeps, per cached position, its talker input vector (thinker last hidden +
-input embedding, the embedding zeroed at audio positions as the reference does).
+For the talker the state keeps, per cached position, its talker input vector (what the family's ``thinker -> talker``
+connector makes of it); an engine without a talker keeps none.
 """
 
 from __future__ import annotations
@@ -175,7 +175,8 @@ class ConversationState:
         """Rope position - cache index of text after the cached prefix (0 without pictures): what a decode step adds
         on every TMRoPE axis. Set by each prefill chunk that ends outside a picture."""
         self.talker_vectors: list[torch.Tensor] = []
-        """Chunks of (T, H) talker input vectors, together aligned with ``cached_keys``."""
+        """Chunks of (T, H) talker input vectors, together aligned with ``cached_keys`` (always empty in an engine
+        without a talker)."""
         self.cached_rope = CachedRope()
         """The rope positions the cached positions were run at (the talker runs its prompt at the same)."""
         self.cached_spans: list[GridSpan] = []
@@ -415,22 +416,24 @@ class ConversationState:
     def extend(
         self,
         keys: list[Hashable],
-        vectors: torch.Tensor,
+        vectors: torch.Tensor | None,
         *,
         rope: np.ndarray | None = None,
         shift: int = 0,
         spans: list[GridSpan] | tuple[GridSpan, ...] = (),
     ) -> None:
         """Append positions run at rope positions ``rope`` (3, len(keys)), or at cache index + ``shift`` on every
-        axis without it. ``spans``: the rendering's spans that hold some of them (each replaces a kept span that
-        starts where it does: an open message's span grows from one rendering to the next)."""
+        axis without it, with their talker vectors (None: the engine has no talker; it never passes vectors).
+        ``spans``: the rendering's spans that hold some of them (each replaces a kept span that starts where it does:
+        an open message's span grows from one rendering to the next)."""
         self.cached_rope.record(len(self.cached_keys), len(keys), rope, shift)
         if spans:
             starts = {span.at for span in spans}
             kept = [span for span in self.cached_spans if span.at not in starts]
             self.cached_spans = sorted([*kept, *spans], key=lambda span: span.at)
         self.cached_keys.extend(keys)
-        self.talker_vectors.append(vectors)
+        if vectors is not None:
+            self.talker_vectors.append(vectors)
 
     def talker_prompt(self) -> torch.Tensor:
         vectors = torch.cat(self.talker_vectors)

@@ -45,6 +45,18 @@ def qwen3_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen3_text_model_dir(tmp_path_factory) -> Path:
+    """The tiny random Qwen3-Omni checkpoint without talker and code2wav (``enable_audio_output`` false, like the
+    released -Thinking ones), built once per test session (seconds)."""
+    import dataclasses
+
+    from pipeline.models.qwen3_omni.tiny import RandomModelSpec, make_random_checkpoint
+
+    spec = dataclasses.replace(RandomModelSpec.tiny(), enable_audio_output=False)
+    return make_random_checkpoint(tmp_path_factory.mktemp("tiny-qwen3-omni-text"), spec)
+
+
+@pytest.fixture(scope="session")
 def qwen3_sharp_model_dir(tmp_path_factory) -> Path:
     """The tiny Qwen3-Omni checkpoint with sharpened attention: a wrong position changes its greedy tokens."""
     from pipeline.models.qwen3_omni.tiny import RandomModelSpec, make_random_checkpoint

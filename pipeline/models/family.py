@@ -88,6 +88,13 @@ class ModelFamily(Protocol):
     name: str
     """The stage config's ``model_family``."""
 
+    display_name: str
+    """The family's name in words, for logs and reports (``Qwen2.5-Omni``)."""
+
+    codes_per_second: float
+    """Talker steps per second of audio in the released architecture: codec tokens (one code a step) or frames
+    (several codebooks a step); used to state reply lengths in seconds."""
+
     default_instructions: str
     """The system prompt a conversation gets when the client sets none."""
 
@@ -186,8 +193,16 @@ class ModelFamily(Protocol):
         a picture's positions, for the scheduler's prefills and the picture encodes."""
         ...
 
+    def speaks(self, ckpt: Checkpoint) -> bool:
+        """Whether the checkpoint makes audio (it has a talker and token2wav). False (a text-only checkpoint): the
+        engine builds no talker and no token2wav and answers in text only; :meth:`voices` is empty, and the talker and
+        synthesizer methods (:meth:`default_voice`, :meth:`voice_bos`, :meth:`codec_stop_ids`,
+        :meth:`codec_suppress_ids`, :meth:`frame_talker_parts`, :meth:`token2wav`, :meth:`start_stream`) are never
+        called."""
+        ...
+
     def voices(self, ckpt: Checkpoint) -> tuple[str, ...]:
-        """The voice names a reply may ask for."""
+        """The voice names a reply may ask for (empty when the checkpoint does not :meth:`speak <speaks>`)."""
         ...
 
     def default_voice(self, ckpt: Checkpoint) -> str:

@@ -7,6 +7,9 @@ decode (or a chain of them), one token2wav job — and returns sampled ids witho
 stages are queued before the host waits. A batch that raises is retried row by row so that only a faulty response
 fails (``fail``). Engine thread only (the token2wav worker has its own thread; see
 :mod:`pipeline.runners.token2wav_worker`).
+
+A runner of a checkpoint that does not speak has no talker, token2wav, worker or ``thinker -> talker`` connector
+(``speaks`` False): the conversations then keep no talker vectors, and no talker or token2wav work is ever asked of it.
 """
 
 from __future__ import annotations
@@ -50,11 +53,15 @@ class ModelRunner:
     ) -> None:
         self.thinker = thinker
         self.talker = talker
+        """The talker runner; None when the checkpoint does not speak."""
         self.token2wav = token2wav
+        """The family's streaming synthesizer; None when the checkpoint does not speak."""
         self.worker = worker
         self.audio_encodes = audio_encodes
         """User audio blocks and tails queued by requests, encoded together at the start of each step."""
         self.to_talker = to_talker
+        """The ``thinker -> talker`` connector: what a conversation keeps per position for the talker; None when the
+        checkpoint does not speak (nothing is kept)."""
         self.overlap = overlap
         """The talker decodes beside the thinker (on CUDA, on a stream of its own)."""
         self.fail = fail
@@ -64,6 +71,11 @@ class ModelRunner:
         """``perf_counter()`` when the worker's job was handed over, whether it holds first chunks, its streams."""
         self._talker_cuda_stream: torch.cuda.Stream | None = None
         self._talker_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+
+    @property
+    def speaks(self) -> bool:
+        """Whether the engine has a talker and token2wav (the checkpoint makes audio)."""
+        return self.talker is not None
 
     # -- thinker ----------------------------------------------------------------------------------
     def reset_samplers(self, resets: list[tuple[int, list[int]]]) -> None:
@@ -97,7 +109,7 @@ class ModelRunner:
         ran = []
         for job, (_, token_embeds, multimodal), out in outputs:
             try:
-                vectors = self.to_talker(out.talker_hidden, token_embeds, multimodal)
+                vectors = self._talker_vectors(out.talker_hidden, token_embeds, multimodal)
                 job.conv.extend(job.keys, vectors, rope=job.rope, spans=job.spans)
                 if job.rope_shift is not None:
                     job.conv.rope_shift = job.rope_shift
@@ -132,6 +144,12 @@ class ModelRunner:
             for k in range(layers)
         ]
 
+    def _talker_vectors(
+        self, hidden: torch.Tensor, embeds: torch.Tensor, multimodal: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The connector's vectors of these positions; None without a talker."""
+        return None if self.to_talker is None else self.to_talker(hidden, embeds, multimodal)
+
     def sample_first(self, rows: list[ResponseState], logits: list[torch.Tensor], *, force: list[bool]) -> list[int]:
         """The first reply token of each response whose prompt was completed this step, sampled in one batch."""
         return self.thinker.sampler.sample(
@@ -162,10 +180,11 @@ class ModelRunner:
                 sample_rows,
                 rope_shifts=shifts if any(shifts) else None,
             )
-            vectors = self.to_talker(step.hidden, step.embeds, None)
+            vectors = self._talker_vectors(step.hidden, step.embeds, None)
             sampled.append((batch, step.tokens.clone()))  # the graph's buffer is overwritten by the next replay
             for i, r in enumerate(batch):
-                r.conv.extend([r.thinker.pending_token], vectors[i : i + 1], shift=shifts[i])
+                row = None if vectors is None else vectors[i : i + 1]
+                r.conv.extend([r.thinker.pending_token], row, shift=shifts[i])
                 if r.spec.audio and not r.thinker.silent:
                     r.talker.queue.append(vectors[i])
                 done.add(r.id)

@@ -68,7 +68,8 @@ class Scheduler:
         self.cfg = cfg
         self.thinker_slots = thinker_slots
         self.talker_slots = talker_slots
-        """The two decoder stages' slot allocators (:class:`pipeline.runners.kv_pool.SlotAllocator`)."""
+        """The two decoder stages' slot allocators (:class:`pipeline.runners.kv_pool.SlotAllocator`); the talker's is
+        None in an engine without a talker (no response of it is spoken)."""
         self.positions = positions
         """The model family's rotary positions: each prefill chunk's rope positions and shift."""
         self.conversations: dict[str, ConversationState] = {}
@@ -236,7 +237,8 @@ class Scheduler:
         """Forget the conversation's caches and give its KV slots back to the pools."""
         conv.free()
         self.thinker_slots.release(conv.id)
-        self.talker_slots.release(conv.id)
+        if self.talker_slots is not None:
+            self.talker_slots.release(conv.id)
         conv.slot = conv.talker_slot = None
 
     def _idle_owner(self, allocator, exclude: ConversationState) -> ConversationState | None:

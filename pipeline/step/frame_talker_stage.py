@@ -31,6 +31,7 @@ from pipeline.runners.model_runner import Sampled
 from pipeline.runners.sampling import SampleRows
 from pipeline.scheduler.plan import StepPlan
 from pipeline.scheduler.scheduler import Scheduler
+from pipeline.step.talker_feed import TalkerFeed
 
 __all__ = ["FrameTalkerStage", "subsequence_spans"]
 
@@ -57,7 +58,7 @@ def subsequence_spans(spans: Sequence[GridSpan], picked: Sequence[int], length: 
     return out
 
 
-class FrameTalkerStage:
+class FrameTalkerStage(TalkerFeed):
     def __init__(
         self,
         *,
@@ -75,24 +76,18 @@ class FrameTalkerStage:
         positions: PositionScheme,
     ) -> None:
         """``positions``: the family's rotary positions, which the talker's sequence follows (module docstring)."""
-        self.scheduler = scheduler
+        super().__init__(scheduler=scheduler, observer=observer, text_end_vectors=text_end_vectors, fail=fail)
         self.positions = positions
         self.talker = talker
         self.parts = talker.parts
-        self.observer = observer
         self.family = family
         self.ckpt = ckpt
         self.synthesizer = synthesizer
         """The family's streaming code2wav: each reply's stream is opened on it when its talker starts."""
-        self.text_end_vectors = text_end_vectors
-        """(text-end, text-pad) thinker vectors."""
         self.codec_stop = frozenset(codec_stop)
         self.max_codes = max_codes
         """Frames a reply may have."""
         self.generator = generator
-        self.fail = fail
-        self.prefills_left = 0
-        """What is left this step of the talker's prefill budget (``StepPlan.talker_prefills``)."""
 
     def prompt_keys(self, keys: list) -> tuple[list[int], list]:
         """The positions of ``keys`` the talker reads, and their keys."""
@@ -130,48 +125,6 @@ class FrameTalkerStage:
         vectors = conv.talker_prompt()
         index = torch.as_tensor(picked, dtype=torch.long, device=vectors.device)
         return self.parts.prompt_inputs(vectors.index_select(0, index), keys)
-
-    def force_codes(self, r: ResponseState) -> bool:
-        return r.codec_tokens < self.scheduler.cfg.min_codes
-
-    def inputs(self, rows: list[ResponseState]) -> list[tuple[ResponseState, torch.Tensor]]:
-        """Each row's talker work this step: a talker not started is started here (prefill and first frame, one at a
-        time); the others yield (row, next text vector) for the batched decode, or nothing while they wait for the
-        thinker."""
-        batch = []
-        for r in rows:
-            try:
-                vector = self.next_input(r)
-            except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
-                self.fail(r, exc)
-                continue
-            if vector is not None:
-                batch.append((r, vector))
-        return batch
-
-    def next_input(self, r: ResponseState) -> torch.Tensor | None:
-        """Start the talker or return the text vector of its next step: reply vectors, then text-end once, then
-        text-pad. The talker never runs ahead of the text."""
-        talker = r.talker
-        if talker.done:
-            return None
-        if talker.started:
-            if talker.queue:
-                return talker.queue.popleft()
-            if not r.thinker.done and not r.thinker.silent:
-                return None
-            vector = self.text_end_vectors[1 if talker.eos_sent else 0]
-            talker.eos_sent = True
-            return vector
-        if not talker.queue:
-            if r.thinker.done or r.thinker.silent:  # the reply had no token the talker could start from
-                self.end(r)
-            return None
-        if self.prefills_left <= 0:
-            return None
-        self.prefills_left -= 1
-        self.start(r)
-        return None
 
     def start(self, r: ResponseState) -> None:
         """Talker prefill — the prompt positions the talker reads that its slot does not hold yet (kept across turns),
@@ -270,10 +223,3 @@ class FrameTalkerStage:
         r.audio.stream.push([frame])
         if r.codec_tokens >= self.max_codes:
             self.end(r)
-
-    def end(self, r: ResponseState) -> None:
-        r.talker.status = TalkerStatus.DONE
-        self.observer.milestone(r.id, "codes_done")
-        r.talker.length = 0  # the reply's positions lie past the prompt in the slot: the next prefill overwrites them
-        if r.audio.stream is not None:
-            r.audio.stream.finish()

@@ -19,13 +19,14 @@ from pipeline.request import ResponseState, TalkerStatus
 from pipeline.runners.model_runner import ModelRunner
 from pipeline.scheduler.plan import StepPlan
 from pipeline.scheduler.scheduler import Scheduler
+from pipeline.step.talker_feed import TalkerFeed
 
 __all__ = ["TalkerStage"]
 
 log = logging.getLogger("pipeline.core")
 
 
-class TalkerStage:
+class TalkerStage(TalkerFeed):
     def __init__(
         self,
         *,
@@ -44,25 +45,19 @@ class TalkerStage:
         fail: Callable[[ResponseState, Exception], None],
         commands_waiting: Callable[[], bool],
     ) -> None:
-        self.scheduler = scheduler
+        super().__init__(scheduler=scheduler, observer=observer, text_end_vectors=text_end_vectors, fail=fail)
         self.runner = runner
-        self.observer = observer
         self.family = family
         self.ckpt = ckpt
         self.synthesizer = synthesizer
         """The family's streaming token2wav: each reply's stream is opened on it when its talker starts."""
         self.special = special
-        self.text_end_vectors = text_end_vectors
-        """(text-eos, text-pad) thinker vectors: two fixed tensors, so text-pad is recognised by identity (chains)."""
         self.to_token2wav = to_token2wav
         self.codec_stop = codec_stop
         self.max_codes = max_codes
         self.generator = generator
         """The noise generator of a new stream (None: the synthesizer's own)."""
-        self.fail = fail
         self.commands_waiting = commands_waiting
-        self.prefills_left = 0
-        """What is left this step of the talker's prefill budget (``StepPlan.talker_prefills``)."""
 
     def listen(self, conv: ConversationState) -> None:
         """While a conversation is idle, bring its talker cache up to its thinker cache (the talker's prompt is the
@@ -85,48 +80,6 @@ class TalkerStage:
             log.exception("background talker prefill of %s failed; its talker cache is dropped", conv.id)
             return
         conv.talker_keys = list(keys)
-
-    def force_codes(self, r: ResponseState) -> bool:
-        return r.codec_tokens < self.scheduler.cfg.min_codes
-
-    def inputs(self, rows: list[ResponseState]) -> list[tuple[ResponseState, torch.Tensor]]:
-        """Each row's talker work this step: a talker not started is started here (prefill and first code, one at a
-        time: prompt lengths differ); the others yield (row, next input vector) for the batched decode, or nothing
-        while they wait for the thinker."""
-        batch = []
-        for r in rows:
-            try:
-                vector = self.next_input(r)
-            except Exception as exc:  # noqa: BLE001 - isolate one response's failure from the others
-                self.fail(r, exc)
-                continue
-            if vector is not None:
-                batch.append((r, vector))
-        return batch
-
-    def next_input(self, r: ResponseState) -> torch.Tensor | None:
-        """Start the talker (prefill and first code) or return the input vector of its next decode step: reply
-        vectors, then text-eos once, then text-pad. The talker never runs ahead of the text."""
-        talker = r.talker
-        if talker.done:
-            return None
-        if talker.started:
-            if talker.queue:
-                return talker.queue.popleft()
-            if not r.thinker.done and not r.thinker.silent:
-                return None
-            vector = self.text_end_vectors[1 if talker.eos_sent else 0]
-            talker.eos_sent = True
-            return vector
-        if not talker.queue:
-            if r.thinker.done or r.thinker.silent:  # the reply had no token the talker could start from
-                self.end(r)
-            return None
-        if self.prefills_left <= 0:
-            return None
-        self.prefills_left -= 1
-        self.start(r)
-        return None
 
     def start(self, r: ResponseState) -> None:
         """Talker prefill — the prompt positions not already in the conversation's talker slot (kept across turns),
@@ -201,10 +154,3 @@ class TalkerStage:
         r.audio.stream.push([dit_code])
         if r.codec_tokens >= self.max_codes:
             self.end(r)
-
-    def end(self, r: ResponseState) -> None:
-        r.talker.status = TalkerStatus.DONE
-        self.observer.milestone(r.id, "codes_done")
-        r.talker.length = 0  # the reply's positions lie past the prompt in the slot: the next prefill overwrites them
-        if r.audio.stream is not None:
-            r.audio.stream.finish()

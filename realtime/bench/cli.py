@@ -88,6 +88,8 @@ class BenchOptions:
     """``--camera``: every user shows this camera; None: no camera."""
     goal: LatencyGoal = LatencyGoal()
     """The latency goal the report counts the users served at (``--goal-ms``)."""
+    audio_s: float | None = None
+    """``--quick``'s reply audio in seconds (codec tokens at the family's rate), unless ``--codec-tokens`` is given."""
 
 
 QUICK = {
@@ -97,7 +99,8 @@ QUICK = {
     "warmup_turns": 0,
     "barge_in_every": 1,
     "text_tokens": 4,
-    "codec_tokens": 40,
+    "codec_tokens": None,
+    "audio_s": 0.8,
     "max_wav_s": 5.0,
     "ramp_s": 0.0,
     "turn_timeout_s": 60.0,
@@ -112,6 +115,7 @@ NORMAL = {
     "barge_in_every": 0,
     "text_tokens": None,
     "codec_tokens": None,
+    "audio_s": None,
     "max_wav_s": 10.0,
     "ramp_s": 1.0,
     "turn_timeout_s": 300.0,
@@ -164,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--codec-tokens",
         type=int,
         default=None,
-        help="forced length of each reply's audio, in audio tokens (50 a second); shorter than the default is "
+        help="forced length of each reply's audio, in audio tokens (Qwen2.5-Omni: 50 a second; Qwen3-Omni: frames, "
+        "12.5 a second); shorter than the default is "
         f"reported as a lighter workload (default: the settings file's, {reply.codec_tokens} = "
         f"{reply.audio_s:.0f} s in bench_forced.yaml)",
     )
@@ -383,6 +388,7 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         stage_config=args.stage_config,
         text_tokens=pick("text_tokens", args.text_tokens),
         codec_tokens=pick("codec_tokens", args.codec_tokens),
+        audio_s=None if args.codec_tokens is not None else base["audio_s"],
         transport=args.transport,
         levels=levels,
         turns=pick("turns", args.turns),
@@ -486,7 +492,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
         camera=options.camera,
     )
     loaded = await asyncio.to_thread(_load, options, cfg) if options.url is None or options.reference else None
-    info = _run_info(options, command, length, loaded)
+    info = _run_info(options, command, length, loaded, cfg.model_family)
     results = []
 
     def on_level(level) -> None:
@@ -540,13 +546,17 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
 def _stage_config(options: BenchOptions):
     """The stage graph with ``--text-tokens`` / ``--codec-tokens`` (either alone keeps the config's
     other length) and ``--device`` applied."""
-    from realtime.bench.models import ReplyLength, bench_stage_config, reply_length
+    from realtime.bench.models import ReplyLength, bench_family, bench_stage_config, reply_length
 
+    family = bench_family(options.model, options.stage_config)
     length = None
-    if options.text_tokens is not None or options.codec_tokens is not None:
-        default = reply_length(bench_stage_config(options.stage_config, device=None, length=None))
-        length = ReplyLength(options.text_tokens or default.text_tokens, options.codec_tokens or default.codec_tokens)
-    return bench_stage_config(options.stage_config, device=options.device, length=length)
+    if options.text_tokens is not None or options.codec_tokens is not None or options.audio_s is not None:
+        default = reply_length(bench_stage_config(options.stage_config, device=None, length=None, family=family))
+        codes = options.codec_tokens
+        if codes is None and options.audio_s is not None:
+            codes = max(1, round(options.audio_s * default.codes_per_second))
+        length = ReplyLength(options.text_tokens or default.text_tokens, codes or default.codec_tokens)
+    return bench_stage_config(options.stage_config, device=options.device, length=length, family=family)
 
 
 @dataclass
@@ -630,7 +640,7 @@ def server_config(options: BenchOptions):
     )
 
 
-def _run_info(options: BenchOptions, command: str, length, loaded: _Loaded | None):
+def _run_info(options: BenchOptions, command: str, length, loaded: _Loaded | None, family: str):
     from realtime.bench.models import Workload, default_reply_length
     from realtime.bench.report import RunInfo
 
@@ -653,7 +663,7 @@ def _run_info(options: BenchOptions, command: str, length, loaded: _Loaded | Non
         codec_tokens=length.codec_tokens,
         turns_per_user=options.turns,
         workload=workload.describe(),
-        lighter_workload=workload.lighter_than(Workload(default_reply_length(), NORMAL["turns"])),
+        lighter_workload=workload.lighter_than(Workload(default_reply_length(family), NORMAL["turns"])),
         wavs=str(options.wavs)
         + (f", each with a {options.pause_inside_ms:g} ms pause inside" if options.pause_inside_ms is not None else ""),
         torch_threads=options.threads,

@@ -159,6 +159,8 @@ class ToneSynthesizer:
 
 class ToyFamily:
     name = "toy"
+    display_name = "toy"
+    codes_per_second = 50.0
     default_instructions = "You are a toy."
     transcription_prompt = TranscriptionPrompt(
         instructions="You are a toy that writes down speech.",
@@ -230,6 +232,9 @@ class ToyFamily:
     def positions(self, ckpt: ToyCheckpoint):
         """The borrowed thinker's TMRoPE (without pictures: every position at its cache index)."""
         return TMROPE
+
+    def speaks(self, ckpt: ToyCheckpoint) -> bool:
+        return True
 
     def voices(self, ckpt: ToyCheckpoint) -> tuple[str, ...]:
         return tuple(ckpt.voice_bos)

@@ -40,6 +40,8 @@ class Qwen25OmniFamily:
     """Qwen2.5-Omni's checkpoints (:class:`LoadedCheckpoint`) for the engine."""
 
     name = "qwen2_5_omni"
+    display_name = "Qwen2.5-Omni"
+    codes_per_second = 50.0
     default_instructions = DEFAULT_SYSTEM_PROMPT
     transcription_prompt = TRANSCRIPTION_PROMPT
     connectors = MappingProxyType(
@@ -124,6 +126,10 @@ class Qwen25OmniFamily:
     def positions(self, ckpt: LoadedCheckpoint) -> TMRoPE:
         """TMRoPE (the thinker config's ``mrope_section`` splits each head over the three axes)."""
         return TMROPE
+
+    def speaks(self, ckpt: LoadedCheckpoint) -> bool:
+        """Always: the loader refuses a checkpoint without a talker (``enable_audio_output`` false)."""
+        return True
 
     def voices(self, ckpt: LoadedCheckpoint) -> tuple[str, ...]:
         return tuple(ckpt.speakers)

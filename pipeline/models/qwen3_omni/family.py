@@ -42,6 +42,8 @@ class Qwen3OmniFamily:
     """Qwen3-Omni's checkpoints (:class:`LoadedCheckpoint`) for the engine."""
 
     name = "qwen3_omni"
+    display_name = "Qwen3-Omni"
+    codes_per_second = 12.5
     default_instructions = DEFAULT_SYSTEM_PROMPT
     transcription_prompt = TRANSCRIPTION_PROMPT
     connectors = MappingProxyType(
@@ -149,6 +151,11 @@ class Qwen3OmniFamily:
     def positions(self, ckpt: LoadedCheckpoint) -> TMRoPE:
         """TMRoPE: text and audio advance every axis by one; a picture's positions are its grid's offsets."""
         return TMROPE
+
+    def speaks(self, ckpt: LoadedCheckpoint) -> bool:
+        """False for a checkpoint saved without its talker and code2wav (``enable_audio_output`` false, like the
+        released -Thinking ones)."""
+        return ckpt.audio_output
 
     def voices(self, ckpt: LoadedCheckpoint) -> tuple[str, ...]:
         return tuple(ckpt.voices)

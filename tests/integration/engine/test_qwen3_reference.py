@@ -4,6 +4,8 @@ position is wrong; the streamed code2wav audio equals the reference's one-shot d
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 import torch
@@ -116,3 +118,24 @@ async def test_audio_prompt_matches_reference(engine, reference):
     ref_text, ref_frames = run_reference(model, special, ids, input_features=mel, feature_attention_mask=mask)
     check_reply(engine, done, pcm, ref_text, ref_frames)
     await conv.close()
+
+
+async def test_replies_at_once_equal_each_alone(engine):
+    """Two conversations replying at the same time share the talker's batched steps (rows at different positions and
+    lengths) and the code2wav worker's batched chunks; each gets what it gets alone."""
+    prompts = ("Hello, who are you?", "What is the weather like today in the city?")
+
+    async def reply(text: str, name: str):
+        conv = engine.conversation()
+        await conv.add_text(f"{name}-u", text)
+        done, pcm = await collect(conv.respond(item_id=f"{name}-a", voice=VOICE, max_output_tokens=THINKER_MAX))
+        await conv.close()
+        return done, pcm
+
+    alone = [await reply(text, f"alone{i}") for i, text in enumerate(prompts)]
+    together = await asyncio.gather(*(reply(text, f"together{i}") for i, text in enumerate(prompts)))
+    for (done_a, pcm_a), (done_t, pcm_t) in zip(alone, together):
+        assert done_t.text_token_ids == done_a.text_token_ids
+        assert done_t.audio_codes == done_a.audio_codes
+        # batched code2wav chunks differ from single ones only in summation order
+        np.testing.assert_allclose(pcm_t, pcm_a, atol=1e-4)
