@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pipeline.models.common.hf_parts import thinker_text_model
 from pipeline.models.common.random_checkpoint import default_device_and_dtype
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def tune_random_weights(model: Any, spec: RandomModelSpec, ids: dict[str, int]) 
       after ``spec.stop_logit_scale`` shrank the eos row so that greedy decoding does not stop by chance.
     * Audibility: code2wav's last convolution is scaled by ``spec.output_gain`` (its output is clamped to [-1, 1]).
     """
-    text = model.thinker.model.language_model
+    text = thinker_text_model(model.thinker)
     if spec.attention_sharpness != 1.0:
         _sharpen_attention(text.layers, spec.attention_sharpness)
     # The thinker side comes first and does not depend on the talker, so a text-only model has the same thinker.
@@ -112,7 +113,7 @@ def _hold_reply_end_logit(thinker: Any, end_id: int, level: float) -> None:
     written by a layer. After the final norm it is nearly constant too, so a head row that reads only that channel acts
     as a bias; the other rows stop reading it. The channel's normed value is measured on a probe of token ids.
     """
-    text = thinker.model.language_model
+    text = thinker_text_model(thinker)
     embed = text.embed_tokens.weight
     channel = embed.shape[1] - 1
     embed[:, channel] = 3.0 * embed[:, :channel].std()
@@ -141,7 +142,7 @@ def _end_speech_after_text(model: Any, spec: RandomModelSpec, marked: list[int],
     multimodal ``hidden_projection``) fills and no talker layer writes. The codec head reads that channel only in the
     eos row, calibrated on a probe of text-pad steps; before the text ends the channel is zero.
     """
-    thinker_embed = model.thinker.model.language_model.embed_tokens.weight
+    thinker_embed = thinker_text_model(model.thinker).embed_tokens.weight
     talker = model.talker
     marker, channel = spec.thinker_hidden - 2, spec.talker_hidden - 1
     projection = talker.text_projection
