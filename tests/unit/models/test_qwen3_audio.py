@@ -66,7 +66,7 @@ def extractor() -> WhisperFeatureExtractor:
 
 def reference(tower, features: list[torch.Tensor]) -> torch.Tensor:
     """transformers' forward on messages (n_mels, T_i) packed along time, with their ``feature_lens``."""
-    lens = torch.tensor([f.shape[1] for f in features], dtype=torch.long)
+    lens = torch.tensor([f.shape[1] for f in features], dtype=torch.long, device=features[0].device)
     return tower(input_features=torch.cat(features, dim=1), feature_lens=lens).last_hidden_state
 
 
