@@ -53,6 +53,7 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniTo
 
 from pipeline.errors import CheckpointError, ConfigError, InvalidInputError, PipelineError
 from pipeline.kernels.devices import device_scope
+from pipeline.models.common.codec_stream import CodecStream
 from pipeline.models.qwen2_5_omni import vocoder
 from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
 from pipeline.models.qwen2_5_omni.dit import (
@@ -838,8 +839,9 @@ class StreamingToken2Wav:
         return noise[:, :frames].to(self.device, torch.float32)
 
 
-class Token2WavStream:
-    """Streaming synthesis state of one utterance. Create with :meth:`StreamingToken2Wav.start`.
+class Token2WavStream(CodecStream):
+    """Streaming synthesis state of one utterance (:class:`~pipeline.models.common.codec_stream.CodecStream`; its
+    ``frames_done`` counts mel frames). Create with :meth:`StreamingToken2Wav.start`.
 
     Calling order: any interleaving of ``push(codes)`` and, whenever ``ready()``, ``step()`` (or the owner's
     ``step_many([...])``); then ``finish()``; then ``step()`` until ``done``; ``close()`` at any time (idempotent)
@@ -847,6 +849,9 @@ class Token2WavStream:
     contiguous with the previous chunk's; possibly empty for a first chunk shorter than the vocoder hold). An
     engine that interleaves one step per tick can cancel within one chunk by calling ``close()``.
     """
+
+    STATE_ERROR = Token2WavStreamStateError
+    KIND = "token2wav"
 
     def __init__(
         self, owner: StreamingToken2Wav, speaker: _Speaker, noise: Tensor, max_codes: int, cfg: ChunkingConfig
@@ -860,17 +865,7 @@ class Token2WavStream:
         self._codes: Tensor | None = torch.zeros(max_codes, dtype=torch.long)
         self._mel_tail: Tensor | None = None  # final mel (1, mel_dim, n) ending at frames_done
         self._seam_tail: np.ndarray | None = None  # the vocoder's provisional samples after a provisional seam
-        self.max_codes = max_codes
-        self.status = StreamStatus.OPEN
-        self.codes_received = 0
-        self.frames_done = 0
-        self.samples_emitted = 0
-        self.chunks_emitted = 0
-
-    @property
-    def done(self) -> bool:
-        """True once every sample of a finished stream was returned by ``step()``."""
-        return self.status is StreamStatus.DONE
+        super().__init__(max_codes)
 
     def push(self, codes: Sequence[int]) -> None:
         """Append codec tokens (DiT code ids, talker specials stripped). Raises InvalidInputError past max_codes."""
@@ -882,24 +877,9 @@ class Token2WavStream:
         self._codes[self.codes_received : end] = tensor
         self.codes_received = end
 
-    def finish(self) -> None:
-        """No more codes: the remaining frames become the last chunk(s). Idempotent."""
-        if self.status is StreamStatus.OPEN:
-            self.status = StreamStatus.FINISHED
-            if self.codes_received == 0:
-                self._set_done()
-
     def ready(self) -> bool:
         """Whether ``step()`` would synthesize a chunk now."""
         return self._plan() is not None
-
-    def codes_until_ready(self) -> int | None:
-        """How many more codes ``push`` must bring before the next chunk is ready (0: ready now); None when no code
-        can matter any more (the stream is finished, done or closed)."""
-        if self.status is not StreamStatus.OPEN:
-            return None
-        needed = self._cfg.codes_needed(self.chunks_emitted, frames_done=self.frames_done)
-        return max(0, needed - self.codes_received)
 
     def next_plan(self) -> ChunkPlan | None:
         """The chunk ``step()`` would synthesize now, or None."""
@@ -912,13 +892,16 @@ class Token2WavStream:
             raise Token2WavStreamStateError(self._not_ready_message())
         return self._owner._synthesize([(self, plan)])[0]
 
-    def close(self) -> None:
-        """Release every tensor; the stream is unusable afterwards. Safe to call more than once."""
-        self._release()
-        self.status = StreamStatus.CLOSED
-
     # -- internals (the owner drives the synthesis of a chunk: _solve_window or _window_job, then
     # _vocoder_input, the vocoder, and _advance)
+
+    def _codes_needed(self) -> int:
+        return self._cfg.codes_needed(self.chunks_emitted, frames_done=self.frames_done)
+
+    def _drained(self) -> bool:
+        """Nothing was pushed: ``finish()`` leaves no chunk to make. (Once codes came, one remains: the chunk schedule
+        leaves a code for a later chunk until the stream finishes, which flushes the held-back vocoder tail.)"""
+        return self.codes_received == 0
 
     def _plan(self) -> ChunkPlan | None:
         if self.status not in (StreamStatus.OPEN, StreamStatus.FINISHED):
@@ -1000,16 +983,8 @@ class Token2WavStream:
             rise = np.arange(1, n + 1, dtype=np.float32) / (n + 1)
             samples[:n] = tail[:n] * (1 - rise) + samples[:n] * rise
 
-    def _set_done(self) -> None:
-        self.status = StreamStatus.DONE
-        self._release()
-
     def _release(self) -> None:
         self._speaker = self._noise = self._codes = self._mel_tail = self._seam_tail = None
-
-    def _require(self, status: StreamStatus, action: str) -> None:
-        if self.status is not status:
-            raise Token2WavStreamStateError(f"cannot {action}() a token2wav stream that is {self.status.value}")
 
     def _not_ready_message(self) -> str:
         if self.status is not StreamStatus.OPEN:
