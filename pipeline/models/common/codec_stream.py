@@ -5,27 +5,31 @@ stream's."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from pipeline.errors import PipelineError
 from pipeline.models.synthesis import StreamStatus
 
-__all__ = ["CodecStream"]
+__all__ = ["CodecStream", "next_chunks"]
 
 
 class CodecStream:
-    """Status and counters of one utterance's stream of at most ``max_codes`` codes.
+    """Status and counters of one utterance's stream of at most ``max_codes`` codes, opened by the synthesizer
+    ``owner``.
 
     A family's stream sets :attr:`STATE_ERROR` (raised for a call its status does not allow) and :attr:`KIND` (its
     name in messages), and gives :meth:`_release` (drop every tensor), :meth:`_codes_needed` (the codes the next chunk
-    needs in all, while OPEN) and :meth:`_drained` (whether a stream finished now has no chunk left to make). Not
+    needs in all, while OPEN), :meth:`_drained` (whether a stream finished now has no chunk left to make),
+    :meth:`_next_chunk` (what the next chunk is, None when none is ready) and :meth:`_not_ready_message`. Not
     thread-safe: one thread drives a stream at a time.
     """
 
     STATE_ERROR: ClassVar[type[PipelineError]]
     KIND: ClassVar[str]
 
-    def __init__(self, max_codes: int) -> None:
+    def __init__(self, owner: Any, max_codes: int) -> None:
+        self._owner = owner
         self.max_codes = max_codes
         self.status = StreamStatus.OPEN
         self.codes_received = 0
@@ -46,6 +50,10 @@ class CodecStream:
             self.status = StreamStatus.FINISHED
             if self._drained():
                 self._set_done()
+
+    def ready(self) -> bool:
+        """Whether ``step()`` would make a chunk now."""
+        return self._next_chunk() is not None
 
     def codes_until_ready(self) -> int | None:
         """How many more codes ``push`` must bring before the next chunk is ready (0: ready now); None when no code
@@ -75,3 +83,24 @@ class CodecStream:
 
     def _drained(self) -> bool:
         raise NotImplementedError
+
+    def _next_chunk(self) -> Any:
+        raise NotImplementedError
+
+    def _not_ready_message(self) -> str:
+        raise NotImplementedError
+
+
+def next_chunks(owner: Any, streams: Sequence[CodecStream]) -> list[Any]:
+    """The next chunk (:meth:`CodecStream._next_chunk`) of each of ``streams`` for one batched step of their
+    synthesizer ``owner``, checked before any stream changes: ValueError when a stream is listed twice or was opened
+    by another synthesizer, the stream's STATE_ERROR when one has no chunk ready."""
+    if len({id(s) for s in streams}) != len(streams):
+        raise ValueError("a stream is listed more than once")
+    if any(s._owner is not owner for s in streams):
+        raise ValueError(f"every stream must come from this {type(owner).__name__}")
+    chunks = [s._next_chunk() for s in streams]
+    for stream, chunk in zip(streams, chunks):
+        if chunk is None:
+            raise stream.STATE_ERROR(stream._not_ready_message())
+    return chunks

@@ -53,7 +53,7 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniTo
 
 from pipeline.errors import CheckpointError, ConfigError, InvalidInputError, PipelineError
 from pipeline.kernels.devices import device_scope
-from pipeline.models.common.codec_stream import CodecStream
+from pipeline.models.common.codec_stream import CodecStream, next_chunks
 from pipeline.models.qwen2_5_omni import vocoder
 from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
 from pipeline.models.qwen2_5_omni.dit import (
@@ -754,14 +754,7 @@ class StreamingToken2Wav:
         one graph launch per batch on GPU). Returns each stream's samples, in order, as its ``step()`` would (equal
         up to float rounding). Every stream must be ready, opened by this synthesizer and listed once; otherwise
         :class:`Token2WavStreamStateError` (or ValueError) is raised before any stream changes."""
-        if len({id(s) for s in streams}) != len(streams):
-            raise ValueError("a stream is listed more than once")
-        if any(s._owner is not self for s in streams):
-            raise ValueError("every stream must come from this StreamingToken2Wav")
-        plans = [s.next_plan() for s in streams]
-        for stream, plan in zip(streams, plans):
-            if plan is None:
-                raise Token2WavStreamStateError(stream._not_ready_message())
+        plans = next_chunks(self, streams)
         return self._synthesize(list(zip(streams, plans)))
 
     def graph_stats(self) -> GraphStats:
@@ -856,7 +849,6 @@ class Token2WavStream(CodecStream):
     def __init__(
         self, owner: StreamingToken2Wav, speaker: _Speaker, noise: Tensor, max_codes: int, cfg: ChunkingConfig
     ) -> None:
-        self._owner = owner
         self._cfg = cfg
         """This stream's schedule: the owner's, or its quick variant."""
         self._speaker: _Speaker | None = speaker
@@ -865,7 +857,7 @@ class Token2WavStream(CodecStream):
         self._codes: Tensor | None = torch.zeros(max_codes, dtype=torch.long)
         self._mel_tail: Tensor | None = None  # final mel (1, mel_dim, n) ending at frames_done
         self._seam_tail: np.ndarray | None = None  # the vocoder's provisional samples after a provisional seam
-        super().__init__(max_codes)
+        super().__init__(owner, max_codes)
 
     def push(self, codes: Sequence[int]) -> None:
         """Append codec tokens (DiT code ids, talker specials stripped). Raises InvalidInputError past max_codes."""
@@ -877,17 +869,13 @@ class Token2WavStream(CodecStream):
         self._codes[self.codes_received : end] = tensor
         self.codes_received = end
 
-    def ready(self) -> bool:
-        """Whether ``step()`` would synthesize a chunk now."""
-        return self._plan() is not None
-
     def next_plan(self) -> ChunkPlan | None:
         """The chunk ``step()`` would synthesize now, or None."""
-        return self._plan()
+        return self._next_chunk()
 
     def step(self) -> np.ndarray:
         """Synthesize the next ready chunk; return its samples. Raises Token2WavStreamStateError if none is ready."""
-        plan = self._plan()
+        plan = self._next_chunk()
         if plan is None:
             raise Token2WavStreamStateError(self._not_ready_message())
         return self._owner._synthesize([(self, plan)])[0]
@@ -903,7 +891,7 @@ class Token2WavStream(CodecStream):
         leaves a code for a later chunk until the stream finishes, which flushes the held-back vocoder tail.)"""
         return self.codes_received == 0
 
-    def _plan(self) -> ChunkPlan | None:
+    def _next_chunk(self) -> ChunkPlan | None:
         if self.status not in (StreamStatus.OPEN, StreamStatus.FINISHED):
             return None
         return plan_next_chunk(

@@ -40,7 +40,7 @@ from torch import Tensor
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
 from pipeline.errors import ConfigError, InvalidInputError, PipelineError
-from pipeline.models.common.codec_stream import CodecStream
+from pipeline.models.common.codec_stream import CodecStream, next_chunks
 from pipeline.models.family import StreamStatus
 from pipeline.models.qwen3_omni.code2wav_geometry import ConvGeometry
 from pipeline.models.qwen3_omni.code2wav_transformer import KVWindow, transformer_step
@@ -233,14 +233,7 @@ class StreamingCode2Wav:
         stream's samples, in order, as its ``step()`` would (equal up to float rounding). Every stream must be ready,
         opened by this synthesizer and listed once; otherwise Code2WavStreamStateError (or ValueError) is raised before
         any stream changes; if a pass fails, no stream changes."""
-        if len({id(s) for s in streams}) != len(streams):
-            raise ValueError("a stream is listed more than once")
-        if any(s._owner is not self for s in streams):
-            raise ValueError("every stream must come from this StreamingCode2Wav")
-        ends = [s._chunk_end() for s in streams]
-        for stream, end in zip(streams, ends):
-            if end is None:
-                raise Code2WavStreamStateError(stream._not_ready_message())
+        ends = next_chunks(self, streams)
         chunks: list[_Chunk] = []
         with torch.inference_mode():
             for first in range(0, len(streams), self.max_batch):
@@ -304,7 +297,6 @@ class Code2WavStream(CodecStream):
     KIND = "code2wav"
 
     def __init__(self, owner: StreamingCode2Wav, window: KVWindow, max_codes: int, cfg: Code2WavChunking) -> None:
-        self._owner = owner
         self._cfg = cfg
         """This stream's schedule: the owner's, or its quick variant."""
         self._window: KVWindow | None = window
@@ -314,7 +306,7 @@ class Code2WavStream(CodecStream):
             owner.model.config.hidden_size, 0, device=owner.device, dtype=owner.dtype
         )
         self._hidden_start = 0  # the frame of self._hidden's first column
-        super().__init__(max_codes)
+        super().__init__(owner, max_codes)
 
     def push(self, frames: Sequence[Sequence[int]] | Tensor) -> None:
         """Append codec frames: a sequence of frames of ``num_quantizers`` codes each (codebook 0, then the code
@@ -327,10 +319,6 @@ class Code2WavStream(CodecStream):
             raise InvalidInputError(f"stream holds at most {self.max_codes} frames, got {total}", param="codes")
         self._pending = torch.cat([self._pending, tensor])
         self.codes_received = total
-
-    def ready(self) -> bool:
-        """Whether ``step()`` would decode a chunk now."""
-        return self._chunk_end() is not None
 
     def step(self) -> np.ndarray:
         """Decode the next ready chunk; return its samples. Raises Code2WavStreamStateError if none is ready."""
@@ -348,7 +336,7 @@ class Code2WavStream(CodecStream):
         """Every frame pushed is decoded already: ``finish()`` leaves no chunk to make."""
         return self.codes_received == self.frames_done
 
-    def _chunk_end(self) -> int | None:
+    def _next_chunk(self) -> int | None:
         """The frame the next chunk would end at, or None when no chunk is ready."""
         if self.status is StreamStatus.OPEN:
             end = self._next_end()
