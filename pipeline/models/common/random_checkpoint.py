@@ -1,17 +1,18 @@
-"""What every family's random checkpoint shares: the marker file that says its weights are random, building modules
-straight on a device in a dtype, the spec rules every family's sizes keep, the files besides the weights that follow
-the released layout (``preprocessor_config.json``, ``generation_config.json``), and the scratch folder of a model built
-in memory."""
+"""What every family's random checkpoint shares: its spec's presets, the marker file that says its weights are random,
+building modules straight on a device in a dtype, the spec rules every family's sizes keep, the files besides the
+weights that follow the released layout (``preprocessor_config.json``, ``generation_config.json``), and the scratch
+folder of a model built in memory."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import torch
 
@@ -21,6 +22,28 @@ from pipeline.models.common.hf_checkpoint import PREPROCESSOR_FILE, RANDOM_MARKE
 ENDOFTEXT = "<|endoftext|>"
 IM_END = "<|im_end|>"
 """The Qwen tokenizers' text end and turn end: what a thinker's generation config stops on (and pads with)."""
+
+
+class RandomSpecPresets:
+    """The presets every family's ``RandomModelSpec`` (a frozen dataclass of sizes, all with defaults, among them
+    ``seed`` and ``attention_sharpness``) has beside its released shape."""
+
+    SHARPENED_ATTENTION: ClassVar[float]
+    """The ``attention_sharpness`` of :meth:`sharpened`."""
+
+    @classmethod
+    def tiny(cls, seed: int = 0) -> Self:
+        """The default sizes: a few MB; a short turn runs well under a second on one CPU core."""
+        return cls(seed=seed)
+
+    @classmethod
+    def sharpened(cls, seed: int = 0) -> Self:
+        """The tiny model with :attr:`SHARPENED_ATTENTION`: a wrong position changes its greedy tokens."""
+        return cls(seed=seed, attention_sharpness=cls.SHARPENED_ATTENTION)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every size by name (JSON-serialisable: what the random-weights marker records)."""
+        return dataclasses.asdict(self)
 
 
 def write_random_marker(out_dir: Path, spec: Mapping[str, Any]) -> Path:

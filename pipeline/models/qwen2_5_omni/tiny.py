@@ -22,12 +22,11 @@ that padding.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -36,6 +35,7 @@ from pipeline.models.common import bpe
 from pipeline.models.common.hermes_tools import TOOLS_EPILOGUE, TOOLS_PREAMBLE
 from pipeline.models.common.hf_parts import thinker_text_model
 from pipeline.models.common.random_checkpoint import (
+    RandomSpecPresets,
     check_common_spec,
     default_device_and_dtype,
     generation_config,
@@ -116,7 +116,7 @@ audio block change the greedy tokens within ten steps; the talker's likewise cha
 
 
 @dataclass(frozen=True)
-class RandomModelSpec:
+class RandomModelSpec(RandomSpecPresets):
     """Every size of a random Qwen2.5-Omni. Units: hidden sizes in channels, ``*_vocab`` in ids.
 
     ``codec_speech_vocab`` is the number of speech codes (ids below it); the codec special ids sit
@@ -129,6 +129,8 @@ class RandomModelSpec:
     model's attention is nearly uniform, so its outputs hardly depend on positions; a sharpened one's greedy tokens
     and codes do (test checkpoints that must catch a wrong position).
     """
+
+    SHARPENED_ATTENTION: ClassVar[float] = TEST_ATTENTION_SHARPNESS
 
     # thinker language model
     thinker_hidden: int = 64
@@ -216,16 +218,6 @@ class RandomModelSpec:
     attention_sharpness: float = 1.0
 
     @classmethod
-    def tiny(cls, seed: int = 0) -> RandomModelSpec:
-        """~5 MB; a short spoken turn runs well under a second on one CPU core."""
-        return cls(seed=seed)
-
-    @classmethod
-    def sharpened(cls, seed: int = 0) -> RandomModelSpec:
-        """The tiny model with :data:`TEST_ATTENTION_SHARPNESS`: a wrong position changes its greedy tokens."""
-        return cls(seed=seed, attention_sharpness=TEST_ATTENTION_SHARPNESS)
-
-    @classmethod
     def qwen2_5_omni_7b(cls, seed: int = 0) -> RandomModelSpec:
         """The released 7B architecture (10.69 B parameters), with the released codec ids."""
         return cls(
@@ -293,9 +285,6 @@ class RandomModelSpec:
             speech_end_logit=None,
             seed=seed,
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 # --- Tokenizer --------------------------------------------------------------------------------
