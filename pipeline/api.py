@@ -252,7 +252,9 @@ class ConversationHandle(Protocol):
     ) -> ResponseHandle:
         """Start a reply; its assistant message joins the conversation as ``item_id``, and its function calls (when the
         conversation has tools) as ``call_item_ids``, in order (it makes at most that many). A conversation with no
-        items is answered too: the reply answers the instructions alone (a greeting)."""
+        items is answered too: the reply answers the instructions alone (a greeting). Raises before anything runs:
+        ``UnsupportedInputError`` (param ``modalities``) for audio from an engine without audio output,
+        ``UnknownVoiceError`` for a voice it does not have."""
         ...
 
     async def close(self) -> None:
@@ -263,7 +265,12 @@ class ConversationHandle(Protocol):
 class EngineHandle(Protocol):
     model_name: str
     voices: tuple[str, ...]
-    default_voice: str
+    """The voices a spoken reply may ask for; empty when the engine has no audio output."""
+    default_voice: str | None
+    """None when the engine has no audio output."""
+    audio_output: bool
+    """Whether the engine speaks. If not (a checkpoint without a talker), it answers in text only: ``respond`` with
+    the audio modality, or with any voice, raises (``UnsupportedInputError``, ``UnknownVoiceError``)."""
     default_instructions: str
     random_weights: bool
     """True when the checkpoint is one of our random-weight test models: never an assistant."""

@@ -9,8 +9,8 @@ item, dropping the oldest turns to fit the context (:meth:`ConversationState.mak
 cancelling a reply therefore rolls the cache back exactly as far as needed and never further, and history is never
 prefilled twice.
 
-For the talker the state keeps, per cached position, its talker input vector (thinker last hidden +
-input embedding, the embedding zeroed at audio positions as the reference does).
+For the talker the state keeps, per cached position, its talker input vector (what the family's ``thinker -> talker``
+connector makes of it); an engine without a talker keeps none.
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ class ImageBlock:
     """(n_tokens, H) on the thinker device (filled by the step's image encodes before anything renders)."""
     offsets: np.ndarray
     """(3, n_tokens) TMRoPE offsets (time, row, column) of its tokens from its first position."""
+    deepstack: tuple[torch.Tensor, ...] = ()
+    """Per-layer features added at its positions: the ``k``-th (n_tokens, H) to decoder layer ``k``'s output (filled
+    with ``embeds``; empty for a vision tower without them, :class:`pipeline.models.family.LayeredVision`)."""
     error: Exception | None = None
     """Why its encode failed; a response reading it fails with it."""
 
@@ -138,6 +141,9 @@ class Rendering:
     """Positions with explicit TMRoPE positions (images), in order."""
     image_tokens: int = 0
     """How many of ``audio``'s positions are image positions."""
+    deepstack: dict[int, tuple[tuple[torch.Tensor, ...], int]] = field(default_factory=dict)
+    """position -> (its block's :attr:`ImageBlock.deepstack`, row) for image and video positions whose vision tower
+    makes per-layer features."""
 
 
 class ConversationState:
@@ -169,9 +175,14 @@ class ConversationState:
         """Rope position - cache index of text after the cached prefix (0 without pictures): what a decode step adds
         on every TMRoPE axis. Set by each prefill chunk that ends outside a picture."""
         self.talker_vectors: list[torch.Tensor] = []
-        """Chunks of (T, H) talker input vectors, together aligned with ``cached_keys``."""
+        """Chunks of (T, H) talker input vectors, together aligned with ``cached_keys`` (always empty in an engine
+        without a talker)."""
         self.cached_rope = CachedRope()
         """The rope positions the cached positions were run at (the talker runs its prompt at the same)."""
+        self.cached_spans: list[GridSpan] = []
+        """The rendering's explicit-position spans that start among the cached positions, in order (a span the cache
+        holds only the first positions of is kept whole): a frame talker places the ones it reads on its own
+        sequence."""
 
     # -- items --------------------------------------------------------------------------------
     def find(self, item_id: str) -> ConvItem:
@@ -333,7 +344,7 @@ class ConversationState:
             chunk = layout.chunk(j)
             for v in chunk.video:
                 pair, i = divmod(v, per_pair)
-                r.audio[len(r.keys)] = (video.pairs[pair].embeds, i)
+                self._place_vision(r, video.pairs[pair], i)
                 r.keys.append((item_id, "video", pair, i))
                 r.token_ids.append(s.video_token)
             for a in chunk.audio:
@@ -346,8 +357,7 @@ class ConversationState:
             r.spans.append(GridSpan(at=at, offsets=layout.offsets(), advance=layout.advance))
             self._append_tokens(r, [s.audio_end, s.vision_end] + self.renderer.footer())
         else:
-            offsets = [np.zeros((3, 2), dtype=np.int64)] + [layout.chunk_offsets(j) for j in range(n)]
-            r.spans.append(GridSpan(at=at, offsets=np.concatenate(offsets, axis=1)))
+            r.spans.append(GridSpan(at=at, offsets=layout.prefix_offsets(n)))
 
     def _render_content(self, r: Rendering, item: ConvItem) -> None:
         """Text and images; an image's positions get its explicit TMRoPE offsets (a :class:`GridSpan`)."""
@@ -361,11 +371,18 @@ class ConversationState:
             block = images[k]
             r.spans.append(GridSpan(at=len(r.keys), offsets=block.offsets))
             for i in range(segment):
-                r.audio[len(r.keys)] = (block.embeds, i)
+                self._place_vision(r, block, i)
                 r.keys.append((item.id, "image", k, i))
                 r.token_ids.append(self.renderer.special.image_token)
             r.image_tokens += segment
             k += 1
+
+    @staticmethod
+    def _place_vision(r: Rendering, block: ImageBlock, i: int) -> None:
+        """Row ``i`` of a picture's (or a video frame pair's) block at the next position."""
+        r.audio[len(r.keys)] = (block.embeds, i)
+        if block.deepstack:
+            r.deepstack[len(r.keys)] = (block.deepstack, i)
 
     @staticmethod
     def _append_tokens(r: Rendering, ids: list[int]) -> None:
@@ -391,18 +408,32 @@ class ConversationState:
         if length >= len(self.cached_keys):
             return
         self.cached_keys = self.cached_keys[:length]
+        self.cached_spans = [span for span in self.cached_spans if span.at < length]
         # the shift after the kept prefix is set again by the prefill that follows every crop
         vectors = torch.cat(self.talker_vectors) if self.talker_vectors else None
         self.talker_vectors = [vectors[:length]] if vectors is not None and length else []
 
     def extend(
-        self, keys: list[Hashable], vectors: torch.Tensor, *, rope: np.ndarray | None = None, shift: int = 0
+        self,
+        keys: list[Hashable],
+        vectors: torch.Tensor | None,
+        *,
+        rope: np.ndarray | None = None,
+        shift: int = 0,
+        spans: list[GridSpan] | tuple[GridSpan, ...] = (),
     ) -> None:
         """Append positions run at rope positions ``rope`` (3, len(keys)), or at cache index + ``shift`` on every
-        axis without it."""
+        axis without it, with their talker vectors (None: the engine has no talker; it never passes vectors).
+        ``spans``: the rendering's spans that hold some of them (each replaces a kept span that starts where it does:
+        an open message's span grows from one rendering to the next)."""
         self.cached_rope.record(len(self.cached_keys), len(keys), rope, shift)
+        if spans:
+            starts = {span.at for span in spans}
+            kept = [span for span in self.cached_spans if span.at not in starts]
+            self.cached_spans = sorted([*kept, *spans], key=lambda span: span.at)
         self.cached_keys.extend(keys)
-        self.talker_vectors.append(vectors)
+        if vectors is not None:
+            self.talker_vectors.append(vectors)
 
     def talker_prompt(self) -> torch.Tensor:
         vectors = torch.cat(self.talker_vectors)
@@ -495,4 +526,5 @@ class ConversationState:
         self.rope_shift = 0
         self.talker_vectors = []
         self.cached_rope.clear()
+        self.cached_spans = []
         self.talker_keys = []

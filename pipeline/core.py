@@ -84,6 +84,7 @@ class EngineCore:
             observer=self.observer,
             renderer=self.renderer,
             seeds=self.seeds,
+            speaks=self.talker_stage is not None,
         )
         self.phases = StepPhases(
             scheduler=self.scheduler,
@@ -240,13 +241,21 @@ class EngineCore:
         )
 
     @property
+    def speaks(self) -> bool:
+        """Whether the engine makes audio (its checkpoint has a talker and token2wav); if not, it answers in text only
+        and refuses a spoken response."""
+        return self.talker_stage is not None
+
+    @property
     def decode_devices(self) -> tuple[torch.device, ...]:
-        """The devices of the decode steps, each once: the thinker's, then the talker's."""
-        return tuple(dict.fromkeys((self.runner.thinker.device, self.runner.talker.device)))
+        """The devices of the decode steps, each once: the thinker's, then the talker's (if any)."""
+        talker = self.runner.talker
+        return tuple(dict.fromkeys((self.runner.thinker.device, *([talker.device] if talker else []))))
 
     @property
     def devices(self) -> tuple[torch.device, ...]:
-        """The devices the stages run on, each once: the thinker's first, then the talker's and token2wav's."""
+        """The devices the stages run on, each once: the thinker's first, then the talker's and token2wav's (if
+        any)."""
         return report.stage_devices(self.runner, self.t2w_device)
 
     def describe(self) -> list[str]:

@@ -2,8 +2,9 @@
 
 :func:`build_core` asks the model family for everything model-specific (special ids, the prompt renderer, context
 and codec limits, connectors), builds the runners (:mod:`pipeline.runners.build`), then the scheduler, the output
-processor, the conversation requests and the talker stage over them, and returns them as :class:`CoreParts`. How a
-response ends is the core's: the parts call back through :class:`CoreHooks`.
+processor, the conversation requests and the talker stage over them, and returns them as :class:`CoreParts`. A
+checkpoint that does not speak gets no talker stage (``talker_stage`` None) and no token2wav. How a response ends is
+the core's: the parts call back through :class:`CoreHooks`.
 """
 
 from __future__ import annotations
@@ -57,13 +58,15 @@ class CoreParts:
     """Renders conversations to prompt token ids and decodes reply ids (the family's)."""
     limits: RunnerLimits
     runner: ModelRunner
-    t2w_device: torch.device
+    t2w_device: torch.device | None
+    """token2wav's device; None when the checkpoint does not speak."""
     image_encodes: ImageEncodes | None
     """Pictures queued by requests, encoded together at the start of each step (None: no vision tower)."""
     scheduler: Scheduler
     output: OutputProcessor
     conversations: Conversations
-    talker_stage: TalkerStage | FrameTalkerStage
+    talker_stage: TalkerStage | FrameTalkerStage | None
+    """Drives the family's talker; None when the checkpoint does not speak (text replies only)."""
 
 
 def build_core(
@@ -74,11 +77,12 @@ def build_core(
     family = family_of(cfg.model_family)
     special = family.special(ckpt)
     renderer = family.renderer(ckpt)
+    speaks = family.speaks(ckpt)
     limits = RunnerLimits(
         max_context=cfg.thinker.max_context_tokens or family.max_context(ckpt),
         max_codes=cfg.talker.max_tokens or 4096,
         text_stop=tuple(sorted({special.im_end, special.endoftext})),
-        codec_stop=tuple(family.codec_stop_ids(ckpt)),
+        codec_stop=tuple(family.codec_stop_ids(ckpt)) if speaks else (),
     )
     runner, t2w_device = build_model_runner(family, ckpt, cfg, limits, fail=hooks.fail)
     log_placement(runner, t2w_device)
@@ -92,8 +96,12 @@ def build_core(
         holds_start=lambda r: scheduler.holds_start(r.conv),
     )
     conversations = _conversations(ckpt, cfg, family, renderer, limits, runner, image_encodes, scheduler, hooks)
-    talker_stage = _talker_stage(
-        cfg, family, ckpt, special, limits, runner, t2w_device, scheduler, observer, seeds, hooks
+    talker_stage = (
+        _talker_stage(
+            cfg, family, ckpt, special, limits, runner, t2w_device, scheduler, observer, seeds, hooks, positions
+        )
+        if runner.speaks
+        else None
     )
     return CoreParts(
         family=family,
@@ -122,6 +130,7 @@ def _talker_stage(
     observer: EngineObserver,
     seeds: Seeds,
     hooks: CoreHooks,
+    positions: PositionScheme,
 ) -> TalkerStage | FrameTalkerStage:
     """The stage that drives the family's talker: one code per step, or frames of several codebooks."""
     common = dict(
@@ -137,7 +146,12 @@ def _talker_stage(
     )
     if isinstance(runner.talker, FrameTalkerRunner):
         end_ids = list(runner.talker.parts.text_end_ids)
-        return FrameTalkerStage(talker=runner.talker, text_end_vectors=tuple(runner.thinker.embed(end_ids)), **common)
+        return FrameTalkerStage(
+            talker=runner.talker,
+            text_end_vectors=tuple(runner.thinker.embed(end_ids)),
+            positions=positions,
+            **common,
+        )
     return TalkerStage(
         runner=runner,
         special=special,
@@ -166,7 +180,8 @@ def _scheduler(
     cfg: StageGraphConfig, runner: ModelRunner, limits: RunnerLimits, positions: PositionScheme
 ) -> Scheduler:
     th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
-    chunking = runner.token2wav.cfg
+    synthesizer = runner.token2wav
+    quick_frames = synthesizer.cfg.quick_first_chunk_frames if synthesizer else None
     return Scheduler(
         SchedulerConfig(
             prefills_per_step=th.max_prefills_per_step,
@@ -179,17 +194,17 @@ def _scheduler(
             min_text_tokens=th.min_tokens or 0,
             min_codes=ta.min_tokens or 0,
             max_codes=limits.max_codes,
-            t2w_max_batch=runner.token2wav.max_batch,
+            t2w_max_batch=synthesizer.max_batch if synthesizer else tw.max_batch,
             starving_margin_ms=tw.starving_margin_ms,
             starving_margin_from_jobs=tw.starving_margin_from_jobs,
             start_buffer_ms=tw.start_buffer_ms,
             start_buffer_busy=tw.start_buffer_busy or tw.max_batch,
-            quick_first_chunk=chunking.quick_first_chunk_frames is not None,
-            quick_first_chunk_max_open=chunking.quick_first_chunk_max_open,
+            quick_first_chunk=quick_frames is not None,
+            quick_first_chunk_max_open=synthesizer.cfg.quick_first_chunk_max_open if synthesizer else 0,
             video_budget=VideoBudget(th.video_history_seconds, th.video_retention_ratio),
         ),
         thinker_slots=runner.thinker.pool.slots,
-        talker_slots=runner.talker.pool.slots,
+        talker_slots=runner.talker.pool.slots if runner.talker else None,
         positions=positions,
     )
 

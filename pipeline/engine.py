@@ -46,6 +46,7 @@ from pipeline.errors import (
     ResponseActiveError,
     UnknownVoiceError,
     UnsupportedInputError,
+    no_audio_output,
 )
 from pipeline.loaders import CheckpointLoader, PretrainedCheckpoint
 from pipeline.loop import CoreCall, EngineBackend, EngineFacts, EngineThread
@@ -260,13 +261,16 @@ class Conversation:
         call_item_ids: tuple[str, ...] = (),
     ) -> Response:
         engine = self._engine
-        voice = voice or engine.default_voice
-        if voice not in engine.voices:
-            raise UnknownVoiceError(f"unknown voice {voice!r}; available: {', '.join(engine.voices)}", param="voice")
         if not modalities or not set(modalities) <= {"text", "audio"}:
             raise InvalidInputError(
                 f"modalities must be a non-empty subset of text, audio: {modalities}", param="modalities"
             )
+        if "audio" in modalities and not engine.audio_output:
+            raise no_audio_output()
+        voice = voice or engine.default_voice
+        if voice is not None and voice not in engine.voices:  # None only where the engine has no audio output
+            available = ", ".join(engine.voices) or "none (the model answers in text only)"
+            raise UnknownVoiceError(f"unknown voice {voice!r}; available: {available}", param="voice")
         if max_output_tokens is not None and max_output_tokens <= 0:
             raise InvalidInputError("max_output_tokens must be positive", param="max_output_tokens")
         if self._active is not None:
@@ -343,6 +347,7 @@ class OmniEngine:
         self.random_weights = facts.random_weights
         self.max_output_tokens = facts.max_output_tokens
         self.vision = facts.vision
+        self.audio_output = facts.audio_output
         self.max_pending_events = max_pending_events
         self._backend = backend
         if self.random_weights:

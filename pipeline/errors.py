@@ -65,9 +65,19 @@ class InvalidImageError(InvalidInputError):
 
 
 class UnsupportedInputError(InvalidInputError):
-    """Input the checkpoint cannot take (images or video on a model without a vision tower)."""
+    """Input the checkpoint cannot take (images or video on a model without a vision tower), or output it cannot make
+    (audio from a model without a talker: :func:`no_audio_output`)."""
 
     code = "unsupported_input"
+
+
+def no_audio_output() -> UnsupportedInputError:
+    """The error of a spoken response asked of an engine whose checkpoint has no talker (it answers in text only)."""
+    return UnsupportedInputError(
+        "this model has no audio output (its checkpoint has no talker): it answers in text only; "
+        "ask for the text modality",
+        param="modalities",
+    )
 
 
 class ContextLimitError(InvalidInputError):

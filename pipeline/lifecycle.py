@@ -13,7 +13,7 @@ import time
 
 from pipeline.conversation_state import ConvItem, ItemKind
 from pipeline.conversations import Conversations
-from pipeline.errors import EngineFailure, FunctionCallError, PipelineError, ResponseActiveError
+from pipeline.errors import EngineFailure, FunctionCallError, PipelineError, ResponseActiveError, no_audio_output
 from pipeline.observe.observer import EngineObserver
 from pipeline.output.detokenizer import IncrementalDetokenizer
 from pipeline.output.function_calls import function_calls
@@ -41,6 +41,7 @@ class ResponseLifecycle:
         observer: EngineObserver,
         renderer,
         seeds: Seeds,
+        speaks: bool,
     ) -> None:
         self.scheduler = scheduler
         self.conversations = conversations
@@ -49,11 +50,16 @@ class ResponseLifecycle:
         self.observer = observer
         self.renderer = renderer
         self.seeds = seeds
+        self.speaks = speaks
+        """Whether the engine has a talker: without one a spoken response is refused."""
 
     def start(self, spec: ResponseSpec) -> None:
         """Open the reply item at the end of the conversation and queue the response's prefill. Any conversation is
         answered: with no items (or no user item) the prompt is the instructions and the reply's header, so the reply
-        answers the instructions (a greeting)."""
+        answers the instructions (a greeting). Raises ``UnsupportedInputError`` for a spoken response of an engine
+        without a talker, before anything is opened."""
+        if spec.audio and not self.speaks:
+            raise no_audio_output()
         conv = self.conversations.get(spec.conv_id)
         if conv.active_response is not None:
             raise ResponseActiveError("a response is already in progress for this conversation", param="response")

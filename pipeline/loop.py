@@ -90,7 +90,9 @@ class EngineFacts:
 
     model_name: str
     voices: tuple[str, ...]
-    default_voice: str
+    """Empty when the engine has no audio output."""
+    default_voice: str | None
+    """None when the engine has no audio output."""
     random_weights: bool
     device_name: str
     """The thinker's device in words (the GPU's name on CUDA), for reports."""
@@ -98,6 +100,9 @@ class EngineFacts:
     """The longest reply in text tokens: the thinker's ``max_tokens``, else its context size."""
     vision: VisionInfo | None = None
     """What the checkpoint's vision tower takes; None: it has none."""
+    audio_output: bool = True
+    """Whether the checkpoint speaks (:meth:`ModelFamily.speaks <pipeline.models.family.ModelFamily.speaks>`); if
+    not, the engine answers in text only and refuses a spoken response."""
 
     @classmethod
     def of(cls, ckpt: Checkpoint, cfg: StageGraphConfig) -> EngineFacts:
@@ -107,14 +112,16 @@ class EngineFacts:
         else:
             name = f"{device.type.upper()} ({os.cpu_count()} cores, {platform.machine()})"
         family = family_of(cfg.model_family)
+        speaks = family.speaks(ckpt)
         return cls(
             model_name=ckpt.source,
-            voices=family.voices(ckpt),
-            default_voice=family.default_voice(ckpt),
+            voices=family.voices(ckpt) if speaks else (),
+            default_voice=family.default_voice(ckpt) if speaks else None,
             random_weights=ckpt.random_weights,
             device_name=name,
             max_output_tokens=cfg.thinker.max_tokens or cfg.thinker.max_context_tokens or family.max_context(ckpt),
             vision=family.vision_info(ckpt),
+            audio_output=speaks,
         )
 
 

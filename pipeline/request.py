@@ -65,7 +65,8 @@ class ResponseSpec:
     conv_id: str
     item_id: str
     audio: bool
-    voice: str
+    voice: str | None
+    """The reply's voice (None only from an engine without audio output, whose replies are never spoken)."""
     max_text_tokens: int
     sink: Callable[[ResponseEvent], None]
     can_accept: Callable[[], bool] = _accept_always

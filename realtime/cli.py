@@ -66,8 +66,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 async def _demo_turn(engine, args: argparse.Namespace):
-    """The demo's one turn on ``engine``: the reply's text printed as it comes, its audio written to ``args.out``;
-    returns the ``ResponseDone``."""
+    """The demo's one turn on ``engine``: the reply's text printed as it comes, its audio written to ``args.out``
+    (nothing written when the model answers in text only); returns the ``ResponseDone``."""
     import numpy as np
     import soundfile as sf
 
@@ -82,7 +82,11 @@ async def _demo_turn(engine, args: argparse.Namespace):
     start = time.perf_counter()
     first_audio = None
     chunks = []
-    async for ev in conv.respond(item_id="reply_1", voice=args.voice, max_output_tokens=args.max_output_tokens):
+    modalities = frozenset({"text", "audio"}) if engine.audio_output else frozenset({"text"})
+    reply = conv.respond(
+        item_id="reply_1", modalities=modalities, voice=args.voice, max_output_tokens=args.max_output_tokens
+    )
+    async for ev in reply:
         if isinstance(ev, TextDelta):
             print(ev.text, end="", flush=True)
         elif isinstance(ev, AudioChunk):
@@ -91,9 +95,13 @@ async def _demo_turn(engine, args: argparse.Namespace):
         else:
             done = ev
     print()
+    status = done.status.value + (f" ({done.reason})" if done.reason else "")
+    if not engine.audio_output:
+        print(f"{status}: {done.usage.output_text_tokens} text tokens (the model answers in text only)")
+        await conv.close()
+        return done
     audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     sf.write(args.out, audio, OUTPUT_SAMPLE_RATE, subtype="PCM_16")
-    status = done.status.value + (f" ({done.reason})" if done.reason else "")
     first = f"{first_audio * 1000:.0f} ms" if first_audio else "n/a"
     print(
         f"{status}: {len(audio) / OUTPUT_SAMPLE_RATE:.2f} s of audio written to {args.out} "

@@ -167,7 +167,9 @@ def _announce(engine: EngineHandle, config: ServerConfig, pool: EnginePool) -> N
             "!" * 78,
         )
     _, unusable = usable_aliases(config.voice_aliases, tuple(engine.voices))
-    if unusable:
+    if not engine.audio_output:
+        logger.info("%s has no audio output: it answers in text only", engine.model_name)
+    elif unusable:
         logger.warning(
             "voice aliases left out (this model has no such speaker; it has %s): %s",
             ", ".join(engine.voices),

@@ -45,6 +45,18 @@ def qwen3_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen3_text_model_dir(tmp_path_factory) -> Path:
+    """The tiny random Qwen3-Omni checkpoint without talker and code2wav (``enable_audio_output`` false, like the
+    released -Thinking ones), built once per test session (seconds)."""
+    import dataclasses
+
+    from pipeline.models.qwen3_omni.tiny import RandomModelSpec, make_random_checkpoint
+
+    spec = dataclasses.replace(RandomModelSpec.tiny(), enable_audio_output=False)
+    return make_random_checkpoint(tmp_path_factory.mktemp("tiny-qwen3-omni-text"), spec)
+
+
+@pytest.fixture(scope="session")
 def qwen3_sharp_model_dir(tmp_path_factory) -> Path:
     """The tiny Qwen3-Omni checkpoint with sharpened attention: a wrong position changes its greedy tokens."""
     from pipeline.models.qwen3_omni.tiny import RandomModelSpec, make_random_checkpoint
@@ -158,3 +170,43 @@ def tiny_engine(tiny_model_dir):
     engine = OmniEngine.from_pretrained(tiny_model_dir, greedy_stage_config(talker={"max_tokens": 120}), seed=1234)
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="session")
+def qwen3_engine(qwen3_model_dir):
+    """A greedy engine on the tiny Qwen3-Omni checkpoint, shared as :func:`tiny_engine` is; replies of at most 30
+    frames, 2.4 s of audio as tiny_engine's 120 codes."""
+    from pipeline.engine import OmniEngine
+
+    cfg = greedy_stage_config(family="qwen3_omni", talker={"max_tokens": 30})
+    engine = OmniEngine.from_pretrained(qwen3_model_dir, cfg, seed=1234)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module", params=["qwen2_5", "qwen3"])
+def family(request):
+    """The model family a test runs on (tests/helpers/families.py): a test that asks for it, or for
+    :func:`family_model_dir` or :func:`family_engine`, runs once per family. Module-scoped, so that a module's tests
+    run family by family and share what they build on each."""
+    from tests.helpers.families import FAMILIES
+
+    return FAMILIES[request.param]
+
+
+@pytest.fixture(scope="module")
+def family_model_dir(family, request) -> Path:
+    """The tiny checkpoint folder of :func:`family`."""
+    from pipeline.models import checkpoint_family
+
+    model_dir = request.getfixturevalue(family.model_dir)
+    assert checkpoint_family(str(model_dir)) == family.family
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def family_engine(family, request):
+    """The shared greedy engine on :func:`family`'s tiny checkpoint (:func:`tiny_engine` or :func:`qwen3_engine`)."""
+    engine = request.getfixturevalue(family.engine)
+    assert (engine.cfg.model_family, engine.voices) == (family.family, family.voices)
+    return engine

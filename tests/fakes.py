@@ -418,6 +418,7 @@ class FakeEngine:
     model_name = "fake-omni"
     voices = ("Chelsie", "Ethan")
     default_voice = "Chelsie"
+    audio_output = True
     default_instructions = "You are a fake assistant."
     random_weights = True
     max_output_tokens = 4096

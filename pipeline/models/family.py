@@ -30,7 +30,7 @@ from pipeline.models.synthesis import StreamingSynthesizer, StreamStatus, Token2
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Checkpoint", "Connector", "ModelFamily", "StreamStatus", "ThinkerParts"]
+__all__ = ["Checkpoint", "Connector", "LayeredVision", "ModelFamily", "StreamStatus", "ThinkerParts"]
 
 
 Checkpoint: TypeAlias = Any
@@ -65,8 +65,20 @@ class ThinkerParts:
     embeddings, ``i`` the output of layer ``i - 1``); None: the last, after the final norm."""
     vision: Any = None
     """The vision tower (None: the checkpoint has none): ``encode_many(items) -> list`` (items ``(pixel_values,
-    grid_thw)`` as :meth:`ModelFamily.vision_preprocessor` makes them; one (tokens, hidden) tensor each, in order;
-    several may run as one batch) and ``tokens(grid_thw) -> int`` (thinker positions of an item of that grid)."""
+    grid_thw)`` as :meth:`ModelFamily.vision_preprocessor` makes them, in order; several may run as one batch), each
+    output either a (tokens, hidden) tensor (the item's input embeddings) or a :class:`LayeredVision`;
+    ``tokens(grid_thw) -> int`` (thinker positions of an item of that grid); ``merge_size`` (the tower's spatial
+    merge); ``deepstack_layers`` (how many :attr:`LayeredVision.deepstack` tensors each output carries; 0 when the
+    outputs are plain tensors)."""
+
+
+class LayeredVision(Protocol):
+    """A vision tower's output for one item whose features also enter the decoder past its input: ``tokens`` (n, hidden)
+    are the input embeddings of the item's ``n`` positions, and ``deepstack[k]`` (n, hidden) is added to the output of
+    decoder layer ``k`` at the same positions, for ``k`` in ``range(len(deepstack))`` (Qwen3-Omni's deepstack)."""
+
+    tokens: torch.Tensor
+    deepstack: tuple[torch.Tensor, ...]
 
 
 @runtime_checkable
@@ -181,8 +193,16 @@ class ModelFamily(Protocol):
         a picture's positions, for the scheduler's prefills and the picture encodes."""
         ...
 
+    def speaks(self, ckpt: Checkpoint) -> bool:
+        """Whether the checkpoint makes audio (it has a talker and token2wav). False (a text-only checkpoint): the
+        engine builds no talker and no token2wav and answers in text only; :meth:`voices` is empty, and the talker and
+        synthesizer methods (:meth:`default_voice`, :meth:`voice_bos`, :meth:`codec_stop_ids`,
+        :meth:`codec_suppress_ids`, :meth:`frame_talker_parts`, :meth:`token2wav`, :meth:`start_stream`) are never
+        called."""
+        ...
+
     def voices(self, ckpt: Checkpoint) -> tuple[str, ...]:
-        """The voice names a reply may ask for."""
+        """The voice names a reply may ask for (empty when the checkpoint does not :meth:`speak <speaks>`)."""
         ...
 
     def default_voice(self, ckpt: Checkpoint) -> str:

@@ -14,7 +14,10 @@ Streaming contract (what a family's parts must make equal to its reference):
   (reply vectors from the second on, then the text-end vector once, then the text-pad vector).
 - After codebook 0 of a frame is sampled, :meth:`FrameTalkerParts.residual` fills the rest of the frame from the
   talker's hidden state of that step.
-Positions: the talker's cache index of every position is also its rope position on each axis.
+Positions: the talker's sequence is its own (the prompt positions it reads, then the reply's opening and frames);
+its rope positions follow the family's :class:`~pipeline.models.positions.PositionScheme` over that sequence, the
+thinker's explicit-position spans (pictures, video) of the positions it reads placed at their talker indices. Without
+pictures or video every axis equals the talker's cache index.
 """
 
 from __future__ import annotations

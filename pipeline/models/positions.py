@@ -79,9 +79,9 @@ class AVChunk(Protocol):
 
 class AVLayout(Protocol):
     """The token layout and offsets of one spoken message with video, as far as its media are known
-    (:meth:`AVTiming.layout`). The message renders as its opening markers (vision, then audio, both at offset 0),
-    its chunks in order, then its closing markers (audio, then vision, at :attr:`close_offset`). A layout with more
-    media keeps the first :meth:`ready_chunks` chunks of one with less."""
+    (:meth:`AVTiming.layout`). The message renders as its opening markers (vision, then audio; their offsets are the
+    family's: :meth:`prefix_offsets`), its chunks in order, then its closing markers (audio, then vision; the first at
+    :attr:`close_offset`). A layout with more media keeps the first :meth:`ready_chunks` chunks of one with less."""
 
     @property
     def n_chunks(self) -> int: ...
@@ -98,9 +98,13 @@ class AVLayout(Protocol):
         """(3, chunk length) int64 offsets of chunk ``j``'s tokens from the message's first position."""
         ...
 
+    def prefix_offsets(self, n: int) -> np.ndarray:
+        """(3, length) int64 offsets of the opening markers and the first ``n`` chunks: an open message's rendering."""
+        ...
+
     @property
     def close_offset(self) -> int:
-        """Offset of both closing markers."""
+        """Offset of the first closing marker (the second's is the family's: :meth:`offsets`)."""
         ...
 
     @property

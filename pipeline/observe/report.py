@@ -21,9 +21,11 @@ __all__ = ["describe", "device_memory", "engine_stats", "log_placement", "stage_
 log = logging.getLogger("pipeline.core")
 
 
-def stage_devices(runner, t2w_device: torch.device) -> tuple[torch.device, ...]:
-    """The devices the stages run on, each once: the thinker's first, then the talker's and token2wav's."""
-    return tuple(dict.fromkeys((runner.thinker.device, runner.talker.device, t2w_device)))
+def stage_devices(runner, t2w_device: torch.device | None) -> tuple[torch.device, ...]:
+    """The devices the stages run on, each once: the thinker's first, then the talker's and token2wav's (an engine
+    without a talker has neither)."""
+    speech = (runner.talker.device, t2w_device) if runner.talker is not None else ()
+    return tuple(dict.fromkeys((runner.thinker.device, *speech)))
 
 
 def engine_stats(
@@ -57,7 +59,7 @@ def device_memory(devices: tuple[torch.device, ...]) -> dict[str, int]:
     }
 
 
-def log_placement(runner, t2w_device: torch.device) -> None:
+def log_placement(runner, t2w_device: torch.device | None) -> None:
     """One line when the stages are on several CUDA devices: where each runs, and whether the devices that pass
     tensors to each other (thinker -> talker, vectors every step) have peer access."""
     cuda = [d for d in stage_devices(runner, t2w_device) if d.type == "cuda"]
@@ -78,7 +80,8 @@ def describe(scheduler, runner) -> list[str]:
     worker): what a stalled or slow engine waits on."""
     lines = [_describe_response(r, busy=runner.in_worker(r)) for r in scheduler.responses.values()]
     for name, slots in (("thinker", scheduler.thinker_slots), ("talker", scheduler.talker_slots)):
-        lines.append(f"  {name} KV slots: {slots.used} of {slots.capacity} used")
+        if slots is not None:
+            lines.append(f"  {name} KV slots: {slots.used} of {slots.capacity} used")
     if runner.worker is not None:
         lines.append(
             f"  token2wav worker: {len(runner.worker.in_flight)} streams in flight, {len(runner.jobs)} jobs known"

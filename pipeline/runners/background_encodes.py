@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -45,15 +45,19 @@ class EncodeNames:
 class EncodeQueue(Generic[Input, Block]):
     def __init__(
         self,
-        encode_many: Callable[[list[Input]], list[torch.Tensor]],
+        encode_many: Callable[[list[Input]], list[Any]],
         names: EncodeNames,
         *,
         log: logging.Logger,
         width: int,
         dtype: torch.dtype,
         device: torch.device,
+        fill: Callable[[Block, Any], None] | None = None,
     ) -> None:
+        """``encode_many``: the encoder's outputs of the queued inputs, in order; ``fill(block, output)`` copies one
+        output into its block (default: a tensor into ``block.embeds``, :meth:`copy_checked`)."""
         self._encode_many = encode_many
+        self._fill_block = fill or (lambda block, out: self.copy_checked(block.embeds, out))
         self._names, self._log = names, log
         self._width, self._dtype, self._device = width, dtype, torch.device(device)
         self._queue: list[tuple[Input, Block]] = []
@@ -89,9 +93,13 @@ class EncodeQueue(Generic[Input, Block]):
                     block.error = exc
         return len(queued)
 
-    def _fill(self, queued: list[tuple[Input, Block]], outputs: list[torch.Tensor]) -> None:
+    def copy_checked(self, target: torch.Tensor, out: torch.Tensor) -> None:
+        """Copy an encoder output into a block's tensor of the same shape; RuntimeError naming both shapes if not."""
+        if out.shape != target.shape:
+            want = tuple(target.shape)
+            raise RuntimeError(f"{self._names.encoder} gave {tuple(out.shape)} for a {self._names.unit} of {want}")
+        target.copy_(out)
+
+    def _fill(self, queued: list[tuple[Input, Block]], outputs: list[Any]) -> None:
         for (_, block), out in zip(queued, outputs, strict=True):
-            if out.shape != block.embeds.shape:
-                want = tuple(block.embeds.shape)
-                raise RuntimeError(f"{self._names.encoder} gave {tuple(out.shape)} for a {self._names.unit} of {want}")
-            block.embeds.copy_(out)
+            self._fill_block(block, out)

@@ -2,7 +2,9 @@
 :class:`~pipeline.runners.model_runner.ModelRunner` over them.
 
 Each stage is built with its own device current (stages may be on different GPUs). The decode and prefill graphs are
-captured and token2wav is compiled and warmed up here (seconds on a 7B model), not during the first replies.
+captured and token2wav is compiled and warmed up here (seconds on a 7B model), not during the first replies. A
+checkpoint that does not speak (:meth:`ModelFamily.speaks <pipeline.models.family.ModelFamily.speaks>`) gets a thinker
+only: no talker, no token2wav, no worker, and its stage config's talker and token2wav sections are not read.
 """
 
 from __future__ import annotations
@@ -48,45 +50,60 @@ def build_model_runner(
     limits: RunnerLimits,
     *,
     fail: Callable[[ResponseState, Exception], None],
-) -> tuple[ModelRunner, torch.device]:
-    """The engine's :class:`ModelRunner` (graphs captured, token2wav warmed up) and the token2wav stage's device.
+) -> tuple[ModelRunner, torch.device | None]:
+    """The engine's :class:`ModelRunner` (graphs captured, token2wav warmed up) and the token2wav stage's device (None
+    when the checkpoint does not speak: the runner then has no talker, token2wav, worker or connector).
     ``fail(response, error)``: how the runner ends a response whose rows failed."""
-    thinker, talker, token2wav, worker, t2w_device = _build_runners(family, ckpt, cfg, limits)
+    th_device = concrete(cfg.thinker.device)
+    with device_scope(th_device):
+        thinker = _build_thinker(family, ckpt, cfg.thinker, th_device, limits)
+    speech = _build_speech(family, ckpt, cfg, limits) if family.speaks(ckpt) else None
     # capture the decode and prefill graphs now (seconds on a 7B model), not during the first replies; before the
     # scheduler is made: its prefill row budget is the largest captured prefill graph
     with device_scope(thinker.device):
         thinker.capture()
-    talker.capture()
+    if speech is not None:
+        speech.talker.capture()
     runner = ModelRunner(
         thinker=thinker,
-        talker=talker,
-        token2wav=token2wav,
-        worker=worker,
-        to_talker=family.connectors[cfg.talker.connector].fn,
+        talker=speech.talker if speech else None,
+        token2wav=speech.token2wav if speech else None,
+        worker=speech.worker if speech else None,
+        to_talker=family.connectors[cfg.talker.connector].fn if speech else None,
         audio_encodes=AudioEncodes(
             thinker, width=thinker.text_model.config.hidden_size, dtype=thinker.dtype, device=thinker.device
         ),
-        overlap=cfg.talker.overlap,
+        overlap=speech is not None and cfg.talker.overlap,
         fail=fail,
     )
-    return runner, t2w_device
+    return runner, speech.device if speech else None
 
 
-def _build_runners(family: ModelFamily, ckpt: Checkpoint, cfg: StageGraphConfig, limits: RunnerLimits):
-    """The thinker and talker runners (KV pools, graphs, in-graph sampling: the salts keep the two stages' noise
-    apart), the streaming token2wav (compiled and graph-captured now, not during the first replies) and its
-    worker thread, each built with its own stage's device current (stages may be on different GPUs)."""
-    th, ta, tw = cfg.thinker, cfg.talker, cfg.token2wav
-    th_device, ta_device, t2w_device = (concrete(stage.device) for stage in (th, ta, tw))
-    with device_scope(th_device):
-        thinker = _build_thinker(family, ckpt, th, th_device, limits)
+@dataclass(frozen=True)
+class _Speech:
+    """The stages after the thinker of a checkpoint that speaks."""
+
+    talker: TalkerRunner | FrameTalkerRunner
+    token2wav: object
+    """The family's streaming synthesizer (:class:`pipeline.models.synthesis.StreamingSynthesizer`)."""
+    worker: Token2WavWorker | None
+    device: torch.device
+    """token2wav's device."""
+
+
+def _build_speech(family: ModelFamily, ckpt: Checkpoint, cfg: StageGraphConfig, limits: RunnerLimits) -> _Speech:
+    """The talker runner (KV pool, graphs, in-graph sampling: its salts keep its noise apart from the thinker's), the
+    streaming token2wav (compiled and graph-captured now, not during the first replies) and its worker thread, each
+    built with its own stage's device current (stages may be on different GPUs)."""
+    ta, tw = cfg.talker, cfg.token2wav
+    ta_device, t2w_device = concrete(ta.device), concrete(tw.device)
     with device_scope(ta_device):
         talker = _build_talker(family, ckpt, ta, ta_device, limits)
     with device_scope(t2w_device):
         token2wav = family.token2wav(ckpt, tw)
         token2wav.warm_up(max_batch=tw.max_batch)
     worker = Token2WavWorker(token2wav, t2w_device) if tw.worker_thread else None
-    return thinker, talker, token2wav, worker, t2w_device
+    return _Speech(talker, token2wav, worker, t2w_device)
 
 
 def _build_talker(

@@ -6,6 +6,9 @@ codebook 0 with the stage's sampler (suppressed ids, stop ids, repetition penalt
 family's residual predictor fills the rest of each frame on the device. Nothing here reads the device back: the
 frames are returned as a device tensor the step's caller reads once.
 
+Positions: a position's rope position is its cache index on every axis unless the call gives others: a prefill's
+explicit (3, P) rope positions (a prompt with pictures), a decode row's rope shift (rope position - cache index).
+
 Devices: the talker may be on another GPU than the thinker; its inputs are copied to its device inside each call,
 which runs with that device current.
 """
@@ -56,18 +59,21 @@ class FrameTalkerRunner:
         """Nothing to capture: the frame talker runs eagerly."""
 
     @torch.inference_mode()
-    def prefill_prompt(self, inputs: torch.Tensor, *, slot: int, start: int) -> torch.Tensor:
-        """Talker inputs (P, Ht) at cache indices ``start .. start+P-1`` of ``slot``; returns the last position's
+    def prefill_prompt(self, inputs: torch.Tensor, *, slot: int, start: int, rope=None) -> torch.Tensor:
+        """Talker inputs (P, Ht) at cache indices ``start .. start+P-1`` of ``slot``, at rope positions ``rope``
+        ((3, P) int64 on the host, a numpy array or tensor; None: the cache indices); returns the last position's
         hidden state (Ht,)."""
+        self.decoder.check_host_rope(rope, inputs.shape[0])
         with device_scope(self.device):
-            hidden = self.decoder.prefill(slot, inputs.to(self.device, self.dtype), start)
+            positions = None if rope is None else torch.as_tensor(rope).to(self.device, torch.long)
+            hidden = self.decoder.prefill(slot, inputs.to(self.device, self.dtype), start, positions)
             return hidden[-1]
 
     @torch.inference_mode()
-    def start(self, inputs: torch.Tensor, *, slot: int, start: int, sample: SampleRows) -> torch.Tensor:
-        """A reply's prefill (the prompt positions past ``start``, then its opening: talker inputs (P, Ht)) and its
-        first frame, (groups,) int64 on the device."""
-        hidden = self.prefill_prompt(inputs, slot=slot, start=start)
+    def start(self, inputs: torch.Tensor, *, slot: int, start: int, sample: SampleRows, rope=None) -> torch.Tensor:
+        """A reply's prefill (the prompt positions past ``start``, then its opening: talker inputs (P, Ht), at rope
+        positions ``rope`` as for :meth:`prefill_prompt`) and its first frame, (groups,) int64 on the device."""
+        hidden = self.prefill_prompt(inputs, slot=slot, start=start, rope=rope)
         return self._frames(hidden.unsqueeze(0), sample)[0]
 
     @torch.inference_mode()
@@ -78,15 +84,24 @@ class FrameTalkerRunner:
         slots: list[int],
         positions: list[int],
         sample: SampleRows,
+        rope_shifts: list[int] | None = None,
     ) -> torch.Tensor:
         """One step per row: the previous frames (B, groups) int64 and the next text vectors (B, H), row b at cache
-        index ``positions[b]`` of ``slots[b]``. Returns the new frames (B, groups) int64 on the device (codebook 0 a
-        stop id: the utterance ended; the rest of that frame means nothing)."""
+        index ``positions[b]`` of ``slots[b]`` and rope position ``positions[b] + rope_shifts[b]`` on every axis
+        (None: shifts 0). Returns the new frames (B, groups) int64 on the device (codebook 0 a stop id: the utterance
+        ended; the rest of that frame means nothing)."""
+        rope = None
+        if rope_shifts is not None and any(rope_shifts):
+            at = [p + d for p, d in zip(positions, rope_shifts, strict=True)]
+            if any(not 0 <= p < self.decoder.rope_len for p in at):
+                raise ValueError(f"rope positions must lie in [0, {self.decoder.rope_len})")
+            rope = [at, at, at]
         with device_scope(self.device):
             x = self.parts.step_inputs(frames.to(self.device), text.to(self.device, self.dtype))
             slot_ids = host_to_device(slots, torch.long, self.device)
             index = host_to_device(positions, torch.long, self.device)
-            hidden = self.decoder.decode(x.to(self.dtype), slot_ids, index, None, graph_safe=False)
+            rope = None if rope is None else host_to_device(rope, torch.long, self.device)
+            hidden = self.decoder.decode(x.to(self.dtype), slot_ids, index, rope, graph_safe=False)
             return self._frames(hidden, sample)
 
     def _frames(self, hidden: torch.Tensor, sample: SampleRows) -> torch.Tensor:

@@ -7,6 +7,9 @@ decode (or a chain of them), one token2wav job — and returns sampled ids witho
 stages are queued before the host waits. A batch that raises is retried row by row so that only a faulty response
 fails (``fail``). Engine thread only (the token2wav worker has its own thread; see
 :mod:`pipeline.runners.token2wav_worker`).
+
+A runner of a checkpoint that does not speak has no talker, token2wav, worker or ``thinker -> talker`` connector
+(``speaks`` False): the conversations then keep no talker vectors, and no talker or token2wav work is ever asked of it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from pipeline.conversation_state import ConversationState
 from pipeline.request import ResponseState
 from pipeline.runners.sampling import SampleRows
+from pipeline.runners.thinker import PrefillSpan
 from pipeline.runners.token2wav_worker import Token2WavWorker
 from pipeline.scheduler.plan import AudioPlan
 from pipeline.scheduler.prefill_batch import PrefillJob
@@ -49,11 +53,15 @@ class ModelRunner:
     ) -> None:
         self.thinker = thinker
         self.talker = talker
+        """The talker runner; None when the checkpoint does not speak."""
         self.token2wav = token2wav
+        """The family's streaming synthesizer; None when the checkpoint does not speak."""
         self.worker = worker
         self.audio_encodes = audio_encodes
         """User audio blocks and tails queued by requests, encoded together at the start of each step."""
         self.to_talker = to_talker
+        """The ``thinker -> talker`` connector: what a conversation keeps per position for the talker; None when the
+        checkpoint does not speak (nothing is kept)."""
         self.overlap = overlap
         """The talker decodes beside the thinker (on CUDA, on a stream of its own)."""
         self.fail = fail
@@ -63,6 +71,11 @@ class ModelRunner:
         """``perf_counter()`` when the worker's job was handed over, whether it holds first chunks, its streams."""
         self._talker_cuda_stream: torch.cuda.Stream | None = None
         self._talker_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+
+    @property
+    def speaks(self) -> bool:
+        """Whether the engine has a talker and token2wav (the checkpoint makes audio)."""
+        return self.talker is not None
 
     # -- thinker ----------------------------------------------------------------------------------
     def reset_samplers(self, resets: list[tuple[int, list[int]]]) -> None:
@@ -78,7 +91,10 @@ class ModelRunner:
         if not jobs:
             return [], []
         inputs = [self._embeds(job) for job in jobs]
-        spans = [(embeds, job.conv.slot, job.start, job.logits, job.rope) for job, (embeds, *_) in zip(jobs, inputs)]
+        spans = [
+            PrefillSpan(embeds, job.conv.slot, job.start, job.logits, job.rope, self._deepstack(job, embeds.device))
+            for job, (embeds, *_) in zip(jobs, inputs)
+        ]
         failed: list[tuple[PrefillJob, Exception]] = []
         try:
             outputs = list(zip(jobs, inputs, self.thinker.prefill_many(spans)))
@@ -93,8 +109,8 @@ class ModelRunner:
         ran = []
         for job, (_, token_embeds, multimodal), out in outputs:
             try:
-                vectors = self.to_talker(out.talker_hidden, token_embeds, multimodal)
-                job.conv.extend(job.keys, vectors, rope=job.rope)
+                vectors = self._talker_vectors(out.talker_hidden, token_embeds, multimodal)
+                job.conv.extend(job.keys, vectors, rope=job.rope, spans=job.spans)
                 if job.rope_shift is not None:
                     job.conv.rope_shift = job.rope_shift
             except Exception as exc:  # noqa: BLE001 - isolate this conversation's failure
@@ -114,6 +130,25 @@ class ModelRunner:
             embeds[at : at + len(rows)] = audio[rows.start : rows.stop]
             multimodal[at : at + len(rows)] = True
         return embeds, token_embeds, multimodal
+
+    @staticmethod
+    def _deepstack(job: PrefillJob, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """The chunk's deepstack features as the decoder takes them: per layer, (rows of the chunk (n,), features
+        (n, H)), every run of the chunk in order; None when no position of the chunk has any."""
+        if not job.deepstack:
+            return None
+        rows = torch.cat([torch.arange(at, at + len(r), device=device) for at, _, r in job.deepstack])
+        layers = len(job.deepstack[0][1])  # every picture's block has the tower's count (ImageEncodes)
+        return [
+            (rows, torch.cat([features[k][r.start : r.stop] for _, features, r in job.deepstack]))
+            for k in range(layers)
+        ]
+
+    def _talker_vectors(
+        self, hidden: torch.Tensor, embeds: torch.Tensor, multimodal: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The connector's vectors of these positions; None without a talker."""
+        return None if self.to_talker is None else self.to_talker(hidden, embeds, multimodal)
 
     def sample_first(self, rows: list[ResponseState], logits: list[torch.Tensor], *, force: list[bool]) -> list[int]:
         """The first reply token of each response whose prompt was completed this step, sampled in one batch."""
@@ -145,10 +180,11 @@ class ModelRunner:
                 sample_rows,
                 rope_shifts=shifts if any(shifts) else None,
             )
-            vectors = self.to_talker(step.hidden, step.embeds, None)
+            vectors = self._talker_vectors(step.hidden, step.embeds, None)
             sampled.append((batch, step.tokens.clone()))  # the graph's buffer is overwritten by the next replay
             for i, r in enumerate(batch):
-                r.conv.extend([r.thinker.pending_token], vectors[i : i + 1], shift=shifts[i])
+                row = None if vectors is None else vectors[i : i + 1]
+                r.conv.extend([r.thinker.pending_token], row, shift=shifts[i])
                 if r.spec.audio and not r.thinker.silent:
                     r.talker.queue.append(vectors[i])
                 done.add(r.id)

@@ -16,7 +16,9 @@ from the engine thread only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -26,6 +28,32 @@ from pipeline.models.family import ThinkerParts
 from pipeline.runners.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
 from pipeline.runners.decoder import PooledDecoder
 from pipeline.runners.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
+
+
+class PrefillSpan(NamedTuple):
+    """One span of a batched prefill (:meth:`ThinkerRunner.prefill_many`)."""
+
+    embeds: torch.Tensor
+    """(T, H) inputs of layer 0."""
+    slot: int
+    start: int
+    """Cache index of the first position."""
+    logits: bool
+    """Whether the last position's logits are wanted."""
+    rope: object | None = None
+    """(3, T) int64 rope positions on the host (a tensor or numpy array); None: the cache indices."""
+    deepstack: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None
+    """Per layer ``k`` of the first ``len(deepstack)``: (rows (n,) int64, features (n, H)) on the device, added to
+    layer ``k``'s output at those rows of the span (:meth:`~pipeline.runners.decoder.PooledDecoder.prefill`)."""
+
+
+@dataclass(frozen=True)
+class EncodedVision:
+    """A vision item's encoding in the thinker's dtype: ``tokens`` (n, H) and its deepstack features (one (n, H)
+    tensor per decoder layer they are added to; empty for a tower without them)."""
+
+    tokens: torch.Tensor
+    deepstack: tuple[torch.Tensor, ...] = ()
 
 
 @dataclass
@@ -168,10 +196,22 @@ class ThinkerRunner:
         """Thinker positions the vision tower makes of a picture of patch grid ``grid_thw``."""
         return self.vision.tokens(grid_thw)
 
-    def encode_images(self, items: list) -> list[torch.Tensor]:
+    @property
+    def image_deepstack_layers(self) -> int:
+        """Decoder layers a picture's features are added to past its input embeddings (0: none)."""
+        return self.vision.deepstack_layers
+
+    def encode_images(self, items: list) -> list[EncodedVision]:
         """Pictures ``(pixel_values, grid_thw)`` through the vision tower (several items may run as one batch; each
-        attends within itself): one (tokens, H) tensor each, in the thinker's dtype."""
-        return [out.to(self.dtype) for out in self.vision.encode_many(items)]
+        attends within itself): each one's (tokens, H) embeddings and deepstack features, in the thinker's dtype."""
+        outputs = []
+        for out in self.vision.encode_many(items):
+            if isinstance(out, torch.Tensor):
+                outputs.append(EncodedVision(out.to(self.dtype)))
+            else:
+                deepstack = tuple(feature.to(self.dtype) for feature in out.deepstack)
+                outputs.append(EncodedVision(out.tokens.to(self.dtype), deepstack))
+        return outputs
 
     @torch.inference_mode()
     def prefill(
@@ -180,7 +220,7 @@ class ThinkerRunner:
         """Run ``embeds`` (T, H) at cache indices ``start..start+T-1`` of KV slot ``slot`` with rope positions
         ``rope`` ((3, T) int64 on the host, a tensor or numpy array; None: the cache indices); ``logits=False`` skips
         the vocabulary projection (a background prefill samples nothing)."""
-        return self.prefill_many([(embeds, slot, start, logits, rope)])[0]
+        return self.prefill_many([PrefillSpan(embeds, slot, start, logits, rope)])[0]
 
     @property
     def prefill_rows(self) -> int | None:
@@ -188,18 +228,19 @@ class ThinkerRunner:
         return max(self.prefills.captured) if self.prefills.captured else None
 
     @torch.inference_mode()
-    def prefill_many(
-        self, spans: list[tuple[torch.Tensor, int, int, bool, torch.Tensor | None]]
-    ) -> list[ThinkerOutput]:
-        """Several :meth:`prefill` calls, ``(embeds, slot, start, logits, rope)`` each, in one replay when their
-        positions together fit the largest prefill graph (one row per position; each span's rows attend within their
-        own slot), else one by one. Spans must be in different slots (or not overlap)."""
-        sizes = [span[0].shape[0] for span in spans]
-        for embeds, _, _, _, rope in spans:
-            self._check_rope(rope, embeds.shape[0])
-        if self.talker_hidden_layer is not None or not self.prefills.fits(sum(sizes)):
+    def prefill_many(self, spans: Sequence[PrefillSpan | tuple]) -> list[ThinkerOutput]:
+        """Several :meth:`prefill` calls, a :class:`PrefillSpan` (or its fields as a tuple) each, in one replay when
+        their positions together fit the largest prefill graph (one row per position; each span's rows attend within
+        their own slot), else one by one: spans with deepstack features, or when the talker reads an inner layer's
+        hidden states, always run eagerly. Spans must be in different slots (or not overlap)."""
+        spans = [PrefillSpan(*span) for span in spans]
+        sizes = [span.embeds.shape[0] for span in spans]
+        for span in spans:
+            self._check_rope(span.rope, span.embeds.shape[0])
+        eager = self.talker_hidden_layer is not None or any(span.deepstack for span in spans)
+        if eager or not self.prefills.fits(sum(sizes)):
             return [self._prefill_eager(*span) for span in spans]
-        hiddens = graphed_prefill(self.prefills, [(slot, x, start, rope) for x, slot, start, _, rope in spans])
+        hiddens = graphed_prefill(self.prefills, [(slot, x, start, rope) for x, slot, start, _, rope, _ in spans])
         wanted = [i for i, span in enumerate(spans) if span[3]]
         logits = self.lm_head(torch.stack([hiddens[i][-1] for i in wanted])).float() if wanted else None
         last = {i: logits[k] for k, i in enumerate(wanted)}
@@ -213,15 +254,24 @@ class ThinkerRunner:
         self.decoder.check_host_rope(rope, rows)
 
     def _prefill_eager(
-        self, embeds: torch.Tensor, slot: int, start: int, logits: bool, rope: torch.Tensor | None
+        self,
+        embeds: torch.Tensor,
+        slot: int,
+        start: int,
+        logits: bool,
+        rope: torch.Tensor | None,
+        deepstack: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> ThinkerOutput:
         rope = None if rope is None else torch.as_tensor(rope).to(self.device, torch.long)
         layer_hidden = None
+        deepstack = deepstack or None
         if self.talker_hidden_layer is None:
-            hidden = self.decoder.prefill(slot, embeds, start, rope)
+            hidden = self.decoder.prefill(slot, embeds, start, rope, deepstack=deepstack)
         else:
             layer = self.talker_hidden_layer
-            hidden, layer_hidden = self.decoder.prefill(slot, embeds, start, rope, capture_layer=layer)
+            hidden, layer_hidden = self.decoder.prefill(
+                slot, embeds, start, rope, deepstack=deepstack, capture_layer=layer
+            )
         last = self.lm_head(hidden[-1:]).float()[0] if logits else None
         return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=last, layer_hidden=layer_hidden)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.conversation_state import ConversationState
+from pipeline.models.positions import GridSpan
 
 __all__ = ["PrefillBatch", "PrefillJob"]
 
@@ -45,6 +46,12 @@ class PrefillJob:
     rope_shift: int | None = 0
     """Rope position - cache index of text after the chunk (what decode rows add once it ran); None: the chunk ends
     inside a span of explicit positions."""
+    deepstack: list[tuple[int, tuple, range]] = field(default_factory=list)
+    """Runs ``(offset in the chunk, a block's per-layer features, its rows)`` of the picture and video positions whose
+    vision tower adds features to the first decoder layers' outputs (one tensor per layer in each tuple)."""
+    spans: list[GridSpan] = field(default_factory=list)
+    """The rendering's explicit-position spans that hold some of the chunk's positions, in order (the conversation
+    keeps them with its cache)."""
 
     @property
     def rows(self) -> int:

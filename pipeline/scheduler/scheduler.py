@@ -68,7 +68,8 @@ class Scheduler:
         self.cfg = cfg
         self.thinker_slots = thinker_slots
         self.talker_slots = talker_slots
-        """The two decoder stages' slot allocators (:class:`pipeline.runners.kv_pool.SlotAllocator`)."""
+        """The two decoder stages' slot allocators (:class:`pipeline.runners.kv_pool.SlotAllocator`); the talker's is
+        None in an engine without a talker (no response of it is spoken)."""
         self.positions = positions
         """The model family's rotary positions: each prefill chunk's rope positions and shift."""
         self.conversations: dict[str, ConversationState] = {}
@@ -215,6 +216,8 @@ class Scheduler:
             logits=need_logits and end == len(keys),
             rope=rope,
             rope_shift=None if inside else self.positions.rope_shift(rendering.spans, end),
+            deepstack=audio_runs(rendering.deepstack, start, end),
+            spans=[span for span in rendering.spans if span.at < end and start < span.at + span.length],
         )
 
     def needs_prefill(self, conv: ConversationState) -> bool:
@@ -234,7 +237,8 @@ class Scheduler:
         """Forget the conversation's caches and give its KV slots back to the pools."""
         conv.free()
         self.thinker_slots.release(conv.id)
-        self.talker_slots.release(conv.id)
+        if self.talker_slots is not None:
+            self.talker_slots.release(conv.id)
         conv.slot = conv.talker_slot = None
 
     def _idle_owner(self, allocator, exclude: ConversationState) -> ConversationState | None:
@@ -357,7 +361,8 @@ class Scheduler:
 
 def audio_runs(audio: dict[int, tuple[object, int]], start: int, end: int) -> list[tuple[int, object, range]]:
     """The audio positions of ``[start, end)`` as runs ``(offset from start, encoder output, rows)`` of consecutive
-    positions holding consecutive rows of the same block (one copy per run, not per position)."""
+    positions holding consecutive rows of the same block (one copy per run, not per position). Any map of positions
+    to ``(a block's output, row)`` (the picture positions' deepstack features too)."""
     runs: list[tuple[int, object, range]] = []
     for pos in range(start, end):
         if pos not in audio:

@@ -6,16 +6,25 @@ the conversation's positions (its prompt keys are a subsequence of the thinker's
 conversation's talker slot across turns) and makes one frame per step. A talker's inputs are the thinker's vectors of
 the reply tokens from the second on (the first is part of its prefill), then the text-end vector once, then text-pad;
 it never runs ahead of the text. A response's failure is isolated (``fail``). Engine thread only.
+
+Positions: the talker's sequence is its own (the positions it reads, then each reply's opening and frames), and its
+rope positions are the family's :class:`~pipeline.models.positions.PositionScheme` over that sequence: the thinker's
+explicit-position spans of the positions it reads (pictures, video) placed at their talker indices
+(:func:`subsequence_spans`), text and audio advancing by one. A reply's opening and frames run at their cache index
+plus the rope shift after its prompt (0 without pictures or video).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from pipeline.conversation_state import ConversationState
+from pipeline.models.positions import GridSpan, PositionScheme
 from pipeline.request import ResponseState, TalkerStatus
 from pipeline.runners.frame_talker import FrameTalkerRunner
 from pipeline.runners.model_runner import Sampled
@@ -24,9 +33,29 @@ from pipeline.scheduler.plan import StepPlan
 from pipeline.scheduler.scheduler import Scheduler
 from pipeline.step.talker_feed import TalkerFeed
 
-__all__ = ["FrameTalkerStage"]
+__all__ = ["FrameTalkerStage", "subsequence_spans"]
 
 log = logging.getLogger("pipeline.core")
+
+
+def subsequence_spans(spans: Sequence[GridSpan], picked: Sequence[int], length: int) -> list[GridSpan]:
+    """``spans`` of a rendering's first ``length`` positions placed on the subsequence ``picked`` of those positions
+    (increasing indices): a span whose positions (those before ``length``) are all picked starts at the index of its
+    first one in ``picked``, with the same offsets and advance; a span none of whose positions is picked is left out.
+    ValueError for a span only partly picked (no layout of the subsequence would place it)."""
+    out = []
+    for span in spans:
+        if span.at >= length:
+            continue
+        n = min(span.length, length - span.at)
+        j = bisect.bisect_left(picked, span.at)
+        if j < len(picked) and picked[j] == span.at:
+            if list(picked[j : j + n]) != list(range(span.at, span.at + n)):
+                raise ValueError(f"the explicit-position span at {span.at} is only partly read by the talker")
+            out.append(GridSpan(at=j, offsets=span.offsets, advance=span.advance))
+        elif j < len(picked) and picked[j] < span.at + n:
+            raise ValueError(f"the explicit-position span at {span.at} is only partly read by the talker")
+    return out
 
 
 class FrameTalkerStage(TalkerFeed):
@@ -44,8 +73,11 @@ class FrameTalkerStage(TalkerFeed):
         max_codes: int,
         generator: Callable[[], torch.Generator | None],
         fail: Callable[[ResponseState, Exception], None],
+        positions: PositionScheme,
     ) -> None:
+        """``positions``: the family's rotary positions, which the talker's sequence follows (module docstring)."""
         super().__init__(scheduler=scheduler, observer=observer, text_end_vectors=text_end_vectors, fail=fail)
+        self.positions = positions
         self.talker = talker
         self.parts = talker.parts
         self.family = family
@@ -62,6 +94,12 @@ class FrameTalkerStage(TalkerFeed):
         picked = self.parts.prompt_positions(keys)
         return picked, [keys[i] for i in picked]
 
+    def prompt_rope(self, conv: ConversationState, picked: list[int], length: int, start: int) -> np.ndarray | None:
+        """(3, len(picked) - start) rope positions of the talker's prompt positions ``start ..`` (``picked``: the
+        thinker positions before ``length`` it reads); None when they equal the cache indices."""
+        spans = subsequence_spans(conv.cached_spans, picked, length)
+        return self.positions.rope_positions(len(picked), spans, start=start)
+
     def listen(self, conv: ConversationState) -> None:
         """While a conversation is idle, bring its talker cache up to what the talker reads of its thinker cache, so
         that a reply's talker prefill covers only the turn's last positions and the reply's opening. Only into a slot
@@ -76,7 +114,8 @@ class FrameTalkerStage(TalkerFeed):
         conv.crop_talker(start)
         try:
             inputs = self._prompt_inputs(conv, picked[start:], keys[start:])
-            self.talker.prefill_prompt(inputs, slot=conv.talker_slot, start=start)
+            rope = self.prompt_rope(conv, picked, len(conv.cached_keys), start)
+            self.talker.prefill_prompt(inputs, slot=conv.talker_slot, start=start, rope=rope)
         except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
             log.exception("background talker prefill of %s failed; its talker cache is dropped", conv.id)
             return
@@ -94,15 +133,24 @@ class FrameTalkerStage(TalkerFeed):
         conv = r.conv
         if self.scheduler.talker_slot(conv) is None:
             return
-        picked, keys = self.prompt_keys(conv.cached_keys[: r.thinker.prompt_len])
+        end = r.thinker.prompt_len
+        picked, keys = self.prompt_keys(conv.cached_keys[:end])
+        spans = subsequence_spans(conv.cached_spans, picked, end)
+        shift = self.positions.rope_shift(spans, len(keys))
         reuse = conv.common_prefix_of(conv.talker_keys, keys)
         conv.crop_talker(reuse)
         conv.talker_keys = list(keys)
         prompt = self._prompt_inputs(conv, picked[reuse:], keys[reuse:])
         opening = self.parts.reply_start(r.talker.queue.popleft(), r.spec.voice)
         inputs = torch.cat([prompt.to(opening.device, opening.dtype), opening])
+        rope = self.positions.rope_positions(len(keys), spans, start=reuse)
+        if rope is not None or shift:  # the prompt at its own positions, the opening at the reply's shift
+            head = rope if rope is not None else np.tile(np.arange(reuse, len(keys)), (3, 1))
+            after = np.arange(len(keys), len(keys) + opening.shape[0]) + shift
+            rope = np.concatenate([head, np.tile(after, (3, 1))], axis=1)
         r.talker.status = TalkerStatus.RUNNING
         r.talker.length = len(keys) + opening.shape[0]
+        r.talker.rope_shift = shift
         self.talker.sampler.reset(conv.talker_slot, set())
         r.audio.stream = self.family.start_stream(
             self.synthesizer,
@@ -112,7 +160,7 @@ class FrameTalkerStage(TalkerFeed):
             max_codes=self.max_codes,
             quick=self.scheduler.quick_first_chunk(conv),
         )
-        frame = self.talker.start(inputs, slot=conv.talker_slot, start=reuse, sample=self._sample_rows([r]))
+        frame = self.talker.start(inputs, slot=conv.talker_slot, start=reuse, sample=self._sample_rows([r]), rope=rope)
         self.accept_code(r, frame.tolist())
 
     def _sample_rows(self, rows: list[ResponseState]) -> SampleRows:
@@ -153,6 +201,7 @@ class FrameTalkerStage(TalkerFeed):
             [r.conv.talker_slot for r in rows],
             [r.talker.length for r in rows],
             self._sample_rows(rows),
+            rope_shifts=[r.talker.rope_shift for r in rows],
         )
         for r in rows:
             r.talker.length += 1

@@ -4,7 +4,7 @@
 chunks (and the first tokens of the prompts they completed), one batched thinker decode beside the talker's step,
 then one token2wav job of the streams whose next chunk is ready — and hands each sampled id to the output side or the
 talker stage. A row whose response ended meanwhile is skipped; one response's failure ends only that response
-(``fail``). Engine thread only.
+(``fail``). An engine without a talker (``talker_stage`` None) runs the thinker's phases only. Engine thread only.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pipeline.runners.model_runner import ModelRunner, Sampled
 from pipeline.scheduler.plan import StepPlan
 from pipeline.scheduler.prefill_batch import PrefillJob
 from pipeline.scheduler.scheduler import Scheduler
+from pipeline.step.frame_talker_stage import FrameTalkerStage
 from pipeline.step.talker_stage import TalkerStage
 
 __all__ = ["StepPhases"]
@@ -37,7 +38,7 @@ class StepPhases:
         runner: ModelRunner,
         image_encodes: ImageEncodes | None,
         output: OutputProcessor,
-        talker_stage: TalkerStage,
+        talker_stage: TalkerStage | FrameTalkerStage | None,
         observer: EngineObserver,
         fail: Callable[[ResponseState, Exception], None],
     ) -> None:
@@ -46,6 +47,7 @@ class StepPhases:
         self.image_encodes = image_encodes
         self.output = output
         self.talker_stage = talker_stage
+        """None: the engine has no talker (its responses are never spoken)."""
         self.observer = observer
         self.fail = fail
 
@@ -85,8 +87,9 @@ class StepPhases:
                 rows, [logits for _, logits in started], force=[self._force_text(r) for r in rows]
             )
             self._accept_each(rows, tokens, self.output.accept_text_token)
-        for conv in listening:
-            self.talker_stage.listen(conv)
+        if self.talker_stage is not None:
+            for conv in listening:
+                self.talker_stage.listen(conv)
 
     def _prefill_failed(self, job: PrefillJob, exc: Exception) -> None:
         if job.owner is None:
@@ -101,10 +104,14 @@ class StepPhases:
         """One batched thinker decode and the talker's step; both stages are queued before either's ids are read (the
         talker needs the thinker's vectors, device tensors, not its new tokens). With overlap the talker decodes
         beside the thinker on the vectors of earlier steps (one thinker step behind the text); its prefills follow
-        the thinker on the engine's stream."""
+        the thinker on the engine's stream. Without a talker, the thinker's decode alone."""
         if plan.decoding:
             self.observer.count("decode_steps_total")
         talker = self.talker_stage
+        if talker is None:
+            tokens = self.runner.thinker_decode(plan.thinker_rows, force=self._force_text)
+            self._accept_sampled(tokens, self.output.accept_text_token)
+            return
         talker.prefills_left = plan.talker_prefills
         alone = not plan.thinker_rows
         if self.runner.overlap:

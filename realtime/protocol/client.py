@@ -225,6 +225,7 @@ def _session_patch(s: wire.SessionModel) -> SessionPatch:
         voice=voice,
         voice_param=voice_param,
         modality=_modality(s.output_modalities or s.modalities),
+        modality_param=_modality_param("session", s),
         input_format=_format(audio_in.format if audio_in else None, s.input_audio_format),
         output_format=_format(audio_out.format if audio_out else None, s.output_audio_format),
         turn_detection=_session_turn_detection(s, audio_in),
@@ -302,6 +303,11 @@ def _modality(names: list[str] | None) -> OutputModality | Keep:
     if names is None:
         return KEEP
     return OutputModality.AUDIO if "audio" in names else OutputModality.TEXT
+
+
+def _modality_param(prefix: str, m: wire.SessionModel | wire.ResponseModel) -> str:
+    """Where the client gave the output modality: the beta spelling only when it alone was sent."""
+    return f"{prefix}.modalities" if m.output_modalities is None and m.modalities else f"{prefix}.output_modalities"
 
 
 def _format(ga: wire.FormatModel | None, beta: str | None) -> AudioFormat | Keep:
@@ -472,6 +478,7 @@ def _response_create(m: wire.ResponseCreateModel) -> ResponseCreate:
         voice = r.voice
     params = ResponseParams(
         modality=_modality(r.output_modalities or r.modalities),
+        modality_param=_modality_param("response", r),
         voice=voice,
         voice_param=voice_param,
         output_format=_format(out.format if out else None, r.output_audio_format),

@@ -123,7 +123,8 @@ class SessionPatch:
     """The fields one ``session.update`` sets; ``KEEP`` leaves a field as it is.
 
     ``voice_param`` is where the voice was given (``session.audio.output.voice`` for GA,
-    ``session.voice`` for beta) so that an unknown voice is reported at the client's path."""
+    ``session.voice`` for beta) so that an unknown voice is reported at the client's path; ``modality_param`` likewise
+    where the output modality was given (``session.output_modalities``, beta ``session.modalities``)."""
 
     instructions: str | Keep = KEEP
     voice: str | Keep = KEEP
@@ -137,15 +138,17 @@ class SessionPatch:
     tools: tuple[Tool, ...] | Keep = KEEP
     tool_choice: ToolChoice | Keep = KEEP
     voice_param: str = "session.voice"
+    modality_param: str = "session.output_modalities"
 
 
 @dataclass(frozen=True)
 class SessionConfig:
     """The effective configuration of a session. ``max_output_tokens=None`` means ``"inf"``;
-    ``turn_detection=None`` means manual turns (client commits and asks for responses)."""
+    ``turn_detection=None`` means manual turns (client commits and asks for responses); ``voice=None``: the engine
+    has no audio output (no voice to report)."""
 
     instructions: str
-    voice: str
+    voice: str | None
     modality: OutputModality = OutputModality.AUDIO
     input_format: AudioFormat = AudioFormat.PCM
     output_format: AudioFormat = AudioFormat.PCM
@@ -179,6 +182,7 @@ class ResponseParams:
     tool_choice: ToolChoice | Keep = KEEP
     metadata: dict[str, str] | None = None
     voice_param: str = "response.voice"
+    modality_param: str = "response.output_modalities"
 
 
 class Detail(str, enum.Enum):
@@ -264,7 +268,8 @@ class ResponseSummary:
     conversation_id: str
     state: ResponseState
     modality: OutputModality
-    voice: str
+    voice: str | None
+    """None: the engine has no audio output."""
     output_format: AudioFormat
     max_output_tokens: int | None
     output: tuple[Item, ...] = ()

@@ -107,7 +107,8 @@ class StartResponse(_Command):
     response_id: str
     item_id: str
     modalities: frozenset[Modality]
-    voice: str
+    voice: str | None
+    """None: the engine has no audio output (its replies are text)."""
     max_output_tokens: int | None
     tool_choice: ToolChoice = AUTO
     call_item_ids: tuple[str, ...] = ()

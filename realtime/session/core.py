@@ -43,7 +43,7 @@ from realtime.protocol.client import (
     client_event_type,
     parse_client_event,
 )
-from realtime.protocol.model import Item, SessionConfig
+from realtime.protocol.model import Item, OutputModality, SessionConfig
 from realtime.protocol.names import Dialect
 from realtime.protocol.server import ServerEvents
 from realtime.session.commands import (
@@ -97,7 +97,11 @@ class Session(
         self._voices = VoiceTable(settings.voices, usable_aliases(settings.voice_aliases, settings.voices)[0])
         self.session_id = self._ids.new(IdKind.SESSION)
         self.conversation_id = self._ids.new(IdKind.CONVERSATION)
-        self.config = SessionConfig(instructions=settings.default_instructions, voice=settings.default_voice)
+        self.config = SessionConfig(
+            instructions=settings.default_instructions,
+            voice=settings.default_voice,
+            modality=OutputModality.AUDIO if settings.audio_output else OutputModality.TEXT,
+        )
         self._items: dict[str, Item] = {}  # the conversation mirror, in order
         self._buffer = _InputBuffer()
         self._clock_ms = 0.0  # all audio ever appended (the turn detector's clock too)

@@ -50,7 +50,7 @@ class _Response:
     part: ContentPart
     previous_item_id: str | None
     modality: OutputModality
-    voice: str
+    voice: str | None
     output_format: AudioFormat
     max_output_tokens: int | None
     metadata: dict[str, str] | None
@@ -95,9 +95,9 @@ class Responses:
     """Responses (mixed into :class:`realtime.session.Session`). Owns the active response and the reply due once a
     cancelled one ends; uses the session's ``_emit``, ``_send``, ``_error``, ``_new_id``, ``_events``,
     ``_encoder_factory``, ``config``, ``settings``, ``conversation_id``, ``_event_id``, the conversation
-    (``_add_item``), the voices (``_voice``, ``_speaker``), function calling (``_response_calls``, ``_finish_calls``),
-    output audio (``_send_audio``, ``_stop_output_audio``, ``_audio_response_id``) and the turn state (``_speaking``,
-    ``_idle``, ``_clock_ms``)."""
+    (``_add_item``), the voices and output modalities (``_voice``, ``_speaker``, ``_check_modality``), function
+    calling (``_response_calls``, ``_finish_calls``), output audio (``_send_audio``, ``_stop_output_audio``,
+    ``_audio_response_id``) and the turn state (``_speaking``, ``_idle``, ``_clock_ms``)."""
 
     _response: _Response | None
     _auto_response_pending: bool
@@ -108,6 +108,8 @@ class Responses:
                 f"conversation already has an active response in progress: {self._response.id}",
                 code=ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
             )
+        if event.params.modality is not KEEP:  # the session's own was checked when it was set
+            self._check_modality(event.params.modality, event.params.modality_param)
         self._start_response(event.params, requested=True)
 
     def _response_cancel(self, event: ResponseCancel) -> None:

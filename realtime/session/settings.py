@@ -42,7 +42,8 @@ class SessionSettings:
 
     model: str
     voices: tuple[str, ...]
-    default_voice: str
+    default_voice: str | None
+    """None when the engine has no audio output."""
     default_instructions: str
     max_output_tokens: int | None = None
     """The engine's reply cap in text tokens (``EngineHandle.max_output_tokens``); a response asking for more, or for
@@ -55,6 +56,9 @@ class SessionSettings:
     limits: SessionLimits = SessionLimits()
     image_limits: ImageLimits = ImageLimits()
     """What a client's pictures may be and how large the model sees them (``input_image``)."""
+    audio_output: bool = True
+    """Whether the engine speaks (``EngineHandle.audio_output``). If not, the session's output modality is text and
+    a ``session.update`` or ``response.create`` asking for audio is refused (``unsupported_value``)."""
     preemptive_replies: bool = False
     """The turn detector reports pauses (``ServerConfig.preemptive_response_ms``): a ``SpeechPaused`` starts a
     tentative reply, and the current message's chunks are kept until its commit, to be streamed again if that reply
@@ -68,6 +72,7 @@ class SessionSettings:
             "default_voice": engine.default_voice,
             "default_instructions": engine.default_instructions,
             "max_output_tokens": engine.max_output_tokens,
+            "audio_output": engine.audio_output,
         }
         return cls(**(base | overrides))  # type: ignore[arg-type]
 

@@ -18,15 +18,18 @@ def picture(seed: int, height: int, width: int) -> np.ndarray:
 PICTURES = [picture(1, 60, 90), picture(2, 120, 40)]
 
 
-def reference_inputs(engine, tokenizer, turns: list[tuple[list, list[int]]]) -> dict:
+def reference_inputs(
+    engine, tokenizer, turns: list[tuple[list, list[int]]], *, system_prompt: str = DEFAULT_SYSTEM_PROMPT
+) -> dict:
     """The reference's inputs for ``turns`` (user content parts, the assistant's earlier reply ids; the last turn's
-    reply is what is generated): ``input_ids`` (1, L), ``pixel_values``, ``image_grid_thw``, with the processor's
-    placeholder expansion done by hand. Earlier replies go in as their ids (a random model's text need not survive
-    decoding and re-encoding)."""
+    reply is what is generated) after the system message ``system_prompt`` (default: Qwen2.5-Omni's):
+    ``input_ids`` (1, L), ``pixel_values``, ``image_grid_thw``, with the processor's placeholder expansion done by
+    hand. Earlier replies go in as their ids (a random model's text need not survive decoding and re-encoding)."""
     core = engine.core
     preprocess = core.family.vision_preprocessor(core.ckpt)
     special = core.special
-    messages = [{"role": "system", "content": [{"type": "text", "text": DEFAULT_SYSTEM_PROMPT}]}]
+    merged = engine.vision.merge_size**2
+    messages = [{"role": "system", "content": [{"type": "text", "text": system_prompt}]}]
     pixels, grids = [], []
     for parts, reply in turns:
         content = []
@@ -52,7 +55,7 @@ def reference_inputs(engine, tokenizer, turns: list[tuple[list, list[int]]]) -> 
     for token in tokens:
         if token == special.image_token:
             t, h, w = grids[k]
-            ids += [token] * (t * h * w // 4)
+            ids += [token] * (t * h * w // merged)
             k += 1
         else:
             ids.append(token)
@@ -61,3 +64,19 @@ def reference_inputs(engine, tokenizer, turns: list[tuple[list, list[int]]]) -> 
         pixel_values=torch.from_numpy(np.concatenate(pixels)),
         image_grid_thw=torch.tensor(grids),
     )
+
+
+class OneDPositions:
+    """A family's position scheme with every rope position at its cache index (pictures' offsets kept): what a model
+    blind to 3-D positions would run at."""
+
+    def __init__(self, scheme) -> None:
+        self.image_offsets = scheme.image_offsets
+
+    @staticmethod
+    def rope_positions(length, spans, start=0):
+        return None
+
+    @staticmethod
+    def rope_shift(spans, length):
+        return 0

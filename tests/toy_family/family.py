@@ -233,6 +233,9 @@ class ToyFamily:
         """The borrowed thinker's TMRoPE (without pictures: every position at its cache index)."""
         return TMROPE
 
+    def speaks(self, ckpt: ToyCheckpoint) -> bool:
+        return True
+
     def voices(self, ckpt: ToyCheckpoint) -> tuple[str, ...]:
         return tuple(ckpt.voice_bos)
 

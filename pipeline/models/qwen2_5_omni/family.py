@@ -127,6 +127,10 @@ class Qwen25OmniFamily:
         """TMRoPE (the thinker config's ``mrope_section`` splits each head over the three axes)."""
         return TMROPE
 
+    def speaks(self, ckpt: LoadedCheckpoint) -> bool:
+        """Always: the loader refuses a checkpoint without a talker (``enable_audio_output`` false)."""
+        return True
+
     def voices(self, ckpt: LoadedCheckpoint) -> tuple[str, ...]:
         return tuple(ckpt.speakers)
 

@@ -23,6 +23,9 @@ class VisionEncoder:
     each: attention stays within an item); the default on CUDA. Without it each item is its own call, as when the
     reference sees one picture per prompt (on CPU a bigger matrix product may round differently)."""
 
+    deepstack_layers = 0
+    """The tower's outputs are the items' input embeddings only (no features added inside the decoder)."""
+
     def __init__(self, visual: nn.Module, *, device: torch.device, batch: bool | None = None) -> None:
         self.visual = visual
         self.device = torch.device(device)

@@ -67,6 +67,10 @@ class AVTiming:
         """Rope positions between two temporal patches."""
         return int(self.second_per_grid * self.position_id_per_seconds)
 
+    def layout(self, *, rows: int, cols: int, n_patches: int, n_audio: int) -> AVLayout:
+        """The :class:`AVLayout` of a message of these media (:class:`pipeline.models.positions.AVTiming`)."""
+        return AVLayout(self, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
+
     def patch_times(self, n: int) -> np.ndarray:
         """(n,) int64 times of patches ``0 .. n - 1`` as the reference computes them (the model in float32, the
         processor in float64). Raises ValueError if either differs from ``i * patch_step`` (float rounding)."""

@@ -3,10 +3,10 @@ tokens and speakers.
 
 A checkpoint folder holds ``config.json`` (thinker / talker / code2wav sub-configs), the weights
 (``model.safetensors`` or shards + ``model.safetensors.index.json``), tokenizer files and
-``preprocessor_config.json`` (the Whisper feature extractor's settings). The voices are codec ids in the talker
-config (``speaker_id``: name -> id), not a separate file. A checkpoint with ``enable_audio_output: false`` (the
--Thinking checkpoints, or an Instruct one saved without its talker) has no talker and no code2wav: it answers in text
-only.
+``preprocessor_config.json`` (the Whisper feature extractor's settings and the image processor's). The voices are
+codec ids in the talker config (``speaker_id``: name -> id), not a separate file. A checkpoint with
+``enable_audio_output: false`` (the -Thinking checkpoints, or an Instruct one saved without its talker) has no talker
+and no code2wav: it answers in text only.
 
 Every special id the engine needs is read from the config and cross-checked against the tokenizer here, once.
 Units: user audio is 16 kHz mono, one mel frame per 10 ms; the codec makes 12.5 frames per second of 24 kHz audio,
@@ -15,6 +15,7 @@ Units: user audio is 16 kHz mono, one mel frame per 10 ms; the codec makes 12.5 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -27,12 +28,14 @@ import torch
 from pipeline.errors import CheckpointError
 from pipeline.models.common.hf_checkpoint import (
     CONFIG_FILE,
+    PREPROCESSOR_FILE,
     check_distinct,
     check_in_vocab,
     check_weights_present,
     config_id,
     is_random_checkpoint,
     load_tokenizer,
+    required_file,
     resolve_checkpoint_path,
     tokenizer_ids,
 )
@@ -43,6 +46,7 @@ from pipeline.models.common.hf_loading import (
     load_parts,
     stage_placement,
 )
+from pipeline.models.qwen3_omni.vision import VisionPreprocessor
 
 logger = logging.getLogger(__name__)
 
@@ -268,6 +272,8 @@ class LoadedCheckpoint:
     special: SpecialTokens
     voices: dict[str, int]
     random_weights: bool
+    vision: VisionPreprocessor | None = None
+    """The image processor settings (None: ``preprocessor_config.json`` has none; the checkpoint takes no pictures)."""
 
     @property
     def audio_output(self) -> bool:
@@ -299,6 +305,7 @@ def load_checkpoint(
     check_weights_present(path)
     tokenizer = load_tokenizer(path)
     feature_extractor = load_feature_extractor(path, config)
+    vision = load_vision_preprocessor(path, config)
     thinker, talker, code2wav = _load_parts(path, config, placement)
     return assemble(
         str(name_or_path),
@@ -308,6 +315,7 @@ def load_checkpoint(
         tokenizer,
         feature_extractor,
         is_random_checkpoint(path),
+        vision=vision,
     )
 
 
@@ -319,9 +327,12 @@ def assemble(
     tokenizer: Any,
     feature_extractor: Any,
     random_weights: bool,
+    *,
+    vision: VisionPreprocessor | None = None,
 ) -> LoadedCheckpoint:
     """A :class:`LoadedCheckpoint` of loaded (or built) parts ``(thinker, talker, code2wav)``: the config validated,
-    the special ids read and cross-checked with the tokenizer, the voices read."""
+    the special ids read and cross-checked with the tokenizer, the voices read; ``vision``: the image processor
+    settings (:func:`load_vision_preprocessor`)."""
     validate_config(config)
     special = SpecialTokens.from_config(config, tokenizer)
     voices = speakers_from_config(config) if config.enable_audio_output else {}
@@ -338,6 +349,7 @@ def assemble(
         special=special,
         voices=voices,
         random_weights=random_weights,
+        vision=vision,
     )
 
 
@@ -348,6 +360,19 @@ def load_config(path: Path) -> Any:
     config = load_hf_config(path, Qwen3OmniMoeConfig, MODEL_TYPE)
     validate_config(config)
     return config
+
+
+def load_vision_preprocessor(path: Path, config: Any) -> VisionPreprocessor | None:
+    """The image processor settings of ``preprocessor_config.json`` (None when it has none), checked against the
+    vision tower's config."""
+    file = required_file(path, PREPROCESSOR_FILE)
+    try:
+        raw = json.loads(file.read_text())
+    except ValueError as exc:
+        raise CheckpointError(f"{PREPROCESSOR_FILE}: not valid JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{PREPROCESSOR_FILE}: expected a JSON object")
+    return VisionPreprocessor.from_preprocessor_config(raw, config.thinker_config.vision_config)
 
 
 def _placement(devices: dict[str, str] | None, dtypes: dict[str, torch.dtype] | None) -> dict[str, Placement]:

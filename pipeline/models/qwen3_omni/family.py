@@ -1,6 +1,7 @@
 """Qwen3-Omni as a model family (:class:`pipeline.models.family.ModelFamily`): its checkpoint loader, chat format,
-voices (codec ids in the talker config), incremental log-mel features and AuT encoder, the frame talker (codebook 0
-by the MoE talker, codebooks 1..15 by the code predictor) and the streaming code2wav."""
+voices (codec ids in the talker config), incremental log-mel features and AuT encoder, the vision tower (pictures and
+camera video, with deepstack features), the frame talker (codebook 0 by the MoE talker, codebooks 1..15 by the code
+predictor) and the streaming code2wav."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pipeline.api import VisionInfo
 from pipeline.errors import ConfigError, UnsupportedInputError
 from pipeline.models.common.chatml import PromptRenderer
 from pipeline.models.common.hf_checkpoint import resolve_checkpoint_path
-from pipeline.models.common.hf_parts import thinker_audio_tower, thinker_text_model
+from pipeline.models.common.hf_parts import thinker_audio_tower, thinker_text_model, thinker_vision_tower
 from pipeline.models.common.settings import reject_unknown
 from pipeline.models.common.tmrope import TMROPE, TMRoPE
 from pipeline.models.family import Connector, ThinkerParts
+from pipeline.models.qwen3_omni.av_interleave import AVTiming
 from pipeline.models.qwen3_omni.checkpoint import LoadedCheckpoint, SpecialTokens, load_checkpoint
 from pipeline.models.qwen3_omni.frame_talker import Qwen3FrameTalker, thinker_to_talker
 from pipeline.models.qwen3_omni.prompt import DEFAULT_SYSTEM_PROMPT, TRANSCRIPTION_PROMPT
@@ -27,6 +30,7 @@ from pipeline.models.qwen3_omni.talker import CodecRules, TalkerTokens
 if TYPE_CHECKING:
     from pipeline.models.common.log_mel import IncrementalLogMel
     from pipeline.models.qwen3_omni.code2wav_stream import Code2WavChunking, Code2WavStream, StreamingCode2Wav
+    from pipeline.models.qwen3_omni.vision import VisionPreprocessor
 
 
 def talker_to_token2wav(frame: list[int], stop_ids: tuple[int, ...]) -> list[int] | None:
@@ -100,7 +104,7 @@ class Qwen3OmniFamily:
     def build_random(
         self, spec: Any, *, device: torch.device | str, dtype: torch.dtype, devices: dict[str, str] | None = None
     ) -> LoadedCheckpoint:
-        from pipeline.models.qwen3_omni.checkpoint import assemble
+        from pipeline.models.qwen3_omni.checkpoint import assemble, load_vision_preprocessor
         from pipeline.models.qwen3_omni.tiny import build_random_model
 
         built = build_random_model(spec, device=device, dtype=dtype)
@@ -122,6 +126,7 @@ class Qwen3OmniFamily:
             built.tokenizer,
             built.feature_extractor,
             built.random_weights,
+            vision=load_vision_preprocessor(built.path, built.config),
         )
 
     def max_context(self, ckpt: LoadedCheckpoint) -> int:
@@ -147,6 +152,11 @@ class Qwen3OmniFamily:
         """TMRoPE: text and audio advance every axis by one; a picture's positions are its grid's offsets."""
         return TMROPE
 
+    def speaks(self, ckpt: LoadedCheckpoint) -> bool:
+        """False for a checkpoint saved without its talker and code2wav (``enable_audio_output`` false, like the
+        released -Thinking ones)."""
+        return ckpt.audio_output
+
     def voices(self, ckpt: LoadedCheckpoint) -> tuple[str, ...]:
         return tuple(ckpt.voices)
 
@@ -166,16 +176,24 @@ class Qwen3OmniFamily:
         return incremental_log_mel(ckpt.feature_extractor, ckpt.config.thinker_config.audio_config)
 
     def thinker_parts(self, ckpt: LoadedCheckpoint, *, device: torch.device, cuda_graphs: bool) -> ThinkerParts:
+        """The thinker's parts; the vision tower (:class:`~pipeline.models.qwen3_omni.vision_encoder.VisionEncoder`)
+        returns each item's merged tokens with its deepstack features, which the engine adds to the first decoder
+        layers' outputs at the item's positions."""
         from pipeline.models.qwen3_omni.audio_encoder import BlockEncoder
+        from pipeline.models.qwen3_omni.vision_encoder import VisionEncoder
 
         device = torch.device(device)
         audio = BlockEncoder(thinker_audio_tower(ckpt.thinker), device=device, cuda_graphs=cuda_graphs)
+        vision = None
+        if ckpt.vision is not None:
+            vision = VisionEncoder(thinker_vision_tower(ckpt.thinker), device=device)
         layer = ckpt.config.talker_config.accept_hidden_layer if ckpt.audio_output else None
         return ThinkerParts(
             text_model=thinker_text_model(ckpt.thinker),
             lm_head=ckpt.thinker.lm_head,
             audio=audio,
             talker_hidden_layer=layer,
+            vision=vision,
         )
 
     def frame_talker_parts(
@@ -187,16 +205,23 @@ class Qwen3OmniFamily:
         embedding = thinker_text_model(ckpt.thinker).get_input_embeddings()
         return Qwen3FrameTalker(ckpt.talker, embedding, ckpt.config, header)
 
-    def vision_info(self, ckpt: LoadedCheckpoint) -> None:
-        """None: the engine does not feed Qwen3-Omni's vision encoder yet (its deepstack features go into the first
-        decoder layers' hidden states); pictures are refused as for a checkpoint without a vision tower."""
-        return None
+    def vision_info(self, ckpt: LoadedCheckpoint) -> VisionInfo | None:
+        """The image processor's pixel budget and patch sizes, at the 2 fps the model's video was sampled at (camera
+        frames take the same budget as pictures)."""
+        return None if ckpt.vision is None else ckpt.vision.info
 
-    def av_timing(self, ckpt: LoadedCheckpoint) -> None:
-        return None
+    def av_timing(self, ckpt: LoadedCheckpoint) -> AVTiming | None:
+        """The thinker's ``position_id_per_seconds`` and ``temporal_patch_size / fps`` seconds per temporal patch."""
+        info = self.vision_info(ckpt)
+        if info is None:
+            return None
+        return AVTiming(
+            position_id_per_seconds=float(ckpt.config.thinker_config.position_id_per_seconds),
+            second_per_grid=info.temporal_patch_size / info.fps,
+        )
 
-    def vision_preprocessor(self, ckpt: LoadedCheckpoint) -> None:
-        return None
+    def vision_preprocessor(self, ckpt: LoadedCheckpoint) -> VisionPreprocessor | None:
+        return ckpt.vision
 
     def token2wav(self, ckpt: LoadedCheckpoint, stage: Any) -> StreamingCode2Wav:
         from pipeline.models.qwen3_omni.code2wav_stream import StreamingCode2Wav

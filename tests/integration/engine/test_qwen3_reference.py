@@ -13,13 +13,16 @@ from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, Wh
 
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
-from pipeline.models.qwen3_omni.code2wav_stream import one_shot
 from pipeline.models.qwen3_omni.prompt import DEFAULT_SYSTEM_PROMPT
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
-
-THINKER_MAX = 12
-TALKER_MAX = 60
-VOICE = "Ethan"
+from tests.helpers.qwen3_reference import (
+    TALKER_MAX,
+    THINKER_MAX,
+    VOICE,
+    check_reply,
+    collect,
+    run_reference,
+    template_ids,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`:UserWarning")
 
@@ -41,59 +44,6 @@ def engine(model_dir):
 def reference(model_dir):
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(model_dir), WhisperFeatureExtractor.from_pretrained(model_dir)
-
-
-def run_reference(model, special, input_ids: torch.Tensor, **kwargs) -> tuple[list[int], torch.Tensor]:
-    """Reference generate with a greedy thinker and talker: (reply ids without the stop token, frames (T, 16))."""
-    captured = {}
-    chunked = model.code2wav.chunked_decode
-
-    def record(codes, **kw):
-        captured["codes"] = codes
-        return chunked(codes, **kw)
-
-    model.code2wav.chunked_decode = record
-    try:
-        with torch.inference_mode():
-            seqs, _wav = model.generate(
-                input_ids=input_ids,
-                speaker=VOICE,
-                thinker_max_new_tokens=THINKER_MAX,
-                thinker_do_sample=False,
-                thinker_repetition_penalty=1.0,
-                thinker_eos_token_id=special.im_end,
-                talker_do_sample=False,
-                talker_max_new_tokens=TALKER_MAX,
-                **kwargs,
-            )
-    finally:
-        del model.code2wav.chunked_decode
-    reply = [t for t in seqs[0, input_ids.shape[1] :].tolist() if t not in (special.im_end, special.endoftext)]
-    return reply, captured["codes"][0].T
-
-
-async def collect(resp) -> tuple[ResponseDone, np.ndarray]:
-    events = [ev async for ev in resp]
-    done = events[-1]
-    assert isinstance(done, ResponseDone), done
-    pcm = [ev.pcm for ev in events if isinstance(ev, AudioChunk)]
-    return done, np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
-
-
-def template_ids(tokenizer, messages) -> torch.Tensor:
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_tensors="pt")
-    return ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
-
-
-def check_reply(engine, done: ResponseDone, pcm: np.ndarray, ref_text: list[int], ref_frames: torch.Tensor) -> None:
-    assert done.status in (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE), done.error
-    assert list(done.text_token_ids) == ref_text
-    assert len(ref_frames) >= 3, "the tiny talker should speak for a few frames"
-    assert [list(f) for f in done.audio_codes] == ref_frames.tolist()
-    # code2wav streamed == one shot over the same frames; only summation order differs (float32, batched shapes)
-    expected = one_shot(engine.ckpt.code2wav, ref_frames.tolist())
-    assert pcm.shape == expected.shape
-    np.testing.assert_allclose(pcm, expected, atol=1e-4)
 
 
 async def test_text_prompt_matches_reference(engine, reference):

@@ -6,11 +6,11 @@ speech into the session's audio input, ended by the server's turn detection), a 
 then calls the tool; LiveKit runs it, sends its output and asks for the spoken answer) and an edit of its history (a
 message inserted at ``root``, the greeting replaced where it stands) followed by a reply.
 
-The server runs here, over the real engine whose thinker replays scripts (the scripted test family), one per reply in
-the order LiveKit asks for them (:class:`ScriptedTurns`). The test reads the agent's JSON summary (what LiveKit saw:
-its session events, every Realtime API event both ways, its log) and checks the server's own view: no ``error``
-event sent, the engine got the tool's output as a ``function_call_output`` item, and nothing of the session is left
-once LiveKit closes it."""
+The server runs here, over the real engine on a tiny checkpoint of each model family whose thinker replays scripts
+(the scripted test families), one per reply in the order LiveKit asks for them (:class:`ScriptedTurns`). The test
+reads the agent's JSON summary (what LiveKit saw: its session events, every Realtime API event both ways, its log)
+and checks the server's own view: no ``error`` event sent, the engine got the tool's output as a
+``function_call_output`` item, and nothing of the session is left once LiveKit closes it."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pydantic
 import pytest
-from toy_family.scripted import SCRIPTED
+from toy_family.scripted import ScriptedThinker
 
 from pipeline.engine import OmniEngine
 from pipeline.outputs import ResponseDone, ResponseStatus
+from tests.helpers.scripted import openai_voice_aliases, scripted_family
 from tests.helpers.scripted import scripted_engine as make_scripted_engine
 from tests.helpers.server import assert_clean, served
 from tests.helpers.speech import SPEECH_DIR
@@ -64,8 +65,8 @@ def livekit_python(request) -> Path:
 
 
 @pytest.fixture(scope="module")
-def scripted_engine(tiny_model_dir):
-    with make_scripted_engine(tiny_model_dir) as engine:
+def scripted_engine(family_model_dir):
+    with make_scripted_engine(family_model_dir) as engine:
         yield engine
 
 
@@ -80,6 +81,7 @@ class ScriptedTurns:
 
     def __init__(self, engine: OmniEngine, scripts: list[list[int]]) -> None:
         self._engine = engine
+        self.scripted: ScriptedThinker = scripted_family(engine)
         self.scripts = scripts
         self.completed: list[str] = []
         self.function_outputs: list[tuple[str, str]] = []
@@ -121,9 +123,9 @@ class _Conversation:
         turns = self._turns
         if turns.transcribing:
             turns.overlaps.append(kwargs["item_id"])
-        SCRIPTED.reset()
+        turns.scripted.reset()
         if len(turns.completed) < len(turns.scripts):
-            SCRIPTED.play(turns.scripts[len(turns.completed)])
+            turns.scripted.play(turns.scripts[len(turns.completed)])
         return _Response(self._conversation.respond(**kwargs), turns)
 
 
@@ -152,7 +154,7 @@ class _SideConversation:
 
     async def add_text(self, *args, **kwargs) -> None:
         """The transcription request, which its side reply follows: first, no script plays nor waits."""
-        head = SCRIPTED.head
+        head = self._turns.scripted.head
         while head.playing is not None or head.scripts:
             await asyncio.sleep(0.005)
         self._turns.transcribing = True
@@ -218,8 +220,9 @@ async def test_livekit_agents_holds_a_greeting_a_spoken_turn_a_tool_round_trip_a
             renderer.text(FOLLOW_UP_REPLY),
         ],
     )
-    # the scripted family's voices are the toy's: LiveKit's default voice is mapped onto one, as a deployment would
-    async with served(turns, vad_factory=None, voice_aliases=(("marin", "low"),)) as (_, app):
+    # LiveKit's default voice reaches a speaker through the server's aliases (the toy's voices need their own)
+    aliases = openai_voice_aliases(scripted_engine)
+    async with served(turns, vad_factory=None, voice_aliases=aliases) as (_, app):
         returncode, summary, stderr = await run_agent(livekit_python, app.state.base_url + "/v1")
         await assert_clean(app)
         errors_sent = [
@@ -227,7 +230,7 @@ async def test_livekit_agents_holds_a_greeting_a_spoken_turn_a_tool_round_trip_a
             for line in app.state.realtime.metrics.render().decode().splitlines()
             if line.startswith("omni_realtime_errors_total{") and float(line.rsplit(" ", 1)[1]) > 0
         ]
-    SCRIPTED.reset()
+    turns.scripted.reset()
     assert summary is not None and summary["failure"] is None and returncode == 0, (summary, stderr[-4000:])
 
     # the server's view: no error event, every event valid for the openai SDK, each reply played its script

@@ -3,12 +3,12 @@ with no transport (tests/integration/frameworks/pipecat_agent.py, run by the int
 configured with an OpenAI voice name, input transcription and a tool, holds a greeting, a spoken turn and a tool
 round trip with no ``error`` event.
 
-The server runs here, in-process, on the real engine over the tiny checkpoint with the scripted thinker
-(tests/toy_family/scripted.py), so the model says exactly what the test needs: a greeting, then, to the spoken turn, a
-few words and a call of the tool, then an answer once the tool's result is in. The transcription side conversations
-(one per committed spoken turn) are served by a second engine (the plain tiny one): the scripted head replays its
-scripts for whichever conversation asks next, and a transcription running beside a reply would take the reply's
-tokens. The server's transcription path (commit, side request, the three events) is the real one.
+The server runs here, in-process, on the real engine over a tiny checkpoint of each model family with the scripted
+thinker (tests/toy_family/scripted.py), so the model says exactly what the test needs: a greeting, then, to the
+spoken turn, a few words and a call of the tool, then an answer once the tool's result is in. The transcription side
+conversations (one per committed spoken turn) are served by a second engine (the plain tiny one of the family): the
+scripted head replays its scripts for whichever conversation asks next, and a transcription running beside a reply
+would take the reply's tokens. The server's transcription path (commit, side request, the three events) is the real one.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import os
 import sys
 
 import pytest
-from toy_family.scripted import SCRIPTED
 
 from tests.helpers.paths import TESTS
+from tests.helpers.scripted import openai_voice_aliases, scripted_family
 from tests.helpers.scripted import scripted_engine as make_scripted_engine
 from tests.helpers.server import served
 from tests.helpers.speech import SPEECH_DIR
@@ -80,8 +80,8 @@ class _Watched:
 
 
 @pytest.fixture(scope="module")
-def scripted_engine(tiny_model_dir):
-    with make_scripted_engine(tiny_model_dir, greedy_talker=False) as engine:
+def scripted_engine(family_model_dir):
+    with make_scripted_engine(family_model_dir, greedy_talker=False) as engine:
         yield engine
 
 
@@ -118,19 +118,21 @@ async def run_agent(python, url: str) -> tuple[dict, str]:
 @pytest.mark.background(VENV)
 @pytest.mark.timeout(600)
 async def test_pipecat_holds_a_greeting_a_spoken_turn_and_a_tool_round_trip(
-    scripted_engine, tiny_engine, pipecat, caplog
+    scripted_engine, family_engine, pipecat, caplog
 ):
     caplog.set_level(logging.INFO, logger="realtime.error_log")
-    SCRIPTED.reset()
-    SCRIPTED.play(*script(scripted_engine))
-    routed = Routed(scripted_engine, tiny_engine)
+    scripted = scripted_family(scripted_engine)
+    scripted.reset()
+    scripted.play(*script(scripted_engine))
+    routed = Routed(scripted_engine, family_engine)
     try:
-        # the toy checkpoint's speakers are "low" and "high": the alias table maps the OpenAI name onto one, as an
-        # operator would for a checkpoint whose speakers are not Qwen's
-        async with served(routed, vad_factory=None, voice_aliases=(("alloy", "low"),)) as (url, _app):
+        # pipecat's OpenAI voice name reaches a speaker through the server's aliases (the toy's voices need their own,
+        # as an operator would set them for a checkpoint whose speakers are not Qwen's)
+        aliases = openai_voice_aliases(scripted_engine)
+        async with served(routed, vad_factory=None, voice_aliases=aliases) as (url, _app):
             summary, log = await run_agent(pipecat, url)
     finally:
-        SCRIPTED.reset()
+        scripted.reset()
     print(log[-4000:], file=sys.stderr)
     # the server sent no error event
     assert [r.getMessage() for r in caplog.records if r.name == "realtime.error_log"] == []

@@ -280,11 +280,11 @@ async def test_a_webrtc_peer_that_vanishes_is_torn_down(monkeypatch, caplog, spe
 
 
 @pytest.mark.timeout(120)
-def test_sigterm_ends_sessions_with_a_close_code_and_exits_0(tiny_model_dir, tmp_path):
-    """``omni-realtime serve`` with two sessions, one in the middle of a reply: SIGTERM closes both
-    with a close code (1012 from uvicorn, or 1001 from our lifespan), the process exits 0, and its
-    log has no traceback."""
-    server = ServeProcess(tiny_model_dir, tmp_path)
+def test_sigterm_ends_sessions_with_a_close_code_and_exits_0(family_model_dir, tmp_path):
+    """``omni-realtime serve --model DIR`` (a tiny checkpoint of each family) with two sessions, one in the middle of
+    a reply: SIGTERM closes both with a close code (1012 from uvicorn, or 1001 from our lifespan), the process exits
+    0, and its log has no traceback."""
+    server = ServeProcess(family_model_dir, tmp_path)
     try:
 
         async def sessions() -> list[int]:

@@ -1,14 +1,14 @@
 """Function calling end to end: a real server and the real engine, whose thinker replays scripts (the scripted test
-family, tests/toy_family/scripted.py), so that the model calls exactly what a test needs. Every event the client gets
-is validated against the openai SDK's models."""
+families, tests/toy_family/scripted.py), so that the model calls exactly what a test needs; on a tiny checkpoint of
+each model family. Every event the client gets is validated against the openai SDK's models."""
 
 from __future__ import annotations
 
 import pydantic
 import pytest
-from toy_family.scripted import SCRIPTED
+from toy_family.scripted import ScriptedThinker
 
-from tests.helpers.scripted import call, text
+from tests.helpers.scripted import call, scripted_family, text
 from tests.helpers.scripted import scripted_engine as make_scripted_engine
 from tests.helpers.server import connect, served, user_text
 
@@ -25,14 +25,19 @@ WEATHER = {
 
 
 @pytest.fixture(scope="module")
-def scripted_engine(tiny_model_dir):
-    with make_scripted_engine(tiny_model_dir) as engine:
+def scripted_engine(family_model_dir):
+    with make_scripted_engine(family_model_dir) as engine:
         yield engine
 
 
+@pytest.fixture(scope="module")
+def scripted(scripted_engine) -> ScriptedThinker:
+    return scripted_family(scripted_engine)
+
+
 @pytest.fixture
-async def client(scripted_engine):
-    SCRIPTED.reset()
+async def client(scripted_engine, scripted):
+    scripted.reset()
     async with served(scripted_engine) as (url, _app), connect(url) as c:
         await c.send(
             {"type": "session.update", "session": {"tools": [WEATHER], "audio": {"input": {"turn_detection": None}}}}
@@ -40,7 +45,7 @@ async def client(scripted_engine):
         updated = await c.until("session.updated")
         assert updated["session"]["tools"][0]["name"] == "get_weather"
         yield c
-    SCRIPTED.reset()
+    scripted.reset()
 
 
 async def respond(c, response: dict | None = None) -> list[dict]:
@@ -58,9 +63,9 @@ def of(events: list[dict], kind: str) -> list[dict]:
     return [e for e in events if e["type"] == kind]
 
 
-async def test_a_reply_speaks_then_calls_and_the_tool_output_gets_a_spoken_answer(client, scripted_engine):
+async def test_a_reply_speaks_then_calls_and_the_tool_output_gets_a_spoken_answer(client, scripted_engine, scripted):
     await client.send(user_text("What is the weather in Paris?"))
-    SCRIPTED.play(
+    scripted.play(
         text(scripted_engine, "Let me check.\n") + call(scripted_engine, "get_weather", {"city": "Paris"}),
         text(scripted_engine, "It is sunny in Paris."),
     )
@@ -100,10 +105,10 @@ async def test_a_reply_speaks_then_calls_and_the_tool_output_gets_a_spoken_answe
     assert cached >= first_usage["input_tokens"] + first_usage["output_token_details"]["text_tokens"]
 
 
-async def test_tool_choice_required_forces_a_call_and_nothing_is_spoken(client, scripted_engine):
+async def test_tool_choice_required_forces_a_call_and_nothing_is_spoken(client, scripted_engine, scripted):
     await client.send(user_text("Oslo?"))
     # the engine wrote '<tool_call>\n{"name": "'; the model completes the call
-    SCRIPTED.play(
+    scripted.play(
         text(scripted_engine, 'get_weather", "arguments": {"city": "Oslo"}}\n')
         + [scripted_engine.core.renderer.tools.call_close]
     )
@@ -115,9 +120,9 @@ async def test_tool_choice_required_forces_a_call_and_nothing_is_spoken(client, 
     assert (item["type"], item["name"], item["arguments"]) == ("function_call", "get_weather", '{"city": "Oslo"}')
 
 
-async def test_a_named_tool_choice_calls_that_function(client, scripted_engine):
+async def test_a_named_tool_choice_calls_that_function(client, scripted_engine, scripted):
     await client.send(user_text("Rome?"))
-    SCRIPTED.play(text(scripted_engine, '{"city": "Rome"}}\n') + [scripted_engine.core.renderer.tools.call_close])
+    scripted.play(text(scripted_engine, '{"city": "Rome"}}\n') + [scripted_engine.core.renderer.tools.call_close])
     events = await respond(client, {"tool_choice": {"type": "function", "name": "get_weather"}})
     (added,) = of(events, "response.output_item.added")
     assert added["item"]["name"] == "get_weather"
@@ -125,9 +130,9 @@ async def test_a_named_tool_choice_calls_that_function(client, scripted_engine):
     assert [i["arguments"] for i in done["response"]["output"]] == ['{"city": "Rome"}']
 
 
-async def test_tool_choice_none_ends_the_reply_where_the_model_would_call(client, scripted_engine):
+async def test_tool_choice_none_ends_the_reply_where_the_model_would_call(client, scripted_engine, scripted):
     await client.send(user_text("Paris?"))
-    SCRIPTED.play(text(scripted_engine, "Sure.") + call(scripted_engine, "get_weather", {"city": "Paris"}))
+    scripted.play(text(scripted_engine, "Sure.") + call(scripted_engine, "get_weather", {"city": "Paris"}))
     events = await respond(client, {"tool_choice": "none"})
     (done,) = of(events, "response.done")
     assert done["response"]["status"] == "completed"
@@ -142,10 +147,10 @@ async def test_a_named_choice_of_an_unknown_function_is_an_error(client):
     assert (error["error"]["code"], error["error"]["param"]) == ("invalid_value", "response.tool_choice")
 
 
-async def test_a_malformed_call_fails_the_response_and_the_conversation_goes_on(client, scripted_engine):
+async def test_a_malformed_call_fails_the_response_and_the_conversation_goes_on(client, scripted_engine, scripted):
     tools = scripted_engine.core.renderer.tools
     await client.send(user_text("Launch it."))
-    SCRIPTED.play(
+    scripted.play(
         text(scripted_engine, "Hmm.\n")
         + [tools.call_open]
         + text(scripted_engine, '\n{"name": "launch", "arguments": {}}')
@@ -157,8 +162,8 @@ async def test_a_malformed_call_fails_the_response_and_the_conversation_goes_on(
     assert done["response"]["status"] == "failed"
     assert not of(events, "response.output_item.added")[1:]  # the unknown function was never announced
 
-    SCRIPTED.reset()  # the failed reply stopped its script midway
-    SCRIPTED.play(
+    scripted.reset()  # the failed reply stopped its script midway
+    scripted.play(
         text(scripted_engine, "Sorry.\n")
         + [tools.call_open]
         + text(scripted_engine, '\n{"name": "get_weather", "arguments": {"city":'),
@@ -176,7 +181,7 @@ async def test_a_malformed_call_fails_the_response_and_the_conversation_goes_on(
     assert done["response"]["status"] == "completed" and not of(events, "error")
 
 
-async def test_client_items_replay_a_call_and_an_unknown_call_id_is_refused(client, scripted_engine):
+async def test_client_items_replay_a_call_and_an_unknown_call_id_is_refused(client, scripted_engine, scripted):
     await client.send(user_text("Weather in Lima?"))
     await client.send(
         {
@@ -192,7 +197,7 @@ async def test_client_items_replay_a_call_and_an_unknown_call_id_is_refused(clie
     await client.send(
         {"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c1", "output": "fog"}}
     )
-    SCRIPTED.play(text(scripted_engine, "Foggy."))
+    scripted.play(text(scripted_engine, "Foggy."))
     events = await respond(client)
     (done,) = of(events, "response.done")
     assert done["response"]["status"] == "completed"
@@ -200,9 +205,9 @@ async def test_client_items_replay_a_call_and_an_unknown_call_id_is_refused(clie
 
 
 @pytest.mark.timeout(120)
-async def test_the_openai_sdk_holds_a_tool_round_trip(scripted_engine):
+async def test_the_openai_sdk_holds_a_tool_round_trip(scripted_engine, scripted):
     """The official SDK's GA realtime client, unmodified: a forced call of a tool, its output, a spoken answer."""
-    SCRIPTED.reset()
+    scripted.reset()
     async with served(scripted_engine) as (_url, app):
         client = openai.AsyncOpenAI(base_url=f"{app.state.base_url}/v1", api_key="sdk-test-key")
         async with client.realtime.connect(model="gpt-realtime") as connection:
@@ -226,7 +231,7 @@ async def test_the_openai_sdk_holds_a_tool_round_trip(scripted_engine):
                 item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Paris?"}]}
             )
             tools = scripted_engine.core.renderer.tools
-            SCRIPTED.play(
+            scripted.play(
                 text(scripted_engine, '{"city": "Paris"}}\n') + [tools.call_close],
                 text(scripted_engine, "Sunny."),
             )

@@ -1,5 +1,6 @@
-"""A realtime session longer than the model's context (the tiny engine with a small one): every turn is answered, and
-the items the engine dropped stay in the client's view: retrieving, truncating and deleting them works, no error."""
+"""A realtime session longer than the model's context (a tiny engine of each model family, with a small context): every
+turn is answered, and the items the engine dropped stay in the client's view: retrieving, truncating and deleting them
+works, no error."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from tests.helpers.server import assert_clean, connect, served, user_text
 
 
 @pytest.fixture(scope="module")
-def small_context_engine(tiny_model_dir):
-    cfg = greedy_stage_config(thinker={"max_context_tokens": 400}, talker={"max_tokens": 30})
-    engine = OmniEngine.from_pretrained(tiny_model_dir, cfg, seed=3)
+def small_context_engine(family, family_model_dir):
+    talker = {"max_tokens": family.talker_tokens(0.6)}  # short spoken replies
+    cfg = greedy_stage_config(family=family.family, thinker={"max_context_tokens": 400}, talker=talker)
+    engine = OmniEngine.from_pretrained(family_model_dir, cfg, seed=3)
     yield engine
     engine.close()
 

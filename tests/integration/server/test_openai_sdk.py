@@ -1,6 +1,6 @@
 """The official ``openai`` SDK's realtime clients (GA and beta), unmodified, against a real server on
-loopback running the tiny engine: full spoken turns with server VAD, and a second turn that builds on
-the first."""
+loopback running the tiny engine of each model family: full spoken turns with server VAD, and a second
+turn that builds on the first."""
 
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ def speech_frames(name: str) -> list[str]:
 
 
 @pytest.fixture
-async def base_url(tiny_engine) -> AsyncIterator[str]:
+async def base_url(family_engine) -> AsyncIterator[str]:
     config = ServerConfig(port=0, api_key=API_KEY, webrtc=False)
-    async with serve_in_background(create_app(config, engine=tiny_engine), config) as url:
+    async with serve_in_background(create_app(config, engine=family_engine), config) as url:
         yield url
 
 
@@ -82,11 +82,12 @@ GA_SESSION = {
 
 
 @pytest.mark.timeout(120)
-async def test_ga_client_holds_a_two_turn_spoken_conversation(base_url):
+async def test_ga_client_holds_a_two_turn_spoken_conversation(base_url, family):
     client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=API_KEY)
     async with client.realtime.connect(model="gpt-realtime") as connection:
         created = await connection.recv()
         assert created.type == "session.created"
+        assert created.session.audio.output.voice == family.default_voice
         await connection.session.update(session=GA_SESSION)
         updated = await until(connection, "session.updated", [])
         assert updated.session.audio.input.turn_detection.type == "server_vad"
@@ -111,6 +112,10 @@ async def test_ga_client_holds_a_two_turn_spoken_conversation(base_url):
         audio = b"".join(base64.b64decode(e.delta) for e in first if e.type == "response.output_audio.delta")
         assert len(audio) >= 2 * 480, "no audio in the reply"
         assert np.abs(np.frombuffer(audio, "<i2")).max() > 0
+        # every talker token (a code, or a frame of codebooks) was spoken, for its family's length of audio
+        codec_tokens = first[-1].response.usage.output_token_details.audio_tokens
+        frames = family.frame_samples
+        assert (codec_tokens - 1) * frames < len(audio) // 2 <= codec_tokens * frames, (codec_tokens, len(audio))
         transcript = "".join(e.delta for e in first if e.type == "response.output_audio_transcript.delta")
         assert transcript, "no transcript deltas"
         done = first[-1].response

@@ -1,4 +1,4 @@
-"""The WebSocket endpoint against a real server on loopback: barge-in on the tiny engine, every bad
+"""The WebSocket endpoint against a real server on loopback: barge-in on the tiny engines, every bad
 input answered with its error while the session keeps working, session isolation, dialect and
 subprotocol negotiation, cleanup when a client vanishes."""
 
@@ -71,8 +71,8 @@ def silence(ms: int) -> bytes:
 
 
 @pytest.mark.timeout(120)
-async def test_barge_in_cancels_the_response_and_truncate_works(tiny_engine):
-    async with served(tiny_engine) as (url, _), connect(url) as client:
+async def test_barge_in_cancels_the_response_and_truncate_works(family_engine):
+    async with served(family_engine) as (url, _), connect(url) as client:
         await client.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 200}})
         await client.until("session.updated")
         await client.append(wav_pcm("capital_of_france.wav"))

@@ -201,10 +201,10 @@ async def test_announced_address_differs_from_the_bound_one(client):
         await calls.close()
 
 
-async def test_spoken_turn_round_trip(tiny_engine, client):
-    """Real model and server VAD: the microphone's question is detected, answered, and the
-    answer's audio arrives on the remote track while the data channel narrates it."""
-    calls = WebRTCCalls(tiny_engine, ice_host_addresses=("127.0.0.1",))
+async def test_spoken_turn_round_trip(family_engine, client):
+    """Real model (the tiny one of each family) and server VAD: the microphone's question is detected, answered, and
+    the answer's audio arrives on the remote track while the data channel narrates it."""
+    calls = WebRTCCalls(family_engine, ice_host_addresses=("127.0.0.1",))
     try:
         # A short reply: the random model would otherwise write ~350 tokens of noise.
         await client.call(calls, session_overrides={"type": "realtime", "max_output_tokens": 8})

@@ -1,10 +1,12 @@
 """Queued picture encodes: blocks are allocated at once with their TMRoPE offsets and filled by the step's one
 batched encode; a failing batch is retried picture by picture; an encoder answer of the wrong shape fails only its
-picture, with an error that names both shapes."""
+picture, with an error that names both shapes; an encoder's deepstack features are allocated and filled with the
+picture's tokens."""
 
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -79,3 +81,41 @@ def test_a_video_grid_is_refused_before_it_is_queued():
     with pytest.raises(ValueError, match="one temporal patch"):
         queue.block(np.zeros((32, 8), dtype=np.float32), (2, 4, 4))
     assert queue.pending == 0
+
+
+class LayeredVision(FakeVision):
+    """:class:`FakeVision` whose encodings also carry two deepstack layers (the value h + 1, h + 2); one layer short
+    for the heights in ``one_layer``."""
+
+    image_deepstack_layers = 2
+
+    def __init__(self, calls: list, one_layer: set[int] = frozenset()) -> None:
+        super().__init__(calls)
+        self.one_layer = one_layer
+
+    def encode_images(self, items):
+        tokens = super().encode_images(items)
+        out = []
+        for t, (_, grid) in zip(tokens, items):
+            layers = 1 if grid[1] in self.one_layer else 2
+            out.append(SimpleNamespace(tokens=t, deepstack=tuple(t + k for k in range(1, layers + 1))))
+        return out
+
+
+def test_deepstack_features_are_allocated_with_the_block_and_filled_by_the_same_encode():
+    calls = []
+    queue = encodes(LayeredVision(calls, one_layer={6}))
+    good, bad = queue.block(*picture(4)), queue.block(*picture(6))
+    assert [f.shape for f in good.deepstack] == [(4, 3), (4, 3)]
+    queue.flush()
+    assert calls == [[4, 6], [4], [6]], "the batch failed on the bad picture: each again alone"
+    assert good.error is None and torch.all(good.embeds == 4)
+    assert torch.all(good.deepstack[0] == 5) and torch.all(good.deepstack[1] == 6)
+    assert str(bad.error) == "vision tower gave deepstack features for 1 layers, expected 2"
+
+
+def test_plain_encodings_make_blocks_without_deepstack():
+    queue = encodes(FakeVision([]))
+    block = queue.block(*picture(4))
+    queue.flush()
+    assert block.deepstack == () and block.error is None

@@ -91,11 +91,13 @@ class Driver:
         preemptive=False,
         max_output_tokens=None,
         voice_aliases=(),
+        audio_output=True,
     ):
         settings = SessionSettings(
             model="fake-omni",
-            voices=("Chelsie", "Ethan"),
-            default_voice="Chelsie",
+            voices=("Chelsie", "Ethan") if audio_output else (),
+            default_voice="Chelsie" if audio_output else None,
+            audio_output=audio_output,
             default_instructions="You are helpful.",
             max_output_tokens=max_output_tokens,
             dialect=dialect,
@@ -464,6 +466,45 @@ def test_text_only_response():
     assert types(acts)[:2] == ["response.output_text.delta", "response.output_text.done"]
     assert events(acts)[1]["text"] == "Paris"
     assert "response.output_audio.delta" not in types(acts)
+
+
+@pytest.mark.parametrize("dialect", [Dialect.GA, Dialect.BETA])
+def test_an_engine_without_audio_output_makes_a_text_session_and_refuses_audio(dialect):
+    """Text is the session's default (clients that keep the defaults get text replies); asking for audio, in the
+    session or in one response, is an ``unsupported_value`` error at the client's path, and the session goes on."""
+    beta = dialect is Dialect.BETA
+    d = Driver(dialect, manual=True, audio_output=False)
+    created = events(d.start_actions)[0]["session"]
+    assert created["modalities" if beta else "output_modalities"] == ["text"]
+    assert (created["voice"] if beta else created["audio"]["output"]["voice"]) is None
+
+    modalities = {"modalities": ["text", "audio"]} if beta else {"output_modalities": ["audio"]}
+    acts = d.send({"type": "session.update", "event_id": "s1", "session": {**modalities, "instructions": "Be brief."}})
+    error, updated = events(acts)
+    assert error["type"] == "error" and error["error"]["code"] == ErrorCode.UNSUPPORTED_VALUE
+    assert (error["error"]["param"], error["error"]["event_id"]) == (f"session.{next(iter(modalities))}", "s1")
+    assert "text only" in error["error"]["message"]
+    assert updated["session"]["instructions"] == "Be brief."  # the other fields apply
+    assert updated["session"]["modalities" if beta else "output_modalities"] == ["text"]
+    acts = d.send({"type": "session.update", "session": {"voice": "Ethan"}})
+    assert [e["error"]["code"] for e in events(acts)] == [ErrorCode.UNKNOWN_VOICE]
+
+    commit_turn(d)
+    acts = d.send({"type": "response.create", "event_id": "r1", "response": modalities})
+    (error,) = events(acts)
+    assert error["error"]["code"] == ErrorCode.UNSUPPORTED_VALUE and error["error"]["event_id"] == "r1"
+    assert error["error"]["param"] == f"response.{next(iter(modalities))}"
+    assert not of(acts, StartResponse) and d.session.active_response_id is None
+
+    acts = d.respond()  # the defaults: a text reply
+    (start,) = of(acts, StartResponse)
+    assert (start.modalities, start.voice) == (frozenset({"text"}), None)
+    acts = d.engine(TextDelta("Paris", (1,))) + d.done()
+    assert (events(acts)[0]["type"], events(acts)[0]["delta"]) == (
+        "response.text.delta" if beta else "response.output_text.delta",
+        "Paris",
+    )
+    assert events(acts)[-1]["response"]["status"] == "completed"
 
 
 def test_the_engine_cap_limits_a_reply_and_the_response_shows_it():
