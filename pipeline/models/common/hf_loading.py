@@ -1,11 +1,12 @@
-"""Loading a Qwen-Omni checkpoint's config, feature extractor and weights the way both families do: the config class
-checked against the folder's ``model_type``, the Whisper feature extractor checked against the audio encoder, and the
-whole model loaded once then split into parts, each placed on its stage's device in its dtype. Every failure raises
-:class:`~pipeline.errors.CheckpointError` naming the file (bad ``devices`` / ``dtypes`` arguments:
-:class:`~pipeline.errors.ConfigError`)."""
+"""Loading a Qwen-Omni checkpoint's config, preprocessor settings and weights the way both families do: the config
+class checked against the folder's ``model_type``, the Whisper feature extractor checked against the audio encoder,
+``preprocessor_config.json`` read for the image processor, and the whole model loaded once then split into parts,
+each placed on its stage's device in its dtype. Every failure raises :class:`~pipeline.errors.CheckpointError` naming
+the file (bad ``devices`` / ``dtypes`` arguments: :class:`~pipeline.errors.ConfigError`)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,14 @@ from pipeline.models.common.hf_checkpoint import (
     required_file,
 )
 
-__all__ = ["Placement", "load_feature_extractor", "load_hf_config", "load_parts", "stage_placement"]
+__all__ = [
+    "Placement",
+    "load_feature_extractor",
+    "load_hf_config",
+    "load_parts",
+    "read_preprocessor_config",
+    "stage_placement",
+]
 
 AUDIO_SAMPLE_RATE = 16_000
 """The feature extractor's input rate: user audio is 16 kHz mono."""
@@ -59,6 +67,19 @@ def load_feature_extractor(path: Path, config: Any) -> Any:
     if fe.sampling_rate != AUDIO_SAMPLE_RATE:
         raise CheckpointError(f"{PREPROCESSOR_FILE}: sampling_rate {fe.sampling_rate}, expected {AUDIO_SAMPLE_RATE}")
     return fe
+
+
+def read_preprocessor_config(path: Path) -> dict[str, Any]:
+    """The folder's ``preprocessor_config.json`` as a dict (the feature extractor's settings and, for a checkpoint
+    that takes pictures, the image processor's beside them)."""
+    file = required_file(path, PREPROCESSOR_FILE)
+    try:
+        raw = json.loads(file.read_text())
+    except ValueError as exc:
+        raise CheckpointError(f"{PREPROCESSOR_FILE}: not valid JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{PREPROCESSOR_FILE}: expected a JSON object")
+    return raw
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ encoder emits one token per 4 mel frames (25 tokens/s).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -50,6 +49,7 @@ from pipeline.models.common.hf_loading import (
     load_feature_extractor,
     load_hf_config,
     load_parts,
+    read_preprocessor_config,
     stage_placement,
 )
 from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
@@ -443,13 +443,7 @@ def _load_config(path: Path) -> Any:
 def load_vision_preprocessor(path: Path, config: Any) -> VisionPreprocessor | None:
     """The image processor settings of ``preprocessor_config.json`` (None when it has none), checked against the
     vision tower's config."""
-    file = required_file(path, PREPROCESSOR_FILE)
-    try:
-        raw = json.loads(file.read_text())
-    except ValueError as exc:
-        raise CheckpointError(f"{PREPROCESSOR_FILE}: not valid JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{PREPROCESSOR_FILE}: expected a JSON object")
+    raw = read_preprocessor_config(path)
     return VisionPreprocessor.from_preprocessor_config(raw, config.thinker_config.vision_config)
 
 

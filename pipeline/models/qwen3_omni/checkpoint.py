@@ -15,7 +15,6 @@ Units: user audio is 16 kHz mono, one mel frame per 10 ms; the codec makes 12.5 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -28,14 +27,12 @@ import torch
 from pipeline.errors import CheckpointError
 from pipeline.models.common.hf_checkpoint import (
     CONFIG_FILE,
-    PREPROCESSOR_FILE,
     check_distinct,
     check_in_vocab,
     check_weights_present,
     config_id,
     is_random_checkpoint,
     load_tokenizer,
-    required_file,
     resolve_checkpoint_path,
     tokenizer_ids,
 )
@@ -44,6 +41,7 @@ from pipeline.models.common.hf_loading import (
     load_feature_extractor,
     load_hf_config,
     load_parts,
+    read_preprocessor_config,
     stage_placement,
 )
 from pipeline.models.qwen3_omni.vision import VisionPreprocessor
@@ -365,13 +363,7 @@ def load_config(path: Path) -> Any:
 def load_vision_preprocessor(path: Path, config: Any) -> VisionPreprocessor | None:
     """The image processor settings of ``preprocessor_config.json`` (None when it has none), checked against the
     vision tower's config."""
-    file = required_file(path, PREPROCESSOR_FILE)
-    try:
-        raw = json.loads(file.read_text())
-    except ValueError as exc:
-        raise CheckpointError(f"{PREPROCESSOR_FILE}: not valid JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{PREPROCESSOR_FILE}: expected a JSON object")
+    raw = read_preprocessor_config(path)
     return VisionPreprocessor.from_preprocessor_config(raw, config.thinker_config.vision_config)
 
 
