@@ -8,7 +8,7 @@ its own added tokens (in its released order) after the ``bpe_vocab_size`` BPE en
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,15 @@ def write_bpe_files(tokenizer: Any, out_dir: Path) -> None:
     (out_dir / "vocab.json").write_text(json.dumps(model["vocab"], ensure_ascii=False))
     merges = ["#version: 0.2"] + [" ".join(pair) for pair in model["merges"]]
     (out_dir / "merges.txt").write_text("\n".join(merges) + "\n")
+
+
+def write_tokenizer_files(out_dir: Path, tokenizer: Any, tokenizer_config: Mapping[str, Any]) -> None:
+    """The released Qwen tokenizer file set: the BPE files (:func:`write_bpe_files`), ``tokenizer_config.json`` and
+    ``chat_template.json`` (the config's ``chat_template``, which stands in both files as released)."""
+    write_bpe_files(tokenizer, out_dir)
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(dict(tokenizer_config), indent=2) + "\n")
+    template = {"chat_template": tokenizer_config["chat_template"]}
+    (out_dir / "chat_template.json").write_text(json.dumps(template, indent=2) + "\n")
 
 
 def added_tokens_decoder(ids: dict[str, int], added: Sequence[tuple[str, bool]]) -> dict[str, dict[str, Any]]:

@@ -24,10 +24,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import sdpa_kernel
 
-from pipeline.kernels.cuda_graphs import CapturedCall, bucket_at_least, host_to_device
-from pipeline.kernels.sdpa import PREFILL_BACKENDS
+from pipeline.models.common.audio_blocks import BlockAudioEncoder, encoder_layer
 from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
 
 __all__ = ["BlockEncoder", "GRAPH_BATCHES", "encode_blocks"]
@@ -51,112 +49,31 @@ def encode_blocks(tower: nn.Module, features: Tensor, lengths: Tensor) -> Tensor
     valid = (lengths - 1) // 2 + 1
     keys = (torch.arange(positions, device=x.device) < valid[:, None])[:, None, None, :]
     for layer in tower.layers:
-        x = _layer(layer, x, keys)
+        x = encoder_layer(layer, x, keys)
     pairs = positions // 2
     x = (x[:, 0 : 2 * pairs : 2] + x[:, 1 : 2 * pairs : 2]) / 2
     return tower.proj(tower.ln_post(x))
 
 
-def _layer(layer: nn.Module, x: Tensor, keys: Tensor) -> Tensor:
-    """One ``Qwen2_5OmniAudioEncoderLayer`` on (B, T, D) with a (B, 1, 1, T) mask of the keys to attend."""
-    attn = layer.self_attn
-    batch, length, width = x.shape
-    h = layer.self_attn_layer_norm(x)
-
-    def heads(proj: nn.Linear) -> Tensor:
-        return proj(h).view(batch, length, attn.num_heads, attn.head_dim).transpose(1, 2)
-
-    out = F.scaled_dot_product_attention(
-        heads(attn.q_proj), heads(attn.k_proj), heads(attn.v_proj), attn_mask=keys, scale=attn.scaling
-    )
-    x = x + attn.out_proj(out.transpose(1, 2).reshape(batch, length, width))
-    x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
-    if x.dtype == torch.float16:  # as the reference: keep float16 activations finite
-        limit = torch.finfo(x.dtype).max - 1000
-        x = x.clamp(-limit, limit)
-    return x
-
-
-class BlockEncoder:
+class BlockEncoder(BlockAudioEncoder):
     """Encodes user audio blocks (each at most ``n_window * 2`` frames) with :func:`encode_blocks`: eagerly, or on
-    CUDA from graphs captured by :meth:`capture` for :data:`GRAPH_BATCHES` blocks padded to the full block width.
-
-    Called from the engine thread only. Outputs are fresh tensors (graph outputs are copied before the next replay).
-    """
+    CUDA from graphs captured by :meth:`capture` for :data:`GRAPH_BATCHES` blocks padded to the full block width
+    (:class:`~pipeline.models.common.audio_blocks.BlockAudioEncoder`). Engine thread only."""
 
     def __init__(
         self,
         tower: nn.Module,
         *,
-        device: torch.device,
+        device: torch.device | str,
         cuda_graphs: bool = True,
         batch_sizes: Sequence[int] = GRAPH_BATCHES,
     ) -> None:
-        self.tower = tower
-        self.device = torch.device(device)
-        self.block_frames = 2 * tower.config.n_window
-        self.n_mels = tower.config.num_mel_bins
-        self.batch_sizes = tuple(sorted(batch_sizes))
-        self._use_graphs = cuda_graphs and self.device.type == "cuda"
-        self._graphs: dict[int, CapturedCall] = {}
-
-    @property
-    def captured(self) -> bool:
-        return bool(self._graphs)
-
-    @staticmethod
-    def audio_tokens(frames: int) -> int:
-        """Tokens the encoder makes of ``frames`` mel frames (one block or tail)."""
-        return audio_tokens_for_mel_frames(frames)
-
-    @torch.inference_mode()
-    def capture(self) -> None:
-        """Record one graph per batch size (CUDA only; a no-op otherwise). The graphs share one capture stream: the
-        engine thread replays them one after another."""
-        if not self._use_graphs or self._graphs:
-            return
-        stream = torch.cuda.Stream(self.device)
-        for size in self.batch_sizes:
-            example = (
-                torch.zeros(size, self.n_mels, self.block_frames, device=self.device),
-                torch.full((size,), self.block_frames, dtype=torch.long, device=self.device),
-            )
-            self._graphs[size] = CapturedCall(self._run, example, capture_stream=stream)
-
-    def _run(self, features: Tensor, lengths: Tensor) -> Tensor:
-        with sdpa_kernel(PREFILL_BACKENDS):  # masked attention; cuDNN would build a plan for every new length
-            return encode_blocks(self.tower, features, lengths)
-
-    @torch.inference_mode()
-    def encode_many(self, features: list[Tensor]) -> list[Tensor]:
-        """Log-mel features (n_mels, T) of blocks (1 <= T <= ``block_frames``) -> their tokens
-        (``audio_tokens_for_mel_frames(T)``, output_dim) each, in the tower's dtype, in order."""
-        lengths = [f.shape[1] for f in features]
-        if any(not 1 <= n <= self.block_frames for n in lengths):
-            raise ValueError(f"audio blocks must have 1..{self.block_frames} frames, got {lengths}")
-        if not self._graphs:
-            return self._split(self._run(*self._batch(features, max(lengths))), lengths)
-        out: list[Tensor] = []
-        largest = self.batch_sizes[-1]
-        for start in range(0, len(features), largest):
-            part = features[start : start + largest]
-            size = bucket_at_least(len(part), self.batch_sizes)
-            padded, lens = self._batch(part, self.block_frames, rows=size)
-            encoded = self._graphs[size](padded, lens)
-            out += [t.clone() for t in self._split(encoded, lengths[start : start + largest])]
-        return out
-
-    def _batch(self, features: list[Tensor], width: int, rows: int | None = None) -> tuple[Tensor, Tensor]:
-        """(rows, n_mels, width) zero-padded features and (rows,) lengths on the device, in one host copy each.
-        Rows past the blocks (graph padding) are full-width zeros, so their attention has keys."""
-        rows = rows or len(features)
-        padded = torch.zeros(rows, self.n_mels, width)
-        lengths = [width] * rows
-        for i, f in enumerate(features):
-            padded[i, :, : f.shape[1]] = f
-            lengths[i] = f.shape[1]
-        return host_to_device(padded, torch.float32, self.device), host_to_device(lengths, torch.long, self.device)
-
-    @staticmethod
-    def _split(encoded: Tensor, lengths: list[int]) -> list[Tensor]:
-        return [encoded[i, : audio_tokens_for_mel_frames(n)] for i, n in enumerate(lengths)]
+        super().__init__(
+            tower,
+            device=device,
+            cuda_graphs=cuda_graphs,
+            batch_sizes=batch_sizes,
+            block_frames=2 * tower.config.n_window,
+            encode=encode_blocks,
+            tokens=audio_tokens_for_mel_frames,
+        )

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.models.common.av_layout import AVChunk, AVLayoutBase
+
 __all__ = ["AVChunk", "AVLayout", "AVTiming", "token_chunks"]
 
 
@@ -72,35 +74,14 @@ def token_chunks(values: np.ndarray, tokens_per_chunk: int) -> np.ndarray:
     return out
 
 
-@dataclass(frozen=True)
-class AVChunk:
-    """One time chunk of the message: video tokens ``video`` (indices into the video's tokens in the vision tower's
-    order: temporal patch, then row, then column) then audio tokens ``audio`` (indices into the message's audio
-    tokens)."""
+class AVLayout(AVLayoutBase):
+    """Layout and offsets of one message (:class:`~pipeline.models.common.av_layout.AVLayoutBase`): both opening
+    markers at offset 0, both closing markers at :attr:`close_offset`."""
 
-    index: int
-    video: range
-    audio: range
-
-    @property
-    def length(self) -> int:
-        return len(self.video) + len(self.audio)
-
-
-class AVLayout:
-    """Layout and offsets of one message with ``n_audio`` audio tokens and ``n_patches`` temporal patches of a
-    ``rows`` x ``cols`` merged grid (tokens per patch ``rows * cols``), as far as they are known.
-
-    ``n_patches`` and ``n_audio`` only grow from one layout of a message to the next (the engine makes a new one as
-    media arrive); the first :meth:`ready_chunks` chunks of a layout are equal in every later layout of the message.
-    """
+    MARKER_STEP = 0
 
     def __init__(self, timing: AVTiming, *, rows: int, cols: int, n_patches: int, n_audio: int) -> None:
-        if rows <= 0 or cols <= 0 or n_patches < 0 or n_audio < 0:
-            raise ValueError(f"bad audio/video layout: grid {rows}x{cols}, {n_patches} patches, {n_audio} audio tokens")
-        self.timing = timing
-        self.rows, self.cols = rows, cols
-        self.n_patches, self.n_audio = n_patches, n_audio
+        super().__init__(timing, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
         per_patch = rows * cols
         self._patch_t = np.array([timing.patch_time(i) for i in range(n_patches)], dtype=np.int64)
         self._video_t = np.repeat(self._patch_t, per_patch)
@@ -121,9 +102,6 @@ class AVLayout:
         video = range(*vb[j]) if j < len(vb) else range(0)
         audio = range(*ab[j]) if j < len(ab) else range(0)
         return AVChunk(j, video, audio)
-
-    def chunks(self) -> list[AVChunk]:
-        return [self.chunk(j) for j in range(self.n_chunks)]
 
     def ready_chunks(self, *, video_closed: bool, audio_closed: bool) -> int:
         """How many leading chunks are final. Chunk ``j``'s audio is final once it holds ``tokens_per_chunk`` tokens or
@@ -150,11 +128,6 @@ class AVLayout:
         audio = np.arange(c.audio.start, c.audio.stop, dtype=np.int64)
         return np.concatenate([video, np.broadcast_to(audio, (3, len(audio)))], axis=1) + 1
 
-    def chunk_kinds(self, j: int) -> tuple[int, int]:
-        """(video tokens, audio tokens) of chunk ``j``, in that order in the layout."""
-        c = self.chunk(j)
-        return len(c.video), len(c.audio)
-
     @property
     def close_offset(self) -> int:
         """Offset of both closing markers: the last block's largest offset + 1 (1 for a message with no media)."""
@@ -164,32 +137,6 @@ class AVLayout:
         offsets = self.chunk_offsets(last.index)
         block = offsets[:, len(last.video) :] if len(last.audio) else offsets
         return int(block.max()) + 1
-
-    @property
-    def advance(self) -> int:
-        """Rope positions from the message's first position to the text after it (close offset + 1)."""
-        return self.close_offset + 1
-
-    def prefix_offsets(self, n: int) -> np.ndarray:
-        """(3, length) offsets of the two opening markers and the first ``n`` chunks: an open message's rendering."""
-        parts = [np.zeros((3, 2), dtype=np.int64)] + [self.chunk_offsets(j) for j in range(n)]
-        return np.concatenate(parts, axis=1)
-
-    def offsets(self) -> np.ndarray:
-        """(3, length) offsets of the whole closed message: the two opening markers, every chunk, the two closing
-        markers."""
-        close = np.full((3, 2), self.close_offset, dtype=np.int64)
-        return np.concatenate([self.prefix_offsets(self.n_chunks), close], axis=1)
-
-    def token_ids(
-        self, *, vision_start: int, audio_start: int, video: int, audio: int, audio_end: int, vision_end: int
-    ):
-        """The closed message's token ids (placeholders for media), for tests and for one-shot rendering."""
-        ids = [vision_start, audio_start]
-        for j in range(self.n_chunks):
-            nv, na = self.chunk_kinds(j)
-            ids += [video] * nv + [audio] * na
-        return ids + [audio_end, vision_end]
 
 
 def _bounds(chunk_of: np.ndarray) -> list[tuple[int, int]]:

@@ -16,7 +16,6 @@ encoder emits one token per 4 mel frames (25 tokens/s).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -37,7 +36,6 @@ from pipeline.models.common.hf_checkpoint import (
     WEIGHTS_INDEX_FILE,
     check_distinct,
     check_in_vocab,
-    check_loading_info,
     check_weights_present,
     config_id,
     is_random_checkpoint,
@@ -45,6 +43,14 @@ from pipeline.models.common.hf_checkpoint import (
     required_file,
     resolve_checkpoint_path,
     tokenizer_ids,
+)
+from pipeline.models.common.hf_loading import (
+    Placement,
+    load_feature_extractor,
+    load_hf_config,
+    load_parts,
+    read_preprocessor_config,
+    stage_placement,
 )
 from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
 from pipeline.models.qwen2_5_omni.vision import VisionPreprocessor
@@ -418,26 +424,10 @@ def load_checkpoint(
     )
 
 
-@dataclass(frozen=True)
-class Placement:
-    device: str
-    dtype: torch.dtype
-
-
 def _placement(devices: dict[str, str] | None, dtypes: dict[str, torch.dtype] | None) -> dict[str, Placement]:
-    devices, dtypes = dict(devices or {}), dict(dtypes or {})
-    for arg, given in (("devices", devices), ("dtypes", dtypes)):
-        unknown = set(given) - set(SUBMODELS)
-        if unknown:
-            raise ConfigError(f"{arg}: unknown sub-model(s) {sorted(unknown)}; expected {SUBMODELS}", param=arg)
-    if dtypes.get("token2wav", TOKEN2WAV_DTYPE) != TOKEN2WAV_DTYPE:
+    placement = stage_placement(devices, dtypes, {part: part for part in SUBMODELS}, float32_parts=("token2wav",))
+    if placement["token2wav"].dtype != TOKEN2WAV_DTYPE:
         raise ConfigError("dtypes.token2wav: token2wav always runs in float32", param="dtypes.token2wav")
-    placement = {}
-    for part in SUBMODELS:
-        device = str(devices.get(part, "cpu"))
-        default = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-        dtype = TOKEN2WAV_DTYPE if part == "token2wav" else dtypes.get(part, default)
-        placement[part] = Placement(device=device, dtype=dtype)
     return placement
 
 
@@ -445,82 +435,27 @@ def _load_config(path: Path) -> Any:
     from transformers import Qwen2_5OmniConfig
 
     quiet_talker_token_id_warnings()
-    file = required_file(path, CONFIG_FILE)
-    try:
-        raw = json.loads(file.read_text())
-    except ValueError as exc:
-        raise CheckpointError(f"{CONFIG_FILE}: not valid JSON ({exc})") from exc
-    if raw.get("model_type") != "qwen2_5_omni":
-        raise CheckpointError(f"{CONFIG_FILE}: model_type is {raw.get('model_type')!r}, expected 'qwen2_5_omni'")
-    try:
-        config = Qwen2_5OmniConfig.from_pretrained(path)
-    except Exception as exc:  # transformers validates configs with assorted exception types
-        raise CheckpointError(f"{CONFIG_FILE}: rejected by transformers: {exc}") from exc
+    config = load_hf_config(path, Qwen2_5OmniConfig, "qwen2_5_omni")
     validate_config(config)
     return config
-
-
-def load_feature_extractor(path: Path, config: Any) -> Any:
-    from transformers import WhisperFeatureExtractor
-
-    required_file(path, PREPROCESSOR_FILE)
-    try:
-        fe = WhisperFeatureExtractor.from_pretrained(path)
-    except Exception as exc:  # as above
-        raise CheckpointError(f"{PREPROCESSOR_FILE}: cannot be loaded: {exc}") from exc
-    mel_bins = config.thinker_config.audio_config.num_mel_bins
-    if fe.feature_size != mel_bins:
-        raise CheckpointError(
-            f"{PREPROCESSOR_FILE}: feature_size {fe.feature_size} != audio_config.num_mel_bins {mel_bins}",
-            param="feature_size",
-        )
-    if fe.sampling_rate != 16_000:
-        raise CheckpointError(f"{PREPROCESSOR_FILE}: sampling_rate {fe.sampling_rate}, expected 16000")
-    return fe
 
 
 def load_vision_preprocessor(path: Path, config: Any) -> VisionPreprocessor | None:
     """The image processor settings of ``preprocessor_config.json`` (None when it has none), checked against the
     vision tower's config."""
-    file = required_file(path, PREPROCESSOR_FILE)
-    try:
-        raw = json.loads(file.read_text())
-    except ValueError as exc:
-        raise CheckpointError(f"{PREPROCESSOR_FILE}: not valid JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{PREPROCESSOR_FILE}: expected a JSON object")
+    raw = read_preprocessor_config(path)
     return VisionPreprocessor.from_preprocessor_config(raw, config.thinker_config.vision_config)
 
 
 def _load_submodels(path: Path, placement: dict[str, Placement]) -> tuple[Any, Any, Any]:
-    """Load the full model once (transformers maps the released key layout), then place each part.
-
-    Loading keeps the checkpoint's stored dtype (``dtype="auto"``) so that casting each part
-    afterwards never widens already-rounded values. A single target device is passed as
-    ``device_map`` (no dispatch hooks); parts bound elsewhere are moved after loading.
-    """
+    """The three parts, loaded once and placed (:func:`~pipeline.models.common.hf_loading.load_parts`)."""
     from transformers import Qwen2_5OmniForConditionalGeneration
 
-    devices = {p.device for p in placement.values()}
-    load_device = placement["thinker"].device if len(devices) == 1 and "cpu" not in devices else None
     # The class's own from_pretrained only adds speaker loading (done by us, with checks) and cannot
     # return the loading info; the generic PreTrainedModel one can, so call that for this class.
     model_class = Qwen2_5OmniForConditionalGeneration
-    generic_from_pretrained = super(model_class, model_class).from_pretrained
-    try:
-        model, info = generic_from_pretrained(path, dtype="auto", device_map=load_device, output_loading_info=True)
-    except Exception as exc:  # safetensors / transformers raise assorted types on bad weights
-        raise CheckpointError(f"weights: cannot be loaded from {path}: {exc}", param="weights") from exc
-    check_loading_info(info)
-    parts = []
-    for name in SUBMODELS:
-        module = getattr(model, name, None)
-        if module is None:
-            raise CheckpointError(f"weights: the loaded model has no {name}", param="weights")
-        module.to(device=placement[name].device, dtype=placement[name].dtype)
-        module.eval()
-        parts.append(module)
-    return parts[0], parts[1], parts[2]
+    thinker, talker, token2wav = load_parts(super(model_class, model_class).from_pretrained, path, placement)
+    return thinker, talker, token2wav
 
 
 __all__ = [

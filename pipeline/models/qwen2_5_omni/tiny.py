@@ -22,15 +22,11 @@ that padding.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -38,7 +34,16 @@ from pipeline.errors import CheckpointError
 from pipeline.models.common import bpe
 from pipeline.models.common.hermes_tools import TOOLS_EPILOGUE, TOOLS_PREAMBLE
 from pipeline.models.common.hf_parts import thinker_text_model
-from pipeline.models.common.random_checkpoint import default_device_and_dtype, write_random_marker
+from pipeline.models.common.random_checkpoint import (
+    RandomSpecPresets,
+    check_common_spec,
+    default_device_and_dtype,
+    generation_config,
+    scratch_folder,
+    write_preprocessor_config,
+    write_random_marker,
+)
+from pipeline.models.common.random_tuning import hold_reply_end_logit, mark_text_end, never_write
 from pipeline.models.qwen2_5_omni import checkpoint as ckpt
 from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
 
@@ -111,7 +116,7 @@ audio block change the greedy tokens within ten steps; the talker's likewise cha
 
 
 @dataclass(frozen=True)
-class RandomModelSpec:
+class RandomModelSpec(RandomSpecPresets):
     """Every size of a random Qwen2.5-Omni. Units: hidden sizes in channels, ``*_vocab`` in ids.
 
     ``codec_speech_vocab`` is the number of speech codes (ids below it); the codec special ids sit
@@ -124,6 +129,8 @@ class RandomModelSpec:
     model's attention is nearly uniform, so its outputs hardly depend on positions; a sharpened one's greedy tokens
     and codes do (test checkpoints that must catch a wrong position).
     """
+
+    SHARPENED_ATTENTION: ClassVar[float] = TEST_ATTENTION_SHARPNESS
 
     # thinker language model
     thinker_hidden: int = 64
@@ -211,16 +218,6 @@ class RandomModelSpec:
     attention_sharpness: float = 1.0
 
     @classmethod
-    def tiny(cls, seed: int = 0) -> RandomModelSpec:
-        """~5 MB; a short spoken turn runs well under a second on one CPU core."""
-        return cls(seed=seed)
-
-    @classmethod
-    def sharpened(cls, seed: int = 0) -> RandomModelSpec:
-        """The tiny model with :data:`TEST_ATTENTION_SHARPNESS`: a wrong position changes its greedy tokens."""
-        return cls(seed=seed, attention_sharpness=TEST_ATTENTION_SHARPNESS)
-
-    @classmethod
     def qwen2_5_omni_7b(cls, seed: int = 0) -> RandomModelSpec:
         """The released 7B architecture (10.69 B parameters), with the released codec ids."""
         return cls(
@@ -288,9 +285,6 @@ class RandomModelSpec:
             speech_end_logit=None,
             seed=seed,
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 # --- Tokenizer --------------------------------------------------------------------------------
@@ -381,10 +375,7 @@ def write_tokenizer(out_dir: Path, spec: RandomModelSpec) -> dict[str, int]:
     """Write tokenizer.json, vocab.json, merges.txt, tokenizer_config.json and chat_template.json
     (the released file set) and return the added tokens' ids."""
     tokenizer, ids = bpe.train_with_added_tokens(spec.tokenizer_bpe_vocab, QWEN_ADDED_TOKENS)
-    bpe.write_bpe_files(tokenizer, out_dir)
-    template = chat_template()
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(ids, template), indent=2))
-    (out_dir / "chat_template.json").write_text(json.dumps({"chat_template": template}, indent=2))
+    bpe.write_tokenizer_files(out_dir, tokenizer, _tokenizer_config(ids, chat_template()))
     return ids
 
 
@@ -543,19 +534,13 @@ def _bigvgan_config(spec: RandomModelSpec) -> dict[str, Any]:
 
 def check_spec(spec: RandomModelSpec) -> None:
     """Rules specific to random checkpoints (the generic ones are in ``validate_config``)."""
-    if not spec.attention_sharpness > 0:
-        raise CheckpointError("spec: attention_sharpness must be positive", param="attention_sharpness")
+    check_common_spec(spec, len(QWEN_ADDED_TOKENS))
     if not set(spec.vision_fullatt_blocks) <= set(range(spec.vision_depth)):
         raise CheckpointError(
             f"spec: vision_fullatt_blocks {spec.vision_fullatt_blocks} must index layers of depth {spec.vision_depth}",
             param="vision_fullatt_blocks",
         )
     tokenizer_size = spec.tokenizer_bpe_vocab + len(QWEN_ADDED_TOKENS)
-    if tokenizer_size > spec.thinker_vocab:
-        raise CheckpointError(
-            f"spec: the tokenizer has {tokenizer_size} tokens, more than thinker_vocab={spec.thinker_vocab}",
-            param="thinker_vocab",
-        )
     padding_ids = {
         "tts_text_pad_id": spec.tts_text_pad_id,
         "tts_text_start_id": spec.tts_text_start_id,
@@ -653,8 +638,8 @@ def _tune_random_weights(model: Any, spec: RandomModelSpec) -> None:
       greedy decoding rarely stops early; the logits stay finite, so sampling (and occasionally
       greedy decoding) still stops.
     * Ending a reply: the thinker's ``<|im_end|>`` would be sampled about once per thousand tokens, so
-      a sampled reply ran to the length cap. :func:`_hold_reply_end_logit` keeps its logit near
-      ``spec.reply_end_logit``, below the usual best logit (greedy decoding seldom ends) but inside
+      a sampled reply ran to the length cap. :func:`~pipeline.models.common.random_tuning.hold_reply_end_logit`
+      keeps its logit near ``spec.reply_end_logit``, below the usual best logit (greedy decoding seldom ends) but inside
       the sampler's top-k, so a reply sampled with the packaged settings ends on its own, after
       about a hundred tokens on average (some two seconds of speech).
     * Ending its speech: once the text has ended the talker is fed the same text-pad vector at every
@@ -671,7 +656,7 @@ def _tune_random_weights(model: Any, spec: RandomModelSpec) -> None:
         talker.codec_head.weight[stop_id].mul_(spec.stop_logit_scale)
     if spec.reply_end_logit is not None:
         end_id = added_token_ids(spec.tokenizer_bpe_vocab)[ckpt.IM_END]
-        _hold_reply_end_logit(model.thinker, end_id, spec.reply_end_logit)
+        hold_reply_end_logit(model.thinker, end_id, spec.reply_end_logit)
     if spec.speech_end_logit is not None:
         _end_speech_after_text(model, spec, spec.speech_end_logit)
 
@@ -684,36 +669,6 @@ def _sharpen_attention(layers: Any, factor: float) -> None:
             proj.weight.mul_(factor)
             if proj.bias is not None:
                 proj.bias.mul_(factor)
-
-
-REPLY_END_NOISE_SCALE = 0.1
-"""The share of its random weights the thinker's end row keeps (its logit's spread around the level)."""
-
-
-@torch.no_grad()
-def _hold_reply_end_logit(thinker: Any, end_id: int, level: float) -> None:
-    """Make ``end_id``'s logit ``level`` plus a little noise at every position.
-
-    The last channel of the residual stream is made a constant: the same value in every token's
-    embedding and never written by a layer (its rows of the attention and MLP output projections are
-    zeroed). After the final norm it is nearly constant too, so a language-model-head row that reads
-    only that channel acts as a bias. The head's other rows stop reading it; the end row keeps
-    :data:`REPLY_END_NOISE_SCALE` of its random weights so its logit still varies a little. The
-    channel's normed value is measured on a probe of every token id to calibrate the row.
-    """
-    text = thinker_text_model(thinker)
-    channel = text.embed_tokens.weight.shape[1] - 1
-    embed = text.embed_tokens.weight
-    embed[:, channel] = 3.0 * embed[:, :channel].std()
-    for layer in text.layers:
-        layer.self_attn.o_proj.weight[channel] = 0.0
-        layer.mlp.down_proj.weight[channel] = 0.0
-    head = thinker.lm_head.weight
-    head[:, channel] = 0.0
-    head[end_id].mul_(REPLY_END_NOISE_SCALE)
-    probe = torch.arange(256, device=embed.device).reshape(4, 64) % embed.shape[0]
-    normed = text(input_ids=probe).last_hidden_state[..., channel].float().mean()
-    head[end_id, channel] = level / normed.item()
 
 
 @torch.no_grad()
@@ -730,12 +685,8 @@ def _end_speech_after_text(model: Any, spec: RandomModelSpec, level: float) -> N
     text, talker = thinker_text_model(model.thinker), model.talker
     marker, channel = spec.thinker_hidden - 2, spec.talker_hidden - 1
     embed = text.embed_tokens.weight
-    scale = 3.0 * embed[:, :marker].std()
-    embed[:, marker] = 0.0
-    embed[[spec.tts_text_end_id, spec.tts_text_pad_id], marker] = scale
-    for layer in text.layers:
-        layer.self_attn.o_proj.weight[marker] = 0.0
-        layer.mlp.down_proj.weight[marker] = 0.0
+    mark_text_end(embed, [spec.tts_text_end_id, spec.tts_text_pad_id], marker)
+    never_write(text.layers, marker)
     model.thinker.lm_head.weight[:, marker] = 0.0
     talker.model.embed_tokens.weight[:, marker] = 0.0
     proj = talker.thinker_to_talker_proj
@@ -743,9 +694,7 @@ def _end_speech_after_text(model: Any, spec: RandomModelSpec, level: float) -> N
     proj.weight[channel] = 0.0
     proj.bias[channel] = 0.0
     proj.weight[channel, marker] = 1.0
-    for layer in talker.model.layers:
-        layer.self_attn.o_proj.weight[channel] = 0.0
-        layer.mlp.down_proj.weight[channel] = 0.0
+    never_write(talker.model.layers, channel)
     head = talker.codec_head.weight
     head[:, channel] = 0.0
     codes = torch.arange(32, device=embed.device).reshape(2, 16) % spec.codec_speech_vocab
@@ -767,15 +716,6 @@ def make_speakers(spec: RandomModelSpec) -> dict[str, dict[str, Any]]:
     return speakers
 
 
-def _generation_config(ids: dict[str, int]) -> Any:
-    from transformers import GenerationConfig
-
-    return GenerationConfig(
-        eos_token_id=[ids[ckpt.IM_END], ids[ckpt.ENDOFTEXT]],
-        pad_token_id=ids[ckpt.ENDOFTEXT],
-    )
-
-
 IMAGE_PROCESSOR_TYPE = "Qwen2VLImageProcessor"
 """The reference image processor class the released ``preprocessor_config.json`` names."""
 
@@ -783,24 +723,20 @@ IMAGE_PROCESSOR_TYPE = "Qwen2VLImageProcessor"
 def _write_preprocessor_config(out_dir: Path, spec: RandomModelSpec) -> None:
     """``preprocessor_config.json`` as released: the Whisper feature extractor's settings and the image processor's
     in one object (each reference processor reads its own fields)."""
-    from transformers import WhisperFeatureExtractor
-
-    WhisperFeatureExtractor(
-        feature_size=MEL_BINS_IN, sampling_rate=SAMPLE_RATE_IN, return_attention_mask=True
-    ).save_pretrained(out_dir)
-    file = out_dir / ckpt.PREPROCESSOR_FILE
-    settings = json.loads(file.read_text())
-    settings.update(
-        image_processor_type=IMAGE_PROCESSOR_TYPE,
-        min_pixels=spec.image_min_pixels,
-        max_pixels=spec.image_max_pixels,
-        patch_size=spec.vision_patch_size,
-        merge_size=spec.vision_merge_size,
-        temporal_patch_size=spec.vision_temporal_patch_size,
-        image_mean=list(spec.image_mean),
-        image_std=list(spec.image_std),
+    write_preprocessor_config(
+        out_dir,
+        {"feature_size": MEL_BINS_IN, "sampling_rate": SAMPLE_RATE_IN, "return_attention_mask": True},
+        {
+            "image_processor_type": IMAGE_PROCESSOR_TYPE,
+            "min_pixels": spec.image_min_pixels,
+            "max_pixels": spec.image_max_pixels,
+            "patch_size": spec.vision_patch_size,
+            "merge_size": spec.vision_merge_size,
+            "temporal_patch_size": spec.vision_temporal_patch_size,
+            "image_mean": list(spec.image_mean),
+            "image_std": list(spec.image_std),
+        },
     )
-    file.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
 def make_random_checkpoint(
@@ -819,7 +755,7 @@ def make_random_checkpoint(
     config = build_config(spec)
     ids = write_tokenizer(out, spec)
     model = build_model(spec, config, dtype=dtype)
-    model.generation_config = _generation_config(ids)
+    model.generation_config = generation_config(ids)
     model.save_pretrained(out, max_shard_size=MAX_SHARD_SIZE)
     torch.save(make_speakers(spec), out / ckpt.SPEAKERS_FILE)
     _write_preprocessor_config(out, spec)
@@ -835,17 +771,13 @@ def build_random_model(
     feature extractor are written to a fresh temp folder (``LoadedCheckpoint.path``), which the
     caller may delete once the tokenizer is loaded."""
     config = build_config(spec)
-    folder = Path(tempfile.mkdtemp(prefix="omni-random-"))
-    try:
+    with scratch_folder("omni-random-") as folder:
         write_tokenizer(folder, spec)
         _write_preprocessor_config(folder, spec)
         model = build_model(spec, config, device=device, dtype=dtype)
         tokenizer = ckpt.load_tokenizer(folder)
         feature_extractor = ckpt.load_feature_extractor(folder, config)
         vision = ckpt.load_vision_preprocessor(folder, config)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
     return ckpt.LoadedCheckpoint(
         source=f"random:seed{spec.seed}",
         path=folder,

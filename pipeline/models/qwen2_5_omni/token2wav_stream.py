@@ -53,6 +53,7 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniTo
 
 from pipeline.errors import CheckpointError, ConfigError, InvalidInputError, PipelineError
 from pipeline.kernels.devices import device_scope
+from pipeline.models.common.codec_stream import CodecStream, next_chunks
 from pipeline.models.qwen2_5_omni import vocoder
 from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig, ChunkPlan, plan_next_chunk
 from pipeline.models.qwen2_5_omni.dit import (
@@ -753,14 +754,7 @@ class StreamingToken2Wav:
         one graph launch per batch on GPU). Returns each stream's samples, in order, as its ``step()`` would (equal
         up to float rounding). Every stream must be ready, opened by this synthesizer and listed once; otherwise
         :class:`Token2WavStreamStateError` (or ValueError) is raised before any stream changes."""
-        if len({id(s) for s in streams}) != len(streams):
-            raise ValueError("a stream is listed more than once")
-        if any(s._owner is not self for s in streams):
-            raise ValueError("every stream must come from this StreamingToken2Wav")
-        plans = [s.next_plan() for s in streams]
-        for stream, plan in zip(streams, plans):
-            if plan is None:
-                raise Token2WavStreamStateError(stream._not_ready_message())
+        plans = next_chunks(self, streams)
         return self._synthesize(list(zip(streams, plans)))
 
     def graph_stats(self) -> GraphStats:
@@ -838,8 +832,9 @@ class StreamingToken2Wav:
         return noise[:, :frames].to(self.device, torch.float32)
 
 
-class Token2WavStream:
-    """Streaming synthesis state of one utterance. Create with :meth:`StreamingToken2Wav.start`.
+class Token2WavStream(CodecStream):
+    """Streaming synthesis state of one utterance (:class:`~pipeline.models.common.codec_stream.CodecStream`; its
+    ``frames_done`` counts mel frames). Create with :meth:`StreamingToken2Wav.start`.
 
     Calling order: any interleaving of ``push(codes)`` and, whenever ``ready()``, ``step()`` (or the owner's
     ``step_many([...])``); then ``finish()``; then ``step()`` until ``done``; ``close()`` at any time (idempotent)
@@ -848,10 +843,12 @@ class Token2WavStream:
     engine that interleaves one step per tick can cancel within one chunk by calling ``close()``.
     """
 
+    STATE_ERROR = Token2WavStreamStateError
+    KIND = "token2wav"
+
     def __init__(
         self, owner: StreamingToken2Wav, speaker: _Speaker, noise: Tensor, max_codes: int, cfg: ChunkingConfig
     ) -> None:
-        self._owner = owner
         self._cfg = cfg
         """This stream's schedule: the owner's, or its quick variant."""
         self._speaker: _Speaker | None = speaker
@@ -860,17 +857,7 @@ class Token2WavStream:
         self._codes: Tensor | None = torch.zeros(max_codes, dtype=torch.long)
         self._mel_tail: Tensor | None = None  # final mel (1, mel_dim, n) ending at frames_done
         self._seam_tail: np.ndarray | None = None  # the vocoder's provisional samples after a provisional seam
-        self.max_codes = max_codes
-        self.status = StreamStatus.OPEN
-        self.codes_received = 0
-        self.frames_done = 0
-        self.samples_emitted = 0
-        self.chunks_emitted = 0
-
-    @property
-    def done(self) -> bool:
-        """True once every sample of a finished stream was returned by ``step()``."""
-        return self.status is StreamStatus.DONE
+        super().__init__(owner, max_codes)
 
     def push(self, codes: Sequence[int]) -> None:
         """Append codec tokens (DiT code ids, talker specials stripped). Raises InvalidInputError past max_codes."""
@@ -882,45 +869,29 @@ class Token2WavStream:
         self._codes[self.codes_received : end] = tensor
         self.codes_received = end
 
-    def finish(self) -> None:
-        """No more codes: the remaining frames become the last chunk(s). Idempotent."""
-        if self.status is StreamStatus.OPEN:
-            self.status = StreamStatus.FINISHED
-            if self.codes_received == 0:
-                self._set_done()
-
-    def ready(self) -> bool:
-        """Whether ``step()`` would synthesize a chunk now."""
-        return self._plan() is not None
-
-    def codes_until_ready(self) -> int | None:
-        """How many more codes ``push`` must bring before the next chunk is ready (0: ready now); None when no code
-        can matter any more (the stream is finished, done or closed)."""
-        if self.status is not StreamStatus.OPEN:
-            return None
-        needed = self._cfg.codes_needed(self.chunks_emitted, frames_done=self.frames_done)
-        return max(0, needed - self.codes_received)
-
     def next_plan(self) -> ChunkPlan | None:
         """The chunk ``step()`` would synthesize now, or None."""
-        return self._plan()
+        return self._next_chunk()
 
     def step(self) -> np.ndarray:
         """Synthesize the next ready chunk; return its samples. Raises Token2WavStreamStateError if none is ready."""
-        plan = self._plan()
+        plan = self._next_chunk()
         if plan is None:
             raise Token2WavStreamStateError(self._not_ready_message())
         return self._owner._synthesize([(self, plan)])[0]
 
-    def close(self) -> None:
-        """Release every tensor; the stream is unusable afterwards. Safe to call more than once."""
-        self._release()
-        self.status = StreamStatus.CLOSED
-
     # -- internals (the owner drives the synthesis of a chunk: _solve_window or _window_job, then
     # _vocoder_input, the vocoder, and _advance)
 
-    def _plan(self) -> ChunkPlan | None:
+    def _codes_needed(self) -> int:
+        return self._cfg.codes_needed(self.chunks_emitted, frames_done=self.frames_done)
+
+    def _drained(self) -> bool:
+        """Nothing was pushed: ``finish()`` leaves no chunk to make. (Once codes came, one remains: the chunk schedule
+        leaves a code for a later chunk until the stream finishes, which flushes the held-back vocoder tail.)"""
+        return self.codes_received == 0
+
+    def _next_chunk(self) -> ChunkPlan | None:
         if self.status not in (StreamStatus.OPEN, StreamStatus.FINISHED):
             return None
         return plan_next_chunk(
@@ -1000,16 +971,8 @@ class Token2WavStream:
             rise = np.arange(1, n + 1, dtype=np.float32) / (n + 1)
             samples[:n] = tail[:n] * (1 - rise) + samples[:n] * rise
 
-    def _set_done(self) -> None:
-        self.status = StreamStatus.DONE
-        self._release()
-
     def _release(self) -> None:
         self._speaker = self._noise = self._codes = self._mel_tail = self._seam_tail = None
-
-    def _require(self, status: StreamStatus, action: str) -> None:
-        if self.status is not status:
-            raise Token2WavStreamStateError(f"cannot {action}() a token2wav stream that is {self.status.value}")
 
     def _not_ready_message(self) -> str:
         if self.status is not StreamStatus.OPEN:

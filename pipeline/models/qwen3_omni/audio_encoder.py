@@ -33,11 +33,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import sdpa_kernel
 
 from pipeline.errors import CheckpointError
-from pipeline.kernels.cuda_graphs import CapturedCall, bucket_at_least, host_to_device
-from pipeline.kernels.sdpa import PREFILL_BACKENDS
+from pipeline.models.common.audio_blocks import BlockAudioEncoder, encoder_layer
 
 __all__ = [
     "GRAPH_BATCHES",
@@ -138,37 +136,15 @@ def encode_blocks(tower: nn.Module, features: Tensor, lengths: Tensor) -> Tensor
     keys = torch.arange(per_chunk, device=features.device) < kept[..., None]
     keys = keys.reshape(batch, 1, 1, chunks * per_chunk)
     for layer in tower.layers:
-        x = _layer(layer, x, keys)
+        x = encoder_layer(layer, x, keys)
     return tower.proj2(tower.act(tower.proj1(tower.ln_post(x))))
 
 
-def _layer(layer: nn.Module, x: Tensor, keys: Tensor) -> Tensor:
-    """One ``Qwen3OmniMoeAudioEncoderLayer`` on (B, S, D), attending to the keys ``keys`` (B, 1, 1, S) marks."""
-    attn = layer.self_attn
-    batch, length, width = x.shape
-    h = layer.self_attn_layer_norm(x)
-
-    def heads(proj: nn.Linear) -> Tensor:
-        return proj(h).view(batch, length, attn.num_heads, attn.head_dim).transpose(1, 2)
-
-    out = F.scaled_dot_product_attention(
-        heads(attn.q_proj), heads(attn.k_proj), heads(attn.v_proj), attn_mask=keys, scale=attn.scaling
-    )
-    x = x + attn.out_proj(out.transpose(1, 2).reshape(batch, length, width))
-    x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
-    if x.dtype == torch.float16:  # as the reference: keep float16 activations finite
-        limit = torch.finfo(x.dtype).max - 1000
-        x = x.clamp(-limit, limit)
-    return x
-
-
-class BlockEncoder:
+class BlockEncoder(BlockAudioEncoder):
     """The thinker's user-audio encoder for the engine (``ThinkerParts.audio``): blocks of at most one attention
-    window (:attr:`block_frames`) encoded with :func:`encode_blocks`, eagerly, or on CUDA from graphs captured by
-    :meth:`capture` for :data:`GRAPH_BATCHES` blocks padded to the full window.
-
-    Called from the engine thread only. Outputs are fresh tensors (graph outputs are copied before the next replay).
-    """
+    window (:attr:`block_frames`) encoded with :func:`encode_blocks`, eagerly (padded to whole chunks), or on CUDA from
+    graphs captured by :meth:`capture` for :data:`GRAPH_BATCHES` blocks padded to the full window
+    (:class:`~pipeline.models.common.audio_blocks.BlockAudioEncoder`). Engine thread only."""
 
     def __init__(
         self,
@@ -178,78 +154,14 @@ class BlockEncoder:
         cuda_graphs: bool = True,
         batch_sizes: Sequence[int] = GRAPH_BATCHES,
     ) -> None:
-        self.tower = tower
-        self.device = torch.device(device)
         self.windows = EncoderWindows.of(tower.config)
-        self.block_frames = self.windows.block_frames
-        self.n_mels = int(tower.config.num_mel_bins)
-        self.batch_sizes = tuple(sorted(batch_sizes))
-        self._use_graphs = cuda_graphs and self.device.type == "cuda"
-        self._graphs: dict[int, CapturedCall] = {}
-
-    @property
-    def captured(self) -> bool:
-        return bool(self._graphs)
-
-    def audio_tokens(self, frames: int) -> int:
-        """Tokens the encoder makes of ``frames`` mel frames (one block or tail)."""
-        return self.windows.tokens(frames)
-
-    @torch.inference_mode()
-    def capture(self) -> None:
-        """Record one graph per batch size (CUDA with ``cuda_graphs`` only; a no-op otherwise). The graphs share one
-        capture stream: the engine thread replays them one after another."""
-        if not self._use_graphs or self._graphs:
-            return
-        stream = torch.cuda.Stream(self.device)
-        for size in self.batch_sizes:
-            example = (
-                torch.zeros(size, self.n_mels, self.block_frames, device=self.device),
-                torch.full((size,), self.block_frames, dtype=torch.long, device=self.device),
-            )
-            self._graphs[size] = CapturedCall(self._run, example, capture_stream=stream)
-
-    def _run(self, features: Tensor, lengths: Tensor) -> Tensor:
-        with sdpa_kernel(PREFILL_BACKENDS):  # masked attention; cuDNN would build a plan for every new length
-            return encode_blocks(self.tower, features, lengths)
-
-    @torch.inference_mode()
-    def encode_many(self, features: list[Tensor]) -> list[Tensor]:
-        """Log-mel features (n_mels, T) of blocks (1 <= T <= :attr:`block_frames`), each a message's next block or
-        its tail -> their tokens (``audio_tokens(T)``, output_dim) each, in the tower's dtype, in order."""
-        if not features:
-            return []
-        bad = [tuple(f.shape) for f in features if f.dim() != 2 or f.shape[0] != self.n_mels]
-        lengths = [int(f.shape[-1]) for f in features]
-        if bad or any(not 1 <= n <= self.block_frames for n in lengths):
-            raise ValueError(
-                f"audio blocks must be ({self.n_mels}, 1..{self.block_frames}) log-mel features, got "
-                f"{[tuple(f.shape) for f in features]}"
-            )
-        if not self._graphs:
-            chunk = self.windows.chunk_frames
-            width = -(-max(lengths) // chunk) * chunk
-            return self._split(self._run(*self._batch(features, width)), lengths)
-        out: list[Tensor] = []
-        largest = self.batch_sizes[-1]
-        for start in range(0, len(features), largest):
-            part = features[start : start + largest]
-            size = bucket_at_least(len(part), self.batch_sizes)
-            padded, lens = self._batch(part, self.block_frames, rows=size)
-            encoded = self._graphs[size](padded, lens)
-            out += [t.clone() for t in self._split(encoded, lengths[start : start + largest])]
-        return out
-
-    def _batch(self, features: list[Tensor], width: int, rows: int | None = None) -> tuple[Tensor, Tensor]:
-        """(rows, n_mels, width) zero-padded features and (rows,) lengths on the device, in one host copy each.
-        Rows past the blocks (graph padding) are full-width zeros, so their attention has keys."""
-        rows = rows or len(features)
-        padded = torch.zeros(rows, self.n_mels, width)
-        lengths = [width] * rows
-        for i, f in enumerate(features):
-            padded[i, :, : f.shape[1]] = f
-            lengths[i] = f.shape[1]
-        return host_to_device(padded, torch.float32, self.device), host_to_device(lengths, torch.long, self.device)
-
-    def _split(self, encoded: Tensor, lengths: list[int]) -> list[Tensor]:
-        return [encoded[i, : self.windows.tokens(n)] for i, n in enumerate(lengths)]
+        super().__init__(
+            tower,
+            device=device,
+            cuda_graphs=cuda_graphs,
+            batch_sizes=batch_sizes,
+            block_frames=self.windows.block_frames,
+            encode=encode_blocks,
+            tokens=self.windows.tokens,
+            width_step=self.windows.chunk_frames,
+        )

@@ -37,10 +37,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pipeline.models.common.av_layout import AVChunk, AVLayoutBase
+
 __all__ = ["OPENING_MARKERS", "AVChunk", "AVLayout", "AVTiming"]
 
 OPENING_MARKERS = 2
-"""``<|vision_bos|>`` and ``<|audio_bos|>`` open the message, at offsets 0 and 1; two closing markers end it."""
+"""``<|vision_bos|>`` and ``<|audio_bos|>`` open the message, at offsets 0 and 1 (:attr:`AVLayout.MARKER_STEP` 1);
+two closing markers end it."""
 
 
 @dataclass(frozen=True)
@@ -79,35 +82,14 @@ class AVTiming:
         return exact
 
 
-@dataclass(frozen=True)
-class AVChunk:
-    """One time chunk of the message: video tokens ``video`` (indices into the video's tokens in the vision tower's
-    order: temporal patch, then row, then column) then audio tokens ``audio`` (indices into the message's audio
-    tokens)."""
+class AVLayout(AVLayoutBase):
+    """Layout and offsets of one message (:class:`~pipeline.models.common.av_layout.AVLayoutBase`): the opening
+    markers at offsets 0 and 1, the closing ones at :attr:`close_offset` and the next offset."""
 
-    index: int
-    video: range
-    audio: range
-
-    @property
-    def length(self) -> int:
-        return len(self.video) + len(self.audio)
-
-
-class AVLayout:
-    """Layout and offsets of one message with ``n_audio`` audio tokens and ``n_patches`` temporal patches of a
-    ``rows`` x ``cols`` merged grid (tokens per patch ``rows * cols``), as far as they are known.
-
-    ``n_patches`` and ``n_audio`` only grow from one layout of a message to the next (the engine makes a new one as
-    media arrive); the first :meth:`ready_chunks` chunks of a layout are equal in every later layout of the message.
-    """
+    MARKER_STEP = 1
 
     def __init__(self, timing: AVTiming, *, rows: int, cols: int, n_patches: int, n_audio: int) -> None:
-        if rows <= 0 or cols <= 0 or n_patches < 0 or n_audio < 0:
-            raise ValueError(f"bad audio/video layout: grid {rows}x{cols}, {n_patches} patches, {n_audio} audio tokens")
-        self.timing = timing
-        self.rows, self.cols = rows, cols
-        self.n_patches, self.n_audio = n_patches, n_audio
+        super().__init__(timing, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
         self._patch_t = timing.patch_times(n_patches)
         self._step = timing.patch_step
 
@@ -124,9 +106,6 @@ class AVLayout:
         audio = range(min(j * self._step, self.n_audio), min((j + 1) * self._step, self.n_audio))
         return AVChunk(j, video, audio)
 
-    def chunks(self) -> list[AVChunk]:
-        return [self.chunk(j) for j in range(self.n_chunks)]
-
     def ready_chunks(self, *, video_closed: bool, audio_closed: bool) -> int:
         """How many leading chunks are final: chunk ``j``'s video once patch ``j`` arrived or the video is closed,
         its audio once the audio reached time ``(j + 1) * s`` or is closed."""
@@ -140,10 +119,6 @@ class AVLayout:
         return n
 
     # -- tokens and offsets ---------------------------------------------------------------------
-    def opening_offsets(self) -> np.ndarray:
-        """(3, 2) offsets of the two opening markers."""
-        return np.broadcast_to(np.arange(OPENING_MARKERS, dtype=np.int64), (3, OPENING_MARKERS)).copy()
-
     def chunk_offsets(self, j: int) -> np.ndarray:
         """(3, chunk length) offsets of chunk ``j``'s tokens from the message's first position."""
         c = self.chunk(j)
@@ -156,15 +131,6 @@ class AVLayout:
         audio = np.broadcast_to(np.arange(c.audio.start, c.audio.stop, dtype=np.int64), (3, len(c.audio)))
         return np.concatenate([video, audio], axis=1) + OPENING_MARKERS
 
-    def chunk_kinds(self, j: int) -> tuple[int, int]:
-        """(video tokens, audio tokens) of chunk ``j``, in that order in the layout."""
-        c = self.chunk(j)
-        return len(c.video), len(c.audio)
-
-    def prefix_offsets(self, n: int) -> np.ndarray:
-        """(3, length) offsets of the opening markers and the first ``n`` chunks: an open message's rendering."""
-        return np.concatenate([self.opening_offsets(), *(self.chunk_offsets(j) for j in range(n))], axis=1)
-
     @property
     def close_offset(self) -> int:
         """Offset of the first closing marker: the last block's largest offset + 1 (the last audio token's when the
@@ -175,23 +141,3 @@ class AVLayout:
         if self.n_audio and self.n_audio - 1 >= last_patch_t:  # a tie puts the patch first: audio ends the message
             return OPENING_MARKERS + self.n_audio
         return OPENING_MARKERS + max(last_patch_t, self.rows - 1, self.cols - 1) + 1
-
-    @property
-    def advance(self) -> int:
-        """Rope positions from the message's first position to the text after it (the closing markers' two)."""
-        return self.close_offset + 2
-
-    def offsets(self) -> np.ndarray:
-        """(3, length) offsets of the whole closed message: the opening markers, every chunk, the closing markers."""
-        close = np.broadcast_to(self.close_offset + np.arange(2, dtype=np.int64), (3, 2))
-        return np.concatenate([self.prefix_offsets(self.n_chunks), close], axis=1)
-
-    def token_ids(
-        self, *, vision_start: int, audio_start: int, video: int, audio: int, audio_end: int, vision_end: int
-    ) -> list[int]:
-        """The closed message's token ids (placeholders for media), for one-shot rendering."""
-        ids = [vision_start, audio_start]
-        for j in range(self.n_chunks):
-            nv, na = self.chunk_kinds(j)
-            ids += [video] * nv + [audio] * na
-        return ids + [audio_end, vision_end]

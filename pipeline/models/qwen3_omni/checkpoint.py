@@ -15,7 +15,6 @@ Units: user audio is 16 kHz mono, one mel frame per 10 ms; the codec makes 12.5 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -25,21 +24,25 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import CheckpointError, ConfigError
+from pipeline.errors import CheckpointError
 from pipeline.models.common.hf_checkpoint import (
     CONFIG_FILE,
-    PREPROCESSOR_FILE,
     check_distinct,
     check_in_vocab,
-    check_loading_info,
     check_weights_present,
     config_id,
     is_random_checkpoint,
     load_tokenizer,
-    read_model_type,
-    required_file,
     resolve_checkpoint_path,
     tokenizer_ids,
+)
+from pipeline.models.common.hf_loading import (
+    Placement,
+    load_feature_extractor,
+    load_hf_config,
+    load_parts,
+    read_preprocessor_config,
+    stage_placement,
 )
 from pipeline.models.qwen3_omni.vision import VisionPreprocessor
 
@@ -352,95 +355,30 @@ def load_config(path: Path) -> Any:
     """The folder's ``Qwen3OmniMoeConfig``, validated."""
     from transformers import Qwen3OmniMoeConfig
 
-    model_type = read_model_type(path)
-    if model_type != MODEL_TYPE:
-        raise CheckpointError(f"{CONFIG_FILE}: model_type is {model_type!r}, expected {MODEL_TYPE!r}")
-    try:
-        config = Qwen3OmniMoeConfig.from_pretrained(path)
-    except Exception as exc:  # transformers validates configs with assorted exception types
-        raise CheckpointError(f"{CONFIG_FILE}: rejected by transformers: {exc}") from exc
+    config = load_hf_config(path, Qwen3OmniMoeConfig, MODEL_TYPE)
     validate_config(config)
     return config
-
-
-def load_feature_extractor(path: Path, config: Any) -> Any:
-    from transformers import WhisperFeatureExtractor
-
-    required_file(path, PREPROCESSOR_FILE)
-    try:
-        fe = WhisperFeatureExtractor.from_pretrained(path)
-    except Exception as exc:  # as above
-        raise CheckpointError(f"{PREPROCESSOR_FILE}: cannot be loaded: {exc}") from exc
-    mel_bins = config.thinker_config.audio_config.num_mel_bins
-    if fe.feature_size != mel_bins:
-        raise CheckpointError(
-            f"{PREPROCESSOR_FILE}: feature_size {fe.feature_size} != audio_config.num_mel_bins {mel_bins}",
-            param="feature_size",
-        )
-    if fe.sampling_rate != 16_000:
-        raise CheckpointError(f"{PREPROCESSOR_FILE}: sampling_rate {fe.sampling_rate}, expected 16000")
-    return fe
 
 
 def load_vision_preprocessor(path: Path, config: Any) -> VisionPreprocessor | None:
     """The image processor settings of ``preprocessor_config.json`` (None when it has none), checked against the
     vision tower's config."""
-    file = required_file(path, PREPROCESSOR_FILE)
-    try:
-        raw = json.loads(file.read_text())
-    except ValueError as exc:
-        raise CheckpointError(f"{PREPROCESSOR_FILE}: not valid JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{PREPROCESSOR_FILE}: expected a JSON object")
+    raw = read_preprocessor_config(path)
     return VisionPreprocessor.from_preprocessor_config(raw, config.thinker_config.vision_config)
-
-
-@dataclass(frozen=True)
-class Placement:
-    device: str
-    dtype: torch.dtype
 
 
 def _placement(devices: dict[str, str] | None, dtypes: dict[str, torch.dtype] | None) -> dict[str, Placement]:
     """Device and dtype of each part, from arguments keyed by stage."""
-    devices, dtypes = dict(devices or {}), dict(dtypes or {})
-    stages = tuple(STAGE_OF_PART.values())
-    for arg, given in (("devices", devices), ("dtypes", dtypes)):
-        unknown = set(given) - set(stages)
-        if unknown:
-            raise ConfigError(f"{arg}: unknown stage(s) {sorted(unknown)}; expected {stages}", param=arg)
-    placement = {}
-    for part, stage in STAGE_OF_PART.items():
-        device = str(devices.get(stage, "cpu"))
-        cuda = torch.device(device).type == "cuda"
-        default = torch.bfloat16 if cuda and part != "code2wav" else torch.float32
-        placement[part] = Placement(device=device, dtype=dtypes.get(stage, default))
-    return placement
+    return stage_placement(devices, dtypes, STAGE_OF_PART, float32_parts=("code2wav",))
 
 
 def _load_parts(path: Path, config: Any, placement: dict[str, Placement]) -> tuple[Any, Any, Any]:
-    """Load the model once (transformers maps the released key layout), then place each part. Loading keeps the stored
-    dtype (``dtype="auto"``) so casting a part afterwards never widens already-rounded values."""
+    """The three parts, loaded once and placed (:func:`~pipeline.models.common.hf_loading.load_parts`); talker and
+    code2wav are None for a checkpoint without audio output."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    devices = {p.device for p in placement.values()}
-    load_device = placement["thinker"].device if len(devices) == 1 and "cpu" not in devices else None
-    try:
-        model, info = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
-            path, dtype="auto", device_map=load_device, output_loading_info=True
-        )
-    except Exception as exc:  # safetensors / transformers raise assorted types on bad weights
-        raise CheckpointError(f"weights: cannot be loaded from {path}: {exc}", param="weights") from exc
-    check_loading_info(info)
-    parts = []
-    for name in SUBMODELS:
-        module = getattr(model, name, None)
-        if module is None:
-            if name == "thinker" or config.enable_audio_output:
-                raise CheckpointError(f"weights: the loaded model has no {name}", param="weights")
-            parts.append(None)
-            continue
-        module.to(device=placement[name].device, dtype=placement[name].dtype)
-        module.eval()
-        parts.append(module)
-    return parts[0], parts[1], parts[2]
+    optional = () if config.enable_audio_output else ("talker", "code2wav")
+    thinker, talker, code2wav = load_parts(
+        Qwen3OmniMoeForConditionalGeneration.from_pretrained, path, placement, optional=optional
+    )
+    return thinker, talker, code2wav

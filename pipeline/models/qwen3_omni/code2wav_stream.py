@@ -40,6 +40,7 @@ from torch import Tensor
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
 from pipeline.errors import ConfigError, InvalidInputError, PipelineError
+from pipeline.models.common.codec_stream import CodecStream, next_chunks
 from pipeline.models.family import StreamStatus
 from pipeline.models.qwen3_omni.code2wav_geometry import ConvGeometry
 from pipeline.models.qwen3_omni.code2wav_transformer import KVWindow, transformer_step
@@ -232,14 +233,7 @@ class StreamingCode2Wav:
         stream's samples, in order, as its ``step()`` would (equal up to float rounding). Every stream must be ready,
         opened by this synthesizer and listed once; otherwise Code2WavStreamStateError (or ValueError) is raised before
         any stream changes; if a pass fails, no stream changes."""
-        if len({id(s) for s in streams}) != len(streams):
-            raise ValueError("a stream is listed more than once")
-        if any(s._owner is not self for s in streams):
-            raise ValueError("every stream must come from this StreamingCode2Wav")
-        ends = [s._chunk_end() for s in streams]
-        for stream, end in zip(streams, ends):
-            if end is None:
-                raise Code2WavStreamStateError(stream._not_ready_message())
+        ends = next_chunks(self, streams)
         chunks: list[_Chunk] = []
         with torch.inference_mode():
             for first in range(0, len(streams), self.max_batch):
@@ -288,8 +282,9 @@ class StreamingCode2Wav:
         return chunks
 
 
-class Code2WavStream:
-    """Streaming decode of one utterance. Create with :meth:`StreamingCode2Wav.start`.
+class Code2WavStream(CodecStream):
+    """Streaming decode of one utterance (:class:`~pipeline.models.common.codec_stream.CodecStream`). Create with
+    :meth:`StreamingCode2Wav.start`.
 
     Calling order: any interleaving of ``push(frames)`` and, whenever ``ready()``, ``step()`` (or the owner's
     ``step_many([...])``); then ``finish()``; then ``step()`` until ``done``; ``close()`` at any time (idempotent)
@@ -298,8 +293,10 @@ class Code2WavStream:
     pushed (equal up to float rounding).
     """
 
+    STATE_ERROR = Code2WavStreamStateError
+    KIND = "code2wav"
+
     def __init__(self, owner: StreamingCode2Wav, window: KVWindow, max_codes: int, cfg: Code2WavChunking) -> None:
-        self._owner = owner
         self._cfg = cfg
         """This stream's schedule: the owner's, or its quick variant."""
         self._window: KVWindow | None = window
@@ -309,19 +306,7 @@ class Code2WavStream:
             owner.model.config.hidden_size, 0, device=owner.device, dtype=owner.dtype
         )
         self._hidden_start = 0  # the frame of self._hidden's first column
-        self.max_codes = max_codes
-        self.status = StreamStatus.OPEN
-        self.codes_received = 0
-        """Frames pushed so far."""
-        self.frames_done = 0
-        """Frames decoded by the chunks so far."""
-        self.samples_emitted = 0
-        self.chunks_emitted = 0
-
-    @property
-    def done(self) -> bool:
-        """True once every sample of a finished stream was returned by ``step()``."""
-        return self.status is StreamStatus.DONE
+        super().__init__(owner, max_codes)
 
     def push(self, frames: Sequence[Sequence[int]] | Tensor) -> None:
         """Append codec frames: a sequence of frames of ``num_quantizers`` codes each (codebook 0, then the code
@@ -335,40 +320,23 @@ class Code2WavStream:
         self._pending = torch.cat([self._pending, tensor])
         self.codes_received = total
 
-    def finish(self) -> None:
-        """No more frames: the frames not yet decoded become the last chunk(s). Idempotent; done at once when every
-        frame is decoded already."""
-        if self.status is StreamStatus.OPEN:
-            self.status = StreamStatus.FINISHED
-            if self.codes_received == self.frames_done:
-                self._set_done()
-
-    def ready(self) -> bool:
-        """Whether ``step()`` would decode a chunk now."""
-        return self._chunk_end() is not None
-
-    def codes_until_ready(self) -> int | None:
-        """How many more frames ``push`` must bring before the next chunk is ready (0: ready now); None when no frame
-        can matter any more (the stream is finished, done or closed)."""
-        if self.status is not StreamStatus.OPEN:
-            return None
-        return max(0, self._next_end() - self.codes_received)
-
     def step(self) -> np.ndarray:
         """Decode the next ready chunk; return its samples. Raises Code2WavStreamStateError if none is ready."""
         return self._owner.step_many([self])[0]
-
-    def close(self) -> None:
-        """Release every tensor; the stream is unusable afterwards. Safe to call more than once."""
-        self._release()
-        self.status = StreamStatus.CLOSED
 
     # -- internals (the owner decodes a chunk, then calls _advance)
 
     def _next_end(self) -> int:
         return self.frames_done + self._cfg.chunk_size(self.chunks_emitted)
 
-    def _chunk_end(self) -> int | None:
+    def _codes_needed(self) -> int:
+        return self._next_end()
+
+    def _drained(self) -> bool:
+        """Every frame pushed is decoded already: ``finish()`` leaves no chunk to make."""
+        return self.codes_received == self.frames_done
+
+    def _next_chunk(self) -> int | None:
         """The frame the next chunk would end at, or None when no chunk is ready."""
         if self.status is StreamStatus.OPEN:
             end = self._next_end()
@@ -383,20 +351,12 @@ class Code2WavStream:
         self.frames_done = chunk.end
         self.samples_emitted += chunk.samples.size
         self.chunks_emitted += 1
-        if self.status is StreamStatus.FINISHED and self.frames_done == self.codes_received:
+        if self.status is StreamStatus.FINISHED and self._drained():
             self._set_done()
         return chunk.samples
 
-    def _set_done(self) -> None:
-        self.status = StreamStatus.DONE
-        self._release()
-
     def _release(self) -> None:
         self._window = self._pending = self._hidden = None
-
-    def _require(self, status: StreamStatus, action: str) -> None:
-        if self.status is not status:
-            raise Code2WavStreamStateError(f"cannot {action}() a code2wav stream that is {self.status.value}")
 
     def _not_ready_message(self) -> str:
         if self.status is not StreamStatus.OPEN:

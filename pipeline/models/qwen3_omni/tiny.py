@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,13 +23,9 @@ from typing import Any
 
 import torch
 
-from pipeline.models.common.random_checkpoint import write_random_marker
+from pipeline.models.common.random_checkpoint import generation_config, scratch_folder, write_random_marker
 from pipeline.models.qwen3_omni.tiny_config import build_config, check_spec, token_ids
-from pipeline.models.qwen3_omni.tiny_files import (
-    generation_config,
-    write_preprocessor_config,
-    write_tokenizer,
-)
+from pipeline.models.qwen3_omni.tiny_files import write_preprocessor_config, write_tokenizer
 from pipeline.models.qwen3_omni.tiny_spec import TEST_ATTENTION_SHARPNESS, RandomModelSpec
 from pipeline.models.qwen3_omni.tiny_weights import build_model
 
@@ -100,17 +94,13 @@ def build_random_model(
     from transformers import AutoTokenizer, WhisperFeatureExtractor
 
     config = build_config(spec)
-    folder = Path(tempfile.mkdtemp(prefix="omni-random-qwen3-"))
-    try:
+    with scratch_folder("omni-random-qwen3-") as folder:
         ids = write_tokenizer(folder, spec)
         write_preprocessor_config(folder, spec)
         model = build_model(spec, config, ids, device=device, dtype=dtype)
         model.generation_config = generation_config(ids)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         feature_extractor = WhisperFeatureExtractor.from_pretrained(folder)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
     return RandomModel(
         source=f"random:qwen3-omni:seed{spec.seed}",
         path=folder,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import CheckpointError
 from pipeline.models.common import bpe
+from pipeline.models.common.random_checkpoint import check_common_spec
 from pipeline.models.qwen3_omni import released
 
 if TYPE_CHECKING:
@@ -237,12 +238,10 @@ def _fail(message: str, param: str) -> None:
 
 def check_spec(spec: RandomModelSpec) -> None:
     """The cross-part size rules a random Qwen3-Omni must keep; :class:`CheckpointError` naming the field otherwise."""
+    check_common_spec(spec, len(ADDED_TOKENS))
     _check_attention(spec)
-    _check_vocabularies(spec)
     _check_codec(spec)
     _check_vision_and_audio(spec)
-    if not spec.attention_sharpness > 0:
-        _fail("attention_sharpness must be positive", "attention_sharpness")
 
 
 def _check_attention(spec: RandomModelSpec) -> None:
@@ -273,14 +272,6 @@ def _check_attention(spec: RandomModelSpec) -> None:
         experts = getattr(spec, name.replace("_per_tok", ""))
         if not 0 < getattr(spec, name) <= experts:
             _fail(f"{name} must lie in 1..{experts}", name)
-
-
-def _check_vocabularies(spec: RandomModelSpec) -> None:
-    tokenizer_size = spec.tokenizer_bpe_vocab + len(ADDED_TOKENS)
-    if tokenizer_size > spec.thinker_vocab:
-        _fail(
-            f"the tokenizer has {tokenizer_size} tokens, more than thinker_vocab={spec.thinker_vocab}", "thinker_vocab"
-        )
 
 
 def _check_codec(spec: RandomModelSpec) -> None:

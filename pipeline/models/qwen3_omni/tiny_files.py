@@ -1,35 +1,30 @@
 """The non-weight files of a random Qwen3-Omni checkpoint: tokenizer (byte-level BPE + the released added tokens),
-chat template, ``preprocessor_config.json`` and ``generation_config.json``, in the released file set."""
+chat template and ``preprocessor_config.json``, in the released file set (``generation_config.json``:
+:func:`pipeline.models.common.random_checkpoint.generation_config`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.models.common import bpe
+from pipeline.models.common import bpe, random_checkpoint
+from pipeline.models.common.hermes_tools import TOOLS_EPILOGUE, TOOLS_PREAMBLE
 from pipeline.models.qwen3_omni import released
 from pipeline.models.qwen3_omni.tiny_config import ADDED_TOKENS
 
 if TYPE_CHECKING:
     from pipeline.models.qwen3_omni.tiny_spec import RandomModelSpec
 
-IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 AUDIO_PART = "<|audio_start|><|audio_pad|><|audio_end|>"
 IMAGE_PART = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO_PART = "<|vision_start|><|video_pad|><|vision_end|>"
 """How the chat template writes a content part of each medium (the processor expands the pad token)."""
 
-TOOLS_HEADER = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-)
-TOOLS_FOOTER = (
-    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
-    "</tool_call>"
-)
-"""The system message's tools block around the tool list, as Qwen3's chat template words it."""
+TOOLS_HEADER = TOOLS_PREAMBLE.removeprefix("\n\n")
+TOOLS_FOOTER = TOOLS_EPILOGUE
+"""The system message's tools block around the tool list: Qwen3's chat template words it as Qwen2.5's (the blank line
+before it is written only after a system message's content)."""
 
 MODEL_MAX_LENGTH = 65_536
 """The tokenizer's ``model_max_length``: the thinker's position budget."""
@@ -151,10 +146,7 @@ def write_tokenizer(out_dir: Path, spec: RandomModelSpec) -> dict[str, int]:
     """Write tokenizer.json, vocab.json, merges.txt, tokenizer_config.json and chat_template.json (the released file
     set) for ``spec`` and return the added tokens' ids."""
     tokenizer, ids = bpe.train_with_added_tokens(spec.tokenizer_bpe_vocab, ADDED_TOKENS, bpe.role_prefixed_corpus())
-    bpe.write_bpe_files(tokenizer, out_dir)
-    template = chat_template()
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(ids, template), indent=2) + "\n")
-    (out_dir / "chat_template.json").write_text(json.dumps({"chat_template": template}, indent=2) + "\n")
+    bpe.write_tokenizer_files(out_dir, tokenizer, _tokenizer_config(ids, chat_template()))
     return ids
 
 
@@ -171,40 +163,23 @@ def _tokenizer_config(ids: dict[str, int], template: str) -> dict[str, Any]:
 def write_preprocessor_config(out_dir: Path, spec: RandomModelSpec) -> None:
     """``preprocessor_config.json`` as released: the Whisper feature extractor's settings and the image processor's in
     one object, with ``spec``'s pixel budget, patch sizes and normalisation."""
-    from transformers import WhisperFeatureExtractor
-
     settings = released.PREPROCESSOR
-    WhisperFeatureExtractor(
-        feature_size=settings["feature_size"],
-        sampling_rate=settings["sampling_rate"],
-        hop_length=settings["hop_length"],
-        n_fft=settings["n_fft"],
-        chunk_length=settings["chunk_length"],
-        padding_value=settings["padding_value"],
-        dither=settings["dither"],
-        return_attention_mask=settings["return_attention_mask"],
-    ).save_pretrained(out_dir)
-    file = out_dir / "preprocessor_config.json"
-    written = json.loads(file.read_text())
-    written.update(
-        processor_class=settings["processor_class"],
-        image_processor_type=settings["image_processor_type"],
-        patch_size=spec.vision_patch_size,
-        temporal_patch_size=spec.vision_temporal_patch_size,
-        merge_size=spec.vision_merge_size,
-        min_pixels=spec.image_min_pixels,
-        max_pixels=spec.image_max_pixels,
-        image_mean=list(spec.image_mean),
-        image_std=list(spec.image_std),
+    whisper = ("feature_size", "sampling_rate", "hop_length", "n_fft", "chunk_length", "padding_value", "dither")
+    random_checkpoint.write_preprocessor_config(
+        out_dir,
+        {**{name: settings[name] for name in whisper}, "return_attention_mask": settings["return_attention_mask"]},
+        {
+            "processor_class": settings["processor_class"],
+            "image_processor_type": settings["image_processor_type"],
+            "patch_size": spec.vision_patch_size,
+            "temporal_patch_size": spec.vision_temporal_patch_size,
+            "merge_size": spec.vision_merge_size,
+            "min_pixels": spec.image_min_pixels,
+            "max_pixels": spec.image_max_pixels,
+            "image_mean": list(spec.image_mean),
+            "image_std": list(spec.image_std),
+        },
     )
-    file.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
 
 
-def generation_config(ids: dict[str, int]) -> Any:
-    """The thinker's stop and pad ids (``<|im_end|>``, ``<|endoftext|>``) as a ``GenerationConfig``."""
-    from transformers import GenerationConfig
-
-    return GenerationConfig(eos_token_id=[ids[IM_END], ids[ENDOFTEXT]], pad_token_id=ids[ENDOFTEXT])
-
-
-__all__ = ["chat_template", "generation_config", "write_preprocessor_config", "write_tokenizer"]
+__all__ = ["chat_template", "write_preprocessor_config", "write_tokenizer"]

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from pipeline.models.common.random_checkpoint import RandomSpecPresets
 from pipeline.models.qwen3_omni import released
 
 TEST_ATTENTION_SHARPNESS = 8.0
@@ -35,7 +35,7 @@ def codec_ids_for(codebook_size: int) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class RandomModelSpec:
+class RandomModelSpec(RandomSpecPresets):
     """Every size of a random Qwen3-Omni. Units: sizes in channels, ``*_vocab`` / ``*_id`` in token or code ids.
 
     The thinker's vocabulary holds the BPE (``tokenizer_bpe_vocab`` entries), then the added tokens, then padding up
@@ -48,6 +48,8 @@ class RandomModelSpec:
     ended; ``attention_sharpness`` multiplies the thinker's and the talker's q/k RMSNorm weights.
     ``enable_audio_output`` False writes a text-only checkpoint (no talker, no code2wav), like the -Thinking ones.
     """
+
+    SHARPENED_ATTENTION: ClassVar[float] = TEST_ATTENTION_SHARPNESS
 
     # thinker language model: an MoE decoder with q/k RMSNorm
     thinker_hidden: int = 64
@@ -140,16 +142,6 @@ class RandomModelSpec:
     attention_sharpness: float = 1.0
 
     @classmethod
-    def tiny(cls, seed: int = 0) -> RandomModelSpec:
-        """A few MB; a short text turn runs well under a second on one CPU core."""
-        return cls(seed=seed)
-
-    @classmethod
-    def sharpened(cls, seed: int = 0) -> RandomModelSpec:
-        """The tiny model with :data:`TEST_ATTENTION_SHARPNESS`: a wrong position changes its greedy tokens."""
-        return cls(seed=seed, attention_sharpness=TEST_ATTENTION_SHARPNESS)
-
-    @classmethod
     def qwen3_omni_30b_a3b(cls, seed: int = 0) -> RandomModelSpec:
         """The released 30B-A3B architecture (about 35.26 B parameters) with the released ids
         (:mod:`~pipeline.models.qwen3_omni.released`); build it on a GPU, never in tests."""
@@ -222,9 +214,6 @@ class RandomModelSpec:
             speech_end_logit=None,
             seed=seed,
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
     @property
     def speakers(self) -> dict[str, int]:

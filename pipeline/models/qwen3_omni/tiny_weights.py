@@ -9,6 +9,7 @@ import torch
 
 from pipeline.models.common.hf_parts import thinker_text_model
 from pipeline.models.common.random_checkpoint import default_device_and_dtype
+from pipeline.models.common.random_tuning import hold_reply_end_logit, mark_text_end, never_write
 
 if TYPE_CHECKING:
     from pipeline.models.qwen3_omni.tiny_spec import RandomModelSpec
@@ -56,8 +57,8 @@ def tune_random_weights(model: Any, spec: RandomModelSpec, ids: dict[str, int]) 
 
     * Positions: ``spec.attention_sharpness`` multiplies the thinker's and the talker's q/k RMSNorm weights (Qwen3
       normalises queries and keys per head, so scaling the projections would change nothing).
-    * Ending a reply: :func:`_hold_reply_end_logit` keeps the thinker's ``<|im_end|>`` logit near
-      ``spec.reply_end_logit``, inside the sampler's top-k but below the usual best logit.
+    * Ending a reply: :func:`~pipeline.models.common.random_tuning.hold_reply_end_logit` keeps the thinker's
+      ``<|im_end|>`` logit near ``spec.reply_end_logit``, inside the sampler's top-k but below the usual best logit.
     * Ending its speech: :func:`_end_speech_after_text` raises the talker's codec-eos logit to
       ``spec.speech_end_logit`` exactly when its text input is ``<tts_text_eod>`` / ``<tts_pad>`` (the text has ended),
       after ``spec.stop_logit_scale`` shrank the eos row so that greedy decoding does not stop by chance.
@@ -69,9 +70,9 @@ def tune_random_weights(model: Any, spec: RandomModelSpec, ids: dict[str, int]) 
     # The thinker side comes first and does not depend on the talker, so a text-only model has the same thinker.
     marked = [ids["<tts_text_eod>"], ids["<tts_pad>"]]
     if spec.speech_end_logit is not None:
-        _mark_text_end(text.embed_tokens.weight, marked, marker=spec.thinker_hidden - 2)
+        mark_text_end(text.embed_tokens.weight, marked, marker=spec.thinker_hidden - 2)
     if spec.reply_end_logit is not None:
-        _hold_reply_end_logit(model.thinker, ids["<|im_end|>"], spec.reply_end_logit)
+        hold_reply_end_logit(model.thinker, ids["<|im_end|>"], spec.reply_end_logit)
     if not model.has_talker:
         return
     if spec.attention_sharpness != 1.0:
@@ -88,59 +89,15 @@ def _sharpen_attention(layers: Any, factor: float) -> None:
         layer.self_attn.k_norm.weight.mul_(factor)
 
 
-def _never_write(layers: Any, channel: int) -> None:
-    """Zero every path by which a decoder layer writes residual ``channel``: the attention output projection, the
-    routed experts, and the shared expert where there is one."""
-    for layer in layers:
-        layer.self_attn.o_proj.weight[channel] = 0.0
-        mlp = layer.mlp
-        if hasattr(mlp, "experts"):
-            mlp.experts.down_proj[:, channel, :] = 0.0
-        else:
-            mlp.down_proj.weight[channel] = 0.0
-        if getattr(mlp, "shared_expert", None) is not None:
-            mlp.shared_expert.down_proj.weight[channel] = 0.0
-
-
-REPLY_END_NOISE_SCALE = 0.1
-"""The share of its random weights the thinker's end row keeps (its logit's spread around the level)."""
-
-
-def _hold_reply_end_logit(thinker: Any, end_id: int, level: float) -> None:
-    """Make ``end_id``'s logit ``level`` plus a little noise at every text position.
-
-    The last channel of the residual stream is made a constant: the same value in every token's embedding and never
-    written by a layer. After the final norm it is nearly constant too, so a head row that reads only that channel acts
-    as a bias; the other rows stop reading it. The channel's normed value is measured on a probe of token ids.
-    """
-    text = thinker_text_model(thinker)
-    embed = text.embed_tokens.weight
-    channel = embed.shape[1] - 1
-    embed[:, channel] = 3.0 * embed[:, :channel].std()
-    _never_write(text.layers, channel)
-    head = thinker.lm_head.weight
-    head[:, channel] = 0.0
-    head[end_id].mul_(REPLY_END_NOISE_SCALE)
-    probe = torch.arange(256, device=embed.device).reshape(4, 64) % embed.shape[0]
-    normed = text(input_ids=probe).last_hidden_state[..., channel].float().mean()
-    head[end_id, channel] = level / normed.item()
-
-
-def _mark_text_end(embed: torch.Tensor, marked: list[int], marker: int) -> None:
-    """Make embedding channel ``marker`` non-zero only in the rows of ``marked`` (the text-end inputs)."""
-    embed[:, marker] = 0.0
-    embed[marked, marker] = 3.0 * embed[:, :marker].std()
-
-
 def _end_speech_after_text(model: Any, spec: RandomModelSpec, marked: list[int], level: float) -> None:
     """Make the talker's codec-eos logit about ``level`` whenever its text input is one of ``marked`` token ids.
 
     The talker reads the reply's text as the thinker's *embeddings* through ``text_projection`` (a two-layer MLP). The
-    marker channel (the thinker's second-to-last, :func:`_mark_text_end`) is non-zero only in the embeddings of
-    ``marked``; one hidden unit of
-    the projection carries it alone into the talker's last channel, which no other input (codec embeddings, the
-    multimodal ``hidden_projection``) fills and no talker layer writes. The codec head reads that channel only in the
-    eos row, calibrated on a probe of text-pad steps; before the text ends the channel is zero.
+    marker channel (the thinker's second-to-last, :func:`~pipeline.models.common.random_tuning.mark_text_end`) is
+    non-zero only in the embeddings of ``marked``; one hidden unit of the projection carries it alone into the talker's
+    last channel, which no other input (codec embeddings, the multimodal ``hidden_projection``) fills and no talker
+    layer writes. The codec head reads that channel only in the eos row, calibrated on a probe of text-pad steps;
+    before the text ends the channel is zero.
     """
     thinker_embed = thinker_text_model(model.thinker).embed_tokens.weight
     talker = model.talker
@@ -160,7 +117,7 @@ def _end_speech_after_text(model: Any, spec: RandomModelSpec, marked: list[int],
     talker.model.codec_embedding.weight[:, channel] = 0.0
     for table in talker.code_predictor.model.codec_embedding:
         table.weight[:, channel] = 0.0
-    _never_write(talker.model.layers, channel)
+    never_write(talker.model.layers, channel)
     head = talker.codec_head.weight
     head[:, channel] = 0.0
     # A talker step's input: the sum of the frame's codebook embeddings (codebook 0's table, then the predictor's
