@@ -26,6 +26,8 @@ ENV = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "COLUMNS": "1
 
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?P<level>[A-Z]+) (?P<logger>\S+): ?(?P<message>.*)$")
 """A log record's first line in the CLI's format (``realtime/cli.py``)."""
+RECORD_INSIDE = re.compile(r".\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ \S+:")
+"""A log record's start after other text on the same line."""
 RULE = re.compile(r"^!{20,}$")
 """The lines that frame the random-weights banner."""
 WARNS = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|[Ww]arning|\[transformers\]|Traceback")
@@ -319,6 +321,29 @@ def test_help_explains_every_option_with_its_default_in_plain_words(command):
 
 
 # --- the demo -------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_demo_log_records_never_land_inside_the_streamed_text(tiny_model_dir, tmp_path):
+    """``demo --text Hello`` with stdout and stderr on one terminal: the reply's text is a line of its own, and each
+    log record starts a line, the engine's record of the reply's end included (it comes after the text)."""
+    args = ["--model", str(tiny_model_dir), "--threads", "1", "--seed", "0", "--out", str(tmp_path / "reply.wav")]
+    done = subprocess.run(
+        [sys.executable, "-m", "realtime.cli", "demo", "--text", "Hello", *args],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=150,
+    )
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout
+    glued = [line for line in lines if RECORD_INSIDE.search(line)]
+    assert glued == [], "log records glued onto other output:\n" + "\n".join(glued)
+    (ended,) = [i for i, line in enumerate(lines) if RECORD.match(line) and " completed after " in line]
+    status = next(i for i, line in enumerate(lines) if " of audio written to " in line)
+    assert ended < status and not RECORD.match(lines[ended - 1]), "the reply's text, then its end's record"
 
 
 @pytest.mark.timeout(180)
