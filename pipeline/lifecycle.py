@@ -15,7 +15,7 @@ from pipeline.conversation_state import ConvItem, ItemKind
 from pipeline.conversations import Conversations
 from pipeline.errors import EngineFailure, FunctionCallError, PipelineError, ResponseActiveError, no_audio_output
 from pipeline.observe.observer import EngineObserver
-from pipeline.output.detokenizer import IncrementalDetokenizer
+from pipeline.output.detokenizer import IncrementalDetokenizer, markup_ids
 from pipeline.output.function_calls import function_calls
 from pipeline.output.processor import OutputProcessor
 from pipeline.outputs import ResponseStatus
@@ -49,6 +49,8 @@ class ResponseLifecycle:
         self.output = output
         self.observer = observer
         self.renderer = renderer
+        self.markup = markup_ids(renderer.tokenizer)
+        """Token ids whose text never reaches a reply's text (the tokenizer's added tokens)."""
         self.seeds = seeds
         self.speaks = speaks
         """Whether the engine has a talker: without one a spoken response is refused."""
@@ -71,7 +73,7 @@ class ResponseLifecycle:
             spec=spec,
             conv=conv,
             item=item,
-            detok=IncrementalDetokenizer(self.renderer.decode),
+            detok=IncrementalDetokenizer(self.renderer.decode, hidden=self.markup),
             calls=calls,
             seed=self.seeds.response_seed(),
             started_at=time.perf_counter(),

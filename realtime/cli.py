@@ -11,6 +11,8 @@ import asyncio
 import logging
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -86,15 +88,16 @@ async def _demo_turn(engine, args: argparse.Namespace):
     reply = conv.respond(
         item_id="reply_1", modalities=modalities, voice=args.voice, max_output_tokens=args.max_output_tokens
     )
-    async for ev in reply:
-        if isinstance(ev, TextDelta):
-            print(ev.text, end="", flush=True)
-        elif isinstance(ev, AudioChunk):
-            first_audio = first_audio or time.perf_counter() - start
-            chunks.append(ev.pcm)
-        else:
-            done = ev
-    print()
+    with _logs_held():  # the reply's text is one line (stdout): a record (stderr) would land inside it
+        async for ev in reply:
+            if isinstance(ev, TextDelta):
+                print(ev.text, end="", flush=True)
+            elif isinstance(ev, AudioChunk):
+                first_audio = first_audio or time.perf_counter() - start
+                chunks.append(ev.pcm)
+            else:
+                done = ev
+        print(flush=True)
     status = done.status.value + (f" ({done.reason})" if done.reason else "")
     if not engine.audio_output:
         print(f"{status}: {done.usage.output_text_tokens} text tokens (the model answers in text only)")
@@ -110,6 +113,31 @@ async def _demo_turn(engine, args: argparse.Namespace):
     )
     await conv.close()
     return done
+
+
+@contextmanager
+def _logs_held() -> Iterator[None]:
+    """The root logger's handlers hold every record emitted inside (by any thread) and write them, in order, when
+    it ends."""
+    held: list[tuple[logging.Handler, logging.LogRecord]] = []
+
+    def hold(handler: logging.Handler):
+        def keep_for_later(record: logging.LogRecord) -> bool:
+            held.append((handler, record))
+            return False  # not now
+
+        return keep_for_later
+
+    holds = {handler: hold(handler) for handler in logging.getLogger().handlers}
+    for handler, keep in holds.items():
+        handler.addFilter(keep)
+    try:
+        yield
+    finally:
+        for handler, keep in holds.items():
+            handler.removeFilter(keep)
+        for handler, record in held:
+            handler.handle(record)
 
 
 def _to_16k(pcm, rate: int):

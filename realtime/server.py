@@ -181,7 +181,7 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
     try:
         from realtime.transports.webrtc import WebRTCCalls
     except ImportError as exc:
-        logger.warning("WebRTC disabled (POST %s answers 501): %s", CALLS_PATH, exc)
+        logger.warning("WebRTC disabled (POST %s answers 501; the webrtc extra installs it): %s", CALLS_PATH, exc)
         return None
     calls = WebRTCCalls(
         context.engine,

@@ -68,13 +68,20 @@ function log(text, cls) {
   while (ui.log.children.length > MAX_LOG) ui.log.firstChild.remove();
 }
 
-async function showModelBanner() {
+async function showServerReport() {
   try {
     const health = await (await fetch("/healthz")).json();
     if (health.random_weights) {
       ui.banner.textContent =
         "This server runs a model with random weights: it is a test setup, and what it says is noise, not answers.";
       ui.banner.hidden = false;
+    }
+    if (health.webrtc === false) {
+      // installed without the webrtc extra (or started with --no-webrtc): its calls endpoint answers 501
+      const option = ui.transport.querySelector('option[value="webrtc"]');
+      option.disabled = true;
+      option.textContent = "WebRTC (not on this server)";
+      ui.transport.value = "websocket";
     }
   } catch (error) {
     log(`/healthz unavailable: ${error}`);
@@ -345,4 +352,4 @@ ui.connect.addEventListener("click", () => {
 ui.apply.addEventListener("click", sendSettings);
 ui.cameraToggle.addEventListener("click", toggleCamera);
 setState("idle", "not connected");
-showModelBanner();
+showServerReport();

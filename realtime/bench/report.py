@@ -129,6 +129,10 @@ def _finite(value):
 
 
 NA = "n/a"
+
+STATUS_WORDS = {"incomplete": "incomplete (forced length)"}
+"""How the delivery table names a ``response.done`` status: the bench forces every reply's length (the stage
+config's ``max_tokens``), and a reply that reaches it ends as ``incomplete``, by design (not a failure)."""
 """A figure no turn had (``null`` in results.json); the report says why below its table."""
 
 
@@ -187,7 +191,7 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
     head = (
         ["users", "RTF p50 / p90 (ours)"]
         + (["RTF p50 (reference)"] if has_ref else [])
-        + ["turns with underruns", "underruns", "starved ms p95", "statuses"]
+        + ["turns", "played to their end", "with underruns", "underruns", "starved ms p95", "replies ended"]
     )
     lines += [_row(head), _row(["---:"] * (len(head) - 1) + [":---"])]
     for level in levels:
@@ -297,14 +301,22 @@ def _delivery_notes(info: RunInfo, levels: Sequence[LevelResult]) -> list[str]:
         )
     if any(s["underruns"].n == 0 for s in summaries):
         notes.append("underruns n/a: no reply played to its end")
+    lines = ["", FORCED_LENGTH_NOTE] if any(status_counts(level.turns)["incomplete"] for level in levels) else []
     if not notes:
-        return []
+        return lines
     return [
+        *lines,
         "",
         "; ".join(notes)
         + " (a reply the user talked over, cancelled, failed or without sound has no delivery figures; "
         "`null` in results.json).",
     ]
+
+
+FORCED_LENGTH_NOTE = (
+    "incomplete (forced length): the reply reached the text or audio length the bench forces, which ends it with "
+    "`response.done` status `incomplete` by design; not a failure."
+)
 
 
 BARGE_IN_HEAD = (
@@ -440,7 +452,8 @@ def _gib(count: int) -> str:
 
 
 def _delivery_row(level: LevelResult, has_ref: bool) -> list[str]:
-    """RTF, underruns and statuses of a level: "n/a" where no turn has the figure (``null`` in results.json)."""
+    """RTF, underruns and how the replies ended of a level: "n/a" where no turn has the figure (``null`` in
+    results.json). Every count is of the level's turns, as the latency table's."""
     ours = summarize(level.turns)
     rtf = ours["rtf"]
     row = [str(level.concurrency), f"{_f(rtf.p50, 2)} / {_f(rtf.p90, 2)}" if rtf.n else NA]
@@ -449,12 +462,14 @@ def _delivery_row(level: LevelResult, has_ref: bool) -> list[str]:
         row.append(_f(ref_rtf.p50, 2) if ref_rtf.n else NA)
     underruns = [t.underruns for t in level.turns if t.underruns is not None]
     starved = ours["starved_ms"]
-    statuses = ", ".join(f"{k} {v}" for k, v in status_counts(level.turns).items() if v)
+    ended = ", ".join(f"{STATUS_WORDS.get(k, k)} {v}" for k, v in status_counts(level.turns).items() if v)
     row += [
-        f"{sum(1 for u in underruns if u)} / {len(underruns)}" if underruns else NA,
+        str(len(level.turns)),
+        str(len(underruns)),
+        str(sum(1 for u in underruns if u)) if underruns else NA,
         str(sum(underruns)) if underruns else NA,
         _f(starved.p95) if starved.n else NA,
-        statuses,
+        ended,
     ]
     return row
 

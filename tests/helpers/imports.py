@@ -42,13 +42,13 @@ def imported_modules(path: Path, module: str, modules: Collection[str]) -> set[s
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = _absolute(node.module, node.level, module, is_package)
+            base = absolute_module(node.module, node.level, module, is_package)
             for alias in node.names:
                 found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
     return (found & set(modules)) - {module}
 
 
-def _absolute(target: str | None, level: int, module: str, is_package: bool) -> str:
+def absolute_module(target: str | None, level: int, module: str, is_package: bool) -> str:
     """The absolute name of a ``from`` import's module (``level`` dots before ``target``)."""
     if level == 0:
         return target or ""

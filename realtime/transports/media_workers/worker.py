@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ class WorkerSettings:
 
 def run(connection: Connection, settings: WorkerSettings) -> None:
     """The worker process's entry point (``multiprocessing`` spawn target)."""
+    # Ctrl-C reaches the whole process group; the server stops its workers as it shuts down (as on SIGTERM).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     asyncio.run(_main(connection, settings))
 
 

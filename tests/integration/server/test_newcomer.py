@@ -26,6 +26,8 @@ ENV = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "COLUMNS": "1
 
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?P<level>[A-Z]+) (?P<logger>\S+): ?(?P<message>.*)$")
 """A log record's first line in the CLI's format (``realtime/cli.py``)."""
+RECORD_INSIDE = re.compile(r".\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ \S+:")
+"""A log record's start after other text on the same line."""
 RULE = re.compile(r"^!{20,}$")
 """The lines that frame the random-weights banner."""
 WARNS = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|[Ww]arning|\[transformers\]|Traceback")
@@ -108,17 +110,39 @@ def _cli(*args: str, env: dict[str, str] = ENV, timeout: float = 60) -> tuple[su
 # --- serve starts clean -------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_serve_starts_and_stops_with_no_warning_but_the_random_weights_banner(tmp_path):
-    """``serve`` as the README starts it (the embedded tiny model, built into an empty cache): its whole output,
-    stdout and stderr, from the start through Ctrl-C, warns of nothing but the random weights."""
+    """``serve`` as the README starts it (the embedded tiny model, built into an empty cache), with a WebRTC media
+    worker process: its whole output, stdout and stderr, from the start through Ctrl-C, warns of nothing but the
+    random weights. Ctrl-C (SIGINT to the whole process group, as a terminal sends it: the worker gets it too) and
+    SIGTERM (to the server alone, as a service manager sends it) stop it with the same lines, the last one
+    ``stopped``."""
+    cache = tmp_path / "cache"
+    endings = {}
+    for stop in ("ctrl-c", "sigterm"):
+        lines, returncode = _serve_then_stop(cache, stop)
+        log = "".join(lines)
+        assert "Application startup complete" in log and returncode == 0, log
+        flagged, banners = unexpected_warnings(lines)
+        assert banners >= 1, "the random-weights banner is missing:\n" + log
+        assert flagged == [], "\n".join(flagged)
+        ending = lines[next(i for i, line in enumerate(lines) if "Uvicorn running on" in line) + 1 :]
+        endings[stop] = [re.sub(r"^\S+ \S+ |\[\d+\]", "", line.rstrip("\n")) for line in ending]
+    assert endings["ctrl-c"] == endings["sigterm"] and endings["ctrl-c"][-1] == "INFO omni-realtime: stopped", endings
+
+
+def _serve_then_stop(cache: Path, stop: str) -> tuple[list[str], int]:
+    """``serve`` in a session of its own, stopped once it listens: ``ctrl-c`` signals SIGINT to its process group,
+    ``sigterm`` signals SIGTERM to the server's process; its output lines and exit status."""
+    args = ["serve", "--port", "0", "--cache-dir", str(cache), "--media-workers", "1"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime.cli", "serve", "--port", "0", "--cache-dir", str(tmp_path / "cache")],
+        [sys.executable, "-m", "realtime.cli", *args],
         cwd=REPO,
         env=ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,
     )
     lines: list[str] = []
     try:
@@ -127,14 +151,12 @@ def test_serve_starts_and_stops_with_no_warning_but_the_random_weights_banner(tm
             if "Uvicorn running on" in line:  # uvicorn's last start line, after "Application startup complete"
                 break
     finally:
-        proc.send_signal(signal.SIGINT)
+        if stop == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=60)
-    lines += rest.splitlines(keepends=True)
-    log = "".join(lines)
-    assert "Application startup complete" in log and proc.returncode == 0, log
-    flagged, banners = unexpected_warnings(lines)
-    assert banners >= 1, "the random-weights banner is missing:\n" + log
-    assert flagged == [], "\n".join(flagged)
+    return lines + rest.splitlines(keepends=True), proc.returncode
 
 
 # --- bad input: one line, status 2, before any model loads --------------------------------------
@@ -319,6 +341,29 @@ def test_help_explains_every_option_with_its_default_in_plain_words(command):
 
 
 # --- the demo -------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_demo_log_records_never_land_inside_the_streamed_text(tiny_model_dir, tmp_path):
+    """``demo --text Hello`` with stdout and stderr on one terminal: the reply's text is a line of its own, and each
+    log record starts a line, the engine's record of the reply's end included (it comes after the text)."""
+    args = ["--model", str(tiny_model_dir), "--threads", "1", "--seed", "0", "--out", str(tmp_path / "reply.wav")]
+    done = subprocess.run(
+        [sys.executable, "-m", "realtime.cli", "demo", "--text", "Hello", *args],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=150,
+    )
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout
+    glued = [line for line in lines if RECORD_INSIDE.search(line)]
+    assert glued == [], "log records glued onto other output:\n" + "\n".join(glued)
+    (ended,) = [i for i, line in enumerate(lines) if RECORD.match(line) and " completed after " in line]
+    status = next(i for i, line in enumerate(lines) if " of audio written to " in line)
+    assert ended < status and not RECORD.match(lines[ended - 1]), "the reply's text, then its end's record"
 
 
 @pytest.mark.timeout(180)

@@ -3,6 +3,8 @@ a DynamicCache computes, for chunked prefill and for a batch of rows at differen
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -60,7 +62,9 @@ def tiny_bodies(tiny_model_dir):
 
 def hf_hidden(body, x: torch.Tensor, cache: DynamicCache, start: int) -> torch.Tensor:
     positions = torch.arange(start, start + x.shape[0]).view(1, 1, -1).expand(3, 1, -1)
-    out = body(inputs_embeds=x.unsqueeze(0), position_ids=positions, past_key_values=cache, use_cache=True)
+    # newer transformers name it ``cache`` (``past_key_values`` warns, and goes in 5.40); 5.17 takes only the old name
+    keyword = "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+    out = body(inputs_embeds=x.unsqueeze(0), position_ids=positions, use_cache=True, **{keyword: cache})
     return out.last_hidden_state[0]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -52,9 +53,10 @@ def test_figures_no_turn_has_read_na_with_the_reason_not_zero(tmp_path):
     summary = data["levels"][0]["summary"]
     assert summary["rtf"]["p50"] is None and summary["underruns"]["n"] == 0 and summary["starved_ms"]["p95"] is None
     table = markdown(info(), levels)
-    assert delivery_row(table) == ["1", "n/a", "n/a", "n/a", "n/a", "cancelled 2"]
+    # counts of turns read as counts (2 turns, 0 played to their end); figures of no turn read n/a
+    assert delivery_row(table) == ["1", "n/a", "2", "0", "n/a", "n/a", "n/a", "cancelled 2"]
     delivery = table[table.index("Delivery") : table.index("Barge-in")]
-    assert "0.00" not in delivery and "0 / 0" not in delivery and "| 0 |" not in delivery
+    assert "0.00" not in delivery and "0 / 0" not in delivery and "| 0 | n/a | n/a | n/a |" in delivery
     assert "RTF n/a: no reply played to its end over the WebSocket" in table
     assert "underruns n/a: no reply played to its end" in table
     webrtc = markdown(info("webrtc"), levels)
@@ -76,11 +78,29 @@ def test_the_text_shows_the_numbers_results_json_holds(tmp_path):
     assert p50 == pytest.approx(summary["rtf"]["p50"], abs=0.005) and p90 == pytest.approx(
         summary["rtf"]["p90"], abs=0.005
     )
-    assert row[2:5] == ["1 / 2", "2", f"{summary['starved_ms']['p95']:.0f}"]
+    # turns, played to their end, with underruns, underruns, starved: all over the level's 3 turns
+    assert row[2:8] == ["3", "2", "1", "2", f"{summary['starved_ms']['p95']:.0f}", "completed 2, cancelled 1"]
     assert "n/a" not in row
     # a small RTF never reads as zero
     only_fast = markdown(info(), [LevelResult(1, 1, 1.0, turns[:1])])
     assert delivery_row(only_fast)[1] == "0.004 / 0.004"
+
+
+def test_forced_lengths_read_as_what_they_are_and_every_count_is_of_the_same_turns():
+    """``bench --quick``: two turns, the first talked over during playback, both ended at their forced length
+    (``incomplete``): the delivery row counts 2 turns, 1 played to its end, 0 with underruns, and names the
+    ``incomplete`` status for what it is; without an incomplete reply no such note."""
+    turns = [
+        TurnMetrics(0, 0, "a", "incomplete", barge_in_kind="stopped_playback", barge_in_ms=110.0),
+        TurnMetrics(0, 1, "b", "incomplete", rtf=0.5, underruns=0, starved_ms=0.0),
+    ]
+    levels = [LevelResult(1, 2, 3.0, turns)]
+    table = markdown(info(), levels)
+    assert delivery_row(table)[2:] == ["2", "1", "0", "0", "0", "incomplete (forced length) 2"]
+    assert "| 1 | 2 |" in table, "the latency table's turns: the same 2"
+    assert "`response.done` status `incomplete` by design; not a failure" in table
+    completed = [replace(t, status="completed") for t in turns]
+    assert "not a failure" not in markdown(info(), [LevelResult(1, 2, 3.0, completed)])
 
 
 def test_barge_ins_are_reported_by_kind_in_the_text_and_in_results_json(tmp_path):
