@@ -253,7 +253,8 @@ class ThinkerConfig(DecoderConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class TalkerConfig(DecoderConfig):
-    """The talker: turns the thinker's hidden states into codec tokens (50 per second of audio)."""
+    """The talker: turns the thinker's reply into codec tokens (Qwen2.5-Omni: 50 per second of audio) or frames of
+    several codebooks (Qwen3-Omni: 12.5 per second)."""
 
     STAGE: ClassVar[str] = "talker"
 

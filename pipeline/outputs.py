@@ -116,8 +116,9 @@ class AudioChunk:
     pcm: np.ndarray
     start_sample: int
     codec_tokens_so_far: int = 0
-    """How many codec tokens the talker had sampled when this chunk was yielded (50 per second of
-    audio); fewer than the reply's total means audio started while the talker was still running."""
+    """How many codec tokens (or frames, for a talker that makes frames) the talker had sampled when this chunk was
+    yielded (the family's ``codes_per_second`` per second of audio); fewer than the reply's total means audio started
+    while the talker was still running."""
 
     @property
     def duration_ms(self) -> float:
@@ -192,7 +193,7 @@ class EngineStats:
     """Thinker tokens sampled since start (reply tokens, the final stop token included; prefill positions are
     not counted)."""
     talker_tokens_total: int = 0
-    """Codec tokens sampled since start (50 per second of audio)."""
+    """Codec tokens (or frames) sampled since start (the family's ``codes_per_second`` per second of audio)."""
     audio_samples_total: int = 0
     """24 kHz samples of audio emitted since start."""
     decode_steps_total: int = 0

@@ -44,6 +44,7 @@ from pipeline.models.common.hf_loading import (
     read_preprocessor_config,
     stage_placement,
 )
+from pipeline.models.qwen3_omni.hf_logging import quiet_rope_key_warnings
 from pipeline.models.qwen3_omni.vision import VisionPreprocessor
 
 logger = logging.getLogger(__name__)
@@ -355,6 +356,7 @@ def load_config(path: Path) -> Any:
     """The folder's ``Qwen3OmniMoeConfig``, validated."""
     from transformers import Qwen3OmniMoeConfig
 
+    quiet_rope_key_warnings()
     config = load_hf_config(path, Qwen3OmniMoeConfig, MODEL_TYPE)
     validate_config(config)
     return config

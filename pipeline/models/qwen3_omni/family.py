@@ -29,7 +29,8 @@ from pipeline.models.qwen3_omni.talker import CodecRules, TalkerTokens
 
 if TYPE_CHECKING:
     from pipeline.models.common.log_mel import IncrementalLogMel
-    from pipeline.models.qwen3_omni.code2wav_stream import Code2WavChunking, Code2WavStream, StreamingCode2Wav
+    from pipeline.models.qwen3_omni.code2wav_chunking import Code2WavChunking
+    from pipeline.models.qwen3_omni.code2wav_stream import Code2WavStream, StreamingCode2Wav
     from pipeline.models.qwen3_omni.vision import VisionPreprocessor
 
 
@@ -61,7 +62,7 @@ class Qwen3OmniFamily:
     (:class:`~pipeline.models.qwen3_omni.code2wav_stream.Code2WavChunking`'s fields, in codec frames)."""
 
     def token2wav_config(self, raw: Mapping[str, Any], *, path: str, device: torch.device) -> Code2WavChunking:
-        from pipeline.models.qwen3_omni.code2wav_stream import Code2WavChunking
+        from pipeline.models.qwen3_omni.code2wav_chunking import Code2WavChunking
 
         chunking = raw.get("chunking", {})
         where = f"{path}.chunking"

@@ -14,6 +14,7 @@ from pipeline.errors import CheckpointError
 from pipeline.models.common import bpe
 from pipeline.models.common.random_checkpoint import check_common_spec
 from pipeline.models.qwen3_omni import released
+from pipeline.models.qwen3_omni.hf_logging import quiet_rope_key_warnings
 
 if TYPE_CHECKING:
     from pipeline.models.qwen3_omni.tiny_spec import RandomModelSpec
@@ -53,6 +54,7 @@ def build_config(spec: RandomModelSpec) -> Any:
     """A ``transformers.Qwen3OmniMoeConfig`` for ``spec`` (checked by :func:`check_spec` first)."""
     from transformers import Qwen3OmniMoeConfig
 
+    quiet_rope_key_warnings()
     check_spec(spec)
     ids = token_ids(spec.tokenizer_bpe_vocab)
     markers = {

@@ -22,9 +22,9 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 
 from pipeline.errors import ConfigError, InvalidInputError, PipelineError
 from pipeline.models.family import StreamStatus
+from pipeline.models.qwen3_omni.code2wav_chunking import Code2WavChunking
 from pipeline.models.qwen3_omni.code2wav_geometry import ConvGeometry
 from pipeline.models.qwen3_omni.code2wav_stream import (
-    Code2WavChunking,
     Code2WavStreamStateError,
     StreamingCode2Wav,
     one_shot,
