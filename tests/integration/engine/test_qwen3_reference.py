@@ -91,14 +91,31 @@ async def test_second_turn_matches_reference(engine, reference):
     await conv.close()
 
 
-async def test_audio_prompt_matches_reference(engine, reference):
+@pytest.mark.parametrize(("seconds", "streamed"), [(3, False), (10, True)], ids=["whole", "streamed"])
+async def test_audio_prompt_matches_reference(engine, reference, seconds, streamed):
+    """A spoken turn, added whole, or streamed in 20 ms pieces while the conversation is idle: its first 8 s block is
+    encoded and prefilled (thinker and talker) before the commit, the tail after; the reply equals the reference's
+    over the whole message (incremental prefill == one shot)."""
     model, tokenizer, fe = reference
     special = engine.ckpt.special
     rng = np.random.default_rng(7)
-    pcm_in = (0.1 * rng.standard_normal(16_000 * 3)).astype(np.float32)  # 3 s of noise: the encoder sees real frames
+    pcm_in = (0.1 * rng.standard_normal(16_000 * seconds)).astype(np.float32)  # noise: the encoder sees real frames
 
     conv = engine.conversation()
-    await conv.add_audio("u1", pcm_in)
+    if streamed:
+        audio = conv.open_audio("u1")
+        await engine.wait_idle()
+        before = await engine.stats()
+        for start in range(0, len(pcm_in), 320):
+            audio.append(pcm_in[start : start + 320])
+        await engine.wait_idle()
+        during = await engine.stats()
+        # the first block was prefilled while "speaking", by the thinker and (listening) the talker
+        assert during.cached_tokens > before.cached_tokens
+        assert during.talker_cached_tokens > before.talker_cached_tokens
+        await audio.commit()
+    else:
+        await conv.add_audio("u1", pcm_in)
     done, pcm = await collect(conv.respond(item_id="a1", voice=VOICE, max_output_tokens=THINKER_MAX))
 
     feats = fe(pcm_in, sampling_rate=16_000, return_tensors="pt", padding=True, truncation=False)
