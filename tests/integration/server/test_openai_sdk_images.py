@@ -1,7 +1,6 @@
 """The official ``openai`` SDK's GA realtime client, unmodified, sends an ``input_image`` item over a real server on
 loopback and gets a completed reply whose usage counts the picture's tokens; a bad picture is an ``error`` event and
-the session carries on. Against the fake engine with a vision tower, and against the tiny engine (skipped while its
-engine has no vision: ``engine.vision`` None)."""
+the session carries on. Against the fake engine with a vision tower, and against each model family's tiny engine."""
 
 from __future__ import annotations
 
@@ -44,13 +43,13 @@ def jpeg_uri(height: int = 240, width: int = 320) -> tuple[str, Image.Image]:
     return "data:image/jpeg;base64," + base64.b64encode(data.getvalue()).decode(), picture
 
 
-@pytest.fixture(params=["fake", "tiny"])
+@pytest.fixture(params=["fake", "tiny_engine", "qwen3_engine"], ids=["fake", "qwen2_5", "qwen3"])
 def engine(request):
+    """The fake engine with a vision tower, and each family's tiny engine (their vision towers are real)."""
     if request.param == "fake":
         return FakeEngine(vision=TINY_VISION)
-    engine = request.getfixturevalue("tiny_engine")
-    if engine.vision is None:
-        pytest.skip("the tiny engine takes no pictures in this build (engine.vision is None)")
+    engine = request.getfixturevalue(request.param)
+    assert engine.vision is not None, f"{request.param} takes no pictures"
     return engine
 
 
