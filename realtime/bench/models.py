@@ -170,12 +170,6 @@ def _random_names(family: str) -> list[str]:
     return [RANDOM_PREFIX + prefix + p for p in sorted(family_of(family).random_presets)]
 
 
-def load_model(model: str | None, cfg: StageGraphConfig, *, cache_dir: Path | None = None):
-    """The checkpoint of ``model`` (of ``cfg``'s model family), loaded in this process and placed as ``cfg``
-    says."""
-    return model_loader(model, cache_dir=cache_dir, family=cfg.model_family).load(cfg)
-
-
 def model_label(model: str | None, cfg: StageGraphConfig, *, source: str, random_weights: bool) -> str:
     """A one-line description of what ``--model`` loaded (``source`` and ``random_weights`` as the engine or
     the checkpoint reports them), for reports."""
