@@ -4,7 +4,7 @@ one DiT velocity evaluation and one vocoder call (a diagnostic, not a test; prin
     python scripts/profile_token2wav.py --device cuda --threads 4 --slots 1,4,16
     python scripts/profile_token2wav.py --tiny --device cpu --slots 1,2        # smoke run on the CPU
 
-Builds the token2wav of the Qwen2.5-Omni-7B architecture with random weights (as ``bench_token2wav.py``) and a
+Builds the token2wav of the Qwen2.5-Omni-7B architecture with random weights and a
 synthesizer with the packaged GPU settings (CUDA graphs, TF32, compiled bfloat16 DiT blocks, the vocoder's
 activations fused; ``--plain`` for none of them, ``--vocoder reference`` for the activations as transformers writes
 them), warmed up for the largest slot count. Then, per slot count (streams in one batch):
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,9 +31,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, when not installed
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_token2wav, beside this script
-
-from bench_token2wav import build_token2wav, timed_ms  # noqa: E402
 
 EVALUATIONS = 36
 """Velocity evaluations per ODE solve: RK4 (4 each) over the 9 intervals of the packaged 10 time points."""
@@ -218,13 +216,40 @@ def attention_backend(name: str):
     return contextlib.nullcontext() if name in ("auto", "triton") else sdpa_kernel([backends[name]])
 
 
+def build_token2wav(device: str, tiny: bool):
+    """The token2wav of the tiny or the 7B random Qwen2.5-Omni, float32 (as the reference requires), seeded."""
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
+
+    from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, build_config
+
+    spec = RandomModelSpec.tiny() if tiny else RandomModelSpec.qwen2_5_omni_7b()
+    torch.manual_seed(spec.seed)
+    with torch.device(device):
+        model = Qwen2_5OmniToken2WavModel(build_config(spec).token2wav_config).float().eval()
+    with torch.no_grad():  # audible output, as the random checkpoints do (tiny.py: output_gain)
+        model.code2wav_bigvgan_model.conv_post.weight.mul_(spec.output_gain)
+    return model
+
+
+def timed_ms(fn, sync, repeats: int) -> float:
+    """Median wall time of ``repeats`` calls of ``fn``, each between two ``sync()``s, in ms."""
+    samples = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return 1000 * statistics.median(samples)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     cuda = args.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     slots = [int(n) for n in args.slots.split(",")]
-    model, _cond, _ref_mel, _vocab = build_token2wav(args.device, args.tiny)
+    model = build_token2wav(args.device, args.tiny)
     settings = inductor_settings(args.inductor)
     import torch._inductor.config as inductor
 
