@@ -169,9 +169,16 @@ def tiny_qwen3_config(*, accept_hidden_layer: int = 1) -> Qwen3OmniMoeConfig:
 
 
 def tiny_qwen3_model(seed: int = 0, **config) -> Qwen3OmniMoeForConditionalGeneration:
-    """The tiny model in float32 with seeded random weights, in eval mode (~1 s to build on one core)."""
+    """The tiny model in float32 with seeded random weights, in eval mode (~1 s to build on one core). Every MoE
+    expert weight is drawn here: transformers' init leaves some of them (the talker's) as ``torch.empty`` memory,
+    whose values would depend on what ran before in the process."""
     torch.manual_seed(seed)
-    return Qwen3OmniMoeForConditionalGeneration(tiny_qwen3_config(**config)).float().eval()
+    model = Qwen3OmniMoeForConditionalGeneration(tiny_qwen3_config(**config)).float().eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".experts." in name:
+                param.normal_(0.0, 0.02)
+    return model
 
 
 def sharpen_talker(model: Qwen3OmniMoeForConditionalGeneration, factor: float = 8.0, loud: float = 20.0) -> None:

@@ -662,16 +662,13 @@ def bench_args(*argv: str) -> argparse.Namespace:
 
 
 def test_quick_sets_defaults_that_explicit_flags_override():
-    from realtime.bench.cli import resolve_options
+    from realtime.bench.cli import _stage_config, resolve_options
+    from realtime.bench.models import ReplyLength, reply_length
 
     quick = resolve_options(bench_args("--quick"))
-    assert (quick.levels, quick.turns, quick.barge_in_every, quick.codec_tokens, quick.warmup_turns) == (
-        (1,),
-        2,
-        1,
-        40,
-        0,
-    )
+    assert (quick.levels, quick.turns, quick.barge_in_every, quick.audio_s, quick.warmup_turns) == ((1,), 2, 1, 0.8, 0)
+    # --quick's replies are 0.8 s of audio at the family's rate: 40 Qwen2.5-Omni codes
+    assert quick.codec_tokens is None and reply_length(_stage_config(quick)) == ReplyLength(4, 40)
     mixed = resolve_options(bench_args("--quick", "--concurrency", "2,8", "--turns", "5", "--codec-tokens", "100"))
     assert (mixed.levels, mixed.turns, mixed.codec_tokens, mixed.text_tokens) == ((2, 8), 5, 100, 4)
     normal = resolve_options(bench_args())
