@@ -17,8 +17,9 @@ mark; the runner's bounded outbound queue then fills and slows the response (as 
 sent as it is produced, as in-process.
 
 Endings: as in-process (the data channel closes, the connection fails, the session ends, the connect timeout, the
-server shuts down), and when the call's worker dies: its session gets an ``error`` event it can no longer deliver
-(logged) and ends, freeing its slot; the pool restarts the worker.
+server shuts down), and when the call's worker dies: its session ends ``FAILED`` (:meth:`RemoteCall.worker_lost`,
+whether the pool's notice or the session's own send on the broken wire comes first), gets an ``error`` event it can
+no longer deliver (logged), and frees its slot; the pool restarts the worker.
 """
 
 from __future__ import annotations
@@ -185,6 +186,9 @@ class RemoteTransport:
         try:
             await self._call.worker.drain()
         except ConnectionError:
+            # Only the worker's exit closes its end of the wire: the call ends as the worker's loss, not as the client
+            # leaving, even when this send notices before the pool does.
+            self._call.worker_lost()
             raise TransportClosed("the call's media worker is gone") from None
 
     async def close(self) -> None:
@@ -336,6 +340,16 @@ class RemoteCall:
             self.worker_ended(message.reason, message.error)
         else:
             raise TypeError(f"unexpected message from a media worker: {message!r}")
+
+    def worker_lost(self) -> None:
+        """The call's media worker is gone: the session ends :attr:`~realtime.runner.SessionEnd.FAILED` with
+        :class:`MediaWorkerLost` (the server's fault), whichever notices first (the pool seeing the worker's wire
+        close, or the session's writer finding it broken); idempotent, and a session already ending keeps its end."""
+        self.runner.end_for(
+            SessionEnd.FAILED, MediaWorkerLost("the media process of this call stopped; start a new call")
+        )
+        if not self.ended.is_set():
+            self.worker_ended("media worker lost")
 
     def worker_ended(self, reason: str, error: str | None = None) -> None:
         """The worker's side of the call is over (or the worker is gone)."""
@@ -495,12 +509,8 @@ class WorkerCalls:
     def _worker_lost(self, call_ids: tuple[str, ...]) -> None:
         for call_id in call_ids:
             call = self._lifecycle.calls.get(call_id)
-            if call is None:
-                continue
-            call.runner.end_for(
-                SessionEnd.FAILED, MediaWorkerLost("the media process of this call stopped; start a new call")
-            )
-            call.worker_ended("media worker lost")
+            if call is not None:
+                call.worker_lost()
 
     async def close(self) -> None:
         """Refuse new calls, end every call, stop the workers."""

@@ -6,7 +6,8 @@ and stays there for its life. Messages from a worker go to ``on_message(message)
 loop; its log records are re-logged here under their own logger names.
 
 A worker that dies (its wire closes: killed, crashed, or exited) is reported once through
-``on_worker_lost(call_ids)`` with the calls it carried, so their sessions end and free their slots; it is restarted
+``on_worker_lost(call_ids)`` with the calls it carried, as soon as its reader sees the wire close (before the wire is
+closed on this side or the process joined), so their sessions end and free their slots; it is restarted
 after :data:`RESTART_DELAY_S`, doubled for each death that follows a short life (:data:`STABLE_AFTER_S`) up to
 :data:`MAX_RESTART_DELAY_S`. Meanwhile new calls go to the other workers; with none live, placement raises
 :class:`NoMediaWorker`.
@@ -146,24 +147,25 @@ class MediaWorkerPool:
             await self._lost(link)
 
     async def _lost(self, link: WorkerLink) -> None:
-        await link.wire.close()
         calls = tuple(link.calls)
         link.calls.clear()
         if self.workers.get(link.index) is link:
             del self.workers[link.index]
+        if not self._closed:
+            self.deaths += 1
+            if calls:  # at once, before anything here awaits: the calls learn why their wire broke from the pool
+                self._on_worker_lost(calls)
+        await link.wire.close()
         if self._closed:
             return
-        self.deaths += 1
         await asyncio.to_thread(link.process.join, JOIN_TIMEOUT_S)
         logger.error(
-            "media worker %d (process %d) stopped (exit code %s): ending its %d call(s)",
+            "media worker %d (process %d) stopped (exit code %s): ended its %d call(s)",
             link.index,
             link.process.pid,
             link.process.exitcode,
             len(calls),
         )
-        if calls:
-            self._on_worker_lost(calls)
         lived = time.monotonic() - link.started
         delay = RESTART_DELAY_S if lived >= STABLE_AFTER_S else self._delays[link.index]
         self._delays[link.index] = min(delay * 2, MAX_RESTART_DELAY_S)
