@@ -235,7 +235,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         run_server(config)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown: the normal way out
-        log.info("stopped")
+        pass
+    # Also after a plain return: a SIGINT that asyncio's runner turns into a cancel landing after the server's last
+    # await ends it without the KeyboardInterrupt, and the server stopped all the same.
+    log.info("stopped")
     return 0
 
 
