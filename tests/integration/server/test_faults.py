@@ -284,7 +284,8 @@ def test_sigterm_ends_sessions_with_a_close_code_and_exits_0(family_model_dir, t
     """``omni-realtime serve --model DIR`` (a tiny checkpoint of each family) with two sessions, one in the middle of
     a reply: SIGTERM closes both with a close code (1012 from uvicorn, or 1001 from our lifespan), the process exits
     0, and its log has no traceback."""
-    server = ServeProcess(family_model_dir, tmp_path)
+    # a seeded reply: an unseeded one of a tiny random model may end before it has any audio
+    server = ServeProcess(family_model_dir, tmp_path, "--seed", "1")
     try:
 
         async def sessions() -> list[int]:
