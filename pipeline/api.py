@@ -4,7 +4,7 @@
 against a fake engine. :mod:`pipeline.engine` provides the real implementation.
 
 Units: user audio handed to the engine is float32 mono at :data:`INPUT_SAMPLE_RATE` (16 kHz),
-values in [-1, 1]; reply audio comes back at 24 kHz (see :mod:`pipeline.outputs`).
+values in [-1, 1]; reply audio comes back at 24 kHz (see :mod:`pipeline.response_events`).
 
 Ordering: operations on one conversation take effect in call order. A conversation runs at most
 one response at a time; items may be appended while a response runs (they join the context of the
@@ -21,7 +21,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from pipeline.errors import InvalidImageError
-from pipeline.outputs import EngineStats, ResponseDone, ResponseEvent
+from pipeline.response_events import EngineStats, ResponseDone, ResponseEvent
 from pipeline.tools import AUTO, Tool, ToolChoice
 
 INPUT_SAMPLE_RATE = 16_000

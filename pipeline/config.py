@@ -230,7 +230,7 @@ class ThinkerConfig(DecoderConfig):
     reply needed lets the next turns extend the cached prompt instead of each dropping and re-prefilling it again.
     1.0 drops only as much as the reply needs (a re-prefill of the whole kept history on every turn once full)."""
     video_history_seconds: int | None = _kind("positive", 20)
-    """Seconds of camera video the messages before the turn being answered may hold (pipeline/video_budget.py): past
+    """Seconds of camera video the messages before the turn being answered may hold (pipeline/video/budget.py): past
     it the video of the oldest messages is removed, whole messages at a time, their audio kept, down to
     ``video_retention_ratio`` of it; the turn being answered keeps all its video. None: no limit (only the context
     policy bounds video). At 2 fps a 448 x 448 picture is 256 thinker positions per second of video."""
@@ -239,7 +239,7 @@ class ThinkerConfig(DecoderConfig):
     the cached prompt instead of each removing a message's video and prefilling the history after it again."""
     video_frame_grace_seconds: int = _kind("positive", 2)
     """While a message is spoken, a frame pair with no camera frame once the audio has run this long past its end
-    ends the message's video there (pipeline/video_timeline.py), so its audio-only rest is prefilled as it comes."""
+    ends the message's video there (pipeline/video/timeline.py), so its audio-only rest is prefilled as it comes."""
     audio_floor: str = _kind("choice", "streaming", choices=AUDIO_FLOORS)
     """How the log-mel floor (loudest value - 80 dB, as Whisper features clamp) is chosen for the
     2 s blocks encoded while the user still speaks: ``streaming`` uses the loudest value heard so

@@ -1,12 +1,13 @@
 """The async engine: the public API of :mod:`pipeline` (implements :mod:`pipeline.api`).
 
-One engine thread owns the :class:`~pipeline.core.EngineCore` and every model tensor. Coroutines
-talk to it through a request queue; each request (:mod:`pipeline.requests`) runs between
+One engine thread owns the :class:`~pipeline.core.engine_core.EngineCore` and every model tensor. Coroutines
+talk to it through a request queue; each request (:mod:`pipeline.core.commands`) runs between
 two engine steps, in submission order, and its result or exception comes back through a future.
 Response events travel back with ``loop.call_soon_threadsafe`` into the response's own queue.
 
-The engine thread runs either in this process (:class:`pipeline.loop.EngineThread`) or in a child process that owns
-the GPU (:class:`pipeline.process.EngineProcess`, chosen by the stage config's
+The engine thread runs either in this process (:class:`pipeline.hosting.loop.EngineThread`) or in a child process that
+owns
+the GPU (:class:`pipeline.hosting.process.EngineProcess`, chosen by the stage config's
 ``engine.process``); both take the same requests and deliver the same events, so everything above
 them (:class:`OmniEngine`, :class:`Conversation`, :class:`AudioInput`, :class:`Response`) is one code path.
 
@@ -33,10 +34,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline import requests as rq
 from pipeline.api import INPUT_SAMPLE_RATE, ContentPart, ContextPolicy, Modality, Role
 from pipeline.config import StageGraphConfig, stage_config_for
-from pipeline.core import EngineCore
+from pipeline.core import commands as rq
+from pipeline.core.engine_core import EngineCore
+from pipeline.core.response_state import ResponseSpec
 from pipeline.errors import (
     ConfigError,
     EngineClosedError,
@@ -48,12 +50,11 @@ from pipeline.errors import (
     UnsupportedInputError,
     no_audio_output,
 )
-from pipeline.loaders import CheckpointLoader, PretrainedCheckpoint
-from pipeline.loop import CoreCall, EngineBackend, EngineFacts, EngineThread
+from pipeline.hosting.loaders import CheckpointLoader, PretrainedCheckpoint
+from pipeline.hosting.loop import CoreCall, EngineBackend, EngineFacts, EngineThread
 from pipeline.models import family_of
 from pipeline.models.family import Checkpoint
-from pipeline.outputs import EngineStats, ResponseDone, ResponseEvent, ResponseStatus, Usage
-from pipeline.request import ResponseSpec
+from pipeline.response_events import EngineStats, ResponseDone, ResponseEvent, ResponseStatus, Usage
 from pipeline.tools import AUTO, Tool, ToolChoice
 
 log = logging.getLogger(__name__)
@@ -388,13 +389,13 @@ class OmniEngine:
         max_pending_events: int = 256,
         torch_threads: int | None = None,
     ) -> OmniEngine:
-        """The checkpoint ``loader`` makes (:mod:`pipeline.loaders`). With ``engine.process`` on (or auto on
+        """The checkpoint ``loader`` makes (:mod:`pipeline.hosting.loaders`). With ``engine.process`` on (or auto on
         CUDA) the loader is handed to a child process, which loads the weights and runs the engine core; this
         call returns once it is ready, and raises what loading raised there. ``torch_threads``: the child's
         torch CPU threads (default: this process's ``torch.get_num_threads()``); unused on a thread."""
         if not cfg.engine.process:
             return cls(loader.load(cfg), cfg, seed=seed, max_pending_events=max_pending_events)
-        from pipeline.process import EngineProcess, ProcessSpec
+        from pipeline.hosting.process import EngineProcess, ProcessSpec
 
         threads = torch_threads if torch_threads is not None else torch.get_num_threads()
         backend = EngineProcess(
@@ -423,7 +424,8 @@ class OmniEngine:
     @property
     def core(self) -> EngineCore:
         """The engine core when it runs on a thread of this process (tools and tests read its state and step it through
-        :meth:`EngineThread.submit <pipeline.loop.EngineThread.submit>`); AttributeError with an engine process."""
+        :meth:`EngineThread.submit <pipeline.hosting.loop.EngineThread.submit>`); AttributeError with an engine
+        process."""
         return self._thread.core
 
     @property

@@ -1,6 +1,6 @@
 """The server's configuration: one frozen, self-validating dataclass.
 
-``omni-realtime serve`` builds it from its flags; :func:`realtime.server.create_app` takes it.
+``omni-realtime serve`` builds it from its flags; :func:`realtime.server.app.create_app` takes it.
 Nothing here reads environment variables: a deployment passes everything explicitly.
 """
 
@@ -11,10 +11,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from realtime.images import ImageLimits
-from realtime.limits import RateLimit
+from realtime.media.images import ImageLimits
+from realtime.media.video_settings import CameraSettings
+from realtime.server.limits import RateLimit
 from realtime.session import SessionLimits
-from realtime.video_settings import CameraSettings
 from realtime.voices import DEFAULT_VOICE_ALIASES, check_voice_aliases
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -56,7 +56,7 @@ class ServerConfig:
     data_parallel_size: int = 1
     """Engines, one per GPU (``cuda:0`` .. ``cuda:N-1``; on the CPU, N engines on the CPU), each with its engine
     core in a child process of its own (``engine.process`` is forced on when N > 1). A session is placed on the
-    engine with the most headroom and stays there (``realtime/placement.py``)."""
+    engine with the most headroom and stays there (``realtime/engines/placement.py``)."""
     max_message_bytes: int = 8 * 1024 * 1024
     """Largest client message (UTF-8 bytes) handed to the session; larger ones get a
     ``message_too_large`` error and the connection stays open, up to :attr:`ws_max_frame_bytes`."""

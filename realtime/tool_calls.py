@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.outputs import FunctionCallDelta, FunctionCallDone, FunctionCallStarted
+from pipeline.response_events import FunctionCallDelta, FunctionCallDone, FunctionCallStarted
 from pipeline.tools import MAX_CALLS_PER_RESPONSE, Tool, ToolChoice, ToolMode
 from realtime.errors import RealtimeError
 from realtime.ids import IdKind

@@ -33,7 +33,7 @@ import numpy as np
 
 from pipeline.api import INPUT_SAMPLE_RATE, EngineHandle
 from pipeline.errors import EngineFailure, PipelineError
-from pipeline.outputs import ResponseDone, ResponseStatus, TextDelta, Usage
+from pipeline.response_events import ResponseDone, ResponseStatus, TextDelta, Usage
 from realtime.errors import LimitExceeded, RealtimeError
 from realtime.protocol.codes import ErrorCode
 

@@ -1,4 +1,4 @@
-"""Summarize the server's "first audio path" log lines (realtime/first_audio.py): p50 / p95 / max of each hop
+"""Summarize the server's "first audio path" log lines (realtime/observe/first_audio.py): p50 / p95 / max of each hop
 segment, in ms, over every response in the log.
 
     python scripts/first_audio_path.py server.log [--skip 1]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from realtime.audio import encode_pcm16, float_to_pcm16, resample
+from realtime.media.audio import encode_pcm16, float_to_pcm16, resample
 
 RATE = 24_000
 LEAD_S = 0.3

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from pipeline.engine import OmniEngine
-from pipeline.outputs import AudioChunk
+from pipeline.response_events import AudioChunk
 from realtime.bench.models import ReplyLength, bench_stage_config, model_loader
 
 LABELS = {

@@ -100,7 +100,7 @@ class Server:
         command = [
             sys.executable,
             "-m",
-            "realtime.cli",
+            "realtime.cli.main",
             "--log-level",
             "info",
             "serve",

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 from pipeline.engine import OmniEngine
-from pipeline.outputs import AudioChunk, ResponseStatus
+from pipeline.response_events import AudioChunk, ResponseStatus
 from realtime.bench.models import ReplyLength, bench_stage_config, model_loader
 
 

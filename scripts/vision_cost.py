@@ -3,7 +3,7 @@
 Builds only the vision tower of a random architecture (``--model random:7b`` or ``random:tiny``: the released sizes
 or the test ones, random weights, bf16 on CUDA, float32 on the CPU) and its image processor settings, then for each
 frame size (``--sizes``: ``camera`` is a 640x480 camera downscaled to the server's camera pixel budget, as
-``realtime.video`` does; ``WxH`` a size put on the tower's grid) and each number of users (``--users``) times
+``realtime.media.video`` does; ``WxH`` a size put on the tower's grid) and each number of users (``--users``) times
 ``VisionEncoder.encode_many`` on one frame pair per user in one call, ``--iterations`` times after ``--warmup``
 calls (CUDA-synchronised; the median is reported). Prints a Markdown table: ms per call and per pair, pairs a second,
 and the GPU share one user's camera takes at the model's rate (2 frames a second: one pair a second, so the share is
@@ -89,7 +89,7 @@ def build_tower(preset: str, device: torch.device):
 
 def frame_size(name: str, info) -> tuple[int, int]:
     """(height, width) the tower sees for a ``--sizes`` entry."""
-    from realtime.video_settings import DEFAULT_CAMERA
+    from realtime.media.video_settings import DEFAULT_CAMERA
 
     if name == "camera":
         return DEFAULT_CAMERA.frame_size(info, *CAMERA_FRAME)
@@ -203,10 +203,10 @@ def video_budget(stage_config: str | None) -> tuple[int | None, float, str]:
 
 
 def videos_to_remove(durations: list[float], history_seconds: int | None, retention: float) -> int:
-    """The budget rule (``pipeline.video_budget.VideoBudget`` where this branch has it): none while the history's
+    """The budget rule (``pipeline.video.budget.VideoBudget`` where this branch has it): none while the history's
     video totals at most ``history_seconds``; else the oldest, whole messages, down to ``retention`` of it."""
     try:
-        from pipeline.video_budget import VideoBudget
+        from pipeline.video.budget import VideoBudget
     except ImportError:
         if history_seconds is None or sum(durations) <= history_seconds:
             return 0

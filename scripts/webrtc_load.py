@@ -9,7 +9,8 @@ buffer, Opus decode and encode), resampling, batched silero VAD, the paced outpu
 - CPU per user: the process's CPU seconds (every thread) per user per second of the level (``%`` of one core; the
   server's split into its event-loop thread and the other threads, where aiortc decodes and encodes Opus; with
   ``--media-workers N`` the calls' media runs in N worker processes, whose CPU is shown apart);
-- event-loop lag p50 / p99 / max (ms, :mod:`realtime.loop_lag`): how late a sleeping task woke; a loop with more work
+- event-loop lag p50 / p99 / max (ms, :mod:`realtime.observe.loop_lag`): how late a sleeping task woke; a loop with
+more work
   than time shows lag that grows with the level;
 - the server's input delay (``realtime_webrtc_input_delay_seconds``): how far the microphone audio fell behind its
   own stream clock before reaching the session; the users' end of turn (real end of speech → ``speech_stopped``,
@@ -48,7 +49,7 @@ from realtime.bench.metrics import summarize  # noqa: E402
 from realtime.bench.speech import DEFAULT_FOLDER, load_speech_folder  # noqa: E402
 from realtime.bench.sweep import SweepPlan, run_sweep  # noqa: E402
 from realtime.config import ServerConfig  # noqa: E402
-from realtime.server import create_app, serve_in_background  # noqa: E402
+from realtime.server.app import create_app, serve_in_background  # noqa: E402
 from tests.fakes import FakeEngine, Script  # noqa: E402
 
 CHUNK_MS = 40
@@ -65,8 +66,8 @@ STAGES = (
     ("rtp + jitter buffer", ("aiortc/rtp.py", "aiortc/jitterbuffer.py", "aiortc/rtcrtpreceiver.py")),
     ("rtp send + opus encode dispatch", ("aiortc/rtcrtpsender.py", "aiortc/codecs")),
     ("dtls / ice / sctp", ("aiortc/rtcdtlstransport.py", "aioice", "aiortc/rtcsctptransport.py", "OpenSSL", "crypt")),
-    ("vad", ("realtime/vad", "realtime/turn.py", "torch", "silero")),
-    ("resample + pcm", ("realtime/audio.py", "realtime/transports/media.py", "numpy", "scipy", "soxr")),
+    ("vad", ("realtime/vad", "realtime/turns/server_vad.py", "torch", "silero")),
+    ("resample + pcm", ("realtime/media/audio.py", "realtime/transports/media.py", "numpy", "scipy", "soxr")),
     (
         "session + protocol",
         ("realtime/session", "realtime/runner/", "realtime/protocol", "pydantic", "json", "base64"),

@@ -118,8 +118,8 @@ def greedy_stage_config(device: str = "cpu", family: str = "qwen2_5_omni", **ove
 def start_spoken_reply(core, name: str, max_text_tokens: int = 4) -> list:
     """Open conversation ``name`` on an ``EngineCore`` driven by the test, add a user text and start a spoken reply
     ``r-<name>``; returns the list its events are appended to."""
-    from pipeline.request import ResponseSpec
-    from pipeline.requests import AddText, OpenConversation, StartResponse
+    from pipeline.core.commands import AddText, OpenConversation, StartResponse
+    from pipeline.core.response_state import ResponseSpec
 
     events: list = []
     core.handle(OpenConversation(name, "You are a test."))
@@ -145,7 +145,7 @@ def run_spoken_reply(core, max_text_tokens: int = 6):
     returns its codes, its audio (float32 numpy) and (text tokens, codes, audio chunks) after every step."""
     import numpy as np
 
-    from pipeline.outputs import AudioChunk, ResponseDone
+    from pipeline.response_events import AudioChunk, ResponseDone
 
     events = start_spoken_reply(core, "a", max_text_tokens=max_text_tokens)
     response = core.response("r-a")

@@ -39,7 +39,7 @@ from pipeline.errors import (
     UnknownVoiceError,
     UnsupportedInputError,
 )
-from pipeline.outputs import (
+from pipeline.response_events import (
     OUTPUT_SAMPLE_RATE,
     AudioChunk,
     ResponseDone,
@@ -49,8 +49,9 @@ from pipeline.outputs import (
     Usage,
 )
 from pipeline.tools import AUTO, Tool, ToolChoice
+from realtime.protocol.turn_detection import ServerVadParams
 from realtime.runner import TransportClosed
-from realtime.turn import ServerVadParams, SpeechStarted, SpeechStopped
+from realtime.turns.server_vad import SpeechStarted, SpeechStopped
 
 SAMPLES_PER_CODEC_TOKEN = OUTPUT_SAMPLE_RATE // 50  # 20 ms per talker codec token
 

@@ -217,7 +217,7 @@ class ModelFamily(Protocol):
         """Incremental features of one spoken message for the thinker's audio encoder (16 kHz mono float32 in):
         ``append(pcm)``, ``ready_blocks()``, ``raw_block(k)`` / ``raw_tail()``, ``features(raw, floor)``,
         ``running_floor``, ``finish()``, ``total_frames``, ``final_floor()``, ``block_changes(k, floor)``,
-        ``samples_received`` and ``sampling_rate``, as :class:`pipeline.conversations.Conversations` calls them."""
+        ``samples_received`` and ``sampling_rate``, as :class:`pipeline.core.conversations.Conversations` calls them."""
         ...
 
     def frame_talker_parts(

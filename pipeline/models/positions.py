@@ -6,7 +6,8 @@ A position has a KV cache index (where it is stored) and a rope position on each
 Text and audio advance by one on every axis; a span of explicit 3-D positions (a picture's or a video's tokens) is
 given as offsets from its first position, and the text after it runs at a rope *shift* (rope position - cache index),
 constant over a run of text. The engine renders conversations into keys, token ids and spans
-(:mod:`pipeline.conversation_state`); which rope positions and shifts follow from the spans, which offsets a picture's
+(:mod:`pipeline.core.conversation_state`); which rope positions and shifts follow from the spans, which offsets a
+picture's
 tokens take and how a message's audio and video interleave are the family's. Everything here is host numpy.
 """
 

@@ -1,7 +1,8 @@
 """Observation of the engine in one place: work counters, the optional timeline, the stall watch, slow steps.
 
 :class:`EngineObserver` is told what happened (tokens accepted, chunks sent, jobs run, responses' milestones, each
-step) and keeps the counters that :meth:`pipeline.core.EngineCore.stats` reports and ``/metrics`` exports. It never
+step) and keeps the counters that :meth:`pipeline.core.engine_core.EngineCore.stats` reports and ``/metrics`` exports.
+It never
 changes what the engine does. Engine thread only.
 """
 
@@ -16,7 +17,7 @@ from pipeline.observe.timeline import EngineTimeline
 
 __all__ = ["COUNTERS", "EngineObserver"]
 
-log = logging.getLogger("pipeline.core")  # operators grep the engine's warnings under one logger
+log = logging.getLogger("pipeline.core.engine_core")  # operators grep the engine's warnings under one logger
 
 COUNTERS = (
     "thinker_tokens_total",
@@ -29,7 +30,8 @@ COUNTERS = (
     "audio_start_holds_total",
     "audio_start_held_ms_total",
 )
-"""Cumulative work counters (:class:`pipeline.outputs.EngineStats` fields): tokens per stage, audio samples sent,
+"""Cumulative work counters (:class:`pipeline.response_events.EngineStats` fields): tokens per stage, audio samples
+sent,
 decode steps and talker chains, and the underruns of a real-time player of each reply."""
 
 

@@ -1,4 +1,4 @@
-"""What the engine reports about itself: :class:`~pipeline.outputs.EngineStats`, one line per live response and
+"""What the engine reports about itself: :class:`~pipeline.response_events.EngineStats`, one line per live response and
 shared resource (what a stalled engine waits on), device memory and where the stages run.
 
 Read-only views of the scheduler's registry, the runner's devices and worker and the observer's counters; nothing
@@ -14,11 +14,11 @@ import torch
 from pipeline.kernels.devices import peer_access
 from pipeline.models.family import StreamStatus
 from pipeline.observe.observer import EngineObserver
-from pipeline.outputs import EngineStats
+from pipeline.response_events import EngineStats
 
 __all__ = ["describe", "device_memory", "engine_stats", "log_placement", "stage_devices"]
 
-log = logging.getLogger("pipeline.core")
+log = logging.getLogger("pipeline.core.engine_core")
 
 
 def stage_devices(runner, t2w_device: torch.device | None) -> tuple[torch.device, ...]:

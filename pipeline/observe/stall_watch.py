@@ -3,7 +3,7 @@
 Pure logic (no torch, no clock of its own): the engine core calls :meth:`StallWatch.check` after each step with
 its work marks (token and sample counters, responses finished) and ``time.monotonic()``; a report is due when
 the marks have not changed for ``after_s`` while responses were live, then again every ``after_s`` while the
-stall lasts. What goes into the report is the caller's (:meth:`pipeline.core.EngineCore.describe`).
+stall lasts. What goes into the report is the caller's (:meth:`pipeline.core.engine_core.EngineCore.describe`).
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ spoken) or **stop** (the reply's text ends there; the token is not kept). The ru
 
 - the family's call-open token starts a call (with ``tool_choice`` none it is a stop instead: no calls);
 - inside a call every token is hidden; the call's text is fed to the family's parser, which reports the function's
-  name as soon as it is complete (:class:`~pipeline.outputs.FunctionCallStarted`) and then the arguments as they come
-  (:class:`~pipeline.outputs.FunctionCallDelta`); the call-close token completes it
-  (:class:`~pipeline.outputs.FunctionCallDone`);
+  name as soon as it is complete (:class:`~pipeline.response_events.FunctionCallStarted`) and then the arguments as
+  they come
+  (:class:`~pipeline.response_events.FunctionCallDelta`); the call-close token completes it
+  (:class:`~pipeline.response_events.FunctionCallDone`);
 - after a call, whitespace is hidden, another call-open token starts the next call (up to the response's number of
   call item ids), and anything else is a stop: a reply ends with its calls, so that nothing is spoken after a call.
 
@@ -25,10 +26,10 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.conversation_state import ConversationState, ConvItem, ItemKind
+from pipeline.core.conversation_state import ConversationState, ConvItem, ItemKind
 from pipeline.errors import FunctionCallError, InvalidInputError
 from pipeline.output.detokenizer import IncrementalDetokenizer
-from pipeline.outputs import FunctionCallDelta, FunctionCallDone, FunctionCallStarted, ResponseEvent
+from pipeline.response_events import FunctionCallDelta, FunctionCallDone, FunctionCallStarted, ResponseEvent
 from pipeline.tools import ToolChoice, ToolMode
 
 __all__ = ["CallTracker", "Verdict", "function_calls"]

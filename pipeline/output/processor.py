@@ -1,8 +1,11 @@
 """The output side of the engine: accepted tokens and made audio become a response's events.
 
-:class:`OutputProcessor` detokenizes reply text into :class:`~pipeline.outputs.TextDelta` events, sends audio chunks
-(:class:`~pipeline.outputs.AudioChunk`) through the reply's real-time player model and, under load, its start buffer,
-and writes the one :class:`~pipeline.outputs.ResponseDone` with the usage when a response ends. Ordering: every event
+:class:`OutputProcessor` detokenizes reply text into :class:`~pipeline.response_events.TextDelta` events, sends audio
+chunks
+(:class:`~pipeline.response_events.AudioChunk`) through the reply's real-time player model and, under load, its start
+buffer,
+and writes the one :class:`~pipeline.response_events.ResponseDone` with the usage when a response ends. Ordering:
+every event
 of a response goes to its sink on the engine thread, in the order made; ``ResponseDone`` is last.
 """
 
@@ -14,10 +17,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pipeline.core.response_state import ResponseState, TextEnd
 from pipeline.observe.observer import EngineObserver
 from pipeline.output.function_calls import Verdict
 from pipeline.output.start_buffer import StartBuffer
-from pipeline.outputs import (
+from pipeline.response_events import (
     OUTPUT_SAMPLE_RATE,
     AudioChunk,
     ResponseDone,
@@ -26,11 +30,10 @@ from pipeline.outputs import (
     TextDelta,
     Usage,
 )
-from pipeline.request import ResponseState, TextEnd
 
 __all__ = ["OutputProcessor"]
 
-log = logging.getLogger("pipeline.core")  # one logger for the engine's per-response lines
+log = logging.getLogger("pipeline.core.engine_core")  # one logger for the engine's per-response lines
 
 
 class OutputProcessor:

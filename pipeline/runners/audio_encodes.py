@@ -6,7 +6,7 @@ thread that much per block and per turn end: with many users speaking, their enc
 every session's next token, and at 64 users a commit waited 0.9-1.3 s. Queued here, the blocks
 and tails of every conversation encode in one call of the encoder per step.
 
-Contract: :meth:`AudioEncodes.block` returns an :class:`~pipeline.conversation_state.AudioBlock` at once, its
+Contract: :meth:`AudioEncodes.block` returns an :class:`~pipeline.core.conversation_state.AudioBlock` at once, its
 ``embeds`` allocated on the device (its token count is known from the frame count) and filled by the next
 :meth:`AudioEncodes.flush`, which the engine runs at the start of every step, before anything renders or prefills a
 conversation. Device work is stream-ordered, so nothing waits for it on the host. A block whose encode fails keeps
@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from pipeline.conversation_state import AudioBlock
+from pipeline.core.conversation_state import AudioBlock
 from pipeline.runners.background_encodes import EncodeNames, EncodeQueue
 
 __all__ = ["AudioEncoder", "AudioEncodes"]

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.config import StageGraphConfig
+from pipeline.core.response_state import ResponseState
 from pipeline.kernels.devices import concrete, device_scope
 from pipeline.models.family import Checkpoint, ModelFamily
-from pipeline.request import ResponseState
 from pipeline.runners.audio_encodes import AudioEncodes
 from pipeline.runners.frame_talker import FrameTalkerRunner
 from pipeline.runners.model_runner import ModelRunner

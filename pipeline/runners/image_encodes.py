@@ -1,7 +1,8 @@
 """Picture encodes, queued by the engine's commands and run together at the start of the next engine step.
 
 The same contract as :mod:`pipeline.runners.audio_encodes`: :meth:`ImageEncodes.block` returns an
-:class:`~pipeline.conversation_state.ImageBlock` at once, its ``embeds`` (and the per-layer ``deepstack`` features of
+:class:`~pipeline.core.conversation_state.ImageBlock` at once, its ``embeds`` (and the per-layer ``deepstack``
+features of
 a tower that makes them, :class:`pipeline.models.family.LayeredVision`) allocated on the device (the token count
 follows from the patch grid) and filled by the next :meth:`ImageEncodes.flush`, which the engine runs at the start of
 every step, before anything renders or prefills a conversation. A picture whose encode fails keeps the exception in
@@ -17,7 +18,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from pipeline.conversation_state import ImageBlock
+from pipeline.core.conversation_state import ImageBlock
 from pipeline.models.positions import PositionScheme
 from pipeline.runners.background_encodes import EncodeNames, EncodeQueue
 

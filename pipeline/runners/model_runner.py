@@ -21,8 +21,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from pipeline.conversation_state import ConversationState
-from pipeline.request import ResponseState
+from pipeline.core.conversation_state import ConversationState
+from pipeline.core.response_state import ResponseState
 from pipeline.runners.sampling import SampleRows
 from pipeline.runners.thinker import PrefillSpan
 from pipeline.runners.token2wav_worker import Token2WavWorker
@@ -31,7 +31,7 @@ from pipeline.scheduler.prefill_batch import PrefillJob
 
 __all__ = ["ModelRunner", "Sampled"]
 
-log = logging.getLogger("pipeline.core")
+log = logging.getLogger("pipeline.core.engine_core")
 
 Sampled = tuple[list[ResponseState], torch.Tensor]
 """Rows of one batched decode step and their sampled ids (a device tensor of the same length, or (steps, rows) for a

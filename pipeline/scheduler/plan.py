@@ -1,6 +1,7 @@
 """What one engine step does, as plain data: the scheduler's answer, the runners' input.
 
-Ordering contract of a step (:meth:`pipeline.core.EngineCore.step`): responses cancelled or failing while the plan is
+Ordering contract of a step (:meth:`pipeline.core.engine_core.EngineCore.step`): responses cancelled or failing while
+the plan is
 made end first (the scheduler's ``end`` callback); the ``sampler_resets`` apply before any prefill chunk runs; the
 ``prefills`` run together as one batch; then one batched thinker decode over ``thinker_rows``; then the talker over
 ``talker_rows`` (its prefills first, under ``talker_prefills``); then one token2wav job (:class:`AudioPlan`), chosen
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.request import ResponseState
+from pipeline.core.response_state import ResponseState
 from pipeline.scheduler.prefill_batch import PrefillJob
 
 __all__ = ["AudioPlan", "StepPlan"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.conversation_state import ConversationState
+from pipeline.core.conversation_state import ConversationState
 from pipeline.models.positions import GridSpan
 
 __all__ = ["PrefillBatch", "PrefillJob"]

@@ -15,17 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.api import ContextPolicy
-from pipeline.conversation_state import ConversationState
+from pipeline.core.conversation_state import ConversationState
+from pipeline.core.response_state import ResponseState
 from pipeline.models.positions import PositionScheme
 from pipeline.output.start_buffer import holds_start
-from pipeline.outputs import ResponseStatus
-from pipeline.request import ResponseState
+from pipeline.response_events import ResponseStatus
 from pipeline.scheduler import policies
 from pipeline.scheduler.plan import AudioPlan, StepPlan
 from pipeline.scheduler.prefill_batch import PrefillBatch, PrefillJob
 from pipeline.scheduler.token2wav_jobs import ChunkCandidate, RecentJobs, pick_job
-from pipeline.video_budget import VideoBudget
-from pipeline.video_message import remove_old_videos
+from pipeline.video.budget import VideoBudget
+from pipeline.video.message import remove_old_videos
 
 __all__ = ["SchedulerConfig", "Scheduler"]
 
@@ -60,7 +60,7 @@ class SchedulerConfig:
     """The token2wav schedule has a quick first chunk."""
     quick_first_chunk_max_open: int
     video_budget: VideoBudget = VideoBudget(None, 1.0)
-    """How much camera video the history keeps (:mod:`pipeline.video_budget`; applied before each response)."""
+    """How much camera video the history keeps (:mod:`pipeline.video.budget`; applied before each response)."""
 
 
 class Scheduler:

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from pipeline.conversation_state import ConversationState
+from pipeline.core.conversation_state import ConversationState
+from pipeline.core.response_state import ResponseState, TalkerStatus
 from pipeline.models.positions import GridSpan, PositionScheme
-from pipeline.request import ResponseState, TalkerStatus
 from pipeline.runners.frame_talker import FrameTalkerRunner
 from pipeline.runners.model_runner import Sampled
 from pipeline.runners.sampling import SampleRows
@@ -35,7 +35,7 @@ from pipeline.step.talker_feed import TalkerFeed
 
 __all__ = ["FrameTalkerStage", "subsequence_spans"]
 
-log = logging.getLogger("pipeline.core")
+log = logging.getLogger("pipeline.core.engine_core")
 
 
 def subsequence_spans(spans: Sequence[GridSpan], picked: Sequence[int], length: int) -> list[GridSpan]:

@@ -13,10 +13,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from pipeline.core.response_state import ResponseState
 from pipeline.observe.observer import EngineObserver
 from pipeline.output.processor import OutputProcessor
-from pipeline.outputs import ResponseStatus
-from pipeline.request import ResponseState
+from pipeline.response_events import ResponseStatus
 from pipeline.runners.image_encodes import ImageEncodes
 from pipeline.runners.model_runner import ModelRunner, Sampled
 from pipeline.scheduler.plan import StepPlan
@@ -27,7 +27,7 @@ from pipeline.step.talker_stage import TalkerStage
 
 __all__ = ["StepPhases"]
 
-log = logging.getLogger("pipeline.core")
+log = logging.getLogger("pipeline.core.engine_core")
 
 
 class StepPhases:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from pipeline.request import ResponseState, TalkerStatus
+from pipeline.core.response_state import ResponseState, TalkerStatus
 
 __all__ = ["TalkerFeed"]
 

@@ -1,7 +1,8 @@
 """The talker stage of a step: starting each reply's talker, feeding it, decoding its codes, and accepting them.
 
 :class:`TalkerStage` turns the scheduler's talker rows into the runner's talker work and the sampled codes into each
-reply's :class:`~pipeline.request.TalkerState` and token2wav stream. A talker's inputs are the thinker's vectors of
+reply's :class:`~pipeline.core.response_state.TalkerState` and token2wav stream. A talker's inputs are the thinker's
+vectors of
 the reply tokens, then the text-eos vector once, then text-pad; it never runs ahead of the text. While a conversation
 is idle, its talker cache follows its thinker cache (``listen``), so a reply's talker prefill covers only what the
 turn added. A response's failure is isolated (``fail``); the others go on. Engine thread only.
@@ -14,8 +15,8 @@ from collections.abc import Callable
 
 import torch
 
-from pipeline.conversation_state import ConversationState
-from pipeline.request import ResponseState, TalkerStatus
+from pipeline.core.conversation_state import ConversationState
+from pipeline.core.response_state import ResponseState, TalkerStatus
 from pipeline.runners.model_runner import ModelRunner
 from pipeline.scheduler.plan import StepPlan
 from pipeline.scheduler.scheduler import Scheduler
@@ -23,7 +24,7 @@ from pipeline.step.talker_feed import TalkerFeed
 
 __all__ = ["TalkerStage"]
 
-log = logging.getLogger("pipeline.core")
+log = logging.getLogger("pipeline.core.engine_core")
 
 
 class TalkerStage(TalkerFeed):

@@ -10,7 +10,7 @@ bench runs without aiortc).
 Over WebSocket there is no video track: at the start of each turn's speech the user sends one picture of the same
 pattern as an ``input_image`` item (:func:`picture_item`: a user message holding a JPEG data URI, ``detail: low``),
 as a browser client sends a camera still; the picture is first shrunk to the server's camera pixel budget
-(:data:`realtime.video_settings.DEFAULT_CAMERA`), so it costs the model the positions of one WebRTC frame pair.
+(:data:`realtime.media.video_settings.DEFAULT_CAMERA`), so it costs the model the positions of one WebRTC frame pair.
 
 What the server made of the WebRTC frames is read from its ``/metrics`` (:func:`scrape_camera_frames`: received
 frames by outcome, delivered to a spoken message or skipped by its sampling rate, ...).
@@ -30,8 +30,8 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from realtime.bench.throughput import metrics_url
+from realtime.media.video_settings import DEFAULT_CAMERA
 from realtime.protocol.names import ClientEventType
-from realtime.video_settings import DEFAULT_CAMERA
 
 PICTURE_QUALITY = 80
 """JPEG quality of the WebSocket pictures."""
@@ -129,7 +129,7 @@ def _shrink(rgb: np.ndarray, max_pixels: int, grid: int = PICTURE_GRID) -> np.nd
 # --- what the server made of it --------------------------------------------------------------------------------------
 
 CAMERA_FRAMES_METRIC = "omni_realtime_camera_frames_total"
-"""The server's count of received WebRTC camera frames, labelled by ``outcome`` (:mod:`realtime.metrics`)."""
+"""The server's count of received WebRTC camera frames, labelled by ``outcome`` (:mod:`realtime.observe.metrics`)."""
 
 
 def camera_frames_from_metrics(text: str) -> dict[str, int] | None:

@@ -128,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The options of ``omni-realtime bench``."""
     from realtime.bench.models import default_reply_length
     from realtime.bench.speech import DEFAULT_FOLDER
+    from realtime.cli.flags import HelpFormatter, count, ms_or_off
     from realtime.config import DEFAULT_PREEMPTIVE_RESPONSE_MS
-    from realtime.flags import HelpFormatter, count, ms_or_off
 
     p = argparse.ArgumentParser(prog="omni-realtime bench", description=DESCRIPTION, formatter_class=HelpFormatter)
     reply = default_reply_length()
@@ -583,7 +583,7 @@ def _load(options: BenchOptions, cfg) -> _Loaded:
     engines: list = []
     if options.url is None:
         from pipeline.engine import OmniEngine
-        from realtime.engine_pool import check_devices, replica_configs, start_engines
+        from realtime.engines.pool import check_devices, replica_configs, start_engines
 
         def start(replica_cfg):
             # with the engine core in a child process the child builds or loads the weights from the loader itself
@@ -614,7 +614,7 @@ def _load(options: BenchOptions, cfg) -> _Loaded:
 
 
 def _in_process_server(engines, options: BenchOptions):
-    from realtime.server import create_app, serve_in_background
+    from realtime.server.app import create_app, serve_in_background
 
     config = server_config(options)
     return serve_in_background(create_app(config, engines=engines), config)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import StageGraphConfig, load_stage_config
-from pipeline.loaders import CheckpointLoader, PretrainedCheckpoint, RandomCheckpoint
+from pipeline.hosting.loaders import CheckpointLoader, PretrainedCheckpoint, RandomCheckpoint
 from pipeline.models import DEFAULT_FAMILY, family_of
 
 
@@ -148,7 +148,8 @@ def reply_length(cfg: StageGraphConfig) -> ReplyLength:
 
 
 def model_loader(model: str | None, *, cache_dir: Path | None = None, family: str = DEFAULT_FAMILY) -> CheckpointLoader:
-    """The picklable recipe of ``model`` (:mod:`pipeline.loaders`) of model family ``family`` (the stage config's):
+    """The picklable recipe of ``model`` (:mod:`pipeline.hosting.loaders`) of model family ``family`` (the stage
+    config's):
     an engine whose core runs in a child process hands it to the child, which builds or loads the weights itself (a
     random architecture on the thinker's device and dtype; token2wav float32)."""
     if model is not None and model.startswith(RANDOM_PREFIX):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.outputs import OUTPUT_SAMPLE_RATE
+from pipeline.response_events import OUTPUT_SAMPLE_RATE
 from realtime.bench.client import UserPlan
 from realtime.bench.metrics import ResponseStatus, TurnMetrics
 from realtime.bench.models import ReplyLength

@@ -242,7 +242,7 @@ def _client_load_table(levels: Sequence[LevelResult]) -> list[str]:
 def _camera_table(levels: Sequence[LevelResult]) -> list[str]:
     """Per level: what the users' cameras sent and what reached the model (``--camera``)."""
     from realtime.bench.client import PICTURES_SENT, USAGE_IMAGE_TOKENS, USAGE_RESPONSES
-    from realtime.video_settings import CAMERA_OUTCOMES
+    from realtime.media.video_settings import CAMERA_OUTCOMES
 
     lines = [
         "Camera (all users; WebRTC frames as the server counted them during the level, by outcome)",

@@ -119,7 +119,8 @@ class LevelResult:
     a lagging worker means the measurement itself fell behind."""
     camera_frames: dict[str, int] | None = None
     """WebRTC camera frames the server received during the level, by outcome
-    (:data:`realtime.video_settings.CAMERA_OUTCOMES`); None: not measured (no ``--camera``, or no ``/metrics``)."""
+    (:data:`realtime.media.video_settings.CAMERA_OUTCOMES`); None: not measured (no ``--camera``, or no
+    ``/metrics``)."""
 
     def reference_metrics(self) -> list[TurnMetrics]:
         return [q.metrics() for q in self.reference or ()]

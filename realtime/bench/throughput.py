@@ -1,6 +1,6 @@
 """Per-stage throughput and device memory of a sweep level: pure arithmetic on counter snapshots.
 
-The engine keeps cumulative counters (:class:`pipeline.outputs.EngineStats`: thinker tokens,
+The engine keeps cumulative counters (:class:`pipeline.response_events.EngineStats`: thinker tokens,
 talker codec tokens, 24 kHz audio samples, decode steps, and the accelerator memory torch has
 allocated now and at its peak since start). The sweep snapshots them just before a level's users
 start and just after the last of them finished (:class:`EngineCounters`), and
@@ -23,7 +23,7 @@ levels before it).
 
 The counters come from the engine object when the bench serves the model in process
 (:func:`engine_counters`), or from a ``--url`` server's ``/metrics`` (:func:`scrape_counters`, the
-``omni_realtime_engine_*`` families of :mod:`realtime.metrics`); a server that does not export them
+``omni_realtime_engine_*`` families of :mod:`realtime.observe.metrics`); a server that does not export them
 gives ``None`` (shown as "–").
 
 The reference (transformers' ``generate``, one request at a time) counts its own tokens per
@@ -40,7 +40,7 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-from pipeline.outputs import OUTPUT_SAMPLE_RATE
+from pipeline.response_events import OUTPUT_SAMPLE_RATE
 from realtime.bench.metrics import TurnLog
 
 METRIC_NAMES = {
@@ -51,7 +51,7 @@ METRIC_NAMES = {
     "device_memory_bytes": "omni_realtime_engine_device_memory_bytes",
     "device_memory_peak_bytes": "omni_realtime_engine_device_memory_peak_bytes",
 }
-""":class:`EngineCounters` field → the sample name in ``/metrics`` (:mod:`realtime.metrics`)."""
+""":class:`EngineCounters` field → the sample name in ``/metrics`` (:mod:`realtime.observe.metrics`)."""
 
 GIB = float(1 << 30)
 
@@ -70,7 +70,7 @@ class EngineCounters:
 
     @classmethod
     def from_stats(cls, stats, at: float | None = None) -> EngineCounters:
-        """From a :class:`pipeline.outputs.EngineStats`."""
+        """From a :class:`pipeline.response_events.EngineStats`."""
         return cls(
             time.perf_counter() if at is None else at,
             stats.thinker_tokens_total,
@@ -90,7 +90,7 @@ async def engine_counters(engine) -> EngineCounters:
 
 async def engines_counters(engines) -> EngineCounters:
     """Snapshot of the bench's own engines (one, or one per GPU with ``--data-parallel-size``): their sum."""
-    from realtime.engine_pool import total_stats
+    from realtime.engines.pool import total_stats
 
     stats = await asyncio.gather(*(engine.stats() for engine in engines))
     return EngineCounters.from_stats(total_stats(stats))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from realtime.bench.client import ClientOptions, Transport, UserPlan, import_webrtc, run_users
 from realtime.bench.metrics import TurnLog, TurnMetrics, turn_metrics
 from realtime.bench.throughput import replying_seconds
-from realtime.loop_lag import LagSummary, LoopLagProbe
+from realtime.observe.loop_lag import LagSummary, LoopLagProbe
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Graceful drain of one server: no new sessions, running ones get a grace period, then a clear close.
 
-:class:`Drain` closes the server's admission (:meth:`realtime.placement.EngineSlots.close_admission`): every new
+:class:`Drain` closes the server's admission (:meth:`realtime.engines.placement.EngineSlots.close_admission`): every new
 session is refused through the server's usual refusal path with :func:`draining_refusal`: on WebSocket an ``error``
 event of code :attr:`DrainCode.SERVER_DRAINING`, then close 1013 "try again later" (another replica serves the retry);
 on ``POST /v1/realtime/calls`` an HTTP error with the same code.
@@ -42,7 +42,7 @@ def draining_refusal() -> LimitExceeded:
 
 
 class Admission(Protocol):
-    """The server's session admission (:class:`realtime.placement.EngineSlots`), as a drain uses it."""
+    """The server's session admission (:class:`realtime.engines.placement.EngineSlots`), as a drain uses it."""
 
     @property
     def active(self) -> int: ...
@@ -51,7 +51,7 @@ class Admission(Protocol):
 
 
 class Stoppable(Protocol):
-    """What a drain needs of the server (:class:`realtime.server.RealtimeServer`): its admission, read once the
+    """What a drain needs of the server (:class:`realtime.server.app.RealtimeServer`): its admission, read once the
     server has started (its engines are loaded then), and ``stop``."""
 
     @property

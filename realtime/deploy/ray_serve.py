@@ -1,12 +1,12 @@
 """The Ray Serve application: ``serve run realtime.deploy.ray_serve:app`` (or a Serve config file naming it).
 
 One deployment, :class:`RealtimeReplica`; each replica runs one engine and the server's own ASGI app
-(:func:`realtime.server.create_app`, every route as ``omni-realtime serve`` has them) behind Serve's HTTP proxy.
+(:func:`realtime.server.app.create_app`, every route as ``omni-realtime serve`` has them) behind Serve's HTTP proxy.
 :func:`app` builds the application from :class:`RayServeArgs` (``serve run ... key=value`` or the config's
 ``args:``), checked on the driver before any replica starts.
 
 - Placement: ``num_gpus`` per replica (1: one replica per GPU; 0 on CPU-only clusters).
-- Capacity: a replica serves at most ``--max-sessions`` sessions (its :class:`realtime.limits.SessionSlots`);
+- Capacity: a replica serves at most ``--max-sessions`` sessions (its :class:`realtime.server.limits.SessionSlots`);
   Serve routes at most that many requests to it (``max_ongoing_requests``). A WebSocket session is one ongoing
   request for its whole life, so Serve's autoscaling on ongoing requests scales on sessions per replica
   (``target_sessions``). WebRTC calls hold a session slot but are not ongoing requests once answered: Serve neither
@@ -86,8 +86,8 @@ class RayServeArgs(pydantic.BaseModel):
 
 def server_config(flags: list[str]) -> ServerConfig:
     """The :class:`ServerConfig` of ``omni-realtime serve`` ``flags`` (``ValueError`` naming what is wrong)."""
-    from realtime.cli import build_parser
-    from realtime.cli import server_config as config_of
+    from realtime.cli.main import build_parser
+    from realtime.cli.main import server_config as config_of
 
     owned = [flag for flag in flags if flag.split("=", 1)[0] in OWNED_BY_SERVE]
     if owned:
@@ -139,7 +139,7 @@ class RealtimeReplica:
 
         import ray
 
-        from realtime.server import create_app
+        from realtime.server.app import create_app
 
         config = self._config
         if config.webrtc and not config.ice_host_addresses:

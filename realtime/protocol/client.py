@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from pipeline.tools import Tool
-from realtime.audio import AudioFormat
 from realtime.errors import InvalidAudioData, ProtocolError, RealtimeError
 from realtime.protocol import wire
+from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.model import (
     DEFAULT_TURN_DETECTION,
@@ -38,8 +38,8 @@ from realtime.protocol.model import (
 from realtime.protocol.names import ClientEventType, ContentType, parse_content_type
 from realtime.protocol.session_update import validate_session_update
 from realtime.protocol.tools import engine_tool
+from realtime.protocol.turn_detection import ServerVadParams
 from realtime.protocol.validation import from_validation_error
-from realtime.turn import ServerVadParams
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ class ErrorCode(enum.StrEnum):
     INVALID_BASE64 = "invalid_base64"
     INVALID_AUDIO = "invalid_audio"
     INVALID_IMAGE_URL = "invalid_image_url"
-    """An ``input_image`` whose ``image_url`` is not a base64 data URI (realtime.images)."""
+    """An ``input_image`` whose ``image_url`` is not a base64 data URI (realtime.media.images)."""
     UNSUPPORTED_IMAGE_FORMAT = "unsupported_image_format"
     """A picture that is not PNG or JPEG (by its media type or by its bytes)."""
     IMAGE_TOO_LARGE = "image_too_large"

@@ -2,7 +2,7 @@
 
 Parsers (:mod:`.client`) produce these from either dialect's JSON; builders (:mod:`.server`)
 serialize them into either dialect's JSON; the session state machine works on them only.
-Times are milliseconds; audio formats are :class:`realtime.audio.AudioFormat`.
+Times are milliseconds; audio formats are :class:`realtime.media.audio.AudioFormat`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.api import ContextPolicy, Modality
-from pipeline.outputs import Usage
+from pipeline.response_events import Usage
 from pipeline.tools import AUTO, Tool, ToolChoice
-from realtime.audio import AudioFormat
+from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.codes import StatusReason
 from realtime.protocol.names import ContentType
-from realtime.turn import ServerVadParams
+from realtime.protocol.turn_detection import ServerVadParams
 
 
 class Keep(enum.Enum):
@@ -186,7 +186,7 @@ class ResponseParams:
 
 
 class Detail(str, enum.Enum):
-    """``input_image.detail``: how many pixels of the picture the model sees (``realtime.images.ImageLimits``)."""
+    """``input_image.detail``: how many pixels of the picture the model sees (``realtime.media.images.ImageLimits``)."""
 
     AUTO = "auto"
     LOW = "low"
@@ -196,7 +196,7 @@ class Detail(str, enum.Enum):
 @dataclass(frozen=True, eq=False)
 class ImagePart:
     """An ``input_image`` content part of a created message: ``url`` as the client sent it (checked and decoded off
-    the event loop by :mod:`realtime.images`, which fills ``pixels``: uint8 RGB ``(H, W, 3)`` as the engine takes
+    the event loop by :mod:`realtime.media.images`, which fills ``pixels``: uint8 RGB ``(H, W, 3)`` as the engine takes
     it)."""
 
     url: str

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.outputs import Usage
-from realtime.audio import AudioFormat
+from pipeline.response_events import Usage
 from realtime.ids import IdGenerator, IdKind
+from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.model import (
     ContentPart,
     Item,
@@ -27,7 +27,7 @@ from realtime.protocol.model import (
 )
 from realtime.protocol.names import ContentType, Dialect, PartType, ServerEvent, content_type_name, server_event_name
 from realtime.protocol.tools import beta_tool_choice, tool_choice_object, tool_object
-from realtime.turn import ServerVadParams
+from realtime.protocol.turn_detection import ServerVadParams
 
 
 @dataclass(frozen=True)

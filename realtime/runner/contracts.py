@@ -12,12 +12,12 @@ from typing import Protocol
 import numpy as np
 
 from pipeline.api import AudioInputHandle
-from realtime.audio import AudioFormat
+from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.client import InputAudioAppend
+from realtime.protocol.turn_detection import ServerVadParams
 from realtime.session import (
     TurnEvent,
 )
-from realtime.turn import ServerVadParams
 
 DISCONNECT_REASON = "client_disconnected"
 """Cancel reason given to the engine for a response whose client went away."""
@@ -77,7 +77,7 @@ class Transport(Protocol):
 
 
 class AudioDecoder(Protocol):
-    """Wire bytes → float32 16 kHz, streaming (``realtime.audio.InputDecoder`` is one)."""
+    """Wire bytes → float32 16 kHz, streaming (``realtime.media.audio.InputDecoder`` is one)."""
 
     def decode(self, data: bytes) -> np.ndarray: ...
 
@@ -88,13 +88,13 @@ DecoderFactory = Callable[[AudioFormat], AudioDecoder]
 
 
 class TurnDetector(Protocol):
-    """Speech start/stop over 16 kHz audio (``realtime.turn.TurnDetector`` is one). Times are ms
+    """Speech start/stop over 16 kHz audio (``realtime.turns.server_vad.TurnDetector`` is one). Times are ms
     since the first sample it was fed; the runner shifts them onto the session's audio clock."""
 
     def feed(self, pcm16k: np.ndarray) -> list[TurnEvent]: ...
 
     async def afeed(self, pcm16k: np.ndarray) -> list[TurnEvent]:
-        """``feed``, possibly waiting for a VAD shared with other sessions (``realtime.vad_batch``)."""
+        """``feed``, possibly waiting for a VAD shared with other sessions (``realtime.turns.vad_batch``)."""
         ...
 
     def reset(self) -> None: ...

@@ -13,12 +13,12 @@ import numpy as np
 
 from pipeline.api import ConversationHandle, EngineHandle
 from pipeline.errors import PipelineError
-from realtime.audio import InputDecoder, OutputEncoder
-from realtime.error_log import log_error_event
 from realtime.errors import RealtimeError, to_error_payload
-from realtime.first_audio import FirstAudioTrace, FirstAudioTracer
 from realtime.ids import IdGenerator, RandomIds
-from realtime.images import decode_item
+from realtime.media.audio import InputDecoder, OutputEncoder
+from realtime.media.images import decode_item
+from realtime.observe.error_log import log_error_event
+from realtime.observe.first_audio import FirstAudioTrace, FirstAudioTracer
 from realtime.protocol.client import InputAudioAppend, ItemCreate, parse_client_event
 from realtime.protocol.names import ServerEvent, server_event_name
 from realtime.protocol.server import ServerEvents
@@ -69,7 +69,7 @@ class SessionRunner(EngineCommands, TurnDetection, Transcriptions):
     ``lambda p: TurnDetector(p, vad)`` with one ``SileroVad`` per session); ``media`` is required
     when ``settings.audio_transport`` is ``MEDIA`` (WebRTC). ``on_end(end)`` is called once, when
     the session stops, just before the transport is closed; :attr:`end` holds the same value.
-    ``on_first_audio`` gets each response's :class:`~realtime.first_audio.FirstAudioTrace`."""
+    ``on_first_audio`` gets each response's :class:`~realtime.observe.first_audio.FirstAudioTrace`."""
 
     def __init__(
         self,
@@ -247,7 +247,7 @@ class SessionRunner(EngineCommands, TurnDetection, Transcriptions):
         return self.session.handle(event)
 
     def open_message(self) -> OpenMessage | None:
-        """The spoken message being recorded, for a camera (``realtime.video.CameraFeed``); None when none
+        """The spoken message being recorded, for a camera (``realtime.media.video.CameraFeed``); None when none
         is open."""
         stream = next(reversed(self._inputs.values()), None)
         return stream.message if stream is not None else None

@@ -14,9 +14,9 @@ import numpy as np
 
 from pipeline.api import AudioInputHandle, ConversationHandle, ResponseHandle
 from pipeline.errors import EngineFailure, PipelineError
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseEvent, ResponseStatus, TextDelta, Usage
-from realtime.audio import AudioFormat
+from pipeline.response_events import AudioChunk, ResponseDone, ResponseEvent, ResponseStatus, TextDelta, Usage
 from realtime.errors import RealtimeError
+from realtime.protocol.audio_format import AudioFormat
 from realtime.runner.contracts import (
     AudioDecoder,
     OpenMessage,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.outputs import Usage
+from pipeline.response_events import Usage
 from realtime.session import (
     Transcribe,
 )

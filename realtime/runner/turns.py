@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from realtime.audio import AudioFormat
+from realtime.protocol.audio_format import AudioFormat
 from realtime.runner.contracts import (
     AudioDecoder,
     TurnDetector,
@@ -18,7 +18,7 @@ from realtime.session import (
     DetectSpeech,
     TurnEvent,
 )
-from realtime.turn import SpeechResumed, SpeechStarted
+from realtime.turns.server_vad import SpeechResumed, SpeechStarted
 
 
 @dataclass
@@ -56,7 +56,7 @@ class TurnDetection:
 
     async def _detect(self, action: DetectSpeech) -> list[Action]:
         """The turn events of one chunk of client audio, as session actions. With the server's batched VAD
-        (``realtime.vad_batch``) the frames are scored on its VAD thread, in calls shared with other sessions."""
+        (``realtime.turns.vad_batch``) the frames are scored on its VAD thread, in calls shared with other sessions."""
         detection = self._detection
         if detection is None:
             return []  # detection was turned off after this audio was accepted

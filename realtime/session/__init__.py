@@ -4,7 +4,7 @@ Inputs, each a method returning the list of :data:`Action` to execute, in order:
 
 - client messages (:meth:`Session.receive`, or already parsed events: :meth:`Session.handle`);
 - turn events from the server VAD (:meth:`Session.turn_event`: ``SpeechStarted`` / ``SpeechStopped``
-  of :mod:`realtime.turn`, in ms on the session's audio clock);
+  of :mod:`realtime.turns.server_vad`, in ms on the session's audio clock);
 - engine output of the active response (:meth:`Session.response_event`);
 - input transcription results (:meth:`Session.transcription_delta`, :meth:`Session.transcription_completed`,
   :meth:`Session.transcription_failed`);
@@ -76,7 +76,7 @@ from realtime.session.commands import (
 from realtime.session.core import Session
 from realtime.session.responses import ResponsePhase
 from realtime.session.settings import AudioEncoder, AudioTransport, EncoderFactory, SessionLimits, SessionSettings
-from realtime.turn import TurnEvent
+from realtime.turns.server_vad import TurnEvent
 
 __all__ = [
     "Action",

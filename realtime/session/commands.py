@@ -15,11 +15,11 @@ import numpy as np
 
 from pipeline.api import ContextPolicy, Modality
 from pipeline.tools import AUTO, ToolChoice
-from realtime.audio import AudioFormat
+from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.codes import StatusReason
 from realtime.protocol.model import Role
+from realtime.protocol.turn_detection import ServerVadParams
 from realtime.tool_calls import AddFunctionCall, AddFunctionOutput, SetTools
-from realtime.turn import ServerVadParams
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable
 from contextlib import nullcontext
 
-from pipeline.outputs import (
+from pipeline.response_events import (
     AudioChunk,
     FunctionCallDelta,
     FunctionCallDone,
@@ -22,11 +22,10 @@ from pipeline.outputs import (
     TextDelta,
     Usage,
 )
-from realtime.audio import OutputEncoder
-from realtime.error_log import log_error_event
 from realtime.errors import RealtimeError, to_error_payload
-from realtime.idle import IdleTimer
 from realtime.ids import IdGenerator, IdKind, RandomIds
+from realtime.media.audio import OutputEncoder
+from realtime.observe.error_log import log_error_event
 from realtime.protocol.client import (
     ClientEvent,
     InputAudioAppend,
@@ -66,6 +65,7 @@ from realtime.session.transcripts import InputTranscription
 from realtime.session.turns import TurnDetection
 from realtime.session.updates import SessionUpdates
 from realtime.tool_calls import FunctionCalls
+from realtime.turns.idle import IdleTimer
 from realtime.voices import VoiceTable, usable_aliases
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from realtime.audio import AudioFormat
 from realtime.errors import InvalidAudioData, RealtimeError
 from realtime.ids import IdKind
+from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.client import InputAudioAppend, InputAudioClear, InputAudioCommit
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.model import ContentPart, Item, Role

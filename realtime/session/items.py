@@ -13,7 +13,7 @@ from __future__ import annotations
 from pipeline.api import ROOT_ITEM_ID
 from realtime.errors import InvalidAudioData, RealtimeError
 from realtime.ids import IdKind
-from realtime.images import engine_parts, mirror_parts
+from realtime.media.images import engine_parts, mirror_parts
 from realtime.protocol.client import ItemCreate, ItemDelete, ItemRetrieve, ItemTruncate
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.model import ContentPart, Item, ItemType, Role

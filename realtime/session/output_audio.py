@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 
-from pipeline.outputs import OUTPUT_SAMPLE_RATE, AudioChunk
+from pipeline.response_events import OUTPUT_SAMPLE_RATE, AudioChunk
 from realtime.errors import RealtimeError
 from realtime.protocol.client import OutputAudioClear
 from realtime.protocol.codes import ErrorCode

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 from realtime.protocol.codes import StatusReason
 from realtime.protocol.model import ResponseParams
+from realtime.protocol.turn_detection import ServerVadParams
 from realtime.session.commands import Action, CancelResponse, DeleteItem, Preemption, PreemptiveReply
 from realtime.session.input_audio import _Chunk, _InputBuffer
-from realtime.turn import ServerVadParams
 
 
 @dataclass

@@ -12,11 +12,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from pipeline.outputs import ResponseDone, TextDelta
-from realtime.audio import AudioFormat
+from pipeline.response_events import ResponseDone, TextDelta
 from realtime.errors import RealtimeError, to_error_payload
-from realtime.idle import playback_end_ms
 from realtime.ids import IdKind
+from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.client import ResponseCancel, ResponseCreate
 from realtime.protocol.codes import ErrorCode, StatusReason
 from realtime.protocol.model import (
@@ -35,6 +34,7 @@ from realtime.protocol.server import ContentRef
 from realtime.session.commands import CancelResponse, SetInstructions, StartResponse
 from realtime.session.settings import AudioEncoder, AudioTransport
 from realtime.tool_calls import ResponseCalls
+from realtime.turns.idle import playback_end_ms
 
 
 class ResponsePhase(enum.Enum):

@@ -11,8 +11,8 @@ from typing import Protocol
 import numpy as np
 
 from pipeline.api import EngineHandle
-from realtime.audio import AudioFormat
-from realtime.images import ImageLimits
+from realtime.media.images import ImageLimits
+from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.names import Dialect
 
 
@@ -78,7 +78,7 @@ class SessionSettings:
 
 
 class AudioEncoder(Protocol):
-    """Streaming float32 24 kHz → wire bytes (``realtime.audio.OutputEncoder`` is one)."""
+    """Streaming float32 24 kHz → wire bytes (``realtime.media.audio.OutputEncoder`` is one)."""
 
     def encode(self, samples: np.ndarray) -> bytes: ...
 

@@ -8,9 +8,9 @@ are dropped.
 
 from __future__ import annotations
 
-from pipeline.outputs import Usage
-from realtime.error_log import log_error_event
+from pipeline.response_events import Usage
 from realtime.errors import to_error_payload
+from realtime.observe.error_log import log_error_event
 from realtime.protocol.model import ContentPart
 from realtime.protocol.names import ContentType
 from realtime.session.commands import Action, Transcribe

@@ -10,12 +10,13 @@ during speech restarts the detector so that it never reports that turn's end. Pa
 
 from __future__ import annotations
 
-from realtime.idle import IdleTimer
 from realtime.protocol.codes import StatusReason
 from realtime.protocol.model import ResponseParams
+from realtime.protocol.turn_detection import ServerVadParams
 from realtime.session.commands import Action, ConfigureTurnDetection, Preemption, PreemptiveReply
 from realtime.session.responses import ResponsePhase
-from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnEvent
+from realtime.turns.idle import IdleTimer
+from realtime.turns.server_vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnEvent
 
 
 class TurnDetection:
@@ -60,7 +61,7 @@ class TurnDetection:
             self._emit(ConfigureTurnDetection(self.config.turn_detection, int(self._clock_ms)))
 
     def _idle_timeout(self, vad: ServerVadParams) -> None:
-        """``idle_timeout_ms`` after the assistant finished speaking with no speech since (:mod:`realtime.idle`):
+        """``idle_timeout_ms`` after the assistant finished speaking with no speech since (:mod:`realtime.turns.idle`):
         ``timeout_triggered``, then the held (silent) audio is committed and, unless ``create_response`` is off, a
         response is asked for. The committed item holds the last ``prefix_padding_ms`` (plus the detector's
         look-back) of the silence, not all of it: silence is kept out of the model's context."""

@@ -20,8 +20,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Generic, Protocol, TypeVar
 
-from realtime.limits import SessionSlot
 from realtime.runner import SessionRunner
+from realtime.server.limits import SessionSlot
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,8 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from realtime.audio import ENGINE_OUTPUT_RATE, AudioFormat, StreamResampler, encode_audio, float_to_pcm16
+from realtime.media.audio import ENGINE_OUTPUT_RATE, StreamResampler, encode_audio, float_to_pcm16
+from realtime.protocol.audio_format import AudioFormat
 from realtime.transports.decimator import Decimator
 from realtime.transports.opus_packets import OpusPackets
 

@@ -18,7 +18,7 @@ from functools import cache
 import av
 import numpy as np
 
-from realtime.audio import float_to_pcm16
+from realtime.media.audio import float_to_pcm16
 
 TRACK_RATE = 48_000
 """Sample rate (Hz) of the Opus stream: the packets' timestamps count 48 kHz samples."""

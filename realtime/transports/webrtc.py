@@ -13,9 +13,9 @@ A call is one ``RTCPeerConnection`` serving one :class:`realtime.runner.SessionR
   plays on the outgoing :class:`PacedAudioTrack` (``AudioTransport.MEDIA``) and the session
   reports ``output_audio_buffer.started|stopped|cleared``; a cleared reply (barge-in,
   ``output_audio_buffer.clear``) is truncated in the conversation to what went out on the track;
-- the data channel's messages pass the same :class:`~realtime.limits.MessageGate` as WebSocket
+- the data channel's messages pass the same :class:`~realtime.server.limits.MessageGate` as WebSocket
   messages (size, kind and event rate; a refused one is answered with an ``error`` event);
-- a call holds one of the server's :class:`~realtime.limits.SessionSlots` (shared with the
+- a call holds one of the server's :class:`~realtime.server.limits.SessionSlots` (shared with the
   WebSocket endpoint) from its offer to its teardown;
 - the call ends when the data channel closes, the connection fails or closes (a peer that vanishes
   without closing fails ICE consent freshness, RFC 7675: ~30 s), the connection is not up within
@@ -24,7 +24,7 @@ A call is one ``RTCPeerConnection`` serving one :class:`realtime.runner.SessionR
   as a session task (``realtime.runner.session_task_name``) and :attr:`WebRTCCalls.open_peers`
   counts the peer connections not closed, for the hygiene counters.
 
-Only ``webrtc`` extras (aiortc, av) are needed; the ASGI route lives in ``realtime.server``.
+Only ``webrtc`` extras (aiortc, av) are needed; the ASGI route lives in ``realtime.server.app``.
 """
 
 from __future__ import annotations
@@ -46,13 +46,14 @@ from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from pipeline.api import EngineHandle
-from realtime.engine_pool import end_on_engine_failure
-from realtime.error_log import log_error_event
+from realtime.engines.placement import EngineSlot
+from realtime.engines.pool import end_on_engine_failure
 from realtime.errors import ErrorType, RealtimeError, to_error_payload
-from realtime.first_audio import FirstAudioTrace
 from realtime.ids import RandomIds
-from realtime.limits import MessageGate, SessionSlot, SessionSlots
-from realtime.placement import EngineSlot
+from realtime.media.video import CameraFeed
+from realtime.media.video_settings import DEFAULT_CAMERA, CameraSettings
+from realtime.observe.error_log import log_error_event
+from realtime.observe.first_audio import FirstAudioTrace
 from realtime.protocol.client import InputAudioAppend, SessionUpdate, parse_client_event
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, server_event_name
@@ -65,6 +66,7 @@ from realtime.runner import (
     TurnDetectorFactory,
     session_task_name,
 )
+from realtime.server.limits import MessageGate, SessionSlot, SessionSlots
 from realtime.session import AudioTransport, ResponsePhase, SessionSettings
 from realtime.transports import sctp_teardown
 from realtime.transports.call_lifecycle import CallLifecycle
@@ -78,8 +80,6 @@ from realtime.transports.peer import (  # noqa: F401  (IceHostAddress, announce_
     sends_opus,
 )
 from realtime.transports.video_codecs import SetAside, reject_in_answer, set_aside_undecodable_video
-from realtime.video import CameraFeed
-from realtime.video_settings import DEFAULT_CAMERA, CameraSettings
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ def truncate_message(item_id: str, audio_end_ms: int) -> str:
 
 
 class EventObserver(Protocol):
-    """Watches a call's outgoing events (``realtime.metrics.SessionObserver`` is one)."""
+    """Watches a call's outgoing events (``realtime.observe.metrics.SessionObserver`` is one)."""
 
     def __call__(self, event: dict) -> None: ...
 
@@ -359,8 +359,8 @@ class Call:
 
 def default_turn_detection() -> TurnDetectorFactory:
     """Server VAD for one call: silero-vad with its own state (loading takes ~0.1 s)."""
-    from realtime.turn import TurnDetector
-    from realtime.vad import SileroVad
+    from realtime.turns.server_vad import TurnDetector
+    from realtime.turns.vad import SileroVad
 
     vad = SileroVad()
     return lambda params: TurnDetector(params, vad)
@@ -385,7 +385,7 @@ class WebRTCCalls:
     event sent on the data channel and is closed when the call ends. ``on_input_delay(seconds)`` (metrics) gets
     each microphone frame's delay behind the call's stream clock as it reaches the session
     (:class:`~realtime.transports.input_delay.InputDelayMeter`). ``camera``: how a call's video track is sampled
-    (:mod:`realtime.video`); ``on_camera_frame(outcome)`` counts each received camera frame;
+    (:mod:`realtime.media.video`); ``on_camera_frame(outcome)`` counts each received camera frame;
     ``on_camera_refused(reason)`` each video track refused in the answer (``unsupported_codec``:
     :mod:`realtime.transports.video_codecs`)."""
 
@@ -636,7 +636,8 @@ class WebRTCCalls:
                 call.transport.push(InputAudioAppend(None, data))
 
     async def _camera(self, call: Call, track: MediaStreamTrack) -> None:
-        """Feed the browser's camera to the user's spoken messages (:mod:`realtime.video`) until the track ends."""
+        """Feed the browser's camera to the user's spoken messages (:mod:`realtime.media.video`) until the track
+        ends."""
         feed = CameraFeed(
             call.runner, self._engine.vision, self._camera_settings, count=self._on_camera_frame, label=call.id
         )

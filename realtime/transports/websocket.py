@@ -7,7 +7,7 @@ the ``openai-insecure-api-key.<key>`` one. Browsers fail a handshake whose reply
 subprotocols they offered, so browser clients must offer ``realtime`` along with their key.
 
 Messages (:class:`WebSocketTransport`): each client message passes a
-:class:`~realtime.limits.MessageGate` first; a rejected one (binary frame, over the size limit,
+:class:`~realtime.server.limits.MessageGate` first; a rejected one (binary frame, over the size limit,
 over the event rate) never reaches the session: the transport answers it with an ``error`` event
 and keeps the connection. Sends are serialized by a lock, so these answers never interleave with
 the runner's own sends.
@@ -29,14 +29,14 @@ from dataclasses import dataclass
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from realtime.auth import is_key_subprotocol
-from realtime.error_log import log_error_event
 from realtime.errors import RealtimeError, to_error_payload
 from realtime.ids import IdGenerator, RandomIds
-from realtime.limits import MessageGate
+from realtime.observe.error_log import log_error_event
 from realtime.protocol.names import Dialect
 from realtime.protocol.server import ServerEvents
 from realtime.runner import ClientNotReading, SessionEnd, TransportClosed
+from realtime.server.auth import is_key_subprotocol
+from realtime.server.limits import MessageGate
 
 logger = logging.getLogger(__name__)
 

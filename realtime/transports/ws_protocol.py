@@ -8,7 +8,7 @@ got its answer. ``websockets`` is uvicorn's legacy implementation, passed throug
 is deprecated).
 
 The ``websockets`` library behind both logs the request headers at DEBUG level (under ``uvicorn.error`` with
-``websockets-sansio``); ``realtime.server`` redacts the API key in every handler's output whatever the logger.
+``websockets-sansio``); ``realtime.server.app`` redacts the API key in every handler's output whatever the logger.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The voice chat page in headless Chromium (Debian's package, driven by Playwright), talking to a
-real server: uvicorn on 127.0.0.1 serving ``realtime.server.create_app`` (the page, WebSocket
+real server: uvicorn on 127.0.0.1 serving ``realtime.server.app.create_app`` (the page, WebSocket
 ``/v1/realtime``, WebRTC ``/v1/realtime/calls``, ``/healthz``) over the tiny random model.
 
 Chromium's fake microphone plays a spoken fixture once (``%noloop``), padded with silence so the
@@ -45,7 +45,7 @@ playwright_sync = pytest.importorskip("playwright.sync_api", reason="playwright 
 @pytest.fixture(scope="module")
 def server(tiny_engine):
     from realtime.config import ServerConfig
-    from realtime.server import create_app
+    from realtime.server.app import create_app
 
     app = create_app(ServerConfig(ice_host_addresses=("127.0.0.1",)), engine=tiny_engine)
     with ServerThread(app) as running:
@@ -209,7 +209,7 @@ def test_voice_turn_over_websocket(browser, server):
 def tls_server(tiny_engine, tmp_path_factory):
     """The server over TLS with a self-signed certificate made here (a browser on another machine needs https)."""
     from realtime.config import ServerConfig
-    from realtime.server import create_app
+    from realtime.server.app import create_app
     from tests.helpers.tls import self_signed
 
     certs = self_signed(tmp_path_factory.mktemp("tls"))
@@ -232,7 +232,7 @@ def test_voice_turn_over_websocket_on_an_https_page(browser, tls_server):
 def seeing_server():
     """The server over a fake engine with a vision tower (tests.fakes): the page's camera paths without a model."""
     from realtime.config import ServerConfig
-    from realtime.server import create_app
+    from realtime.server.app import create_app
     from tests.fakes import TINY_VISION, FakeEngine
 
     engine = FakeEngine(vision=TINY_VISION)

@@ -15,7 +15,7 @@ from conftest import greedy_stage_config
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @torch.inference_mode()
 def test_a_talker_start_queues_its_work_without_waiting(tiny_model_dir):
-    from pipeline.core import EngineCore
+    from pipeline.core.engine_core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
     cfg = greedy_stage_config("cuda", token2wav={"worker_thread": "off", "compile": "off"})
@@ -49,7 +49,7 @@ def test_the_scheduler_admits_a_step_s_prefill_chunks_up_to_the_captured_prefill
     """A step's prefill chunks run as one replay of the largest prefill graph; the scheduler's row budget must be that
     graph's size (a budget read before the graphs were captured was None: a burst of new conversations then ran one
     eager prefill of every chunk, a step of several hundred ms on the H100)."""
-    from pipeline.core import EngineCore
+    from pipeline.core.engine_core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
     cfg = greedy_stage_config("cuda", token2wav={"worker_thread": "off", "compile": "off"})

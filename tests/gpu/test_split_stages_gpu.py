@@ -48,7 +48,7 @@ def config(model: str, placement: str, *, worker: bool):
 
 
 def loader(model: str, tiny_model_dir):
-    from pipeline.loaders import PretrainedCheckpoint, RandomCheckpoint
+    from pipeline.hosting.loaders import PretrainedCheckpoint, RandomCheckpoint
     from pipeline.models.qwen2_5_omni.tiny import PRESETS
 
     return PretrainedCheckpoint(str(tiny_model_dir)) if model == "tiny" else RandomCheckpoint(PRESETS["7b"]())
@@ -65,7 +65,7 @@ def free_gpus() -> None:
 def reply_on_core(model: str, placement: str, tiny_model_dir) -> tuple[list[int], np.ndarray]:
     """One spoken reply stepped on an :class:`EngineCore` in this thread (token2wav in the step): codes and audio.
     Checks that each stage's weights and runner are where the placement says."""
-    from pipeline.core import EngineCore
+    from pipeline.core.engine_core import EngineCore
 
     cfg = config(model, placement, worker=False)
     ckpt = loader(model, tiny_model_dir).load(cfg)
@@ -108,7 +108,7 @@ def test_a_split_engine_makes_the_one_gpu_reply(model, placement, tiny_model_dir
 
 async def spoken_turn(engine) -> tuple[tuple[int, ...], np.ndarray]:
     """The reply's text token ids and its audio (all its codes: the last chunk counts them)."""
-    from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
+    from pipeline.response_events import AudioChunk, ResponseDone, ResponseStatus
 
     conv = engine.conversation()
     await conv.add_text("u1", "Hello from the second GPU.")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.outputs import ResponseStatus
+from pipeline.response_events import ResponseStatus
 
 
 def core_conv(engine, conv):

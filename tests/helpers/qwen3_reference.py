@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from pipeline.models.qwen3_omni.code2wav_stream import one_shot
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
+from pipeline.response_events import AudioChunk, ResponseDone, ResponseStatus
 
 THINKER_MAX = 12
 TALKER_MAX = 60

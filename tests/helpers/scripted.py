@@ -15,7 +15,7 @@ from toy_family.scripted import SCRIPTED, SCRIPTED_QWEN3, ScriptedThinker
 
 from pipeline.config import PACKAGED_STAGE_CONFIGS, StageGraphConfig, load_stage_config, parse_stage_config
 from pipeline.engine import OmniEngine
-from pipeline.loaders import PretrainedCheckpoint
+from pipeline.hosting.loaders import PretrainedCheckpoint
 from pipeline.models import checkpoint_family, family_of, registered
 from realtime.voices import DEFAULT_VOICE_ALIASES, OPENAI_VOICES, usable_aliases
 

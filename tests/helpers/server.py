@@ -26,10 +26,10 @@ from websockets.frames import Close, Frame, Opcode
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from pipeline.outputs import EngineStats
+from pipeline.response_events import EngineStats
 from realtime.config import ServerConfig
-from realtime.metrics import Hygiene
-from realtime.server import create_app, serve_in_background
+from realtime.observe.metrics import Hygiene
+from realtime.server.app import create_app, serve_in_background
 from tests.fakes import FakeEngine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,7 +210,7 @@ class ServeProcess:
         command = [
             sys.executable,
             "-m",
-            "realtime.cli",
+            "realtime.cli.main",
             "--log-level",
             log_level,
             "serve",
@@ -314,7 +314,7 @@ class ServerThread:
     def __init__(self, app, config: ServerConfig | None = None) -> None:
         import uvicorn
 
-        from realtime.server import _uvicorn_config
+        from realtime.server.app import _uvicorn_config
 
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

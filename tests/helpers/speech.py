@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from realtime.audio import AudioFormat, decode_audio, resample
-from realtime.vad import VAD_SAMPLE_RATE
+from realtime.media.audio import decode_audio, resample
+from realtime.protocol.audio_format import AudioFormat
+from realtime.turns.vad import VAD_SAMPLE_RATE
 
 SPEECH_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "speech"
 

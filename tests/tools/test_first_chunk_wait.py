@@ -8,17 +8,19 @@ import pytest
 from conftest import load_script
 
 LOG = """\
-2026-11-22 21:16:18,768 INFO pipeline.core: response resp_1 incomplete after 594 ms: 10 text + 50 codec tokens, \
+2026-11-22 21:16:18,768 INFO pipeline.core.engine_core: response resp_1 incomplete after 594 ms: 10 text + 50 codec \
+tokens, \
 24000 samples; milestones (ms) {'prefill_done_ms': 3.3, 'talker_first_code_ms': 900.0, 'talker_first_chunk_ms': \
 950.0, 'token2wav_first_job_ms': 960.0, 'token2wav_first_chunk_ms': 1000.0}
 2026-11-22 21:16:19,508 INFO realtime.bench.sweep: bench level 2: 2 users start
-x INFO pipeline.core: response resp_2 completed after 300 ms: milestones (ms) {'prefill_done_ms': 3.0, \
+x INFO pipeline.core.engine_core: response resp_2 completed after 300 ms: milestones (ms) {'prefill_done_ms': 3.0, \
 'talker_first_code_ms': 20.0, 'talker_first_chunk_ms': 110.0, 'token2wav_first_job_ms': 110.0, \
 'token2wav_first_chunk_ms': 150.0}
-x INFO pipeline.core: response resp_3 completed after 400 ms: milestones (ms) {'prefill_done_ms': 3.0, \
+x INFO pipeline.core.engine_core: response resp_3 completed after 400 ms: milestones (ms) {'prefill_done_ms': 3.0, \
 'talker_first_code_ms': 30.0, 'talker_first_chunk_ms': 130.0, 'token2wav_first_job_ms': 190.0, \
 'token2wav_first_made_ms': 230.0, 'token2wav_first_chunk_ms': 250.0}
-x INFO pipeline.core: response resp_4 completed after 50 ms: 9 text + 0 codec tokens, 0 samples; milestones (ms) \
+x INFO pipeline.core.engine_core: response resp_4 completed after 50 ms: 9 text + 0 codec tokens, 0 samples; \
+milestones (ms) \
 {'prefill_done_ms': 3.0}
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conftest import load_script
 from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec
-from realtime.video_settings import DEFAULT_CAMERA
+from realtime.media.video_settings import DEFAULT_CAMERA
 
 
 def test_the_tiny_tower_is_timed_at_each_size_and_batch(capsys):

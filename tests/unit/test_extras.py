@@ -31,7 +31,7 @@ BASE = ""  # the part the plain install serves
 PARTS = {
     "pipeline": BASE,
     "realtime": "server",
-    "realtime.video": "webrtc",
+    "realtime.media.video": "webrtc",
     "realtime.transports.webrtc": "webrtc",
     "realtime.transports.peer": "webrtc",
     "realtime.transports.media": "webrtc",

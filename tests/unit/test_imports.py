@@ -85,11 +85,11 @@ def test_foreign_family_imports_are_found():
     graph = {
         "pipeline.models.a.x": {"pipeline.models.a.y", "pipeline.models.common.z"},
         "pipeline.models.b": {"pipeline.models.a.x"},
-        "pipeline.core": {"pipeline.models", "pipeline.models.b"},
-        "realtime.cli": {"pipeline.models.family"},
+        "pipeline.core.engine_core": {"pipeline.models", "pipeline.models.b"},
+        "realtime.cli.main": {"pipeline.models.family"},
     }
     assert foreign_family_imports(graph, families) == [
-        "pipeline.core -> pipeline.models.b",
+        "pipeline.core.engine_core -> pipeline.models.b",
         "pipeline.models.b -> pipeline.models.a.x",
     ]
 
@@ -97,19 +97,19 @@ def test_foreign_family_imports_are_found():
 SERVE_PROBE = """
 import json, sys
 import uvicorn
-import realtime.cli
+import realtime.cli.main
 
 def probe(self, *args, **kwargs):  # in place of uvicorn's run: the engine and the app are built by now
     print("PROBE " + json.dumps(sorted(m for m in sys.modules if m.startswith("realtime.bench"))), flush=True)
 
 uvicorn.Server.run = probe
-sys.exit(realtime.cli.main(sys.argv[1:]))
+sys.exit(realtime.cli.main.main(sys.argv[1:]))
 """
 
 IMPORT_PROBE = """
 import json, sys
-import realtime.cli, realtime.server
-realtime.cli.server_config(realtime.cli.build_parser().parse_args(["serve"]))
+import realtime.cli.main, realtime.server.app
+realtime.cli.main.server_config(realtime.cli.main.build_parser().parse_args(["serve"]))
 before = sorted(m for m in sys.modules if m.startswith("realtime.bench"))
 import realtime.bench.cli  # the probe sees the benchmark when it is there
 print("PROBE " + json.dumps([before, "realtime.bench.cli" in sys.modules]), flush=True)
@@ -171,3 +171,29 @@ def _test_modules_in_strings(path: Path, test_files: set[str]) -> set[str]:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
             found |= {name for name in test_files if f"{name} import" in node.value or f"import {name}" in node.value}
     return found
+
+
+PROTOCOL_MAY_IMPORT = (
+    "realtime.protocol",
+    "realtime.errors",
+    "realtime.ids",
+    "pipeline.api",
+    "pipeline.tools",
+    "pipeline.response_events",
+    "pipeline.errors",
+)
+
+
+def test_the_protocol_models_import_no_server_module():
+    """``realtime.protocol`` is pure data and validation: it reaches no VAD, codec, session or server module (and so
+    none of torch, soxr or starlette), transitively."""
+    graph = import_graph(REPO, FIRST_PARTY)
+    seen: set[str] = set()
+    todo = [m for m in graph if m.startswith("realtime.protocol")]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, ()))
+    outside = sorted(m for m in seen if not m.startswith(PROTOCOL_MAY_IMPORT))
+    assert not outside, f"realtime.protocol reaches {outside}"

@@ -34,18 +34,19 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 from aiortc.sdp import SessionDescription
 
-from realtime.audio import AudioFormat, StreamResampler, decode_audio, encode_audio
-from realtime.engine_pool import end_on_engine_failure
-from realtime.error_log import log_error_event
+from realtime.engines.placement import EngineSlot
+from realtime.engines.pool import end_on_engine_failure
 from realtime.errors import ErrorType, RealtimeError, to_error_payload
 from realtime.ids import RandomIds
-from realtime.limits import MessageGate, SessionSlot
-from realtime.placement import EngineSlot
+from realtime.media.audio import StreamResampler, decode_audio, encode_audio
+from realtime.observe.error_log import log_error_event
+from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.client import InputAudioAppend
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import Dialect, ServerEvent, server_event_name
 from realtime.protocol.server import ServerEvents
 from realtime.runner import MediaSink, SessionEnd, SessionRunner, Transport, TransportClosed, session_task_name
+from realtime.server.limits import MessageGate, SessionSlot
 from realtime.session import ResponsePhase
 from realtime.transports.call_lifecycle import CallLifecycle
 from realtime.transports.input_delay import InputDelayMeter

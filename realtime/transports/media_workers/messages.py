@@ -17,7 +17,7 @@ import numpy as np
 @dataclass(frozen=True)
 class Answer:
     """Answer ``offer_sdp`` for a new call; the worker replies :class:`Answered` or :class:`AnswerFailed`.
-    ``input_format``: the wire format (``realtime.audio.AudioFormat`` value) of the microphone chunks to send."""
+    ``input_format``: the wire format (``realtime.media.audio.AudioFormat`` value) of the microphone chunks to send."""
 
     call: str
     offer_sdp: str

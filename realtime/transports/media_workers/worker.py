@@ -30,8 +30,8 @@ from multiprocessing.connection import Connection
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from realtime.audio import AudioFormat
 from realtime.errors import RealtimeError
+from realtime.protocol.audio_format import AudioFormat
 from realtime.transports import sctp_teardown
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
 from realtime.transports.media_workers import messages as m

@@ -13,9 +13,9 @@ import websockets
 
 from realtime.config import ServerConfig
 from realtime.deploy.drain import Drain, DrainCode, draining_refusal
-from realtime.limits import LimitCode
-from realtime.placement import EngineSlots
-from realtime.server import create_app, serve_in_background
+from realtime.engines.placement import EngineSlots
+from realtime.server.app import create_app, serve_in_background
+from realtime.server.limits import LimitCode
 from tests.fakes import FakeEngine
 from tests.helpers.server import SilentVad, connect
 

@@ -21,7 +21,7 @@ from pipeline.errors import (
     UnknownItemError,
     UnknownVoiceError,
 )
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
+from pipeline.response_events import AudioChunk, ResponseDone, ResponseStatus
 
 
 async def test_cancel_mid_response_stops_every_stage_and_next_response_works(tiny_engine):
@@ -106,13 +106,13 @@ async def test_timings_place_the_response_on_the_host_clock(tiny_engine):
 
 
 async def test_slow_engine_requests_are_logged(tiny_engine, monkeypatch, caplog):
-    import pipeline.loop
+    import pipeline.hosting.loop
 
-    caplog.set_level(logging.INFO, logger="pipeline.loop")
+    caplog.set_level(logging.INFO, logger="pipeline.hosting.loop")
     conv = tiny_engine.conversation()
     await conv.add_text("u0", "Hi")
     assert "slow engine request" not in caplog.text  # far below the threshold
-    monkeypatch.setattr(pipeline.loop, "SLOW_REQUEST_MS", -1.0)
+    monkeypatch.setattr(pipeline.hosting.loop, "SLOW_REQUEST_MS", -1.0)
     await conv.add_text("u1", "Hi")
     assert "slow engine request: AddText took" in caplog.text
     await conv.close()

@@ -28,6 +28,8 @@ import websockets
 from conftest import greedy_stage_config
 from pipeline.api import ROOT_ITEM_ID
 from pipeline.config import load_stage_config, parse_stage_config
+from pipeline.core.commands import AddText, HasWork
+from pipeline.core.response_state import ResponseSpec
 from pipeline.engine import OmniEngine
 from pipeline.errors import (
     CheckpointError,
@@ -43,10 +45,8 @@ from pipeline.errors import (
     ResponseActiveError,
     UnknownItemError,
 )
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta, Usage
-from pipeline.process import AckBatcher, Credits, EngineProcess
-from pipeline.request import ResponseSpec
-from pipeline.requests import AddText, HasWork
+from pipeline.hosting.process import AckBatcher, Credits, EngineProcess
+from pipeline.response_events import AudioChunk, ResponseDone, ResponseStatus, TextDelta, Usage
 from tests.helpers.paths import TESTS
 from tests.helpers.server import assert_clean, connect, of_response, served, user_text
 from tests.helpers.speech import FRAME_BYTES, b64, wav_pcm
@@ -495,7 +495,7 @@ async def test_a_killed_engine_process_fails_pending_calls_live_responses_and_la
 
 
 async def test_close_ends_live_responses_and_stops_the_process_cleanly(tiny_model_dir, caplog):
-    caplog.set_level(logging.WARNING, logger="pipeline.process")
+    caplog.set_level(logging.WARNING, logger="pipeline.hosting.process")
     engine = await asyncio.to_thread(start_engine, tiny_model_dir)
     conv = engine.conversation()
     await conv.add_text("u1", "Talk to me.")
@@ -510,7 +510,7 @@ async def test_close_ends_live_responses_and_stops_the_process_cleanly(tiny_mode
     assert engine.closed and engine._backend.exitcode == 0
     # the child exited by itself: the reader thread and close() both saw it go, and neither may take the other's
     # reaping of it for a child still running (it was logged as one that did not stop, and signalled)
-    assert [r.getMessage() for r in caplog.records if r.name == "pipeline.process"] == []
+    assert [r.getMessage() for r in caplog.records if r.name == "pipeline.hosting.process"] == []
     with pytest.raises(EngineClosedError) as info:
         await conv.add_text("u2", "Hello?")
     assert type(info.value) is EngineClosedError

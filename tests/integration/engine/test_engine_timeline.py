@@ -23,7 +23,7 @@ import engine_timeline  # noqa: E402
 def make_core(tiny_model_dir, timeline_path):
     from dataclasses import replace
 
-    from pipeline.core import EngineCore
+    from pipeline.core.engine_core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
     cfg = greedy_stage_config(

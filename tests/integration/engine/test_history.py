@@ -14,7 +14,7 @@ from conftest import greedy_stage_config
 from pipeline.api import ROOT_ITEM_ID, ContextPolicy
 from pipeline.engine import OmniEngine
 from pipeline.errors import ContextLimitError
-from pipeline.outputs import ResponseStatus
+from pipeline.response_events import ResponseStatus
 from tests.helpers.one_shot import assert_same_reply, core_conv, reply_and_one_shot
 
 INSTRUCTIONS = "Be brief."

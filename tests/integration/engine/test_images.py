@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, Qwen2_5OmniThinkerForConditionalGenerati
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.errors import InvalidImageError, UnsupportedInputError
-from pipeline.outputs import ResponseStatus
+from pipeline.response_events import ResponseStatus
 from tests.helpers.image_reference import PICTURES, reference_inputs
 
 MAX_TOKENS = 8

@@ -16,7 +16,7 @@ import torch
 
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
-from pipeline.outputs import AudioChunk, ResponseStatus
+from pipeline.response_events import AudioChunk, ResponseStatus
 from tests.helpers.one_shot import assert_same_reply, core_conv, reply_and_one_shot
 from tests.helpers.paths import TESTS
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
-from pipeline.outputs import ResponseStatus
+from pipeline.response_events import ResponseStatus
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ async def test_token2wav_on_its_own_thread_makes_the_same_audio(tiny_model_dir):
     """Same seed, same requests in the same order: the same codes and the same samples, in order, before done."""
     import numpy as np
 
-    from pipeline.outputs import AudioChunk, ResponseDone
+    from pipeline.response_events import AudioChunk, ResponseDone
 
     async def audio_of(engine, text):
         conv = engine.conversation()
@@ -156,7 +156,7 @@ async def test_token2wav_on_its_own_thread_makes_the_same_audio(tiny_model_dir):
 
 
 async def test_a_response_cancelled_while_its_chunk_is_made_frees_its_stream(threaded_t2w_engine):
-    from pipeline.outputs import AudioChunk
+    from pipeline.response_events import AudioChunk
 
     engine = threaded_t2w_engine
     conv = engine.conversation()

@@ -16,7 +16,7 @@ import soxr
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.errors import ContextLimitError
-from pipeline.outputs import ResponseStatus
+from pipeline.response_events import ResponseStatus
 from tests.helpers.paths import TESTS
 
 SPEECH = TESTS / "fixtures" / "speech"

@@ -12,7 +12,7 @@ from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.models.common.hf_parts import thinker_audio_tower
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta
+from pipeline.response_events import AudioChunk, ResponseDone, ResponseStatus, TextDelta
 
 THINKER_MAX = 12
 TALKER_MAX = 120

@@ -7,14 +7,14 @@ import torch
 
 from conftest import greedy_stage_config, start_spoken_reply
 from pipeline.config import load_stage_config
-from pipeline.outputs import AudioChunk
+from pipeline.response_events import AudioChunk
 
 HOP = 240
 """24 kHz samples per mel frame."""
 
 
 def make_core(tiny_model_dir, **chunking):
-    from pipeline.core import EngineCore
+    from pipeline.core.engine_core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
     packaged = load_stage_config().token2wav.settings.chunking

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.output.detokenizer import IncrementalDetokenizer, markup_ids
-from pipeline.outputs import ResponseDone, TextDelta
+from pipeline.response_events import ResponseDone, TextDelta
 
 MARKUP = ("<tool_response>", "<|fim_prefix|>", "<think>", "</tool_response>")
 

@@ -20,7 +20,7 @@ SAMPLED = SamplingConfig(do_sample=True, temperature=0.9, top_k=40, top_p=0.8, r
 
 
 def make_core(tiny_model_dir, chain_steps: int, device: str = "cpu", min_codes: int = 40, max_codes: int = 40):
-    from pipeline.core import EngineCore
+    from pipeline.core.engine_core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
     cfg = greedy_stage_config(

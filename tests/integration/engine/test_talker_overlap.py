@@ -14,7 +14,7 @@ from pipeline.config import DEFAULT_STAGE_CONFIG, ConfigError, parse_stage_confi
 
 
 def make_core(tiny_model_dir, overlap: str, device: str = "cpu"):
-    from pipeline.core import EngineCore
+    from pipeline.core.engine_core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
     cfg = greedy_stage_config(

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
 
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
-from pipeline.outputs import ResponseStatus
+from pipeline.response_events import ResponseStatus
 from tests.helpers.image_reference import PICTURES, reference_inputs
 
 FIRST = ("Look at this:", PICTURES[0], "and this one", PICTURES[1], "What do you see?")

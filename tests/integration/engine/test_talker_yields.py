@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from conftest import greedy_stage_config, start_spoken_reply
-from pipeline.outputs import AudioChunk
+from pipeline.response_events import AudioChunk
 
 
 def make_core(tiny_model_dir, text_tokens: int = 4):
-    from pipeline.core import EngineCore
+    from pipeline.core.engine_core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
     cfg = greedy_stage_config(

@@ -11,12 +11,12 @@ import torch
 from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
 
 from conftest import greedy_stage_config
+from pipeline.core.commands import StartResponse
+from pipeline.core.response_state import ResponseSpec
 from pipeline.engine import OmniEngine
 from pipeline.errors import UnknownVoiceError, UnsupportedInputError
 from pipeline.models.qwen3_omni.prompt import DEFAULT_SYSTEM_PROMPT
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus, TextDelta
-from pipeline.request import ResponseSpec
-from pipeline.requests import StartResponse
+from pipeline.response_events import AudioChunk, ResponseDone, ResponseStatus, TextDelta
 
 MAX_TOKENS = 12
 TEXT = frozenset({"text"})

@@ -21,7 +21,7 @@ from pipeline.models.common.hf_parts import thinker_audio_tower
 from pipeline.models.common.tmrope import rope_positions
 from pipeline.models.qwen2_5_omni.av_interleave import AVLayout
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
-from pipeline.outputs import ResponseStatus
+from pipeline.response_events import ResponseStatus
 from tests.helpers.camera_clips import RATE, STEP_S, camera, speak, speech
 
 MAX_TOKENS = 8

@@ -17,7 +17,7 @@ import pydantic
 import pytest
 from toy_family.scripted import SCRIPTED
 
-from pipeline.conversation_state import ItemKind
+from pipeline.core.conversation_state import ItemKind
 from tests.helpers.npm import NpmPackages, installed_version
 from tests.helpers.paths import TESTS
 from tests.helpers.scripted import call, text

@@ -26,7 +26,7 @@ import pytest
 from toy_family.scripted import ScriptedThinker
 
 from pipeline.engine import OmniEngine
-from pipeline.outputs import ResponseDone, ResponseStatus
+from pipeline.response_events import ResponseDone, ResponseStatus
 from tests.helpers.scripted import openai_voice_aliases, scripted_family
 from tests.helpers.scripted import scripted_engine as make_scripted_engine
 from tests.helpers.server import assert_clean, served
@@ -208,7 +208,7 @@ def of(events: list[dict], kind: str) -> list[dict]:
 async def test_livekit_agents_holds_a_greeting_a_spoken_turn_a_tool_round_trip_and_a_history_edit(
     livekit_python, scripted_engine, caplog
 ):
-    caplog.set_level(logging.INFO, logger="realtime.error_log")
+    caplog.set_level(logging.INFO, logger="realtime.observe.error_log")
     renderer = scripted_engine.core.renderer
     turns = ScriptedTurns(
         scripted_engine,
@@ -234,7 +234,7 @@ async def test_livekit_agents_holds_a_greeting_a_spoken_turn_a_tool_round_trip_a
     assert summary is not None and summary["failure"] is None and returncode == 0, (summary, stderr[-4000:])
 
     # the server's view: no error event, every event valid for the openai SDK, each reply played its script
-    assert not [r.getMessage() for r in caplog.records if r.name == "realtime.error_log"] and not errors_sent
+    assert not [r.getMessage() for r in caplog.records if r.name == "realtime.observe.error_log"] and not errors_sent
     assert not of(summary["server_events"], "error")
     for event in summary["server_events"]:
         SERVER_EVENT.validate_python(event)

@@ -120,7 +120,7 @@ async def run_agent(python, url: str) -> tuple[dict, str]:
 async def test_pipecat_holds_a_greeting_a_spoken_turn_and_a_tool_round_trip(
     scripted_engine, family_engine, pipecat, caplog
 ):
-    caplog.set_level(logging.INFO, logger="realtime.error_log")
+    caplog.set_level(logging.INFO, logger="realtime.observe.error_log")
     scripted = scripted_family(scripted_engine)
     scripted.reset()
     scripted.play(*script(scripted_engine))
@@ -135,7 +135,7 @@ async def test_pipecat_holds_a_greeting_a_spoken_turn_and_a_tool_round_trip(
         scripted.reset()
     print(log[-4000:], file=sys.stderr)
     # the server sent no error event
-    assert [r.getMessage() for r in caplog.records if r.name == "realtime.error_log"] == []
+    assert [r.getMessage() for r in caplog.records if r.name == "realtime.observe.error_log"] == []
     assert summary["errors"] == [] and not summary["timed_out"], summary
     greeting, before_call, answer = summary["responses"][:3]
     assert greeting["transcript"] == GREETING and greeting["audio_bytes"] > 0

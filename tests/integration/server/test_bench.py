@@ -539,8 +539,8 @@ def test_reference_throughput_is_per_busy_second():
 
 
 async def test_counters_round_trip_through_the_servers_metrics():
-    from pipeline.outputs import EngineStats
-    from realtime.metrics import Hygiene, ServerMetrics
+    from pipeline.response_events import EngineStats
+    from realtime.observe.metrics import Hygiene, ServerMetrics
 
     metrics = ServerMetrics()
     assert counters_from_metrics(metrics.render().decode()) is None  # nothing before the engine reported
@@ -713,7 +713,7 @@ def test_a_workload_lighter_than_the_default_says_what_is_lighter():
 def test_bench_refuses_bad_options_models_and_servers(tmp_path, capsys):
     import socket
 
-    from realtime.cli import main
+    from realtime.cli.main import main
 
     assert main(["bench", "--turns", "0", "--out", str(tmp_path)]) == 2
     assert main(["bench", "--pause-inside-ms", "-5", "--out", str(tmp_path)]) == 2
@@ -736,7 +736,7 @@ def test_quick_bench_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, caps
     """``omni-realtime bench --quick --reference``: a real server, VAD and engine; one user speaks two
     fixtures in real time (the first reply interrupted while it plays: one barge-in, reported with its kind and
     latency), the reference serves the same two turns; the run names the folder it wrote."""
-    from realtime.cli import main
+    from realtime.cli.main import main
 
     wavs = tmp_path / "wavs"
     wavs.mkdir()

@@ -19,7 +19,7 @@ from realtime.bench.report import RESULTS_JSON, RunInfo, markdown, write_report
 from realtime.bench.speech import load_speech_folder
 from realtime.bench.sweep import SweepPlan, run_sweep
 from realtime.config import ServerConfig
-from realtime.server import create_app, serve_in_background
+from realtime.server.app import create_app, serve_in_background
 from tests.fakes import TINY_VISION, FakeEngine, Script
 from tests.helpers.paths import TESTS
 

@@ -12,7 +12,7 @@ from realtime.bench.client import ClientOptions, Transport
 from realtime.bench.speech import load_speech_folder
 from realtime.bench.sweep import SweepPlan, run_sweep
 from realtime.config import ServerConfig
-from realtime.server import create_app, serve_in_background
+from realtime.server.app import create_app, serve_in_background
 from tests.fakes import FakeEngine, Script
 from tests.helpers.paths import TESTS
 

@@ -1,5 +1,5 @@
 """Data parallel in one server, on the CPU: two tiny-model engines, each in a child process of its own, loaded the way
-``serve --data-parallel-size 2`` loads them (``realtime.server.load_engines``). Sessions spread over them and keep
+``serve --data-parallel-size 2`` loads them (``realtime.server.app.load_engines``). Sessions spread over them and keep
 their engine; admission refuses the session over capacity (WebSocket: an error event and 1013; calls endpoint: 503
 with Retry-After) and ``/metrics`` counts it; one engine killed mid-response ends its sessions with an
 ``engine_failed`` error and a close while the other engine's sessions complete, new sessions go to the survivor, and
@@ -23,7 +23,7 @@ import websockets
 from prometheus_client.parser import text_string_to_metric_families
 
 from realtime.config import ServerConfig
-from realtime.server import create_app, load_engines, serve_in_background
+from realtime.server.app import create_app, load_engines, serve_in_background
 from tests.helpers.server import SilentVad, assert_clean
 
 PACKAGED = os.path.join(os.path.dirname(__file__), "..", "..", "..", "pipeline", "stage_configs", "qwen2_5_omni.yaml")

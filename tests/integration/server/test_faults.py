@@ -18,7 +18,7 @@ import sys
 import pytest
 import websockets
 
-from realtime.limits import RateLimit
+from realtime.server.limits import RateLimit
 from tests.fakes import Script
 from tests.helpers.server import REPO, RawClient, ServeProcess, StatsEngine, assert_clean, connect, served, user_text
 

@@ -101,7 +101,7 @@ class ToyVoicesEngine(FakeEngine):
 
 
 async def test_aliases_to_speakers_the_model_lacks_are_logged_at_startup_and_unknown(caplog):
-    caplog.set_level(logging.WARNING, logger="realtime.server")
+    caplog.set_level(logging.WARNING, logger="realtime.server.app")
     async with served(ToyVoicesEngine(), voice_aliases=(("alloy", "Chelsie"), ("echo", "HIGH"))) as (url, _):
         async with connect(url) as client:
             await client.send({"type": "session.update", "session": {"voice": "alloy"}})

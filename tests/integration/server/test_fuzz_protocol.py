@@ -23,17 +23,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import EngineFailure
-from pipeline.outputs import OUTPUT_SAMPLE_RATE, AudioChunk, ResponseDone, ResponseStatus, TextDelta, Usage
-from realtime.auth import AccessCode
+from pipeline.response_events import OUTPUT_SAMPLE_RATE, AudioChunk, ResponseDone, ResponseStatus, TextDelta, Usage
 from realtime.config import ServerConfig
 from realtime.errors import ErrorType, RealtimeError
 from realtime.ids import SequentialIds
-from realtime.limits import LimitCode, RateLimit
 from realtime.protocol.client import SessionUpdate, parse_client_event
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.names import ClientEventType, Dialect
+from realtime.server.auth import AccessCode
+from realtime.server.limits import LimitCode, RateLimit
 from realtime.session import AudioTransport, Send, Session, SessionLimits, SessionSettings
-from realtime.turn import SpeechStarted, SpeechStopped
+from realtime.turns.server_vad import SpeechStarted, SpeechStopped
 
 openai = pytest.importorskip("openai")
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from realtime.config import ServerConfig
-from realtime.server import create_app, serve_in_background
+from realtime.server.app import create_app, serve_in_background
 
 API_KEY = "history-test-key"
 MANUAL = {

@@ -11,11 +11,11 @@ import re
 import httpx2
 import pytest
 
-from pipeline.outputs import EngineStats
+from pipeline.response_events import EngineStats
 from realtime.errors import RealtimeError
-from realtime.limits import SessionSlots
-from realtime.metrics import Hygiene, ServerMetrics
+from realtime.observe.metrics import Hygiene, ServerMetrics
 from realtime.runner import live_session_tasks, session_task_name
+from realtime.server.limits import SessionSlots
 from realtime.transports.webrtc import WebRTCCalls
 from tests.fakes import FakeEngine, Script
 from tests.helpers.server import StatsEngine, assert_clean, connect, served, user_text

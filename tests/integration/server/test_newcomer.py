@@ -1,4 +1,4 @@
-"""A newcomer's first commands, run as a user runs them (``python -m realtime.cli`` in a subprocess, an empty model
+"""A newcomer's first commands, run as a user runs them (``python -m realtime.cli.main`` in a subprocess, an empty model
 cache): ``serve`` starts and stops with no warning in its output but the deliberate random-weights banner; each bad
 input gets its one-line message and exit status 2, with no traceback, before any model loads (each case through
 the CLI's entry function in-process, two of them also in a subprocess); every command's ``--help`` shows each
@@ -25,7 +25,7 @@ from tests.helpers.tls import self_signed
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "COLUMNS": "100"}
 
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?P<level>[A-Z]+) (?P<logger>\S+): ?(?P<message>.*)$")
-"""A log record's first line in the CLI's format (``realtime/cli.py``)."""
+"""A log record's first line in the CLI's format (``realtime/cli/main.py``)."""
 RECORD_INSIDE = re.compile(r".\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ \S+:")
 """A log record's start after other text on the same line."""
 RULE = re.compile(r"^!{20,}$")
@@ -71,7 +71,7 @@ def _banner_box_end(lines: list[str], start: int) -> int | None:
 def test_the_warning_scan_tells_the_banner_from_warnings():
     banner = [
         "2026-01-01 10:00:00,000 WARNING pipeline.engine: MODEL /x HAS RANDOM WEIGHTS: a test model",
-        "2026-01-01 10:00:00,001 WARNING realtime.server: ",
+        "2026-01-01 10:00:00,001 WARNING realtime.server.app: ",
         "!" * 40,
         "  MODEL /x HAS RANDOM WEIGHTS: a test model, not an assistant.",
         "  Pass --model PATH_OR_ID for a real checkpoint.",
@@ -83,8 +83,8 @@ def test_the_warning_scan_tells_the_banner_from_warnings():
         "[transformers] Model config: tts_text_start_token_id must be `None` or an integer, got 1001.",
         "/site-packages/uvicorn/x.py:1: UvicornDeprecationWarning: The websockets implementation is deprecated",
         "WARNING:  something uvicorn says",
-        "2026-01-01 10:00:00,000 WARNING realtime.server: slow",
-        "2026-01-01 10:00:00,000 WARNING realtime.server: ",  # an empty record without the banner's box
+        "2026-01-01 10:00:00,000 WARNING realtime.server.app: slow",
+        "2026-01-01 10:00:00,000 WARNING realtime.server.app: ",  # an empty record without the banner's box
         "!" * 40,
         "  not the banner",
         "!" * 40,
@@ -97,7 +97,7 @@ def test_the_warning_scan_tells_the_banner_from_warnings():
 def _cli(*args: str, env: dict[str, str] = ENV, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "realtime.cli", *args],
+        [sys.executable, "-m", "realtime.cli.main", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -136,7 +136,7 @@ def _serve_then_stop(cache: Path, stop: str) -> tuple[list[str], int]:
     ``sigterm`` signals SIGTERM to the server's process; its output lines and exit status."""
     args = ["serve", "--port", "0", "--cache-dir", str(cache), "--media-workers", "1"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime.cli", *args],
+        [sys.executable, "-m", "realtime.cli.main", *args],
         cwd=REPO,
         env=ENV,
         stdout=subprocess.PIPE,
@@ -203,7 +203,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
 
 IN_A_SUBPROCESS = ("non-audio wav", "serve: hub id not downloaded")
 """The bad inputs also run as a user runs them (a demo and a serve case): exit status 2 and no traceback from the
-real process; every case runs through :func:`realtime.cli.main` in this process."""
+real process; every case runs through :func:`realtime.cli.main.main` in this process."""
 
 
 @pytest.mark.timeout(300)
@@ -214,14 +214,14 @@ def test_bad_inputs_get_one_line_and_status_2_before_any_model_loads(tmp_path, m
     empty Hugging Face cache); those of :data:`IN_A_SUBPROCESS` also in a subprocess."""
     import huggingface_hub.constants
 
-    import realtime.server
+    import realtime.server.app
     from pipeline.engine import OmniEngine
 
     hub = tmp_path / "hub"  # an empty Hugging Face cache
     env = ENV | {"HF_HUB_CACHE": str(hub)}
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(realtime.server, "run_server", _no_model_loads)  # past serve's checks
+    monkeypatch.setattr(realtime.server.app, "run_server", _no_model_loads)  # past serve's checks
     monkeypatch.setattr(OmniEngine, "from_pretrained", _no_model_loads)  # past demo's checks
     cache = tmp_path / "cache"
     failures = []
@@ -258,10 +258,10 @@ def _no_model_loads(*args, **kwargs) -> None:
 
 
 def _main_here(argv: list[str], capsys, caplog) -> tuple[int | None, str, str, float]:
-    """``omni-realtime ARGV`` through :func:`realtime.cli.main` in this process, as ``sys.exit(main())`` ends:
+    """``omni-realtime ARGV`` through :func:`realtime.cli.main.main` in this process, as ``sys.exit(main())`` ends:
     (exit status, stdout, stderr, seconds). An exception out of it, or a record logged with one, is a traceback the
     user would have seen: its text goes into stderr."""
-    from realtime.cli import main
+    from realtime.cli.main import main
 
     capsys.readouterr()
     caplog.clear()
@@ -285,7 +285,9 @@ def _main_here(argv: list[str], capsys, caplog) -> tuple[int | None, str, str, f
 
 COMMANDS = ([], ["serve"], ["demo"], ["bench"], ["make-tiny-model"])
 HELP = {
-    tuple(command): BackgroundProcess([sys.executable, "-m", "realtime.cli", *command, "--help"], env=ENV, cwd=REPO)
+    tuple(command): BackgroundProcess(
+        [sys.executable, "-m", "realtime.cli.main", *command, "--help"], env=ENV, cwd=REPO
+    )
     for command in COMMANDS
 }
 """Each command's ``--help`` as a user runs it, started in the background (tests/helpers/background.py)."""
@@ -349,7 +351,7 @@ def test_demo_log_records_never_land_inside_the_streamed_text(tiny_model_dir, tm
     log record starts a line, the engine's record of the reply's end included (it comes after the text)."""
     args = ["--model", str(tiny_model_dir), "--threads", "1", "--seed", "0", "--out", str(tmp_path / "reply.wav")]
     done = subprocess.run(
-        [sys.executable, "-m", "realtime.cli", "demo", "--text", "Hello", *args],
+        [sys.executable, "-m", "realtime.cli.main", "demo", "--text", "Hello", *args],
         cwd=REPO,
         env=ENV,
         stdout=subprocess.PIPE,
@@ -372,7 +374,7 @@ def test_demo_says_where_it_wrote_and_why_the_reply_ended(tiny_model_dir, tmp_pa
     folder made for it); its default file is in a folder git ignores."""
     import soundfile as sf
 
-    from realtime.cli import DEMO_OUT, main
+    from realtime.cli.main import DEMO_OUT, main
 
     out = tmp_path / "new-folder" / "reply.wav"
     args = ["demo", "--model", str(tiny_model_dir), "--threads", "1", "--seed", "0", "--out", str(out)]

@@ -14,8 +14,8 @@ from openai import AsyncOpenAI
 from PIL import Image
 
 from realtime.config import ServerConfig
-from realtime.images import ImageLimits, fit
-from realtime.server import create_app, serve_in_background
+from realtime.media.images import ImageLimits, fit
+from realtime.server.app import create_app, serve_in_background
 from tests.fakes import TINY_VISION, FakeEngine
 
 pytestmark = pytest.mark.timeout(120)

@@ -18,8 +18,8 @@ import websockets
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from websockets.exceptions import InvalidStatus
 
-from realtime.limits import RateLimit
-from realtime.server import REDACTED, SecretFilter
+from realtime.server.app import REDACTED, SecretFilter
+from realtime.server.limits import RateLimit
 from realtime.transports.webrtc import IceHostAddress, announce_host_addresses
 from tests.helpers.server import ServeProcess, StatsEngine, assert_clean, connect, served, user_text
 

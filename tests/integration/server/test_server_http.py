@@ -21,13 +21,13 @@ import websockets
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from realtime.cli import build_parser, server_config
+from realtime.cli.main import build_parser, server_config
 from realtime.config import ServerConfig
 from realtime.errors import LimitExceeded
-from realtime.first_audio import FirstAudioTrace, Hop
-from realtime.metrics import EngineWorkCollector, ServerMetrics
+from realtime.observe.first_audio import FirstAudioTrace, Hop
+from realtime.observe.metrics import EngineWorkCollector, ServerMetrics
 from realtime.protocol.names import Dialect
-from realtime.server import create_app, serve_in_background
+from realtime.server.app import create_app, serve_in_background
 from tests.fakes import FakeEngine
 from tests.helpers.paths import REPO
 from tests.helpers.server import StatsEngine
@@ -203,7 +203,7 @@ async def test_metrics_count_sessions_responses_ttfa_and_errors():
 async def test_error_events_are_logged_with_the_session_and_the_client_event(caplog):
     """What an operator sees at the default level (INFO) when a client's setup fails: one line per error event,
     also for a message the transport's gate refuses before the session sees it."""
-    caplog.set_level(logging.INFO, logger="realtime.error_log")
+    caplog.set_level(logging.INFO, logger="realtime.observe.error_log")
     async with served(FakeEngine()) as (http, _), websockets.connect(ws_url(http)) as ws:
         session_id = (await until(ws, "session.created"))["session"]["id"]
         bad = {"type": "session.update", "event_id": "setup_1", "session": {"prompt": {"id": "p"}}}
@@ -211,7 +211,7 @@ async def test_error_events_are_logged_with_the_session_and_the_client_event(cap
         error = (await until(ws, "error"))["error"]
         await ws.send(b"\x00binary")
         refused = (await until(ws, "error"))["error"]
-    lines = [r.getMessage() for r in caplog.records if r.name == "realtime.error_log"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "realtime.observe.error_log"]
     assert lines == [
         f"session {session_id}: error unsupported_value answering session.update (event_id setup_1, "
         f"param session.prompt): {error['message']}",
@@ -227,7 +227,7 @@ def defined_families(metrics: ServerMetrics) -> set[str]:
 
 
 async def test_a_fresh_server_shows_every_metric_family_with_samples():
-    """Before any session, every family of realtime/metrics.py has at least one sample: zero sessions,
+    """Before any session, every family of realtime/observe/metrics.py has at least one sample: zero sessions,
     zero responses of each status, zero errors of each known code are samples, not missing series."""
     async with served(StatsEngine()) as (http, app):
         text = (await http.get("/metrics")).text
@@ -449,7 +449,17 @@ def test_serve_flags_become_the_server_config(tmp_path):
 def test_omni_realtime_serve_starts_on_the_embedded_model_and_stops_on_sigint(tmp_path):
     env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime.cli", "serve", "--port", "0", "--cache-dir", str(tmp_path), "--no-webrtc"],
+        [
+            sys.executable,
+            "-m",
+            "realtime.cli.main",
+            "serve",
+            "--port",
+            "0",
+            "--cache-dir",
+            str(tmp_path),
+            "--no-webrtc",
+        ],
         cwd=REPO,
         env=env,
         stderr=subprocess.PIPE,

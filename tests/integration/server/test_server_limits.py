@@ -14,12 +14,12 @@ import pytest
 import websockets
 from websockets.exceptions import InvalidStatus
 
-from realtime.auth import AccessPolicy, ApiKeyAuth, presented_key
 from realtime.config import ServerConfig
 from realtime.errors import ErrorType
-from realtime.limits import LimitCode, MessageGate, RateLimit, SessionSlots, TokenBucket
 from realtime.protocol.names import Dialect
-from realtime.server import create_app, serve_in_background
+from realtime.server.app import create_app, serve_in_background
+from realtime.server.auth import AccessPolicy, ApiKeyAuth, presented_key
+from realtime.server.limits import LimitCode, MessageGate, RateLimit, SessionSlots, TokenBucket
 from realtime.session import SessionLimits
 from realtime.transports.websocket import negotiate
 from tests.fakes import FakeEngine

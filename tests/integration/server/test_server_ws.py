@@ -15,7 +15,7 @@ import pytest
 import websockets
 
 from realtime.config import ServerConfig
-from realtime.server import create_app, serve_in_background
+from realtime.server.app import create_app, serve_in_background
 from tests.fakes import FakeEngine, Script
 from tests.helpers.server import of_response, user_text
 from tests.helpers.speech import FRAME_BYTES, SPEECH_DIR, b64, wav_pcm

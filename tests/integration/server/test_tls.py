@@ -23,7 +23,7 @@ import websockets
 from openai import AsyncOpenAI
 
 from realtime.config import ServerConfig
-from realtime.server import create_app, serve_in_background
+from realtime.server.app import create_app, serve_in_background
 from tests.helpers.npm import NpmPackages, installed_version
 from tests.helpers.paths import TESTS
 from tests.helpers.server import ServeProcess, SilentVad

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from pipeline.outputs import AudioChunk
+from pipeline.response_events import AudioChunk
 from tests.helpers.server import assert_clean, connect, served
 from tests.helpers.speech import FRAME_BYTES, SPEECH_DIR, b64, wav_pcm
 

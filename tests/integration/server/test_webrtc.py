@@ -19,8 +19,9 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError
 
-from realtime.audio import AudioFormat, decode_audio
 from realtime.errors import LimitExceeded, ProtocolError, RealtimeError
+from realtime.media.audio import decode_audio
+from realtime.protocol.audio_format import AudioFormat
 from realtime.transports.media import (
     FRAME_SAMPLES,
     TRACK_RATE,

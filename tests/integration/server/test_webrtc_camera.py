@@ -1,4 +1,4 @@
-"""A call's camera (realtime.video): an aiortc peer sends a camera-like VP8 track with speech; the spoken message
+"""A call's camera (realtime.media.video): an aiortc peer sends a camera-like VP8 track with speech; the spoken message
 gets sampled, downscaled frames and the reply's usage counts their image tokens. Against the FakeEngine with a
 vision tower; loopback only, as test_webrtc.py."""
 
@@ -13,10 +13,10 @@ import pytest
 from aiortc import VideoStreamTrack
 
 from pipeline.errors import UnsupportedInputError
+from realtime.media.video import CameraFeed
+from realtime.media.video_settings import CameraSettings
 from realtime.runner import OpenMessage
 from realtime.transports.webrtc import WebRTCCalls
-from realtime.video import CameraFeed
-from realtime.video_settings import CameraSettings
 from tests.fakes import TINY_VISION, FakeEngine
 from tests.helpers.webrtc_peer import ClientPeer
 

@@ -129,7 +129,7 @@ class StubCore:
 
 
 def test_commands_that_arrive_during_the_encode_join_the_next_step():
-    from pipeline.loop import EngineThread
+    from pipeline.hosting.loop import EngineThread
 
     core = StubCore()
     engine = EngineThread(core)

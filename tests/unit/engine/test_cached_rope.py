@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.cached_rope import CachedRope
+from pipeline.core.cached_rope import CachedRope
 
 
 def identity(start: int, end: int) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.api import ROOT_ITEM_ID
-from pipeline.conversation_state import ConversationState, ConvItem, ItemKind
+from pipeline.core.conversation_state import ConversationState, ConvItem, ItemKind
 from pipeline.errors import InvalidInputError, ResponseActiveError, UnknownItemError
 
 

@@ -83,15 +83,15 @@ def test_the_engine_counts_the_underruns_of_a_real_time_player_of_each_reply(tin
     and the response's log line say so."""
     import logging
 
-    import pipeline.core
-    from pipeline.core import EngineCore
+    import pipeline.core.engine_core
+    from pipeline.core.engine_core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-    from pipeline.outputs import AudioChunk
+    from pipeline.response_events import AudioChunk
 
     cfg = greedy_stage_config(thinker={"min_tokens": 4, "max_tokens": 4}, talker={"min_tokens": 100, "max_tokens": 100})
     core = EngineCore(load_checkpoint(tiny_model_dir), cfg, seed=3)
     clock = [1000.0]
-    monkeypatch.setattr(pipeline.core.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(pipeline.core.engine_core.time, "perf_counter", lambda: clock[0])
 
     def run(name: str, seconds_per_step: float) -> list[AudioChunk]:
         events = start_spoken_reply(core, name)
@@ -102,7 +102,7 @@ def test_the_engine_counts_the_underruns_of_a_real_time_player_of_each_reply(tin
 
     assert len(run("a", 0.0)) >= 3
     assert (core.stats().audio_underruns_total, core.stats().audio_starved_ms_total) == (0, 0)
-    with caplog.at_level(logging.INFO, logger="pipeline.core"):
+    with caplog.at_level(logging.INFO, logger="pipeline.core.engine_core"):
         chunks = run("b", 2.0)
     late = len(chunks) - 1
     assert late >= 2 and core.stats().audio_underruns_total == late
@@ -118,8 +118,8 @@ def test_the_engine_counts_the_underruns_of_a_real_time_player_of_each_reply(tin
 
 
 def test_the_servers_metrics_export_the_engines_underruns() -> None:
-    from pipeline.outputs import EngineStats
-    from realtime.metrics import Hygiene, ServerMetrics
+    from pipeline.response_events import EngineStats
+    from realtime.observe.metrics import Hygiene, ServerMetrics
 
     metrics = ServerMetrics()
     stats = EngineStats(1, 1, 0, 30, 10, 0, audio_underruns_total=3, audio_starved_ms_total=1250)

@@ -12,12 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.conversation_state import ConversationState, ConvItem, ItemKind
+from pipeline.core.conversation_state import ConversationState, ConvItem, ItemKind
+from pipeline.core.response_state import ResponseSpec, ResponseState, TalkerStatus, TextEnd
 from pipeline.models.common.tmrope import TMROPE
 from pipeline.output.detokenizer import IncrementalDetokenizer
 from pipeline.output.playout import Playout
-from pipeline.outputs import ResponseStatus
-from pipeline.request import ResponseSpec, ResponseState, TalkerStatus, TextEnd
+from pipeline.response_events import ResponseStatus
 from pipeline.runners.kv_pool import SlotAllocator
 from pipeline.scheduler import policies
 from pipeline.scheduler.policies import ChainRow, FirstChunkRow

@@ -78,7 +78,7 @@ def test_the_split_examples_place_token2wav_on_the_second_gpu(name, talker, kv_s
 
 
 def test_loaders_check_the_devices_before_building_anything(monkeypatch) -> None:
-    from pipeline.loaders import PretrainedCheckpoint, RandomCheckpoint
+    from pipeline.hosting.loaders import PretrainedCheckpoint, RandomCheckpoint
     from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec
 
     fake_gpus(monkeypatch, 2)
@@ -99,7 +99,7 @@ def test_the_bench_refuses_device_over_a_split_config() -> None:
 
 
 def test_preflight_names_the_missing_device(tmp_path, monkeypatch) -> None:
-    from realtime.preflight import UsageError, check_stage_config
+    from realtime.cli.preflight import UsageError, check_stage_config
 
     fake_gpus(monkeypatch, 1)
     with pytest.raises(UsageError, match=r"--stage-config: stages\.token2wav\.device is 'cuda:1', but this host has 1"):

@@ -3,9 +3,9 @@
 import asyncio
 import logging
 
+from pipeline.core.commands import AddText, CloseConversation, OpenConversation, StartResponse
+from pipeline.core.response_state import ResponseSpec
 from pipeline.observe.stall_watch import StallWatch
-from pipeline.request import ResponseSpec
-from pipeline.requests import AddText, CloseConversation, OpenConversation, StartResponse
 
 
 def test_reports_only_after_marks_stay_unchanged_while_live():
@@ -58,7 +58,7 @@ async def test_the_engine_logs_where_a_stalled_response_waits(tiny_engine, caplo
             core.handle(CloseConversation("stall_conv"))
             core.observer.stall_watch = saved
 
-    with caplog.at_level(logging.WARNING, logger="pipeline.core"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.core.engine_core"):
         lines = await asyncio.wrap_future(tiny_engine._thread.submit(stall_one_response))
     reports = [r.getMessage() for r in caplog.records if "engine stalled" in r.getMessage()]
     assert reports, caplog.text
@@ -90,7 +90,7 @@ def test_a_step_over_the_configured_threshold_is_logged(caplog):
             background=0,
         )
 
-    with caplog.at_level(logging.WARNING, logger="pipeline.core"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.core.engine_core"):
         step(EngineObserver(None, slow_step_ms=1000), 300)
         assert not [r for r in caplog.records if "slow engine step" in r.getMessage()]
         step(EngineObserver(None, slow_step_ms=250), 300)

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from conftest import greedy_stage_config, start_spoken_reply
+from pipeline.core.commands import AppendAudio, CancelResponse, OpenConversation
 from pipeline.errors import ConfigError
 from pipeline.output.playout import Playout
 from pipeline.output.start_buffer import StartBuffer, holds_start
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
-from pipeline.requests import AppendAudio, CancelResponse, OpenConversation
+from pipeline.response_events import AudioChunk, ResponseDone, ResponseStatus
 
 STEP_S = 0.05
 """The fake clock's advance per engine step."""
@@ -49,9 +49,9 @@ def test_a_reply_holds_its_start_only_with_a_buffer_set_and_enough_other_convers
 
 # -- the engine -----------------------------------------------------------------------------------
 def make_core(tiny_model_dir, monkeypatch, *, start_buffer_ms, busy=1, codes=100, quick=None, timeline=None):
-    import pipeline.core
+    import pipeline.core.engine_core
     from pipeline.config import load_stage_config
-    from pipeline.core import EngineCore
+    from pipeline.core.engine_core import EngineCore
     from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
 
     chunking = load_stage_config().token2wav.settings.chunking | {"quick_first_chunk_frames": quick}
@@ -63,7 +63,7 @@ def make_core(tiny_model_dir, monkeypatch, *, start_buffer_ms, busy=1, codes=100
     if timeline is not None:
         cfg = replace(cfg, engine=replace(cfg.engine, timeline_path=str(timeline)))
     clock = [1000.0]
-    monkeypatch.setattr(pipeline.core.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(pipeline.core.engine_core.time, "perf_counter", lambda: clock[0])
     core = EngineCore(load_checkpoint(tiny_model_dir), cfg, seed=3)
     core.test_clock = clock
     return core
@@ -109,7 +109,7 @@ def test_under_load_the_first_audio_leaves_with_the_buffer_full_and_is_the_same_
     core = make_core(tiny_model_dir, monkeypatch, start_buffer_ms=960, timeline=tmp_path / "t.json")
     user_speaking(core, "b")
     events = start_spoken_reply(core, "a")
-    with caplog.at_level(logging.INFO, logger="pipeline.core"):
+    with caplog.at_level(logging.INFO, logger="pipeline.core.engine_core"):
         steps = run(core, events)
     first_step = next(step for step in steps if audio(step))
     assert [c.duration_ms for c in audio(first_step)] == [480, 480], "the first two chunks, sent together"
@@ -234,8 +234,8 @@ def test_the_stage_config_takes_the_start_buffer_on_token2wav_only():
 
 
 def test_the_servers_metrics_export_the_start_holds():
-    from pipeline.outputs import EngineStats
-    from realtime.metrics import Hygiene, ServerMetrics
+    from pipeline.response_events import EngineStats
+    from realtime.observe.metrics import Hygiene, ServerMetrics
 
     metrics = ServerMetrics()
     stats = EngineStats(1, 1, 0, 30, 10, 0, audio_start_holds_total=4, audio_start_held_ms_total=1500)

@@ -1,4 +1,4 @@
-"""The video budget of a conversation's history (pipeline/video_budget.py) and its stage-config settings."""
+"""The video budget of a conversation's history (pipeline/video/budget.py) and its stage-config settings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.api import VisionInfo
 from pipeline.config import DEFAULT_STAGE_CONFIG, ConfigError, load_stage_config
-from pipeline.video_budget import VideoBudget, video_tokens_per_second
+from pipeline.video.budget import VideoBudget, video_tokens_per_second
 
 INFO = VisionInfo(fps=2.0, min_pixels=3136, max_pixels=12845056, patch_size=14, merge_size=2, temporal_patch_size=2)
 

@@ -1,10 +1,10 @@
-"""The frame rules of a spoken message's video (pipeline/video_timeline.py)."""
+"""The frame rules of a spoken message's video (pipeline/video/timeline.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from pipeline.video_timeline import VideoTimeline
+from pipeline.video.timeline import VideoTimeline
 
 
 def _frame(v: int) -> np.ndarray:

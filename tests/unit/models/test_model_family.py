@@ -15,14 +15,14 @@ from toy_family import TONE_SAMPLES, tone
 from pipeline.config import load_stage_config, parse_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.errors import ConfigError
-from pipeline.loaders import PretrainedCheckpoint
+from pipeline.hosting.loaders import PretrainedCheckpoint
 from pipeline.models import DEFAULT_FAMILY, FAMILIES, family_of, registered
 from pipeline.models.family import ModelFamily
-from pipeline.outputs import AudioChunk, ResponseDone, ResponseStatus
+from pipeline.response_events import AudioChunk, ResponseDone, ResponseStatus
 from tests.helpers.paths import REPO
 
 MODELS = REPO / "pipeline" / "models"
-ENGINE_MODULES = ("runners", "scheduler", "core", "engine", "loop", "process")
+ENGINE_MODULES = ("runners", "scheduler", "core", "engine", "hosting", "step")
 
 
 def _members(cls) -> set[str]:

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from pipeline.conversation_state import ConversationState, ConvItem, ItemKind
+from pipeline.core.conversation_state import ConversationState, ConvItem, ItemKind
 from pipeline.errors import FunctionCallError
 from pipeline.models.common.hermes_tools import CallParser
 from pipeline.models.qwen2_5_omni import checkpoint as ckpt
 from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
 from pipeline.output.function_calls import CallTracker, Verdict
-from pipeline.outputs import FunctionCallDelta, FunctionCallDone, FunctionCallStarted
+from pipeline.response_events import FunctionCallDelta, FunctionCallDone, FunctionCallStarted
 from pipeline.tools import AUTO, Tool, ToolChoice, ToolMode
 
 WEATHER = Tool(

@@ -7,8 +7,8 @@ import warnings
 import numpy as np
 import pytest
 
-from realtime.audio import (
-    AudioFormat,
+from realtime.errors import InvalidAudioData, RealtimeError
+from realtime.media.audio import (
     InputDecoder,
     OutputEncoder,
     StreamResampler,
@@ -24,7 +24,7 @@ from realtime.audio import (
     ulaw_decode,
     ulaw_encode,
 )
-from realtime.errors import InvalidAudioData, RealtimeError
+from realtime.protocol.audio_format import AudioFormat
 
 ALL_INT16 = np.arange(-32768, 32768, dtype=np.int16)
 ALL_CODES = np.arange(256, dtype=np.uint8)

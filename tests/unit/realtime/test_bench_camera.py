@@ -13,9 +13,9 @@ from aiortc.mediastreams import MediaStreamError
 
 from realtime.bench.camera import CameraOptions, CameraPictures, pattern_frames
 from realtime.bench.camera_track import VIDEO_CLOCK_RATE, VIDEO_TIME_BASE, CameraTrack
-from realtime.images import ImageLimits, decode_item
+from realtime.media.images import ImageLimits, decode_item
+from realtime.media.video_settings import DEFAULT_CAMERA
 from realtime.protocol.client import parse_client_event
-from realtime.video_settings import DEFAULT_CAMERA
 from tests.fakes import TINY_VISION
 
 

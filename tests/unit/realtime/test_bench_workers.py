@@ -9,7 +9,7 @@ from realtime.bench.client import UserPlan
 from realtime.bench.metrics import AudioArrival, ResponseLog, ResponseStatus, TurnLog
 from realtime.bench.speech import Speech
 from realtime.bench.workers import ClientShare, merge_shares, split_plans
-from realtime.loop_lag import LagSummary
+from realtime.observe.loop_lag import LagSummary
 
 
 def plans(n: int) -> list[UserPlan]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from pipeline.outputs import EngineStats
-from realtime.metrics import EngineWorkCollector
+from pipeline.response_events import EngineStats
+from realtime.observe.metrics import EngineWorkCollector
 
 
 def test_camera_video_held_and_dropped_are_exported():

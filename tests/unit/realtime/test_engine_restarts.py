@@ -1,4 +1,4 @@
-"""Restarting failed engines (``realtime/engine_restarts.py``) over an engine pool of stand-in engines: no model."""
+"""Restarting failed engines (``realtime/engines/restarts.py``) over an engine pool of stand-in engines: no model."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from realtime.engine_pool import EnginePool
-from realtime.engine_restarts import STABLE_S, EngineRestarts
-from realtime.placement import EngineState
+from realtime.engines.placement import EngineState
+from realtime.engines.pool import EnginePool
+from realtime.engines.restarts import STABLE_S, EngineRestarts
 
 
 class Engine:
@@ -99,7 +99,7 @@ async def test_failures_in_a_row_wait_longer_until_the_engine_has_served_a_while
             pool, lambda index: Engine("new"), on_restarted=restarted.append, delays_s=(0.0, 0.0), clock=lambda: now[0]
         )
     )
-    caplog.set_level(logging.WARNING, logger="realtime.engine_restarts")
+    caplog.set_level(logging.WARNING, logger="realtime.engines.restarts")
     for expected in (1, 2, 3):
         die(pool, 0)
         await until(lambda n=expected: len(restarted) == n)

@@ -1,4 +1,4 @@
-"""realtime.first_audio: the per-response trace of the first audio's hops through the server. Pure:
+"""realtime.observe.first_audio: the per-response trace of the first audio's hops through the server. Pure:
 a fake clock, no runner."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import load_script
-from pipeline.outputs import StageTimings
-from realtime.first_audio import FirstAudioTrace, FirstAudioTracer, Hop
+from pipeline.response_events import StageTimings
+from realtime.observe.first_audio import FirstAudioTrace, FirstAudioTracer, Hop
 
 
 class Clock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from realtime.video import FrameSampler
+from realtime.media.video import FrameSampler
 
 
 @pytest.mark.parametrize("camera_fps", [5, 10, 15, 24, 30, 60])

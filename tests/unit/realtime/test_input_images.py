@@ -12,7 +12,7 @@ import pydantic
 import pytest
 from PIL import Image
 
-from realtime.images import ImageLimits
+from realtime.media.images import ImageLimits
 from realtime.session import SessionSettings
 from tests.fakes import TINY_VISION, FakeEngine
 from tests.helpers.session_harness import MANUAL, TEXT_ITEM, Harness

@@ -1,4 +1,5 @@
-"""The event-loop lag probe (realtime.loop_lag) and a WebRTC call's input delay (realtime.transports.input_delay)."""
+"""The event-loop lag probe (realtime.observe.loop_lag) and a WebRTC call's input delay
+(realtime.transports.input_delay)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from realtime.loop_lag import LoopLagProbe
+from realtime.observe.loop_lag import LoopLagProbe
 from realtime.transports.input_delay import RTP_TIMESTAMP_MODULUS, InputDelayMeter
 
 

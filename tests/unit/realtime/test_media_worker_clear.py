@@ -10,10 +10,10 @@ import json
 import numpy as np
 import pytest
 
-from realtime.audio import AudioFormat
-from realtime.limits import SessionSlots
+from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.client import InputAudioAppend
 from realtime.protocol.names import Dialect
+from realtime.server.limits import SessionSlots
 from realtime.transports.media_workers import messages as m
 from realtime.transports.media_workers.calls import RemoteCall
 from realtime.transports.media_workers.worker import Worker, WorkerCall

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from realtime.cli import build_parser, main, server_config
+from realtime.cli.main import build_parser, main, server_config
 from realtime.config import ServerConfig
-from realtime.images import ImageLimits
-from realtime.video_settings import CameraSettings
+from realtime.media.images import ImageLimits
+from realtime.media.video_settings import CameraSettings
 
 
 def test_picture_and_camera_flags_become_the_server_config():

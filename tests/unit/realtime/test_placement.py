@@ -1,5 +1,6 @@
-"""Placement of sessions over engines and capacity-aware admission (``realtime/placement.py``), and the per-engine
-stage configs of data parallel (``realtime/engine_pool.py``): no engine runs here."""
+"""Placement of sessions over engines and capacity-aware admission (``realtime/engines/placement.py``), and the
+per-engine
+stage configs of data parallel (``realtime/engines/pool.py``): no engine runs here."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import pytest
 
 from pipeline.config import load_stage_config
 from pipeline.errors import ConfigError
-from pipeline.outputs import EngineStats
-from realtime.engine_pool import check_devices, gpus_per_engine, replica_configs, total_stats
+from pipeline.response_events import EngineStats
+from realtime.engines.placement import EngineLoad, EngineSlot, EngineSlots, EngineState, PlacementCode, choose_engine
+from realtime.engines.pool import check_devices, gpus_per_engine, replica_configs, total_stats
 from realtime.errors import ErrorType
-from realtime.placement import EngineLoad, EngineSlot, EngineSlots, EngineState, PlacementCode, choose_engine
 
 SERVING, FAILED = EngineState.SERVING, EngineState.FAILED
 

@@ -1,4 +1,4 @@
-"""The command line's checks before a model loads (``realtime/preflight.py``) and its help layout."""
+"""The command line's checks before a model loads (``realtime/cli/preflight.py``) and its help layout."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from realtime.config import ServerConfig
-from realtime.flags import HelpFormatter
-from realtime.preflight import (
+from realtime.cli.flags import HelpFormatter
+from realtime.cli.preflight import (
     UsageError,
     check_audio_file,
     check_model,
@@ -21,6 +20,7 @@ from realtime.preflight import (
     check_stage_config,
     check_tls,
 )
+from realtime.config import ServerConfig
 from tests.helpers.tls import self_signed
 
 

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.outputs import Usage
+from pipeline.response_events import Usage
 from pipeline.tools import Tool, ToolChoice, ToolMode
-from realtime.audio import AudioFormat
 from realtime.errors import InvalidAudioData, ProtocolError, RealtimeError
 from realtime.ids import SequentialIds
+from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.client import (
     InputAudioAppend,
     InputAudioClear,
@@ -57,7 +57,7 @@ from realtime.protocol.names import (
     server_event_name,
 )
 from realtime.protocol.server import ContentRef, ServerEvents, session_object
-from realtime.turn import ServerVadParams
+from realtime.protocol.turn_detection import ServerVadParams
 
 openai = pytest.importorskip("openai")
 pydantic = pytest.importorskip("pydantic")

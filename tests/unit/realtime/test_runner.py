@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline.errors import ContextLimitError, EngineClosedError
-from realtime.first_audio import Hop
+from realtime.observe.first_audio import Hop
 from realtime.protocol.codes import ErrorCode
 from realtime.runner import OutboundOverflow, OutboundQueue, SessionRunner, TransportClosed
 from realtime.session import AudioTransport, SessionSettings
@@ -84,7 +84,7 @@ class LoudVad:
 
 def preemptive(engine: FakeEngine, **kwargs) -> Harness:
     """A harness whose real turn detector reports 200 ms pauses and whose session starts replies on them."""
-    from realtime.turn import TurnDetector
+    from realtime.turns.server_vad import TurnDetector
 
     return Harness(
         engine,

@@ -13,7 +13,7 @@ import pydantic
 import pytest
 
 from pipeline.errors import EngineFailure, UnknownItemError
-from pipeline.outputs import (
+from pipeline.response_events import (
     AudioChunk,
     FunctionCallDelta,
     FunctionCallDone,
@@ -24,11 +24,12 @@ from pipeline.outputs import (
     Usage,
 )
 from pipeline.tools import MAX_CALLS_PER_RESPONSE, ToolChoice, ToolMode
-from realtime.audio import AudioFormat
 from realtime.ids import SequentialIds
+from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.codes import ErrorCode, StatusReason
 from realtime.protocol.model import ItemStatus, Role
 from realtime.protocol.names import Dialect
+from realtime.protocol.turn_detection import ServerVadParams
 from realtime.session import (
     AddAudio,
     AddText,
@@ -56,7 +57,7 @@ from realtime.session import (
     TruncateItem,
 )
 from realtime.tool_calls import AddFunctionCall, AddFunctionOutput, SetTools
-from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
+from realtime.turns.server_vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 from realtime.voices import DEFAULT_VOICE_ALIASES
 
 openai = pytest.importorskip("openai")
@@ -867,7 +868,7 @@ def test_transcription_results_become_sdk_valid_events_and_the_items_transcript(
 def test_a_failed_transcription_reports_its_error_for_the_item(caplog):
     d = transcribing(Driver(manual=True))
     item = commit_turn(d)
-    with caplog.at_level(logging.INFO, logger="realtime.error_log"):
+    with caplog.at_level(logging.INFO, logger="realtime.observe.error_log"):
         acts = d._record(d.session.transcription_failed(item, 0, EngineFailure("engine fell over")))
     (failed,) = events(acts)
     assert failed["type"] == TRANSCRIPTION_EVENTS[2] and failed["item_id"] == item
@@ -1380,13 +1381,13 @@ def test_malformed_messages_become_error_events():
 
 
 def _error_lines(caplog) -> list:
-    return [r for r in caplog.records if r.name == "realtime.error_log"]
+    return [r for r in caplog.records if r.name == "realtime.observe.error_log"]
 
 
 def test_every_error_event_is_logged_once_with_session_code_client_event_and_message(caplog):
     """Client mistakes at INFO (the default level shows them), each naming the session, the code, the client
     event's type and event_id, the param and the message the client got."""
-    caplog.set_level(logging.INFO, logger="realtime.error_log")
+    caplog.set_level(logging.INFO, logger="realtime.observe.error_log")
     d = Driver()
     sid = d.session.session_id
     update = {"type": "session.update", "event_id": "evt_7", "session": {"tools": [{"type": "function"}]}}
@@ -1409,7 +1410,7 @@ def test_every_error_event_is_logged_once_with_session_code_client_event_and_mes
 
 
 def test_server_errors_are_logged_as_warnings(caplog):
-    caplog.set_level(logging.INFO, logger="realtime.error_log")
+    caplog.set_level(logging.INFO, logger="realtime.observe.error_log")
     d = Driver(manual=True)
     item_id = commit_turn(d)
     caplog.clear()

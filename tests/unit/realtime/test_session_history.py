@@ -9,7 +9,7 @@ import pytest
 from test_session import Driver, error_of, events, of, types
 
 from pipeline.api import ContextPolicy
-from pipeline.outputs import TextDelta
+from pipeline.response_events import TextDelta
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.model import Role
 from realtime.protocol.names import Dialect

@@ -8,10 +8,12 @@ import wave
 import numpy as np
 import pytest
 
-from realtime.audio import AudioFormat, InputDecoder
 from realtime.errors import RealtimeError
-from realtime.turn import ServerVadParams, SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
-from realtime.vad import SileroVad
+from realtime.media.audio import InputDecoder
+from realtime.protocol.audio_format import AudioFormat
+from realtime.protocol.turn_detection import ServerVadParams
+from realtime.turns.server_vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
+from realtime.turns.vad import SileroVad
 from tests.helpers.paths import TESTS
 
 FRAME = 512  # samples per VAD frame at 16 kHz = 32 ms

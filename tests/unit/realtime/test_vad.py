@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from realtime.vad import VAD_SAMPLE_RATE, SileroVad
+from realtime.turns.vad import VAD_SAMPLE_RATE, SileroVad
 from tests.helpers.paths import TESTS
 from tests.helpers.speech import load_16k
 

@@ -1,4 +1,5 @@
-"""realtime.vad_batch: every session's VAD frames scored in shared silero calls, equal to one model per session."""
+"""realtime.turns.vad_batch: every session's VAD frames scored in shared silero calls, equal to one model per
+session."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import threading
 import numpy as np
 import pytest
 
-from realtime.turn import ServerVadParams, TurnDetector
-from realtime.vad import BatchedSpeechProbability, SileroVad
-from realtime.vad_batch import SileroBatchModel, VadBatcher
+from realtime.protocol.turn_detection import ServerVadParams
+from realtime.turns.server_vad import TurnDetector
+from realtime.turns.vad import BatchedSpeechProbability, SileroVad
+from realtime.turns.vad_batch import SileroBatchModel, VadBatcher
 from tests.helpers.speech import load_16k
 
 CLIPS = ["capital_of_france.wav", "short_joke.wav", "count_to_five.wav"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from realtime.cli import build_parser, server_config
+from realtime.cli.main import build_parser, server_config
 from realtime.config import ServerConfig
 from realtime.voices import (
     DEFAULT_VOICE_ALIASES,

@@ -10,10 +10,11 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 from aiortc.rtp import RtpPacket
 
-from realtime.audio import AudioFormat, StreamResampler, decode_audio
 from realtime.bench.cli import build_parser, resolve_options, server_config
 from realtime.bench.client import BROWSER_HOLD_PACKETS, FRAME_MS, WebRTCLink, _TimedMicQueue
 from realtime.config import ServerConfig
+from realtime.media.audio import StreamResampler, decode_audio
+from realtime.protocol.audio_format import AudioFormat
 from realtime.transports.decimator import Decimator
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack
 from realtime.transports.peer import accept_offer

@@ -1,0 +1,155 @@
+"""A response's life in the engine: started (its reply item opened, its prefill queued), cancelled, and ended.
+
+:class:`ResponseLifecycle` opens a response on :meth:`start`, marks it on :meth:`cancel` (the next plan ends it, so a
+cancel stops every stage within one step), and ends it with one final status: ``completed``/``incomplete`` once every
+stage is done (:meth:`finish_done`), ``cancelled``, or ``failed`` (:meth:`fail`: one response's error never ends
+another). Ending gives the response's engine resources back first, then sends its last events. Engine thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pipeline.core.conversation_state import ConvItem, ItemKind
+from pipeline.core.conversations import Conversations
+from pipeline.core.response_state import ResponseSpec, ResponseState, TextEnd
+from pipeline.core.seeds import Seeds
+from pipeline.errors import EngineFailure, FunctionCallError, PipelineError, ResponseActiveError, no_audio_output
+from pipeline.observe.observer import EngineObserver
+from pipeline.output.detokenizer import IncrementalDetokenizer, markup_ids
+from pipeline.output.function_calls import function_calls
+from pipeline.output.processor import OutputProcessor
+from pipeline.response_events import ResponseStatus
+from pipeline.runners.model_runner import ModelRunner
+from pipeline.scheduler.scheduler import Scheduler
+from pipeline.tools import ToolMode
+
+__all__ = ["ResponseLifecycle"]
+
+log = logging.getLogger("pipeline.core.engine_core")
+
+
+class ResponseLifecycle:
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        conversations: Conversations,
+        runner: ModelRunner,
+        output: OutputProcessor,
+        observer: EngineObserver,
+        renderer,
+        seeds: Seeds,
+        speaks: bool,
+    ) -> None:
+        self.scheduler = scheduler
+        self.conversations = conversations
+        self.runner = runner
+        self.output = output
+        self.observer = observer
+        self.renderer = renderer
+        self.markup = markup_ids(renderer.tokenizer)
+        """Token ids whose text never reaches a reply's text (the tokenizer's added tokens)."""
+        self.seeds = seeds
+        self.speaks = speaks
+        """Whether the engine has a talker: without one a spoken response is refused."""
+
+    def start(self, spec: ResponseSpec) -> None:
+        """Open the reply item at the end of the conversation and queue the response's prefill. Any conversation is
+        answered: with no items (or no user item) the prompt is the instructions and the reply's header, so the reply
+        answers the instructions (a greeting). Raises ``UnsupportedInputError`` for a spoken response of an engine
+        without a talker, before anything is opened."""
+        if spec.audio and not self.speaks:
+            raise no_audio_output()
+        conv = self.conversations.get(spec.conv_id)
+        if conv.active_response is not None:
+            raise ResponseActiveError("a response is already in progress for this conversation", param="response")
+        calls = function_calls(self.renderer, conv.tools, spec)
+        item = ConvItem(id=spec.item_id, role="assistant", kind=ItemKind.REPLY, open=True)
+        conv.add(item)
+        conv.active_response = spec.id
+        r = ResponseState(
+            spec=spec,
+            conv=conv,
+            item=item,
+            detok=IncrementalDetokenizer(self.renderer.decode, hidden=self.markup),
+            calls=calls,
+            seed=self.seeds.response_seed(),
+            started_at=time.perf_counter(),
+            started_at_s=time.monotonic(),
+        )
+        if spec.tool_choice.mode is ToolMode.REQUIRED:  # the reply opens the call; the model completes it
+            item.reply_ids = self.renderer.tools.forced(spec.tool_choice.name)
+            r.thinker.silent = True
+            calls.prime(item.reply_ids)
+        self.scheduler.responses[spec.id] = r
+        self.observer.milestone(spec.id, "started", r.started_at)
+
+    def cancel(self, response_id: str, reason: str) -> None:
+        """Mark a live response cancelled (the first reason stays); the next plan ends it. Unknown ids are ignored."""
+        r = self.scheduler.responses.get(response_id)
+        if r is not None and r.cancel_reason is None:
+            r.cancel_reason = reason
+
+    def finish_done(self, decoding: list[ResponseState]) -> bool:
+        """End the responses whose every stage is done (and whose stream the worker does not hold): ``incomplete``
+        at the text token limit, else ``completed``. Returns whether any ended."""
+        done = self.scheduler.finished(decoding, busy=self.runner.in_worker)
+        for r in done:
+            incomplete = r.thinker.end is TextEnd.MAX_TOKENS
+            self.finish(
+                r,
+                ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED,
+                "max_output_tokens" if incomplete else None,
+            )
+        return bool(done)
+
+    def end_planned(self, r: ResponseState, error: Exception | None) -> None:
+        """The scheduler's ``end``: a cancelled response (error None) or one whose planning failed."""
+        if error is None:
+            self.finish(r, ResponseStatus.CANCELLED, r.cancel_reason)
+        else:
+            self.fail(r, error)
+
+    def end_cancelled(self, response_id: str) -> None:
+        """End a response ``cancelled`` because its conversation closed."""
+        self.finish(self.scheduler.responses[response_id], ResponseStatus.CANCELLED, "conversation_closed")
+
+    def finish(self, r: ResponseState, status: ResponseStatus, reason: str | None, error: Exception | None = None):
+        """End ``r`` with a final ``status``: its engine resources go back, then its last events."""
+        self.scheduler.responses.pop(r.id, None)
+        self.observer.milestone(r.id, status.value)
+        self.observer.finished += 1
+        r.advance(status)
+        r.item.open = False
+        if r.conv.active_response == r.id:
+            r.conv.active_response = None
+            r.conv.dirty = True  # the reply's footer and anything said meanwhile get prefilled
+        r.talker.length = 0
+        if r.audio.stream is not None:
+            if not self.runner.in_worker(r):  # else closed when the worker hands it back
+                r.audio.stream.close()
+            r.audio.stream = None
+        self.output.finish(r, status, reason, error)
+
+    def fail(self, r: ResponseState, exc: Exception) -> None:
+        """End ``r`` ``failed``: clients get a :class:`~pipeline.errors.PipelineError` (an internal error is logged
+        and replaced by :class:`~pipeline.errors.EngineFailure`); caches a stage may have left half-updated are
+        released."""
+        if not isinstance(exc, PipelineError):
+            log.error("response %s failed inside the engine", r.id, exc_info=exc)
+            # the traceback is in the server log; clients get no internals
+            exc = EngineFailure("the engine failed while generating this response")
+        if r.status is ResponseStatus.PREFILLING and not isinstance(exc, EngineFailure):
+            r.conv.items.remove(r.item)  # refused before anything was generated: leave no trace
+        elif not isinstance(exc, FunctionCallError):  # a malformed call is the model's output: the caches are sound
+            self.scheduler.release_slots(
+                r.conv
+            )  # a stage may have died mid-update: never keep a possibly corrupt cache
+        self.finish(r, ResponseStatus.FAILED, "error", exc)
+
+    def fail_all(self) -> None:
+        """End every live response ``failed`` (the engine loop's answer to a step that raised)."""
+        for r in list(self.scheduler.responses.values()):
+            self.fail(r, EngineFailure("the engine failed while generating this response"))

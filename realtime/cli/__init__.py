@@ -1,0 +1,1 @@
+"""The ``omni-realtime`` command line."""

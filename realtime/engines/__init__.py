@@ -1,0 +1,1 @@
+"""The server's engines: loading, placement of sessions, admission and restarts."""

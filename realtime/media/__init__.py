@@ -1,0 +1,1 @@
+"""Media from and to clients: wire audio formats and codecs, pictures, and a WebRTC call's camera."""

@@ -1,0 +1,1 @@
+"""The ASGI server: the app, authentication, limits and health routes."""
