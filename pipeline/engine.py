@@ -139,7 +139,7 @@ class Response:
         if self.done is not None or self._engine.closed:
             return  # a closing engine ends every response itself (cancelled, or failed if its process died)
         try:
-            self._engine._post(rq.CancelResponse(self.id, reason))
+            self._engine._post(rq.CancelResponseCommand(self.id, reason))
         except EngineClosedError:  # closed since the check above: the same as a closed engine
             log.debug("cancel of %s after the engine closed: its shutdown ends the response", self.id)
 
@@ -175,17 +175,17 @@ class AudioInput:
             raise InvalidInputError("this audio message is already committed or discarded", param="audio")
         pcm = validate_pcm(pcm, allow_empty=True).copy()
         if pcm.size:
-            self._conv._engine._post(rq.AppendAudio(self._conv.id, self.item_id, pcm))
+            self._conv._engine._post(rq.AppendAudioCommand(self._conv.id, self.item_id, pcm))
 
     def commit(self) -> Awaitable[None]:
         """Sent to the engine now (ordered before any later command); await the result for its errors."""
         self._closed = True
-        command = rq.CommitAudio(self._conv.id, self.item_id)
+        command = rq.CommitAudioCommand(self._conv.id, self.item_id)
         return asyncio.wrap_future(self._conv._engine._submit_nowait(command))
 
     async def discard(self) -> None:
         self._closed = True
-        await self._conv._engine._call(rq.DiscardAudio(self._conv.id, self.item_id))
+        await self._conv._engine._call(rq.DiscardAudioCommand(self._conv.id, self.item_id))
 
     def add_video_frame(self, frame: np.ndarray, t: float) -> None:
         if self._conv._engine.vision is None:
@@ -195,7 +195,7 @@ class AudioInput:
         validate_frame(frame)
         if not math.isfinite(t) or t < 0:
             raise InvalidInputError(f"a frame's time must be a finite number of seconds >= 0, got {t}", param="t")
-        self._conv._engine._post(rq.AddVideoFrame(self._conv.id, self.item_id, np.array(frame), float(t)))
+        self._conv._engine._post(rq.AddVideoFrameCommand(self._conv.id, self.item_id, np.array(frame), float(t)))
 
 
 class Conversation:
@@ -205,51 +205,51 @@ class Conversation:
         self.id = f"conv_{next(_ids)}"
         self._engine = engine
         self._active: Response | None = None
-        engine._post(rq.OpenConversation(self.id, instructions))
+        engine._post(rq.OpenConversationCommand(self.id, instructions))
 
     async def set_instructions(self, instructions: str) -> None:
-        await self._engine._call(rq.SetInstructions(self.id, instructions))
+        await self._engine._call(rq.SetInstructionsCommand(self.id, instructions))
 
     async def set_context_policy(self, policy: ContextPolicy | None) -> None:
-        await self._engine._call(rq.SetContextPolicy(self.id, policy))
+        await self._engine._call(rq.SetContextPolicyCommand(self.id, policy))
 
     async def set_tools(self, tools: tuple[Tool, ...]) -> None:
-        await self._engine._call(rq.SetTools(self.id, tuple(tools)))
+        await self._engine._call(rq.SetToolsCommand(self.id, tuple(tools)))
 
     async def add_function_call(self, item_id: str, name: str, arguments: str) -> None:
-        await self._engine._call(rq.AddFunctionCall(self.id, item_id, name, arguments))
+        await self._engine._call(rq.AddFunctionCallCommand(self.id, item_id, name, arguments))
 
     async def add_function_output(self, item_id: str, output: str) -> None:
-        await self._engine._call(rq.AddFunctionOutput(self.id, item_id, output))
+        await self._engine._call(rq.AddFunctionOutputCommand(self.id, item_id, output))
 
     async def add_text(
         self, item_id: str, text: str, role: Role = "user", *, previous_item_id: str | None = None
     ) -> None:
         if role not in ("system", "user", "assistant"):
             raise InvalidInputError(f"unknown role {role!r}", param="role")
-        await self._engine._call(rq.AddText(self.id, item_id, role, text, previous_item_id))
+        await self._engine._call(rq.AddTextCommand(self.id, item_id, role, text, previous_item_id))
 
     async def add_audio(self, item_id: str, pcm: np.ndarray, *, previous_item_id: str | None = None) -> None:
         validate_pcm(pcm)
-        await self._engine._call(rq.AddAudio(self.id, item_id, pcm, previous_item_id))
+        await self._engine._call(rq.AddAudioCommand(self.id, item_id, pcm, previous_item_id))
 
     async def add_content(
         self, item_id: str, parts: tuple[ContentPart, ...], *, previous_item_id: str | None = None
     ) -> None:
         if self._engine.vision is None and any(not isinstance(part, str) for part in parts):
             raise UnsupportedInputError("this model has no vision tower: it cannot take images", param="content")
-        await self._engine._call(rq.AddContent(self.id, item_id, tuple(parts), previous_item_id))
+        await self._engine._call(rq.AddContentCommand(self.id, item_id, tuple(parts), previous_item_id))
 
     def open_audio(self, item_id: str) -> AudioInput:
         return AudioInput(self, item_id)
 
     async def delete_item(self, item_id: str) -> None:
-        await self._engine._call(rq.DeleteItem(self.id, item_id))
+        await self._engine._call(rq.DeleteItemCommand(self.id, item_id))
 
     async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:
         if audio_end_ms < 0:
             raise InvalidInputError("audio_end_ms must be >= 0", param="audio_end_ms")
-        await self._engine._call(rq.TruncateItem(self.id, item_id, audio_end_ms))
+        await self._engine._call(rq.TruncateItemCommand(self.id, item_id, audio_end_ms))
 
     def respond(
         self,
@@ -293,7 +293,7 @@ class Conversation:
         )
         self._active = resp
         try:
-            fut = engine._submit_nowait(rq.StartResponse(spec))
+            fut = engine._submit_nowait(rq.StartResponseCommand(spec))
         except BaseException:
             self._active = None
             raise
@@ -303,7 +303,7 @@ class Conversation:
     async def close(self) -> None:
         if self._engine.closed:
             return
-        await self._engine._call(rq.CloseConversation(self.id))
+        await self._engine._call(rq.CloseConversationCommand(self.id))
 
 
 class OmniEngine:
@@ -441,12 +441,12 @@ class OmniEngine:
     async def stats(self) -> EngineStats:
         """What the engine holds now (conversations, responses, KV positions, queued commands)."""
         queued = self._backend.pending()
-        return await self._call(rq.GetStats(queued))
+        return await self._call(rq.GetStatsCommand(queued))
 
     async def wait_idle(self, poll_s: float = 0.001) -> None:
         """Wait until the engine has nothing to do: no response running and every conversation's
         background prefill caught up (benchmarks and tests use it)."""
-        while await self._call(rq.HasWork()):
+        while await self._call(rq.HasWorkCommand()):
             await asyncio.sleep(poll_s)
 
     def close(self) -> None:

@@ -118,14 +118,14 @@ def greedy_stage_config(device: str = "cpu", family: str = "qwen2_5_omni", **ove
 def start_spoken_reply(core, name: str, max_text_tokens: int = 4) -> list:
     """Open conversation ``name`` on an ``EngineCore`` driven by the test, add a user text and start a spoken reply
     ``r-<name>``; returns the list its events are appended to."""
-    from pipeline.core.commands import AddText, OpenConversation, StartResponse
+    from pipeline.core.commands import AddTextCommand, OpenConversationCommand, StartResponseCommand
     from pipeline.core.response_state import ResponseSpec
 
     events: list = []
-    core.handle(OpenConversation(name, "You are a test."))
-    core.handle(AddText(name, f"{name}-u", "user", f"Hello from {name}"))
+    core.handle(OpenConversationCommand(name, "You are a test."))
+    core.handle(AddTextCommand(name, f"{name}-u", "user", f"Hello from {name}"))
     core.handle(
-        StartResponse(
+        StartResponseCommand(
             ResponseSpec(
                 id=f"r-{name}",
                 conv_id=name,

@@ -5,7 +5,7 @@ Each request carries the same fields the session layer has at hand (conversation
 ``match``
 over these classes — so a reader can follow a request from the socket to the step that uses it. An engine core in a
 child process receives the same objects over a pipe. Arguments must pickle (strings, numbers, numpy arrays, frozen
-dataclasses); :class:`StartResponse`'s spec crosses detached (see
+dataclasses); :class:`StartResponseCommand`'s spec crosses detached (see
 :meth:`pipeline.core.response_state.ResponseSpec.detached`).
 """
 
@@ -20,51 +20,51 @@ from pipeline.core.response_state import ResponseSpec
 from pipeline.tools import Tool
 
 __all__ = [
-    "AddAudio",
-    "AddFunctionCall",
-    "AddFunctionOutput",
-    "AddContent",
-    "AddText",
-    "AddVideoFrame",
-    "AppendAudio",
-    "CancelResponse",
-    "CloseConversation",
-    "CommitAudio",
-    "DeleteItem",
-    "DiscardAudio",
-    "EngineRequest",
-    "GetStats",
-    "HasWork",
-    "OpenConversation",
-    "SetContextPolicy",
-    "SetInstructions",
-    "SetTools",
-    "StartResponse",
-    "TruncateItem",
+    "AddAudioCommand",
+    "AddFunctionCallCommand",
+    "AddFunctionOutputCommand",
+    "AddContentCommand",
+    "AddTextCommand",
+    "AddVideoFrameCommand",
+    "AppendAudioCommand",
+    "CancelResponseCommand",
+    "CloseConversationCommand",
+    "CommitAudioCommand",
+    "DeleteItemCommand",
+    "DiscardAudioCommand",
+    "CoreCommand",
+    "GetStatsCommand",
+    "HasWorkCommand",
+    "OpenConversationCommand",
+    "SetContextPolicyCommand",
+    "SetInstructionsCommand",
+    "SetToolsCommand",
+    "StartResponseCommand",
+    "TruncateItemCommand",
 ]
 
 
 @dataclass(frozen=True)
-class OpenConversation:
+class OpenConversationCommand:
     conv_id: str
     instructions: str
 
 
 @dataclass(frozen=True)
-class CloseConversation:
+class CloseConversationCommand:
     """Ends the conversation's live response (``cancelled``) and frees its KV slots."""
 
     conv_id: str
 
 
 @dataclass(frozen=True)
-class SetInstructions:
+class SetInstructionsCommand:
     conv_id: str
     instructions: str
 
 
 @dataclass(frozen=True)
-class SetContextPolicy:
+class SetContextPolicyCommand:
     """The conversation's own context policy (None: the engine's), applied from its next response on."""
 
     conv_id: str
@@ -72,7 +72,7 @@ class SetContextPolicy:
 
 
 @dataclass(frozen=True)
-class SetTools:
+class SetToolsCommand:
     """The function tools offered to the model (part of its system prompt); ``()``: none."""
 
     conv_id: str
@@ -80,7 +80,7 @@ class SetTools:
 
 
 @dataclass(frozen=True)
-class AddFunctionCall:
+class AddFunctionCallCommand:
     """An assistant's call added by the client (history); ``arguments``: JSON text of an object."""
 
     conv_id: str
@@ -90,7 +90,7 @@ class AddFunctionCall:
 
 
 @dataclass(frozen=True)
-class AddFunctionOutput:
+class AddFunctionOutputCommand:
     """A tool's result for the model's next reply."""
 
     conv_id: str
@@ -99,8 +99,9 @@ class AddFunctionOutput:
 
 
 @dataclass(frozen=True)
-class AddContent:
-    """A user message of text and pictures (uint8 RGB ``(H, W, 3)`` arrays), placed as :class:`AddText` places it."""
+class AddContentCommand:
+    """A user message of text and pictures (uint8 RGB ``(H, W, 3)`` arrays), placed as :class:`AddTextCommand` places
+    it."""
 
     conv_id: str
     item_id: str
@@ -109,7 +110,7 @@ class AddContent:
 
 
 @dataclass(frozen=True)
-class AddText:
+class AddTextCommand:
     """Appended, or inserted right after ``previous_item_id`` (``pipeline.api.ROOT_ITEM_ID``: first)."""
 
     conv_id: str
@@ -120,9 +121,9 @@ class AddText:
 
 
 @dataclass(frozen=True)
-class AddAudio:
+class AddAudioCommand:
     """A whole audio message (16 kHz float32 mono): the same path as streamed audio, so features are identical.
-    Placed as :class:`AddText` is."""
+    Placed as :class:`AddTextCommand` is."""
 
     conv_id: str
     item_id: str
@@ -131,10 +132,10 @@ class AddAudio:
 
 
 @dataclass(frozen=True)
-class AddVideoFrame:
+class AddVideoFrameCommand:
     """A camera frame (uint8 RGB ``(H, W, 3)``, checked by the handle) of a message still being spoken, seen ``t``
     seconds after its first audio sample (:mod:`pipeline.video.message`). An error is kept and raised by the
-    message's :class:`CommitAudio`."""
+    message's :class:`CommitAudioCommand`."""
 
     conv_id: str
     item_id: str
@@ -143,9 +144,9 @@ class AddVideoFrame:
 
 
 @dataclass(frozen=True)
-class AppendAudio:
+class AppendAudioCommand:
     """More of a message still being spoken (16 kHz float32 mono); its complete 2 s blocks are encoded and prefilled
-    in the background. An error is kept and raised by the message's :class:`CommitAudio`."""
+    in the background. An error is kept and raised by the message's :class:`CommitAudioCommand`."""
 
     conv_id: str
     item_id: str
@@ -153,25 +154,25 @@ class AppendAudio:
 
 
 @dataclass(frozen=True)
-class CommitAudio:
+class CommitAudioCommand:
     conv_id: str
     item_id: str
 
 
 @dataclass(frozen=True)
-class DiscardAudio:
+class DiscardAudioCommand:
     conv_id: str
     item_id: str
 
 
 @dataclass(frozen=True)
-class DeleteItem:
+class DeleteItemCommand:
     conv_id: str
     item_id: str
 
 
 @dataclass(frozen=True)
-class TruncateItem:
+class TruncateItemCommand:
     """Keep the share of a spoken reply the user heard (``audio_end_ms`` of its audio)."""
 
     conv_id: str
@@ -180,12 +181,12 @@ class TruncateItem:
 
 
 @dataclass(frozen=True)
-class StartResponse:
+class StartResponseCommand:
     spec: ResponseSpec
 
 
 @dataclass(frozen=True)
-class CancelResponse:
+class CancelResponseCommand:
     """The response ends ``cancelled`` with ``reason`` at the start of the next step (every stage within one step)."""
 
     response_id: str
@@ -193,37 +194,37 @@ class CancelResponse:
 
 
 @dataclass(frozen=True)
-class GetStats:
+class GetStatsCommand:
     """The engine's counters and sizes; ``pending_requests``: requests queued behind this one (the caller counts)."""
 
     pending_requests: int = 0
 
 
 @dataclass(frozen=True)
-class HasWork:
+class HasWorkCommand:
     """Whether a step can do something now (see :meth:`pipeline.core.engine_core.EngineCore.has_work`)."""
 
 
-EngineRequest = (
-    OpenConversation
-    | CloseConversation
-    | SetInstructions
-    | SetContextPolicy
-    | SetTools
-    | AddFunctionCall
-    | AddFunctionOutput
-    | AddContent
-    | AddText
-    | AddAudio
-    | AppendAudio
-    | AddVideoFrame
-    | CommitAudio
-    | DiscardAudio
-    | DeleteItem
-    | TruncateItem
-    | StartResponse
-    | CancelResponse
-    | GetStats
-    | HasWork
+CoreCommand = (
+    OpenConversationCommand
+    | CloseConversationCommand
+    | SetInstructionsCommand
+    | SetContextPolicyCommand
+    | SetToolsCommand
+    | AddFunctionCallCommand
+    | AddFunctionOutputCommand
+    | AddContentCommand
+    | AddTextCommand
+    | AddAudioCommand
+    | AppendAudioCommand
+    | AddVideoFrameCommand
+    | CommitAudioCommand
+    | DiscardAudioCommand
+    | DeleteItemCommand
+    | TruncateItemCommand
+    | StartResponseCommand
+    | CancelResponseCommand
+    | GetStatsCommand
+    | HasWorkCommand
 )
 """Every request the engine core takes."""

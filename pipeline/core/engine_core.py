@@ -21,27 +21,27 @@ import torch
 from pipeline.config import StageGraphConfig
 from pipeline.core.build import CoreHooks, build_core
 from pipeline.core.commands import (
-    AddAudio,
-    AddContent,
-    AddFunctionCall,
-    AddFunctionOutput,
-    AddText,
-    AddVideoFrame,
-    AppendAudio,
-    CancelResponse,
-    CloseConversation,
-    CommitAudio,
-    DeleteItem,
-    DiscardAudio,
-    EngineRequest,
-    GetStats,
-    HasWork,
-    OpenConversation,
-    SetContextPolicy,
-    SetInstructions,
-    SetTools,
-    StartResponse,
-    TruncateItem,
+    AddAudioCommand,
+    AddContentCommand,
+    AddFunctionCallCommand,
+    AddFunctionOutputCommand,
+    AddTextCommand,
+    AddVideoFrameCommand,
+    AppendAudioCommand,
+    CancelResponseCommand,
+    CloseConversationCommand,
+    CommitAudioCommand,
+    CoreCommand,
+    DeleteItemCommand,
+    DiscardAudioCommand,
+    GetStatsCommand,
+    HasWorkCommand,
+    OpenConversationCommand,
+    SetContextPolicyCommand,
+    SetInstructionsCommand,
+    SetToolsCommand,
+    StartResponseCommand,
+    TruncateItemCommand,
 )
 from pipeline.core.lifecycle import ResponseLifecycle
 from pipeline.core.response_state import ResponseSpec, ResponseState
@@ -100,50 +100,50 @@ class EngineCore:
         chain of talker steps is started)."""
 
     # -- requests -----------------------------------------------------------------------------------
-    def handle(self, request: EngineRequest):
-        """Run one request between two steps; returns its result (``GetStats``, ``HasWork``) or raises a
+    def handle(self, request: CoreCommand):
+        """Run one request between two steps; returns its result (``GetStatsCommand``, ``HasWorkCommand``) or raises a
         :class:`~pipeline.errors.PipelineError` that the caller gets."""
         c = self.conversations
         match request:
-            case OpenConversation(conv_id, instructions):
+            case OpenConversationCommand(conv_id, instructions):
                 return c.open(conv_id, instructions)
-            case CloseConversation(conv_id):
+            case CloseConversationCommand(conv_id):
                 return c.close(conv_id)
-            case SetInstructions(conv_id, instructions):
+            case SetInstructionsCommand(conv_id, instructions):
                 return c.set_instructions(conv_id, instructions)
-            case SetTools(conv_id, tools):
+            case SetToolsCommand(conv_id, tools):
                 return c.set_tools(conv_id, tools)
-            case AddFunctionCall(conv_id, item_id, name, arguments):
+            case AddFunctionCallCommand(conv_id, item_id, name, arguments):
                 return c.add_function_call(conv_id, item_id, name, arguments)
-            case AddFunctionOutput(conv_id, item_id, output):
+            case AddFunctionOutputCommand(conv_id, item_id, output):
                 return c.add_function_output(conv_id, item_id, output)
-            case SetContextPolicy(conv_id, policy):
+            case SetContextPolicyCommand(conv_id, policy):
                 return c.set_context_policy(conv_id, policy)
-            case AddContent(conv_id, item_id, parts, previous_item_id):
+            case AddContentCommand(conv_id, item_id, parts, previous_item_id):
                 return c.add_content(conv_id, item_id, parts, previous_item_id)
-            case AddText(conv_id, item_id, role, text, previous_item_id):
+            case AddTextCommand(conv_id, item_id, role, text, previous_item_id):
                 return c.add_text(conv_id, item_id, role, text, previous_item_id)
-            case AddAudio(conv_id, item_id, pcm, previous_item_id):
+            case AddAudioCommand(conv_id, item_id, pcm, previous_item_id):
                 return c.add_audio(conv_id, item_id, pcm, previous_item_id)
-            case AppendAudio(conv_id, item_id, pcm):
+            case AppendAudioCommand(conv_id, item_id, pcm):
                 return c.append_audio(conv_id, item_id, pcm)
-            case AddVideoFrame(conv_id, item_id, frame, t):
+            case AddVideoFrameCommand(conv_id, item_id, frame, t):
                 return c.add_video_frame(conv_id, item_id, frame, t)
-            case CommitAudio(conv_id, item_id):
+            case CommitAudioCommand(conv_id, item_id):
                 return c.commit_audio(conv_id, item_id)
-            case DiscardAudio(conv_id, item_id):
+            case DiscardAudioCommand(conv_id, item_id):
                 return c.discard_audio(conv_id, item_id)
-            case DeleteItem(conv_id, item_id):
+            case DeleteItemCommand(conv_id, item_id):
                 return c.delete_item(conv_id, item_id)
-            case TruncateItem(conv_id, item_id, audio_end_ms):
+            case TruncateItemCommand(conv_id, item_id, audio_end_ms):
                 return c.truncate_item(conv_id, item_id, audio_end_ms)
-            case StartResponse(spec):
+            case StartResponseCommand(spec):
                 return self.start_response(spec)
-            case CancelResponse(response_id, reason):
+            case CancelResponseCommand(response_id, reason):
                 return self.cancel_response(response_id, reason)
-            case GetStats(pending):
+            case GetStatsCommand(pending):
                 return self.stats(pending)
-            case HasWork():
+            case HasWorkCommand():
                 return self.has_work()
         raise TypeError(f"not an engine request: {type(request).__name__}")
 

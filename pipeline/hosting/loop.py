@@ -25,7 +25,7 @@ import torch
 
 from pipeline.api import VisionInfo
 from pipeline.config import StageGraphConfig
-from pipeline.core.commands import EngineRequest
+from pipeline.core.commands import CoreCommand
 from pipeline.core.engine_core import EngineCore
 from pipeline.errors import EngineClosedError, PipelineError
 from pipeline.models import family_of
@@ -50,7 +50,7 @@ def _noop(core: EngineCore) -> None:
     return None
 
 
-CoreCall = EngineRequest | Callable[[EngineCore], object]
+CoreCall = CoreCommand | Callable[[EngineCore], object]
 """What an engine thread runs between two steps: an engine request (:mod:`pipeline.core.commands`, run by
 :meth:`EngineCore.handle <pipeline.core.engine_core.EngineCore.handle>`), or (in this process only: tests, and the
 child side of an
@@ -272,7 +272,7 @@ def _describe(fn: CoreCall) -> str:
 
 
 def is_request(fn: CoreCall) -> bool:
-    return isinstance(fn, EngineRequest.__args__)
+    return isinstance(fn, CoreCommand.__args__)
 
 
 def run_call(fn: CoreCall, core: EngineCore):

@@ -50,7 +50,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import StageGraphConfig
-from pipeline.core.commands import StartResponse
+from pipeline.core.commands import StartResponseCommand
 from pipeline.core.response_state import ResponseSpec
 from pipeline.errors import EngineClosedError, EngineDeadError, EngineProcessError, PipelineError
 from pipeline.hosting.loaders import CheckpointLoader
@@ -193,7 +193,7 @@ class EngineProcess:
     def post(self, command: CoreCall) -> None:
         wire, sink = self._wire(command)
         if sink is not None:
-            raise ValueError("StartResponse must be submitted (its refusal comes back through the future)")
+            raise ValueError("StartResponseCommand must be submitted (its refusal comes back through the future)")
         payload = ForkingPickler.dumps((POST, wire))
         with self._lock:
             self._raise_if_closed()
@@ -236,14 +236,14 @@ class EngineProcess:
 
     # -- internals --
     def _wire(self, command: CoreCall) -> tuple[CoreCall, Callable[[ResponseEvent], None] | None]:
-        """What crosses the pipe for ``command``, and the sink to route its events to (``StartResponse``)."""
+        """What crosses the pipe for ``command``, and the sink to route its events to (``StartResponseCommand``)."""
         if not is_request(command):
             raise TypeError(f"an engine core in a child process runs engine requests, not {type(command).__name__}")
-        if not isinstance(command, StartResponse):
+        if not isinstance(command, StartResponseCommand):
             return command, None
         if not isinstance(command.spec, ResponseSpec):
-            raise TypeError(f"StartResponse takes a ResponseSpec, not {type(command.spec).__name__}")
-        return StartResponse(command.spec.detached()), command.spec.sink
+            raise TypeError(f"StartResponseCommand takes a ResponseSpec, not {type(command.spec).__name__}")
+        return StartResponseCommand(command.spec.detached()), command.spec.sink
 
     def _raise_if_closed(self) -> None:
         if self._error is not None:
@@ -577,7 +577,7 @@ class _ChildServer:
     def _runnable(self, command: Any) -> CoreCall:
         if not is_request(command):
             raise TypeError(f"expected an engine request, got {type(command).__name__}")
-        if isinstance(command, StartResponse):
+        if isinstance(command, StartResponseCommand):
             return lambda core: self._credits.start(core, command.spec)
         return command
 

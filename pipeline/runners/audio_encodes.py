@@ -24,14 +24,14 @@ import torch
 from pipeline.core.conversation_state import AudioBlock
 from pipeline.runners.background_encodes import EncodeNames, EncodeQueue
 
-__all__ = ["AudioEncoder", "AudioEncodes"]
+__all__ = ["BatchAudioEncoder", "AudioEncodes"]
 
 log = logging.getLogger(__name__)
 
 _NAMES = EncodeNames(many="audio blocks", one="an audio block", unit="block", encoder="encoder")
 
 
-class AudioEncoder(Protocol):
+class BatchAudioEncoder(Protocol):
     """What encodes (the thinker's runner)."""
 
     def encode_many(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -44,7 +44,7 @@ class AudioEncoder(Protocol):
 
 
 class AudioEncodes:
-    def __init__(self, encoder: AudioEncoder, *, width: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, encoder: BatchAudioEncoder, *, width: int, dtype: torch.dtype, device: torch.device) -> None:
         self._encoder = encoder
         self._queue: EncodeQueue[torch.Tensor, AudioBlock] = EncodeQueue(
             lambda items: encoder.encode_many(items),  # looked up per call: a test may replace it

@@ -42,7 +42,7 @@ from realtime.engines.placement import EngineLoad, EngineState, PlacementCode
 from realtime.media.video_settings import CAMERA_OUTCOMES
 from realtime.observe.first_audio import USUAL_SEGMENTS, FirstAudioTrace
 from realtime.protocol.codes import ErrorCode
-from realtime.protocol.model import ResponseState
+from realtime.protocol.model import ResponseWireStatus
 from realtime.protocol.names import Dialect, ServerEvent, server_event_name
 from realtime.server.auth import AccessCode
 from realtime.server.limits import LimitCode
@@ -218,8 +218,8 @@ class ServerMetrics:
         )
         for reason in (ErrorCode.INVALID_API_KEY, *AccessCode, *busy):
             self.sessions_refused.labels(str(reason))
-        for status in ResponseState:
-            if status is not ResponseState.IN_PROGRESS:
+        for status in ResponseWireStatus:
+            if status is not ResponseWireStatus.IN_PROGRESS:
                 self.responses.labels(status.value)
         for segment in USUAL_SEGMENTS:
             self.first_audio_hops.labels(segment)

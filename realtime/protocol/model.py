@@ -62,7 +62,7 @@ class ItemStatus(str, enum.Enum):
     INCOMPLETE = "incomplete"
 
 
-class ResponseState(str, enum.Enum):
+class ResponseWireStatus(str, enum.Enum):
     """``response.status`` on the wire (the engine's statuses plus ``in_progress``)."""
 
     IN_PROGRESS = "in_progress"
@@ -266,7 +266,7 @@ class ResponseSummary:
 
     id: str
     conversation_id: str
-    state: ResponseState
+    state: ResponseWireStatus
     modality: OutputModality
     voice: str | None
     """None: the engine has no audio output."""

@@ -18,8 +18,8 @@ from realtime.protocol.model import (
     Item,
     ItemType,
     OutputModality,
-    ResponseState,
     ResponseSummary,
+    ResponseWireStatus,
     SessionConfig,
     TranscriptionSettings,
     Truncation,
@@ -229,7 +229,7 @@ def response_object(r: ResponseSummary, dialect: Dialect) -> dict:
 
 
 def _status_details(r: ResponseSummary) -> dict | None:
-    if r.state is ResponseState.IN_PROGRESS:
+    if r.state is ResponseWireStatus.IN_PROGRESS:
         return None
     details: dict = {"type": r.state.value}
     if r.reason is not None:

@@ -29,7 +29,7 @@ from realtime.protocol.codes import ErrorCode
 
 
 @dataclass(frozen=True)
-class Refusal:
+class RefusedFeature:
     """A feature of the OpenAI API this server refuses. ``pattern`` matches the dotted ``param``
     (:func:`fnmatch.fnmatchcase`: ``*`` spans any text); ``values``: the API's values that name the
     feature (others get the plain ``invalid_value`` message), or ``None`` for any value that fails
@@ -46,47 +46,47 @@ class Refusal:
 
 
 REFUSALS = (
-    Refusal(
+    RefusedFeature(
         "*.tools.*.type",
         "tool type {value} is not supported: this server runs function tools only; send 'function' tools",
         frozenset({"mcp"}),
     ),
-    Refusal(
+    RefusedFeature(
         "session.prompt",
         "prompt templates are not supported: send the prompt as 'session.instructions'; send null, or leave "
         "'session.prompt' out",
     ),
-    Refusal(
+    RefusedFeature(
         "*.speed",
         "output audio speed {value} is not supported: the voice speaks at 1.0; leave '{param}' out, or send 1.0",
     ),
-    Refusal(
+    RefusedFeature(
         "*format.rate",
         "sample rate {value} is not supported: audio/pcm is 24000 Hz here; send 24000, or leave '{param}' out",
     ),
-    Refusal(
+    RefusedFeature(
         "session.type",
         "session type {value} is not supported: this server runs 'realtime' (conversation) sessions only; "
         "send 'realtime', or leave 'session.type' out",
         frozenset({"transcription"}),
     ),
-    Refusal(
+    RefusedFeature(
         "response.conversation",
         "out-of-band responses (conversation {value}) are not supported: every response joins the conversation; "
         "send 'auto', or leave 'response.conversation' out",
     ),
-    Refusal(
+    RefusedFeature(
         "response.input",
         "out-of-band responses ('response.input') are not supported: a response answers the conversation; "
         "add items with conversation.item.create and leave 'response.input' out",
     ),
-    Refusal(
+    RefusedFeature(
         "item.type",
         "item type {value} is not supported: this server has no MCP tools; create 'message', 'function_call' or "
         "'function_call_output' items",
         frozenset({"mcp_approval_response", "mcp_call", "mcp_list_tools", "mcp_approval_request"}),
     ),
-    Refusal(
+    RefusedFeature(
         "item.content.*.type",
         "content type {value} is not supported: send 'input_text', 'input_image' or 'input_audio' parts (user), "
         "'input_text' (system) or 'output_text' (assistant)",

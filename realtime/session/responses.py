@@ -25,8 +25,8 @@ from realtime.protocol.model import (
     ItemStatus,
     OutputModality,
     ResponseParams,
-    ResponseState,
     ResponseSummary,
+    ResponseWireStatus,
     Role,
 )
 from realtime.protocol.names import ContentType
@@ -77,7 +77,7 @@ class _Response:
     def ref(self) -> ContentRef:
         return ContentRef(self.id, self.item.id, output_index=self.outputs.index(self.item))
 
-    def summary(self, conversation_id: str, state: ResponseState, **done: object) -> ResponseSummary:
+    def summary(self, conversation_id: str, state: ResponseWireStatus, **done: object) -> ResponseSummary:
         return ResponseSummary(
             id=self.id,
             conversation_id=conversation_id,
@@ -173,7 +173,9 @@ class Responses:
             calls=calls,
         )
         self._response = response
-        self._send(self._events.response_created(response.summary(self.conversation_id, ResponseState.IN_PROGRESS)))
+        self._send(
+            self._events.response_created(response.summary(self.conversation_id, ResponseWireStatus.IN_PROGRESS))
+        )
         if not calls.lazy_message:
             self._announce_message(response)
         self._emit(
@@ -215,7 +217,7 @@ class Responses:
         state, reason, error = self._outcome(response, done)
         if not response.outputs:  # a reply of neither text nor calls still has its (empty) message
             self._announce_message(response)
-        if state is ResponseState.COMPLETED and response.encoder is not None and response.announced:
+        if state is ResponseWireStatus.COMPLETED and response.encoder is not None and response.announced:
             self._send_audio(response, response.encoder.flush())
         if response.announced:
             self._finish_message(response, state)
@@ -223,7 +225,7 @@ class Responses:
         summary = response.summary(
             self.conversation_id, state, output=tuple(response.outputs), reason=reason, error=error, usage=done.usage
         )
-        if state is ResponseState.FAILED:  # also as an error event: clients that only watch errors see it
+        if state is ResponseWireStatus.FAILED:  # also as an error event: clients that only watch errors see it
             self._error(_failure(done), response.event_id, "response.create" if response.requested else None)
         self._send(self._events.response_done(summary))
         self._response = None
@@ -236,9 +238,9 @@ class Responses:
             self._auto_response_pending = False
             self._start_response(ResponseParams())
 
-    def _finish_message(self, response: _Response, state: ResponseState) -> None:
+    def _finish_message(self, response: _Response, state: ResponseWireStatus) -> None:
         item, part, ref = response.item, response.part, response.ref
-        item.status = ItemStatus.COMPLETED if state is ResponseState.COMPLETED else ItemStatus.INCOMPLETE
+        item.status = ItemStatus.COMPLETED if state is ResponseWireStatus.COMPLETED else ItemStatus.INCOMPLETE
         if response.modality is OutputModality.AUDIO:
             self._send(self._events.audio_done(ref))
             self._send(self._events.transcript_done(ref, part.transcript or ""))
@@ -249,13 +251,15 @@ class Responses:
         self._send(self._events.item_done(item, response.previous_item_id))
 
     @staticmethod
-    def _outcome(response: _Response, done: ResponseDone) -> tuple[ResponseState, StatusReason | None, dict | None]:
+    def _outcome(
+        response: _Response, done: ResponseDone
+    ) -> tuple[ResponseWireStatus, StatusReason | None, dict | None]:
         """Our cancel decision wins over what the engine managed to finish."""
         if response.cancel_reason is not None:
-            return ResponseState.CANCELLED, response.cancel_reason, None
-        state = ResponseState(done.status.value)
+            return ResponseWireStatus.CANCELLED, response.cancel_reason, None
+        state = ResponseWireStatus(done.status.value)
         error = None
-        if state is ResponseState.FAILED:
+        if state is ResponseWireStatus.FAILED:
             payload = to_error_payload(_failure(done))
             error = {"type": payload["type"], "code": payload["code"], "message": payload["message"]}
         return state, StatusReason.from_engine(done.reason), error

@@ -28,7 +28,7 @@ import websockets
 from conftest import greedy_stage_config
 from pipeline.api import ROOT_ITEM_ID
 from pipeline.config import load_stage_config, parse_stage_config
-from pipeline.core.commands import AddText, HasWork
+from pipeline.core.commands import AddTextCommand, HasWorkCommand
 from pipeline.core.response_state import ResponseSpec
 from pipeline.engine import OmniEngine
 from pipeline.errors import (
@@ -352,7 +352,7 @@ async def test_invalid_calls_raise_the_same_errors_in_both_modes(mode, engine, t
 async def test_an_unexpected_exception_in_the_child_names_its_type(engine):
     conv = engine.conversation()
     with pytest.raises(EngineProcessError) as info:
-        await engine._call(AddText(conv.id, "u1", "user", 42))  # 42 has no .strip()
+        await engine._call(AddTextCommand(conv.id, "u1", "user", 42))  # 42 has no .strip()
     assert info.value.remote_type == "AttributeError" and "AttributeError" in str(info.value)
     with pytest.raises(TypeError, match="engine requests"):
         await engine._call(lambda core: core.stats())  # code cannot cross to the child, only requests
@@ -460,7 +460,7 @@ async def test_a_killed_engine_process_fails_pending_calls_live_responses_and_la
                 if len(events) == 1:
                     pid = engine._backend.pid
                     os.kill(pid, signal.SIGSTOP)  # the child can no longer answer this call...
-                    pending = engine._submit_nowait(HasWork())
+                    pending = engine._submit_nowait(HasWorkCommand())
                     os.kill(pid, signal.SIGKILL)  # ...and dies
             with pytest.raises(EngineDeadError, match="SIGKILL"):
                 await asyncio.wrap_future(pending)

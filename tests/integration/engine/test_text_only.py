@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
 
 from conftest import greedy_stage_config
-from pipeline.core.commands import StartResponse
+from pipeline.core.commands import StartResponseCommand
 from pipeline.core.response_state import ResponseSpec
 from pipeline.engine import OmniEngine
 from pipeline.errors import UnknownVoiceError, UnsupportedInputError
@@ -140,7 +140,7 @@ async def test_asking_for_audio_is_refused_before_anything_runs_and_the_conversa
 
 
 async def test_the_core_itself_refuses_a_spoken_response(engine):
-    """A request that skips the async API's check (a spoken ``StartResponse``) is refused by the core, leaving no
+    """A request that skips the async API's check (a spoken ``StartResponseCommand``) is refused by the core, leaving no
     reply item."""
     conv = engine.conversation()
     await conv.add_text("u1", "Hi")
@@ -148,7 +148,7 @@ async def test_the_core_itself_refuses_a_spoken_response(engine):
         id="spoken", conv_id=conv.id, item_id="a1", audio=True, voice=None, max_text_tokens=4, sink=lambda ev: None
     )
     with pytest.raises(UnsupportedInputError, match="text only"):
-        await engine._call(StartResponse(spec))
+        await engine._call(StartResponseCommand(spec))
     items = await engine._call(lambda core: [item.id for item in core.scheduler.conversations[conv.id].items])
     assert items == ["u1"]
     await conv.close()

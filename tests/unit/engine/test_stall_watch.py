@@ -3,7 +3,12 @@
 import asyncio
 import logging
 
-from pipeline.core.commands import AddText, CloseConversation, OpenConversation, StartResponse
+from pipeline.core.commands import (
+    AddTextCommand,
+    CloseConversationCommand,
+    OpenConversationCommand,
+    StartResponseCommand,
+)
 from pipeline.core.response_state import ResponseSpec
 from pipeline.observe.stall_watch import StallWatch
 
@@ -37,8 +42,8 @@ async def test_the_engine_logs_where_a_stalled_response_waits(tiny_engine, caplo
         saved = core.observer.stall_watch
         core.observer.stall_watch = StallWatch(after_s=0.0)
         try:
-            core.handle(OpenConversation("stall_conv", ""))
-            core.handle(AddText("stall_conv", "u1", "user", "Hello?"))
+            core.handle(OpenConversationCommand("stall_conv", ""))
+            core.handle(AddTextCommand("stall_conv", "u1", "user", "Hello?"))
             spec = ResponseSpec(
                 id="stall_resp",
                 conv_id="stall_conv",
@@ -49,13 +54,13 @@ async def test_the_engine_logs_where_a_stalled_response_waits(tiny_engine, caplo
                 sink=lambda event: None,
                 can_accept=lambda: False,
             )
-            core.handle(StartResponse(spec))
+            core.handle(StartResponseCommand(spec))
             core.step()
             core.step()
             assert core.response("stall_resp") is not None  # paused, never advanced
             return core.describe()
         finally:
-            core.handle(CloseConversation("stall_conv"))
+            core.handle(CloseConversationCommand("stall_conv"))
             core.observer.stall_watch = saved
 
     with caplog.at_level(logging.WARNING, logger="pipeline.core.engine_core"):

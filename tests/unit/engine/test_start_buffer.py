@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import greedy_stage_config, start_spoken_reply
-from pipeline.core.commands import AppendAudio, CancelResponse, OpenConversation
+from pipeline.core.commands import AppendAudioCommand, CancelResponseCommand, OpenConversationCommand
 from pipeline.errors import ConfigError
 from pipeline.output.playout import Playout
 from pipeline.output.start_buffer import StartBuffer, holds_start
@@ -71,8 +71,8 @@ def make_core(tiny_model_dir, monkeypatch, *, start_buffer_ms, busy=1, codes=100
 
 def user_speaking(core, name: str) -> None:
     """Conversation ``name`` with user audio being streamed in (busy, no response)."""
-    core.handle(OpenConversation(name, "You are a test."))
-    core.handle(AppendAudio(name, f"{name}-u", np.zeros(1600, np.float32)))
+    core.handle(OpenConversationCommand(name, "You are a test."))
+    core.handle(AppendAudioCommand(name, f"{name}-u", np.zeros(1600, np.float32)))
 
 
 def run(core, events: list) -> list[list]:
@@ -166,7 +166,7 @@ def test_a_reply_cancelled_while_held_sends_no_audio(tiny_model_dir, monkeypatch
     r = core.response("r-a")
     while r.audio.start_buffer is None:
         core.step()
-    core.handle(CancelResponse("r-a", "turn_detected"))
+    core.handle(CancelResponseCommand("r-a", "turn_detected"))
     run(core, events)
     assert audio(events) == [] and done(events).status is ResponseStatus.CANCELLED
     assert done(events).audio_samples == 0 and r.item.audio_ms == 0

@@ -39,8 +39,8 @@ from realtime.protocol.model import (
     ItemStatus,
     ItemType,
     OutputModality,
-    ResponseState,
     ResponseSummary,
+    ResponseWireStatus,
     Role,
     SessionConfig,
     SessionPatch,
@@ -795,12 +795,12 @@ def _all_server_events(b: ServerEvents) -> list[dict | None]:
     system = Item("item_4", Role.SYSTEM, [ContentPart(ContentType.INPUT_TEXT, text="s")])
     ref = ContentRef("resp_1", "item_2")
     summary = ResponseSummary(
-        "resp_1", "conv_1", ResponseState.IN_PROGRESS, OutputModality.AUDIO, "Chelsie", AudioFormat.PCM, None
+        "resp_1", "conv_1", ResponseWireStatus.IN_PROGRESS, OutputModality.AUDIO, "Chelsie", AudioFormat.PCM, None
     )
     done = ResponseSummary(
         "resp_1",
         "conv_1",
-        ResponseState.CANCELLED,
+        ResponseWireStatus.CANCELLED,
         OutputModality.TEXT,
         "Ethan",
         AudioFormat.PCMU,
@@ -814,7 +814,7 @@ def _all_server_events(b: ServerEvents) -> list[dict | None]:
     failed = ResponseSummary(
         "resp_2",
         "conv_1",
-        ResponseState.FAILED,
+        ResponseWireStatus.FAILED,
         OutputModality.AUDIO,
         "Chelsie",
         AudioFormat.PCM,
@@ -886,7 +886,7 @@ def _function_call_events(b: ServerEvents) -> list[dict | None]:
     done = ResponseSummary(
         "resp_3",
         "conv_1",
-        ResponseState.COMPLETED,
+        ResponseWireStatus.COMPLETED,
         OutputModality.AUDIO,
         "Chelsie",
         AudioFormat.PCM,
