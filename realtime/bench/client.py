@@ -53,7 +53,7 @@ from realtime.bench.metrics import (
     AudioArrival,
     BargeInLog,
     ResponseLog,
-    ResponseStatus,
+    ResponseOutcome,
     TurnLog,
     first_audible,
     first_sound_played_at,
@@ -81,7 +81,9 @@ _WIRE = {server_event_name(e, Dialect.GA): e for e in ServerEvent if server_even
 """GA wire name → logical server event (the bench speaks the GA dialect)."""
 
 
-class Transport(str, enum.Enum):
+class ClientTransport(str, enum.Enum):
+    """How a simulated user reaches the server (the CLI's ``--transport`` values)."""
+
     WS = "ws"
     WEBRTC = "webrtc"
 
@@ -103,7 +105,7 @@ class UserPlan:
 
 @dataclass(frozen=True)
 class ClientOptions:
-    transport: Transport = Transport.WS
+    transport: ClientTransport = ClientTransport.WS
     api_key: str | None = field(default=None, repr=False)
     barge_in_after_ms: float = 300.0
     """On barge-in turns: the interrupting speech's onset comes this long after the reply's first sound started
@@ -651,7 +653,7 @@ class SimulatedUser:
         if usage and USAGE_RESPONSES in self.counts:
             self.counts[USAGE_RESPONSES] += 1
             self.counts[USAGE_IMAGE_TOKENS] += int((usage.get("input_token_details") or {}).get("image_tokens") or 0)
-        response.status = ResponseStatus(payload.get("status"))
+        response.status = ResponseOutcome(payload.get("status"))
         response.reason = (payload.get("status_details") or {}).get("reason")
 
     def on_audio(self, at: float, samples: np.ndarray, response_id: str | None) -> None:
@@ -701,7 +703,7 @@ def _answered(turn: TurnLog) -> bool:
     response = turn.response
     if response is None or response.status is None:
         return False
-    return not (response.status is ResponseStatus.CANCELLED and response.reason == StatusReason.TURN_DETECTED)
+    return not (response.status is ResponseOutcome.CANCELLED and response.reason == StatusReason.TURN_DETECTED)
 
 
 def _settled(turn: TurnLog) -> bool:
@@ -717,7 +719,7 @@ def make_link(url: str, options: ClientOptions) -> Link:
     http = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
     ws = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
     base = f"{parts.netloc}"
-    if options.transport is Transport.WEBRTC:
+    if options.transport is ClientTransport.WEBRTC:
         return WebRTCLink(f"{http}://{base}", options.api_key, options.camera)
     return WebSocketLink(f"{ws}://{base}{REALTIME_PATH}", options.api_key)
 
