@@ -1,6 +1,6 @@
 """Streaming token2wav for Qwen2.5-Omni: sliding-window DiT (flow matching) + BigVGAN with overlap seams.
 
-Codec tokens arrive one by one from the talker; :class:`Token2WavStream` turns them into 24 kHz float32
+Codec tokens arrive one by one from the talker; :class:`Qwen25OmniToken2WavStream` turns them into 24 kHz float32
 audio chunk by chunk, following the plan of :mod:`pipeline.models.qwen2_5_omni.chunk_schedule`:
 
 - DiT: each chunk's frames are synthesized by running the whole ODE (RK4, ``ode_steps`` time points,
@@ -91,7 +91,7 @@ __all__ = [
     "GraphStats",
     "StreamStatus",
     "StreamingToken2Wav",
-    "Token2WavStream",
+    "Qwen25OmniToken2WavStream",
     "Token2WavStreamStateError",
     "one_shot",
 ]
@@ -107,7 +107,7 @@ MAX_CACHED_VOICES = 32
 
 
 class Token2WavStreamStateError(PipelineError):
-    """A :class:`Token2WavStream` method was called in a state that does not allow it
+    """A :class:`Qwen25OmniToken2WavStream` method was called in a state that does not allow it
     (``step()`` with no chunk ready, ``push()`` after ``finish()``, any use after ``close()``), or a chunk's DiT window
     is off the attention blocks (an invariant of the chunk schedule, checked where the window is made)."""
 
@@ -700,7 +700,7 @@ class StreamingToken2Wav:
         generator: torch.Generator | None = None,
         max_codes: int,
         quick: bool = False,
-    ) -> Token2WavStream:
+    ) -> Qwen25OmniToken2WavStream:
         """Open a stream for one utterance of at most ``max_codes`` codec tokens.
 
         ``cond`` (1, enc_emb_dim) and ``ref_mel`` (1, T, mel_dim) are the speaker's (``spk_dict.pt``); their
@@ -724,7 +724,7 @@ class StreamingToken2Wav:
         with torch.inference_mode(), device_scope(self.device):
             noise = self._noise(noise, generator, frames)
             speaker = self._speakers.get(cond, ref_mel, voice)
-        return Token2WavStream(self, speaker, noise, max_codes, self.cfg.quick() if quick else self.cfg)
+        return Qwen25OmniToken2WavStream(self, speaker, noise, max_codes, self.cfg.quick() if quick else self.cfg)
 
     def warm_up(self, max_batch: int = 1) -> None:
         """Compile the DiT blocks (``compile_dit``), then capture the graphs of the regular shapes (``cuda_graphs``),
@@ -749,7 +749,7 @@ class StreamingToken2Wav:
                 for slot_count in slots:
                     self._vocoder.capture(frames, slot_count)
 
-    def step_many(self, streams: Sequence[Token2WavStream]) -> list[np.ndarray]:
+    def step_many(self, streams: Sequence[Qwen25OmniToken2WavStream]) -> list[np.ndarray]:
         """Synthesize the next chunk of each of ``streams``, their DiT windows batched (``max_batch`` at a time,
         one graph launch per batch on GPU). Returns each stream's samples, in order, as its ``step()`` would (equal
         up to float rounding). Every stream must be ready, opened by this synthesizer and listed once; otherwise
@@ -806,7 +806,7 @@ class StreamingToken2Wav:
                 param="compile_dit",
             ) from exc
 
-    def _synthesize(self, chunks: list[tuple[Token2WavStream, ChunkPlan]]) -> list[np.ndarray]:
+    def _synthesize(self, chunks: list[tuple[Qwen25OmniToken2WavStream, ChunkPlan]]) -> list[np.ndarray]:
         # on this synthesizer's device whatever the caller's current one (its Triton kernels launch on the current one)
         with torch.inference_mode(), _tf32_matmuls(self.tf32_matmul), device_scope(self.device):
             if len(chunks) == 1 and not self.cuda_graphs:
@@ -832,7 +832,7 @@ class StreamingToken2Wav:
         return noise[:, :frames].to(self.device, torch.float32)
 
 
-class Token2WavStream(CodecStream):
+class Qwen25OmniToken2WavStream(CodecStream):
     """Streaming synthesis state of one utterance (:class:`~pipeline.models.common.codec_stream.CodecStream`; its
     ``frames_done`` counts mel frames). Create with :meth:`StreamingToken2Wav.start`.
 
