@@ -109,9 +109,11 @@ class SessionRunner:
             Preemption.SHOWN: self._traces.shown,
             Preemption.WITHDRAWN: self._traces.withdrawn,
         }
-        parts = {"spawn": self._spawn, "dispatch": self._dispatch}
-        self.responses = Responses(self.session, self.outbound, self._traces, **parts)
-        self.transcription = InputTranscription(engine, self.session, may_start=self._transcription_may_start, **parts)
+        spawn, dispatch = self._spawn, self._dispatch
+        self.responses = Responses(self.session, self.outbound, self._traces, spawn=spawn, dispatch=dispatch)
+        self.transcription = InputTranscription(
+            engine, self.session, may_start=self._transcription_may_start, spawn=spawn, dispatch=dispatch
+        )
         self.commands = CommandExecutor(
             self.session,
             self.responses,
@@ -119,7 +121,8 @@ class SessionRunner:
             self._traces,
             decoder_factory=decoder_factory,
             heard_at=self._arrivals.heard_at,
-            **parts,
+            spawn=spawn,
+            dispatch=dispatch,
         )
         self.speech = SpeechDetection(turn_detector_factory, decoder_factory)
 
@@ -220,6 +223,8 @@ class SessionRunner:
         payload = to_error_payload(error)
         log_error_event(payload, session_id=self.session.session_id, answers=None)
         event = ServerEvents(self.session.dialect, RandomIds()).error(payload)
+        if event is None:  # no dialect lacks ``error``; this keeps the type honest
+            return
         try:
             await self._transport.send(event)
         except (TransportClosed, ClientNotReading) as exc:
@@ -257,11 +262,8 @@ class SessionRunner:
             elif isinstance(action, CancelResponse):
                 self.responses.cancel(action)  # jumps the command queue: a cancel must not wait for a commit
             elif isinstance(action, DropQueuedAudio):
-                rid, kind = action.response_id, self._audio_delta_type
-                self.outbound.drop(
-                    lambda e, kind=kind, rid=rid: not (e.get("type") == kind and e.get("response_id") == rid)
-                )
-                self._traces.dropped(rid)
+                self.outbound.drop(self._not_audio_of(action.response_id))
+                self._traces.dropped(action.response_id)
             elif isinstance(action, PlayAudio):
                 self._media_sink().play(action.response_id, action.pcm)
                 self._traces.sent_audio(action.response_id)
@@ -287,6 +289,10 @@ class SessionRunner:
                 self._dispatch(turn_actions)
             else:
                 self._dispatch([action])
+
+    def _not_audio_of(self, response_id: str) -> Callable[[dict], bool]:
+        kind = self._audio_delta_type
+        return lambda event: not (event.get("type") == kind and event.get("response_id") == response_id)
 
     def _transcription_may_start(self) -> bool:
         """No reply waits for its first output, and none is due to start."""

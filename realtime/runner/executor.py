@@ -40,8 +40,12 @@ from realtime.tool_calls import AddFunctionCall, AddFunctionOutput, SetTools
 
 logger = logging.getLogger("realtime.runner")
 
-COMMANDS_HIGH_WATER = 256
-"""Engine commands that may wait before the session's reader stops reading client messages (:meth:`wait_for_room`)."""
+COMMANDS_HIGH_WATER = 1024
+"""Engine commands that may wait before the session's reader stops reading client messages
+(:meth:`CommandExecutor.wait_for_room`). Commands pile up only while the worker waits for the running response to end
+(an insertion, deletion, truncation or new tools behind it); 1024 audio appends are 20 s of 20 ms chunks. While the
+reader waits, the client's next messages (a ``response.cancel`` included) wait in the transport; the response still
+ends on its own, so the reader always resumes."""
 
 
 class TranscriptionSink(Protocol):
