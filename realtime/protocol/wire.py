@@ -12,7 +12,7 @@ server does not implement are of two kinds:
   ``noise_reduction`` (the model hears the audio as sent), ``tracing``, ``include`` (it only asks for transcription
   log-probabilities). The ``session.updated`` reply shows the effective configuration (``noise_reduction: null``...).
 
-Input ``transcription`` (beta ``input_audio_transcription``) is implemented (:mod:`realtime.transcription`):
+Input ``transcription`` (beta ``input_audio_transcription``) is implemented (:mod:`realtime.runner.transcription_jobs`):
 its ``model`` is echoed, ``language`` and ``prompt`` are hints to the server's own model.
 ``semantic_vad`` is accepted and served by the silence-based detector
 (:data:`realtime.turns.server_vad.SEMANTIC_SILENCE_MS`).

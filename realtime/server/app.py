@@ -67,7 +67,7 @@ from realtime.observe.loop_lag import LoopLagProbe
 from realtime.observe.metrics import Hygiene, ServerMetrics
 from realtime.protocol.names import Dialect
 from realtime.protocol.server import ServerEvents
-from realtime.runner import SessionRunner, TurnDetectorFactory, session_task_name
+from realtime.runner import SessionRunner, SpeechDetectorFactory, session_task_name
 from realtime.server.auth import AccessPolicy, Refusal
 from realtime.server.health import CallCounts, ServerHealth, health_routes
 from realtime.server.limits import LimitCode, MessageGate
@@ -138,7 +138,7 @@ class ServerContext:
             **overrides,
         )
 
-    async def turn_detector_factory(self) -> TurnDetectorFactory:
+    async def turn_detector_factory(self) -> SpeechDetectorFactory:
         """Turn detectors over one fresh VAD (a session's own: it carries stream state), loaded
         off the event loop."""
         vad = await asyncio.to_thread(self.vad_factory)

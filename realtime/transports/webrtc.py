@@ -61,9 +61,9 @@ from realtime.protocol.server import ServerEvents
 from realtime.runner import (
     MediaSink,
     SessionRunner,
+    SpeechDetectorFactory,
     Transport,
     TransportClosed,
-    TurnDetectorFactory,
     session_task_name,
 )
 from realtime.server.limits import MessageGate, SessionSlot, SessionSlots
@@ -357,7 +357,7 @@ class Call:
             self.runner.playback_finished(response_id)
 
 
-def default_turn_detection() -> TurnDetectorFactory:
+def default_turn_detection() -> SpeechDetectorFactory:
     """Server VAD for one call: silero-vad with its own state (loading takes ~0.1 s)."""
     from realtime.turns.server_vad import TurnDetector
     from realtime.turns.vad import SileroVad
@@ -393,7 +393,7 @@ class WebRTCCalls:
         self,
         engine: EngineHandle,
         *,
-        turn_detector_factory: Callable[[], TurnDetectorFactory | Awaitable[TurnDetectorFactory]] = (
+        turn_detector_factory: Callable[[], SpeechDetectorFactory | Awaitable[SpeechDetectorFactory]] = (
             default_turn_detection
         ),
         settings_factory: Callable[[Dialect], SessionSettings] | None = None,
