@@ -26,9 +26,11 @@ import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import cast
 
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import AudioFrame
 
 from realtime.errors import RealtimeError
 from realtime.protocol.audio_format import AudioFormat
@@ -123,9 +125,9 @@ class Worker:
 
     def handle(self, message: object) -> None:
         if isinstance(message, m.Answer):
-            call = WorkerCall(self, message.call, AudioFormat(message.input_format))
-            self.calls[call.id] = call
-            self.spawn(call.answer(message.offer_sdp), f"{call.id} answer")
+            new = WorkerCall(self, message.call, AudioFormat(message.input_format))
+            self.calls[new.id] = new
+            self.spawn(new.answer(message.offer_sdp), f"{new.id} answer")
             return
         call = self.calls.get(getattr(message, "call", ""))
         if call is None:
@@ -273,7 +275,7 @@ class WorkerCall:
         encoder = MicrophoneEncoder()
         while True:
             try:
-                frame = await track.recv()
+                frame = cast(AudioFrame, await track.recv())  # an audio track's frames
             except MediaStreamError:
                 return
             fmt = self.input_format

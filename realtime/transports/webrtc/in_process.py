@@ -15,10 +15,12 @@ import itertools
 import logging
 import weakref
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import AudioFrame
 
 from pipeline.api import VisionInfo
 from realtime.media.video import CameraFeed
@@ -216,7 +218,7 @@ class InProcessMedia:
         call = self.call
         while True:
             try:
-                frame = await track.recv()
+                frame = cast(AudioFrame, await track.recv())  # an audio track's frames
             except MediaStreamError:
                 return
             fmt = call.session_input_format

@@ -46,8 +46,12 @@ class ServedCall(Protocol):
     """Set once ICE and DTLS are up."""
     tasks: set[asyncio.Task]
     """The call's own tasks (its session runner tracks its own); :meth:`spawn` adds to them."""
-    slot: SessionSlot | None
-    observer: _Closes | None
+
+    @property
+    def slot(self) -> SessionSlot | None: ...
+
+    @property
+    def observer(self) -> _Closes | None: ...
 
     @property
     def transport(self) -> _Disconnects: ...

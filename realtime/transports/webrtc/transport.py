@@ -174,7 +174,9 @@ class CallTransport:
             if isinstance(message, _Refused):
                 payload = to_error_payload(message.error)
                 log_error_event(payload, session_id=self._owner.session_id, answers=None)
-                await self.send(self._events.error(payload))
+                event = self._events.error(payload)
+                if event is not None:  # None: the dialect has no such event
+                    await self.send(event)
                 continue
             if isinstance(message, Truncation):
                 await self._wait_until(message.played_ms)
