@@ -72,7 +72,7 @@ STAGES = (
         "session + protocol",
         ("realtime/session", "realtime/runner/", "realtime/protocol", "pydantic", "json", "base64"),
     ),
-    ("transport glue", ("realtime/transports/webrtc.py", "realtime/transports/input_delay.py", "prometheus")),
+    ("transport glue", ("realtime/transports/webrtc/", "realtime/transports/input_delay.py", "prometheus")),
     ("fake engine", ("tests/fakes.py",)),
     ("asyncio + selectors", ("asyncio", "selectors", "socket")),
 )

@@ -327,7 +327,7 @@ class WebRTCLink:
         self._pc = pc = self._peer(listener)
         host = urllib.parse.urlsplit(self.base_url).hostname or ""
         if _is_loopback(host):
-            from realtime.transports.webrtc import IceHostAddress, announce_host_addresses
+            from realtime.transports.peer import IceHostAddress, announce_host_addresses
 
             await announce_host_addresses(pc, [IceHostAddress.parse("127.0.0.1")])
         await pc.setLocalDescription(await pc.createOffer())

@@ -176,7 +176,7 @@ def batched_silero_vad_factory(torch_threads: int) -> VadFactory:
 
 def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
     """The aiortc transport, when it and aiortc are installed; its calls' media runs in
-    ``config.media_worker_count`` worker processes (:mod:`realtime.transports.media_workers`), or in this process
+    ``config.media_worker_count`` worker processes (:mod:`realtime.transports.webrtc.worker_media`), or in this process
     when that is 0."""
     try:
         from realtime.transports.webrtc import WebRTCCalls
@@ -200,7 +200,7 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
     workers = context.config.media_worker_count
     if workers == 0:
         return calls
-    from realtime.transports.media_workers.calls import WorkerCalls
+    from realtime.transports.webrtc.worker_media import WorkerCalls
 
     return WorkerCalls(calls, workers)
 
