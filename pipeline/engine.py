@@ -126,7 +126,7 @@ class Response:
                 with self._lock:
                     self._pending -= 1
                 self._engine._backend.consumed(self.id, done=last)
-                if last:
+                if isinstance(event, ResponseDone):
                     self._on_done(event)
                     yield event
                     return
@@ -297,7 +297,13 @@ class Conversation:
         except BaseException:
             self._active = None
             raise
-        fut.add_done_callback(lambda f: f.exception() and resp._fail_now(f.exception()))
+
+        def fail_if_refused(f: Future) -> None:
+            exc = f.exception()
+            if isinstance(exc, Exception):  # the engine fails a refused start with an Exception (its error trees)
+                resp._fail_now(exc)
+
+        fut.add_done_callback(fail_if_refused)
         return resp
 
     async def close(self) -> None:

@@ -317,6 +317,7 @@ def _barge_in(log: TurnLog, response: ResponseLog, status: ResponseOutcome, jitt
     """The :class:`BargeInKind` of a reply the user talked over and its stop latencies (module docstring). The
     last *audible* audio is used: a WebRTC track keeps sending silence after the clear."""
     barge = log.barge_in
+    assert barge is not None  # a barge-in turn's
     kind, signal_at = barge_in_outcome(log, response, status, jitter_ms)
     values: dict = {"barge_in_kind": kind.value}
     if kind not in (BargeInKind.CANCELLED, BargeInKind.STOPPED_PLAYBACK):
@@ -342,7 +343,7 @@ def barge_in_outcome(
     barge = log.barge_in
     assert barge is not None
     play_end = _playback_end(log, response, jitter_ms) if response is not None else None
-    if play_end is None:
+    if response is None or play_end is None:
         return BargeInKind.NO_REPLY, None
     heard = barge.detected_at
     if (
