@@ -52,6 +52,8 @@ from realtime.session.commands import (
     Action,
     AddAudio,
     AddContent,
+    AddFunctionCall,
+    AddFunctionOutput,
     AddText,
     AppendAudio,
     CancelResponse,
@@ -69,12 +71,13 @@ from realtime.session.commands import (
     Send,
     SetContextPolicy,
     SetInstructions,
+    SetTools,
     StartResponse,
     Transcribe,
     TruncateItem,
 )
 from realtime.session.core import Session
-from realtime.session.responses import ResponsePhase
+from realtime.session.response_state import ResponsePhase
 from realtime.session.settings import AudioEncoder, AudioTransport, EncoderFactory, SessionLimits, SessionSettings
 from realtime.turns.server_vad import TurnEvent
 
@@ -82,6 +85,8 @@ __all__ = [
     "Action",
     "AddAudio",
     "AddContent",
+    "AddFunctionCall",
+    "AddFunctionOutput",
     "AddText",
     "AppendAudio",
     "AudioEncoder",
@@ -106,6 +111,7 @@ __all__ = [
     "SessionSettings",
     "SetContextPolicy",
     "SetInstructions",
+    "SetTools",
     "StartResponse",
     "Transcribe",
     "TruncateItem",

@@ -32,6 +32,8 @@ from realtime.protocol.names import Dialect
 from realtime.protocol.turn_detection import ServerVadParams
 from realtime.session import (
     AddAudio,
+    AddFunctionCall,
+    AddFunctionOutput,
     AddText,
     AppendAudio,
     AudioTransport,
@@ -52,11 +54,11 @@ from realtime.session import (
     SessionLimits,
     SessionSettings,
     SetInstructions,
+    SetTools,
     StartResponse,
     Transcribe,
     TruncateItem,
 )
-from realtime.tool_calls import AddFunctionCall, AddFunctionOutput, SetTools
 from realtime.turns.server_vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 from realtime.voices import DEFAULT_VOICE_ALIASES
 
@@ -1082,7 +1084,7 @@ def test_without_preemptive_replies_a_pause_starts_nothing_and_no_audio_is_kept(
     d.turn(SpeechStarted(0, 0))
     d.append(200)
     assert d.turn(SpeechPaused(audio_end_ms=500, speech_end_ms=300)) == []
-    assert d.session._buffer.sent == [] and d.session._buffer.sent_ms == 500
+    assert d.session.input_kept == () and d.session.input_streamed_ms == 500
     acts = d.turn(SpeechStopped(audio_end_ms=800, speech_end_ms=300))
     assert len(of(acts, StartResponse)) == 1 and of(acts, PreemptiveReply) == []
 
@@ -1090,7 +1092,7 @@ def test_without_preemptive_replies_a_pause_starts_nothing_and_no_audio_is_kept(
     d.append(300, 0.5)
     d.turn(SpeechStarted(0, 0))
     d.append(200)
-    assert sum(c.duration_ms for c in d.session._buffer.sent) == 500  # what a withdrawal would stream again
+    assert sum(c.duration_ms for c in d.session.input_kept) == 500  # what a withdrawal would stream again
 
 
 def test_without_interrupt_response_speech_does_not_cancel():
