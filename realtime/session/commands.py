@@ -30,21 +30,22 @@ class Send:
 
 @dataclass(frozen=True)
 class _Command:
-    """An engine command. ``event_id``: that of the client event whose handling emitted it (None for commands of
-    turn detection or engine output), so that its failure's ``error`` event carries it; not part of equality."""
+    """An engine command (every :data:`EngineCommand` is one). ``event_id``: that of the client event whose handling
+    emitted it (None for commands of turn detection or engine output), so that its failure's ``error`` event carries
+    it; not part of equality."""
 
     event_id: str | None = field(default=None, compare=False, kw_only=True)
 
 
 @dataclass(frozen=True)
-class SetTools:
+class SetTools(_Command):
     """The function tools offered to the model (part of its prompt); ``()``: none. Applied between responses."""
 
     tools: tuple[Tool, ...]
 
 
 @dataclass(frozen=True)
-class AddFunctionCall:
+class AddFunctionCall(_Command):
     """A client's ``function_call`` item (history replay), appended to the conversation."""
 
     item_id: str
@@ -53,7 +54,7 @@ class AddFunctionCall:
 
 
 @dataclass(frozen=True)
-class AddFunctionOutput:
+class AddFunctionOutput(_Command):
     """A client's ``function_call_output`` item, appended to the conversation."""
 
     item_id: str
@@ -161,7 +162,7 @@ class TruncateItem(_Command):
 
 
 @dataclass(frozen=True)
-class Transcribe:
+class Transcribe(_Command):
     """Transcribe the committed input audio of user item ``item_id`` (content part ``content_index``) and report
     the result through :meth:`Session.transcription_delta` / ``_completed`` / ``_failed``. Follows the item's
     :class:`CommitAudio` and, when the commit starts a reply, that reply's :class:`StartResponse`. ``language``

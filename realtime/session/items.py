@@ -93,6 +93,7 @@ class ConversationItems:
             self._out.emit(AddContent(item_id, engine_parts(new), after))
             parts = mirror_parts(new)
         else:
+            assert new.content is not None, "a message item has content (the protocol checked it)"
             self._out.emit(AddText(item_id, new.text or "", new.role, after))
             parts = [ContentPart(new.content, text=new.text)]
         item = Item(item_id, new.role, parts)

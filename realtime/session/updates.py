@@ -69,8 +69,8 @@ class SessionUpdates:
             except RealtimeError as exc:
                 refused.append(exc)
                 patch = dataclasses.replace(patch, modality=KEEP)
-        for exc in refused:
-            self._out.error(exc, event.event_id, client_event_type(event).value)
+        for problem in refused:
+            self._out.error(problem, event.event_id, client_event_type(event).value)
         if refused and patch == SessionPatch(voice_param=patch.voice_param, modality_param=patch.modality_param):
             return
         old, new = self._config, self._config.apply(patch)

@@ -615,6 +615,21 @@ def test_a_failed_command_answers_the_client_event_that_caused_it():
     assert append.event_id is None  # the append had no event_id
 
 
+def test_a_failed_tool_command_answers_the_client_event_that_caused_it():
+    """Every engine command carries its client event's id, function calling's too (a failure of one is an error
+    event, not an AttributeError)."""
+    d = Driver(manual=True)
+    update = {"type": "session.update", "event_id": "su_1", "session": {"tools": [WEATHER]}}
+    (set_tools,) = of(d.send(update), SetTools)
+    assert set_tools.event_id == "su_1"
+    err = error_of(d._record(d.session.command_failed(set_tools, EngineFailure("prompt too long"))))
+    assert (err["code"], err["event_id"]) == ("engine_failure", "su_1")
+    call = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"}
+    (add,) = of(d.send({"type": "conversation.item.create", "event_id": "ic_2", "item": call}), AddFunctionCall)
+    err = error_of(d._record(d.session.command_failed(add, EngineFailure("prefill failed"))))
+    assert (err["code"], err["event_id"]) == ("engine_failure", "ic_2")
+
+
 def test_a_response_started_by_turn_detection_fails_with_no_event_id():
     d = Driver()
     d.send({"type": "input_audio_buffer.append", "event_id": "a1", "audio": base64.b64encode(pcm16(600)).decode()})
