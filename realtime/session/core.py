@@ -58,7 +58,7 @@ class Session:
         encoder_factory: EncoderFactory = OutputEncoder,
     ) -> None:
         self.settings = settings
-        ids = ids or RandomIds()
+        self._ids = ids = ids or RandomIds()
         self.session_id = ids.new(IdKind.SESSION)
         self.conversation_id = ids.new(IdKind.CONVERSATION)
         self._events = events = ServerEvents(settings.dialect, ids)
@@ -70,8 +70,14 @@ class Session:
         self._audio = OutputAudio(settings, events, out, self._input)
         self._calls = FunctionCalls(updates, ids, events, out, mirror)
         self._turn_state = TurnState()
+        self._compose_replies(encoder_factory)
+
+    def _compose_replies(self, encoder_factory: EncoderFactory) -> None:
+        """The parts that make and track replies, on top of those :meth:`__init__` made; then the client events'
+        routes."""
+        ids, events, out, updates, mirror = self._ids, self._events, self._out, self._updates, self._mirror
         self._responses = Responses(
-            settings,
+            self.settings,
             updates,
             ids,
             events,
@@ -88,7 +94,7 @@ class Session:
             updates, ids, events, out, mirror=mirror, responses=self._responses, calls=self._calls
         )
         self._preemptive = PreemptiveReplies(
-            settings,
+            self.settings,
             out,
             input_audio=self._input,
             mirror=mirror,
