@@ -65,7 +65,7 @@ stamps engine commands with the client event's id, ``holding`` diverts client ac
   ``retrieve``, ``delete``, ``truncate``.
 - :class:`~realtime.session.preemptive.PreemptiveReplies` (``preemptive``): the tentative reply; ``pause``,
   ``show``, ``withdraw``, ``keep_aside``, ``holding``, ``drops_output``.
-- :class:`~realtime.session.turns.TurnState` and :class:`~realtime.session.turns.TurnTracker` (``turns``): speaking
+- :class:`~realtime.session.turns.SpeechAndIdle` and :class:`~realtime.session.turns.TurnTracker` (``turns``): speaking
   and the idle timer; the detector's events, barge-in, the idle timeout (``turn_event``, ``audio_appended``,
   ``detection_changed``, ``restart_if_speaking``).
 

@@ -41,7 +41,7 @@ from realtime.session.responses import Responses
 from realtime.session.settings import EncoderFactory, SessionSettings
 from realtime.session.tool_calls import FunctionCalls
 from realtime.session.transcripts import InputTranscription
-from realtime.session.turns import TurnState, TurnTracker
+from realtime.session.turns import SpeechAndIdle, TurnTracker
 from realtime.session.updates import SessionUpdates
 from realtime.turns.server_vad import TurnEvent
 
@@ -69,7 +69,7 @@ class Session:
         self._transcription = InputTranscription(updates, events, out, mirror, self.session_id)
         self._audio = OutputAudio(settings, events, out, self._input)
         self._calls = FunctionCalls(updates, ids, events, out, mirror)
-        self._turn_state = TurnState()
+        self._turn_state = SpeechAndIdle()
         self._compose_replies(encoder_factory)
 
     def _compose_replies(self, encoder_factory: EncoderFactory) -> None:

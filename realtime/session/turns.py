@@ -7,7 +7,7 @@ response in progress and stops the audio the user talks over; ``SpeechStopped`` 
 during speech restarts the detector so that it never reports that turn's end. Pauses (``SpeechPaused`` /
 ``SpeechResumed``) go to :mod:`realtime.session.preemptive`.
 
-:class:`TurnState` is whether the user is speaking and since when the assistant has been idle; the responses tell it
+:class:`SpeechAndIdle` is whether the user is speaking and since when the assistant has been idle; the responses tell it
 when a reply starts and ends (:class:`realtime.session.responses.AssistantActivity`). :class:`TurnTracker` applies the
 detector's events and the idle timeout.
 """
@@ -29,7 +29,7 @@ from realtime.turns.idle import IdleTimer
 from realtime.turns.server_vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnEvent
 
 
-class TurnState:
+class SpeechAndIdle:
     """Whether the user is speaking, and since when the assistant has been idle (``server_vad.idle_timeout_ms``,
     :mod:`realtime.turns.idle`): idle starts when a reply ends while the user is silent, and stops when speech or a
     reply starts."""
@@ -77,7 +77,7 @@ class TurnTracker:
         events: ServerEvents,
         out: Emitter,
         *,
-        state: TurnState,
+        state: SpeechAndIdle,
         input_audio: InputAudio,
         responses: Responses,
         audio: OutputAudio,
