@@ -2,7 +2,7 @@
 
 A :class:`SessionRunner` is a thin composition of parts that each own their state and talk through public methods:
 
-- :class:`~realtime.runner.responses.Responses` starts each response on the engine and runs its *pump*, which feeds
+- :class:`~realtime.runner.responses.ResponseDriver` starts each response on the engine and runs its *pump*, which feeds
   the engine's output back into the session (pausing while the client lags), applies cancels (at once, or as the
   response starts), and knows which replies still wait for their first output;
 - :class:`~realtime.runner.executor.CommandExecutor` executes engine commands one at a time, in the order the session
@@ -12,7 +12,7 @@ A :class:`SessionRunner` is a thin composition of parts that each own their stat
   :data:`~realtime.runner.executor.COMMANDS_HIGH_WATER` commands wait;
 - :class:`~realtime.turns.detection.SpeechDetection` runs the turn detector on input audio (inline in the reader:
   each chunk's events reach the session before the next message);
-- :class:`~realtime.runner.transcripts.InputTranscription`, with input transcription on, runs the session's
+- :class:`~realtime.runner.transcripts.TranscriptionDriver`, with input transcription on, runs the session's
   transcription jobs (:mod:`~realtime.runner.transcription_jobs`, its *transcriber* task) over copies of the
   committed messages' 16 kHz audio, each once no reply is waiting for its first output (audio, or text for a
   text-only reply) and none is about to start.

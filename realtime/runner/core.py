@@ -30,8 +30,8 @@ from realtime.runner.contracts import (
 from realtime.runner.executor import CommandExecutor
 from realtime.runner.inbound import ArrivalClock, receive
 from realtime.runner.outbound import ClientNotReading, OutboundQueue
-from realtime.runner.responses import Responses
-from realtime.runner.transcripts import InputTranscription
+from realtime.runner.responses import ResponseDriver
+from realtime.runner.transcripts import TranscriptionDriver
 from realtime.session import (
     Action,
     AudioTransport,
@@ -110,8 +110,8 @@ class SessionRunner:
             Preemption.WITHDRAWN: self._traces.withdrawn,
         }
         spawn, dispatch = self._spawn, self._dispatch
-        self.responses = Responses(self.session, self.outbound, self._traces, spawn=spawn, dispatch=dispatch)
-        self.transcription = InputTranscription(
+        self.responses = ResponseDriver(self.session, self.outbound, self._traces, spawn=spawn, dispatch=dispatch)
+        self.transcription = TranscriptionDriver(
             engine, self.session, may_start=self._transcription_may_start, spawn=spawn, dispatch=dispatch
         )
         self.commands = CommandExecutor(

@@ -19,10 +19,12 @@ from realtime.media.audio import AudioDecoder, DecoderFactory
 from realtime.observe.first_audio import FirstAudioTracer
 from realtime.protocol.audio_format import AudioFormat
 from realtime.runner.contracts import Dispatch, OpenMessage, Spawn
-from realtime.runner.responses import Responses
+from realtime.runner.responses import ResponseDriver
 from realtime.session import (
     AddAudio,
     AddContent,
+    AddFunctionCall,
+    AddFunctionOutput,
     AddText,
     AppendAudio,
     ClearAudio,
@@ -32,11 +34,11 @@ from realtime.session import (
     Session,
     SetContextPolicy,
     SetInstructions,
+    SetTools,
     StartResponse,
     Transcribe,
     TruncateItem,
 )
-from realtime.tool_calls import AddFunctionCall, AddFunctionOutput, SetTools
 
 logger = logging.getLogger("realtime.runner")
 
@@ -49,7 +51,7 @@ ends on its own, so the reader always resumes."""
 
 
 class TranscriptionSink(Protocol):
-    """Where committed audio goes for its transcription (:class:`~realtime.runner.transcripts.InputTranscription`)."""
+    """Where committed audio goes for its transcription (:class:`~realtime.runner.transcripts.TranscriptionDriver`)."""
 
     def kept(self, item_id: str, pcm: list[np.ndarray] | None) -> None: ...
 
@@ -85,13 +87,13 @@ class CommandExecutor:
 
     An audio commit is sent and not waited for, so the response that follows it reaches the engine with it; its
     outcome is awaited by a *commit* task (spawned through ``spawn``, owned by the runner). Cancels do not pass here
-    (:meth:`Responses.cancel` runs at once). Commands that must not overtake the running response (an insertion,
-    a deletion, a truncation, new tools) wait for it to end first (:meth:`Responses.wait_idle`)."""
+    (:meth:`ResponseDriver.cancel` runs at once). Commands that must not overtake the running response (an insertion,
+    a deletion, a truncation, new tools) wait for it to end first (:meth:`ResponseDriver.wait_idle`)."""
 
     def __init__(
         self,
         session: Session,
-        responses: Responses,
+        responses: ResponseDriver,
         transcription: TranscriptionSink,
         traces: FirstAudioTracer,
         *,

@@ -32,7 +32,7 @@ class _Running:
         self.cancelled.set()
 
 
-class Responses:
+class ResponseDriver:
     """The session's responses on the engine. :meth:`start` starts one and spawns its *pump* (a task owned by the
     runner, through ``spawn``), which feeds the engine's output to the session and the resulting actions to
     ``dispatch``, pausing while ``outbound`` is above its high water (but not once cancelled: the session drops that

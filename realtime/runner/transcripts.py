@@ -19,7 +19,7 @@ from realtime.runner.transcription_jobs import (
 from realtime.session import Session, Transcribe
 
 
-class InputTranscription:
+class TranscriptionDriver:
     """The transcription side of a session: the command executor hands it each commit's kept audio (:meth:`kept`),
     then the commit's :class:`~realtime.session.Transcribe` (:meth:`transcribe`), in command order. Its transcriber
     is made by the first job and runs as a task spawned through ``spawn`` (the runner owns it and cancels it when the

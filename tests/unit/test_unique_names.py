@@ -13,20 +13,6 @@ from tests.helpers.paths import REPO
 
 PACKAGES = ("pipeline", "realtime")
 
-# owned by the issue-43 refactor; removed when merged
-ALLOWED_DUPLICATES = frozenset(
-    {
-        # realtime/session/commands.py and realtime/transports/media_workers/messages.py
-        "ClearAudio",
-        "PlayAudio",
-        # realtime/runner/turns.py and realtime/session/turns.py
-        "TurnDetection",
-        # realtime/runner/contracts.py and realtime/turns/server_vad.py
-        "TurnDetector",
-    }
-)
-"""Names still defined in two modules, each to be renamed or merged by the part of issue 43 that owns its modules."""
-
 
 def public_classes(root: Path, packages: tuple[str, ...]) -> dict[str, list[str]]:
     """Public class name -> the modules (paths relative to ``root``, sorted) whose top level defines it, over every
@@ -49,16 +35,10 @@ def duplicates(classes: dict[str, list[str]]) -> dict[str, list[str]]:
 def test_each_public_class_name_is_defined_once():
     classes = public_classes(REPO, PACKAGES)
     assert len(classes) > 200 and "ModelFamily" in classes, "the walk sees pipeline/ and realtime/"
-    found = {name: modules for name, modules in duplicates(classes).items() if name not in ALLOWED_DUPLICATES}
+    found = {name: modules for name, modules in duplicates(classes).items()}
     assert not found, "public class names defined in several modules (rename the implementation, or merge):\n" + (
         "\n".join(f"{name}: {', '.join(modules)}" for name, modules in sorted(found.items()))
     )
-
-
-def test_the_allowlist_holds_only_names_still_defined_twice():
-    twice = duplicates(public_classes(REPO, PACKAGES))
-    stale = sorted(ALLOWED_DUPLICATES - twice.keys())
-    assert not stale, f"defined once now: remove from ALLOWED_DUPLICATES: {', '.join(stale)}"
 
 
 def test_the_walk_finds_top_level_public_classes_only(tmp_path):

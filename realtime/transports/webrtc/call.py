@@ -32,7 +32,7 @@ from realtime.runner import MediaSink, SessionEnd, SessionRunner, Transport, ses
 from realtime.server.limits import MessageGate, SessionSlot
 from realtime.session import ResponsePhase
 from realtime.transports.input_delay import InputDelayMeter
-from realtime.transports.webrtc.transport import CallTransport, DataChannel, Truncation
+from realtime.transports.webrtc.transport import CallTransport, ClearedReplyTruncation, DataChannel
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,9 @@ class Call(Generic[MediaT]):
         self._done_type = server_event_name(ServerEvent.RESPONSE_DONE, dialect)
         self._item_added_type = server_event_name(ServerEvent.OUTPUT_ITEM_ADDED, dialect)
         self._items: dict[str, str] = {}  # response id → its assistant item id
-        self._truncating: dict[str, Truncation] = {}  # cleared response id → its truncation, waiting for the media
+        self._truncating: dict[
+            str, ClearedReplyTruncation
+        ] = {}  # cleared response id → its truncation, waiting for the media
         self.transport = CallTransport(self, media, gate, dialect)
         self.runner = make_runner(self.transport, self)
         self.input_format = self.runner.session.config.input_format
@@ -176,7 +178,7 @@ class Call(Generic[MediaT]):
         session = self.runner.session
         generating = session.active_response_id == response_id and session.response_phase is ResponsePhase.IN_PROGRESS
         if item_id is not None and not generating:
-            truncation = Truncation(item_id)
+            truncation = ClearedReplyTruncation(item_id)
             self._truncating[response_id] = truncation
             self.transport.push(truncation)
         self.media.clear_audio(response_id)

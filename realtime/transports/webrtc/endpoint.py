@@ -46,7 +46,7 @@ from realtime.media.video_settings import DEFAULT_CAMERA, CameraSettings
 from realtime.observe.first_audio import FirstAudioTrace
 from realtime.protocol.client import SessionUpdate, parse_client_event
 from realtime.protocol.names import ClientEventType, Dialect
-from realtime.runner import MediaSink, SessionRunner, Transport, SpeechDetectorFactory
+from realtime.runner import MediaSink, SessionRunner, SpeechDetectorFactory, Transport
 from realtime.server.limits import MessageGate, SessionSlot, SessionSlots
 from realtime.session import AudioTransport, SessionSettings
 from realtime.transports.peer import IceHostAddress

@@ -80,7 +80,7 @@ class _Refused:
         self.error = error
 
 
-class Truncation:
+class ClearedReplyTruncation:
     """The truncation of a cleared reply's item, queued among the incoming messages where the clear happened; how much
     of the reply was played comes with :meth:`resolve` (None: nothing of it was queued)."""
 
@@ -105,7 +105,7 @@ def truncate_message(item_id: str, audio_end_ms: int) -> str:
     )
 
 
-Incoming = str | bytes | InputAudioAppend | Truncation
+Incoming = str | bytes | InputAudioAppend | ClearedReplyTruncation
 
 
 class CallTransport:
@@ -178,7 +178,7 @@ class CallTransport:
                 if event is not None:  # None: the dialect has no such event
                     await self.send(event)
                 continue
-            if isinstance(message, Truncation):
+            if isinstance(message, ClearedReplyTruncation):
                 await self._wait_until(message.played_ms)
                 played_ms = message.played_ms.result() if message.played_ms.done() else None
                 if played_ms is not None:  # None: nothing of it was queued, or the call is ending

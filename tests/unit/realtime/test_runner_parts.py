@@ -9,8 +9,8 @@ from realtime.media.audio import InputDecoder
 from realtime.observe.first_audio import FirstAudioTracer
 from realtime.runner import OutboundQueue
 from realtime.runner.executor import CommandExecutor
-from realtime.runner.responses import Responses
-from realtime.runner.transcripts import InputTranscription
+from realtime.runner.responses import ResponseDriver
+from realtime.runner.transcripts import TranscriptionDriver
 from realtime.session import Session, SessionSettings, SetInstructions
 from tests.fakes import FakeEngine
 from tests.helpers.session_harness import TIMEOUT, until
@@ -26,8 +26,8 @@ def _executor(engine: FakeEngine, high_water: int) -> CommandExecutor:
     def dispatch(actions):
         raise AssertionError(f"nothing to report here: {actions}")
 
-    responses = Responses(session, OutboundQueue(), traces, spawn=spawn, dispatch=dispatch)
-    transcription = InputTranscription(engine, session, may_start=lambda: True, spawn=spawn, dispatch=dispatch)
+    responses = ResponseDriver(session, OutboundQueue(), traces, spawn=spawn, dispatch=dispatch)
+    transcription = TranscriptionDriver(engine, session, may_start=lambda: True, spawn=spawn, dispatch=dispatch)
     return CommandExecutor(
         session,
         responses,
