@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from pipeline.api import reply_token_limit
 from pipeline.response_events import (
     AudioChunk,
     FunctionCallDelta,
@@ -150,7 +151,7 @@ class Responses:
         self._activity.reply_started()
         modality = cfg.modality if params.modality is KEEP else params.modality
         fmt = cfg.output_format if params.output_format is KEEP else params.output_format
-        max_tokens = _capped(
+        max_tokens = reply_token_limit(
             cfg.max_output_tokens if params.max_output_tokens is KEEP else params.max_output_tokens,
             self._settings.max_output_tokens,
         )
@@ -304,10 +305,3 @@ def _outcome(
 def _failure(done: ResponseDone) -> Exception:
     """Why a failed response failed (an engine that gave no reason failed internally)."""
     return done.error or RuntimeError("response failed")
-
-
-def _capped(requested: int | None, cap: int | None) -> int | None:
-    """The reply limit a response really gets: what was asked (None: ``"inf"``) within the engine's cap."""
-    if cap is None:
-        return requested
-    return cap if requested is None else min(requested, cap)
