@@ -1,4 +1,4 @@
-"""The decision policy of ``semantic_vad``: when to ask the turn model, and when the user's turn ends. Pure: no
+"""The decision policy of ``semantic_vad``: when to ask the turn model, and when the user's turn ends. Sans-I/O: no
 clock, no I/O, no threads; every input is given by the caller.
 
 Inputs, for one silence run (from the moment server VAD hears the speech stop until speech resumes or the turn ends):
@@ -14,6 +14,10 @@ turn it judges complete (``probability >= complete_at``) ends at once; one it ju
 ``max_wait_ms`` of silence, the eagerness's patience with a user who pauses mid-sentence; without an answer the
 turn ends after ``unscored_wait_ms``, as silence-based detection would end it. An answer that arrives later moves
 the end to where it puts it; an end already passed ends the turn at once.
+
+:class:`SemanticTurnTracker` applies the policy to one session's silence runs in order: it says when to ask the model
+(:class:`ScoreTurn`) and when the turn ends (:class:`EndTurn`), ignores answers that come too late, and ends turns on
+silence alone once the model has failed.
 
 The transcript so far is not an input: the user's speech is transcribed only once the turn is committed.
 """
@@ -157,3 +161,91 @@ class SemanticPolicy:
         if silence_ms >= end:
             return TurnDecision(TurnAction.COMMIT)
         return TurnDecision(TurnAction.WAIT, end)
+
+
+@dataclass(frozen=True)
+class ScoreTurn:
+    """Ask the model about the turn's audio as it is now; hand the answer to :meth:`SemanticTurnTracker.scored`
+    with this ``run``."""
+
+    run: int
+
+
+@dataclass(frozen=True)
+class EndTurn:
+    """The turn ended, ``silence_ms`` into the silence run that followed its speech."""
+
+    silence_ms: int
+
+
+class SemanticTurnTracker:
+    """One session's ``semantic_vad`` over server VAD's silence runs: the policy's decisions applied in order.
+    Sans-I/O: the caller measures the silence (on the audio clock), runs the model and reports back.
+
+    Calling order: :meth:`silence` with the current run's length whenever audio arrives while server VAD hears
+    silence after speech; :meth:`speech` when speech starts or resumes; :meth:`scored` with the answer to a
+    :class:`ScoreTurn` (``None`` for "unknown"); :meth:`unavailable` once the model failed (the session's turns then
+    end on silence alone, as with server VAD); :meth:`speech` again after an :class:`EndTurn` to start the next turn.
+    An answer for an earlier run (the user spoke meanwhile) is ignored; so is everything after :class:`EndTurn` until
+    :meth:`speech`."""
+
+    def __init__(self, policy: SemanticPolicy) -> None:
+        self.policy = policy
+        self.run = 0
+        """The current silence run (counts up; :class:`ScoreTurn` names it)."""
+        self._silent = False
+        self._asked = False
+        self._probability: float | None = None
+        self._silence_ms = 0
+        self._ended = False
+        self._model_available = True
+
+    @property
+    def model_available(self) -> bool:
+        return self._model_available
+
+    def speech(self) -> None:
+        """Speech started or resumed: the silence run (if any) is over; a new turn starts after an ended one."""
+        self._silent = False
+        self._ended = False
+
+    def silence(self, silence_ms: int) -> list[ScoreTurn | EndTurn]:
+        """The current silence run has lasted ``silence_ms`` (from the end of speech)."""
+        if self._ended:
+            return []
+        if not self._silent:
+            self._silent = True
+            self.run += 1
+            self._asked = not self._model_available  # without a model, decide as if it had answered "unknown"
+            self._probability = None
+        self._silence_ms = silence_ms
+        return self._decide()
+
+    def scored(self, run: int, probability: float | None) -> list[EndTurn]:
+        """The model's answer to ``ScoreTurn(run)``: P(complete), or None when it had none (saturated)."""
+        if run != self.run or not self._silent or self._ended:
+            return []
+        self._probability = probability
+        return [action for action in self._decide() if isinstance(action, EndTurn)]
+
+    def unavailable(self) -> list[EndTurn]:
+        """The model failed (:class:`~realtime.turns.smart_turn.TurnModelError`): from now on turns end on silence
+        alone. A run waiting for its answer ends as if the answer was "unknown"."""
+        self._model_available = False
+        if not self._silent or self._ended:
+            return []
+        self._asked, self._probability = True, None
+        return [action for action in self._decide() if isinstance(action, EndTurn)]
+
+    def _decide(self) -> list[ScoreTurn | EndTurn]:
+        actions: list[ScoreTurn | EndTurn] = []
+        decision = self.policy.decide(self._silence_ms, self._probability, asked=self._asked)
+        if decision.action is TurnAction.SCORE:
+            self._asked = True
+            decision = self.policy.decide(self._silence_ms, None, asked=True)
+            if decision.action is not TurnAction.COMMIT:  # an answer could still change the outcome
+                actions.append(ScoreTurn(self.run))
+        if decision.action is TurnAction.COMMIT:
+            self._ended = True
+            actions.append(EndTurn(self._silence_ms))
+        return actions

@@ -1,5 +1,5 @@
 """realtime.turns.semantic: semantic_vad's decisions from the silence length, the turn model's answer and the
-eagerness (pure: the tests walk a silence run by hand)."""
+eagerness, and the tracker that applies them to a session's silence runs (pure: the tests walk the runs by hand)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 from realtime.turns.semantic import (
     Eagerness,
     EagernessLimits,
+    EndTurn,
+    ScoreTurn,
     SemanticPolicy,
+    SemanticTurnTracker,
     SemanticVadConfig,
     TurnAction,
     TurnDecision,
@@ -138,3 +141,67 @@ def test_bad_config_and_inputs_are_refused():
         policy.end_of_turn_ms(1.2)
     with pytest.raises(ValueError, match="silence_ms"):
         policy.decide(-1, None, asked=False)
+
+
+def run_frames(tracker: SemanticTurnTracker, start: int, stop: int, step: int = 32) -> list:
+    actions = []
+    for silence in range(start, stop, step):
+        actions.extend(tracker.silence(silence))
+    return actions
+
+
+def test_the_tracker_asks_once_and_ends_a_complete_turn_on_the_answer():
+    tracker = SemanticTurnTracker(SemanticPolicy("medium"))
+    tracker.speech()
+    assert run_frames(tracker, 32, 224) == []
+    assert tracker.silence(224) == [ScoreTurn(1)]
+    assert run_frames(tracker, 256, 320) == []  # asked once per run
+    assert tracker.scored(1, 0.99) == [EndTurn(288)]  # at the silence last reported
+    assert run_frames(tracker, 320, 2000) == [] and tracker.scored(1, 0.99) == []  # ended: nothing more
+
+
+def test_the_tracker_waits_out_an_incomplete_turn():
+    tracker = SemanticTurnTracker(SemanticPolicy("medium"))
+    assert tracker.silence(224) == [ScoreTurn(1)]
+    assert tracker.scored(1, 0.1) == []
+    assert run_frames(tracker, 256, 1300) == []
+    assert tracker.silence(1312) == [EndTurn(1312)]
+
+
+def test_an_answer_for_an_earlier_silence_run_is_ignored():
+    tracker = SemanticTurnTracker(SemanticPolicy("medium"))
+    assert tracker.silence(224) == [ScoreTurn(1)]
+    tracker.speech()  # the user goes on before the model answered
+    assert tracker.silence(32) == [] and tracker.scored(1, 1.0) == []
+    assert tracker.silence(224) == [ScoreTurn(2)]
+    assert tracker.scored(2, 1.0) == [EndTurn(224)]
+    tracker.speech()  # the next turn
+    assert tracker.silence(224) == [ScoreTurn(3)]
+
+
+def test_without_an_answer_in_time_the_turn_ends_on_silence():
+    tracker = SemanticTurnTracker(SemanticPolicy("medium"))
+    assert tracker.silence(224) == [ScoreTurn(1)]
+    assert tracker.scored(1, None) == []  # the scorer was saturated: "unknown"
+    assert tracker.silence(512) == [EndTurn(512)]  # server VAD's window
+    slow = SemanticTurnTracker(SemanticPolicy("medium"))
+    slow.silence(224)
+    assert slow.silence(512) == [EndTurn(512)]  # no answer yet: the silence-only window still holds
+    assert slow.scored(1, 0.1) == []  # too late
+
+
+def test_after_the_model_failed_turns_end_on_silence_alone():
+    tracker = SemanticTurnTracker(SemanticPolicy("medium"))
+    assert tracker.silence(224) == [ScoreTurn(1)]
+    assert tracker.unavailable() == []  # 224 ms: not yet the silence-only window
+    assert tracker.silence(512) == [EndTurn(512)]
+    assert not tracker.model_available
+    tracker.speech()
+    assert run_frames(tracker, 32, 500) == []  # never asked again
+    assert tracker.silence(512) == [EndTurn(512)]
+    answered = SemanticTurnTracker(SemanticPolicy("medium"))
+    answered.silence(224)
+    assert answered.scored(1, 0.1) == [] and answered.silence(608) == []  # incomplete: waiting up to 1.3 s
+    assert answered.unavailable() == [EndTurn(608)]  # learnt of the failure past the silence-only window
+    coarse = SemanticTurnTracker(SemanticPolicy("high"))
+    assert coarse.silence(320) == [EndTurn(320)]  # first heard past high's 300 ms window: no model call to make
