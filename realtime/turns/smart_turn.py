@@ -29,7 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from realtime.turns.features import FRAMES, N_MELS, SAMPLE_RATE, WhisperFeatures, last_window
+from realtime.turns.features import FRAMES, N_MELS, WhisperFeatures, last_window
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +133,11 @@ class SmartTurnModel:
             (probabilities,) = self._session.run(None, {INPUT_NAME: features})
         except Exception as exc:  # onnxruntime's own exception types
             raise TurnModelFailed(f"the turn model raised on a batch of {len(audios)}: {exc}") from exc
-        # the graph ends in a sigmoid: its (B, 1) output is already a probability
-        return np.clip(np.asarray(probabilities, dtype=np.float64).reshape(len(audios)), 0.0, 1.0)
+        # the graph ends in a sigmoid (pipecat's analyzer reads it the same way): its (B, 1) output is a probability
+        result = np.asarray(probabilities, dtype=np.float64).reshape(len(audios))
+        if not ((result >= 0.0) & (result <= 1.0)).all():
+            raise TurnModelFailed(f"the turn model answered values that are not probabilities: {result}")
+        return result
 
 
 @dataclass
@@ -341,15 +344,3 @@ def _hand_back(loop: asyncio.AbstractEventLoop, finish: Callable[[Future], None]
         if not loop.is_closed():
             raise
         logger.debug("a turn-model batch finished after its event loop closed")
-
-
-__all__ = [
-    "SAMPLE_RATE",
-    "SmartTurnModel",
-    "TurnModel",
-    "TurnModelError",
-    "TurnModelFailed",
-    "TurnModelUnavailable",
-    "TurnScorer",
-    "bundled_model_path",
-]
