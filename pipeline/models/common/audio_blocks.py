@@ -9,6 +9,7 @@ tokens a block of ``n`` frames makes, and the width an eager batch is padded to.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -18,13 +19,22 @@ from torch.nn.attention import sdpa_kernel
 from pipeline.kernels.cuda_graphs import CapturedCall, bucket_holding, host_to_device
 from pipeline.kernels.sdpa import PREFILL_BACKENDS
 
+if TYPE_CHECKING:
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniAudioEncoderLayer
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeAudioEncoderLayer
+
 __all__ = ["BlockAudioEncoder", "encoder_layer"]
 
-EncodeBlocks = Callable[[nn.Module, Tensor, Tensor], Tensor]
+Tower = TypeVar("Tower", bound=nn.Module)
+"""The family's transformers audio encoder."""
+
+EncodeBlocks = Callable[[Tower, Tensor, Tensor], Tensor]
 """``(tower, features (B, n_mels, W), lengths (B,) int64) -> (B, tokens, output_dim)``: device work only."""
 
 
-def encoder_layer(layer: nn.Module, x: Tensor, keys: Tensor) -> Tensor:
+def encoder_layer(
+    layer: Qwen2_5OmniAudioEncoderLayer | Qwen3OmniMoeAudioEncoderLayer, x: Tensor, keys: Tensor
+) -> Tensor:
     """One audio encoder layer (``Qwen2_5OmniAudioEncoderLayer``, ``Qwen3OmniMoeAudioEncoderLayer``: pre-norm
     attention then a pre-norm MLP) on (B, S, D), attending to the keys that ``keys`` (B, 1, 1, S) marks."""
     attn = layer.self_attn
@@ -45,7 +55,7 @@ def encoder_layer(layer: nn.Module, x: Tensor, keys: Tensor) -> Tensor:
     return x
 
 
-class BlockAudioEncoder:
+class BlockAudioEncoder(Generic[Tower]):
     """Encodes user audio blocks (each 1..``block_frames`` mel frames) with ``encode``: eagerly, padded to the longest
     block rounded up to a multiple of ``width_step``, or on CUDA (``cuda_graphs``) from graphs captured by
     :meth:`capture` for ``batch_sizes`` blocks padded to ``block_frames``. ``tokens(n)``: the tokens a block of ``n``
@@ -56,20 +66,21 @@ class BlockAudioEncoder:
 
     def __init__(
         self,
-        tower: nn.Module,
+        tower: Tower,
         *,
         device: torch.device | str,
         cuda_graphs: bool,
         batch_sizes: Sequence[int],
         block_frames: int,
-        encode: EncodeBlocks,
+        n_mels: int,
+        encode: EncodeBlocks[Tower],
         tokens: Callable[[int], int],
         width_step: int = 1,
     ) -> None:
         self.tower = tower
         self.device = torch.device(device)
         self.block_frames = block_frames
-        self.n_mels = int(tower.config.num_mel_bins)
+        self.n_mels = n_mels
         self.batch_sizes = tuple(sorted(batch_sizes))
         self._encode = encode
         self._tokens = tokens

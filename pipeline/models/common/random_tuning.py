@@ -4,11 +4,15 @@ inputs. In place, on a model built in float32 or a lower precision; run under ``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pipeline.models.common.hf_parts import thinker_text_model
+
+if TYPE_CHECKING:
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniThinkerForConditionalGeneration
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeThinkerForConditionalGeneration
 
 __all__ = ["REPLY_END_NOISE_SCALE", "hold_reply_end_logit", "mark_text_end", "never_write"]
 
@@ -33,7 +37,11 @@ def never_write(layers: Any, channel: int) -> None:
 
 
 @torch.no_grad()
-def hold_reply_end_logit(thinker: Any, end_id: int, level: float) -> None:
+def hold_reply_end_logit(
+    thinker: Qwen2_5OmniThinkerForConditionalGeneration | Qwen3OmniMoeThinkerForConditionalGeneration,
+    end_id: int,
+    level: float,
+) -> None:
     """Make ``end_id``'s logit ``level`` plus a little noise at every text position.
 
     The last channel of the residual stream is made a constant: the same value in every token's embedding and never
@@ -42,7 +50,12 @@ def hold_reply_end_logit(thinker: Any, end_id: int, level: float) -> None:
     :data:`REPLY_END_NOISE_SCALE` of its random weights so its logit still varies a little. The channel's normed value
     is measured on a probe of token ids to calibrate the row.
     """
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniThinkerTextModel
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeThinkerTextModel
+
     text = thinker_text_model(thinker)
+    if not isinstance(text, (Qwen2_5OmniThinkerTextModel, Qwen3OmniMoeThinkerTextModel)):
+        raise TypeError(f"not a Qwen-Omni thinker text model: {type(text).__name__}")
     embed = text.embed_tokens.weight
     channel = embed.shape[1] - 1
     embed[:, channel] = 3.0 * embed[:, :channel].std()

@@ -64,7 +64,8 @@ class PatchPreprocessor:
         None when it holds no image processor settings (a checkpoint that takes no pictures). ``min_pixels`` /
         ``max_pixels`` may also be written as ``size.shortest_edge`` / ``size.longest_edge`` (transformers' newer
         spelling). Raises :class:`CheckpointError` naming a missing, malformed or inconsistent field."""
-        size = raw.get("size") if isinstance(raw.get("size"), Mapping) else {}
+        given = raw.get("size")
+        size = given if isinstance(given, Mapping) else {}
         values = {
             "min_pixels": raw.get("min_pixels", size.get("shortest_edge")),
             "max_pixels": raw.get("max_pixels", size.get("longest_edge")),

@@ -20,13 +20,20 @@ encoder attends within such blocks, which is why blocks encode independently, pi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from pipeline.models.common.audio_blocks import BlockAudioEncoder, encoder_layer
 from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
+
+if TYPE_CHECKING:
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+        Qwen2_5OmniAudioEncoder,
+        Qwen2_5OmniAudioEncoderLayer,
+    )
 
 __all__ = ["Qwen25OmniBlockEncoder", "GRAPH_BATCHES", "encode_blocks"]
 
@@ -35,7 +42,7 @@ GRAPH_BATCHES = (1, 2, 4, 8, 16)
 size; more than the largest run as several replays."""
 
 
-def encode_blocks(tower: nn.Module, features: Tensor, lengths: Tensor) -> Tensor:
+def encode_blocks(tower: Qwen2_5OmniAudioEncoder, features: Tensor, lengths: Tensor) -> Tensor:
     """``features`` (B, n_mels, W) float, zero beyond each block's length; ``lengths`` (B,) int64 mel frames, each in
     1..W (W at most the tower's ``n_window * 2``). Returns (B, P // 2, output_dim) in the tower's dtype, with
     ``P = (W - 1) // 2 + 1``: block i's tokens are its first ``audio_tokens_for_mel_frames(lengths[i])`` rows. Device
@@ -49,20 +56,20 @@ def encode_blocks(tower: nn.Module, features: Tensor, lengths: Tensor) -> Tensor
     valid = (lengths - 1) // 2 + 1
     keys = (torch.arange(positions, device=x.device) < valid[:, None])[:, None, None, :]
     for layer in tower.layers:
-        x = encoder_layer(layer, x, keys)
+        x = encoder_layer(cast("Qwen2_5OmniAudioEncoderLayer", layer), x, keys)  # ModuleList items are Modules
     pairs = positions // 2
     x = (x[:, 0 : 2 * pairs : 2] + x[:, 1 : 2 * pairs : 2]) / 2
     return tower.proj(tower.ln_post(x))
 
 
-class Qwen25OmniBlockEncoder(BlockAudioEncoder):
+class Qwen25OmniBlockEncoder(BlockAudioEncoder["Qwen2_5OmniAudioEncoder"]):
     """Encodes user audio blocks (each at most ``n_window * 2`` frames) with :func:`encode_blocks`: eagerly, or on
     CUDA from graphs captured by :meth:`capture` for :data:`GRAPH_BATCHES` blocks padded to the full block width
     (:class:`~pipeline.models.common.audio_blocks.BlockAudioEncoder`). Engine thread only."""
 
     def __init__(
         self,
-        tower: nn.Module,
+        tower: Qwen2_5OmniAudioEncoder,
         *,
         device: torch.device | str,
         cuda_graphs: bool = True,
@@ -74,6 +81,7 @@ class Qwen25OmniBlockEncoder(BlockAudioEncoder):
             cuda_graphs=cuda_graphs,
             batch_sizes=batch_sizes,
             block_frames=2 * tower.config.n_window,
+            n_mels=tower.config.num_mel_bins,
             encode=encode_blocks,
             tokens=audio_tokens_for_mel_frames,
         )

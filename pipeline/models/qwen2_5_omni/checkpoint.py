@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -54,6 +54,13 @@ from pipeline.models.common.hf_loading import (
 )
 from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
 from pipeline.models.qwen2_5_omni.vision import Qwen25OmniVisionPreprocessor
+
+if TYPE_CHECKING:
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+        Qwen2_5OmniTalkerForConditionalGeneration,
+        Qwen2_5OmniThinkerForConditionalGeneration,
+        Qwen2_5OmniToken2WavModel,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -356,9 +363,9 @@ class Qwen25OmniLoadedCheckpoint:
     source: str
     path: Path
     config: Any
-    thinker: torch.nn.Module
-    talker: torch.nn.Module
-    token2wav: torch.nn.Module
+    thinker: Qwen2_5OmniThinkerForConditionalGeneration
+    talker: Qwen2_5OmniTalkerForConditionalGeneration
+    token2wav: Qwen2_5OmniToken2WavModel
     tokenizer: Any
     feature_extractor: Any
     speakers: dict[str, Speaker]

@@ -340,7 +340,11 @@ def dit_block_triton(
     )
 
 
-_BLOCK_FUNCTIONS = {DitAttention.SDPA: dit_block, DitAttention.TRITON: dit_block_triton}
+# the two take different attention inputs (and sizes) after the weights: DitBlock passes them through
+_BLOCK_FUNCTIONS: dict[DitAttention, Callable[..., Tensor]] = {
+    DitAttention.SDPA: dit_block,
+    DitAttention.TRITON: dit_block_triton,
+}
 
 
 class DitBlock:
@@ -386,6 +390,7 @@ class CompiledDitBlock(DitBlock):
         self._function = torch.compile(function, fullgraph=True, mode="default")
         # where the attention input whose dimensions follow the window sits among the arguments after the modulation:
         # the mask (rows, 1, L, L) before cos and sin, or the block ids (rows, L) before the reach, cos and sin
+        self._attention_dims: tuple[int, ...]
         self._attention_at, self._attention_dims = (-3, (0, 2, 3)) if attention is DitAttention.SDPA else (-4, (0, 1))
 
     def __call__(
@@ -432,6 +437,7 @@ def dit_velocity(
     rows, dtype = window.features.shape[0], weights.dtype
     block = block or DitBlock()
     cos, sin = (table.to(dtype) for table in window.rope)
+    attention: dict[tuple[int, int], tuple[Tensor, ...]]  # a layer's reach -> its attention inputs
     if block.attention is DitAttention.TRITON:
         # key block minus the first frame's block: each frame's block id up to a per-row offset, as the kernel takes it
         blocks = window.block_diff[:, 0, :].contiguous()

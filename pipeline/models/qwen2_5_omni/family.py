@@ -150,15 +150,24 @@ class Qwen25OmniFamily:
     def thinker_parts(
         self, ckpt: Qwen25OmniLoadedCheckpoint, *, device: torch.device, cuda_graphs: bool
     ) -> ThinkerParts:
+        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+            Qwen2_5OmniAudioEncoder,
+            Qwen2_5OmniVisionEncoder,
+        )
+
         from pipeline.models.common.hf_parts import thinker_audio_tower, thinker_text_model, thinker_vision_tower
         from pipeline.models.qwen2_5_omni.audio_encoder import Qwen25OmniBlockEncoder
         from pipeline.models.qwen2_5_omni.vision_encoder import Qwen25OmniVisionEncoder
 
         device = torch.device(device)
-        audio = Qwen25OmniBlockEncoder(thinker_audio_tower(ckpt.thinker), device=device, cuda_graphs=cuda_graphs)
+        audio = Qwen25OmniBlockEncoder(
+            thinker_audio_tower(ckpt.thinker, Qwen2_5OmniAudioEncoder), device=device, cuda_graphs=cuda_graphs
+        )
         vision = None
         if getattr(ckpt, "vision", None) is not None:
-            vision = Qwen25OmniVisionEncoder(thinker_vision_tower(ckpt.thinker), device=device)
+            vision = Qwen25OmniVisionEncoder(
+                thinker_vision_tower(ckpt.thinker, Qwen2_5OmniVisionEncoder), device=device
+            )
         return ThinkerParts(
             text_model=thinker_text_model(ckpt.thinker), lm_head=ckpt.thinker.lm_head, audio=audio, vision=vision
         )
@@ -191,8 +200,8 @@ class Qwen25OmniFamily:
             ChunkingConfig(**own.chunking),
             max_batch=stage.max_batch,
             tf32_matmul=own.tf32_matmul and on_cuda,
-            compile_dit=own.compile,
-            fused_vocoder=own.compile and on_cuda,
+            compile_dit=own.compiled,
+            fused_vocoder=own.compiled and on_cuda,
             dit_dtype=own.torch_dit_dtype,
             dit_attention=own.dit_attention,
         )

@@ -33,7 +33,7 @@ import torch
 from pipeline.errors import CheckpointError
 from pipeline.models.common import bpe
 from pipeline.models.common.hermes_tools import TOOLS_EPILOGUE, TOOLS_PREAMBLE
-from pipeline.models.common.hf_parts import thinker_text_model
+from pipeline.models.common.hf_parts import thinker_text_model, thinker_vision_tower
 from pipeline.models.common.random_checkpoint import (
     RandomSpecPresets,
     check_common_spec,
@@ -596,13 +596,18 @@ changing the tower leaves their random weights, and the tests tuned on them, as 
 
 
 def build_model(
-    spec: Qwen25OmniRandomModelSpec, config: Any, *, device: str = "cpu", dtype: torch.dtype = torch.float32
+    spec: Qwen25OmniRandomModelSpec,
+    config: Any,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> Any:
     """A seeded random ``Qwen2_5OmniForConditionalGeneration`` (token2wav float32), tuned by
     :func:`_tune_random_weights`, in eval mode. The vision tower is drawn separately (:data:`RNG_LAYOUT_VISION`)."""
     import copy
 
     from transformers import Qwen2_5OmniForConditionalGeneration
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniVisionEncoder
 
     layout = copy.deepcopy(config)
     for name, value in RNG_LAYOUT_VISION.items():
@@ -614,7 +619,9 @@ def build_model(
     holder = model.thinker if getattr(model.thinker, "visual", None) is not None else model.thinker.model
     torch.manual_seed(spec.seed + VISION_SEED_OFFSET)
     with default_device_and_dtype(device, dtype):
-        visual = type(holder.visual)._from_config(config.thinker_config.vision_config)
+        visual = type(thinker_vision_tower(model.thinker, Qwen2_5OmniVisionEncoder))._from_config(
+            config.thinker_config.vision_config
+        )
         visual.post_init()
     holder.visual = visual
     for module in model.modules():
@@ -684,7 +691,9 @@ def _end_speech_after_text(model: Any, spec: Qwen25OmniRandomModelSpec, level: f
     the codec head reads that channel only in the eos row, calibrated on a probe of text-pad inputs.
     Before the text ends the channel is zero and the eos logit keeps its random value.
     """
-    text, talker = thinker_text_model(model.thinker), model.talker
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniThinkerTextModel
+
+    text, talker = thinker_text_model(model.thinker, Qwen2_5OmniThinkerTextModel), model.talker
     marker, channel = spec.thinker_hidden - 2, spec.talker_hidden - 1
     embed = text.embed_tokens.weight
     mark_text_end(embed, [spec.tts_text_end_id, spec.tts_text_pad_id], marker)
@@ -769,7 +778,7 @@ def make_random_checkpoint(
 
 
 def build_random_model(
-    spec: Qwen25OmniRandomModelSpec, *, device: str = "cpu", dtype: torch.dtype = torch.bfloat16
+    spec: Qwen25OmniRandomModelSpec, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16
 ) -> ckpt.Qwen25OmniLoadedCheckpoint:
     """The checkpoint of ``spec`` built in memory (no weights on disk), e.g. the 7B architecture
     on a GPU for benchmarks. Thinker and talker use ``dtype``, token2wav float32. The tokenizer and

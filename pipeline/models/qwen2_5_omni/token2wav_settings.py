@@ -70,6 +70,14 @@ class Token2WavSettings:
     for a reply that finds token2wav idle (under load the extra job costs more than it saves)."""
 
     @property
+    def compiled(self) -> bool:
+        """``compile`` resolved; ValueError while it is still ``auto`` (:func:`parse_token2wav_settings` resolves
+        it)."""
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"token2wav compile is unresolved ({self.compile!r})")
+        return self.compile
+
+    @property
     def torch_dit_dtype(self) -> torch.dtype:
         """``dit_dtype`` as a ``torch.dtype``."""
         return getattr(torch, self.dit_dtype)
@@ -86,12 +94,11 @@ def parse_token2wav_settings(raw: Mapping[str, Any], *, path: str, device: torch
     values = {f.name: raw.get(f.name, getattr(defaults, f.name)) for f in fields(Token2WavSettings)}
     check_bool(values["tf32_matmul"], f"{path}.tf32_matmul")
     check_choice(values["dit_dtype"], (AUTO, *DTYPES), f"{path}.dit_dtype")
-    compile_ = switch(values["compile"], f"{path}.compile")
+    switched = switch(values["compile"], f"{path}.compile")
     check_choice(values["dit_attention"], (AUTO, *DIT_ATTENTION), f"{path}.dit_attention")
     chunking = _parse_chunking(values["chunking"], f"{path}.chunking")
     on_cuda = device.type == "cuda"
-    if compile_ == AUTO:
-        compile_ = on_cuda
+    compile_ = switched if isinstance(switched, bool) else on_cuda  # switch gives a bool or auto
     dit_dtype = values["dit_dtype"]
     if dit_dtype == AUTO:
         dit_dtype = "bfloat16" if on_cuda else "float32"

@@ -8,12 +8,15 @@ embeddings equal the reference's for the same input.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch import nn
 
 from pipeline.models.qwen2_5_omni.vision import VisionInput
+
+if TYPE_CHECKING:
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniVisionEncoder
 
 
 class Qwen25OmniVisionEncoder:
@@ -26,7 +29,7 @@ class Qwen25OmniVisionEncoder:
     deepstack_layers = 0
     """The tower's outputs are the items' input embeddings only (no features added inside the decoder)."""
 
-    def __init__(self, visual: nn.Module, *, device: torch.device, batch: bool | None = None) -> None:
+    def __init__(self, visual: Qwen2_5OmniVisionEncoder, *, device: torch.device, batch: bool | None = None) -> None:
         self.visual = visual
         self.device = torch.device(device)
         self.merge_size = int(visual.spatial_merge_size)

@@ -23,12 +23,19 @@ dominated), and one kernel recomputing SnakeBeta for each of an output's 12 taps
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from pipeline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+        Qwen2_5OmniAMPBlock,
+        Qwen2_5OmniAntiAliasedActivation1d,
+    )
 
 try:
     import triton
@@ -62,18 +69,18 @@ FUSED_GEOMETRY = {"up_ratio": 2, "up_taps": 12, "down_ratio": 2, "down_taps": 12
 BLOCK = 256
 """Output samples per kernel program."""
 
-Activation = Callable[[torch.nn.Module, Tensor], Tensor]
+Activation = Callable[["Qwen2_5OmniAntiAliasedActivation1d", Tensor], Tensor]
 """``(anti-aliased activation module, (rows, channels, T) float32 signal) -> (rows, channels, T)``: one of BigVGAN's
 ``Qwen2_5OmniAntiAliasedActivation1d`` applied to a signal (:func:`reference_activation` or
 :func:`triton_activation`)."""
 
 
-def reference_activation(module: torch.nn.Module, hidden: Tensor) -> Tensor:
+def reference_activation(module: Qwen2_5OmniAntiAliasedActivation1d, hidden: Tensor) -> Tensor:
     """The module's own forward (transformers' code)."""
     return module(hidden)
 
 
-def _geometry(module: torch.nn.Module) -> dict:
+def _geometry(module: Qwen2_5OmniAntiAliasedActivation1d) -> dict:
     up, down = module.upsample, module.downsample
     return {
         "up_ratio": up.ratio,
@@ -138,7 +145,7 @@ if triton is not None:
         tl.store(Out + base + t, out, mask=valid)
 
 
-def triton_activation(module: torch.nn.Module, hidden: Tensor) -> Tensor:
+def triton_activation(module: Qwen2_5OmniAntiAliasedActivation1d, hidden: Tensor) -> Tensor:
     """The module's anti-aliased SnakeBeta in two Triton kernels (see the module docstring); ``hidden`` float32 on a
     device Triton runs on (a GPU, or the CPU under ``TRITON_INTERPRET=1``), the module of :data:`FUSED_GEOMETRY`
     (:func:`check_fusable`)."""
@@ -169,10 +176,12 @@ def min_amplitude(device: torch.device) -> Tensor:
     return torch.exp(exponent)
 
 
-def _amp_block(block: torch.nn.Module, hidden: Tensor, activation: Activation) -> Tensor:
+def _amp_block(block: Qwen2_5OmniAMPBlock, hidden: Tensor, activation: Activation) -> Tensor:
     """transformers' ``Qwen2_5OmniAMPBlock.forward`` with each anti-aliased activation run by ``activation``."""
     acts1, acts2 = block.activations[::2], block.activations[1::2]
     for conv1, conv2, act1, act2 in zip(block.convs1, block.convs2, acts1, acts2):
+        # ModuleList items are typed Module; the AMP block's activations are all anti-aliased activations
+        act1, act2 = cast("Qwen2_5OmniAntiAliasedActivation1d", act1), cast("Qwen2_5OmniAntiAliasedActivation1d", act2)
         hidden = hidden + conv2(activation(act2, conv1(activation(act1, hidden))))
     return hidden
 

@@ -28,14 +28,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from pipeline.errors import CheckpointError
 from pipeline.models.common.audio_blocks import BlockAudioEncoder, encoder_layer
+
+if TYPE_CHECKING:
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+        Qwen3OmniMoeAudioEncoder,
+        Qwen3OmniMoeAudioEncoderLayer,
+    )
 
 __all__ = [
     "GRAPH_BATCHES",
@@ -111,7 +117,7 @@ class EncoderWindows:
         return full * self.tokens_per_chunk + conv_tokens(rest)
 
 
-def encode_blocks(tower: nn.Module, features: Tensor, lengths: Tensor) -> Tensor:
+def encode_blocks(tower: Qwen3OmniMoeAudioEncoder, features: Tensor, lengths: Tensor) -> Tensor:
     """``features`` (B, n_mels, W) float with W a multiple of the chunk (``2 * n_window``) and at most one attention
     window; ``lengths`` (B,) int64 mel frames, each in 1..W. Frames past a block's length are ignored (treated as the
     reference's zero padding). Returns (B, (W / chunk) * T, output_dim) in the tower's dtype: block i's tokens are its
@@ -136,11 +142,11 @@ def encode_blocks(tower: nn.Module, features: Tensor, lengths: Tensor) -> Tensor
     keys = torch.arange(per_chunk, device=features.device) < kept[..., None]
     keys = keys.reshape(batch, 1, 1, chunks * per_chunk)
     for layer in tower.layers:
-        x = encoder_layer(layer, x, keys)
+        x = encoder_layer(cast("Qwen3OmniMoeAudioEncoderLayer", layer), x, keys)  # ModuleList items are Modules
     return tower.proj2(tower.act(tower.proj1(tower.ln_post(x))))
 
 
-class Qwen3OmniBlockEncoder(BlockAudioEncoder):
+class Qwen3OmniBlockEncoder(BlockAudioEncoder["Qwen3OmniMoeAudioEncoder"]):
     """The thinker's user-audio encoder for the engine (``ThinkerParts.audio``): blocks of at most one attention
     window (:attr:`block_frames`) encoded with :func:`encode_blocks`, eagerly (padded to whole chunks), or on CUDA from
     graphs captured by :meth:`capture` for :data:`GRAPH_BATCHES` blocks padded to the full window
@@ -148,7 +154,7 @@ class Qwen3OmniBlockEncoder(BlockAudioEncoder):
 
     def __init__(
         self,
-        tower: nn.Module,
+        tower: Qwen3OmniMoeAudioEncoder,
         *,
         device: torch.device | str,
         cuda_graphs: bool = True,
@@ -161,6 +167,7 @@ class Qwen3OmniBlockEncoder(BlockAudioEncoder):
             cuda_graphs=cuda_graphs,
             batch_sizes=batch_sizes,
             block_frames=self.windows.block_frames,
+            n_mels=tower.config.num_mel_bins,
             encode=encode_blocks,
             tokens=self.windows.tokens,
             width_step=self.windows.chunk_frames,

@@ -9,7 +9,7 @@ frames = 8 s in the released config), the unit the encoder can encode before the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from pipeline.errors import CheckpointError
 from pipeline.models.common.log_mel import IncrementalLogMel
@@ -17,7 +17,7 @@ from pipeline.models.qwen3_omni.audio_encoder import EncoderWindows
 
 __all__ = ["PROCESSOR_PADDING", "incremental_log_mel"]
 
-PROCESSOR_PADDING = "longest"
+PROCESSOR_PADDING: Final = "longest"
 """``Qwen3OmniMoeProcessor`` extracts audio features with ``padding=True`` (longest) and ``truncation=False``."""
 
 

@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,6 +46,13 @@ from pipeline.models.common.hf_loading import (
 )
 from pipeline.models.qwen3_omni.hf_logging import quiet_rope_key_warnings
 from pipeline.models.qwen3_omni.vision import Qwen3OmniVisionPreprocessor
+
+if TYPE_CHECKING:
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+        Qwen3OmniMoeCode2Wav,
+        Qwen3OmniMoeTalkerForConditionalGeneration,
+        Qwen3OmniMoeThinkerForConditionalGeneration,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -263,9 +270,9 @@ class Qwen3OmniLoadedCheckpoint:
     source: str
     path: Path
     config: Any
-    thinker: torch.nn.Module
-    talker: torch.nn.Module | None
-    code2wav: torch.nn.Module | None
+    thinker: Qwen3OmniMoeThinkerForConditionalGeneration
+    talker: Qwen3OmniMoeTalkerForConditionalGeneration | None
+    code2wav: Qwen3OmniMoeCode2Wav | None
     tokenizer: Any
     feature_extractor: Any
     special: Qwen3OmniSpecialTokens

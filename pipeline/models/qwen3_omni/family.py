@@ -183,14 +183,23 @@ class Qwen3OmniFamily:
         (:class:`~pipeline.models.qwen3_omni.vision_encoder.Qwen3OmniVisionEncoder`) returns each item's merged tokens
         with its deepstack features, which the engine adds to the first decoder layers' outputs at the item's
         positions."""
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+            Qwen3OmniMoeAudioEncoder,
+            Qwen3OmniMoeVisionEncoder,
+        )
+
         from pipeline.models.qwen3_omni.audio_encoder import Qwen3OmniBlockEncoder
         from pipeline.models.qwen3_omni.vision_encoder import Qwen3OmniVisionEncoder
 
         device = torch.device(device)
-        audio = Qwen3OmniBlockEncoder(thinker_audio_tower(ckpt.thinker), device=device, cuda_graphs=cuda_graphs)
+        audio = Qwen3OmniBlockEncoder(
+            thinker_audio_tower(ckpt.thinker, Qwen3OmniMoeAudioEncoder), device=device, cuda_graphs=cuda_graphs
+        )
         vision = None
         if ckpt.vision is not None:
-            vision = Qwen3OmniVisionEncoder(thinker_vision_tower(ckpt.thinker), device=device)
+            vision = Qwen3OmniVisionEncoder(
+                thinker_vision_tower(ckpt.thinker, Qwen3OmniMoeVisionEncoder), device=device
+            )
         layer = ckpt.config.talker_config.accept_hidden_layer if ckpt.audio_output else None
         return ThinkerParts(
             text_model=thinker_text_model(ckpt.thinker),
@@ -206,7 +215,9 @@ class Qwen3OmniFamily:
         if not ckpt.audio_output:
             return None
         header = self.renderer(ckpt).header("assistant")
-        embedding = thinker_text_model(ckpt.thinker).get_input_embeddings()
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeThinkerTextModel
+
+        embedding = thinker_text_model(ckpt.thinker, Qwen3OmniMoeThinkerTextModel).embed_tokens
         return Qwen3OmniFrameTalker(ckpt.talker, embedding, ckpt.config, header)
 
     def vision_info(self, ckpt: Qwen3OmniLoadedCheckpoint) -> VisionInfo | None:

@@ -34,7 +34,7 @@ class Qwen3OmniFrameTalker:
     its device, with the thinker's input embedding (to embed the reply opening's header) and the renderer's
     ``<|im_start|>assistant\\n`` ids."""
 
-    def __init__(self, talker, thinker_embedding: torch.nn.Module, config, header_ids: Sequence[int]) -> None:
+    def __init__(self, talker, thinker_embedding: torch.nn.Embedding, config, header_ids: Sequence[int]) -> None:
         self.tokens = TalkerTokens.of(config)
         self.inputs = TalkerInputs(talker, thinker_embedding, self.tokens)
         self.predictor = CodePredictor(talker)

@@ -169,7 +169,7 @@ class TalkerInputs:
     ``talker``: the HF ``Qwen3OmniMoeTalkerForConditionalGeneration``; ``thinker_embedding``: the thinker's input
     embedding (``nn.Embedding``). Returned vectors are (n, H) in the talker's dtype, on its device."""
 
-    def __init__(self, talker, thinker_embedding: torch.nn.Module, tokens: TalkerTokens) -> None:
+    def __init__(self, talker, thinker_embedding: torch.nn.Embedding, tokens: TalkerTokens) -> None:
         self.talker = talker
         self.embed = thinker_embedding
         self.tokens = tokens

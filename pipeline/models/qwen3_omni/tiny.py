@@ -87,7 +87,7 @@ def make_random_checkpoint(
 
 
 def build_random_model(
-    spec: Qwen3OmniRandomModelSpec, *, device: str = "cpu", dtype: torch.dtype = torch.bfloat16
+    spec: Qwen3OmniRandomModelSpec, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16
 ) -> RandomModel:
     """The model of ``spec`` built in memory on ``device`` (no weights on disk), e.g. the 30B-A3B shape on a GPU for
     benchmarks. Thinker and talker use ``dtype``, code2wav float32. The tokenizer and feature extractor are written to

@@ -20,7 +20,7 @@ def build_model(
     config: Any,
     ids: dict[str, int],
     *,
-    device: str = "cpu",
+    device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> Any:
     """A random ``Qwen3OmniMoeForConditionalGeneration`` for ``config``, drawn from ``spec.seed`` on ``device`` in
@@ -69,7 +69,9 @@ def tune_random_weights(model: Any, spec: Qwen3OmniRandomModelSpec, ids: dict[st
       after ``spec.stop_logit_scale`` shrank the eos row so that greedy decoding does not stop by chance.
     * Audibility: code2wav's last convolution is scaled by ``spec.output_gain`` (its output is clamped to [-1, 1]).
     """
-    text = thinker_text_model(model.thinker)
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeThinkerTextModel
+
+    text = thinker_text_model(model.thinker, Qwen3OmniMoeThinkerTextModel)
     if spec.attention_sharpness != 1.0:
         _sharpen_attention(text.layers, spec.attention_sharpness)
     # The thinker side comes first and does not depend on the talker, so a text-only model has the same thinker.
@@ -104,7 +106,9 @@ def _end_speech_after_text(model: Any, spec: Qwen3OmniRandomModelSpec, marked: l
     layer writes. The codec head reads that channel only in the eos row, calibrated on a probe of text-pad steps;
     before the text ends the channel is zero.
     """
-    thinker_embed = thinker_text_model(model.thinker).embed_tokens.weight
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeThinkerTextModel
+
+    thinker_embed = thinker_text_model(model.thinker, Qwen3OmniMoeThinkerTextModel).embed_tokens.weight
     talker = model.talker
     marker, channel = spec.thinker_hidden - 2, spec.talker_hidden - 1
     projection = talker.text_projection

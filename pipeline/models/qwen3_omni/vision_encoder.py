@@ -15,16 +15,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch import nn
 
 from pipeline.models.common.vision_patches import VisionInput
 
 VisionItem = VisionInput | tuple[np.ndarray, Sequence[int]]
 """One picture or clip as :class:`~pipeline.models.qwen3_omni.vision.Qwen3OmniVisionPreprocessor` makes it:
 ``(pixel_values, grid_thw)``."""
+
+if TYPE_CHECKING:
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeVisionEncoder
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class Qwen3OmniVisionEncoder:
     attention stays within an item); the default on CUDA. Without it each item is its own call, as when the reference
     sees one picture per prompt (on CPU a bigger matrix product may round differently)."""
 
-    def __init__(self, visual: nn.Module, *, device: torch.device, batch: bool | None = None) -> None:
+    def __init__(self, visual: Qwen3OmniMoeVisionEncoder, *, device: torch.device, batch: bool | None = None) -> None:
         self.visual = visual
         self.device = torch.device(device)
         self.merge_size = int(visual.spatial_merge_size)
