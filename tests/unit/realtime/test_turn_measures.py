@@ -96,7 +96,8 @@ def test_measure_summarizes_each_kind_of_trial():
 def test_the_report_has_one_row_per_setting_and_strict_json(tmp_path):
     info = TurnRunInfo("omni-realtime bench --turn-taking", "today", "m", "cpu", "ws", "in process", 2, "1 s", "f")
     taken = TurnLog(0, 0, "p0", 0.3, 3.0, first_speech_stopped_at=1.6)
-    results = [measure("server_vad 500 ms", {"type": "server_vad"}, [], [(taken, 1.0)], []), measure("x", {}, [], [], [])]
+    results = [measure("server_vad 500 ms", {"type": "server_vad"}, [], [(taken, 1.0)], [])]
+    results.append(measure("x", {}, [], [], []))
     text = markdown(info, results)
     assert "| server_vad 500 ms | – / – (n=0) | 1.00 (1/1) | – / – (n=0) | 0 / 0 / 0 |" in text
     assert "| x | – / – (n=0) | – |" in text
