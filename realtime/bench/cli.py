@@ -317,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         "client loop lag shows when the users fell behind",
     )
     _camera_arguments(p)
+    _turn_taking_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the replies' sampling, for repeatable runs")
     p.add_argument("--api-key", default=None, help="the key a --url server requires (default: none, no key sent)")
     return p
@@ -349,6 +350,57 @@ def _camera_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_CAMERA_FPS,
         help="frames a second of the WebRTC camera track (the server keeps its own rate of them, 2 a second by "
         "default; each sent frame costs the user's process a VP8 encode and the server a decode)",
+    )
+
+
+TURN_TRIALS = 24
+"""``--turn-taking``'s trials per measure: every fixture sentence once."""
+QUICK_TURN_TRIALS = 1
+TURN_REPLY_S = 3.0
+"""``--turn-taking``'s reply audio in seconds (unless ``--codec-tokens``): long enough to talk over
+``--barge-in-after-ms`` into it; the first audio, which the latency measures, comes before the length matters."""
+QUICK_TURN_REPLY_S = 1.5
+
+
+def _turn_taking_arguments(p: argparse.ArgumentParser) -> None:
+    from realtime.bench.turn_bench import EAGERNESS
+
+    p.add_argument(
+        "--turn-taking",
+        action="store_true",
+        help="instead of the latency sweep, Full-Duplex-Bench's three turn-taking measures on the espeak-ng "
+        "fixtures (realtime/bench/turn_fixtures.py), one user, each --turn-detection setting in turn: reply latency "
+        "(end of speech → first reply audio), pause takeover (share of 0.6–1.2 s mid-sentence pauses where the "
+        "server takes the turn) and interruption stop (speech onset over a reply → the reply stops). Writes "
+        "turn_taking.json and turn_taking.md to --out; needs espeak-ng and sox",
+    )
+    p.add_argument(
+        "--turn-detection",
+        default=None,
+        metavar="TYPES",
+        help="--turn-taking: comma-separated turn_detection types the sessions ask for, one report row each "
+        "(default: server_vad,semantic_vad)",
+    )
+    p.add_argument(
+        "--silence-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="--turn-taking: server_vad's silence_duration_ms (default: 500)",
+    )
+    p.add_argument(
+        "--eagerness",
+        choices=EAGERNESS,
+        default=None,
+        help="--turn-taking: semantic_vad's eagerness (default: auto)",
+    )
+    p.add_argument(
+        "--turn-trials",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"--turn-taking: trials per measure and setting (default: {TURN_TRIALS}, every sentence once; "
+        f"--quick: {QUICK_TURN_TRIALS})",
     )
 
 
@@ -444,6 +496,13 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from realtime.bench.speech import SpeechFolderError, load_speech_folder, with_pause
     from realtime.bench.sweep import SweepPlan
 
+    if args.turn_taking:
+        return _turn_taking_main(args, argv)
+    turn_only = ("turn_detection", "silence_ms", "eagerness", "turn_trials")
+    given = [f"--{name.replace('_', '-')}" for name in turn_only if getattr(args, name) is not None]
+    if given:
+        print(f"error: {', '.join(given)} go with --turn-taking", file=sys.stderr)
+        return 2
     try:
         options = resolve_options(args)
         plan = SweepPlan(
@@ -701,3 +760,109 @@ def _versions() -> dict[str, str]:
     import transformers
 
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+# --- --turn-taking ---------------------------------------------------------------------------------
+
+
+def _turn_taking_main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``bench --turn-taking``: 2 for bad options, missing tools or model, 1 when the server could not be used."""
+    from dataclasses import replace
+
+    from realtime.bench.client import BenchClientError
+    from realtime.bench.models import BenchConfigError
+    from realtime.bench.turn_bench import render_trials, turn_settings
+
+    try:
+        if args.reference:
+            raise ValueError("--reference does not go with --turn-taking")
+        options = resolve_options(args)
+        if args.codec_tokens is None:
+            options = replace(options, audio_s=QUICK_TURN_REPLY_S if args.quick else TURN_REPLY_S)
+        types = [t.strip() for t in (args.turn_detection or "server_vad,semantic_vad").split(",") if t.strip()]
+        settings = turn_settings(
+            types,
+            silence_ms=500 if args.silence_ms is None else args.silence_ms,
+            eagerness=args.eagerness or "auto",
+        )
+        count = args.turn_trials if args.turn_trials is not None else QUICK_TURN_TRIALS if args.quick else TURN_TRIALS
+        trials = render_trials(count)
+    except (ValueError, RuntimeError) as exc:  # the options' checks; espeak-ng or sox missing
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    command = "omni-realtime " + shlex.join(argv if argv is not None else sys.argv[1:])
+    try:
+        return asyncio.run(_turn_taking(options, settings, trials, command, quick=args.quick))
+    except BenchConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except BenchClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _turn_taking(options: BenchOptions, settings, trials, command: str, *, quick: bool) -> int:
+    from realtime.bench.client import ClientOptions, ClientTransport
+    from realtime.bench.models import reply_length
+    from realtime.bench.report import where_written
+    from realtime.bench.turn_bench import run_turn_taking
+    from realtime.bench.turn_report import TURN_MD, write_report
+
+    cfg = _stage_config(options)
+    length = reply_length(cfg)
+    client = ClientOptions(
+        ClientTransport(options.transport),
+        options.api_key,
+        options.barge_in_after_ms,
+        options.jitter_ms,
+        turn_timeout_s=options.turn_timeout_s,
+    )
+    loaded = await asyncio.to_thread(_load, options, cfg) if options.url is None else None
+    try:
+        if options.url is not None:
+            results = await run_turn_taking(options.url, settings, trials, client)
+        else:
+            assert loaded is not None
+            async with _in_process_server(loaded.engines, options) as url:
+                results = await run_turn_taking(url, settings, trials, client)
+    finally:
+        if loaded is not None:
+            await asyncio.gather(*(asyncio.to_thread(engine.close) for engine in loaded.engines))
+    info = _turn_run_info(options, command, length, loaded, len(trials.complete), quick=quick)
+    paths = write_report(options.out, info, results)
+    print((options.out / TURN_MD).read_text(encoding="utf-8"))
+    print(where_written(options.out, paths))
+    return 0
+
+
+def _turn_run_info(options: BenchOptions, command: str, length, loaded: _Loaded | None, trials: int, *, quick: bool):
+    from realtime.bench.turn_fixtures import SENTENCES, VOICES
+    from realtime.bench.turn_report import TurnRunInfo
+
+    lighter = []
+    if quick:
+        lighter.append("--quick")
+    if trials < TURN_TRIALS:
+        lighter.append(f"{trials} trial{'s' * (trials > 1)} per measure, not {TURN_TRIALS}")
+    if loaded is not None and "random" in loaded.label and "tiny" in loaded.label:
+        lighter.append("the tiny model")
+    return TurnRunInfo(
+        command=command,
+        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        model=loaded.label if loaded is not None else f"the server at {options.url}",
+        device=loaded.device if loaded is not None else "the server's",
+        transport=options.transport,
+        server=options.url
+        or "in process (uvicorn on loopback; the user in a child process; "
+        + (
+            f"replies start on a {options.preemptive_response_ms} ms pause, shown at speech_stopped)"
+            if options.preemptive_response_ms is not None
+            else "replies start at speech_stopped)"
+        ),
+        trials=trials,
+        reply=f"{length.text_tokens} text and {length.codec_tokens} audio tokens ({length.audio_s:.1f} s), "
+        f"talked over {options.barge_in_after_ms:g} ms into their first sound",
+        fixtures=f"espeak-ng turn fixtures ({len(SENTENCES)} sentences × {len(VOICES)} voices, seed 45)",
+        lighter_workload="; ".join(lighter) or None,
+        versions=_versions(),
+    )

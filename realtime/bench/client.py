@@ -126,6 +126,10 @@ class ClientOptions:
     """Turn input audio transcription on in every session (``audio.input.transcription``)."""
     camera: CameraOptions | None = None
     """Show a camera (module docstring); None: none."""
+    turn_detection: dict | None = None
+    """The session's ``audio.input.turn_detection`` object, sent in a ``session.update`` before any speech; the user
+    waits for the server's ``session.updated`` and fails (:class:`BenchClientError`) on an ``error`` instead. None:
+    the server's default."""
 
 
 TRANSCRIPTION_MODEL = "whisper-1"
@@ -498,6 +502,8 @@ class SimulatedUser:
         self._picture_tasks: list[asyncio.Task] = []
         """One per turn: sends the turn's picture when its speech starts (cancelled when the user stops)."""
         self._ready = asyncio.Event()
+        self._updates = 0
+        """``session.updated`` events received."""
         self._progress = asyncio.Event()
         self._voiced: set[str] = set()
         """Responses whose ``response.done`` reported output audio (on WebRTC it may still be on its way)."""
@@ -510,7 +516,9 @@ class SimulatedUser:
             async with asyncio.timeout(self.options.connect_timeout_s):
                 await self.link.connect(self)
                 await self._ready.wait()
-                if self.options.transcription:
+                if self.options.turn_detection is not None:
+                    await self._set_turn_detection(self.options.turn_detection)
+                elif self.options.transcription:
                     await self.link.send(_transcription_update())
         except (TimeoutError, OSError) as exc:
             await self.link.close()
@@ -542,6 +550,28 @@ class SimulatedUser:
             await _cancel(self._picture_tasks)
             await self.link.close()
         return self.logs
+
+    async def _set_turn_detection(self, turn_detection: dict) -> None:
+        """Send the session's turn detection (and input transcription, when on) in one ``session.update`` and wait for
+        the server's answer; an ``error`` answer raises :class:`BenchClientError`."""
+        errors, updates = len(self.errors), self._updates
+        audio_input: dict = {"turn_detection": turn_detection}
+        if self.options.transcription:
+            audio_input["transcription"] = {"model": TRANSCRIPTION_MODEL}
+        await self.link.send(
+            {
+                "type": ClientEventType.SESSION_UPDATE.value,
+                "session": {"type": "realtime", "audio": {"input": audio_input}},
+            }
+        )
+        loop = asyncio.get_running_loop()
+        answered = await self._until(
+            lambda: self._updates > updates or len(self.errors) > errors, loop.time() + self.options.connect_timeout_s
+        )
+        if not answered or len(self.errors) > errors:
+            await self.link.close()
+            why = f"refused it: {self.errors[errors]}" if answered else "did not answer"
+            raise BenchClientError(f"user {self.plan.user}: turn_detection {turn_detection}: the server {why}")
 
     async def _speak(self, index: int, speech: Speech) -> TurnLog:
         start = await self.link.speak(speech.pcm)
@@ -631,8 +661,13 @@ class SimulatedUser:
             logger.warning("user %d: server error %s", self.plan.user, event.get("error"))
         elif kind is ServerEvent.SPEECH_STARTED:
             self._speech_started(at, turn)
+        elif kind is ServerEvent.SESSION_UPDATED:
+            self.session = event.get("session", {})
+            self._updates += 1
         elif turn is not None and kind is ServerEvent.SPEECH_STOPPED:
             turn.speech_stopped_at = at  # the last one wins: it ended the turn that got the reply
+            if turn.first_speech_stopped_at is None:
+                turn.first_speech_stopped_at = at
         elif turn is not None and kind is ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED:
             turn.committed_at = at
         elif turn is not None and kind is ServerEvent.RESPONSE_CREATED:
@@ -751,6 +786,9 @@ class ClientRun:
     errors: list[dict]
     silence_window_ms: float | None
     counts: dict[str, int] = field(default_factory=dict)
+    turn_detection: list[dict | None] = field(default_factory=list)
+    """Each user's ``turn_detection`` as the server last described its session (``session.created`` or
+    ``session.updated``)."""
 
 
 async def run_users(
@@ -769,4 +807,5 @@ async def run_users(
     errors = [error for user in users for error in user.errors]
     windows = {silence_window_ms(user.session) for user in users}
     counts = {name: sum(user.counts[name] for user in users) for name in users[0].counts} if users else {}
-    return ClientRun(logs, errors, windows.pop() if len(windows) == 1 else None, counts)
+    detection = [user.session.get("audio", {}).get("input", {}).get("turn_detection") for user in users]
+    return ClientRun(logs, errors, windows.pop() if len(windows) == 1 else None, counts, detection)

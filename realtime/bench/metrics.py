@@ -141,6 +141,9 @@ class TurnLog:
     """Reply audio came as real-time-paced media frames (WebRTC) rather than deltas."""
     speech_started_at: float | None = None
     speech_stopped_at: float | None = None
+    first_speech_stopped_at: float | None = None
+    """Arrival of the turn's first ``speech_stopped`` (``speech_stopped_at`` holds the last): earlier than
+    ``speech_end_at`` when the server took the turn during a pause of the utterance."""
     committed_at: float | None = None
     responses: list[ResponseLog] = field(default_factory=list)
     """Normally one; a VAD that split the utterance gives several (all but the last cancelled)."""
