@@ -395,6 +395,14 @@ def _turn_taking_arguments(p: argparse.ArgumentParser) -> None:
         help="--turn-taking: semantic_vad's eagerness (default: auto)",
     )
     p.add_argument(
+        "--turn-fixtures",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="--turn-taking: play the clips of this folder (written by `python -m realtime.bench.turn_fixtures DIR`) "
+        "instead of rendering them with espeak-ng and sox, e.g. on a machine without them",
+    )
+    p.add_argument(
         "--turn-trials",
         type=int,
         default=None,
@@ -498,7 +506,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
     if args.turn_taking:
         return _turn_taking_main(args, argv)
-    turn_only = ("turn_detection", "silence_ms", "eagerness", "turn_trials")
+    turn_only = ("turn_detection", "silence_ms", "eagerness", "turn_trials", "turn_fixtures")
     given = [f"--{name.replace('_', '-')}" for name in turn_only if getattr(args, name) is not None]
     if given:
         print(f"error: {', '.join(given)} go with --turn-taking", file=sys.stderr)
@@ -786,7 +794,7 @@ def _turn_taking_main(args: argparse.Namespace, argv: list[str] | None) -> int:
             eagerness=args.eagerness or "auto",
         )
         count = args.turn_trials if args.turn_trials is not None else QUICK_TURN_TRIALS if args.quick else TURN_TRIALS
-        trials = render_trials(count)
+        trials = render_trials(count, fixtures=args.turn_fixtures)
     except (ValueError, RuntimeError) as exc:  # the options' checks; espeak-ng or sox missing
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -38,6 +38,8 @@ from realtime.bench.turn_fixtures import (
     TurnClip,
     TurnKind,
     Voice,
+    clip_base,
+    read_folder,
     render,
     tools_missing,
 )
@@ -99,21 +101,39 @@ def trial_pairs(count: int) -> list[tuple[Sentence, Voice]]:
     return [(SENTENCES[i % n], VOICES[(i + i // n) % len(VOICES)]) for i in range(count)]
 
 
-def render_trials(count: int, seed: int = DEFAULT_SEED) -> TurnTrials:
-    """Render the fixtures of ``count`` trials (espeak-ng and sox, ~80 ms of CPU a trial); ``RuntimeError`` when the
-    tools are missing."""
+def render_trials(count: int, seed: int = DEFAULT_SEED, fixtures: Path | None = None) -> TurnTrials:
+    """The fixtures of ``count`` trials: rendered with espeak-ng and sox (~80 ms of CPU a trial; ``RuntimeError``
+    when the tools are missing), or read from ``fixtures``, a folder :func:`~realtime.bench.turn_fixtures.write_folder`
+    wrote (rendered with the same seed; ``ValueError`` when a trial's clips are not there)."""
+    if fixtures is not None:
+        stored = read_folder(fixtures)
+
+        def clips_of(sentence, voice) -> dict:
+            base = clip_base(sentence, voice)
+            found = {kind: stored.get(f"{base}.{kind.value}") for kind in (TurnKind.COMPLETE, TurnKind.PAUSE)}
+            if None in found.values():
+                raise ValueError(f"{fixtures} lacks the clips of {base}")
+            return found
+
+        return _trials(clips_of(sentence, voice) for sentence, voice in trial_pairs(count))
     missing = tools_missing()
     if missing:
         raise RuntimeError(f"{', '.join(missing)} not found on PATH (Debian: apt-get install espeak-ng sox)")
-    complete, paused, starts = [], [], {}
     with tempfile.TemporaryDirectory(prefix="turn-bench-") as tmp:
-        for sentence, voice in trial_pairs(count):
-            clips = {clip.kind: clip for clip in render(sentence, voice, Path(tmp), seed)}
-            complete.append(as_speech(clips[TurnKind.COMPLETE]))
-            pause = clips[TurnKind.PAUSE]
-            paused.append(as_speech(pause))
-            assert pause.pause_start_ms is not None  # a pause clip's
-            starts[pause.name] = float(pause.pause_start_ms)
+        return _trials(
+            {clip.kind: clip for clip in render(sentence, voice, Path(tmp), seed)}
+            for sentence, voice in trial_pairs(count)
+        )
+
+
+def _trials(each) -> TurnTrials:
+    complete, paused, starts = [], [], {}
+    for clips in each:
+        complete.append(as_speech(clips[TurnKind.COMPLETE]))
+        pause = clips[TurnKind.PAUSE]
+        paused.append(as_speech(pause))
+        assert pause.pause_start_ms is not None  # a pause clip's
+        starts[pause.name] = float(pause.pause_start_ms)
     return TurnTrials(tuple(complete), tuple(paused), starts)
 
 

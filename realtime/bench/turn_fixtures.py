@@ -221,10 +221,15 @@ def _ms(samples: int) -> int:
     return samples * 1000 // RATE
 
 
+def clip_base(sentence: Sentence, voice: Voice) -> str:
+    """The name every clip of ``sentence`` by ``voice`` starts with (``<base>.complete``, ``.cut``, ``.pause``)."""
+    return f"{'-'.join(sentence.text.lower().split()[:4]).strip('?,.')}.{voice.label}"
+
+
 def render(sentence: Sentence, voice: Voice, workdir: Path, seed: int = DEFAULT_SEED) -> list[TurnClip]:
     """The complete, cut and pause turns of ``sentence`` spoken by ``voice``."""
     lead = np.zeros(LEAD_MS * RATE // 1000, np.float32)
-    base = f"{'-'.join(sentence.text.lower().split()[:4]).strip('?,.')}.{voice.label}"
+    base = clip_base(sentence, voice)
 
     plain = synthesize(sentence.text, voice, workdir)
     start, end = _loud_bounds(plain)
@@ -279,3 +284,54 @@ def write_folder(clips: list[TurnClip], out: Path) -> None:
             w.writeframes((np.clip(clip.audio, -1, 1) * 32767).astype("<i2").tobytes())
         manifest[f"{clip.name}.wav"] = clip.manifest_entry()
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def read_folder(folder: Path) -> dict[str, TurnClip]:
+    """The clips :func:`write_folder` wrote, by name (audio back from 16-bit: within 1/32767 of the rendering), so
+    that a machine without espeak-ng and sox plays the same turns. ``ValueError`` when the folder is not one."""
+    manifest_path = folder / "manifest.json"
+    if not manifest_path.is_file():
+        raise ValueError(f"{folder} holds no manifest.json (write one with realtime.bench.turn_fixtures)")
+    voices = {(v.name, v.wpm, v.pitch): v for v in VOICES}
+    clips = {}
+    for file, entry in json.loads(manifest_path.read_text()).items():
+        if entry["sample_rate"] != RATE:
+            raise ValueError(f"{file}: sample rate {entry['sample_rate']}, expected {RATE}")
+        with wave.open(str(folder / file), "rb") as w:
+            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+        name = file.removesuffix(".wav")
+        voice = voices.get((entry["voice"], entry["wpm"], entry["pitch"])) or Voice(
+            entry["voice"], entry["wpm"], entry["pitch"]
+        )
+        clips[name] = TurnClip(
+            name,
+            TurnKind(entry["kind"]),
+            entry["text"],
+            voice,
+            pcm.astype(np.float32) / 32767,
+            entry["speech_start_ms"],
+            entry["speech_end_ms"],
+            entry["pause_start_ms"],
+            entry["pause_end_ms"],
+        )
+    return clips
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m realtime.bench.turn_fixtures DIR``: render every clip into DIR (for a machine without espeak-ng)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m realtime.bench.turn_fixtures", description=main.__doc__)
+    parser.add_argument("folder", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        clips = render_all()
+    except RuntimeError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    write_folder(clips, args.folder)
+    print(f"{len(clips)} clips in {args.folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from realtime.bench.metrics import AudioArrival, BargeInLog, ResponseLog, ResponseOutcome, TurnLog
-from realtime.bench.turn_bench import trial_pairs, turn_settings
-from realtime.bench.turn_fixtures import SENTENCES, VOICES
+from realtime.bench.turn_bench import render_trials, trial_pairs, turn_settings
+from realtime.bench.turn_fixtures import SENTENCES, VOICES, render, tools_missing, write_folder
 from realtime.bench.turn_measures import interruption_stop, measure, pause_takeover_at, reply_latency_ms
 from realtime.bench.turn_report import TurnRunInfo, markdown, write_report
 from realtime.protocol.codes import StatusReason
@@ -129,3 +132,20 @@ def test_turn_options_without_turn_taking_are_refused(capsys):
 
     assert main(["--silence-ms", "300"]) == 2
     assert "--turn-taking" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(bool(tools_missing()), reason="needs espeak-ng and sox (apt-get install espeak-ng sox)")
+def test_trials_read_from_a_written_folder_equal_the_rendered_ones(tmp_path):
+    """``--turn-fixtures``: clips rendered on one machine, played on another; 16-bit storage is the only loss."""
+    rendered = render_trials(2)
+    pairs = trial_pairs(2)
+    with tempfile.TemporaryDirectory() as work:
+        clips = [clip for sentence, voice in pairs for clip in render(sentence, voice, Path(work))]
+    write_folder(clips, tmp_path / "clips")
+    read = render_trials(2, fixtures=tmp_path / "clips")
+    assert read.pause_start_ms == rendered.pause_start_ms
+    for mine, theirs in zip(read.complete + read.paused, rendered.complete + rendered.paused, strict=True):
+        assert mine.name == theirs.name and len(mine.pcm) == len(theirs.pcm)
+        assert float(np.abs(mine.pcm - theirs.pcm).max()) < 2e-3  # int16 storage, then the same resampler
+    with pytest.raises(ValueError, match="lacks the clips"):
+        render_trials(3, fixtures=tmp_path / "clips")
