@@ -104,9 +104,9 @@ class ResponseLifecycle:
         for end in plan.ends:
             self._end_planned(end)
         for response_id, error in output.failures.items():
-            r = self.scheduler.responses.get(response_id)
-            if r is not None:
-                self.fail(r, error)
+            failed = self.scheduler.responses.get(response_id)
+            if failed is not None:
+                self.fail(failed, error)
         done = self.scheduler.finished(plan.decoding, output.in_worker)
         for r in done:
             incomplete = r.thinker.end is TextEnd.MAX_TOKENS

@@ -219,12 +219,12 @@ class ModelRunner:
             vectors, codec_pad=codec["pad"], codec_bos=codec["bos"], slot=conv.talker_slot, start=reuse, rope=rope
         )
 
-    def talker_prompt_prefill(self, conv: ConversationState, start: int) -> None:
-        """Bring the conversation's talker cache up to its thinker cache from position ``start`` (listening), at the
-        thinker's rope positions."""
+    def talker_prompt_prefill(self, conv: ConversationState, start: int, *, slot: int) -> None:
+        """Bring the conversation's talker cache (in talker ``slot``) up to its thinker cache from position ``start``
+        (listening), at the thinker's rope positions."""
         vectors = conv.talker_prompt()[start:]
         rope = conv.cached_rope.get(start, start + vectors.shape[0])
-        self.talker.prefill_prompt(vectors, slot=conv.talker_slot, start=start, rope=rope)
+        self.talker.prefill_prompt(vectors, slot=slot, start=start, rope=rope)
 
     def talker_decode(
         self,

@@ -99,7 +99,7 @@ class FrameTalkerStage(TalkerFeed):
         spans = subsequence_spans(conv.cached_spans, picked, length)
         return self.positions.rope_positions(len(picked), spans, start=start)
 
-    def listen(self, conv: ConversationState) -> None:
+    def listen(self, conv: ConversationState, slot: int) -> None:
         """While a conversation is idle, bring its talker cache up to what the talker reads of its thinker cache, so
         that a reply's talker prefill covers only the turn's last positions and the reply's opening. Into the talker
         slot the plan gave it (:class:`~pipeline.scheduler.plan.TalkerListen`: only when there is something new to
@@ -115,7 +115,7 @@ class FrameTalkerStage(TalkerFeed):
         try:
             inputs = self._prompt_inputs(conv, picked[start:], keys[start:])
             rope = self.prompt_rope(conv, picked, len(conv.cached_keys), start)
-            self.talker.prefill_prompt(inputs, slot=conv.talker_slot, start=start, rope=rope)
+            self.talker.prefill_prompt(inputs, slot=slot, start=start, rope=rope)
         except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
             log.exception("background talker prefill of %s failed; its talker cache is dropped", conv.id)
             return
@@ -149,7 +149,7 @@ class FrameTalkerStage(TalkerFeed):
         r.talker.status = TalkerStatus.RUNNING
         r.talker.length = len(keys) + opening.shape[0]
         r.talker.rope_shift = shift
-        self.talker.sampler.reset(conv.talker_slot, set())
+        self.talker.sampler.reset(plan.slot, set())
         r.audio.stream = self.family.start_stream(
             self.synthesizer,
             self.ckpt,
@@ -158,7 +158,7 @@ class FrameTalkerStage(TalkerFeed):
             max_codes=self.max_codes,
             quick=plan.quick,
         )
-        frame = self.talker.start(inputs, slot=conv.talker_slot, start=reuse, sample=self._sample_rows([r]), rope=rope)
+        frame = self.talker.start(inputs, slot=plan.slot, start=reuse, sample=self._sample_rows([r]), rope=rope)
         self.accept_code(r, frame.tolist())
 
     def _sample_rows(self, rows: list[ResponseState]) -> SampleRows:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 from pipeline.core.response_state import ResponseState
 from pipeline.observe.observer import EngineObserver
@@ -108,12 +109,12 @@ class StepPhases:
         for job, exc in failed:
             self._prefill_failed(job, exc)
         started, listening = [], []
-        listens = {listen.conv_id for listen in plan.talker_listens}
+        listens = {listen.conv_id: listen.slot for listen in plan.talker_listens}
         for job, out in ran:
             if job.response_id is None:
                 convs[job.conv_id].dirty = not job.last
                 if job.conv_id in listens:
-                    listening.append(convs[job.conv_id])
+                    listening.append((convs[job.conv_id], listens[job.conv_id]))
                 continue
             owner = self.scheduler.responses[job.response_id]
             if job.last and self.live(owner):
@@ -127,8 +128,8 @@ class StepPhases:
             )
             self._accept_each(rows, tokens, self._accept_text)
         if self.talker_stage is not None:
-            for conv in listening:
-                self.talker_stage.listen(conv)
+            for conv, slot in listening:
+                self.talker_stage.listen(conv, slot)
 
     def _prefill_failed(self, job: PrefillJob, exc: Exception) -> None:
         if job.response_id is None:
@@ -186,7 +187,10 @@ class StepPhases:
             self._out.tokens.append((r.id, token))
 
     def _accept_code(self, r: ResponseState, code) -> None:
-        self.talker_stage.accept_code(r, code)
+        talker = self.talker_stage
+        if talker is None:
+            raise RuntimeError("a code was sampled in an engine without a talker")
+        talker.accept_code(r, code)
         if self._out is not None:
             self._out.codes.append((r.id, code))
 
@@ -233,7 +237,7 @@ class StepPhases:
         if not ready or not self.runner.worker_idle():
             return
         picked = plan.audio.pick(chunk_candidates(ready, time.perf_counter()))
-        job = AudioJob([ready[i] for i in picked.keys], picked.urgent) if picked else None
+        job = AudioJob([ready[cast(int, i)] for i in picked.keys], picked.urgent) if picked else None
         if job is None:
             return
         if self._out is not None:

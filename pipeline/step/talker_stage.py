@@ -57,7 +57,7 @@ class TalkerStage(TalkerFeed):
         self.generator = generator
         """The noise generator of a new stream (None: the synthesizer's own)."""
 
-    def listen(self, conv: ConversationState) -> None:
+    def listen(self, conv: ConversationState, slot: int) -> None:
         """While a conversation is idle, bring its talker cache up to its thinker cache (the talker's prompt is the
         thinker's vectors of the same positions), so that a reply's talker prefill at the end of the turn covers only
         the turn's last chunk, the speaker's bos and the first reply vector. Into the talker slot the plan gave it
@@ -71,7 +71,7 @@ class TalkerStage(TalkerFeed):
             return
         conv.crop_talker(start)
         try:
-            self.runner.talker_prompt_prefill(conv, start)
+            self.runner.talker_prompt_prefill(conv, start, slot=slot)
         except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
             log.exception("background talker prefill of %s failed; its talker cache is dropped", conv.id)
             return
@@ -92,7 +92,7 @@ class TalkerStage(TalkerFeed):
         seen = {self.special.codec_pad, self.special.codec_bos}
         if r.thinker.prompt_len:
             seen.add(self.special.codec_mask)
-        self.runner.talker.sampler.reset(conv.talker_slot, seen)
+        self.runner.talker.sampler.reset(plan.slot, seen)
         r.audio.stream = self.family.start_stream(
             self.synthesizer,
             self.ckpt,
@@ -109,7 +109,7 @@ class TalkerStage(TalkerFeed):
         )
         (code,) = self.runner.talker.sampler.sample(
             logits.unsqueeze(0),
-            [conv.talker_slot],
+            [plan.slot],
             force_continue=[self.force_codes(r)],
             seeds=[r.seed],
             counters=[r.codec_tokens],
