@@ -20,7 +20,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from pipeline.errors import InvalidImageError
+from pipeline.errors import InvalidImageError, InvalidInputError
 from pipeline.response_events import EngineStats, ResponseDone, ResponseEvent
 from pipeline.tools import AUTO, Tool, ToolChoice
 
@@ -36,6 +36,17 @@ Modality = Literal["text", "audio"]
 ROOT_ITEM_ID = "root"
 """``previous_item_id`` meaning "before every item" (the start of the conversation, right after the instructions);
 no item may have this id."""
+
+
+def reply_token_limit(requested: int | None, cap: int | None) -> int | None:
+    """The text tokens a reply may really write: ``requested`` (None: no limit of its own) within the engine's
+    ``cap`` (None: not known here). The one place the rule lives: the engine applies it to every response, and the
+    session reports the same figure to its client. A ``requested`` below 1 is an :class:`InvalidInputError`."""
+    if requested is not None and requested <= 0:
+        raise InvalidInputError("max_output_tokens must be positive", param="max_output_tokens")
+    if cap is None:
+        return requested
+    return cap if requested is None else min(requested, cap)
 
 
 @dataclass(frozen=True)

@@ -528,11 +528,12 @@ def parse_stage_config(data: Any, *, source: str = "<dict>") -> StageGraphConfig
     reject_unknown(data, {"model_family", "stages", "engine"}, "")
     family = data.get("model_family")
     family_keys = family_of(family).token2wav_keys  # ConfigError naming the known families, before the stages are read
+    assert isinstance(family, str)  # family_of took it
     stages = data.get("stages")
     if not isinstance(stages, dict):
         raise ConfigError(f"{source}: 'stages' must be a mapping of stage name to settings", param="stages")
     reject_unknown(stages, set(STAGE_ORDER), "stages")
-    parsed = {}
+    parsed: dict[str, Any] = {}  # stage name -> its ThinkerConfig, TalkerConfig or Token2WavConfig
     for name in STAGE_ORDER:
         if name not in stages:
             raise ConfigError(f"{source}: stage {name!r} is missing", param=f"stages.{name}")
@@ -541,7 +542,14 @@ def parse_stage_config(data: Any, *, source: str = "<dict>") -> StageGraphConfig
         else:
             parsed[name] = _build(STAGE_CLASSES[name], stages[name], f"stages.{name}")
     engine = _build(EngineConfig, data.get("engine", {}), "engine")
-    return StageGraphConfig(model_family=family, source=source, engine=engine, **parsed)
+    return StageGraphConfig(
+        model_family=family,
+        source=source,
+        engine=engine,
+        thinker=parsed["thinker"],
+        talker=parsed["talker"],
+        token2wav=parsed["token2wav"],
+    )
 
 
 def _build(cls, raw: Any, path: str):

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.api import INPUT_SAMPLE_RATE, ContentPart, ContextPolicy, Modality, Role
+from pipeline.api import INPUT_SAMPLE_RATE, ContentPart, ContextPolicy, Modality, Role, reply_token_limit
 from pipeline.config import StageGraphConfig, stage_config_for
 from pipeline.core import commands as rq
 from pipeline.core.engine_core import EngineCore
@@ -126,7 +126,7 @@ class Response:
                 with self._lock:
                     self._pending -= 1
                 self._engine._backend.consumed(self.id, done=last)
-                if last:
+                if isinstance(event, ResponseDone):
                     self._on_done(event)
                     yield event
                     return
@@ -272,13 +272,10 @@ class Conversation:
         if voice is not None and voice not in engine.voices:  # None only where the engine has no audio output
             available = ", ".join(engine.voices) or "none (the model answers in text only)"
             raise UnknownVoiceError(f"unknown voice {voice!r}; available: {available}", param="voice")
-        if max_output_tokens is not None and max_output_tokens <= 0:
-            raise InvalidInputError("max_output_tokens must be positive", param="max_output_tokens")
+        limit = reply_token_limit(max_output_tokens, engine.max_output_tokens)
         if self._active is not None:
             raise ResponseActiveError("a response is already in progress for this conversation", param="response")
         resp = Response(engine, self, item_id, max_pending=engine.max_pending_events)
-        cap = engine.max_output_tokens
-        limit = cap if max_output_tokens is None else min(max_output_tokens, cap)
         spec = ResponseSpec(
             id=resp.id,
             conv_id=self.id,
@@ -297,7 +294,13 @@ class Conversation:
         except BaseException:
             self._active = None
             raise
-        fut.add_done_callback(lambda f: f.exception() and resp._fail_now(f.exception()))
+
+        def fail_if_refused(f: Future) -> None:
+            exc = f.exception()
+            if isinstance(exc, Exception):  # the engine fails a refused start with an Exception (its error trees)
+                resp._fail_now(exc)
+
+        fut.add_done_callback(fail_if_refused)
         return resp
 
     async def close(self) -> None:

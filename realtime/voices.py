@@ -71,7 +71,8 @@ def usable_aliases(
     """``(usable, unusable)``: the aliases whose speaker the checkpoint has (matched case-insensitively, rewritten
     in the checkpoint's spelling), and the others."""
     by_key = {speaker.lower(): speaker for speaker in speakers}
-    usable, unusable = [], []
+    usable: list[tuple[str, str]] = []
+    unusable: list[tuple[str, str]] = []
     for name, speaker in aliases:
         known = by_key.get(speaker.lower())
         (usable if known else unusable).append((name, known or speaker))

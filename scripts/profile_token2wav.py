@@ -220,9 +220,9 @@ def build_token2wav(device: str, tiny: bool):
     """The token2wav of the tiny or the 7B random Qwen2.5-Omni, float32 (as the reference requires), seeded."""
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 
-    from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, build_config
+    from pipeline.models.qwen2_5_omni.tiny import Qwen25OmniRandomModelSpec, build_config
 
-    spec = RandomModelSpec.tiny() if tiny else RandomModelSpec.qwen2_5_omni_7b()
+    spec = Qwen25OmniRandomModelSpec.tiny() if tiny else Qwen25OmniRandomModelSpec.qwen2_5_omni_7b()
     torch.manual_seed(spec.seed)
     with torch.device(device):
         model = Qwen2_5OmniToken2WavModel(build_config(spec).token2wav_config).float().eval()

@@ -4,10 +4,10 @@ Builds only the vision tower of a random architecture (``--model random:7b`` or 
 or the test ones, random weights, bf16 on CUDA, float32 on the CPU) and its image processor settings, then for each
 frame size (``--sizes``: ``camera`` is a 640x480 camera downscaled to the server's camera pixel budget, as
 ``realtime.media.video`` does; ``WxH`` a size put on the tower's grid) and each number of users (``--users``) times
-``VisionEncoder.encode_many`` on one frame pair per user in one call, ``--iterations`` times after ``--warmup``
-calls (CUDA-synchronised; the median is reported). Prints a Markdown table: ms per call and per pair, pairs a second,
-and the GPU share one user's camera takes at the model's rate (2 frames a second: one pair a second, so the share is
-the time per pair over 1 s), with the CPU preprocessing of a pair (resize, normalise, patchify) beside it.
+``Qwen25OmniVisionEncoder.encode_many`` on one frame pair per user in one call, ``--iterations`` times after
+``--warmup`` calls (CUDA-synchronised; the median is reported). Prints a Markdown table: ms per call and per pair, pairs
+a second, and the GPU share one user's camera takes at the model's rate (2 frames a second: one pair a second, so the
+share is the time per pair over 1 s), with the CPU preprocessing of a pair (resize, normalise, patchify) beside it.
 
 ``--prefill`` also times the thinker's text model (transformers' forward, the same random architecture) prefilling one
 second of video positions after ``--prefill-context`` cached positions, the other half of a camera's cost: an
@@ -58,11 +58,11 @@ class Timing:
 
 
 def build_tower(preset: str, device: torch.device):
-    """(vision tower module, :class:`VisionPreprocessor`) of the random preset, weights seeded."""
+    """(vision tower module, :class:`Qwen25OmniVisionPreprocessor`) of the random preset, weights seeded."""
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniVisionEncoder
 
     from pipeline.models.qwen2_5_omni.tiny import PRESETS, build_config
-    from pipeline.models.qwen2_5_omni.vision import VisionPreprocessor
+    from pipeline.models.qwen2_5_omni.vision import Qwen25OmniVisionPreprocessor
 
     spec = PRESETS[preset]()
     vision_config = build_config(spec).thinker_config.vision_config
@@ -84,7 +84,7 @@ def build_tower(preset: str, device: torch.device):
             tower = Qwen2_5OmniVisionEncoder._from_config(vision_config)
     finally:
         torch.set_default_dtype(previous)
-    return tower.eval(), VisionPreprocessor.from_preprocessor_config(raw, vision_config)
+    return tower.eval(), Qwen25OmniVisionPreprocessor.from_preprocessor_config(raw, vision_config)
 
 
 def frame_size(name: str, info) -> tuple[int, int]:
@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from pipeline.models.qwen2_5_omni.tiny import PRESETS, build_config
-    from pipeline.models.qwen2_5_omni.vision_encoder import VisionEncoder
+    from pipeline.models.qwen2_5_omni.vision_encoder import Qwen25OmniVisionEncoder
 
     preset = args.model.removeprefix("random:")
     if not args.model.startswith("random:") or preset not in PRESETS:
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    encoder = VisionEncoder(tower, device=device, batch=True)
+    encoder = Qwen25OmniVisionEncoder(tower, device=device, batch=True)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(
         f"{args.model} vision tower ({sum(p.numel() for p in tower.parameters()) / 1e6:.1f} M parameters, "

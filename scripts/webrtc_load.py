@@ -44,7 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from realtime.bench.client import ClientOptions, Transport  # noqa: E402
+from realtime.bench.client import ClientOptions, ClientTransport  # noqa: E402
 from realtime.bench.metrics import summarize  # noqa: E402
 from realtime.bench.speech import DEFAULT_FOLDER, load_speech_folder  # noqa: E402
 from realtime.bench.sweep import SweepPlan, run_sweep  # noqa: E402
@@ -72,7 +72,7 @@ STAGES = (
         "session + protocol",
         ("realtime/session", "realtime/runner/", "realtime/protocol", "pydantic", "json", "base64"),
     ),
-    ("transport glue", ("realtime/transports/webrtc.py", "realtime/transports/input_delay.py", "prometheus")),
+    ("transport glue", ("realtime/transports/webrtc/", "realtime/transports/input_delay.py", "prometheus")),
     ("fake engine", ("tests/fakes.py",)),
     ("asyncio + selectors", ("asyncio", "selectors", "socket")),
 )
@@ -150,7 +150,7 @@ async def _main(args: argparse.Namespace) -> dict:
     levels = tuple(int(x) for x in args.users.split(","))
     speeches = load_speech_folder(args.wavs, max_seconds=args.max_wav_s)
     plan = SweepPlan(levels, turns=args.turns, min_samples=0, ramp_s=args.ramp_s, warmup_turns=1)
-    options = ClientOptions(Transport(args.transport), turn_timeout_s=120.0)
+    options = ClientOptions(ClientTransport(args.transport), turn_timeout_s=120.0)
     config = ServerConfig(
         host="127.0.0.1",
         port=0,

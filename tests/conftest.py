@@ -29,11 +29,11 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def sharp_model_dir(tmp_path_factory) -> Path:
-    """The tiny checkpoint with sharpened thinker attention (``RandomModelSpec.sharpened``), built once per session: on
-    it a wrong position changes greedy tokens, so equivalence tests on it catch position bugs."""
-    from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, make_random_checkpoint
+    """The tiny checkpoint with sharpened thinker attention (``Qwen25OmniRandomModelSpec.sharpened``), built once per
+    session: on it a wrong position changes greedy tokens, so equivalence tests on it catch position bugs."""
+    from pipeline.models.qwen2_5_omni.tiny import Qwen25OmniRandomModelSpec, make_random_checkpoint
 
-    return make_random_checkpoint(tmp_path_factory.mktemp("sharp-omni"), RandomModelSpec.sharpened())
+    return make_random_checkpoint(tmp_path_factory.mktemp("sharp-omni"), Qwen25OmniRandomModelSpec.sharpened())
 
 
 @pytest.fixture(scope="session")
@@ -50,18 +50,18 @@ def qwen3_text_model_dir(tmp_path_factory) -> Path:
     released -Thinking ones), built once per test session (seconds)."""
     import dataclasses
 
-    from pipeline.models.qwen3_omni.tiny import RandomModelSpec, make_random_checkpoint
+    from pipeline.models.qwen3_omni.tiny import Qwen3OmniRandomModelSpec, make_random_checkpoint
 
-    spec = dataclasses.replace(RandomModelSpec.tiny(), enable_audio_output=False)
+    spec = dataclasses.replace(Qwen3OmniRandomModelSpec.tiny(), enable_audio_output=False)
     return make_random_checkpoint(tmp_path_factory.mktemp("tiny-qwen3-omni-text"), spec)
 
 
 @pytest.fixture(scope="session")
 def qwen3_sharp_model_dir(tmp_path_factory) -> Path:
     """The tiny Qwen3-Omni checkpoint with sharpened attention: a wrong position changes its greedy tokens."""
-    from pipeline.models.qwen3_omni.tiny import RandomModelSpec, make_random_checkpoint
+    from pipeline.models.qwen3_omni.tiny import Qwen3OmniRandomModelSpec, make_random_checkpoint
 
-    return make_random_checkpoint(tmp_path_factory.mktemp("sharp-qwen3-omni"), RandomModelSpec.sharpened())
+    return make_random_checkpoint(tmp_path_factory.mktemp("sharp-qwen3-omni"), Qwen3OmniRandomModelSpec.sharpened())
 
 
 def pytest_collection_finish(session) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from typing_extensions import TypeIs  # typing's own from Python 3.13; a dependency of torch
 
 from pipeline.api import VisionInfo
 from pipeline.config import StageGraphConfig
@@ -271,7 +272,7 @@ def _describe(fn: CoreCall) -> str:
     return type(fn).__name__ if is_request(fn) else getattr(fn, "__qualname__", type(fn).__name__)
 
 
-def is_request(fn: CoreCall) -> bool:
+def is_request(fn: CoreCall) -> TypeIs[CoreCommand]:
     return isinstance(fn, CoreCommand.__args__)
 
 

@@ -174,7 +174,7 @@ class EngineProcess:
     def submit(self, command: CoreCall) -> Future:
         """Send ``command``; its result (or exception) comes back through the future. For ``start_response``
         the spec's sink receives the response's events, on the reader thread."""
-        wire, sink = self._wire(command)
+        wire, route = self._wire(command)
         fut: Future = Future()
         fut.set_running_or_notify_cancel()  # sent at once and never withdrawn: a cancelled wait leaves it be
         call_id = next(self._ids)
@@ -182,17 +182,22 @@ class EngineProcess:
         with self._lock:
             self._raise_if_closed()
             self._futures[call_id] = fut
-            if sink is not None:
-                self._routes[command.spec.id] = sink
-        if sink is not None:  # a refused start sends no event: forget its route (runs before anyone else's callback)
-            response_id = command.spec.id
-            fut.add_done_callback(lambda f: f.exception() is not None and self._drop_route(response_id))
+            if route is not None:
+                self._routes[route[0]] = route[1]
+        if route is not None:  # a refused start sends no event: forget its route (runs before anyone else's callback)
+            response_id = route[0]
+
+            def forget_if_refused(f: Future) -> None:
+                if f.exception() is not None:
+                    self._drop_route(response_id)
+
+            fut.add_done_callback(forget_if_refused)
         self._send(payload)
         return fut
 
     def post(self, command: CoreCall) -> None:
-        wire, sink = self._wire(command)
-        if sink is not None:
+        wire, route = self._wire(command)
+        if route is not None:
             raise ValueError("StartResponseCommand must be submitted (its refusal comes back through the future)")
         payload = ForkingPickler.dumps((POST, wire))
         with self._lock:
@@ -235,15 +240,16 @@ class EngineProcess:
         self._conn.close()
 
     # -- internals --
-    def _wire(self, command: CoreCall) -> tuple[CoreCall, Callable[[ResponseEvent], None] | None]:
-        """What crosses the pipe for ``command``, and the sink to route its events to (``StartResponseCommand``)."""
+    def _wire(self, command: CoreCall) -> tuple[CoreCall, tuple[str, Callable[[ResponseEvent], None]] | None]:
+        """What crosses the pipe for ``command``, and the response id and sink to route its events to
+        (``StartResponseCommand``)."""
         if not is_request(command):
             raise TypeError(f"an engine core in a child process runs engine requests, not {type(command).__name__}")
         if not isinstance(command, StartResponseCommand):
             return command, None
         if not isinstance(command.spec, ResponseSpec):
             raise TypeError(f"StartResponseCommand takes a ResponseSpec, not {type(command.spec).__name__}")
-        return StartResponseCommand(command.spec.detached()), command.spec.sink
+        return StartResponseCommand(command.spec.detached()), (command.spec.id, command.spec.sink)
 
     def _raise_if_closed(self) -> None:
         if self._error is not None:
@@ -509,7 +515,8 @@ def child_main(conn: Connection, spec: ProcessSpec) -> None:
         torch.cuda.set_device(device)
     outbox = Outbox(conn)
     root = logging.getLogger()
-    root.handlers[:] = [logging.handlers.QueueHandler(_LogPipe(outbox))]  # formatted here, pickled without args
+    # formatted here, pickled without args; QueueHandler only calls put_nowait (typeshed's queue protocol adds get)
+    root.handlers[:] = [logging.handlers.QueueHandler(_LogPipe(outbox))]  # type: ignore[arg-type]
     root.setLevel(spec.log_level)
     try:
         from pipeline.core.engine_core import EngineCore

@@ -8,13 +8,21 @@ and pad their inputs to them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 import torch
 from torch import Tensor
 
 from pipeline.errors import PipelineError
 
-__all__ = ["CapturedCall", "GraphCaptureError", "bucket_at_least", "host_tensor", "host_to_device"]
+__all__ = [
+    "CapturedCall",
+    "GraphCaptureError",
+    "bucket_at_least",
+    "bucket_holding",
+    "host_tensor",
+    "host_to_device",
+]
 
 
 class GraphCaptureError(PipelineError):
@@ -23,7 +31,11 @@ class GraphCaptureError(PipelineError):
     code = "cuda_graph_capture"
 
 
-class CapturedCall:
+Outputs = TypeVar("Outputs", bound=Tensor | tuple[Tensor, ...])
+"""What a captured function returns: a tensor or a tuple of tensors (a call returns the same type)."""
+
+
+class CapturedCall(Generic[Outputs]):
     """``fn(*inputs)`` recorded in one CUDA graph over static copies of ``example`` (all CUDA tensors).
 
     Contract for ``fn``: device work only (no host synchronisation, no copy from pageable host memory, no
@@ -47,7 +59,7 @@ class CapturedCall:
 
     def __init__(
         self,
-        fn: Callable[..., Tensor | tuple[Tensor, ...]],
+        fn: Callable[..., Outputs],
         example: Sequence[Tensor],
         *,
         warmup_runs: int = 2,
@@ -82,7 +94,7 @@ class CapturedCall:
         followed by :meth:`replay`, runs the graph on the new values without any copy from the host."""
         return self._inputs
 
-    def __call__(self, *inputs: Tensor) -> Tensor | tuple[Tensor, ...]:
+    def __call__(self, *inputs: Tensor) -> Outputs:
         self.load(*inputs)
         return self.replay()
 
@@ -94,7 +106,7 @@ class CapturedCall:
         for static, value in zip(self._inputs, inputs):
             static.copy_(value, non_blocking=True)
 
-    def replay(self) -> Tensor | tuple[Tensor, ...]:
+    def replay(self) -> Outputs:
         """Replay the graph on whatever the static inputs hold; returns the static outputs."""
         self._graph.replay()
         self.replays += 1
@@ -105,6 +117,15 @@ def bucket_at_least(size: int, buckets: Sequence[int]) -> int | None:
     """The smallest of ``buckets`` that holds ``size``, or None when all are smaller."""
     fitting = [b for b in buckets if b >= size]
     return min(fitting) if fitting else None
+
+
+def bucket_holding(size: int, buckets: Sequence[int]) -> int:
+    """The smallest of ``buckets`` that holds ``size``, for a caller whose sizes never exceed the largest bucket;
+    ValueError when one does."""
+    bucket = bucket_at_least(size, buckets)
+    if bucket is None:
+        raise ValueError(f"no bucket of {tuple(buckets)} holds {size}")
+    return bucket
 
 
 def host_tensor(values: Sequence | Tensor, dtype: torch.dtype, *, pinned: bool) -> Tensor:

@@ -1,6 +1,6 @@
 """What the engine needs to place a rendered conversation on a family's rotary positions: the explicit-position span
 (:class:`GridSpan`), the family's :class:`PositionScheme`, and the layout of a spoken message with video
-(:class:`AVTiming`, :class:`AVLayout`).
+(:class:`AVTiming`, :class:`AVLayout` and its :class:`AVChunk`).
 
 A position has a KV cache index (where it is stored) and a rope position on each of three axes (time, height, width).
 Text and audio advance by one on every axis; a span of explicit 3-D positions (a picture's or a video's tokens) is
@@ -68,7 +68,8 @@ class PositionScheme(Protocol):
         ...
 
 
-class AVChunk(Protocol):
+@dataclass(frozen=True)
+class AVChunk:
     """One chunk of a spoken message with video: its video tokens, then its audio tokens."""
 
     index: int
@@ -76,6 +77,10 @@ class AVChunk(Protocol):
     """Indices into the video's tokens (the vision tower's order: temporal patch, then row, then column)."""
     audio: range
     """Indices into the message's audio tokens."""
+
+    @property
+    def length(self) -> int:
+        return len(self.video) + len(self.audio)
 
 
 class AVLayout(Protocol):

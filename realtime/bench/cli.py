@@ -474,7 +474,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
     from realtime.bench.camera import scrape_camera_frames
-    from realtime.bench.client import ClientOptions, Transport
+    from realtime.bench.client import ClientOptions, ClientTransport
     from realtime.bench.models import reply_length
     from realtime.bench.report import REPORT_MD, where_written, write_report
     from realtime.bench.sweep import run_sweep
@@ -483,7 +483,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
     cfg = _stage_config(options)
     length = reply_length(cfg)
     client = ClientOptions(
-        Transport(options.transport),
+        ClientTransport(options.transport),
         options.api_key,
         options.barge_in_after_ms,
         options.jitter_ms,

@@ -42,7 +42,7 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -53,7 +53,7 @@ from realtime.bench.metrics import (
     AudioArrival,
     BargeInLog,
     ResponseLog,
-    ResponseStatus,
+    ResponseOutcome,
     TurnLog,
     first_audible,
     first_sound_played_at,
@@ -62,6 +62,12 @@ from realtime.bench.metrics import (
 from realtime.bench.speech import RATE, Speech, without_tail
 from realtime.protocol.codes import StatusReason
 from realtime.protocol.names import ClientEventType, Dialect, ServerEvent, server_event_name
+
+if TYPE_CHECKING:  # the transports' packages (and the camera's pictures) are imported when needed
+    from aiortc import RTCDataChannel
+    from websockets.asyncio.client import ClientConnection
+
+    from realtime.bench.camera import CameraPictures
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +87,9 @@ _WIRE = {server_event_name(e, Dialect.GA): e for e in ServerEvent if server_even
 """GA wire name → logical server event (the bench speaks the GA dialect)."""
 
 
-class Transport(str, enum.Enum):
+class ClientTransport(str, enum.Enum):
+    """How a simulated user reaches the server (the CLI's ``--transport`` values)."""
+
     WS = "ws"
     WEBRTC = "webrtc"
 
@@ -103,7 +111,7 @@ class UserPlan:
 
 @dataclass(frozen=True)
 class ClientOptions:
-    transport: Transport = Transport.WS
+    transport: ClientTransport = ClientTransport.WS
     api_key: str | None = field(default=None, repr=False)
     barge_in_after_ms: float = 300.0
     """On barge-in turns: the interrupting speech's onset comes this long after the reply's first sound started
@@ -226,7 +234,7 @@ class WebSocketLink:
         self.url = url
         self.api_key = api_key
         self.mic = Microphone()
-        self._ws = None
+        self._ws: ClientConnection | None = None
         self._t0 = 0.0
         self._tasks: list[asyncio.Task] = []
 
@@ -248,7 +256,12 @@ class WebSocketLink:
         return self._t0 + self.mic.queue(pcm) / RATE
 
     async def send(self, event: dict) -> None:
-        await self._ws.send(json.dumps(event))
+        await self._socket().send(json.dumps(event))
+
+    def _socket(self) -> ClientConnection:
+        if self._ws is None:
+            raise BenchClientError("the client is not connected (connect() first)")
+        return self._ws
 
     async def _pump(self) -> None:
         loop = asyncio.get_running_loop()
@@ -259,12 +272,14 @@ class WebSocketLink:
             if delay > 0:
                 await asyncio.sleep(delay)
             audio = base64.b64encode(pcm16_bytes(self.mic.next_frame())).decode()
-            await self._ws.send(json.dumps({"type": ClientEventType.INPUT_AUDIO_BUFFER_APPEND.value, "audio": audio}))
+            await self._socket().send(
+                json.dumps({"type": ClientEventType.INPUT_AUDIO_BUFFER_APPEND.value, "audio": audio})
+            )
 
     async def _read(self, listener: Listener) -> None:
         loop = asyncio.get_running_loop()
         audio_delta = server_event_name(ServerEvent.AUDIO_DELTA, Dialect.GA)
-        async for message in self._ws:
+        async for message in self._socket():
             at = loop.time()
             event = json.loads(message)
             if event.get("type") == audio_delta:
@@ -314,9 +329,9 @@ class WebRTCLink:
         """A video track goes beside the microphone (the camera needs no pictures over events)."""
         self.output_rate = TRACK_RATE
         self._pc = None
-        self._mic = None
+        self._mic: _TimedMicQueue | None = None
         self._spoken = 0
-        self._channel = None
+        self._channel: RTCDataChannel | None = None
         self._tasks: list[asyncio.Task] = []
 
     async def connect(self, listener: Listener) -> None:
@@ -325,7 +340,7 @@ class WebRTCLink:
         self._pc = pc = self._peer(listener)
         host = urllib.parse.urlsplit(self.base_url).hostname or ""
         if _is_loopback(host):
-            from realtime.transports.webrtc import IceHostAddress, announce_host_addresses
+            from realtime.transports.peer import IceHostAddress, announce_host_addresses
 
             await announce_host_addresses(pc, [IceHostAddress.parse("127.0.0.1")])
         await pc.setLocalDescription(await pc.createOffer())
@@ -342,8 +357,8 @@ class WebRTCLink:
 
         loop = asyncio.get_running_loop()
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        self._mic = _TimedMicQueue(loop.time)
-        pc.addTrack(PacedAudioTrack(self._mic, lambda _name: None))
+        self._mic = mic = _TimedMicQueue(loop.time)
+        pc.addTrack(PacedAudioTrack(mic, lambda _name: None))
         if self.camera is not None:
             from realtime.bench.camera_track import CameraTrack
 
@@ -363,6 +378,8 @@ class WebRTCLink:
             return response.read().decode()
 
     async def speak(self, pcm: np.ndarray) -> float:
+        if self._mic is None:
+            raise BenchClientError("the client is not connected (connect() first)")
         self._spoken += 1
         name = f"utterance-{self._spoken}"
         self._mic.play(name, pcm)
@@ -370,6 +387,8 @@ class WebRTCLink:
         return await self._mic.started(name)
 
     async def send(self, event: dict) -> None:
+        if self._channel is None:
+            raise BenchClientError("the client is not connected (connect() first)")
         self._channel.send(json.dumps(event))
 
     async def _read(self, track, listener: Listener) -> None:
@@ -471,7 +490,7 @@ class SimulatedUser:
             self.counts |= dict.fromkeys(USAGE_COUNTS, 0)
         """How many of each :data:`COUNTED_EVENTS` the user received, by wire name; with a camera also the
         :data:`USAGE_COUNTS`."""
-        self._pictures = None
+        self._pictures: CameraPictures | None = None
         if options.camera is not None and not getattr(link, "sends_video", False):
             from realtime.bench.camera import CameraPictures
 
@@ -536,26 +555,27 @@ class SimulatedUser:
             paced_audio=self.link.paced_audio,
         )
         if self._pictures is not None:
-            task = asyncio.create_task(self._show_picture(turn.speech_start_at), name=f"bench picture {index}")
+            show = self._show_picture(self._pictures, turn.speech_start_at)
+            task = asyncio.create_task(show, name=f"bench picture {index}")
             self._picture_tasks.append(task)
         if self._interrupted is not None and self._interrupted.barge_in is None:
             self._interrupted.barge_in = BargeInLog(onset_at=turn.speech_start_at)
         self.logs.append(turn)
         return turn
 
-    async def _show_picture(self, when: float) -> None:
+    async def _show_picture(self, pictures: CameraPictures, when: float) -> None:
         """Send the next camera picture at ``when`` (the loop's clock): the start of a turn's speech."""
         await self._sleep_until(when)
-        await self.link.send(self._pictures.next_item())
+        await self.link.send(pictures.next_item())
         self.counts[PICTURES_SENT] += 1
 
     def _reply_over(self, turn: TurnLog) -> bool:
         """The reply is generated, and on WebRTC its output has stopped playing on the track (a reply with audio,
         seen on the track or counted in ``response.done``'s usage: a fast engine's reply can be done before its first
         frame arrives)."""
-        if not _answered(turn):
-            return False
         response = turn.response
+        if response is None or not _answered(turn):
+            return False
         voiced = bool(response.audio) or response.response_id in self._voiced
         return not self.link.paced_audio or not voiced or response.output_stopped_at is not None
 
@@ -620,17 +640,17 @@ class SimulatedUser:
             self._responses[response.response_id] = self._latest = response
             turn.responses.append(response)
         elif kind is ServerEvent.TRANSCRIPT_DELTA:
-            response = self._responses.get(event.get("response_id"))
-            if response is not None and response.first_transcript_at is None:
-                response.first_transcript_at = at
+            transcribed = self._responses.get(event.get("response_id", ""))
+            if transcribed is not None and transcribed.first_transcript_at is None:
+                transcribed.first_transcript_at = at
         elif kind is ServerEvent.RESPONSE_DONE:
             self._response_done(at, event["response"])
         elif kind in (ServerEvent.OUTPUT_AUDIO_BUFFER_STOPPED, ServerEvent.OUTPUT_AUDIO_BUFFER_CLEARED):
-            response = self._responses.get(event.get("response_id"))
-            if response is not None:
-                response.output_stopped_at = at
+            stopped = self._responses.get(event.get("response_id", ""))
+            if stopped is not None:
+                stopped.output_stopped_at = at
                 if kind is ServerEvent.OUTPUT_AUDIO_BUFFER_CLEARED:
-                    response.output_cleared_at = at
+                    stopped.output_cleared_at = at
         self._progress.set()
 
     def _speech_started(self, at: float, turn: TurnLog | None) -> None:
@@ -641,7 +661,7 @@ class SimulatedUser:
             interrupted.barge_in.detected_at = at
 
     def _response_done(self, at: float, payload: dict) -> None:
-        response = self._responses.get(payload.get("id"))
+        response = self._responses.get(payload.get("id", ""))
         if response is None:
             return
         response.done_at = at
@@ -651,7 +671,7 @@ class SimulatedUser:
         if usage and USAGE_RESPONSES in self.counts:
             self.counts[USAGE_RESPONSES] += 1
             self.counts[USAGE_IMAGE_TOKENS] += int((usage.get("input_token_details") or {}).get("image_tokens") or 0)
-        response.status = ResponseStatus(payload.get("status"))
+        response.status = ResponseOutcome(payload.get("status"))
         response.reason = (payload.get("status_details") or {}).get("reason")
 
     def on_audio(self, at: float, samples: np.ndarray, response_id: str | None) -> None:
@@ -701,7 +721,7 @@ def _answered(turn: TurnLog) -> bool:
     response = turn.response
     if response is None or response.status is None:
         return False
-    return not (response.status is ResponseStatus.CANCELLED and response.reason == StatusReason.TURN_DETECTED)
+    return not (response.status is ResponseOutcome.CANCELLED and response.reason == StatusReason.TURN_DETECTED)
 
 
 def _settled(turn: TurnLog) -> bool:
@@ -717,7 +737,7 @@ def make_link(url: str, options: ClientOptions) -> Link:
     http = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
     ws = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
     base = f"{parts.netloc}"
-    if options.transport is Transport.WEBRTC:
+    if options.transport is ClientTransport.WEBRTC:
         return WebRTCLink(f"{http}://{base}", options.api_key, options.camera)
     return WebSocketLink(f"{ws}://{base}{REALTIME_PATH}", options.api_key)
 

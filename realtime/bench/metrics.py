@@ -48,7 +48,7 @@ DEFAULT_JITTER_MS = 60.0
 """The jitter buffer of the modelled WebSocket player: it starts this long after the first delta."""
 
 
-class ResponseStatus(str, enum.Enum):
+class ResponseOutcome(str, enum.Enum):
     """``response.done`` statuses (the wire values), plus what the client saw instead of one."""
 
     COMPLETED = "completed"
@@ -91,7 +91,7 @@ class ResponseLog:
     first_transcript_at: float | None = None
     audio: list[AudioArrival] = field(default_factory=list)
     done_at: float | None = None
-    status: ResponseStatus | None = None
+    status: ResponseOutcome | None = None
     reason: str | None = None
     output_stopped_at: float | None = None
     """WebRTC: arrival of ``output_audio_buffer.stopped`` (or ``.cleared``) for this reply."""
@@ -278,7 +278,7 @@ def turn_metrics(log: TurnLog, *, jitter_ms: float = DEFAULT_JITTER_MS) -> TurnM
     if sound is not None:
         values["ttfa_ms"] = _ms(sound[0], log.end_of_turn_at)
         values["voice_to_voice_ms"] = _ms(sound[1], log.speech_end_at)
-    played_out = status in (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE) and log.barge_in is None
+    played_out = status in (ResponseOutcome.COMPLETED, ResponseOutcome.INCOMPLETE) and log.barge_in is None
     if played_out and response.audio:
         values.update(_delivery(log, response, jitter_ms))
     if log.barge_in is not None:
@@ -286,11 +286,11 @@ def turn_metrics(log: TurnLog, *, jitter_ms: float = DEFAULT_JITTER_MS) -> TurnM
     return replace(base, **values)
 
 
-def _status(log: TurnLog, response: ResponseLog | None) -> ResponseStatus:
+def _status(log: TurnLog, response: ResponseLog | None) -> ResponseOutcome:
     if response is None:
-        return ResponseStatus.TIMED_OUT if log.timed_out else ResponseStatus.NO_RESPONSE
+        return ResponseOutcome.TIMED_OUT if log.timed_out else ResponseOutcome.NO_RESPONSE
     if response.status is None:
-        return ResponseStatus.TIMED_OUT
+        return ResponseOutcome.TIMED_OUT
     return response.status
 
 
@@ -313,10 +313,11 @@ def _delivery(log: TurnLog, response: ResponseLog, jitter_ms: float) -> dict:
     }
 
 
-def _barge_in(log: TurnLog, response: ResponseLog, status: ResponseStatus, jitter_ms: float) -> dict:
+def _barge_in(log: TurnLog, response: ResponseLog, status: ResponseOutcome, jitter_ms: float) -> dict:
     """The :class:`BargeInKind` of a reply the user talked over and its stop latencies (module docstring). The
     last *audible* audio is used: a WebRTC track keeps sending silence after the clear."""
     barge = log.barge_in
+    assert barge is not None  # a barge-in turn's
     kind, signal_at = barge_in_outcome(log, response, status, jitter_ms)
     values: dict = {"barge_in_kind": kind.value}
     if kind not in (BargeInKind.CANCELLED, BargeInKind.STOPPED_PLAYBACK):
@@ -333,7 +334,7 @@ def _barge_in(log: TurnLog, response: ResponseLog, status: ResponseStatus, jitte
 
 
 def barge_in_outcome(
-    log: TurnLog, response: ResponseLog | None, status: ResponseStatus, jitter_ms: float = DEFAULT_JITTER_MS
+    log: TurnLog, response: ResponseLog | None, status: ResponseOutcome, jitter_ms: float = DEFAULT_JITTER_MS
 ) -> tuple[BargeInKind, float | None]:
     """What became of the reply of ``log`` (a barge-in turn) and when its stop signal arrived (``None`` for the
     kinds without one). A reply counts as cancelled when the server cancelled it for turn detection after the
@@ -342,11 +343,11 @@ def barge_in_outcome(
     barge = log.barge_in
     assert barge is not None
     play_end = _playback_end(log, response, jitter_ms) if response is not None else None
-    if play_end is None:
+    if response is None or play_end is None:
         return BargeInKind.NO_REPLY, None
     heard = barge.detected_at
     if (
-        status is ResponseStatus.CANCELLED
+        status is ResponseOutcome.CANCELLED
         and response.reason == StatusReason.TURN_DETECTED
         and heard is not None
         and response.done_at is not None
@@ -409,7 +410,7 @@ def summarize(metrics: Sequence[TurnMetrics]) -> dict[str, Distribution]:
 
 
 def status_counts(metrics: Sequence[TurnMetrics]) -> dict[str, int]:
-    counts = {s.value: 0 for s in ResponseStatus}
+    counts = {s.value: 0 for s in ResponseOutcome}
     for m in metrics:
         counts[m.status] += 1
     return counts

@@ -27,7 +27,7 @@ import numpy as np
 
 from pipeline.response_events import OUTPUT_SAMPLE_RATE
 from realtime.bench.client import UserPlan
-from realtime.bench.metrics import ResponseStatus, TurnMetrics
+from realtime.bench.metrics import ResponseOutcome, TurnMetrics
 from realtime.bench.models import ReplyLength
 from realtime.bench.speech import RATE, Speech
 
@@ -76,7 +76,7 @@ class QueuedTurn:
             self.user,
             self.turn,
             self.wav,
-            ResponseStatus.COMPLETED.value,
+            ResponseOutcome.COMPLETED.value,
             ttfa_ms=ttfa,
             voice_to_voice_ms=ttfa + 1000.0 * self.silence_window_s,
             first_transcript_ms=ttfa,

@@ -82,13 +82,13 @@ def load_speech_folder(folder: Path, *, max_seconds: float | None = None) -> lis
     if not paths:
         raise SpeechFolderError(f"no .wav files in {folder}")
     manifest = _manifest(folder)
-    speeches = []
+    found = []
     for path in paths:
         pcm = load_wav(path)
         if max_seconds is not None and len(pcm) > max_seconds * RATE:
             continue
-        speeches.append(_speech(path.name, pcm, manifest.get(path.name)))
-    speeches = [s for s in speeches if s is not None]
+        found.append(_speech(path.name, pcm, manifest.get(path.name)))
+    speeches = [s for s in found if s is not None]
     if not speeches:
         raise SpeechFolderError(f"no WAV in {folder} has speech (and is at most {max_seconds} s long)")
     return speeches

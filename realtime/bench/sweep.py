@@ -34,7 +34,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 
-from realtime.bench.client import ClientOptions, Transport, UserPlan
+from realtime.bench.client import ClientOptions, ClientTransport, UserPlan
 from realtime.bench.metrics import TurnMetrics
 from realtime.bench.reference import QueuedTurn, Served, serve_one_worker
 from realtime.bench.speech import Speech
@@ -191,7 +191,7 @@ async def run_sweep(
         raise ValueError(f"client_processes must be at least 1, got {client_processes}")
     with ProcessPoolExecutor(client_processes, mp_context=get_context("spawn")) as pool:
         # start the children (interpreter, imports) before any level's window opens
-        modules = _CLIENT_MODULES + (_WEBRTC_MODULES if options.transport is Transport.WEBRTC else ())
+        modules = _CLIENT_MODULES + (_WEBRTC_MODULES if options.transport is ClientTransport.WEBRTC else ())
         await asyncio.gather(*(loop.run_in_executor(pool, _child_ready, modules) for _ in range(client_processes)))
         if plan.warmup_turns:
             warm = user_plans(speeches, plan.warmup_users, plan, turns=plan.warmup_turns)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from realtime.bench.client import ClientOptions, Transport, UserPlan, import_webrtc, run_users
+from realtime.bench.client import ClientOptions, ClientTransport, UserPlan, import_webrtc, run_users
 from realtime.bench.metrics import TurnLog, TurnMetrics, turn_metrics
 from realtime.bench.throughput import replying_seconds
 from realtime.observe.loop_lag import LagSummary, LoopLagProbe
@@ -78,7 +78,7 @@ def run_share(
     """Worker-process entry: wait until ``start_at`` (``time.monotonic``; ``None``: now), run ``plans`` on a fresh
     event loop with a loop-lag probe, and return what was observed. ``label``: show a progress bar (one per worker,
     at line ``position``)."""
-    if options.transport is Transport.WEBRTC:
+    if options.transport is ClientTransport.WEBRTC:
         import_webrtc()
     if start_at is not None:
         time.sleep(max(0.0, start_at - time.monotonic()))

@@ -14,6 +14,8 @@ resampler state between calls, and ``flush()`` drains it at the end of a turn or
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import soxr
@@ -223,6 +225,18 @@ class StreamResampler:
         tail = self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
         self._stream.clear()
         return tail
+
+
+class AudioDecoder(Protocol):
+    """Wire bytes → float32 16 kHz, streaming (:class:`InputDecoder` is one)."""
+
+    def decode(self, data: bytes) -> np.ndarray: ...
+
+    def flush(self) -> np.ndarray: ...
+
+
+DecoderFactory = Callable[[AudioFormat], AudioDecoder]
+"""Makes the streaming decoder of one wire format (:class:`InputDecoder` is one)."""
 
 
 class InputDecoder:

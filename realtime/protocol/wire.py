@@ -12,12 +12,13 @@ server does not implement are of two kinds:
   ``noise_reduction`` (the model hears the audio as sent), ``tracing``, ``include`` (it only asks for transcription
   log-probabilities). The ``session.updated`` reply shows the effective configuration (``noise_reduction: null``...).
 
-Input ``transcription`` (beta ``input_audio_transcription``) is implemented (:mod:`realtime.transcription`):
+Input ``transcription`` (beta ``input_audio_transcription``) is implemented (:mod:`realtime.runner.transcription_jobs`):
 its ``model`` is echoed, ``language`` and ``prompt`` are hints to the server's own model.
 ``semantic_vad`` is accepted and served by the silence-based detector
 (:data:`realtime.turns.server_vad.SEMANTIC_SILENCE_MS`).
 In ``session.update`` a refused field refuses only itself (:mod:`.session_update`). ``truncation`` maps onto the
-conversation's context policy. Function ``tools`` and ``tool_choice`` are implemented (:mod:`realtime.tool_calls`).
+conversation's context policy. Function ``tools`` and ``tool_choice`` are implemented
+(:mod:`realtime.session.tool_calls`).
 
 Unions are kept out of field types on purpose: pydantic names union branches in error locations,
 and the error's ``param`` must be the client's field path.

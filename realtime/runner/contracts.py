@@ -1,23 +1,20 @@
-"""What a :class:`~realtime.runner.SessionRunner` is plugged into: the transport, the turn detector, the
-media sink and their protocols; why a session ended; the names of its tasks; the open spoken message."""
+"""What a :class:`~realtime.runner.SessionRunner` is plugged into: the transport and the media sink (the audio
+decoder's protocol is :mod:`realtime.media.audio`'s, the speech detector's :mod:`realtime.turns.detection`'s); why a
+session ended; the names of its tasks; how its parts spawn tasks and hand actions back; the open spoken message."""
 
 from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from pipeline.api import AudioInputHandle
-from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.client import InputAudioAppend
-from realtime.protocol.turn_detection import ServerVadParams
-from realtime.session import (
-    TurnEvent,
-)
+from realtime.session import Action
 
 DISCONNECT_REASON = "client_disconnected"
 """Cancel reason given to the engine for a response whose client went away."""
@@ -53,6 +50,14 @@ class SessionEnd(enum.Enum):
     """The engine serving the session failed (:meth:`SessionRunner.end_for`): its conversation is gone."""
 
 
+Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
+"""``spawn(coro, role)``: start ``coro`` as a task of the session, named for ``role`` (:func:`session_task_name`). The
+runner owns every such task: a failure ends the session, and the session's end cancels it."""
+
+Dispatch = Callable[[list[Action]], None]
+"""``dispatch(actions)``: execute the session's actions in order (the runner's); never blocks."""
+
+
 # --- what the runner is plugged into ------------------------------------------------------------
 
 
@@ -74,33 +79,6 @@ class Transport(Protocol):
     async def send(self, event: dict) -> None: ...
 
     async def close(self) -> None: ...
-
-
-class AudioDecoder(Protocol):
-    """Wire bytes → float32 16 kHz, streaming (``realtime.media.audio.InputDecoder`` is one)."""
-
-    def decode(self, data: bytes) -> np.ndarray: ...
-
-    def flush(self) -> np.ndarray: ...
-
-
-DecoderFactory = Callable[[AudioFormat], AudioDecoder]
-
-
-class TurnDetector(Protocol):
-    """Speech start/stop over 16 kHz audio (``realtime.turns.server_vad.TurnDetector`` is one). Times are ms
-    since the first sample it was fed; the runner shifts them onto the session's audio clock."""
-
-    def feed(self, pcm16k: np.ndarray) -> list[TurnEvent]: ...
-
-    async def afeed(self, pcm16k: np.ndarray) -> list[TurnEvent]:
-        """``feed``, possibly waiting for a VAD shared with other sessions (``realtime.turns.vad_batch``)."""
-        ...
-
-    def reset(self) -> None: ...
-
-
-TurnDetectorFactory = Callable[[ServerVadParams], TurnDetector]
 
 
 class MediaSink(Protocol):

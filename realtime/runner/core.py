@@ -1,5 +1,5 @@
-"""The :class:`SessionRunner`: its state, its tasks and their lifecycle, the loops that read, write and execute, and
-the dispatch of the session's actions (see :mod:`realtime.runner`)."""
+"""The :class:`SessionRunner`: the composition of one session's parts, its tasks and their lifecycle, the loops that
+read and write, and the dispatch of the session's actions to the parts (see :mod:`realtime.runner`)."""
 
 from __future__ import annotations
 
@@ -7,36 +7,31 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
-
-import numpy as np
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from pipeline.api import ConversationHandle, EngineHandle
-from pipeline.errors import PipelineError
-from realtime.errors import RealtimeError, to_error_payload
+from realtime.errors import to_error_payload
 from realtime.ids import IdGenerator, RandomIds
-from realtime.media.audio import InputDecoder, OutputEncoder
-from realtime.media.images import decode_item
+from realtime.media.audio import DecoderFactory, InputDecoder, OutputEncoder
 from realtime.observe.error_log import log_error_event
 from realtime.observe.first_audio import FirstAudioTrace, FirstAudioTracer
-from realtime.protocol.client import InputAudioAppend, ItemCreate, parse_client_event
 from realtime.protocol.names import ServerEvent, server_event_name
 from realtime.protocol.server import ServerEvents
 from realtime.runner.contracts import (
     DISCONNECT_REASON,
-    DecoderFactory,
     MediaSink,
     OpenMessage,
     SessionEnd,
     Transport,
     TransportClosed,
-    TurnDetectorFactory,
     session_task_name,
 )
-from realtime.runner.engine_commands import EngineCommands, _expected, _InputStream, _Running
+from realtime.runner.executor import CommandExecutor
+from realtime.runner.inbound import ArrivalClock, receive
 from realtime.runner.outbound import ClientNotReading, OutboundQueue
-from realtime.runner.transcripts import Transcriptions
-from realtime.runner.turns import TurnDetection, _Detection
+from realtime.runner.responses import ResponseDriver
+from realtime.runner.transcripts import TranscriptionDriver
 from realtime.session import (
     Action,
     AudioTransport,
@@ -47,36 +42,38 @@ from realtime.session import (
     DetectSpeech,
     DropQueuedAudio,
     EncoderFactory,
-    EngineCommand,
     PlayAudio,
     Preemption,
     PreemptiveReply,
     Send,
     Session,
     SessionSettings,
-    StartResponse,
 )
-from realtime.transcription import Transcriber
+from realtime.turns.detection import SpeechDetection, SpeechDetectorFactory
 
 logger = logging.getLogger("realtime.runner")
 """The runner's one logger (its name is what log readers match), shared by its modules."""
 
 
-class SessionRunner(EngineCommands, TurnDetection, Transcriptions):
+class SessionRunner:
     """Runs one session between ``transport`` and ``engine`` until the client leaves.
 
-    ``turn_detector_factory`` makes a detector for ``server_vad`` settings (the server passes
+    ``turn_detector_factory`` makes a speech detector for ``server_vad`` settings (the server passes
     ``lambda p: TurnDetector(p, vad)`` with one ``SileroVad`` per session); ``media`` is required
     when ``settings.audio_transport`` is ``MEDIA`` (WebRTC). ``on_end(end)`` is called once, when
     the session stops, just before the transport is closed; :attr:`end` holds the same value.
-    ``on_first_audio`` gets each response's :class:`~realtime.observe.first_audio.FirstAudioTrace`."""
+    ``on_first_audio`` gets each response's :class:`~realtime.observe.first_audio.FirstAudioTrace`.
+
+    Its parts, each owning its state: :attr:`responses` (the engine's responses and their pumps), :attr:`commands`
+    (the engine commands, in order, and the input audio streams), :attr:`speech` (turn detection) and
+    :attr:`transcription` (input transcription). The runner owns every task they start (through :meth:`_spawn`)."""
 
     def __init__(
         self,
         transport: Transport,
         engine: EngineHandle,
         *,
-        turn_detector_factory: TurnDetectorFactory,
+        turn_detector_factory: SpeechDetectorFactory,
         settings: SessionSettings | None = None,
         decoder_factory: DecoderFactory = InputDecoder,
         encoder_factory: EncoderFactory = OutputEncoder,
@@ -93,22 +90,11 @@ class SessionRunner(EngineCommands, TurnDetection, Transcriptions):
         self.outbound = outbound if outbound is not None else OutboundQueue()  # an empty queue is falsy
         self._transport = transport
         self._engine = engine
-        self._turn_detector_factory = turn_detector_factory
-        self._decoder_factory = decoder_factory
         self._media = media
         self._audio_delta_type = server_event_name(ServerEvent.AUDIO_DELTA, settings.dialect)
-        self._conversation: ConversationHandle | None = None
-        self._commands: asyncio.Queue[EngineCommand] = asyncio.Queue()
-        self._inputs: dict[str, _InputStream] = {}
-        self._detection: _Detection | None = None
-        self._responses: dict[str, _Running] = {}
-        self._early_cancels: dict[str, CancelResponse] = {}  # cancelled before StartResponse ran
-        self._pump_task: asyncio.Task | None = None  # the latest response's pump
-        self._awaiting_output: dict[str, bool] = {}  # requested responses before their first output -> audio?
-        self._committed_audio: tuple[str, list[np.ndarray] | None] | None = None  # the last commit's kept audio
-        self._transcriber: Transcriber | None = None  # started by the first Transcribe
+        self._conversation: ConversationHandle | None = None  # made by run()
+        self._tasks: set[asyncio.Task] = set()  # every task this runner or its parts started, not yet seen to end
         self._loops: set[asyncio.Task] = set()  # reader, writer, worker: the session ends with any
-        self._tasks: set[asyncio.Task] = set()  # every task this runner started and has not seen end
         self._stopped = asyncio.Event()
         self._failure: BaseException | None = None
         self._final_error: Exception | None = None  # sent as the last event before the close (end_for)
@@ -117,22 +103,43 @@ class SessionRunner(EngineCommands, TurnDetection, Transcriptions):
         """Why the session stopped (the first reason wins); ``None`` while it runs."""
         self._on_first_audio = on_first_audio
         self._traces = FirstAudioTracer(time.monotonic, self._first_audio)
-        self._heard = (time.monotonic(), 0.0)  # when the session's audio clock last advanced, and to where (ms)
+        self._arrivals = ArrivalClock()
         self._preemptive = {
             Preemption.STARTED: self._traces.preempted,
             Preemption.SHOWN: self._traces.shown,
             Preemption.WITHDRAWN: self._traces.withdrawn,
         }
+        spawn, dispatch = self._spawn, self._dispatch
+        self.responses = ResponseDriver(self.session, self.outbound, self._traces, spawn=spawn, dispatch=dispatch)
+        self.transcription = TranscriptionDriver(
+            engine, self.session, may_start=self._transcription_may_start, spawn=spawn, dispatch=dispatch
+        )
+        self.commands = CommandExecutor(
+            self.session,
+            self.responses,
+            self.transcription,
+            self._traces,
+            decoder_factory=decoder_factory,
+            heard_at=self._arrivals.heard_at,
+            spawn=spawn,
+            dispatch=dispatch,
+        )
+        self.speech = SpeechDetection(turn_detector_factory, decoder_factory)
 
     async def run(self) -> None:
         """Serve the session until the client leaves. Re-raises an unexpected failure of any of
         its tasks after cleaning up; cancelling ``run`` cleans up too. If the engine refuses the
         conversation, its error is raised after the transport is closed."""
         try:
-            self._conversation = self._engine.conversation(instructions=self.session.config.instructions)
-            loops = {"reader": self._read_loop, "writer": self._write_loop, "worker": self._command_loop}
+            conversation = self._engine.conversation(instructions=self.session.config.instructions)
+            self._conversation = conversation
+            loops = {
+                "reader": self._read_loop(),
+                "writer": self._write_loop(),
+                "worker": self.commands.run(conversation),
+            }
             for role, loop in loops.items():
-                self._loops.add(self._spawn(loop(), role))
+                self._loops.add(self._spawn(loop, role))
             self._dispatch(self.session.start())
             await self._stopped.wait()
         except asyncio.CancelledError:
@@ -160,7 +167,7 @@ class SessionRunner(EngineCommands, TurnDetection, Transcriptions):
         """WebRTC: the media sink played the last audio of ``response_id``."""
         self._dispatch(self.session.playback_stopped(response_id))
 
-    def _spawn(self, coro, role: str) -> asyncio.Task:
+    def _spawn(self, coro: Coroutine[Any, Any, None], role: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=session_task_name(self.session.session_id, role))
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -193,8 +200,7 @@ class SessionRunner(EngineCommands, TurnDetection, Transcriptions):
             self.end = end
 
     async def _shutdown(self) -> None:
-        for running in self._responses.values():
-            running.cancel(DISCONNECT_REASON)
+        self.responses.cancel_all(DISCONNECT_REASON)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -217,6 +223,8 @@ class SessionRunner(EngineCommands, TurnDetection, Transcriptions):
         payload = to_error_payload(error)
         log_error_event(payload, session_id=self.session.session_id, answers=None)
         event = ServerEvents(self.session.dialect, RandomIds()).error(payload)
+        if event is None:  # no dialect lacks ``error``; this keeps the type honest
+            return
         try:
             await self._transport.send(event)
         except (TransportClosed, ClientNotReading) as exc:
@@ -224,39 +232,14 @@ class SessionRunner(EngineCommands, TurnDetection, Transcriptions):
 
     async def _read_loop(self) -> None:
         async for message in self._transport:
-            await self._dispatch_received(await self._receive(message))
-            clock_ms = self.session.audio_clock_ms
-            if clock_ms != self._heard[1]:
-                self._heard = (time.monotonic(), clock_ms)
-
-    async def _receive(self, message: str | bytes | InputAudioAppend) -> list[Action]:
-        """The session's actions for one client message. A message with pictures has them decoded first, in a
-        worker thread (the reader waits, so the client's events keep their order); a picture that cannot be taken
-        refuses the whole message with an ``error`` event and changes nothing."""
-        if isinstance(message, InputAudioAppend):
-            return self.session.handle(message)
-        try:
-            event = parse_client_event(message)
-        except RealtimeError as exc:
-            return self.session.refuse(exc)
-        if isinstance(event, ItemCreate) and event.item.images:
-            try:
-                event = await decode_item(event, self._engine.vision, self.session.settings.image_limits)
-            except (RealtimeError, PipelineError) as exc:
-                return self.session.refuse(exc, event)
-        return self.session.handle(event)
+            await self.commands.wait_for_room()
+            await self._dispatch_received(await receive(self.session, self._engine, message))
+            self._arrivals.advanced(self.session.audio_clock_ms)
 
     def open_message(self) -> OpenMessage | None:
         """The spoken message being recorded, for a camera (``realtime.media.video.CameraFeed``); None when none
         is open."""
-        stream = next(reversed(self._inputs.values()), None)
-        return stream.message if stream is not None else None
-
-    def _heard_at(self, clock_ms: float) -> float:
-        """When (``time.monotonic``) audio at ``clock_ms`` of the session's audio clock reached the server,
-        reckoned back from the latest append (audio arrives in real time)."""
-        at, latest_ms = self._heard
-        return at - (latest_ms - clock_ms) / 1000.0
+        return self.commands.open_message()
 
     async def _write_loop(self) -> None:
         while True:
@@ -264,18 +247,6 @@ class SessionRunner(EngineCommands, TurnDetection, Transcriptions):
             await self._transport.send(event)
             if event.get("type") == self._audio_delta_type:
                 self._traces.sent_audio(event["response_id"])
-
-    async def _command_loop(self) -> None:
-        while True:
-            command = await self._commands.get()
-            try:
-                await self._execute(command)
-            except Exception as exc:  # reported to the client; the session carries on
-                if not _expected(exc):
-                    logger.exception("session %s: %s failed", self.session.session_id, type(command).__name__)
-                if isinstance(command, StartResponse):
-                    self._awaiting_output.pop(command.response_id, None)  # no output will come
-                self._dispatch(self.session.command_failed(command, exc))
 
     def _dispatch(self, actions: list[Action]) -> None:
         """Execute actions in order; actions they cause (turn events) run after them."""
@@ -287,15 +258,12 @@ class SessionRunner(EngineCommands, TurnDetection, Transcriptions):
             elif isinstance(action, DetectSpeech):
                 raise TypeError("speech detection comes with client messages: see _dispatch_received")
             elif isinstance(action, ConfigureTurnDetection):
-                self._configure_detection(action)
+                self.speech.configure(action.params, action.start_ms)
             elif isinstance(action, CancelResponse):
-                self._cancel(action)  # jumps the command queue: a cancel must not wait for a commit
+                self.responses.cancel(action)  # jumps the command queue: a cancel must not wait for a commit
             elif isinstance(action, DropQueuedAudio):
-                rid, kind = action.response_id, self._audio_delta_type
-                self.outbound.drop(
-                    lambda e, kind=kind, rid=rid: not (e.get("type") == kind and e.get("response_id") == rid)
-                )
-                self._traces.dropped(rid)
+                self.outbound.drop(self._not_audio_of(action.response_id))
+                self._traces.dropped(action.response_id)
             elif isinstance(action, PlayAudio):
                 self._media_sink().play(action.response_id, action.pcm)
                 self._traces.sent_audio(action.response_id)
@@ -306,28 +274,46 @@ class SessionRunner(EngineCommands, TurnDetection, Transcriptions):
             else:
                 if isinstance(action, CommitAudio):
                     self._traces.turn_ended()
-                elif isinstance(action, StartResponse):
-                    self._awaiting_output[action.response_id] = "audio" in action.modalities
-                self._commands.put_nowait(action)
-        if self._transcriber is not None:
-            self._transcriber.wake()  # the session's state changed: a waiting job may start
+                self.commands.submit(action)
+        self.transcription.wake()  # the session's state changed: a waiting job may start
+
+    async def _dispatch_received(self, actions: list[Action]) -> None:
+        """:meth:`_dispatch` for a client message's actions, speech detection included: the turn events of each chunk
+        go to the session, and their actions are dispatched together. The reader awaits each chunk's turn events before
+        the next message, so a session's actions keep their order while other sessions' readers run."""
+        for action in actions:
+            if isinstance(action, DetectSpeech):
+                turn_actions: list[Action] = []
+                for event in await self.speech.detect(action.audio, action.format):
+                    turn_actions.extend(self.session.turn_event(event))
+                self._dispatch(turn_actions)
+            else:
+                self._dispatch([action])
+
+    def _not_audio_of(self, response_id: str) -> Callable[[dict], bool]:
+        kind = self._audio_delta_type
+        return lambda event: not (event.get("type") == kind and event.get("response_id") == response_id)
+
+    def _transcription_may_start(self) -> bool:
+        """No reply waits for its first output, and none is due to start."""
+        return not self.responses.awaiting_output and not self.session.reply_pending
 
     def _media_sink(self) -> MediaSink:
         assert self._media is not None, "checked in __init__ for MEDIA sessions"
         return self._media
 
     def _first_audio(self, trace: FirstAudioTrace) -> None:
-        segments = ", ".join(f"{name} {ms:.1f}" for name, ms in trace.segments().items())
-        total = trace.total_ms()
-        if total is not None:  # the server's own time to first audio: turn end (or request) to the first delta out
-            segments += f", total {total:.1f}"
-        kind = " (preemptive, withdrawn)" if trace.withdrawn else " (preemptive)" if trace.preemptive else ""
-        logger.info(
-            "session %s response %s%s first audio path (ms): %s",
-            self.session.session_id,
-            trace.response_id,
-            kind,
-            segments or "-",
-        )
+        log_first_audio(self.session.session_id, trace)
         if self._on_first_audio is not None:
             self._on_first_audio(trace)
+
+
+def log_first_audio(session_id: str, trace: FirstAudioTrace) -> None:
+    """One log line with the hops of a response's path to its first audio."""
+    segments = ", ".join(f"{name} {ms:.1f}" for name, ms in trace.segments().items())
+    total = trace.total_ms()
+    if total is not None:  # the server's own time to first audio: turn end (or request) to the first delta out
+        segments += f", total {total:.1f}"
+    kind = " (preemptive, withdrawn)" if trace.withdrawn else " (preemptive)" if trace.preemptive else ""
+    line = "session %s response %s%s first audio path (ms): %s"
+    logger.info(line, session_id, trace.response_id, kind, segments or "-")

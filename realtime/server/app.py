@@ -67,7 +67,7 @@ from realtime.observe.loop_lag import LoopLagProbe
 from realtime.observe.metrics import Hygiene, ServerMetrics
 from realtime.protocol.names import Dialect
 from realtime.protocol.server import ServerEvents
-from realtime.runner import SessionRunner, TurnDetectorFactory, session_task_name
+from realtime.runner import SessionRunner, SpeechDetectorFactory, session_task_name
 from realtime.server.auth import AccessPolicy, Refusal
 from realtime.server.health import CallCounts, ServerHealth, health_routes
 from realtime.server.limits import LimitCode, MessageGate
@@ -138,7 +138,7 @@ class ServerContext:
             **overrides,
         )
 
-    async def turn_detector_factory(self) -> TurnDetectorFactory:
+    async def turn_detector_factory(self) -> SpeechDetectorFactory:
         """Turn detectors over one fresh VAD (a session's own: it carries stream state), loaded
         off the event loop."""
         vad = await asyncio.to_thread(self.vad_factory)
@@ -176,7 +176,7 @@ def batched_silero_vad_factory(torch_threads: int) -> VadFactory:
 
 def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
     """The aiortc transport, when it and aiortc are installed; its calls' media runs in
-    ``config.media_worker_count`` worker processes (:mod:`realtime.transports.media_workers`), or in this process
+    ``config.media_worker_count`` worker processes (:mod:`realtime.transports.webrtc.worker_media`), or in this process
     when that is 0."""
     try:
         from realtime.transports.webrtc import WebRTCCalls
@@ -200,7 +200,7 @@ def _default_webrtc(context: ServerContext) -> WebRTCEndpoint | None:
     workers = context.config.media_worker_count
     if workers == 0:
         return calls
-    from realtime.transports.media_workers.calls import WorkerCalls
+    from realtime.transports.webrtc.worker_media import WorkerCalls
 
     return WorkerCalls(calls, workers)
 

@@ -38,12 +38,39 @@ once. With ``server_vad`` the audio before speech is held back (prefix padding p
 ``SessionLimits.vad_lookback_ms`` for the detector's latency) and only the part from the detected
 ``audio_start_ms`` on reaches the engine, so silence never fills the model's context.
 
-Modules: :mod:`~realtime.session.commands` (the actions), :mod:`~realtime.session.settings` (what the server tells a
-session), :mod:`~realtime.session.core` (:class:`Session`: state, inputs, plumbing) and one mixin of ``Session`` per
-concern: :mod:`~realtime.session.updates` (``session.update``), :mod:`~realtime.session.input_audio`,
-:mod:`~realtime.session.transcripts`, :mod:`~realtime.session.turns`, :mod:`~realtime.session.preemptive`,
-:mod:`~realtime.session.items`, :mod:`~realtime.session.responses`, :mod:`~realtime.session.output_audio` (and
-:mod:`realtime.tool_calls`). Every public name is importable from here.
+Structure: :class:`Session` (:mod:`~realtime.session.core`) is a thin composition. It owns the parts below, routes
+each input to them and returns what they emitted; coordination between parts is a call of a public method (or of a
+small protocol: :class:`~realtime.session.emitter.ConfigView`, :class:`~realtime.session.emitter.AudioClock`,
+:class:`~realtime.session.responses.AssistantActivity`), never shared attributes. Every part is made with what it
+needs (the settings, the id generator, the event builder :class:`~realtime.protocol.server.ServerEvents`, the other
+parts it calls) and emits into one :class:`~realtime.session.emitter.Emitter` (actions in order; ``client_event``
+stamps engine commands with the client event's id, ``holding`` diverts client actions into a tentative reply's list).
+
+- :class:`~realtime.session.updates.SessionUpdates` (``updates``): the configuration (``config``), voices and
+  modalities; ``update``, ``check_modality``, ``voice``, ``speaker``.
+- :class:`~realtime.session.mirror.ItemMirror` (``mirror``): the conversation's items in order; ``add``, ``get``,
+  ``discard``, ``previous_id``, ``input_audio_part``.
+- :class:`~realtime.session.input_audio.InputAudio` (``input_audio``): the input buffer and the audio clock;
+  ``accept``, ``add``, ``stream_held``, ``commit``, ``discard``, ``reopen``.
+- :class:`~realtime.session.transcripts.InputTranscription` (``transcripts``): ``request``, ``delta``,
+  ``completed``, ``failed``.
+- :class:`~realtime.session.output_audio.OutputAudio` (``output_audio``): which response's audio plays; ``play``,
+  ``flush``, ``stop``, ``forget``, ``clear_request``, ``playback_stopped``.
+- :class:`~realtime.session.tool_calls.FunctionCalls` (``tool_calls``): ``response_calls``, ``client_item``,
+  ``call_event``, ``finish``.
+- :class:`~realtime.session.responses.Responses` (``responses``, with the data of
+  :mod:`~realtime.session.response_state`): the active response; ``create_request``, ``cancel_request``, ``start``,
+  ``output``, ``finish``, ``interrupt``, ``reply_to_turn``, ``abandon``.
+- :class:`~realtime.session.items.ConversationItems` (``items``): the client's item requests; ``create``,
+  ``retrieve``, ``delete``, ``truncate``.
+- :class:`~realtime.session.preemptive.PreemptiveReplies` (``preemptive``): the tentative reply; ``pause``,
+  ``show``, ``withdraw``, ``keep_aside``, ``holding``, ``drops_output``.
+- :class:`~realtime.session.turns.SpeechAndIdle` and :class:`~realtime.session.turns.TurnTracker` (``turns``): speaking
+  and the idle timer; the detector's events, barge-in, the idle timeout (``turn_event``, ``audio_appended``,
+  ``detection_changed``, ``restart_if_speaking``).
+
+The actions are :mod:`~realtime.session.commands`', what the server tells a session :mod:`~realtime.session.settings`'.
+Every public name is importable from here.
 """
 
 from __future__ import annotations
@@ -52,6 +79,8 @@ from realtime.session.commands import (
     Action,
     AddAudio,
     AddContent,
+    AddFunctionCall,
+    AddFunctionOutput,
     AddText,
     AppendAudio,
     CancelResponse,
@@ -69,12 +98,13 @@ from realtime.session.commands import (
     Send,
     SetContextPolicy,
     SetInstructions,
+    SetTools,
     StartResponse,
     Transcribe,
     TruncateItem,
 )
 from realtime.session.core import Session
-from realtime.session.responses import ResponsePhase
+from realtime.session.response_state import ResponsePhase
 from realtime.session.settings import AudioEncoder, AudioTransport, EncoderFactory, SessionLimits, SessionSettings
 from realtime.turns.server_vad import TurnEvent
 
@@ -82,6 +112,8 @@ __all__ = [
     "Action",
     "AddAudio",
     "AddContent",
+    "AddFunctionCall",
+    "AddFunctionOutput",
     "AddText",
     "AppendAudio",
     "AudioEncoder",
@@ -106,6 +138,7 @@ __all__ = [
     "SessionSettings",
     "SetContextPolicy",
     "SetInstructions",
+    "SetTools",
     "StartResponse",
     "Transcribe",
     "TruncateItem",

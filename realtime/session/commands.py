@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.api import ContextPolicy, Modality
-from pipeline.tools import AUTO, ToolChoice
+from pipeline.tools import AUTO, Tool, ToolChoice
 from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.codes import StatusReason
 from realtime.protocol.model import Role
 from realtime.protocol.turn_detection import ServerVadParams
-from realtime.tool_calls import AddFunctionCall, AddFunctionOutput, SetTools
 
 
 @dataclass(frozen=True)
@@ -31,10 +30,35 @@ class Send:
 
 @dataclass(frozen=True)
 class _Command:
-    """An engine command. ``event_id``: that of the client event whose handling emitted it (None for commands of
-    turn detection or engine output), so that its failure's ``error`` event carries it; not part of equality."""
+    """An engine command (every :data:`EngineCommand` is one). ``event_id``: that of the client event whose handling
+    emitted it (None for commands of turn detection or engine output), so that its failure's ``error`` event carries
+    it; not part of equality."""
 
     event_id: str | None = field(default=None, compare=False, kw_only=True)
+
+
+@dataclass(frozen=True)
+class SetTools(_Command):
+    """The function tools offered to the model (part of its prompt); ``()``: none. Applied between responses."""
+
+    tools: tuple[Tool, ...]
+
+
+@dataclass(frozen=True)
+class AddFunctionCall(_Command):
+    """A client's ``function_call`` item (history replay), appended to the conversation."""
+
+    item_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class AddFunctionOutput(_Command):
+    """A client's ``function_call_output`` item, appended to the conversation."""
+
+    item_id: str
+    output: str
 
 
 @dataclass(frozen=True)
@@ -112,7 +136,7 @@ class StartResponse(_Command):
     max_output_tokens: int | None
     tool_choice: ToolChoice = AUTO
     call_item_ids: tuple[str, ...] = ()
-    """Item ids of the calls the reply may make (none: it makes no calls; see :mod:`realtime.tool_calls`)."""
+    """Item ids of the calls the reply may make (none: it makes no calls; see :mod:`realtime.session.tool_calls`)."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +162,7 @@ class TruncateItem(_Command):
 
 
 @dataclass(frozen=True)
-class Transcribe:
+class Transcribe(_Command):
     """Transcribe the committed input audio of user item ``item_id`` (content part ``content_index``) and report
     the result through :meth:`Session.transcription_delta` / ``_completed`` / ``_failed``. Follows the item's
     :class:`CommitAudio` and, when the commit starts a reply, that reply's :class:`StartResponse`. ``language``

@@ -1,31 +1,14 @@
-"""The :class:`Session` class: its state, its inputs (each returns the actions it caused) and the plumbing its
-parts share. Each concern is a mixin of its own module (:mod:`realtime.session.input_audio`,
-:mod:`~realtime.session.transcripts`, :mod:`~realtime.session.turns`, :mod:`~realtime.session.preemptive`,
-:mod:`~realtime.session.items`, :mod:`~realtime.session.responses`, :mod:`~realtime.session.output_audio`,
-:mod:`~realtime.session.updates`, and :mod:`realtime.tool_calls`); the state they own is set up here, in one place.
-"""
+"""The :class:`Session`: a thin composition of the session's parts (see :mod:`realtime.session`). It owns them,
+routes each input to them and returns the actions they emitted; no state of its own but its ids."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from contextlib import nullcontext
 
-from pipeline.response_events import (
-    AudioChunk,
-    FunctionCallDelta,
-    FunctionCallDone,
-    FunctionCallStarted,
-    ResponseDone,
-    ResponseEvent,
-    ResponseStatus,
-    TextDelta,
-    Usage,
-)
-from realtime.errors import RealtimeError, to_error_payload
+from pipeline.response_events import ResponseDone, ResponseEvent, ResponseStatus, Usage
+from realtime.errors import RealtimeError
 from realtime.ids import IdGenerator, IdKind, RandomIds
 from realtime.media.audio import OutputEncoder
-from realtime.observe.error_log import log_error_event
 from realtime.protocol.client import (
     ClientEvent,
     InputAudioAppend,
@@ -42,46 +25,30 @@ from realtime.protocol.client import (
     client_event_type,
     parse_client_event,
 )
-from realtime.protocol.model import Item, OutputModality, SessionConfig
+from realtime.protocol.model import Item, SessionConfig
 from realtime.protocol.names import Dialect
 from realtime.protocol.server import ServerEvents
-from realtime.session.commands import (
-    _CLIENT_ACTIONS,
-    Action,
-    ConfigureTurnDetection,
-    DeleteItem,
-    EngineCommand,
-    Send,
-    StartResponse,
-    _Command,
-)
-from realtime.session.input_audio import InputAudio, _InputBuffer
+from realtime.protocol.turn_detection import ServerVadParams
+from realtime.session.commands import Action, ConfigureTurnDetection, DeleteItem, EngineCommand, StartResponse
+from realtime.session.emitter import Emitter
+from realtime.session.input_audio import InputAudio, InputChunk
 from realtime.session.items import ConversationItems
+from realtime.session.mirror import ItemMirror
 from realtime.session.output_audio import OutputAudio
-from realtime.session.preemptive import PreemptiveReplies, _Tentative
-from realtime.session.responses import ResponsePhase, Responses, _Response
+from realtime.session.preemptive import PreemptiveReplies
+from realtime.session.response_state import ResponsePhase
+from realtime.session.responses import Responses
 from realtime.session.settings import EncoderFactory, SessionSettings
+from realtime.session.tool_calls import FunctionCalls
 from realtime.session.transcripts import InputTranscription
-from realtime.session.turns import TurnDetection
+from realtime.session.turns import SpeechAndIdle, TurnTracker
 from realtime.session.updates import SessionUpdates
-from realtime.tool_calls import FunctionCalls
-from realtime.turns.idle import IdleTimer
-from realtime.voices import VoiceTable, usable_aliases
+from realtime.turns.server_vad import TurnEvent
 
 
-class Session(
-    FunctionCalls,
-    SessionUpdates,
-    InputAudio,
-    InputTranscription,
-    TurnDetection,
-    PreemptiveReplies,
-    ConversationItems,
-    Responses,
-    OutputAudio,
-):
-    """One client's session. Not thread-safe; every method is synchronous and returns the
-    actions its input caused (an empty list when nothing follows)."""
+class Session:
+    """One client's session. Not thread-safe; every method is synchronous and returns the actions its input caused
+    (an empty list when nothing follows)."""
 
     def __init__(
         self,
@@ -91,46 +58,80 @@ class Session(
         encoder_factory: EncoderFactory = OutputEncoder,
     ) -> None:
         self.settings = settings
-        self._ids = ids or RandomIds()
-        self._events = ServerEvents(settings.dialect, self._ids)
-        self._encoder_factory = encoder_factory
-        self._voices = VoiceTable(settings.voices, usable_aliases(settings.voice_aliases, settings.voices)[0])
-        self.session_id = self._ids.new(IdKind.SESSION)
-        self.conversation_id = self._ids.new(IdKind.CONVERSATION)
-        self.config = SessionConfig(
-            instructions=settings.default_instructions,
-            voice=settings.default_voice,
-            modality=OutputModality.AUDIO if settings.audio_output else OutputModality.TEXT,
+        self._ids = ids = ids or RandomIds()
+        self.session_id = ids.new(IdKind.SESSION)
+        self.conversation_id = ids.new(IdKind.CONVERSATION)
+        self._events = events = ServerEvents(settings.dialect, ids)
+        self._out = out = Emitter(events, self.session_id)
+        self._updates = updates = SessionUpdates(settings, events, out, self.session_id, self._turn_detection_changed)
+        self._mirror = mirror = ItemMirror()
+        self._input = InputAudio(settings, updates, ids, events, out, mirror)
+        self._transcription = InputTranscription(updates, events, out, mirror, self.session_id)
+        self._audio = OutputAudio(settings, events, out, self._input)
+        self._calls = FunctionCalls(updates, ids, events, out, mirror)
+        self._turn_state = SpeechAndIdle()
+        self._compose_replies(encoder_factory)
+
+    def _compose_replies(self, encoder_factory: EncoderFactory) -> None:
+        """The parts that make and track replies, on top of those :meth:`__init__` made; then the client events'
+        routes."""
+        ids, events, out, updates, mirror = self._ids, self._events, self._out, self._updates, self._mirror
+        self._responses = Responses(
+            self.settings,
+            updates,
+            ids,
+            events,
+            out,
+            conversation_id=self.conversation_id,
+            encoder_factory=encoder_factory,
+            mirror=mirror,
+            calls=self._calls,
+            audio=self._audio,
+            clock=self._input,
+            activity=self._turn_state,
         )
-        self._items: dict[str, Item] = {}  # the conversation mirror, in order
-        self._buffer = _InputBuffer()
-        self._clock_ms = 0.0  # all audio ever appended (the turn detector's clock too)
-        self._speaking = False
-        self._response: _Response | None = None
-        self._auto_response_pending = False  # speech stopped while a cancelled response winds down
-        self._audio_response_id: str | None = None  # last response whose audio reached the client
-        self._tentative: _Tentative | None = None  # a preemptive reply the client has not seen yet
-        self._idle = IdleTimer()  # since when the assistant has finished speaking (server_vad.idle_timeout_ms)
-        self._withdrawn: set[str] = set()  # withdrawn replies still running: their output is dropped
-        self._withdrawn_items: set[str] = set()  # items a withdrawal deleted: a failure to delete them is not news
-        self._hold: list[Action] | None = None  # where client actions go while a tentative reply runs
-        self._event_id: str | None = None  # the client event being handled: its engine commands carry its id
-        self._out: list[Action] = []
+        self._conversation = ConversationItems(
+            updates, ids, events, out, mirror=mirror, responses=self._responses, calls=self._calls
+        )
+        self._preemptive = PreemptiveReplies(
+            self.settings,
+            out,
+            input_audio=self._input,
+            mirror=mirror,
+            responses=self._responses,
+            audio=self._audio,
+            transcription=self._transcription,
+        )
+        self._turns = TurnTracker(
+            updates,
+            events,
+            out,
+            state=self._turn_state,
+            input_audio=self._input,
+            responses=self._responses,
+            audio=self._audio,
+            transcription=self._transcription,
+            preemptive=self._preemptive,
+        )
         self._handlers: dict[type, Callable] = {
-            SessionUpdate: self._session_update,
+            SessionUpdate: updates.update,
             InputAudioAppend: self._append,
-            InputAudioCommit: self._commit_request,
+            InputAudioCommit: self._commit,
             InputAudioClear: self._clear,
-            ItemCreate: self._item_create,
-            ItemRetrieve: self._item_retrieve,
-            ItemDelete: self._item_delete,
-            ItemTruncate: self._item_truncate,
-            ResponseCreate: self._response_create,
-            ResponseCancel: self._response_cancel,
-            OutputAudioClear: self._output_audio_clear,
+            ItemCreate: self._conversation.create,
+            ItemRetrieve: self._conversation.retrieve,
+            ItemDelete: self._conversation.delete,
+            ItemTruncate: self._conversation.truncate,
+            ResponseCreate: self._responses.create_request,
+            ResponseCancel: self._responses.cancel_request,
+            OutputAudioClear: lambda event: self._audio.clear_request(),
         }
 
     # --- read-only views ---
+
+    @property
+    def config(self) -> SessionConfig:
+        return self._updates.config
 
     @property
     def dialect(self) -> Dialect:
@@ -138,38 +139,52 @@ class Session(
 
     @property
     def items(self) -> tuple[Item, ...]:
-        return tuple(self._items.values())
+        return self._mirror.items
 
     @property
     def active_response_id(self) -> str | None:
-        return self._response.id if self._response else None
+        response = self._responses.active
+        return response.id if response else None
 
     @property
     def response_phase(self) -> ResponsePhase | None:
-        return self._response.phase if self._response else None
+        response = self._responses.active
+        return response.phase if response else None
 
     @property
     def reply_pending(self) -> bool:
         """A reply is due to start once the cancelled one ends (speech stopped while it wound down)."""
-        return self._auto_response_pending
+        return self._responses.reply_pending
 
     @property
     def input_buffer_ms(self) -> float:
-        return self._buffer.duration_ms
+        return self._input.duration_ms
+
+    @property
+    def input_streamed_ms(self) -> float:
+        """The part of the input buffer that went to the engine (the rest is held back before speech)."""
+        return self._input.streamed_ms
+
+    @property
+    def input_kept(self) -> tuple[InputChunk, ...]:
+        """The input buffer's chunks kept for a withdrawn preemptive reply to stream again (none without
+        ``SessionSettings.preemptive_replies``)."""
+        return self._input.kept
 
     @property
     def audio_clock_ms(self) -> float:
-        return self._clock_ms
+        return self._input.clock_ms
 
     # --- inputs ---
 
     def start(self) -> list[Action]:
         """The first events of the session (call once, before anything else)."""
-        self._send(self._events.session_created(self.config, session_id=self.session_id, model=self.settings.model))
-        self._send(self._events.conversation_created(self.conversation_id))
-        if self.config.turn_detection is not None:
-            self._emit(ConfigureTurnDetection(self.config.turn_detection, 0))
-        return self._drain()
+        config = self.config
+        self._out.send(self._events.session_created(config, session_id=self.session_id, model=self.settings.model))
+        self._out.send(self._events.conversation_created(self.conversation_id))
+        if config.turn_detection is not None:
+            self._out.emit(ConfigureTurnDetection(config.turn_detection, 0))
+        return self._out.drain()
 
     def receive(self, message: str | bytes) -> list[Action]:
         """A raw client message: parsed, then handled like :meth:`handle`."""
@@ -186,106 +201,109 @@ class Session(
         :meth:`handle` would."""
         if event is None:
             assert isinstance(exc, RealtimeError), "a parse failure is a RealtimeError"
-            self._error(exc, exc.event_id, exc.event_type)
-            return self._drain()
-        if self._tentative is not None and not isinstance(event, InputAudioAppend):
-            self._withdraw()
-        self._error(exc, event.event_id, client_event_type(event).value)
-        return self._drain()
+            self._out.error(exc, exc.event_id, exc.event_type)
+            return self._out.drain()
+        if not isinstance(event, InputAudioAppend):
+            self._preemptive.withdraw()
+        self._out.error(exc, event.event_id, client_event_type(event).value)
+        return self._out.drain()
 
     def handle(self, event: ClientEvent) -> list[Action]:
         """A parsed client event. A request the state does not allow yields only an error event. Anything but an
         audio append first withdraws a preemptive reply the client has not seen (it was made for a turn the client
         now acts on)."""
-        if self._tentative is not None and not isinstance(event, InputAudioAppend):
-            self._withdraw()
-        self._event_id = event.event_id
-        try:
-            self._handlers[type(event)](event)
-        except RealtimeError as exc:
-            self._error(exc, event.event_id, client_event_type(event).value)
-        finally:
-            self._event_id = None
-        return self._drain()
+        if not isinstance(event, InputAudioAppend):
+            self._preemptive.withdraw()
+        with self._out.client_event(event.event_id):
+            try:
+                self._handlers[type(event)](event)
+            except RealtimeError as exc:
+                self._out.error(exc, event.event_id, client_event_type(event).value)
+        return self._out.drain()
+
+    def turn_event(self, event: TurnEvent) -> list[Action]:
+        """Speech started/stopped/paused/resumed (``SpeechStarted`` … of :mod:`realtime.turns.server_vad`, in ms on
+        the session's audio clock), from the detector configured by the last :class:`ConfigureTurnDetection`.
+        Events arriving after detection was turned off are stale and ignored."""
+        self._turns.turn_event(event)
+        return self._out.drain()
 
     def response_event(self, response_id: str, event: ResponseEvent) -> list[Action]:
         """Engine output of the active response ``response_id`` (``ResponseDone`` last). A withdrawn preemptive
         reply's output is dropped; a tentative one's client events are held."""
-        if response_id in self._withdrawn:
-            if isinstance(event, ResponseDone):
-                self._withdrawn.discard(response_id)
-            return self._drain()
-        response = self._response
+        if self._preemptive.drops_output(response_id, last=isinstance(event, ResponseDone)):
+            return self._out.drain()
+        response = self._responses.active
         if response is None or response.id != response_id:
             raise ValueError(f"engine output for {response_id}, which is not the active response")
-        tentative = self._tentative if self._tentative and self._tentative.response_id == response_id else None
-        with self._holding() if tentative else nullcontext():
-            if isinstance(event, TextDelta):
-                self._text_delta(response, event)
-            elif isinstance(event, AudioChunk):
-                self._audio_chunk(response, event)
-            elif isinstance(event, (FunctionCallStarted, FunctionCallDelta, FunctionCallDone)):
-                self._call_event(response, event)
-            else:
-                self._finish(response, event)
-                if tentative is not None:
-                    tentative.done = True
-        return self._drain()
+        with self._preemptive.holding(response_id):
+            self._responses.output(response, event)
+            if isinstance(event, ResponseDone):
+                self._preemptive.reply_ended(response_id)
+        return self._out.drain()
 
     def command_failed(self, command: EngineCommand, exc: Exception) -> list[Action]:
-        """An engine command raised. A response that could not start ends as failed (an ``error``
-        event, then ``response.done`` failed, as for a response that fails while generating); any
-        other failure is reported as an error event."""
-        withdrawn = (
-            isinstance(command, StartResponse)
-            and command.response_id in self._withdrawn
-            or isinstance(command, DeleteItem)
-            and command.item_id in self._withdrawn_items
-        )
-        if withdrawn:
-            return self._drain()  # the client never saw the withdrawn reply or the commit its items came from
-        t = self._tentative
-        held = t is not None and bool(_command_ids(command) & {t.response_id, t.buffer.item_id})
-        with self._holding() if held else nullcontext():
-            response = self._response
+        """An engine command raised. A response that could not start ends as failed (an ``error`` event, then
+        ``response.done`` failed, as for a response that fails while generating); any other failure is reported as
+        an error event. Failures about a withdrawn preemptive reply are not news."""
+        if (isinstance(command, StartResponse) and self._preemptive.withdrew_reply(command.response_id)) or (
+            isinstance(command, DeleteItem) and self._preemptive.withdrew_item(command.item_id)
+        ):
+            return self._out.drain()  # the client never saw the withdrawn reply or the commit its items came from
+        ids = [getattr(command, name, None) for name in ("response_id", "item_id")]
+        with self._preemptive.holding(*(value for value in ids if isinstance(value, str))):
+            response = self._responses.active
             if isinstance(command, StartResponse) and response is not None and response.id == command.response_id:
-                self._finish(response, ResponseDone(ResponseStatus.FAILED, Usage(), reason="error", error=exc))
-                if held:
-                    t.done = True  # type: ignore[union-attr]
+                self._responses.finish(
+                    response, ResponseDone(ResponseStatus.FAILED, Usage(), reason="error", error=exc)
+                )
+                self._preemptive.reply_ended(response.id)
             else:
-                self._error(exc, command.event_id)
-        return self._drain()
+                self._out.error(exc, command.event_id)
+        return self._out.drain()
 
-    # --- plumbing ---
+    def transcription_delta(self, item_id: str, content_index: int, delta: str) -> list[Action]:
+        """More of the transcript of a :class:`~realtime.session.commands.Transcribe` job."""
+        self._transcription.delta(item_id, content_index, delta)
+        return self._out.drain()
 
-    def _emit(self, action: Action) -> None:
-        if self._event_id is not None and isinstance(action, _Command):
-            action = dataclasses.replace(action, event_id=self._event_id)
-        if self._hold is not None and isinstance(action, _CLIENT_ACTIONS):
-            self._hold.append(action)
-        else:
-            self._out.append(action)
+    def transcription_completed(self, item_id: str, content_index: int, transcript: str, usage: Usage) -> list[Action]:
+        """A :class:`~realtime.session.commands.Transcribe` job's whole transcript: it becomes the content part's
+        ``transcript``."""
+        self._transcription.completed(item_id, content_index, transcript, usage)
+        return self._out.drain()
 
-    def _send(self, event: dict | None) -> None:
-        if event is not None:  # None: the client's dialect has no such event
-            self._emit(Send(event))
+    def transcription_failed(self, item_id: str, content_index: int, exc: Exception) -> list[Action]:
+        """A :class:`~realtime.session.commands.Transcribe` job failed: ``...input_audio_transcription.failed`` with
+        the error (logged like an ``error`` event)."""
+        self._transcription.failed(item_id, content_index, exc)
+        return self._out.drain()
 
-    def _error(self, exc: Exception, event_id: str | None = None, answers: str | None = None) -> None:
-        """Send (and log) the ``error`` event for ``exc``: every error event of the session comes from here.
-        ``answers``: the type of the client event it answers, for the log. (An error of a preemptive reply
-        that is then withdrawn unseen is logged but never reaches the client.)"""
-        payload = to_error_payload(exc, event_id=event_id)
-        log_error_event(payload, session_id=self.session_id, answers=answers)
-        self._send(self._events.error(payload))
+    def playback_stopped(self, response_id: str) -> list[Action]:
+        """WebRTC: the output track played the last audio of ``response_id``."""
+        if self._audio.playback_stopped(response_id) and self._responses.active is None:
+            self._turn_state.reply_ended(self._input.clock_ms)
+        return self._out.drain()
 
-    def _drain(self) -> list[Action]:
-        out, self._out = self._out, []
-        return out
+    # --- routing of the input buffer's client events ---
 
-    def _new_id(self, kind: IdKind) -> str:
-        return self._ids.new(kind)
+    def _append(self, event: InputAudioAppend) -> None:
+        chunk = self._input.accept(event.audio)
+        if chunk is None:
+            return
+        if not self._preemptive.keep_aside(chunk):
+            self._input.add(chunk, speaking=self._turn_state.speaking)
+        self._turns.audio_appended(event.audio, chunk.format)
 
+    def _commit(self, event: InputAudioCommit) -> None:
+        self._input.check_commit()
+        self._turns.restart_if_speaking()
+        self._transcription.request(self._input.commit().item_id)
 
-def _command_ids(command: EngineCommand) -> set[str]:
-    """The response and item ids an engine command names."""
-    return {value for name in ("response_id", "item_id") if isinstance(value := getattr(command, name, None), str)}
+    def _clear(self, event: InputAudioClear) -> None:
+        self._input.discard()
+        self._turns.restart_if_speaking()
+        self._out.send(self._events.input_audio_buffer_cleared())
+
+    def _turn_detection_changed(self, params: ServerVadParams | None) -> None:
+        self._turns.detection_changed(params)

@@ -1,57 +1,59 @@
-"""The session's mirror of the conversation and the client's item requests: ``conversation.item.create`` /
-``retrieve`` / ``delete`` / ``truncate``.
+"""The client's item requests: ``conversation.item.create`` / ``retrieve`` / ``delete`` / ``truncate``.
 
-The mirror holds every item in conversation order (user messages, replies, function calls and their outputs); each
-change the client asks for is sent to the engine as one command (:class:`~realtime.session.commands.AddText`,
-``AddContent``, ``AddAudio``, ``DeleteItem``, ``TruncateItem``). An item can be inserted before the end or deleted
-only while no response is in progress (one being cancelled is waited for by whoever runs the commands); finished
-assistant audio can be truncated also while a later response runs (the engine applies it once that response ends).
+Each change the client asks for is made in the conversation's mirror (:mod:`realtime.session.mirror`) and sent to the
+engine as one command (:class:`~realtime.session.commands.AddText`, ``AddContent``, ``AddAudio``, ``DeleteItem``,
+``TruncateItem``; function items through :mod:`realtime.session.tool_calls`). An item can be inserted before the end
+or deleted only while no response is in progress (one being cancelled is waited for by whoever runs the commands);
+finished assistant audio can be truncated also while a later response runs (the engine applies it once that response
+ends).
 """
 
 from __future__ import annotations
 
 from pipeline.api import ROOT_ITEM_ID
 from realtime.errors import InvalidAudioData, RealtimeError
-from realtime.ids import IdKind
+from realtime.ids import IdGenerator, IdKind
 from realtime.media.images import engine_parts, mirror_parts
 from realtime.protocol.client import ItemCreate, ItemDelete, ItemRetrieve, ItemTruncate
 from realtime.protocol.codes import ErrorCode
 from realtime.protocol.model import ContentPart, Item, ItemType, Role
 from realtime.protocol.names import ContentType
+from realtime.protocol.server import ServerEvents
 from realtime.session.commands import AddAudio, AddContent, AddText, DeleteItem, TruncateItem
-from realtime.session.responses import ResponsePhase
+from realtime.session.emitter import ConfigView, Emitter
+from realtime.session.mirror import ItemMirror
+from realtime.session.response_state import ResponsePhase
+from realtime.session.responses import Responses
+from realtime.session.tool_calls import FunctionCalls
 
 
 class ConversationItems:
-    """The conversation (mixed into :class:`realtime.session.Session`). Owns the mirror (``_items``, by id, in
-    conversation order); uses the session's ``_emit``, ``_send``, ``_new_id``, ``_events``, ``config``, function
-    calling (``_function_item``) and the active response (``_response``)."""
+    """The client's requests on the conversation. No state of its own: the items are the ``mirror``'s; what may
+    change while a response runs asks ``responses``."""
 
-    _items: dict[str, Item]
+    def __init__(
+        self,
+        config: ConfigView,
+        ids: IdGenerator,
+        events: ServerEvents,
+        out: Emitter,
+        *,
+        mirror: ItemMirror,
+        responses: Responses,
+        calls: FunctionCalls,
+    ) -> None:
+        self._config = config
+        self._ids = ids
+        self._events = events
+        self._out = out
+        self._mirror = mirror
+        self._responses = responses
+        self._calls = calls
 
-    def _last_item_id(self) -> str | None:
-        return next(reversed(self._items), None)
-
-    def _add_item(self, item: Item, index: int | None = None) -> str | None:
-        """Put ``item`` into the mirror at ``index`` (None: last); returns the id of the item before it."""
-        if index is None or index == len(self._items):
-            previous = self._last_item_id()
-            self._items[item.id] = item
-            return previous
-        entries = list(self._items.items())
-        entries.insert(index, (item.id, item))
-        self._items = dict(entries)
-        return entries[index - 1][0] if index else None
-
-    def _get_item(self, item_id: str, param: str = "item_id") -> Item:
-        item = self._items.get(item_id)
-        if item is None:
-            raise RealtimeError(f"item {item_id!r} does not exist", code=ErrorCode.ITEM_NOT_FOUND, param=param)
-        return item
-
-    def _item_create(self, event: ItemCreate) -> None:
+    def create(self, event: ItemCreate) -> None:
+        """``conversation.item.create``."""
         new = event.item
-        if new.id is not None and new.id in self._items:
+        if new.id is not None and new.id in self._mirror:
             raise RealtimeError(f"item {new.id!r} already exists", code=ErrorCode.DUPLICATE_ITEM_ID, param="item.id")
         if new.id == ROOT_ITEM_ID:
             raise RealtimeError(
@@ -62,54 +64,55 @@ class ConversationItems:
             )
         index = self._insert_index(event.previous_item_id)
         if new.audio is not None:
-            fmt = self.config.input_format
+            fmt = self._config.config.input_format
             if not new.audio or len(new.audio) % fmt.bytes_per_sample:
                 raise InvalidAudioData(
                     f"item audio must be non-empty {fmt.value} ({fmt.bytes_per_sample} bytes per sample)",
                     param="item.content.0.audio",
                 )
-        item_id = new.id or self._new_id(IdKind.ITEM)
+        item_id = new.id or self._ids.new(IdKind.ITEM)
         if new.type is not ItemType.MESSAGE:
-            if index != len(self._items):
+            if index != len(self._mirror):
                 raise RealtimeError(
                     f"{new.type.value} items can only be added at the end of the conversation: leave "
                     "'previous_item_id' out, or give the last item's id",
                     code=ErrorCode.UNSUPPORTED_VALUE,
                     param="previous_item_id",
                 )
-            item = self._function_item(new, item_id)
-            previous = self._add_item(item)
-            self._send(self._events.item_added(item, previous))
-            self._send(self._events.item_done(item, previous))
+            item = self._calls.client_item(new, item_id)
+            previous = self._mirror.add(item)
+            self._out.send(self._events.item_added(item, previous))
+            self._out.send(self._events.item_done(item, previous))
             return
-        ids = list(self._items)
+        ids = self._mirror.ids()
         after = None if index == len(ids) else ids[index - 1] if index else ROOT_ITEM_ID  # None: appended
         if new.audio is not None:
-            self._emit(AddAudio(item_id, new.audio, self.config.input_format, after))
+            self._out.emit(AddAudio(item_id, new.audio, self._config.config.input_format, after))
             parts = [ContentPart(ContentType.INPUT_AUDIO, transcript=new.transcript)]
         elif new.content is ContentType.INPUT_IMAGE:
-            self._emit(AddContent(item_id, engine_parts(new), after))
+            self._out.emit(AddContent(item_id, engine_parts(new), after))
             parts = mirror_parts(new)
         else:
-            self._emit(AddText(item_id, new.text or "", new.role, after))
+            assert new.content is not None, "a message item has content (the protocol checked it)"
+            self._out.emit(AddText(item_id, new.text or "", new.role, after))
             parts = [ContentPart(new.content, text=new.text)]
         item = Item(item_id, new.role, parts)
-        previous = self._add_item(item, index)
-        self._send(self._events.item_added(item, previous))
-        self._send(self._events.item_done(item, previous))
+        previous = self._mirror.add(item, index)
+        self._out.send(self._events.item_added(item, previous))
+        self._out.send(self._events.item_done(item, previous))
 
     def _insert_index(self, previous_item_id: str | None) -> int:
         """Where a created item goes in the mirror: after ``previous_item_id`` (``root``: first; left out: last).
         Before the end while a response is in progress it is refused (the reply being written would no longer
         follow what it was written for); a response being cancelled is waited for by the executor."""
-        ids = list(self._items)
+        ids = self._mirror.ids()
         if previous_item_id is None:
             return len(ids)
         if previous_item_id == ROOT_ITEM_ID:
             index = 0
         else:
-            index = ids.index(self._get_item(previous_item_id, param="previous_item_id").id) + 1
-        response = self._response
+            index = ids.index(self._mirror.get(previous_item_id, param="previous_item_id").id) + 1
+        response = self._responses.active
         if index < len(ids) and response is not None and response.phase is ResponsePhase.IN_PROGRESS:
             raise RealtimeError(
                 f"response {response.id} is in progress: an item can only be appended until it ends; cancel it or "
@@ -119,12 +122,12 @@ class ConversationItems:
             )
         return index
 
-    def _item_retrieve(self, event: ItemRetrieve) -> None:
-        self._send(self._events.item_retrieved(self._get_item(event.item_id)))
+    def retrieve(self, event: ItemRetrieve) -> None:
+        self._out.send(self._events.item_retrieved(self._mirror.get(event.item_id)))
 
     def _check_mutable(self, item: Item) -> None:
         """Deleting needs the conversation idle (or its response being cancelled)."""
-        response = self._response
+        response = self._responses.active
         if response is None:
             return
         if response.item.id == item.id:
@@ -140,21 +143,21 @@ class ConversationItems:
                 param="item_id",
             )
 
-    def _item_delete(self, event: ItemDelete) -> None:
-        item = self._get_item(event.item_id)
+    def delete(self, event: ItemDelete) -> None:
+        item = self._mirror.get(event.item_id)
         self._check_mutable(item)
-        del self._items[item.id]
-        self._emit(DeleteItem(item.id))
-        self._send(self._events.item_deleted(item.id))
+        self._mirror.discard(item.id)
+        self._out.emit(DeleteItem(item.id))
+        self._out.send(self._events.item_deleted(item.id))
 
-    def _item_truncate(self, event: ItemTruncate) -> None:
+    def truncate(self, event: ItemTruncate) -> None:
         """Any finished assistant audio, also while a later response runs (a client truncates what its user did not
         hear when the user starts speaking; that turn may have ended, and its reply begun, before the truncate
         arrives): the client sees it truncated at once, the engine once that response ends."""
-        item = self._get_item(event.item_id)
+        item = self._mirror.get(event.item_id)
         if item.role is not Role.ASSISTANT:
             raise RealtimeError("only assistant audio can be truncated", code=ErrorCode.INVALID_VALUE, param="item_id")
-        response = self._response
+        response = self._responses.active
         if response is not None and response.item.id == item.id and response.phase is ResponsePhase.IN_PROGRESS:
             raise RealtimeError(
                 f"item {item.id!r} is still being generated; cancel its response before truncating it",
@@ -170,8 +173,8 @@ class ConversationItems:
             )
         part.audio_ms = float(event.audio_end_ms)
         part.transcript = None  # the text the user did not hear is dropped from the context
-        self._emit(TruncateItem(item.id, event.audio_end_ms))
-        self._send(self._events.item_truncated(item.id, event.content_index, event.audio_end_ms))
+        self._out.emit(TruncateItem(item.id, event.audio_end_ms))
+        self._out.send(self._events.item_truncated(item.id, event.content_index, event.audio_end_ms))
 
     @staticmethod
     def _audio_part(item: Item, index: int) -> ContentPart:

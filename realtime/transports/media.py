@@ -2,7 +2,7 @@
 
 The WebRTC wire carries Opus at 48 kHz in 20 ms frames both ways (aiortc decodes it to s16
 stereo frames of 960 samples). This module holds the media half of a call, apart from the peer
-connection and signalling (:mod:`realtime.transports.webrtc`):
+connection and signalling (:mod:`realtime.transports.webrtc`, :mod:`realtime.transports.media_workers`):
 
 - :func:`frame_to_mono` and :class:`MicrophoneEncoder`: a received ``av.AudioFrame`` → mono
   float → wire bytes in the session's input format, so the microphone feeds the session exactly

@@ -30,8 +30,8 @@ BIT_RATE = 64_000
 _TIME_BASE = fractions.Fraction(1, TRACK_RATE)
 
 
-def _new_encoder() -> av.CodecContext:
-    codec = av.CodecContext.create("libopus", "w")
+def _new_encoder() -> av.AudioCodecContext:
+    codec = av.AudioCodecContext.create("libopus", "w")
     codec.bit_rate = BIT_RATE
     codec.format = "s16"
     codec.layout = "mono"

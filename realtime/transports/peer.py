@@ -1,6 +1,6 @@
 """The peer-connection half of a WebRTC call that does not depend on the session: answering an offer with aiortc.
 
-Shared by the in-process transport (:mod:`realtime.transports.webrtc`) and the media workers
+Shared by the in-process media (:mod:`realtime.transports.webrtc.in_process`) and the media workers
 (:mod:`realtime.transports.media_workers`), so it imports neither the session nor the engine (a media worker process
 must start without torch):
 
@@ -26,6 +26,10 @@ from realtime.transports.receive_buffer import SERVER_AUDIO_HOLD_PACKETS, hold_a
 
 OAI_EVENTS_LABEL = "oai-events"
 """Label of the data channel that carries the JSON events (OpenAI's name)."""
+CHANNEL_HIGH_WATER = 1 << 20
+"""Bytes unsent on the data channel above which the call's server events wait for the peer to catch up."""
+CHANNEL_LOW_WATER = 1 << 18
+"""Bytes unsent on the data channel below which they go on."""
 
 # --- ICE host candidates -------------------------------------------------------------------------
 

@@ -59,7 +59,8 @@ class InOrderAudioBuffer:
             elif ahead < RESTART_PACKETS:
                 self.lost += ahead
         self._next = uint16_add(sequence, 1)
-        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)
+        # aiortc's receiver sets the depacketized payload as ``_data`` on the packet before it reaches the buffer
+        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
 
 
 _ATTRIBUTE = "_RTCRtpReceiver__jitter_buffer"

@@ -32,7 +32,7 @@ class SetAside:
     codecs: tuple[str, ...]
 
 
-def _sections(sdp: str) -> tuple[str, list[list[str]], list[list[str]]]:
+def _sections(sdp: str) -> tuple[str, list[str], list[list[str]]]:
     """(line ending, session lines, one list of lines per media section)."""
     eol = "\r\n" if "\r\n" in sdp else "\n"
     session: list[str] = []

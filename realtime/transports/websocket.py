@@ -122,7 +122,7 @@ class WebSocketTransport:
         self.session_id: str | None = None
         """The session's id, for the log line of a refused message (the server sets it)."""
 
-    async def __aiter__(self) -> AsyncIterator[str]:
+    async def __aiter__(self) -> AsyncIterator[str | bytes]:
         while True:
             message = await self._ws.receive()
             if message["type"] == "websocket.disconnect":

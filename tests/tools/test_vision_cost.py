@@ -4,7 +4,7 @@ video positions a second of each size), the prefill table, and the call context 
 from __future__ import annotations
 
 from conftest import load_script
-from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec
+from pipeline.models.qwen2_5_omni.tiny import Qwen25OmniRandomModelSpec
 from realtime.media.video_settings import DEFAULT_CAMERA
 
 
@@ -13,7 +13,7 @@ def test_the_tiny_tower_is_timed_at_each_size_and_batch(capsys):
     argv = ["--users", "1,2", "--warmup", "1", "--iterations", "2", "--prefill", "--prefill-context", "32"]
     assert script.main([*argv, "--call-minutes", "1"]) == 0
     out = capsys.readouterr().out
-    spec = RandomModelSpec.tiny()
+    spec = Qwen25OmniRandomModelSpec.tiny()
     _, preprocessor = script.build_tower("tiny", script.torch.device("cpu"))
     info = preprocessor.info
     assert (info.max_pixels, info.fps) == (spec.image_max_pixels, 2.0)

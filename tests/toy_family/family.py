@@ -23,7 +23,7 @@ from pipeline.models import family_of
 from pipeline.models.common.log_mel import IncrementalLogMel
 from pipeline.models.common.tmrope import TMROPE
 from pipeline.models.family import Connector, StreamStatus
-from pipeline.models.qwen2_5_omni.checkpoint import LoadedCheckpoint, load_checkpoint
+from pipeline.models.qwen2_5_omni.checkpoint import Qwen25OmniLoadedCheckpoint, load_checkpoint
 
 SAMPLE_RATE = 24_000
 TONE_SAMPLES = 480
@@ -52,7 +52,7 @@ class ToyCheckpoint:
     voice_bos: dict[str, int]
 
 
-def _from_qwen(qwen: LoadedCheckpoint) -> ToyCheckpoint:
+def _from_qwen(qwen: Qwen25OmniLoadedCheckpoint) -> ToyCheckpoint:
     bos_ids = [s.bos_token for s in qwen.speakers.values()]
     return ToyCheckpoint(
         source=f"toy:{qwen.source}",

@@ -22,7 +22,7 @@ from collections import deque
 
 import torch
 
-from pipeline.models.common.chatml import PromptRenderer
+from pipeline.models.common.chatml import ChatMLRenderer
 from pipeline.models.qwen3_omni.family import Qwen3OmniFamily
 from toy_family.family import ToyFamily
 
@@ -69,8 +69,8 @@ class ScriptedThinker:
     def max_context(self, ckpt) -> int:
         return max(super().max_context(ckpt), MIN_CONTEXT)
 
-    def renderer(self, ckpt) -> PromptRenderer:
-        return PromptRenderer(ckpt.tokenizer, ckpt.special)
+    def renderer(self, ckpt) -> ChatMLRenderer:
+        return ChatMLRenderer(ckpt.tokenizer, ckpt.special)
 
     def thinker_parts(self, ckpt, *, device, cuda_graphs: bool):
         parts = super().thinker_parts(ckpt, device=device, cuda_graphs=cuda_graphs)

@@ -32,7 +32,7 @@ PARTS = {
     "pipeline": BASE,
     "realtime": "server",
     "realtime.media.video": "webrtc",
-    "realtime.transports.webrtc": "webrtc",
+    "realtime.transports.webrtc": "webrtc",  # the package: endpoint, call, transport, lifecycle, media
     "realtime.transports.peer": "webrtc",
     "realtime.transports.media": "webrtc",
     "realtime.transports.media_workers": "webrtc",

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import sdpa_kernel
 
-from pipeline.kernels.cuda_graphs import CapturedCall, bucket_at_least, host_to_device
+from pipeline.kernels.cuda_graphs import CapturedCall, bucket_holding, host_to_device
 from pipeline.kernels.sdpa import PREFILL_BACKENDS
 
 __all__ = ["BlockAudioEncoder", "encoder_layer"]
@@ -75,7 +75,7 @@ class BlockAudioEncoder:
         self._tokens = tokens
         self._width_step = width_step
         self._use_graphs = cuda_graphs and self.device.type == "cuda"
-        self._graphs: dict[int, CapturedCall] = {}
+        self._graphs: dict[int, CapturedCall[Tensor]] = {}
 
     @property
     def captured(self) -> bool:
@@ -124,7 +124,7 @@ class BlockAudioEncoder:
         largest = self.batch_sizes[-1]
         for start in range(0, len(features), largest):
             part = features[start : start + largest]
-            size = bucket_at_least(len(part), self.batch_sizes)
+            size = bucket_holding(len(part), self.batch_sizes)
             padded, lens = self._batch(part, self.block_frames, rows=size)
             encoded = self._graphs[size](padded, lens)
             out += [t.clone() for t in self._split(encoded, lengths[start : start + largest])]

@@ -6,27 +6,13 @@ of a pair share a rope position (:attr:`AVLayoutBase.MARKER_STEP`). Everything h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["AVChunk", "AVLayoutBase"]
+from pipeline.models.positions import AVChunk
 
-
-@dataclass(frozen=True)
-class AVChunk:
-    """One time chunk of the message: video tokens ``video`` (indices into the video's tokens in the vision tower's
-    order: temporal patch, then row, then column) then audio tokens ``audio`` (indices into the message's audio
-    tokens)."""
-
-    index: int
-    video: range
-    audio: range
-
-    @property
-    def length(self) -> int:
-        return len(self.video) + len(self.audio)
+__all__ = ["AVLayoutBase"]
 
 
 class AVLayoutBase:

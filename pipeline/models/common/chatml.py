@@ -18,16 +18,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.models.common.hermes_tools import ToolFormat
+from pipeline.models.common.hermes_tools import HermesToolFormat
 
 
-class PromptRenderer:
+class ChatMLRenderer:
+    """Qwen's ChatML layout over ``tokenizer`` with the family's ``special`` ids: a family's prompt renderer
+    (:class:`pipeline.models.rendering.PromptRenderer`). Holds no per-conversation state."""
+
     def __init__(self, tokenizer, special: Any) -> None:
         self.tokenizer = tokenizer
         self.special = special
         self._newline = self._encode("\n")
         self._headers: dict[str, list[int]] = {}
-        self.tools = ToolFormat.of(tokenizer)
+        self.tools = HermesToolFormat.of(tokenizer)
         """Function calling in Qwen's format (None when the tokenizer lacks the call markers)."""
 
     def _encode(self, text: str) -> list[int]:

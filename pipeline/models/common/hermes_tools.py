@@ -12,7 +12,7 @@ Each tool is written as ``{"type": "function", "function": {"name", "description
 that order, non-ASCII kept). ``<tool_call>`` / ``</tool_call>`` are added tokens of the tokenizer: their ids come from
 it, never from literals; ``<tool_response>`` is plain text.
 
-:class:`CallParser` reads one call's text as the model writes it: the name as soon as it is complete, then the
+:class:`HermesCallParser` reads one call's text as the model writes it: the name as soon as it is complete, then the
 arguments streamed, holding back only what may still turn out to be the closing brace of the call object.
 """
 
@@ -72,8 +72,8 @@ _NAME_THEN_ARGS = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"a
 _HELD_TAIL = re.compile(r"\s*(\}\s*)?$")
 
 
-class CallParser:
-    """One call's text between the markers, fed as it is generated.
+class HermesCallParser:
+    """One call's text between the markers, fed as it is generated (:class:`pipeline.models.rendering.CallParser`).
 
     :meth:`feed` returns ``(name, arguments delta)``: the name once (when it is first complete, else None) and the
     arguments' new text (possibly empty). :meth:`close` checks the whole call and returns it, with the arguments'
@@ -139,7 +139,7 @@ class CallParser:
         return name
 
 
-class ToolFormat:
+class HermesToolFormat:
     """Qwen2.5's function-calling format over a tokenizer: the renderer's ``tools``
     (:class:`pipeline.models.rendering.ToolFormat`)."""
 
@@ -149,7 +149,7 @@ class ToolFormat:
         self.call_close = call_close
 
     @classmethod
-    def of(cls, tokenizer) -> ToolFormat | None:
+    def of(cls, tokenizer) -> HermesToolFormat | None:
         """The format when the tokenizer has the call markers as single tokens; None otherwise."""
         ids = [tokenizer.convert_tokens_to_ids(t) for t in (CALL_OPEN, CALL_CLOSE)]
         if any(not isinstance(i, int) or i == tokenizer.unk_token_id for i in ids):
@@ -181,5 +181,5 @@ class ToolFormat:
         head = forced_prefix(name)[len(CALL_OPEN) :]
         return [self.call_open, *self._encode(head)]
 
-    def parser(self, tools: frozenset[str]) -> CallParser:
-        return CallParser(tools)
+    def parser(self, tools: frozenset[str]) -> HermesCallParser:
+        return HermesCallParser(tools)

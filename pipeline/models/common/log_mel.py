@@ -176,7 +176,9 @@ def virtual_signal(pcm: np.ndarray, padded_length: int | None, half_window: int,
     return out
 
 
-class StreamStatus(enum.Enum):
+class MelStreamStatus(enum.Enum):
+    """Where an :class:`IncrementalLogMel` is: RECEIVING (audio may still be appended), then FINISHED."""
+
     RECEIVING = "receiving"
     FINISHED = "finished"
 
@@ -236,7 +238,7 @@ class IncrementalLogMel:
         self._pcm = _PcmBuffer()
         self._blocks: dict[int, np.ndarray] = {}
         self._running_max = -math.inf
-        self.status = StreamStatus.RECEIVING
+        self.status = MelStreamStatus.RECEIVING
         self._tail: np.ndarray | None = None
         self._final_max: float | None = None
 
@@ -248,7 +250,7 @@ class IncrementalLogMel:
     def append(self, pcm: np.ndarray) -> None:
         """Add samples (1-D float32, finite, at :attr:`sampling_rate`; any length, 0 included).
         Raises :class:`InvalidAudioError` for bad audio, RuntimeError after :meth:`finish`."""
-        if self.status is not StreamStatus.RECEIVING:
+        if self.status is not MelStreamStatus.RECEIVING:
             raise RuntimeError("append() after finish()")
         if not isinstance(pcm, np.ndarray) or pcm.dtype != np.float32 or pcm.ndim != 1:
             raise InvalidAudioError(
@@ -263,7 +265,7 @@ class IncrementalLogMel:
     def ready_blocks(self) -> int:
         """Number of leading blocks computable now with their final values. Before :meth:`finish`:
         blocks whose look-ahead samples arrived; after: every complete block of :attr:`total_frames`."""
-        if self.status is StreamStatus.FINISHED:
+        if self.status is MelStreamStatus.FINISHED:
             return self.total_frames // self.geometry.block_frames
         return self.geometry.blocks_ready(len(self._pcm))
 
@@ -298,9 +300,9 @@ class IncrementalLogMel:
         """No more audio: computes the remaining blocks, the tail and the reference's global max
         (which also covers frames past :attr:`total_frames` and the frames of pure zero padding).
         Idempotent."""
-        if self.status is StreamStatus.FINISHED:
+        if self.status is MelStreamStatus.FINISHED:
             return
-        self.status = StreamStatus.FINISHED
+        self.status = MelStreamStatus.FINISHED
         geo, n = self.geometry, len(self._pcm)
         frames_in_max = geo.reference_frames(n)
         block_maxima = [float(self.raw_block(k).max()) for k in range(self.ready_blocks())]
@@ -355,7 +357,7 @@ class IncrementalLogMel:
 
     # --- internals ----------------------------------------------------------------------------
     def _require_finished(self, what: str) -> None:
-        if self.status is not StreamStatus.FINISHED:
+        if self.status is not MelStreamStatus.FINISHED:
             raise RuntimeError(f"{what} is only known after finish()")
 
     def _compute_frames(self, first_frame: int) -> np.ndarray:
@@ -363,7 +365,7 @@ class IncrementalLogMel:
         (end padding applied only once finished)."""
         geo = self.geometry
         n = len(self._pcm)
-        padded_length = geo.padded_length(n) if self.status is StreamStatus.FINISHED else None
+        padded_length = geo.padded_length(n) if self.status is MelStreamStatus.FINISHED else None
         start = geo.window_start(first_frame)
         stop = geo.window_stop(first_frame + geo.block_frames - 1)
         segment = virtual_signal(self._pcm.view(), padded_length, geo.half_window, start, stop)

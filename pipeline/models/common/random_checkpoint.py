@@ -25,8 +25,9 @@ IM_END = "<|im_end|>"
 
 
 class RandomSpecPresets:
-    """The presets every family's ``RandomModelSpec`` (a frozen dataclass of sizes, all with defaults, among them
-    ``seed`` and ``attention_sharpness``) has beside its released shape."""
+    """The presets every family's random model spec (``Qwen25OmniRandomModelSpec``, ``Qwen3OmniRandomModelSpec``: a
+    frozen dataclass of sizes, all with defaults, among them ``seed`` and ``attention_sharpness``) has beside its
+    released shape."""
 
     SHARPENED_ATTENTION: ClassVar[float]
     """The ``attention_sharpness`` of :meth:`sharpened`."""

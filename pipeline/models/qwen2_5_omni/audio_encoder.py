@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from pipeline.models.common.audio_blocks import BlockAudioEncoder, encoder_layer
 from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
 
-__all__ = ["BlockEncoder", "GRAPH_BATCHES", "encode_blocks"]
+__all__ = ["Qwen25OmniBlockEncoder", "GRAPH_BATCHES", "encode_blocks"]
 
 GRAPH_BATCHES = (1, 2, 4, 8, 16)
 """Blocks per captured encode. A step's encodes (every conversation's new blocks and tails) are padded to the next
@@ -55,7 +55,7 @@ def encode_blocks(tower: nn.Module, features: Tensor, lengths: Tensor) -> Tensor
     return tower.proj(tower.ln_post(x))
 
 
-class BlockEncoder(BlockAudioEncoder):
+class Qwen25OmniBlockEncoder(BlockAudioEncoder):
     """Encodes user audio blocks (each at most ``n_window * 2`` frames) with :func:`encode_blocks`: eagerly, or on
     CUDA from graphs captured by :meth:`capture` for :data:`GRAPH_BATCHES` blocks padded to the full block width
     (:class:`~pipeline.models.common.audio_blocks.BlockAudioEncoder`). Engine thread only."""

@@ -14,7 +14,7 @@ Positions are offsets from the message's first position (``<|vision_bos|>``), th
 - video temporal patch ``i`` has time offset ``1 + int(i * second_per_grid * position_id_per_seconds)`` (float32
   arithmetic, then truncated) and height/width offsets ``1 + row`` / ``1 + column`` of its merged grid;
 - both closing markers are at the largest offset of the *last block* (the last chunk's audio, or its video when it
-  has no audio) + 1, and the text after the message continues one position later (:attr:`AVLayout.advance`).
+  has no audio) + 1, and the text after the message continues one position later (:attr:`Qwen25OmniAVLayout.advance`).
 
 Chunking (``tokens_per_chunk`` = ``position_id_per_seconds * seconds_per_chunk``): the audio tokens and the video
 tokens are each cut, in order, where their time value (audio: ``k``; video: the patch's time offset without the 1)
@@ -24,7 +24,7 @@ chunk. Video chunk ``j`` is paired with audio chunk ``j``. At the default 2 fps 
 chunk ``j`` is temporal patches ``2j`` and ``2j + 1`` and audio chunk ``j`` is audio tokens ``50j .. 50j + 49``.
 
 Every chunk's content depends only on the tokens up to it, so a chunk whose audio and video are both complete is
-final: :meth:`AVLayout.ready_chunks` says how many are. Everything here is pure (numpy on the host).
+final: :meth:`Qwen25OmniAVLayout.ready_chunks` says how many are. Everything here is pure (numpy on the host).
 """
 
 from __future__ import annotations
@@ -33,13 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.models.common.av_layout import AVChunk, AVLayoutBase
+from pipeline.models.common.av_layout import AVLayoutBase
+from pipeline.models.positions import AVChunk
 
-__all__ = ["AVChunk", "AVLayout", "AVTiming", "token_chunks"]
+__all__ = ["Qwen25OmniAVLayout", "Qwen25OmniAVTiming", "token_chunks"]
 
 
 @dataclass(frozen=True)
-class AVTiming:
+class Qwen25OmniAVTiming:
     """The model's time constants (from the checkpoint config) and the video's seconds per temporal patch: the family's
     :class:`pipeline.models.positions.AVTiming`."""
 
@@ -56,9 +57,9 @@ class AVTiming:
         """Time offset (before the +1 of the opening markers) of temporal patch ``i``."""
         return int(np.float32(i) * np.float32(self.second_per_grid) * np.float32(self.position_id_per_seconds))
 
-    def layout(self, *, rows: int, cols: int, n_patches: int, n_audio: int) -> AVLayout:
-        """The :class:`AVLayout` of a message of these media (:class:`pipeline.models.positions.AVTiming`)."""
-        return AVLayout(self, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
+    def layout(self, *, rows: int, cols: int, n_patches: int, n_audio: int) -> Qwen25OmniAVLayout:
+        """The :class:`Qwen25OmniAVLayout` of a message of these media (:class:`pipeline.models.positions.AVTiming`)."""
+        return Qwen25OmniAVLayout(self, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
 
 
 def token_chunks(values: np.ndarray, tokens_per_chunk: int) -> np.ndarray:
@@ -74,13 +75,13 @@ def token_chunks(values: np.ndarray, tokens_per_chunk: int) -> np.ndarray:
     return out
 
 
-class AVLayout(AVLayoutBase):
+class Qwen25OmniAVLayout(AVLayoutBase):
     """Layout and offsets of one message (:class:`~pipeline.models.common.av_layout.AVLayoutBase`): both opening
     markers at offset 0, both closing markers at :attr:`close_offset`."""
 
     MARKER_STEP = 0
 
-    def __init__(self, timing: AVTiming, *, rows: int, cols: int, n_patches: int, n_audio: int) -> None:
+    def __init__(self, timing: Qwen25OmniAVTiming, *, rows: int, cols: int, n_patches: int, n_audio: int) -> None:
         super().__init__(timing, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
         per_patch = rows * cols
         self._patch_t = np.array([timing.patch_time(i) for i in range(n_patches)], dtype=np.int64)

@@ -7,7 +7,7 @@ extractor's settings and, for a checkpoint that takes pictures, the image proces
 Random-weight test checkpoints made by :mod:`.tiny` also carry :data:`RANDOM_MARKER_FILE`.
 
 Every special id the engine needs is read from the checkpoint config and cross-checked against the
-tokenizer here, once; the rest of the engine takes them from :class:`SpecialTokens` and never
+tokenizer here, once; the rest of the engine takes them from :class:`Qwen25OmniSpecialTokens` and never
 writes an id literally.
 
 Units: user audio is 16 kHz mono; the feature extractor's hop is 10 ms (one mel frame); the audio
@@ -53,7 +53,7 @@ from pipeline.models.common.hf_loading import (
     stage_placement,
 )
 from pipeline.models.qwen2_5_omni.hf_logging import quiet_talker_token_id_warnings
-from pipeline.models.qwen2_5_omni.vision import VisionPreprocessor
+from pipeline.models.qwen2_5_omni.vision import Qwen25OmniVisionPreprocessor
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ TOKENIZER_NAMED_FIELDS: Mapping[str, str] = {
     "vision_start": VISION_BOS,
     "vision_end": VISION_EOS,
 }
-""":class:`SpecialTokens` field -> the tokenizer token that must carry the same id."""
+""":class:`Qwen25OmniSpecialTokens` field -> the tokenizer token that must carry the same id."""
 
 SPEAKERS_FILE = "spk_dict.pt"
 
@@ -95,7 +95,7 @@ BIGVGAN_HOP_SAMPLES = 240
 
 # --- Special tokens ---------------------------------------------------------------------------
 @dataclass(frozen=True)
-class SpecialTokens:
+class Qwen25OmniSpecialTokens:
     """Every special id the engine needs.
 
     Thinker-vocabulary ids: ``im_start .. vision_end`` (chat and modality markers; ``audio_token``
@@ -133,7 +133,7 @@ class SpecialTokens:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name.startswith("codec_")}
 
     @classmethod
-    def from_config(cls, config: Any, tokenizer: Any) -> SpecialTokens:
+    def from_config(cls, config: Any, tokenizer: Any) -> Qwen25OmniSpecialTokens:
         """Read the ids from a ``Qwen2_5OmniConfig``; ``im_start/im_end/endoftext`` (absent from
         the Omni config) come from the tokenizer by name. Raises :class:`CheckpointError` when an id
         is missing, out of its vocabulary, or disagrees with the tokenizer."""
@@ -345,7 +345,7 @@ def audio_tokens_for_mel_frames(n_frames: int) -> int:
 
 # --- The loaded checkpoint --------------------------------------------------------------------
 @dataclass
-class LoadedCheckpoint:
+class Qwen25OmniLoadedCheckpoint:
     """A checkpoint ready for inference (sub-models in eval mode on their devices).
 
     ``source`` is what the caller asked for (path or hub id), ``path`` the resolved folder (a temp
@@ -362,9 +362,9 @@ class LoadedCheckpoint:
     tokenizer: Any
     feature_extractor: Any
     speakers: dict[str, Speaker]
-    special: SpecialTokens
+    special: Qwen25OmniSpecialTokens
     random_weights: bool
-    vision: VisionPreprocessor | None = None
+    vision: Qwen25OmniVisionPreprocessor | None = None
     """The image processor settings (None: the checkpoint takes no pictures)."""
 
     @property
@@ -390,7 +390,7 @@ def load_checkpoint(
     *,
     devices: dict[str, str] | None = None,
     dtypes: dict[str, torch.dtype] | None = None,
-) -> LoadedCheckpoint:
+) -> Qwen25OmniLoadedCheckpoint:
     """Load a checkpoint folder, or a hub id already in the local Hugging Face cache (never downloads).
 
     ``devices`` / ``dtypes`` are keyed by ``"thinker"``, ``"talker"``, ``"token2wav"``; missing
@@ -403,12 +403,12 @@ def load_checkpoint(
     config = _load_config(path)
     check_weights_present(path)
     tokenizer = load_tokenizer(path)
-    special = SpecialTokens.from_config(config, tokenizer)
+    special = Qwen25OmniSpecialTokens.from_config(config, tokenizer)
     speakers = load_speakers(required_file(path, SPEAKERS_FILE), config)
     feature_extractor = load_feature_extractor(path, config)
     vision = load_vision_preprocessor(path, config)
     thinker, talker, token2wav = _load_submodels(path, placement)
-    return LoadedCheckpoint(
+    return Qwen25OmniLoadedCheckpoint(
         source=str(name_or_path),
         path=path,
         config=config,
@@ -440,11 +440,11 @@ def _load_config(path: Path) -> Any:
     return config
 
 
-def load_vision_preprocessor(path: Path, config: Any) -> VisionPreprocessor | None:
+def load_vision_preprocessor(path: Path, config: Any) -> Qwen25OmniVisionPreprocessor | None:
     """The image processor settings of ``preprocessor_config.json`` (None when it has none), checked against the
     vision tower's config."""
     raw = read_preprocessor_config(path)
-    return VisionPreprocessor.from_preprocessor_config(raw, config.thinker_config.vision_config)
+    return Qwen25OmniVisionPreprocessor.from_preprocessor_config(raw, config.thinker_config.vision_config)
 
 
 def _load_submodels(path: Path, placement: dict[str, Placement]) -> tuple[Any, Any, Any]:
@@ -466,8 +466,8 @@ __all__ = [
     "SPEAKERS_FILE",
     "TOKENIZER_FILES",
     "WEIGHTS_INDEX_FILE",
-    "LoadedCheckpoint",
-    "SpecialTokens",
+    "Qwen25OmniLoadedCheckpoint",
+    "Qwen25OmniSpecialTokens",
     "Speaker",
     "is_random_checkpoint",
     "load_checkpoint",

@@ -14,7 +14,7 @@ string, as the template does, so BPE merges across the newline match the referen
 
 from __future__ import annotations
 
-from pipeline.models.common.chatml import PromptRenderer
+from pipeline.models.common.chatml import ChatMLRenderer
 from pipeline.models.common.transcription import TRANSCRIPTION_PROMPT
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -25,4 +25,4 @@ DEFAULT_SYSTEM_PROMPT = (
 unreliable with any other, so it is the server's default instructions."""
 
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "TRANSCRIPTION_PROMPT", "PromptRenderer"]
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "TRANSCRIPTION_PROMPT", "ChatMLRenderer"]

@@ -116,7 +116,7 @@ audio block change the greedy tokens within ten steps; the talker's likewise cha
 
 
 @dataclass(frozen=True)
-class RandomModelSpec(RandomSpecPresets):
+class Qwen25OmniRandomModelSpec(RandomSpecPresets):
     """Every size of a random Qwen2.5-Omni. Units: hidden sizes in channels, ``*_vocab`` in ids.
 
     ``codec_speech_vocab`` is the number of speech codes (ids below it); the codec special ids sit
@@ -218,7 +218,7 @@ class RandomModelSpec(RandomSpecPresets):
     attention_sharpness: float = 1.0
 
     @classmethod
-    def qwen2_5_omni_7b(cls, seed: int = 0) -> RandomModelSpec:
+    def qwen2_5_omni_7b(cls, seed: int = 0) -> Qwen25OmniRandomModelSpec:
         """The released 7B architecture (10.69 B parameters), with the released codec ids."""
         return cls(
             thinker_hidden=3584,
@@ -371,7 +371,7 @@ def chat_template() -> str:
     )
 
 
-def write_tokenizer(out_dir: Path, spec: RandomModelSpec) -> dict[str, int]:
+def write_tokenizer(out_dir: Path, spec: Qwen25OmniRandomModelSpec) -> dict[str, int]:
     """Write tokenizer.json, vocab.json, merges.txt, tokenizer_config.json and chat_template.json
     (the released file set) and return the added tokens' ids."""
     tokenizer, ids = bpe.train_with_added_tokens(spec.tokenizer_bpe_vocab, QWEN_ADDED_TOKENS)
@@ -400,7 +400,7 @@ def _tokenizer_config(ids: dict[str, int], template: str) -> dict[str, Any]:
 
 
 # --- Config -----------------------------------------------------------------------------------
-def build_config(spec: RandomModelSpec) -> Any:
+def build_config(spec: Qwen25OmniRandomModelSpec) -> Any:
     """A ``transformers.Qwen2_5OmniConfig`` for ``spec``, checked by
     :func:`~.checkpoint.validate_config` and the spec-only rules of :func:`check_spec`."""
     from transformers import Qwen2_5OmniConfig
@@ -427,11 +427,11 @@ def build_config(spec: RandomModelSpec) -> Any:
     return config
 
 
-def _rope(spec: RandomModelSpec, section: tuple[int, int, int]) -> dict[str, Any]:
+def _rope(spec: Qwen25OmniRandomModelSpec, section: tuple[int, int, int]) -> dict[str, Any]:
     return {"rope_type": "default", "rope_theta": spec.rope_theta, "mrope_section": list(section)}
 
 
-def _thinker_config(spec: RandomModelSpec, markers: dict[str, int], ids: dict[str, int]) -> dict[str, Any]:
+def _thinker_config(spec: Qwen25OmniRandomModelSpec, markers: dict[str, int], ids: dict[str, int]) -> dict[str, Any]:
     text = {
         "vocab_size": spec.thinker_vocab,
         "hidden_size": spec.thinker_hidden,
@@ -474,7 +474,7 @@ def _thinker_config(spec: RandomModelSpec, markers: dict[str, int], ids: dict[st
     }
 
 
-def _talker_config(spec: RandomModelSpec, markers: dict[str, int]) -> dict[str, Any]:
+def _talker_config(spec: Qwen25OmniRandomModelSpec, markers: dict[str, int]) -> dict[str, Any]:
     return {
         **markers,
         "vocab_size": spec.talker_vocab,
@@ -497,7 +497,7 @@ def _talker_config(spec: RandomModelSpec, markers: dict[str, int]) -> dict[str, 
     }
 
 
-def _dit_config(spec: RandomModelSpec) -> dict[str, Any]:
+def _dit_config(spec: Qwen25OmniRandomModelSpec) -> dict[str, Any]:
     return {
         "hidden_size": spec.dit_hidden,
         "num_hidden_layers": spec.dit_layers,
@@ -521,7 +521,7 @@ def _dit_config(spec: RandomModelSpec) -> dict[str, Any]:
     }
 
 
-def _bigvgan_config(spec: RandomModelSpec) -> dict[str, Any]:
+def _bigvgan_config(spec: Qwen25OmniRandomModelSpec) -> dict[str, Any]:
     return {
         "mel_dim": spec.mel_dim,
         "upsample_initial_channel": spec.bigvgan_channels,
@@ -532,7 +532,7 @@ def _bigvgan_config(spec: RandomModelSpec) -> dict[str, Any]:
     }
 
 
-def check_spec(spec: RandomModelSpec) -> None:
+def check_spec(spec: Qwen25OmniRandomModelSpec) -> None:
     """Rules specific to random checkpoints (the generic ones are in ``validate_config``)."""
     check_common_spec(spec, len(QWEN_ADDED_TOKENS))
     if not set(spec.vision_fullatt_blocks) <= set(range(spec.vision_depth)):
@@ -595,7 +595,9 @@ generator: the draws of every other part (thinker, talker, token2wav) never depe
 changing the tower leaves their random weights, and the tests tuned on them, as they were."""
 
 
-def build_model(spec: RandomModelSpec, config: Any, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Any:
+def build_model(
+    spec: Qwen25OmniRandomModelSpec, config: Any, *, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> Any:
     """A seeded random ``Qwen2_5OmniForConditionalGeneration`` (token2wav float32), tuned by
     :func:`_tune_random_weights`, in eval mode. The vision tower is drawn separately (:data:`RNG_LAYOUT_VISION`)."""
     import copy
@@ -626,7 +628,7 @@ def build_model(spec: RandomModelSpec, config: Any, *, device: str = "cpu", dtyp
 
 
 @torch.no_grad()
-def _tune_random_weights(model: Any, spec: RandomModelSpec) -> None:
+def _tune_random_weights(model: Any, spec: Qwen25OmniRandomModelSpec) -> None:
     """Make random weights behave enough like a voice model for end-to-end tests.
 
     * Audibility: BigVGAN's six upsampling stages shrink a random signal to ~1e-7; scaling the
@@ -672,7 +674,7 @@ def _sharpen_attention(layers: Any, factor: float) -> None:
 
 
 @torch.no_grad()
-def _end_speech_after_text(model: Any, spec: RandomModelSpec, level: float) -> None:
+def _end_speech_after_text(model: Any, spec: Qwen25OmniRandomModelSpec, level: float) -> None:
     """Make the talker's codec-eos logit about ``level`` whenever its input is the text-end or text-pad vector.
 
     A marker channel (the thinker's second-to-last) is non-zero only in the embeddings of
@@ -704,7 +706,7 @@ def _end_speech_after_text(model: Any, spec: RandomModelSpec, level: float) -> N
     head[spec.codec_eos_id, channel] = level / normed.item()
 
 
-def make_speakers(spec: RandomModelSpec) -> dict[str, dict[str, Any]]:
+def make_speakers(spec: Qwen25OmniRandomModelSpec) -> dict[str, dict[str, Any]]:
     """Random voices in the ``spk_dict.pt`` format: ``{name: {"bos_token", "cond", "ref_mel"}}``.
     ``ref_mel`` values sit in the log-mel range the vocoder expects (about -11 to 2)."""
     generator = torch.Generator().manual_seed(spec.seed + 1)
@@ -720,7 +722,7 @@ IMAGE_PROCESSOR_TYPE = "Qwen2VLImageProcessor"
 """The reference image processor class the released ``preprocessor_config.json`` names."""
 
 
-def _write_preprocessor_config(out_dir: Path, spec: RandomModelSpec) -> None:
+def _write_preprocessor_config(out_dir: Path, spec: Qwen25OmniRandomModelSpec) -> None:
     """``preprocessor_config.json`` as released: the Whisper feature extractor's settings and the image processor's
     in one object (each reference processor reads its own fields)."""
     write_preprocessor_config(
@@ -740,7 +742,10 @@ def _write_preprocessor_config(out_dir: Path, spec: RandomModelSpec) -> None:
 
 
 def make_random_checkpoint(
-    out_dir: str | Path, spec: RandomModelSpec = RandomModelSpec.tiny(), *, dtype: torch.dtype = torch.float32
+    out_dir: str | Path,
+    spec: Qwen25OmniRandomModelSpec = Qwen25OmniRandomModelSpec.tiny(),
+    *,
+    dtype: torch.dtype = torch.float32,
 ) -> Path:
     """Write a random checkpoint in the released Hugging Face layout to ``out_dir`` and return it.
 
@@ -764,11 +769,11 @@ def make_random_checkpoint(
 
 
 def build_random_model(
-    spec: RandomModelSpec, *, device: str = "cpu", dtype: torch.dtype = torch.bfloat16
-) -> ckpt.LoadedCheckpoint:
+    spec: Qwen25OmniRandomModelSpec, *, device: str = "cpu", dtype: torch.dtype = torch.bfloat16
+) -> ckpt.Qwen25OmniLoadedCheckpoint:
     """The checkpoint of ``spec`` built in memory (no weights on disk), e.g. the 7B architecture
     on a GPU for benchmarks. Thinker and talker use ``dtype``, token2wav float32. The tokenizer and
-    feature extractor are written to a fresh temp folder (``LoadedCheckpoint.path``), which the
+    feature extractor are written to a fresh temp folder (``Qwen25OmniLoadedCheckpoint.path``), which the
     caller may delete once the tokenizer is loaded."""
     config = build_config(spec)
     with scratch_folder("omni-random-") as folder:
@@ -778,7 +783,7 @@ def build_random_model(
         tokenizer = ckpt.load_tokenizer(folder)
         feature_extractor = ckpt.load_feature_extractor(folder, config)
         vision = ckpt.load_vision_preprocessor(folder, config)
-    return ckpt.LoadedCheckpoint(
+    return ckpt.Qwen25OmniLoadedCheckpoint(
         source=f"random:seed{spec.seed}",
         path=folder,
         config=config,
@@ -788,13 +793,13 @@ def build_random_model(
         tokenizer=tokenizer,
         feature_extractor=feature_extractor,
         speakers=ckpt.speakers_from_dict(make_speakers(spec), config, source="random speakers"),
-        special=ckpt.SpecialTokens.from_config(config, tokenizer),
+        special=ckpt.Qwen25OmniSpecialTokens.from_config(config, tokenizer),
         random_weights=True,
         vision=vision,
     )
 
 
-def parameter_count(spec: RandomModelSpec) -> int:
+def parameter_count(spec: Qwen25OmniRandomModelSpec) -> int:
     """Parameters of the model ``spec`` describes, counted on the meta device (nothing allocated)."""
     from transformers import Qwen2_5OmniForConditionalGeneration
 
@@ -804,7 +809,7 @@ def parameter_count(spec: RandomModelSpec) -> int:
 
 
 # --- Command line -----------------------------------------------------------------------------
-PRESETS = {"tiny": RandomModelSpec.tiny, "7b": RandomModelSpec.qwen2_5_omni_7b}
+PRESETS = {"tiny": Qwen25OmniRandomModelSpec.tiny, "7b": Qwen25OmniRandomModelSpec.qwen2_5_omni_7b}
 PRESET_DTYPES = {"tiny": torch.float32, "7b": torch.bfloat16}
 """The 7B preset is stored in bfloat16 like the released checkpoint (about 22 GB)."""
 
@@ -833,7 +838,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
 
 
 __all__ = [
-    "RandomModelSpec",
+    "Qwen25OmniRandomModelSpec",
     "build_config",
     "build_random_model",
     "make_random_checkpoint",

@@ -31,6 +31,7 @@ from pipeline.kernels.cuda_graphs import (  # re-exported: part of this API
     CapturedCall,
     GraphCaptureError,
     bucket_at_least,
+    bucket_holding,
 )
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "PackedWindows",
     "WindowJob",
     "bucket_at_least",
+    "bucket_holding",
     "pack_windows",
     "slot_bucket",
     "slot_sizes",
@@ -59,7 +61,7 @@ def slot_bucket(streams: int, max_slots: int) -> int:
     it (the next power of two, capped at ``max_slots``), so a few captured batch sizes serve every count."""
     if not 1 <= streams <= max_slots:
         raise ValueError(f"streams={streams} outside [1, {max_slots}]")
-    return bucket_at_least(streams, slot_sizes(max_slots))
+    return bucket_holding(streams, slot_sizes(max_slots))
 
 
 def slot_sizes(max_slots: int) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 """Streaming token2wav for Qwen2.5-Omni: sliding-window DiT (flow matching) + BigVGAN with overlap seams.
 
-Codec tokens arrive one by one from the talker; :class:`Token2WavStream` turns them into 24 kHz float32
+Codec tokens arrive one by one from the talker; :class:`Qwen25OmniToken2WavStream` turns them into 24 kHz float32
 audio chunk by chunk, following the plan of :mod:`pipeline.models.qwen2_5_omni.chunk_schedule`:
 
 - DiT: each chunk's frames are synthesized by running the whole ODE (RK4, ``ode_steps`` time points,
@@ -72,6 +72,7 @@ from pipeline.models.qwen2_5_omni.token2wav_graphs import (
     CapturedCall,
     WindowJob,
     bucket_at_least,
+    bucket_holding,
     pack_windows,
     slot_sizes,
 )
@@ -91,7 +92,7 @@ __all__ = [
     "GraphStats",
     "StreamStatus",
     "StreamingToken2Wav",
-    "Token2WavStream",
+    "Qwen25OmniToken2WavStream",
     "Token2WavStreamStateError",
     "one_shot",
 ]
@@ -107,7 +108,7 @@ MAX_CACHED_VOICES = 32
 
 
 class Token2WavStreamStateError(PipelineError):
-    """A :class:`Token2WavStream` method was called in a state that does not allow it
+    """A :class:`Qwen25OmniToken2WavStream` method was called in a state that does not allow it
     (``step()`` with no chunk ready, ``push()`` after ``finish()``, any use after ``close()``), or a chunk's DiT window
     is off the attention blocks (an invariant of the chunk schedule, checked where the window is made)."""
 
@@ -405,7 +406,7 @@ class _BatchedDit:
         self.use_cfg = cfg.guidance_scale >= _CFG_OFF_BELOW
         self.frame_buckets = _window_frames(cfg)
         self.graphs, self.batch_sizes, self.max_batch = graphs, batch_sizes, batch_sizes[-1]
-        self.captured: dict[tuple[int, int], CapturedCall] = {}
+        self.captured: dict[tuple[int, int], CapturedCall[Tensor]] = {}
         self.eager_solves = 0
 
     def solve(self, jobs: Sequence[WindowJob]) -> list[Tensor]:
@@ -444,7 +445,7 @@ class _BatchedDit:
     def _solve_batch(self, jobs: Sequence[WindowJob]) -> list[Tensor]:
         longest = max(job.frames for job in jobs)
         frames = bucket_at_least(longest, self.frame_buckets) or longest
-        slots = bucket_at_least(len(jobs), self.batch_sizes)
+        slots = bucket_holding(len(jobs), self.batch_sizes)
         packed = pack_windows(jobs, frames=frames, slots=slots, block_size=self.dit.block_size)
         inputs = self._inputs(packed)
         if self.graphs and frames in self.frame_buckets:
@@ -463,7 +464,7 @@ class _BatchedDit:
         call = self.captured.get((frames, slots)) or self._capture(frames, slots, inputs)
         return call(*inputs)
 
-    def _capture(self, frames: int, slots: int, inputs: tuple[Tensor, ...]) -> CapturedCall:
+    def _capture(self, frames: int, slots: int, inputs: tuple[Tensor, ...]) -> CapturedCall[Tensor]:
         # One warm-up solve (36 evaluations) initialises every library handle the capture needs.
         call = self.captured[(frames, slots)] = CapturedCall(
             self._solve, inputs, warmup_runs=1, capture_stream=self.capture_stream
@@ -499,7 +500,7 @@ class _Vocoder:
         self.batch_sizes, self.max_batch = batch_sizes, batch_sizes[-1]
         self.lengths = _vocoder_frames(cfg)
         self.floor = vocoder.min_amplitude(device)
-        self.captured: dict[tuple[int, int], CapturedCall] = {}
+        self.captured: dict[tuple[int, int], CapturedCall[Tensor]] = {}
         self.eager_calls = 0
 
     def many(self, mels: Sequence[Tensor]) -> list[Tensor]:
@@ -509,17 +510,17 @@ class _Vocoder:
         by_length: dict[int, list[int]] = {}
         for i, mel in enumerate(mels):
             by_length.setdefault(mel.shape[2], []).append(i)
-        out: list[Tensor | None] = [None] * len(mels)
+        out: dict[int, Tensor] = {}
         for frames, indices in by_length.items():
             for start in range(0, len(indices), self.max_batch):
                 part = indices[start : start + self.max_batch]
                 wav = self._call(torch.cat([mels[i] for i in part]), frames)
                 for row, i in enumerate(part):
                     out[i] = wav[row]
-        return out
+        return [out[i] for i in range(len(mels))]
 
     def capture(self, frames: int, rows: int) -> None:
-        slots = bucket_at_least(rows, self.batch_sizes)
+        slots = bucket_holding(rows, self.batch_sizes)
         if self.graphs and frames in self.lengths and (frames, slots) not in self.captured:
             mel_dim = self.bigvgan.config.mel_dim
             blank = torch.zeros(slots, mel_dim, frames, device=self.floor.device)
@@ -531,7 +532,7 @@ class _Vocoder:
         if not (self.graphs and frames in self.lengths):
             self.eager_calls += 1
             return self._waveform(mel).cpu()
-        slots = bucket_at_least(rows, self.batch_sizes)
+        slots = bucket_holding(rows, self.batch_sizes)
         if slots > rows:
             mel = torch.cat([mel, mel.new_zeros(slots - rows, *mel.shape[1:])])
         call = self.captured.get((frames, slots))
@@ -700,7 +701,7 @@ class StreamingToken2Wav:
         generator: torch.Generator | None = None,
         max_codes: int,
         quick: bool = False,
-    ) -> Token2WavStream:
+    ) -> Qwen25OmniToken2WavStream:
         """Open a stream for one utterance of at most ``max_codes`` codec tokens.
 
         ``cond`` (1, enc_emb_dim) and ``ref_mel`` (1, T, mel_dim) are the speaker's (``spk_dict.pt``); their
@@ -724,7 +725,7 @@ class StreamingToken2Wav:
         with torch.inference_mode(), device_scope(self.device):
             noise = self._noise(noise, generator, frames)
             speaker = self._speakers.get(cond, ref_mel, voice)
-        return Token2WavStream(self, speaker, noise, max_codes, self.cfg.quick() if quick else self.cfg)
+        return Qwen25OmniToken2WavStream(self, speaker, noise, max_codes, self.cfg.quick() if quick else self.cfg)
 
     def warm_up(self, max_batch: int = 1) -> None:
         """Compile the DiT blocks (``compile_dit``), then capture the graphs of the regular shapes (``cuda_graphs``),
@@ -735,7 +736,7 @@ class StreamingToken2Wav:
         Raises :class:`ConfigError` (``param="compile_dit"``) when compiling, or capturing the compiled blocks, fails:
         the synthesizer never falls back to the uncompiled DiT on its own; build it with ``compile_dit=False`` for
         that."""
-        slots = sorted({bucket_at_least(n, self.batch_sizes) for n in range(1, min(max_batch, self.max_batch) + 1)})
+        slots = sorted({bucket_holding(n, self.batch_sizes) for n in range(1, min(max_batch, self.max_batch) + 1)})
         with torch.inference_mode(), _tf32_matmuls(self.tf32_matmul), device_scope(self.device):
             if self.compile_dit:
                 self._compile()
@@ -749,7 +750,7 @@ class StreamingToken2Wav:
                 for slot_count in slots:
                     self._vocoder.capture(frames, slot_count)
 
-    def step_many(self, streams: Sequence[Token2WavStream]) -> list[np.ndarray]:
+    def step_many(self, streams: Sequence[Qwen25OmniToken2WavStream]) -> list[np.ndarray]:
         """Synthesize the next chunk of each of ``streams``, their DiT windows batched (``max_batch`` at a time,
         one graph launch per batch on GPU). Returns each stream's samples, in order, as its ``step()`` would (equal
         up to float rounding). Every stream must be ready, opened by this synthesizer and listed once; otherwise
@@ -806,7 +807,7 @@ class StreamingToken2Wav:
                 param="compile_dit",
             ) from exc
 
-    def _synthesize(self, chunks: list[tuple[Token2WavStream, ChunkPlan]]) -> list[np.ndarray]:
+    def _synthesize(self, chunks: list[tuple[Qwen25OmniToken2WavStream, ChunkPlan]]) -> list[np.ndarray]:
         # on this synthesizer's device whatever the caller's current one (its Triton kernels launch on the current one)
         with torch.inference_mode(), _tf32_matmuls(self.tf32_matmul), device_scope(self.device):
             if len(chunks) == 1 and not self.cuda_graphs:
@@ -832,7 +833,7 @@ class StreamingToken2Wav:
         return noise[:, :frames].to(self.device, torch.float32)
 
 
-class Token2WavStream(CodecStream):
+class Qwen25OmniToken2WavStream(CodecStream):
     """Streaming synthesis state of one utterance (:class:`~pipeline.models.common.codec_stream.CodecStream`; its
     ``frames_done`` counts mel frames). Create with :meth:`StreamingToken2Wav.start`.
 
@@ -862,11 +863,12 @@ class Token2WavStream(CodecStream):
     def push(self, codes: Sequence[int]) -> None:
         """Append codec tokens (DiT code ids, talker specials stripped). Raises InvalidInputError past max_codes."""
         self._require(StreamStatus.OPEN, "push")
-        tensor = _codes_tensor(self._owner.dit, codes, self._codes.device)
+        held = self._held()
+        tensor = _codes_tensor(self._owner.dit, codes, held.device)
         end = self.codes_received + tensor.numel()
         if end > self.max_codes:
             raise InvalidInputError(f"stream holds at most {self.max_codes} codes, got {end}", param="codes")
-        self._codes[self.codes_received : end] = tensor
+        held[self.codes_received : end] = tensor
         self.codes_received = end
 
     def next_plan(self) -> ChunkPlan | None:
@@ -904,7 +906,7 @@ class Token2WavStream(CodecStream):
         )
 
     def _window_codes(self, plan: ChunkPlan) -> Tensor:
-        codes = self._codes[plan.dit_codes.start : plan.dit_codes.end].unsqueeze(0)
+        codes = self._held()[plan.dit_codes.start : plan.dit_codes.end].unsqueeze(0)
         return codes.to(self._owner.device, non_blocking=True)
 
     def _context(self, plan: ChunkPlan):
@@ -912,7 +914,8 @@ class Token2WavStream(CodecStream):
         of the block (``ChunkingConfig.dit_block_frames``, the checkpoint's), and the Triton attention reads keys block
         by block on that layout (:func:`.dit_attention.dit_attention`)."""
         context = plan.dit_context
-        if context.start % self._cfg.dit_block_frames:
+        block = self._cfg.dit_block_frames  # the owner's schedule always has it (the checkpoint's by default)
+        if block is None or context.start % block:
             raise Token2WavStreamStateError(
                 f"a DiT window starts at frame {context.start}, off the "
                 f"{self._cfg.dit_block_frames}-frame attention blocks"
@@ -922,17 +925,19 @@ class Token2WavStream(CodecStream):
     def _solve_window(self, plan: ChunkPlan) -> Tensor:
         """Run the DiT ODE over the chunk's context window, unpadded; (1, L, mel_dim)."""
         owner, context = self._owner, self._context(plan)
-        window = _window_inputs(owner.dit, self._speaker, self._window_codes(plan), context.start)
+        speaker, noise = self._conditioning()
+        window = _window_inputs(owner.dit, speaker, self._window_codes(plan), context.start)
         velocity = dit_velocity(
-            owner._weights, owner._modulation, window, self._cfg.guidance_scale, self._speaker.batch == 2, owner._block
+            owner._weights, owner._modulation, window, self._cfg.guidance_scale, speaker.batch == 2, owner._block
         )
-        return integrate(velocity, self._noise[:, context.start : context.end], owner._times)
+        return integrate(velocity, noise[:, context.start : context.end], owner._times)
 
     def _window_job(self, plan: ChunkPlan) -> WindowJob:
         """The chunk's context window for a batched solve."""
         context = self._context(plan)
-        features = _features(self._owner.dit, self._speaker, self._window_codes(plan))
-        return WindowJob(self._noise[:, context.start : context.end], features, context.start)
+        speaker, noise = self._conditioning()
+        features = _features(self._owner.dit, speaker, self._window_codes(plan))
+        return WindowJob(noise[:, context.start : context.end], features, context.start)
 
     def _vocoder_input(self, plan: ChunkPlan, window: Tensor) -> Tensor:
         """The mel frames (1, mel_dim, n) the vocoder runs for the chunk: the re-run overlap frames of the previous
@@ -941,7 +946,11 @@ class Token2WavStream(CodecStream):
         offset = plan.dit_context.start
         mel = window[:, plan.frames.start - offset : plan.vocoder_frames.end - offset].transpose(1, 2)
         overlap = plan.frames.start - plan.vocoder_frames.start
-        return torch.cat([self._mel_tail[:, :, -overlap:], mel], dim=2) if overlap else mel
+        if not overlap:
+            return mel
+        if self._mel_tail is None:  # a schedule with vocoder overlap keeps a tail after every chunk
+            raise Token2WavStreamStateError(f"chunk {plan.index} re-runs {overlap} frames, but none were kept")
+        return torch.cat([self._mel_tail[:, :, -overlap:], mel], dim=2)
 
     def _advance(self, plan: ChunkPlan, vocoder_mel: Tensor, wav: Tensor) -> np.ndarray:
         """Keep the chunk's ``plan.samples`` of the vocoder output ``wav`` (CPU, for ``vocoder_mel``), advance the
@@ -967,9 +976,21 @@ class Token2WavStream(CodecStream):
         one: linear weights, the continuation's falling as the chunk's own rise."""
         tail, self._seam_tail = self._seam_tail, None
         n = 0 if tail is None else min(tail.size, samples.size)
-        if n:
+        if tail is not None and n:
             rise = np.arange(1, n + 1, dtype=np.float32) / (n + 1)
             samples[:n] = tail[:n] * (1 - rise) + samples[:n] * rise
+
+    def _held(self) -> Tensor:
+        """The pushed codes' buffer (host); Token2WavStreamStateError once the stream released its tensors."""
+        if self._codes is None:
+            raise Token2WavStreamStateError(f"the {self.KIND} stream is closed")
+        return self._codes
+
+    def _conditioning(self) -> tuple[_Speaker, Tensor]:
+        """The speaker and the stream's noise; Token2WavStreamStateError once the stream released its tensors."""
+        if self._speaker is None or self._noise is None:
+            raise Token2WavStreamStateError(f"the {self.KIND} stream is closed")
+        return self._speaker, self._noise
 
     def _release(self) -> None:
         self._speaker = self._noise = self._codes = self._mel_tail = self._seam_tail = None

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from pipeline.models.common.vision_patches import PatchPreprocessor, VisionInput
 
-__all__ = ["VIDEO_FPS", "VisionInput", "VisionPreprocessor"]
+__all__ = ["VIDEO_FPS", "VisionInput", "Qwen25OmniVisionPreprocessor"]
 
 VIDEO_FPS = 2.0
 """Frames per second of video the model was trained on. Checkpoints store no rate; the reference processor samples
@@ -16,7 +16,7 @@ video at 2 fps, so one temporal patch of 2 frames covers one second (``video_sec
 
 
 @dataclass(frozen=True)
-class VisionPreprocessor(PatchPreprocessor):
+class Qwen25OmniVisionPreprocessor(PatchPreprocessor):
     """Qwen2.5-Omni's image processor settings (:meth:`from_preprocessor_config`); call it on frames."""
 
     video_fps: ClassVar[float] = VIDEO_FPS

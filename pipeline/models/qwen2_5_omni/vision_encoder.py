@@ -16,7 +16,7 @@ from torch import nn
 from pipeline.models.qwen2_5_omni.vision import VisionInput
 
 
-class VisionEncoder:
+class Qwen25OmniVisionEncoder:
     """Encodes pictures and video clips (:class:`~.vision.VisionInput`) on the tower's device.
 
     ``batch``: several items go through the tower in one call (their patches concatenated, one ``grid_thw`` row

@@ -40,7 +40,7 @@ from pipeline.models.common.audio_blocks import BlockAudioEncoder, encoder_layer
 __all__ = [
     "GRAPH_BATCHES",
     "REFERENCE_TOKENS_PER_CHUNK",
-    "BlockEncoder",
+    "Qwen3OmniBlockEncoder",
     "EncoderWindows",
     "conv_tokens",
     "encode_blocks",
@@ -140,7 +140,7 @@ def encode_blocks(tower: nn.Module, features: Tensor, lengths: Tensor) -> Tensor
     return tower.proj2(tower.act(tower.proj1(tower.ln_post(x))))
 
 
-class BlockEncoder(BlockAudioEncoder):
+class Qwen3OmniBlockEncoder(BlockAudioEncoder):
     """The thinker's user-audio encoder for the engine (``ThinkerParts.audio``): blocks of at most one attention
     window (:attr:`block_frames`) encoded with :func:`encode_blocks`, eagerly (padded to whole chunks), or on CUDA from
     graphs captured by :meth:`capture` for :data:`GRAPH_BATCHES` blocks padded to the full window

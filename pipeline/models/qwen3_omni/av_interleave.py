@@ -17,17 +17,17 @@ message's first position (``<|vision_bos|>``), the same on the three rotary axes
 - the closing markers are at ``close`` and ``close + 1``, where ``close`` is the largest offset of the *last block*
   + 1: the audio's last token when the message ends on audio (``close = n_audio + 2``), else every patch after the
   last audio token (``get_rope_index`` takes the max of its last list entry); the text after the message continues
-  at ``close + 2`` (:attr:`AVLayout.advance`).
+  at ``close + 2`` (:attr:`Qwen3OmniAVLayout.advance`).
 
 Unlike Qwen2.5-Omni, no 2-second chunking enters the layout (``seconds_per_chunk`` is in the config but unused by the
 reference). The layout is cut here into time chunks of one patch period ``s = t_1``: chunk ``j`` is patch ``j``'s
 tokens then the audio tokens of times ``[j * s, (j + 1) * s)``, either part possibly absent. Their concatenation is
 the merged order above, and every chunk depends only on the tokens up to it, so a chunk whose patch and audio are
-complete is final (:meth:`AVLayout.ready_chunks`).
+complete is final (:meth:`Qwen3OmniAVLayout.ready_chunks`).
 
 The reference computes these positions in floating point: a patch time that is not a whole number would give
-fractional rope positions, which the engine's integer positions cannot hold, so :class:`AVTiming` refuses such a
-video rate. Everything here is pure (numpy on the host).
+fractional rope positions, which the engine's integer positions cannot hold, so :class:`Qwen3OmniAVTiming` refuses
+such a video rate. Everything here is pure (numpy on the host).
 """
 
 from __future__ import annotations
@@ -37,17 +37,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.models.common.av_layout import AVChunk, AVLayoutBase
+from pipeline.models.common.av_layout import AVLayoutBase
+from pipeline.models.positions import AVChunk
 
-__all__ = ["OPENING_MARKERS", "AVChunk", "AVLayout", "AVTiming"]
+__all__ = ["OPENING_MARKERS", "Qwen3OmniAVLayout", "Qwen3OmniAVTiming"]
 
 OPENING_MARKERS = 2
-"""``<|vision_bos|>`` and ``<|audio_bos|>`` open the message, at offsets 0 and 1 (:attr:`AVLayout.MARKER_STEP` 1);
-two closing markers end it."""
+"""``<|vision_bos|>`` and ``<|audio_bos|>`` open the message, at offsets 0 and 1
+(:attr:`Qwen3OmniAVLayout.MARKER_STEP` 1); two closing markers end it."""
 
 
 @dataclass(frozen=True)
-class AVTiming:
+class Qwen3OmniAVTiming:
     """The model's rotary positions per second (checkpoint config) and the video's seconds per temporal patch
     (``temporal_patch_size / fps``). Raises ValueError when a patch period is not a whole number of positions."""
 
@@ -67,9 +68,9 @@ class AVTiming:
         """Rope positions between two temporal patches."""
         return int(self.second_per_grid * self.position_id_per_seconds)
 
-    def layout(self, *, rows: int, cols: int, n_patches: int, n_audio: int) -> AVLayout:
-        """The :class:`AVLayout` of a message of these media (:class:`pipeline.models.positions.AVTiming`)."""
-        return AVLayout(self, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
+    def layout(self, *, rows: int, cols: int, n_patches: int, n_audio: int) -> Qwen3OmniAVLayout:
+        """The :class:`Qwen3OmniAVLayout` of a message of these media (:class:`pipeline.models.positions.AVTiming`)."""
+        return Qwen3OmniAVLayout(self, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
 
     def patch_times(self, n: int) -> np.ndarray:
         """(n,) int64 times of patches ``0 .. n - 1`` as the reference computes them (the model in float32, the
@@ -82,13 +83,13 @@ class AVTiming:
         return exact
 
 
-class AVLayout(AVLayoutBase):
+class Qwen3OmniAVLayout(AVLayoutBase):
     """Layout and offsets of one message (:class:`~pipeline.models.common.av_layout.AVLayoutBase`): the opening
     markers at offsets 0 and 1, the closing ones at :attr:`close_offset` and the next offset."""
 
     MARKER_STEP = 1
 
-    def __init__(self, timing: AVTiming, *, rows: int, cols: int, n_patches: int, n_audio: int) -> None:
+    def __init__(self, timing: Qwen3OmniAVTiming, *, rows: int, cols: int, n_patches: int, n_audio: int) -> None:
         super().__init__(timing, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
         self._patch_t = timing.patch_times(n_patches)
         self._step = timing.patch_step

@@ -45,7 +45,7 @@ from pipeline.models.common.hf_loading import (
     stage_placement,
 )
 from pipeline.models.qwen3_omni.hf_logging import quiet_rope_key_warnings
-from pipeline.models.qwen3_omni.vision import VisionPreprocessor
+from pipeline.models.qwen3_omni.vision import Qwen3OmniVisionPreprocessor
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ TOKENIZER_NAMED_FIELDS: Mapping[str, str] = {
     "audio_end": AUDIO_END,
     "vision_end": VISION_END,
 }
-""":class:`SpecialTokens` field -> the tokenizer token that carries its id."""
+""":class:`Qwen3OmniSpecialTokens` field -> the tokenizer token that carries its id."""
 
 SUBMODELS = ("thinker", "talker", "code2wav")
 """The parts a checkpoint with audio output loads, by stage (code2wav is the ``token2wav`` stage)."""
@@ -73,7 +73,7 @@ STAGE_OF_PART = {"thinker": "thinker", "talker": "talker", "code2wav": "token2wa
 
 
 @dataclass(frozen=True)
-class SpecialTokens:
+class Qwen3OmniSpecialTokens:
     """Every special id the engine needs.
 
     Thinker-vocabulary ids: chat and modality markers (``audio_token`` is the audio placeholder repeated once per
@@ -126,7 +126,7 @@ class SpecialTokens:
         return () if self.codec_eos is None else (self.codec_eos,)
 
     @classmethod
-    def from_config(cls, config: Any, tokenizer: Any) -> SpecialTokens:
+    def from_config(cls, config: Any, tokenizer: Any) -> Qwen3OmniSpecialTokens:
         """Read the ids from a ``Qwen3OmniMoeConfig`` (chat markers absent from it from the tokenizer by name). Raises
         :class:`CheckpointError` when an id is missing, outside its vocabulary, or disagrees with the tokenizer."""
         thinker = config.thinker_config
@@ -253,7 +253,7 @@ def validate_config(config: Any) -> None:
 
 # --- The loaded checkpoint --------------------------------------------------------------------
 @dataclass
-class LoadedCheckpoint:
+class Qwen3OmniLoadedCheckpoint:
     """A Qwen3-Omni checkpoint ready for inference (parts in eval mode on their devices).
 
     ``thinker`` is the transformers thinker (text model, audio and vision encoders, lm head); ``talker`` (with its code
@@ -268,10 +268,10 @@ class LoadedCheckpoint:
     code2wav: torch.nn.Module | None
     tokenizer: Any
     feature_extractor: Any
-    special: SpecialTokens
+    special: Qwen3OmniSpecialTokens
     voices: dict[str, int]
     random_weights: bool
-    vision: VisionPreprocessor | None = None
+    vision: Qwen3OmniVisionPreprocessor | None = None
     """The image processor settings (None: ``preprocessor_config.json`` has none; the checkpoint takes no pictures)."""
 
     @property
@@ -290,7 +290,7 @@ def load_checkpoint(
     *,
     devices: dict[str, str] | None = None,
     dtypes: dict[str, torch.dtype] | None = None,
-) -> LoadedCheckpoint:
+) -> Qwen3OmniLoadedCheckpoint:
     """Load a checkpoint folder, or a hub id already in the local Hugging Face cache (never downloads).
 
     ``devices`` / ``dtypes`` are keyed by stage (``"thinker"``, ``"talker"``, ``"token2wav"``: code2wav); missing keys
@@ -327,16 +327,16 @@ def assemble(
     feature_extractor: Any,
     random_weights: bool,
     *,
-    vision: VisionPreprocessor | None = None,
-) -> LoadedCheckpoint:
-    """A :class:`LoadedCheckpoint` of loaded (or built) parts ``(thinker, talker, code2wav)``: the config validated,
-    the special ids read and cross-checked with the tokenizer, the voices read; ``vision``: the image processor
-    settings (:func:`load_vision_preprocessor`)."""
+    vision: Qwen3OmniVisionPreprocessor | None = None,
+) -> Qwen3OmniLoadedCheckpoint:
+    """A :class:`Qwen3OmniLoadedCheckpoint` of loaded (or built) parts ``(thinker, talker, code2wav)``: the config
+    validated, the special ids read and cross-checked with the tokenizer, the voices read; ``vision``: the image
+    processor settings (:func:`load_vision_preprocessor`)."""
     validate_config(config)
-    special = SpecialTokens.from_config(config, tokenizer)
+    special = Qwen3OmniSpecialTokens.from_config(config, tokenizer)
     voices = speakers_from_config(config) if config.enable_audio_output else {}
     thinker, talker, code2wav = parts
-    return LoadedCheckpoint(
+    return Qwen3OmniLoadedCheckpoint(
         source=source,
         path=path,
         config=config,
@@ -362,11 +362,11 @@ def load_config(path: Path) -> Any:
     return config
 
 
-def load_vision_preprocessor(path: Path, config: Any) -> VisionPreprocessor | None:
+def load_vision_preprocessor(path: Path, config: Any) -> Qwen3OmniVisionPreprocessor | None:
     """The image processor settings of ``preprocessor_config.json`` (None when it has none), checked against the
     vision tower's config."""
     raw = read_preprocessor_config(path)
-    return VisionPreprocessor.from_preprocessor_config(raw, config.thinker_config.vision_config)
+    return Qwen3OmniVisionPreprocessor.from_preprocessor_config(raw, config.thinker_config.vision_config)
 
 
 def _placement(devices: dict[str, str] | None, dtypes: dict[str, torch.dtype] | None) -> dict[str, Placement]:

@@ -24,7 +24,7 @@ the ConvNet over about ``n + left_context_frames`` frames (``+ 1`` with the rele
 chunk lies in the frame before its first new frame), so small chunks cost more ConvNet work per second of audio, and
 every chunk is one more batched job.
 
-Calling order and states are those of :class:`pipeline.models.qwen2_5_omni.token2wav_stream.Token2WavStream`. All model
+Calling order and states are those of :class:`pipeline.models.synthesis.Token2WavStream`. All model
 calls run under ``torch.inference_mode()`` on the module's device and in its dtype; eager (no CUDA graphs).
 """
 

@@ -15,15 +15,15 @@ import torch
 
 from pipeline.api import VisionInfo
 from pipeline.errors import ConfigError, UnsupportedInputError
-from pipeline.models.common.chatml import PromptRenderer
+from pipeline.models.common.chatml import ChatMLRenderer
 from pipeline.models.common.hf_checkpoint import resolve_checkpoint_path
 from pipeline.models.common.hf_parts import thinker_audio_tower, thinker_text_model, thinker_vision_tower
 from pipeline.models.common.settings import reject_unknown
 from pipeline.models.common.tmrope import TMROPE, TMRoPE
 from pipeline.models.family import Connector, ThinkerParts
-from pipeline.models.qwen3_omni.av_interleave import AVTiming
-from pipeline.models.qwen3_omni.checkpoint import LoadedCheckpoint, SpecialTokens, load_checkpoint
-from pipeline.models.qwen3_omni.frame_talker import Qwen3FrameTalker, thinker_to_talker
+from pipeline.models.qwen3_omni.av_interleave import Qwen3OmniAVTiming
+from pipeline.models.qwen3_omni.checkpoint import Qwen3OmniLoadedCheckpoint, Qwen3OmniSpecialTokens, load_checkpoint
+from pipeline.models.qwen3_omni.frame_talker import Qwen3OmniFrameTalker, thinker_to_talker
 from pipeline.models.qwen3_omni.prompt import DEFAULT_SYSTEM_PROMPT, TRANSCRIPTION_PROMPT
 from pipeline.models.qwen3_omni.talker import CodecRules, TalkerTokens
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from pipeline.models.common.log_mel import IncrementalLogMel
     from pipeline.models.qwen3_omni.code2wav_chunking import Code2WavChunking
     from pipeline.models.qwen3_omni.code2wav_stream import Code2WavStream, StreamingCode2Wav
-    from pipeline.models.qwen3_omni.vision import VisionPreprocessor
+    from pipeline.models.qwen3_omni.vision import Qwen3OmniVisionPreprocessor
 
 
 def talker_to_token2wav(frame: list[int], stop_ids: tuple[int, ...]) -> list[int] | None:
@@ -40,7 +40,7 @@ def talker_to_token2wav(frame: list[int], stop_ids: tuple[int, ...]) -> list[int
 
 
 class Qwen3OmniFamily:
-    """Qwen3-Omni's checkpoints (:class:`LoadedCheckpoint`) for the engine."""
+    """Qwen3-Omni's checkpoints (:class:`Qwen3OmniLoadedCheckpoint`) for the engine."""
 
     name = "qwen3_omni"
     display_name = "Qwen3-Omni"
@@ -78,7 +78,7 @@ class Qwen3OmniFamily:
     def resolve_checkpoint(self, model: str) -> Path:
         return resolve_checkpoint_path(model)
 
-    def load_pretrained(self, model: str, *, devices: dict, dtypes: dict) -> LoadedCheckpoint:
+    def load_pretrained(self, model: str, *, devices: dict, dtypes: dict) -> Qwen3OmniLoadedCheckpoint:
         return load_checkpoint(model, devices=devices, dtypes=dtypes)
 
     @property
@@ -104,7 +104,7 @@ class Qwen3OmniFamily:
 
     def build_random(
         self, spec: Any, *, device: torch.device | str, dtype: torch.dtype, devices: dict[str, str] | None = None
-    ) -> LoadedCheckpoint:
+    ) -> Qwen3OmniLoadedCheckpoint:
         from pipeline.models.qwen3_omni.checkpoint import assemble, load_vision_preprocessor
         from pipeline.models.qwen3_omni.tiny import build_random_model
 
@@ -130,64 +130,67 @@ class Qwen3OmniFamily:
             vision=load_vision_preprocessor(built.path, built.config),
         )
 
-    def max_context(self, ckpt: LoadedCheckpoint) -> int:
+    def max_context(self, ckpt: Qwen3OmniLoadedCheckpoint) -> int:
         return ckpt.config.thinker_config.text_config.max_position_embeddings
 
-    def special(self, ckpt: LoadedCheckpoint) -> SpecialTokens:
+    def special(self, ckpt: Qwen3OmniLoadedCheckpoint) -> Qwen3OmniSpecialTokens:
         return ckpt.special
 
-    def codec_stop_ids(self, ckpt: LoadedCheckpoint) -> tuple[int, ...]:
+    def codec_stop_ids(self, ckpt: Qwen3OmniLoadedCheckpoint) -> tuple[int, ...]:
         return ckpt.special.codec_stop_ids()
 
-    def codec_suppress_ids(self, ckpt: LoadedCheckpoint) -> list[int]:
+    def codec_suppress_ids(self, ckpt: Qwen3OmniLoadedCheckpoint) -> list[int]:
         """The talker's control ids (the last 1024 of its vocabulary), codec eos excepted, as the reference suppresses
         them."""
         if not ckpt.audio_output:
             return []
         return list(CodecRules.of(TalkerTokens.of(ckpt.config)).suppress)
 
-    def renderer(self, ckpt: LoadedCheckpoint) -> PromptRenderer:
-        return PromptRenderer(ckpt.tokenizer, ckpt.special)
+    def renderer(self, ckpt: Qwen3OmniLoadedCheckpoint) -> ChatMLRenderer:
+        return ChatMLRenderer(ckpt.tokenizer, ckpt.special)
 
-    def positions(self, ckpt: LoadedCheckpoint) -> TMRoPE:
+    def positions(self, ckpt: Qwen3OmniLoadedCheckpoint) -> TMRoPE:
         """TMRoPE: text and audio advance every axis by one; a picture's positions are its grid's offsets."""
         return TMROPE
 
-    def speaks(self, ckpt: LoadedCheckpoint) -> bool:
+    def speaks(self, ckpt: Qwen3OmniLoadedCheckpoint) -> bool:
         """False for a checkpoint saved without its talker and code2wav (``enable_audio_output`` false, like the
         released -Thinking ones)."""
         return ckpt.audio_output
 
-    def voices(self, ckpt: LoadedCheckpoint) -> tuple[str, ...]:
+    def voices(self, ckpt: Qwen3OmniLoadedCheckpoint) -> tuple[str, ...]:
         return tuple(ckpt.voices)
 
-    def default_voice(self, ckpt: LoadedCheckpoint) -> str:
+    def default_voice(self, ckpt: Qwen3OmniLoadedCheckpoint) -> str:
         if not ckpt.voices:
             raise UnsupportedInputError(f"{ckpt.source} has no talker: it answers in text only", param="modalities")
         return ckpt.default_voice
 
-    def voice_bos(self, ckpt: LoadedCheckpoint, voice: str) -> int:
+    def voice_bos(self, ckpt: Qwen3OmniLoadedCheckpoint, voice: str) -> int:
         """The voice's codec id (the talker's reply opening carries it; Qwen3-Omni has no thinker-vocabulary voice
         token)."""
         return TalkerTokens.of(ckpt.config).speaker(voice)
 
-    def audio_features(self, ckpt: LoadedCheckpoint) -> IncrementalLogMel:
+    def audio_features(self, ckpt: Qwen3OmniLoadedCheckpoint) -> IncrementalLogMel:
         from pipeline.models.qwen3_omni.audio_features import incremental_log_mel
 
         return incremental_log_mel(ckpt.feature_extractor, ckpt.config.thinker_config.audio_config)
 
-    def thinker_parts(self, ckpt: LoadedCheckpoint, *, device: torch.device, cuda_graphs: bool) -> ThinkerParts:
-        """The thinker's parts; the vision tower (:class:`~pipeline.models.qwen3_omni.vision_encoder.VisionEncoder`)
-        returns each item's merged tokens with its deepstack features, which the engine adds to the first decoder
-        layers' outputs at the item's positions."""
-        from pipeline.models.qwen3_omni.audio_encoder import BlockEncoder
-        from pipeline.models.qwen3_omni.vision_encoder import VisionEncoder
+    def thinker_parts(
+        self, ckpt: Qwen3OmniLoadedCheckpoint, *, device: torch.device, cuda_graphs: bool
+    ) -> ThinkerParts:
+        """The thinker's parts; the vision tower
+        (:class:`~pipeline.models.qwen3_omni.vision_encoder.Qwen3OmniVisionEncoder`) returns each item's merged tokens
+        with its deepstack features, which the engine adds to the first decoder layers' outputs at the item's
+        positions."""
+        from pipeline.models.qwen3_omni.audio_encoder import Qwen3OmniBlockEncoder
+        from pipeline.models.qwen3_omni.vision_encoder import Qwen3OmniVisionEncoder
 
         device = torch.device(device)
-        audio = BlockEncoder(thinker_audio_tower(ckpt.thinker), device=device, cuda_graphs=cuda_graphs)
+        audio = Qwen3OmniBlockEncoder(thinker_audio_tower(ckpt.thinker), device=device, cuda_graphs=cuda_graphs)
         vision = None
         if ckpt.vision is not None:
-            vision = VisionEncoder(thinker_vision_tower(ckpt.thinker), device=device)
+            vision = Qwen3OmniVisionEncoder(thinker_vision_tower(ckpt.thinker), device=device)
         layer = ckpt.config.talker_config.accept_hidden_layer if ckpt.audio_output else None
         return ThinkerParts(
             text_model=thinker_text_model(ckpt.thinker),
@@ -198,33 +201,33 @@ class Qwen3OmniFamily:
         )
 
     def frame_talker_parts(
-        self, ckpt: LoadedCheckpoint, *, device: torch.device, dtype: torch.dtype
-    ) -> Qwen3FrameTalker | None:
+        self, ckpt: Qwen3OmniLoadedCheckpoint, *, device: torch.device, dtype: torch.dtype
+    ) -> Qwen3OmniFrameTalker | None:
         if not ckpt.audio_output:
             return None
         header = self.renderer(ckpt).header("assistant")
         embedding = thinker_text_model(ckpt.thinker).get_input_embeddings()
-        return Qwen3FrameTalker(ckpt.talker, embedding, ckpt.config, header)
+        return Qwen3OmniFrameTalker(ckpt.talker, embedding, ckpt.config, header)
 
-    def vision_info(self, ckpt: LoadedCheckpoint) -> VisionInfo | None:
+    def vision_info(self, ckpt: Qwen3OmniLoadedCheckpoint) -> VisionInfo | None:
         """The image processor's pixel budget and patch sizes, at the 2 fps the model's video was sampled at (camera
         frames take the same budget as pictures)."""
         return None if ckpt.vision is None else ckpt.vision.info
 
-    def av_timing(self, ckpt: LoadedCheckpoint) -> AVTiming | None:
+    def av_timing(self, ckpt: Qwen3OmniLoadedCheckpoint) -> Qwen3OmniAVTiming | None:
         """The thinker's ``position_id_per_seconds`` and ``temporal_patch_size / fps`` seconds per temporal patch."""
         info = self.vision_info(ckpt)
         if info is None:
             return None
-        return AVTiming(
+        return Qwen3OmniAVTiming(
             position_id_per_seconds=float(ckpt.config.thinker_config.position_id_per_seconds),
             second_per_grid=info.temporal_patch_size / info.fps,
         )
 
-    def vision_preprocessor(self, ckpt: LoadedCheckpoint) -> VisionPreprocessor | None:
+    def vision_preprocessor(self, ckpt: Qwen3OmniLoadedCheckpoint) -> Qwen3OmniVisionPreprocessor | None:
         return ckpt.vision
 
-    def token2wav(self, ckpt: LoadedCheckpoint, stage: Any) -> StreamingCode2Wav:
+    def token2wav(self, ckpt: Qwen3OmniLoadedCheckpoint, stage: Any) -> StreamingCode2Wav:
         from pipeline.models.qwen3_omni.code2wav_stream import StreamingCode2Wav
 
         if ckpt.code2wav is None:
@@ -234,7 +237,7 @@ class Qwen3OmniFamily:
     def start_stream(
         self,
         synthesizer: StreamingCode2Wav,
-        ckpt: LoadedCheckpoint,
+        ckpt: Qwen3OmniLoadedCheckpoint,
         voice: str,
         *,
         generator: torch.Generator | None,

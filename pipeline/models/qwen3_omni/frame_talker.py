@@ -17,7 +17,7 @@ import torch
 from pipeline.models.qwen3_omni.code_predictor import CodePredictor
 from pipeline.models.qwen3_omni.talker import TalkerInputs, TalkerTokens, user_mask
 
-__all__ = ["Qwen3FrameTalker", "thinker_to_talker"]
+__all__ = ["Qwen3OmniFrameTalker", "thinker_to_talker"]
 
 
 def thinker_to_talker(hidden: torch.Tensor, embeds: torch.Tensor, multimodal: torch.Tensor | None) -> torch.Tensor:
@@ -29,7 +29,7 @@ def thinker_to_talker(hidden: torch.Tensor, embeds: torch.Tensor, multimodal: to
     return torch.where(multimodal.unsqueeze(1), hidden.to(embeds.dtype), embeds)
 
 
-class Qwen3FrameTalker:
+class Qwen3OmniFrameTalker:
     """The frame talker parts of a loaded Qwen3-Omni talker (HF ``Qwen3OmniMoeTalkerForConditionalGeneration``) on
     its device, with the thinker's input embedding (to embed the reply opening's header) and the renderer's
     ``<|im_start|>assistant\\n`` ids."""

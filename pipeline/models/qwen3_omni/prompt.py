@@ -7,7 +7,7 @@ three assistant positions)."""
 
 from __future__ import annotations
 
-from pipeline.models.common.chatml import PromptRenderer
+from pipeline.models.common.chatml import ChatMLRenderer
 from pipeline.models.common.transcription import TRANSCRIPTION_PROMPT
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -17,4 +17,4 @@ DEFAULT_SYSTEM_PROMPT = (
 """The server's default instructions for Qwen3-Omni: its speech output needs no fixed system prompt (unlike
 Qwen2.5-Omni's), so this one only asks for replies that read well aloud."""
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "TRANSCRIPTION_PROMPT", "PromptRenderer"]
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "TRANSCRIPTION_PROMPT", "ChatMLRenderer"]

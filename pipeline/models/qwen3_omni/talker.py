@@ -35,7 +35,7 @@ __all__ = [
     "CodecRules",
     "TalkerInputs",
     "TalkerTokens",
-    "TextEnd",
+    "TalkerTextEnd",
     "multimodal_mask",
     "step_text",
     "user_mask",
@@ -139,18 +139,18 @@ def multimodal_mask(ids: torch.Tensor, tokens: TalkerTokens) -> torch.Tensor:
     return (ids == tokens.audio) | (ids == tokens.image) | (ids == tokens.video)
 
 
-class TextEnd(enum.Enum):
+class TalkerTextEnd(enum.Enum):
     """Text parts past the reply's text: ``EOS`` once (in place of the reply's last token), then ``PAD``."""
 
     EOS = "tts_eos"
     PAD = "tts_pad"
 
 
-def step_text(step: int, known: int, done: bool) -> int | TextEnd | None:
+def step_text(step: int, known: int, done: bool) -> int | TalkerTextEnd | None:
     """The text part of talker decode step ``step`` (0 = the step after the prefill) when the thinker has produced
     reply tokens ``0 .. known - 1`` and ``done`` says whether token ``known - 1`` is the reply's last: the index of the
-    reply token whose :meth:`TalkerInputs.text_vector` it takes, a :class:`TextEnd`, or None (wait for the thinker:
-    the talker never runs ahead of the text)."""
+    reply token whose :meth:`TalkerInputs.text_vector` it takes, a :class:`TalkerTextEnd`, or None (wait for the
+    thinker: the talker never runs ahead of the text)."""
     if step < 0 or known < 1:
         raise InvalidInputError("a talker step needs step >= 0 and reply token 0 known", param="step")
     token = step + 1
@@ -160,7 +160,7 @@ def step_text(step: int, known: int, done: bool) -> int | TextEnd | None:
         raise InvalidInputError("a reply whose first token is its last has no talker (the reference has no prompt)")
     if token < known - 1:
         return token
-    return TextEnd.EOS if token == known - 1 else TextEnd.PAD
+    return TalkerTextEnd.EOS if token == known - 1 else TalkerTextEnd.PAD
 
 
 class TalkerInputs:
@@ -197,8 +197,8 @@ class TalkerInputs:
         """(H,): the text part a reply token gives a talker step."""
         return self.text_vectors([token_id])[0]
 
-    def end_vector(self, end: TextEnd) -> torch.Tensor:
-        return self.tts_eos if end is TextEnd.EOS else self.tts_pad
+    def end_vector(self, end: TalkerTextEnd) -> torch.Tensor:
+        return self.tts_eos if end is TalkerTextEnd.EOS else self.tts_pad
 
     def project_text(self, embeds: torch.Tensor) -> torch.Tensor:
         """(n, H): ``text_projection`` of thinker input embeddings (n, H_thinker)."""

@@ -7,7 +7,7 @@ preprocessor_config.json, generation_config.json) plus the random-weights marker
 models; ``enable_audio_output=False`` writes a text-only one without talker and code2wav weights, like the -Thinking
 checkpoints. Everything is built offline and deterministically from ``spec.seed``.
 
-The sizes live in :class:`~.tiny_spec.RandomModelSpec`, the config in :mod:`.tiny_config`, the other files in
+The sizes live in :class:`~.tiny_spec.Qwen3OmniRandomModelSpec`, the config in :mod:`.tiny_config`, the other files in
 :mod:`.tiny_files`, the weights and their tuning for end-to-end tests in :mod:`.tiny_weights`.
 """
 
@@ -26,7 +26,7 @@ import torch
 from pipeline.models.common.random_checkpoint import generation_config, scratch_folder, write_random_marker
 from pipeline.models.qwen3_omni.tiny_config import build_config, check_spec, token_ids
 from pipeline.models.qwen3_omni.tiny_files import write_preprocessor_config, write_tokenizer
-from pipeline.models.qwen3_omni.tiny_spec import TEST_ATTENTION_SHARPNESS, RandomModelSpec
+from pipeline.models.qwen3_omni.tiny_spec import TEST_ATTENTION_SHARPNESS, Qwen3OmniRandomModelSpec
 from pipeline.models.qwen3_omni.tiny_weights import build_model
 
 MAX_SHARD_SIZE = "5GB"
@@ -43,7 +43,7 @@ class RandomModel:
 
     source: str
     path: Path
-    spec: RandomModelSpec
+    spec: Qwen3OmniRandomModelSpec
     config: Any
     model: Any
     tokenizer: Any
@@ -64,15 +64,16 @@ class RandomModel:
 
 
 def make_random_checkpoint(
-    out_dir: str | Path, spec: RandomModelSpec | None = None, *, dtype: torch.dtype = torch.float32
+    out_dir: str | Path, spec: Qwen3OmniRandomModelSpec | None = None, *, dtype: torch.dtype = torch.float32
 ) -> Path:
-    """Write a random checkpoint of ``spec`` (default: :meth:`RandomModelSpec.tiny`) to ``out_dir`` and return it.
+    """Write a random checkpoint of ``spec`` (default: :meth:`Qwen3OmniRandomModelSpec.tiny`) to ``out_dir`` and
+    return it.
 
     Offline, deterministic from ``spec.seed`` (the same seed and software versions give byte-identical weights),
     about a second for the tiny preset. Thinker and talker weights are stored in ``dtype``, code2wav in float32.
     ``out_dir`` may exist; files of the same names are replaced. :class:`~pipeline.errors.CheckpointError` for an
     inconsistent spec."""
-    spec = spec if spec is not None else RandomModelSpec.tiny()
+    spec = spec if spec is not None else Qwen3OmniRandomModelSpec.tiny()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = build_config(spec)
@@ -86,7 +87,7 @@ def make_random_checkpoint(
 
 
 def build_random_model(
-    spec: RandomModelSpec, *, device: str = "cpu", dtype: torch.dtype = torch.bfloat16
+    spec: Qwen3OmniRandomModelSpec, *, device: str = "cpu", dtype: torch.dtype = torch.bfloat16
 ) -> RandomModel:
     """The model of ``spec`` built in memory on ``device`` (no weights on disk), e.g. the 30B-A3B shape on a GPU for
     benchmarks. Thinker and talker use ``dtype``, code2wav float32. The tokenizer and feature extractor are written to
@@ -112,7 +113,7 @@ def build_random_model(
     )
 
 
-def parameter_count(spec: RandomModelSpec) -> dict[str, int]:
+def parameter_count(spec: Qwen3OmniRandomModelSpec) -> dict[str, int]:
     """Parameters of the model ``spec`` describes, per part (``thinker``, ``talker``, ``code2wav``) and ``total``,
     counted on the meta device (nothing allocated)."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
@@ -129,9 +130,9 @@ def parameter_count(spec: RandomModelSpec) -> dict[str, int]:
 
 # --- Command line -----------------------------------------------------------------------------
 PRESETS = {
-    "tiny": RandomModelSpec.tiny,
-    "sharpened": RandomModelSpec.sharpened,
-    "30b-a3b": RandomModelSpec.qwen3_omni_30b_a3b,
+    "tiny": Qwen3OmniRandomModelSpec.tiny,
+    "sharpened": Qwen3OmniRandomModelSpec.sharpened,
+    "30b-a3b": Qwen3OmniRandomModelSpec.qwen3_omni_30b_a3b,
 }
 PRESET_DTYPES = {"tiny": torch.float32, "sharpened": torch.float32, "30b-a3b": torch.bfloat16}
 """The 30B-A3B preset is stored in bfloat16 like the released checkpoint (about 70 GB)."""
@@ -172,7 +173,7 @@ __all__ = [
     "PRESETS",
     "TEST_ATTENTION_SHARPNESS",
     "RandomModel",
-    "RandomModelSpec",
+    "Qwen3OmniRandomModelSpec",
     "build_config",
     "build_random_model",
     "check_spec",

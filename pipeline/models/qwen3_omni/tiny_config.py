@@ -1,4 +1,4 @@
-"""A random Qwen3-Omni's ``Qwen3OmniMoeConfig``, built from a :class:`~.tiny_spec.RandomModelSpec` and checked.
+"""A random Qwen3-Omni's ``Qwen3OmniMoeConfig``, built from a :class:`~.tiny_spec.Qwen3OmniRandomModelSpec` and checked.
 
 Every special id the config names is the id the written tokenizer gives that token (:func:`token_ids`): the added
 tokens follow the BPE in the released order (:data:`~.released.QWEN3_ADDED_TOKENS`), and the role ids
@@ -17,7 +17,7 @@ from pipeline.models.qwen3_omni import released
 from pipeline.models.qwen3_omni.hf_logging import quiet_rope_key_warnings
 
 if TYPE_CHECKING:
-    from pipeline.models.qwen3_omni.tiny_spec import RandomModelSpec
+    from pipeline.models.qwen3_omni.tiny_spec import Qwen3OmniRandomModelSpec
 
 ADDED_TOKENS: tuple[tuple[str, bool], ...] = tuple(
     (token, special) for token, _, special in released.QWEN3_ADDED_TOKENS
@@ -50,7 +50,7 @@ def _role_ids(bpe_vocab_size: int) -> dict[str, int]:
     return ids
 
 
-def build_config(spec: RandomModelSpec) -> Any:
+def build_config(spec: Qwen3OmniRandomModelSpec) -> Any:
     """A ``transformers.Qwen3OmniMoeConfig`` for ``spec`` (checked by :func:`check_spec` first)."""
     from transformers import Qwen3OmniMoeConfig
 
@@ -92,7 +92,9 @@ def build_config(spec: RandomModelSpec) -> Any:
     )
 
 
-def _rope(spec: RandomModelSpec, section: tuple[int, int, int] | None, *, thinker: bool = False) -> dict[str, Any]:
+def _rope(
+    spec: Qwen3OmniRandomModelSpec, section: tuple[int, int, int] | None, *, thinker: bool = False
+) -> dict[str, Any]:
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": spec.rope_theta}
     if section is not None:
         rope.update(mrope_section=list(section), interleaved=True)
@@ -101,7 +103,7 @@ def _rope(spec: RandomModelSpec, section: tuple[int, int, int] | None, *, thinke
     return rope
 
 
-def _thinker_text(spec: RandomModelSpec, ids: dict[str, int]) -> dict[str, Any]:
+def _thinker_text(spec: Qwen3OmniRandomModelSpec, ids: dict[str, int]) -> dict[str, Any]:
     return {
         "vocab_size": spec.thinker_vocab,
         "hidden_size": spec.thinker_hidden,
@@ -125,7 +127,7 @@ def _thinker_text(spec: RandomModelSpec, ids: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def _audio(spec: RandomModelSpec) -> dict[str, Any]:
+def _audio(spec: Qwen3OmniRandomModelSpec) -> dict[str, Any]:
     return {
         "num_mel_bins": released.AUDIO["num_mel_bins"],
         "d_model": spec.audio_d_model,
@@ -141,7 +143,7 @@ def _audio(spec: RandomModelSpec) -> dict[str, Any]:
     }
 
 
-def _vision(spec: RandomModelSpec) -> dict[str, Any]:
+def _vision(spec: Qwen3OmniRandomModelSpec) -> dict[str, Any]:
     return {
         "depth": spec.vision_depth,
         "hidden_size": spec.vision_hidden,
@@ -158,7 +160,7 @@ def _vision(spec: RandomModelSpec) -> dict[str, Any]:
     }
 
 
-def _talker(spec: RandomModelSpec, markers: dict[str, Any], ids: dict[str, int]) -> dict[str, Any]:
+def _talker(spec: Qwen3OmniRandomModelSpec, markers: dict[str, Any], ids: dict[str, int]) -> dict[str, Any]:
     text = {
         "vocab_size": spec.talker_vocab,
         "hidden_size": spec.talker_hidden,
@@ -211,7 +213,7 @@ def _talker(spec: RandomModelSpec, markers: dict[str, Any], ids: dict[str, int])
     }
 
 
-def _code2wav(spec: RandomModelSpec) -> dict[str, Any]:
+def _code2wav(spec: Qwen3OmniRandomModelSpec) -> dict[str, Any]:
     return {
         "codebook_size": spec.codebook_size,
         "num_quantizers": spec.num_code_groups,
@@ -238,7 +240,7 @@ def _fail(message: str, param: str) -> None:
     raise CheckpointError(f"spec: {message}", param=param)
 
 
-def check_spec(spec: RandomModelSpec) -> None:
+def check_spec(spec: Qwen3OmniRandomModelSpec) -> None:
     """The cross-part size rules a random Qwen3-Omni must keep; :class:`CheckpointError` naming the field otherwise."""
     check_common_spec(spec, len(ADDED_TOKENS))
     _check_attention(spec)
@@ -246,7 +248,7 @@ def check_spec(spec: RandomModelSpec) -> None:
     _check_vision_and_audio(spec)
 
 
-def _check_attention(spec: RandomModelSpec) -> None:
+def _check_attention(spec: Qwen3OmniRandomModelSpec) -> None:
     stacks = {
         "thinker": (spec.thinker_heads, spec.thinker_kv_heads, spec.thinker_head_dim, spec.thinker_mrope_section),
         "talker": (spec.talker_heads, spec.talker_kv_heads, spec.talker_head_dim, spec.talker_mrope_section),
@@ -276,7 +278,7 @@ def _check_attention(spec: RandomModelSpec) -> None:
             _fail(f"{name} must lie in 1..{experts}", name)
 
 
-def _check_codec(spec: RandomModelSpec) -> None:
+def _check_codec(spec: Qwen3OmniRandomModelSpec) -> None:
     control = {
         "codec_pad_id": spec.codec_pad_id,
         "codec_bos_id": spec.codec_bos_id,
@@ -324,7 +326,7 @@ def _check_codec(spec: RandomModelSpec) -> None:
         _fail("code2wav_sliding_window must be positive", "code2wav_sliding_window")
 
 
-def _check_vision_and_audio(spec: RandomModelSpec) -> None:
+def _check_vision_and_audio(spec: Qwen3OmniRandomModelSpec) -> None:
     side = round(spec.vision_position_embeddings**0.5)
     if side * side != spec.vision_position_embeddings:
         _fail("vision_position_embeddings must be a square (a side x side grid)", "vision_position_embeddings")

@@ -13,7 +13,7 @@ from pipeline.models.qwen3_omni import released
 from pipeline.models.qwen3_omni.tiny_config import ADDED_TOKENS
 
 if TYPE_CHECKING:
-    from pipeline.models.qwen3_omni.tiny_spec import RandomModelSpec
+    from pipeline.models.qwen3_omni.tiny_spec import Qwen3OmniRandomModelSpec
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 AUDIO_PART = "<|audio_start|><|audio_pad|><|audio_end|>"
@@ -142,7 +142,7 @@ def chat_template() -> str:
     )
 
 
-def write_tokenizer(out_dir: Path, spec: RandomModelSpec) -> dict[str, int]:
+def write_tokenizer(out_dir: Path, spec: Qwen3OmniRandomModelSpec) -> dict[str, int]:
     """Write tokenizer.json, vocab.json, merges.txt, tokenizer_config.json and chat_template.json (the released file
     set) for ``spec`` and return the added tokens' ids."""
     tokenizer, ids = bpe.train_with_added_tokens(spec.tokenizer_bpe_vocab, ADDED_TOKENS, bpe.role_prefixed_corpus())
@@ -160,7 +160,7 @@ def _tokenizer_config(ids: dict[str, int], template: str) -> dict[str, Any]:
     }
 
 
-def write_preprocessor_config(out_dir: Path, spec: RandomModelSpec) -> None:
+def write_preprocessor_config(out_dir: Path, spec: Qwen3OmniRandomModelSpec) -> None:
     """``preprocessor_config.json`` as released: the Whisper feature extractor's settings and the image processor's in
     one object, with ``spec``'s pixel budget, patch sizes and normalisation."""
     settings = released.PREPROCESSOR

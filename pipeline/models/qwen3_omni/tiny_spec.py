@@ -1,5 +1,5 @@
-"""The sizes of a random Qwen3-Omni (:class:`RandomModelSpec`) and its presets: ``tiny`` for CPU tests, ``sharpened``
-(the tiny one made position-sensitive) and the released 30B-A3B shape for GPU benchmarks."""
+"""The sizes of a random Qwen3-Omni (:class:`Qwen3OmniRandomModelSpec`) and its presets: ``tiny`` for CPU tests,
+``sharpened`` (the tiny one made position-sensitive) and the released 30B-A3B shape for GPU benchmarks."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def codec_ids_for(codebook_size: int) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class RandomModelSpec(RandomSpecPresets):
+class Qwen3OmniRandomModelSpec(RandomSpecPresets):
     """Every size of a random Qwen3-Omni. Units: sizes in channels, ``*_vocab`` / ``*_id`` in token or code ids.
 
     The thinker's vocabulary holds the BPE (``tokenizer_bpe_vocab`` entries), then the added tokens, then padding up
@@ -142,7 +142,7 @@ class RandomModelSpec(RandomSpecPresets):
     attention_sharpness: float = 1.0
 
     @classmethod
-    def qwen3_omni_30b_a3b(cls, seed: int = 0) -> RandomModelSpec:
+    def qwen3_omni_30b_a3b(cls, seed: int = 0) -> Qwen3OmniRandomModelSpec:
         """The released 30B-A3B architecture (about 35.26 B parameters) with the released ids
         (:mod:`~pipeline.models.qwen3_omni.released`); build it on a GPU, never in tests."""
         text, audio, vision = released.THINKER_TEXT, released.AUDIO, released.VISION
@@ -221,4 +221,4 @@ class RandomModelSpec(RandomSpecPresets):
         return dict(self.speaker_ids)
 
 
-__all__ = ["RandomModelSpec", "TEST_ATTENTION_SHARPNESS", "codec_ids_for"]
+__all__ = ["Qwen3OmniRandomModelSpec", "TEST_ATTENTION_SHARPNESS", "codec_ids_for"]

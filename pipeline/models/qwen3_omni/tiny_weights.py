@@ -12,11 +12,16 @@ from pipeline.models.common.random_checkpoint import default_device_and_dtype
 from pipeline.models.common.random_tuning import hold_reply_end_logit, mark_text_end, never_write
 
 if TYPE_CHECKING:
-    from pipeline.models.qwen3_omni.tiny_spec import RandomModelSpec
+    from pipeline.models.qwen3_omni.tiny_spec import Qwen3OmniRandomModelSpec
 
 
 def build_model(
-    spec: RandomModelSpec, config: Any, ids: dict[str, int], *, device: str = "cpu", dtype: torch.dtype = torch.float32
+    spec: Qwen3OmniRandomModelSpec,
+    config: Any,
+    ids: dict[str, int],
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> Any:
     """A random ``Qwen3OmniMoeForConditionalGeneration`` for ``config``, drawn from ``spec.seed`` on ``device`` in
     ``dtype`` (code2wav in float32), tuned by :func:`tune_random_weights`, in eval mode. ``ids``: the tokenizer's ids
@@ -52,7 +57,7 @@ def _init_talker_experts(talker: Any, seed: int) -> None:
 
 
 @torch.no_grad()
-def tune_random_weights(model: Any, spec: RandomModelSpec, ids: dict[str, int]) -> None:
+def tune_random_weights(model: Any, spec: Qwen3OmniRandomModelSpec, ids: dict[str, int]) -> None:
     """Make random weights behave enough like a voice model for end-to-end tests.
 
     * Positions: ``spec.attention_sharpness`` multiplies the thinker's and the talker's q/k RMSNorm weights (Qwen3
@@ -89,7 +94,7 @@ def _sharpen_attention(layers: Any, factor: float) -> None:
         layer.self_attn.k_norm.weight.mul_(factor)
 
 
-def _end_speech_after_text(model: Any, spec: RandomModelSpec, marked: list[int], level: float) -> None:
+def _end_speech_after_text(model: Any, spec: Qwen3OmniRandomModelSpec, marked: list[int], level: float) -> None:
     """Make the talker's codec-eos logit about ``level`` whenever its text input is one of ``marked`` token ids.
 
     The talker reads the reply's text as the thinker's *embeddings* through ``text_projection`` (a two-layer MLP). The

@@ -4,7 +4,7 @@ merge 2, temporal patch 2, mean and std 0.5) and the preprocessing of frames
 (:mod:`pipeline.models.common.vision_patches`, the algorithm both Qwen-Omni families share).
 
 Video: the reference processor cuts video frames exactly as pictures, but with a per-frame pixel budget of its own
-(:attr:`VisionPreprocessor.video_info`); pass that, or a smaller one, as ``info`` for camera frames.
+(:attr:`Qwen3OmniVisionPreprocessor.video_info`); pass that, or a smaller one, as ``info`` for camera frames.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import ClassVar
 from pipeline.api import VisionInfo
 from pipeline.models.common.vision_patches import PatchPreprocessor, VisionInput
 
-__all__ = ["VIDEO_FPS", "VIDEO_MAX_PIXELS", "VIDEO_MIN_PIXELS", "VisionInput", "VisionPreprocessor"]
+__all__ = ["VIDEO_FPS", "VIDEO_MAX_PIXELS", "VIDEO_MIN_PIXELS", "VisionInput", "Qwen3OmniVisionPreprocessor"]
 
 VIDEO_FPS = 2.0
 """Frames per second of video the model was trained on. Checkpoints store no rate; Qwen's video utilities and
@@ -34,7 +34,7 @@ thinker positions per frame pair at patch 16, merge 2. Not in the checkpoint."""
 
 
 @dataclass(frozen=True)
-class VisionPreprocessor(PatchPreprocessor):
+class Qwen3OmniVisionPreprocessor(PatchPreprocessor):
     """Qwen3-Omni's image processor settings (:meth:`from_preprocessor_config`); call it on frames (one picture, or
     video frames in time order)."""
 

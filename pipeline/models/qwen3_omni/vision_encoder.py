@@ -23,13 +23,14 @@ from torch import nn
 from pipeline.models.common.vision_patches import VisionInput
 
 VisionItem = VisionInput | tuple[np.ndarray, Sequence[int]]
-"""One picture or clip as :class:`~pipeline.models.qwen3_omni.vision.VisionPreprocessor` makes it: ``(pixel_values,
-grid_thw)``."""
+"""One picture or clip as :class:`~pipeline.models.qwen3_omni.vision.Qwen3OmniVisionPreprocessor` makes it:
+``(pixel_values, grid_thw)``."""
 
 
 @dataclass(frozen=True)
 class VisionFeatures:
-    """What the tower makes of one picture or clip of ``n`` = :meth:`VisionEncoder.tokens` thinker positions."""
+    """What the tower makes of one picture or clip of ``n`` = :meth:`Qwen3OmniVisionEncoder.tokens` thinker
+    positions."""
 
     tokens: torch.Tensor
     """``(n, thinker hidden)``: the input embeddings of the item's placeholder positions, in order."""
@@ -38,7 +39,7 @@ class VisionFeatures:
     added to decoder layer ``k``'s output at the item's positions."""
 
 
-class VisionEncoder:
+class Qwen3OmniVisionEncoder:
     """Encodes pictures and video clips on the tower's device (call it on the thread that owns the tower).
 
     ``batch``: several items go through the tower in one call (their patches concatenated, one ``grid_thw`` row each:

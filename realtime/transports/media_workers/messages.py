@@ -41,7 +41,7 @@ class ChannelSend:
 
 
 @dataclass(frozen=True)
-class PlayAudio:
+class PlayAudioMessage:
     """Reply audio to play: float32 mono at 24 kHz, after what the response already queued."""
 
     call: str
@@ -58,7 +58,7 @@ class EndAudio:
 
 
 @dataclass(frozen=True)
-class ClearAudio:
+class ClearAudioMessage:
     """Drop ``response_id``'s unplayed audio now, and only that response's: audio of any other response queued before
     it arrives plays on (a clear that overtakes the next reply's audio does not silence it). The worker replies
     :class:`AudioCleared`."""
@@ -148,7 +148,7 @@ class PlaybackFinished:
 
 @dataclass(frozen=True)
 class AudioCleared:
-    """Answers :class:`ClearAudio` (and :class:`EndAudio` of a response with nothing queued): how much of the
+    """Answers :class:`ClearAudioMessage` (and :class:`EndAudio` of a response with nothing queued): how much of the
     response had been played (ms; None: nothing of it was queued). The server truncates the cleared reply to it."""
 
     call: str

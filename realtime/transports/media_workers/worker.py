@@ -26,9 +26,11 @@ import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import cast
 
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import AudioFrame
 
 from realtime.errors import RealtimeError
 from realtime.protocol.audio_format import AudioFormat
@@ -36,13 +38,17 @@ from realtime.transports import sctp_teardown
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
 from realtime.transports.media_workers import messages as m
 from realtime.transports.media_workers.wire import Wire
-from realtime.transports.peer import OAI_EVENTS_LABEL, IceHostAddress, accept_offer, announce_host_addresses, sends_opus
+from realtime.transports.peer import (
+    CHANNEL_HIGH_WATER,
+    CHANNEL_LOW_WATER,
+    OAI_EVENTS_LABEL,
+    IceHostAddress,
+    accept_offer,
+    announce_host_addresses,
+    sends_opus,
+)
 
 logger = logging.getLogger(__name__)
-
-CHANNEL_HIGH_WATER = 1 << 20
-"""Bytes unsent on a data channel above which the worker reports :class:`~.messages.ChannelBusy`."""
-CHANNEL_LOW_WATER = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -119,22 +125,22 @@ class Worker:
 
     def handle(self, message: object) -> None:
         if isinstance(message, m.Answer):
-            call = WorkerCall(self, message.call, AudioFormat(message.input_format))
-            self.calls[call.id] = call
-            self.spawn(call.answer(message.offer_sdp), f"{call.id} answer")
+            new = WorkerCall(self, message.call, AudioFormat(message.input_format))
+            self.calls[new.id] = new
+            self.spawn(new.answer(message.offer_sdp), f"{new.id} answer")
             return
         call = self.calls.get(getattr(message, "call", ""))
         if call is None:
             return  # the call ended here while the message was on its way
         if isinstance(message, m.ChannelSend):
             call.send_text(message.text)
-        elif isinstance(message, m.PlayAudio):
+        elif isinstance(message, m.PlayAudioMessage):
             call.output.play(message.response_id, message.pcm)
         elif isinstance(message, m.EndAudio):
             call.output.end(message.response_id)
             if call.output.played_ms(message.response_id) is None:  # nothing of it queued: nothing will finish
                 self.wire.send(m.AudioCleared(call.id, message.response_id, None))
-        elif isinstance(message, m.ClearAudio):
+        elif isinstance(message, m.ClearAudioMessage):
             played_ms = call.output.played_ms(message.response_id)
             call.output.clear(message.response_id)
             self.wire.send(m.AudioCleared(call.id, message.response_id, played_ms))
@@ -269,7 +275,7 @@ class WorkerCall:
         encoder = MicrophoneEncoder()
         while True:
             try:
-                frame = await track.recv()
+                frame = cast(AudioFrame, await track.recv())  # an audio track's frames
             except MediaStreamError:
                 return
             fmt = self.input_format

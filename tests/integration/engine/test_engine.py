@@ -114,7 +114,7 @@ async def test_slow_engine_requests_are_logged(tiny_engine, monkeypatch, caplog)
     assert "slow engine request" not in caplog.text  # far below the threshold
     monkeypatch.setattr(pipeline.hosting.loop, "SLOW_REQUEST_MS", -1.0)
     await conv.add_text("u1", "Hi")
-    assert "slow engine request: AddText took" in caplog.text
+    assert "slow engine request: AddTextCommand took" in caplog.text
     await conv.close()
 
 

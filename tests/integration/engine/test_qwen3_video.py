@@ -15,7 +15,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat
 
 from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
-from pipeline.models.qwen3_omni.av_interleave import AVLayout
+from pipeline.models.qwen3_omni.av_interleave import Qwen3OmniAVLayout
 from pipeline.models.qwen3_omni.prompt import DEFAULT_SYSTEM_PROMPT
 from tests.helpers.camera_clips import RATE, camera, speak, speech
 from tests.helpers.qwen3_reference import TALKER_MAX, THINKER_MAX, VOICE, collect
@@ -43,8 +43,8 @@ def reference(qwen3_sharp_model_dir):
 
 def reference_inputs(engine, reference, pcm: np.ndarray, frames: list[np.ndarray]) -> dict:
     """The thinker's inputs for one spoken message with video after the system message: the processor's layout of
-    audio in video (:class:`AVLayout`, tested against it), Whisper features, the engine's preprocessing of each frame
-    pair."""
+    audio in video (:class:`Qwen3OmniAVLayout`, tested against it), Whisper features, the engine's preprocessing of
+    each frame pair."""
     _, tokenizer, features = reference
     core = engine.core
     s, enc = core.special, tokenizer.encode
@@ -56,7 +56,7 @@ def reference_inputs(engine, reference, pcm: np.ndarray, frames: list[np.ndarray
     pairs = [core.conversations.preprocess(frames[i : i + 2]) for i in range(0, len(frames), 2)]
     _, gh, gw = pairs[0].grid_thw
     merge = engine.vision.merge_size
-    layout = AVLayout(timing, rows=gh // merge, cols=gw // merge, n_patches=len(pairs), n_audio=n_audio)
+    layout = Qwen3OmniAVLayout(timing, rows=gh // merge, cols=gw // merge, n_patches=len(pairs), n_audio=n_audio)
     ids = [s.im_start, *enc(f"system\n{DEFAULT_SYSTEM_PROMPT}", add_special_tokens=False), s.im_end]
     ids += [*enc("\n", add_special_tokens=False), s.im_start, *enc("user\n", add_special_tokens=False)]
     ids += layout.token_ids(

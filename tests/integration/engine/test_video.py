@@ -19,7 +19,7 @@ from pipeline.engine import OmniEngine
 from pipeline.errors import InvalidImageError, UnsupportedInputError
 from pipeline.models.common.hf_parts import thinker_audio_tower
 from pipeline.models.common.tmrope import rope_positions
-from pipeline.models.qwen2_5_omni.av_interleave import AVLayout
+from pipeline.models.qwen2_5_omni.av_interleave import Qwen25OmniAVLayout
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
 from pipeline.response_events import ResponseStatus
 from tests.helpers.camera_clips import RATE, STEP_S, camera, speak, speech
@@ -46,7 +46,7 @@ def setup(request):
 
 class Reference:
     """transformers' thinker on the same input, the processor's work done by hand: the chat layout of spoken
-    messages with video (:class:`AVLayout`'s placeholder order, itself tested against the processor), Whisper
+    messages with video (:class:`Qwen25OmniAVLayout`'s placeholder order, itself tested against the processor), Whisper
     features, the engine's preprocessing of each frame pair."""
 
     def __init__(self, engine: OmniEngine, thinker, path) -> None:
@@ -79,7 +79,9 @@ class Reference:
                 pixels += [p.pixel_values for p in pairs]
                 _, gh, gw = pairs[0].grid_thw
                 grids.append([len(pairs), gh, gw])
-                layout = AVLayout(self.timing, rows=gh // 2, cols=gw // 2, n_patches=len(pairs), n_audio=n_audio)
+                layout = Qwen25OmniAVLayout(
+                    self.timing, rows=gh // 2, cols=gw // 2, n_patches=len(pairs), n_audio=n_audio
+                )
                 ids += layout.token_ids(
                     vision_start=s.vision_start,
                     audio_start=s.audio_start,

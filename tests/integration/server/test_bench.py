@@ -23,7 +23,7 @@ from realtime.bench.metrics import (
     BargeInLog,
     Distribution,
     ResponseLog,
-    ResponseStatus,
+    ResponseOutcome,
     TurnLog,
     TurnMetrics,
     first_audible,
@@ -126,7 +126,7 @@ def spoken_turn(**overrides) -> TurnLog:
     """Speech ends at t=1.000; VAD says stopped at 1.600, committed 1.610; response created 1.620;
     silent delta at 1.700, first sound at 1.800 (sample 240 of its 2400), 3 more deltas; done 2.300."""
     response = ResponseLog(
-        "resp_1", created_at=1.62, first_transcript_at=1.75, done_at=2.3, status=ResponseStatus.COMPLETED
+        "resp_1", created_at=1.62, first_transcript_at=1.75, done_at=2.3, status=ResponseOutcome.COMPLETED
     )
     response.audio = [
         AudioArrival(1.70, 2400, None),
@@ -181,7 +181,7 @@ def test_turn_metrics_fall_back_to_the_commit_and_mark_missing_replies():
 
 def test_barge_in_over_websocket_cancelled_stopped_or_played_out():
     log = spoken_turn(barge_in=BargeInLog(onset_at=2.0, detected_at=2.15))
-    log.responses[0].status = ResponseStatus.CANCELLED
+    log.responses[0].status = ResponseOutcome.CANCELLED
     log.responses[0].reason = "turn_detected"
     log.responses[0].done_at = 2.17
     m = turn_metrics(log)
@@ -200,7 +200,7 @@ def test_barge_in_over_websocket_cancelled_stopped_or_played_out():
 
 def test_webrtc_turn_uses_frames_gaps_and_the_track_stop():
     frames = [AudioArrival(1.8 + 0.02 * i, 960, a) for i, a in enumerate([0, 0, None, None, 0, 0])]
-    response = ResponseLog("r", 1.6, done_at=1.75, status=ResponseStatus.INCOMPLETE, audio=frames)
+    response = ResponseLog("r", 1.6, done_at=1.75, status=ResponseOutcome.INCOMPLETE, audio=frames)
     log = TurnLog(
         0, 0, "a.wav", 0.2, 1.0, sample_rate=48_000, paced_audio=True, speech_stopped_at=1.6, responses=[response]
     )

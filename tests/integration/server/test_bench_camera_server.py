@@ -14,7 +14,7 @@ import pytest
 
 from realtime.bench.camera import CameraOptions, scrape_camera_frames
 from realtime.bench.cli import build_parser, resolve_options
-from realtime.bench.client import PICTURES_SENT, USAGE_IMAGE_TOKENS, USAGE_RESPONSES, ClientOptions, Transport
+from realtime.bench.client import PICTURES_SENT, USAGE_IMAGE_TOKENS, USAGE_RESPONSES, ClientOptions, ClientTransport
 from realtime.bench.report import RESULTS_JSON, RunInfo, markdown, write_report
 from realtime.bench.speech import load_speech_folder
 from realtime.bench.sweep import SweepPlan, run_sweep
@@ -29,13 +29,13 @@ CAMERA = CameraOptions(width=320, height=240, fps=5.0)
 """At 320x240 the server keeps the frame size on its 28-pixel grid (252x308): 99 positions a frame pair."""
 
 
-def run_level(transport: Transport, turns: int):
+def run_level(transport: ClientTransport, turns: int):
     speeches = load_speech_folder(TESTS / "fixtures" / "speech", max_seconds=4.0)[:1]
     config = ServerConfig(
         host="127.0.0.1",
         port=0,
         max_sessions=2,
-        webrtc=transport is Transport.WEBRTC,
+        webrtc=transport is ClientTransport.WEBRTC,
         ice_host_addresses=("127.0.0.1",),
         log_level="warning",
     )
@@ -58,7 +58,7 @@ def run_level(transport: Transport, turns: int):
 
 
 def test_a_webrtc_user_with_a_camera_sends_frames_the_server_delivers(tmp_path):
-    level, engine = run_level(Transport.WEBRTC, turns=1)
+    level, engine = run_level(ClientTransport.WEBRTC, turns=1)
     assert [t.status for t in level.turns] == ["completed"] and level.errors == []
     frames = level.camera_frames
     assert frames is not None and frames["delivered"] > 0 and frames["skipped"] > 0, frames
@@ -95,7 +95,7 @@ def test_a_webrtc_user_with_a_camera_sends_frames_the_server_delivers(tmp_path):
 
 
 def test_a_websocket_user_with_a_camera_sends_a_picture_per_turn():
-    level, engine = run_level(Transport.WS, turns=2)
+    level, engine = run_level(ClientTransport.WS, turns=2)
     assert [t.status for t in level.turns] == ["completed"] * 2 and level.errors == []
     counts = level.event_counts
     assert counts[PICTURES_SENT] == 2 and counts[USAGE_RESPONSES] == 2

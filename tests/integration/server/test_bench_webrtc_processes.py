@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from realtime.bench.client import ClientOptions, Transport
+from realtime.bench.client import ClientOptions, ClientTransport
 from realtime.bench.speech import load_speech_folder
 from realtime.bench.sweep import SweepPlan, run_sweep
 from realtime.config import ServerConfig
@@ -29,7 +29,7 @@ def test_two_webrtc_users_in_two_client_processes():
 
     async def run():
         async with serve_in_background(app, config) as url:
-            levels = await run_sweep(url, speeches, plan, ClientOptions(Transport.WEBRTC), client_processes=2)
+            levels = await run_sweep(url, speeches, plan, ClientOptions(ClientTransport.WEBRTC), client_processes=2)
             metrics = app.state.realtime.metrics
             return levels, metrics.loop_lag.collect(), metrics.webrtc_input_delay.collect()
 
@@ -61,7 +61,7 @@ def test_the_warm_up_puts_one_user_on_each_engine_before_the_first_level():
 
     async def run():
         async with serve_in_background(app, config) as url:
-            levels = await run_sweep(url, speeches, plan, ClientOptions(Transport.WS), client_processes=1)
+            levels = await run_sweep(url, speeches, plan, ClientOptions(ClientTransport.WS), client_processes=1)
             return levels, started()
 
     (level,), sessions = asyncio.run(run())

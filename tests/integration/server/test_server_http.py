@@ -325,8 +325,8 @@ async def test_calls_are_delegated_to_the_webrtc_endpoint():
 
 @pytest.mark.parametrize("media_workers", [0, 1])
 async def test_the_default_webrtc_endpoint_is_the_aiortc_transport(media_workers):
-    from realtime.transports.media_workers.calls import WorkerCalls
     from realtime.transports.webrtc import WebRTCCalls
+    from realtime.transports.webrtc.worker_media import WorkerCalls
 
     config = ServerConfig(port=0, ice_host_addresses=("127.0.0.1",), max_sessions=3, media_workers=media_workers)
     app = create_app(config, engine=FakeEngine(), vad_factory=SilentVad)

@@ -30,7 +30,6 @@ from realtime.transports.media import (
     PacedAudioTrack,
     frame_to_mono,
 )
-from realtime.transports.media_workers.calls import WorkerCalls
 from realtime.transports.webrtc import (
     CallStatus,
     IceHostAddress,
@@ -38,6 +37,7 @@ from realtime.transports.webrtc import (
     WebRTCUnavailable,
     announce_host_addresses,
 )
+from realtime.transports.webrtc.worker_media import WorkerCalls
 from tests.fakes import FakeEngine, Script
 from tests.helpers.webrtc_peer import LOOPBACK, ClientPeer, rms
 

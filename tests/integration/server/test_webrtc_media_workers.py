@@ -14,9 +14,9 @@ import pytest
 
 from realtime.errors import RealtimeError
 from realtime.runner import SessionEnd
-from realtime.transports.media_workers import calls as calls_module
-from realtime.transports.media_workers.calls import WorkerCalls
 from realtime.transports.webrtc import WebRTCCalls
+from realtime.transports.webrtc import transport as calls_module
+from realtime.transports.webrtc.worker_media import WorkerCalls
 from tests.fakes import FakeEngine, Script
 from tests.helpers.webrtc_peer import ClientPeer
 

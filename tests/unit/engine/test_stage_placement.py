@@ -79,11 +79,11 @@ def test_the_split_examples_place_token2wav_on_the_second_gpu(name, talker, kv_s
 
 def test_loaders_check_the_devices_before_building_anything(monkeypatch) -> None:
     from pipeline.hosting.loaders import PretrainedCheckpoint, RandomCheckpoint
-    from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec
+    from pipeline.models.qwen2_5_omni.tiny import Qwen25OmniRandomModelSpec
 
     fake_gpus(monkeypatch, 2)
     cfg = placed(thinker="cuda:0", talker="cuda:0", token2wav="cuda:2")
-    for loader in (RandomCheckpoint(RandomModelSpec.tiny()), PretrainedCheckpoint("/nonexistent/checkpoint")):
+    for loader in (RandomCheckpoint(Qwen25OmniRandomModelSpec.tiny()), PretrainedCheckpoint("/nonexistent/checkpoint")):
         with pytest.raises(ConfigError, match=r"stages\.token2wav\.device is 'cuda:2'"):
             loader.load(cfg)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline.models.common.hf_parts import thinker_audio_tower
-from pipeline.models.qwen2_5_omni.audio_encoder import BlockEncoder
+from pipeline.models.qwen2_5_omni.audio_encoder import Qwen25OmniBlockEncoder
 from pipeline.models.qwen2_5_omni.checkpoint import audio_tokens_for_mel_frames
 
 LENGTHS = (200, 199, 37, 4, 3, 2, 150)
@@ -43,7 +43,7 @@ def test_token_counts_are_transformers():
 
 @torch.inference_mode()
 def test_eager_batch_equals_transformers_per_block(tower):
-    encoder = BlockEncoder(tower, device=torch.device("cpu"))
+    encoder = Qwen25OmniBlockEncoder(tower, device=torch.device("cpu"))
     features = blocks()
     encoded = encoder.encode_many(features)
     for f, got in zip(features, encoded, strict=True):
@@ -54,14 +54,14 @@ def test_eager_batch_equals_transformers_per_block(tower):
 
 @torch.inference_mode()
 def test_a_block_does_not_depend_on_its_batch(tower):
-    encoder = BlockEncoder(tower, device=torch.device("cpu"))
+    encoder = Qwen25OmniBlockEncoder(tower, device=torch.device("cpu"))
     (alone,) = encoder.encode_many(blocks((37,)))
     beside = encoder.encode_many(blocks((200,), seed=1) + blocks((37,)))[1]
     torch.testing.assert_close(beside, alone, rtol=1e-5, atol=1e-5)
 
 
 def test_blocks_longer_than_the_encoders_window_are_refused(tower):
-    encoder = BlockEncoder(tower, device=torch.device("cpu"))
+    encoder = Qwen25OmniBlockEncoder(tower, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="1..200 frames"):
         encoder.encode_many([torch.zeros(128, 201)])
 
@@ -71,7 +71,7 @@ def test_blocks_longer_than_the_encoders_window_are_refused(tower):
 def test_graph_replays_equal_transformers_per_block(tower):
     tower = tower.to("cuda")
     try:
-        encoder = BlockEncoder(tower, device=torch.device("cuda"), batch_sizes=(1, 4))
+        encoder = Qwen25OmniBlockEncoder(tower, device=torch.device("cuda"), batch_sizes=(1, 4))
         encoder.capture()
         assert encoder.captured
         features = blocks()  # 7 blocks: one replay of 4, then 3 padded to 4

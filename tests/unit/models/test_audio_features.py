@@ -20,7 +20,7 @@ from pipeline.models.common.hf_parts import thinker_audio_tower
 from pipeline.models.common.log_mel import (
     IncrementalLogMel,
     MelGeometry,
-    StreamStatus,
+    MelStreamStatus,
     floor_for_max,
     virtual_signal,
 )
@@ -269,10 +269,10 @@ def test_misuse_is_refused(extractor):
     for call in (mel.raw_tail, mel.final_floor, mel.one_shot_features, lambda: mel.total_frames):
         with pytest.raises(RuntimeError):
             call()
-    assert mel.status is StreamStatus.RECEIVING and mel.running_max == -np.inf
+    assert mel.status is MelStreamStatus.RECEIVING and mel.running_max == -np.inf
     mel.finish()
     mel.finish()
-    assert mel.status is StreamStatus.FINISHED and mel.total_frames == 1
+    assert mel.status is MelStreamStatus.FINISHED and mel.total_frames == 1
     with pytest.raises(RuntimeError):
         mel.append(np.zeros(10, np.float32))
     dithering = WhisperFeatureExtractor(feature_size=128, sampling_rate=SR, dither=1e-4)

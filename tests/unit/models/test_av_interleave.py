@@ -10,13 +10,13 @@ import pytest
 import torch
 from transformers import Qwen2_5OmniThinkerForConditionalGeneration
 
-from pipeline.models.qwen2_5_omni.av_interleave import AVLayout, AVTiming, token_chunks
-from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, build_config
+from pipeline.models.qwen2_5_omni.av_interleave import Qwen25OmniAVLayout, Qwen25OmniAVTiming, token_chunks
+from pipeline.models.qwen2_5_omni.tiny import Qwen25OmniRandomModelSpec, build_config
 
 
 @pytest.fixture(scope="module")
 def reference():
-    config = build_config(RandomModelSpec()).thinker_config
+    config = build_config(Qwen25OmniRandomModelSpec()).thinker_config
     with torch.device("meta"):
         return Qwen2_5OmniThinkerForConditionalGeneration(config)
 
@@ -32,8 +32,8 @@ def _ids(cfg) -> dict[str, int]:
     )
 
 
-def _timing(cfg, second_per_grid: float) -> AVTiming:
-    return AVTiming(cfg.position_id_per_seconds, cfg.seconds_per_chunk, second_per_grid)
+def _timing(cfg, second_per_grid: float) -> Qwen25OmniAVTiming:
+    return Qwen25OmniAVTiming(cfg.position_id_per_seconds, cfg.seconds_per_chunk, second_per_grid)
 
 
 def _reference_positions(reference, ids, messages, second_per_grid):
@@ -41,7 +41,7 @@ def _reference_positions(reference, ids, messages, second_per_grid):
     text = [11, 12, 13]
     input_ids, grids, seqlens = list(text), [], []
     for rows, cols, n_patches, n_audio in messages:
-        layout = AVLayout(
+        layout = Qwen25OmniAVLayout(
             _timing(reference.config, second_per_grid), rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio
         )
         input_ids += layout.token_ids(**ids) + text
@@ -62,7 +62,7 @@ def _reference_positions(reference, ids, messages, second_per_grid):
 def _our_positions(timing, messages):
     out, p = [np.arange(3)], 3
     for rows, cols, n_patches, n_audio in messages:
-        layout = AVLayout(timing, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
+        layout = Qwen25OmniAVLayout(timing, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
         out.append(layout.offsets() + p)
         p += layout.advance
         out.append(np.broadcast_to(np.arange(p, p + 3), (3, 3)))
@@ -89,7 +89,7 @@ def test_close_marker_follows_the_last_block_not_the_largest_position(reference)
     """A short last audio chunk after a video whose positions run further: the reference closes after the audio (the
     text after the message then overlaps the video's positions); so do we."""
     timing = _timing(reference.config, 1.0)
-    layout = AVLayout(timing, rows=9, cols=4, n_patches=4, n_audio=60)
+    layout = Qwen25OmniAVLayout(timing, rows=9, cols=4, n_patches=4, n_audio=60)
     assert layout.offsets().max() == 1 + 75  # the last patch's time
     assert layout.close_offset == 1 + 59 + 1
 
@@ -113,7 +113,7 @@ def test_token_layout_equals_the_processor(reference):
             position_id_per_seconds=cfg.position_id_per_seconds,
             seconds_per_chunk=cfg.seconds_per_chunk,
         )
-        layout = AVLayout(_timing(cfg, spg), rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
+        layout = Qwen25OmniAVLayout(_timing(cfg, spg), rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
         ours = "".join("V" * len(c.video) + "A" * len(c.audio) for c in layout.chunks())
         assert text == "B" + ours + "E", (spg, n_patches, n_audio)
 
@@ -121,14 +121,14 @@ def test_token_layout_equals_the_processor(reference):
 def test_chunks_are_final_once_ready():
     """Built as media arrive (patches and audio tokens growing in steps), every chunk a layout calls ready has the same
     tokens and offsets in the closed message's layout; at 2 fps chunk j is patches 2j, 2j+1 and audio 50j.."""
-    timing = AVTiming(25, 2, 1.0)
-    final = AVLayout(timing, rows=2, cols=3, n_patches=7, n_audio=163)
+    timing = Qwen25OmniAVTiming(25, 2, 1.0)
+    final = Qwen25OmniAVLayout(timing, rows=2, cols=3, n_patches=7, n_audio=163)
     assert [len(c.video) // 6 for c in final.chunks()] == [2, 2, 2, 1]
     assert [len(c.audio) for c in final.chunks()] == [50, 50, 50, 13]
     seen = 0
     for n_patches, n_audio in [(0, 0), (1, 30), (2, 50), (3, 50), (3, 100), (5, 120), (6, 150), (7, 163)]:
         closed = (n_patches, n_audio) == (7, 163)
-        layout = AVLayout(timing, rows=2, cols=3, n_patches=n_patches, n_audio=n_audio)
+        layout = Qwen25OmniAVLayout(timing, rows=2, cols=3, n_patches=n_patches, n_audio=n_audio)
         ready = layout.ready_chunks(video_closed=closed, audio_closed=closed)
         for j in range(ready):
             assert layout.chunk(j) == final.chunk(j)
@@ -138,10 +138,12 @@ def test_chunks_are_final_once_ready():
         assert ready >= seen
         seen = ready
     assert seen == final.n_chunks
-    partial = AVLayout(timing, rows=2, cols=3, n_patches=2, n_audio=50)
+    partial = Qwen25OmniAVLayout(timing, rows=2, cols=3, n_patches=2, n_audio=50)
     assert partial.ready_chunks(video_closed=False, audio_closed=False) == 1
     assert (
-        AVLayout(timing, rows=2, cols=3, n_patches=1, n_audio=50).ready_chunks(video_closed=False, audio_closed=False)
+        Qwen25OmniAVLayout(timing, rows=2, cols=3, n_patches=1, n_audio=50).ready_chunks(
+            video_closed=False, audio_closed=False
+        )
         == 0
     )
 

@@ -15,7 +15,7 @@ import torch
 from pipeline.errors import CheckpointError, ConfigError
 from pipeline.models.qwen2_5_omni import checkpoint as ckpt
 from pipeline.models.qwen2_5_omni import tiny
-from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec
+from pipeline.models.qwen2_5_omni.tiny import Qwen25OmniRandomModelSpec
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +24,12 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_dir: Path) -> ckpt.LoadedCheckpoint:
+def loaded(tiny_dir: Path) -> ckpt.Qwen25OmniLoadedCheckpoint:
     return ckpt.load_checkpoint(tiny_dir)
 
 
-def test_loads_every_part(loaded: ckpt.LoadedCheckpoint, tiny_dir: Path) -> None:
-    spec = RandomModelSpec.tiny()
+def test_loads_every_part(loaded: ckpt.Qwen25OmniLoadedCheckpoint, tiny_dir: Path) -> None:
+    spec = Qwen25OmniRandomModelSpec.tiny()
     assert loaded.path == tiny_dir.resolve()
     assert loaded.source == str(tiny_dir)
     assert loaded.random_weights is True
@@ -47,7 +47,7 @@ def test_loads_every_part(loaded: ckpt.LoadedCheckpoint, tiny_dir: Path) -> None
     assert loaded.feature_extractor.sampling_rate == 16000
 
 
-def test_special_tokens_come_from_config_and_agree_with_tokenizer(loaded: ckpt.LoadedCheckpoint) -> None:
+def test_special_tokens_come_from_config_and_agree_with_tokenizer(loaded: ckpt.Qwen25OmniLoadedCheckpoint) -> None:
     special, tok, config = loaded.special, loaded.tokenizer, loaded.config
     for field, token in ckpt.TOKENIZER_NAMED_FIELDS.items():
         assert getattr(special, field) == tok.convert_tokens_to_ids(token)
@@ -88,7 +88,9 @@ def test_bad_placement_arguments(tiny_dir: Path, kwargs: dict, param: str) -> No
 
 
 @pytest.mark.parametrize("seconds", [1.0, 2.0, 2.5, 7.0, 0.03, 0.3, 1.2345, 4.01])
-def test_audio_tokens_for_samples_matches_the_audio_tower(loaded: ckpt.LoadedCheckpoint, seconds: float) -> None:
+def test_audio_tokens_for_samples_matches_the_audio_tower(
+    loaded: ckpt.Qwen25OmniLoadedCheckpoint, seconds: float
+) -> None:
     n_samples = int(round(seconds * 16000))
     audio = np.random.default_rng(0).standard_normal(n_samples).astype(np.float32) * 0.1
     # As the reference processor does: pad to the extractor's window, keep the frame mask.
@@ -151,7 +153,7 @@ def test_config_in_the_released_format_loads(tiny_dir: Path, tmp_path: Path) -> 
     _edit_config(copy, to_released_format)
     loaded = ckpt.load_checkpoint(copy)
     section = loaded.config.thinker_config.text_config.rope_parameters["mrope_section"]
-    assert list(section) == list(RandomModelSpec.tiny().thinker_mrope_section)
+    assert list(section) == list(Qwen25OmniRandomModelSpec.tiny().thinker_mrope_section)
 
 
 def test_hub_id_resolves_from_local_cache_only(tiny_dir: Path, tmp_path: Path, monkeypatch) -> None:

@@ -17,7 +17,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 from pipeline.errors import CheckpointError
 from pipeline.models.common.log_mel import IncrementalLogMel
-from pipeline.models.qwen3_omni.audio_encoder import BlockEncoder, EncoderWindows
+from pipeline.models.qwen3_omni.audio_encoder import EncoderWindows, Qwen3OmniBlockEncoder
 from pipeline.models.qwen3_omni.audio_features import incremental_log_mel
 
 SR = 16_000
@@ -116,7 +116,7 @@ def test_token_counts_are_transformers():
     frames = torch.arange(0, 2500)
     expected = _get_feat_extract_output_lengths(frames, RELEASED.n_window).tolist()
     assert [windows.tokens(int(n)) for n in frames] == expected
-    encoder = BlockEncoder(Qwen3OmniMoeAudioEncoder(tiny_config()), device="cpu")
+    encoder = Qwen3OmniBlockEncoder(Qwen3OmniMoeAudioEncoder(tiny_config()), device="cpu")
     assert [encoder.audio_tokens(n) for n in range(1, 301)] == expected[1:301]
 
 
@@ -184,7 +184,7 @@ def test_a_feature_extractor_of_other_mel_bins_is_refused():
 @torch.inference_mode()
 def test_blocks_encoded_one_by_one_equal_the_whole_message(tower, frames):
     """Window-sized blocks (3 chunks here, 8 s released), the last one shorter, concatenated."""
-    encoder = BlockEncoder(tower, device="cpu")
+    encoder = Qwen3OmniBlockEncoder(tower, device="cpu")
     assert encoder.block_frames == 300
     features = mel(frames, frames)
     whole = reference(tower, [features])
@@ -196,7 +196,7 @@ def test_blocks_encoded_one_by_one_equal_the_whole_message(tower, frames):
 @torch.inference_mode()
 def test_several_messages_blocks_batched_together(tower):
     """One encode_many over the blocks of four messages, interleaved, each message's tokens equal its own forward."""
-    encoder = BlockEncoder(tower, device="cpu")
+    encoder = Qwen3OmniBlockEncoder(tower, device="cpu")
     messages = [mel(n, n) for n in (700, 300, 1234, 150)]
     pieces = [(m, block) for m, features in enumerate(messages) for block in split(features, 300)]
     order = sorted(range(len(pieces)), key=lambda i: (i * 7) % len(pieces))
@@ -218,7 +218,7 @@ def test_smaller_blocks_would_not_be_exact(tower):
 def test_a_message_shorter_than_a_chunk_is_convolved_at_the_chunk_width(tower):
     """The reference pads a short chunk to its batch's longest chunk: beside any longer message (a prompt with one)
     it equals this encoder's result; alone (its own width) it differs a little (the module docstring's caveat)."""
-    encoder = BlockEncoder(tower, device="cpu")
+    encoder = Qwen3OmniBlockEncoder(tower, device="cpu")
     short, longer = mel(57, 1), mel(230, 2)
     (got,) = encoder.encode_many([short])
     beside = reference(tower, [longer, short])[-got.shape[0] :]
@@ -238,13 +238,13 @@ def test_streamed_features_through_the_encoder_equal_the_one_shot_path(tower, ex
     final = features.final_floor()
     blocks = [features.features(features.raw_block(k), final) for k in range(features.ready_blocks())]
     blocks.append(features.features(features.raw_tail(), final))
-    encoder = BlockEncoder(tower, device="cpu")
+    encoder = Qwen3OmniBlockEncoder(tower, device="cpu")
     got = torch.cat(encoder.encode_many(blocks))
     torch.testing.assert_close(got, reference(tower, [processor_features(extractor, pcm)]), atol=1e-4, rtol=0)
 
 
 def test_bad_blocks_are_refused(tower):
-    encoder = BlockEncoder(tower, device="cpu")
+    encoder = Qwen3OmniBlockEncoder(tower, device="cpu")
     assert encoder.encode_many([]) == []
     for bad in (torch.zeros(128, 301), torch.zeros(128, 0), torch.zeros(80, 100), torch.zeros(128)):
         with pytest.raises(ValueError, match=r"\(128, 1..300\)"):
@@ -258,7 +258,7 @@ def test_bad_blocks_are_refused(tower):
 def test_graph_replays_equal_transformers(tower):
     tower = tower.to("cuda")
     try:
-        encoder = BlockEncoder(tower, device="cuda", batch_sizes=(1, 4))
+        encoder = Qwen3OmniBlockEncoder(tower, device="cuda", batch_sizes=(1, 4))
         encoder.capture()
         assert encoder.captured
         messages = [mel(n, n) for n in (700, 300, 57, 1000)]

@@ -17,7 +17,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
 
 from pipeline.models.qwen3_omni.audio_encoder import EncoderWindows
-from pipeline.models.qwen3_omni.av_interleave import AVLayout, AVTiming
+from pipeline.models.qwen3_omni.av_interleave import Qwen3OmniAVLayout, Qwen3OmniAVTiming
 from pipeline.models.qwen3_omni.positions import GridSpan, rope_positions, rope_shift, vision_offsets
 
 PPS = 13  # the released position_id_per_seconds
@@ -106,7 +106,7 @@ class Prompt:
 
     def video(self, grid_t: int, grid_h: int, grid_w: int, second_per_grid: float) -> Prompt:
         self.second_per_grid.append(second_per_grid)
-        step = AVTiming(PPS, second_per_grid).patch_step
+        step = Qwen3OmniAVTiming(PPS, second_per_grid).patch_step
         return self._vision(grid_t, grid_h, grid_w, self.config.video_token_id, t_step=step, images=False)
 
     def _vision(self, grid_t: int, grid_h: int, grid_w: int, token: int, *, t_step: int, images: bool) -> Prompt:
@@ -134,10 +134,12 @@ class Prompt:
         self.audio_frames.append(frames)
         return self
 
-    def av_layout(self, grid_t: int, grid_h: int, grid_w: int, second_per_grid: float, frames: int) -> AVLayout:
+    def av_layout(
+        self, grid_t: int, grid_h: int, grid_w: int, second_per_grid: float, frames: int
+    ) -> Qwen3OmniAVLayout:
         rows, cols = grid_h // self.merge, grid_w // self.merge
-        timing = AVTiming(PPS, second_per_grid)
-        return AVLayout(timing, rows=rows, cols=cols, n_patches=grid_t, n_audio=self.audio_tokens(frames))
+        timing = Qwen3OmniAVTiming(PPS, second_per_grid)
+        return Qwen3OmniAVLayout(timing, rows=rows, cols=cols, n_patches=grid_t, n_audio=self.audio_tokens(frames))
 
 
 def reference(thinker, prompt: Prompt, *, audio_in_video: bool) -> tuple[np.ndarray, int]:
@@ -281,10 +283,10 @@ def test_open_layouts_are_prefixes_of_the_closed_one():
     offsets, are those of the closed message's layout: what the engine prefills early never changes."""
     rng = random.Random(0)
     for spg, rows, cols in [(1.0, 2, 3), (2.0, 1, 1), (1.0, 20, 2)]:
-        timing = AVTiming(PPS, spg)
+        timing = Qwen3OmniAVTiming(PPS, spg)
         for _ in range(20):
             n_patches, n_audio = rng.randint(1, 7), rng.randint(0, 120)
-            final = AVLayout(timing, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
+            final = Qwen3OmniAVLayout(timing, rows=rows, cols=cols, n_patches=n_patches, n_audio=n_audio)
             closed = final.offsets()
             assert final.ready_chunks(video_closed=True, audio_closed=True) == final.n_chunks
             p = a = 0
@@ -293,7 +295,7 @@ def test_open_layouts_are_prefixes_of_the_closed_one():
                     p += 1
                 else:
                     a = min(n_audio, a + rng.randint(1, 9))
-                layout = AVLayout(timing, rows=rows, cols=cols, n_patches=p, n_audio=a)
+                layout = Qwen3OmniAVLayout(timing, rows=rows, cols=cols, n_patches=p, n_audio=a)
                 for flags in ((False, False), (p == n_patches, False), (False, a == n_audio)):
                     ready = layout.ready_chunks(video_closed=flags[0], audio_closed=flags[1])
                     assert [layout.chunk(j) for j in range(ready)] == [final.chunk(j) for j in range(ready)]
@@ -302,7 +304,7 @@ def test_open_layouts_are_prefixes_of_the_closed_one():
 
 
 def test_patch_times_must_be_whole_positions():
-    assert AVTiming(PPS, 2.0).patch_step == 26
-    np.testing.assert_array_equal(AVTiming(PPS, 1.0).patch_times(4), [0, 13, 26, 39])
+    assert Qwen3OmniAVTiming(PPS, 2.0).patch_step == 26
+    np.testing.assert_array_equal(Qwen3OmniAVTiming(PPS, 1.0).patch_times(4), [0, 13, 26, 39])
     with pytest.raises(ValueError, match="whole number"):
-        AVTiming(PPS, 0.5)  # fps 4: 6.5 positions a patch
+        Qwen3OmniAVTiming(PPS, 0.5)  # fps 4: 6.5 positions a patch

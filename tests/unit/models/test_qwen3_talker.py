@@ -19,8 +19,8 @@ from pipeline.models.qwen3_omni.talker import (
     ASSISTANT_PART_LEN,
     CodecRules,
     TalkerInputs,
+    TalkerTextEnd,
     TalkerTokens,
-    TextEnd,
     step_text,
     user_mask,
 )
@@ -254,8 +254,9 @@ def test_a_wrong_decode_position_changes_the_codes(model, inputs, tokens):
 
 def test_step_text():
     assert [step_text(s, 3, done=False) for s in range(3)] == [1, 2, None]
-    assert [step_text(s, 4, done=True) for s in range(5)] == [1, 2, TextEnd.EOS, TextEnd.PAD, TextEnd.PAD]
-    assert [step_text(s, 2, done=True) for s in range(2)] == [TextEnd.EOS, TextEnd.PAD]
+    eos, pad = TalkerTextEnd.EOS, TalkerTextEnd.PAD
+    assert [step_text(s, 4, done=True) for s in range(5)] == [1, 2, eos, pad, pad]
+    assert [step_text(s, 2, done=True) for s in range(2)] == [eos, pad]
     with pytest.raises(InvalidInputError):
         step_text(0, 1, done=True)  # a one-token reply: the reference has no talker prompt for it
 

@@ -14,7 +14,7 @@ import torch
 from pipeline.errors import CheckpointError
 from pipeline.models.common.random_checkpoint import RANDOM_MARKER_FILE
 from pipeline.models.qwen3_omni import released, tiny
-from pipeline.models.qwen3_omni.tiny import RandomModelSpec
+from pipeline.models.qwen3_omni.tiny import Qwen3OmniRandomModelSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -47,7 +47,7 @@ def test_written_checkpoint_loads_with_every_weight(checkpoint, loaded):
     for name in ("model.safetensors", "generation_config.json", "chat_template.json", "tokenizer_config.json"):
         assert (checkpoint / name).is_file(), name
     # Written weights are the ones built: the tuned eos row survives the round trip.
-    rebuilt = tiny.build_random_model(RandomModelSpec.tiny(), dtype=torch.float32)
+    rebuilt = tiny.build_random_model(Qwen3OmniRandomModelSpec.tiny(), dtype=torch.float32)
     torch.testing.assert_close(model.talker.codec_head.weight, rebuilt.talker.codec_head.weight, rtol=0, atol=0)
 
 
@@ -165,7 +165,7 @@ def test_feature_extractor_makes_128_bin_features(checkpoint):
     assert features["input_features"].shape[1] == released.PREPROCESSOR["feature_size"] == 128
     settings = json.loads((checkpoint / "preprocessor_config.json").read_text())
     assert settings["processor_class"] == "Qwen3OmniMoeProcessor"
-    assert settings["patch_size"] == RandomModelSpec.tiny().vision_patch_size
+    assert settings["patch_size"] == Qwen3OmniRandomModelSpec.tiny().vision_patch_size
 
 
 def test_text_only_checkpoint_has_no_talker(tmp_path):
@@ -194,12 +194,12 @@ def test_text_only_checkpoint_has_no_talker(tmp_path):
 )
 def test_spec_check_catches_inconsistent_sizes(change, param):
     with pytest.raises(CheckpointError) as caught:
-        tiny.check_spec(dataclasses.replace(RandomModelSpec.tiny(), **change))
+        tiny.check_spec(dataclasses.replace(Qwen3OmniRandomModelSpec.tiny(), **change))
     assert caught.value.param == param
 
 
 def test_released_preset_has_the_released_parameter_count():
-    counts = tiny.parameter_count(RandomModelSpec.qwen3_omni_30b_a3b())
+    counts = tiny.parameter_count(Qwen3OmniRandomModelSpec.qwen3_omni_30b_a3b())
     assert 35.2e9 <= counts["total"] <= 35.3e9
     for part in ("thinker", "talker", "code2wav"):
         assert counts[part] / 1e9 == pytest.approx(released.PARAMETERS_B[part], abs=0.05)
@@ -215,7 +215,7 @@ def _greedy(thinker, input_ids, positions, steps=8):
 
 
 def test_sharpened_model_is_position_sensitive():
-    built = tiny.build_random_model(RandomModelSpec.sharpened(), dtype=torch.float32)
+    built = tiny.build_random_model(Qwen3OmniRandomModelSpec.sharpened(), dtype=torch.float32)
     inputs = _prompt(built.tokenizer, "Could you tell me a short story about a cat who lives in a library?")
     split = inputs["input_ids"].shape[1] // 2
 

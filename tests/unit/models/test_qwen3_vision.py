@@ -20,8 +20,8 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 
 from pipeline.api import VisionInfo
 from pipeline.errors import CheckpointError, InvalidImageError
-from pipeline.models.qwen3_omni.vision import VIDEO_FPS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, VisionPreprocessor
-from pipeline.models.qwen3_omni.vision_encoder import VisionEncoder, VisionFeatures
+from pipeline.models.qwen3_omni.vision import VIDEO_FPS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, Qwen3OmniVisionPreprocessor
+from pipeline.models.qwen3_omni.vision_encoder import Qwen3OmniVisionEncoder, VisionFeatures
 
 RELEASED_PREPROCESSOR = {
     "feature_extractor_type": "WhisperFeatureExtractor",
@@ -66,8 +66,10 @@ def _tiny_tower_config() -> Qwen3OmniMoeVisionEncoderConfig:
 
 
 @pytest.fixture(scope="module")
-def preprocessor() -> VisionPreprocessor:
-    pre = VisionPreprocessor.from_preprocessor_config({**RELEASED_PREPROCESSOR, **TINY_BUDGET}, _tiny_tower_config())
+def preprocessor() -> Qwen3OmniVisionPreprocessor:
+    pre = Qwen3OmniVisionPreprocessor.from_preprocessor_config(
+        {**RELEASED_PREPROCESSOR, **TINY_BUDGET}, _tiny_tower_config()
+    )
     assert pre is not None
     return pre
 
@@ -94,7 +96,7 @@ def _hf(tower, pixels, grid_thw):
 
 
 def test_the_released_settings(preprocessor):
-    pre = VisionPreprocessor.from_preprocessor_config(RELEASED_PREPROCESSOR, Qwen3OmniMoeVisionEncoderConfig())
+    pre = Qwen3OmniVisionPreprocessor.from_preprocessor_config(RELEASED_PREPROCESSOR, Qwen3OmniMoeVisionEncoderConfig())
     assert pre.info == VisionInfo(
         fps=VIDEO_FPS, min_pixels=3136, max_pixels=12845056, patch_size=16, merge_size=2, temporal_patch_size=2
     )
@@ -105,7 +107,7 @@ def test_the_released_settings(preprocessor):
     assert video.tokens(480, 640, 2) == 300 and video.tokens(2000, 2000, 2) <= 768
     assert video.tokens(10, 10, 2) >= 128 and pre.info.tokens(10, 10, 2) == 4
     whisper_only = {k: v for k, v in RELEASED_PREPROCESSOR.items() if k.startswith(("feature", "n_", "sampling"))}
-    assert VisionPreprocessor.from_preprocessor_config(whisper_only, Qwen3OmniMoeVisionEncoderConfig()) is None
+    assert Qwen3OmniVisionPreprocessor.from_preprocessor_config(whisper_only, Qwen3OmniMoeVisionEncoderConfig()) is None
 
 
 @pytest.mark.parametrize(
@@ -120,7 +122,7 @@ def test_the_released_settings(preprocessor):
 )
 def test_a_config_that_does_not_fit_the_tower_is_a_checkpoint_error(broken, param):
     with pytest.raises(CheckpointError) as caught:
-        VisionPreprocessor.from_preprocessor_config({**RELEASED_PREPROCESSOR, **broken}, _tiny_tower_config())
+        Qwen3OmniVisionPreprocessor.from_preprocessor_config({**RELEASED_PREPROCESSOR, **broken}, _tiny_tower_config())
     assert caught.value.param == param
 
 
@@ -150,7 +152,7 @@ def test_a_picture_equals_the_reference_image_processor_exactly(preprocessor, sh
 
 
 def test_the_released_budget_equals_the_reference_too():
-    pre = VisionPreprocessor.from_preprocessor_config(RELEASED_PREPROCESSOR, Qwen3OmniMoeVisionEncoderConfig())
+    pre = Qwen3OmniVisionPreprocessor.from_preprocessor_config(RELEASED_PREPROCESSOR, Qwen3OmniMoeVisionEncoderConfig())
     hf = Qwen2VLImageProcessorPil.from_dict(RELEASED_PREPROCESSOR)
     assert list(hf.image_mean) == list(pre.image_mean) and hf.patch_size == 16
     image = _image(333, 500, seed=3)
@@ -210,7 +212,7 @@ def test_bad_frames_are_invalid_images(preprocessor, frame, match):
 
 
 def test_token_counts(preprocessor, tower, items):
-    encoder = VisionEncoder(tower, device=torch.device("cpu"))
+    encoder = Qwen3OmniVisionEncoder(tower, device=torch.device("cpu"))
     assert encoder.merge_size == 2 and encoder.deepstack_layers == 2
     assert [item.grid_thw for item in items] == [(1, 4, 4), (1, 4, 10), (2, 6, 8)]
     assert [encoder.tokens(item.grid_thw) for item in items] == [4, 10, 24]
@@ -219,7 +221,7 @@ def test_token_counts(preprocessor, tower, items):
 
 
 def test_one_item_at_a_time_equals_the_reference_forward_exactly(tower, items):
-    encoder = VisionEncoder(tower, device=torch.device("cpu"), batch=False)
+    encoder = Qwen3OmniVisionEncoder(tower, device=torch.device("cpu"), batch=False)
     got = encoder.encode_many(items)
     assert len(got) == len(items) and all(isinstance(g, VisionFeatures) for g in got)
     for features, item in zip(got, items, strict=True):
@@ -235,8 +237,8 @@ def test_one_item_at_a_time_equals_the_reference_forward_exactly(tower, items):
 
 
 def test_a_batch_equals_the_reference_forward_on_each_item(tower, items):
-    batched = VisionEncoder(tower, device=torch.device("cpu"), batch=True)
-    assert not VisionEncoder(tower, device=torch.device("cpu")).batch  # one call per item on CPU by default
+    batched = Qwen3OmniVisionEncoder(tower, device=torch.device("cpu"), batch=True)
+    assert not Qwen3OmniVisionEncoder(tower, device=torch.device("cpu")).batch  # one call per item on CPU by default
     pictures = items[:2]
     for selection in (pictures, items):
         got = batched.encode_many(selection)
@@ -251,10 +253,10 @@ def test_a_batch_equals_the_reference_forward_on_each_item(tower, items):
 
 def test_reference_pixel_values_through_the_encoder(tower):
     """The whole path: a picture preprocessed by the reference image processor and by ours encodes the same."""
-    pre = VisionPreprocessor.from_preprocessor_config({**RELEASED_PREPROCESSOR, **TINY_BUDGET}, tower.config)
+    pre = Qwen3OmniVisionPreprocessor.from_preprocessor_config({**RELEASED_PREPROCESSOR, **TINY_BUDGET}, tower.config)
     hf = Qwen2VLImageProcessorPil.from_dict({**RELEASED_PREPROCESSOR, **TINY_BUDGET})
     image = _image(70, 110, seed=5)
     want = hf(images=[image], return_tensors="np")
     tokens, deepstack = _hf(tower, want["pixel_values"], want["image_grid_thw"][0])
-    (got,) = VisionEncoder(tower, device=torch.device("cpu")).encode_many([pre([image])])
+    (got,) = Qwen3OmniVisionEncoder(tower, device=torch.device("cpu")).encode_many([pre([image])])
     assert torch.equal(got.tokens, tokens) and all(torch.equal(a, b) for a, b in zip(got.deepstack, deepstack))

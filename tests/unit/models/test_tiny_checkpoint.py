@@ -14,7 +14,7 @@ import torch
 from pipeline.errors import CheckpointError
 from pipeline.models.qwen2_5_omni import checkpoint as ckpt
 from pipeline.models.qwen2_5_omni import tiny
-from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec
+from pipeline.models.qwen2_5_omni.tiny import Qwen25OmniRandomModelSpec
 
 RELEASED_FILES = {
     "config.json",
@@ -67,7 +67,10 @@ def test_layout_matches_released_checkpoints(tiny_dir: Path) -> None:
     assert preprocessor["feature_extractor_type"] == "WhisperFeatureExtractor"
     assert preprocessor["feature_size"] == 128
     marker = json.loads((tiny_dir / ckpt.RANDOM_MARKER_FILE).read_text())
-    assert marker == {"random_weights": True, "spec": json.loads(json.dumps(RandomModelSpec.tiny().to_dict()))}
+    assert marker == {
+        "random_weights": True,
+        "spec": json.loads(json.dumps(Qwen25OmniRandomModelSpec.tiny().to_dict())),
+    }
 
 
 def test_weights_use_released_key_names(tiny_dir: Path) -> None:
@@ -90,7 +93,7 @@ def test_weights_use_released_key_names(tiny_dir: Path) -> None:
 
 def test_same_seed_gives_identical_weights_and_other_seed_differs(tiny_dir: Path, tmp_path: Path) -> None:
     again = tiny.make_random_checkpoint(tmp_path / "again")
-    other = tiny.make_random_checkpoint(tmp_path / "other", RandomModelSpec.tiny(seed=1))
+    other = tiny.make_random_checkpoint(tmp_path / "other", Qwen25OmniRandomModelSpec.tiny(seed=1))
     assert _sha256(again / "model.safetensors") == _sha256(tiny_dir / "model.safetensors")
     assert _sha256(again / "tokenizer.json") == _sha256(tiny_dir / "tokenizer.json")
     assert _sha256(other / "model.safetensors") != _sha256(tiny_dir / "model.safetensors")
@@ -98,7 +101,7 @@ def test_same_seed_gives_identical_weights_and_other_seed_differs(tiny_dir: Path
 
 def test_speakers_file(tiny_dir: Path) -> None:
     raw = torch.load(tiny_dir / "spk_dict.pt", weights_only=True)
-    spec = RandomModelSpec.tiny()
+    spec = Qwen25OmniRandomModelSpec.tiny()
     assert set(raw) == {"Chelsie", "Ethan"}
     assert raw["Chelsie"]["bos_token"] != raw["Ethan"]["bos_token"]
     for entry in raw.values():
@@ -109,7 +112,7 @@ def test_speakers_file(tiny_dir: Path) -> None:
 
 def test_tokenizer_ids_and_chat_template(reference_model) -> None:
     _, tokenizer = reference_model
-    ids = tiny.added_token_ids(RandomModelSpec.tiny().tokenizer_bpe_vocab)
+    ids = tiny.added_token_ids(Qwen25OmniRandomModelSpec.tiny().tokenizer_bpe_vocab)
     for token, expected in ids.items():
         assert tokenizer.convert_tokens_to_ids(token) == expected
     text = "Hello, how is the weather today?"
@@ -189,7 +192,7 @@ def test_talker_stop_ids_are_rare_but_possible(reference_model) -> None:
     choice, yet sometimes among the top-k candidates, so sampling can end an utterance. While the
     reply's text runs the talker's end channel (its last) is zero, as the next test shows."""
     model, _ = reference_model
-    spec = RandomModelSpec.tiny()
+    spec = Qwen25OmniRandomModelSpec.tiny()
     stops = torch.tensor([spec.codec_eos_id, spec.codec_pad_id])
     states = torch.randn(20000, spec.talker_hidden, generator=torch.Generator().manual_seed(0))
     states[:, -1] = 0.0
@@ -215,7 +218,7 @@ def test_speech_ends_soon_after_the_text(reference_model) -> None:
     outside the sampler's top-40; once the talker is fed the text-pad vector it is among them (sampling ends the
     speech soon), yet not the greedy choice (greedy decoding runs to its cap, as the engine's tests expect)."""
     model, tokenizer = reference_model
-    spec = RandomModelSpec.tiny()
+    spec = Qwen25OmniRandomModelSpec.tiny()
     text_model = model.thinker.model
     text_model = getattr(text_model, "language_model", text_model)
     prompt = tokenizer("Tell me a story about the sea and the sky, please.", return_tensors="pt")["input_ids"]
@@ -249,12 +252,12 @@ def test_thinker_end_logit_sits_below_the_best_but_inside_the_top_k(reference_mo
 
 
 def test_seven_b_spec_has_the_released_parameter_count() -> None:
-    count = tiny.parameter_count(RandomModelSpec.qwen2_5_omni_7b())
+    count = tiny.parameter_count(Qwen25OmniRandomModelSpec.qwen2_5_omni_7b())
     assert abs(count - 10.69e9) < 0.01e9, count
 
 
 def test_seven_b_config_keeps_released_codec_ids() -> None:
-    config = tiny.build_config(RandomModelSpec.qwen2_5_omni_7b())
+    config = tiny.build_config(Qwen25OmniRandomModelSpec.qwen2_5_omni_7b())
     talker = config.talker_config
     assert (
         talker.tts_codec_pad_token_id,
@@ -267,8 +270,8 @@ def test_seven_b_config_keeps_released_codec_ids() -> None:
     assert config.thinker_config.text_config.tie_word_embeddings is False
 
 
-def _bad(**changes) -> RandomModelSpec:
-    return dataclasses.replace(RandomModelSpec.tiny(), **changes)
+def _bad(**changes) -> Qwen25OmniRandomModelSpec:
+    return dataclasses.replace(Qwen25OmniRandomModelSpec.tiny(), **changes)
 
 
 @pytest.mark.parametrize(
@@ -291,13 +294,13 @@ def _bad(**changes) -> RandomModelSpec:
         (_bad(thinker_vocab=500), "thinker_vocab"),
     ],
 )
-def test_build_config_rejects_inconsistent_specs(spec: RandomModelSpec, needle: str) -> None:
+def test_build_config_rejects_inconsistent_specs(spec: Qwen25OmniRandomModelSpec, needle: str) -> None:
     with pytest.raises(CheckpointError, match=needle.replace("(", r"\(").replace("[", r"\[")):
         tiny.build_config(spec)
 
 
 def test_build_random_model_in_memory() -> None:
-    loaded = tiny.build_random_model(RandomModelSpec.tiny(), device="cpu", dtype=torch.float32)
+    loaded = tiny.build_random_model(Qwen25OmniRandomModelSpec.tiny(), device="cpu", dtype=torch.float32)
     try:
         assert loaded.random_weights
         assert loaded.tokenizer.convert_tokens_to_ids("<|AUDIO|>") == loaded.special.audio_token
@@ -307,7 +310,7 @@ def test_build_random_model_in_memory() -> None:
         ids = loaded.tokenizer("Hello there", return_tensors="pt")["input_ids"]
         with torch.inference_mode():
             logits = loaded.thinker(input_ids=ids).logits
-        assert logits.shape == (1, ids.shape[1], RandomModelSpec.tiny().thinker_vocab)
+        assert logits.shape == (1, ids.shape[1], Qwen25OmniRandomModelSpec.tiny().thinker_vocab)
     finally:
         import shutil
 
@@ -318,7 +321,7 @@ def test_build_random_model_matches_written_checkpoint(tiny_dir: Path) -> None:
     """In-memory and on-disk builds share the seeded initialisation."""
     from safetensors import safe_open
 
-    loaded = tiny.build_random_model(RandomModelSpec.tiny(), device="cpu", dtype=torch.float32)
+    loaded = tiny.build_random_model(Qwen25OmniRandomModelSpec.tiny(), device="cpu", dtype=torch.float32)
     try:
         with safe_open(tiny_dir / "model.safetensors", "pt") as f:
             stored = f.get_tensor("talker.codec_head.weight")

@@ -17,9 +17,9 @@ import torch
 from pipeline.errors import CheckpointError, ConfigError, InvalidInputError
 from pipeline.models.qwen2_5_omni.chunk_schedule import ChunkingConfig
 from pipeline.models.qwen2_5_omni.token2wav_stream import (
+    Qwen25OmniToken2WavStream,
     StreamingToken2Wav,
     StreamStatus,
-    Token2WavStream,
     Token2WavStreamStateError,
     one_shot,
 )
@@ -307,7 +307,7 @@ def test_seams_are_click_free() -> None:
 def test_misuse_raises_clear_errors(realistic_model) -> None:
     codes, cond, ref_mel, noise = utterance(10)
     t2w = StreamingToken2Wav(realistic_model)
-    stream: Token2WavStream = t2w.start(cond, ref_mel, noise=noise, max_codes=10)
+    stream: Qwen25OmniToken2WavStream = t2w.start(cond, ref_mel, noise=noise, max_codes=10)
     with pytest.raises(InvalidInputError, match="codec ids") as info:
         stream.push([NUM_CODES + 5])
     assert info.value.param == "codes"

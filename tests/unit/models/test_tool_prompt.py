@@ -9,9 +9,9 @@ import pytest
 
 from pipeline.core.conversation_state import ConversationState, ConvItem, ItemKind
 from pipeline.errors import FunctionCallError
-from pipeline.models.common.hermes_tools import CallParser
+from pipeline.models.common.hermes_tools import HermesCallParser
 from pipeline.models.qwen2_5_omni import checkpoint as ckpt
-from pipeline.models.qwen2_5_omni.prompt import PromptRenderer
+from pipeline.models.qwen2_5_omni.prompt import ChatMLRenderer
 from pipeline.output.function_calls import CallTracker, Verdict
 from pipeline.response_events import FunctionCallDelta, FunctionCallDone, FunctionCallStarted
 from pipeline.tools import AUTO, Tool, ToolChoice, ToolMode
@@ -30,8 +30,8 @@ def loaded(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def renderer(loaded) -> PromptRenderer:
-    return PromptRenderer(loaded.tokenizer, loaded.special)
+def renderer(loaded) -> ChatMLRenderer:
+    return ChatMLRenderer(loaded.tokenizer, loaded.special)
 
 
 def _hf_tools(tools):
@@ -130,7 +130,7 @@ def test_changing_the_tools_keeps_only_the_cache_before_the_system_message_chang
 # --- the call parser ---------------------------------------------------------------------------------------------
 
 
-def _feed(parser: CallParser, text: str, step: int = 3) -> tuple[list[str], str]:
+def _feed(parser: HermesCallParser, text: str, step: int = 3) -> tuple[list[str], str]:
     names, deltas = [], ""
     for i in range(0, len(text), step):
         name, delta = parser.feed(text[i : i + step])
@@ -140,7 +140,7 @@ def _feed(parser: CallParser, text: str, step: int = 3) -> tuple[list[str], str]
 
 
 def test_the_parser_names_the_function_early_and_streams_the_arguments_exactly():
-    parser = CallParser(frozenset({"get_weather"}))
+    parser = HermesCallParser(frozenset({"get_weather"}))
     names, deltas = _feed(parser, '\n{"name": "get_weather", "arguments": {"city": "Paris", "n": {"a": 1}}}\n')
     assert names == ["get_weather"]
     call, name, last = parser.close()
@@ -149,7 +149,7 @@ def test_the_parser_names_the_function_early_and_streams_the_arguments_exactly()
 
 
 def test_the_parser_takes_a_call_written_in_another_key_order_whole():
-    parser = CallParser(frozenset({"noop"}))
+    parser = HermesCallParser(frozenset({"noop"}))
     assert _feed(parser, '{"arguments": {}, "name": "noop"}') == ([], "")
     call, name, last = parser.close()
     assert (name, call.arguments, last) == ("noop", "{}", "{}")
@@ -166,7 +166,7 @@ def test_the_parser_takes_a_call_written_in_another_key_order_whole():
     ],
 )
 def test_a_malformed_call_is_refused_with_what_is_wrong(text, words):
-    parser = CallParser(frozenset({"noop"}))
+    parser = HermesCallParser(frozenset({"noop"}))
     with pytest.raises(FunctionCallError, match=words):
         _feed(parser, text, step=len(text))
         parser.close()

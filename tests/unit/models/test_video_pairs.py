@@ -10,7 +10,7 @@ import torch
 
 from pipeline.models.common.hf_parts import thinker_vision_tower
 from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-from pipeline.models.qwen2_5_omni.vision_encoder import VisionEncoder
+from pipeline.models.qwen2_5_omni.vision_encoder import Qwen25OmniVisionEncoder
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +28,12 @@ def test_frame_pairs_encode_like_the_whole_video(ckpt):
     visual = thinker_vision_tower(ckpt.thinker)
     window_tokens = (ckpt.config.thinker_config.vision_config.window_size // 28) ** 2
     assert whole.grid_thw[1] * whole.grid_thw[2] // 4 > 2 * window_tokens  # several windows per frame pair
-    one_call = VisionEncoder(visual, device=torch.device("cpu"), batch=False)
+    one_call = Qwen25OmniVisionEncoder(visual, device=torch.device("cpu"), batch=False)
     (video,) = one_call.encode_many([whole])
     chunked = torch.cat(one_call.encode_many(pairs))
     # the same arithmetic on fewer rows: equal up to the rounding of a smaller matrix product on CPU
     torch.testing.assert_close(chunked, video, rtol=1e-5, atol=1e-6)
-    batched = VisionEncoder(visual, device=torch.device("cpu"), batch=True)
+    batched = Qwen25OmniVisionEncoder(visual, device=torch.device("cpu"), batch=True)
     torch.testing.assert_close(torch.cat(batched.encode_many(pairs)), video, rtol=1e-5, atol=1e-6)
     # a video of frames in a different order differs: the comparison sees the frames
     (swapped,) = one_call.encode_many([ckpt.vision(frames[2:4] + frames[:2] + frames[4:])])

@@ -13,8 +13,8 @@ from transformers.vision_utils import get_vision_window_index
 from pipeline.models import family_of
 from pipeline.models.common.hf_parts import thinker_vision_tower
 from pipeline.models.qwen2_5_omni.checkpoint import load_checkpoint
-from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, build_config
-from pipeline.models.qwen2_5_omni.vision_encoder import VisionEncoder
+from pipeline.models.qwen2_5_omni.tiny import Qwen25OmniRandomModelSpec, build_config
+from pipeline.models.qwen2_5_omni.vision_encoder import Qwen25OmniVisionEncoder
 
 FAMILY = family_of("qwen2_5_omni")
 
@@ -42,9 +42,10 @@ def _hf(ckpt, batch):
 
 def test_the_family_exposes_the_tower_and_its_settings(ckpt, tiny_model_dir):
     parts = FAMILY.thinker_parts(ckpt, device=torch.device("cpu"), cuda_graphs=False)
-    assert isinstance(parts.vision, VisionEncoder) and parts.vision.visual is thinker_vision_tower(ckpt.thinker)
+    assert isinstance(parts.vision, Qwen25OmniVisionEncoder)
+    assert parts.vision.visual is thinker_vision_tower(ckpt.thinker)
     info = FAMILY.vision_info(ckpt)
-    spec = RandomModelSpec.tiny()
+    spec = Qwen25OmniRandomModelSpec.tiny()
     assert (info.min_pixels, info.max_pixels) == (spec.image_min_pixels, spec.image_max_pixels)
     assert info.fps == 2.0 and FAMILY.vision_preprocessor(ckpt) is ckpt.vision
     blind = dataclasses.replace(ckpt, vision=None)
@@ -53,7 +54,7 @@ def test_the_family_exposes_the_tower_and_its_settings(ckpt, tiny_model_dir):
 
 
 def test_one_item_equals_the_reference_exactly(ckpt, items):
-    encoder = VisionEncoder(thinker_vision_tower(ckpt.thinker), device=torch.device("cpu"))
+    encoder = Qwen25OmniVisionEncoder(thinker_vision_tower(ckpt.thinker), device=torch.device("cpu"))
     for item in items:
         (got,) = encoder.encode_many([item])
         (want,) = _hf(ckpt, [item])
@@ -62,9 +63,9 @@ def test_one_item_equals_the_reference_exactly(ckpt, items):
 
 
 def test_several_items_in_one_call_equal_the_reference_call(ckpt, items):
-    batched = VisionEncoder(thinker_vision_tower(ckpt.thinker), device=torch.device("cpu"), batch=True)
-    single = VisionEncoder(thinker_vision_tower(ckpt.thinker), device=torch.device("cpu"), batch=False)
-    assert not single.batch and not VisionEncoder(batched.visual, device=torch.device("cpu")).batch
+    batched = Qwen25OmniVisionEncoder(thinker_vision_tower(ckpt.thinker), device=torch.device("cpu"), batch=True)
+    single = Qwen25OmniVisionEncoder(thinker_vision_tower(ckpt.thinker), device=torch.device("cpu"), batch=False)
+    assert not single.batch and not Qwen25OmniVisionEncoder(batched.visual, device=torch.device("cpu")).batch
     got, want = batched.encode_many(items), _hf(ckpt, items)
     assert [g.shape[0] for g in got] == [batched.tokens(i.grid_thw) for i in items]
     for g, w in zip(got, want, strict=True):
@@ -87,7 +88,7 @@ def test_the_tiny_tower_runs_windowed_attention_on_a_test_picture(ckpt, items):
 
 
 def test_the_7b_preset_tower_has_the_released_sizes():
-    vision = build_config(RandomModelSpec.qwen2_5_omni_7b()).thinker_config.vision_config
+    vision = build_config(Qwen25OmniRandomModelSpec.qwen2_5_omni_7b()).thinker_config.vision_config
     released = {
         "hidden_size": 1280,
         "num_heads": 16,
@@ -106,7 +107,7 @@ def test_the_7b_preset_tower_has_the_released_sizes():
 def test_the_vision_towers_shape_leaves_the_other_random_weights_alone():
     from pipeline.models.qwen2_5_omni.tiny import build_model
 
-    spec = RandomModelSpec.tiny()
+    spec = Qwen25OmniRandomModelSpec.tiny()
     other = dataclasses.replace(spec, vision_depth=2, vision_fullatt_blocks=(0,), vision_window_size=112)
     a, b = build_model(spec, build_config(spec)), build_model(other, build_config(other))
     assert len(a.thinker.model.visual.blocks) == 3 and len(b.thinker.model.visual.blocks) == 2

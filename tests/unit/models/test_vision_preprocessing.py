@@ -19,8 +19,8 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from pipeline.api import MAX_ASPECT_RATIO, VisionInfo
 from pipeline.errors import CheckpointError, InvalidImageError
-from pipeline.models.qwen2_5_omni.tiny import RandomModelSpec, _write_preprocessor_config, build_config
-from pipeline.models.qwen2_5_omni.vision import VIDEO_FPS, VisionPreprocessor
+from pipeline.models.qwen2_5_omni.tiny import Qwen25OmniRandomModelSpec, _write_preprocessor_config, build_config
+from pipeline.models.qwen2_5_omni.vision import VIDEO_FPS, Qwen25OmniVisionPreprocessor
 
 RELEASED = VisionInfo(
     fps=VIDEO_FPS, min_pixels=3136, max_pixels=12845056, patch_size=14, merge_size=2, temporal_patch_size=2
@@ -34,15 +34,15 @@ def _image(height: int, width: int, seed: int = 0) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def preprocessor(tmp_path_factory) -> VisionPreprocessor:
+def preprocessor(tmp_path_factory) -> Qwen25OmniVisionPreprocessor:
     """The tiny checkpoint's settings, read back from the preprocessor_config.json it writes."""
     import json
 
     folder = tmp_path_factory.mktemp("pre")
-    spec = RandomModelSpec.tiny()
+    spec = Qwen25OmniRandomModelSpec.tiny()
     _write_preprocessor_config(folder, spec)
     raw = json.loads((folder / "preprocessor_config.json").read_text())
-    pre = VisionPreprocessor.from_preprocessor_config(raw, build_config(spec).thinker_config.vision_config)
+    pre = Qwen25OmniVisionPreprocessor.from_preprocessor_config(raw, build_config(spec).thinker_config.vision_config)
     assert pre is not None
     return pre
 
@@ -50,7 +50,7 @@ def preprocessor(tmp_path_factory) -> VisionPreprocessor:
 @pytest.fixture(scope="module")
 def hf_processor(preprocessor, tmp_path_factory) -> Qwen2VLImageProcessorPil:
     folder = tmp_path_factory.mktemp("pre-hf")
-    _write_preprocessor_config(folder, RandomModelSpec.tiny())
+    _write_preprocessor_config(folder, Qwen25OmniRandomModelSpec.tiny())
     return Qwen2VLImageProcessorPil.from_pretrained(folder)
 
 
@@ -104,7 +104,9 @@ def test_the_released_budget_equals_the_reference_too(preprocessor):
         np.testing.assert_array_equal(got.pixel_values, want["pixel_values"])
 
 
-def _hand_built_video(frames: list[np.ndarray], pre: VisionPreprocessor) -> tuple[np.ndarray, tuple[int, int, int]]:
+def _hand_built_video(
+    frames: list[np.ndarray], pre: Qwen25OmniVisionPreprocessor
+) -> tuple[np.ndarray, tuple[int, int, int]]:
     info = pre.info
     height, width = smart_resize(
         *frames[0].shape[:2],
@@ -164,9 +166,9 @@ def test_bad_frames_are_invalid_images(preprocessor, frame, match):
 
 
 def test_the_settings_come_from_the_preprocessor_config():
-    vision_config = build_config(RandomModelSpec.tiny()).thinker_config.vision_config
+    vision_config = build_config(Qwen25OmniRandomModelSpec.tiny()).thinker_config.vision_config
     whisper_only = {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 128}
-    assert VisionPreprocessor.from_preprocessor_config(whisper_only, vision_config) is None
+    assert Qwen25OmniVisionPreprocessor.from_preprocessor_config(whisper_only, vision_config) is None
     full = {
         **whisper_only,
         "size": {"shortest_edge": 3136, "longest_edge": 50176},
@@ -176,7 +178,7 @@ def test_the_settings_come_from_the_preprocessor_config():
         "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.25, 0.25, 0.25],
     }
-    pre = VisionPreprocessor.from_preprocessor_config(full, vision_config)
+    pre = Qwen25OmniVisionPreprocessor.from_preprocessor_config(full, vision_config)
     assert pre.info == VisionInfo(2.0, 3136, 50176, 14, 2, 2) and pre.image_std == (0.25, 0.25, 0.25)
     for broken, param in (
         ({**full, "patch_size": 16}, "patch_size"),
@@ -186,17 +188,17 @@ def test_the_settings_come_from_the_preprocessor_config():
         ({**full, "size": {"shortest_edge": 60000, "longest_edge": 50176}}, "min_pixels"),
     ):
         with pytest.raises(CheckpointError) as caught:
-            VisionPreprocessor.from_preprocessor_config(broken, vision_config)
+            Qwen25OmniVisionPreprocessor.from_preprocessor_config(broken, vision_config)
         assert caught.value.param == param
 
 
 def test_the_7b_preset_has_the_released_processor_settings(tmp_path):
     import json
 
-    spec = RandomModelSpec.qwen2_5_omni_7b()
+    spec = Qwen25OmniRandomModelSpec.qwen2_5_omni_7b()
     _write_preprocessor_config(tmp_path, spec)
     raw = json.loads((tmp_path / "preprocessor_config.json").read_text())
-    pre = VisionPreprocessor.from_preprocessor_config(raw, build_config(spec).thinker_config.vision_config)
+    pre = Qwen25OmniVisionPreprocessor.from_preprocessor_config(raw, build_config(spec).thinker_config.vision_config)
     assert pre.info == RELEASED
     defaults = Qwen2VLImageProcessorPil()
     assert list(pre.image_mean) == list(defaults.image_mean) and list(pre.image_std) == list(defaults.image_std)

@@ -1,6 +1,6 @@
-"""The sharpened test checkpoint (``RandomModelSpec.sharpened``, fixture ``sharp_model_dir``) is the one on which a
-wrong position shows: with transformers' thinker alone, greedy tokens with the reference positions differ from those
-with wrong ones, on an image prompt and on an audio prompt, while the plain tiny checkpoint hardly notices."""
+"""The sharpened test checkpoint (``Qwen25OmniRandomModelSpec.sharpened``, fixture ``sharp_model_dir``) is the one on
+which a wrong position shows: with transformers' thinker alone, greedy tokens with the reference positions differ from
+those with wrong ones, on an image prompt and on an audio prompt, while the plain tiny checkpoint hardly notices."""
 
 from __future__ import annotations
 

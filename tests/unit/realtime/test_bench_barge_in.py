@@ -15,7 +15,7 @@ from realtime.bench.metrics import (
     BargeInKind,
     BargeInLog,
     ResponseLog,
-    ResponseStatus,
+    ResponseOutcome,
     TurnLog,
     TurnMetrics,
     barge_in_counts,
@@ -28,7 +28,7 @@ DELTA = 2400
 """100 ms of 24 kHz audio per delta."""
 
 
-def ws_turn(*, done_at: float, status=ResponseStatus.COMPLETED, reason=None, onset=None, heard=None) -> TurnLog:
+def ws_turn(*, done_at: float, status=ResponseOutcome.COMPLETED, reason=None, onset=None, heard=None) -> TurnLog:
     """Five 100 ms deltas arriving at 1.0 .. 1.4 s (a player with a 60 ms jitter buffer plays them from 1.06 to
     1.56); the reply is done at ``done_at``; the user talked over it at ``onset``, heard at ``heard``."""
     response = ResponseLog("resp_1", created_at=0.9, done_at=done_at, status=status, reason=reason)
@@ -40,7 +40,7 @@ def ws_turn(*, done_at: float, status=ResponseStatus.COMPLETED, reason=None, ons
 
 
 def test_a_reply_still_generating_is_cancelled_and_timed_to_its_response_done():
-    log = ws_turn(done_at=1.33, status=ResponseStatus.CANCELLED, reason="turn_detected", onset=1.2, heard=1.3)
+    log = ws_turn(done_at=1.33, status=ResponseOutcome.CANCELLED, reason="turn_detected", onset=1.2, heard=1.3)
     m = turn_metrics(log, jitter_ms=60)
     assert m.barge_in_kind == BargeInKind.CANCELLED.value
     assert m.barge_in_ms == pytest.approx(130)  # onset 1.2 -> response.done 1.33
@@ -56,7 +56,7 @@ def test_a_reply_generated_before_the_user_spoke_is_stopped_during_playback():
     assert m.barge_in_ms == pytest.approx(120)  # onset -> speech_started, the WebSocket client's signal to stop
     assert m.barge_in_stop_ms is None and m.barge_in_audio_stop_ms is None
     # a reply the client cancelled itself is no barge-in cancel: the user still stopped its playback
-    client = ws_turn(done_at=1.2, status=ResponseStatus.CANCELLED, reason="client_cancelled", onset=1.3, heard=1.42)
+    client = ws_turn(done_at=1.2, status=ResponseOutcome.CANCELLED, reason="client_cancelled", onset=1.3, heard=1.42)
     assert turn_metrics(client, jitter_ms=60).barge_in_kind == BargeInKind.STOPPED_PLAYBACK.value
 
 
@@ -86,7 +86,7 @@ def test_no_signal_and_no_sound_are_named():
 def test_webrtc_stops_playback_by_clearing_the_track():
     # 20 ms frames at 48 kHz from 1.0 to 1.2 s; generation ended at 1.05
     frames = [AudioArrival(1.0 + 0.02 * i, 960, 0) for i in range(10)]
-    response = ResponseLog("r", 0.9, done_at=1.05, status=ResponseStatus.COMPLETED, audio=frames)
+    response = ResponseLog("r", 0.9, done_at=1.05, status=ResponseOutcome.COMPLETED, audio=frames)
     log = TurnLog(0, 0, "a.wav", 0.2, 0.4, sample_rate=48_000, paced_audio=True, responses=[response])
     log.barge_in = BargeInLog(onset_at=1.1, detected_at=1.15)
     assert turn_metrics(log).barge_in_kind == BargeInKind.NOT_STOPPED.value  # heard, but the track was not cleared

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from realtime.bench.client import UserPlan
-from realtime.bench.metrics import AudioArrival, ResponseLog, ResponseStatus, TurnLog
+from realtime.bench.metrics import AudioArrival, ResponseLog, ResponseOutcome, TurnLog
 from realtime.bench.speech import Speech
 from realtime.bench.workers import ClientShare, merge_shares, split_plans
 from realtime.observe.loop_lag import LagSummary
@@ -29,7 +29,7 @@ def test_split_deals_users_round_robin_and_never_makes_an_empty_share():
 
 def turn(user: int, created: float, done: float) -> TurnLog:
     response = ResponseLog(
-        f"r{user}", created, done_at=done, status=ResponseStatus.COMPLETED, audio=[AudioArrival(created + 0.1, 480, 0)]
+        f"r{user}", created, done_at=done, status=ResponseOutcome.COMPLETED, audio=[AudioArrival(created + 0.1, 480, 0)]
     )
     return TurnLog(user, 0, "a.wav", 0.0, 1.0, speech_stopped_at=1.5, responses=[response])
 

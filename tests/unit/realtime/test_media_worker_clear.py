@@ -15,9 +15,9 @@ from realtime.protocol.client import InputAudioAppend
 from realtime.protocol.names import Dialect
 from realtime.server.limits import SessionSlots
 from realtime.transports.media_workers import messages as m
-from realtime.transports.media_workers.calls import RemoteCall
 from realtime.transports.media_workers.worker import Worker, WorkerCall
 from realtime.transports.webrtc import WebRTCCalls
+from realtime.transports.webrtc.worker_media import RemoteCall
 from tests.fakes import FakeEngine
 
 
@@ -46,10 +46,10 @@ async def test_the_worker_clears_only_the_response_the_clear_names():
     worker.calls[call.id] = call
     try:
         # The next reply's audio is already queued when the clear of the interrupted one arrives.
-        worker.handle(m.PlayAudio(call.id, "resp_old", _tone(200)))
-        worker.handle(m.PlayAudio(call.id, "resp_next", _tone(200)))
+        worker.handle(m.PlayAudioMessage(call.id, "resp_old", _tone(200)))
+        worker.handle(m.PlayAudioMessage(call.id, "resp_next", _tone(200)))
         call.output.next_frame()  # 20 ms of the interrupted reply went out
-        worker.handle(m.ClearAudio(call.id, "resp_old"))
+        worker.handle(m.ClearAudioMessage(call.id, "resp_old"))
         assert call.output.response_ids() == ("resp_next",)
         assert wire.sent == [m.AudioCleared(call.id, "resp_old", 20.0)]
         worker.handle(m.EndAudio(call.id, "resp_old"))  # its response.done, after the clear: nothing to end
@@ -84,7 +84,7 @@ async def test_the_truncation_waits_in_order_for_the_worker_to_say_what_was_play
     call.receive(_mic(call))  # arrived before the clear
     call.clear("resp_old")
     call.receive(_mic(call))  # the user's next words, after the clear
-    assert link.sent == [m.ClearAudio(call.id, "resp_old")]
+    assert link.sent == [m.ClearAudioMessage(call.id, "resp_old")]
     assert isinstance(await anext(incoming), InputAudioAppend)
     pending = asyncio.ensure_future(anext(incoming))
     await asyncio.sleep(0.05)

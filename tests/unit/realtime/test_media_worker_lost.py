@@ -14,9 +14,9 @@ import pytest
 from realtime.runner import SessionEnd
 from realtime.transports.media_workers import messages as m
 from realtime.transports.media_workers import pool as pool_module
-from realtime.transports.media_workers.calls import RemoteCall, WorkerCalls
 from realtime.transports.media_workers.pool import WorkerLink
 from realtime.transports.webrtc import WebRTCCalls
+from realtime.transports.webrtc.worker_media import RemoteCall, WorkerCalls
 from tests.fakes import FakeEngine, FakeTurnDetector
 
 pytestmark = pytest.mark.timeout(20)

@@ -308,8 +308,7 @@ async def test_an_unexpected_failure_ends_the_session_and_is_raised():
         def feed(self, pcm16k):
             raise RuntimeError("detector bug")
 
-    h = Harness()
-    h.runner._turn_detector_factory = BrokenDetector
+    h = Harness(turn_detector_factory=BrokenDetector)
     h.task = asyncio.create_task(h.runner.run())
     h.send(append(100))
     with pytest.raises(RuntimeError, match="detector bug"):
@@ -500,7 +499,7 @@ async def test_a_spoken_turns_transcription_starts_only_after_the_replys_first_a
         reply.release(1)  # the reply's text: no audio yet
         await h.transport.wait_for("response.output_audio_transcript.delta")
         await asyncio.sleep(0.05)
-        assert side(engine) == [] and h.runner._transcriber.started == []
+        assert side(engine) == [] and h.runner.transcription.transcriber.started == []
         reply.release(1)  # its first audio
         await h.transport.wait_for("response.output_audio.delta")
         completed = await h.transport.wait_for(COMPLETED)
@@ -612,10 +611,10 @@ async def test_transcriptions_run_one_at_a_time_and_a_full_backlog_fails_the_new
         failed = await h.transport.wait_for(FAILED)
         assert failed["item_id"] == "item_6" and failed["error"]["code"] == ErrorCode.TRANSCRIPTION_BACKLOG
         assert failed["error"]["type"] == "rate_limit_error"
-        assert len(side(engine)) == 1 and h.runner._transcriber.waiting == 4
+        assert len(side(engine)) == 1 and h.runner.transcription.transcriber.waiting == 4
         h.send({"type": "conversation.item.delete", "item_id": "item_3"})  # its waiting job is dropped
         await h.transport.wait_for("conversation.item.deleted")
-        await until(lambda: h.runner._transcriber.waiting == 3)
+        await until(lambda: h.runner.transcription.transcriber.waiting == 3)
         for done in range(1, 5):
             side(engine)[-1].responses[0].release(2)
             await until(lambda done=done: h.transport.types().count(COMPLETED) == done)
@@ -644,10 +643,10 @@ async def test_a_message_begun_before_transcription_was_on_fails_clearly_and_the
         h.send(TRANSCRIBE, {"type": "input_audio_buffer.commit"})
         failed = await h.transport.wait_for(FAILED)
         assert failed["item_id"] == "item_1" and failed["error"]["code"] == ErrorCode.TRANSCRIPTION_UNAVAILABLE
-        assert side(engine) == [] and h.runner._transcriber is None
+        assert side(engine) == [] and h.runner.transcription.transcriber is None
         h.send(append(200, 0.5), {"type": "input_audio_buffer.commit"})
         assert (await h.transport.wait_for(COMPLETED))["item_id"] == "item_2"
-    assert h.runner._committed_audio is None
+    assert h.runner.transcription.committed_audio is None
 
 
 async def test_without_transcription_no_audio_is_kept():
@@ -655,7 +654,7 @@ async def test_without_transcription_no_audio_is_kept():
     async with Harness(engine) as h:
         h.send(MANUAL, append(200, 0.5), {"type": "input_audio_buffer.commit"})
         await until(lambda: h.calls("commit"))
-        assert h.runner._committed_audio == ("item_1", None) and h.runner._transcriber is None
+        assert h.runner.transcription.committed_audio == ("item_1", None) and h.runner.transcription.transcriber is None
 
 
 # --- history: insertions ------------------------------------------------------------------------

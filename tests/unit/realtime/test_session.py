@@ -32,6 +32,8 @@ from realtime.protocol.names import Dialect
 from realtime.protocol.turn_detection import ServerVadParams
 from realtime.session import (
     AddAudio,
+    AddFunctionCall,
+    AddFunctionOutput,
     AddText,
     AppendAudio,
     AudioTransport,
@@ -52,11 +54,11 @@ from realtime.session import (
     SessionLimits,
     SessionSettings,
     SetInstructions,
+    SetTools,
     StartResponse,
     Transcribe,
     TruncateItem,
 )
-from realtime.tool_calls import AddFunctionCall, AddFunctionOutput, SetTools
 from realtime.turns.server_vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 from realtime.voices import DEFAULT_VOICE_ALIASES
 
@@ -613,6 +615,21 @@ def test_a_failed_command_answers_the_client_event_that_caused_it():
     assert append.event_id is None  # the append had no event_id
 
 
+def test_a_failed_tool_command_answers_the_client_event_that_caused_it():
+    """Every engine command carries its client event's id, function calling's too (a failure of one is an error
+    event, not an AttributeError)."""
+    d = Driver(manual=True)
+    update = {"type": "session.update", "event_id": "su_1", "session": {"tools": [WEATHER]}}
+    (set_tools,) = of(d.send(update), SetTools)
+    assert set_tools.event_id == "su_1"
+    err = error_of(d._record(d.session.command_failed(set_tools, EngineFailure("prompt too long"))))
+    assert (err["code"], err["event_id"]) == ("engine_failure", "su_1")
+    call = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"}
+    (add,) = of(d.send({"type": "conversation.item.create", "event_id": "ic_2", "item": call}), AddFunctionCall)
+    err = error_of(d._record(d.session.command_failed(add, EngineFailure("prefill failed"))))
+    assert (err["code"], err["event_id"]) == ("engine_failure", "ic_2")
+
+
 def test_a_response_started_by_turn_detection_fails_with_no_event_id():
     d = Driver()
     d.send({"type": "input_audio_buffer.append", "event_id": "a1", "audio": base64.b64encode(pcm16(600)).decode()})
@@ -1082,7 +1099,7 @@ def test_without_preemptive_replies_a_pause_starts_nothing_and_no_audio_is_kept(
     d.turn(SpeechStarted(0, 0))
     d.append(200)
     assert d.turn(SpeechPaused(audio_end_ms=500, speech_end_ms=300)) == []
-    assert d.session._buffer.sent == [] and d.session._buffer.sent_ms == 500
+    assert d.session.input_kept == () and d.session.input_streamed_ms == 500
     acts = d.turn(SpeechStopped(audio_end_ms=800, speech_end_ms=300))
     assert len(of(acts, StartResponse)) == 1 and of(acts, PreemptiveReply) == []
 
@@ -1090,7 +1107,7 @@ def test_without_preemptive_replies_a_pause_starts_nothing_and_no_audio_is_kept(
     d.append(300, 0.5)
     d.turn(SpeechStarted(0, 0))
     d.append(200)
-    assert sum(c.duration_ms for c in d.session._buffer.sent) == 500  # what a withdrawal would stream again
+    assert sum(c.duration_ms for c in d.session.input_kept) == 500  # what a withdrawal would stream again
 
 
 def test_without_interrupt_response_speech_does_not_cancel():

@@ -1,23 +1,22 @@
-"""The life of a WebRTC call once it is answered, shared by the in-process endpoint
-(:class:`~realtime.transports.webrtc.WebRTCCalls`) and the media workers' one
-(:class:`~realtime.transports.media_workers.calls.WorkerCalls`).
+"""The life of a WebRTC call from its offer to its teardown, wherever its media run
+(:class:`~realtime.transports.webrtc.endpoint.WebRTCCalls` keeps one).
 
 :class:`CallLifecycle` keeps an endpoint's calls from registration (:meth:`CallLifecycle.add`, while the offer is
 answered) to teardown. :meth:`CallLifecycle.serve` runs an answered call's session in its own task with a connect
 watchdog (the call is disconnected when ICE/DTLS is not up within ``connect_timeout_s``), and tears the call down when
 the session ends, however it ends. Teardown (:meth:`CallLifecycle.teardown`, safe in any state and for a call that
 was never served) runs in this order: :meth:`ServedCall.closing`, the transport disconnected, the call's own tasks
-cancelled and awaited, :meth:`ServedCall.close_media`, ``on_closed(call)`` (the endpoint's own bookkeeping), the slot
-released, the observer closed, the call forgotten (counted ended if it was served). :meth:`CallLifecycle.close`
-refuses new calls (:attr:`CallLifecycle.closed`), disconnects every call and waits for their teardown (a session
-stuck in its engine is cancelled after :data:`CLOSE_WAIT_S`; its teardown still runs).
+cancelled and awaited, :meth:`ServedCall.close_media`, the slot released, the observer closed, the call forgotten
+(counted ended if it was served). :meth:`CallLifecycle.close` refuses new calls (:attr:`CallLifecycle.closed`),
+disconnects every call and waits for their teardown (a session stuck in its engine is cancelled after
+:data:`CLOSE_WAIT_S`; its teardown still runs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Generic, Protocol, TypeVar
 
 from realtime.runner import SessionRunner
@@ -47,8 +46,12 @@ class ServedCall(Protocol):
     """Set once ICE and DTLS are up."""
     tasks: set[asyncio.Task]
     """The call's own tasks (its session runner tracks its own); :meth:`spawn` adds to them."""
-    slot: SessionSlot | None
-    observer: _Closes | None
+
+    @property
+    def slot(self) -> SessionSlot | None: ...
+
+    @property
+    def observer(self) -> _Closes | None: ...
 
     @property
     def transport(self) -> _Disconnects: ...
@@ -74,11 +77,10 @@ CallT = TypeVar("CallT", bound=ServedCall)
 
 class CallLifecycle(Generic[CallT]):
     """An endpoint's calls and their serving (module docstring). ``connect_timeout_s``: how long an answered call may
-    take to connect. ``on_closed(call)``: runs in teardown after the call's media is closed."""
+    take to connect."""
 
-    def __init__(self, connect_timeout_s: float, *, on_closed: Callable[[CallT], None] | None = None) -> None:
+    def __init__(self, connect_timeout_s: float) -> None:
         self.connect_timeout_s = connect_timeout_s
-        self._on_closed = on_closed
         self.calls: dict[str, CallT] = {}
         self._serving: dict[str, asyncio.Task] = {}
         self.closed = False
@@ -121,8 +123,6 @@ class CallLifecycle(Generic[CallT]):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await call.close_media()
-        if self._on_closed is not None:
-            self._on_closed(call)
         if call.slot is not None:
             call.slot.release()
         if call.observer is not None:
