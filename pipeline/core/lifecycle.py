@@ -84,6 +84,7 @@ class ResponseLifecycle:
             started_at_s=time.monotonic(),
         )
         if spec.tool_choice.mode is ToolMode.REQUIRED:  # the reply opens the call; the model completes it
+            assert calls is not None, "function_calls raises for a required call without tools"
             item.reply_ids = self.renderer.tools.forced(spec.tool_choice.name)
             r.thinker.silent = True
             calls.prime(item.reply_ids)

@@ -25,7 +25,7 @@ import torch
 from pipeline.core.conversation_state import ConversationState
 from pipeline.core.response_state import ResponseState
 from pipeline.runners.sampling import SampleRows
-from pipeline.runners.thinker import PrefillSpan
+from pipeline.runners.thinker import PrefillSpan, ThinkerOutput
 from pipeline.runners.token2wav_worker import Token2WavWorker
 from pipeline.scheduler.prefill_batch import PrefillJob
 
@@ -93,7 +93,7 @@ class ModelRunner:
 
     def run_prefills(
         self, jobs: list[PrefillJob], conversations: Mapping[str, ConversationState]
-    ) -> tuple[list[tuple[PrefillJob, object]], list[tuple[PrefillJob, Exception]]]:
+    ) -> tuple[list[tuple[PrefillJob, ThinkerOutput]], list[tuple[PrefillJob, Exception]]]:
         """Run the step's prefill chunks together and extend each conversation's cache (``conversations``: by id).
         Returns (each chunk that ran with its output, each chunk that failed with its error): if the batch fails, each
         chunk is retried alone, so that only a faulty one fails."""
@@ -313,7 +313,10 @@ class ModelRunner:
         self.worker.submit([r.audio.stream for r in job.rows], urgent=job.urgent)
 
     def synthesize(
-        self, job: AudioJob, emit: Callable[[ResponseState, object], None], record: Callable[[float, bool, int], None]
+        self,
+        job: AudioJob,
+        emit: Callable[[ResponseState, np.ndarray], None],
+        record: Callable[[float, bool, int], None],
     ) -> None:
         """Make ``job``'s chunks here (no worker), their DiT windows batched in one pass; ``emit(response, pcm)`` each,
         ``record(started, urgent, streams)`` the job. If the batch fails, each stream is retried alone."""
@@ -334,7 +337,7 @@ class ModelRunner:
 
     def collect_audio(
         self,
-        emit: Callable[[ResponseState, object], None],
+        emit: Callable[[ResponseState, np.ndarray], None],
         record: Callable[[float, bool, int], None],
         live: Callable[[ResponseState], bool],
         *,
@@ -360,7 +363,7 @@ class ModelRunner:
                     self._retry_alone(r, emit)
         return bool(results)
 
-    def _retry_alone(self, r: ResponseState, emit: Callable[[ResponseState, object], None]) -> None:
+    def _retry_alone(self, r: ResponseState, emit: Callable[[ResponseState, np.ndarray], None]) -> None:
         try:
             emit(r, r.audio.stream.step())
         except Exception as exc:  # noqa: BLE001 - isolate this response's failure
