@@ -95,6 +95,7 @@ class Scheduler:
         self.cfg = cfg
         self._conversations: dict[str, ConversationState] = {}
         self._responses: dict[str, ResponseState] = {}
+        self._views = (MappingProxyType(self._conversations), MappingProxyType(self._responses))
         self._withdrawn: dict[str, tuple[ResponseState, PlannedEnd]] = {}
         """Responses a plan ended, until its update (or, if the step raised, ``fail_all``) finishes them."""
         self.slots = KVSlots(thinker_slots, talker_slots, self._conversations)
@@ -107,12 +108,12 @@ class Scheduler:
     @property
     def conversations(self) -> Mapping[str, ConversationState]:
         """The open conversations by id (read only: :meth:`open_conversation`, :meth:`close_conversation`)."""
-        return MappingProxyType(self._conversations)
+        return self._views[0]
 
     @property
     def responses(self) -> Mapping[str, ResponseState]:
         """The live responses by id, in start order (read only: :meth:`add_response`, :meth:`withdraw`)."""
-        return MappingProxyType(self._responses)
+        return self._views[1]
 
     @property
     def thinker_slots(self):
