@@ -45,8 +45,6 @@ class CoreHooks:
     """End a response ``failed`` (one response's error never ends another)."""
     end_response: Callable[[str], None]
     """End a response ``cancelled`` because its conversation closed."""
-    commands_waiting: Callable[[], bool]
-    """Whether requests wait for the engine thread (then no chain of talker steps is started)."""
 
 
 @dataclass(frozen=True)
@@ -97,9 +95,7 @@ def build_core(
     )
     conversations = _conversations(ckpt, cfg, family, renderer, limits, runner, image_encodes, scheduler, hooks)
     talker_stage = (
-        _talker_stage(
-            cfg, family, ckpt, special, limits, runner, t2w_device, scheduler, observer, seeds, hooks, positions
-        )
+        _talker_stage(cfg, family, ckpt, special, limits, runner, t2w_device, observer, seeds, hooks, positions)
         if runner.speaks
         else None
     )
@@ -126,7 +122,6 @@ def _talker_stage(
     limits: RunnerLimits,
     runner: ModelRunner,
     t2w_device: torch.device,
-    scheduler: Scheduler,
     observer: EngineObserver,
     seeds: Seeds,
     hooks: CoreHooks,
@@ -134,7 +129,6 @@ def _talker_stage(
 ) -> TalkerStage | FrameTalkerStage:
     """The stage that drives the family's talker: one code per step, or frames of several codebooks."""
     common = dict(
-        scheduler=scheduler,
         observer=observer,
         family=family,
         ckpt=ckpt,
@@ -143,6 +137,7 @@ def _talker_stage(
         max_codes=limits.max_codes,
         generator=lambda: seeds.generator(t2w_device),
         fail=hooks.fail,
+        min_codes=cfg.talker.min_tokens or 0,
     )
     if isinstance(runner.talker, FrameTalkerRunner):
         end_ids = list(runner.talker.parts.text_end_ids)
@@ -157,7 +152,6 @@ def _talker_stage(
         special=special,
         text_end_vectors=tuple(runner.thinker.embed([special.tts_text_end, special.tts_text_pad])),
         to_token2wav=family.connectors[cfg.token2wav.connector].fn,
-        commands_waiting=hooks.commands_waiting,
         **common,
     )
 
@@ -206,7 +200,17 @@ def _scheduler(
         thinker_slots=runner.thinker.pool.slots,
         talker_slots=runner.talker.pool.slots if runner.talker else None,
         positions=positions,
+        talker_reads=_talker_reads(runner),
     )
+
+
+def _talker_reads(runner: ModelRunner) -> Callable[[list], list] | None:
+    """The keys a frame talker reads of a conversation's positions (its prompt is a subsequence of them); None for a
+    talker that reads every position."""
+    if not isinstance(runner.talker, FrameTalkerRunner):
+        return None
+    parts = runner.talker.parts
+    return lambda keys: [keys[i] for i in parts.prompt_positions(keys)]
 
 
 def _conversations(

@@ -521,7 +521,7 @@ class ConversationState:
 
     def free(self) -> None:
         """Forget every cached position (they are rebuilt from the items on the next prefill). The slots stay
-        assigned; the engine releases them (:meth:`EngineCore.release_slots`)."""
+        assigned; the scheduler releases them (:meth:`pipeline.scheduler.kv_slots.KVSlots.release`)."""
         self.cached_keys = []
         self.rope_shift = 0
         self.talker_vectors = []

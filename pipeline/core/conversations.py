@@ -1,7 +1,8 @@
 """Requests on conversations: items, instructions and user audio as it streams in.
 
-:class:`Conversations` applies the conversation requests of :mod:`pipeline.core.commands` to the scheduler's registry of
-:class:`~pipeline.core.conversation_state.ConversationState`. User audio is turned into features as it arrives and each
+:class:`Conversations` applies the conversation requests of :mod:`pipeline.core.commands` to the
+:class:`~pipeline.core.conversation_state.ConversationState` of the scheduler's registry (opened and closed through the
+scheduler's methods). User audio is turned into features as it arrives and each
 complete 2 s block is queued for the next step's audio encode, so that the thinker prefills a message while it is
 still being spoken. Engine thread only, between two steps.
 """
@@ -84,17 +85,18 @@ class Conversations:
             raise InvalidInputError(f"conversation {conv_id!r} is closed", param="conversation") from None
 
     def open(self, conv_id: str, instructions: str) -> None:
-        self.scheduler.conversations[conv_id] = ConversationState(
-            conv_id, self.renderer, instructions=instructions, max_context_tokens=self.max_context
+        self.scheduler.open_conversation(
+            ConversationState(conv_id, self.renderer, instructions=instructions, max_context_tokens=self.max_context)
         )
 
     def close(self, conv_id: str) -> None:
-        conv = self.scheduler.conversations.pop(conv_id, None)
+        """End the conversation's live response (``conversation_closed``), then forget it and free its KV slots."""
+        conv = self.scheduler.conversations.get(conv_id)
         if conv is None:
             return
         if conv.active_response in self.scheduler.responses:
             self.end_response(conv.active_response)
-        self.scheduler.release_slots(conv)
+        self.scheduler.close_conversation(conv_id)
 
     def set_instructions(self, conv_id: str, instructions: str) -> None:
         conv = self.get(conv_id)

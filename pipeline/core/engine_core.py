@@ -1,11 +1,12 @@
 """The engine core: synchronous, single-threaded, owns every model tensor.
 
-Built like vLLM v1's engine core: :meth:`EngineCore.step` only delegates — the scheduler
+Built like vLLM v1's engine core: :meth:`EngineCore.step` only delegates — schedule, execute, update. The scheduler
 (:class:`~pipeline.scheduler.scheduler.Scheduler`) decides the step as plain data
-(:class:`~pipeline.scheduler.plan.StepPlan`), the step's phases (:class:`~pipeline.step.phases.StepPhases`) run it on
-the runners (:class:`~pipeline.runners.model_runner.ModelRunner`) and accept the sampled tokens into each response's
-state, the output side (:class:`~pipeline.output.processor.OutputProcessor`) turns them into events, and the
-responses whose every stage is done end (:class:`~pipeline.core.lifecycle.ResponseLifecycle`); observation (counters,
+(:class:`~pipeline.scheduler.plan.StepPlan`), the step's phases (:class:`~pipeline.step.phases.StepPhases`) execute it
+on the runners (:class:`~pipeline.runners.model_runner.ModelRunner`) and accept the sampled tokens into each
+response's state, the output side (:class:`~pipeline.output.processor.OutputProcessor`) turns them into events, and
+the update (:meth:`~pipeline.core.lifecycle.ResponseLifecycle.update_from_output`) applies the step's
+:class:`~pipeline.scheduler.plan.StepOutput`: the responses that end, end there; observation (counters,
 timeline, stall watch) is :class:`~pipeline.observe.observer.EngineObserver`. The parts are built by
 :func:`~pipeline.core.build.build_core`. Requests (:mod:`pipeline.core.commands`) run between two steps through
 :meth:`EngineCore.handle`, so a cancel stops every stage of a response within one step.
@@ -50,6 +51,7 @@ from pipeline.models.family import Checkpoint
 from pipeline.observe import report
 from pipeline.observe.observer import EngineObserver
 from pipeline.response_events import EngineStats
+from pipeline.scheduler.scheduler import StepContext
 from pipeline.step.phases import StepPhases
 
 
@@ -63,9 +65,8 @@ class EngineCore:
         """The engine seed (None: drawn from the OS) and the counter of its draws."""
         self.observer = EngineObserver(cfg.engine.timeline_path, slow_step_ms=cfg.engine.slow_step_ms)
         hooks = CoreHooks(
-            fail=lambda r, exc: self.lifecycle.fail(r, exc),
+            fail=lambda r, exc: self.phases.fail(r, exc),
             end_response=lambda rid: self.lifecycle.end_cancelled(rid),
-            commands_waiting=lambda: self.commands_waiting(),
         )
         parts = build_core(ckpt, cfg, self.observer, self.seeds, hooks)
         self.family, self.special, self.renderer = parts.family, parts.special, parts.renderer
@@ -93,7 +94,7 @@ class EngineCore:
             output=self.output,
             talker_stage=self.talker_stage,
             observer=self.observer,
-            fail=self.lifecycle.fail,
+            fail_now=self.lifecycle.fail,
         )
         self.commands_waiting: Callable[[], bool] = lambda: False
         """Set by whoever runs the core's requests and steps: whether requests wait for the engine thread (then no
@@ -173,25 +174,22 @@ class EngineCore:
 
     # -- one step -----------------------------------------------------------------------------------
     def step(self) -> bool:
-        """Advance every live response by one unit of each stage: the scheduler's plan (prefill chunks, one batched
-        thinker token, one batched talker token or a chain), then one token2wav job of the streams whose next chunk is
-        ready, then the responses whose every stage is done finish. Returns False when nothing could progress (every
-        response paused by backpressure, waiting for a KV slot or only for the token2wav worker), so the caller can
-        wait instead of spin."""
+        """Advance every live response by one unit of each stage: the scheduler decides the step
+        (:class:`~pipeline.scheduler.plan.StepPlan`: prefill chunks, one batched thinker token, the talker's starts
+        and one batched talker token or a chain, the rule of the token2wav job), the phases execute it into a
+        :class:`~pipeline.scheduler.plan.StepOutput`, and the update applies that output (responses cancelled, failed,
+        or with every stage done end there). Returns False when nothing could progress (every response paused by
+        backpressure, waiting for a KV slot or only for the token2wav worker), so the caller can wait instead of
+        spin."""
         started = time.perf_counter()
         tokens_before, chains_before = self.observer.tokens(), self.observer.counters["talker_chains_total"]
-        phases = self.phases
         progressed = self.encode_audio() > 0  # before anything renders a conversation
-        progressed |= phases.collect_audio()
-        plan = self.scheduler.schedule(in_worker=phases.in_worker(), end=self.lifecycle.end_planned)
-        progressed |= plan.progressed
-        phases.prefill(plan)
-        phases.decode(plan)
-        ready = phases.ready_streams(plan.decoding)
-        progressed |= tokens_before != self.observer.tokens()
-        progressed |= bool(ready) and self.runner.worker_idle()  # a stream only waiting for the worker is not progress
-        phases.synthesize(ready)
-        progressed |= self.lifecycle.finish_done(plan.decoding)
+        progressed |= self.phases.collect_audio()
+        plan = self.scheduler.schedule(self._context())
+        output = self.phases.execute(plan)
+        progressed |= self.lifecycle.update_from_output(plan, output)
+        progressed |= plan.progressed or tokens_before != self.observer.tokens()
+        progressed |= bool(output.audio_job)  # a stream only waiting for the worker is not progress
         self.observer.step_done(
             started,
             progressed=progressed,
@@ -203,10 +201,20 @@ class EngineCore:
             talker_rows=len(plan.talker_rows),
             codes_before=tokens_before[1],
             chains_before=chains_before,
-            ready=len(ready),
+            ready=len(output.ready),
             background=plan.background,
         )
         return progressed
+
+    def _context(self) -> StepContext:
+        """What the scheduler takes from outside itself to plan a step."""
+        talker = self.runner.talker
+        return StepContext(
+            in_worker=self.phases.in_worker(),
+            job_in_worker=bool(self.runner.jobs),
+            commands_waiting=self.commands_waiting(),
+            can_chain=talker is not None and talker.can_chain,
+        )
 
     def encode_audio(self) -> int:
         """Run the audio and picture encodes the requests queued, every conversation's in one call each (:meth:`step`

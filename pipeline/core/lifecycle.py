@@ -2,8 +2,10 @@
 
 :class:`ResponseLifecycle` opens a response on :meth:`start`, marks it on :meth:`cancel` (the next plan ends it, so a
 cancel stops every stage within one step), and ends it with one final status: ``completed``/``incomplete`` once every
-stage is done (:meth:`finish_done`), ``cancelled``, or ``failed`` (:meth:`fail`: one response's error never ends
-another). Ending gives the response's engine resources back first, then sends its last events. Engine thread only.
+stage is done, ``cancelled``, or ``failed`` (one response's error never ends another). A step's responses end in
+:meth:`update_from_output`, from the step's plan and output; a conversation closing or a step that raised ends them
+between steps. Ending gives the response's engine resources back first (the scheduler withdraws it), then sends its
+last events. Engine thread only.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from pipeline.core.conversation_state import ConvItem, ItemKind
 from pipeline.core.conversations import Conversations
 from pipeline.core.response_state import ResponseSpec, ResponseState, TextEnd
 from pipeline.core.seeds import Seeds
-from pipeline.errors import EngineFailure, FunctionCallError, PipelineError, ResponseActiveError, no_audio_output
+from pipeline.errors import EngineFailure, PipelineError, ResponseActiveError, no_audio_output
 from pipeline.observe.observer import EngineObserver
 from pipeline.output.detokenizer import IncrementalDetokenizer, markup_ids
 from pipeline.output.function_calls import function_calls
 from pipeline.output.processor import OutputProcessor
 from pipeline.response_events import ResponseStatus
 from pipeline.runners.model_runner import ModelRunner
+from pipeline.scheduler.plan import PlannedEnd, StepOutput, StepPlan
+from pipeline.scheduler.policies import Cleanup, failure_cleanup
 from pipeline.scheduler.scheduler import Scheduler
 from pipeline.tools import ToolMode
 
@@ -80,10 +84,11 @@ class ResponseLifecycle:
             started_at_s=time.monotonic(),
         )
         if spec.tool_choice.mode is ToolMode.REQUIRED:  # the reply opens the call; the model completes it
+            assert calls is not None, "function_calls raises for a required call without tools"
             item.reply_ids = self.renderer.tools.forced(spec.tool_choice.name)
             r.thinker.silent = True
             calls.prime(item.reply_ids)
-        self.scheduler.responses[spec.id] = r
+        self.scheduler.add_response(r)
         self.observer.milestone(spec.id, "started", r.started_at)
 
     def cancel(self, response_id: str, reason: str) -> None:
@@ -92,10 +97,18 @@ class ResponseLifecycle:
         if r is not None and r.cancel_reason is None:
             r.cancel_reason = reason
 
-    def finish_done(self, decoding: list[ResponseState]) -> bool:
-        """End the responses whose every stage is done (and whose stream the worker does not hold): ``incomplete``
-        at the text token limit, else ``completed``. Returns whether any ended."""
-        done = self.scheduler.finished(decoding, busy=self.runner.in_worker)
+    def update_from_output(self, plan: StepPlan, output: StepOutput) -> bool:
+        """Apply what a step made: end the responses the plan ended (cancelled, or failed while planning), then those
+        that failed while the plan ran, then those whose every stage is done and whose stream the worker does not
+        hold (``incomplete`` at the text token limit, else ``completed``). The one place a step ends responses.
+        Returns whether a response finished by itself."""
+        for end in plan.ends:
+            self._end_planned(end)
+        for response_id, error in output.failures.items():
+            failed = self.scheduler.responses.get(response_id)
+            if failed is not None:
+                self.fail(failed, error)
+        done = self.scheduler.finished(plan.decoding, output.in_worker)
         for r in done:
             incomplete = r.thinker.end is TextEnd.MAX_TOKENS
             self.finish(
@@ -105,12 +118,13 @@ class ResponseLifecycle:
             )
         return bool(done)
 
-    def end_planned(self, r: ResponseState, error: Exception | None) -> None:
-        """The scheduler's ``end``: a cancelled response (error None) or one whose planning failed."""
-        if error is None:
-            self.finish(r, ResponseStatus.CANCELLED, r.cancel_reason)
+    def _end_planned(self, end: PlannedEnd) -> None:
+        """End a response the plan withdrew: ``cancelled``, or ``failed`` with the error its planning raised."""
+        r = self.scheduler.withdrawn(end.response_id)
+        if end.error is None:
+            self._finish(r, ResponseStatus.CANCELLED, r.cancel_reason)
         else:
-            self.fail(r, error)
+            self._fail(r, end.error)
 
     def end_cancelled(self, response_id: str) -> None:
         """End a response ``cancelled`` because its conversation closed."""
@@ -118,14 +132,15 @@ class ResponseLifecycle:
 
     def finish(self, r: ResponseState, status: ResponseStatus, reason: str | None, error: Exception | None = None):
         """End ``r`` with a final ``status``: its engine resources go back, then its last events."""
-        self.scheduler.responses.pop(r.id, None)
+        self.scheduler.withdraw(r, Cleanup())
+        self._finish(r, status, reason, error)
+
+    def _finish(self, r: ResponseState, status: ResponseStatus, reason: str | None, error: Exception | None = None):
+        """The response's side of its end, once the scheduler has withdrawn it: its final status, its stream closed
+        (unless the worker holds it: then when the worker hands it back), its last events."""
         self.observer.milestone(r.id, status.value)
         self.observer.finished += 1
         r.advance(status)
-        r.item.open = False
-        if r.conv.active_response == r.id:
-            r.conv.active_response = None
-            r.conv.dirty = True  # the reply's footer and anything said meanwhile get prefilled
         r.talker.length = 0
         if r.audio.stream is not None:
             if not self.runner.in_worker(r):  # else closed when the worker hands it back
@@ -136,20 +151,21 @@ class ResponseLifecycle:
     def fail(self, r: ResponseState, exc: Exception) -> None:
         """End ``r`` ``failed``: clients get a :class:`~pipeline.errors.PipelineError` (an internal error is logged
         and replaced by :class:`~pipeline.errors.EngineFailure`); caches a stage may have left half-updated are
-        released."""
+        released (:func:`pipeline.scheduler.policies.failure_cleanup`)."""
+        self.scheduler.withdraw(r, failure_cleanup(exc, prefilling=r.status is ResponseStatus.PREFILLING))
+        self._fail(r, exc)
+
+    def _fail(self, r: ResponseState, exc: Exception) -> None:
         if not isinstance(exc, PipelineError):
             log.error("response %s failed inside the engine", r.id, exc_info=exc)
             # the traceback is in the server log; clients get no internals
             exc = EngineFailure("the engine failed while generating this response")
-        if r.status is ResponseStatus.PREFILLING and not isinstance(exc, EngineFailure):
-            r.conv.items.remove(r.item)  # refused before anything was generated: leave no trace
-        elif not isinstance(exc, FunctionCallError):  # a malformed call is the model's output: the caches are sound
-            self.scheduler.release_slots(
-                r.conv
-            )  # a stage may have died mid-update: never keep a possibly corrupt cache
-        self.finish(r, ResponseStatus.FAILED, "error", exc)
+        self._finish(r, ResponseStatus.FAILED, "error", exc)
 
     def fail_all(self) -> None:
-        """End every live response ``failed`` (the engine loop's answer to a step that raised)."""
+        """End every live response ``failed`` (the engine loop's answer to a step that raised), after the ends its plan
+        had decided (their update never ran)."""
+        for end in self.scheduler.unfinished_ends():
+            self._end_planned(end)
         for r in list(self.scheduler.responses.values()):
             self.fail(r, EngineFailure("the engine failed while generating this response"))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from pipeline.core.conversation_state import ConversationState, ConvItem
+from pipeline.models.synthesis import Token2WavStream
 from pipeline.output.detokenizer import IncrementalDetokenizer
 from pipeline.output.function_calls import CallTracker
 from pipeline.output.playout import Playout
@@ -138,7 +139,7 @@ class TalkerState:
 class AudioState:
     """The reply's audio: its token2wav stream, what left the engine, and a real-time player of it."""
 
-    stream: object | None = None
+    stream: Token2WavStream | None = None
     """The token2wav stream (the family's streaming synthesizer); None before the talker starts and once closed."""
     samples: int = 0
     """Samples sent to the sink so far (24 kHz)."""

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,18 +25,26 @@ import torch
 from pipeline.core.conversation_state import ConversationState
 from pipeline.core.response_state import ResponseState
 from pipeline.runners.sampling import SampleRows
-from pipeline.runners.thinker import PrefillSpan
+from pipeline.runners.thinker import PrefillSpan, ThinkerOutput
 from pipeline.runners.token2wav_worker import Token2WavWorker
-from pipeline.scheduler.plan import AudioPlan
 from pipeline.scheduler.prefill_batch import PrefillJob
 
-__all__ = ["ModelRunner", "Sampled"]
+__all__ = ["AudioJob", "ModelRunner", "Sampled"]
 
 log = logging.getLogger("pipeline.core.engine_core")
 
 Sampled = tuple[list[ResponseState], torch.Tensor]
 """Rows of one batched decode step and their sampled ids (a device tensor of the same length, or (steps, rows) for a
 talker chain), not read yet."""
+
+
+@dataclass
+class AudioJob:
+    """One token2wav job as the runner takes it: the responses whose next chunk it makes, most urgent first;
+    ``urgent``: first chunks (it runs on the CUDA stream that outranks decode)."""
+
+    rows: list[ResponseState]
+    urgent: bool
 
 
 class ModelRunner:
@@ -83,16 +92,16 @@ class ModelRunner:
             self.thinker.sampler.reset(slot, token_ids)
 
     def run_prefills(
-        self, jobs: list[PrefillJob]
-    ) -> tuple[list[tuple[PrefillJob, object]], list[tuple[PrefillJob, Exception]]]:
-        """Run the step's prefill chunks together and extend each conversation's cache. Returns (each chunk that ran
-        with its output, each chunk that failed with its error): if the batch fails, each chunk is retried alone, so
-        that only a faulty one fails."""
+        self, jobs: list[PrefillJob], conversations: Mapping[str, ConversationState]
+    ) -> tuple[list[tuple[PrefillJob, ThinkerOutput]], list[tuple[PrefillJob, Exception]]]:
+        """Run the step's prefill chunks together and extend each conversation's cache (``conversations``: by id).
+        Returns (each chunk that ran with its output, each chunk that failed with its error): if the batch fails, each
+        chunk is retried alone, so that only a faulty one fails."""
         if not jobs:
             return [], []
         inputs = [self._embeds(job) for job in jobs]
         spans = [
-            PrefillSpan(embeds, job.conv.slot, job.start, job.logits, job.rope, self._deepstack(job, embeds.device))
+            PrefillSpan(embeds, job.slot, job.start, job.logits, job.rope, self._deepstack(job, embeds.device))
             for job, (embeds, *_) in zip(jobs, inputs)
         ]
         failed: list[tuple[PrefillJob, Exception]] = []
@@ -110,9 +119,10 @@ class ModelRunner:
         for job, (_, token_embeds, multimodal), out in outputs:
             try:
                 vectors = self._talker_vectors(out.talker_hidden, token_embeds, multimodal)
-                job.conv.extend(job.keys, vectors, rope=job.rope, spans=job.spans)
+                conv = conversations[job.conv_id]
+                conv.extend(job.keys, vectors, rope=job.rope, spans=job.spans)
                 if job.rope_shift is not None:
-                    job.conv.rope_shift = job.rope_shift
+                    conv.rope_shift = job.rope_shift
             except Exception as exc:  # noqa: BLE001 - isolate this conversation's failure
                 failed.append((job, exc))
                 continue
@@ -209,12 +219,12 @@ class ModelRunner:
             vectors, codec_pad=codec["pad"], codec_bos=codec["bos"], slot=conv.talker_slot, start=reuse, rope=rope
         )
 
-    def talker_prompt_prefill(self, conv: ConversationState, start: int) -> None:
-        """Bring the conversation's talker cache up to its thinker cache from position ``start`` (listening), at the
-        thinker's rope positions."""
+    def talker_prompt_prefill(self, conv: ConversationState, start: int, *, slot: int) -> None:
+        """Bring the conversation's talker cache (in talker ``slot``) up to its thinker cache from position ``start``
+        (listening), at the thinker's rope positions."""
         vectors = conv.talker_prompt()[start:]
         rope = conv.cached_rope.get(start, start + vectors.shape[0])
-        self.talker.prefill_prompt(vectors, slot=conv.talker_slot, start=start, rope=rope)
+        self.talker.prefill_prompt(vectors, slot=slot, start=start, rope=rope)
 
     def talker_decode(
         self,
@@ -293,7 +303,7 @@ class ModelRunner:
     def worker_idle(self) -> bool:
         return self.worker is None or self.worker.idle
 
-    def submit_audio(self, job: AudioPlan) -> None:
+    def submit_audio(self, job: AudioJob) -> None:
         """Hand ``job`` to the worker (which must be idle)."""
         for r in job.rows:
             r.mark("token2wav_first_job_ms")
@@ -303,7 +313,10 @@ class ModelRunner:
         self.worker.submit([r.audio.stream for r in job.rows], urgent=job.urgent)
 
     def synthesize(
-        self, job: AudioPlan, emit: Callable[[ResponseState, object], None], record: Callable[[float, bool, int], None]
+        self,
+        job: AudioJob,
+        emit: Callable[[ResponseState, np.ndarray], None],
+        record: Callable[[float, bool, int], None],
     ) -> None:
         """Make ``job``'s chunks here (no worker), their DiT windows batched in one pass; ``emit(response, pcm)`` each,
         ``record(started, urgent, streams)`` the job. If the batch fails, each stream is retried alone."""
@@ -324,7 +337,7 @@ class ModelRunner:
 
     def collect_audio(
         self,
-        emit: Callable[[ResponseState, object], None],
+        emit: Callable[[ResponseState, np.ndarray], None],
         record: Callable[[float, bool, int], None],
         live: Callable[[ResponseState], bool],
         *,
@@ -350,7 +363,7 @@ class ModelRunner:
                     self._retry_alone(r, emit)
         return bool(results)
 
-    def _retry_alone(self, r: ResponseState, emit: Callable[[ResponseState, object], None]) -> None:
+    def _retry_alone(self, r: ResponseState, emit: Callable[[ResponseState, np.ndarray], None]) -> None:
         try:
             emit(r, r.audio.stream.step())
         except Exception as exc:  # noqa: BLE001 - isolate this response's failure

@@ -9,10 +9,14 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
+from pipeline.errors import EngineFailure, FunctionCallError, PipelineError
+
 __all__ = [
     "ChainRow",
+    "Cleanup",
     "FirstChunkRow",
     "chain_steps",
+    "failure_cleanup",
     "first_chunks_alone",
     "quick_first_chunk",
     "round_robin",
@@ -101,3 +105,25 @@ def idle_owner(lru_owners: Iterable[Hashable], busy: set[Hashable], exclude: Has
         if owner != exclude and owner not in busy:
             return owner
     return None
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    """What a response that ends leaves behind in its conversation (nothing dropped: a reply that ended normally or
+    was cancelled keeps its item and the caches)."""
+
+    drop_item: bool = False
+    """Remove its reply item: it was refused before anything was generated."""
+    drop_caches: bool = False
+    """Drop its conversation's caches and KV slots: a stage may have died mid-update."""
+
+
+def failure_cleanup(error: Exception, *, prefilling: bool) -> Cleanup:
+    """What a response failing with ``error`` leaves behind: a refusal (a :class:`~pipeline.errors.PipelineError`
+    other than an internal failure) while it was still prefilling leaves no trace; a malformed function call (the
+    model's own output) keeps the caches, which are sound; any other failure drops the caches, never keeping a
+    possibly corrupt one (an error that is no ``PipelineError`` is internal)."""
+    internal = not isinstance(error, PipelineError) or isinstance(error, EngineFailure)
+    if prefilling and not internal:
+        return Cleanup(drop_item=True)
+    return Cleanup(drop_caches=not isinstance(error, FunctionCallError))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.core.conversation_state import ConversationState
 from pipeline.models.positions import GridSpan
 
 __all__ = ["PrefillBatch", "PrefillJob"]
@@ -23,10 +22,12 @@ __all__ = ["PrefillBatch", "PrefillJob"]
 
 @dataclass
 class PrefillJob:
-    """One chunk: positions ``start .. start + len(keys) - 1`` of ``conv``'s rendering, as plain data; the thinker
-    runner builds its input vectors (token embeddings, with the audio encoder's outputs at audio positions)."""
+    """One chunk: positions ``start .. start + len(keys) - 1`` of conversation ``conv_id``'s rendering, into thinker
+    KV slot ``slot``, as plain data; the thinker runner builds its input vectors (token embeddings, with the audio
+    encoder's outputs at audio positions: the encoders' output tensors are the only values the chunk refers to)."""
 
-    conv: ConversationState
+    conv_id: str
+    slot: int
     keys: list
     """The rendering's keys of the chunk (what the conversation's cache holds once it ran)."""
     token_ids: list[int]
@@ -39,7 +40,7 @@ class PrefillJob:
     """The chunk reaches the end of the rendering."""
     logits: bool
     """The last position's logits are needed (a response's final chunk: its first reply token)."""
-    owner: object | None = None
+    response_id: str | None = None
     """The response whose prompt this is (None: a background prefill of an idle conversation)."""
     rope: object | None = None
     """(3, rows) int64 numpy array of the chunk's TMRoPE positions (None: the cache indices, as without pictures)."""

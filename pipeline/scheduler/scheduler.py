@@ -1,35 +1,37 @@
 """The scheduler: which conversations prefill what, which responses decode, which token2wav job runs.
 
 It owns the engine's bookkeeping — the live conversations and responses (in start order), the KV slot assignment of
-both decoder stages, the step's prefill budget, the recent token2wav jobs — and answers with plain data
-(:class:`~pipeline.scheduler.plan.StepPlan`, :class:`~pipeline.scheduler.plan.AudioPlan`). It never touches a model or
-a device tensor: the rules it applies are the pure functions of :mod:`pipeline.scheduler.policies`,
+both decoder stages (:mod:`pipeline.scheduler.kv_slots`), the step's prefill budget, the recent token2wav jobs — and
+decides each step as plain data (:class:`~pipeline.scheduler.plan.StepPlan`): the thinker's prefill chunks
+(:mod:`pipeline.scheduler.prefill_plan`) and decode rows, the talker's listens, starts (with their slots), rows and
+chain length (:mod:`pipeline.scheduler.talker_plan`), the rule that picks the token2wav job, and the responses that
+end while it plans. Other modules change its registry only through its methods. It never touches a model or a
+device tensor: the rules it applies are the pure functions of :mod:`pipeline.scheduler.policies`,
 :mod:`pipeline.scheduler.token2wav_jobs`, :mod:`pipeline.scheduler.prefill_batch` and
 :mod:`pipeline.output.start_buffer`. Engine thread only.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
-from pipeline.api import ContextPolicy
 from pipeline.core.conversation_state import ConversationState
 from pipeline.core.response_state import ResponseState
 from pipeline.models.positions import PositionScheme
 from pipeline.output.start_buffer import holds_start
 from pipeline.response_events import ResponseStatus
 from pipeline.scheduler import policies
-from pipeline.scheduler.plan import AudioPlan, StepPlan
-from pipeline.scheduler.prefill_batch import PrefillBatch, PrefillJob
-from pipeline.scheduler.token2wav_jobs import ChunkCandidate, RecentJobs, pick_job
+from pipeline.scheduler.kv_slots import KVSlots
+from pipeline.scheduler.plan import AudioRule, PlannedEnd, StepPlan
+from pipeline.scheduler.prefill_batch import PrefillBatch
+from pipeline.scheduler.prefill_plan import PrefillPlanner, needs_prefill
+from pipeline.scheduler.talker_plan import chain_rows, talker_listens, talker_starts
+from pipeline.scheduler.token2wav_jobs import RecentJobs
 from pipeline.video.budget import VideoBudget
-from pipeline.video.message import remove_old_videos
 
-__all__ = ["SchedulerConfig", "Scheduler"]
-
-log = logging.getLogger(__name__)
+__all__ = ["SchedulerConfig", "Scheduler", "StepContext"]
 
 
 @dataclass(frozen=True)
@@ -63,248 +65,195 @@ class SchedulerConfig:
     """How much camera video the history keeps (:mod:`pipeline.video.budget`; applied before each response)."""
 
 
+@dataclass(frozen=True)
+class StepContext:
+    """What the scheduler learns from outside itself when it plans a step (plain values)."""
+
+    in_worker: frozenset[str] = frozenset()
+    """Ids of the responses whose stream the token2wav worker holds now."""
+    job_in_worker: bool = False
+    """The token2wav worker is making a job now."""
+    commands_waiting: bool = False
+    """Requests wait for the engine thread (then no chain of talker steps is started)."""
+    can_chain: bool = False
+    """The talker runner can queue a chain of decode steps (a frame talker cannot)."""
+
+
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, *, thinker_slots, talker_slots, positions: PositionScheme) -> None:
+    def __init__(
+        self,
+        cfg: SchedulerConfig,
+        *,
+        thinker_slots,
+        talker_slots,
+        positions: PositionScheme,
+        talker_reads: Callable[[list], list] | None = None,
+    ) -> None:
+        """``thinker_slots``, ``talker_slots``: the two decoder stages' slot allocators
+        (:class:`pipeline.runners.kv_pool.SlotAllocator`; the talker's None in an engine without a talker);
+        ``talker_reads(keys)``: the keys of the positions a frame talker reads of a conversation (None: all)."""
         self.cfg = cfg
-        self.thinker_slots = thinker_slots
-        self.talker_slots = talker_slots
-        """The two decoder stages' slot allocators (:class:`pipeline.runners.kv_pool.SlotAllocator`); the talker's is
-        None in an engine without a talker (no response of it is spoken)."""
-        self.positions = positions
-        """The model family's rotary positions: each prefill chunk's rope positions and shift."""
-        self.conversations: dict[str, ConversationState] = {}
-        self.responses: dict[str, ResponseState] = {}
-        """Live responses, in start order."""
+        self._conversations: dict[str, ConversationState] = {}
+        self._responses: dict[str, ResponseState] = {}
+        self._views = (MappingProxyType(self._conversations), MappingProxyType(self._responses))
+        self._withdrawn: dict[str, tuple[ResponseState, PlannedEnd]] = {}
+        """Responses a plan ended, until its update (or, if the step raised, ``fail_all``) finishes them."""
+        self.slots = KVSlots(thinker_slots, talker_slots, self._conversations)
+        self.prefill = PrefillPlanner(cfg, slots=self.slots, positions=positions, conversations=self._conversations)
+        self.talker_reads = talker_reads
         self.recent_jobs = RecentJobs()
         """How long the last token2wav jobs took, hand-over to emission (ms)."""
-        self._background_turn = 0
-        self.video_removed_tokens = 0
+
+    # -- the registry -------------------------------------------------------------------------------
+    @property
+    def conversations(self) -> Mapping[str, ConversationState]:
+        """The open conversations by id (read only: :meth:`open_conversation`, :meth:`close_conversation`)."""
+        return self._views[0]
+
+    @property
+    def responses(self) -> Mapping[str, ResponseState]:
+        """The live responses by id, in start order (read only: :meth:`add_response`, :meth:`withdraw`)."""
+        return self._views[1]
+
+    @property
+    def thinker_slots(self):
+        return self.slots.thinker
+
+    @property
+    def talker_slots(self):
+        return self.slots.talker
+
+    @property
+    def positions(self) -> PositionScheme:
+        return self.prefill.positions
+
+    @property
+    def video_removed_tokens(self) -> int:
         """Thinker positions of video the video budget removed since start."""
+        return self.prefill.video_removed_tokens
+
+    def open_conversation(self, conv: ConversationState) -> None:
+        self._conversations[conv.id] = conv
+
+    def close_conversation(self, conv_id: str) -> ConversationState | None:
+        """Forget the conversation (None if it is not open); its KV slots go back to the pools. Its live response, if
+        any, must have ended first."""
+        conv = self._conversations.pop(conv_id, None)
+        if conv is not None:
+            self.slots.release(conv)
+        return conv
+
+    def add_response(self, r: ResponseState) -> None:
+        """A started response: planned from the next step on, after the live ones."""
+        self._responses[r.id] = r
+
+    def withdraw(self, r: ResponseState, cleanup: policies.Cleanup) -> bool:
+        """Take ``r`` out of the live responses and give its conversation back (its reply item closed, or removed
+        with ``cleanup.drop_item``; its caches and KV slots dropped with ``cleanup.drop_caches``), so that what it held
+        is free for what is planned next. False (nothing done) when it is not live."""
+        if self._responses.pop(r.id, None) is None:
+            return False
+        if cleanup.drop_item:
+            r.conv.items.remove(r.item)
+        elif cleanup.drop_caches:
+            self.slots.release(r.conv)
+        r.item.open = False
+        if r.conv.active_response == r.id:
+            r.conv.active_response = None
+            r.conv.dirty = True  # the reply's footer and anything said meanwhile get prefilled
+        return True
+
+    def withdrawn(self, response_id: str) -> ResponseState:
+        """A response a plan ended (:attr:`StepPlan.ends`), handed over once to whoever finishes it."""
+        return self._withdrawn.pop(response_id)[0]
+
+    def unfinished_ends(self) -> list[PlannedEnd]:
+        """The ends of plans whose update never ran (the step raised before it), in the order they were planned."""
+        return [end for _, end in self._withdrawn.values()]
 
     # -- one step ---------------------------------------------------------------------------------
-    def schedule(self, *, in_worker: set[str], end: Callable[[ResponseState, Exception | None], None]) -> StepPlan:
-        """This step's plan. ``in_worker``: ids of the responses whose stream the token2wav worker holds now.
-        ``end(response, error)`` is called at once for each response that ends while the plan is made (cancelled:
-        error None; failed: its error), before anything else is planned, so that what it frees (its conversation,
-        its KV slots) is seen by the rest of the plan. Other side effects are bookkeeping only: KV slots assigned
-        (an idle conversation may lose its cache to a response), caches cropped to what a rendering shares with
-        them, the oldest turns dropped under ``drop_oldest``."""
-        plan = StepPlan()
+    def schedule(self, ctx: StepContext = StepContext()) -> StepPlan:
+        """This step's plan. Responses that end while it is made (cancelled, or their prompt cannot be planned) are
+        listed in ``ends`` and withdrawn at once, before anything else is planned, so that what they free (their
+        conversation, their KV slots) is seen by the rest of the plan. Other side effects are bookkeeping only: KV
+        slots assigned (an idle conversation may lose its cache to a response), caches cropped to what a rendering
+        shares with them, the oldest turns dropped under ``drop_oldest``."""
+        plan = StepPlan(audio=self.audio_rule())
         batch = PrefillBatch(self.cfg.prefills_per_step, self.cfg.prefill_rows)
-        for r in list(self.responses.values()):
+        decoding: list[ResponseState] = []
+        for r in list(self._responses.values()):
             if r.cancel_reason is not None:
-                end(r, None)
-                plan.progressed = True
+                self._end(plan, r, None)
             elif not r.spec.can_accept():
                 continue  # backpressure: its consumer is behind
             elif r.status is ResponseStatus.PREFILLING:
                 if batch.has_room():
                     try:
-                        plan.progressed |= self._plan_prompt(r, batch, plan)
+                        admitted, reset = self.prefill.prompt(r, batch)
                     except Exception as exc:  # noqa: BLE001 - this response fails; the others go on
-                        end(r, exc)
-                        plan.progressed = True
+                        self._end(plan, r, exc)
+                        continue
+                    plan.progressed |= admitted
+                    if reset is not None:
+                        plan.sampler_resets.append(reset)
             else:
-                plan.decoding.append(r)
-        plan.background = self._plan_background(batch)
+                decoding.append(r)
+        plan.background = self.prefill.background(batch)
         plan.progressed |= bool(plan.background)
         plan.prefills = batch.jobs
-        self._plan_decode(plan, in_worker)
+        if self.slots.talker is not None:
+            plan.talker_listens = talker_listens(batch.jobs, self._conversations, self.slots, self.talker_reads)
+        self._plan_decode(plan, decoding, ctx)
         return plan
 
-    def _plan_decode(self, plan: StepPlan, in_worker: set[str]) -> None:
-        rows = [self._gpu_row(r, in_worker) for r in plan.decoding]
-        if policies.first_chunks_alone(rows):
+    def _end(self, plan: StepPlan, r: ResponseState, error: Exception | None) -> None:
+        prefilling = r.status is ResponseStatus.PREFILLING
+        cleanup = policies.Cleanup() if error is None else policies.failure_cleanup(error, prefilling=prefilling)
+        self.withdraw(r, cleanup)
+        end = PlannedEnd(r.id, error)
+        self._withdrawn[r.id] = (r, end)
+        plan.ends.append(end)
+        plan.progressed = True
+
+    def _plan_decode(self, plan: StepPlan, decoding: list[ResponseState], ctx: StepContext) -> None:
+        plan.decoding = [r.id for r in decoding]
+        if policies.first_chunks_alone([self._gpu_row(r, ctx.in_worker) for r in decoding]):
             plan.decoding = []  # nothing decodes this step, thinker included
             return
-        plan.thinker_rows = [r for r in plan.decoding if not r.thinker.done]
-        spoken = [r for r in plan.decoding if r.spec.audio]
-        if policies.talker_may_step([self._gpu_row(r, in_worker) for r in spoken]):
-            plan.talker_rows = spoken
-        plan.talker_prefills = self.cfg.talker_prefills_per_step
+        plan.thinker_rows = [r.id for r in decoding if not r.thinker.done]
+        spoken = [r for r in decoding if r.spec.audio]
+        if not policies.talker_may_step([self._gpu_row(r, ctx.in_worker) for r in spoken]):
+            return
+        plan.talker_rows = [r.id for r in spoken]
+        streams = [r.audio.stream for r in self._responses.values()]
+        open_streams = sum(1 for stream in streams if stream is not None and not stream.done)
+        plan.talker_starts = talker_starts(
+            spoken,
+            thinker_rows=set(plan.thinker_rows),
+            budget=self.cfg.talker_prefills_per_step,
+            slots=self.slots,
+            quick=self._quick_first_chunk,
+            open_streams=open_streams,
+        )
+        if not plan.thinker_rows:
+            rows = chain_rows(spoken)
+            alone = (
+                len(rows) == len(self._responses)
+                and not plan.prefills
+                and not ctx.job_in_worker
+                and not ctx.commands_waiting
+            )
+            plan.chain_steps = self._chain_steps(rows, alone=alone, can_chain=ctx.can_chain)
 
     @staticmethod
-    def _gpu_row(r: ResponseState, in_worker: set[str]) -> policies.FirstChunkRow:
+    def _gpu_row(r: ResponseState, in_worker: frozenset[str]) -> policies.FirstChunkRow:
         first_in_worker = r.audio.stream is not None and r.id in in_worker and r.audio.first_made_at is None
         return policies.FirstChunkRow(talking=not r.talker.done, first_chunk_in_worker=first_in_worker)
 
-    # -- prefill ------------------------------------------------------------------------------------
-    def _plan_prompt(self, r: ResponseState, batch: PrefillBatch, plan: StepPlan) -> bool:
-        """Plan the next chunk of the conversation's prefill up to the reply's header; False while the response waits
-        for a KV slot or the step's row budget. Raises what fails the response (a bad audio block, the context)."""
-        conv = r.conv
-        if (error := conv.audio_error()) is not None:
-            raise error
-        if r.thinker.prompt_len == 0:  # first prefill step of this response
-            self.video_removed_tokens += remove_old_videos(conv.items, conv.turn_start(), self.cfg.video_budget)
-            policy = conv.policy or ContextPolicy(self.cfg.drop_oldest, self.cfg.context_retention_ratio)
-            conv.make_room(
-                r.spec.max_text_tokens,
-                drop_oldest=policy.drop_oldest,
-                retention_ratio=policy.retention_ratio,
-                max_history_tokens=policy.max_history_tokens,
-            )
-        if self.thinker_slot(conv, evict=True) is None:
-            return False
-        rendering = conv.render()
-        if r.thinker.prompt_len == 0:
-            r.thinker.cached_tokens = min(conv.common_prefix(rendering.keys), len(rendering.keys) - 1)
-            r.thinker.prompt_len = len(rendering.keys)
-            r.thinker.input_image_tokens = rendering.image_tokens
-            r.thinker.input_audio_tokens = len(rendering.audio) - rendering.image_tokens
-            r.thinker.input_text_tokens = r.thinker.prompt_len - len(rendering.audio)
-            plan.sampler_resets.append((conv.slot, list(rendering.token_ids)))
-        job = self._chunk(conv, rendering, need_logits=True)
-        job.owner = r
-        return batch.admit(job)
-
-    def _plan_background(self, batch: PrefillBatch) -> int:
-        """Idle conversations whose background prefill progressed this step (chunks planned in turn, round robin,
-        under what is left of the step's prefill budget)."""
-        convs = list(self.conversations.values())
-        self._background_turn = (self._background_turn + 1) % max(len(convs), 1)
-        planned = 0
-        for conv in policies.round_robin(convs, self._background_turn):
-            if not batch.has_room():
-                break
-            planned += self._background_chunk(conv, batch)
-        return planned
-
-    def _background_chunk(self, conv: ConversationState, batch: PrefillBatch) -> bool:
-        """While a conversation is idle, plan the prefill of what the user has said so far (one chunk per step), if a
-        KV slot is free (a background prefill never takes another conversation's slot), up to the context limit (the
-        slot's size; beyond it the next response first makes room). A failure drops its cache."""
-        if not self.needs_prefill(conv) or self.thinker_slot(conv, evict=False) is None:
-            return False
-        try:
-            if (error := conv.audio_error()) is not None:
-                raise error
-            rendering = conv.render(with_open_audio=True)
-            limit = min(len(rendering.keys), conv.max_context_tokens)
-            common = conv.common_prefix(rendering.keys)
-            if common >= limit:
-                conv.crop(common)  # items were removed: drop what follows
-                conv.dirty = False
-                return True
-            rendering.keys, rendering.token_ids = rendering.keys[:limit], rendering.token_ids[:limit]
-            return batch.admit(self._chunk(conv, rendering, need_logits=False))
-        except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
-            log.exception("background prefill of %s failed; its cache is dropped", conv.id)
-            conv.free()
-            conv.dirty = False
-            return True
-
-    def _chunk(self, conv: ConversationState, rendering, *, need_logits: bool) -> PrefillJob:
-        """The next chunk (at most ``prefill_chunk_tokens``) of ``rendering`` missing from the cache, cropping the
-        cache to what the rendering shares with it. With ``need_logits`` the last position is recomputed if it is
-        already cached (its logits are wanted)."""
-        keys = rendering.keys
-        start = conv.common_prefix(keys)
-        if need_logits:
-            start = min(start, len(keys) - 1)
-        conv.crop(start)
-        end = min(len(keys), start + self.cfg.prefill_chunk_tokens)
-        rope = self.positions.rope_positions(end, rendering.spans, start=start)
-        inside = any(span.at < end < span.at + span.length for span in rendering.spans)
-        return PrefillJob(
-            conv,
-            keys[start:end],
-            rendering.token_ids[start:end],
-            audio_runs(rendering.audio, start, end),
-            start,
-            last=end == len(keys),
-            logits=need_logits and end == len(keys),
-            rope=rope,
-            rope_shift=None if inside else self.positions.rope_shift(rendering.spans, end),
-            deepstack=audio_runs(rendering.deepstack, start, end),
-            spans=[span for span in rendering.spans if span.at < end and start < span.at + span.length],
-        )
-
-    def needs_prefill(self, conv: ConversationState) -> bool:
-        return conv.active_response is None and conv.dirty
-
-    def has_background_work(self) -> bool:
-        """A conversation whose background prefill can get a thinker slot (one waiting for a slot that others hold is
-        not work: a background prefill never evicts, only a command frees a slot)."""
-        slots = self.thinker_slots
-        return any(
-            self.needs_prefill(c) and (slots.slot_of(c.id) is not None or slots.used < slots.capacity)
-            for c in self.conversations.values()
-        )
-
-    # -- KV slots ---------------------------------------------------------------------------------
-    def release_slots(self, conv: ConversationState) -> None:
-        """Forget the conversation's caches and give its KV slots back to the pools."""
-        conv.free()
-        self.thinker_slots.release(conv.id)
-        if self.talker_slots is not None:
-            self.talker_slots.release(conv.id)
-        conv.slot = conv.talker_slot = None
-
-    def _idle_owner(self, allocator, exclude: ConversationState) -> ConversationState | None:
-        """The least recently used conversation holding a slot of ``allocator`` that no response is using."""
-        owners = [o for o in allocator.lru_owners() if o in self.conversations]
-        busy = {o for o in owners if self.conversations[o].active_response is not None}
-        owner = policies.idle_owner(owners, busy, exclude.id)
-        return None if owner is None else self.conversations[owner]
-
-    def thinker_slot(self, conv: ConversationState, *, evict: bool) -> int | None:
-        """The conversation's thinker slot; a free one, or (``evict``) one taken from the least recently used idle
-        conversation, which is prefilled again at its next response. None while every slot is busy."""
-        slot = self.thinker_slots.acquire(conv.id)
-        if slot is None and evict:
-            victim = self._idle_owner(self.thinker_slots, exclude=conv)
-            if victim is not None:
-                log.info("KV pool full: conversation %s loses its cache to %s", victim.id, conv.id)
-                self.release_slots(victim)
-                slot = self.thinker_slots.acquire(conv.id)
-        if slot is not None and slot != conv.slot:
-            conv.free()  # a new slot holds nothing yet
-            conv.slot = slot
-        return slot
-
-    def talker_slot(self, conv: ConversationState, *, evict: bool = True) -> int | None:
-        """The conversation's talker slot; a free one, or (``evict``) one taken from the least recently used
-        conversation with no response, which loses only its talker cache. None while every slot is busy."""
-        slot = self.talker_slots.acquire(conv.id)
-        if slot is None and evict:
-            victim = self._idle_owner(self.talker_slots, exclude=conv)
-            if victim is not None:
-                victim.crop_talker(0)
-                self.talker_slots.release(victim.id)
-                victim.talker_slot = None
-                slot = self.talker_slots.acquire(conv.id)
-        if slot is not None and slot != conv.talker_slot:
-            conv.crop_talker(0)
-            conv.talker_slot = slot
-        return slot
-
-    # -- talker -----------------------------------------------------------------------------------
-    def chain_steps(
-        self,
-        rows: list[tuple[ResponseState, bool]],
-        *,
-        alone: bool,
-        can_chain: bool,
-        prefills: int,
-        job_in_worker: bool,
-        commands_waiting: bool,
-    ) -> int:
-        """How many talker steps to queue at once for ``rows`` — ``(response, its input this step is the text-pad
-        vector)`` — by :func:`policies.chain_steps`: only while nothing else waits for the engine."""
-        alone = (
-            alone and len(rows) == len(self.responses) and not prefills and not job_in_worker and not commands_waiting
-        )
-        chain_rows = [
-            policies.ChainRow(
-                next_is_pad=is_pad and r.audio.stream is not None,
-                codes_until_ready=r.audio.stream.codes_until_ready() if r.audio.stream else None,
-                codes=r.codec_tokens,
-            )
-            for r, is_pad in rows
-        ]
+    def _chain_steps(self, rows: list[policies.ChainRow], *, alone: bool, can_chain: bool) -> int:
+        """How many talker steps to queue at once for the batch ``rows`` (:func:`policies.chain_steps`)."""
         return policies.chain_steps(
-            chain_rows,
+            rows,
             limit=self.cfg.chain_steps,
             can_chain=can_chain,
             alone=alone,
@@ -312,9 +261,9 @@ class Scheduler:
             min_codes=self.cfg.min_codes,
         )
 
-    def quick_first_chunk(self, conv: ConversationState) -> bool:
-        """Whether a reply of ``conv`` starting now gets the quick first chunk."""
-        open_streams = sum(1 for r in self.responses.values() if r.audio.stream is not None and not r.audio.stream.done)
+    def _quick_first_chunk(self, conv: ConversationState, open_streams: int) -> bool:
+        """Whether a reply of ``conv`` starting now, beside ``open_streams`` open streams, gets the quick first
+        chunk."""
         return policies.quick_first_chunk(
             enabled=self.cfg.quick_first_chunk,
             held=self.holds_start(conv),
@@ -322,29 +271,25 @@ class Scheduler:
             max_open=self.cfg.quick_first_chunk_max_open,
         )
 
+    def has_background_work(self) -> bool:
+        """A conversation whose background prefill can get a thinker slot (one waiting for a slot that others hold is
+        not work: a background prefill never evicts, only a command frees a slot)."""
+        return any(needs_prefill(c) and self.slots.thinker_slot_open(c) for c in self._conversations.values())
+
     # -- token2wav --------------------------------------------------------------------------------
     def holds_start(self, conv: ConversationState) -> bool:
         """Whether a reply of ``conv`` whose first chunk is made now holds it for the start buffer."""
         if not self.cfg.start_buffer_ms:
             return False
         busy = sum(
-            1 for c in self.conversations.values() if c is not conv and (c.open_audio or c.active_response is not None)
+            1 for c in self._conversations.values() if c is not conv and (c.open_audio or c.active_response is not None)
         )
         return holds_start(self.cfg.start_buffer_ms, busy, self.cfg.start_buffer_busy)
 
-    def audio_job(self, ready: list[ResponseState], now: float) -> AudioPlan | None:
-        """The next token2wav job among the responses whose next chunk is ready (first chunks alone, then the streams
-        with the least audio ahead); a reply whose first audio is held counts 0 ms ahead: someone waits for it."""
-        candidates = [
-            ChunkCandidate(
-                i,
-                first=r.audio.first_made_at is None,
-                audio_ahead_ms=r.audio.playout.ahead_ms(now) if r.audio.playout.started else 0.0,
-            )
-            for i, r in enumerate(ready)
-        ]
-        job = pick_job(candidates, self.cfg.t2w_max_batch, starving_margin_ms=self.starving_margin())
-        return AudioPlan([ready[i] for i in job.keys], job.urgent) if job else None
+    def audio_rule(self) -> AudioRule:
+        """How the next token2wav job is picked among the streams whose next chunk is ready (first chunks alone, then
+        the streams with the least audio ahead, under the starving margin)."""
+        return AudioRule(self.cfg.t2w_max_batch, self.starving_margin())
 
     def starving_margin(self) -> float:
         """The starving margin (ms) of the next job: the configured one, or with ``starving_margin_from_jobs`` at least
@@ -353,25 +298,13 @@ class Scheduler:
             return float(self.cfg.starving_margin_ms)
         return self.recent_jobs.starving_margin_ms(self.cfg.starving_margin_ms)
 
+    def record_job(self, first: bool, ms: float) -> None:
+        """A token2wav job of first chunks (``first``) or later chunks took ``ms`` from hand-over to emission."""
+        self.recent_jobs.record(first, ms)
+
     # -- endings ------------------------------------------------------------------------------------
-    def finished(self, rows: list[ResponseState], busy: Callable[[ResponseState], bool]) -> list[ResponseState]:
-        """Of ``rows``, the live responses whose every stage is done and whose stream the worker does not hold."""
-        return [r for r in rows if r.id in self.responses and r.all_done() and not busy(r)]
-
-
-def audio_runs(audio: dict[int, tuple[object, int]], start: int, end: int) -> list[tuple[int, object, range]]:
-    """The audio positions of ``[start, end)`` as runs ``(offset from start, encoder output, rows)`` of consecutive
-    positions holding consecutive rows of the same block (one copy per run, not per position). Any map of positions
-    to ``(a block's output, row)`` (the picture positions' deepstack features too)."""
-    runs: list[tuple[int, object, range]] = []
-    for pos in range(start, end):
-        if pos not in audio:
-            continue
-        tensor, row = audio[pos]
-        if runs:
-            first, last_tensor, rows = runs[-1]
-            if last_tensor is tensor and start + first + len(rows) == pos and rows.stop == row:
-                runs[-1] = (first, tensor, range(rows.start, row + 1))
-                continue
-        runs.append((pos - start, tensor, range(row, row + 1)))
-    return runs
+    def finished(self, response_ids: list[str], in_worker: set[str]) -> list[ResponseState]:
+        """Of ``response_ids``, the live responses whose every stage is done and whose stream the worker does not
+        hold (``in_worker``)."""
+        live = [self._responses[rid] for rid in response_ids if rid in self._responses]
+        return [r for r in live if r.all_done() and r.id not in in_worker]

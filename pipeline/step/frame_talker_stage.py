@@ -29,8 +29,7 @@ from pipeline.models.positions import GridSpan, PositionScheme
 from pipeline.runners.frame_talker import FrameTalkerRunner
 from pipeline.runners.model_runner import Sampled
 from pipeline.runners.sampling import SampleRows
-from pipeline.scheduler.plan import StepPlan
-from pipeline.scheduler.scheduler import Scheduler
+from pipeline.scheduler.plan import TalkerStart
 from pipeline.step.talker_feed import TalkerFeed
 
 __all__ = ["FrameTalkerStage", "subsequence_spans"]
@@ -62,7 +61,7 @@ class FrameTalkerStage(TalkerFeed):
     def __init__(
         self,
         *,
-        scheduler: Scheduler,
+        min_codes: int,
         talker: FrameTalkerRunner,
         observer,
         family,
@@ -76,7 +75,7 @@ class FrameTalkerStage(TalkerFeed):
         positions: PositionScheme,
     ) -> None:
         """``positions``: the family's rotary positions, which the talker's sequence follows (module docstring)."""
-        super().__init__(scheduler=scheduler, observer=observer, text_end_vectors=text_end_vectors, fail=fail)
+        super().__init__(min_codes=min_codes, observer=observer, text_end_vectors=text_end_vectors, fail=fail)
         self.positions = positions
         self.talker = talker
         self.parts = talker.parts
@@ -100,22 +99,23 @@ class FrameTalkerStage(TalkerFeed):
         spans = subsequence_spans(conv.cached_spans, picked, length)
         return self.positions.rope_positions(len(picked), spans, start=start)
 
-    def listen(self, conv: ConversationState) -> None:
+    def listen(self, conv: ConversationState, slot: int) -> None:
         """While a conversation is idle, bring its talker cache up to what the talker reads of its thinker cache, so
-        that a reply's talker prefill covers only the turn's last positions and the reply's opening. Only into a slot
-        the conversation holds or a free one (listening never evicts). A failure is logged and leaves the talker cache
-        as it was: the reply's own prefill then covers the rest."""
+        that a reply's talker prefill covers only the turn's last positions and the reply's opening. Into the talker
+        slot the plan gave it (:class:`~pipeline.scheduler.plan.TalkerListen`: only when there is something new to
+        read). A failure is logged and leaves the talker cache as it was: the reply's own prefill then covers the
+        rest."""
         if conv.active_response is not None or not conv.cached_keys:
             return
         picked, keys = self.prompt_keys(conv.cached_keys)
         start = conv.common_prefix_of(conv.talker_keys, keys)
-        if start == len(keys) or self.scheduler.talker_slot(conv, evict=False) is None:
+        if start == len(keys):
             return
         conv.crop_talker(start)
         try:
             inputs = self._prompt_inputs(conv, picked[start:], keys[start:])
             rope = self.prompt_rope(conv, picked, len(conv.cached_keys), start)
-            self.talker.prefill_prompt(inputs, slot=conv.talker_slot, start=start, rope=rope)
+            self.talker.prefill_prompt(inputs, slot=slot, start=start, rope=rope)
         except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
             log.exception("background talker prefill of %s failed; its talker cache is dropped", conv.id)
             return
@@ -126,13 +126,11 @@ class FrameTalkerStage(TalkerFeed):
         index = torch.as_tensor(picked, dtype=torch.long, device=vectors.device)
         return self.parts.prompt_inputs(vectors.index_select(0, index), keys)
 
-    def start(self, r: ResponseState) -> None:
+    def start(self, r: ResponseState, plan: TalkerStart) -> None:
         """Talker prefill — the prompt positions the talker reads that its slot does not hold yet (kept across turns),
-        then the reply's opening with the first reply vector — its first frame, and the reply's code2wav stream.
-        Waits (nothing happens) while every talker slot is busy."""
+        then the reply's opening with the first reply vector — its first frame, and the reply's code2wav stream (with
+        the quick first chunk if the plan says so)."""
         conv = r.conv
-        if self.scheduler.talker_slot(conv) is None:
-            return
         end = r.thinker.prompt_len
         picked, keys = self.prompt_keys(conv.cached_keys[:end])
         spans = subsequence_spans(conv.cached_spans, picked, end)
@@ -151,16 +149,16 @@ class FrameTalkerStage(TalkerFeed):
         r.talker.status = TalkerStatus.RUNNING
         r.talker.length = len(keys) + opening.shape[0]
         r.talker.rope_shift = shift
-        self.talker.sampler.reset(conv.talker_slot, set())
+        self.talker.sampler.reset(plan.slot, set())
         r.audio.stream = self.family.start_stream(
             self.synthesizer,
             self.ckpt,
             r.spec.voice,
             generator=self.generator(),
             max_codes=self.max_codes,
-            quick=self.scheduler.quick_first_chunk(conv),
+            quick=plan.quick,
         )
-        frame = self.talker.start(inputs, slot=conv.talker_slot, start=reuse, sample=self._sample_rows([r]), rope=rope)
+        frame = self.talker.start(inputs, slot=plan.slot, start=reuse, sample=self._sample_rows([r]), rope=rope)
         self.accept_code(r, frame.tolist())
 
     def _sample_rows(self, rows: list[ResponseState]) -> SampleRows:
@@ -171,10 +169,13 @@ class FrameTalkerStage(TalkerFeed):
             counters=[r.codec_tokens for r in rows],
         )
 
-    def decode(self, rows: list[tuple[ResponseState, torch.Tensor]], plan: StepPlan, *, alone: bool) -> list[Sampled]:
+    def decode(self, rows: list[tuple[ResponseState, torch.Tensor]], *, steps: int) -> list[Sampled]:
         """One frame for every row in one batched step (a batch that raises is retried row by row, so only a faulty
-        response fails). Returns each batch with its frames as a (1, B, groups) device tensor, not read yet."""
-        del plan, alone  # a frame talker takes no chains: every step needs its frames' residual codebooks
+        response fails). Returns each batch with its frames as a (1, B, groups) device tensor, not read yet. ``steps``
+        is always 1: a frame talker takes no chains (every step needs its frames' residual codebooks; its runner's
+        ``can_chain`` is False, so the plan never asks for one)."""
+        if steps != 1:
+            raise ValueError(f"a frame talker steps once at a time, not {steps}")
         if not rows:
             return []
         try:

@@ -1,10 +1,12 @@
-"""The phases of one engine step that run the scheduler's plan and accept what it sampled.
+"""The phases of one engine step: they execute the scheduler's plan and accept what it sampled.
 
-:class:`StepPhases` runs a :class:`~pipeline.scheduler.plan.StepPlan` in the order its contract gives — prefill
-chunks (and the first tokens of the prompts they completed), one batched thinker decode beside the talker's step,
-then one token2wav job of the streams whose next chunk is ready — and hands each sampled id to the output side or the
-talker stage. A row whose response ended meanwhile is skipped; one response's failure ends only that response
-(``fail``). An engine without a talker (``talker_stage`` None) runs the thinker's phases only. Engine thread only.
+:meth:`StepPhases.execute` runs a :class:`~pipeline.scheduler.plan.StepPlan` in the order its contract gives — prefill
+chunks (and the first tokens of the prompts they completed), the talker listens, one batched thinker decode beside the
+talker's step (its planned starts, then one decode or a chain), then one token2wav job picked by the plan's rule among
+the streams whose next chunk is ready — hands each sampled id to the output side or the talker stage, and returns a
+:class:`~pipeline.scheduler.plan.StepOutput`. Nothing is decided here that the plan decided, and no response ends here:
+a response that fails is recorded in the output (the rest of the step skips it) and ended by the update. An engine
+without a talker (``talker_stage`` None) runs the thinker's phases only. Engine thread only.
 """
 
 from __future__ import annotations
@@ -12,20 +14,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 from pipeline.core.response_state import ResponseState
 from pipeline.observe.observer import EngineObserver
 from pipeline.output.processor import OutputProcessor
 from pipeline.response_events import ResponseStatus
 from pipeline.runners.image_encodes import ImageEncodes
-from pipeline.runners.model_runner import ModelRunner, Sampled
-from pipeline.scheduler.plan import StepPlan
+from pipeline.runners.model_runner import AudioJob, ModelRunner, Sampled
+from pipeline.scheduler.plan import StepOutput, StepPlan
 from pipeline.scheduler.prefill_batch import PrefillJob
 from pipeline.scheduler.scheduler import Scheduler
+from pipeline.scheduler.token2wav_jobs import ChunkCandidate
 from pipeline.step.frame_talker_stage import FrameTalkerStage
 from pipeline.step.talker_stage import TalkerStage
 
-__all__ = ["StepPhases"]
+__all__ = ["StepPhases", "chunk_candidates"]
 
 log = logging.getLogger("pipeline.core.engine_core")
 
@@ -40,8 +44,10 @@ class StepPhases:
         output: OutputProcessor,
         talker_stage: TalkerStage | FrameTalkerStage | None,
         observer: EngineObserver,
-        fail: Callable[[ResponseState, Exception], None],
+        fail_now: Callable[[ResponseState, Exception], None],
     ) -> None:
+        """``fail_now``: ends a response ``failed`` at once (a failure outside a step: collecting the worker's
+        chunks)."""
         self.scheduler = scheduler
         self.runner = runner
         self.image_encodes = image_encodes
@@ -49,7 +55,9 @@ class StepPhases:
         self.talker_stage = talker_stage
         """None: the engine has no talker (its responses are never spoken)."""
         self.observer = observer
-        self.fail = fail
+        self.fail_now = fail_now
+        self._out: StepOutput | None = None
+        """The output of the plan being executed (None between steps)."""
 
     def encode(self) -> int:
         """Run the audio and picture encodes the requests queued, every conversation's in one call each. Returns
@@ -57,85 +65,134 @@ class StepPhases:
         encoded = self.runner.audio_encodes.flush()
         return encoded + (self.image_encodes.flush() if self.image_encodes is not None else 0)
 
-    def in_worker(self) -> set[str]:
+    def in_worker(self) -> frozenset[str]:
         """The ids of the responses whose stream the token2wav worker holds now."""
-        return {r.id for r in self.runner.jobs.values()}
+        return frozenset(r.id for r in self.runner.jobs.values())
 
     def live(self, r: ResponseState) -> bool:
-        return r.id in self.scheduler.responses
+        """Whether ``r`` still runs: live in the scheduler and not failed in the step being executed."""
+        return r.id in self.scheduler.responses and (self._out is None or r.id not in self._out.failures)
+
+    def fail(self, r: ResponseState, exc: Exception) -> None:
+        """A response failed: while a plan runs, recorded in its output (the rest of the step skips it, the update
+        ends it); between steps, ended at once."""
+        if self._out is not None:
+            self._out.fail(r.id, exc)
+        elif r.id in self.scheduler.responses:
+            self.fail_now(r, exc)
+
+    def _rows(self, ids: list[str]) -> list[ResponseState]:
+        responses = self.scheduler.responses
+        return [responses[rid] for rid in ids]
+
+    # -- the plan -----------------------------------------------------------------------------------
+    def execute(self, plan: StepPlan) -> StepOutput:
+        """Run ``plan`` in the order its contract gives (:mod:`pipeline.scheduler.plan`) and return what it made. A
+        response that fails meanwhile is recorded and skipped; no response ends here."""
+        out = self._out = StepOutput()
+        try:
+            self.prefill(plan)
+            self.decode(plan)
+            self.synthesize(plan, self.ready_streams(plan.decoding))
+            out.in_worker = set(self.in_worker())
+        finally:
+            self._out = None
+        return out
 
     # -- prefill ------------------------------------------------------------------------------------
     def prefill(self, plan: StepPlan) -> None:
         """Run the plan's prefill chunks; responses whose prompt is complete sample their first tokens together;
         conversations still being spoken bring their talker cache up to their thinker cache."""
         self.runner.reset_samplers(plan.sampler_resets)
-        ran, failed = self.runner.run_prefills(plan.prefills)
+        convs = self.scheduler.conversations
+        ran, failed = self.runner.run_prefills(plan.prefills, convs)
         for job, exc in failed:
             self._prefill_failed(job, exc)
         started, listening = [], []
+        listens = {listen.conv_id: listen.slot for listen in plan.talker_listens}
         for job, out in ran:
-            if job.owner is None:
-                job.conv.dirty = not job.last
-                listening.append(job.conv)
-            elif job.last and self.live(job.owner):
-                job.owner.advance(ResponseStatus.DECODING)
-                job.owner.mark("prefill_done_ms")
-                started.append((job.owner, out.last_logits))
+            if job.response_id is None:
+                convs[job.conv_id].dirty = not job.last
+                if job.conv_id in listens:
+                    listening.append((convs[job.conv_id], listens[job.conv_id]))
+                continue
+            owner = self.scheduler.responses[job.response_id]
+            if job.last and self.live(owner):
+                owner.advance(ResponseStatus.DECODING)
+                owner.mark("prefill_done_ms")
+                started.append((owner, out.last_logits))
         if started:
             rows = [r for r, _ in started]
             tokens = self.runner.sample_first(
                 rows, [logits for _, logits in started], force=[self._force_text(r) for r in rows]
             )
-            self._accept_each(rows, tokens, self.output.accept_text_token)
+            self._accept_each(rows, tokens, self._accept_text)
         if self.talker_stage is not None:
-            for conv in listening:
-                self.talker_stage.listen(conv)
+            for conv, slot in listening:
+                self.talker_stage.listen(conv, slot)
 
     def _prefill_failed(self, job: PrefillJob, exc: Exception) -> None:
-        if job.owner is None:
-            log.error("background prefill of %s failed; its cache is dropped", job.conv.id, exc_info=exc)
-            job.conv.free()
-            job.conv.dirty = False
-        elif self.live(job.owner):
-            self.fail(job.owner, exc)
+        if job.response_id is None:
+            log.error("background prefill of %s failed; its cache is dropped", job.conv_id, exc_info=exc)
+            conv = self.scheduler.conversations[job.conv_id]
+            conv.free()
+            conv.dirty = False
+        else:
+            owner = self.scheduler.responses[job.response_id]
+            if self.live(owner):
+                self.fail(owner, exc)
 
     # -- decode -------------------------------------------------------------------------------------
     def decode(self, plan: StepPlan) -> None:
         """One batched thinker decode and the talker's step; both stages are queued before either's ids are read (the
         talker needs the thinker's vectors, device tensors, not its new tokens). With overlap the talker decodes
-        beside the thinker on the vectors of earlier steps (one thinker step behind the text); its prefills follow
-        the thinker on the engine's stream. Without a talker, the thinker's decode alone."""
+        beside the thinker on the vectors of earlier steps (one thinker step behind the text); its starts follow the
+        thinker on the engine's stream. Without a talker, the thinker's decode alone."""
         if plan.decoding:
             self.observer.count("decode_steps_total")
+        thinker_rows = self._rows(plan.thinker_rows)
         talker = self.talker_stage
         if talker is None:
-            tokens = self.runner.thinker_decode(plan.thinker_rows, force=self._force_text)
-            self._accept_sampled(tokens, self.output.accept_text_token)
+            tokens = self.runner.thinker_decode(thinker_rows, force=self._force_text)
+            self._accept_sampled(tokens, self._accept_text)
             return
-        talker.prefills_left = plan.talker_prefills
-        alone = not plan.thinker_rows
+        talker_rows = self._rows(plan.talker_rows)
+        starts = {start.response_id: start for start in plan.talker_starts}
         if self.runner.overlap:
-            talker_rows = talker.inputs([r for r in plan.talker_rows if r.talker.started])
+            batch = talker.inputs([r for r in talker_rows if r.talker.started], starts)
             codes, join = (
-                self.runner.beside_thinker(lambda: talker.decode(talker_rows, plan, alone=alone))
-                if talker_rows
+                self.runner.beside_thinker(lambda: talker.decode(batch, steps=plan.chain_steps))
+                if batch
                 else ([], lambda: None)
             )
-            tokens = self.runner.thinker_decode(plan.thinker_rows, force=self._force_text)
-            talker.inputs([r for r in plan.talker_rows if not r.talker.started and self.live(r)])
+            tokens = self.runner.thinker_decode(thinker_rows, force=self._force_text)
+            talker.inputs([r for r in talker_rows if not r.talker.started and self.live(r)], starts)
             join()
         else:
-            tokens = self.runner.thinker_decode(plan.thinker_rows, force=self._force_text)
-            talker_rows = talker.inputs([r for r in plan.talker_rows if self.live(r)])
-            codes = talker.decode(talker_rows, plan, alone=alone)
-        self._accept_sampled(tokens, self.output.accept_text_token)
-        self._accept_sampled(codes, talker.accept_code)
-        for r in plan.decoding:
+            tokens = self.runner.thinker_decode(thinker_rows, force=self._force_text)
+            batch = talker.inputs([r for r in talker_rows if self.live(r)], starts)
+            codes = talker.decode(batch, steps=plan.chain_steps)
+        self._accept_sampled(tokens, self._accept_text)
+        self._accept_sampled(codes, self._accept_code)
+        for r in self._rows(plan.decoding):
             if r.status is ResponseStatus.DECODING and r.spec.audio and r.tokens_done() and self.live(r):
                 r.advance(ResponseStatus.SYNTHESIZING)
 
     def _force_text(self, r: ResponseState) -> bool:
         return len(r.item.reply_ids) < self.scheduler.cfg.min_text_tokens
+
+    def _accept_text(self, r: ResponseState, token: int) -> None:
+        self.output.accept_text_token(r, token)
+        if self._out is not None:
+            self._out.tokens.append((r.id, token))
+
+    def _accept_code(self, r: ResponseState, code) -> None:
+        talker = self.talker_stage
+        if talker is None:
+            raise RuntimeError("a code was sampled in an engine without a talker")
+        talker.accept_code(r, code)
+        if self._out is not None:
+            self._out.codes.append((r.id, code))
 
     def _accept_sampled(self, sampled: list[Sampled], accept: Callable[[ResponseState, int], None]) -> None:
         """Read each batch's sampled ids (one host transfer per batch) and ``accept(row, id)`` them, in row order; a
@@ -157,12 +214,12 @@ class StepPhases:
                 self.fail(r, exc)
 
     # -- token2wav ----------------------------------------------------------------------------------
-    def ready_streams(self, decoding: list[ResponseState]) -> list[ResponseState]:
+    def ready_streams(self, decoding: list[str]) -> list[ResponseState]:
         """The live responses whose stream has the codes (look-ahead included) of its next chunk and is not in the
         worker; their players note that the chunk could be made now."""
         ready = [
             r
-            for r in decoding
+            for r in self._rows(decoding)
             if self.live(r) and r.audio.stream is not None and not self.runner.in_worker(r) and r.audio.stream.ready()
         ]
         now = time.perf_counter()
@@ -170,14 +227,21 @@ class StepPhases:
             r.audio.playout.chunk_ready(now)
             if r.audio.first_made_at is None:
                 r.mark("talker_first_chunk_ms")  # its codes are in; its job may still wait for the worker
+        if self._out is not None:
+            self._out.ready = [r.id for r in ready]
         return ready
 
-    def synthesize(self, ready: list[ResponseState]) -> None:
-        """One token2wav job of the scheduler's choosing: handed to the worker if it is idle, or made here without
-        one."""
+    def synthesize(self, plan: StepPlan, ready: list[ResponseState]) -> None:
+        """One token2wav job, picked by the plan's rule among the ready streams: handed to the worker if it is idle, or
+        made here without one."""
         if not ready or not self.runner.worker_idle():
             return
-        job = self.scheduler.audio_job(ready, time.perf_counter())
+        picked = plan.audio.pick(chunk_candidates(ready, time.perf_counter()))
+        job = AudioJob([ready[cast(int, i)] for i in picked.keys], picked.urgent) if picked else None
+        if job is None:
+            return
+        if self._out is not None:
+            self._out.audio_job = tuple(r.id for r in job.rows)
         if self.runner.worker is None:
             self.runner.synthesize(job, self.output.emit_audio, self.record_job)
         else:
@@ -192,5 +256,19 @@ class StepPhases:
         self.runner.close(self.output.emit_audio, self.record_job, self.live)
 
     def record_job(self, started: float, urgent: bool, streams: int) -> None:
-        self.scheduler.recent_jobs.record(urgent, (time.perf_counter() - started) * 1000)
+        self.scheduler.record_job(urgent, (time.perf_counter() - started) * 1000)
         self.observer.job(started, streams=streams, first=urgent)
+
+
+def chunk_candidates(ready: list[ResponseState], now: float) -> list[ChunkCandidate]:
+    """The token2wav job's candidates among the responses whose next chunk is ready (keys: their index in ``ready``):
+    a first chunk, or the audio a real-time player has ahead at ``now``; a reply whose first audio is held counts 0
+    ms ahead (someone waits for it)."""
+    return [
+        ChunkCandidate(
+            i,
+            first=r.audio.first_made_at is None,
+            audio_ahead_ms=r.audio.playout.ahead_ms(now) if r.audio.playout.started else 0.0,
+        )
+        for i, r in enumerate(ready)
+    ]

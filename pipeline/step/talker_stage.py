@@ -18,8 +18,7 @@ import torch
 from pipeline.core.conversation_state import ConversationState
 from pipeline.core.response_state import ResponseState, TalkerStatus
 from pipeline.runners.model_runner import ModelRunner
-from pipeline.scheduler.plan import StepPlan
-from pipeline.scheduler.scheduler import Scheduler
+from pipeline.scheduler.plan import TalkerStart
 from pipeline.step.talker_feed import TalkerFeed
 
 __all__ = ["TalkerStage"]
@@ -31,7 +30,7 @@ class TalkerStage(TalkerFeed):
     def __init__(
         self,
         *,
-        scheduler: Scheduler,
+        min_codes: int,
         runner: ModelRunner,
         observer,
         family,
@@ -44,9 +43,8 @@ class TalkerStage(TalkerFeed):
         max_codes: int,
         generator: Callable[[], torch.Generator | None],
         fail: Callable[[ResponseState, Exception], None],
-        commands_waiting: Callable[[], bool],
     ) -> None:
-        super().__init__(scheduler=scheduler, observer=observer, text_end_vectors=text_end_vectors, fail=fail)
+        super().__init__(min_codes=min_codes, observer=observer, text_end_vectors=text_end_vectors, fail=fail)
         self.runner = runner
         self.family = family
         self.ckpt = ckpt
@@ -58,17 +56,14 @@ class TalkerStage(TalkerFeed):
         self.max_codes = max_codes
         self.generator = generator
         """The noise generator of a new stream (None: the synthesizer's own)."""
-        self.commands_waiting = commands_waiting
 
-    def listen(self, conv: ConversationState) -> None:
+    def listen(self, conv: ConversationState, slot: int) -> None:
         """While a conversation is idle, bring its talker cache up to its thinker cache (the talker's prompt is the
         thinker's vectors of the same positions), so that a reply's talker prefill at the end of the turn covers only
-        the turn's last chunk, the speaker's bos and the first reply vector. Only into a slot the conversation holds
-        or a free one (listening never evicts). A failure is logged and leaves the talker cache as it was: the reply's
-        own prefill then covers the rest."""
+        the turn's last chunk, the speaker's bos and the first reply vector. Into the talker slot the plan gave it
+        (:class:`~pipeline.scheduler.plan.TalkerListen`). A failure is logged and leaves the talker cache as it was:
+        the reply's own prefill then covers the rest."""
         if conv.active_response is not None or not conv.cached_keys:
-            return
-        if self.scheduler.talker_slot(conv, evict=False) is None:
             return
         keys = conv.cached_keys
         start = conv.common_prefix_of(conv.talker_keys, keys)
@@ -76,19 +71,17 @@ class TalkerStage(TalkerFeed):
             return
         conv.crop_talker(start)
         try:
-            self.runner.talker_prompt_prefill(conv, start)
+            self.runner.talker_prompt_prefill(conv, start, slot=slot)
         except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
             log.exception("background talker prefill of %s failed; its talker cache is dropped", conv.id)
             return
         conv.talker_keys = list(keys)
 
-    def start(self, r: ResponseState) -> None:
+    def start(self, r: ResponseState, plan: TalkerStart) -> None:
         """Talker prefill — the prompt positions not already in the conversation's talker slot (kept across turns),
-        then the speaker's bos and the first reply vector — its first code, and the reply's token2wav stream. Waits
-        (nothing happens) while every talker slot is busy."""
+        then the speaker's bos and the first reply vector — its first code, and the reply's token2wav stream (with the
+        quick first chunk if the plan says so)."""
         conv = r.conv
-        if self.scheduler.talker_slot(conv) is None:
-            return
         prompt_keys = conv.cached_keys[: r.thinker.prompt_len]
         reuse = conv.common_prefix_of(conv.talker_keys, prompt_keys)
         conv.crop_talker(reuse)
@@ -99,14 +92,14 @@ class TalkerStage(TalkerFeed):
         seen = {self.special.codec_pad, self.special.codec_bos}
         if r.thinker.prompt_len:
             seen.add(self.special.codec_mask)
-        self.runner.talker.sampler.reset(conv.talker_slot, seen)
+        self.runner.talker.sampler.reset(plan.slot, seen)
         r.audio.stream = self.family.start_stream(
             self.synthesizer,
             self.ckpt,
             r.spec.voice,
             generator=self.generator(),
             max_codes=self.max_codes,
-            quick=self.scheduler.quick_first_chunk(conv),
+            quick=plan.quick,
         )
         logits = self.runner.talker_prefill(
             r,
@@ -116,25 +109,16 @@ class TalkerStage(TalkerFeed):
         )
         (code,) = self.runner.talker.sampler.sample(
             logits.unsqueeze(0),
-            [conv.talker_slot],
+            [plan.slot],
             force_continue=[self.force_codes(r)],
             seeds=[r.seed],
             counters=[r.codec_tokens],
         )
         self.accept_code(r, code)
 
-    def decode(self, rows: list[tuple[ResponseState, torch.Tensor]], plan: StepPlan, *, alone: bool):
-        steps = 1
-        if alone:
-            pad = self.text_end_vectors[1]
-            steps = self.scheduler.chain_steps(
-                [(r, v is pad) for r, v in rows],
-                alone=True,
-                can_chain=self.runner.talker.can_chain,
-                prefills=len(plan.prefills),
-                job_in_worker=bool(self.runner.jobs),
-                commands_waiting=self.commands_waiting(),
-            )
+    def decode(self, rows: list[tuple[ResponseState, torch.Tensor]], *, steps: int):
+        """One code for every row in one batched step, or a chain of ``steps`` steps (the plan's ``chain_steps``).
+        Returns the batches and their codes, not read yet."""
         return self.runner.talker_decode(
             rows, steps=steps, force=self.force_codes, chains=lambda: self.observer.count("talker_chains_total")
         )

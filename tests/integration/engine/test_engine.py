@@ -285,7 +285,7 @@ async def test_stats_show_what_the_engine_holds(tiny_engine):
 def test_audio_positions_are_copied_block_by_block():
     import torch
 
-    from pipeline.scheduler.scheduler import audio_runs
+    from pipeline.scheduler.prefill_plan import audio_runs
 
     a, b = torch.zeros(4, 2), torch.ones(3, 2)
     audio = {2: (a, 0), 3: (a, 1), 4: (a, 2), 5: (a, 3), 6: (b, 0), 7: (b, 1), 9: (b, 2)}
@@ -295,12 +295,12 @@ def test_audio_positions_are_copied_block_by_block():
 
 async def test_a_step_that_raises_fails_the_live_responses_and_the_engine_serves_on(tiny_engine, monkeypatch, caplog):
     """A bug outside any one response's isolation (here the token2wav job policy) must not kill the engine thread."""
-    core = tiny_engine.core
+    from pipeline.scheduler.plan import AudioRule
 
-    def broken(ready, now):
+    def broken(rule, candidates):
         raise RuntimeError("injected scheduler bug")
 
-    monkeypatch.setattr(core.scheduler, "audio_job", broken)
+    monkeypatch.setattr(AudioRule, "pick", broken)
     conv = tiny_engine.conversation()
     await conv.add_text("u1", "Hello")
     done = await asyncio.wait_for(conv.respond(item_id="a1", max_output_tokens=4).wait(), 60)

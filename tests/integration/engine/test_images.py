@@ -150,7 +150,7 @@ async def test_on_the_sharpened_checkpoint_1d_positions_change_the_reply(sharp_m
     parts = ["Look at this:", PICTURES[0], "and this one", PICTURES[1], "What do you see?"]
     want = reference_reply(engine, thinker, AutoTokenizer.from_pretrained(sharp_model_dir), [(parts, [])])
     one_d = SimpleNamespace(rope_positions=lambda *args, **kwargs: None, rope_shift=lambda *args: 0)
-    monkeypatch.setattr(engine.core.scheduler, "positions", one_d)
+    monkeypatch.setattr(engine.core.scheduler.prefill, "positions", one_d)
     try:
         conv = engine.conversation()
         await conv.add_content("u1", tuple(parts))

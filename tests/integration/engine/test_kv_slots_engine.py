@@ -192,9 +192,9 @@ async def test_the_prefill_budget_spreads_a_burst_of_turns_over_steps(tiny_model
     per_step, counts = [], {"thinker": 0, "talker": 0}
     schedule, talker_prefill, step = core.scheduler.schedule, core.runner.talker_prefill, core.step
 
-    def counted_schedule(**kwargs):
-        plan = schedule(**kwargs)
-        counts["thinker"] += sum(job.owner is not None for job in plan.prefills)  # responses' prompt chunks
+    def counted_schedule(*args):
+        plan = schedule(*args)
+        counts["thinker"] += sum(job.response_id is not None for job in plan.prefills)  # responses' prompt chunks
         return plan
 
     def counted_talker_prefill(r, **kwargs):

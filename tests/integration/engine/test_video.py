@@ -235,7 +235,7 @@ async def test_on_the_sharpened_checkpoint_1d_positions_change_the_reply(sharp_m
     thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(sharp_model_dir, dtype=torch.float32).eval()
     want = Reference(engine, thinker, sharp_model_dir).reply([(CLIP[0], CLIP[1], [])])
     one_d = SimpleNamespace(rope_positions=lambda *args, **kwargs: None, rope_shift=lambda *args: 0)
-    monkeypatch.setattr(engine.core.scheduler, "positions", one_d)
+    monkeypatch.setattr(engine.core.scheduler.prefill, "positions", one_d)
     try:
         conv = engine.conversation()
         await speak(engine, conv, "u1", CLIP, incremental=False)

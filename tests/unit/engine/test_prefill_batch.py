@@ -11,7 +11,7 @@ from tests.helpers.runners import thinker_runner
 
 
 def job(rows: int, conv="c") -> PrefillJob:
-    return PrefillJob(conv, list(range(rows)), [0] * rows, [], 0, last=True, logits=False)
+    return PrefillJob(conv, 0, list(range(rows)), [0] * rows, [], 0, last=True, logits=False)
 
 
 def test_jobs_are_admitted_up_to_the_job_budget():

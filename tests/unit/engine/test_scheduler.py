@@ -20,8 +20,10 @@ from pipeline.output.playout import Playout
 from pipeline.response_events import ResponseStatus
 from pipeline.runners.kv_pool import SlotAllocator
 from pipeline.scheduler import policies
+from pipeline.scheduler.plan import PlannedEnd, StepPlan, TalkerStart
 from pipeline.scheduler.policies import ChainRow, FirstChunkRow
-from pipeline.scheduler.scheduler import Scheduler, SchedulerConfig
+from pipeline.scheduler.scheduler import Scheduler, SchedulerConfig, StepContext
+from pipeline.step.phases import chunk_candidates
 
 
 def scheduler_config(**overrides) -> SchedulerConfig:
@@ -77,7 +79,7 @@ def make_scheduler(slots: int = 4, talker_slots: int = 4, **overrides) -> Schedu
 def conversation(s: Scheduler, conv_id: str, words: int = 3) -> ConversationState:
     conv = ConversationState(conv_id, Renderer(), instructions="be brief", max_context_tokens=10_000)
     conv.add(ConvItem(id=f"{conv_id}-u", role="user", kind=ItemKind.TEXT, text=" ".join(["word"] * words)))
-    s.conversations[conv_id] = conv
+    s.open_conversation(conv)
     return conv
 
 
@@ -97,22 +99,26 @@ def respond(s: Scheduler, conv: ConversationState, *, audio: bool = True, accept
     conv.add(item)
     conv.active_response = rid
     r = ResponseState(spec=spec, conv=conv, item=item, detok=IncrementalDetokenizer(Renderer().decode))
-    s.responses[rid] = r
+    s.add_response(r)
     return r
 
 
-def run_chunks(plan) -> None:
+def run_chunks(s: Scheduler, plan) -> None:
     """What the thinker runner does with a plan's chunks, as far as the scheduler can see: the caches grow."""
     for job in plan.prefills:
-        job.conv.cached_keys.extend(job.keys)
-        if job.owner is None:
-            job.conv.dirty = not job.last
+        conv = s.conversations[job.conv_id]
+        conv.cached_keys.extend(job.keys)
+        if job.response_id is None:
+            conv.dirty = not job.last
         elif job.last:
-            job.owner.advance(ResponseStatus.DECODING)
+            s.responses[job.response_id].advance(ResponseStatus.DECODING)
 
 
-def no_end(r, error):
-    raise AssertionError(f"nothing should end, {r.id} did ({error})")
+def schedule(s: Scheduler, in_worker=(), **context) -> StepPlan:
+    """A plan in which nothing should end."""
+    plan = s.schedule(StepContext(in_worker=frozenset(in_worker), **context))
+    assert plan.ends == [], f"nothing should end, {plan.ends} did"
+    return plan
 
 
 def decoding(r: ResponseState) -> ResponseState:
@@ -124,18 +130,18 @@ def decoding(r: ResponseState) -> ResponseState:
 def test_a_response_prefills_its_prompt_then_decodes():
     s = make_scheduler()
     r = respond(s, conversation(s, "a"))
-    plan = s.schedule(in_worker=set(), end=no_end)
+    plan = schedule(s)
     (job,) = plan.prefills
-    assert job.owner is r and job.start == 0 and job.last and job.logits, "the whole prompt, with its last logits"
+    assert job.response_id == r.id and job.start == 0 and job.last and job.logits, "the whole prompt, its last logits"
     assert r.thinker.prompt_len == len(job.keys) == 5 + 6 + 2, "system (5) + user (6) + the reply's header (2)"
     assert r.thinker.input_text_tokens == r.thinker.prompt_len and r.thinker.cached_tokens == 0
     assert plan.sampler_resets == [(r.conv.slot, job.token_ids)], "repetition state starts from the prompt, once"
     assert plan.thinker_rows == [] and plan.progressed
-    run_chunks(plan)
-    plan = s.schedule(in_worker=set(), end=no_end)
+    run_chunks(s, plan)
+    plan = schedule(s)
     assert plan.prefills == [] and plan.sampler_resets == []
-    assert plan.decoding == plan.thinker_rows == plan.talker_rows == [r]
-    assert plan.talker_prefills == 1
+    assert plan.decoding == plan.thinker_rows == plan.talker_rows == [r.id]
+    assert plan.talker_starts == [TalkerStart(r.id, r.conv.id, r.conv.talker_slot, quick=True)], "its vector comes"
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_one_per_step():
@@ -143,54 +149,48 @@ def test_a_long_prompt_is_prefilled_in_chunks_one_per_step():
     r = respond(s, conversation(s, "a", words=10))  # 5 + 12 + 2 = 19 positions
     starts = []
     while r.status is ResponseStatus.PREFILLING:
-        plan = s.schedule(in_worker=set(), end=no_end)
+        plan = schedule(s)
         assert len(plan.prefills) == 1
         starts.append(plan.prefills[0].start)
-        run_chunks(plan)
+        run_chunks(s, plan)
     assert starts == [0, 5, 10, 15] and plan.prefills[0].logits and plan.prefills[0].last
 
 
 def test_the_prefill_budget_defers_what_does_not_fit_to_the_next_step():
     s = make_scheduler(prefills_per_step=1)
     a, b = respond(s, conversation(s, "a")), respond(s, conversation(s, "b"))
-    plan = s.schedule(in_worker=set(), end=no_end)
-    assert [job.owner for job in plan.prefills] == [a], "responses in start order; one chunk per step"
-    run_chunks(plan)
-    plan = s.schedule(in_worker=set(), end=no_end)
-    assert [job.owner for job in plan.prefills] == [b] and plan.decoding == [a]
+    plan = schedule(s)
+    assert [job.response_id for job in plan.prefills] == [a.id], "responses in start order; one chunk per step"
+    run_chunks(s, plan)
+    plan = schedule(s)
+    assert [job.response_id for job in plan.prefills] == [b.id] and plan.decoding == [a.id]
 
 
 def test_the_row_budget_admits_what_one_graph_holds():
     s = make_scheduler(prefill_rows=20)
     a = respond(s, conversation(s, "a"))
     respond(s, conversation(s, "b"))  # 13 positions each: together past the 20-row graph
-    plan = s.schedule(in_worker=set(), end=no_end)
-    assert [job.owner for job in plan.prefills] == [a]
+    plan = schedule(s)
+    assert [job.response_id for job in plan.prefills] == [a.id]
 
 
 def test_a_paused_response_is_not_stepped():
     s = make_scheduler()
     r = decoding(respond(s, conversation(s, "a"), accepts=False))
-    plan = s.schedule(in_worker=set(), end=no_end)
+    plan = schedule(s)
     assert plan.decoding == plan.thinker_rows == [] and r.id in s.responses
 
 
 def test_a_cancelled_response_ends_before_the_rest_is_planned_and_frees_its_slot():
     s = make_scheduler(slots=1)
     a = respond(s, conversation(s, "a"))
-    run_chunks(s.schedule(in_worker=set(), end=no_end))  # a holds the only thinker slot
+    run_chunks(s, schedule(s))  # a holds the only thinker slot
     b = respond(s, conversation(s, "b"))
     a.cancel_reason = "client_cancelled"
-    ended = []
-
-    def end(r, error):
-        ended.append((r.id, error))
-        s.responses.pop(r.id)
-        r.conv.active_response = None  # what the engine does when a response ends
-
-    plan = s.schedule(in_worker=set(), end=end)
-    assert ended == [("r-a", None)]
-    assert [job.owner for job in plan.prefills] == [b], "b takes the slot a's conversation no longer uses"
+    plan = s.schedule(StepContext())
+    assert plan.ends == [PlannedEnd("r-a", None)] and s.withdrawn("r-a") is a and a.id not in s.responses
+    assert a.conv.active_response is None and not a.item.open, "the scheduler gave its conversation back"
+    assert [job.response_id for job in plan.prefills] == [b.id], "b takes the slot a's conversation no longer uses"
     assert b.conv.slot == 0 and a.conv.slot is None and a.conv.cached_keys == []
 
 
@@ -198,30 +198,31 @@ def test_a_prompt_that_cannot_be_planned_fails_that_response_only():
     s = make_scheduler()
     bad, good = respond(s, conversation(s, "bad")), respond(s, conversation(s, "good"))
     bad.conv.max_context_tokens = 10  # the prompt and its reply budget do not fit
-    ended = []
-    plan = s.schedule(in_worker=set(), end=lambda r, error: ended.append((r.id, type(error).__name__)))
-    assert ended == [("r-bad", "ContextLimitError")]
-    assert [job.owner for job in plan.prefills] == [good]
+    plan = s.schedule(StepContext())
+    assert [(end.response_id, type(end.error).__name__) for end in plan.ends] == [("r-bad", "ContextLimitError")]
+    assert s.withdrawn("r-bad") is bad and bad.item not in bad.conv.items, "refused before anything was generated"
+    # its conversation, given back at once, is idle again: its history is prefilled in the background, as after any end
+    assert [(job.response_id, job.conv_id) for job in plan.prefills] == [(good.id, "good"), (None, "bad")]
 
 
 def test_a_response_waits_while_every_slot_is_busy_and_never_evicts_a_live_response():
     s = make_scheduler(slots=1)
     a = respond(s, conversation(s, "a"))
-    run_chunks(s.schedule(in_worker=set(), end=no_end))
+    run_chunks(s, schedule(s))
     b = respond(s, conversation(s, "b"))
-    plan = s.schedule(in_worker=set(), end=no_end)
+    plan = schedule(s)
     assert plan.prefills == [] and b.conv.slot is None and a.conv.slot == 0
 
 
 def test_an_idle_conversation_loses_its_slot_to_a_response_least_recently_used_first():
     s = make_scheduler(slots=2)
     old, recent = conversation(s, "old"), conversation(s, "recent")
-    run_chunks(s.schedule(in_worker=set(), end=no_end))  # both prefilled in the background
+    run_chunks(s, schedule(s))  # both prefilled in the background
     assert old.cached_keys and recent.cached_keys and not old.dirty
-    s.thinker_slot(recent, evict=False)  # recent is used again: old is now the least recently used
+    s.slots.thinker_slot(recent, evict=False)  # recent is used again: old is now the least recently used
     r = respond(s, conversation(s, "new"))
-    plan = s.schedule(in_worker=set(), end=no_end)
-    assert [job.owner for job in plan.prefills] == [r]
+    plan = schedule(s)
+    assert [job.response_id for job in plan.prefills] == [r.id]
     assert old.slot is None and old.cached_keys == [] and recent.slot is not None
 
 
@@ -230,10 +231,10 @@ def test_background_prefill_plans_idle_conversations_in_turn_under_the_budget_an
     convs = [conversation(s, name) for name in "abc"]
     planned = []
     for _ in range(4):
-        plan = s.schedule(in_worker=set(), end=no_end)
-        assert all(job.owner is None and not job.logits for job in plan.prefills)
-        planned += [job.conv.id for job in plan.prefills]
-        run_chunks(plan)
+        plan = schedule(s)
+        assert all(job.response_id is None and not job.logits for job in plan.prefills)
+        planned += [job.conv_id for job in plan.prefills]
+        run_chunks(s, plan)
     assert len(planned) == len(set(planned)) == 2, "one chunk per step, in turn; two slots for three conversations"
     (waiting,) = [c for c in convs if c.id not in planned]
     assert waiting.dirty and waiting.slot is None and not s.has_background_work(), "it waits; nobody is evicted"
@@ -245,15 +246,15 @@ def test_background_prefill_stops_at_the_context_limit_and_the_response_drops_th
     conv.add(ConvItem(id="a-old-reply", role="assistant", kind=ItemKind.REPLY, reply_ids=[100] * 7))  # 10
     conv.add(ConvItem(id="a-now", role="user", kind=ItemKind.TEXT, text="other " * 7))  # 10: 58 in all
     conv.max_context_tokens = 50
-    plan = s.schedule(in_worker=set(), end=no_end)
+    plan = schedule(s)
     assert [(job.start, job.rows, job.last) for job in plan.prefills] == [(0, 50, True)], "never past the slot's end"
-    run_chunks(plan)
-    assert not conv.dirty and not s.has_background_work() and s.schedule(in_worker=set(), end=no_end).prefills == []
+    run_chunks(s, plan)
+    assert not conv.dirty and not s.has_background_work() and schedule(s).prefills == []
     r = respond(s, conv)  # its reply needs 16 positions beside a 2-position header: the first turn goes
-    plan = s.schedule(in_worker=set(), end=no_end)
+    plan = schedule(s)
     assert [item.id for item in conv.items] == ["a-now", "a-a"] and conv.dropped == {"a-u", "a-old-reply"}
     # the instructions stay cached, and the user header both renderings start with
-    assert [(job.owner, job.start) for job in plan.prefills] == [(r, 7)]
+    assert [(job.response_id, job.start) for job in plan.prefills] == [(r.id, 7)]
 
 
 def test_first_chunks_alone_nothing_decodes():
@@ -261,10 +262,10 @@ def test_first_chunks_alone_nothing_decodes():
     a, b = (decoding(respond(s, conversation(s, name))) for name in "ab")
     for r in (a, b):
         r.audio.stream = SimpleNamespace(done=False)
-    plan = s.schedule(in_worker={"r-a", "r-b"}, end=no_end)
+    plan = schedule(s, {"r-a", "r-b"})
     assert plan.decoding == plan.thinker_rows == plan.talker_rows == [], "both first chunks are being made"
-    plan = s.schedule(in_worker={"r-a"}, end=no_end)
-    assert plan.thinker_rows == [a, b] and plan.talker_rows == [a, b], "b is not in the worker: everyone steps"
+    plan = schedule(s, {"r-a"})
+    assert plan.thinker_rows == plan.talker_rows == [a.id, b.id], "b is not in the worker: everyone steps"
 
 
 def test_the_talker_waits_beside_replies_that_only_write_text():
@@ -272,11 +273,11 @@ def test_the_talker_waits_beside_replies_that_only_write_text():
     spoken = decoding(respond(s, conversation(s, "a")))
     spoken.audio.stream = SimpleNamespace(done=False)
     text = decoding(respond(s, conversation(s, "b"), audio=False))
-    plan = s.schedule(in_worker={"r-a"}, end=no_end)
-    assert plan.thinker_rows == [spoken, text] and plan.talker_rows == []
+    plan = schedule(s, {"r-a"})
+    assert plan.thinker_rows == [spoken.id, text.id] and plan.talker_rows == []
     spoken.audio.first_made_at = 1.0  # its first chunk is out: the one in the worker is a later one
-    plan = s.schedule(in_worker={"r-a"}, end=no_end)
-    assert plan.talker_rows == [spoken]
+    plan = schedule(s, {"r-a"})
+    assert plan.talker_rows == [spoken.id]
 
 
 # -- rules ------------------------------------------------------------------------------------------
@@ -306,14 +307,26 @@ def test_chains_of_talker_steps_end_at_the_next_chunk_min_and_max():
 def test_the_scheduler_chains_only_when_nothing_else_waits():
     s = make_scheduler()
     r = decoding(respond(s, conversation(s, "a")))
+    r.thinker.end = TextEnd.STOP  # its text is over: no thinker row
+    r.talker.status, r.talker.eos_sent = TalkerStatus.RUNNING, True  # its next input is text-pad
     r.audio.stream = SimpleNamespace(codes_until_ready=lambda: 4, done=False)
-    free = dict(alone=True, can_chain=True, prefills=0, job_in_worker=False, commands_waiting=False)
-    assert s.chain_steps([(r, True)], **free) == 4
-    for busy in ({"prefills": 1}, {"job_in_worker": True}, {"commands_waiting": True}, {"alone": False}):
-        assert s.chain_steps([(r, True)], **free | busy) == 1, busy
-    other = decoding(respond(s, conversation(s, "b")))
-    assert s.chain_steps([(r, True)], **free) == 1, "a live response outside the batch"
-    assert other.id in s.responses
+    assert schedule(s, can_chain=True).chain_steps == 4
+    for busy in ({"job_in_worker": True}, {"commands_waiting": True}, {"can_chain": False}):
+        assert schedule(s, **{"can_chain": True} | busy).chain_steps == 1, busy
+    text = decoding(respond(s, conversation(s, "t"), audio=False))
+    plan = schedule(s, can_chain=True)
+    assert plan.thinker_rows == [text.id] and plan.chain_steps == 1, "a thinker row"
+    text.thinker.end = TextEnd.STOP
+    paused = respond(s, conversation(s, "b"), accepts=False)
+    assert schedule(s, can_chain=True).chain_steps == 1, "a live response outside the batch"
+    assert paused.id in s.responses
+    for other in (paused, text):
+        s.withdraw(other, policies.Cleanup())
+        s.close_conversation(other.conv.id)
+    assert schedule(s, can_chain=True).chain_steps == 4
+    conversation(s, "idle")  # its background prefill is planned
+    plan = schedule(s, can_chain=True)
+    assert plan.prefills and plan.chain_steps == 1, "a prefill"
 
 
 def test_quick_first_chunk_rule():
@@ -356,8 +369,8 @@ def test_the_scheduler_picks_token2wav_jobs_by_audio_ahead_of_a_real_time_player
     s = Scheduler(cfg, thinker_slots=None, talker_slots=None, positions=TMROPE)
 
     def pick(ready):
-        job = s.audio_job(ready, now)
-        return ([], None) if job is None else (job.rows, job.urgent)
+        job = s.audio_rule().pick(chunk_candidates(ready, now))
+        return ([], None) if job is None else ([ready[i] for i in job.keys], job.urgent)
 
     assert pick([new, ahead]) == ([new], True)
     assert pick([ahead, new, starving]) == ([starving, ahead], False)
@@ -378,11 +391,11 @@ def test_a_response_finishes_when_every_stage_is_done_and_the_worker_holds_none_
     text = decoding(respond(s, conversation(s, "a"), audio=False))
     spoken = decoding(respond(s, conversation(s, "b")))
     text.thinker.end = spoken.thinker.end = TextEnd.STOP
-    assert s.finished([text, spoken], busy=lambda r: False) == [text], "the spoken reply's talker still runs"
+    assert s.finished([text.id, spoken.id], in_worker=set()) == [text], "the spoken reply's talker still runs"
     spoken.talker.status = TalkerStatus.DONE
     spoken.audio.stream = SimpleNamespace(done=True)
-    assert s.finished([spoken], busy=lambda r: True) == [], "its last chunk is in the worker"
-    assert s.finished([spoken], busy=lambda r: False) == [spoken]
+    assert s.finished([spoken.id], in_worker={spoken.id}) == [], "its last chunk is in the worker"
+    assert s.finished([spoken.id], in_worker=set()) == [spoken]
 
 
 # -- the status ---------------------------------------------------------------------------------------

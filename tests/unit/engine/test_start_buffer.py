@@ -17,6 +17,7 @@ from pipeline.errors import ConfigError
 from pipeline.output.playout import Playout
 from pipeline.output.start_buffer import StartBuffer, holds_start
 from pipeline.response_events import AudioChunk, ResponseDone, ResponseStatus
+from pipeline.step.phases import chunk_candidates
 
 STEP_S = 0.05
 """The fake clock's advance per engine step."""
@@ -192,8 +193,9 @@ def test_a_held_reply_counts_no_audio_ahead_and_goes_before_first_chunks(tiny_mo
     first = SimpleNamespace(audio=SimpleNamespace(first_made_at=None, playout=Playout()))
     held = SimpleNamespace(audio=SimpleNamespace(first_made_at=1000.0, playout=Playout()))
     playing = SimpleNamespace(audio=SimpleNamespace(first_made_at=1000.0, playout=Playout(ends_at=1001.0)))  # 1 s ahead
-    job = core.scheduler.audio_job([playing, first, held], core.test_clock[0])
-    assert job.rows == [held, playing] and not job.urgent
+    ready = [playing, first, held]
+    job = core.scheduler.audio_rule().pick(chunk_candidates(ready, core.test_clock[0]))
+    assert [ready[i] for i in job.keys] == [held, playing] and not job.urgent
 
 
 def test_the_stage_config_takes_the_start_buffer_on_token2wav_only():
