@@ -229,15 +229,19 @@ function handleEvent(event) {
 
 // --- settings --------------------------------------------------------------------------------
 
+// semantic_vad: the server's turn model (Smart Turn v3.2) ends a finished sentence ~200 ms after the last word and
+// waits through a mid-sentence pause; "auto" is OpenAI's medium eagerness.
+const TURN_DETECTION = { type: "semantic_vad", eagerness: "auto" };
+
 function settingsUpdate() {
-  const session = { type: "realtime" };
+  const session = { type: "realtime", audio: { input: { turn_detection: TURN_DETECTION } } };
   const instructions = ui.instructions.value.trim();
   if (instructions) session.instructions = instructions;
   const maxTokens = parseInt(ui.maxTokens.value, 10);
   if (maxTokens > 0) session.max_output_tokens = maxTokens;
   const voice = ui.voice.value.trim();
-  if (voice) session.audio = { output: { voice } };
-  return Object.keys(session).length > 1 ? { type: "session.update", session } : null;
+  if (voice) session.audio.output = { voice };
+  return { type: "session.update", session };
 }
 
 // Sent when the session starts (session.created may arrive before the transport is handed

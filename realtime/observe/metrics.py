@@ -201,8 +201,35 @@ class ServerMetrics:
             ["reason"],
             registry=r,
         )
+        self._turn_model_metrics(r)
         self._hygiene_gauges(r)
         self._known_series()
+
+    def _turn_model_metrics(self, r: CollectorRegistry) -> None:
+        """``semantic_vad``'s turn model (``realtime/server/turn_model.py``)."""
+        self.turn_model_latency = Histogram(
+            f"{PREFIX}_turn_model_latency_seconds",
+            "From a session asking the turn model whether the user's turn is complete to its answer (queueing and "
+            "the batch); the count is the answered requests",
+            buckets=HOP_BUCKETS,
+            registry=r,
+        )
+        self.turn_model_shed = Counter(
+            f"{PREFIX}_turn_model_shed",
+            "Turn-model requests answered 'unknown' at once because the scorer's queue was full (the turn then ends "
+            "on silence alone)",
+            registry=r,
+        )
+        self.turn_model_failures = Counter(
+            f"{PREFIX}_turn_model_failures",
+            "The turn model failed to load or raised: semantic_vad falls back to silence-based detection for good",
+            registry=r,
+        )
+        self.turn_model_fallbacks = Counter(
+            f"{PREFIX}_turn_model_fallback_turns",
+            "semantic_vad turns ended on silence alone because the turn model is unavailable",
+            registry=r,
+        )
 
     def _known_series(self) -> None:
         """Create every series whose label values are known up front, at zero: a fresh server's ``/metrics``

@@ -15,11 +15,10 @@ MIN_END_THRESHOLD = 0.01
 """Floor of the end threshold, so a low ``threshold`` still lets speech end."""
 
 
-SEMANTIC_SILENCE_MS = {"low": 800, "medium": 500, "auto": 500, "high": 250}
-"""``semantic_vad``'s ``eagerness`` → the silence window (ms) that ends a turn here. OpenAI's semantic detector is
-a model that judges whether the user has finished (waiting up to 8, 4 or 2 s for low, medium, high); this server
-has no such model, so ``semantic_vad`` is the same silence-based detector as ``server_vad``, with a longer window for
-a less eager setting (``auto`` is ``medium``, as in the API)."""
+EAGERNESS = ("low", "medium", "auto", "high")
+"""``semantic_vad``'s ``eagerness`` values. What each means (when the turn model is asked, how sure it must be, how
+long a turn may pause, the silence that ends a turn it could not score) is the server's
+(``realtime.turns.semantic.SemanticVadConfig``), not the protocol's."""
 
 
 @dataclass(frozen=True)
@@ -31,7 +30,8 @@ class ServerVadParams:
     speech stops; cancel a playing response when speech starts), and so is ``idle_timeout_ms`` (ask for a response
     after that much silence following the last response, :mod:`realtime.turns.idle`); the detector itself ignores them.
     ``eagerness`` is set when the client asked for ``semantic_vad`` (:meth:`semantic`): the session reports that
-    type back, and ``silence_duration_ms`` comes from :data:`SEMANTIC_SILENCE_MS`.
+    type back and the server's semantic detector (``realtime.turns.semantic_detector``) reads it; that detector
+    ignores ``silence_duration_ms`` (its silences come from the eagerness).
     """
 
     threshold: float = 0.5
@@ -44,11 +44,9 @@ class ServerVadParams:
 
     @classmethod
     def semantic(cls, eagerness: str = "auto", **flags: bool) -> ServerVadParams:
-        """``semantic_vad`` with this ``eagerness``: default threshold and padding, the eagerness's silence window;
-        ``flags``: ``create_response`` / ``interrupt_response``."""
-        if eagerness not in SEMANTIC_SILENCE_MS:
-            _invalid("eagerness", f"must be one of {', '.join(SEMANTIC_SILENCE_MS)}, got {eagerness!r}")
-        return cls(silence_duration_ms=SEMANTIC_SILENCE_MS[eagerness], eagerness=eagerness, **flags)
+        """``semantic_vad`` with this ``eagerness``: default threshold and padding; ``flags``: ``create_response`` /
+        ``interrupt_response``."""
+        return cls(eagerness=eagerness, **flags)
 
     def __post_init__(self) -> None:
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
@@ -65,6 +63,8 @@ class ServerVadParams:
         idle = self.idle_timeout_ms
         if idle is not None and (isinstance(idle, bool) or not isinstance(idle, int) or idle < 1):
             _invalid("idle_timeout_ms", f"must be null or a positive integer number of milliseconds, got {idle!r}")
+        if self.eagerness is not None and self.eagerness not in EAGERNESS:
+            _invalid("eagerness", f"must be one of {', '.join(EAGERNESS)}, got {self.eagerness!r}")
         if self.eagerness is not None and idle is not None:
             _invalid("idle_timeout_ms", "is a server_vad setting; semantic_vad has no idle timeout")
 

@@ -14,8 +14,8 @@ server does not implement are of two kinds:
 
 Input ``transcription`` (beta ``input_audio_transcription``) is implemented (:mod:`realtime.runner.transcription_jobs`):
 its ``model`` is echoed, ``language`` and ``prompt`` are hints to the server's own model.
-``semantic_vad`` is accepted and served by the silence-based detector
-(:data:`realtime.turns.server_vad.SEMANTIC_SILENCE_MS`).
+``semantic_vad`` is served by the turn model (Smart Turn v3.2, :mod:`realtime.turns.semantic_detector`), with
+silence-based detection as its fallback.
 In ``session.update`` a refused field refuses only itself (:mod:`.session_update`). ``truncation`` maps onto the
 conversation's context policy. Function ``tools`` and ``tool_choice`` are implemented
 (:mod:`realtime.session.tool_calls`).

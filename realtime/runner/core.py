@@ -50,6 +50,7 @@ from realtime.session import (
     SessionSettings,
 )
 from realtime.turns.detection import SpeechDetection, SpeechDetectorFactory
+from realtime.turns.server_vad import TurnEvent
 
 logger = logging.getLogger("realtime.runner")
 """The runner's one logger (its name is what log readers match), shared by its modules."""
@@ -124,7 +125,7 @@ class SessionRunner:
             spawn=spawn,
             dispatch=dispatch,
         )
-        self.speech = SpeechDetection(turn_detector_factory, decoder_factory)
+        self.speech = SpeechDetection(turn_detector_factory, decoder_factory, on_late=self._late_turn_events)
 
     async def run(self) -> None:
         """Serve the session until the client leaves. Re-raises an unexpected failure of any of
@@ -200,6 +201,7 @@ class SessionRunner:
             self.end = end
 
     async def _shutdown(self) -> None:
+        await self.speech.aclose()  # the turn model's answer must not reach a session that is ending
         self.responses.cancel_all(DISCONNECT_REASON)
         tasks = list(self._tasks)
         for task in tasks:
@@ -289,6 +291,14 @@ class SessionRunner:
                 self._dispatch(turn_actions)
             else:
                 self._dispatch([action])
+
+    def _late_turn_events(self, events: list[TurnEvent]) -> None:
+        """Turn events decided between chunks (the turn model answered): to the session at once, so that a turn
+        judged complete ends without waiting for the next chunk. They follow every event of the chunks before."""
+        actions: list[Action] = []
+        for event in events:
+            actions.extend(self.session.turn_event(event))
+        self._dispatch(actions)
 
     def _not_audio_of(self, response_id: str) -> Callable[[dict], bool]:
         kind = self._audio_delta_type

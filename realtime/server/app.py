@@ -67,12 +67,15 @@ from realtime.observe.loop_lag import LoopLagProbe
 from realtime.observe.metrics import Hygiene, ServerMetrics
 from realtime.protocol.names import Dialect
 from realtime.protocol.server import ServerEvents
+from realtime.protocol.turn_detection import ServerVadParams
 from realtime.runner import SessionRunner, SpeechDetectorFactory, session_task_name
 from realtime.server.auth import AccessPolicy, Refusal
 from realtime.server.health import CallCounts, ServerHealth, health_routes
 from realtime.server.limits import LimitCode, MessageGate
+from realtime.server.turn_model import TurnModelLoader, TurnModelService, bundled_turn_model
 from realtime.session import SessionSettings
 from realtime.transports.websocket import BETA_HEADER, CloseCode, WebSocketTransport, beta_requested, negotiate
+from realtime.turns.detection import SpeechDetector
 from realtime.turns.server_vad import TurnDetector
 from realtime.turns.vad import SpeechProbability
 
@@ -122,6 +125,8 @@ class ServerContext:
     slots: EngineSlots
     """Live sessions of every transport, under ``config.max_sessions``, each placed on one engine (its slot's
     ``engine``; ``engine`` above is the first, whose facts every engine shares)."""
+    turn_model: TurnModelService
+    """``semantic_vad``'s turn model, shared by every session."""
 
     def message_gate(self) -> MessageGate:
         """A fresh gate for one session's client messages (size, kind, event rate)."""
@@ -140,10 +145,17 @@ class ServerContext:
 
     async def turn_detector_factory(self) -> SpeechDetectorFactory:
         """Turn detectors over one fresh VAD (a session's own: it carries stream state), loaded
-        off the event loop."""
+        off the event loop: ``server_vad``'s silence-based one, or ``semantic_vad``'s over the turn model."""
         vad = await asyncio.to_thread(self.vad_factory)
         pause_ms = self.config.preemptive_response_ms
-        return lambda params: TurnDetector(params, vad, pause_ms=pause_ms)
+        turn_model = self.turn_model
+
+        def make(params: ServerVadParams) -> SpeechDetector:
+            if params.eagerness is not None:
+                return turn_model.detector(params, vad)
+            return TurnDetector(params, vad, pause_ms=pause_ms)
+
+        return make
 
 
 WebRTCFactory = Callable[[ServerContext], "WebRTCEndpoint | None"]
@@ -222,9 +234,12 @@ class RealtimeServer:
         vad_factory: VadFactory,
         webrtc_factory: WebRTCFactory | None,
         restart_engines: bool | None = None,
+        turn_model: TurnModelLoader | None = bundled_turn_model,
     ) -> None:
         self.config = config
         self.metrics = ServerMetrics()
+        self.turn_model = TurnModelService(turn_model, self.metrics)
+        """``semantic_vad``'s turn model (loaded when the first semantic session needs it)."""
         self.access = AccessPolicy(config.api_key, config.allowed_origins)
         self.webrtc: WebRTCEndpoint | None = None
         self._engines = ServerEngines(config, engines, self.metrics, restart=restart_engines)
@@ -264,7 +279,9 @@ class RealtimeServer:
 
     async def start(self) -> None:
         pool = await self._engines.start()
-        self._context = ServerContext(self.config, pool.engines[0], self.metrics, self._vad_factory, pool.slots)
+        self._context = ServerContext(
+            self.config, pool.engines[0], self.metrics, self._vad_factory, pool.slots, self.turn_model
+        )
         if self.config.webrtc and self._webrtc_factory is not None:
             try:
                 self.webrtc = self._webrtc_factory(self._context)
@@ -283,6 +300,7 @@ class RealtimeServer:
         if self.webrtc is not None:
             await self.webrtc.close()
         await self._engines.close()
+        await self.turn_model.close()
         await self.loop_lag.stop()
 
     async def _close_sessions(self) -> None:
@@ -536,13 +554,16 @@ def create_app(
     vad_factory: VadFactory | None = None,
     webrtc_factory: WebRTCFactory | None = _default_webrtc,
     restart_engines: bool | None = None,
+    turn_model: TurnModelLoader | None = bundled_turn_model,
 ) -> Starlette:
     """The ASGI app for ``config``. ``engine``: serve this engine, or ``engines``: these, one session on one engine
     (the caller keeps ownership), instead of loading ``config.data_parallel_size`` engines of ``config.model`` at
     startup. ``restart_engines``: load a new engine from ``config`` in place of one that fails (default: when the
     engines are loaded at startup; pass True with ``engines`` loaded from ``config``). ``vad_factory``: one VAD per
     session (default silero). ``webrtc_factory``: builds ``app.state.webrtc`` at startup (``None``, or
-    ``config.webrtc`` false: no WebRTC, the calls endpoint answers 501)."""
+    ``config.webrtc`` false: no WebRTC, the calls endpoint answers 501). ``turn_model``: loads ``semantic_vad``'s
+    turn model (default: Smart Turn v3.2 from the ``pipecat-ai`` wheel; ``None``: none, semantic_vad ends turns on
+    silence; :mod:`realtime.server.turn_model`)."""
     if engine is not None and engines is not None:
         raise ValueError("pass engine or engines, not both")
     server = RealtimeServer(
@@ -551,6 +572,7 @@ def create_app(
         vad_factory=vad_factory or batched_silero_vad_factory(config.torch_threads),
         webrtc_factory=webrtc_factory,
         restart_engines=restart_engines,
+        turn_model=turn_model,
     )
 
     @contextlib.asynccontextmanager

@@ -3,7 +3,9 @@ of client audio (wire bytes, decoded here to 16 kHz), its events shifted onto th
 
 :class:`SpeechDetection` is the runner's part (``realtime.runner.SessionRunner`` feeds the events it returns to its
 session); :class:`SpeechDetector` is what it runs (``realtime.turns.server_vad.TurnDetector`` is one, over a VAD of
-its own or one shared with other sessions through ``realtime.turns.vad_batch``).
+its own or one shared with other sessions through ``realtime.turns.vad_batch``). A detector may also decide events
+between chunks (:class:`DeferredEvents`: ``semantic_vad``'s turn model answers in a task of the detector's own);
+:class:`SpeechDetection` hands those to its ``on_late`` callback the moment they are decided.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -34,8 +36,31 @@ class SpeechDetector(Protocol):
     def reset(self) -> None: ...
 
 
+@runtime_checkable
+class DeferredEvents(Protocol):
+    """A detector that also decides events between chunks (``realtime.turns.semantic_detector``). Its events, from
+    ``afeed`` or :meth:`take`, are in order either way."""
+
+    def listen(self, ready: Callable[[], None]) -> None:
+        """Call ``ready()`` (on the event loop) when events were decided outside ``afeed``."""
+        ...
+
+    def take(self) -> list[TurnEvent]:
+        """The events decided and not yet returned, in order."""
+        ...
+
+    def close(self) -> None:
+        """Stop deciding: cancel the detector's tasks; ``ready`` is never called after."""
+        ...
+
+    async def aclose(self) -> None:
+        """:meth:`close`, then wait for its tasks to end."""
+        ...
+
+
 SpeechDetectorFactory = Callable[[ServerVadParams], SpeechDetector]
-"""Makes the detector of one ``server_vad`` configuration (the server passes ``lambda p: TurnDetector(p, vad)``)."""
+"""Makes the detector of one ``server_vad`` or ``semantic_vad`` configuration (the server's makes a
+``TurnDetector`` for the first, a ``SemanticTurnDetector`` for the second)."""
 
 
 @dataclass
@@ -63,11 +88,23 @@ def _shift(event: TurnEvent, offset_ms: int) -> TurnEvent:
 
 class SpeechDetection:
     """The turn detection of one session: off until :meth:`configure` starts it. Used from the session's reader only
-    (one chunk at a time, in arrival order); holds no task."""
+    (one chunk at a time, in arrival order). Holds no task itself; a :class:`DeferredEvents` detector's tasks end
+    when it is replaced (:meth:`configure`) or closed (:meth:`aclose`, at the session's end).
 
-    def __init__(self, detector_factory: SpeechDetectorFactory, decoder_factory: DecoderFactory) -> None:
+    ``on_late(events)``: the events a :class:`DeferredEvents` detector decided between chunks, shifted onto the
+    session's clock, called on the event loop as they are decided (possibly while :meth:`detect` awaits); without
+    it they come with the next chunk's events."""
+
+    def __init__(
+        self,
+        detector_factory: SpeechDetectorFactory,
+        decoder_factory: DecoderFactory,
+        *,
+        on_late: Callable[[list[TurnEvent]], None] | None = None,
+    ) -> None:
         self._detector_factory = detector_factory
         self._decoder_factory = decoder_factory
+        self._on_late = on_late
         self._running: _Running | None = None
 
     @property
@@ -78,11 +115,32 @@ class SpeechDetection:
     def configure(self, params: ServerVadParams | None, start_ms: int) -> None:
         """(Re)start detection with ``params`` (``None``: stop), its clock at ``start_ms`` of the session's clock. A
         restarted detector is a fresh stream: it forgets any speech in progress, and what a shared VAD model saw."""
-        self._running = None
+        self._stop()
         if params is not None:
             detector = self._detector_factory(params)
             detector.reset()
-            self._running = _Running(detector, start_ms)
+            running = _Running(detector, start_ms)
+            self._running = running
+            if isinstance(detector, DeferredEvents) and self._on_late is not None:
+                detector.listen(lambda: self._late(running))
+
+    async def aclose(self) -> None:
+        """The session ended: stop detecting and wait for the detector's tasks to end."""
+        running, self._running = self._running, None
+        if running is not None and isinstance(running.detector, DeferredEvents):
+            await running.detector.aclose()
+
+    def _stop(self) -> None:
+        running, self._running = self._running, None
+        if running is not None and isinstance(running.detector, DeferredEvents):
+            running.detector.close()
+
+    def _late(self, running: _Running) -> None:
+        if running is not self._running or self._on_late is None or not isinstance(running.detector, DeferredEvents):
+            return
+        events = running.detector.take()
+        if events:
+            self._on_late([_shift(event, running.offset_ms) for event in events])
 
     async def detect(self, audio: bytes, fmt: AudioFormat) -> list[TurnEvent]:
         """The turn events of one chunk of client audio (wire bytes in ``fmt``), in ms on the session's audio clock;

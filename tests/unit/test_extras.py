@@ -175,3 +175,11 @@ def test_a_missing_declaration_is_found(tmp_path):
         "realtime.images imports PIL (from ['pillow']); [server] does not declare it",
     ]
     assert declared(toml)["webrtc"] == {"starlette", "aiortc", "numpy"}
+
+
+def test_a_plain_server_install_serves_semantic_vad():
+    """``[server]`` brings the turn model (the ``turn`` extra: the pipecat-ai wheel that ships Smart Turn v3.2, and
+    onnxruntime), so that ``semantic_vad``, the demo's default, is served by the model and not by silence alone."""
+    installs = declared(pyproject())
+    assert {"pipecat-ai", "onnxruntime"} <= installs["server"]
+    assert declared_includes(installs, "server", "turn")
