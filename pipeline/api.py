@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, overload
 
 import numpy as np
 
@@ -38,6 +38,10 @@ ROOT_ITEM_ID = "root"
 no item may have this id."""
 
 
+@overload
+def reply_token_limit(requested: int | None, cap: int) -> int: ...
+@overload
+def reply_token_limit(requested: int | None, cap: int | None) -> int | None: ...
 def reply_token_limit(requested: int | None, cap: int | None) -> int | None:
     """The text tokens a reply may really write: ``requested`` (None: no limit of its own) within the engine's
     ``cap`` (None: not known here). The one place the rule lives: the engine applies it to every response, and the

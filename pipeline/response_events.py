@@ -164,8 +164,9 @@ class ResponseDone:
     text: str = ""
     text_token_ids: tuple[int, ...] = ()
     """The reply's thinker tokens (the final end-of-turn token excluded)."""
-    audio_codes: tuple[int, ...] = ()
-    """The reply's talker codec tokens (the stop token excluded)."""
+    audio_codes: tuple[int | tuple[int, ...], ...] = ()
+    """The reply's talker codec tokens (the stop token excluded): one per talker step, a codec id or, from a frame
+    talker, a frame (one id per codebook); one kind in a reply."""
     audio_samples: int = 0
     reason: str | None = None
     error: Exception | None = field(default=None, compare=False)

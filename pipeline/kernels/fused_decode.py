@@ -64,12 +64,10 @@ def fusable(layer) -> bool:
     return silu and no_mlp_bias and same_bias
 
 
-def _concat_into_views(modules: list[torch.nn.Linear], attr: str) -> torch.Tensor | None:
-    """Concatenate ``attr`` (weight or bias) of ``modules`` along dim 0 and re-point each module's parameter at its
-    slice of the result, so the old tensors are freed and no memory is duplicated."""
-    parts = [getattr(m, attr) for m in modules]
-    if parts[0] is None:
-        return None
+def _concat_into_views(modules: list[torch.nn.Linear], attr: str) -> torch.Tensor:
+    """Concatenate ``attr`` (weight or bias, present on every module) of ``modules`` along dim 0 and re-point each
+    module's parameter at its slice of the result, so the old tensors are freed and no memory is duplicated."""
+    parts: list[torch.Tensor] = [getattr(m, attr) for m in modules]
     fused = torch.cat([p.detach() for p in parts], dim=0)
     start = 0
     for module, part in zip(modules, parts):
@@ -86,7 +84,8 @@ def fuse_layer_weights(layer) -> FusedLayer:
     return FusedLayer(
         input_norm=layer.input_layernorm.weight,
         qkv_weight=_concat_into_views(qkv, "weight"),
-        qkv_bias=_concat_into_views(qkv, "bias"),
+        # ``fusable`` checked that q, k and v all have a bias or none has
+        qkv_bias=_concat_into_views(qkv, "bias") if attn.q_proj.bias is not None else None,
         o_proj=attn.o_proj,
         post_norm=layer.post_attention_layernorm.weight,
         gate_up_weight=_concat_into_views([mlp.gate_proj, mlp.up_proj], "weight"),

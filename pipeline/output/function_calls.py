@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from pipeline.core.conversation_state import ConversationState, ConvItem, ItemKind
 from pipeline.errors import FunctionCallError, InvalidInputError
+from pipeline.models.rendering import CallParser, ToolFormat
 from pipeline.output.detokenizer import IncrementalDetokenizer
 from pipeline.response_events import FunctionCallDelta, FunctionCallDone, FunctionCallStarted, ResponseEvent
 from pipeline.tools import ToolChoice, ToolMode
@@ -52,7 +53,7 @@ class _Call:
     item_id: str
     start: int
     """Index in the reply's tokens where the call's own tokens begin (after the previous call's end)."""
-    parser: object
+    parser: CallParser
     detok: IncrementalDetokenizer
     name: str | None = None
     end: int | None = None
@@ -62,7 +63,7 @@ class _Call:
 class CallTracker:
     def __init__(
         self,
-        fmt,
+        fmt: ToolFormat,
         *,
         tools: frozenset[str],
         choice: ToolChoice,
@@ -96,8 +97,7 @@ class CallTracker:
         if token == self.fmt.call_open:
             if self.choice.mode is ToolMode.NONE or len(self.calls) >= len(self.item_ids):
                 return Verdict.STOP
-            start = self.calls[-1].end if self.calls else position
-            self._open(start)
+            self._open(self._next_call_start(position))
             return Verdict.HIDDEN
         if self.mode is _Mode.AFTER_CALL:
             return Verdict.HIDDEN if not self.decode([token]).strip() else Verdict.STOP
@@ -141,6 +141,15 @@ class CallTracker:
         if done and not reply.reply_ids:
             conv.items.remove(reply)
         conv.dirty = True
+
+    def _next_call_start(self, position: int) -> int:
+        """Where a call opened at ``position`` begins: there for the first call, else just past the previous call
+        (complete, as calls do not nest), so that what was written between two calls belongs to the second."""
+        if not self.calls:
+            return position
+        end = self.calls[-1].end
+        assert end is not None, "a call opens only after the previous one closed"
+        return end
 
     # -- one call -----------------------------------------------------------------------------------
     def _open(self, start: int) -> None:

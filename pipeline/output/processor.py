@@ -94,7 +94,7 @@ class OutputProcessor:
         if audio.first_made_at is None:
             audio.first_made_at = now
             r.mark("token2wav_first_made_ms")
-            if self.holds_start(r):
+            if self.start_buffer_ms is not None and self.holds_start(r):
                 audio.start_buffer = StartBuffer(self.start_buffer_ms)
                 self.observer.milestone(r.id, "held", now)
         if audio.start_buffer is None:
@@ -106,8 +106,10 @@ class OutputProcessor:
             self._end_hold(r, now)
 
     def _end_hold(self, r: ResponseState, now: float) -> None:
+        made_at = r.audio.first_made_at
+        assert made_at is not None, "a start buffer is made with the reply's first chunk"
         r.audio.start_buffer = None
-        r.audio.held_ms = (now - r.audio.first_made_at) * 1000.0
+        r.audio.held_ms = (now - made_at) * 1000.0
         self.observer.hold_released(r.audio.held_ms)
 
     def _send(self, r: ResponseState, pcm: np.ndarray, now: float) -> None:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
 from pipeline.kernels.cuda_graphs import CapturedCall, bucket_at_least, host_tensor, host_to_device
 from pipeline.kernels.decode_attention import triton_available
+from pipeline.runners.decoder import HostRope
 from pipeline.runners.kv_pool import KVPool
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "Advance",
     "BatchedDecode",
     "HostRow",
+    "HostValues",
     "default_batch_sizes",
     "graphed_prefill",
     "prefill_graphs",
@@ -56,6 +59,11 @@ class HostRow:
     dtype: torch.dtype = torch.long
     fill: int = 0
     width: int = 1
+
+
+HostValues = Sequence[int | bool] | Sequence[Sequence[int]]
+"""One host row input's values in a call: one per row, or ``width`` sequences of them (its :class:`HostRow` says
+which)."""
 
 
 class BatchedDecode:
@@ -104,7 +112,9 @@ class BatchedDecode:
         for b in sorted(self.batch_sizes, reverse=True):
             if b in self._graphs:
                 continue
-            empty = [[] if row.width == 1 else [[] for _ in range(row.width)] for row in self.host_rows]
+            empty: list[HostValues] = [
+                [] if row.width == 1 else [[] for _ in range(row.width)] for row in self.host_rows
+            ]
             packed = self._pack([], [], empty, pad=b).to(self.device)
             self._graphs[b] = CapturedCall(
                 self._graph_fn, (packed, *self.device_rows(b)), capture_stream=self.capture_stream
@@ -119,14 +129,15 @@ class BatchedDecode:
         return bool(self._graphs) and rows <= max(self._graphs)
 
     def _pack(
-        self, slots: Sequence[int], positions: Sequence[int], host: Sequence[Sequence[int | bool]], pad: int
+        self, slots: Sequence[int], positions: Sequence[int], host: Sequence[HostValues], pad: int
     ) -> torch.Tensor:
         """The host inputs as one (2 + H, B + pad) int64 host tensor, padding rows at the scratch slot, position 0."""
         if len(host) != len(self.host_rows):
             raise ValueError(f"expected {len(self.host_rows)} host row inputs, got {len(host)}")
         columns = [list(slots) + [self.pool.scratch_slot] * pad, list(positions) + [0] * pad]
         for values, row in zip(host, self.host_rows):
-            lines = [values] if row.width == 1 else list(values)
+            # the row's width says which shape its values have
+            lines = [cast(Sequence[int | bool], values)] if row.width == 1 else cast(Sequence[Sequence[int]], values)
             if len(lines) != row.width:
                 raise ValueError(f"a host row input of width {row.width} got {len(lines)} lists")
             columns += [[int(v) for v in line] + [row.fill] * pad for line in lines]
@@ -147,7 +158,7 @@ class BatchedDecode:
         self,
         slots: Sequence[int],
         positions: Sequence[int],
-        host: Sequence[Sequence[int | bool]] = (),
+        host: Sequence[HostValues] = (),
         *device_rows: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         """``host[i]``: the values of host row input ``i`` (one per row); ``device_rows``: (B, ...) device tensors."""
@@ -169,7 +180,7 @@ class BatchedDecode:
         pad: int,
         slots: Sequence[int],
         positions: Sequence[int],
-        host: Sequence[Sequence[int | bool]],
+        host: Sequence[HostValues],
         device_rows: Sequence[torch.Tensor],
     ) -> None:
         """Queue the copies of a call's inputs, padded with ``pad`` rows, into ``graph``'s static inputs."""
@@ -182,7 +193,7 @@ class BatchedDecode:
         self,
         slots: Sequence[int],
         positions: Sequence[int],
-        host: Sequence[Sequence[int | bool]],
+        host: Sequence[HostValues],
         *device_rows: torch.Tensor,
         steps: int,
         advance: Advance,
@@ -213,7 +224,8 @@ class BatchedDecode:
                 self.replays += 1
                 return tuple(o[:b] for o in graph.replay())
 
-        kept, outputs = [], ()
+        kept: list[torch.Tensor] = []
+        outputs: tuple[torch.Tensor, ...] = ()
         for step in range(steps):
             if step:
                 advance(packed, outputs, b)
@@ -247,7 +259,7 @@ def prefill_graphs(decoder, *, width: int, dtype: torch.dtype, cuda_graphs: bool
 
 
 def graphed_prefill(
-    prefill: BatchedDecode, spans: Sequence[tuple[int, torch.Tensor, int, torch.Tensor | None]]
+    prefill: BatchedDecode, spans: Sequence[tuple[int, torch.Tensor, int, HostRope | None]]
 ) -> list[torch.Tensor]:
     """Spans ``(slot, x, start, rope)``: the cache indices ``start .. start+T-1`` of ``slot`` with input vectors ``x``
     (T, H) and rope positions ``rope`` (3, T) int64 on the host (None: the cache indices), every span's positions as
@@ -255,7 +267,9 @@ def graphed_prefill(
     attends over its slot up to its own position, so a span's rows see each other causally as in a prefill (spans must
     not share positions of a slot). Returns each span's (T, H), copies (the graph's buffer is reused by the next
     call). The caller checks :meth:`BatchedDecode.fits` for the total first."""
-    slots, positions, rope_rows = [], [], [[], [], []]
+    slots: list[int] = []
+    positions: list[int] = []
+    rope_rows: list[list[int]] = [[], [], []]
     for slot, x, start, rope in spans:
         if start + x.shape[0] > prefill.pool.max_len:
             raise ValueError(f"positions up to {start + x.shape[0]} exceed the KV pool's {prefill.pool.max_len}")

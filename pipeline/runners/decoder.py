@@ -30,7 +30,9 @@ layers' outputs and return the hidden state of one layer as HF's ``output_hidden
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import overload
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
@@ -48,7 +50,10 @@ from pipeline.kernels.fused_decode import (
 from pipeline.kernels.sdpa import PREFILL_BACKENDS
 from pipeline.runners.kv_pool import KVPool
 
-__all__ = ["PooledDecoder", "rope_axes"]
+__all__ = ["HostRope", "PooledDecoder", "rope_axes"]
+
+HostRope = torch.Tensor | np.ndarray
+"""(3, T) int64 rope positions on the host, a tensor or a numpy array (:meth:`PooledDecoder.check_host_rope`)."""
 
 PrefillDeepstack = Sequence[tuple[torch.Tensor, torch.Tensor]]
 """Deepstack features of a prefill: entry ``i`` is ``(rows, features)`` for layer ``i`` (the first ``k`` layers):
@@ -161,6 +166,28 @@ class PooledDecoder:
             self.fused = [fuse_layer_weights(layer) for layer in self.layers]
 
     # -- public -----------------------------------------------------------------------------------
+    @overload
+    def prefill(
+        self,
+        slot: int,
+        x: torch.Tensor,
+        start: int,
+        rope: torch.Tensor | None = None,
+        *,
+        deepstack: PrefillDeepstack | None = None,
+        capture_layer: None = None,
+    ) -> torch.Tensor: ...
+    @overload
+    def prefill(
+        self,
+        slot: int,
+        x: torch.Tensor,
+        start: int,
+        rope: torch.Tensor | None = None,
+        *,
+        deepstack: PrefillDeepstack | None = None,
+        capture_layer: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
     def prefill(
         self,
         slot: int,
@@ -204,8 +231,10 @@ class PooledDecoder:
             self.pool.keys[i][slot, start:end] = k
             self.pool.values[i][slot, start:end] = v
 
+        added = deepstack if deepstack is not None else ()
+
         def add(i: int, h: torch.Tensor) -> torch.Tensor:
-            rows, features = deepstack[i]
+            rows, features = added[i]
             return h.index_put((rows,), h[rows] + features.to(h.dtype))  # out of place: a captured h stays as it was
 
         hidden, captured = self._eager_layers(
@@ -215,10 +244,10 @@ class PooledDecoder:
             store,
             lambda i, q: self._prefill_attention(i, q, slot, end, mask),
             add,
-            len(deepstack) if deepstack is not None else 0,
+            len(added),
             capture_layer,
         )
-        return hidden if capture_layer is None else (hidden, captured)
+        return self._with_captured(hidden, captured, capture_layer)
 
     def _prefill_fused(
         self, slot: int, x: torch.Tensor, start: int, mask: torch.Tensor, rope: torch.Tensor | None
@@ -242,6 +271,30 @@ class PooledDecoder:
             att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
         return att.view(self.kv_heads, group, t, self.head_dim).permute(2, 0, 1, 3).reshape(t, -1)
 
+    @overload
+    def decode(
+        self,
+        x: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        rope: torch.Tensor | None = None,
+        *,
+        graph_safe: bool = False,
+        deepstack: Sequence[torch.Tensor] | None = None,
+        capture_layer: None = None,
+    ) -> torch.Tensor: ...
+    @overload
+    def decode(
+        self,
+        x: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        rope: torch.Tensor | None = None,
+        *,
+        graph_safe: bool = False,
+        deepstack: Sequence[torch.Tensor] | None = None,
+        capture_layer: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
     def decode(
         self,
         x: torch.Tensor,
@@ -277,17 +330,18 @@ class PooledDecoder:
             att = attend(q.contiguous(), self.pool.keys[i], self.pool.values[i], slots, lengths, self.scale)
             return att.reshape(rows, -1)
 
+        added = deepstack if deepstack is not None else ()
         hidden, captured = self._eager_layers(
             x,
             cos,
             sin,
             store,
             attention,
-            lambda i, h: h + deepstack[i].to(h.dtype),
-            len(deepstack) if deepstack is not None else 0,
+            lambda i, h: h + added[i].to(h.dtype),
+            len(added),
             capture_layer,
         )
-        return hidden if capture_layer is None else (hidden, captured)
+        return self._with_captured(hidden, captured, capture_layer)
 
     def decode_fused(
         self, x: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, rope: torch.Tensor | None = None
@@ -334,6 +388,17 @@ class PooledDecoder:
         out = self.norm(h)
         return out, out if capture_layer == len(self.layers) else captured
 
+    @staticmethod
+    def _with_captured(
+        hidden: torch.Tensor, captured: torch.Tensor | None, capture_layer: int | None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """What :meth:`prefill` and :meth:`decode` return: ``hidden``, or with a ``capture_layer`` (checked to lie in
+        the layers, so :meth:`_eager_layers` captured it) ``(hidden, captured)``."""
+        if capture_layer is None:
+            return hidden
+        assert captured is not None, "every capture_layer in range is captured"
+        return hidden, captured
+
     def _check_extras(self, deepstack_layers: int, capture_layer: int | None) -> None:
         if deepstack_layers > len(self.layers):
             raise ValueError(f"deepstack features for {deepstack_layers} layers, the decoder has {len(self.layers)}")
@@ -351,9 +416,11 @@ class PooledDecoder:
         """Every layer through the fused kernels: row r of ``x`` (R, H) at ``positions[r]`` of ``slots[r]`` (its key
         and value written there), rotated by ``rope[:, r]`` (None: ``positions[r]``); ``attend(layer, q)`` maps the
         rotated queries (R, heads, D) to (R, heads * D)."""
+        if self.fused is None:
+            raise ValueError("fused decode needs a decoder built with fuse=True over fusable layers")
         rope = positions.view(1, -1).expand(3, -1) if rope is None else rope
         residual = x.to(self.dtype).contiguous()
-        delta = None  # what the previous sublayer adds to the residual stream
+        delta: torch.Tensor | None = None  # what the previous sublayer adds to the residual stream
         for i, w in enumerate(self.fused):
             normed, residual = add_rms_norm(
                 delta if delta is not None else residual, w.input_norm, w.eps, residual if delta is not None else None
@@ -373,11 +440,12 @@ class PooledDecoder:
             )
             normed, residual = add_rms_norm(w.o_proj(attend(i, q)), w.post_norm, w.eps, residual)
             delta = w.down_proj(silu_mul(F.linear(normed, w.gate_up_weight)))
+        assert delta is not None, "a decoder has layers (its first one is read at construction)"
         out, _ = add_rms_norm(delta, self.norm.weight, float(self.norm.variance_epsilon), residual)
         return out
 
     # -- rotation ---------------------------------------------------------------------------------
-    def check_host_rope(self, rope, rows: int) -> None:
+    def check_host_rope(self, rope: HostRope | None, rows: int) -> None:
         """Host rope positions (a (3, ``rows``) tensor or numpy array; None: the cache indices) must have that shape
         and lie inside the cos/sin table (checked on the host, before anything is queued)."""
         if rope is None:

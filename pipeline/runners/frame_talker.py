@@ -20,8 +20,8 @@ import torch
 from pipeline.kernels.cuda_graphs import host_to_device
 from pipeline.kernels.devices import device_scope
 from pipeline.models.frame_talker import FrameTalkerParts
-from pipeline.runners.decoder import PooledDecoder
-from pipeline.runners.sampling import SampleRows, SamplerSpec
+from pipeline.runners.decoder import HostRope, PooledDecoder
+from pipeline.runners.sampling import DeviceSampleRows, SampleRows, SamplerSpec
 
 __all__ = ["FrameTalkerRunner"]
 
@@ -59,7 +59,9 @@ class FrameTalkerRunner:
         """Nothing to capture: the frame talker runs eagerly."""
 
     @torch.inference_mode()
-    def prefill_prompt(self, inputs: torch.Tensor, *, slot: int, start: int, rope=None) -> torch.Tensor:
+    def prefill_prompt(
+        self, inputs: torch.Tensor, *, slot: int, start: int, rope: HostRope | None = None
+    ) -> torch.Tensor:
         """Talker inputs (P, Ht) at cache indices ``start .. start+P-1`` of ``slot``, at rope positions ``rope``
         ((3, P) int64 on the host, a numpy array or tensor; None: the cache indices); returns the last position's
         hidden state (Ht,)."""
@@ -70,7 +72,9 @@ class FrameTalkerRunner:
             return hidden[-1]
 
     @torch.inference_mode()
-    def start(self, inputs: torch.Tensor, *, slot: int, start: int, sample: SampleRows, rope=None) -> torch.Tensor:
+    def start(
+        self, inputs: torch.Tensor, *, slot: int, start: int, sample: SampleRows, rope: HostRope | None = None
+    ) -> torch.Tensor:
         """A reply's prefill (the prompt positions past ``start``, then its opening: talker inputs (P, Ht), at rope
         positions ``rope`` as for :meth:`prefill_prompt`) and its first frame, (groups,) int64 on the device."""
         hidden = self.prefill_prompt(inputs, slot=slot, start=start, rope=rope)
@@ -100,22 +104,22 @@ class FrameTalkerRunner:
             x = self.parts.step_inputs(frames.to(self.device), text.to(self.device, self.dtype))
             slot_ids = host_to_device(slots, torch.long, self.device)
             index = host_to_device(positions, torch.long, self.device)
-            rope = None if rope is None else host_to_device(rope, torch.long, self.device)
-            hidden = self.decoder.decode(x.to(self.dtype), slot_ids, index, rope, graph_safe=False)
+            device_rope = None if rope is None else host_to_device(rope, torch.long, self.device)
+            hidden = self.decoder.decode(x.to(self.dtype), slot_ids, index, device_rope, graph_safe=False)
             return self._frames(hidden, sample)
 
     def _frames(self, hidden: torch.Tensor, sample: SampleRows) -> torch.Tensor:
         """Codebook 0 sampled from ``hidden``'s logits, then the residual codebooks; (B, groups) on the device."""
-        sample = sample.on(self.device)
+        rows = sample.on(self.device)
         logits = self.parts.head(hidden).float()
-        codes = self.sampler.sample_device(logits, sample)
-        neutral = torch.full_like(sample.rows, self.pool.scratch_slot)  # no repetition state for residual codebooks
+        codes = self.sampler.sample_device(logits, rows)
+        neutral = torch.full_like(rows.rows, self.pool.scratch_slot)  # no repetition state for residual codebooks
 
         def pick(residual_logits: torch.Tensor, k: int) -> torch.Tensor:
             # distinct noise per codebook: counter * groups + k never repeats across frames or codebooks
-            counters = sample.counters * self.groups + k
-            rows = SampleRows(neutral, torch.zeros_like(sample.force_continue), sample.seeds, counters)
-            return self.residual_sampler.sample_device(residual_logits, rows)
+            counters = rows.counters * self.groups + k
+            residual_rows = DeviceSampleRows(neutral, torch.zeros_like(rows.force_continue), rows.seeds, counters)
+            return self.residual_sampler.sample_device(residual_logits, residual_rows)
 
         rest = self.parts.residual(hidden, codes, pick)
         return torch.cat([codes.view(-1, 1), rest.to(codes.device, torch.long)], dim=1)

@@ -195,7 +195,7 @@ class ModelRunner:
             for i, r in enumerate(batch):
                 row = None if vectors is None else vectors[i : i + 1]
                 r.conv.extend([r.thinker.pending_token], row, shift=shifts[i])
-                if r.spec.audio and not r.thinker.silent:
+                if vectors is not None and r.spec.audio and not r.thinker.silent:  # audio: the engine speaks
                     r.talker.queue.append(vectors[i])
                 done.add(r.id)
 
@@ -276,6 +276,7 @@ class ModelRunner:
         if side is None:
             return talker_work(), lambda: None
         main = torch.cuda.current_stream(self.talker.device)
+        assert self._talker_events is not None, "made with the talker's stream"
         ready, done = self._talker_events
         ready.record(main)
         side.wait_event(ready)  # the vectors and caches of earlier steps
@@ -309,6 +310,8 @@ class ModelRunner:
             r.mark("token2wav_first_job_ms")
             r.audio.playout.job_started(time.perf_counter())
         self.jobs = {id(r.audio.stream): r for r in job.rows}
+        if self.worker is None:
+            raise RuntimeError("no token2wav worker: the engine synthesizes on its own thread")
         self._job_started = (time.perf_counter(), job.urgent, len(job.rows))
         self.worker.submit([r.audio.stream for r in job.rows], urgent=job.urgent)
 
@@ -357,7 +360,7 @@ class ModelRunner:
                 r = jobs.get(id(stream))
                 if r is None or not live(r) or r.audio.stream is not stream:
                     stream.close()  # its response ended while the chunk was being made
-                elif result.error is None:
+                elif result.chunks is not None:  # None exactly when the job failed (``result.error``)
                     emit(r, result.chunks[i])
                 else:  # the batch failed: retry alone, so that only a faulty stream fails
                     self._retry_alone(r, emit)

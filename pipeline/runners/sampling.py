@@ -28,24 +28,34 @@ import torch
 from pipeline.config import SamplingConfig
 from pipeline.kernels.cuda_graphs import host_to_device
 from pipeline.kernels.noise import uniform_noise
-from pipeline.runners.decode_graphs import HostRow
+from pipeline.runners.decode_graphs import HostRow, HostValues
 
-__all__ = ["BatchSampler", "SampleRows", "SamplerSpec", "sample_host_rows", "sample_inputs"]
+__all__ = ["BatchSampler", "DeviceSampleRows", "SampleRows", "SamplerSpec", "sample_host_rows", "sample_inputs"]
+
+
+@dataclass(frozen=True)
+class DeviceSampleRows:
+    """:class:`SampleRows` as (B,) device tensors (:meth:`SampleRows.on`, or the row inputs of a decode graph:
+    :func:`sample_host_rows`): int64 but ``force_continue``, bool."""
+
+    rows: torch.Tensor
+    force_continue: torch.Tensor
+    seeds: torch.Tensor
+    counters: torch.Tensor
 
 
 @dataclass(frozen=True)
 class SampleRows:
-    """Per-row sampling inputs of one batch: host lists (:meth:`of`), or (B,) device tensors (:meth:`on`, or the row
-    inputs of a decode graph: :func:`sample_host_rows`).
+    """Per-row sampling inputs of one batch, on the host (:meth:`of`).
 
     ``rows``: the sampler table row of each batch row (its KV slot); ``force_continue``: stop ids suppressed (the
     row has not reached its minimum length); ``seeds`` and ``counters``: the row's noise seed and how many tokens it
     has sampled in this stage (see :func:`~pipeline.kernels.noise.uniform_noise`)."""
 
-    rows: Sequence[int] | torch.Tensor
-    force_continue: Sequence[bool] | torch.Tensor
-    seeds: Sequence[int] | torch.Tensor
-    counters: Sequence[int] | torch.Tensor
+    rows: Sequence[int]
+    force_continue: Sequence[bool]
+    seeds: Sequence[int]
+    counters: Sequence[int]
 
     @classmethod
     def of(
@@ -61,13 +71,13 @@ class SampleRows:
         nothing."""
         return cls.of([row] * size, force_continue=[False] * size, seeds=[0] * size, counters=[0] * size)
 
-    def columns(self) -> tuple:
+    def columns(self) -> tuple[Sequence[int], Sequence[bool], Sequence[int], Sequence[int]]:
         return (self.rows, self.force_continue, self.seeds, self.counters)
 
-    def on(self, device: torch.device) -> SampleRows:
+    def on(self, device: torch.device) -> DeviceSampleRows:
         """Host rows as device tensors, queued without waiting for the device's work (:func:`host_to_device`)."""
         dtypes = (torch.long, torch.bool, torch.long, torch.long)
-        return SampleRows(*(host_to_device(c, d, device) for c, d in zip(self.columns(), dtypes)))
+        return DeviceSampleRows(*(host_to_device(c, d, device) for c, d in zip(self.columns(), dtypes)))
 
 
 class BatchSampler:
@@ -126,7 +136,7 @@ class BatchSampler:
         batch = SampleRows.of(rows, force_continue=force_continue, seeds=seeds, counters=counters)
         return self.sample_device(logits, batch.on(self.device)).tolist()
 
-    def sample_device(self, logits: torch.Tensor, batch: SampleRows) -> torch.Tensor:
+    def sample_device(self, logits: torch.Tensor, batch: DeviceSampleRows) -> torch.Tensor:
         """(B,) int64 sampled ids on the device, marked as seen in their table rows. Fixed shapes, no host
         synchronisation: safe inside a CUDA graph capture."""
         logits = logits.float()
@@ -143,7 +153,7 @@ class BatchSampler:
         self.seen.index_put_((batch.rows, tokens), self._true)
         return tokens
 
-    def _draw(self, logits: torch.Tensor, batch: SampleRows) -> torch.Tensor:
+    def _draw(self, logits: torch.Tensor, batch: DeviceSampleRows) -> torch.Tensor:
         values, ids = torch.topk(logits, self.k, dim=-1)  # descending; temperature keeps the order
         values = values / self.cfg.temperature
         if self.cfg.top_p < 1.0:
@@ -181,7 +191,9 @@ def sample_host_rows(scratch_row: int) -> tuple[HostRow, ...]:
     return (HostRow(torch.long, scratch_row), HostRow(torch.bool, 0), HostRow(torch.long, 0), HostRow(torch.long, 0))
 
 
-def sample_inputs(size: int, scratch_row: int, sampler: BatchSampler | None, sample: SampleRows | None) -> tuple:
+def sample_inputs(
+    size: int, scratch_row: int, sampler: BatchSampler | None, sample: SampleRows | None
+) -> tuple[HostValues, ...]:
     """The sampler's host row inputs for a step of ``size`` rows: ``sample``'s, or neutral rows (scratch row) when
     the caller samples nothing; none without a sampler."""
     if sampler is None:

@@ -28,9 +28,9 @@ import torch
 from pipeline.kernels.cuda_graphs import host_to_device
 from pipeline.kernels.decode_attention import triton_available
 from pipeline.kernels.devices import device_scope
-from pipeline.runners.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
+from pipeline.runners.decode_graphs import BatchedDecode, HostRow, HostValues, graphed_prefill, prefill_graphs
 from pipeline.runners.decoder import PooledDecoder
-from pipeline.runners.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
+from pipeline.runners.sampling import DeviceSampleRows, SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 
 _POSITION_ROW = 1
 """Rows of a decode step's packed host inputs (:class:`BatchedDecode`): slots, positions, then the host rows in the
@@ -138,8 +138,8 @@ class TalkerRunner:
         if self.prefills.fits(x.shape[0]):
             (hidden,) = graphed_prefill(self.prefills, [(slot, x, start, rope)])
             return hidden
-        rope = None if rope is None else torch.as_tensor(rope).to(self.device, torch.long)
-        return self.decoder.prefill(slot, x, start, rope)
+        device_rope = None if rope is None else torch.as_tensor(rope).to(self.device, torch.long)
+        return self.decoder.prefill(slot, x, start, device_rope)
 
     @torch.inference_mode()
     def decode(
@@ -156,7 +156,7 @@ class TalkerRunner:
         (B, V) float32 logits and, with a sampler, the (B,) codes sampled with ``sample``'s rows (views of static
         buffers on CUDA: consume them before the next step). Nothing here waits for the device."""
         sampling = sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample)
-        host = (prev_codes, self._rope_rows(positions, rope_shifts), *sampling)
+        host: tuple[HostValues, ...] = (prev_codes, self._rope_rows(positions, rope_shifts), *sampling)
         with device_scope(self.device):
             outputs = self.batched(slots, positions, host, vectors.to(self.device, self.dtype))
         return outputs[0], outputs[1] if self.sampler else None
@@ -201,7 +201,7 @@ class TalkerRunner:
             packed[_COUNTER_ROW, :rows] += 1
 
         sampling = sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample)
-        host = (prev_codes, self._rope_rows(positions, rope_shifts), *sampling)
+        host: tuple[HostValues, ...] = (prev_codes, self._rope_rows(positions, rope_shifts), *sampling)
         with device_scope(self.device):
             return self.batched.chain(
                 slots, positions, host, vectors.to(self.device, self.dtype), steps=steps, advance=advance, keep=1
@@ -214,4 +214,4 @@ class TalkerRunner:
         logits = self.head(hidden).float()
         if self.sampler is None:
             return (logits,)
-        return logits, self.sampler.sample_device(logits, SampleRows(*sample))
+        return logits, self.sampler.sample_device(logits, DeviceSampleRows(*sample))

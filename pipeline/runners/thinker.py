@@ -26,8 +26,8 @@ from pipeline.kernels.cuda_graphs import host_to_device
 from pipeline.kernels.decode_attention import triton_available
 from pipeline.models.family import ThinkerParts
 from pipeline.runners.decode_graphs import BatchedDecode, HostRow, graphed_prefill, prefill_graphs
-from pipeline.runners.decoder import PooledDecoder
-from pipeline.runners.sampling import SampleRows, SamplerSpec, sample_host_rows, sample_inputs
+from pipeline.runners.decoder import HostRope, PooledDecoder
+from pipeline.runners.sampling import DeviceSampleRows, SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 
 
 class PrefillSpan(NamedTuple):
@@ -40,7 +40,7 @@ class PrefillSpan(NamedTuple):
     """Cache index of the first position."""
     logits: bool
     """Whether the last position's logits are wanted."""
-    rope: object | None = None
+    rope: HostRope | None = None
     """(3, T) int64 rope positions on the host (a tensor or numpy array); None: the cache indices."""
     deepstack: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None
     """Per layer ``k`` of the first ``len(deepstack)``: (rows (n,) int64, features (n, H)) on the device, added to
@@ -215,7 +215,7 @@ class ThinkerRunner:
 
     @torch.inference_mode()
     def prefill(
-        self, embeds: torch.Tensor, slot: int, start: int, *, logits: bool = True, rope: torch.Tensor | None = None
+        self, embeds: torch.Tensor, slot: int, start: int, *, logits: bool = True, rope: HostRope | None = None
     ) -> ThinkerOutput:
         """Run ``embeds`` (T, H) at cache indices ``start..start+T-1`` of KV slot ``slot`` with rope positions
         ``rope`` ((3, T) int64 on the host, a tensor or numpy array; None: the cache indices); ``logits=False`` skips
@@ -233,23 +233,25 @@ class ThinkerRunner:
         their positions together fit the largest prefill graph (one row per position; each span's rows attend within
         their own slot), else one by one: spans with deepstack features, or when the talker reads an inner layer's
         hidden states, always run eagerly. Spans must be in different slots (or not overlap)."""
-        spans = [PrefillSpan(*span) for span in spans]
-        sizes = [span.embeds.shape[0] for span in spans]
-        for span in spans:
+        parsed = [PrefillSpan(*span) for span in spans]
+        sizes = [span.embeds.shape[0] for span in parsed]
+        for span in parsed:
             self._check_rope(span.rope, span.embeds.shape[0])
-        eager = self.talker_hidden_layer is not None or any(span.deepstack for span in spans)
+        eager = self.talker_hidden_layer is not None or any(span.deepstack for span in parsed)
         if eager or not self.prefills.fits(sum(sizes)):
-            return [self._prefill_eager(*span) for span in spans]
-        hiddens = graphed_prefill(self.prefills, [(slot, x, start, rope) for x, slot, start, _, rope, _ in spans])
-        wanted = [i for i, span in enumerate(spans) if span[3]]
-        logits = self.lm_head(torch.stack([hiddens[i][-1] for i in wanted])).float() if wanted else None
-        last = {i: logits[k] for k, i in enumerate(wanted)}
+            return [self._prefill_eager(*span) for span in parsed]
+        hiddens = graphed_prefill(self.prefills, [(slot, x, start, rope) for x, slot, start, _, rope, _ in parsed])
+        wanted = [i for i, span in enumerate(parsed) if span.logits]
+        last: dict[int, torch.Tensor] = {}
+        if wanted:
+            logits = self.lm_head(torch.stack([hiddens[i][-1] for i in wanted])).float()
+            last = {i: logits[k] for k, i in enumerate(wanted)}
         return [
-            ThinkerOutput(embeds=span[0], hidden=h, last_logits=last.get(i))
-            for i, (span, h) in enumerate(zip(spans, hiddens))
+            ThinkerOutput(embeds=span.embeds, hidden=h, last_logits=last.get(i))
+            for i, (span, h) in enumerate(zip(parsed, hiddens))
         ]
 
-    def _check_rope(self, rope: torch.Tensor | None, rows: int) -> None:
+    def _check_rope(self, rope: HostRope | None, rows: int) -> None:
         """Rope positions must be (3, rows) and inside the decoder's cos/sin table (checked on the host)."""
         self.decoder.check_host_rope(rope, rows)
 
@@ -259,18 +261,18 @@ class ThinkerRunner:
         slot: int,
         start: int,
         logits: bool,
-        rope: torch.Tensor | None,
+        rope: HostRope | None,
         deepstack: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> ThinkerOutput:
-        rope = None if rope is None else torch.as_tensor(rope).to(self.device, torch.long)
+        device_rope = None if rope is None else torch.as_tensor(rope).to(self.device, torch.long)
         layer_hidden = None
         deepstack = deepstack or None
         if self.talker_hidden_layer is None:
-            hidden = self.decoder.prefill(slot, embeds, start, rope, deepstack=deepstack)
+            hidden = self.decoder.prefill(slot, embeds, start, device_rope, deepstack=deepstack)
         else:
             layer = self.talker_hidden_layer
             hidden, layer_hidden = self.decoder.prefill(
-                slot, embeds, start, rope, deepstack=deepstack, capture_layer=layer
+                slot, embeds, start, device_rope, deepstack=deepstack, capture_layer=layer
             )
         last = self.lm_head(hidden[-1:]).float()[0] if logits else None
         return ThinkerOutput(embeds=embeds, hidden=hidden, last_logits=last, layer_hidden=layer_hidden)
@@ -312,4 +314,4 @@ class ThinkerRunner:
         logits = self.lm_head(hidden).float()
         if self.sampler is None:
             return embeds, hidden, logits
-        return embeds, hidden, logits, self.sampler.sample_device(logits, SampleRows(*sample))
+        return embeds, hidden, logits, self.sampler.sample_device(logits, DeviceSampleRows(*sample))

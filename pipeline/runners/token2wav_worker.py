@@ -49,9 +49,11 @@ class Token2WavWorker:
         self.synthesizer = synthesizer
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
-        self._cuda_stream = torch.cuda.Stream(self.device) if cuda else None
-        # a job with a first chunk is on someone's time-to-first-audio path: it outranks decode steps
-        self._urgent_stream = torch.cuda.Stream(self.device, priority=URGENT_PRIORITY) if cuda else None
+        # (default-priority stream, urgent stream), None on CPU. A job with a first chunk is on someone's
+        # time-to-first-audio path: it outranks decode steps
+        self._cuda_streams: tuple[torch.cuda.Stream, torch.cuda.Stream] | None = (
+            (torch.cuda.Stream(self.device), torch.cuda.Stream(self.device, priority=URGENT_PRIORITY)) if cuda else None
+        )
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self.in_flight: set[int] = set()
@@ -73,7 +75,7 @@ class Token2WavWorker:
         if not self.idle:
             raise RuntimeError("the token2wav worker runs one job at a time")
         event = None
-        if self._cuda_stream is not None:
+        if self._cuda_streams is not None:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.device))
         self.in_flight = {id(s) for s in streams}
@@ -110,9 +112,9 @@ class Token2WavWorker:
 
     def _run(self, streams: list, event, urgent: bool) -> Token2WavResult:
         try:
-            if self._cuda_stream is None:
+            if self._cuda_streams is None:
                 return Token2WavResult(streams, self.synthesizer.step_many(streams))
-            cuda_stream = self._urgent_stream if urgent else self._cuda_stream
+            cuda_stream = self._cuda_streams[1] if urgent else self._cuda_streams[0]
             with torch.cuda.stream(cuda_stream):
                 cuda_stream.wait_event(event)
                 return Token2WavResult(streams, self.synthesizer.step_many(streams))

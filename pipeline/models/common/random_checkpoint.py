@@ -31,16 +31,20 @@ class RandomSpecPresets:
 
     SHARPENED_ATTENTION: ClassVar[float]
     """The ``attention_sharpness`` of :meth:`sharpened`."""
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+    """Set by the subclass's ``@dataclass`` (declared here so that the presets may ``replace`` and ``asdict`` it)."""
+    seed: int
+    attention_sharpness: float
 
     @classmethod
     def tiny(cls, seed: int = 0) -> Self:
         """The default sizes: a few MB; a short turn runs well under a second on one CPU core."""
-        return cls(seed=seed)
+        return dataclasses.replace(cls(), seed=seed)
 
     @classmethod
     def sharpened(cls, seed: int = 0) -> Self:
         """The tiny model with :attr:`SHARPENED_ATTENTION`: a wrong position changes its greedy tokens."""
-        return cls(seed=seed, attention_sharpness=cls.SHARPENED_ATTENTION)
+        return dataclasses.replace(cls(), seed=seed, attention_sharpness=cls.SHARPENED_ATTENTION)
 
     def to_dict(self) -> dict[str, Any]:
         """Every size by name (JSON-serialisable: what the random-weights marker records)."""

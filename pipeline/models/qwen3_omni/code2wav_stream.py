@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -93,7 +94,7 @@ def _frames_tensor(frames: Sequence[Sequence[int]] | Tensor, model: Qwen3OmniMoe
 def _convnet(model: Qwen3OmniMoeCode2Wav, hidden: Tensor) -> Tensor:
     """The module's ConvNet and final clamp, as its forward runs them: (B, hidden, frames) -> (B, samples)."""
     for blocks in model.upsample:
-        for block in blocks:
+        for block in cast(torch.nn.ModuleList, blocks):  # transformers builds each upsampling stage as a ModuleList
             hidden = block(hidden)
     for block in model.decoder:
         hidden = block(hidden)
@@ -195,16 +196,17 @@ class StreamingCode2Wav:
         (right-padded: the samples kept never read the padding, see :mod:`.code2wav_geometry`)."""
         model, spf = self.model, self.samples_per_frame
         new = [end - s.frames_done for s, end in zip(streams, ends)]
+        states = [s._state() for s in streams]
         codes = torch.zeros(len(streams), max(new), model.config.num_quantizers, dtype=torch.long)
-        for row, (stream, n) in enumerate(zip(streams, new)):
-            codes[row, :n] = stream._pending[:n]
+        for row, ((_, pending, _), n) in enumerate(zip(states, new)):
+            codes[row, :n] = pending[:n]
         codes = codes.transpose(1, 2).to(self.device)  # (B, quantizers, n), as the module's forward takes codes
         embeds = model.code_embedding(codes + model.code_offset).mean(1)
-        hidden, windows = transformer_step(model, embeds, new, [s._window for s in streams])
+        hidden, windows = transformer_step(model, embeds, new, [window for window, _, _ in states])
         starts = [max(0, s.samples_emitted // spf - self.left_context_frames) for s in streams]
         histories = [
-            torch.cat([s._hidden[:, start - s._hidden_start :], hidden[row, :n].T], dim=1)
-            for row, (s, n, start) in enumerate(zip(streams, new, starts))
+            torch.cat([kept[:, start - s._hidden_start :], hidden[row, :n].T], dim=1)
+            for row, (s, (_, _, kept), n, start) in enumerate(zip(streams, states, new, starts))
         ]
         width = max(h.shape[1] for h in histories)
         padded = torch.zeros(len(streams), model.config.hidden_size, width, device=self.device, dtype=self.dtype)
@@ -263,7 +265,8 @@ class Code2WavStream(CodecStream):
         total = self.codes_received + tensor.shape[0]
         if total > self.max_codes:
             raise InvalidInputError(f"stream holds at most {self.max_codes} frames, got {total}", param="codes")
-        self._pending = torch.cat([self._pending, tensor])
+        _, pending, _ = self._state()
+        self._pending = torch.cat([pending, tensor])
         self.codes_received = total
 
     def step(self) -> np.ndarray:
@@ -291,8 +294,16 @@ class Code2WavStream(CodecStream):
             return min(self._next_end(), self.codes_received)
         return None
 
+    def _state(self) -> tuple[KVWindow, Tensor, Tensor]:
+        """The KV window, the pending frames (host) and the hidden states kept for the next ConvNet window;
+        Code2WavStreamStateError once the stream released its tensors."""
+        if self._window is None or self._pending is None or self._hidden is None:
+            raise Code2WavStreamStateError(f"the {self.KIND} stream is closed")
+        return self._window, self._pending, self._hidden
+
     def _advance(self, chunk: _Chunk) -> np.ndarray:
-        self._pending = self._pending[chunk.end - self.frames_done :]
+        _, pending, _ = self._state()
+        self._pending = pending[chunk.end - self.frames_done :]
         self._window, self._hidden, self._hidden_start = chunk.window, chunk.hidden, chunk.hidden_start
         self.frames_done = chunk.end
         self.samples_emitted += chunk.samples.size
