@@ -94,9 +94,9 @@ def build_core(
         holds_start=lambda r: scheduler.holds_start(r.conv),
     )
     conversations = _conversations(ckpt, cfg, family, renderer, limits, runner, image_encodes, scheduler, hooks)
-    talker_stage = (
+    talker_stage = (  # the runner speaks exactly when it has a token2wav device
         _talker_stage(cfg, family, ckpt, special, limits, runner, t2w_device, observer, seeds, hooks, positions)
-        if runner.speaks
+        if t2w_device is not None
         else None
     )
     return CoreParts(

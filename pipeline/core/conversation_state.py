@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -73,14 +74,69 @@ class ImageBlock:
     """Why its encode failed; a response reading it fails with it."""
 
 
+class AudioFeatures(Protocol):
+    """The incremental features of one spoken message (``ModelFamily.audio_features``; 16 kHz mono float32 in), as
+    :class:`pipeline.core.conversations.Conversations` calls them: any number of :meth:`append` with the blocks
+    ready so far encoded under :attr:`running_floor`, then :meth:`finish` once, after which :attr:`total_frames`,
+    :meth:`raw_tail`, :meth:`final_floor` and :meth:`block_changes` may be read."""
+
+    @property
+    def sampling_rate(self) -> int: ...
+
+    @property
+    def samples_received(self) -> int: ...
+
+    @property
+    def running_floor(self) -> float:
+        """The floor to encode a block with now."""
+        ...
+
+    @property
+    def total_frames(self) -> int:
+        """Frames of the final features (only after :meth:`finish`)."""
+        ...
+
+    def append(self, pcm: np.ndarray) -> None:
+        """Add samples; ``InvalidAudioError`` for bad audio."""
+        ...
+
+    def ready_blocks(self) -> int:
+        """How many leading blocks can be computed now with their final values."""
+        ...
+
+    def raw_block(self, k: int) -> np.ndarray:
+        """Block ``k``'s raw features, before a floor."""
+        ...
+
+    def features(self, raw: np.ndarray, floor: float) -> torch.Tensor:
+        """The encoder's input of ``raw`` under ``floor``."""
+        ...
+
+    def finish(self) -> None:
+        """No more audio; idempotent."""
+        ...
+
+    def raw_tail(self) -> np.ndarray:
+        """The raw features after the last complete block."""
+        ...
+
+    def final_floor(self) -> float:
+        """The floor of the whole message."""
+        ...
+
+    def block_changes(self, k: int, floor_used: float) -> bool:
+        """Whether block ``k``'s features under ``floor_used`` differ from those under :meth:`final_floor`."""
+        ...
+
+
 @dataclass
 class OpenAudio:
     """A user audio message still being spoken: not in the conversation yet (it joins at commit),
     but its complete blocks are encoded, and prefilled when it would extend the cached context."""
 
     id: str
-    features: object
-    """IncrementalLogMel of the samples so far."""
+    features: AudioFeatures
+    """The features of the samples so far."""
     blocks: list[AudioBlock] = field(default_factory=list)
     error: Exception | None = None
     """First failure while encoding in the background; raised at commit."""
@@ -119,9 +175,10 @@ def function_item_tokens(renderer, item: ConvItem, prev: ConvItem | None, nxt: C
     kind = item.kind
     same_next = nxt is not None and nxt.kind is kind
     if kind is ItemKind.FUNCTION_CALL:
-        continues = prev is not None and prev.role == "assistant" and prev.kind is not ItemKind.AUDIO
+        prev_kind = prev.kind if prev is not None else None
+        continues = prev is not None and prev.role == "assistant" and prev_kind is not ItemKind.AUDIO
         ids = list(item.reply_ids)
-        if continues and not item.generated and prev.kind is not ItemKind.TEXT:
+        if continues and not item.generated and prev_kind is not ItemKind.TEXT:
             ids = tools.call_separator() + ids
         head = [] if continues else renderer.header("assistant")
         return head + ids + ([] if same_next else renderer.footer())
@@ -185,6 +242,13 @@ class ConversationState:
         sequence."""
 
     # -- items --------------------------------------------------------------------------------
+    def held_talker_slot(self) -> int:
+        """The talker slot, which a conversation whose reply's talker runs always holds; RuntimeError (a bug)
+        without one."""
+        if self.talker_slot is None:
+            raise RuntimeError(f"conversation {self.id} holds no talker slot")
+        return self.talker_slot
+
     def find(self, item_id: str) -> ConvItem:
         for item in self.items:
             if item.id == item_id:
@@ -197,7 +261,9 @@ class ConversationState:
     def audio_error(self) -> Exception | None:
         """The first failed encode among the conversation's audio blocks (committed or still being spoken) and
         images."""
-        blocks = [b for item in self.items if item.kind is ItemKind.AUDIO for b in item.audio_blocks]
+        blocks: list[AudioBlock | ImageBlock] = [
+            b for item in self.items if item.kind is ItemKind.AUDIO for b in item.audio_blocks
+        ]
         blocks += [b for pending in self.open_audio.values() for b in pending.blocks]
         blocks += [b for item in self.items if item.video is not None for b in item.video.pairs]
         blocks += [b for p in self.open_audio.values() if p.video is not None for b in p.video.part.pairs]
@@ -280,7 +346,9 @@ class ConversationState:
         """The instructions, with the tools block when the conversation offers tools."""
         content = self.instructions
         if self.tools:
-            content = self.renderer.tools.system_text(self.instructions, self.tools)
+            tool_format = self.renderer.tools
+            assert tool_format is not None, "Conversations.set_tools takes tools only with the family's call format"
+            content = tool_format.system_text(self.instructions, self.tools)
         return self.renderer.text_message("system", content)
 
     def _neighbours(self, k: int) -> tuple[ConvItem | None, ConvItem | None]:

@@ -15,7 +15,15 @@ from collections.abc import Callable
 import numpy as np
 
 from pipeline.api import ContextPolicy, VisionInfo
-from pipeline.core.conversation_state import AudioBlock, ConversationState, ConvItem, ImageBlock, ItemKind, OpenAudio
+from pipeline.core.conversation_state import (
+    AudioBlock,
+    AudioFeatures,
+    ConversationState,
+    ConvItem,
+    ImageBlock,
+    ItemKind,
+    OpenAudio,
+)
 from pipeline.errors import (
     EmptyInputError,
     InvalidAudioError,
@@ -44,7 +52,7 @@ class Conversations:
         *,
         renderer,
         max_context: int,
-        features: Callable[[], object],
+        features: Callable[[], AudioFeatures],
         audio_encodes,
         exact_floor: bool,
         end_response: Callable[[str], None],
@@ -94,8 +102,9 @@ class Conversations:
         conv = self.scheduler.conversations.get(conv_id)
         if conv is None:
             return
-        if conv.active_response in self.scheduler.responses:
-            self.end_response(conv.active_response)
+        active = conv.active_response
+        if active is not None and active in self.scheduler.responses:
+            self.end_response(active)
         self.scheduler.close_conversation(conv_id)
 
     def set_instructions(self, conv_id: str, instructions: str) -> None:
@@ -164,7 +173,7 @@ class Conversations:
             if isinstance(part, str):
                 inputs.append(part)
             elif isinstance(part, np.ndarray):
-                inputs.append(self.preprocess([part]))  # raises InvalidImageError for a bad picture
+                inputs.append(self._preprocess([part]))  # raises InvalidImageError for a bad picture
             else:
                 raise InvalidImageError(
                     f"content part {k} must be text or a uint8 RGB (H, W, 3) array, got {type(part).__name__}",
@@ -209,7 +218,7 @@ class Conversations:
         vision encode; the chunks they complete are prefilled in the background. A frame the rules drop is counted
         (:mod:`pipeline.video.message`); an error is kept and raised at commit."""
         conv = self.get(conv_id)
-        if self.image_encodes is None or self.vision_info is None or self.av_timing is None:
+        if self.image_encodes is None or self.preprocess is None or self.vision_info is None or self.av_timing is None:
             raise UnsupportedInputError("this model has no vision tower: it cannot take video", param="video")
         pending = self._open(conv, item_id)
         if pending.error is not None:
@@ -239,8 +248,15 @@ class Conversations:
             conv.dirty = True
 
     def _encode_pair(self, frames: list[np.ndarray]) -> ImageBlock:
-        vi = self.preprocess(frames)
+        vi = self._preprocess(frames)
         return self.image_encodes.block(vi.pixel_values, vi.grid_thw)
+
+    def _preprocess(self, frames: list[np.ndarray]):
+        """The vision tower's input of ``frames`` (the family's preprocessing); the callers check first that the
+        checkpoint has a vision tower."""
+        if self.preprocess is None:
+            raise UnsupportedInputError("this model has no vision tower: it cannot take images", param="content")
+        return self.preprocess(frames)
 
     def commit_audio(self, conv_id: str, item_id: str, previous_item_id: str | None = None) -> None:
         """Close a spoken message: queue the tail's encode (and, with an exact floor, the re-encode of the blocks whose
@@ -260,7 +276,8 @@ class Conversations:
         final = feats.final_floor()
         if self.exact_floor:
             for k, block in enumerate(pending.blocks):
-                if feats.block_changes(k, block.floor):
+                # a block's floor is None only when it was encoded with the final floor: then it cannot change
+                if block.floor is not None and feats.block_changes(k, block.floor):
                     pending.blocks[k] = self._encode_block(feats, k, final, version=block.version + 1)
         for k in range(len(pending.blocks), feats.ready_blocks()):  # completed by the end of the signal
             pending.blocks.append(self._encode_block(feats, k, final))
@@ -275,7 +292,7 @@ class Conversations:
         item = ConvItem(id=item_id, role="user", kind=ItemKind.AUDIO, audio_blocks=pending.blocks, video=video)
         conv.add(item, previous_item_id)
 
-    def _encode_block(self, feats, k: int, floor: float, version: int = 0) -> AudioBlock:
+    def _encode_block(self, feats: AudioFeatures, k: int, floor: float, version: int = 0) -> AudioBlock:
         return self.audio_encodes.block(feats.features(feats.raw_block(k), floor), floor=floor, version=version)
 
     def discard_audio(self, conv_id: str, item_id: str) -> None:

@@ -63,7 +63,9 @@ class EngineCore:
         self.cfg = cfg
         self.seeds = Seeds(seed)
         """The engine seed (None: drawn from the OS) and the counter of its draws."""
-        self.observer = EngineObserver(cfg.engine.timeline_path, slow_step_ms=cfg.engine.slow_step_ms)
+        slow_step_ms = cfg.engine.slow_step_ms
+        assert not isinstance(slow_step_ms, str), "a StageGraphConfig holds slow_step_ms as a number (auto resolved)"
+        self.observer = EngineObserver(cfg.engine.timeline_path, slow_step_ms=slow_step_ms)
         hooks = CoreHooks(
             fail=lambda r, exc: self.phases.fail(r, exc),
             end_response=lambda rid: self.lifecycle.end_cancelled(rid),

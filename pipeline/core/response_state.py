@@ -24,7 +24,19 @@ from pipeline.output.start_buffer import StartBuffer
 from pipeline.response_events import ResponseEvent, ResponseStatus
 from pipeline.tools import AUTO, ToolChoice
 
-__all__ = ["AudioState", "ResponseSpec", "ResponseState", "TalkerState", "TalkerStatus", "TextEnd", "ThinkerState"]
+__all__ = [
+    "AudioState",
+    "ResponseSpec",
+    "ResponseState",
+    "TalkerCode",
+    "TalkerState",
+    "TalkerStatus",
+    "TextEnd",
+    "ThinkerState",
+]
+
+TalkerCode = int | tuple[int, ...]
+"""What one talker step makes: a codec id, or a frame talker's frame (one id per codebook, codebook 0 first)."""
 
 
 class TextEnd(enum.Enum):
@@ -77,6 +89,14 @@ class ResponseSpec:
     call_item_ids: tuple[str, ...] = ()
     """The conversation item ids of the calls the reply makes, in order; it makes at most that many."""
 
+    @property
+    def spoken_voice(self) -> str:
+        """The voice of a spoken reply; RuntimeError (a bug) where there is none, which only an engine without audio
+        output leaves, whose replies are never spoken."""
+        if self.voice is None:
+            raise RuntimeError(f"response {self.id} is spoken but has no voice")
+        return self.voice
+
     def detached(self) -> ResponseSpec:
         """This spec without its callables (module-level placeholders, so it pickles); its sink raises."""
         return replace(self, sink=_unbound_sink, can_accept=_accept_always)
@@ -122,9 +142,9 @@ class TalkerState:
     rope_shift: int = 0
     """Rope position - cache index of the reply's talker positions after its prompt (speaker bos, reply vectors,
     codes): the thinker's shift after the prompt (0 without pictures or video), fixed when the talker starts."""
-    last_code: int | tuple[int, ...] | None = None
-    codes: list[int] | list[tuple[int, ...]] = field(default_factory=list)
-    """The codes made so far: one per step, or one frame (a tuple of codebook ids) per step of a frame talker."""
+    last_code: TalkerCode | None = None
+    codes: list[TalkerCode] = field(default_factory=list)
+    """The codes made so far, one per step: all ids, or all frames (a tuple of codebook ids) of a frame talker."""
 
     @property
     def started(self) -> bool:
@@ -153,6 +173,12 @@ class AudioState:
     """How long the first audio was held (ms, first chunk made to sent), once released; None: it was not held."""
     playout: Playout = field(default_factory=Playout)
     """A real-time player of the sent audio on ``time.perf_counter()``: it starts when the first chunk leaves."""
+
+    def live_stream(self) -> Token2WavStream:
+        """The stream the talker's codes go to; RuntimeError (a bug) before the talker started it or once closed."""
+        if self.stream is None:
+            raise RuntimeError("no token2wav stream: the talker has not started, or the response has ended")
+        return self.stream
 
 
 @dataclass

@@ -43,8 +43,9 @@ class Token2WavStream(Protocol):
         """Every sample was emitted (:attr:`status` is DONE)."""
         ...
 
-    def push(self, codes: Sequence[int]) -> None:
-        """Append the synthesizer's codes (what the ``talker -> token2wav`` connector made). Raises
+    def push(self, codes: Sequence[int] | Sequence[Sequence[int]]) -> None:
+        """Append the synthesizer's codes: ids (what the ``talker -> token2wav`` connector made), or for a family
+        whose talker speaks in frames (:mod:`pipeline.models.frame_talker`) frames, one id per codebook each. Raises
         ``InvalidInputError`` past the stream's ``max_codes``, a ``PipelineError`` when it is not OPEN."""
         ...
 

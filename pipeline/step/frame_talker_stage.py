@@ -139,7 +139,7 @@ class FrameTalkerStage(TalkerFeed):
         conv.crop_talker(reuse)
         conv.talker_keys = list(keys)
         prompt = self._prompt_inputs(conv, picked[reuse:], keys[reuse:])
-        opening = self.parts.reply_start(r.talker.queue.popleft(), r.spec.voice)
+        opening = self.parts.reply_start(r.talker.queue.popleft(), r.spec.spoken_voice)
         inputs = torch.cat([prompt.to(opening.device, opening.dtype), opening])
         rope = self.positions.rope_positions(len(keys), spans, start=reuse)
         if rope is not None or shift:  # the prompt at its own positions, the opening at the reply's shift
@@ -153,7 +153,7 @@ class FrameTalkerStage(TalkerFeed):
         r.audio.stream = self.family.start_stream(
             self.synthesizer,
             self.ckpt,
-            r.spec.voice,
+            r.spec.spoken_voice,
             generator=self.generator(),
             max_codes=self.max_codes,
             quick=plan.quick,
@@ -163,7 +163,7 @@ class FrameTalkerStage(TalkerFeed):
 
     def _sample_rows(self, rows: list[ResponseState]) -> SampleRows:
         return SampleRows.of(
-            [r.conv.talker_slot for r in rows],
+            [r.conv.held_talker_slot() for r in rows],
             force_continue=[self.force_codes(r) for r in rows],
             seeds=[r.seed for r in rows],
             counters=[r.codec_tokens for r in rows],
@@ -199,7 +199,7 @@ class FrameTalkerStage(TalkerFeed):
         out = self.talker.decode(
             frames,
             torch.stack(vectors),
-            [r.conv.talker_slot for r in rows],
+            [r.conv.held_talker_slot() for r in rows],
             [r.talker.length for r in rows],
             self._sample_rows(rows),
             rope_shifts=[r.talker.rope_shift for r in rows],
@@ -221,6 +221,6 @@ class FrameTalkerStage(TalkerFeed):
             self.observer.milestone(r.id, "first_code")
         r.mark("talker_first_code_ms")
         r.talker.last_code = tuple(frame)
-        r.audio.stream.push([frame])
+        r.audio.live_stream().push([frame])
         if r.codec_tokens >= self.max_codes:
             self.end(r)

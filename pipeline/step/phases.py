@@ -118,6 +118,7 @@ class StepPhases:
                 continue
             owner = self.scheduler.responses[job.response_id]
             if job.last and self.live(owner):
+                assert out.last_logits is not None, "a prompt's last chunk has the logits of its last position"
                 owner.advance(ResponseStatus.DECODING)
                 owner.mark("prefill_done_ms")
                 started.append((owner, out.last_logits))

@@ -96,7 +96,7 @@ class TalkerStage(TalkerFeed):
         r.audio.stream = self.family.start_stream(
             self.synthesizer,
             self.ckpt,
-            r.spec.voice,
+            r.spec.spoken_voice,
             generator=self.generator(),
             max_codes=self.max_codes,
             quick=plan.quick,
@@ -104,7 +104,7 @@ class TalkerStage(TalkerFeed):
         logits = self.runner.talker_prefill(
             r,
             reuse=reuse,
-            speaker_bos=self.family.voice_bos(self.ckpt, r.spec.voice),
+            speaker_bos=self.family.voice_bos(self.ckpt, r.spec.spoken_voice),
             codec={"pad": self.special.codec_pad, "bos": self.special.codec_bos},
         )
         (code,) = self.runner.talker.sampler.sample(
@@ -136,6 +136,6 @@ class TalkerStage(TalkerFeed):
             self.observer.milestone(r.id, "first_code")
         r.mark("talker_first_code_ms")
         r.talker.last_code = code
-        r.audio.stream.push([dit_code])
+        r.audio.live_stream().push([dit_code])
         if r.codec_tokens >= self.max_codes:
             self.end(r)
