@@ -242,6 +242,13 @@ class ConversationState:
         sequence."""
 
     # -- items --------------------------------------------------------------------------------
+    def held_slot(self) -> int:
+        """The thinker slot, which a conversation in a prefill or decode batch always holds; RuntimeError (a bug)
+        without one."""
+        if self.slot is None:
+            raise RuntimeError(f"conversation {self.id} holds no thinker slot")
+        return self.slot
+
     def held_talker_slot(self) -> int:
         """The talker slot, which a conversation whose reply's talker runs always holds; RuntimeError (a bug)
         without one."""

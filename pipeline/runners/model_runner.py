@@ -177,7 +177,7 @@ class ModelRunner:
 
         def run(batch: list[ResponseState], done: set[str]) -> None:
             sample_rows = SampleRows.of(
-                [r.conv.slot for r in batch],
+                [r.conv.held_slot() for r in batch],
                 force_continue=[force(r) for r in batch],
                 seeds=[r.seed for r in batch],
                 counters=[len(r.item.reply_ids) for r in batch],
@@ -185,7 +185,7 @@ class ModelRunner:
             shifts = [r.conv.rope_shift for r in batch]
             step = self.thinker.decode(
                 [r.thinker.pending_token for r in batch],
-                [r.conv.slot for r in batch],
+                [r.conv.held_slot() for r in batch],
                 [len(r.conv.cached_keys) for r in batch],
                 sample_rows,
                 rope_shifts=shifts if any(shifts) else None,
@@ -240,7 +240,7 @@ class ModelRunner:
         vectors = {r.id: v for r, v in rows}
 
         def run(batch: list[ResponseState], done: set[str]) -> None:
-            slots = [r.conv.talker_slot for r in batch]
+            slots = [r.conv.held_talker_slot() for r in batch]
             sample_rows = SampleRows.of(
                 slots,
                 force_continue=[force(r) for r in batch],
@@ -368,7 +368,7 @@ class ModelRunner:
 
     def _retry_alone(self, r: ResponseState, emit: Callable[[ResponseState, np.ndarray], None]) -> None:
         try:
-            emit(r, r.audio.stream.step())
+            emit(r, r.audio.live_stream().step())
         except Exception as exc:  # noqa: BLE001 - isolate this response's failure
             self.fail(r, exc)
 

@@ -14,8 +14,13 @@ the next step. Pure bookkeeping: no torch calls.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pipeline.models.positions import GridSpan
+
+if TYPE_CHECKING:  # annotations only: the scheduler runs no tensor code
+    import numpy as np
+    import torch
 
 __all__ = ["PrefillBatch", "PrefillJob"]
 
@@ -32,7 +37,7 @@ class PrefillJob:
     """The rendering's keys of the chunk (what the conversation's cache holds once it ran)."""
     token_ids: list[int]
     """The chunk's token ids (audio positions hold the audio placeholder id)."""
-    audio: list[tuple[int, object, range]]
+    audio: list[tuple[int, torch.Tensor, range]]
     """Audio runs ``(offset in the chunk, encoder output, its rows)``: consecutive positions holding consecutive rows
     of one encoded block."""
     start: int
@@ -42,7 +47,7 @@ class PrefillJob:
     """The last position's logits are needed (a response's final chunk: its first reply token)."""
     response_id: str | None = None
     """The response whose prompt this is (None: a background prefill of an idle conversation)."""
-    rope: object | None = None
+    rope: np.ndarray | None = None
     """(3, rows) int64 numpy array of the chunk's TMRoPE positions (None: the cache indices, as without pictures)."""
     rope_shift: int | None = 0
     """Rope position - cache index of text after the chunk (what decode rows add once it ran); None: the chunk ends
