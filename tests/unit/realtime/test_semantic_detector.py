@@ -148,7 +148,7 @@ async def test_an_answer_that_lands_between_chunks_ends_the_turn_at_once_through
     assert [type(e) for e in events] == [SpeechStarted, SpeechPaused]
     await asyncio.sleep(0)  # the answer lands before the next chunk
     assert len(late) == 1 and [type(e) for e in late[0]] == [SpeechStopped]
-    (stop,) = late[0]
+    (stop,) = stops(late[0])
     assert stop.speech_end_ms == 20 * FRAME_MS and silence_of(stop) == 7 * FRAME_MS
     assert await det.afeed(script((0.0, 60))) == [] and det.take() == []
 
