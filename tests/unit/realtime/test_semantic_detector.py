@@ -19,7 +19,7 @@ from realtime.turns.semantic import HIGH, LOW, MEDIUM, EagernessLimits, Semantic
 from realtime.turns.semantic_detector import SemanticTurnDetector, TurnModelHooks
 from realtime.turns.server_vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnEvent
 from realtime.turns.smart_turn import TurnModelFailed, TurnModelUnavailable
-from tests.unit.realtime.test_turn import FRAME, ScriptedVad, script
+from tests.helpers.scripted_vad import FRAME, ScriptedVad, script
 
 FRAME_MS = 32
 SCORE_AFTER_MS = SemanticVadConfig().score_after_ms
