@@ -21,8 +21,8 @@ from realtime.server.app import create_app, serve_in_background
 from realtime.turns.semantic import HIGH, MEDIUM, SemanticVadConfig
 from realtime.turns.smart_turn import TurnModelUnavailable
 from tests.fakes import FakeEngine, Script
-from tests.helpers.speech import wav_pcm
-from tests.integration.server.test_server_ws import connect, silence
+from tests.helpers.server import Client, connect
+from tests.helpers.speech import FRAME_BYTES, b64, wav_pcm
 
 FIXTURE = "short_joke.wav"  # Smart Turn v3.2 scores it ~0.99 complete with 200 ms of silence
 FRAME_MS = 32  # silero's frame: the detector decides at frame ends
@@ -52,6 +52,17 @@ async def served(engine, turn_model) -> AsyncIterator[tuple[str, object]]:
         yield url.replace("http://", "ws://") + "/v1/realtime", app
 
 
+def silence(ms: int) -> bytes:
+    """``ms`` of 24 kHz pcm16 silence."""
+    return bytes(ms * 48)
+
+
+async def append(client: Client, pcm: bytes) -> None:
+    """Send ``pcm`` as ``input_audio_buffer.append`` events, one 20 ms frame each, as fast as the socket takes them."""
+    for i in range(0, len(pcm), FRAME_BYTES):
+        await client.send({"type": "input_audio_buffer.append", "audio": b64(pcm[i : i + FRAME_BYTES])})
+
+
 def scripted(*answers: float):
     return lambda: Scripted(*answers)
 
@@ -72,7 +83,7 @@ async def turn_end_ms(turn_model, eagerness: str) -> tuple[int, str]:
     async with served(engine, turn_model) as (url, app), connect(url) as client:
         await client.send(semantic(eagerness))
         await client.until("session.updated")
-        await client.append(wav_pcm(FIXTURE) + silence(3000))
+        await append(client, wav_pcm(FIXTURE) + silence(3000))
         stopped = await client.until("input_audio_buffer.speech_stopped")
         await client.until("response.done")
         types = [e["type"] for e in client.events]
@@ -133,7 +144,7 @@ async def test_a_preemptive_reply_withdrawn_at_a_judged_incomplete_pause_then_sh
     async with served(engine, lambda: model) as (url, app), connect(url) as client:
         await client.send(semantic("auto"))
         await client.until("session.updated")
-        await client.append(pcm)
+        await append(client, pcm)
         done = await client.until("response.done")
         assert done["response"]["status"] == "completed"
         types = [e["type"] for e in client.events]
