@@ -15,6 +15,8 @@ from realtime.media.images import ImageLimits
 from realtime.media.video_settings import CameraSettings
 from realtime.server.limits import RateLimit
 from realtime.session import SessionLimits
+from realtime.turns.model_settings import TurnModelSettings
+from realtime.turns.semantic import SemanticVadConfig
 from realtime.voices import DEFAULT_VOICE_ALIASES, check_voice_aliases
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -80,6 +82,12 @@ class ServerConfig:
     withdrawn one costs the GPU work it did. ``None``: replies start when speech stops (the OpenAI API's timing).
     On by default: on the H100 it cut the time to first audio at every load measured, even when every turn had a
     mid-sentence pause that withdrew one reply."""
+    semantic_vad: SemanticVadConfig = SemanticVadConfig()
+    """``semantic_vad``'s timing: the silence after which the turn model is asked (``score_after_ms``) and each
+    eagerness's limits (``realtime/turns/semantic.py`` gives each value's reason)."""
+    turn_model: TurnModelSettings = TurnModelSettings()
+    """``semantic_vad``'s turn model: on or off, its CPU threads, the scorer's batch and queue limits
+    (``realtime/turns/model_settings.py``)."""
     voice_aliases: tuple[tuple[str, str], ...] = DEFAULT_VOICE_ALIASES
     """``(name, speaker)`` pairs: a client asking for voice ``name`` (case-insensitive) gets the checkpoint's
     ``speaker``, and sees ``name`` in the session (``realtime/voices.py``). The default maps OpenAI's built-in
@@ -155,6 +163,10 @@ class ServerConfig:
         for name in ("shutdown_timeout_s", "send_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not isinstance(self.semantic_vad, SemanticVadConfig):
+            raise ValueError(f"semantic_vad must be a SemanticVadConfig, got {self.semantic_vad!r}")
+        if not isinstance(self.turn_model, TurnModelSettings):
+            raise ValueError(f"turn_model must be a TurnModelSettings, got {self.turn_model!r}")
         check_voice_aliases(self.voice_aliases)
         if isinstance(self.allowed_origins, (str, list)):
             raise ValueError("allowed_origins must be a tuple of origins or None")

@@ -160,6 +160,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     from realtime.media.images import ImageLimits
     from realtime.media.video_settings import CameraSettings
     from realtime.server.limits import RateLimit
+    from realtime.turns.model_settings import TurnModelSettings
     from realtime.voices import with_aliases
 
     defaults = ServerConfig()
@@ -189,6 +190,13 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         seed=args.seed,
         torch_threads=args.threads or defaults.torch_threads,
         preemptive_response_ms=args.preemptive_response_ms,
+        semantic_vad=replace(defaults.semantic_vad, score_after_ms=args.semantic_score_after_ms),
+        turn_model=TurnModelSettings(
+            enabled=not args.no_turn_model,
+            threads=args.turn_model_threads,
+            max_batch=args.turn_model_batch,
+            max_waiting=args.turn_model_queue,
+        ),
         voice_aliases=with_aliases(defaults.voice_aliases, args.voice_aliases),
         ice_host_addresses=tuple(args.ice_hosts),
         webrtc=not args.no_webrtc,
@@ -365,6 +373,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         "over cores; 0 keeps it in the server's process (default: half the CPU cores, at most 8; none below 4 cores)",
     )
     p.add_argument("--no-webrtc", action="store_true", help="turn WebRTC off (POST /v1/realtime/calls)")
+    _turn_model_args(p, d)
     _picture_args(p, d)
     p.add_argument(
         "--web-demo-dir",
@@ -378,6 +387,46 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         choices=WS_IMPLEMENTATIONS,
         default=d.ws_implementation,
         help="uvicorn's WebSocket implementation; websockets is its older one, deprecated",
+    )
+
+
+def _turn_model_args(p: argparse.ArgumentParser, d: ServerConfig) -> None:
+    """``serve``'s options for ``semantic_vad``'s turn model (docs/server.md, semantic_vad)."""
+    p.add_argument(
+        "--no-turn-model",
+        action="store_true",
+        help="load no turn model: semantic_vad sessions end turns on silence alone, as server VAD would "
+        "(default: the model loads when the first semantic_vad session starts)",
+    )
+    p.add_argument(
+        "--turn-model-threads",
+        type=positive_int,
+        default=d.turn_model.threads,
+        metavar="N",
+        help="CPU threads of the turn model's calls (the cores also serve every session's audio and the engine)",
+    )
+    p.add_argument(
+        "--turn-model-batch",
+        type=positive_int,
+        default=d.turn_model.max_batch,
+        metavar="N",
+        help="most sessions' turns one turn-model call scores",
+    )
+    p.add_argument(
+        "--turn-model-queue",
+        type=positive_int,
+        default=d.turn_model.max_waiting,
+        metavar="N",
+        help="most turns waiting for the turn model; beyond it a turn is not scored and ends on silence alone "
+        "(counted by turn_model_shed)",
+    )
+    p.add_argument(
+        "--semantic-score-after-ms",
+        type=count,
+        default=d.semantic_vad.score_after_ms,
+        metavar="MS",
+        help="semantic_vad: silence after which the turn model is asked and a preemptive reply starts; at most "
+        f"high eagerness's {d.semantic_vad.high.max_wait_ms} ms wait",
     )
 
 

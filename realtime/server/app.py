@@ -238,7 +238,7 @@ class RealtimeServer:
     ) -> None:
         self.config = config
         self.metrics = ServerMetrics()
-        self.turn_model = TurnModelService(turn_model, self.metrics)
+        self.turn_model = TurnModelService(turn_model, self.metrics, config.semantic_vad, config.turn_model)
         """``semantic_vad``'s turn model (loaded when the first semantic session needs it)."""
         self.access = AccessPolicy(config.api_key, config.allowed_origins)
         self.webrtc: WebRTCEndpoint | None = None
@@ -562,8 +562,8 @@ def create_app(
     engines are loaded at startup; pass True with ``engines`` loaded from ``config``). ``vad_factory``: one VAD per
     session (default silero). ``webrtc_factory``: builds ``app.state.webrtc`` at startup (``None``, or
     ``config.webrtc`` false: no WebRTC, the calls endpoint answers 501). ``turn_model``: loads ``semantic_vad``'s
-    turn model (default: Smart Turn v3.2 from the ``pipecat-ai`` wheel; ``None``: none, semantic_vad ends turns on
-    silence; :mod:`realtime.server.turn_model`)."""
+    turn model (default: Smart Turn v3.2 from the ``pipecat-ai`` wheel; ``None``, or ``config.turn_model.enabled``
+    false: none, semantic_vad ends turns on silence; :mod:`realtime.server.turn_model`)."""
     if engine is not None and engines is not None:
         raise ValueError("pass engine or engines, not both")
     server = RealtimeServer(

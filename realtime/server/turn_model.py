@@ -1,6 +1,10 @@
 """The server's turn model for ``semantic_vad``: one :class:`~realtime.turns.smart_turn.TurnScorer` shared by every
 session, and the detectors made over it.
 
+Settings (:class:`~realtime.turns.model_settings.TurnModelSettings`, from ``ServerConfig.turn_model``): the
+model's threads and the scorer's batch and queue limits; with ``enabled`` false no model is loaded and the server says
+so once at startup (a log line); ``semantic_vad`` sessions then end turns on silence alone.
+
 Loading: the model loads in the background when the first ``semantic_vad`` detector is made (on the scorer's thread,
 never on the event loop; a server whose sessions all use ``server_vad`` never loads it), so a scoring request made
 meanwhile waits for the load. A model that fails to load or to run breaks the scorer for good: the scorer logs one
@@ -15,12 +19,14 @@ server's shutdown) cancels the load and closes the scorer, whose waiting request
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 
 from realtime.observe.metrics import ServerMetrics
 from realtime.protocol.turn_detection import ServerVadParams
 from realtime.turns.detection import SpeechDetector
+from realtime.turns.model_settings import DEFAULT_THREADS, TurnModelSettings
 from realtime.turns.semantic import SemanticVadConfig
 from realtime.turns.semantic_detector import SemanticTurnDetector, TurnModelHooks
 from realtime.turns.smart_turn import SmartTurnModel, TurnModel, TurnModelError, TurnScorer
@@ -32,23 +38,42 @@ TurnModelLoader = Callable[[], TurnModel]
 """Loads the turn model (on the scorer's thread); raises ``TurnModelError`` (or anything) when it cannot."""
 
 
-def bundled_turn_model() -> TurnModel:
-    """Smart Turn v3.2 as the ``pipecat-ai`` wheel ships it, on one onnxruntime thread (the cores serve every
-    session's audio and the engine)."""
-    return SmartTurnModel.bundled(threads=1)
+def bundled_turn_model(threads: int = DEFAULT_THREADS) -> TurnModel:
+    """Smart Turn v3.2 as the ``pipecat-ai`` wheel ships it, on ``threads`` onnxruntime threads (the service passes
+    its settings' ``threads``)."""
+    return SmartTurnModel.bundled(threads=threads)
 
 
 class TurnModelService:
-    """The server's one turn scorer (``load`` ``None``: no model; ``semantic_vad`` then ends turns on silence).
-    Used on the server's event loop only."""
+    """The server's one turn scorer (``load`` ``None``, or ``settings.enabled`` false: no model; ``semantic_vad`` then
+    ends turns on silence). ``load`` :func:`bundled_turn_model` runs on ``settings.threads``; the scorer batches and
+    queues as ``settings`` say. Used on the server's event loop only."""
 
     def __init__(
-        self, load: TurnModelLoader | None, metrics: ServerMetrics, config: SemanticVadConfig | None = None
+        self,
+        load: TurnModelLoader | None,
+        metrics: ServerMetrics,
+        config: SemanticVadConfig | None = None,
+        settings: TurnModelSettings | None = None,
     ) -> None:
         self.config = config if config is not None else SemanticVadConfig()
+        self.settings = settings if settings is not None else TurnModelSettings()
         self._metrics = metrics
+        if not self.settings.enabled:
+            load = None
+            logger.info("semantic_vad sessions end turns on silence alone: the turn model is off (--no-turn-model)")
+        elif load is bundled_turn_model:
+            load = functools.partial(bundled_turn_model, threads=self.settings.threads)
         self._scorer = (
-            TurnScorer(load, on_failure=self._failed, on_shed=metrics.turn_model_shed.inc) if load is not None else None
+            TurnScorer(
+                load,
+                max_batch=self.settings.max_batch,
+                max_waiting=self.settings.max_waiting,
+                on_failure=self._failed,
+                on_shed=metrics.turn_model_shed.inc,
+            )
+            if load is not None
+            else None
         )
         self._loading: asyncio.Task[None] | None = None
         self._hooks = TurnModelHooks(

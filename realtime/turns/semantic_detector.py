@@ -266,13 +266,19 @@ class SemanticTurnDetector:
         try:
             probability = await scorer.score(audio)
         except TurnModelError:  # logged once and counted by the scorer; this session decides on silence from now on
-            self._task = None
+            self._forget_task()
             self._deliver(self._tracker.unavailable())
             return
-        self._task = None
+        self._forget_task()
         if probability is not None:
             self._hooks.answered(time.monotonic() - started)
         self._deliver(self._tracker.scored(run, probability))
+
+    def _forget_task(self) -> None:
+        """The running scoring task is done. A cancelled one that answered anyway (a scorer that swallowed the
+        cancellation) must not forget the task of the run that replaced it."""
+        if self._task is asyncio.current_task():
+            self._task = None
 
     def _deliver(self, ended: list[EndTurn]) -> None:
         if ended and not self._ended:

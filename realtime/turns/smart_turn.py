@@ -30,6 +30,7 @@ from typing import Protocol
 import numpy as np
 
 from realtime.turns.features import FRAMES, N_MELS, WhisperFeatures, last_window
+from realtime.turns.model_settings import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, DEFAULT_THREADS
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class SmartTurnModel:
     session's audio). Loading raises :class:`TurnModelUnavailable`; a call that raises in onnxruntime raises
     :class:`TurnModelFailed`. Bad audio raises :class:`~pipeline.errors.InvalidAudioError` before the model runs."""
 
-    def __init__(self, path: Path, *, threads: int = 1) -> None:
+    def __init__(self, path: Path, *, threads: int = DEFAULT_THREADS) -> None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be a positive integer, got {threads!r}")
         try:
@@ -119,7 +120,7 @@ class SmartTurnModel:
         self._features = WhisperFeatures()
 
     @classmethod
-    def bundled(cls, *, threads: int = 1) -> SmartTurnModel:
+    def bundled(cls, *, threads: int = DEFAULT_THREADS) -> SmartTurnModel:
         """The model the ``pipecat-ai`` wheel ships (:func:`bundled_model_path`)."""
         return cls(bundled_model_path(), threads=threads)
 
@@ -170,8 +171,8 @@ class TurnScorer:
         self,
         load: Callable[[], TurnModel],
         *,
-        max_batch: int = 8,
-        max_waiting: int = 16,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_waiting: int = DEFAULT_MAX_WAITING,
         on_failure: Callable[[TurnModelError], None] | None = None,
         on_shed: Callable[[], None] | None = None,
     ) -> None:

@@ -1,7 +1,7 @@
 """``semantic_vad`` through the real server (WebSocket, silero VAD, the turn scorer on its thread): a turn the model
 judges complete ends after the short silence, an incomplete one waits up to the eagerness's limit, a model that
 fails to load leaves silence-based detection (one warning, the metric), preemptive replies shown and withdrawn, and
-the real Smart Turn v3.2 on one clear fixture.
+the real Smart Turn v3.2 on one clear fixture; and a WebRTC call whose turn the model ends.
 
 The scripted models answer by call order, so each test's outcome follows from the audio and the answers alone: the
 clients send their audio faster than real time, and the detector waits for a pending answer before the silence
@@ -21,8 +21,8 @@ from realtime.server.app import create_app, serve_in_background
 from realtime.turns.semantic import HIGH, MEDIUM, SemanticVadConfig
 from realtime.turns.smart_turn import TurnModelUnavailable
 from tests.fakes import FakeEngine, Script
-from tests.helpers.speech import wav_pcm
-from tests.integration.server.test_server_ws import connect, silence
+from tests.helpers.server import Client, connect
+from tests.helpers.speech import FRAME_BYTES, b64, wav_pcm
 
 FIXTURE = "short_joke.wav"  # Smart Turn v3.2 scores it ~0.99 complete with 200 ms of silence
 FRAME_MS = 32  # silero's frame: the detector decides at frame ends
@@ -52,6 +52,17 @@ async def served(engine, turn_model) -> AsyncIterator[tuple[str, object]]:
         yield url.replace("http://", "ws://") + "/v1/realtime", app
 
 
+def silence(ms: int) -> bytes:
+    """``ms`` of 24 kHz pcm16 silence."""
+    return bytes(ms * 48)
+
+
+async def append(client: Client, pcm: bytes) -> None:
+    """Send ``pcm`` as ``input_audio_buffer.append`` events, one 20 ms frame each, as fast as the socket takes them."""
+    for i in range(0, len(pcm), FRAME_BYTES):
+        await client.send({"type": "input_audio_buffer.append", "audio": b64(pcm[i : i + FRAME_BYTES])})
+
+
 def scripted(*answers: float):
     return lambda: Scripted(*answers)
 
@@ -72,7 +83,7 @@ async def turn_end_ms(turn_model, eagerness: str) -> tuple[int, str]:
     async with served(engine, turn_model) as (url, app), connect(url) as client:
         await client.send(semantic(eagerness))
         await client.until("session.updated")
-        await client.append(wav_pcm(FIXTURE) + silence(3000))
+        await append(client, wav_pcm(FIXTURE) + silence(3000))
         stopped = await client.until("input_audio_buffer.speech_stopped")
         await client.until("response.done")
         types = [e["type"] for e in client.events]
@@ -133,7 +144,7 @@ async def test_a_preemptive_reply_withdrawn_at_a_judged_incomplete_pause_then_sh
     async with served(engine, lambda: model) as (url, app), connect(url) as client:
         await client.send(semantic("auto"))
         await client.until("session.updated")
-        await client.append(pcm)
+        await append(client, pcm)
         done = await client.until("response.done")
         assert done["response"]["status"] == "completed"
         types = [e["type"] for e in client.events]
@@ -159,3 +170,65 @@ async def test_the_bundled_smart_turn_model_ends_a_clear_complete_turn_at_the_sh
     assert ends_early(real, unscored, HIGH)  # judged complete: the turn ends before the silence alone would end it
     assert "omni_realtime_turn_model_latency_seconds_count 1.0" in metrics
     assert "omni_realtime_turn_model_failures_total 0.0" in metrics
+
+
+@pytest.mark.timeout(60)
+async def test_a_webrtc_call_ends_its_turn_through_the_turn_model():
+    """The other transport: a WebRTC call (aiortc client, loopback, its microphone paced in real time) whose session
+    asks for ``semantic_vad`` ends the turn where the model's "complete" puts it, well before low eagerness's
+    silence-only window would, and the model was asked once."""
+    pytest.importorskip("aiortc")
+    import soxr
+
+    from realtime.observe.metrics import ServerMetrics
+    from realtime.protocol.turn_detection import ServerVadParams
+    from realtime.server.turn_model import TurnModelService
+    from realtime.transports.webrtc import WebRTCCalls
+    from realtime.turns.semantic import LOW
+    from realtime.turns.server_vad import SpeechStarted, SpeechStopped, TurnDetector
+    from realtime.turns.vad import SileroVad
+    from tests.helpers.webrtc_peer import ClientPeer, speech
+
+    fixture = "capital_of_france"
+    # where silero puts the fixture's speech (16 kHz, as the call's detector hears it), and that the model is asked
+    # once, at its end: no pause inside it reaches score_after_ms
+    pcm16k = soxr.resample(speech(fixture), 24_000, 16_000).astype(np.float32)
+    offline = TurnDetector(ServerVadParams(silence_duration_ms=LOW.unscored_wait_ms), SileroVad(), pause_ms=0)
+    events = offline.feed(np.concatenate([pcm16k, np.zeros(16_000, np.float32)]))
+    (started,) = [e for e in events if isinstance(e, SpeechStarted)]
+    (stopped,) = [e for e in events if isinstance(e, SpeechStopped)]
+    speech_ms = stopped.speech_end_ms - started.speech_start_ms
+
+    model = Scripted(1.0)
+    metrics = ServerMetrics()
+    service = TurnModelService(lambda: model, metrics)
+
+    def detection():
+        vad = SileroVad()
+        return lambda params: service.detector(params, vad) if params.eagerness else TurnDetector(params, vad)
+
+    engine = FakeEngine(Script(text=("Paris.",), audio_chunks=1))
+    calls = WebRTCCalls(engine, turn_detector_factory=detection, ice_host_addresses=("127.0.0.1",))
+    client = ClientPeer()
+    try:
+        overrides = semantic("low")["session"]
+        await client.call(calls, session_overrides=overrides)
+        _, updated = await client.wait_for("session.updated")
+        assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
+        client.say(fixture)
+        _, speech_started = await client.wait_for("input_audio_buffer.speech_started")
+        _, speech_stopped = await client.wait_for("input_audio_buffer.speech_stopped")
+        _, done = await client.wait_for("response.done")
+        assert done["response"]["status"] == "completed"
+        # the call's clock began before the fixture: anchor it on the speech start (prefix padding included)
+        speech_start_ms = speech_started["audio_start_ms"] + ServerVadParams().prefix_padding_ms
+        silence_ms = speech_stopped["audio_end_ms"] - (speech_start_ms + speech_ms)
+        assert SCORE_AFTER_MS - 2 * FRAME_MS <= silence_ms < LOW.unscored_wait_ms - 4 * FRAME_MS, silence_ms
+        assert model.calls == 1 and client.types().count("input_audio_buffer.speech_stopped") == 1
+        rendered = metrics.render().decode()
+        assert "omni_realtime_turn_model_latency_seconds_count 1.0" in rendered
+        assert "omni_realtime_turn_model_fallback_turns_total 0.0" in rendered
+    finally:
+        await client.close()
+        await calls.close()
+        await service.close()

@@ -15,33 +15,10 @@ from realtime.protocol.turn_detection import ServerVadParams
 from realtime.turns.server_vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
 from realtime.turns.vad import SileroVad
 from tests.helpers.paths import TESTS
+from tests.helpers.scripted_vad import FRAME, ScriptedVad, script
 
-FRAME = 512  # samples per VAD frame at 16 kHz = 32 ms
 SPEECH_DIR = TESTS / "fixtures" / "speech"
 MANIFEST = json.loads((SPEECH_DIR / "manifest.json").read_text())
-
-
-class ScriptedVad:
-    """Reads the probability off the audio itself: each frame of the test signal is constant and
-    equal to the probability it should get. A frame cut in the wrong place would not be constant."""
-
-    frame_samples = FRAME
-
-    def __init__(self) -> None:
-        self.resets = 0
-
-    def __call__(self, frame: np.ndarray) -> float:
-        assert frame.shape == (FRAME,)
-        assert np.all(frame == frame[0]), "frame straddles two scripted frames"
-        return float(frame[0])
-
-    def reset(self) -> None:
-        self.resets += 1
-
-
-def script(*runs: tuple[float, int]) -> np.ndarray:
-    """Audio whose frames score ``prob`` for ``n`` frames, run after run."""
-    return np.concatenate([np.full(n * FRAME, prob, np.float32) for prob, n in runs])
 
 
 def detect(audio: np.ndarray, chunk: int | None = None, pause_ms: int | None = None, **params) -> list:
