@@ -76,10 +76,11 @@ class FrameSampler:
         self._due: float | None = None
 
     def take(self, at: float) -> bool:
-        if self._due is not None and at < self._due - self._period * 0.25:
+        due = self._due
+        if due is not None and at < due - self._period * 0.25:
             return False
-        late = self._due is None or at - self._due > self._period
-        self._due = (at if late else self._due) + self._period
+        late = due is None or at - due > self._period  # the first frame, or after a stall: the grid restarts
+        self._due = (at if late or due is None else due) + self._period
         return True
 
 
@@ -119,6 +120,8 @@ class CameraFeed:
                 frame = await track.recv()
             except MediaStreamError:
                 return
+            if not isinstance(frame, av.VideoFrame):  # aiortc types recv() for audio and video tracks alike
+                raise TypeError(f"{self._label}: the camera track gave a {type(frame).__name__}, not a video frame")
             await self.offer(frame, self._clock())
 
     async def offer(self, frame: av.VideoFrame, arrival: float) -> None:
