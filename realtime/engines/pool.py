@@ -53,6 +53,9 @@ class LoadedEngine(EngineHandle, Protocol):
         ...
 
 
+E = TypeVar("E", bound=LoadedEngine)
+
+
 def closed(engine: EngineHandle) -> bool:
     """Whether ``engine`` can serve no more (``OmniEngine.closed``: stopped, or its process died)."""
     return bool(getattr(engine, "closed", False))
@@ -113,7 +116,7 @@ def check_devices(configs: Sequence[StageGraphConfig], device_count: Callable[[]
         )
 
 
-def start_engines(start: Callable[[T], LoadedEngine], configs: Sequence[T]) -> list[LoadedEngine]:
+def start_engines(start: Callable[[T], E], configs: Sequence[T]) -> list[E]:
     """``start(c)`` for every ``c`` of ``configs`` (stage configs, or engine indexes), in parallel threads (a 7B
     engine takes a while to load); all or nothing: if one raises, the engines that started are closed and the first
     error is raised."""
