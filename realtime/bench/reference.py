@@ -174,7 +174,9 @@ class ReferenceGenerator:
         ids = [
             *r.text_message("system", self.instructions),
             *r.header("user"),
-            *[s.audio_start, *([s.audio_token] * n_audio), s.audio_end],
+            s.audio_start,
+            *([s.audio_token] * n_audio),
+            s.audio_end,
             *r.footer(),
             *r.header("assistant"),
         ]

@@ -77,10 +77,12 @@ class FrameSampler:
 
     def take(self, at: float) -> bool:
         due = self._due
-        if due is not None and at < due - self._period * 0.25:
+        if due is None or at - due > self._period:  # the first frame, or one after a stall: the grid restarts here
+            self._due = at + self._period
+            return True
+        if at < due - self._period * 0.25:
             return False
-        late = due is None or at - due > self._period  # the first frame, or after a stall: the grid restarts
-        self._due = (at if late or due is None else due) + self._period
+        self._due = due + self._period
         return True
 
 

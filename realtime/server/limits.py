@@ -205,9 +205,6 @@ class SlotSource(Protocol):
         """Live sessions at most."""
         ...
 
-    @property
-    def active(self) -> int: ...
-
     def try_acquire(self) -> SessionSlot | None:
         """A slot, or ``None`` when refused (:meth:`refusal` says why)."""
         ...
