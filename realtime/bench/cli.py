@@ -27,7 +27,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from realtime.bench.goal import DEFAULT_P95_TTFA_MS, LatencyGoal
 
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from realtime.bench.camera import CameraOptions
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_OUT = Path("bench_out")
 DESCRIPTION = (
@@ -92,7 +93,23 @@ class BenchOptions:
     """``--quick``'s reply audio in seconds (codec tokens at the family's rate), unless ``--codec-tokens`` is given."""
 
 
-QUICK = {
+class WorkloadDefaults(TypedDict):
+    """What a run sets for the options left unset (:data:`QUICK`, :data:`NORMAL`)."""
+
+    levels: tuple[int, ...]
+    turns: int
+    min_samples: int
+    warmup_turns: int
+    barge_in_every: int
+    text_tokens: int | None
+    codec_tokens: int | None
+    audio_s: float | None
+    max_wav_s: float
+    ramp_s: float
+    turn_timeout_s: float
+
+
+QUICK: WorkloadDefaults = {
     "levels": (1,),
     "turns": 2,
     "min_samples": 0,
@@ -107,7 +124,7 @@ QUICK = {
 }
 """``--quick``: one user, two turns (the first interrupted by the second), short replies: a smoke test, reported
 as a lighter workload."""
-NORMAL = {
+NORMAL: WorkloadDefaults = {
     "levels": (1, 2, 4),
     "turns": 3,
     "min_samples": 8,
@@ -435,8 +452,8 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
     nonsense."""
     base = QUICK if args.quick else NORMAL
 
-    def pick(name: str, value):
-        return base[name] if value is None else value
+    def pick(default: T, value: T | None) -> T:
+        return default if value is None else value
 
     levels = base["levels"] if args.concurrency is None else _levels(args.concurrency)
     if args.client_processes < 1:
@@ -446,22 +463,22 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         model=args.model,
         device=args.device,
         stage_config=args.stage_config,
-        text_tokens=pick("text_tokens", args.text_tokens),
-        codec_tokens=pick("codec_tokens", args.codec_tokens),
+        text_tokens=pick(base["text_tokens"], args.text_tokens),
+        codec_tokens=pick(base["codec_tokens"], args.codec_tokens),
         audio_s=None if args.codec_tokens is not None else base["audio_s"],
         transport=args.transport,
         levels=levels,
-        turns=pick("turns", args.turns),
-        min_samples=pick("min_samples", args.min_samples),
-        warmup_turns=pick("warmup_turns", args.warmup_turns),
+        turns=pick(base["turns"], args.turns),
+        min_samples=pick(base["min_samples"], args.min_samples),
+        warmup_turns=pick(base["warmup_turns"], args.warmup_turns),
         wavs=args.wavs,
-        max_wav_s=pick("max_wav_s", args.max_wav_s),
-        barge_in_every=pick("barge_in_every", args.barge_in_every),
+        max_wav_s=pick(base["max_wav_s"], args.max_wav_s),
+        barge_in_every=pick(base["barge_in_every"], args.barge_in_every),
         barge_in_after_ms=args.barge_in_after_ms,
-        ramp_s=pick("ramp_s", args.ramp_s),
+        ramp_s=pick(base["ramp_s"], args.ramp_s),
         jitter_ms=args.jitter_ms,
         goal=LatencyGoal(args.goal_ms),
-        turn_timeout_s=pick("turn_timeout_s", args.turn_timeout_s),
+        turn_timeout_s=pick(base["turn_timeout_s"], args.turn_timeout_s),
         reference=args.reference,
         out=args.out,
         threads=args.threads,
@@ -571,6 +588,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
         from pipeline.models import family_of
         from realtime.bench.reference import ReferenceGenerator
 
+        assert loaded is not None, "loaded above for --reference"
         reference = ReferenceGenerator(loaded.ckpt, length, family_of(cfg.model_family))
     try:
         if options.url is not None:
@@ -587,6 +605,7 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
                 camera_frames=functools.partial(scrape_camera_frames, options.url) if options.camera else None,
             )
         else:
+            assert loaded is not None, "loaded above: no --url"
             async with _in_process_server(loaded.engines, options) as url:
                 await run_sweep(
                     url,
@@ -668,6 +687,7 @@ def _load(options: BenchOptions, cfg) -> _Loaded:
     if engine is not None:
         source, random_weights, device = engine.model_name, engine.random_weights, engine.facts.device_name
     else:
+        assert ckpt is not None, "no engine (--url): loaded for --reference"
         source, random_weights, device = ckpt.source, ckpt.random_weights, _device_name(cfg.thinker.device)
     if len(engines) > 1:
         device = f"{len(engines)} engines, one on each of {len(engines)} × {device}"
@@ -692,8 +712,6 @@ def server_config(options: BenchOptions):
     port, room for the highest level's users."""
     from realtime.config import ServerConfig
 
-    # None: serve's default (ServerConfig's None would mean "as many as the cores allow")
-    workers = {} if options.media_workers is None else {"media_workers": options.media_workers}
     return ServerConfig(
         host="127.0.0.1",
         port=0,
@@ -703,7 +721,7 @@ def server_config(options: BenchOptions):
         torch_threads=options.threads,
         log_level="warning",
         preemptive_response_ms=options.preemptive_response_ms,
-        **workers,
+        media_workers=options.media_workers,  # None: serve's default (ServerConfig.media_worker_count picks)
     )
 
 

@@ -34,6 +34,7 @@ import asyncio
 import base64
 import contextlib
 import enum
+import functools
 import ipaddress
 import json
 import logging
@@ -68,6 +69,7 @@ if TYPE_CHECKING:  # the transports' packages (and the camera's pictures) are im
     from websockets.asyncio.client import ClientConnection
 
     from realtime.bench.camera import CameraPictures
+    from realtime.transports.media import OutputFrame
 
 logger = logging.getLogger(__name__)
 
@@ -438,7 +440,7 @@ class _TimedMicQueue:
     async def started(self, name: str) -> float:
         return await self._started[name]
 
-    def next_frame(self):
+    def next_frame(self) -> OutputFrame:
         playing = self._queue.response_ids()
         frame = self._queue.next_frame()
         if frame.audible and playing:
@@ -489,7 +491,7 @@ class SimulatedUser:
         self._interrupted: TurnLog | None = None
         self.session: dict = {}
         """The session as ``session.created`` described it."""
-        self.counts: dict[str, int] = {server_event_name(e, Dialect.GA): 0 for e in COUNTED_EVENTS}
+        self.counts: dict[str, int] = {_ga_name(e): 0 for e in COUNTED_EVENTS}
         if options.camera is not None:
             self.counts |= dict.fromkeys(USAGE_COUNTS, 0)
         """How many of each :data:`COUNTED_EVENTS` the user received, by wire name; with a camera also the
@@ -534,12 +536,12 @@ class SimulatedUser:
                 turn = await self._speak(index, without_tail(speech, BARGE_IN_TAIL_MS) if barge else speech)
                 deadline = loop.time() + self.options.turn_timeout_s
                 if barge:
-                    heard = await self._until(lambda t=turn: _first_sound_at(t) is not None, deadline)
+                    heard = await self._until(functools.partial(_heard, turn), deadline)
                     if heard:
                         await self._sleep_until(self._barge_in_start(turn, self.plan.speeches[index + 1]))
                     self._interrupted = turn
                 else:
-                    heard = await self._until(lambda t=turn: self._reply_over(t), deadline)
+                    heard = await self._until(functools.partial(self._reply_over, turn), deadline)
                     await self._sleep_until(self._playback_end(turn))
                 turn.timed_out = not heard
                 if self._on_turn is not None:
@@ -741,6 +743,16 @@ def silence_window_ms(session: dict) -> float | None:
     detection = session.get("audio", {}).get("input", {}).get("turn_detection") or {}
     value = detection.get("silence_duration_ms")
     return float(value) if value is not None else None
+
+
+def _ga_name(event: ServerEvent) -> str:
+    name = server_event_name(event, Dialect.GA)
+    assert name is not None, f"{event} is a GA event"
+    return name
+
+
+def _heard(turn: TurnLog) -> bool:
+    return _first_sound_at(turn) is not None
 
 
 def _first_sound_at(turn: TurnLog) -> float | None:

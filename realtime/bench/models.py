@@ -116,7 +116,7 @@ def bench_stage_config(
                 f"--device {device} would put every stage on one device, but the stage config places them on "
                 f"{', '.join(placement)}: leave --device out to measure that placement"
             )
-    placed = {} if device is None else {"device": device}
+    placed: dict[str, str | int] = {} if device is None else {"device": device}
     thinker, talker = dict(placed), dict(placed)
     if length is not None:
         thinker.update(min_tokens=length.text_tokens, max_tokens=length.text_tokens)
@@ -138,13 +138,14 @@ def reply_length(cfg: StageGraphConfig) -> ReplyLength:
     """The forced reply length of ``cfg``; :class:`BenchConfigError` when it does not force one (min < max),
     since the reference must do the same work."""
     th, ta = cfg.thinker, cfg.talker
-    if any(stage.min_tokens is None or stage.min_tokens != stage.max_tokens for stage in (th, ta)):
+    text_tokens, codec_tokens = th.max_tokens, ta.max_tokens
+    if text_tokens is None or codec_tokens is None or th.min_tokens != text_tokens or ta.min_tokens != codec_tokens:
         raise BenchConfigError(
             "the bench needs forced reply lengths: set min_tokens = max_tokens for thinker and "
             "talker (pipeline/stage_configs/bench_forced.yaml does, or pass --text-tokens and "
             "--codec-tokens)"
         )
-    return ReplyLength(th.max_tokens, ta.max_tokens, family_of(cfg.model_family).codes_per_second)
+    return ReplyLength(text_tokens, codec_tokens, family_of(cfg.model_family).codes_per_second)
 
 
 def model_loader(model: str | None, *, cache_dir: Path | None = None, family: str = DEFAULT_FAMILY) -> CheckpointLoader:

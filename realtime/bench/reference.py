@@ -169,12 +169,14 @@ class ReferenceGenerator:
         """``generate`` keyword arguments of one spoken user turn after the system prompt."""
         import torch
 
-        r = self.renderer
+        r, s = self.renderer, self.renderer.special
         n_audio = self.ckpt.audio_tokens_for_samples(len(pcm_16k))
         ids = [
             *r.text_message("system", self.instructions),
             *r.header("user"),
-            *r.audio_content(n_audio),
+            s.audio_start,
+            *([s.audio_token] * n_audio),
+            s.audio_end,
             *r.footer(),
             *r.header("assistant"),
         ]
@@ -227,13 +229,14 @@ class ReferenceGenerator:
 def _counting_token2wav_class():
     """The class below, defined on first use (this module does not import torch at import time)."""
     import torch
+    from transformers import PreTrainedModel
 
     class CountingToken2Wav(torch.nn.Module):
         """The checkpoint's token2wav, counting the codec tokens ``generate`` hands it (the talker's
         output up to its stop token). Only the reference's own model holds it: the shared module
         the engine uses is not touched."""
 
-        def __init__(self, inner: torch.nn.Module) -> None:
+        def __init__(self, inner: PreTrainedModel) -> None:
             super().__init__()
             self.inner = inner
             self.codes = 0

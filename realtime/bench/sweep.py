@@ -218,10 +218,10 @@ async def run_sweep(
                 event_counts=clients.counts,
                 client_processes=clients.processes,
             )
-            after = await counters() if before is not None else None
+            after = await counters() if counters is not None and before is not None else None
             if before is not None and after is not None:
                 result.throughput = level_throughput(before, after, counters_source, replying_s=clients.replying_s)
-            frames_after = await camera_frames() if frames_before is not None else None
+            frames_after = await camera_frames() if camera_frames is not None and frames_before is not None else None
             if frames_before is not None and frames_after is not None:
                 result.camera_frames = {k: frames_after.get(k, 0) - v for k, v in frames_before.items()}
             if reference is not None:

@@ -215,7 +215,7 @@ def _serve_stopping_probe() -> Callable[[], bool] | None:
 
     actor = getattr(global_worker, "actors", {}).get(global_worker.actor_id)
     impl = getattr(actor, "_replica_impl", None)
-    if not isinstance(getattr(impl, "_shutting_down", None), bool):
+    if impl is None or not isinstance(getattr(impl, "_shutting_down", None), bool):
         return None
     return lambda: impl._shutting_down
 
@@ -225,4 +225,6 @@ def app(args: dict) -> Application:
     :class:`RayServeArgs`. The server flags are checked here, on the driver, before any replica starts."""
     parsed = RayServeArgs.model_validate(args)
     config = server_config(parsed.server_flags)
-    return RealtimeReplica.options(**deployment_options(parsed, config)).bind(config, parsed.drain_grace_s)
+    # mypy keeps a decorated class's own type (python/mypy#3135): serve.deployment made RealtimeReplica a Deployment
+    replica = RealtimeReplica.options(**deployment_options(parsed, config))  # type: ignore[attr-defined]
+    return replica.bind(config, parsed.drain_grace_s)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from pipeline.api import EngineHandle
 from realtime.config import ServerConfig
-from realtime.engines.pool import EnginePool, check_devices, replica_configs, start_engines
+from realtime.engines.pool import EnginePool, LoadedEngine, check_devices, replica_configs, start_engines
 from realtime.engines.restarts import EngineRestarts
 from realtime.observe.metrics import ServerMetrics
 from realtime.voices import usable_aliases
@@ -24,7 +24,7 @@ logger = logging.getLogger("realtime.server.app")
 """The server's own logger: these are the server's startup lines."""
 
 
-def load_engine(config: ServerConfig) -> EngineHandle:
+def load_engine(config: ServerConfig) -> LoadedEngine:
     """Load ``config.model`` (building the embedded tiny model on first use), with torch set to
     ``config.torch_threads`` CPU threads first. The stage config's ``engine.process`` decides whether the
     engine core runs in a child process (the default on CUDA: it loads the weights there, with the same
@@ -41,7 +41,7 @@ def load_engine(config: ServerConfig) -> EngineHandle:
     return OmniEngine.from_pretrained(path, config.stage_config, seed=config.seed, torch_threads=config.torch_threads)
 
 
-def engine_loader(config: ServerConfig) -> Callable[[int], EngineHandle]:
+def engine_loader(config: ServerConfig) -> Callable[[int], LoadedEngine]:
     """A loader of engine ``i`` of ``config.data_parallel_size`` (``realtime/engines/pool.py``: one per GPU, each in
     its own child process), the same each time it is called: :func:`load_engines` starts them all with it, a restart
     loads one again. Resolves the model and checks the GPUs now."""
@@ -59,13 +59,13 @@ def engine_loader(config: ServerConfig) -> Callable[[int], EngineHandle]:
     configs = replica_configs(stage_config_for(path, config.stage_config), config.data_parallel_size)
     check_devices(configs, torch.cuda.device_count)
 
-    def load(index: int) -> EngineHandle:
+    def load(index: int) -> LoadedEngine:
         return OmniEngine.from_pretrained(path, configs[index], seed=config.seed, torch_threads=config.torch_threads)
 
     return load
 
 
-def load_engines(config: ServerConfig) -> list[EngineHandle]:
+def load_engines(config: ServerConfig) -> list[LoadedEngine]:
     """Every engine of ``config`` (:func:`engine_loader`), loaded in parallel; all or nothing."""
     return start_engines(engine_loader(config), range(config.data_parallel_size))
 
@@ -88,11 +88,11 @@ class ServerEngines:
         self.config = config
         self.metrics = metrics
         self._engines = tuple(engines) if engines else ()
-        self._owns_engines = not engines
-        self._restart = self._owns_engines if restart is None else restart
+        self._loaded: tuple[LoadedEngine, ...] = ()
+        self._restart = not engines if restart is None else restart
         self._pool: EnginePool | None = None
         self._restarts: EngineRestarts | None = None
-        self._loader: Callable[[int], EngineHandle] | None = None
+        self._loader: Callable[[int], LoadedEngine] | None = None
         self._watch: asyncio.Task | None = None
 
     @property
@@ -104,8 +104,10 @@ class ServerEngines:
     async def start(self) -> EnginePool:
         """Load the engines (off the event loop) unless injected, pool them (a failed engine counts in the metrics)
         and announce them in the log; returns the pool."""
-        engines = self._engines or tuple(await asyncio.to_thread(load_engines, self.config))
-        self._engines = engines
+        if not self._engines:
+            self._loaded = tuple(await asyncio.to_thread(load_engines, self.config))
+            self._engines = self._loaded
+        engines = self._engines
         config = self.config
         self._pool = EnginePool(
             engines,
@@ -152,9 +154,8 @@ class ServerEngines:
         loaded them (each joins its thread or process); once."""
         if self._restarts is not None:
             await self._restarts.close()
-        engines, self._engines = self._engines, ()
-        if self._owns_engines and engines:
-            await asyncio.gather(*(asyncio.to_thread(engine.close) for engine in engines))  # type: ignore[attr-defined]
+        loaded, self._loaded, self._engines = self._loaded, (), ()
+        await asyncio.gather(*(asyncio.to_thread(engine.close) for engine in loaded))
 
 
 def _announce(engine: EngineHandle, config: ServerConfig, pool: EnginePool) -> None:

@@ -23,10 +23,10 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from pipeline.api import EngineHandle
-from pipeline.config import StageGraphConfig
+from pipeline.config import StageGraphConfig, TalkerConfig, ThinkerConfig, Token2WavConfig
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.response_events import EngineStats
 from realtime.engines.placement import EngineFailed, EngineSlots, EngineState
@@ -41,6 +41,19 @@ STATS_INTERVAL_S = 1.0
 """How often, with several engines, the pool reads each engine's live responses for placement."""
 STAGES = ("thinker", "talker", "token2wav")
 T = TypeVar("T")
+S = TypeVar("S", ThinkerConfig, TalkerConfig, Token2WavConfig)
+
+
+class LoadedEngine(EngineHandle, Protocol):
+    """An engine the server loaded itself (an ``OmniEngine``): its loader closes it. Sessions and the pool never
+    close an engine, and engines a caller injects stay the caller's, so ``close`` is not part of ``EngineHandle``."""
+
+    def close(self) -> None:
+        """Stop the engine and join its thread or process; idempotent."""
+        ...
+
+
+E = TypeVar("E", bound=LoadedEngine)
 
 
 def closed(engine: EngineHandle) -> bool:
@@ -75,15 +88,21 @@ def replica_configs(cfg: StageGraphConfig, size: int) -> list[StageGraphConfig]:
     if size == 1:
         return [cfg]
     width = gpus_per_engine(cfg)
-    configs = []
-    for replica in range(size):
-        stages = {}
-        for name in STAGES:
-            stage = cfg.stage(name)
-            index = _cuda_index(stage.device)
-            stages[name] = stage if index is None else replace(stage, device=f"cuda:{replica * width + index}")
-        configs.append(replace(cfg, **stages, engine=replace(cfg.engine, process=True)))
-    return configs
+
+    def moved(stage: S, replica: int) -> S:
+        index = _cuda_index(stage.device)
+        return stage if index is None else replace(stage, device=f"cuda:{replica * width + index}")
+
+    return [
+        replace(
+            cfg,
+            thinker=moved(cfg.thinker, replica),
+            talker=moved(cfg.talker, replica),
+            token2wav=moved(cfg.token2wav, replica),
+            engine=replace(cfg.engine, process=True),
+        )
+        for replica in range(size)
+    ]
 
 
 def check_devices(configs: Sequence[StageGraphConfig], device_count: Callable[[], int]) -> None:
@@ -97,7 +116,7 @@ def check_devices(configs: Sequence[StageGraphConfig], device_count: Callable[[]
         )
 
 
-def start_engines(start: Callable[[T], EngineHandle], configs: Sequence[T]) -> list:
+def start_engines(start: Callable[[T], E], configs: Sequence[T]) -> list[E]:
     """``start(c)`` for every ``c`` of ``configs`` (stage configs, or engine indexes), in parallel threads (a 7B
     engine takes a while to load); all or nothing: if one raises, the engines that started are closed and the first
     error is raised."""
@@ -105,14 +124,13 @@ def start_engines(start: Callable[[T], EngineHandle], configs: Sequence[T]) -> l
         return [start(configs[0])]
     with ThreadPoolExecutor(max_workers=len(configs), thread_name_prefix="omni-engine-start") as pool:
         futures = [pool.submit(start, cfg) for cfg in configs]
-        outcomes = [(future.result() if future.exception() is None else future.exception()) for future in futures]
-    failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        failures = [error for future in futures if (error := future.exception()) is not None]
+        engines = [future.result() for future in futures if future.exception() is None]
     if failures:
-        for outcome in outcomes:
-            if not isinstance(outcome, BaseException):
-                outcome.close()
+        for engine in engines:
+            engine.close()
         raise failures[0]
-    return outcomes
+    return engines
 
 
 @dataclass(frozen=True)

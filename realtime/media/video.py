@@ -76,10 +76,13 @@ class FrameSampler:
         self._due: float | None = None
 
     def take(self, at: float) -> bool:
-        if self._due is not None and at < self._due - self._period * 0.25:
+        due = self._due
+        if due is None or at - due > self._period:  # the first frame, or one after a stall: the grid restarts here
+            self._due = at + self._period
+            return True
+        if at < due - self._period * 0.25:
             return False
-        late = self._due is None or at - self._due > self._period
-        self._due = (at if late else self._due) + self._period
+        self._due = due + self._period
         return True
 
 
@@ -119,6 +122,8 @@ class CameraFeed:
                 frame = await track.recv()
             except MediaStreamError:
                 return
+            if not isinstance(frame, av.VideoFrame):  # aiortc types recv() for audio and video tracks alike
+                raise TypeError(f"{self._label}: the camera track gave a {type(frame).__name__}, not a video frame")
             await self.offer(frame, self._clock())
 
     async def offer(self, frame: av.VideoFrame, arrival: float) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from pipeline.tools import Tool
 from realtime.errors import InvalidAudioData, ProtocolError, RealtimeError
@@ -156,13 +158,11 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
         )
         error.event_type = kind
         raise error from None
-    model_cls, convert = _PARSERS[event_type]
     try:
         if event_type is ClientEventType.SESSION_UPDATE:
             update, refused = validate_session_update(body, event_id)
             return SessionUpdate(update.event_id, _session_patch(update.session), refused)
-        model = model_cls.model_validate(body)
-        return convert(model)
+        return _PARSERS[event_type](body)
     except ValidationError as exc:
         error = from_validation_error(exc, event_id)
         error.event_type = kind
@@ -215,7 +215,8 @@ def _session_patch(s: wire.SessionModel) -> SessionPatch:
     """GA fields win over their beta spellings when a client sends both."""
     audio_in = s.audio.input if s.audio and s.audio.input else None
     audio_out = s.audio.output if s.audio and s.audio.output else None
-    voice, voice_param = KEEP, "session.voice"
+    voice: str | Keep = KEEP
+    voice_param = "session.voice"
     if audio_out is not None and audio_out.voice is not None:
         voice, voice_param = audio_out.voice, "session.audio.output.voice"
     elif s.voice is not None:
@@ -284,22 +285,23 @@ def _turn_detection(m: wire.TurnDetectionModel | None) -> ServerVadParams | None
     if m is None:
         return None
     d = DEFAULT_TURN_DETECTION
-    flags = {
-        "create_response": d.create_response if m.create_response is None else m.create_response,
-        "interrupt_response": d.interrupt_response if m.interrupt_response is None else m.interrupt_response,
-    }
+    create_response = d.create_response if m.create_response is None else m.create_response
+    interrupt_response = d.interrupt_response if m.interrupt_response is None else m.interrupt_response
     if m.type == "semantic_vad":
-        return ServerVadParams.semantic(m.eagerness or "auto", **flags)
+        return ServerVadParams.semantic(
+            m.eagerness or "auto", create_response=create_response, interrupt_response=interrupt_response
+        )
     return ServerVadParams(
         threshold=d.threshold if m.threshold is None else m.threshold,
         prefix_padding_ms=d.prefix_padding_ms if m.prefix_padding_ms is None else m.prefix_padding_ms,
         silence_duration_ms=d.silence_duration_ms if m.silence_duration_ms is None else m.silence_duration_ms,
         idle_timeout_ms=m.idle_timeout_ms,
-        **flags,
+        create_response=create_response,
+        interrupt_response=interrupt_response,
     )
 
 
-def _modality(names: list[str] | None) -> OutputModality | Keep:
+def _modality(names: Sequence[str] | None) -> OutputModality | Keep:
     if names is None:
         return KEEP
     return OutputModality.AUDIO if "audio" in names else OutputModality.TEXT
@@ -404,34 +406,38 @@ def _message(m: wire.ItemModel) -> NewItem:
     """One message of one content kind: text parts are joined, audio must be a single part; a user message with
     pictures keeps its text and picture parts in order."""
     role = Role(m.role)
-    kinds = [parse_content_type(part.type) for part in m.content]
+    content = m.content
+    assert content is not None, "_new_item checked that a message item has its content"
+    kinds = [parse_content_type(part.type) for part in content]
     for i, kind in enumerate(kinds):
         if kind not in _ALLOWED_CONTENT[role]:
             allowed = ", ".join(k.value for k in _ALLOWED_CONTENT[role])
             raise _unsupported(
-                f"content type '{m.content[i].type}' is not supported in {role.value} messages: use {allowed}",
+                f"content type '{content[i].type}' is not supported in {role.value} messages: use {allowed}",
                 f"item.content.{i}.type",
             )
     if ContentType.INPUT_AUDIO in kinds:
         if len(kinds) > 1:
             raise _unsupported("an audio message must have exactly one content part", "item.content")
-        return _audio_item(m, role)
+        return _audio_item(m.id, role, content[0])
     if ContentType.INPUT_IMAGE in kinds:
-        return _picture_item(m, role, kinds)
-    for i, part in enumerate(m.content):
+        return _picture_item(m.id, role, content, kinds)
+    for i, part in enumerate(content):
         if part.text is None:
             raise ProtocolError(
                 f"missing required parameter 'item.content.{i}.text'",
                 code=ErrorCode.MISSING_REQUIRED_PARAMETER,
                 param=f"item.content.{i}.text",
             )
-    text = "".join(part.text or "" for part in m.content)
+    text = "".join(part.text or "" for part in content)
     return NewItem(m.id, role, _ALLOWED_CONTENT[role][0], text=text)
 
 
-def _picture_item(m: wire.ItemModel, role: Role, kinds: list[ContentType | None]) -> NewItem:
+def _picture_item(
+    item_id: str | None, role: Role, content: list[wire.ContentModel], kinds: list[ContentType | None]
+) -> NewItem:
     parts: list[str | ImagePart] = []
-    for i, (part, kind) in enumerate(zip(m.content, kinds, strict=True)):
+    for i, (part, kind) in enumerate(zip(content, kinds, strict=True)):
         field = "image_url" if kind is ContentType.INPUT_IMAGE else "text"
         value = getattr(part, field)
         if value is None:
@@ -441,11 +447,10 @@ def _picture_item(m: wire.ItemModel, role: Role, kinds: list[ContentType | None]
                 param=f"item.content.{i}.{field}",
             )
         parts.append(ImagePart(value, Detail(part.detail or "auto")) if kind is ContentType.INPUT_IMAGE else value)
-    return NewItem(m.id, role, ContentType.INPUT_IMAGE, parts=tuple(parts))
+    return NewItem(item_id, role, ContentType.INPUT_IMAGE, parts=tuple(parts))
 
 
-def _audio_item(m: wire.ItemModel, role: Role) -> NewItem:
-    part = m.content[0]
+def _audio_item(item_id: str | None, role: Role, part: wire.ContentModel) -> NewItem:
     if part.audio is None:
         raise ProtocolError(
             "missing required parameter 'item.content.0.audio'",
@@ -453,7 +458,7 @@ def _audio_item(m: wire.ItemModel, role: Role) -> NewItem:
             param="item.content.0.audio",
         )
     audio = decode_base64(part.audio, param="item.content.0.audio")
-    return NewItem(m.id, role, ContentType.INPUT_AUDIO, audio=audio, transcript=part.transcript)
+    return NewItem(item_id, role, ContentType.INPUT_AUDIO, audio=audio, transcript=part.transcript)
 
 
 def _retrieve_or_delete(m: wire.ItemRefModel) -> ItemRetrieve | ItemDelete:
@@ -471,7 +476,8 @@ def _response_create(m: wire.ResponseCreateModel) -> ResponseCreate:
     if r is None:
         return ResponseCreate(m.event_id)
     out = r.audio.output if r.audio and r.audio.output else None
-    voice, voice_param = KEEP, "response.voice"
+    voice: str | Keep = KEEP
+    voice_param = "response.voice"
     if out is not None and out.voice is not None:
         voice, voice_param = out.voice, "response.audio.output.voice"
     elif r.voice is not None:
@@ -495,18 +501,26 @@ def _response_cancel(m: wire.ResponseCancelModel) -> ResponseCancel:
     return ResponseCancel(m.event_id, m.response_id)
 
 
-_PARSERS = {
-    ClientEventType.SESSION_UPDATE: (wire.SessionUpdateModel, _session_update),
-    ClientEventType.INPUT_AUDIO_BUFFER_APPEND: (wire.AppendModel, _append),
-    ClientEventType.INPUT_AUDIO_BUFFER_COMMIT: (wire.BareEventModel, _bare),
-    ClientEventType.INPUT_AUDIO_BUFFER_CLEAR: (wire.BareEventModel, _bare),
-    ClientEventType.OUTPUT_AUDIO_BUFFER_CLEAR: (wire.BareEventModel, _bare),
-    ClientEventType.CONVERSATION_ITEM_CREATE: (wire.ItemCreateModel, _item_create),
-    ClientEventType.CONVERSATION_ITEM_RETRIEVE: (wire.ItemRefModel, _retrieve_or_delete),
-    ClientEventType.CONVERSATION_ITEM_DELETE: (wire.ItemRefModel, _retrieve_or_delete),
-    ClientEventType.CONVERSATION_ITEM_TRUNCATE: (wire.TruncateModel, _truncate),
-    ClientEventType.RESPONSE_CREATE: (wire.ResponseCreateModel, _response_create),
-    ClientEventType.RESPONSE_CANCEL: (wire.ResponseCancelModel, _response_cancel),
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _parser(model: type[_M], convert: Callable[[_M], ClientEvent]) -> Callable[[dict], ClientEvent]:
+    """Validate an event's body as ``model`` (raising pydantic's ``ValidationError``), then convert it."""
+    return lambda body: convert(model.model_validate(body))
+
+
+_PARSERS: dict[ClientEventType, Callable[[dict], ClientEvent]] = {
+    ClientEventType.SESSION_UPDATE: _parser(wire.SessionUpdateModel, _session_update),
+    ClientEventType.INPUT_AUDIO_BUFFER_APPEND: _parser(wire.AppendModel, _append),
+    ClientEventType.INPUT_AUDIO_BUFFER_COMMIT: _parser(wire.BareEventModel, _bare),
+    ClientEventType.INPUT_AUDIO_BUFFER_CLEAR: _parser(wire.BareEventModel, _bare),
+    ClientEventType.OUTPUT_AUDIO_BUFFER_CLEAR: _parser(wire.BareEventModel, _bare),
+    ClientEventType.CONVERSATION_ITEM_CREATE: _parser(wire.ItemCreateModel, _item_create),
+    ClientEventType.CONVERSATION_ITEM_RETRIEVE: _parser(wire.ItemRefModel, _retrieve_or_delete),
+    ClientEventType.CONVERSATION_ITEM_DELETE: _parser(wire.ItemRefModel, _retrieve_or_delete),
+    ClientEventType.CONVERSATION_ITEM_TRUNCATE: _parser(wire.TruncateModel, _truncate),
+    ClientEventType.RESPONSE_CREATE: _parser(wire.ResponseCreateModel, _response_create),
+    ClientEventType.RESPONSE_CANCEL: _parser(wire.ResponseCancelModel, _response_cancel),
 }
 
 _EVENT_TYPES: dict[type, ClientEventType] = {

@@ -186,24 +186,24 @@ def part_object(part: ContentPart) -> dict:
 
 def usage_object(usage: Usage, dialect: Dialect = Dialect.GA) -> dict:
     """``image_tokens`` is GA's (the beta API had no pictures)."""
-    body = {
+    input_details = {
+        "text_tokens": usage.input_text_tokens,
+        "audio_tokens": usage.input_audio_tokens,
+        "image_tokens": usage.input_image_tokens,
+        "cached_tokens": usage.cached_tokens,
+    }
+    if dialect is Dialect.BETA:
+        del input_details["image_tokens"]
+    return {
         "total_tokens": usage.input_tokens + usage.output_tokens,
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
-        "input_token_details": {
-            "text_tokens": usage.input_text_tokens,
-            "audio_tokens": usage.input_audio_tokens,
-            "image_tokens": usage.input_image_tokens,
-            "cached_tokens": usage.cached_tokens,
-        },
+        "input_token_details": input_details,
         "output_token_details": {
             "text_tokens": usage.output_text_tokens,
             "audio_tokens": usage.output_audio_tokens,
         },
     }
-    if dialect is Dialect.BETA:
-        del body["input_token_details"]["image_tokens"]
-    return body
 
 
 def response_object(r: ResponseSummary, dialect: Dialect) -> dict:

@@ -163,7 +163,7 @@ class AudioInputModel(_Model):
 class AudioOutputModel(_Model):
     format: FormatModel | None = None
     voice: str | None = None
-    speed: Literal[1.0] | None = None
+    speed: Annotated[float, Field(ge=1.0, le=1.0)] | None = None  # the voice speaks at 1.0 only
 
 
 class AudioModel(_Model):

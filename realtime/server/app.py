@@ -733,7 +733,7 @@ def run_server(config: ServerConfig) -> None:
                 server.run()
         finally:
             for engine in engines:
-                engine.close()  # type: ignore[attr-defined]  (OmniEngine)
+                engine.close()
 
 
 @contextlib.asynccontextmanager

@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from realtime.errors import LimitExceeded, ProtocolError, RealtimeError
 from realtime.protocol.codes import ErrorCode
@@ -193,3 +194,21 @@ class SessionSlots:
             f"the server is serving its maximum of {self.limit} concurrent sessions; try again later",
             code=LimitCode.SESSION_LIMIT_REACHED,
         )
+
+
+class SlotSource(Protocol):
+    """Where a session takes its slot: :class:`SessionSlots`, or the engines' admission
+    (:class:`realtime.engines.placement.EngineSlots`). Used from the event loop."""
+
+    @property
+    def limit(self) -> int:
+        """Live sessions at most."""
+        ...
+
+    def try_acquire(self) -> SessionSlot | None:
+        """A slot, or ``None`` when refused (:meth:`refusal` says why)."""
+        ...
+
+    def refusal(self) -> RealtimeError:
+        """Why the last :meth:`try_acquire` returned ``None``."""
+        ...

@@ -22,6 +22,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import av
 import numpy as np
@@ -140,6 +141,14 @@ class OutputFrame:
     """Whether any response audio is in the frame (False: pure silence)."""
 
 
+class FrameSource(Protocol):
+    """What a :class:`PacedAudioTrack` plays: :class:`OutputAudioQueue`, or a wrapper of one."""
+
+    def next_frame(self) -> OutputFrame:
+        """The next 20 ms frame (silence when nothing is queued); called every 20 ms from the event loop."""
+        ...
+
+
 class OutputAudioQueue:
     """Reply audio waiting for the output track (a :class:`realtime.runner.MediaSink`).
 
@@ -232,7 +241,7 @@ class PacedAudioTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, queue: OutputAudioQueue, on_finished: Callable[[str], None]) -> None:
+    def __init__(self, queue: FrameSource, on_finished: Callable[[str], None]) -> None:
         super().__init__()
         self.queue = queue
         self._on_finished = on_finished

@@ -47,7 +47,7 @@ from realtime.observe.first_audio import FirstAudioTrace
 from realtime.protocol.client import SessionUpdate, parse_client_event
 from realtime.protocol.names import ClientEventType, Dialect
 from realtime.runner import MediaSink, SessionRunner, SpeechDetectorFactory, Transport
-from realtime.server.limits import MessageGate, SessionSlot, SessionSlots
+from realtime.server.limits import MessageGate, SessionSlot, SessionSlots, SlotSource
 from realtime.session import AudioTransport, SessionSettings
 from realtime.transports.peer import IceHostAddress
 from realtime.transports.webrtc.call import Call, EventObserver
@@ -129,7 +129,7 @@ class WebRTCCalls:
         settings_factory: Callable[[Dialect], SessionSettings] | None = None,
         ice_host_addresses: tuple[str, ...] = (),
         max_calls: int = 16,
-        slots: SessionSlots | None = None,
+        slots: SlotSource | None = None,
         message_gate: Callable[[], MessageGate] | None = None,
         connect_timeout_s: float = 20.0,
         session_observer: Callable[[], EventObserver] | None = None,
@@ -141,7 +141,7 @@ class WebRTCCalls:
     ) -> None:
         if max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, got {max_calls}")
-        self._slots = slots if slots is not None else SessionSlots(max_calls)
+        self._slots: SlotSource = slots if slots is not None else SessionSlots(max_calls)
         self._message_gate = message_gate
         self._engine = engine
         self._turn_detector_factory = turn_detector_factory
