@@ -417,7 +417,7 @@ def _turn_taking_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DIR",
         help="--turn-taking: play the clips of this folder (written by `python -m realtime.bench.turn_fixtures DIR`) "
-        "instead of rendering them with espeak-ng and sox, e.g. on a machine without them",
+        "instead of rendering them with espeak-ng and sox, e.g. on a machine without them (default: render them)",
     )
     p.add_argument(
         "--turn-trials",

@@ -3,7 +3,8 @@
 // Usage: node agents_realtime_session.mjs WS_URL SPEECH_WAV   (WS_URL: ws://host:port/v1/realtime)
 //
 // Three phases: "greeting" (a response on the empty conversation), "spoken" (SPEECH_WAV, pcm16 24 kHz mono, sent
-// through session.sendAudio in 20 ms chunks at the pace of speech; the server's turn detection ends the turn and
+// through session.sendAudio in 20 ms chunks at the pace of speech, then silence as a microphone sends it until the
+// reply is done; the server's turn detection ends the turn and
 // starts the reply), "tool" (a text message whose reply calls the tool; the SDK runs it, sends its output and asks
 // for the spoken answer). Before each phase, and once more before closing ("inspect"), it prints
 // {"ready": PHASE} on stdout and waits for one line on stdin, so that the driver can prepare the model.
@@ -142,7 +143,19 @@ for (let at = 0; at < speech.length; at += CHUNK_BYTES) {
   session.sendAudio(chunk.buffer.slice(chunk.byteOffset, chunk.byteOffset + chunk.length));
   await sleep(CHUNK_MS);
 }
+// then the quiet room, as a microphone keeps sending it: the turn detector's clock is the audio it hears, and a
+// semantic detector that judged the sentence unfinished waits for more of it before it ends the turn
+const quiet = new Uint8Array(CHUNK_BYTES);
+let listening = true;
+const room = (async () => {
+  while (listening) {
+    session.sendAudio(quiet.buffer.slice(0));
+    await sleep(CHUNK_MS);
+  }
+})();
 await until("the spoken turn's response.done", (e) => e.type === "response.done", mark);
+listening = false;
+await room;
 await until("the input transcript", (e) => e.type === "conversation.item.input_audio_transcription.completed", mark);
 await sleep((responses().at(-1).audioBytes / 48_000) * 1000);
 
