@@ -481,21 +481,47 @@ def _row(cells: Sequence[str]) -> str:
 # --- plots ---------------------------------------------------------------------------------------
 
 
-def write_plots(out: Path, levels: Sequence[LevelResult], title: str) -> list[Path]:
-    """The PNGs of :data:`PLOTS` in ``out`` (matplotlib, Agg backend: no display needed)."""
+@dataclass(frozen=True)
+class PercentileSeries:
+    """One source's percentiles at each level of a sweep, drawn as lines against the number of users."""
+
+    label: str
+    users: Sequence[int]
+    values: dict[str, Sequence[float | None]]
+    """Percentile (a key of :data:`PERCENTILE_STYLES`) -> one value per level of ``users``; None: no value there."""
+    color: str | None = None
+    """A matplotlib colour; None: the next of the colour cycle."""
+
+
+PERCENTILE_STYLES = {"p50": ("-", "o"), "p90": ("--", "^"), "p95": (":", "s")}
+"""Line style and marker of each percentile."""
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def write_plots(out: Path, levels: Sequence[LevelResult], title: str) -> list[Path]:
+    """The PNGs of :data:`PLOTS` in ``out``."""
+    plt = pyplot()
     paths = [out / name for name in PLOTS]
     for path, draw in zip(paths, (_cdf, _ttfa_vs_level, _rtf_vs_level), strict=True):
-        fig = draw(plt, levels)
-        fig.suptitle(title, fontsize=9)
-        fig.tight_layout()
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
+        save_figure(plt, draw(plt, levels), path, title)
     return paths
+
+
+def save_figure(plt, fig, path: Path, title: str) -> None:
+    """``fig`` titled ``title``, written to ``path`` as PNG and closed."""
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def _cdf(plt, levels: Sequence[LevelResult]):
@@ -542,37 +568,52 @@ def _plain_ticks(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def _percentile_lines(ax, levels: Sequence[LevelResult], metric: str, digits_label: str) -> None:
-    """p50 / p90 / p95 against the level: one colour per source, one line style per percentile."""
+def percentile_figure(
+    plt, series: Sequence[PercentileSeries], ylabel: str, *, log_y: bool = False, line_at: float | None = None
+):
+    """A figure of ``series`` against the number of users (log2 axis, a tick at every level any series has): one
+    colour per series, one line style per percentile; ``log_y`` with plain-number ticks; a grey line at ``line_at``."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, s in enumerate(series):
+        color = s.color or cycle[i % len(cycle)]
+        for q, values in s.values.items():
+            style, marker = PERCENTILE_STYLES[q]
+            ax.plot(s.users, values, color=color, linestyle=style, marker=marker, label=f"{s.label} {q}")
+    xs = sorted({x for s in series for x in s.users})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("concurrent users")
+    ax.set_ylabel(ylabel)
+    if log_y:
+        ax.set_yscale("log")
+        _plain_ticks(ax.yaxis)
+    if line_at is not None:
+        ax.axhline(line_at, color="grey", linewidth=0.8)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _sources(levels: Sequence[LevelResult], metric: str) -> list[PercentileSeries]:
+    """p50 / p90 / p95 of ``metric`` per level: ours, and the reference's when the run had one."""
     xs = [level.concurrency for level in levels]
+    found = []
     for source, color in (("ours", "tab:blue"), ("reference", "tab:red")):
         if source == "reference" and all(level.reference is None for level in levels):
             continue
         summaries = [summarize(level.turns if source == "ours" else level.reference_metrics()) for level in levels]
-        for q, style, marker in (("p50", "-", "o"), ("p90", "--", "^"), ("p95", ":", "s")):
-            ys = [getattr(s[metric], q) for s in summaries]
-            ax.plot(xs, ys, color=color, linestyle=style, marker=marker, label=f"{source} {q}")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [str(x) for x in xs])
-    ax.set_xlabel("concurrent users")
-    ax.set_ylabel(digits_label)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+        values = {q: [getattr(s[metric], q) for s in summaries] for q in PERCENTILE_STYLES}
+        found.append(PercentileSeries(source, xs, values, color))
+    return found
 
 
 def _ttfa_vs_level(plt, levels: Sequence[LevelResult]):
-    fig, ax = plt.subplots(figsize=(6, 4))
-    _percentile_lines(ax, levels, "ttfa_ms", "time to first audio (ms)")
-    ax.set_yscale("log")
-    _plain_ticks(ax.yaxis)
-    return fig
+    return percentile_figure(plt, _sources(levels, "ttfa_ms"), "time to first audio (ms)", log_y=True)
 
 
 def _rtf_vs_level(plt, levels: Sequence[LevelResult]):
-    fig, ax = plt.subplots(figsize=(6, 4))
-    _percentile_lines(ax, levels, "rtf", "real-time factor (synthesis time / audio)")
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    return fig
+    return percentile_figure(plt, _sources(levels, "rtf"), "real-time factor (synthesis time / audio)", line_at=1.0)
 
 
 def write_report(out: Path, info: RunInfo, levels: Sequence[LevelResult], *, plots: bool = True) -> list[Path]:
