@@ -7,6 +7,10 @@ extras it includes and the base dependencies; ``importlib.metadata.packages_dist
 distribution behind an import. A module-level first-party import may only reach a module of a part the extra
 installs, so that importing the part's code loads nothing another extra brings. An import inside
 ``try: ... except ImportError`` is optional (the code runs without it) and is not checked.
+
+Then installed (slow, :func:`test_each_extra_installed_alone_imports_and_runs_what_it_serves`): each extra alone, with
+torch, in a fresh venv without system site-packages (tests/helpers/extra_installs.py), imports every module of the
+parts it installs and runs its commands, so a dependency that only another extra or this machine brings fails there.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from collections.abc import Collection, Iterator, Mapping
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
+from tests.helpers.extra_installs import ExtraCheck, ExtraInstalls
 from tests.helpers.imports import absolute_module, module_files
 from tests.helpers.paths import REPO
 
@@ -183,3 +189,83 @@ def test_a_plain_server_install_serves_semantic_vad():
     installs = declared(pyproject())
     assert {"pipecat-ai", "onnxruntime"} <= installs["server"]
     assert declared_includes(installs, "server", "turn")
+
+
+def included_extras(pyproject: Mapping, extra: str) -> set[str]:
+    """The parts installing ``extra`` brings: itself, the base and the extras it includes (``omni-realtime[...]``),
+    transitively."""
+    found, todo = {BASE, extra}, [extra]
+    while todo:
+        for requirement in pyproject["project"]["optional-dependencies"].get(todo.pop(), []):
+            req = Requirement(requirement)
+            if normalized(req.name) == PROJECT:
+                todo += sorted(req.extras - found)
+                found |= req.extras
+    return found
+
+
+# what each extra must make work beyond importing its modules: its commands (run in the venv, from the repository)
+COMMANDS = {
+    "server": (("omni-realtime", "serve", "--help"),),
+    "webrtc": (("omni-realtime", "serve", "--help"),),
+    "bench": (("omni-realtime", "bench", "--help"),),
+    # the suite's every module imported, its pytest plugins there (an unknown ini option is an error) and the linter
+    "dev": (
+        ("python", "-m", "pytest", "-W", "error::pytest.PytestConfigWarning", "--collect-only", "-q")
+        + ("-p", "no:cacheprovider", "-m", "not background"),
+        ("ruff", "--version"),
+    ),
+}
+
+
+def extra_checks() -> list[ExtraCheck]:
+    """One check per extra and one for the plain install: every module of the parts it installs, its commands."""
+    toml = pyproject()
+    modules = module_files(REPO, ["pipeline", "realtime"])
+    extras = [BASE, *toml["project"]["optional-dependencies"]]
+    return [
+        ExtraCheck(
+            extra,
+            tuple(m for m in modules if part_of(m) in included_extras(toml, extra)),
+            COMMANDS.get(extra, ()),
+        )
+        for extra in extras
+    ]
+
+
+EXTRA_CHECKS = extra_checks()
+EXTRA_INSTALLS = ExtraInstalls(EXTRA_CHECKS, timeout_s=900)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(EXTRA_INSTALLS.timeout_s + 60)
+@pytest.mark.background(EXTRA_INSTALLS)
+@pytest.mark.parametrize("check", EXTRA_CHECKS, ids=lambda c: c.extra or "base")
+def test_each_extra_installed_alone_imports_and_runs_what_it_serves(check, request):
+    """A fresh venv holding torch and ``.[extra]`` alone (tests/helpers/extra_installs.py) imports every module of
+    the parts the extra installs and runs its commands: a dependency the extra leaves out fails here."""
+    result = EXTRA_INSTALLS.result(request.config, check.extra)
+    assert result.installed, f"torch and .[{check.extra}] alone do not install: {result.install_error}"
+    assert not result.failed_imports, f".[{check.extra}] alone cannot import:\n" + "\n".join(
+        f"{m}: {e}" for m, e in result.failed_imports.items()
+    )
+    assert not result.failed_commands, f".[{check.extra}] alone cannot run:\n" + "\n".join(
+        f"{c}: {e}" for c, e in result.failed_commands.items()
+    )
+
+
+def test_an_extra_brings_the_parts_of_the_extras_it_includes():
+    toml = {
+        "project": {
+            "optional-dependencies": {
+                "server": ["starlette"],
+                "webrtc": ["omni-realtime[server]", "aiortc"],
+                "bench": ["omni-realtime[webrtc]", "matplotlib"],
+                "dev": ["omni-realtime[bench,server]", "pytest"],
+            }
+        }
+    }
+    assert included_extras(toml, "bench") == {BASE, "server", "webrtc", "bench"}
+    assert included_extras(toml, "server") == {BASE, "server"}
+    assert included_extras(toml, BASE) == {BASE}
+    assert included_extras(toml, "dev") == {BASE, "server", "webrtc", "bench", "dev"}
