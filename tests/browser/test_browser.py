@@ -28,7 +28,7 @@ import soundfile as sf
 from tests.helpers.paths import REPO, TESTS
 from tests.helpers.server import ServerThread
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180), pytest.mark.slow]
 
 CHROMIUM = Path("/usr/bin/chromium")
 SPEECH = TESTS / "fixtures" / "speech"

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import load_script
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def profile_steps():

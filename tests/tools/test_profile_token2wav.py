@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import load_script
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_tiny_profile_reports_every_slot_count(tmp_path, capsys):

@@ -8,6 +8,8 @@ import pytest
 
 from conftest import load_script
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.timeout(300)
 async def test_overlapping_replies_on_the_tiny_engine_all_complete(tiny_engine):

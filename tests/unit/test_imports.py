@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.imports import cycles, import_graph, imported_modules, module_files, one_cycle
 from tests.helpers.paths import REPO
 
@@ -131,6 +133,7 @@ def test_importing_the_server_and_the_serve_parser_loads_no_benchmark_module():
     assert before == [] and seen
 
 
+@pytest.mark.slow
 def test_omni_realtime_serve_loads_no_benchmark_module(tiny_model_dir, tmp_path):
     loaded = _probe(
         SERVE_PROBE,

@@ -28,6 +28,8 @@ pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip instal
 
 import websockets  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[3]
 PORT = 8000
 URL = f"ws://127.0.0.1:{PORT}/v1/realtime"

@@ -247,6 +247,7 @@ def test_missing_checkpoint_files(tiny_model_dir, tmp_path):
         OmniEngine.from_pretrained(tmp_path / "nowhere", greedy_stage_config())
 
 
+@pytest.mark.slow
 async def test_two_conversations_interleave_independently(tiny_engine):
     import asyncio
 
@@ -311,6 +312,7 @@ async def test_a_step_that_raises_fails_the_live_responses_and_the_engine_serves
     await conv.close()
 
 
+@pytest.mark.slow
 async def test_tiny_model_replies_end_on_their_own_with_the_packaged_sampling(tiny_model_dir):
     """A newcomer's first replies: sampled as packaged, with no length asked for, each tiny reply ends by itself
     (``completed``) after a few seconds of speech, never at the engine's cap."""

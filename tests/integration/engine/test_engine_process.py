@@ -51,6 +51,8 @@ from tests.helpers.paths import TESTS
 from tests.helpers.server import assert_clean, connect, of_response, served, user_text
 from tests.helpers.speech import FRAME_BYTES, b64, wav_pcm
 
+pytestmark = pytest.mark.slow
+
 SEED = 1234
 MAX_PENDING = 8
 """Small, so that every test's responses run through the credit logic (one ack per event consumed)."""

@@ -17,6 +17,8 @@ from pipeline.errors import ContextLimitError
 from pipeline.response_events import ResponseStatus
 from tests.helpers.one_shot import assert_same_reply, core_conv, reply_and_one_shot
 
+pytestmark = pytest.mark.slow
+
 INSTRUCTIONS = "Be brief."
 TEXT = frozenset({"text"})
 

@@ -18,6 +18,8 @@ from pipeline.errors import InvalidImageError, UnsupportedInputError
 from pipeline.response_events import ResponseStatus
 from tests.helpers.image_reference import PICTURES, reference_inputs
 
+pytestmark = pytest.mark.slow
+
 MAX_TOKENS = 8
 TEXT = frozenset({"text"})
 

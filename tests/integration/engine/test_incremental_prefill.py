@@ -20,6 +20,8 @@ from pipeline.response_events import AudioChunk, ResponseStatus
 from tests.helpers.one_shot import assert_same_reply, core_conv, reply_and_one_shot
 from tests.helpers.paths import TESTS
 
+pytestmark = pytest.mark.slow
+
 FIXTURES = TESTS / "fixtures" / "speech"
 
 

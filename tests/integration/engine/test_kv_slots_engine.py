@@ -13,6 +13,8 @@ from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
 from pipeline.response_events import ResponseStatus
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def small_pool_engine(tiny_model_dir):

@@ -19,6 +19,8 @@ from pipeline.errors import ContextLimitError
 from pipeline.response_events import ResponseStatus
 from tests.helpers.paths import TESTS
 
+pytestmark = pytest.mark.slow
+
 SPEECH = TESTS / "fixtures" / "speech"
 
 

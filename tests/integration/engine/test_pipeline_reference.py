@@ -14,6 +14,8 @@ from pipeline.models.common.hf_parts import thinker_audio_tower
 from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
 from pipeline.response_events import AudioChunk, ResponseDone, ResponseStatus, TextDelta
 
+pytestmark = pytest.mark.slow
+
 THINKER_MAX = 12
 TALKER_MAX = 120
 

@@ -3,11 +3,14 @@ most ``quick_first_chunk_max_open`` other replies' audio to make; the others sta
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import greedy_stage_config, start_spoken_reply
 from pipeline.config import load_stage_config
 from pipeline.response_events import AudioChunk
+
+pytestmark = pytest.mark.slow
 
 HOP = 240
 """24 kHz samples per mel frame."""

@@ -18,7 +18,10 @@ from pipeline.models.qwen3_omni.prompt import DEFAULT_SYSTEM_PROMPT
 from tests.helpers.image_reference import OneDPositions, picture, reference_inputs
 from tests.helpers.qwen3_reference import TALKER_MAX, THINKER_MAX, VOICE, check_reply, collect, run_reference
 
-pytestmark = pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`:UserWarning"),
+    pytest.mark.slow,
+]
 
 PICTURES = [picture(1, 100, 150), picture(2, 90, 60)]
 PARTS = ["Look at this:", PICTURES[0], "What do you see?"]

@@ -24,7 +24,10 @@ from tests.helpers.qwen3_reference import (
     template_ids,
 )
 
-pytestmark = pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`:UserWarning"),
+    pytest.mark.slow,
+]
 
 
 @pytest.fixture(scope="module", params=["qwen3_model_dir", "qwen3_sharp_model_dir"], ids=["plain", "sharp"])

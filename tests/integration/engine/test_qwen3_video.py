@@ -97,6 +97,7 @@ async def spoken_reply(engine):
     return conv, done, pcm
 
 
+@pytest.mark.slow
 async def test_a_spoken_message_with_video_matches_the_reference_thinker(engine, reference):
     conv, done, pcm = await spoken_reply(engine)
     inputs = reference_inputs(engine, reference, *CLIP)
@@ -121,6 +122,7 @@ async def test_a_spoken_message_with_video_matches_the_reference_thinker(engine,
     await conv.close()
 
 
+@pytest.mark.slow
 async def test_without_the_videos_deepstack_features_the_text_differs(engine, reference, monkeypatch):
     import pipeline.runners.model_runner as model_runner
 

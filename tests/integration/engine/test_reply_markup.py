@@ -37,6 +37,7 @@ def test_the_detokenizer_drops_markup_between_text_pieces(tokenizer):
     assert "".join(deltas) + detok.flush() == detok.text == "Hello world"
 
 
+@pytest.mark.slow
 async def test_a_reply_sampling_markup_streams_none_of_it(qwen3_model_dir, tokenizer, monkeypatch):
     """The engine's replies decode through the hidden markup: every other sampled token is replaced by a markup
     token; the streamed deltas and the reply's text hold the other tokens' text only, while its tokens keep all."""

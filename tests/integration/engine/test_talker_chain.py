@@ -15,6 +15,8 @@ from conftest import greedy_stage_config, run_spoken_reply
 from pipeline.config import DEFAULT_STAGE_CONFIG, ConfigError, SamplingConfig, parse_stage_config
 from pipeline.runners.sampling import SampleRows
 
+pytestmark = pytest.mark.slow
+
 SAMPLED = SamplingConfig(do_sample=True, temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
 """The reference's talker sampling: the chain must carry the noise counters, not only the codes."""
 

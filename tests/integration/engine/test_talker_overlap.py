@@ -34,6 +34,7 @@ def run_reply(core) -> tuple[list, np.ndarray, list[tuple[int, int]]]:
     return codes, audio, [(text, codes) for text, codes, _ in progress]
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_overlap_changes_when_the_talker_runs_not_what_it_makes(tiny_model_dir):
     off = make_core(tiny_model_dir, "off")

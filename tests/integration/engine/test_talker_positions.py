@@ -17,6 +17,8 @@ from pipeline.engine import OmniEngine
 from pipeline.response_events import ResponseStatus
 from tests.helpers.image_reference import PICTURES, reference_inputs
 
+pytestmark = pytest.mark.slow
+
 FIRST = ("Look at this:", PICTURES[0], "and this one", PICTURES[1], "What do you see?")
 SECOND = (PICTURES[1], "Again?")
 

@@ -13,6 +13,8 @@ import torch
 from conftest import greedy_stage_config, start_spoken_reply
 from pipeline.response_events import AudioChunk
 
+pytestmark = pytest.mark.slow
+
 
 def make_core(tiny_model_dir, text_tokens: int = 4):
     from pipeline.core.engine_core import EngineCore

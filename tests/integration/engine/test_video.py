@@ -24,6 +24,8 @@ from pipeline.models.qwen2_5_omni.prompt import DEFAULT_SYSTEM_PROMPT
 from pipeline.response_events import ResponseStatus
 from tests.helpers.camera_clips import RATE, STEP_S, camera, speak, speech
 
+pytestmark = pytest.mark.slow
+
 MAX_TOKENS = 8
 TEXT = frozenset({"text"})
 CLIP = (speech(5.3, 1), camera(11, 2))

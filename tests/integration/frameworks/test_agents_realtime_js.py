@@ -28,6 +28,8 @@ from tests.helpers.speech import SPEECH_DIR
 openai = pytest.importorskip("openai")
 from openai.types.realtime import RealtimeServerEvent  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 SERVER_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
 NODE_SCRIPT = TESTS / "integration" / "frameworks" / "node" / "agents_realtime_session.mjs"
 PACKAGES = ("@openai/agents-realtime@0.20.0", "zod@4.6.7")

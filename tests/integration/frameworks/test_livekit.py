@@ -36,6 +36,8 @@ from tests.helpers.venv import FrameworkVenv
 openai = pytest.importorskip("openai")
 from openai.types.realtime import RealtimeServerEvent  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 SERVER_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
 LIVEKIT = ("livekit-agents==1.8.9", "livekit-plugins-openai==1.8.9")
 INSTALL_TIMEOUT_S = 600

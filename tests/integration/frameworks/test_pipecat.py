@@ -28,6 +28,8 @@ from tests.helpers.server import served
 from tests.helpers.speech import SPEECH_DIR
 from tests.helpers.venv import FrameworkVenv
 
+pytestmark = pytest.mark.slow
+
 AGENT = TESTS / "integration" / "frameworks" / "pipecat_agent.py"
 SPOKEN_TURN = SPEECH_DIR / "weather_today.wav"
 GREETING = "Hello! How can I help?"

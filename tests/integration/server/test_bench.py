@@ -731,6 +731,7 @@ def test_bench_refuses_bad_options_models_and_servers(tmp_path, capsys):
 # --- end to end ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_quick_bench_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, capsys):
     """``omni-realtime bench --quick --reference``: a real server, VAD and engine; one user speaks two

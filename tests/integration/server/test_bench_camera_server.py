@@ -23,7 +23,7 @@ from realtime.server.app import create_app, serve_in_background
 from tests.fakes import TINY_VISION, FakeEngine, Script
 from tests.helpers.paths import TESTS
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 CAMERA = CameraOptions(width=320, height=240, fps=5.0)
 """At 320x240 the server keeps the frame size on its 28-pixel grid (252x308): 99 positions a frame pair."""

@@ -16,7 +16,7 @@ from realtime.server.app import create_app, serve_in_background
 from tests.fakes import FakeEngine, Script
 from tests.helpers.paths import TESTS
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
 def test_two_webrtc_users_in_two_client_processes():

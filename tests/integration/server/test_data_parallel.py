@@ -26,6 +26,8 @@ from realtime.config import ServerConfig
 from realtime.server.app import create_app, load_engines, serve_in_background
 from tests.helpers.server import SilentVad, assert_clean
 
+pytestmark = pytest.mark.slow
+
 PACKAGED = os.path.join(os.path.dirname(__file__), "..", "..", "..", "pipeline", "stage_configs", "qwen2_5_omni.yaml")
 
 

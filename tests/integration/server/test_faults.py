@@ -22,6 +22,8 @@ from realtime.server.limits import RateLimit
 from tests.fakes import Script
 from tests.helpers.server import REPO, RawClient, ServeProcess, StatsEngine, assert_clean, connect, served, user_text
 
+pytestmark = pytest.mark.slow
+
 # --- an engine failure in one session -----------------------------------------------------------
 
 

@@ -15,6 +15,8 @@ from tests.helpers.server import connect, served, user_text
 openai = pytest.importorskip("openai")
 from openai.types.realtime import RealtimeServerEvent  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 SERVER_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
 WEATHER = {
     "type": "function",

@@ -41,6 +41,8 @@ from openai.types.realtime import RealtimeServerEvent  # noqa: E402
 
 from tests.helpers.server import RawClient, StatsEngine, assert_clean, connect, served  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 ADAPTERS = {Dialect.GA: pydantic.TypeAdapter(RealtimeServerEvent), Dialect.BETA: pydantic.TypeAdapter(BetaServerEvent)}
 LONG_RUN = int(os.environ.get("OMNI_FUZZ_EXAMPLES", "0"))
 """Examples per test for a long run; 0: the suite's short runs."""

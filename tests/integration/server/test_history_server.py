@@ -13,6 +13,8 @@ from openai import AsyncOpenAI
 from realtime.config import ServerConfig
 from realtime.server.app import create_app, serve_in_background
 
+pytestmark = pytest.mark.slow
+
 API_KEY = "history-test-key"
 MANUAL = {
     "type": "realtime",

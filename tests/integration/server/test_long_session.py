@@ -10,6 +10,8 @@ from conftest import greedy_stage_config
 from pipeline.engine import OmniEngine
 from tests.helpers.server import assert_clean, connect, served, user_text
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def small_context_engine(family, family_model_dir):

@@ -22,6 +22,8 @@ from tests.helpers.background import BackgroundProcess
 from tests.helpers.paths import REPO
 from tests.helpers.tls import self_signed
 
+pytestmark = pytest.mark.slow
+
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "COLUMNS": "100"}
 
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?P<level>[A-Z]+) (?P<logger>\S+): ?(?P<message>.*)$")

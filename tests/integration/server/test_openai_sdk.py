@@ -17,6 +17,8 @@ from realtime.config import ServerConfig
 from realtime.server.app import create_app, serve_in_background
 from tests.helpers.paths import TESTS
 
+pytestmark = pytest.mark.slow
+
 SPEECH_DIR = TESTS / "fixtures" / "speech"
 API_KEY = "sdk-test-key"
 FRAME_MS = 20

@@ -18,7 +18,7 @@ from realtime.media.images import ImageLimits, fit
 from realtime.server.app import create_app, serve_in_background
 from tests.fakes import TINY_VISION, FakeEngine
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 API_KEY = "sdk-test-key"
 
 

@@ -255,6 +255,7 @@ def test_the_secret_filter_redacts_messages_arguments_and_tracebacks():
     assert KEY not in text and f"bad key {REDACTED}" in text
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_key_never_reaches_the_log_even_at_debug_level(tiny_model_dir, tmp_path):
     """``omni-realtime serve --log-level debug`` logs every request header (the ``websockets``

@@ -445,6 +445,7 @@ def test_serve_flags_become_the_server_config(tmp_path):
         build_parser().parse_args(["serve", "--preemptive-response-ms", "soon"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_omni_realtime_serve_starts_on_the_embedded_model_and_stops_on_sigint(tmp_path):
     env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

@@ -70,6 +70,7 @@ def silence(ms: int) -> bytes:
 # --- barge-in on the real engine ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_barge_in_cancels_the_response_and_truncate_works(family_engine):
     async with served(family_engine) as (url, _), connect(url) as client:
@@ -168,6 +169,7 @@ async def test_a_preemptive_reply_withdrawn_mid_sentence_then_shown_with_the_rea
         assert 'omni_realtime_preemptive_replies_total{outcome="shown"} 1.0' in metrics
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_a_withdrawn_reply_on_the_real_engine_leaves_one_message_and_one_answer(tiny_engine):
     from realtime.bench.speech import DEFAULT_FOLDER, load_speech_folder, with_pause
@@ -346,6 +348,7 @@ async def converse(client: Client, text: str) -> dict:
     return await client.until("response.done")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_two_concurrent_sessions_never_see_each_others_state(tiny_engine):
     async with served(tiny_engine) as (url, app), connect(url) as a, connect(url) as b:

@@ -29,6 +29,8 @@ from tests.helpers.paths import TESTS
 from tests.helpers.server import ServeProcess, SilentVad
 from tests.helpers.tls import CertFiles, client_certificate, self_signed
 
+pytestmark = pytest.mark.slow
+
 API_KEY = "tls-test-key"
 NODE_SCRIPT = TESTS / "integration" / "server" / "node" / "openai_wss_text_turn.mjs"
 OPENAI_NPM = "openai@7"

@@ -13,6 +13,8 @@ from pipeline.response_events import AudioChunk
 from tests.helpers.server import assert_clean, connect, served
 from tests.helpers.speech import FRAME_BYTES, SPEECH_DIR, b64, wav_pcm
 
+pytestmark = pytest.mark.slow
+
 MANIFEST = json.loads((SPEECH_DIR / "manifest.json").read_text())
 TURNS = ("pair_turn1_name.wav", "pair_turn2_recall.wav")
 DELTA = "conversation.item.input_audio_transcription.delta"

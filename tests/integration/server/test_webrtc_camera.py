@@ -42,6 +42,7 @@ class MovingPattern(VideoStreamTrack):
         return frame
 
 
+@pytest.mark.slow
 async def test_camera_frames_reach_the_spoken_message_and_usage_counts_them():
     engine = FakeEngine(vision=TINY_VISION)
     outcomes: list[str] = []
@@ -95,6 +96,7 @@ async def refusal_of_frames(engine) -> str | None:
     return None
 
 
+@pytest.mark.slow
 async def test_on_the_tiny_engine_the_reply_counts_the_camera_frames_image_tokens(tiny_engine):
     """The real engine on the tiny checkpoint: camera frames go into the spoken message and the reply's usage
     counts their image tokens."""

@@ -20,7 +20,7 @@ from realtime.transports.webrtc.worker_media import WorkerCalls
 from tests.fakes import FakeEngine, Script
 from tests.helpers.webrtc_peer import ClientPeer
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
 
 async def wait_until(predicate, timeout: float = 5.0) -> None:

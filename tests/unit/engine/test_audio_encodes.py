@@ -49,6 +49,7 @@ def test_a_failing_block_keeps_its_error_and_the_others_are_encoded_alone():
     assert isinstance(bad.error, RuntimeError)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "device",
     ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))],

@@ -76,6 +76,7 @@ def test_the_player_matches_the_benchmark_client_without_its_jitter_buffer() -> 
     assert player.ends_at == pytest.approx(bench.end)
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_the_engine_counts_the_underruns_of_a_real_time_player_of_each_reply(tiny_model_dir, monkeypatch, caplog):
     """On the tiny model with a clock the test moves: while it stands still every chunk is in time; when each engine

@@ -182,6 +182,7 @@ print("ok")
 GRAPH_SAFE = TritonCheck(GRAPH_SAFE_CHECK, timeout_s=300, interpreter_only=True)  # with CUDA: the GPU test below
 
 
+@pytest.mark.slow
 @pytest.mark.background(GRAPH_SAFE)
 def test_graph_safe_decode_equals_the_hf_forward_in_the_triton_interpreter():
     GRAPH_SAFE.assert_ok()

@@ -204,6 +204,7 @@ print("ok")
 NOISE = TritonCheck(NOISE_CHECK, timeout_s=300)
 
 
+@pytest.mark.slow
 @pytest.mark.background(NOISE)
 def test_the_triton_noise_kernel_equals_the_reference_bit_for_bit():
     """On the GPU the compiled kernel; without one, the same kernel in Triton's interpreter."""

@@ -95,6 +95,7 @@ def done(events) -> ResponseDone:
     return next(e for e in events if isinstance(e, ResponseDone))
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_under_load_the_first_audio_leaves_with_the_buffer_full_and_is_the_same_audio(
     tiny_model_dir, monkeypatch, caplog, tmp_path
@@ -134,6 +135,7 @@ def test_under_load_the_first_audio_leaves_with_the_buffer_full_and_is_the_same_
     assert events_of_a[:3] == ["started", "first_code", "held"]
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_without_enough_busy_conversations_nothing_is_held(tiny_model_dir, monkeypatch):
     core = make_core(tiny_model_dir, monkeypatch, start_buffer_ms=960, busy=2)
@@ -146,6 +148,7 @@ def test_without_enough_busy_conversations_nothing_is_held(tiny_model_dir, monke
     assert core.stats().audio_start_holds_total == 0
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_a_reply_shorter_than_the_buffer_gets_all_its_audio_before_its_end(tiny_model_dir, monkeypatch):
     core = make_core(tiny_model_dir, monkeypatch, start_buffer_ms=960, codes=30)  # 600 ms of audio
@@ -174,6 +177,7 @@ def test_a_reply_cancelled_while_held_sends_no_audio(tiny_model_dir, monkeypatch
     assert core.stats().audio_start_holds_total == 0
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_under_that_load_a_reply_gets_no_quick_first_chunk(tiny_model_dir, monkeypatch):
     core = make_core(tiny_model_dir, monkeypatch, start_buffer_ms=960, quick=24)

@@ -70,6 +70,7 @@ def _our_positions(timing, messages):
     return np.concatenate([np.broadcast_to(o, (3, o.shape[-1])) for o in out], axis=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("second_per_grid", [1.0, 0.5, 2.0, 4.0, 1.2])
 def test_positions_equal_get_rope_index(reference, second_per_grid):
     """Audio of many lengths (under, at and over chunk boundaries, shorter and longer than the video), 1 to 9 temporal

@@ -67,6 +67,7 @@ def test_non_random_checkpoint_is_reported_as_such(tiny_dir: Path, tmp_path: Pat
     assert ckpt.load_checkpoint(copy).random_weights is False
 
 
+@pytest.mark.slow
 def test_per_part_dtypes(tiny_dir: Path) -> None:
     loaded = ckpt.load_checkpoint(tiny_dir, dtypes={"thinker": torch.bfloat16, "talker": torch.bfloat16})
     assert next(loaded.thinker.parameters()).dtype == torch.bfloat16
@@ -118,6 +119,7 @@ def test_audio_token_arithmetic_edges() -> None:
         ckpt.mel_frames_for_samples(-1, hop_length=160, max_samples=None)
 
 
+@pytest.mark.slow
 def test_sharded_weights_load(tiny_dir: Path, tmp_path: Path) -> None:
     """The released checkpoints ship model-0000X-of-0000N.safetensors plus an index."""
     from transformers import Qwen2_5OmniForConditionalGeneration

@@ -38,6 +38,7 @@ def test_a_bad_chunking_value_is_refused_naming_it(chunking, param):
     assert caught.value.param == param
 
 
+@pytest.mark.slow
 def test_reading_the_config_imports_no_model_code():
     code = (
         "import sys; from pipeline.config import load_stage_config; "

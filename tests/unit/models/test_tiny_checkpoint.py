@@ -143,6 +143,7 @@ def test_tokenizer_ids_and_chat_template(reference_model) -> None:
     assert "Picture 1: <|vision_bos|><|IMAGE|><|vision_eos|>" in numbered
 
 
+@pytest.mark.slow
 def test_reference_generate_speaks_audibly_and_fast(tiny_dir: Path, reference_model) -> None:
     model, tokenizer = reference_model
     special = ckpt.load_checkpoint(tiny_dir).special
@@ -251,6 +252,7 @@ def test_thinker_end_logit_sits_below_the_best_but_inside_the_top_k(reference_mo
     assert in_top20 > 0.1
 
 
+@pytest.mark.slow
 def test_seven_b_spec_has_the_released_parameter_count() -> None:
     count = tiny.parameter_count(Qwen25OmniRandomModelSpec.qwen2_5_omni_7b())
     assert abs(count - 10.69e9) < 0.01e9, count

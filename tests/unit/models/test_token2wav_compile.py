@@ -35,6 +35,8 @@ from tests.helpers.token2wav import (
     utterance,
 )
 
+pytestmark = pytest.mark.slow
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 COMPILE_TOLERANCE = FLOAT_NOISE

@@ -143,6 +143,7 @@ def test_cross_block_exactness_needs_the_whole_dependency_cone(short: dict) -> N
     assert np.abs(streamed - expected).max() > 10 * FLOAT_NOISE
 
 
+@pytest.mark.slow
 def test_streaming_close_to_one_shot_with_realistic_settings(realistic_model, realistic_case) -> None:
     """With the 7B-like look-ahead/look-back layout and 10 ODE steps (36 velocity evaluations) the
     DiT's dependency cone grows one block ahead and two behind per evaluation, so no finite context is
@@ -337,6 +338,7 @@ def test_misuse_raises_clear_errors(realistic_model) -> None:
 # Several streams in one batched DiT solve
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("max_batch", "slots"), [(8, [4, 2, 2]), (2, [2, 1, 2, 2])])
 def test_step_many_equals_each_stream_stepped_alone(realistic_model, max_batch: int, slots) -> None:
     """Streams of different lengths and progress (first, steady and short last chunks at once) batched:
@@ -401,6 +403,7 @@ def _chunks_with(t2w: StreamingToken2Wav, codes, cond, ref_mel, noise) -> np.nda
     return np.concatenate(chunks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_dit_stays_close_and_leaves_the_model_float32(realistic_model, realistic_case, dtype) -> None:
     """A half-precision DiT runs copies of the blocks in that dtype; the model the caller passed stays float32 and
@@ -424,6 +427,7 @@ def test_half_precision_dit_stays_close_and_leaves_the_model_float32(realistic_m
     np.testing.assert_array_equal(again, full)
 
 
+@pytest.mark.slow
 def test_half_precision_dit_batches_like_float32(realistic_model) -> None:
     """Batched step_many with a bfloat16 DiT: each stream's audio equals its own step() with the same dtype (padding
     masked out; up to bfloat16 rounding of the different batch shapes: 0.07% of the peak observed)."""
@@ -511,6 +515,7 @@ def test_a_first_chunk_vocoded_with_its_look_ahead_emits_all_its_frames(realisti
     assert sum(map(len, [first, *rest])) == stream.samples_emitted == 70 * SAMPLES_PER_CODE
 
 
+@pytest.mark.slow
 def test_a_look_ahead_first_chunk_stays_close_to_one_shot_and_click_free(realistic_model, realistic_case) -> None:
     """The price of the provisional right context, measured here: 1.06 % of the peak at the first seam (the packaged
     schedule: 0.055 %, the same one-block first chunk without it: 0.055 %). Bound: 1.5 %; and no click at any seam on
@@ -534,6 +539,7 @@ def packaged_schedule() -> ChunkingConfig:
     return replace(ChunkingConfig(**load_stage_config().token2wav.settings.chunking), quick_first_chunk_frames=None)
 
 
+@pytest.mark.slow
 def test_the_packaged_first_chunk_plays_its_look_ahead_and_stays_close_to_one_shot(
     realistic_model, realistic_case
 ) -> None:
@@ -559,6 +565,7 @@ def test_the_packaged_first_chunk_plays_its_look_ahead_and_stays_close_to_one_sh
         assert at_seams.max() <= np.percentile(normal, 99), n_codes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "cfg", [replace(packaged_schedule(), lookahead_chunks=1), LOOKAHEAD_FIRST], ids=["packaged", "quick"]
 )
@@ -600,6 +607,7 @@ def test_the_quick_first_chunk_is_the_look_ahead_schedule() -> None:
             ChunkingConfig(**bad)
 
 
+@pytest.mark.slow
 def test_a_quick_stream_makes_the_look_ahead_schedules_audio_and_a_plain_one_the_packaged(realistic_model) -> None:
     codes, cond, ref_mel, noise = utterance(70)
     t2w = StreamingToken2Wav(realistic_model, QUICK)
@@ -654,6 +662,7 @@ def test_codes_until_ready_counts_down_to_each_chunk(realistic_model) -> None:
     stream.close()
 
 
+@pytest.mark.slow
 def test_ramp_chunks_with_look_ahead_play_all_their_frames_and_stay_close_to_one_shot(realistic_model) -> None:
     """The packaged ``lookahead_chunks: 3`` vocodes the two 48-frame ramp chunks with 20 look-ahead frames too: the
     second chunk

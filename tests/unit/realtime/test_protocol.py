@@ -728,6 +728,7 @@ _field_names = st.sampled_from(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     kind=st.sampled_from([t.value for t in ClientEventType] + ["bogus"]),
