@@ -238,6 +238,7 @@ EXTRA_INSTALLS = ExtraInstalls(EXTRA_CHECKS, timeout_s=900)
 
 
 @pytest.mark.slow
+@pytest.mark.install
 @pytest.mark.timeout(EXTRA_INSTALLS.timeout_s + 60)
 @pytest.mark.background(EXTRA_INSTALLS)
 @pytest.mark.parametrize("check", EXTRA_CHECKS, ids=lambda c: c.extra or "base")
