@@ -12,9 +12,10 @@ The venvs are built and checked by one process (``python -m tests.helpers.extra_
 at one path, each removed before the next is made: what they share, sources at the same paths and hardlinked from
 one cache (same file times), lets them share one bytecode cache (``pycache_prefix``), so torch and transformers are
 compiled once, not once per venv; a module missing from a venv is still missing (a cached ``.pyc`` is only used
-beside its source). A test marked ``@pytest.mark.background(task)`` has started when collection finishes
-(tests/helpers/background.py); :meth:`ExtraInstalls.result` waits for it and returns one extra's outcome, which the
-test checks. The process prints one JSON object: extra -> ``{"install": ..., "imports": ..., "commands": ...}``."""
+beside its source). A test marked ``@pytest.mark.background(task)`` has the process started when collection
+finishes (tests/helpers/background.py); :meth:`ExtraInstalls.result` waits for it and returns one extra's outcome,
+which the test checks. The process prints one JSON object: extra -> ``{"install": ..., "imports": ..., "commands":
+..., "seconds": ...}``."""
 
 from __future__ import annotations
 
@@ -126,8 +127,8 @@ def check_extra(check: ExtraCheck, folder: Path, pycache: Path, uv: str, sources
         done = _timed(seconds, stage, argv)
         if done.returncode != 0:
             return {"install": failure(done.stderr or done.stdout), "seconds": seconds}
-    imports = [str(python), "-I", "-X", f"pycache_prefix={pycache}", "-c", IMPORT_ALL, *check.modules]
-    done = _timed(seconds, "imports", imports, cwd=folder)
+    import_all = [str(python), "-I", "-X", f"pycache_prefix={pycache}", "-c", IMPORT_ALL, *check.modules]
+    done = _timed(seconds, "imports", import_all, cwd=folder)
     if done.returncode != 0:
         imports = {"(the import check itself)": failure(done.stderr or done.stdout)}
     else:
