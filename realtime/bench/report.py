@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -487,7 +487,7 @@ class PercentileSeries:
 
     label: str
     users: Sequence[int]
-    values: dict[str, Sequence[float | None]]
+    values: Mapping[str, Sequence[float | None]]
     """Percentile (a key of :data:`PERCENTILE_STYLES`) -> one value per level of ``users``; None: no value there."""
     color: str | None = None
     """A matplotlib colour; None: the next of the colour cycle."""
