@@ -737,13 +737,7 @@ def _run_info(options: BenchOptions, command: str, length, loaded: _Loaded | Non
         model=loaded.label if loaded is not None else f"the server at {options.url}",
         device=loaded.device if loaded is not None else "the server's",
         transport=options.transport,
-        server=options.url
-        or "in process (uvicorn on loopback; users in a child process; "
-        + (
-            f"replies start on a {options.preemptive_response_ms} ms pause, shown at speech_stopped)"
-            if options.preemptive_response_ms is not None
-            else "replies start at speech_stopped)"
-        ),
+        server=_served_by(options, "users"),
         text_tokens=length.text_tokens,
         codec_tokens=length.codec_tokens,
         turns_per_user=options.turns,
@@ -878,13 +872,7 @@ def _turn_run_info(options: BenchOptions, command: str, length, loaded: _Loaded 
         model=loaded.label if loaded is not None else f"the server at {options.url}",
         device=loaded.device if loaded is not None else "the server's",
         transport=options.transport,
-        server=options.url
-        or "in process (uvicorn on loopback; the user in a child process; "
-        + (
-            f"replies start on a {options.preemptive_response_ms} ms pause, shown at speech_stopped)"
-            if options.preemptive_response_ms is not None
-            else "replies start at speech_stopped)"
-        ),
+        server=_served_by(options, "the user"),
         trials=trials,
         reply=f"{length.text_tokens} text and {length.codec_tokens} audio tokens ({length.audio_s:.1f} s), "
         f"talked over {options.barge_in_after_ms:g} ms into their first sound",
@@ -892,3 +880,15 @@ def _turn_run_info(options: BenchOptions, command: str, length, loaded: _Loaded 
         lighter_workload="; ".join(lighter) or None,
         versions=_versions(),
     )
+
+
+def _served_by(options: BenchOptions, users: str) -> str:
+    """The report's server line: the URL, or the in-process server with ``users`` in a child process and when replies
+    start."""
+    if options.url:
+        return options.url
+    if options.preemptive_response_ms is None:
+        starts = "replies start at speech_stopped"
+    else:
+        starts = f"replies start on a {options.preemptive_response_ms} ms pause, shown at speech_stopped"
+    return f"in process (uvicorn on loopback; {users} in a child process; {starts})"
