@@ -92,6 +92,8 @@ class StepClock:
             ("talker", runner.talker, "decode"),
             ("talker chain", runner.talker, "decode_chain"),
         ):
+            if not hasattr(obj, method):  # a frame talker offers no chains
+                continue
             setattr(obj, method, self._noting(noted, getattr(obj, method)))
         step = core.step
 
@@ -319,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     timeline = {} if args.timeline is None else {"timeline_path": str(args.timeline)}
     # the profiler and the clock need the engine core on a thread of this process
     cfg = replace(cfg, engine=replace(cfg.engine, process="off", **timeline))
-    engine = OmniEngine.from_loader(model_loader(args.model), cfg, seed=0, torch_threads=args.threads)
+    engine = OmniEngine.from_loader(
+        model_loader(args.model, family=cfg.model_family), cfg, seed=0, torch_threads=args.threads
+    )
     try:
         results = clock_only(engine, args) if args.no_trace else traced(engine, args)
     finally:
