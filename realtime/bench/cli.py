@@ -172,8 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default=None,
-        help="a checkpoint folder, a Hugging Face model id already downloaded, or random:7b / random:tiny "
-        "(that architecture with random weights, built in memory) (default: the embedded tiny model)",
+        help="a checkpoint folder, a Hugging Face model id already downloaded, or random:7b / random:tiny / "
+        "random:qwen3-omni-30b-a3b / random:qwen3-omni-tiny (that architecture with random weights, built in memory) "
+        "(default: the embedded tiny model)",
     )
     p.add_argument(
         "--device",

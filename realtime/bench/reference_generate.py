@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -220,7 +221,10 @@ class Qwen3OmniReference:
         kwargs = self.inputs(_input_pcm(speech))
         frames_before = self.model.code2wav.frames
         talker_tokens = self.length.codec_tokens + 1  # the last token's frame is never completed (class docstring)
-        with torch.inference_mode():
+        with torch.inference_mode(), warnings.catch_warnings():
+            # generate's own talker call passes embeddings with its default repetition penalty, and transformers warns
+            # on every reply that the penalty covers the new tokens only: that is the reference as it is
+            warnings.filterwarnings("ignore", "Passing `repetition_penalty` with `inputs_embeds`", UserWarning)
             sequences, wav = self.model.generate(
                 speaker=self.voice,
                 thinker_max_new_tokens=self.length.text_tokens,

@@ -20,8 +20,6 @@ from realtime.bench.speech import load_speech_folder
 from realtime.bench.sweep import LevelResult
 from tests.helpers.paths import TESTS
 
-pytestmark = pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`:UserWarning")
-
 SAMPLES_PER_FRAME = 1920
 """code2wav's 24 kHz samples per frame (12.5 frames a second)."""
 
