@@ -4,14 +4,18 @@ Without ``--url`` the bench serves the model itself (uvicorn on a free loopback 
 process; the engine core in a process of its own or on a thread, as the stage config's ``engine.process``
 says, like ``serve``); with ``--url`` it measures a running server (which
 must have been started with the same forced reply lengths, e.g. ``--stage-config
-pipeline/stage_configs/bench_forced.yaml``, for the reference to be comparable). Stage throughput and
-device memory come from the in-process engine's counters, or from the ``--url`` server's ``/metrics``
-("–" in the report when it does not export them).
+pipeline/stage_configs/bench_forced.yaml``, or ``bench_forced_qwen3_omni.yaml``, for the report's length and the
+reference to be right). Stage throughput and device memory come from the in-process engine's counters, or from the
+``--url`` server's ``/metrics`` ("–" in the report when it does not export them).
 
-The default workload is a conversation: several turns per user (:data:`NORMAL`), each reply forced to the
-length ``bench_forced.yaml`` sets (about 8 seconds of speech). A run with shorter replies or fewer turns
-(``--quick`` among them) says so in its report (``lighter workload: ...``), so its figures are never read
-as the default's.
+The default workload is a conversation: several turns per user (:data:`NORMAL`), each reply forced to
+``--reply-s`` seconds of audio (8 by default), in the served family's codes (its ``codes_per_second``: 400
+Qwen2.5-Omni codec tokens, 100 Qwen3-Omni frames) and text tokens in proportion (30 for 8 s); ``--codec-tokens`` and
+``--text-tokens`` set either length exactly instead. The report states the length in seconds and in codes. A
+``--url`` server's family is the one ``--model`` or ``--stage-config`` names, else the one its ``/healthz`` model
+names when this machine can read that checkpoint's config; otherwise the report gives the length as asked. A run with
+shorter replies or fewer turns (``--quick`` among them) says so in its report (``lighter workload: ...``), so its
+figures are never read as the default's.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from realtime.bench.goal import DEFAULT_P95_TTFA_MS, LatencyGoal
+from realtime.bench.models import DEFAULT_REPLY_S, ReplyRequest
 
 if TYPE_CHECKING:
     from realtime.bench.camera import CameraOptions
@@ -43,8 +48,8 @@ DESCRIPTION = (
     "audio (TTFA), voice-to-voice latency, real-time factor (RTF: generation time / audio time), playback "
     "underruns and barge-in, optionally beside transformers' own generate as a reference. Writes results.json, "
     "report.md and PNG plots to --out. The default workload is a conversation: several turns per user, each reply "
-    "about 8 seconds of speech (the forced lengths of pipeline/stage_configs/bench_forced.yaml); --quick, and "
-    "shorter --text-tokens, --codec-tokens or --turns, are reported as a lighter workload."
+    "forced to 8 seconds of audio (--reply-s) in the model family's codes; --quick, and shorter --reply-s, "
+    "--text-tokens, --codec-tokens or --turns, are reported as a lighter workload."
 )
 
 
@@ -57,7 +62,9 @@ class BenchOptions:
     device: str | None
     stage_config: Path | None
     text_tokens: int | None
+    """``--text-tokens`` (or ``--quick``'s); None: in proportion to the reply's audio (:class:`ReplyRequest`)."""
     codec_tokens: int | None
+    """``--codec-tokens``; None: :attr:`reply_s` sets the audio's length."""
     transport: str
     levels: tuple[int, ...]
     turns: int
@@ -89,8 +96,16 @@ class BenchOptions:
     """``--camera``: every user shows this camera; None: no camera."""
     goal: LatencyGoal = LatencyGoal()
     """The latency goal the report counts the users served at (``--goal-ms``)."""
-    audio_s: float | None = None
-    """``--quick``'s reply audio in seconds (codec tokens at the family's rate), unless ``--codec-tokens`` is given."""
+    reply_s: float | None = None
+    """``--reply-s`` (or the workload's default): each reply's audio in seconds, turned into the family's codes; None
+    when ``--codec-tokens`` gives the length instead."""
+    reference_levels: frozenset[int] | None = None
+    """``--reference LEVELS``: the levels after which the reference serves the users' turns; None: every level."""
+
+    @property
+    def reply(self) -> ReplyRequest:
+        """The forced reply length as asked (:meth:`ReplyRequest.resolve` gives it in a family's codes)."""
+        return ReplyRequest(self.reply_s, self.codec_tokens, self.text_tokens)
 
 
 class WorkloadDefaults(TypedDict):
@@ -102,8 +117,7 @@ class WorkloadDefaults(TypedDict):
     warmup_turns: int
     barge_in_every: int
     text_tokens: int | None
-    codec_tokens: int | None
-    audio_s: float | None
+    reply_s: float
     max_wav_s: float
     ramp_s: float
     turn_timeout_s: float
@@ -116,8 +130,7 @@ QUICK: WorkloadDefaults = {
     "warmup_turns": 0,
     "barge_in_every": 1,
     "text_tokens": 4,
-    "codec_tokens": None,
-    "audio_s": 0.8,
+    "reply_s": 0.8,
     "max_wav_s": 5.0,
     "ramp_s": 0.0,
     "turn_timeout_s": 60.0,
@@ -131,14 +144,14 @@ NORMAL: WorkloadDefaults = {
     "warmup_turns": 1,
     "barge_in_every": 0,
     "text_tokens": None,
-    "codec_tokens": None,
-    "audio_s": None,
+    "reply_s": DEFAULT_REPLY_S,
     "max_wav_s": 10.0,
     "ramp_s": 1.0,
     "turn_timeout_s": 300.0,
 }
-"""The default workload: a conversation of several turns per user, each reply as long as the stage config forces
-(``bench_forced.yaml``: 30 text + 400 codec tokens, about 8 seconds of speech)."""
+"""The default workload: a conversation of several turns per user, each reply 8 seconds of audio (in the family's
+codes: 400 Qwen2.5-Omni codec tokens, 100 Qwen3-Omni frames) and 30 text tokens, the lengths the bench's stage
+configs (``bench_forced*.yaml``) force for a ``--url`` server."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     from realtime.config import DEFAULT_PREEMPTIVE_RESPONSE_MS
 
     p = argparse.ArgumentParser(prog="omni-realtime bench", description=DESCRIPTION, formatter_class=HelpFormatter)
-    reply = default_reply_length()
+    qwen25, qwen3 = default_reply_length("qwen2_5_omni"), default_reply_length("qwen3_omni")
     p.add_argument(
         "--url",
         default=None,
@@ -159,8 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default=None,
-        help="a checkpoint folder, a Hugging Face model id already downloaded, or random:7b / random:tiny "
-        "(that architecture with random weights, built in memory) (default: the embedded tiny model)",
+        help="a checkpoint folder, a Hugging Face model id already downloaded, or random:7b / random:tiny / "
+        "random:qwen3-omni-30b-a3b / random:qwen3-omni-tiny (that architecture with random weights, built in memory) "
+        "(default: the embedded tiny model)",
     )
     p.add_argument(
         "--device",
@@ -171,24 +185,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--stage-config",
         type=Path,
         default=None,
-        help="the pipeline's settings file (YAML) (default: pipeline/stage_configs/bench_forced.yaml, which "
-        "forces every reply's length)",
+        help="the pipeline's settings file (YAML); the bench forces its replies' lengths (--reply-s) over the file's "
+        "own (default: the family's pipeline/stage_configs/bench_forced*.yaml)",
+    )
+    p.add_argument(
+        "--reply-s",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="forced length of each reply's audio in seconds, turned into the model family's codes (Qwen2.5-Omni: "
+        f"50 codec tokens a second, {DEFAULT_REPLY_S:g} s = {qwen25.codec_tokens}; Qwen3-Omni: 12.5 frames a second, "
+        f"{DEFAULT_REPLY_S:g} s = {qwen3.codec_tokens}), with text tokens in proportion ({qwen25.text_tokens} for "
+        f"{DEFAULT_REPLY_S:g} s) unless --text-tokens; not with --codec-tokens. Shorter than the default is reported "
+        f"as a lighter workload (default: {DEFAULT_REPLY_S:g}; --quick: {QUICK['reply_s']:g})",
     )
     p.add_argument(
         "--text-tokens",
         type=int,
         default=None,
-        help="forced length of each reply's text, in tokens; shorter than the default is reported as a lighter "
-        f"workload (default: the settings file's, {reply.text_tokens} in bench_forced.yaml)",
+        help="forced length of each reply's text, in tokens, instead of the one in proportion to the audio; shorter "
+        f"than the default is reported as a lighter workload (default: {qwen25.text_tokens} for "
+        f"{DEFAULT_REPLY_S:g} s of audio; --quick: {QUICK['text_tokens']})",
     )
     p.add_argument(
         "--codec-tokens",
         type=int,
         default=None,
-        help="forced length of each reply's audio, in audio tokens (Qwen2.5-Omni: 50 a second; Qwen3-Omni: frames, "
-        "12.5 a second); shorter than the default is "
-        f"reported as a lighter workload (default: the settings file's, {reply.codec_tokens} = "
-        f"{reply.audio_s:.0f} s in bench_forced.yaml)",
+        help="forced length of each reply's audio in the family's codes instead of --reply-s (Qwen2.5-Omni: codec "
+        "tokens, 50 a second; Qwen3-Omni: frames, 12.5 a second); shorter than the default is reported as a "
+        "lighter workload (default: --reply-s's)",
     )
     p.add_argument(
         "--transport", choices=("ws", "webrtc"), default="ws", help="how the users connect: WebSocket or WebRTC"
@@ -273,14 +298,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--reference",
-        action="store_true",
-        help="also answer the same turns with transformers' own generate, one at a time, for comparison",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="LEVELS",
+        help="also answer the same turns with transformers' own generate (Qwen2.5-Omni or Qwen3-Omni, the same forced "
+        "lengths), one request at a time, after each level (or only after the comma-separated LEVELS, e.g. 1), "
+        "for comparison; at 1 user the latency table gets a 'transformers reference' row (request -> its only "
+        "audio). It runs in the bench's process: with the engine core in a child process (engine.process) that is "
+        "a second copy of the weights (default: no reference)",
     )
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a quick check: 1 user, 2 turns (the first interrupted by the second), replies of 4 text and 40 "
-        "audio tokens, no warm-up; reported as a lighter workload",
+        help="a quick check: 1 user, 2 turns (the first interrupted by the second), replies of 4 text tokens and "
+        f"{QUICK['reply_s']:g} s of audio, no warm-up; reported as a lighter workload",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for results.json, report.md and the plots")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
@@ -307,8 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_PREEMPTIVE_RESPONSE_MS,
         metavar="MS|off",
         help="the bench's own server starts a reply after this much silence, shown to the client only once the "
-        "user has stopped speaking; off: when the user stops speaking. TTFA counts from the end of speech "
-        "either way",
+        "user has stopped speaking; off: when the user stops speaking (the figure other servers publish). TTFA "
+        "counts from the end of speech either way; the report says which. Not with --url: start that server with "
+        "serve --preemptive-response-ms",
     )
     p.add_argument(
         "--pause-inside-ms",
@@ -374,7 +407,7 @@ TURN_TRIALS = 24
 """``--turn-taking``'s trials per measure: every fixture sentence once."""
 QUICK_TURN_TRIALS = 1
 TURN_REPLY_S = 3.0
-"""``--turn-taking``'s reply audio in seconds (unless ``--codec-tokens``): long enough to talk over
+"""``--turn-taking``'s reply audio in seconds (unless ``--reply-s`` or ``--codec-tokens``): long enough to talk over
 ``--barge-in-after-ms`` into it; the first audio, which the latency measures, comes before the length matters."""
 QUICK_TURN_REPLY_S = 1.5
 
@@ -458,14 +491,20 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
     levels = base["levels"] if args.concurrency is None else _levels(args.concurrency)
     if args.client_processes < 1:
         raise ValueError(f"--client-processes must be at least 1, got {args.client_processes}")
+    if args.reply_s is not None and args.codec_tokens is not None:
+        raise ValueError("--reply-s and --codec-tokens both set the reply's audio: give one of them")
+    _check_preemptive(args)
+    text_tokens = pick(base["text_tokens"], args.text_tokens)
+    reply_s = None if args.codec_tokens is not None else pick(base["reply_s"], args.reply_s)
+    ReplyRequest(reply_s, args.codec_tokens, text_tokens)  # the length's own checks, before any model loads
     return BenchOptions(
         url=args.url,
         model=args.model,
         device=args.device,
         stage_config=args.stage_config,
-        text_tokens=pick(base["text_tokens"], args.text_tokens),
-        codec_tokens=pick(base["codec_tokens"], args.codec_tokens),
-        audio_s=None if args.codec_tokens is not None else base["audio_s"],
+        text_tokens=text_tokens,
+        codec_tokens=args.codec_tokens,
+        reply_s=reply_s,
         transport=args.transport,
         levels=levels,
         turns=pick(base["turns"], args.turns),
@@ -479,7 +518,8 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
         jitter_ms=args.jitter_ms,
         goal=LatencyGoal(args.goal_ms),
         turn_timeout_s=pick(base["turn_timeout_s"], args.turn_timeout_s),
-        reference=args.reference,
+        reference=args.reference is not None,
+        reference_levels=_reference_levels(args.reference, levels),
         out=args.out,
         threads=args.threads,
         transcription=args.transcription,
@@ -495,6 +535,32 @@ def resolve_options(args: argparse.Namespace) -> BenchOptions:
     )
 
 
+def _check_preemptive(args: argparse.Namespace) -> None:
+    """``--preemptive-response-ms`` sets the bench's own server: a ``--url`` server keeps the setting it was started
+    with, so asking for another one there is refused rather than silently not applied."""
+    from realtime.config import DEFAULT_PREEMPTIVE_RESPONSE_MS
+
+    if args.url is not None and args.preemptive_response_ms != DEFAULT_PREEMPTIVE_RESPONSE_MS:
+        raise ValueError(
+            "--preemptive-response-ms is for the bench's own server: start the --url server with "
+            "serve --preemptive-response-ms instead"
+        )
+
+
+def _reference_levels(value: str | None, levels: tuple[int, ...]) -> frozenset[int] | None:
+    """``--reference [LEVELS]``: None for every level (``all``, or no reference); else the levels named, each one
+    of ``levels``."""
+    if value is None or value == "all":
+        return None
+    chosen = frozenset(_levels(value, flag="--reference"))
+    if not chosen <= set(levels):
+        raise ValueError(
+            f"--reference {value}: levels {', '.join(map(str, sorted(chosen - set(levels))))} are not among the "
+            f"measured levels ({', '.join(map(str, levels))})"
+        )
+    return chosen
+
+
 def _data_parallel_size(args: argparse.Namespace) -> int:
     if args.data_parallel_size < 1:
         raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
@@ -503,13 +569,13 @@ def _data_parallel_size(args: argparse.Namespace) -> int:
     return args.data_parallel_size
 
 
-def _levels(text: str) -> tuple[int, ...]:
+def _levels(text: str, *, flag: str = "--concurrency") -> tuple[int, ...]:
     try:
         levels = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise ValueError(f"--concurrency must be comma-separated integers, got {text!r}") from None
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
     if not levels or min(levels) < 1:
-        raise ValueError(f"--concurrency levels must be >= 1, got {text!r}")
+        raise ValueError(f"{flag} levels must be >= 1, got {text!r}")
     return levels
 
 
@@ -538,6 +604,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             options.ramp_s,
             options.warmup_turns,
             warmup_users=options.data_parallel_size,
+            reference_levels=options.reference_levels,
         )
         speeches = load_speech_folder(options.wavs, max_seconds=options.max_wav_s)
         if options.pause_inside_ms is not None:
@@ -559,13 +626,17 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
     from realtime.bench.camera import scrape_camera_frames
     from realtime.bench.client import ClientOptions, ClientTransport
-    from realtime.bench.models import reply_length
+    from realtime.bench.models import reply_length, served_family, served_model
     from realtime.bench.report import REPORT_MD, where_written, write_report
     from realtime.bench.sweep import run_sweep
     from realtime.bench.throughput import engines_counters, scrape_counters
 
-    cfg = _stage_config(options)
-    length = reply_length(cfg)
+    family = _local_family(options)
+    server_model = await asyncio.to_thread(served_model, options.url) if options.url is not None else None
+    if family is None and server_model is not None:
+        family = served_family(server_model)
+    cfg = _stage_config(options, family) if family is not None else None
+    length = reply_length(cfg) if cfg is not None else None
     client = ClientOptions(
         ClientTransport(options.transport),
         options.api_key,
@@ -575,8 +646,11 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
         transcription=options.transcription,
         camera=options.camera,
     )
-    loaded = await asyncio.to_thread(_load, options, cfg) if options.url is None or options.reference else None
-    info = _run_info(options, command, length, loaded, cfg.model_family)
+    loaded = None
+    if options.url is None or options.reference:
+        assert cfg is not None, "a model the bench loads has a family (_local_family)"
+        loaded = await asyncio.to_thread(_load, options, cfg)
+    info = _run_info(options, command, length, loaded, family, server_model)
     results = []
 
     def on_level(level) -> None:
@@ -586,10 +660,10 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
     reference = None
     if options.reference:
         from pipeline.models import family_of
-        from realtime.bench.reference import ReferenceGenerator
+        from realtime.bench.reference_generate import reference_generator
 
-        assert loaded is not None, "loaded above for --reference"
-        reference = ReferenceGenerator(loaded.ckpt, length, family_of(cfg.model_family))
+        assert loaded is not None and cfg is not None and length is not None, "loaded above for --reference"
+        reference = reference_generator(loaded.ckpt, length, family_of(cfg.model_family))
     try:
         if options.url is not None:
             await run_sweep(
@@ -629,19 +703,25 @@ async def _bench(options: BenchOptions, plan, speeches, command: str) -> int:
     return 0
 
 
-def _stage_config(options: BenchOptions):
-    """The stage graph with ``--text-tokens`` / ``--codec-tokens`` (either alone keeps the config's
-    other length) and ``--device`` applied."""
-    from realtime.bench.models import ReplyLength, bench_family, bench_stage_config, reply_length
+def _local_family(options: BenchOptions) -> str | None:
+    """The model family of what the bench loads or is told it measures: ``--stage-config``'s, else ``--model``'s
+    (the embedded model's without one). None for a ``--url`` run that names neither and needs no model here (no
+    reference): the server's family is then its ``/healthz``'s to tell."""
+    from realtime.bench.models import bench_family
 
-    family = bench_family(options.model, options.stage_config)
-    length = None
-    if options.text_tokens is not None or options.codec_tokens is not None or options.audio_s is not None:
-        default = reply_length(bench_stage_config(options.stage_config, device=None, length=None, family=family))
-        codes = options.codec_tokens
-        if codes is None and options.audio_s is not None:
-            codes = max(1, round(options.audio_s * default.codes_per_second))
-        length = ReplyLength(options.text_tokens or default.text_tokens, codes or default.codec_tokens)
+    if options.url is not None and options.model is None and options.stage_config is None and not options.reference:
+        return None
+    return bench_family(options.model, options.stage_config)
+
+
+def _stage_config(options: BenchOptions, family: str | None = None):
+    """The stage graph of ``family`` (default: the one ``--stage-config`` or ``--model`` names) with the forced reply
+    length (:attr:`BenchOptions.reply` in the family's codes, over the stage config's own) and ``--device`` applied."""
+    from pipeline.models import family_of
+    from realtime.bench.models import bench_family, bench_stage_config
+
+    family = family or bench_family(options.model, options.stage_config)
+    length = options.reply.resolve(family_of(family).codes_per_second)
     return bench_stage_config(options.stage_config, device=options.device, length=length, family=family)
 
 
@@ -683,6 +763,12 @@ def _load(options: BenchOptions, cfg) -> _Loaded:
     if options.reference and ckpt is None:
         # transformers' generate runs in this process: it needs weights here, a second copy when the engine
         # core loaded its own in a child process
+        if engine is not None:
+            logger.warning(
+                "--reference: the engine core runs in a child process (engine.process), so transformers' generate "
+                "loads a second copy of the weights in the bench's process; a stage config with engine.process: "
+                "off shares one copy"
+            )
         ckpt = loader.load(cfg)
     if engine is not None:
         source, random_weights, device = engine.model_name, engine.random_weights, engine.facts.device_name
@@ -725,24 +811,41 @@ def server_config(options: BenchOptions):
     )
 
 
-def _run_info(options: BenchOptions, command: str, length, loaded: _Loaded | None, family: str):
+def _run_info(
+    options: BenchOptions,
+    command: str,
+    length,
+    loaded: _Loaded | None,
+    family: str | None,
+    server_model: str | None = None,
+):
+    """The report's facts of a run; ``length`` (a :class:`ReplyLength`) and ``family`` are None for a ``--url``
+    server whose family the bench does not know (the length as asked then); ``server_model``: the ``--url`` server's
+    ``/healthz`` model."""
+    from pipeline.models import DEFAULT_FAMILY
     from realtime.bench.models import Workload, default_reply_length
     from realtime.bench.report import RunInfo
 
-    workload = Workload(length, options.turns)
-
+    workload = Workload(length if length is not None else options.reply, options.turns)
+    default = Workload(default_reply_length(family or DEFAULT_FAMILY), NORMAL["turns"])
+    if loaded is not None:
+        model = loaded.label
+    else:
+        model = f"the server at {options.url}" + (f", serving {server_model}" if server_model else "")
     return RunInfo(
         command=command,
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        model=loaded.label if loaded is not None else f"the server at {options.url}",
+        model=model,
         device=loaded.device if loaded is not None else "the server's",
         transport=options.transport,
         server=_served_by(options, "users"),
-        text_tokens=length.text_tokens,
-        codec_tokens=length.codec_tokens,
+        text_tokens=length.text_tokens if length is not None else options.text_tokens,
+        codec_tokens=length.codec_tokens if length is not None else options.codec_tokens,
+        reply_s=length.audio_s if length is not None else options.reply_s,
+        codes_per_second=length.codes_per_second if length is not None else None,
         turns_per_user=options.turns,
         workload=workload.describe(),
-        lighter_workload=workload.lighter_than(Workload(default_reply_length(family), NORMAL["turns"])),
+        lighter_workload=workload.lighter_than(default),
         wavs=str(options.wavs)
         + (f", each with a {options.pause_inside_ms:g} ms pause inside" if options.pause_inside_ms is not None else ""),
         torch_threads=options.threads,
@@ -790,15 +893,17 @@ def _turn_taking_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     from dataclasses import replace
 
     from realtime.bench.client import BenchClientError
-    from realtime.bench.models import BenchConfigError
+    from realtime.bench.models import BenchConfigError, default_reply_length
     from realtime.bench.turn_bench import render_trials, turn_settings
 
     try:
         if args.reference:
             raise ValueError("--reference does not go with --turn-taking")
         options = resolve_options(args)
-        if args.codec_tokens is None:
-            options = replace(options, audio_s=QUICK_TURN_REPLY_S if args.quick else TURN_REPLY_S)
+        if args.codec_tokens is None and args.reply_s is None:
+            # the turn-taking replies' own length: shorter audio, the default workload's text
+            text = options.text_tokens or default_reply_length().text_tokens
+            options = replace(options, reply_s=QUICK_TURN_REPLY_S if args.quick else TURN_REPLY_S, text_tokens=text)
         types = [t.strip() for t in (args.turn_detection or "server_vad,semantic_vad").split(",") if t.strip()]
         settings = turn_settings(
             types,
@@ -886,7 +991,7 @@ def _served_by(options: BenchOptions, users: str) -> str:
     """The report's server line: the URL, or the in-process server with ``users`` in a child process and when replies
     start."""
     if options.url:
-        return options.url
+        return f"{options.url} (preemptive replies as that server was started)"
     if options.preemptive_response_ms is None:
         starts = "replies start at speech_stopped"
     else:

@@ -34,6 +34,13 @@ RANDOM_FAMILY_PREFIXES = {"qwen3-omni-": "qwen3_omni"}
 """``random:<prefix><preset>``: a random architecture of that family (no prefix: the default family's)."""
 
 
+DEFAULT_REPLY_S = 8.0
+"""The default workload's reply: seconds of audio (``--reply-s``), whatever the family's codec rate."""
+TEXT_TOKENS_PER_SECOND = 30 / 8.0
+"""Text tokens forced per second of reply audio unless ``--text-tokens`` says otherwise: 30 for an 8-second reply,
+about what a spoken reply of that length says."""
+
+
 @dataclass(frozen=True)
 class ReplyLength:
     """Forced reply length: thinker tokens and talker codec tokens (``codes_per_second`` per second of audio: 50 for
@@ -46,6 +53,58 @@ class ReplyLength:
     @property
     def audio_s(self) -> float:
         return self.codec_tokens / self.codes_per_second
+
+    def describe(self) -> str:
+        """The length in words, in seconds and in the family's codes: ``8.0 s of audio (100 codec tokens at 12.5 a
+        second) and 30 text tokens``."""
+        return (
+            f"{self.audio_s:.1f} s of audio ({self.codec_tokens} codec tokens at {self.codes_per_second:g} a second) "
+            f"and {self.text_tokens} text tokens"
+        )
+
+
+@dataclass(frozen=True)
+class ReplyRequest:
+    """A forced reply length as the command line asks for it: ``seconds`` of audio (``--reply-s``) or
+    ``codec_tokens`` (``--codec-tokens``), exactly one of them; ``text_tokens`` (``--text-tokens``), None: in
+    proportion to the audio (:data:`TEXT_TOKENS_PER_SECOND`). ``ValueError`` for a length that is not positive."""
+
+    seconds: float | None = DEFAULT_REPLY_S
+    codec_tokens: int | None = None
+    text_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.seconds is None) == (self.codec_tokens is None):
+            raise ValueError("a reply length is either seconds of audio (--reply-s) or codec tokens (--codec-tokens)")
+        if self.seconds is not None and not self.seconds > 0:
+            raise ValueError(f"--reply-s must be > 0 seconds, got {self.seconds:g}")
+        for flag, value in (("--codec-tokens", self.codec_tokens), ("--text-tokens", self.text_tokens)):
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+
+    def resolve(self, codes_per_second: float) -> ReplyLength:
+        """The length in a family's codes (``codes_per_second`` of them per second of audio): the seconds rounded to
+        whole codes (at least one); the text tokens given, else :data:`TEXT_TOKENS_PER_SECOND` of the audio's
+        seconds (at least one)."""
+        if self.codec_tokens is not None:
+            codes = self.codec_tokens
+        else:
+            assert self.seconds is not None  # one of the two (__post_init__)
+            codes = max(1, round(self.seconds * codes_per_second))
+        text = self.text_tokens
+        if text is None:
+            text = max(1, round(codes / codes_per_second * TEXT_TOKENS_PER_SECOND))
+        return ReplyLength(text, codes, codes_per_second)
+
+    def words(self) -> str:
+        """The length as asked: ``8.0 s of audio and text in proportion``, ``400 codec tokens and 30 text tokens``."""
+        audio = f"{self.seconds:.1f} s of audio" if self.seconds is not None else f"{self.codec_tokens} codec tokens"
+        text = f"{self.text_tokens} text tokens" if self.text_tokens is not None else "text in proportion"
+        return f"{audio} and {text}"
+
+    def describe(self) -> str:
+        """The length as asked, for a server whose model family (so codec rate) the bench does not know."""
+        return f"{self.words()}, as asked (the server's model family, so its codec rate, is unknown to the bench)"
 
 
 def bench_family(model: str | None, stage_config: Path | None) -> str:
@@ -74,23 +133,31 @@ def _random_model(model: str) -> tuple[str, str]:
 @dataclass(frozen=True)
 class Workload:
     """What each simulated user does: ``turns`` turns (at least: low concurrency levels run more, for enough
-    samples), each answered with a reply of ``length``."""
+    samples), each answered with a reply of ``length`` (a :class:`ReplyRequest` when the served family is not known:
+    a ``--url`` server's)."""
 
-    length: ReplyLength
+    length: ReplyLength | ReplyRequest
     turns: int
 
     def describe(self) -> str:
-        return (
-            f"{_turns(self.turns)} per user, replies forced to {self.length.text_tokens} text + "
-            f"{self.length.codec_tokens} codec tokens ({self.length.audio_s:.1f} s of audio)"
-        )
+        return f"{_turns(self.turns)} per user, replies forced to {self.length.describe()}"
 
     def lighter_than(self, default: Workload) -> str | None:
-        """What makes this workload lighter than ``default`` (shorter replies, fewer turns), in words;
-        ``None`` when nothing does."""
+        """What makes this workload lighter than ``default`` (whose length is a :class:`ReplyLength`: shorter replies,
+        fewer turns), in words; ``None`` when nothing does. A length of unknown codes compares in seconds and text
+        tokens, as far as it gives them."""
         mine, theirs = self.length, default.length
+        assert isinstance(theirs, ReplyLength), "the default workload's length is in codes"
         lighter = []
-        if mine.text_tokens < theirs.text_tokens or mine.codec_tokens < theirs.codec_tokens:
+        if isinstance(mine, ReplyRequest):
+            shorter = (mine.seconds is not None and mine.seconds < theirs.audio_s) or (
+                mine.text_tokens is not None and mine.text_tokens < theirs.text_tokens
+            )
+            if shorter:
+                lighter.append(
+                    f"replies of {mine.words()} instead of {theirs.audio_s:.1f} s and {theirs.text_tokens} text tokens"
+                )
+        elif mine.text_tokens < theirs.text_tokens or mine.codec_tokens < theirs.codec_tokens:
             lighter.append(
                 f"replies of {mine.text_tokens} text + {mine.codec_tokens} codec tokens "
                 f"({mine.audio_s:.1f} s) instead of {theirs.text_tokens} + {theirs.codec_tokens} "
@@ -130,8 +197,9 @@ def _turns(count: int) -> str:
 
 
 def default_reply_length(family: str = DEFAULT_FAMILY) -> ReplyLength:
-    """The reply length of ``family``'s :data:`FORCED_STAGE_CONFIGS`: the bench's default workload's."""
-    return reply_length(load_stage_config(FORCED_STAGE_CONFIGS[family]))
+    """The default workload's reply length in ``family``'s codes: :data:`DEFAULT_REPLY_S` seconds of audio (the
+    lengths ``family``'s :data:`FORCED_STAGE_CONFIGS` force, for a ``--url`` server started with them)."""
+    return ReplyRequest(DEFAULT_REPLY_S).resolve(family_of(family).codes_per_second)
 
 
 def reply_length(cfg: StageGraphConfig) -> ReplyLength:
@@ -142,10 +210,39 @@ def reply_length(cfg: StageGraphConfig) -> ReplyLength:
     if text_tokens is None or codec_tokens is None or th.min_tokens != text_tokens or ta.min_tokens != codec_tokens:
         raise BenchConfigError(
             "the bench needs forced reply lengths: set min_tokens = max_tokens for thinker and "
-            "talker (pipeline/stage_configs/bench_forced.yaml does, or pass --text-tokens and "
-            "--codec-tokens)"
+            "talker (pipeline/stage_configs/bench_forced.yaml does)"
         )
     return ReplyLength(text_tokens, codec_tokens, family_of(cfg.model_family).codes_per_second)
+
+
+def served_model(url: str, *, timeout_s: float = 10.0) -> str | None:
+    """The model a running server names in its ``/healthz`` (unauthenticated; ``model``: the checkpoint it was given,
+    a folder or hub id, or a random architecture's label); None when the server does not answer with one."""
+    import json
+    import urllib.request
+
+    from realtime.bench.throughput import server_url
+
+    try:
+        with urllib.request.urlopen(server_url(url, "/healthz"), timeout=timeout_s) as response:  # noqa: S310
+            body = json.loads(response.read().decode("utf-8"))
+    except (OSError, ValueError):  # unreachable, 503 (no engine serving), or not JSON
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
+def served_family(model: str) -> str | None:
+    """The family of a served model by name: the family whose ``config.json`` ``model_type`` a checkpoint folder or
+    cached hub id of that name on this machine has (nothing downloaded); None when this machine cannot read it (a
+    remote server's folder, a random architecture built in memory)."""
+    from pipeline.errors import CheckpointError
+    from pipeline.models import checkpoint_family
+
+    try:
+        return checkpoint_family(model)
+    except CheckpointError:
+        return None
 
 
 def model_loader(model: str | None, *, cache_dir: Path | None = None, family: str = DEFAULT_FAMILY) -> CheckpointLoader:

@@ -1,7 +1,9 @@
 """Reports of a sweep: ``results.json`` (everything), ``report.md`` (tables), PNG plots.
 
 Every table and plot shows our streaming server beside the reference (transformers' ``generate``
-served one request at a time) when the run had one. Percentiles are over all turns of a level.
+served one request at a time) when the run had one: the latency table has a "transformers reference" row when the
+reference served the 1-user level (its time to first audio is request → its only audio), and columns beside ours when
+it served a level of more users (queueing included). Percentiles are over all turns of a level.
 Stage throughput and device memory (:mod:`realtime.bench.throughput`) are one figure per level.
 """
 
@@ -33,8 +35,10 @@ class RunInfo:
     device: str
     transport: str
     server: str
-    text_tokens: int
-    codec_tokens: int
+    text_tokens: int | None
+    """The forced reply text in tokens; None: not known (a ``--url`` server of unknown family, given seconds)."""
+    codec_tokens: int | None
+    """The forced reply audio in the family's codes; None: not known (likewise)."""
     wavs: str
     torch_threads: int
     turns_per_user: int
@@ -55,6 +59,11 @@ class RunInfo:
     goal: str = LatencyGoal().describe()
     """The latency goal in words (:mod:`realtime.bench.goal`)."""
     goal_p95_ttfa_ms: float = DEFAULT_P95_TTFA_MS
+    reply_s: float | None = None
+    """The forced reply audio in seconds (``codec_tokens`` at ``codes_per_second``); None: not known (codes given for
+    a server of unknown family)."""
+    codes_per_second: float | None = None
+    """The served family's codes per second of audio; None: the family is not known."""
 
 
 # --- JSON ----------------------------------------------------------------------------------------
@@ -165,27 +174,8 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
             else []
         ),
         "",
-        "Latency, ms, p50 / p90 / p95"
-        + (" (reference: transformers `generate`, one request at a time)" if has_ref else ""),
-        "",
+        *_latency_table(levels),
     ]
-    head = ["users", "turns", "TTFA (ours)", "voice-to-voice (ours)", "first transcript (ours)"]
-    if has_ref:
-        head += ["TTFA (reference)", "voice-to-voice (reference)"]
-    lines += [_row(head), _row(["---:"] * len(head))]
-    for level in levels:
-        ours = summarize(level.turns)
-        row = [
-            str(level.concurrency),
-            str(len(level.turns)),
-            _ppp(ours["ttfa_ms"]),
-            _ppp(ours["voice_to_voice_ms"]),
-            _ppp(ours["first_transcript_ms"]),
-        ]
-        if has_ref:
-            ref = summarize(level.reference_metrics())
-            row += [_ppp(ref["ttfa_ms"]), _ppp(ref["voice_to_voice_ms"])]
-        lines.append(_row(row))
     lines += ["", _goal_line(info, levels)]
     lines += ["", "Delivery (replies played to their end)", ""]
     head = (
@@ -205,6 +195,57 @@ def markdown(info: RunInfo, levels: Sequence[LevelResult]) -> str:
     if info.camera:
         lines += ["", *_camera_table(levels)]
     return "\n".join(lines) + "\n"
+
+
+REFERENCE_ROW = "transformers reference, 1 user"
+"""The latency table's row of transformers' ``generate`` serving one user."""
+
+
+def _latency_table(levels: Sequence[LevelResult]) -> list[str]:
+    """First audio after ``speech_stopped``, voice-to-voice and first transcript per level, with the replies' audio
+    length; the reference's row (:data:`REFERENCE_ROW`) and columns (module docstring)."""
+    has_ref = any(level.reference is not None for level in levels)
+    ref_columns = any(level.reference is not None and level.concurrency > 1 for level in levels)
+    lines = [
+        "Latency, ms, p50 / p90 / p95 (TTFA: speech_stopped → first audio); reply audio: seconds, p50 over the replies "
+        "played to their end" + (" (reference: transformers `generate`, one request at a time)" if has_ref else ""),
+        "",
+    ]
+    head = ["users", "turns", "TTFA", "voice-to-voice", "first transcript", "reply audio s"]
+    if ref_columns:
+        head += ["TTFA (reference)", "voice-to-voice (reference)"]
+    lines += [_row(head), _row(["---:"] * len(head))]
+    for level in levels:
+        row = [str(level.concurrency), *_latency_cells(level.turns)]
+        if ref_columns:
+            ref = summarize(level.reference_metrics())
+            row += [_ppp(ref["ttfa_ms"]), _ppp(ref["voice_to_voice_ms"])]
+        lines.append(_row(row))
+    alone = next((level for level in levels if level.concurrency == 1 and level.reference), None)
+    if alone is not None:
+        lines.append(
+            _row([REFERENCE_ROW, *_latency_cells(alone.reference_metrics())] + (["–", "–"] if ref_columns else []))
+        )
+        lines += [
+            "",
+            f"{REFERENCE_ROW}: transformers' `generate` on the same weights, forced lengths and turns, one request at "
+            "a time: it returns the reply's audio only once the whole reply is made, so its TTFA is request → its "
+            "only audio (feature extraction included) and its first transcript comes with it.",
+        ]
+    return lines
+
+
+def _latency_cells(turns: Sequence[TurnMetrics]) -> list[str]:
+    """Turns, TTFA, voice-to-voice, first transcript and reply audio seconds of ``turns``."""
+    summary = summarize(turns)
+    audio_s = summary["audio_ms"].p50 / 1000.0
+    return [
+        str(len(turns)),
+        _ppp(summary["ttfa_ms"]),
+        _ppp(summary["voice_to_voice_ms"]),
+        _ppp(summary["first_transcript_ms"]),
+        _f(audio_s, 1),
+    ]
 
 
 def _goal_line(info: RunInfo, levels: Sequence[LevelResult]) -> str:

@@ -4,9 +4,9 @@ The users of a level run in child processes (``spawn``; ``client_processes`` of 
 :mod:`realtime.bench.workers`), so the measuring clients never share an event loop or an interpreter lock with an
 in-process server they measure, nor, with enough processes, fall behind real time themselves; the parent only
 serves.
-After each level the reference serves the same users' turns (:func:`realtime.bench.reference.
-serve_one_worker`), so every level's result holds both, and is handed to ``on_level`` at once (the
-report is rewritten after every level: an interrupted sweep keeps what it measured).
+After each level (or each of ``SweepPlan.reference_levels``) the reference serves the same users' turns
+(:func:`realtime.bench.reference.serve_one_worker`), so the level's result holds both, and is handed to ``on_level``
+at once (the report is rewritten after every level: an interrupted sweep keeps what it measured).
 
 User *u* of *N* starts ``ramp_s · u / N`` seconds into the level (arrivals spread over the ramp, not
 all in the same instant), speaks the files of the folder in turn starting at file *u* (users say
@@ -66,6 +66,8 @@ class SweepPlan:
     warmup_users: int = 1
     """Users warming up at once: one per engine of the server, so that placement by headroom gives every engine its
     first replies (cold paths: first kernel launches, allocator growth) before any level is measured."""
+    reference_levels: frozenset[int] | None = None
+    """The levels after which the reference (when there is one) serves the users' turns; None: every level."""
 
     def __post_init__(self) -> None:
         if not self.levels or any(level < 1 for level in self.levels):
@@ -76,9 +78,15 @@ class SweepPlan:
             raise ValueError(f"ramp_s must be >= 0, got {self.ramp_s}")
         if self.warmup_users < 1:
             raise ValueError(f"warmup_users must be >= 1, got {self.warmup_users}")
+        if self.reference_levels is not None and not self.reference_levels <= set(self.levels):
+            raise ValueError(f"reference levels {sorted(self.reference_levels)} must be among {self.levels}")
 
     def turns_per_user(self, level: int) -> int:
         return max(self.turns, math.ceil(self.min_samples / level))
+
+    def references(self, level: int) -> bool:
+        """Whether the reference (when the run has one) serves ``level``'s turns."""
+        return self.reference_levels is None or level in self.reference_levels
 
 
 def user_plans(speeches: Sequence[Speech], level: int, plan: SweepPlan, *, turns: int | None = None) -> list[UserPlan]:
@@ -224,7 +232,7 @@ async def run_sweep(
             frames_after = await camera_frames() if camera_frames is not None and frames_before is not None else None
             if frames_before is not None and frames_after is not None:
                 result.camera_frames = {k: frames_after.get(k, 0) - v for k, v in frames_before.items()}
-            if reference is not None:
+            if reference is not None and plan.references(level):
                 start = time.perf_counter()
                 result.reference = await asyncio.to_thread(
                     _reference_level, plans, reference, clients.silence_window_ms, level

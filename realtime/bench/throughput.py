@@ -114,9 +114,14 @@ def counters_from_metrics(text: str, at: float | None = None) -> EngineCounters 
 
 def metrics_url(url: str) -> str:
     """``/metrics`` of a server given as ``http(s)://`` or ``ws(s)://`` base URL."""
+    return server_url(url, "/metrics")
+
+
+def server_url(url: str, path: str) -> str:
+    """The HTTP(S) URL of ``path`` on a server given as ``http(s)://`` or ``ws(s)://`` base URL."""
     parts = urllib.parse.urlsplit(url)
     scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
-    return f"{scheme}://{parts.netloc}/metrics"
+    return f"{scheme}://{parts.netloc}{path}"
 
 
 async def scrape_counters(url: str, *, timeout_s: float = 10.0) -> EngineCounters | None:

@@ -666,14 +666,15 @@ def test_quick_sets_defaults_that_explicit_flags_override():
     from realtime.bench.models import ReplyLength, reply_length
 
     quick = resolve_options(bench_args("--quick"))
-    assert (quick.levels, quick.turns, quick.barge_in_every, quick.audio_s, quick.warmup_turns) == ((1,), 2, 1, 0.8, 0)
+    assert (quick.levels, quick.turns, quick.barge_in_every, quick.reply_s, quick.warmup_turns) == ((1,), 2, 1, 0.8, 0)
     # --quick's replies are 0.8 s of audio at the family's rate: 40 Qwen2.5-Omni codes
     assert quick.codec_tokens is None and reply_length(_stage_config(quick)) == ReplyLength(4, 40)
     mixed = resolve_options(bench_args("--quick", "--concurrency", "2,8", "--turns", "5", "--codec-tokens", "100"))
     assert (mixed.levels, mixed.turns, mixed.codec_tokens, mixed.text_tokens) == ((2, 8), 5, 100, 4)
     normal = resolve_options(bench_args())
     assert normal.levels == (1, 2, 4) and normal.text_tokens is None and normal.min_samples == 8
-    assert normal.turns == 3 and normal.codec_tokens is None  # a conversation, replies of the stage config's length
+    assert normal.turns == 3 and normal.codec_tokens is None  # a conversation, replies of the default length
+    assert normal.reply_s == 8.0
     assert normal.preemptive_response_ms == 200 and normal.pause_inside_ms is None  # the server's default
     off = resolve_options(bench_args("--preemptive-response-ms", "off", "--pause-inside-ms", "300"))
     assert (off.preemptive_response_ms, off.pause_inside_ms) == (None, 300.0)
@@ -701,7 +702,9 @@ def test_a_workload_lighter_than_the_default_says_what_is_lighter():
     assert default.length == ReplyLength(30, 400) and default.length.audio_s == 8.0
     assert default.lighter_than(default) is None
     assert Workload(ReplyLength(60, 500), 4).lighter_than(default) is None  # heavier
-    assert default.describe() == "3 turns per user, replies forced to 30 text + 400 codec tokens (8.0 s of audio)"
+    assert default.describe() == (
+        "3 turns per user, replies forced to 8.0 s of audio (400 codec tokens at 50 a second) and 30 text tokens"
+    )
     quick = Workload(ReplyLength(4, 40), 2).lighter_than(default)
     assert quick == (
         "replies of 4 text + 40 codec tokens (0.8 s) instead of 30 + 400 (8.0 s); 2 turns per user instead of 3"
@@ -802,7 +805,10 @@ def test_quick_bench_end_to_end_on_the_tiny_model(tiny_model_dir, tmp_path, caps
     assert ref["talker_tokens_per_s"] > ref["thinker_tokens_per_s"] > 0
     assert ref["audio_s"] == pytest.approx(2.4, abs=0.02)
     report = (out / "report.md").read_text()
-    assert "TTFA (reference)" in report and "thinker tok/s" in report and "GPU GiB peak" in report
+    # the reference served one user: a row of the latency table (no columns: no level of more users)
+    assert "| transformers reference, 1 user | 2 | " in report and "TTFA (reference)" not in report
+    assert "thinker tok/s" in report and "GPU GiB peak" in report
+    assert "replies forced to 1.2 s of audio (60 codec tokens at 50 a second) and 4 text tokens" in report
     assert data["info"]["turns_per_user"] == 2
     assert data["info"]["lighter_workload"] == (
         "replies of 4 text + 60 codec tokens (1.2 s) instead of 30 + 400 (8.0 s); 2 turns per user instead of 3"

@@ -156,3 +156,76 @@ def test_the_users_at_the_goal_are_in_the_text_and_in_results_json(tmp_path):
         "**Users at the goal** (p95 first audio ≤ 600 ms after speech_stopped, no turn with underruns): 8; "
         "levels meeting it: 4, 8." in markdown(info(), levels)
     )
+
+
+def latency_rows(table: str) -> dict[str, list[str]]:
+    """The latency table's rows by their first cell (the header's included, under ``users``)."""
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Latency, ms")) + 2
+    rows = {}
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def queued(ttfa_s: float, audio_s: float, users: int = 1) -> list:
+    from realtime.bench.reference import QueuedTurn
+
+    return [QueuedTurn(u, 0, "a", 1.0, 1.0, 1.0 + ttfa_s, audio_s, 0.5) for u in range(users)]
+
+
+def test_the_reference_at_one_user_is_a_row_and_at_more_users_columns():
+    from realtime.bench.report import REFERENCE_ROW
+
+    ours = [TurnMetrics(0, t, "a", "incomplete", ttfa_ms=100.0 + t, audio_ms=8000.0) for t in range(2)]
+    one = LevelResult(1, 2, 3.0, ours, reference=queued(15.0, 7.9))
+    rows = latency_rows(markdown(info(), [one]))
+    assert rows["users"] == ["turns", "TTFA", "voice-to-voice", "first transcript", "reply audio s"]
+    assert rows["1"][0] == "2" and rows["1"][-1] == "8.0"
+    # request -> its only audio: 15 s, its audio 7.9 s; its transcript comes with the audio
+    assert rows[REFERENCE_ROW] == [
+        "1",
+        "15000 / 15000 / 15000",
+        "15500 / 15500 / 15500",
+        "15000 / 15000 / 15000",
+        "7.9",
+    ]
+    four = LevelResult(4, 1, 3.0, ours, reference=queued(15.0, 7.9, users=4))
+    both = markdown(info(), [one, four])
+    rows = latency_rows(both)
+    assert rows["users"][-2:] == ["TTFA (reference)", "voice-to-voice (reference)"]
+    assert rows[REFERENCE_ROW][-2:] == ["–", "–"] and rows["4"][-2] == "15000 / 15000 / 15000"
+    assert "request → its only audio" in both
+    # the reference only at more users: columns, no row
+    assert REFERENCE_ROW not in markdown(info(), [LevelResult(1, 2, 3.0, ours), four])
+    assert REFERENCE_ROW not in markdown(info(), [LevelResult(1, 2, 3.0, ours)])
+
+
+def test_each_level_shows_the_figures_the_issues_must_show():
+    """Per level: first audio after speech_stopped p50 / p95, voice-to-voice p50 / p95, turns with underruns, audio
+    seconds per second, decode steps per second; and the users at the goal; each once."""
+    from realtime.bench.throughput import EngineCounters, level_throughput
+
+    turns = [
+        TurnMetrics(u, 0, "a", "incomplete", ttfa_ms=100.0 * (u + 1), voice_to_voice_ms=700.0, underruns=u % 2)
+        for u in range(4)
+    ]
+    level = LevelResult(4, 1, 10.0, turns)
+    level.throughput = level_throughput(
+        EngineCounters(0.0, 0, 0, 0, 0, 0, 0),
+        EngineCounters(10.0, 120, 4000, 24_000 * 30, 700, 0, 0),
+        "engine",
+        replying_s=5.0,
+    )
+    table = markdown(info(), [level])
+    assert latency_rows(table)["4"][1] == "250 / 370 / 385"  # TTFA p50 / p90 / p95
+    assert latency_rows(table)["4"][2] == "700 / 700 / 700"
+    assert delivery_row(table)[2:5] == ["4", "4", "2"]  # turns, played to their end, with underruns
+    lines = table.splitlines()
+    throughput = next(line for line in lines if line.startswith("| 4 | 12.0 / 24.0 |"))
+    cells = [cell.strip() for cell in throughput.strip("|").split("|")]
+    assert cells[3] == "3.00 / 6.00" and cells[5] == "70.0"  # audio s/s (wall / replying), decode steps/s
+    assert "**Users at the goal**" in table and table.count("Users at the goal") == 1
