@@ -1,5 +1,6 @@
 """A queue of encodes that run together at the start of the next engine step: what
-:mod:`pipeline.runners.audio_encodes` and :mod:`pipeline.runners.image_encodes` queue.
+:mod:`pipeline.runners.audio_encodes` queues (:mod:`pipeline.runners.image_encodes` keeps its own queue of pictures
+and uses :meth:`EncodeQueue.encode`, on the vision worker's thread).
 
 Contract: a block's ``embeds`` is allocated empty on the device at once (:meth:`EncodeQueue.empty`) and queued with
 its encoder input (:meth:`EncodeQueue.add`); the next :meth:`EncodeQueue.flush` fills every queued block by one call

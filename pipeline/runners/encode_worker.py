@@ -62,7 +62,8 @@ class EncodeWorker:
         self.stream: torch.cuda.Stream | None = torch.cuda.Stream(self.device) if cuda else None
         """The worker's CUDA stream (None on the CPU)."""
         self._submitted = torch.cuda.Event() if cuda else None
-        self._done = torch.cuda.Event() if cuda else None
+        # blocking: the worker's wait for its job sleeps instead of spinning a core the engine and the server need
+        self._done = torch.cuda.Event(blocking=True) if cuda else None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self._busy = False
