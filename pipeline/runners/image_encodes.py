@@ -134,6 +134,8 @@ class ImageEncodes:
         on the pool and encoded at a later :meth:`flush`."""
         grid = self.check(frames)
         assert self.prep is not None, "check() needs the pool"
+        if grid[0] != 1:  # refused before any work is queued
+            raise ValueError(f"a picture is one temporal patch, got a grid of {grid[0]}")
         return self.block(self.prep.submit(frames), grid)
 
     def block(self, pixels: Pixels, grid_thw: Sequence[int]) -> ImageBlock:
