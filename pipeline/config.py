@@ -249,6 +249,18 @@ class ThinkerConfig(DecoderConfig):
     prefill_chunk_tokens: int = _kind("positive", 512)
     """Prefill runs in chunks of at most this many positions, one chunk per engine step,
     so a long prefill never stalls the decoding of other sessions for long."""
+    vision_worker: bool = _kind("switch", AUTO)
+    """Given as auto / on / off; holds a bool. On: pictures and camera frame pairs are encoded by the vision tower on a
+    thread and CUDA stream of their own (pipeline/runners/encode_worker.py), batched across users, and a prefill reads
+    a picture only once its encode is done, so decode steps never wait for the tower; off: the tower runs on the
+    engine thread at the start of the step that follows the picture's preprocessing. The embeddings are the same.
+    ``auto`` = on with CUDA, off on the CPU (there a second busy thread only competes for the same cores). Picture
+    preprocessing (resize, patches) always runs on a pool of its own (pipeline/runners/picture_prep.py)."""
+
+    def _resolve(self) -> None:
+        super()._resolve()
+        if self.vision_worker == AUTO:
+            self._set("vision_worker", self.on_cuda)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,6 +29,7 @@ from pipeline.runners.build import RunnerLimits, build_model_runner
 from pipeline.runners.frame_talker import FrameTalkerRunner
 from pipeline.runners.image_encodes import ImageEncodes
 from pipeline.runners.model_runner import ModelRunner
+from pipeline.runners.picture_prep import PicturePrep
 from pipeline.scheduler.scheduler import Scheduler, SchedulerConfig
 from pipeline.step.frame_talker_stage import FrameTalkerStage
 from pipeline.step.talker_stage import TalkerStage
@@ -59,7 +60,8 @@ class CoreParts:
     t2w_device: torch.device | None
     """token2wav's device; None when the checkpoint does not speak."""
     image_encodes: ImageEncodes | None
-    """Pictures queued by requests, encoded together at the start of each step (None: no vision tower)."""
+    """Pictures and camera frame pairs queued by requests: preprocessed on a pool, encoded together off the engine
+    thread's critical path (None: the checkpoint takes no pictures)."""
     scheduler: Scheduler
     output: OutputProcessor
     conversations: Conversations
@@ -85,7 +87,7 @@ def build_core(
     runner, t2w_device = build_model_runner(family, ckpt, cfg, limits, fail=hooks.fail)
     log_placement(runner, t2w_device)
     positions = family.positions(ckpt)
-    image_encodes = _image_encodes(runner, positions)
+    image_encodes = _image_encodes(family, ckpt, cfg, runner, positions)
     scheduler = _scheduler(cfg, runner, limits, positions)
     output = OutputProcessor(
         observer,
@@ -156,9 +158,13 @@ def _talker_stage(
     )
 
 
-def _image_encodes(runner: ModelRunner, positions: PositionScheme) -> ImageEncodes | None:
+def _image_encodes(
+    family: ModelFamily, ckpt: Checkpoint, cfg: StageGraphConfig, runner: ModelRunner, positions: PositionScheme
+) -> ImageEncodes | None:
+    """The picture pipeline of a checkpoint with a vision tower and its preprocessing (None without either)."""
     thinker = runner.thinker
-    if thinker.vision is None:
+    preprocess, info = family.vision_preprocessor(ckpt), family.vision_info(ckpt)
+    if thinker.vision is None or preprocess is None or info is None:
         return None
     return ImageEncodes(
         thinker,
@@ -167,6 +173,8 @@ def _image_encodes(runner: ModelRunner, positions: PositionScheme) -> ImageEncod
         width=thinker.text_model.config.hidden_size,
         dtype=thinker.dtype,
         device=thinker.device,
+        prep=PicturePrep(preprocess, info),
+        worker=bool(cfg.thinker.vision_worker),
     )
 
 
@@ -232,7 +240,6 @@ def _conversations(
         features=lambda: family.audio_features(ckpt),
         audio_encodes=runner.audio_encodes,
         image_encodes=image_encodes,
-        preprocess=family.vision_preprocessor(ckpt),
         vision_info=family.vision_info(ckpt),
         av_timing=family.av_timing(ckpt),
         video_grace_s=th.video_frame_grace_seconds,

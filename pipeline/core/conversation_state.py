@@ -71,7 +71,12 @@ class ImageBlock:
     """Per-layer features added at its positions: the ``k``-th (n_tokens, H) to decoder layer ``k``'s output (filled
     with ``embeds``; empty for a vision tower without them, :class:`pipeline.models.family.LayeredVision`)."""
     error: Exception | None = None
-    """Why its encode failed; a response reading it fails with it."""
+    """Why its preprocessing or encode failed; a response reading it fails with it."""
+    ready: bool = True
+    """Its preprocessing and encode are done (failed: ``error``), on the device too, and ``embeds`` and ``deepstack``
+    may be read by the engine's stream. Set by the engine thread at the start of a step
+    (:meth:`pipeline.runners.image_encodes.ImageEncodes.flush`); no prefill reads a block before (see
+    :attr:`Rendering.ready_until`)."""
 
 
 class AudioFeatures(Protocol):
@@ -201,6 +206,9 @@ class Rendering:
     deepstack: dict[int, tuple[tuple[torch.Tensor, ...], int]] = field(default_factory=dict)
     """position -> (its block's :attr:`ImageBlock.deepstack`, row) for image and video positions whose vision tower
     makes per-layer features."""
+    ready_until: int | None = None
+    """The first position of a picture or frame pair whose block is not :attr:`~ImageBlock.ready` (None: every one
+    is): a prefill chunk that would reach it waits (:meth:`pipeline.scheduler.prefill_plan.PrefillPlanner.chunk`)."""
 
 
 class ConversationState:
@@ -455,6 +463,8 @@ class ConversationState:
     @staticmethod
     def _place_vision(r: Rendering, block: ImageBlock, i: int) -> None:
         """Row ``i`` of a picture's (or a video frame pair's) block at the next position."""
+        if not block.ready and r.ready_until is None:
+            r.ready_until = len(r.keys)
         r.audio[len(r.keys)] = (block.embeds, i)
         if block.deepstack:
             r.deepstack[len(r.keys)] = (block.deepstack, i)

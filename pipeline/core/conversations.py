@@ -33,6 +33,7 @@ from pipeline.errors import (
     UnsupportedInputError,
 )
 from pipeline.models.positions import AVTiming
+from pipeline.runners.image_encodes import ImageEncodes
 from pipeline.scheduler.scheduler import Scheduler
 from pipeline.tools import Tool
 from pipeline.video.message import OpenVideo
@@ -56,8 +57,7 @@ class Conversations:
         audio_encodes,
         exact_floor: bool,
         end_response: Callable[[str], None],
-        image_encodes=None,
-        preprocess: Callable | None = None,
+        image_encodes: ImageEncodes | None = None,
         vision_info: VisionInfo | None = None,
         av_timing: AVTiming | None = None,
         video_grace_s: float = 2.0,
@@ -69,9 +69,8 @@ class Conversations:
         """Makes the incremental log-mel features of one message (the model family's)."""
         self.audio_encodes = audio_encodes
         self.image_encodes = image_encodes
-        """Queues pictures for the next step's vision encode (None: the checkpoint has no vision tower)."""
-        self.preprocess = preprocess
-        """The family's picture preprocessing: ``([frame]) -> (pixel_values, grid_thw)``."""
+        """Checks pictures and camera frame pairs and queues their preprocessing and vision encode off the engine
+        thread (:class:`~pipeline.runners.image_encodes.ImageEncodes`; None: the checkpoint takes no pictures)."""
         self.vision_info = vision_info
         """What the vision tower takes (None: no vision tower)."""
         self.av_timing = av_timing
@@ -158,30 +157,28 @@ class Conversations:
         self.get(conv_id).add(ConvItem(id=item_id, role=role, kind=ItemKind.TEXT, text=text), previous_item_id)
 
     def add_content(self, conv_id: str, item_id: str, parts: tuple, previous_item_id: str | None = None) -> None:
-        """A user message of text and pictures in order, placed as :meth:`add_text` places it; each picture is
-        preprocessed here and queued for the next step's vision encode, then prefilled in the background. Every part
-        is checked before anything is queued: a refused message leaves the conversation as it was."""
+        """A user message of text and pictures in order, placed as :meth:`add_text` places it; each picture is checked
+        here and queued for its preprocessing and vision encode off the engine thread, then prefilled in the
+        background once encoded. Every part is checked before anything is queued: a refused message leaves the
+        conversation as it was."""
         conv = self.get(conv_id)
-        if self.image_encodes is None or self.preprocess is None:
-            if any(not isinstance(part, str) for part in parts):
-                raise UnsupportedInputError("this model has no vision tower: it cannot take images", param="content")
+        encodes = self.image_encodes
+        if encodes is None and any(not isinstance(part, str) for part in parts):
+            raise UnsupportedInputError("this model has no vision tower: it cannot take images", param="content")
         conv.place(item_id, previous_item_id)
         if not parts or all(isinstance(part, str) and not part.strip() for part in parts):
             raise EmptyInputError("message has no text and no image", param="content")
-        inputs = []
         for k, part in enumerate(parts):
-            if isinstance(part, str):
-                inputs.append(part)
-            elif isinstance(part, np.ndarray):
-                inputs.append(self._preprocess([part]))  # raises InvalidImageError for a bad picture
-            else:
+            if isinstance(part, np.ndarray):
+                assert encodes is not None, "refused above"
+                encodes.check([part])  # raises InvalidImageError for a bad picture
+            elif not isinstance(part, str):
                 raise InvalidImageError(
                     f"content part {k} must be text or a uint8 RGB (H, W, 3) array, got {type(part).__name__}",
                     param="content",
                 )
         blocks: list[str | ImageBlock] = [
-            item if isinstance(item, str) else self.image_encodes.block(item.pixel_values, item.grid_thw)
-            for item in inputs
+            part if isinstance(part, str) else self._images().picture([part]) for part in parts
         ]
         conv.add(ConvItem(id=item_id, role="user", kind=ItemKind.CONTENT, parts=blocks), previous_item_id)
 
@@ -214,14 +211,20 @@ class Conversations:
 
     def add_video_frame(self, conv_id: str, item_id: str, frame: np.ndarray, t: float) -> None:
         """A camera frame of the message ``item_id`` being spoken, seen ``t`` seconds after its first audio sample
-        (the handle checked the frame). Frame pairs that become final are preprocessed and queued for the next step's
-        vision encode; the chunks they complete are prefilled in the background. A frame the rules drop is counted
-        (:mod:`pipeline.video.message`); an error is kept and raised at commit."""
+        (the handle checked the frame). Frame pairs that become final are queued for their preprocessing and vision
+        encode off the engine thread; the chunks they complete are prefilled in the background once encoded. A frame
+        the rules drop is counted (:mod:`pipeline.video.message`), and so is a frame that arrives while the
+        preprocessing pool is full (:attr:`~pipeline.runners.image_encodes.ImageEncodes.has_room`: the timeline
+        repeats the frame before it); an error is kept and raised at commit."""
         conv = self.get(conv_id)
-        if self.image_encodes is None or self.preprocess is None or self.vision_info is None or self.av_timing is None:
+        if self.image_encodes is None or self.vision_info is None or self.av_timing is None:
             raise UnsupportedInputError("this model has no vision tower: it cannot take video", param="video")
         pending = self._open(conv, item_id)
         if pending.error is not None:
+            return
+        if not self.image_encodes.has_room:
+            self.frames_dropped += 1
+            log.debug("camera frame of %s dropped: the picture preprocessing is full", item_id)
             return
         try:
             if pending.video is None:
@@ -248,15 +251,13 @@ class Conversations:
             conv.dirty = True
 
     def _encode_pair(self, frames: list[np.ndarray]) -> ImageBlock:
-        vi = self._preprocess(frames)
-        return self.image_encodes.block(vi.pixel_values, vi.grid_thw)
+        return self._images().picture(frames)
 
-    def _preprocess(self, frames: list[np.ndarray]):
-        """The vision tower's input of ``frames`` (the family's preprocessing); the callers check first that the
-        checkpoint has a vision tower."""
-        if self.preprocess is None:
+    def _images(self) -> ImageEncodes:
+        """The image encodes; the callers check first that the checkpoint takes pictures."""
+        if self.image_encodes is None:
             raise UnsupportedInputError("this model has no vision tower: it cannot take images", param="content")
-        return self.preprocess(frames)
+        return self.image_encodes
 
     def commit_audio(self, conv_id: str, item_id: str, previous_item_id: str | None = None) -> None:
         """Close a spoken message: queue the tail's encode (and, with an exact floor, the re-encode of the blocks whose

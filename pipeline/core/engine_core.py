@@ -76,7 +76,8 @@ class EngineCore:
         self.codec_stop = parts.limits.codec_stop
         self.runner, self.token2wav, self.t2w_device = parts.runner, parts.runner.token2wav, parts.t2w_device
         self.image_encodes = parts.image_encodes
-        """Pictures queued by requests, encoded together at the start of each step (None: no vision tower)."""
+        """Pictures and camera frame pairs queued by requests, preprocessed and encoded off the engine thread's
+        critical path (None: the checkpoint takes no pictures)."""
         self.scheduler, self.output, self.conversations = parts.scheduler, parts.output, parts.conversations
         self.talker_stage = parts.talker_stage
         self.lifecycle = ResponseLifecycle(
@@ -163,11 +164,17 @@ class EngineCore:
         """Where the decode steps run (the thinker's device)."""
         return self.runner.thinker.device
 
-    def wake_on_audio(self, callback: Callable[[], None]) -> None:
-        """``callback()`` (from the token2wav worker's thread) whenever a job finishes, so the loop collects its audio
-        at once; nothing without a worker."""
+    def wake_on_results(self, callback: Callable[[], None]) -> None:
+        """``callback()`` (from a background thread) whenever the token2wav worker finishes a job, a picture's
+        preprocessing finishes or the vision worker finishes an encode, so the loop collects the result at once
+        instead of at its next poll."""
         if self.runner.worker is not None:
             self.runner.worker.on_done = callback
+        if self.image_encodes is not None:
+            if self.image_encodes.prep is not None:
+                self.image_encodes.prep.on_done = callback
+            if self.image_encodes.worker is not None:
+                self.image_encodes.worker.on_done = callback
 
     def response(self, response_id: str) -> ResponseState | None:
         """The engine's state of a live response (None once it ended): where each stage is. Engine thread only;
@@ -219,9 +226,10 @@ class EngineCore:
         )
 
     def encode_audio(self) -> int:
-        """Run the audio and picture encodes the requests queued, every conversation's in one call each (:meth:`step`
-        starts with it; the engine loop also calls it before running the requests that arrived meanwhile). Returns
-        how many blocks and pictures were encoded."""
+        """Run the audio encodes the requests queued, every conversation's in one call, and move the pictures along
+        (those whose preprocessing finished go to the vision tower together; those whose encode is done turn ready)
+        (:meth:`step` starts with it; the engine loop also calls it before running the requests that arrived
+        meanwhile). Returns how many audio blocks were encoded and pictures turned ready."""
         return self.phases.encode()
 
     def fail_all(self) -> None:
@@ -230,9 +238,9 @@ class EngineCore:
 
     # -- state --------------------------------------------------------------------------------------
     def has_work(self) -> bool:
-        """Whether a step can do something now: a response running, an audio encode queued, a background prefill that
-        can get a thinker slot, or a token2wav job in flight (so ``OmniEngine.wait_idle`` returns instead of waiting
-        for a slot that only a request can free)."""
+        """Whether a step can do something now: a response running, an audio encode queued, a picture not ready yet,
+        a background prefill that can get a thinker slot, or a token2wav job in flight (so ``OmniEngine.wait_idle``
+        returns instead of waiting for a slot that only a request can free)."""
         return (
             bool(self.scheduler.responses)
             or self.runner.audio_encodes.pending > 0
@@ -275,8 +283,10 @@ class EngineCore:
 
     def close(self) -> None:
         """End every conversation (a live response ends ``cancelled``), stop the token2wav worker after its running
-        job, and write the timeline, if one is kept."""
+        job, the picture preprocessing and the vision worker after theirs, and write the timeline, if one is kept."""
         for conv_id in list(self.scheduler.conversations):
             self.conversations.close(conv_id)
         self.phases.close_audio()
+        if self.image_encodes is not None:
+            self.image_encodes.close()
         self.observer.close()

@@ -140,8 +140,9 @@ class EngineThread:
             sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         core.commands_waiting = lambda: not self._commands.empty()
-        # a finished token2wav chunk wakes the loop at once instead of at its next poll
-        core.wake_on_audio(lambda: self._commands.put((_noop, None)))
+        # a finished token2wav chunk, picture preprocessing or vision encode wakes the loop at once instead of at its
+        # next poll
+        core.wake_on_results(lambda: self._commands.put((_noop, None)))
         self._thread = threading.Thread(target=self._loop, name="omni-engine", daemon=True)
         self._closed = False
         self._thread.start()

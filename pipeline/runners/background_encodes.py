@@ -1,5 +1,6 @@
 """A queue of encodes that run together at the start of the next engine step: what
-:mod:`pipeline.runners.audio_encodes` and :mod:`pipeline.runners.image_encodes` queue.
+:mod:`pipeline.runners.audio_encodes` queues (:mod:`pipeline.runners.image_encodes` keeps its own queue of pictures
+and uses :meth:`EncodeQueue.encode`, on the vision worker's thread).
 
 Contract: a block's ``embeds`` is allocated empty on the device at once (:meth:`EncodeQueue.empty`) and queued with
 its encoder input (:meth:`EncodeQueue.add`); the next :meth:`EncodeQueue.flush` fills every queued block by one call
@@ -79,19 +80,30 @@ class EncodeQueue(Generic[Input, Block]):
         """Encode every queued block in one call (if that fails, each alone, so only a faulty one fails). Returns
         how many were encoded."""
         queued, self._queue = self._queue, []
+        for block, exc in self.encode(queued):
+            block.error = exc
+        return len(queued)
+
+    def encode(self, queued: list[tuple[Input, Block]]) -> list[tuple[Block, Exception]]:
+        """Fill the blocks of ``queued`` ``(input, block)`` pairs by one call of the encoder (if that fails, each alone)
+        and return the blocks that failed with their exceptions, setting nothing else on them: the caller records the
+        errors on its own thread. Runs on any one thread at a time whose current stream may write the blocks
+        (:meth:`flush` on the engine thread; the vision's :class:`~pipeline.runners.encode_worker.EncodeWorker`)."""
         if not queued:
-            return 0
+            return []
         try:
             self._fill(queued, self._encode_many([item for item, _ in queued]))
+            return []
         except Exception:  # noqa: BLE001 - find the faulty block by encoding one by one
             self._log.exception("batched encode of %d %s failed; encoding each alone", len(queued), self._names.many)
-            for item, block in queued:
-                try:
-                    self._fill([(item, block)], self._encode_many([item]))
-                except Exception as exc:  # noqa: BLE001 - kept on the block: its response fails with it
-                    self._log.exception("encoding %s failed", self._names.one)
-                    block.error = exc
-        return len(queued)
+        failures = []
+        for item, block in queued:
+            try:
+                self._fill([(item, block)], self._encode_many([item]))
+            except Exception as exc:  # noqa: BLE001 - returned: its response fails with it
+                self._log.exception("encoding %s failed", self._names.one)
+                failures.append((block, exc))
+        return failures
 
     def copy_checked(self, target: torch.Tensor, out: torch.Tensor) -> None:
         """Copy an encoder output into a block's tensor of the same shape; RuntimeError naming both shapes if not."""

@@ -4,7 +4,8 @@
 next chunk (at most ``prefill_chunk_tokens`` positions) as a :class:`~pipeline.scheduler.prefill_batch.PrefillJob`.
 Before a response's first chunk it applies the video budget and the context policy (the oldest turns dropped, or a
 :class:`~pipeline.errors.ContextLimitError`). Background chunks go round robin under what is left of the step's
-budget and never take another conversation's slot. Bookkeeping only (no tensor is made or read). Engine thread only.
+budget and never take another conversation's slot. A chunk that would reach a picture whose encode is not ready waits
+(:meth:`PrefillPlanner.chunk`). Bookkeeping only (no tensor is made or read). Engine thread only.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class PrefillPlanner:
             r.thinker.input_text_tokens = r.thinker.prompt_len - len(rendering.audio)
             reset = (slot, list(rendering.token_ids))
         job = self.chunk(conv, slot, rendering, need_logits=True)
+        if job is None:
+            return False, reset  # its next chunk reaches a picture not encoded yet: it waits a step
         job.response_id = r.id
         return batch.admit(job), reset
 
@@ -102,24 +105,31 @@ class PrefillPlanner:
                 conv.dirty = False
                 return True
             rendering.keys, rendering.token_ids = rendering.keys[:limit], rendering.token_ids[:limit]
-            return batch.admit(self.chunk(conv, slot, rendering, need_logits=False))
+            job = self.chunk(conv, slot, rendering, need_logits=False)
+            return job is not None and batch.admit(job)
         except Exception:  # noqa: BLE001 - a background failure must not stop the engine thread
             log.exception("background prefill of %s failed; its cache is dropped", conv.id)
             conv.free()
             conv.dirty = False
             return True
 
-    def chunk(self, conv: ConversationState, slot: int, rendering, *, need_logits: bool) -> PrefillJob:
+    def chunk(self, conv: ConversationState, slot: int, rendering, *, need_logits: bool) -> PrefillJob | None:
         """The next chunk (at most ``prefill_chunk_tokens``) of ``rendering`` into ``slot`` (the conversation's thinker
-        slot) missing from the cache, cropping the
-        cache to what the rendering shares with it. With ``need_logits`` the last position is recomputed if it is
-        already cached (its logits are wanted)."""
+        slot) missing from the cache, cropping the cache to what the rendering shares with it. With ``need_logits``
+        the last position is recomputed if it is already cached (its logits are wanted).
+
+        The rule for pictures being encoded: a chunk that would reach a picture or camera frame pair whose block is
+        not ready (:attr:`~pipeline.core.conversation_state.Rendering.ready_until`, the blocks' host-side state at the
+        start of the step) is not planned: None, and the conversation waits a step. So no prefill reads an encode still
+        running, and chunk boundaries (hence the reply) do not depend on when an encode finishes."""
         keys = rendering.keys
         start = conv.common_prefix(keys)
         if need_logits:
             start = min(start, len(keys) - 1)
         conv.crop(start)
         end = min(len(keys), start + self.cfg.prefill_chunk_tokens)
+        if rendering.ready_until is not None and rendering.ready_until < end:
+            return None
         rope = self.positions.rope_positions(end, rendering.spans, start=start)
         inside = any(span.at < end < span.at + span.length for span in rendering.spans)
         return PrefillJob(

@@ -118,11 +118,7 @@ class PatchPreprocessor:
             self.info.temporal_patch_size,
         ):
             raise ValueError("info: the patch sizes must be the checkpoint's")
-        if len(frames) == 0:
-            raise InvalidImageError("no frames", param="image")
-        for frame in frames:
-            _check_frame(frame)
-        height, width = info.resized(frames[0].shape[0], frames[0].shape[1])
+        height, width = check_frames(frames, info)
         resized = [_resize(frame, height, width) for frame in frames]
         resized.extend([resized[-1]] * (-len(resized) % info.temporal_patch_size))
         levels, grid = _patchify(np.stack(resized), info)
@@ -147,6 +143,17 @@ def _triple(raw: Mapping[str, Any], name: str) -> tuple[float, float, float]:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_frames(frames: Sequence[np.ndarray], info: VisionInfo) -> tuple[int, int]:
+    """(height, width) in pixels :meth:`PatchPreprocessor.__call__` resizes ``frames`` to under ``info``, or the
+    :class:`InvalidImageError` it raises for them (no frames, a frame that is not uint8 RGB ``(H, W, 3)``, an empty one,
+    one of extreme aspect ratio), without doing the work: cheap on any thread."""
+    if len(frames) == 0:
+        raise InvalidImageError("no frames", param="image")
+    for frame in frames:
+        _check_frame(frame)
+    return info.resized(frames[0].shape[0], frames[0].shape[1])
 
 
 def _check_frame(frame: Any) -> None:

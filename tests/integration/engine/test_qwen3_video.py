@@ -53,7 +53,8 @@ def reference_inputs(engine, reference, pcm: np.ndarray, frames: list[np.ndarray
     mel = torch.tensor(np.asarray(f["input_features"][0]))[None]
     mask = torch.tensor(np.asarray(f["attention_mask"][0]))[None]
     n_audio = int(_get_feat_extract_output_lengths(mask.sum()))
-    pairs = [core.conversations.preprocess(frames[i : i + 2]) for i in range(0, len(frames), 2)]
+    preprocess = core.family.vision_preprocessor(core.ckpt)
+    pairs = [preprocess(frames[i : i + 2]) for i in range(0, len(frames), 2)]
     _, gh, gw = pairs[0].grid_thw
     merge = engine.vision.merge_size
     layout = Qwen3OmniAVLayout(timing, rows=gh // merge, cols=gw // merge, n_patches=len(pairs), n_audio=n_audio)

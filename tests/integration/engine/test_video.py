@@ -56,7 +56,7 @@ class Reference:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.features = WhisperFeatureExtractor.from_pretrained(path)
         core = engine.core
-        self.special, self.preprocess = core.special, core.conversations.preprocess
+        self.special, self.preprocess = core.special, core.family.vision_preprocessor(core.ckpt)
         self.timing = core.family.av_timing(core.ckpt)
 
     def inputs(self, turns: list[tuple[np.ndarray, list[np.ndarray] | None, list[int]]]) -> dict:

@@ -107,8 +107,8 @@ class StubCore:
         self.decode_devices = (self.device,)
         self.backend = None
 
-    def wake_on_audio(self, callback) -> None:
-        pass  # no token2wav worker
+    def wake_on_results(self, callback) -> None:
+        pass  # no token2wav worker, no picture work
 
     def has_work(self) -> bool:
         return self.queued > 0 or self.step_wanted

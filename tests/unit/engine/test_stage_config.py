@@ -59,7 +59,7 @@ def test_auto_values_are_resolved_at_load(device: str) -> None:
     cuda = device == "cuda"
     assert (cfg.thinker.device, cfg.thinker.dtype) == (device, "bfloat16" if cuda else "float32")
     assert cfg.token2wav.dtype == "float32"  # the packaged precision, not auto
-    assert cfg.talker.overlap is cuda and cfg.engine.process is cuda
+    assert cfg.talker.overlap is cuda and cfg.engine.process is cuda and cfg.thinker.vision_worker is cuda
     tw = cfg.token2wav
     assert (
         tw.worker_thread is cuda
@@ -72,6 +72,12 @@ def test_auto_values_are_resolved_at_load(device: str) -> None:
         getattr(__import__("torch"), cfg.thinker.dtype),
         getattr(__import__("torch"), tw.settings.dit_dtype),
     )
+
+
+@pytest.mark.parametrize(("given", "want"), [("on", True), ("off", False), (True, True), (False, False)])
+def test_the_vision_worker_switch_reads_on_and_off(given, want) -> None:
+    cfg = load_stage_config(overrides={"stages": {"thinker": {"device": "cpu", "vision_worker": given}}})
+    assert cfg.thinker.vision_worker is want
 
 
 def test_each_stage_refuses_another_stages_field() -> None:
