@@ -1,8 +1,10 @@
 """Building an engine's runners: the thinker and talker runners, the streaming token2wav and its worker, and the
 :class:`~pipeline.runners.model_runner.ModelRunner` over them.
 
-Each stage is built with its own device current (stages may be on different GPUs). The decode and prefill graphs are
-captured and token2wav is compiled and warmed up here (seconds on a 7B model), not during the first replies. A
+Each stage is built with its own device current (stages may be on different GPUs). First the KV pools are sized
+(``kv_slots: auto``: :mod:`pipeline.runners.kv_sizing`, from the loaded modules' shapes and each GPU's free memory once
+the weights are on it), then the runners allocate them. The decode and prefill graphs are captured and token2wav is
+compiled and warmed up here (seconds on a 7B model), not during the first replies. A
 checkpoint that does not speak (:meth:`ModelFamily.speaks <pipeline.models.family.ModelFamily.speaks>`) gets a thinker
 only: no talker, no token2wav, no worker, and its stage config's talker and token2wav sections are not read.
 """
@@ -129,13 +131,12 @@ def _kv_plan(
             _request("talker", ta, talker.device, talker.body, positions, talker.vocab, limit=cfg.token2wav.max_batch)
         )
     cuda = dict.fromkeys(torch.device(r.device) for r in requests if r.on_cuda)
-    plan = plan_kv_pools(
+    return plan_kv_pools(
         requests,
         free={str(d): free_memory(d) for d in cuda},
         reserve=round(engine.kv_reserve_gib * GIB),
         max_slots=engine.kv_auto_max_slots,
     )
-    return plan
 
 
 def _request(
