@@ -38,6 +38,10 @@ STAGE_ORDER = ("thinker", "talker", "token2wav")
 STAGE_INPUTS = {"thinker": "request", "talker": "thinker", "token2wav": "talker"}
 SLOW_STEP_MS_CUDA = 250.0
 SLOW_STEP_MS_CPU = 1000.0
+KV_RESERVE_GIB = 4.0
+"""``engine.kv_reserve_gib``'s default (docs/engine.md, "How many conversations fit", says what it was sized on)."""
+KV_AUTO_MAX_SLOTS = 64
+"""``engine.kv_auto_max_slots``'s default."""
 CONTEXT_POLICIES = ("drop_oldest", "error")
 AUDIO_FLOORS = ("streaming", "exact")
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
@@ -81,10 +85,10 @@ RESIDUAL_SAMPLING = SamplingConfig(do_sample=True, temperature=1.0, top_k=50, to
 
 def _kind(kind: str, default: Any = None, *, factory=None, choices: tuple = ()) -> Any:
     """A field with how its value is checked (``kind``) in its metadata: ``positive`` (an integer > 0, or None),
-    ``at_least_0`` (an integer >= 0), ``fraction`` (a number in (0, 1]), ``bool``, ``str``, ``choice`` (one of
-    ``choices``), ``device`` (auto, cpu, cuda or cuda:N), ``switch`` (auto / on /
-    off or a boolean, resolved by the class), ``sampling``, ``fixed`` (must equal the default), ``family`` (the model
-    family's own keys, parsed by the :class:`StageGraphConfig`)."""
+    ``at_least_0`` (an integer >= 0), ``slots`` (a positive integer, or ``auto``, kept as it is: resolved at load),
+    ``fraction`` (a number in (0, 1]), ``bool``, ``str``, ``choice`` (one of ``choices``), ``device`` (auto, cpu,
+    cuda or cuda:N), ``switch`` (auto / on / off or a boolean, resolved by the class), ``sampling``, ``fixed`` (must
+    equal the default), ``family`` (the model family's own keys, parsed by the :class:`StageGraphConfig`)."""
     meta = {"kind": kind, "choices": choices}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
@@ -144,6 +148,8 @@ class StageConfig:
             )
         elif kind == "positive" and value is not None and (not _is_int(value) or value <= 0):
             raise ConfigError(f"{where} must be a positive integer", param=where)
+        elif kind == "slots" and value != AUTO and (not _is_int(value) or value <= 0):
+            raise ConfigError(f"{where} must be a positive integer or auto, got {value!r}", param=where)
         elif kind == "at_least_0" and (not _is_int(value) or value < 0):
             raise ConfigError(f"{where} must be an integer >= 0", param=where)
         elif kind == "fraction" and (not _is_number(value) or not 0 < value <= 1):
@@ -181,10 +187,14 @@ class DecoderConfig(StageConfig):
     min_tokens: int | None = _kind("positive", None)
     """Stop tokens are suppressed until this many tokens were generated (like ``min_new_tokens``):
     forces reply lengths for benchmarks with random weights."""
-    kv_slots: int = _kind("positive", 16)
+    kv_slots: int | str = _kind("slots", AUTO)
     """Conversations whose KV cache stays on the device at once (a fixed pool allocated at start,
-    ``kv_slots x max_context_tokens`` positions for the thinker). An idle conversation beyond it loses its cache to a
-    new one (least recently used first) and is prefilled again at its next response."""
+    ``kv_slots x max_context_tokens`` positions for the thinker), and the largest decode batch. An idle conversation
+    beyond it loses its cache to a new one (least recently used first) and is prefilled again at its next response.
+    ``auto`` (the default) stays ``auto`` here and is resolved once, when the engine loads: on CUDA, as many as the
+    device's free memory holds after the weights, less ``engine.kv_reserve_gib``; on the CPU,
+    :data:`~pipeline.runners.kv_sizing.CPU_KV_SLOTS` (:mod:`pipeline.runners.kv_sizing` states the rule). An
+    integer is used as it is."""
     max_prefills_per_step: int = _kind("positive", 4)
     """Prefills per engine step. The budget keeps a burst of long prompts from stalling every session's next
     token."""
@@ -378,9 +388,28 @@ class EngineConfig:
     in a :class:`StageGraphConfig`: ``auto`` = 250 with CUDA (a step there takes milliseconds, so 250 ms is a stall a
     listener hears), 1000 on the CPU (where one token2wav chunk of the tiny model alone takes a few hundred
     milliseconds on a busy core)."""
+    kv_reserve_gib: float = KV_RESERVE_GIB
+    """GiB of each CUDA device's free memory that ``kv_slots: auto`` leaves outside the KV pools, for what the engine
+    allocates after them: the decode, prefill and audio-encode CUDA graphs, the activations of prefills, encoders and
+    samplers, and token2wav's compiled graphs and batches (its weights are loaded before, so they are not in it).
+    Unused with integer ``kv_slots``."""
+    kv_auto_max_slots: int = KV_AUTO_MAX_SLOTS
+    """The most conversations ``kv_slots: auto`` gives a stage, whatever the memory: the decode graphs are captured
+    for every multiple of 8 up to the slot count, each with memory of its own, and ``kv_reserve_gib`` is sized for
+    graphs up to this many rows. An integer ``kv_slots`` is not bound by it."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "process", switch(self.process, "engine.process"))
+        if not _is_number(self.kv_reserve_gib) or not self.kv_reserve_gib >= 0:
+            raise ConfigError(
+                f"engine.kv_reserve_gib must be a number of GiB >= 0, got {self.kv_reserve_gib!r}",
+                param="engine.kv_reserve_gib",
+            )
+        if not _is_int(self.kv_auto_max_slots) or self.kv_auto_max_slots < 1:
+            raise ConfigError(
+                f"engine.kv_auto_max_slots must be a positive integer, got {self.kv_auto_max_slots!r}",
+                param="engine.kv_auto_max_slots",
+            )
         if self.slow_step_ms != AUTO and (
             isinstance(self.slow_step_ms, bool)
             or not isinstance(self.slow_step_ms, int | float)

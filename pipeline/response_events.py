@@ -221,3 +221,14 @@ class EngineStats:
     """Camera frames the engine dropped since start (a second frame in a frame slot, late frames, frames after the
     video ended or of another size than the message's first; pipeline/video/message.py), counted when their message
     is committed or discarded."""
+    kv_slots: int = 0
+    """Conversations whose thinker KV cache the engine keeps on its device at once (``stages.thinker.kv_slots`` as
+    resolved at load; 0 from an engine that does not report it)."""
+    talker_kv_slots: int = 0
+    """Conversations whose talker KV cache it keeps at once: the spoken replies that may run together (0 without a
+    talker)."""
+    kv_capacity_tokens: int = 0
+    """Thinker KV positions the engine's pool holds: ``kv_slots`` x the positions of a slot
+    (``max_context_tokens``); ``cached_tokens`` is how many of them are used."""
+    talker_kv_capacity_tokens: int = 0
+    """Talker KV positions its pool holds (``talker_kv_slots`` x the positions of a talker slot)."""

@@ -23,11 +23,12 @@ from pipeline.models.family import Checkpoint, ModelFamily
 from pipeline.models.positions import PositionScheme
 from pipeline.models.rendering import PromptRenderer, SpecialIds
 from pipeline.observe.observer import EngineObserver
-from pipeline.observe.report import log_placement
+from pipeline.observe.report import log_kv_pools, log_placement
 from pipeline.output.processor import OutputProcessor
 from pipeline.runners.build import RunnerLimits, build_model_runner
 from pipeline.runners.frame_talker import FrameTalkerRunner
 from pipeline.runners.image_encodes import ImageEncodes
+from pipeline.runners.kv_sizing import KVPlan
 from pipeline.runners.model_runner import ModelRunner
 from pipeline.runners.picture_prep import PicturePrep
 from pipeline.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -57,6 +58,8 @@ class CoreParts:
     """Renders conversations to prompt token ids and decodes reply ids (the family's)."""
     limits: RunnerLimits
     runner: ModelRunner
+    kv_plan: KVPlan
+    """How the thinker's and talker's KV pools were sized (``kv_slots: auto`` resolved)."""
     t2w_device: torch.device | None
     """token2wav's device; None when the checkpoint does not speak."""
     image_encodes: ImageEncodes | None
@@ -84,7 +87,8 @@ def build_core(
         text_stop=tuple(sorted({special.im_end, special.endoftext})),
         codec_stop=tuple(family.codec_stop_ids(ckpt)) if speaks else (),
     )
-    runner, t2w_device = build_model_runner(family, ckpt, cfg, limits, fail=hooks.fail)
+    runner, t2w_device, kv_plan = build_model_runner(family, ckpt, cfg, limits, fail=hooks.fail)
+    log_kv_pools(kv_plan)
     log_placement(runner, t2w_device)
     positions = family.positions(ckpt)
     image_encodes = _image_encodes(family, ckpt, cfg, runner, positions)
@@ -107,6 +111,7 @@ def build_core(
         renderer=renderer,
         limits=limits,
         runner=runner,
+        kv_plan=kv_plan,
         t2w_device=t2w_device,
         image_encodes=image_encodes,
         scheduler=scheduler,

@@ -75,6 +75,8 @@ class EngineCore:
         self.max_context, self.max_codes = parts.limits.max_context, parts.limits.max_codes
         self.codec_stop = parts.limits.codec_stop
         self.runner, self.token2wav, self.t2w_device = parts.runner, parts.runner.token2wav, parts.t2w_device
+        self.kv_plan = parts.kv_plan
+        """How the KV pools were sized at load (``kv_slots: auto`` resolved): reported in :meth:`stats`."""
         self.image_encodes = parts.image_encodes
         """Pictures and camera frame pairs queued by requests, preprocessed and encoded off the engine thread's
         critical path (None: the checkpoint takes no pictures)."""
@@ -256,6 +258,7 @@ class EngineCore:
             observer=self.observer,
             pending=pending_requests,
             devices=self.devices,
+            kv=self.kv_plan,
         )
 
     @property

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["concrete", "device_scope", "peer_access"]
+__all__ = ["concrete", "device_scope", "free_memory", "peer_access"]
 
 
 def concrete(device: torch.device | str) -> torch.device:
@@ -42,3 +42,10 @@ def peer_access(devices: Iterable[torch.device]) -> dict[tuple[int, int], bool]:
     directly (a copy between two devices without it is staged through host memory by the driver)."""
     indices = sorted({d.index for d in devices if d.type == "cuda" and d.index is not None})
     return {(a, b): torch.cuda.can_device_access_peer(a, b) for a, b in itertools.permutations(indices, 2)}
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes a new allocation on CUDA ``device`` can take now: what the driver reports free plus what torch's caching
+    allocator holds unused (it hands those blocks out before asking the driver)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)

@@ -15,8 +15,9 @@ from pipeline.kernels.devices import peer_access
 from pipeline.models.family import StreamStatus
 from pipeline.observe.observer import EngineObserver
 from pipeline.response_events import EngineStats
+from pipeline.runners.kv_sizing import KVPlan
 
-__all__ = ["describe", "device_memory", "engine_stats", "log_placement", "stage_devices"]
+__all__ = ["describe", "device_memory", "engine_stats", "log_kv_pools", "log_placement", "stage_devices"]
 
 log = logging.getLogger("pipeline.core.engine_core")
 
@@ -29,11 +30,19 @@ def stage_devices(runner, t2w_device: torch.device | None) -> tuple[torch.device
 
 
 def engine_stats(
-    scheduler, *, frames_dropped: int, observer: EngineObserver, pending: int, devices: tuple[torch.device, ...]
+    scheduler,
+    *,
+    frames_dropped: int,
+    observer: EngineObserver,
+    pending: int,
+    devices: tuple[torch.device, ...],
+    kv: KVPlan,
 ) -> EngineStats:
-    """The engine's counts now: conversations, responses, cached positions, the observer's counters and (on CUDA)
-    device memory; ``pending``: requests waiting for the engine thread; ``frames_dropped``: video frames dropped."""
+    """The engine's counts now: conversations, responses, cached positions, the KV pools' size (``kv``: the plan they
+    were allocated by), the observer's counters and (on CUDA) device memory; ``pending``: requests waiting for the
+    engine thread; ``frames_dropped``: video frames dropped."""
     convs = scheduler.conversations.values()
+    thinker, talker = kv.pool("thinker"), kv.pool("talker")
     return EngineStats(
         conversations=len(convs),
         responses=len(scheduler.responses),
@@ -43,6 +52,10 @@ def engine_stats(
         pending_commands=pending,
         video_positions=sum(item.video.tokens for c in convs for item in c.items if item.video is not None),
         video_frames_dropped_total=frames_dropped,
+        kv_slots=thinker.slots if thinker else 0,
+        talker_kv_slots=talker.slots if talker else 0,
+        kv_capacity_tokens=thinker.slots * thinker.positions if thinker else 0,
+        talker_kv_capacity_tokens=talker.slots * talker.positions if talker else 0,
         **observer.counters,
         **device_memory(devices),
     )
@@ -57,6 +70,12 @@ def device_memory(devices: tuple[torch.device, ...]) -> dict[str, int]:
         "device_memory_bytes": sum(torch.cuda.memory_allocated(d) for d in cuda),
         "device_memory_peak_bytes": sum(torch.cuda.max_memory_allocated(d) for d in cuda),
     }
+
+
+def log_kv_pools(plan: KVPlan) -> None:
+    """One line at load: the KV pools' conversations, positions and memory, and what the devices have free after
+    them (:meth:`KVPlan.summary <pipeline.runners.kv_sizing.KVPlan.summary>`)."""
+    log.info("%s", plan.summary())
 
 
 def log_placement(runner, t2w_device: torch.device | None) -> None:

@@ -50,7 +50,7 @@ from pipeline.kernels.fused_decode import (
 from pipeline.kernels.sdpa import PREFILL_BACKENDS
 from pipeline.runners.kv_pool import KVPool
 
-__all__ = ["HostRope", "PooledDecoder", "rope_axes"]
+__all__ = ["HostRope", "PooledDecoder", "kv_geometry", "rope_axes"]
 
 HostRope = torch.Tensor | np.ndarray
 """(3, T) int64 rope positions on the host, a tensor or a numpy array (:meth:`PooledDecoder.check_host_rope`)."""
@@ -96,6 +96,18 @@ def _contiguous_sections(axes: torch.Tensor) -> tuple[int, int] | None:
     return first.count(0), first.count(1)
 
 
+def kv_geometry(body) -> tuple[int, int, int]:
+    """``(layers, kv_heads, head_dim)`` of the KV pool a :class:`PooledDecoder` over ``body`` (an HF decoder model)
+    allocates, read from its modules as the decoder reads them (sizing a pool before building it:
+    :mod:`pipeline.runners.kv_sizing`)."""
+    cfg = body.config
+    attn = body.layers[0].self_attn
+    head_dim = (
+        getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    )
+    return len(body.layers), cfg.num_key_value_heads, head_dim
+
+
 class PooledDecoder:
     def __init__(
         self,
@@ -120,13 +132,7 @@ class PooledDecoder:
         self.layers = list(body.layers)
         self.norm = body.norm
         self.heads = cfg.num_attention_heads
-        self.kv_heads = cfg.num_key_value_heads
-        attn = self.layers[0].self_attn
-        self.head_dim = (
-            getattr(attn, "head_dim", None)
-            or getattr(cfg, "head_dim", None)
-            or cfg.hidden_size // cfg.num_attention_heads
-        )
+        _, self.kv_heads, self.head_dim = kv_geometry(body)
         self.scale = self.head_dim**-0.5
         self.device, self.dtype = torch.device(device), dtype
         for i, layer in enumerate(self.layers):

@@ -14,9 +14,9 @@ refusal reasons, response statuses, first-audio segments, the protocol's error c
 Resource hygiene gauges are set from a :class:`Hygiene` snapshot the server takes when ``/metrics``
 is scraped (:meth:`ServerMetrics.observe_hygiene`): live sessions' asyncio tasks, all tasks of the
 event loop, open WebRTC peer connections, what the engine holds (conversations, responses, open
-audio messages, KV positions, queued commands) and the process's resident memory and open file
-descriptors. Once every session has ended each returns to its idle value; a count that keeps
-growing is a leak.
+audio messages, KV positions, queued commands; and the size of the KV pools, constant from load) and the process's
+resident memory and open file descriptors. Once every session has ended each returns to its idle value; a count that
+keeps growing is a leak.
 
 The same snapshot carries the engine's cumulative work counters (thinker tokens, talker codec
 tokens, 24 kHz audio samples, decode steps, the underruns a real-time player of each reply would
@@ -261,6 +261,8 @@ class ServerMetrics:
             self.errors.labels(str(code))
         for stage in ("thinker", "talker"):
             self.engine_kv_positions.labels(stage)
+            self.engine_kv_slots.labels(stage)
+            self.engine_kv_capacity.labels(stage)
         for outcome in CAMERA_OUTCOMES:
             self.camera_frames.labels(outcome)
         self.camera_tracks_refused.labels("unsupported_codec")
@@ -279,6 +281,18 @@ class ServerMetrics:
             f"{PREFIX}_engine_kv_positions", "KV cache positions held, by stage", ["stage"], registry=r
         )
         self.engine_pending = Gauge(f"{PREFIX}_engine_pending_commands", "Commands queued for the engine", registry=r)
+        self.engine_kv_slots = Gauge(
+            f"{PREFIX}_engine_kv_slots",
+            "Conversations whose KV cache the engines keep on their devices at once, by stage (resolved at load)",
+            ["stage"],
+            registry=r,
+        )
+        self.engine_kv_capacity = Gauge(
+            f"{PREFIX}_engine_kv_capacity_positions",
+            "KV cache positions the engines' pools hold, by stage (engine_kv_positions of them are used)",
+            ["stage"],
+            registry=r,
+        )
         self.rss = Gauge(f"{PREFIX}_process_resident_memory_bytes", "Resident memory of the process", registry=r)
         self.open_fds = Gauge(f"{PREFIX}_process_open_fds", "Open file descriptors of the process", registry=r)
         self.engine_work = EngineWorkCollector()
@@ -332,6 +346,10 @@ class ServerMetrics:
             self.engine_open_audio.set(engine.open_audio_messages)
             self.engine_kv_positions.labels("thinker").set(engine.cached_tokens)
             self.engine_kv_positions.labels("talker").set(engine.talker_cached_tokens)
+            self.engine_kv_slots.labels("thinker").set(engine.kv_slots)
+            self.engine_kv_slots.labels("talker").set(engine.talker_kv_slots)
+            self.engine_kv_capacity.labels("thinker").set(engine.kv_capacity_tokens)
+            self.engine_kv_capacity.labels("talker").set(engine.talker_kv_capacity_tokens)
             self.engine_pending.set(engine.pending_commands)
             self.engine_work.stats = engine
         if hygiene.memory is not None:

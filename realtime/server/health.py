@@ -16,13 +16,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from pipeline.response_events import EngineStats
 from realtime.engines.placement import EngineState
 from realtime.engines.pool import EnginePool, EngineProbe, closed, total_stats
 from realtime.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from realtime.observe.metrics import Hygiene, ServerMetrics, process_memory
 from realtime.runner import live_session_tasks
 
-__all__ = ["CallCounts", "ServerHealth", "health_routes"]
+__all__ = ["CallCounts", "ServerHealth", "health_routes", "kv_capacity"]
 
 
 class CallCounts(Protocol):
@@ -75,12 +76,14 @@ class ServerHealth:
 
     async def probe(self) -> dict:
         """:meth:`report` with each engine's ``responsive`` (it answered a stats request within
-        ``engine_probe_timeout_s``: not stuck inside a step) and ``engine_responsive`` (every serving engine is);
-        ``ok``: at least one engine serves and is responsive."""
+        ``engine_probe_timeout_s``: not stuck inside a step) and, from its answer, ``kv`` (:func:`kv_capacity`),
+        ``engine_responsive`` (every serving engine is); ``ok``: at least one engine serves and is responsive."""
         probes = await self.pool.probe()
         health = self.report()
         for engine, probe in zip(health["engines"], probes, strict=True):
             engine["responsive"] = probe.responsive
+            if probe.stats is not None and probe.stats.kv_slots:
+                engine["kv"] = kv_capacity(probe.stats)
         serving = [probe for probe in probes if probe.state is EngineState.SERVING]
         health["engine_responsive"] = all(probe.responsive for probe in serving)
         health["ok"] = any(probe.responsive for probe in serving)
@@ -121,6 +124,16 @@ class ServerHealth:
         self.metrics.observe_hygiene(await self.hygiene(probes))
         self.metrics.observe_engines(self.pool.slots.loads(), self.pool.devices, [probe.stats for probe in probes])
         return self.metrics.render()
+
+
+def kv_capacity(stats: EngineStats) -> dict:
+    """What an engine's KV pools hold, as resolved at load: ``slots`` (conversations whose thinker cache stays on the
+    device), ``talker_slots`` (spoken replies at once), ``positions_per_slot`` (a conversation's longest context)."""
+    return {
+        "slots": stats.kv_slots,
+        "talker_slots": stats.talker_kv_slots,
+        "positions_per_slot": stats.kv_capacity_tokens // stats.kv_slots,
+    }
 
 
 def health_routes(health: Callable[[], ServerHealth]) -> list[Route]:

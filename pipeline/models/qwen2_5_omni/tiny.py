@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
@@ -107,6 +108,12 @@ RELEASED_7B_IDS: dict = {
 }
 """Special ids of the released Qwen2.5-Omni-7B config.json. This module *writes* configs, so the
 7B preset needs them as values; the engine itself reads every id from the checkpoint config."""
+
+RELEASED_7B_PARAMETERS: Mapping[str, int] = MappingProxyType(
+    {"thinker": 8_931_813_888, "talker": 1_307_289_344, "token2wav": 449_051_264, "total": 10_688_154_496}
+)
+"""Parameters of the released Qwen2.5-Omni-7B architecture (:meth:`Qwen25OmniRandomModelSpec.qwen2_5_omni_7b`) per
+part and in total, as transformers builds it (``tests/unit/models/test_tiny_checkpoint.py`` counts them)."""
 
 
 TEST_ATTENTION_SHARPNESS = 8.0

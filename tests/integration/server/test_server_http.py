@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -143,6 +144,27 @@ async def test_healthz_reports_model_weights_and_sessions():
             await until(ws, "session.created")
             health = (await http.get("/healthz")).json()
             assert (health["sessions"], health["engines"][0]["sessions"]) == (1, 1)
+
+
+class SizedEngine(StatsEngine):
+    """A fake engine that reports KV pools as an engine resolves them at load."""
+
+    async def stats(self):
+        held = await super().stats()
+        return dataclasses.replace(
+            held, kv_slots=8, talker_kv_slots=8, kv_capacity_tokens=8 * 8192, talker_kv_capacity_tokens=8 * 10256
+        )
+
+
+async def test_healthz_and_metrics_show_the_kv_pools_size():
+    async with served(SizedEngine(), webrtc=None) as (http, _):
+        engine = (await http.get("/healthz")).json()["engines"][0]
+        assert engine["kv"] == {"slots": 8, "talker_slots": 8, "positions_per_slot": 8192}
+        metrics = (await http.get("/metrics")).text
+        assert sample(metrics, "omni_realtime_engine_kv_slots", stage="thinker") == 8
+        assert sample(metrics, "omni_realtime_engine_kv_slots", stage="talker") == 8
+        assert sample(metrics, "omni_realtime_engine_kv_capacity_positions", stage="thinker") == 8 * 8192
+        assert sample(metrics, "omni_realtime_engine_kv_capacity_positions", stage="talker") == 8 * 10256
 
 
 class StuckEngine(FakeEngine):

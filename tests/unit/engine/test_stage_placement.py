@@ -65,7 +65,7 @@ def test_the_stages_devices_each_once_in_stage_order() -> None:
 @pytest.mark.parametrize(
     ("name", "talker", "kv_slots"),
     [
-        ("qwen2_5_omni_split", "cuda:0", 16),
+        ("qwen2_5_omni_split", "cuda:0", "auto"),  # the packaged setting, resolved at load
         ("bench_split_token2wav", "cuda:0", 64),
         ("bench_split_talker", "cuda:1", 64),
     ],

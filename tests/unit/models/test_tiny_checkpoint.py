@@ -256,6 +256,20 @@ def test_thinker_end_logit_sits_below_the_best_but_inside_the_top_k(reference_mo
 def test_seven_b_spec_has_the_released_parameter_count() -> None:
     count = tiny.parameter_count(Qwen25OmniRandomModelSpec.qwen2_5_omni_7b())
     assert abs(count - 10.69e9) < 0.01e9, count
+    assert count == tiny.RELEASED_7B_PARAMETERS["total"]
+
+
+@pytest.mark.slow
+def test_the_recorded_seven_b_parameters_per_part_are_what_transformers_builds() -> None:
+    """The per-part counts the capacity table reads (docs/engine.md: token2wav's weights stay float32)."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    with torch.device("meta"):
+        model = Qwen2_5OmniForConditionalGeneration(tiny.build_config(Qwen25OmniRandomModelSpec.qwen2_5_omni_7b()))
+    parts = {
+        name: sum(p.numel() for p in getattr(model, name).parameters()) for name in ("thinker", "talker", "token2wav")
+    }
+    assert {**parts, "total": sum(parts.values())} == dict(tiny.RELEASED_7B_PARAMETERS)
 
 
 def test_seven_b_config_keeps_released_codec_ids() -> None:
