@@ -216,7 +216,7 @@ def test_the_packaged_configs_say_auto_and_the_bench_keeps_its_counts() -> None:
     bench = load_stage_config(folder / "bench_forced.yaml")
     assert (bench.thinker.kv_slots, bench.talker.kv_slots) == (64, 16)
     bench3 = load_stage_config(folder / "bench_forced_qwen3_omni.yaml")
-    assert (bench3.thinker.kv_slots, bench3.talker.kv_slots) == (16, 8)
+    assert (bench3.thinker.kv_slots, bench3.talker.kv_slots) == (24, 16)
 
 
 # --- the documentation's table -------------------------------------------------------------------------------------
