@@ -11,9 +11,8 @@ and with a 0.6–1.2 s mid-sentence pause), scores each complete and cut turn as
   complete turns end (ms of silence: at once, median, 90th percentile);
 - the model's CPU cost on one thread: one turn a call, and batches of 8.
 
-Usage, from the repository root: ``python -m scripts.turn_accuracy [--voice-set SET] [--voices N] [--sentences N]``
-(SET: a fixture voice set, ``espeak`` or ``festival``, or ``all``; needs the ``turn`` extra, the set's synthesizer and
-``sox``; a whole set takes a few minutes on one core).
+Usage, from the repository root: ``python -m scripts.turn_accuracy [--voices N] [--sentences N]`` (needs the
+``turn`` extra, ``espeak-ng`` and ``sox``; the whole set takes a few minutes on one core).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import time
 
 import numpy as np
 
-from realtime.bench.turn_fixtures import DEFAULT_VOICE_SET, SENTENCES, VOICE_SETS, TurnClip, TurnKind, render_all
+from realtime.bench.turn_fixtures import SENTENCES, VOICES, TurnClip, TurnKind, render_all
 from realtime.turns.semantic import Eagerness, SemanticPolicy, SemanticVadConfig
 from realtime.turns.smart_turn import SmartTurnModel
 
@@ -93,10 +92,7 @@ def cost_lines(model: SmartTurnModel, audio: np.ndarray, repeats: int) -> list[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--voice-set", choices=[*VOICE_SETS, "all"], default=DEFAULT_VOICE_SET, help="the fixtures' voices"
-    )
-    parser.add_argument("--voices", type=int, default=None, help="the first N voices of the set (default: all)")
+    parser.add_argument("--voices", type=int, default=len(VOICES), help="the first N voices")
     parser.add_argument("--sentences", type=int, default=len(SENTENCES), help="the first N sentences")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per batch size")
     args = parser.parse_args()
@@ -105,8 +101,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     config = SemanticVadConfig()
-    voices = sum(VOICE_SETS.values(), ()) if args.voice_set == "all" else VOICE_SETS[args.voice_set]
-    clips = render_all(SENTENCES[: args.sentences], voices[: args.voices])
+    clips = render_all(SENTENCES[: args.sentences], VOICES[: args.voices])
     model = SmartTurnModel.bundled(threads=1)
     silence = config.score_after_ms
     complete = score(model, [c.with_silence(silence) for c in clips if c.kind is TurnKind.COMPLETE])

@@ -1,23 +1,20 @@
-"""Spoken turns for end-of-turn detection, synthesized reproducibly with espeak-ng or festival, and sox.
+"""Spoken turns for end-of-turn detection, synthesized reproducibly with espeak-ng and sox.
 
-Each :class:`Sentence` is spoken by each voice (:mod:`realtime.bench.turn_voices`) twice:
+Each :class:`Sentence` is spoken by each :class:`Voice` twice:
 
 - plainly: a *complete* turn;
-- with a pause of 0.6–1.2 s at a point where the sentence cannot end (after "for", "and", "the", ...): a *pause*
-  turn (the user pauses mid-sentence and goes on). The words before the pause keep the intonation of a sentence
-  that goes on, as a speaker who pauses does (each voice's :meth:`speak_paused` says how). The same audio cut at
-  the pause is a *cut* turn (a sentence that stops mid-way).
+- with an SSML ``<break>`` of 0.6–1.2 s at a point where the sentence cannot end (after "for", "and", "the", ...):
+  a *pause* turn (the user pauses mid-sentence and goes on). espeak speaks the words before the break with the
+  intonation of an unfinished sentence, as a speaker who pauses does. The same audio cut at the pause is a *cut*
+  turn (a sentence that stops mid-way).
 
-Voice sets (:data:`VOICE_SETS`): ``espeak`` (six espeak-ng voices) and ``festival`` (festival's HTS and diphone
-voices); :data:`VOICES` is the default set. The pause length of each (sentence, voice) is drawn from
-``random.Random(f"{seed}/{sentence}/{voice}")``; with the same synthesizer and sox versions the audio is the same on
-every run (they are deterministic). Audio is 16 kHz mono float32, peak-normalized by sox to -3 dBFS, with
-:data:`LEAD_MS` of digital silence before the speech and none after it: a consumer appends the silence it studies
-(:meth:`TurnClip.with_silence`). Where the speech starts and ends, and where the pause lies, is measured on the
-audio (:data:`SILENCE_LEVEL`).
+The pause length of each (sentence, voice) is drawn from ``random.Random(f"{seed}/{sentence}/{voice}")``; with the
+same espeak-ng and sox versions the audio is the same on every run (espeak and sox are deterministic). Audio is
+16 kHz mono float32, peak-normalized by sox to -3 dBFS, with :data:`LEAD_MS` of digital silence before the speech
+and none after it: a consumer appends the silence it studies (:meth:`TurnClip.with_silence`). Where the speech
+starts and ends, and where the pause lies, is measured on the audio (:data:`SILENCE_LEVEL`).
 
-Needs the voices' programs on PATH (espeak-ng or festival, and sox; :func:`tools_missing`); ~40 ms of CPU a clip
-with espeak-ng, ~150 ms with festival.
+Needs ``espeak-ng`` and ``sox`` on PATH (Debian: ``apt-get install espeak-ng sox``); ~40 ms of CPU a clip.
 """
 
 from __future__ import annotations
@@ -25,6 +22,8 @@ from __future__ import annotations
 import enum
 import json
 import random
+import shutil
+import subprocess
 import tempfile
 import wave
 from dataclasses import dataclass
@@ -32,23 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from realtime.bench import turn_voices
-from realtime.bench.turn_voices import (
-    ESPEAK_VOICES,
-    FESTIVAL_VOICES,
-    RATE,
-    EspeakVoice,
-    FestivalVoice,
-    Voice,
-    install_hint,
-    voice_from_manifest,
-)
-
-__all__ = ["RATE", "EspeakVoice", "FestivalVoice", "Voice"]  # the voices' names, for the fixtures' users
-
+RATE = 16_000
+"""Rate (Hz) of the clips."""
 LEAD_MS = 300
 SILENCE_LEVEL = 0.01
 """|sample| at or below this (after normalization to a 0.71 peak) counts as silence."""
+RAW_FLOAT = ("-t", "raw", "-e", "floating-point", "-b", "32", "-c", "1", "-r", str(RATE))
+"""sox's output format: headerless float32 mono at :data:`RATE`."""
 MIN_PAUSE_MS, MAX_PAUSE_MS, PAUSE_STEP_MS = 600, 1200, 50
 DEFAULT_SEED = 45
 
@@ -83,6 +72,19 @@ class Sentence:
         return f"{self.before} {self.after}"
 
 
+@dataclass(frozen=True)
+class Voice:
+    """An espeak-ng voice (``-v``), its speed in words per minute (``-s``) and pitch 0–99 (``-p``)."""
+
+    name: str
+    wpm: int
+    pitch: int = 50
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.wpm}"
+
+
 SENTENCES = tuple(
     Sentence(marked)
     for marked in (
@@ -114,11 +116,15 @@ SENTENCES = tuple(
 )
 """Requests a voice assistant hears, each with a break after a word that cannot end it."""
 
-VOICE_SETS: dict[str, tuple[Voice, ...]] = {"espeak": ESPEAK_VOICES, "festival": FESTIVAL_VOICES}
-"""The voice sets by name (:mod:`realtime.bench.turn_voices`)."""
-DEFAULT_VOICE_SET = "espeak"
-VOICES = VOICE_SETS[DEFAULT_VOICE_SET]
-"""The default voice set."""
+VOICES = (
+    Voice("en-us", 175, 50),
+    Voice("en-gb", 150, 40),
+    Voice("en-us+f3", 160, 65),
+    Voice("en-gb-scotland", 190, 45),
+    Voice("en-029", 140, 55),
+    Voice("en-gb-x-rp+m3", 200, 35),
+)
+"""American, British, Scottish, Caribbean and RP English; male and female variants; 140–200 words per minute."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +163,9 @@ class TurnClip:
         return {
             "kind": self.kind.value,
             "text": self.text,
-            **self.voice.manifest(),
+            "voice": self.voice.name,
+            "wpm": self.voice.wpm,
+            "pitch": self.voice.pitch,
             "sample_rate": RATE,
             "speech_start_ms": self.speech_start_ms,
             "speech_end_ms": self.speech_end_ms,
@@ -166,28 +174,38 @@ class TurnClip:
         }
 
 
-def tools_missing(voices: tuple[Voice, ...] = VOICES) -> list[str]:
-    """The programs ``voices`` need that are not on PATH."""
-    return turn_voices.tools_missing(voices)
-
-
-def voice_set(name: str) -> tuple[Voice, ...]:
-    """The voice set called ``name`` (:data:`VOICE_SETS`); ``ValueError`` naming the sets otherwise."""
-    if name not in VOICE_SETS:
-        raise ValueError(f"unknown voice set {name!r}: one of {', '.join(VOICE_SETS)}")
-    return VOICE_SETS[name]
+def tools_missing() -> list[str]:
+    """The programs this module needs that are not on PATH."""
+    return [tool for tool in ("espeak-ng", "sox") if shutil.which(tool) is None]
 
 
 def pause_for(sentence: Sentence, voice: Voice, seed: int = DEFAULT_SEED) -> int:
-    """The pause (ms) asked of the voice for this sentence: a fixed draw from 600–1200 ms in 50 ms steps."""
+    """The pause (ms) asked of espeak for this sentence and voice: a fixed draw from 600–1200 ms in 50 ms steps."""
     steps = (MAX_PAUSE_MS - MIN_PAUSE_MS) // PAUSE_STEP_MS
     return MIN_PAUSE_MS + PAUSE_STEP_MS * random.Random(f"{seed}/{sentence.text}/{voice.label}").randint(0, steps)
+
+
+def synthesize(ssml: str, voice: Voice, workdir: Path) -> np.ndarray:
+    """espeak-ng's rendering of the SSML text ``ssml`` by ``voice``, resampled to 16 kHz and peak-normalized to
+    -3 dBFS by sox: float32 samples."""
+    wav = workdir / "espeak.wav"
+    subprocess.run(
+        ["espeak-ng", "-m", "-v", voice.name, "-s", str(voice.wpm), "-p", str(voice.pitch), "-w", str(wav), ssml],
+        check=True,
+        capture_output=True,
+    )
+    raw = subprocess.run(
+        ["sox", str(wav), *RAW_FLOAT, "-", "gain", "-n", "-3"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    return np.frombuffer(raw, dtype="<f4").astype(np.float32)
 
 
 def _loud_bounds(x: np.ndarray) -> tuple[int, int]:
     loud = np.flatnonzero(np.abs(x) > SILENCE_LEVEL)
     if not len(loud):
-        raise RuntimeError("the synthesizer produced silence")
+        raise RuntimeError("espeak-ng produced silence")
     return int(loud[0]), int(loud[-1]) + 1
 
 
@@ -213,14 +231,15 @@ def render(sentence: Sentence, voice: Voice, workdir: Path, seed: int = DEFAULT_
     lead = np.zeros(LEAD_MS * RATE // 1000, np.float32)
     base = clip_base(sentence, voice)
 
-    plain = voice.speak(sentence.text, workdir)
+    plain = synthesize(sentence.text, voice, workdir)
     start, end = _loud_bounds(plain)
     complete = np.concatenate([lead, plain[start:end]])
     clips = [
         TurnClip(f"{base}.complete", TurnKind.COMPLETE, sentence.text, voice, complete, LEAD_MS, _ms(len(complete)))
     ]
 
-    paused = voice.speak_paused(sentence.before, sentence.after, pause_for(sentence, voice, seed), workdir)
+    ssml = f'{sentence.before} <break time="{pause_for(sentence, voice, seed)}ms"/> {sentence.after}'
+    paused = synthesize(ssml, voice, workdir)
     start, end = _loud_bounds(paused)
     paused = np.concatenate([lead, paused[start:end]])
     gap_start, gap_end = _longest_gap(paused)
@@ -246,9 +265,9 @@ def render_all(
     sentences: tuple[Sentence, ...] = SENTENCES, voices: tuple[Voice, ...] = VOICES, seed: int = DEFAULT_SEED
 ) -> list[TurnClip]:
     """Every sentence by every voice: ``3 * len(sentences) * len(voices)`` clips, sentence-major."""
-    missing = tools_missing(voices)
+    missing = tools_missing()
     if missing:
-        raise RuntimeError(install_hint(missing))
+        raise RuntimeError(f"{', '.join(missing)} not found on PATH (Debian: apt-get install espeak-ng sox)")
     with tempfile.TemporaryDirectory(prefix="turn-fixtures-") as tmp:
         return [clip for s in sentences for v in voices for clip in render(s, v, Path(tmp), seed)]
 
@@ -269,10 +288,11 @@ def write_folder(clips: list[TurnClip], out: Path) -> None:
 
 def read_folder(folder: Path) -> dict[str, TurnClip]:
     """The clips :func:`write_folder` wrote, by name (audio back from 16-bit: within 1/32767 of the rendering), so
-    that a machine without the synthesizers plays the same turns. ``ValueError`` when the folder is not one."""
+    that a machine without espeak-ng and sox plays the same turns. ``ValueError`` when the folder is not one."""
     manifest_path = folder / "manifest.json"
     if not manifest_path.is_file():
         raise ValueError(f"{folder} holds no manifest.json (write one with realtime.bench.turn_fixtures)")
+    voices = {(v.name, v.wpm, v.pitch): v for v in VOICES}
     clips = {}
     for file, entry in json.loads(manifest_path.read_text()).items():
         if entry["sample_rate"] != RATE:
@@ -280,7 +300,9 @@ def read_folder(folder: Path) -> dict[str, TurnClip]:
         with wave.open(str(folder / file), "rb") as w:
             pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
         name = file.removesuffix(".wav")
-        voice = voice_from_manifest(entry)
+        voice = voices.get((entry["voice"], entry["wpm"], entry["pitch"])) or Voice(
+            entry["voice"], entry["wpm"], entry["pitch"]
+        )
         clips[name] = TurnClip(
             name,
             TurnKind(entry["kind"]),
@@ -296,16 +318,14 @@ def read_folder(folder: Path) -> dict[str, TurnClip]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m realtime.bench.turn_fixtures DIR [--voices SET]``: render every clip of a voice set into DIR
-    (for a machine without the synthesizers)."""
+    """``python -m realtime.bench.turn_fixtures DIR``: render every clip into DIR (for a machine without espeak-ng)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m realtime.bench.turn_fixtures", description=main.__doc__)
     parser.add_argument("folder", type=Path)
-    parser.add_argument("--voices", choices=VOICE_SETS, default=DEFAULT_VOICE_SET, help="the voice set")
     args = parser.parse_args(argv)
     try:
-        clips = render_all(voices=VOICE_SETS[args.voices])
+        clips = render_all()
     except RuntimeError as exc:
         parser.exit(2, f"error: {exc}\n")
     write_folder(clips, args.folder)
