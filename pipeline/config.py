@@ -86,9 +86,10 @@ RESIDUAL_SAMPLING = SamplingConfig(do_sample=True, temperature=1.0, top_k=50, to
 def _kind(kind: str, default: Any = None, *, factory=None, choices: tuple = ()) -> Any:
     """A field with how its value is checked (``kind``) in its metadata: ``positive`` (an integer > 0, or None),
     ``at_least_0`` (an integer >= 0), ``slots`` (a positive integer, or ``auto``, kept as it is: resolved at load),
-    ``fraction`` (a number in (0, 1]), ``bool``, ``str``, ``choice`` (one of ``choices``), ``device`` (auto, cpu,
-    cuda or cuda:N), ``switch`` (auto / on / off or a boolean, resolved by the class), ``sampling``, ``fixed`` (must
-    equal the default), ``family`` (the model family's own keys, parsed by the :class:`StageGraphConfig`)."""
+    ``seconds`` (a number >= 0, or None), ``fraction`` (a number in (0, 1]), ``bool``, ``str``, ``choice`` (one of
+    ``choices``), ``device`` (auto, cpu, cuda or cuda:N), ``switch`` (auto / on / off or a boolean, resolved by the
+    class), ``sampling``, ``fixed`` (must equal the default), ``family`` (the model family's own keys, parsed by the
+    :class:`StageGraphConfig`)."""
     meta = {"kind": kind, "choices": choices}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
@@ -152,6 +153,8 @@ class StageConfig:
             raise ConfigError(f"{where} must be a positive integer or auto, got {value!r}", param=where)
         elif kind == "at_least_0" and (not _is_int(value) or value < 0):
             raise ConfigError(f"{where} must be an integer >= 0", param=where)
+        elif kind == "seconds" and value is not None and (not _is_number(value) or value < 0):
+            raise ConfigError(f"{where} must be a number >= 0 (seconds) or null, got {value!r}", param=where)
         elif kind == "fraction" and (not _is_number(value) or not 0 < value <= 1):
             raise ConfigError(f"{where} must be a number in (0, 1], got {value!r}", param=where)
         elif kind == "bool":
@@ -342,6 +345,17 @@ class Token2WavConfig(StageConfig):
     later-chunk jobs (``RecentJobs`` in ``pipeline/scheduler/token2wav_jobs.py``): what a later chunk that lets first
     chunks go first waits before its own audio is out, which grows with the load. ``starving_margin_ms`` is then the
     floor."""
+    first_audio_target_ms: int = _kind("at_least_0", 500)
+    """A reply's first audio is wanted this long (ms) after the engine took the response: the playout deadline of a
+    reply whose audio has not started, against which its first chunk is ranked beside the later chunks of replies
+    already playing (earliest deadline first, ``pipeline/scheduler/token2wav_jobs.py``). Smaller: first chunks go
+    before more of the later chunks within reach of their deadline; larger: the other way round. At most
+    ``deadline_lead_s``, so that a first chunk never waits."""
+    deadline_lead_s: float | None = _kind("seconds", 1.5)
+    """In a step that decodes or prefills, a ready stream whose playout deadline (when its client runs out of audio)
+    is further away than this (s) waits, so that the GPU goes to decode and the token2wav worker stays free for the
+    streams that need it; a stream within it is always a candidate. None: every ready stream is a candidate at once.
+    It must cover a job of first chunks and the stream's own job under load plus ``starving_margin_ms``."""
     start_buffer_ms: int | None = _kind("positive", 960)
     """Under load (``start_buffer_busy``), a reply's first audio is held in the engine until this much of it (ms) is
     made (960: its first two chunks), then sent at once, so that its player starts with that much in hand; None:
@@ -365,6 +379,14 @@ class Token2WavConfig(StageConfig):
         super()._resolve()
         if self.worker_thread == AUTO:
             self._set("worker_thread", self.on_cuda)
+        lead = self.deadline_lead_s
+        if lead is not None and self.first_audio_target_ms > lead * 1000:
+            where = f"{self.path}.first_audio_target_ms"
+            raise ConfigError(
+                f"{where} ({self.first_audio_target_ms}) must be at most deadline_lead_s ({lead} s): a first chunk "
+                "would wait",
+                param=where,
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -208,6 +208,8 @@ def _scheduler(
             start_buffer_busy=tw.start_buffer_busy or tw.max_batch,
             quick_first_chunk=quick_frames is not None,
             quick_first_chunk_max_open=synthesizer.cfg.quick_first_chunk_max_open if synthesizer else 0,
+            deadline_lead_s=tw.deadline_lead_s,
+            first_audio_target_ms=tw.first_audio_target_ms,
             video_budget=VideoBudget(th.video_history_seconds, th.video_retention_ratio),
         ),
         thinker_slots=runner.thinker.pool.slots,

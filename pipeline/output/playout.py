@@ -3,7 +3,7 @@
 Pure arithmetic over a caller-supplied clock (seconds, ``time.perf_counter()`` in the engine). The player starts on
 the reply's first chunk, plays continuously at real time, and when it runs out waits for the next chunk and resumes
 on its arrival: the WebSocket player of the benchmark (``realtime/bench/metrics.py``, without its jitter buffer), and
-what a browser's audio queue does. The engine schedules token2wav by it (a stream's audio ahead,
+what a browser's audio queue does. The engine schedules token2wav by it (a stream's playout deadline,
 ``pipeline/scheduler/token2wav_jobs.py``) and counts its underruns: what a client would hear if the network added
 nothing, so an operator can tell the engine's lateness from the network's. For each chunk that came late it also
 keeps where the chunk's time went (:class:`LateChunk`): its codes came late (decode), it waited for the token2wav
@@ -45,9 +45,12 @@ class Playout:
     """One reply's player. ``ends_at``: when it will have played everything delivered (None before the first chunk);
     ``underruns``: chunks that arrived after it ran dry; ``starved_ms``: how long it waited for them in all; ``late``:
     the first :data:`MAX_LATE_CHUNKS` of those chunks, with where their time went (the engine reports, per chunk, when
-    its codes were ready, :meth:`chunk_ready`, and when its job started, :meth:`job_started`)."""
+    its codes were ready, :meth:`chunk_ready`, and when its job started, :meth:`job_started`). ``wanted_at``: when
+    its client wants the first audio (the response's start plus the first-audio target; None: as soon as it can be
+    made); with ``ends_at`` it gives the stream's :meth:`deadline`."""
 
     ends_at: float | None = None
+    wanted_at: float | None = None
     underruns: int = 0
     starved_ms: float = 0.0
     chunks: int = 0
@@ -103,6 +106,14 @@ class Playout:
     def started(self) -> bool:
         """Whether a chunk was delivered (the player has started)."""
         return self.ends_at is not None
+
+    def deadline(self, now: float) -> float:
+        """The playout deadline (clock seconds): when the client runs out of audio. Once started, :attr:`ends_at` (the
+        first chunk's arrival plus the audio delivered plus the time spent waiting for late chunks); before,
+        :attr:`wanted_at`, or ``now`` when none is set (the first audio is wanted at every moment)."""
+        if self.ends_at is not None:
+            return self.ends_at
+        return self.wanted_at if self.wanted_at is not None else now
 
     def ahead_ms(self, now: float) -> float:
         """Audio delivered and not yet played at ``now`` (ms; negative: the player has been waiting that long)."""

@@ -10,8 +10,9 @@ Ordering contract of a step (:meth:`pipeline.core.engine_core.EngineCore.step`):
 any prefill chunk runs; the ``prefills`` run together as one batch, then the ``talker_listens`` of the background
 chunks that ran; then one batched thinker decode over ``thinker_rows`` beside the talker over ``talker_rows`` (its
 ``talker_starts`` after the thinker's decode, then one batched decode or a chain of ``chain_steps``); then one
-token2wav job, picked by ``audio`` among the streams whose next chunk the step's codes made ready; then the update:
-the ``ends`` decided while planning, the step's failures, the responses whose every stage is done.
+token2wav job, picked by ``audio`` among the streams whose next chunk the step's codes made ready (earliest playout
+deadline first; none when no stream is due); then the update: the ``ends`` decided while planning, the step's
+failures, the responses whose every stage is done.
 """
 
 from __future__ import annotations
@@ -58,16 +59,18 @@ class TalkerListen:
 @dataclass(frozen=True)
 class AudioRule:
     """How this step's token2wav job is picked. Why a rule and not a job: the job's candidates are the streams whose
-    next chunk the codes of this very step make ready, and how much audio each has ahead at that moment, neither of
-    which exists while the plan is made. The plan fixes the policy's inputs (the batch limit, the starving margin);
-    :meth:`pick` is pure over the candidates the step found."""
+    next chunk the codes of this very step make ready, and how long each has until its playout deadline at that
+    moment, neither of which exists while the plan is made. The plan fixes the policy's inputs (the batch limit, the
+    starving margin, the lead: ``lead_ms`` None when no stream may wait this step); :meth:`pick` is pure over the
+    candidates the step found, their deadlines read off the engine's clock when it picks."""
 
     max_streams: int
     starving_margin_ms: float
+    lead_ms: float | None = None
 
     def pick(self, candidates: Sequence[ChunkCandidate]) -> Token2WavJob | None:
-        """The job among ``candidates`` (:func:`pipeline.scheduler.token2wav_jobs.pick_job`)."""
-        return pick_job(candidates, self.max_streams, starving_margin_ms=self.starving_margin_ms)
+        """The job among ``candidates`` (:func:`pipeline.scheduler.token2wav_jobs.pick_job`; None: none is due)."""
+        return pick_job(candidates, self.max_streams, starving_margin_ms=self.starving_margin_ms, lead_ms=self.lead_ms)
 
 
 @dataclass

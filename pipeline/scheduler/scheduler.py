@@ -61,6 +61,11 @@ class SchedulerConfig:
     quick_first_chunk: bool
     """The token2wav schedule has a quick first chunk."""
     quick_first_chunk_max_open: int
+    deadline_lead_s: float | None = None
+    """A ready stream whose playout deadline is further away than this waits, in a step that decodes or prefills
+    (:mod:`pipeline.scheduler.token2wav_jobs`); None: every ready stream is a candidate at once."""
+    first_audio_target_ms: int = 0
+    """A response's first audio is wanted this long after it started: its playout deadline before its audio starts."""
     video_budget: VideoBudget = VideoBudget(None, 1.0)
     """How much camera video the history keeps (:mod:`pipeline.video.budget`; applied before each response)."""
 
@@ -144,7 +149,10 @@ class Scheduler:
         return conv
 
     def add_response(self, r: ResponseState) -> None:
-        """A started response: planned from the next step on, after the live ones."""
+        """A started response: planned from the next step on, after the live ones. Its first audio is wanted
+        ``first_audio_target_ms`` after ``r.started_at`` (its player's ``wanted_at``, its playout deadline until its
+        audio starts)."""
+        r.audio.playout.wanted_at = r.started_at + self.cfg.first_audio_target_ms / 1000.0
         self._responses[r.id] = r
 
     def withdraw(self, r: ResponseState, cleanup: policies.Cleanup) -> bool:
@@ -178,7 +186,7 @@ class Scheduler:
         conversation, their KV slots) is seen by the rest of the plan. Other side effects are bookkeeping only: KV
         slots assigned (an idle conversation may lose its cache to a response), caches cropped to what a rendering
         shares with them, the oldest turns dropped under ``drop_oldest``."""
-        plan = StepPlan(audio=self.audio_rule())
+        plan = StepPlan(audio=self.audio_rule())  # no stream waits until the decode is planned (below)
         batch = PrefillBatch(self.cfg.prefills_per_step, self.cfg.prefill_rows)
         decoding: list[ResponseState] = []
         for r in list(self._responses.values()):
@@ -204,7 +212,14 @@ class Scheduler:
         if self.slots.talker is not None:
             plan.talker_listens = talker_listens(batch.jobs, self._conversations, self.slots, self.talker_reads)
         self._plan_decode(plan, decoding, ctx)
+        plan.audio = self.audio_rule(may_wait=self._busy(plan))
         return plan
+
+    def _busy(self, plan: StepPlan) -> bool:
+        """Whether the step has GPU work beside token2wav: a prefill chunk, a thinker row, or a talker that has not
+        made its last code."""
+        talking = any(not self._responses[rid].talker.done for rid in plan.talker_rows)
+        return bool(plan.prefills or plan.thinker_rows) or talking
 
     def _end(self, plan: StepPlan, r: ResponseState, error: Exception | None) -> None:
         prefilling = r.status is ResponseStatus.PREFILLING
@@ -286,10 +301,14 @@ class Scheduler:
         )
         return holds_start(self.cfg.start_buffer_ms, busy, self.cfg.start_buffer_busy)
 
-    def audio_rule(self) -> AudioRule:
-        """How the next token2wav job is picked among the streams whose next chunk is ready (first chunks alone, then
-        the streams with the least audio ahead, under the starving margin)."""
-        return AudioRule(self.cfg.t2w_max_batch, self.starving_margin())
+    def audio_rule(self, *, may_wait: bool = False) -> AudioRule:
+        """How the next token2wav job is picked among the streams whose next chunk is ready: earliest playout deadline
+        first, a job of first chunks or of later chunks, under the starving margin
+        (:mod:`pipeline.scheduler.token2wav_jobs`). ``may_wait``: the step has other GPU work (a decode or a
+        prefill), so a stream more than ``deadline_lead_s`` from its deadline waits; otherwise every ready stream is
+        a candidate (waiting would leave the GPU idle)."""
+        lead_s = self.cfg.deadline_lead_s if may_wait else None
+        return AudioRule(self.cfg.t2w_max_batch, self.starving_margin(), None if lead_s is None else lead_s * 1000.0)
 
     def starving_margin(self) -> float:
         """The starving margin (ms) of the next job: the configured one, or with ``starving_margin_from_jobs`` at least

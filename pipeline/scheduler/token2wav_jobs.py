@@ -1,25 +1,39 @@
-"""Which token2wav chunks to make next: first chunks before steady ones, and among steady ones the streams closest to
-running dry. Pure logic, no torch and no clock: the engine passes in how much audio each stream has ahead.
+"""Which token2wav chunks to make next: earliest playout deadline first. Pure logic, no torch and no clock: the
+engine passes in how long each stream has until its deadline, read off its own clock.
+
+A stream's **playout deadline** is the moment its client runs out of audio: for a reply whose audio is playing, its
+first sample's time plus the audio sent (a real-time player; one that ran dry resumes on the next chunk, so the time
+it waited counts too); for a reply whose audio has not started (its first chunk, or a first audio the start buffer
+holds), the moment its first audio is wanted: the response's start plus ``token2wav.first_audio_target_ms``. A
+candidate carries the time from the pick to its deadline (``audio_ahead_ms``).
 
 Why a policy at all: one token2wav job (a batched DiT solve plus its vocoder calls) runs at a time, and a batch costs
 about as much as its longest window times its rows. Mixed into a batch of steady chunks, a first chunk (72-frame
-window) would be padded to the steady 144 frames and wait for every steady stream's chunk, while the steady streams
-usually have audio in hand. So:
+window) would be padded to the steady 144 frames and wait for every steady stream's chunk. The rule
+(:func:`pick_job`), in order:
 
-- A job holds only first chunks or only later chunks, never both.
-- A job holds at most ``max_streams`` streams (one batched pass), so a first chunk that becomes ready while a job
-  runs waits for one pass, not for every stream in the engine.
-- The most urgent candidate decides the kind of job. A first chunk has 0 ms of audio ahead (someone is waiting for
-  the first sample); a later chunk has the audio its stream sent minus what a real-time player has played since
-  its first sample, less ``starving_margin_ms``. A steady stream with less than the margin ahead (with 0: only one
-  already starving) outranks first chunks; otherwise first chunks go first. Why a margin: the policy runs when the
-  worker is free, and a later chunk that lets a first-chunk job go first waits for that job and then its own, so
-  with less audio in hand than the two take its player runs dry. Ties keep the callers' order (responses in the
-  order they started).
-- How long the two take depends on the load (on the H100 a job of first chunks takes ~40 ms alone and 100-250 ms
-  beside 16 users' decode steps), so the margin can follow it: :class:`RecentJobs` keeps the last jobs' durations
-  and gives the longest recent first-chunk job plus the longest recent later-chunk job, never less than the
-  configured floor.
+1. **Due or not.** With a lead (``lead_ms``, from ``token2wav.deadline_lead_s``), a candidate whose deadline is more
+   than the lead away is not due: it waits, so that the GPU is spent on decode and the worker stays free for the
+   streams that need it. Only due candidates are ranked; no due candidate, no job. A due candidate is never passed
+   over for one that is not, and a first chunk is always due when the first-audio target is within the lead (the
+   typed config requires it). Without a lead every candidate is due. The scheduler gives a step a lead only when it
+   decodes or prefills (:meth:`pipeline.scheduler.scheduler.Scheduler.audio_rule`): in a step with nothing else to
+   do, waiting would only leave the GPU idle (and, on a clock that stands still, never end).
+2. **Earliest deadline first.** A candidate's urgency is its time to deadline; a later chunk's counts
+   ``starving_margin_ms`` less, because the time it has must cover its own job and possibly a job of first chunks
+   that goes before it. The most urgent due candidate decides the kind of job: first chunks only, or later chunks
+   only, never both. At equal urgency a first chunk goes first, then the stream that started earlier
+   (``arrival``), then the callers' order.
+3. **One batch.** The job takes the due candidates of that kind, most urgent first, at most ``max_streams`` (one
+   batched pass), so a first chunk that becomes ready while a job runs waits for one pass, not for every stream.
+
+Nothing starves: a waiting candidate's deadline does not move, while each job moves the deadlines of the streams it
+serves later (their audio grows) and a newly started reply's first chunk is wanted later than an earlier one's, so
+with a fixed margin every due candidate becomes the most urgent after finitely many jobs.
+
+How long a job takes depends on the load (on the H100 a job of first chunks takes ~40 ms alone and 100-250 ms beside
+16 users' decode steps), so the margin can follow it: :class:`RecentJobs` keeps the last jobs' durations and gives
+the longest recent first-chunk job plus the longest recent later-chunk job, never less than the configured floor.
 """
 
 from __future__ import annotations
@@ -33,16 +47,23 @@ __all__ = ["ChunkCandidate", "RecentJobs", "Token2WavJob", "pick_job"]
 
 @dataclass(frozen=True)
 class ChunkCandidate:
-    """A stream with its next chunk ready. ``audio_ahead_ms``: audio sent minus audio played at real time since
-    its first sample (ms; negative = a player would be starving); ignored for a first chunk (counted as 0)."""
+    """A stream with its next chunk ready. ``audio_ahead_ms``: ms from the pick to the stream's playout deadline (for
+    a reply whose audio plays, the audio its player has in hand; negative: it has been waiting that long; for a reply
+    whose audio has not started, the time until its first audio is wanted; 0: wanted now). ``first``: the chunk is
+    the reply's first. ``arrival``: the stream's place in the order the responses started (lower: earlier)."""
 
     key: Hashable
     first: bool
     audio_ahead_ms: float = 0.0
+    arrival: int = 0
 
     def urgency_ms(self, starving_margin_ms: float = 0.0) -> float:
-        """Sort key: less audio ahead = more urgent; a later chunk counts ``starving_margin_ms`` less."""
-        return 0.0 if self.first else self.audio_ahead_ms - starving_margin_ms
+        """Sort key: nearer deadline = more urgent; a later chunk counts ``starving_margin_ms`` less."""
+        return self.audio_ahead_ms if self.first else self.audio_ahead_ms - starving_margin_ms
+
+    def due(self, lead_ms: float | None) -> bool:
+        """Whether it runs now rather than wait: its deadline is within ``lead_ms`` (None: always)."""
+        return lead_ms is None or self.audio_ahead_ms <= lead_ms
 
 
 @dataclass(frozen=True)
@@ -55,15 +76,24 @@ class Token2WavJob:
 
 
 def pick_job(
-    candidates: Sequence[ChunkCandidate], max_streams: int, *, starving_margin_ms: float = 0.0
+    candidates: Sequence[ChunkCandidate],
+    max_streams: int,
+    *,
+    starving_margin_ms: float = 0.0,
+    lead_ms: float | None = None,
 ) -> Token2WavJob | None:
-    """The next job among ``candidates`` (None when there is none): see the module docstring."""
+    """The next job among ``candidates`` (None when none is due): the due candidates (deadline within ``lead_ms``;
+    None: all) of the kind of the most urgent one, earliest deadline first, at most ``max_streams``; see the module
+    docstring for the whole rule."""
     if max_streams < 1:
         raise ValueError(f"max_streams must be >= 1, got {max_streams}")
     if starving_margin_ms < 0:
         raise ValueError(f"starving_margin_ms must be >= 0, got {starving_margin_ms}")
-    # stable sort: equal urgency keeps the callers' order; a first chunk beats a later chunk at the margin
-    ranked = sorted(candidates, key=lambda c: (c.urgency_ms(starving_margin_ms), not c.first))
+    if lead_ms is not None and lead_ms < 0:
+        raise ValueError(f"lead_ms must be >= 0 or None, got {lead_ms}")
+    due = [c for c in candidates if c.due(lead_ms)]
+    # stable sort: a first chunk beats a later chunk at equal urgency, then the earlier start, then the callers' order
+    ranked = sorted(due, key=lambda c: (c.urgency_ms(starving_margin_ms), not c.first, c.arrival))
     if not ranked:
         return None
     first = ranked[0].first

@@ -45,9 +45,13 @@ class StepPhases:
         talker_stage: TalkerStage | FrameTalkerStage | None,
         observer: EngineObserver,
         fail_now: Callable[[ResponseState, Exception], None],
+        clock: Callable[[], float] | None = None,
     ) -> None:
         """``fail_now``: ends a response ``failed`` at once (a failure outside a step: collecting the worker's
-        chunks)."""
+        chunks). ``clock``: the engine's clock in seconds, on which the players' times and the responses' starts are
+        kept, read when the step's streams are found ready and when its token2wav job is picked (None:
+        ``time.perf_counter``, looked up at each call)."""
+        self.clock: Callable[[], float] = clock if clock is not None else _perf_counter
         self.scheduler = scheduler
         self.runner = runner
         self.image_encodes = image_encodes
@@ -223,7 +227,7 @@ class StepPhases:
             for r in self._rows(decoding)
             if self.live(r) and r.audio.stream is not None and not self.runner.in_worker(r) and r.audio.stream.ready()
         ]
-        now = time.perf_counter()
+        now = self.clock()
         for r in ready:
             r.audio.playout.chunk_ready(now)
             if r.audio.first_made_at is None:
@@ -233,11 +237,12 @@ class StepPhases:
         return ready
 
     def synthesize(self, plan: StepPlan, ready: list[ResponseState]) -> None:
-        """One token2wav job, picked by the plan's rule among the ready streams: handed to the worker if it is idle, or
-        made here without one."""
+        """One token2wav job, picked by the plan's rule among the ready streams (in start order) at the clock's time:
+        handed to the worker if it is idle, or made here without one. None when no stream is due: they wait for a
+        later step."""
         if not ready or not self.runner.worker_idle():
             return
-        picked = plan.audio.pick(chunk_candidates(ready, time.perf_counter()))
+        picked = plan.audio.pick(chunk_candidates(ready, self.clock()))
         job = AudioJob([ready[cast(int, i)] for i in picked.keys], picked.urgent) if picked else None
         if job is None:
             return
@@ -257,19 +262,26 @@ class StepPhases:
         self.runner.close(self.output.emit_audio, self.record_job, self.live)
 
     def record_job(self, started: float, urgent: bool, streams: int) -> None:
-        self.scheduler.record_job(urgent, (time.perf_counter() - started) * 1000)
+        self.scheduler.record_job(urgent, (time.perf_counter() - started) * 1000)  # the runner's clock
         self.observer.job(started, streams=streams, first=urgent)
 
 
+def _perf_counter() -> float:
+    return time.perf_counter()  # looked up at each call: a test that moves time.perf_counter moves this clock too
+
+
 def chunk_candidates(ready: list[ResponseState], now: float) -> list[ChunkCandidate]:
-    """The token2wav job's candidates among the responses whose next chunk is ready (keys: their index in ``ready``):
-    a first chunk, or the audio a real-time player has ahead at ``now``; a reply whose first audio is held counts 0
-    ms ahead (someone waits for it)."""
+    """The token2wav job's candidates among the responses whose next chunk is ready, given in the order they started
+    (keys and ``arrival``: their index in ``ready``): each with the time from ``now`` (engine clock seconds) to its
+    playout deadline (:meth:`pipeline.output.playout.Playout.deadline`): the audio its real-time player has ahead, or,
+    before its audio started (a first chunk, or a first audio the start buffer holds), the time until its first
+    audio is wanted."""
     return [
         ChunkCandidate(
             i,
             first=r.audio.first_made_at is None,
-            audio_ahead_ms=r.audio.playout.ahead_ms(now) if r.audio.playout.started else 0.0,
+            audio_ahead_ms=(r.audio.playout.deadline(now) - now) * 1000.0,
+            arrival=i,
         )
         for i, r in enumerate(ready)
     ]
