@@ -125,6 +125,7 @@ def _build_talker(
             max_len=limits.max_context + limits.max_codes + FRAME_TALKER_OPENING_ROOM,
             sampler=sampler,
             residual_sampler=SamplerSpec(ta.residual_sampling, salt=2),
+            cuda_graphs=ta.cuda_graphs,
         )
     # talker positions: the thinker prompt, speaker bos, then one per codec token
     return TalkerRunner(
