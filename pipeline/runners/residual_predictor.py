@@ -55,8 +55,8 @@ class PooledResidualPredictor:
     ) -> torch.Tensor:
         """Codebooks 1 .. groups - 1 of each row's frame, (B, groups - 1) int64, from the talker's hidden states
         ``hidden`` (B, Ht) and codebook 0 ``code0`` (B,), row b in predictor slot ``slots[b]`` ((B,) int64 on the
-        device, distinct). ``graph_safe``: the attention reads lengths on the device (Triton), so the call can be
-        captured. No host synchronisation either way beyond the CPU reference attention's."""
+        device, distinct). ``graph_safe``: the attention reads lengths on the device (Triton) and the call has no host
+        synchronisation, so a CUDA graph can capture it; without it the reference attention reads them on the host."""
         b = hidden.shape[0]
         opening = self.parts.opening(hidden, code0).to(self.dtype)  # (B, S, H)
         s = opening.shape[1]

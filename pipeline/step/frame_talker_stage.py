@@ -4,9 +4,9 @@ starting each reply's talker, feeding it, decoding its frames and accepting them
 Same duties and interface as :class:`~pipeline.step.talker_stage.TalkerStage`, for a talker that reads only some of
 the conversation's positions (its prompt keys are a subsequence of the thinker's cached keys, kept in the
 conversation's talker slot across turns) and makes one frame per step (or a chain of frames, fed on the device, while
-the talker is the engine's only work). A talker's inputs are the thinker's vectors of
-the reply tokens from the second on (the first is part of its prefill), then the text-end vector once, then text-pad;
-it never runs ahead of the text. A response's failure is isolated (``fail``). Engine thread only.
+the talker is the engine's only work). A talker's inputs are the thinker's vectors of the reply tokens from the second
+on (the first is part of its prefill), then the text-end vector once, then text-pad; it never runs ahead of the text. A
+response's failure is isolated (``fail``). Engine thread only.
 
 Positions: the talker's sequence is its own (the positions it reads, then each reply's opening and frames), and its
 rope positions are the family's :class:`~pipeline.models.positions.PositionScheme` over that sequence: the thinker's
