@@ -155,11 +155,13 @@ def test_bad_frame_batches_are_refused():
 
 
 def test_the_experts_implementation_is_one_a_graph_captures(model):
-    """grouped_mm where torch's grouped GEMM reads its offsets on the device (CUDA bfloat16; the CPU captures nothing),
-    batched_mm in other CUDA dtypes; set on every experts block of a part, whatever it had."""
-    assert experts_implementation("cuda", torch.bfloat16) == "grouped_mm"
-    assert experts_implementation("cuda:1", torch.float32) == "batched_mm"
-    assert experts_implementation("cpu", torch.float32) == "grouped_mm"
+    """grouped_mm where torch's grouped GEMM reads its offsets on the device (bfloat16 on Hopper or Blackwell; the CPU
+    captures nothing), batched_mm elsewhere on CUDA; set on every experts block of a part, whatever it had."""
+    assert experts_implementation("cuda", torch.bfloat16, (9, 0)) == "grouped_mm"
+    assert experts_implementation("cuda:1", torch.bfloat16, (10, 0)) == "grouped_mm"
+    assert experts_implementation("cuda", torch.float32, (9, 0)) == "batched_mm"
+    assert experts_implementation("cuda", torch.bfloat16, (8, 0)) == "batched_mm"
+    assert experts_implementation("cpu", torch.float32, None) == "grouped_mm"
     for part in (model.thinker, model.talker):
         part.set_experts_implementation("eager")
         assert use_capturable_experts(part) == "grouped_mm"
