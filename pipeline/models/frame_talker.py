@@ -12,8 +12,12 @@ Streaming contract (what a family's parts must make equal to its reference):
   position's logits give codebook 0 of frame 0.
 - Each later step's input is :meth:`FrameTalkerParts.step_inputs` of the previous frame and the next text vector
   (reply vectors from the second on, then the text-end vector once, then the text-pad vector).
-- After codebook 0 of a frame is sampled, :meth:`FrameTalkerParts.residual` fills the rest of the frame from the
-  talker's hidden state of that step.
+- After codebook 0 of a frame is sampled, the residual predictor (:class:`ResidualPredictor`, a small decoder run
+  afresh for every frame) fills the rest of the frame from the talker's hidden state of that step: its opening
+  (:meth:`ResidualPredictor.opening`) at positions ``0 .. opening_len - 1``, whose last logits give codebook 1; then
+  codebook ``k``'s code, embedded (:meth:`ResidualPredictor.embed`), at position ``opening_len + k - 2`` gives codebook
+  ``k + 1`` (:meth:`ResidualPredictor.logits`), up to the last codebook. The engine runs it over a KV pool of its own
+  with fixed shapes, so a whole frame (talker step, codebook 0, residual codebooks) is one capturable function.
 Positions: the talker's sequence is its own (the prompt positions it reads, then the reply's opening and frames);
 its rope positions follow the family's :class:`~pipeline.models.positions.PositionScheme` over that sequence, the
 thinker's explicit-position spans (pictures, video) of the positions it reads placed at their talker indices. Without
@@ -22,7 +26,7 @@ pictures or video every axis equals the talker's cache index.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -31,7 +35,9 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class FrameTalkerParts(Protocol):
-    """A family's frame talker on its device: the decoder body the engine's pooled decoder runs, and the glue."""
+    """A family's frame talker on its device: the decoder body the engine's pooled decoder runs, and the glue.
+    :attr:`head`, :meth:`step_inputs` and :attr:`residual` run inside the engine's frame step, which a CUDA graph
+    captures: device work only, no host synchronisation."""
 
     body: Any
     """The talker's decoder stack, HF decoder-shaped (``layers``, ``norm``, ``rotary_emb``, ``config``)."""
@@ -42,8 +48,10 @@ class FrameTalkerParts(Protocol):
     thinker_hidden_layer: int | None
     """Which thinker hidden state the stored prompt vectors read at multimodal positions (HF ``hidden_states`` index;
     None: the last, after the final norm)."""
-    residual_vocab: int
-    """Codes of one residual codebook (the residual predictor's logits width)."""
+    residual: ResidualPredictor
+    """What fills codebooks 1.. of each frame."""
+    text_width: int
+    """Width of the text vectors :meth:`step_inputs` takes (the thinker's hidden size)."""
     text_end_ids: tuple[int, int]
     """Thinker-vocabulary ids of the text-end and text-pad inputs, in that order (embedded by the thinker)."""
 
@@ -66,10 +74,30 @@ class FrameTalkerParts(Protocol):
         """Talker inputs (B, Ht) of a step: the previous frames (B, groups) int64 and the text vectors (B, H)."""
         ...
 
-    def residual(
-        self, hidden: torch.Tensor, codes: torch.Tensor, sample: Callable[[torch.Tensor, int], torch.Tensor]
-    ) -> torch.Tensor:
-        """Codebooks 1.. of each frame (B, groups - 1) int64 from the talker's hidden states (B, Ht) of the step that
-        sampled codebook 0 ``codes`` (B,). ``sample(logits (B, V), k)`` picks codebook ``k``'s ids (B,) (the engine's
-        sampler: greedy or seeded, on the device). Reads nothing back to the host."""
+
+@runtime_checkable
+class ResidualPredictor(Protocol):
+    """A frame's residual codebooks as a small decoder run afresh for every frame (Qwen3-Omni: its code predictor, the
+    MTP module). Every method is device work on the talker's device with no host synchronisation (the engine captures
+    it in a CUDA graph); ``k`` counts codebooks (1 .. groups - 1)."""
+
+    body: Any
+    """The predictor's decoder stack, HF decoder-shaped (``layers``, ``norm``, ``rotary_emb``, ``config``); 1-D rope
+    positions equal to the cache index."""
+    opening_len: int
+    """Positions of :meth:`opening`."""
+    vocab: int
+    """Codes of one residual codebook (the width of :meth:`logits`)."""
+
+    def opening(self, hidden: torch.Tensor, code0: torch.Tensor) -> torch.Tensor:
+        """Predictor inputs (B, ``opening_len``, Hp) of a frame from the talker's hidden states (B, Ht) of the step that
+        sampled codebook 0 ``code0`` (B,) int64."""
+        ...
+
+    def embed(self, codes: torch.Tensor, k: int) -> torch.Tensor:
+        """Predictor inputs (B, Hp) of codebook ``k``'s codes (B,) int64 (k = 1 .. groups - 2)."""
+        ...
+
+    def logits(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        """Codebook ``k``'s logits (B, ``vocab``) from the predictor's hidden states (B, Hp) (k = 1 .. groups - 1)."""
         ...

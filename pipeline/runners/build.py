@@ -108,7 +108,7 @@ def _talker_parts(family: ModelFamily, ckpt: Checkpoint, cfg: StageGraphConfig) 
     with device_scope(device):
         frames = family.frame_talker_parts(ckpt, device=device, dtype=ta.torch_dtype)
     if frames is not None:
-        return _TalkerParts(device, frames, frames.body, frames.head.out_features + frames.residual_vocab)
+        return _TalkerParts(device, frames, frames.body, frames.head.out_features + frames.residual.vocab)
     return _TalkerParts(device, None, ckpt.talker.model, ckpt.talker.codec_head.out_features)
 
 
@@ -200,6 +200,7 @@ def _build_talker(
             max_len=max_len,
             sampler=sampler,
             residual_sampler=SamplerSpec(ta.residual_sampling, salt=2),
+            cuda_graphs=ta.cuda_graphs,
         )
     return TalkerRunner(
         ckpt.talker,

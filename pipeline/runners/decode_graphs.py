@@ -33,6 +33,7 @@ __all__ = [
     "default_batch_sizes",
     "graphed_prefill",
     "prefill_graphs",
+    "shifted_rope_rows",
 ]
 
 PREFILL_GRAPH_SIZES = (8, 16, 32, 64, 128, 256, 512)
@@ -64,6 +65,18 @@ class HostRow:
 HostValues = Sequence[int | bool] | Sequence[Sequence[int]]
 """One host row input's values in a call: one per row, or ``width`` sequences of them (its :class:`HostRow` says
 which)."""
+
+
+def shifted_rope_rows(
+    positions: Sequence[int], shifts: Sequence[int] | None, rope_len: int
+) -> tuple[list[int], list[int], list[int]]:
+    """The three rope-position rows (time, height, width) of decode rows at cache indices ``positions`` with rope shifts
+    ``shifts`` (rope position - cache index, the same on every axis; None: 0), for a :class:`HostRow` of width 3.
+    ValueError when a shifted position lies outside the cos/sin table's ``[0, rope_len)``."""
+    rope = list(positions) if shifts is None else [p + d for p, d in zip(positions, shifts, strict=True)]
+    if shifts is not None and any(not 0 <= p < rope_len for p in rope):
+        raise ValueError(f"rope positions must lie in [0, {rope_len})")
+    return rope, list(rope), list(rope)
 
 
 class BatchedDecode:

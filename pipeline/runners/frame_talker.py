@@ -1,10 +1,19 @@
 """Frame talker runner: a talker that makes one frame of several codebooks per step (see
 :mod:`pipeline.models.frame_talker` for the streaming contract the family's parts follow).
 
-Each step runs the talker's decoder for every row at once (pooled KV cache, every row at its own position), samples
-codebook 0 with the stage's sampler (suppressed ids, stop ids, repetition penalty, per-response seeds), then the
-family's residual predictor fills the rest of each frame on the device. Nothing here reads the device back: the
-frames are returned as a device tensor the step's caller reads once.
+A frame is one fixed-shape function of its rows (:meth:`FrameTalkerRunner._step`): the talker's decoder for every row
+at once (pooled KV cache, every row at its own position), codebook 0 sampled by the stage's sampler (suppressed ids,
+stop ids, repetition penalty, per-response seeds), then the family's residual predictor over a KV pool of its own
+(:class:`~pipeline.runners.residual_predictor.PooledResidualPredictor`, row b in predictor slot b) with its codebooks
+sampled by the residual sampler. Nothing in it reads the device back, so on CUDA it is captured once per batch size
+(:class:`~pipeline.runners.decode_graphs.BatchedDecode`, at engine start: :meth:`FrameTalkerRunner.capture`) and a
+frame of B rows costs one replay of the smallest captured size >= B; elsewhere (or with ``cuda_graphs`` off) the same
+function runs eagerly. A reply's first frame (:meth:`FrameTalkerRunner.start`) follows its eager prefill through the
+same frame code, its residual in the predictor's scratch slot. Chains of frames (:meth:`FrameTalkerRunner.decode_chain`)
+feed each frame back on the device.
+
+Sampling noise: codebook 0 draws with the row's seed and counter (its frames so far); residual codebook ``k`` (1 ..
+groups - 1) with the same seed and counter ``counter * groups + k - 1``, so no two draws of a reply share noise.
 
 Positions: a position's rope position is its cache index on every axis unless the call gives others: a prefill's
 explicit (3, P) rope positions (a prompt with pictures), a decode row's rope shift (rope position - cache index).
@@ -15,15 +24,26 @@ which runs with that device current.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from pipeline.kernels.cuda_graphs import host_to_device
 from pipeline.kernels.devices import device_scope
 from pipeline.models.frame_talker import FrameTalkerParts
+from pipeline.runners.decode_graphs import BatchedDecode, HostRow, HostValues, default_batch_sizes, shifted_rope_rows
 from pipeline.runners.decoder import HostRope, PooledDecoder
-from pipeline.runners.sampling import DeviceSampleRows, SampleRows, SamplerSpec
+from pipeline.runners.residual_predictor import PooledResidualPredictor
+from pipeline.runners.sampling import DeviceSampleRows, SampleRows, SamplerSpec, sample_host_rows
 
 __all__ = ["FrameTalkerRunner"]
+
+_POSITION_ROW = 1
+"""Rows of a frame step's packed host inputs (:class:`BatchedDecode`): slots, positions, then the host rows in the
+order :class:`FrameTalkerRunner` declares them: the rope positions (three rows), the previous frame (``groups`` rows),
+then the sampler's (table row, stop suppression, seed, counter; :func:`sample_host_rows`)."""
+_ROPE_ROWS = slice(2, 5)
+_FRAME_START = 5
 
 
 class FrameTalkerRunner:
@@ -37,10 +57,12 @@ class FrameTalkerRunner:
         max_len: int,
         sampler: SamplerSpec,
         residual_sampler: SamplerSpec,
+        cuda_graphs: bool = True,
+        graph_batch_sizes: tuple[int, ...] = (),
     ) -> None:
         """``sampler``: how codebook 0 is sampled (its stop ids end an utterance); ``residual_sampler``: how the
-        residual predictor's codebooks are (their noise follows codebook 0's seed and counter, one draw per
-        codebook)."""
+        residual predictor's codebooks are. ``graph_batch_sizes``: the frame batch sizes captured (default
+        :func:`default_batch_sizes` of ``kv_slots``)."""
         self.parts = parts
         self.groups = parts.groups
         self.device = torch.device(device)
@@ -49,14 +71,36 @@ class FrameTalkerRunner:
         self.pool = self.decoder.pool
         self.sampler = sampler.build(vocab=parts.head.out_features, rows=self.pool.scratch_slot + 1, device=self.device)
         self.residual_sampler = residual_sampler.build(
-            vocab=parts.residual_vocab, rows=self.pool.scratch_slot + 1, device=self.device
+            vocab=parts.residual.vocab, rows=self.pool.scratch_slot + 1, device=self.device
         )
+        batch_sizes = tuple(sorted(graph_batch_sizes)) or default_batch_sizes(kv_slots)
+        self.predictor = PooledResidualPredictor(
+            parts.residual, groups=self.groups, rows=max(kv_slots, *batch_sizes), dtype=dtype, device=self.device
+        )
+        self.batched = BatchedDecode(
+            self._step,
+            pool=self.pool,
+            device=self.device,
+            cuda_graphs=cuda_graphs,
+            batch_sizes=batch_sizes,
+            host_rows=(
+                HostRow(width=3),  # rope positions
+                HostRow(width=self.groups),  # the previous frame
+                *sample_host_rows(self.pool.scratch_slot),
+            ),
+            device_rows=lambda b: (torch.zeros(b, parts.text_width, dtype=dtype, device=self.device),),
+        )
+        self._counter_row = _FRAME_START + self.groups + 3
 
-    can_chain = False
-    """Chains of steps fed on the device are not offered: every step needs the residual predictor's frame."""
+    @property
+    def can_chain(self) -> bool:
+        """Chains of frames fed on the device (:meth:`decode_chain`) are always offered."""
+        return True
 
     def capture(self) -> None:
-        """Nothing to capture: the frame talker runs eagerly."""
+        """Record the frame step's graphs (CUDA with Triton only): call once at start."""
+        with device_scope(self.device):
+            self.batched.capture()
 
     @torch.inference_mode()
     def prefill_prompt(
@@ -76,50 +120,103 @@ class FrameTalkerRunner:
         self, inputs: torch.Tensor, *, slot: int, start: int, sample: SampleRows, rope: HostRope | None = None
     ) -> torch.Tensor:
         """A reply's prefill (the prompt positions past ``start``, then its opening: talker inputs (P, Ht), at rope
-        positions ``rope`` as for :meth:`prefill_prompt`) and its first frame, (groups,) int64 on the device."""
+        positions ``rope`` as for :meth:`prefill_prompt`) and its first frame, (groups,) int64 on the device. The frame
+        is the decode steps' own code (:meth:`_frame`), its residual in the predictor's scratch slot (a batched frame
+        may be in flight beside it)."""
         hidden = self.prefill_prompt(inputs, slot=slot, start=start, rope=rope)
-        return self._frames(hidden.unsqueeze(0), sample)[0]
+        with device_scope(self.device):
+            scratch = host_to_device([self.predictor.scratch_slot], torch.long, self.device)
+            rows = sample.on(self.device)
+            return self._frame(hidden.unsqueeze(0), rows, scratch, graph_safe=self.batched.graph_safe)[0]
 
     @torch.inference_mode()
     def decode(
         self,
-        frames: torch.Tensor,
+        frames: Sequence[Sequence[int]],
         text: torch.Tensor,
         slots: list[int],
         positions: list[int],
         sample: SampleRows,
         rope_shifts: list[int] | None = None,
     ) -> torch.Tensor:
-        """One step per row: the previous frames (B, groups) int64 and the next text vectors (B, H), row b at cache
-        index ``positions[b]`` of ``slots[b]`` and rope position ``positions[b] + rope_shifts[b]`` on every axis
-        (None: shifts 0). Returns the new frames (B, groups) int64 on the device (codebook 0 a stop id: the utterance
-        ended; the rest of that frame means nothing)."""
-        rope = None
-        if rope_shifts is not None and any(rope_shifts):
-            at = [p + d for p, d in zip(positions, rope_shifts, strict=True)]
-            if any(not 0 <= p < self.decoder.rope_len for p in at):
-                raise ValueError(f"rope positions must lie in [0, {self.decoder.rope_len})")
-            rope = [at, at, at]
+        """One frame per row: the previous frames (B lists of ``groups`` codes) and the next text vectors (B, H), row b
+        at cache index ``positions[b]`` of ``slots[b]`` and rope position ``positions[b] + rope_shifts[b]`` on every
+        axis (None: shifts 0). Returns the new frames (B, groups) int64 on the device, a copy (codebook 0 a stop id:
+        the utterance ended; the rest of that frame means nothing). Nothing here waits for the device."""
+        host = self._host_rows(frames, positions, sample, rope_shifts)
         with device_scope(self.device):
-            x = self.parts.step_inputs(frames.to(self.device), text.to(self.device, self.dtype))
-            slot_ids = host_to_device(slots, torch.long, self.device)
-            index = host_to_device(positions, torch.long, self.device)
-            device_rope = None if rope is None else host_to_device(rope, torch.long, self.device)
-            hidden = self.decoder.decode(x.to(self.dtype), slot_ids, index, device_rope, graph_safe=False)
-            return self._frames(hidden, sample)
+            (out,) = self.batched(slots, positions, host, text.to(self.device, self.dtype))
+            return out.clone()  # a replay's output is the graph's buffer: the next replay overwrites it
 
-    def _frames(self, hidden: torch.Tensor, sample: SampleRows) -> torch.Tensor:
-        """Codebook 0 sampled from ``hidden``'s logits, then the residual codebooks; (B, groups) on the device."""
-        rows = sample.on(self.device)
-        logits = self.parts.head(hidden).float()
-        codes = self.sampler.sample_device(logits, rows)
+    @torch.inference_mode()
+    def decode_chain(
+        self,
+        frames: Sequence[Sequence[int]],
+        text: torch.Tensor,
+        slots: list[int],
+        positions: list[int],
+        sample: SampleRows,
+        steps: int,
+        rope_shifts: list[int] | None = None,
+    ) -> torch.Tensor:
+        """``steps`` frames in a row for every row, each step fed the frame the step before made and the same text
+        vectors (B, H): what a reply past its text gets (the text-pad vector at every step). The later steps' inputs are
+        made on the device (positions, rope positions and sample counters + 1, the frame as the next input), so the host
+        queues the chain at once and reads it once. The frames equal ``steps`` calls of :meth:`decode` fed back that
+        way (the same ``rope_shifts``), with ``sample``'s stop suppression held for every step. Returns (steps, B,
+        groups) int64 on the device (a copy). A row's frames after one whose codebook 0 is a stop id mean nothing."""
+        frame_rows = slice(_FRAME_START, _FRAME_START + self.groups)
+
+        def advance(packed: torch.Tensor, outputs: tuple[torch.Tensor, ...], rows: int) -> None:
+            packed[_POSITION_ROW, :rows] += 1
+            packed[_ROPE_ROWS, :rows] += 1
+            packed[frame_rows, :rows] = outputs[0].T
+            packed[self._counter_row, :rows] += 1
+
+        host = self._host_rows(frames, positions, sample, rope_shifts)
+        with device_scope(self.device):
+            text = text.to(self.device, self.dtype)
+            return self.batched.chain(slots, positions, host, text, steps=steps, advance=advance, keep=0)
+
+    def _host_rows(
+        self,
+        frames: Sequence[Sequence[int]],
+        positions: list[int],
+        sample: SampleRows,
+        rope_shifts: list[int] | None,
+    ) -> tuple[HostValues, ...]:
+        """A step's host row inputs, in the order the step declares them; ValueError for a batch the predictor's pool
+        cannot hold or frames of the wrong width."""
+        if len(frames) > self.predictor.rows:
+            raise ValueError(f"a frame batch holds at most {self.predictor.rows} rows, got {len(frames)}")
+        if any(len(frame) != self.groups for frame in frames):
+            raise ValueError(f"every previous frame must have {self.groups} codes")
+        by_codebook = [[frame[j] for frame in frames] for j in range(self.groups)]
+        rope = shifted_rope_rows(positions, rope_shifts, self.decoder.rope_len)
+        return (rope, by_codebook, *sample.columns())
+
+    def _step(self, slots, positions, rope, *rest: torch.Tensor, graph_safe: bool) -> tuple[torch.Tensor]:
+        """The frame of B rows :class:`BatchedDecode` runs or captures: (B, groups) int64. Rows ``rest``: the previous
+        frames (groups, B), the sampler's four rows, then the text vectors (B, H)."""
+        frames, *sample, text = rest
+        x = self.parts.step_inputs(frames.T, text)
+        hidden = self.decoder.decode(x.to(self.dtype), slots, positions, rope, graph_safe=graph_safe)
+        predictor_slots = torch.arange(hidden.shape[0], device=self.device)
+        return (self._frame(hidden, DeviceSampleRows(*sample), predictor_slots, graph_safe=graph_safe),)
+
+    def _frame(
+        self, hidden: torch.Tensor, rows: DeviceSampleRows, predictor_slots: torch.Tensor, *, graph_safe: bool
+    ) -> torch.Tensor:
+        """Codebook 0 sampled from ``hidden``'s (B, Ht) logits, then the residual codebooks, row b's in predictor slot
+        ``predictor_slots[b]``; (B, groups) int64 on the device, no host synchronisation."""
+        codes = self.sampler.sample_device(self.parts.head(hidden).float(), rows)
         neutral = torch.full_like(rows.rows, self.pool.scratch_slot)  # no repetition state for residual codebooks
+        unforced = torch.zeros_like(rows.force_continue)
 
-        def pick(residual_logits: torch.Tensor, k: int) -> torch.Tensor:
-            # distinct noise per codebook: counter * groups + k never repeats across frames or codebooks
-            counters = rows.counters * self.groups + k
-            residual_rows = DeviceSampleRows(neutral, torch.zeros_like(rows.force_continue), rows.seeds, counters)
+        def pick(residual_logits: torch.Tensor, step: int) -> torch.Tensor:
+            # distinct noise per codebook: counter * groups + step never repeats across frames or codebooks
+            residual_rows = DeviceSampleRows(neutral, unforced, rows.seeds, rows.counters * self.groups + step)
             return self.residual_sampler.sample_device(residual_logits, residual_rows)
 
-        rest = self.parts.residual(hidden, codes, pick)
-        return torch.cat([codes.view(-1, 1), rest.to(codes.device, torch.long)], dim=1)
+        rest = self.predictor.predict(hidden, codes, pick, slots=predictor_slots, graph_safe=graph_safe)
+        return torch.cat([codes.view(-1, 1), rest], dim=1)

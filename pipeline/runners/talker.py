@@ -28,7 +28,14 @@ import torch
 from pipeline.kernels.cuda_graphs import host_to_device
 from pipeline.kernels.decode_attention import triton_available
 from pipeline.kernels.devices import device_scope
-from pipeline.runners.decode_graphs import BatchedDecode, HostRow, HostValues, graphed_prefill, prefill_graphs
+from pipeline.runners.decode_graphs import (
+    BatchedDecode,
+    HostRow,
+    HostValues,
+    graphed_prefill,
+    prefill_graphs,
+    shifted_rope_rows,
+)
 from pipeline.runners.decoder import PooledDecoder
 from pipeline.runners.sampling import DeviceSampleRows, SampleRows, SamplerSpec, sample_host_rows, sample_inputs
 
@@ -156,16 +163,11 @@ class TalkerRunner:
         (B, V) float32 logits and, with a sampler, the (B,) codes sampled with ``sample``'s rows (views of static
         buffers on CUDA: consume them before the next step). Nothing here waits for the device."""
         sampling = sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample)
-        host: tuple[HostValues, ...] = (prev_codes, self._rope_rows(positions, rope_shifts), *sampling)
+        rope = shifted_rope_rows(positions, rope_shifts, self.decoder.rope_len)
+        host: tuple[HostValues, ...] = (prev_codes, rope, *sampling)
         with device_scope(self.device):
             outputs = self.batched(slots, positions, host, vectors.to(self.device, self.dtype))
         return outputs[0], outputs[1] if self.sampler else None
-
-    def _rope_rows(self, positions: list[int], shifts: list[int] | None) -> tuple[list[int], list[int], list[int]]:
-        rope = list(positions) if shifts is None else [p + d for p, d in zip(positions, shifts)]
-        if shifts is not None and any(not 0 <= p < self.decoder.rope_len for p in rope):
-            raise ValueError(f"rope positions must lie in [0, {self.decoder.rope_len})")
-        return rope, rope, rope
 
     @property
     def can_chain(self) -> bool:
@@ -201,7 +203,8 @@ class TalkerRunner:
             packed[_COUNTER_ROW, :rows] += 1
 
         sampling = sample_inputs(len(prev_codes), self.pool.scratch_slot, self.sampler, sample)
-        host: tuple[HostValues, ...] = (prev_codes, self._rope_rows(positions, rope_shifts), *sampling)
+        rope = shifted_rope_rows(positions, rope_shifts, self.decoder.rope_len)
+        host: tuple[HostValues, ...] = (prev_codes, rope, *sampling)
         with device_scope(self.device):
             return self.batched.chain(
                 slots, positions, host, vectors.to(self.device, self.dtype), steps=steps, advance=advance, keep=1

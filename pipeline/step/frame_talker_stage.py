@@ -3,9 +3,10 @@ starting each reply's talker, feeding it, decoding its frames and accepting them
 
 Same duties and interface as :class:`~pipeline.step.talker_stage.TalkerStage`, for a talker that reads only some of
 the conversation's positions (its prompt keys are a subsequence of the thinker's cached keys, kept in the
-conversation's talker slot across turns) and makes one frame per step. A talker's inputs are the thinker's vectors of
-the reply tokens from the second on (the first is part of its prefill), then the text-end vector once, then text-pad;
-it never runs ahead of the text. A response's failure is isolated (``fail``). Engine thread only.
+conversation's talker slot across turns) and makes one frame per step (or a chain of frames, fed on the device, while
+the talker is the engine's only work). A talker's inputs are the thinker's vectors of the reply tokens from the second
+on (the first is part of its prefill), then the text-end vector once, then text-pad; it never runs ahead of the text. A
+response's failure is isolated (``fail``). Engine thread only.
 
 Positions: the talker's sequence is its own (the positions it reads, then each reply's opening and frames), and its
 rope positions are the family's :class:`~pipeline.models.positions.PositionScheme` over that sequence: the thinker's
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from pipeline.core.conversation_state import ConversationState
-from pipeline.core.response_state import ResponseState, TalkerStatus
+from pipeline.core.response_state import ResponseState, TalkerCode, TalkerStatus
 from pipeline.models.positions import GridSpan, PositionScheme
 from pipeline.runners.frame_talker import FrameTalkerRunner
 from pipeline.runners.model_runner import Sampled
@@ -55,6 +56,13 @@ def subsequence_spans(spans: Sequence[GridSpan], picked: Sequence[int], length: 
         elif j < len(picked) and picked[j] < span.at + n:
             raise ValueError(f"the explicit-position span at {span.at} is only partly read by the talker")
     return out
+
+
+def _frame(code: TalkerCode | None) -> tuple[int, ...]:
+    """A frame talker's last frame (set by its start's first frame before any decode step)."""
+    if not isinstance(code, tuple):
+        raise TypeError(f"a frame talker's last code is a frame, not {code!r}")
+    return code
 
 
 class FrameTalkerStage(TalkerFeed):
@@ -170,16 +178,13 @@ class FrameTalkerStage(TalkerFeed):
         )
 
     def decode(self, rows: list[tuple[ResponseState, torch.Tensor]], *, steps: int) -> list[Sampled]:
-        """One frame for every row in one batched step (a batch that raises is retried row by row, so only a faulty
-        response fails). Returns each batch with its frames as a (1, B, groups) device tensor, not read yet. ``steps``
-        is always 1: a frame talker takes no chains (every step needs its frames' residual codebooks; its runner's
-        ``can_chain`` is False, so the plan never asks for one)."""
-        if steps != 1:
-            raise ValueError(f"a frame talker steps once at a time, not {steps}")
+        """One frame for every row in one batched step, or a chain of ``steps`` frames (the plan's ``chain_steps``; its
+        rows are all past their text). A batch that raises is retried row by row, so only a faulty response fails.
+        Returns each batch with its frames as a (steps, B, groups) device tensor, not read yet."""
         if not rows:
             return []
         try:
-            return [self._decode([r for r, _ in rows], [v for _, v in rows])]
+            return [self._decode([r for r, _ in rows], [v for _, v in rows], steps)]
         except Exception:  # noqa: BLE001 - find the faulty row by retrying one by one
             if len(rows) == 1:
                 self.fail(rows[0][0], RuntimeError("the talker step failed"))
@@ -189,24 +194,28 @@ class FrameTalkerStage(TalkerFeed):
         sampled = []
         for r, vector in rows:
             try:
-                sampled.append(self._decode([r], [vector]))
+                sampled.append(self._decode([r], [vector], steps))
             except Exception as exc:  # noqa: BLE001 - isolate this response's failure
                 self.fail(r, exc)
         return sampled
 
-    def _decode(self, rows: list[ResponseState], vectors: list[torch.Tensor]) -> Sampled:
-        frames = torch.tensor([r.talker.last_code for r in rows], dtype=torch.long)
-        out = self.talker.decode(
-            frames,
+    def _decode(self, rows: list[ResponseState], vectors: list[torch.Tensor], steps: int) -> Sampled:
+        inputs = (
+            [_frame(r.talker.last_code) for r in rows],
             torch.stack(vectors),
             [r.conv.held_talker_slot() for r in rows],
             [r.talker.length for r in rows],
             self._sample_rows(rows),
-            rope_shifts=[r.talker.rope_shift for r in rows],
         )
+        shifts = [r.talker.rope_shift for r in rows]
+        if steps > 1:
+            out = self.talker.decode_chain(*inputs, steps=steps, rope_shifts=shifts)
+            self.observer.count("talker_chains_total")
+        else:
+            out = self.talker.decode(*inputs, rope_shifts=shifts).unsqueeze(0)
         for r in rows:
-            r.talker.length += 1
-        return rows, out.unsqueeze(0)
+            r.talker.length += steps
+        return rows, out
 
     def accept_code(self, r: ResponseState, frame: list[int]) -> None:
         """Take one frame: a stop code in codebook 0 ends the utterance; otherwise the frame goes to the stream."""

@@ -201,7 +201,7 @@ class StepPhases:
 
     def _accept_sampled(self, sampled: list[Sampled], accept: Callable[[ResponseState, int], None]) -> None:
         """Read each batch's sampled ids (one host transfer per batch) and ``accept(row, id)`` them, in row order; a
-        chain's (steps, rows) ids step by step; a frame talker's (1, rows, groups) frames as one list per row."""
+        chain's (steps, rows) ids step by step; a frame talker's (steps, rows, groups) frames as one list per row."""
         for batch, tokens in sampled:
             values = tokens.tolist()
             for step in values if tokens.dim() >= 2 else [values]:

@@ -44,6 +44,7 @@ from pipeline.models.common.hf_loading import (
     read_preprocessor_config,
     stage_placement,
 )
+from pipeline.models.qwen3_omni.experts import use_capturable_experts
 from pipeline.models.qwen3_omni.hf_logging import quiet_rope_key_warnings
 from pipeline.models.qwen3_omni.vision import Qwen3OmniVisionPreprocessor
 
@@ -336,13 +337,17 @@ def assemble(
     *,
     vision: Qwen3OmniVisionPreprocessor | None = None,
 ) -> Qwen3OmniLoadedCheckpoint:
-    """A :class:`Qwen3OmniLoadedCheckpoint` of loaded (or built) parts ``(thinker, talker, code2wav)``: the config
-    validated, the special ids read and cross-checked with the tokenizer, the voices read; ``vision``: the image
-    processor settings (:func:`load_vision_preprocessor`)."""
+    """A :class:`Qwen3OmniLoadedCheckpoint` of loaded (or built) parts ``(thinker, talker, code2wav)``, placed on
+    their devices: the config validated, the special ids read and cross-checked with the tokenizer, the voices read,
+    the thinker's and talker's experts implementation chosen for their placement
+    (:mod:`~pipeline.models.qwen3_omni.experts`: one a CUDA graph captures); ``vision``: the image processor settings
+    (:func:`load_vision_preprocessor`)."""
     validate_config(config)
     special = Qwen3OmniSpecialTokens.from_config(config, tokenizer)
     voices = speakers_from_config(config) if config.enable_audio_output else {}
     thinker, talker, code2wav = parts
+    use_capturable_experts(thinker)
+    use_capturable_experts(talker)
     return Qwen3OmniLoadedCheckpoint(
         source=source,
         path=path,

@@ -10,11 +10,11 @@ predictor fills codebooks 1..15 of each frame.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 
-from pipeline.models.qwen3_omni.code_predictor import CodePredictor
+from pipeline.models.qwen3_omni.code_predictor import Qwen3OmniCodePredictor
 from pipeline.models.qwen3_omni.talker import TalkerInputs, TalkerTokens, user_mask
 
 __all__ = ["Qwen3OmniFrameTalker", "thinker_to_talker"]
@@ -37,11 +37,11 @@ class Qwen3OmniFrameTalker:
     def __init__(self, talker, thinker_embedding: torch.nn.Embedding, config, header_ids: Sequence[int]) -> None:
         self.tokens = TalkerTokens.of(config)
         self.inputs = TalkerInputs(talker, thinker_embedding, self.tokens)
-        self.predictor = CodePredictor(talker)
+        self.residual = Qwen3OmniCodePredictor(talker)
         self.body = talker.model
         self.head = talker.codec_head
         self.groups = self.tokens.code_groups
-        self.residual_vocab = talker.code_predictor.config.vocab_size
+        self.text_width = thinker_embedding.embedding_dim
         self.thinker_hidden_layer = self.tokens.accept_hidden_layer
         self.text_end_ids = (self.tokens.tts_eos, self.tokens.tts_pad)
         self.header_ids = list(header_ids)
@@ -67,8 +67,3 @@ class Qwen3OmniFrameTalker:
 
     def step_inputs(self, frames: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         return self.inputs.frame_embedding(frames) + self.inputs.project_text(text)
-
-    def residual(
-        self, hidden: torch.Tensor, codes: torch.Tensor, sample: Callable[[torch.Tensor, int], torch.Tensor]
-    ) -> torch.Tensor:
-        return self.predictor.predict(hidden, codes, sample)

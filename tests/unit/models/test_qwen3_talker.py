@@ -14,7 +14,6 @@ from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsW
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 from pipeline.errors import InvalidInputError, UnknownVoiceError, UnsupportedInputError
-from pipeline.models.qwen3_omni.code_predictor import CodePredictor, TopKTopP
 from pipeline.models.qwen3_omni.talker import (
     ASSISTANT_PART_LEN,
     CodecRules,
@@ -25,6 +24,7 @@ from pipeline.models.qwen3_omni.talker import (
     user_mask,
 )
 from pipeline.models.qwen3_omni.talker_positions import decode_position, prompt_positions
+from tests.helpers.qwen3_code_predictor import CodePredictor, TopKTopP
 from tests.helpers.qwen3_tiny_config import TINY_IDS as I
 from tests.helpers.qwen3_tiny_config import sharpen_talker, tiny_qwen3_model
 
