@@ -102,7 +102,7 @@ class ServerConfig:
     """WebRTC: worker processes that carry the calls' media (ICE, DTLS/SRTP, RTP, Opus, resampling, the paced reply
     track), so that it spreads over cores; sessions, turn detection and the engine stay in the server's process.
     ``None`` (the default): :attr:`media_worker_count` picks for this machine. ``0``: media in the server's process.
-    Calls with a camera track are always served in the server's process."""
+    With workers, every call's media run on one, its camera track (sampled there) included."""
     """Serve ``POST /v1/realtime/calls`` when aiortc and the WebRTC transport are installed."""
     session_limits: SessionLimits = SessionLimits()
     image_limits: ImageLimits = ImageLimits()

@@ -300,7 +300,8 @@ def _camera_table(levels: Sequence[LevelResult]) -> list[str]:
     lines += [
         "",
         "pictures sent: input_image items (WebSocket). frames: delivered to a spoken message, skipped by the server's "
-        "sampling rate, idle (replaced while no message was open), invalid, no_vision (the model cannot see); – : "
+        "sampling rate, idle (replaced while no message was open), invalid, no_vision (the model cannot see), overflow "
+        "(dropped waiting to cross from a media worker to the server); – : "
         "not counted (the server exports no camera metrics). image tokens per reply: the usage's "
         "input_token_details.image_tokens, the image and video positions in each reply's context.",
     ]

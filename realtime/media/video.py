@@ -1,20 +1,21 @@
-"""A WebRTC call's camera: sampled frames handed to the spoken message the user is recording.
+"""A WebRTC call's camera track: which decoded frames are kept, and their pixels.
 
 aiortc decodes the browser's VP8/H.264 track in its own thread; :class:`CameraFeed` reads the decoded frames, keeps
 at most :attr:`CameraSettings.fps` of them a second (by the frames' own timestamps; the others are let go without
 being converted), converts a kept one to uint8 RGB already downscaled to the pixel budget (libswscale, in a worker
-thread) and hands it to the open spoken message with ``AudioInputHandle.add_video_frame(frame, t)``.
+thread) and hands it on: ``kept(pixels, at)``. The feed is the same wherever the call's media run: in the server's
+process ``kept`` is the session's :class:`~realtime.media.message_frames.MessageFrames`; on a media worker it sends the
+frame to the server (:mod:`realtime.transports.media_workers.camera`), where the same ``MessageFrames`` takes it.
+This module imports neither the session nor the engine, so a media worker loads it without torch.
 
-Timing: ``t`` is seconds from the message's first audio sample to the frame. Both are placed on the server's
-monotonic clock: a frame at its arrival, smoothed by its RTP timestamp (:class:`FrameClock`); the message's first
-sample from when the microphone audio around it reached the session (:class:`OpenMessage.started_at`). ``t`` never
-decreases within a message and is at least 0.
+Timing: ``at`` is the frame's time in seconds on the ``time.monotonic`` clock: its arrival, smoothed by its RTP
+timestamp (:class:`FrameClock`). On Linux that clock is the host's ``CLOCK_MONOTONIC``, the same in every process, so
+a frame timed on a media worker compares with the server's times of the spoken messages.
 
-Frames while no message is open (the assistant speaking, the user silent): the latest sampled frame is kept and
-becomes the next message's first frame (``t`` 0, or its time if it arrived after the message began), so a question
-asked right after the camera turned to something sees it; each frame it replaces is dropped and counted
-(``idle``). Frames that cannot be converted (zero-sized, corrupt) or that the engine refuses are dropped and
-counted (``invalid``); the call carries on. Every frame is counted once under :data:`CAMERA_OUTCOMES`.
+Outcomes decided here (:data:`~realtime.media.video_settings.CAMERA_OUTCOMES`, each frame counted once through
+``count``): ``skipped`` by the sampling rate, ``no_vision`` when the model cannot see (nothing is converted), and
+``invalid`` for a frame that cannot be converted (zero-sized, corrupt, or a shape the vision tower refuses). A kept
+frame's fate (``delivered``, ``idle``, ``invalid`` when the engine refuses it) is counted where it is handed on.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 import av
 import numpy as np
@@ -31,8 +31,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from pipeline.api import VisionInfo
 from pipeline.errors import PipelineError
-from realtime.media.video_settings import CAMERA_OUTCOMES, CameraSettings
-from realtime.runner import OpenMessage
+from realtime.media.video_settings import CameraSettings
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +39,8 @@ RESYNC_S = 1.0
 """A frame whose RTP time strays this far from its arrival time re-anchors :class:`FrameClock` (the camera was
 turned off and on, or the sender restarted its timestamps)."""
 
-
-class Messages(Protocol):
-    """Where frames go (the session runner): the open spoken message, or None."""
-
-    def open_message(self) -> OpenMessage | None: ...
+KeptFrame = Callable[[np.ndarray, float], None]
+"""Where a kept frame goes: ``kept(pixels, at)``, uint8 RGB ``(height, width, 3)`` and its time (module docstring)."""
 
 
 class FrameClock:
@@ -87,33 +83,29 @@ class FrameSampler:
 
 
 class CameraFeed:
-    """Feeds one camera track to ``messages`` (see the module docstring). ``count(outcome)`` is called once per
-    received frame (:data:`CAMERA_OUTCOMES`). ``vision`` None: frames are read and counted (``no_vision``), never
-    converted."""
+    """Samples one camera track and hands the kept frames to ``kept`` (see the module docstring). ``count(outcome)``
+    is called once for each frame dropped here. ``vision`` None: frames are read and counted (``no_vision``), never
+    converted. One feed per track; :meth:`offer` calls must not overlap (:meth:`run` awaits each)."""
 
     def __init__(
         self,
-        messages: Messages,
         vision: VisionInfo | None,
         settings: CameraSettings,
         *,
+        kept: KeptFrame,
         count: Callable[[str], None] = lambda outcome: None,
         clock: Callable[[], float] = time.monotonic,
         label: str = "camera",
     ) -> None:
-        self._messages = messages
         self._vision = vision
         self._settings = settings
+        self._kept = kept
         self._count = count
         self._clock = clock
         self._label = label
         self._frame_clock = FrameClock()
         fps = settings.fps or (vision.fps if vision is not None else 1.0)
         self._sampler = FrameSampler(fps)
-        self._held: tuple[av.VideoFrame, float] | None = None  # the latest sampled frame while no message is open
-        self._item_id: str | None = None  # the message the last frame went to
-        self._last_t = 0.0
-        self.counts = dict.fromkeys(CAMERA_OUTCOMES, 0)
 
     async def run(self, track: MediaStreamTrack) -> None:
         """Read ``track`` until it ends."""
@@ -127,50 +119,23 @@ class CameraFeed:
             await self.offer(frame, self._clock())
 
     async def offer(self, frame: av.VideoFrame, arrival: float) -> None:
-        """One received frame, at ``arrival`` on the monotonic clock."""
+        """One received frame, at ``arrival`` on the monotonic clock: counted, or converted and handed on."""
         if self._vision is None:
-            return self._outcome("no_vision")
+            return self._count("no_vision")
         rtp_s = float(frame.pts * frame.time_base) if frame.pts is not None and frame.time_base else None
         at = self._frame_clock.time(rtp_s, arrival)
         if not self._sampler.take(at):
-            return self._outcome("skipped")
-        message = self._messages.open_message()
-        if message is None:
-            if self._held is not None:
-                self._outcome("idle")
-            self._held = (frame, at)
-            self._item_id = None
-            return
-        if message.item_id != self._item_id:  # a new message: the frame held meanwhile goes first
-            self._item_id, self._last_t = message.item_id, 0.0
-            held, self._held = self._held, None
-            if held is not None:
-                await self._deliver(message, *held)
-        await self._deliver(message, frame, at)
-
-    async def _deliver(self, message: OpenMessage, frame: av.VideoFrame, at: float) -> None:
+            return self._count("skipped")
         try:
-            pixels = await asyncio.to_thread(self._convert, frame)
-        except (ValueError, av.FFmpegError) as exc:
+            pixels = await asyncio.to_thread(self.convert, frame)
+        except (ValueError, av.FFmpegError, PipelineError) as exc:
             logger.info("%s: dropping an unusable frame: %s", self._label, exc)
-            return self._outcome("invalid")
-        if self._messages.open_message() != message:  # committed while converting: it starts the next message
-            if self._held is not None:
-                self._outcome("idle")
-            self._held = (frame, at)
-            self._item_id = None
-            return
-        t = max(self._last_t, at - message.started_at, 0.0)
-        try:
-            message.handle.add_video_frame(pixels, t)
-        except PipelineError as exc:
-            logger.info("%s: the engine refused a frame: %s", self._label, exc)
-            return self._outcome("invalid")
-        self._last_t = t
-        self._outcome("delivered")
+            return self._count("invalid")
+        self._kept(pixels, at)
 
-    def _convert(self, frame: av.VideoFrame) -> np.ndarray:
-        """The frame as uint8 RGB at the budget's size (libswscale); ValueError for a frame with no pixels."""
+    def convert(self, frame: av.VideoFrame) -> np.ndarray:
+        """The frame as uint8 RGB at the budget's size (libswscale); ValueError for a frame with no pixels,
+        :class:`~pipeline.errors.InvalidImageError` for a shape the vision tower refuses (any thread)."""
         if frame.width < 1 or frame.height < 1:
             raise ValueError(f"the frame is {frame.width}x{frame.height}")
         assert self._vision is not None
@@ -179,7 +144,3 @@ class CameraFeed:
         if pixels.shape != (height, width, 3):
             raise ValueError(f"the frame converted to {pixels.shape}, not ({height}, {width}, 3)")
         return pixels
-
-    def _outcome(self, outcome: str) -> None:
-        self.counts[outcome] += 1
-        self._count(outcome)

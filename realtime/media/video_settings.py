@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 from pipeline.api import VisionInfo
 
-CAMERA_OUTCOMES = ("delivered", "skipped", "idle", "invalid", "no_vision")
+CAMERA_OUTCOMES = ("delivered", "skipped", "idle", "invalid", "no_vision", "overflow")
 """What became of each received camera frame: handed to a message; ``skipped`` by the sampling rate; ``idle``:
 dropped while no message was open (replaced by a later frame); ``invalid``: unconvertible or refused; ``no_vision``:
-the model cannot see."""
+the model cannot see; ``overflow``: a media worker's frames waiting to cross to the server were over their bound, and
+this one, the oldest, was dropped (:mod:`realtime.transports.media_workers.camera`)."""
 
 
 @dataclass(frozen=True)

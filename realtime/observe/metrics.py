@@ -190,7 +190,8 @@ class ServerMetrics:
         self.camera_frames = Counter(
             f"{PREFIX}_camera_frames",
             "WebRTC camera frames received, by outcome: delivered to a spoken message, skipped by the sampling rate, "
-            "idle (dropped while no message was open), invalid (unconvertible or refused), no_vision",
+            "idle (dropped while no message was open), invalid (unconvertible or refused), no_vision, overflow "
+            "(dropped waiting to cross from a media worker)",
             ["outcome"],
             registry=r,
         )

@@ -239,8 +239,8 @@ class SessionRunner:
             self._arrivals.advanced(self.session.audio_clock_ms)
 
     def open_message(self) -> OpenMessage | None:
-        """The spoken message being recorded, for a camera (``realtime.media.video.CameraFeed``); None when none
-        is open."""
+        """The spoken message being recorded, for a camera (``realtime.media.message_frames.MessageFrames``); None
+        when none is open."""
         return self.commands.open_message()
 
     async def _write_loop(self) -> None:

@@ -7,22 +7,34 @@ must start without torch):
 - :class:`IceHostAddress` and :func:`announce_host_addresses`: which host candidates an answer offers;
 - :func:`accept_offer`: set the browser's offer, checking it brings an audio track and the data channel, and give
   its microphone the server's short receive buffer (:mod:`realtime.transports.receive_buffer`);
-- :func:`sends_opus`: whether an answer sends Opus (the reply track then encodes its own packets).
+- :func:`sends_opus`: whether an answer sends Opus (the reply track then encodes its own packets);
+- :func:`answer_offer`: all of a call's answer: video it cannot decode refused (:mod:`.video_codecs`), the offer
+  accepted, the reply track added, the host candidates announced, Opus encoded by the track when the answer sends it;
+- :func:`watch_peer` (:class:`PeerEvents`) and :class:`EventsChannel`: a call's peer-connection events and its
+  ``oai-events`` data channel with the busy/drained reports;
+- :func:`discard`: read a track nobody uses, so aiortc does not queue its frames.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterator, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcicetransport import RTCIceGatherer
 from aiortc.sdp import SessionDescription
 
 from realtime.errors import RealtimeError
 from realtime.protocol.codes import ErrorCode
+from realtime.transports.media import PacedAudioTrack
 from realtime.transports.receive_buffer import SERVER_AUDIO_HOLD_PACKETS, hold_audio
+from realtime.transports.video_codecs import SetAside, reject_in_answer, set_aside_undecodable_video
+
+logger = logging.getLogger(__name__)
 
 OAI_EVENTS_LABEL = "oai-events"
 """Label of the data channel that carries the JSON events (OpenAI's name)."""
@@ -126,3 +138,141 @@ async def accept_offer(pc: RTCPeerConnection, offer_sdp: str) -> None:
             param="sdp",
         )
     hold_audio(pc, SERVER_AUDIO_HOLD_PACKETS)
+
+
+async def answer_offer(
+    pc: RTCPeerConnection, offer_sdp: str, track: PacedAudioTrack, hosts: Sequence[IceHostAddress], label: str
+) -> tuple[str, tuple[SetAside, ...]]:
+    """Answer a call's offer on ``pc`` (handlers already set: :func:`watch_peer`), once every ICE candidate is
+    gathered (aiortc has no trickle ICE): video sections in codecs aiortc cannot decode are set aside (logged under
+    ``label``) and rejected in the answer, the rest of the offer accepted (:func:`accept_offer`), ``track`` sends the
+    reply audio (encoding its own Opus packets when the answer sends Opus), and the host candidates are ``hosts``
+    (empty: aioice's choice). Returns the answer SDP and the refused video sections. Raises as :func:`accept_offer`."""
+    offer_sdp, refused = set_aside_undecodable_video(offer_sdp)
+    for section in refused:
+        logger.warning(
+            "%s: refusing the offer's video track (mid %s): it offers %s, this server decodes VP8 and H.264; the call "
+            "goes on without video",
+            label,
+            section.mid,
+            ", ".join(section.codecs) or "no codec",
+        )
+    await accept_offer(pc, offer_sdp)
+    pc.addTrack(track)
+    if hosts:
+        await announce_host_addresses(pc, hosts)
+    await pc.setLocalDescription(await pc.createAnswer())
+    if sends_opus(pc.localDescription.sdp):
+        track.send_opus()  # encoded by the track: aiortc then only packetizes
+    return reject_in_answer(pc.localDescription.sdp, refused), refused
+
+
+# --- the peer connection's events ---------------------------------------------------------------
+
+
+class PeerEvents(Protocol):
+    """What a call's media do with their peer connection's events (:func:`watch_peer`); on the event loop."""
+
+    def data_channel(self, channel: RTCDataChannel) -> None:
+        """The client's ``oai-events`` data channel (once a call)."""
+        ...
+
+    def remote_track(self, track: MediaStreamTrack) -> None:
+        """A track the client sends: ``audio`` its microphone, ``video`` its camera."""
+        ...
+
+    def connection_state(self, state: str) -> None:
+        """The connection's new state (``RTCPeerConnection.connectionState``)."""
+        ...
+
+
+def watch_peer(pc: RTCPeerConnection, events: PeerEvents, label: str) -> None:
+    """Send ``pc``'s events to ``events`` from now on. Call it before the offer is set: aiortc announces the client's
+    tracks while it applies it. A data channel other than the first ``oai-events`` one is ignored (logged)."""
+    chosen = False
+
+    @pc.on("datachannel")
+    def on_datachannel(channel: RTCDataChannel) -> None:
+        nonlocal chosen
+        if channel.label != OAI_EVENTS_LABEL or chosen:
+            logger.info("%s: ignoring data channel %r", label, channel.label)
+            return
+        chosen = True
+        events.data_channel(channel)
+
+    @pc.on("track")
+    def on_track(track: MediaStreamTrack) -> None:
+        events.remote_track(track)
+
+    @pc.on("connectionstatechange")
+    def on_state() -> None:
+        logger.info("%s: connection %s", label, pc.connectionState)
+        events.connection_state(pc.connectionState)
+
+
+class EventsChannel:
+    """A call's ``oai-events`` data channel: ``on_message(data)`` for each message the client sends, ``on_close()``
+    once it closes; after a :meth:`send` that leaves more than :data:`CHANNEL_HIGH_WATER` bytes unsent,
+    ``on_busy(True)``, then ``on_busy(False)`` once they are below :data:`CHANNEL_LOW_WATER`."""
+
+    def __init__(
+        self,
+        channel: RTCDataChannel,
+        *,
+        on_message: Callable[[str | bytes], None],
+        on_close: Callable[[], None],
+        on_busy: Callable[[bool], None],
+    ) -> None:
+        self.channel = channel
+        self._on_busy = on_busy
+        self._busy = False
+        channel.bufferedAmountLowThreshold = CHANNEL_LOW_WATER
+        channel.on("message", on_message)
+        channel.on("close", on_close)
+        channel.on("bufferedamountlow", self._drained)
+
+    def when_open(self, on_open: Callable[[], None]) -> None:
+        """``on_open()`` now if the channel is open, else once it opens."""
+        if self.channel.readyState == "open":
+            on_open()
+        else:
+            self.channel.on("open", on_open)
+
+    @property
+    def open(self) -> bool:
+        return self.channel.readyState == "open"
+
+    def send(self, text: str) -> bool:
+        """Send ``text``; False (nothing sent) when the channel is not open."""
+        channel = self.channel
+        if channel.readyState != "open":
+            return False
+        channel.send(text)
+        if not self._busy and channel.bufferedAmount > CHANNEL_HIGH_WATER:
+            self._busy = True
+            self._on_busy(True)
+        return True
+
+    def close(self) -> None:
+        """Close the channel, unless it is closing or closed, or its transport is not connected: closing sends an SCTP
+        reset, and over a dead DTLS transport (the peer vanished) aiortc's task for it fails unobserved; the peer
+        connection's close ends it then."""
+        channel = self.channel
+        if channel.readyState in ("closing", "closed"):
+            return
+        if channel.transport.transport.state == "connected":
+            channel.close()
+
+    def _drained(self) -> None:
+        if self._busy:
+            self._busy = False
+            self._on_busy(False)
+
+
+async def discard(track: MediaStreamTrack) -> None:
+    """Consume a track the call has no use for, so aiortc does not queue its frames."""
+    while True:
+        try:
+            await track.recv()
+        except MediaStreamError:
+            return

@@ -228,15 +228,17 @@ def test_voice_turn_over_websocket_on_an_https_page(browser, tls_server):
     assert state["stats"]["audioDeltas"] > 0 and state["stats"]["outputMaxRms"] > 0.01
 
 
-@pytest.fixture(scope="module")
-def seeing_server():
-    """The server over a fake engine with a vision tower (tests.fakes): the page's camera paths without a model."""
+@pytest.fixture(scope="module", params=[0, 2], ids=["in-process", "2-media-workers"])
+def seeing_server(request):
+    """The server over a fake engine with a vision tower (tests.fakes): the page's camera paths without a model,
+    with the WebRTC calls' media (their cameras included) in the server's process or on two media workers."""
     from realtime.config import ServerConfig
     from realtime.server.app import create_app
     from tests.fakes import TINY_VISION, FakeEngine
 
     engine = FakeEngine(vision=TINY_VISION)
-    with ServerThread(create_app(ServerConfig(ice_host_addresses=("127.0.0.1",)), engine=engine)) as running:
+    config = ServerConfig(ice_host_addresses=("127.0.0.1",), media_workers=request.param)
+    with ServerThread(create_app(config, engine=engine)) as running:
         running.engine = engine
         yield running
 

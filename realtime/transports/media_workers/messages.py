@@ -1,8 +1,8 @@
 """What crosses between the server and a media worker: one frozen dataclass per message.
 
-Every message but :class:`Ready` and :class:`LogRecord` names its call (``call``, the server's call id). Messages of
-one call keep their order in each direction (one stream per worker). Audio crosses as numpy arrays or wire bytes,
-never as JSON.
+Every message but :class:`Ready`, :class:`LogRecord` and :class:`CameraTaken` names its call (``call``, the
+server's call id). Messages of one call keep their order in each direction (one stream per worker). Audio crosses as
+numpy arrays or wire bytes, camera frames as numpy arrays (:class:`CameraFrame`), never as JSON.
 """
 
 from __future__ import annotations
@@ -11,17 +11,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.api import VisionInfo
+from realtime.media.video_settings import DEFAULT_CAMERA, CameraSettings
+
 # --- server → worker -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Answer:
     """Answer ``offer_sdp`` for a new call; the worker replies :class:`Answered` or :class:`AnswerFailed`.
-    ``input_format``: the wire format (``realtime.media.audio.AudioFormat`` value) of the microphone chunks to send."""
+    ``input_format``: the wire format (``realtime.media.audio.AudioFormat`` value) of the microphone chunks to send;
+    ``camera`` and ``vision``: how a camera track is sampled, and for which vision tower (None: the model cannot see;
+    its frames are counted ``no_vision``, never converted)."""
 
     call: str
     offer_sdp: str
     input_format: str
+    camera: CameraSettings = DEFAULT_CAMERA
+    vision: VisionInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -74,13 +81,23 @@ class Hangup:
     call: str
 
 
+@dataclass(frozen=True)
+class CameraTaken:
+    """The server has read one :class:`CameraFrame` (of any call): the worker may send another
+    (:mod:`.camera`, flow control of the camera frames)."""
+
+
 # --- worker → server -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Answered:
+    """The answer; ``refused_video``: the offer's video tracks it rejects (no codec aiortc decodes), each counted
+    ``unsupported_codec`` by the server."""
+
     call: str
     answer_sdp: str
+    refused_video: int = 0
 
 
 @dataclass(frozen=True)
@@ -136,6 +153,31 @@ class MicAudio:
     audio: bytes
     pts: int | None
     rate: int
+
+
+@dataclass(frozen=True)
+class CameraFrame:
+    """A camera frame the worker kept (:class:`realtime.media.video.CameraFeed`): uint8 RGB ``(height, width, 3)``
+    already at the sampled size, and its time ``at`` on the host's ``time.monotonic`` clock. The server answers each
+    with :class:`CameraTaken`.
+
+    Raw pixels rather than JPEG: the engine takes uint8 RGB, so a JPEG would cost the server's process a decode per
+    frame (the work the workers take off it) and change what the model sees; at the default budget a frame is at most
+    ~300 kB, at 2 a second 0.6 MB/s a call, a trifle for a Unix socket pair (one copy each side)."""
+
+    call: str
+    pixels: np.ndarray
+    at: float
+
+
+@dataclass(frozen=True)
+class CameraCounts:
+    """Camera frames whose fate the worker decided since its last report (``skipped``, ``no_vision``, ``invalid``,
+    ``overflow``; :data:`~realtime.media.video_settings.CAMERA_OUTCOMES`): ``(outcome, frames)`` pairs. Sent at most
+    every :data:`~.camera.COUNTS_EVERY_S` while frames come, and before :class:`CallEnded`."""
+
+    call: str
+    outcomes: tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Workers are ``multiprocessing`` processes of the *spawn* context (the server holds torch and CUDA, which must not be
 forked), each connected by one socket pair (:mod:`.wire`). A call is placed on the live worker with the fewest calls
 and stays there for its life. Messages from a worker go to ``on_message(message)`` in arrival order, on the event
-loop; its log records are re-logged here under their own logger names.
+loop; its log records are re-logged here under their own logger names; each camera frame is acknowledged to the
+worker (:class:`~.messages.CameraTaken`) once ``on_message`` has taken it, which paces the worker's camera frames by
+this reader (:mod:`.camera`).
 
 A worker that dies (its wire closes: killed, crashed, or exited) is reported once through
 ``on_worker_lost(call_ids)`` with the calls it carried, as soon as its reader sees the wire close (before the wire is
@@ -143,6 +145,8 @@ class MediaWorkerPool:
                     )
                 else:
                     self._on_message(message)
+                    if isinstance(message, m.CameraFrame):
+                        link.send(m.CameraTaken())
         finally:
             await self._lost(link)
 

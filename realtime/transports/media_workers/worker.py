@@ -1,15 +1,18 @@
 """A media worker process: its own event loop, owning the aiortc peer connections of the calls placed on it.
 
-For each call (:class:`WorkerCall`) it answers the offer (host candidates as configured, no STUN), runs ICE, DTLS,
-SRTP and RTP, decodes the microphone's Opus and resamples it to the session's input format
-(:class:`~realtime.transports.media.MicrophoneEncoder`), and plays the reply audio on the paced outgoing track
-(:class:`~realtime.transports.media.PacedAudioTrack`, encoding its own Opus packets). The session itself lives in the
-server's process: every data-channel message and microphone chunk goes there (:mod:`.messages`), and the server's
-events, reply audio and play/clear/end controls come back.
+For each call (:class:`WorkerCall`) it answers the offer (:func:`~realtime.transports.peer.answer_offer`: host
+candidates as configured, no STUN; a video track in a codec aiortc cannot decode rejected), runs ICE, DTLS, SRTP and
+RTP, decodes the microphone's Opus and resamples it to the session's input format
+(:class:`~realtime.transports.media.MicrophoneEncoder`), samples the camera (:class:`realtime.media.video.CameraFeed`:
+the kept frames, converted to RGB at the sampled size, cross to the server), and plays the reply audio on the paced
+outgoing track (:class:`~realtime.transports.media.PacedAudioTrack`, encoding its own Opus packets). The session
+itself lives in the server's process: every data-channel message, microphone chunk and kept camera frame goes there
+(:mod:`.messages`), and the server's events, reply audio and play/clear/end controls come back.
 
 Flow control: microphone chunks are sent in arrival order and the call's microphone loop waits while the wire to the
-server is over its high-water mark (aiortc then holds the received frames). Data-channel text is sent as it comes;
-the server holds further text while the worker reports :class:`~.messages.ChannelBusy`.
+server is over its high-water mark (aiortc then holds the received frames). Camera frames never hold up the
+microphone: they wait in the worker's :class:`~.camera.CameraLane` (bounded; the oldest dropped). Data-channel text is
+sent as it comes; the server holds further text while the worker reports :class:`~.messages.ChannelBusy`.
 
 Lifetime: the worker runs until the server closes its end of the wire (server shutdown, or the server's process
 died); it then closes every call's peer connection and exits. Its log records go to the server
@@ -28,25 +31,22 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import cast
 
+import numpy as np
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame
 
+from pipeline.api import VisionInfo
 from realtime.errors import RealtimeError
+from realtime.media.video import CameraFeed
+from realtime.media.video_settings import DEFAULT_CAMERA, CameraSettings
 from realtime.protocol.audio_format import AudioFormat
 from realtime.transports import sctp_teardown
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
 from realtime.transports.media_workers import messages as m
+from realtime.transports.media_workers.camera import CameraLane, CameraTally
 from realtime.transports.media_workers.wire import Wire
-from realtime.transports.peer import (
-    CHANNEL_HIGH_WATER,
-    CHANNEL_LOW_WATER,
-    OAI_EVENTS_LABEL,
-    IceHostAddress,
-    accept_offer,
-    announce_host_addresses,
-    sends_opus,
-)
+from realtime.transports.peer import EventsChannel, IceHostAddress, answer_offer, discard, watch_peer
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +105,8 @@ class Worker:
         self.wire = wire
         self.hosts = hosts
         self.calls: dict[str, WorkerCall] = {}
+        self.camera = CameraLane(wire.send, self._overflow)
+        """The calls' camera frames on their way to the server."""
         self._tasks: set[asyncio.Task] = set()
 
     async def serve(self) -> None:
@@ -125,9 +127,14 @@ class Worker:
 
     def handle(self, message: object) -> None:
         if isinstance(message, m.Answer):
-            new = WorkerCall(self, message.call, AudioFormat(message.input_format))
+            new = WorkerCall(
+                self, message.call, AudioFormat(message.input_format), camera=message.camera, vision=message.vision
+            )
             self.calls[new.id] = new
             self.spawn(new.answer(message.offer_sdp), f"{new.id} answer")
+            return
+        if isinstance(message, m.CameraTaken):
+            self.camera.taken()
             return
         call = self.calls.get(getattr(message, "call", ""))
         if call is None:
@@ -151,22 +158,39 @@ class Worker:
         else:
             raise TypeError(f"unexpected message for a media worker: {message!r}")
 
+    def _overflow(self, call_id: str) -> None:
+        call = self.calls.get(call_id)
+        if call is not None:
+            call.camera_outcomes.count("overflow")
+
 
 class WorkerCall:
-    """One call's peer connection, microphone loop and reply track."""
+    """One call's peer connection, microphone loop, camera feed and reply track. ``camera`` and ``vision``: how its
+    camera track is sampled (:class:`~.messages.Answer`)."""
 
-    def __init__(self, worker: Worker, call_id: str, input_format: AudioFormat) -> None:
+    def __init__(
+        self,
+        worker: Worker,
+        call_id: str,
+        input_format: AudioFormat,
+        *,
+        camera: CameraSettings = DEFAULT_CAMERA,
+        vision: VisionInfo | None = None,
+    ) -> None:
         self.worker = worker
         self.id = call_id
         self.input_format = input_format
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.output = OutputAudioQueue()
         self.track = PacedAudioTrack(self.output, self._finished)
-        self.channel: RTCDataChannel | None = None
-        self._busy = False
+        self.channel: EventsChannel | None = None
+        self.camera_outcomes = CameraTally(call_id, worker.wire.send)
+        """The outcomes of its camera frames decided here."""
+        self._camera_settings = camera
+        self._vision = vision
         self._tasks: set[asyncio.Task] = set()
         self._ended = False
-        self._watch()
+        watch_peer(self.pc, self, self.id)
 
     @property
     def wire(self) -> Wire:
@@ -176,13 +200,7 @@ class WorkerCall:
         """Answer the offer (:class:`~.messages.Answered`), or report why not (:class:`~.messages.AnswerFailed`, and
         the call ends)."""
         try:
-            await accept_offer(self.pc, offer_sdp)
-            self.pc.addTrack(self.track)
-            if self.worker.hosts:
-                await announce_host_addresses(self.pc, self.worker.hosts)
-            await self.pc.setLocalDescription(await self.pc.createAnswer())
-            if sends_opus(self.pc.localDescription.sdp):
-                self.track.send_opus()
+            answer, refused = await answer_offer(self.pc, offer_sdp, self.track, self.worker.hosts, self.id)
         except RealtimeError as exc:
             self.wire.send(m.AnswerFailed(self.id, exc.message, exc.param))
             self.end("offer refused")
@@ -191,16 +209,13 @@ class WorkerCall:
             self.wire.send(m.AnswerFailed(self.id, f"answering the offer failed: {exc}", None))
             self.end("answer failed")
         else:
-            self.wire.send(m.Answered(self.id, self.pc.localDescription.sdp))
+            self.wire.send(m.Answered(self.id, answer, len(refused)))
 
     def send_text(self, text: str) -> None:
-        channel = self.channel
-        if channel is None or channel.readyState != "open":
-            return  # the server sends only after ChannelOpen: the channel closed since, and the call is ending
-        channel.send(text)
-        if not self._busy and channel.bufferedAmount > CHANNEL_HIGH_WATER:
-            self._busy = True
-            self.wire.send(m.ChannelBusy(self.id))
+        """Send ``text`` on the data channel; dropped when it is not open: the server sends only after
+        :class:`~.messages.ChannelOpen`, so the channel closed since and the call is ending."""
+        if self.channel is not None:
+            self.channel.send(text)
 
     def end(self, reason: str, error: str | None = None) -> None:
         """End the call (idempotent): release everything, then report :class:`~.messages.CallEnded`."""
@@ -220,6 +235,8 @@ class WorkerCall:
         except Exception:  # the peer is gone either way; the call must still be reported ended
             logger.exception("%s: closing the peer connection failed", self.id)
         self.worker.calls.pop(self.id, None)
+        self.worker.camera.forget(self.id)
+        self.camera_outcomes.flush()
         self.wire.send(m.CallEnded(self.id, reason, error))
 
     def _spawn(self, coro: Coroutine, role: str) -> None:
@@ -230,44 +247,32 @@ class WorkerCall:
     def _finished(self, response_id: str) -> None:
         self.wire.send(m.PlaybackFinished(self.id, response_id))
 
-    def _watch(self) -> None:
-        pc = self.pc
+    # --- the peer connection's events (realtime.transports.peer.PeerEvents) ---
 
-        @pc.on("datachannel")
-        def on_datachannel(channel: RTCDataChannel) -> None:
-            if channel.label != OAI_EVENTS_LABEL or self.channel is not None:
-                logger.info("%s: ignoring data channel %r", self.id, channel.label)
-                return
-            self._attach(channel)
+    def data_channel(self, channel: RTCDataChannel) -> None:
+        wire = self.wire
+        self.channel = EventsChannel(
+            channel,
+            on_message=lambda data: wire.send(m.ChannelMessage(self.id, data)),
+            on_close=lambda: self.end("data channel closed"),
+            on_busy=lambda busy: wire.send(m.ChannelBusy(self.id) if busy else m.ChannelDrained(self.id)),
+        )
+        self.channel.when_open(lambda: wire.send(m.ChannelOpen(self.id)))
 
-        @pc.on("track")
-        def on_track(track: MediaStreamTrack) -> None:
-            pump = self._microphone(track) if track.kind == "audio" else _discard(track)
-            self._spawn(pump, f"{track.kind} track")
-
-        @pc.on("connectionstatechange")
-        def on_state() -> None:
-            state = pc.connectionState
-            if state == "connected":
-                self.wire.send(m.Connected(self.id))
-            elif state in ("failed", "closed"):
-                self.end(f"connection {state}")
-
-    def _attach(self, channel: RTCDataChannel) -> None:
-        self.channel = channel
-        channel.bufferedAmountLowThreshold = CHANNEL_LOW_WATER
-        channel.on("message", lambda data: self.wire.send(m.ChannelMessage(self.id, data)))
-        channel.on("close", lambda: self.end("data channel closed"))
-        channel.on("bufferedamountlow", self._drained)
-        if channel.readyState == "open":
-            self.wire.send(m.ChannelOpen(self.id))
+    def remote_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            pump = self._microphone(track)
+        elif track.kind == "video":
+            pump = self._camera_feed(track)
         else:
-            channel.on("open", lambda: self.wire.send(m.ChannelOpen(self.id)))
+            pump = discard(track)
+        self._spawn(pump, f"{track.kind} track")
 
-    def _drained(self) -> None:
-        if self._busy:
-            self._busy = False
-            self.wire.send(m.ChannelDrained(self.id))
+    def connection_state(self, state: str) -> None:
+        if state == "connected":
+            self.wire.send(m.Connected(self.id))
+        elif state in ("failed", "closed"):
+            self.end(f"connection {state}")
 
     async def _microphone(self, track: MediaStreamTrack) -> None:
         """Send the microphone to the server until the track ends. Audio it cannot convert ends the call: a session
@@ -289,11 +294,14 @@ class WorkerCall:
                 self.wire.send(m.MicAudio(self.id, fmt.value, data, frame.pts, frame.sample_rate))
                 await self.wire.drain()
 
-
-async def _discard(track: MediaStreamTrack) -> None:
-    """Consume a track the call has no use for, so aiortc does not queue its frames."""
-    while True:
+    async def _camera_feed(self, track: MediaStreamTrack) -> None:
+        """Sample the browser's camera and send the kept frames to the server until the track ends."""
+        count = self.camera_outcomes.count
+        feed = CameraFeed(self._vision, self._camera_settings, kept=self._camera_frame, count=count, label=self.id)
         try:
-            await track.recv()
-        except MediaStreamError:
-            return
+            await feed.run(track)
+        finally:
+            self.camera_outcomes.flush()
+
+    def _camera_frame(self, pixels: np.ndarray, at: float) -> None:
+        self.worker.camera.put(m.CameraFrame(self.id, pixels, at))

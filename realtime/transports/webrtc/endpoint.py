@@ -1,10 +1,12 @@
 """WebRTC calls (OpenAI's GA convention): ``POST /v1/realtime/calls`` → one session, served by :class:`WebRTCCalls`.
 
 A call (:class:`~.call.Call`) is one peer connection serving one :class:`realtime.runner.SessionRunner`, with its
-media in this process (:mod:`.in_process`) or on a media worker (:mod:`.worker_media`); the endpoint, the call, its
-transport and its lifecycle are the same either way:
+media in this process (:mod:`.in_process`), or on a media worker (:mod:`.worker_media`) once the endpoint has workers
+(every call then, with or without a camera); the endpoint, the call, its transport, its camera's sampling and its
+lifecycle are the same either way:
 
-- the browser's offer carries an audio track (its microphone) and the ``oai-events`` data channel;
+- the browser's offer carries an audio track (its microphone) and the ``oai-events`` data channel, and may carry a
+  video track (its camera, sampled into the user's spoken messages: :mod:`realtime.media.video`);
   :meth:`WebRTCCalls.create_call` answers it (host candidates only, no STUN server);
 - microphone frames become ``input_audio_buffer.append`` events in the session's input format (handed over already
   parsed: no JSON or base64), interleaved with the data channel's messages in arrival order, so the session, server
@@ -37,8 +39,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Protocol
 
-from aiortc.sdp import SessionDescription
-
 from pipeline.api import EngineHandle
 from realtime.engines.placement import EngineSlot
 from realtime.engines.pool import end_on_engine_failure
@@ -51,6 +51,7 @@ from realtime.server.limits import MessageGate, SessionSlot, SessionSlots, SlotS
 from realtime.session import AudioTransport, SessionSettings
 from realtime.transports.peer import IceHostAddress
 from realtime.transports.webrtc.call import Call, EventObserver
+from realtime.transports.webrtc.camera import CallCameras
 from realtime.transports.webrtc.errors import WebRTCUnavailable
 from realtime.transports.webrtc.in_process import InProcessMediaHost
 from realtime.transports.webrtc.lifecycle import CallLifecycle
@@ -151,19 +152,14 @@ class WebRTCCalls:
         self._session_observer = session_observer
         self._on_first_audio = on_first_audio
         self._on_input_delay = on_input_delay
-        self._in_process = InProcessMediaHost(
-            hosts=self.ice_host_addresses,
-            camera=camera,
-            vision=engine.vision,
-            on_camera_frame=on_camera_frame,
-            on_camera_refused=on_camera_refused,
-        )
+        self.cameras = CallCameras(camera, engine.vision, on_camera_frame, on_camera_refused)
+        """How every call's camera is taken, wherever its media run."""
+        self._in_process = InProcessMediaHost(hosts=self.ice_host_addresses, cameras=self.cameras)
         self._workers: MediaHost | None = None
         self._lifecycle: CallLifecycle[Call] = CallLifecycle(connect_timeout_s)
 
     def place_media_on(self, workers: MediaHost) -> None:
-        """Run the media of calls without a camera on ``workers`` from now on (camera frames stay in this process);
-        before :meth:`start`."""
+        """Run the media of every call on ``workers`` from now on (their cameras too); before :meth:`start`."""
         self._workers = workers
 
     @property
@@ -219,7 +215,7 @@ class WebRTCCalls:
             raise self._slots.refusal()
         call: Call | None = None
         try:
-            call = await self._new_call(self._host_for(offer_sdp), dialect, slot)
+            call = await self._new_call(self._media_host(), dialect, slot)
             if first_message is not None:
                 call.transport.push(first_message)
             answer = await call.media.answer(offer_sdp)
@@ -245,11 +241,9 @@ class WebRTCCalls:
     def _hosts(self) -> tuple[MediaHost, ...]:
         return (self._in_process,) if self._workers is None else (self._in_process, self._workers)
 
-    def _host_for(self, offer_sdp: str) -> MediaHost:
-        """The workers, but for a call with a camera (its frames stay in this process)."""
-        if self._workers is None or _has_camera(offer_sdp):
-            return self._in_process
-        return self._workers
+    def _media_host(self) -> MediaHost:
+        """Where a new call's media run: the workers, once placed there (:meth:`place_media_on`)."""
+        return self._workers if self._workers is not None else self._in_process
 
     async def _new_call(self, host: MediaHost, dialect: Dialect, slot: SessionSlot) -> Call:
         """A call on ``host``, registered (teardown forgets it); on failure nothing is held but the slot."""
@@ -281,15 +275,6 @@ class WebRTCCalls:
             )
 
         return make_runner
-
-
-def _has_camera(offer_sdp: str) -> bool:
-    """Whether the offer brings a video track (an unparsable offer: no; answering refuses it properly)."""
-    try:
-        media = SessionDescription.parse(offer_sdp).media
-    except (ValueError, TypeError, KeyError, IndexError):
-        return False
-    return any(section.kind == "video" and section.port != 0 for section in media)
 
 
 def _overrides_message(overrides: dict | None) -> str | None:

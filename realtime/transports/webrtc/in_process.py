@@ -1,12 +1,13 @@
 """A call's media in the server's process: its aiortc ``RTCPeerConnection`` on the server's event loop.
 
-:class:`InProcessMedia` answers the offer once every ICE candidate is gathered (aiortc has no trickle ICE),
-announcing only the configured host addresses and using no STUN server; it decodes the microphone (Opus → s16 stereo
-48 kHz → the session's input format, :class:`~realtime.transports.media.MicrophoneEncoder`), plays the reply audio on
-the outgoing :class:`~realtime.transports.media.PacedAudioTrack`, and carries the ``oai-events`` data channel. A
-camera track feeds the user's spoken messages (:mod:`realtime.media.video`); an offered video track this server cannot
-decode is rejected in the answer (:mod:`realtime.transports.video_codecs`) and the call goes on without it.
-:class:`InProcessMediaHost` makes the calls whose media run here and counts their open peer connections.
+:class:`InProcessMedia` answers the offer (:func:`~realtime.transports.peer.answer_offer`: host addresses as
+configured, no STUN server; an offered video track this server cannot decode is rejected in the answer and the call
+goes on without it); it decodes the microphone (Opus → s16 stereo 48 kHz → the session's input format,
+:class:`~realtime.transports.media.MicrophoneEncoder`), plays the reply audio on the outgoing
+:class:`~realtime.transports.media.PacedAudioTrack`, and carries the ``oai-events`` data channel. A camera track is
+sampled (:class:`~realtime.media.video.CameraFeed`) and its kept frames go to the user's spoken messages
+(:class:`~realtime.media.message_frames.MessageFrames`), as on a media worker. :class:`InProcessMediaHost` makes the
+calls whose media run here and counts their open peer connections.
 """
 
 from __future__ import annotations
@@ -22,61 +23,39 @@ from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame
 
-from pipeline.api import VisionInfo
+from realtime.media.message_frames import MessageFrames
 from realtime.media.video import CameraFeed
-from realtime.media.video_settings import CameraSettings
 from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.names import Dialect
 from realtime.runner import MediaSink, SessionRunner, Transport, TransportClosed
 from realtime.server.limits import MessageGate, SessionSlot
 from realtime.transports import sctp_teardown
 from realtime.transports.media import MicrophoneEncoder, OutputAudioQueue, PacedAudioTrack, frame_to_mono
-from realtime.transports.peer import (
-    CHANNEL_HIGH_WATER,
-    CHANNEL_LOW_WATER,
-    OAI_EVENTS_LABEL,
-    IceHostAddress,
-    accept_offer,
-    announce_host_addresses,
-    sends_opus,
-)
-from realtime.transports.video_codecs import SetAside, reject_in_answer, set_aside_undecodable_video
+from realtime.transports.peer import EventsChannel, IceHostAddress, answer_offer, discard, watch_peer
+from realtime.transports.video_codecs import SetAside
 from realtime.transports.webrtc.call import Call
+from realtime.transports.webrtc.camera import UNSUPPORTED_CODEC, CallCameras
 
 logger = logging.getLogger(__name__)
 
 
 class InProcessMedia:
     """A :class:`~.call.CallMedia` on peer connection ``pc`` of this process (module docstring). ``hosts``: the ICE
-    host candidates to announce (empty: aioice's choice); ``camera``, ``vision``, ``on_camera_frame(outcome)``: how a
-    camera track is sampled, by which vision encoder, and counted; ``on_camera_refused(reason)``: each video track
-    refused in the answer."""
+    host candidates to announce (empty: aioice's choice); ``cameras``: how a camera track is sampled and counted."""
 
     def __init__(
-        self,
-        call_id: str,
-        pc: RTCPeerConnection,
-        *,
-        hosts: tuple[IceHostAddress, ...],
-        camera: CameraSettings,
-        vision: VisionInfo | None,
-        on_camera_frame: Callable[[str], None],
-        on_camera_refused: Callable[[str], None],
+        self, call_id: str, pc: RTCPeerConnection, *, hosts: tuple[IceHostAddress, ...], cameras: CallCameras
     ) -> None:
         self.id = call_id
         self.pc = pc
         self.output = OutputAudioQueue()
         self.track = PacedAudioTrack(self.output, self._playback_finished)
-        self.channel: RTCDataChannel | None = None
+        self.channel: EventsChannel | None = None
         self.refused_video: tuple[SetAside, ...] = ()
         """The offer's video sections refused for their codecs (rejected in the answer)."""
         self._hosts = hosts
-        self._camera = camera
-        self._vision = vision
-        self._on_camera_frame = on_camera_frame
-        self._on_camera_refused = on_camera_refused
+        self._cameras = cameras
         self._call: Call | None = None
-        self._busy = False
 
     @property
     def call(self) -> Call:
@@ -84,30 +63,16 @@ class InProcessMedia:
         return self._call
 
     def attach(self, call: Call) -> None:
-        # The handlers must exist before the offer is set: aiortc announces the browser's tracks while it applies it.
         self._call = call
-        self._watch()
+        watch_peer(self.pc, self, f"webrtc {self.id}")
 
     async def answer(self, offer_sdp: str) -> str:
-        offer_sdp, self.refused_video = set_aside_undecodable_video(offer_sdp)
-        for section in self.refused_video:
-            logger.warning(
-                "webrtc %s: refusing the offer's video track (mid %s): it offers %s, this server decodes VP8 and "
-                "H.264; the call goes on without video",
-                self.id,
-                section.mid,
-                ", ".join(section.codecs) or "no codec",
-            )
-            self._on_camera_refused("unsupported_codec")
-        pc = self.pc
-        await accept_offer(pc, offer_sdp)
-        pc.addTrack(self.track)
-        if self._hosts:
-            await announce_host_addresses(pc, self._hosts)
-        await pc.setLocalDescription(await pc.createAnswer())
-        if sends_opus(pc.localDescription.sdp):
-            self.track.send_opus()  # encoded by the track: aiortc then only packetizes
-        return reject_in_answer(pc.localDescription.sdp, self.refused_video)
+        answer, self.refused_video = await answer_offer(
+            self.pc, offer_sdp, self.track, self._hosts, f"webrtc {self.id}"
+        )
+        for _ in self.refused_video:
+            self._cameras.on_refused(UNSUPPORTED_CODEC)
+        return answer
 
     # --- reply audio ---
 
@@ -133,44 +98,39 @@ class InProcessMedia:
     # --- the data channel ---
 
     def channel_ready(self) -> bool:
-        return self.channel is not None and self.channel.readyState == "open"
+        return self.channel is not None and self.channel.open
 
     async def send_text(self, text: str) -> None:
-        channel = self.channel
-        if channel is None or channel.readyState != "open":
+        if self.channel is None or not self.channel.send(text):
             raise TransportClosed("the data channel is closed")
-        channel.send(text)
-        if not self._busy and channel.bufferedAmount > CHANNEL_HIGH_WATER:
-            self._busy = True
-            self.call.channel_busy(True)
 
     def close_channel(self) -> None:
-        channel = self.channel
-        if channel is None or channel.readyState in ("closing", "closed"):
-            return
-        # Closing a channel sends an SCTP reset; over a dead DTLS transport (the peer vanished) aiortc's task for it
-        # fails unobserved. The peer connection's close ends it then.
-        if channel.transport.transport.state == "connected":
-            channel.close()
+        if self.channel is not None:
+            self.channel.close()
 
-    def _attach_channel(self, channel: RTCDataChannel) -> None:
+    # --- the peer connection's events (realtime.transports.peer.PeerEvents) ---
+
+    def data_channel(self, channel: RTCDataChannel) -> None:
         call = self.call
-        self.channel = channel
-        channel.bufferedAmountLowThreshold = CHANNEL_LOW_WATER
-        channel.on("message", call.client_message)
-        channel.on("close", call.client_gone)
-        channel.on("bufferedamountlow", self._drained)
-        if channel.readyState == "open":
-            call.channel_open()
+        self.channel = EventsChannel(
+            channel, on_message=call.client_message, on_close=call.client_gone, on_busy=call.channel_busy
+        )
+        self.channel.when_open(call.channel_open)
+
+    def remote_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            pump = self._microphone(track)
+        elif track.kind == "video":
+            pump = self._camera_feed(track)
         else:
-            channel.on("open", call.channel_open)
+            pump = discard(track)
+        self.call.spawn(pump, f"{track.kind} track")
 
-    def _drained(self) -> None:
-        if self._busy:
-            self._busy = False
-            self.call.channel_busy(False)
-
-    # --- the peer connection ---
+    def connection_state(self, state: str) -> None:
+        if state == "connected":
+            self.call.media_connected()
+        elif state in ("failed", "closed"):
+            self.call.client_gone()
 
     async def close(self) -> None:
         """Stop the reply track, drop its audio and close the peer connection."""
@@ -180,36 +140,6 @@ class InProcessMedia:
             await self.pc.close()
         except Exception:  # the peer is gone either way; the call must still be forgotten
             logger.exception("webrtc %s: closing the peer connection failed", self.id)
-
-    def _watch(self) -> None:
-        pc = self.pc
-        call = self.call
-
-        @pc.on("datachannel")
-        def on_datachannel(channel: RTCDataChannel) -> None:
-            if channel.label != OAI_EVENTS_LABEL or self.channel is not None:
-                logger.info("webrtc %s: ignoring data channel %r", self.id, channel.label)
-                return
-            self._attach_channel(channel)
-
-        @pc.on("track")
-        def on_track(track: MediaStreamTrack) -> None:
-            if track.kind == "audio":
-                pump = self._microphone(track)
-            elif track.kind == "video":
-                pump = self._camera_feed(track)
-            else:
-                pump = discard(track)
-            call.spawn(pump, f"{track.kind} track")
-
-        @pc.on("connectionstatechange")
-        def on_state() -> None:
-            state = pc.connectionState
-            logger.info("webrtc %s: connection %s", self.id, state)
-            if state == "connected":
-                call.media_connected()
-            elif state in ("failed", "closed"):
-                call.client_gone()
 
     async def _microphone(self, track: MediaStreamTrack) -> None:
         """Feed the browser's microphone to the call until the track ends. Audio it cannot convert ends the call: a
@@ -231,19 +161,11 @@ class InProcessMedia:
             call.microphone(data, fmt, frame.pts, frame.sample_rate)
 
     async def _camera_feed(self, track: MediaStreamTrack) -> None:
-        """Feed the browser's camera to the user's spoken messages (:mod:`realtime.media.video`) until the track
-        ends."""
-        feed = CameraFeed(self.call.runner, self._vision, self._camera, count=self._on_camera_frame, label=self.id)
+        """Feed the browser's camera to the user's spoken messages until the track ends."""
+        cameras, label = self._cameras, f"webrtc {self.id}"
+        frames = MessageFrames(self.call.runner, count=cameras.on_frame, label=label)
+        feed = CameraFeed(cameras.vision, cameras.settings, kept=frames.offer, count=cameras.on_frame, label=label)
         await feed.run(track)
-
-
-async def discard(track: MediaStreamTrack) -> None:
-    """Consume a track the call has no use for, so aiortc does not queue its frames."""
-    while True:
-        try:
-            await track.recv()
-        except MediaStreamError:
-            return
 
 
 class InProcessCall(Call[InProcessMedia]):
@@ -267,23 +189,12 @@ class InProcessCall(Call[InProcessMedia]):
 
 
 class InProcessMediaHost:
-    """Makes the calls whose media run in this process (:class:`InProcessMedia`, answered with ``hosts``; camera
-    arguments as there)."""
+    """Makes the calls whose media run in this process (:class:`InProcessMedia`, answered with ``hosts``, cameras
+    taken as ``cameras`` says)."""
 
-    def __init__(
-        self,
-        *,
-        hosts: tuple[IceHostAddress, ...],
-        camera: CameraSettings,
-        vision: VisionInfo | None,
-        on_camera_frame: Callable[[str], None],
-        on_camera_refused: Callable[[str], None],
-    ) -> None:
+    def __init__(self, *, hosts: tuple[IceHostAddress, ...], cameras: CallCameras) -> None:
         self._hosts = hosts
-        self._camera = camera
-        self._vision = vision
-        self._on_camera_frame = on_camera_frame
-        self._on_camera_refused = on_camera_refused
+        self._cameras = cameras
         self._peers: weakref.WeakSet[RTCPeerConnection] = weakref.WeakSet()
         self._ids = itertools.count(1)
 
@@ -307,15 +218,7 @@ class InProcessMediaHost:
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self._peers.add(pc)
         call_id = f"rtc_{next(self._ids)}"
-        media = InProcessMedia(
-            call_id,
-            pc,
-            hosts=self._hosts,
-            camera=self._camera,
-            vision=self._vision,
-            on_camera_frame=self._on_camera_frame,
-            on_camera_refused=self._on_camera_refused,
-        )
+        media = InProcessMedia(call_id, pc, hosts=self._hosts, cameras=self._cameras)
         try:
             return InProcessCall(
                 call_id, media, dialect, make_runner, gate=gate, slot=slot, on_input_delay=on_input_delay

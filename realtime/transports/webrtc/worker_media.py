@@ -9,13 +9,19 @@ a :class:`~realtime.transports.media_workers.messages.ClearAudioMessage` follows
 :class:`~realtime.transports.media_workers.messages.PlayAudioMessage` sent before it on the call's one ordered wire,
 so the worker drops the cleared response's audio and nothing else.
 
+The camera: the worker samples the call's video track with the endpoint's :class:`~.camera.CallCameras` settings and
+sends the frames it keeps (:class:`~realtime.transports.media_workers.messages.CameraFrame`, RGB at the sampled size);
+here they go to the session's spoken messages through :class:`~realtime.media.message_frames.MessageFrames`, as the
+in-process media hand theirs, and every frame is counted through ``CallCameras.on_frame`` (the worker's own outcomes
+arrive as :class:`~realtime.transports.media_workers.messages.CameraCounts`); video tracks the worker refused for their
+codecs are counted through ``CallCameras.on_refused``.
+
 A dead worker ends its calls: each session ends ``FAILED`` with :class:`~.errors.MediaWorkerLost` (the server's
 fault), whichever notices first (the pool seeing the worker's wire close, or the session's own send finding the wire
 broken); the ``error`` event it can no longer deliver is logged, and its slot freed; the pool restarts the worker.
 
 :class:`MediaWorkerClient` makes the calls placed on a :class:`~realtime.transports.media_workers.pool.
-MediaWorkerPool`; :class:`WorkerCalls` is the server's WebRTC endpoint with its calls' media on workers (camera calls
-stay in-process: camera frames do not cross to workers).
+MediaWorkerPool`; :class:`WorkerCalls` is the server's WebRTC endpoint with every call's media on workers.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from realtime.media.message_frames import MessageFrames
 from realtime.protocol.audio_format import AudioFormat
 from realtime.protocol.names import Dialect
 from realtime.runner import MediaSink, SessionRunner, Transport, TransportClosed
@@ -35,6 +42,7 @@ from realtime.server.limits import MessageGate, SessionSlot
 from realtime.transports.media_workers import messages as m
 from realtime.transports.media_workers.pool import MediaWorkerPool, NoMediaWorker, WorkerLink
 from realtime.transports.webrtc.call import Call
+from realtime.transports.webrtc.camera import NO_VISION, UNSUPPORTED_CODEC, CallCameras
 from realtime.transports.webrtc.endpoint import WebRTCCalls
 from realtime.transports.webrtc.errors import MediaWorkerLost, WebRTCUnavailable, answer_refused
 
@@ -47,12 +55,21 @@ HANGUP_TIMEOUT_S = 5.0
 
 
 class WorkerMedia:
-    """A :class:`~.call.CallMedia` on ``worker`` (module docstring). ``on_closed()`` runs once :meth:`close` is done
-    (the host then forgets the call)."""
+    """A :class:`~.call.CallMedia` on ``worker`` (module docstring), its camera taken as ``cameras`` says.
+    ``on_closed()`` runs once :meth:`close` is done (the host then forgets the call)."""
 
-    def __init__(self, call_id: str, worker: WorkerLink, on_closed: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        call_id: str,
+        worker: WorkerLink,
+        on_closed: Callable[[], None] | None = None,
+        *,
+        cameras: CallCameras = NO_VISION,
+    ) -> None:
         self.id = call_id
         self.worker = worker
+        self.cameras = cameras
+        self._frames: MessageFrames | None = None
         self.answered: asyncio.Future[m.Answered | m.AnswerFailed] = asyncio.get_running_loop().create_future()
         self.ended = asyncio.Event()
         """The worker reported the peer connection closed (or the worker is gone)."""
@@ -66,15 +83,21 @@ class WorkerMedia:
 
     def attach(self, call: Call) -> None:
         self._call = call
+        self._frames = MessageFrames(call.runner, count=self.cameras.on_frame, label=f"webrtc {self.id}")
 
     async def answer(self, offer_sdp: str) -> str:
-        self.worker.send(m.Answer(self.id, offer_sdp, self.call.input_format.value))
+        cameras = self.cameras
+        self.worker.send(
+            m.Answer(self.id, offer_sdp, self.call.input_format.value, camera=cameras.settings, vision=cameras.vision)
+        )
         try:
             result = await asyncio.wait_for(asyncio.shield(self.answered), ANSWER_TIMEOUT_S)
         except TimeoutError:
             raise WebRTCUnavailable(f"the media worker did not answer within {ANSWER_TIMEOUT_S:.0f} s") from None
         if isinstance(result, m.AnswerFailed):
             raise answer_refused(result.message, result.param)
+        for _ in range(result.refused_video):
+            cameras.on_refused(UNSUPPORTED_CODEC)
         return result.answer_sdp
 
     # --- to the worker ---
@@ -130,6 +153,12 @@ class WorkerMedia:
         call = self.call
         if isinstance(message, m.MicAudio):
             call.microphone(message.audio, AudioFormat(message.input_format), message.pts, message.rate)
+        elif isinstance(message, m.CameraFrame):
+            assert self._frames is not None, "attach() comes first"
+            self._frames.offer(message.pixels, message.at)
+        elif isinstance(message, m.CameraCounts):
+            for outcome, frames in message.outcomes:
+                self.cameras.frames(outcome, frames)
         elif isinstance(message, m.ChannelMessage):
             call.client_message(message.data)
         elif isinstance(message, m.ChannelBusy | m.ChannelDrained):
@@ -184,8 +213,9 @@ class RemoteCall(Call[WorkerMedia]):
         slot: SessionSlot,
         on_input_delay: Callable[[float], None] | None,
         on_closed: Callable[[], None] | None = None,
+        cameras: CallCameras = NO_VISION,
     ) -> None:
-        media = WorkerMedia(call_id, worker, on_closed)
+        media = WorkerMedia(call_id, worker, on_closed, cameras=cameras)
         super().__init__(call_id, media, dialect, make_runner, gate=gate, slot=slot, on_input_delay=on_input_delay)
 
     @property
@@ -204,9 +234,18 @@ class RemoteCall(Call[WorkerMedia]):
 
 class MediaWorkerClient:
     """Makes the calls whose media run on a pool of ``workers`` media workers, and routes the workers' messages to
-    them. ``ice_host_addresses`` as ``ServerConfig.ice_host_addresses``."""
+    them. ``ice_host_addresses`` as ``ServerConfig.ice_host_addresses``; ``cameras``: how the calls' cameras are
+    taken."""
 
-    def __init__(self, workers: int, *, ice_host_addresses: tuple[str, ...], log_level: int) -> None:
+    def __init__(
+        self,
+        workers: int,
+        *,
+        ice_host_addresses: tuple[str, ...],
+        log_level: int,
+        cameras: CallCameras,
+    ) -> None:
+        self._cameras = cameras
         self.pool = MediaWorkerPool(
             workers,
             ice_host_addresses=ice_host_addresses,
@@ -247,6 +286,7 @@ class MediaWorkerClient:
                 slot=slot,
                 on_input_delay=on_input_delay,
                 on_closed=functools.partial(self._release, call_id),
+                cameras=self._cameras,
             )
         except BaseException:
             self.pool.release(worker, call_id)
@@ -279,8 +319,8 @@ class MediaWorkerClient:
 
 class WorkerCalls:
     """The WebRTC endpoint ``local`` (its configuration: slots, session settings, turn detection, gates, observers,
-    metrics, connect timeout, ICE hosts) with its calls' media on ``workers`` media worker processes; camera calls
-    stay in this process. Everything but the placement of the media is ``local``'s."""
+    metrics, connect timeout, ICE hosts, cameras) with every call's media on ``workers`` media worker processes.
+    Everything but the placement of the media is ``local``'s."""
 
     def __init__(self, local: WebRTCCalls, workers: int) -> None:
         self.local = local
@@ -290,6 +330,7 @@ class WorkerCalls:
                 a.announce if a.announce == a.bind else f"{a.announce}@{a.bind}" for a in local.ice_host_addresses
             ),
             log_level=logging.getLogger().getEffectiveLevel(),
+            cameras=local.cameras,
         )
         local.place_media_on(self.media)
         self.pool = self.media.pool

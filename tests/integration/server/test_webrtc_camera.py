@@ -1,6 +1,7 @@
-"""A call's camera (realtime.media.video): an aiortc peer sends a camera-like VP8 track with speech; the spoken message
-gets sampled, downscaled frames and the reply's usage counts their image tokens. Against the FakeEngine with a
-vision tower; loopback only, as test_webrtc.py."""
+"""A call's camera (realtime.media.video, realtime.media.message_frames): an aiortc peer sends a camera-like VP8 track
+with speech; the spoken message gets sampled, downscaled frames and the reply's usage counts their image tokens, with
+the call's media in the server's process or on media workers (the frames then cross from the worker). Against the
+FakeEngine with a vision tower; loopback only, as test_webrtc.py."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import fractions
 import av
 import numpy as np
 import pytest
-from aiortc import VideoStreamTrack
+from aiortc import RTCSessionDescription, VideoStreamTrack
 
 from pipeline.errors import UnsupportedInputError
+from realtime.media.message_frames import MessageFrames
 from realtime.media.video import CameraFeed
 from realtime.media.video_settings import CameraSettings
 from realtime.runner import OpenMessage
 from realtime.transports.webrtc import WebRTCCalls
+from realtime.transports.webrtc.worker_media import RemoteCall, WorkerCalls
 from tests.fakes import TINY_VISION, FakeEngine
 from tests.helpers.webrtc_peer import ClientPeer
 
@@ -42,16 +45,30 @@ class MovingPattern(VideoStreamTrack):
         return frame
 
 
+async def serving(engine, media_workers: int, **kwargs) -> WebRTCCalls | WorkerCalls:
+    """The WebRTC endpoint over ``engine``, started, with its calls' media in this process (0) or on workers."""
+    local = WebRTCCalls(engine, ice_host_addresses=("127.0.0.1",), **kwargs)
+    calls = local if media_workers == 0 else WorkerCalls(local, media_workers)
+    await calls.start()
+    return calls
+
+
+media_placements = pytest.mark.parametrize("media_workers", [0, 2], ids=["in-process", "2-media-workers"])
+
+
 @pytest.mark.slow
-async def test_camera_frames_reach_the_spoken_message_and_usage_counts_them():
+@media_placements
+async def test_camera_frames_reach_the_spoken_message_and_usage_counts_them(media_workers):
     engine = FakeEngine(vision=TINY_VISION)
     outcomes: list[str] = []
-    calls = WebRTCCalls(engine, ice_host_addresses=("127.0.0.1",), on_camera_frame=outcomes.append)
+    calls = await serving(engine, media_workers, on_camera_frame=outcomes.append)
     client = ClientPeer()
     camera = MovingPattern()
     client.pc.addTrack(camera)
     try:
         await client.call(calls)
+        (call,) = calls.calls()
+        assert isinstance(call, RemoteCall) == (media_workers > 0)  # a camera call is placed as any other
         await asyncio.sleep(0.5)  # the camera runs before the user speaks: its latest frame is held
         client.say("capital_of_france")
         _, done = await client.wait_for("response.done")
@@ -77,6 +94,40 @@ async def test_camera_frames_reach_the_spoken_message_and_usage_counts_them():
     assert "invalid" not in outcomes and "no_vision" not in outcomes
 
 
+VP9_CAMERA = (
+    "m=video 9 UDP/TLS/RTP/SAVPF 98\r\nc=IN IP4 0.0.0.0\r\na=mid:camera\r\na=sendonly\r\na=rtpmap:98 VP9/90000\r\n"
+)
+"""A camera offered in VP9 only, as the last media section of an offer (aiortc decodes VP8 and H.264)."""
+
+
+@pytest.mark.slow
+@media_placements
+async def test_a_camera_in_a_codec_the_server_cannot_decode_is_refused_and_the_call_goes_on(media_workers):
+    engine = FakeEngine(vision=TINY_VISION)
+    outcomes: list[str] = []
+    refused: list[str] = []
+    calls = await serving(engine, media_workers, on_camera_frame=outcomes.append, on_camera_refused=refused.append)
+    client = ClientPeer()
+    try:
+        # aiortc's peer cannot take an answer with a rejected section: the camera section goes to the server only,
+        # and the client is given the answer without it (the section the server rejected, last as offered)
+        answer = await calls.create_call(await client.offer() + VP9_CAMERA)
+        (call,) = calls.calls()
+        assert isinstance(call, RemoteCall) == (media_workers > 0)
+        answered, video = answer.split("m=video")
+        assert video.split()[:2] == ["0", "UDP/TLS/RTP/SAVPF"] and "a=mid:camera" in video and "a=inactive" in video
+        assert refused == ["unsupported_codec"]
+        await client.pc.setRemoteDescription(RTCSessionDescription(sdp=answered, type="answer"))
+        client.say("capital_of_france")
+        _, done = await client.wait_for("response.done")
+    finally:
+        await client.close()
+        await calls.close()
+    assert done["response"]["status"] == "completed"
+    assert done["response"]["usage"]["input_token_details"]["image_tokens"] == 0
+    assert outcomes == []  # no frame ever came
+
+
 async def refusal_of_frames(engine) -> str | None:
     """Why ``engine`` takes no camera frames (None: it takes them): no vision tower, or a build whose spoken
     messages refuse video (``UnsupportedInputError``)."""
@@ -97,18 +148,21 @@ async def refusal_of_frames(engine) -> str | None:
 
 
 @pytest.mark.slow
-async def test_on_the_tiny_engine_the_reply_counts_the_camera_frames_image_tokens(tiny_engine):
+@media_placements
+async def test_on_the_tiny_engine_the_reply_counts_the_camera_frames_image_tokens(tiny_engine, media_workers):
     """The real engine on the tiny checkpoint: camera frames go into the spoken message and the reply's usage
     counts their image tokens."""
     reason = await refusal_of_frames(tiny_engine)
     if reason is not None:
         pytest.skip(reason)
     outcomes: list[str] = []
-    calls = WebRTCCalls(tiny_engine, ice_host_addresses=("127.0.0.1",), on_camera_frame=outcomes.append)
+    calls = await serving(tiny_engine, media_workers, on_camera_frame=outcomes.append)
     client = ClientPeer()
     client.pc.addTrack(MovingPattern())
     try:
         await client.call(calls, session_overrides={"type": "realtime", "max_output_tokens": 8})
+        (call,) = calls.calls()
+        assert isinstance(call, RemoteCall) == (media_workers > 0)
         await asyncio.sleep(0.5)
         client.say("capital_of_france")
         _, done = await client.wait_for("response.done", timeout=40.0)
@@ -148,9 +202,15 @@ def frame_at(seconds: float, width: int = 320, height: int = 240) -> av.VideoFra
     return frame
 
 
+def feed_of(messages: Messages, vision, counts: list[str]) -> CameraFeed:
+    """The in-process media's camera: sampled frames into ``messages``, every outcome appended to ``counts``."""
+    frames = MessageFrames(messages, count=counts.append)
+    return CameraFeed(vision, CameraSettings(), kept=frames.offer, count=counts.append)
+
+
 async def test_frames_while_no_message_is_open_keep_the_latest_for_the_next_message():
     messages, counts = Messages(), []
-    feed = CameraFeed(messages, TINY_VISION, CameraSettings(), count=counts.append)
+    feed = feed_of(messages, TINY_VISION, counts)
     for i in range(12):  # 30 fps for 0.4 s: one frame a 0.5 s period at most, so the first is taken
         await feed.offer(frame_at(i / 30), 100 + i / 30)
     await feed.offer(frame_at(0.6), 100.6)  # a second sampled frame replaces the held one (counted idle)
@@ -168,12 +228,12 @@ async def test_frames_while_no_message_is_open_keep_the_latest_for_the_next_mess
 async def test_unusable_frames_and_a_blind_model_are_counted_drops():
     messages, counts = Messages(), []
     messages.open = OpenMessage("item_1", Handle(), started_at=0.0)
-    feed = CameraFeed(messages, TINY_VISION, CameraSettings(), count=counts.append)
+    feed = feed_of(messages, TINY_VISION, counts)
     bad = frame_at(0.0)
     bad.pts = None
-    feed._convert = lambda frame: (_ for _ in ()).throw(ValueError("the frame is 0x0"))  # a corrupt frame
+    feed.convert = lambda frame: (_ for _ in ()).throw(ValueError("the frame is 0x0"))  # a corrupt frame
     await feed.offer(bad, 1.0)
     assert counts == ["invalid"]
-    blind = CameraFeed(messages, None, CameraSettings(), count=counts.append)
+    blind = feed_of(messages, None, counts)
     await blind.offer(frame_at(0.0), 1.0)
     assert counts == ["invalid", "no_vision"]
