@@ -13,19 +13,22 @@ window) would be padded to the steady 144 frames and wait for every steady strea
 (:func:`pick_job`), in order:
 
 1. **Due or not.** With a lead (``lead_ms``, from ``token2wav.deadline_lead_s``), a candidate whose deadline is more
-   than the lead away is not due: it waits, so that the GPU is spent on decode and the worker stays free for the
-   streams that need it. Only due candidates are ranked; no due candidate, no job. A due candidate is never passed
-   over for one that is not, and a first chunk is always due when the first-audio target is within the lead (the
-   typed config requires it). Without a lead every candidate is due. The scheduler gives a step a lead only when it
-   decodes or prefills (:meth:`pipeline.scheduler.scheduler.Scheduler.audio_rule`): in a step with nothing else to
+   than the lead away is not due. No due candidate, no job: the step's GPU time goes to decode and the worker stays
+   free for the streams that will need it. A first chunk is always due when the first-audio target is within the lead
+   (the typed config requires it). Without a lead every candidate is due. The scheduler gives a step a lead only when
+   it decodes or prefills (:meth:`pipeline.scheduler.scheduler.Scheduler.audio_rule`): in a step with nothing else to
    do, waiting would only leave the GPU idle (and, on a clock that stands still, never end).
 2. **Earliest deadline first.** A candidate's urgency is its time to deadline; a later chunk's counts
    ``starving_margin_ms`` less, because the time it has must cover its own job and possibly a job of first chunks
    that goes before it. The most urgent due candidate decides the kind of job: first chunks only, or later chunks
    only, never both. At equal urgency a first chunk goes first, then the stream that started earlier
    (``arrival``), then the callers' order.
-3. **One batch.** The job takes the due candidates of that kind, most urgent first, at most ``max_streams`` (one
-   batched pass), so a first chunk that becomes ready while a job runs waits for one pass, not for every stream.
+3. **One full batch.** The job takes the candidates of that kind, due or not, most urgent first, at most
+   ``max_streams`` (one batched pass): the due ones come first, since a due candidate is more urgent than any that
+   is not. Why fill the batch with streams that could wait: a pass costs far less per stream in a batch than alone
+   (fixed costs per pass: launches, the hand-over, the host reading the audio), and streams that become due one by
+   one would otherwise each get a pass of their own. A first chunk that becomes ready while a job runs waits for
+   one pass, not for every stream.
 
 Nothing starves: a waiting candidate's deadline does not move, while each job moves the deadlines of the streams it
 serves later (their audio grows) and a newly started reply's first chunk is wanted later than an earlier one's, so
@@ -82,23 +85,24 @@ def pick_job(
     starving_margin_ms: float = 0.0,
     lead_ms: float | None = None,
 ) -> Token2WavJob | None:
-    """The next job among ``candidates`` (None when none is due): the due candidates (deadline within ``lead_ms``;
-    None: all) of the kind of the most urgent one, earliest deadline first, at most ``max_streams``; see the module
-    docstring for the whole rule."""
+    """The next job among ``candidates`` (None when none is due, i.e. has its deadline within ``lead_ms``; None: every
+    candidate is due): the candidates of the kind of the most urgent due one, the due ones first, then by deadline, at
+    most ``max_streams``; see the module docstring for the whole rule."""
     if max_streams < 1:
         raise ValueError(f"max_streams must be >= 1, got {max_streams}")
     if starving_margin_ms < 0:
         raise ValueError(f"starving_margin_ms must be >= 0, got {starving_margin_ms}")
     if lead_ms is not None and lead_ms < 0:
         raise ValueError(f"lead_ms must be >= 0 or None, got {lead_ms}")
-    due = [c for c in candidates if c.due(lead_ms)]
     # stable sort: a first chunk beats a later chunk at equal urgency, then the earlier start, then the callers' order
-    ranked = sorted(due, key=lambda c: (c.urgency_ms(starving_margin_ms), not c.first, c.arrival))
-    if not ranked:
+    ranked = sorted(candidates, key=lambda c: (c.urgency_ms(starving_margin_ms), not c.first, c.arrival))
+    trigger = next((c for c in ranked if c.due(lead_ms)), None)
+    if trigger is None:
         return None
-    first = ranked[0].first
-    chosen = [c for c in ranked if c.first == first][:max_streams]
-    return Token2WavJob(tuple(c.key for c in chosen), urgent=first)
+    # due candidates of the trigger's kind first (a later chunk's margin can rank one that is not due above them)
+    kind = [c for c in ranked if c.first == trigger.first]
+    chosen = ([c for c in kind if c.due(lead_ms)] + [c for c in kind if not c.due(lead_ms)])[:max_streams]
+    return Token2WavJob(tuple(c.key for c in chosen), urgent=trigger.first)
 
 
 class RecentJobs:

@@ -63,12 +63,17 @@ def test_ties_go_to_a_first_chunk_then_to_the_earlier_start() -> None:
 def test_a_stream_beyond_the_lead_waits_and_one_within_it_always_runs() -> None:
     far, near = later("far", 1600), later("near", 900)
     assert pick_job([far], 8, lead_ms=1500) is None, "nothing due: the step goes to decode"
-    assert pick_job([far, near], 8, lead_ms=1500) == Token2WavJob(("near",), urgent=False), "far waits"
+    assert pick_job([far, near], 8, lead_ms=1500) == Token2WavJob(("near", "far"), urgent=False), "near due: far rides"
+    assert pick_job([far, near], 1, lead_ms=1500) == Token2WavJob(("near",), urgent=False), "one pass: the due one"
     assert pick_job([later("edge", 1500)], 8, lead_ms=1500) == Token2WavJob(("edge",), urgent=False), "at the lead"
     assert pick_job([far, near], 8) == Token2WavJob(("near", "far"), urgent=False), "no lead: both at once"
-    # a due first chunk runs even when a later chunk that is not due ranks above it
+    # a due first chunk runs even when a later chunk that is not due ranks above it; a job is of one kind
     assert pick_job([later("ahead", 1600), first("new", 1400)], 8, starving_margin_ms=250, lead_ms=1500) == (
         Token2WavJob(("new",), urgent=True)
+    )
+    # a first chunk not yet due fills a pass a due first chunk opens
+    assert pick_job([first("late", 1700), first("new", 1400)], 8, lead_ms=1500) == (
+        Token2WavJob(("new", "late"), urgent=True)
     )
     with pytest.raises(ValueError, match="lead_ms"):
         pick_job([far], 8, lead_ms=-1)
@@ -77,14 +82,15 @@ def test_a_stream_beyond_the_lead_waits_and_one_within_it_always_runs() -> None:
 def test_a_job_takes_the_nearest_deadlines_up_to_one_batch() -> None:
     ready = [later(k, ms, i) for i, (k, ms) in enumerate([("a", 700), ("b", 50), ("c", 300), ("d", -10), ("e", 90)])]
     assert pick_job(ready, 3) == Token2WavJob(("d", "b", "e"), urgent=False)
-    assert pick_job(ready, 3, lead_ms=60) == Token2WavJob(("d", "b"), urgent=False), "only the due ones"
+    assert pick_job(ready, 3, lead_ms=60) == Token2WavJob(("d", "b", "e"), urgent=False), "due ones, then the nearest"
+    assert pick_job(ready[:1] + ready[2:3], 3, lead_ms=60) is None, "none due: no pass, however full it could be"
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_the_rule_holds_on_random_candidates(seed: int) -> None:
-    """Any set of candidates: no job exactly when none is due; a job of one kind, of due candidates only, at most
-    one batch, holding the most urgent due candidate, and no due candidate of its kind left out that is more urgent
-    than one taken."""
+    """Any set of candidates: no job exactly when none is due; a job of one kind, at most one batch, holding the most
+    urgent due candidate; due candidates of its kind before any that is not, none of them left out while one that is
+    not due is taken; within each group, the most urgent first."""
     rng = random.Random(seed)
     margin, lead, batch = rng.choice([0.0, 250.0]), rng.choice([None, 500.0, 1500.0]), rng.randint(1, 4)
     ready = [
@@ -99,13 +105,24 @@ def test_the_rule_holds_on_random_candidates(seed: int) -> None:
     assert job is not None
     taken = [c for c in ready if c.key in job.keys]
     assert len(taken) == len(job.keys) <= batch
-    assert all(c in due and c.first == job.urgent for c in taken)
+    assert all(c.first == job.urgent for c in taken)
     urgency = {c.key: c.urgency_ms(margin) for c in ready}
-    most_urgent = min(urgency[c.key] for c in due)
-    assert urgency[job.keys[0]] == most_urgent
-    left = [c for c in due if c.first == job.urgent and c.key not in job.keys]
-    assert all(urgency[c.key] >= max(urgency[k] for k in job.keys) for c in left)
-    assert [urgency[k] for k in job.keys] == sorted(urgency[k] for k in job.keys)
+    is_due = {c.key: c in due for c in ready}
+    assert urgency[job.keys[0]] == min(urgency[c.key] for c in due if c.first == job.urgent)
+    assert is_due[job.keys[0]] and min(urgency[c.key] for c in due) == min(
+        urgency[c.key] for c in due if c.first == job.urgent
+    ), "the most urgent due candidate decides the kind"
+    flags = [is_due[k] for k in job.keys]
+    assert flags == sorted(flags, reverse=True), "due ones first"
+    kind = [c for c in ready if c.first == job.urgent]
+    left = [c for c in kind if c.key not in job.keys]
+    assert not left or len(job.keys) == batch, "a pass is filled while candidates of its kind are left"
+    assert not any(is_due[c.key] for c in left) or all(flags), "no due one left out for one that is not due"
+    for group in (True, False):
+        keys = [k for k in job.keys if is_due[k] == group]
+        assert [urgency[k] for k in keys] == sorted(urgency[k] for k in keys)
+        rest = [c for c in left if is_due[c.key] == group]
+        assert not keys or all(urgency[c.key] >= max(urgency[k] for k in keys) for c in rest)
 
 
 def test_no_ready_stream_starves() -> None:
@@ -150,7 +167,8 @@ def test_no_ready_stream_starves() -> None:
 
 def test_the_audio_rule_passes_its_lead_to_the_rule() -> None:
     ready = [later("far", 1600), later("near", 900)]
-    assert AudioRule(8, 0.0, 1500.0).pick(ready) == Token2WavJob(("near",), urgent=False)
+    assert AudioRule(8, 0.0, 1500.0).pick(ready) == Token2WavJob(("near", "far"), urgent=False)
+    assert AudioRule(8, 0.0, 800.0).pick(ready) is None, "neither within the lead"
     assert AudioRule(8, 0.0).pick(ready) == Token2WavJob(("near", "far"), urgent=False)
 
 
@@ -206,10 +224,12 @@ def test_a_stream_near_its_deadline_overtakes_streams_that_started_before_it() -
     ready = [a, b, c]  # in start order, as the step finds them
     plan = s.schedule(StepContext())
     assert plan.talker_rows and plan.audio.lead_ms == 1000.0, "the talkers decode: a far stream may wait"
-    assert picked(s, ready, NOW, plan) == ["r-c", "r-b"], "c first; a is 1.2 s from dry, beyond the 1 s lead"
-    assert picked(s, ready, NOW + 0.25, plan) == ["r-c", "r-b", "r-a"], "a is due 0.95 s before it runs dry"
+    assert picked(s, ready, NOW, plan) == ["r-c", "r-b", "r-a"], "c first; a (1.2 s from dry) rides along"
+    s.cfg = replace(s.cfg, t2w_max_batch=2)
+    assert picked(s, ready, NOW) == ["r-c", "r-b"], "a pass of two: the nearest deadlines"
     s.cfg = replace(s.cfg, t2w_max_batch=1)
     assert picked(s, ready, NOW) == ["r-c"], "one per job: the nearest deadline"
+    assert picked(s, [a], NOW) == [] and picked(s, [a], NOW + 0.25) == ["r-a"], "alone, a waits until it is due"
 
 
 def test_a_first_chunk_is_wanted_its_target_after_the_response_started() -> None:
