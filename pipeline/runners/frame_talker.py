@@ -8,9 +8,14 @@ stop ids, repetition penalty, per-response seeds), then the family's residual pr
 sampled by the residual sampler. Nothing in it reads the device back, so on CUDA it is captured once per batch size
 (:class:`~pipeline.runners.decode_graphs.BatchedDecode`, at engine start: :meth:`FrameTalkerRunner.capture`) and a
 frame of B rows costs one replay of the smallest captured size >= B; elsewhere (or with ``cuda_graphs`` off) the same
-function runs eagerly. A reply's first frame (:meth:`FrameTalkerRunner.start`) follows its eager prefill through the
-same frame code, its residual in the predictor's scratch slot. Chains of frames (:meth:`FrameTalkerRunner.decode_chain`)
-feed each frame back on the device.
+function runs eagerly. Chains of frames (:meth:`FrameTalkerRunner.decode_chain`) feed each frame back on the device.
+
+A reply's start (:meth:`FrameTalkerRunner.start`) is captured too: its prefill (and a background
+:meth:`FrameTalkerRunner.prefill_prompt`) runs as rows of one captured step when its positions fit the largest prefill
+graph (:func:`~pipeline.runners.decode_graphs.graphed_prefill`; eagerly otherwise, or without graphs), and its first
+frame is one more captured function of one row (the prefill's last hidden state -> the frame: the same frame code as
+a decode step's, its residual in the predictor's scratch slot, so a batched frame may be in flight beside it). Neither
+reads the device back, so the host queues a whole start without waiting.
 
 Sampling noise: codebook 0 draws with the row's seed and counter (its frames so far); residual codebook ``k`` (1 ..
 groups - 1) with the same seed and counter ``counter * groups + k - 1``, so no two draws of a reply share noise.
@@ -31,7 +36,15 @@ import torch
 from pipeline.kernels.cuda_graphs import host_to_device
 from pipeline.kernels.devices import device_scope
 from pipeline.models.frame_talker import FrameTalkerParts
-from pipeline.runners.decode_graphs import BatchedDecode, HostRow, HostValues, default_batch_sizes, shifted_rope_rows
+from pipeline.runners.decode_graphs import (
+    BatchedDecode,
+    HostRow,
+    HostValues,
+    default_batch_sizes,
+    graphed_prefill,
+    prefill_graphs,
+    shifted_rope_rows,
+)
 from pipeline.runners.decoder import HostRope, PooledDecoder
 from pipeline.runners.residual_predictor import PooledResidualPredictor
 from pipeline.runners.sampling import DeviceSampleRows, SampleRows, SamplerSpec, sample_host_rows
@@ -91,6 +104,19 @@ class FrameTalkerRunner:
             device_rows=lambda b: (torch.zeros(b, parts.text_width, dtype=dtype, device=self.device),),
         )
         self._counter_row = _FRAME_START + self.groups + 3
+        width = parts.body.config.hidden_size
+        self.prefills = prefill_graphs(self.decoder, width=width, dtype=dtype, cuda_graphs=cuda_graphs)
+        """Prefills of up to 512 positions as captured row steps (see :func:`graphed_prefill`)."""
+        self.first_frame = BatchedDecode(
+            self._first_frame,
+            pool=self.pool,
+            device=self.device,
+            cuda_graphs=cuda_graphs,
+            batch_sizes=(1,),
+            host_rows=sample_host_rows(self.pool.scratch_slot),
+            device_rows=lambda b: (torch.zeros(b, width, dtype=dtype, device=self.device),),
+        )
+        """A reply's first frame from its prefill's last hidden state (one row: :meth:`_first_frame`)."""
 
     @property
     def can_chain(self) -> bool:
@@ -98,9 +124,14 @@ class FrameTalkerRunner:
         return True
 
     def capture(self) -> None:
-        """Record the frame step's graphs (CUDA with Triton only): call once at start."""
+        """Record the frame step's, the prefill's and the first frame's graphs (CUDA with Triton only): call once at
+        start."""
         with device_scope(self.device):
             self.batched.capture()
+            # one stream, so one cuBLAS workspace: these graphs replay one after the other, on the engine thread
+            self.prefills.capture_stream = self.first_frame.capture_stream = self.batched.capture_stream
+            self.prefills.capture()
+            self.first_frame.capture()
 
     @torch.inference_mode()
     def prefill_prompt(
@@ -108,11 +139,16 @@ class FrameTalkerRunner:
     ) -> torch.Tensor:
         """Talker inputs (P, Ht) at cache indices ``start .. start+P-1`` of ``slot``, at rope positions ``rope``
         ((3, P) int64 on the host, a numpy array or tensor; None: the cache indices); returns the last position's
-        hidden state (Ht,)."""
+        hidden state (Ht,). One replay of a prefill graph when P fits the largest, else eager; nothing here waits for
+        the device."""
         self.decoder.check_host_rope(rope, inputs.shape[0])
         with device_scope(self.device):
-            positions = None if rope is None else torch.as_tensor(rope).to(self.device, torch.long)
-            hidden = self.decoder.prefill(slot, inputs.to(self.device, self.dtype), start, positions)
+            x = inputs.to(self.device, self.dtype)
+            if self.prefills.fits(x.shape[0]):
+                (hidden,) = graphed_prefill(self.prefills, [(slot, x, start, rope)])
+            else:
+                positions = None if rope is None else host_to_device(torch.as_tensor(rope), torch.long, self.device)
+                hidden = self.decoder.prefill(slot, x, start, positions)
             return hidden[-1]
 
     @torch.inference_mode()
@@ -120,14 +156,15 @@ class FrameTalkerRunner:
         self, inputs: torch.Tensor, *, slot: int, start: int, sample: SampleRows, rope: HostRope | None = None
     ) -> torch.Tensor:
         """A reply's prefill (the prompt positions past ``start``, then its opening: talker inputs (P, Ht), at rope
-        positions ``rope`` as for :meth:`prefill_prompt`) and its first frame, (groups,) int64 on the device. The frame
-        is the decode steps' own code (:meth:`_frame`), its residual in the predictor's scratch slot (a batched frame
-        may be in flight beside it)."""
+        positions ``rope`` as for :meth:`prefill_prompt`) and its first frame, (groups,) int64 on the device (a copy).
+        The frame is the decode steps' own code (:meth:`_frame`), its residual in the predictor's scratch slot (a
+        batched frame may be in flight beside it), one replay of the first frame's graph on CUDA. Nothing here waits
+        for the device."""
         hidden = self.prefill_prompt(inputs, slot=slot, start=start, rope=rope)
+        last = start + inputs.shape[0] - 1
         with device_scope(self.device):
-            scratch = host_to_device([self.predictor.scratch_slot], torch.long, self.device)
-            rows = sample.on(self.device)
-            return self._frame(hidden.unsqueeze(0), rows, scratch, graph_safe=self.batched.graph_safe)[0]
+            (frame,) = self.first_frame([slot], [last], sample.columns(), hidden.unsqueeze(0))
+            return frame[0].clone()  # a replay's output is the graph's buffer: the next replay overwrites it
 
     @torch.inference_mode()
     def decode(
@@ -203,6 +240,15 @@ class FrameTalkerRunner:
         hidden = self.decoder.decode(x.to(self.dtype), slots, positions, rope, graph_safe=graph_safe)
         predictor_slots = torch.arange(hidden.shape[0], device=self.device)
         return (self._frame(hidden, DeviceSampleRows(*sample), predictor_slots, graph_safe=graph_safe),)
+
+    def _first_frame(self, slots, positions, *rest: torch.Tensor, graph_safe: bool) -> tuple[torch.Tensor]:
+        """A reply's first frame, the function :attr:`first_frame` runs or captures (one row): (1, groups) int64 from
+        the prefill's last hidden state (1, Ht) (``rest``: the sampler's four rows, then the hidden state), its
+        residual in the predictor's scratch slot. ``slots``/``positions`` (the reply's slot, its last prefill
+        position) are not read: the frame's cache work is the predictor's."""
+        *sample, hidden = rest
+        scratch = torch.full_like(slots, self.predictor.scratch_slot)
+        return (self._frame(hidden, DeviceSampleRows(*sample), scratch, graph_safe=graph_safe),)
 
     def _frame(
         self, hidden: torch.Tensor, rows: DeviceSampleRows, predictor_slots: torch.Tensor, *, graph_safe: bool

@@ -26,6 +26,7 @@ import torch
 
 from pipeline.core.conversation_state import ConversationState
 from pipeline.core.response_state import ResponseState, TalkerCode, TalkerStatus
+from pipeline.kernels.cuda_graphs import host_to_device
 from pipeline.models.positions import GridSpan, PositionScheme
 from pipeline.runners.frame_talker import FrameTalkerRunner
 from pipeline.runners.model_runner import Sampled
@@ -131,7 +132,7 @@ class FrameTalkerStage(TalkerFeed):
 
     def _prompt_inputs(self, conv: ConversationState, picked: list[int], keys: list) -> torch.Tensor:
         vectors = conv.talker_prompt()
-        index = torch.as_tensor(picked, dtype=torch.long, device=vectors.device)
+        index = host_to_device(picked, torch.long, vectors.device)  # queued: no wait for the device
         return self.parts.prompt_inputs(vectors.index_select(0, index), keys)
 
     def start(self, r: ResponseState, plan: TalkerStart) -> None:

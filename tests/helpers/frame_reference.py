@@ -29,9 +29,13 @@ class EagerFrames:
 
     @torch.inference_mode()
     def start(self, inputs: torch.Tensor, *, slot: int, start: int, sample: SampleRows, rope=None) -> torch.Tensor:
-        """:meth:`FrameTalkerRunner.start`: (groups,) int64."""
-        hidden = self.runner.prefill_prompt(inputs, slot=slot, start=start, rope=rope)
-        return self.frames(hidden.unsqueeze(0), sample)[0]
+        """:meth:`FrameTalkerRunner.start`: (groups,) int64, its prefill eager (the decoder's own prefill, never the
+        graphed rows)."""
+        r = self.runner
+        r.decoder.check_host_rope(rope, inputs.shape[0])
+        positions = None if rope is None else torch.as_tensor(rope).to(r.device, torch.long)
+        hidden = r.decoder.prefill(slot, inputs.to(r.device, r.dtype), start, positions)
+        return self.frames(hidden[-1:], sample)[0]
 
     @torch.inference_mode()
     def decode(

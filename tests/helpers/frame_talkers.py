@@ -148,3 +148,30 @@ def check_frames_equal_eager(*, graph_safe: bool, frames: int, sampling=SAMPLED)
         advance(mine, got)
         advance(ref, want)
     assert len(seen) > 20, "the frames vary: the comparison is not between constants"
+
+
+@torch.inference_mode()
+def check_graphed_start_equals_eager(*, graph_safe: bool) -> None:
+    """Three replies' starts with their prefills as rows of one step (the function a prefill graph captures, here run
+    eagerly: ``graph_safe`` with the Triton attention the graphs capture) equal the starts with the decoder's eager
+    prefill: the same first frames (greedy), the same hidden states and cached keys up to summation order (a row
+    attends one query at a time)."""
+    parts, model = tiny_frame_talker()
+    rows, eager = make_runner(parts, GREEDY), make_runner(parts, GREEDY)
+    rows.prefills.graph_safe = graph_safe
+    rows.prefills.fits = lambda n: True  # type: ignore[method-assign]  # no graph is captured here: run its function
+    mine, theirs = start_rows(rows), start_rows(EagerFrames(eager, model.talker))
+    assert rows.prefills.eager_steps == 3, "every start took the graphed prefill's path"
+    assert mine.frames == theirs.frames, (mine.frames, theirs.frames)
+    assert len({code for frame in mine.frames for code in frame}) > 8, "the frames vary"
+    for slot, n in zip(SLOTS, PROMPTS):
+        for layer in range(len(rows.decoder.layers)):
+            torch.testing.assert_close(
+                rows.pool.keys[layer][slot, :n], eager.pool.keys[layer][slot, :n], rtol=1e-4, atol=1e-4
+            )
+    x = torch.randn(PROMPTS[2], parts.body.config.hidden_size, generator=torch.Generator().manual_seed(9))
+    rope = torch.arange(PROMPTS[2]).expand(3, -1) + torch.tensor([[0], [2], [1]])
+    got = rows.prefill_prompt(x, slot=1, start=0, rope=rope)
+    want = eager.prefill_prompt(x, slot=1, start=0, rope=rope)
+    assert rows.prefills.eager_steps == 4 and eager.prefills.eager_steps == 0
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.errors import CheckpointError, InvalidInputError, UnknownVoiceError
+from pipeline.kernels.cuda_graphs import host_to_device
 
 __all__ = [
     "ASSISTANT_PART_LEN",
@@ -190,8 +191,12 @@ class TalkerInputs:
 
     def text_vectors(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """(n, H): ``text_projection`` of the thinker's input embeddings of ``token_ids``."""
-        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.embed.weight.device).reshape(-1)
-        return self.project_text(self.embed(ids))
+        device = self.embed.weight.device
+        if isinstance(token_ids, torch.Tensor) and token_ids.device.type != "cpu":
+            ids = token_ids.to(device, torch.long)
+        else:  # queued without the host waiting for the device (a copy from pageable memory waits)
+            ids = host_to_device(token_ids, torch.long, device)
+        return self.project_text(self.embed(ids.reshape(-1)))
 
     def text_vector(self, token_id: int) -> torch.Tensor:
         """(H,): the text part a reply token gives a talker step."""
@@ -218,20 +223,24 @@ class TalkerInputs:
             embeds is not None and embeds.shape[0] != ids.shape[0]
         ):
             raise InvalidInputError("user part: ids, hidden and embeds must have one row per position")
-        mm = multimodal_mask(ids, self.tokens)
+        # rows picked by host-side indices, copied to the device without waiting: a boolean mask on the device (or a
+        # copy from pageable memory) would make the host wait for the GPU on a reply's way to its first frame
+        mm = multimodal_mask(ids, self.tokens).cpu()
+        multimodal, text = torch.nonzero(mm).flatten(), torch.nonzero(~mm).flatten()
         out = torch.empty(ids.shape[0], self.codec_embedding.embedding_dim, dtype=self.dtype, device=self.device)
-        if bool(mm.any()):
+        if multimodal.numel():
             if hidden is None:
                 raise InvalidInputError("user part: multimodal positions need the thinker's hidden states")
             proj = self.talker.hidden_projection
-            rows = hidden[mm.to(hidden.device)].to(proj.linear_fc1.weight.device, proj.linear_fc1.weight.dtype)
-            out[mm.to(self.device)] = proj(rows).to(self.device, self.dtype)
-        if not bool(mm.all()):
-            text = ids[~mm]
+            rows = hidden.index_select(0, host_to_device(multimodal, torch.long, hidden.device))
+            projected = proj(rows.to(proj.linear_fc1.weight.device, proj.linear_fc1.weight.dtype)).to(self.device)
+            out.index_copy_(0, host_to_device(multimodal, torch.long, self.device), projected.to(self.dtype))
+        if text.numel():
             if embeds is None:
-                out[~mm.to(self.device)] = self.text_vectors(text).to(self.device)
+                vectors = self.text_vectors(ids.cpu()[text])
             else:
-                out[~mm.to(self.device)] = self.project_text(embeds[~mm.to(embeds.device)]).to(self.device)
+                vectors = self.project_text(embeds.index_select(0, host_to_device(text, torch.long, embeds.device)))
+            out.index_copy_(0, host_to_device(text, torch.long, self.device), vectors.to(self.device))
         return out
 
     def assistant_part(self, header_ids: Sequence[int], speaker: int, first_token: int | torch.Tensor) -> torch.Tensor:
@@ -252,7 +261,7 @@ class TalkerInputs:
         pad = self.tts_pad.expand(4, -1)
         text = torch.cat((head, pad, self.tts_bos[None], first))
         special = [t.codec_nothink, t.codec_think_bos, t.codec_think_eos, speaker, t.codec_pad, t.codec_bos]
-        codec = self.codec_embedding(torch.tensor(special, dtype=torch.long, device=self.device))
+        codec = self.codec_embedding(host_to_device(special, torch.long, self.device))
         codec = torch.cat((codec.new_zeros(3, codec.shape[1]), codec))
         return text + codec
 

@@ -21,6 +21,7 @@ from tests.helpers.frame_talkers import (
     SLOTS,
     advance,
     check_frames_equal_eager,
+    check_graphed_start_equals_eager,
     make_runner,
     start_rows,
     text_vectors,
@@ -190,3 +191,27 @@ FRAMES = TritonCheck(FRAMES_CHECK, timeout_s=1200, interpreter_only=True)  # wit
 @pytest.mark.background(FRAMES)
 def test_the_graph_safe_frame_step_equals_the_eager_frames_in_the_triton_interpreter():
     FRAMES.assert_ok()
+
+
+def test_a_start_with_the_graphed_prefill_s_rows_equals_the_eager_start():
+    """The prefill's path when it fits a prefill graph (its captured function run eagerly, with the CPU attention
+    here): the eager prefill's first frames, hidden states and cached keys."""
+    check_graphed_start_equals_eager(graph_safe=False)
+
+
+# The same with the Triton attention the prefill graphs capture, in Triton's interpreter: 2 talker layers a prefill.
+START_CHECK = """
+import torch
+torch.set_num_threads(1)
+from tests.helpers.frame_talkers import check_graphed_start_equals_eager
+check_graphed_start_equals_eager(graph_safe=True)
+print("ok")
+"""
+
+# with CUDA: tests/gpu/test_talker_start_graphs.py
+START = TritonCheck(START_CHECK, timeout_s=600, interpreter_only=True)
+
+
+@pytest.mark.background(START)
+def test_the_graph_safe_prefill_rows_equal_the_eager_start_in_the_triton_interpreter():
+    START.assert_ok()
