@@ -134,7 +134,7 @@ def check_frames_equal_eager(*, graph_safe: bool, frames: int, sampling=SAMPLED)
     the eager reference's, frame for frame."""
     parts, model = tiny_frame_talker()
     ours = make_runner(parts, sampling)
-    ours.batched.graph_safe = graph_safe  # what a replay runs, here eagerly
+    ours.batched.graph_safe = ours.first_frame.graph_safe = graph_safe  # what a replay runs, here eagerly
     theirs = EagerFrames(make_runner(parts, sampling), model.talker)
     mine, ref = start_rows(ours), start_rows(theirs)
     assert mine.frames == ref.frames, (mine.frames, ref.frames)
