@@ -29,6 +29,36 @@ from realtime.turns.smart_turn import SmartTurnModel
 
 BATCH = 8
 
+# Words after which an English sentence cannot end, written from grammar before any transcript was looked at: each
+# needs a complement that has not been said yet. Left out on purpose, because they end sentences often: words that are
+# also pronouns or objects ("that", "you", "it", "her", "his", "some"), phrasal-verb particles ("in", "on", "up",
+# "out", "off", "over", "down", "by", "through"), verbs and auxiliaries that end elliptical answers ("do", "have",
+# "be", "been", "like": "what is it like?"), wh-words ("who", "which", "what"), "so", "then", "not", "too".
+# Known misses the other way: a stranded preposition ends a wh-question ("what is it for?"); such a turn is held.
+INCOMPLETE_WORDS = frozenset(
+    # articles and determiners that need a noun
+    "a an the every each either neither "
+    # possessive determiners (not "his" / "her": both also stand alone)
+    "my your our their its whose "
+    # coordinating conjunctions
+    "and or but nor "
+    # subordinating conjunctions and comparatives that need a clause or a term
+    "because although if unless whereas whether than as "
+    # prepositions that are not also phrasal-verb particles
+    "of to for from with at into onto upon about towards toward during among between per via without "
+    # modals, the copula and auxiliary forms of "be" (an auxiliary needs its verb phrase)
+    "can could would should will shall may might must is are was were am "
+    # subject pronouns (need a verb)
+    "i we they he she "
+    # a subject with a contracted auxiliary cannot end a sentence ("yes, I'm" is not English)
+    "i'm i'll i'd i've we're we'll we'd we've they're they'll they'd they've you're you'll you'd you've "
+    "he's he'll he'd she's she'll she'd it'll there's "
+    # degree words that need what they modify
+    "very "
+    # hesitations: the speaker holds the floor
+    "um uh er".split()
+)
+
 
 def score(model: SmartTurnModel, audios: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([model(audios[i : i + BATCH]) for i in range(0, len(audios), BATCH)])
