@@ -31,13 +31,14 @@ BATCH = 8
 
 # Words after which an English sentence cannot end, written from grammar before any transcript was looked at: each
 # needs a complement that has not been said yet. Left out on purpose, because they end sentences often: words that are
-# also pronouns or objects ("that", "you", "it", "her", "his", "some"), phrasal-verb particles ("in", "on", "up",
-# "out", "off", "over", "down", "by", "through"), verbs and auxiliaries that end elliptical answers ("do", "have",
-# "be", "been", "like": "what is it like?"), wh-words ("who", "which", "what"), "so", "then", "not", "too".
-# Known misses the other way: a stranded preposition ends a wh-question ("what is it for?"); such a turn is held.
+# also pronouns or objects ("that", "you", "it", "her", "his", "some", "each", "either"), phrasal-verb particles or
+# adverbs ("in", "on", "up", "out", "off", "over", "down", "by", "through", "between", "without"), verbs that end
+# elliptical answers ("do", "have", "be", "been", "like": "what is it like?"), wh-words ("who", "which", "what"),
+# "so", "then", "not", "too". Known misses the other way, held although complete: a stranded preposition ending a
+# wh-question ("what is it for?") and an elided verb phrase after a modal or "is" ("call me when you can").
 INCOMPLETE_WORDS = frozenset(
     # articles and determiners that need a noun
-    "a an the every each either neither "
+    "a an the every "
     # possessive determiners (not "his" / "her": both also stand alone)
     "my your our their its whose "
     # coordinating conjunctions
@@ -45,7 +46,7 @@ INCOMPLETE_WORDS = frozenset(
     # subordinating conjunctions and comparatives that need a clause or a term
     "because although if unless whereas whether than as "
     # prepositions that are not also phrasal-verb particles
-    "of to for from with at into onto upon about towards toward during among between per via without "
+    "of to for from with at into onto upon about towards toward during among per via "
     # modals, the copula and auxiliary forms of "be" (an auxiliary needs its verb phrase)
     "can could would should will shall may might must is are was were am "
     # subject pronouns (need a verb)
