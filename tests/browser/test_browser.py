@@ -228,10 +228,11 @@ def test_voice_turn_over_websocket_on_an_https_page(browser, tls_server):
     assert state["stats"]["audioDeltas"] > 0 and state["stats"]["outputMaxRms"] > 0.01
 
 
-@pytest.fixture(scope="module", params=[0, 2], ids=["in-process", "2-media-workers"])
+@pytest.fixture(scope="module")
 def seeing_server(request):
     """The server over a fake engine with a vision tower (tests.fakes): the page's camera paths without a model,
-    with the WebRTC calls' media (their cameras included) in the server's process or on two media workers."""
+    with the WebRTC calls' media (their cameras included) in the server's process or on ``request.param`` media
+    workers (each test names the placements it runs on: :data:`BOTH_MEDIA_PATHS` or :data:`IN_PROCESS`)."""
     from realtime.config import ServerConfig
     from realtime.server.app import create_app
     from tests.fakes import TINY_VISION, FakeEngine
@@ -241,6 +242,15 @@ def seeing_server(request):
     with ServerThread(create_app(config, engine=engine)) as running:
         running.engine = engine
         yield running
+
+
+BOTH_MEDIA_PATHS = pytest.mark.parametrize(
+    "seeing_server", [0, 2], ids=["in-process", "2-media-workers"], indirect=True
+)
+IN_PROCESS = pytest.mark.parametrize("seeing_server", [0], ids=["in-process"], indirect=True)
+"""Where a test's calls have their media. A WebSocket picture never touches the media workers, and the answer that
+refuses a camera's codec is one function on both paths (``realtime/transports/peer.py``; both paths are checked
+without a browser in tests/integration/server/test_webrtc_camera.py): those run in-process only."""
 
 
 def camera_frames(server: ServerThread) -> dict[str, float]:
@@ -255,6 +265,7 @@ def camera_frames(server: ServerThread) -> dict[str, float]:
     }
 
 
+@BOTH_MEDIA_PATHS
 def test_voice_turn_with_the_camera_over_webrtc(browser, seeing_server):
     """The camera turned on during the call (the page's video sender gets the track, no renegotiation): the
     server hands sampled frames to the spoken message."""
@@ -269,6 +280,7 @@ def test_voice_turn_with_the_camera_over_webrtc(browser, seeing_server):
     assert any(handle.frames for handle in conversation.inputs.values())
 
 
+@IN_PROCESS
 def test_voice_turn_with_the_camera_over_websocket(browser, seeing_server):
     """Over WebSocket the page sends the camera's picture as an input_image item when the user starts speaking,
     downscaled to the low-detail budget, and the server takes it."""
@@ -297,6 +309,7 @@ RTCPeerConnection.prototype.addTransceiver = function (...args) {
 """
 
 
+@IN_PROCESS
 def test_a_camera_in_a_codec_the_server_cannot_decode_is_refused_and_the_call_goes_on(browser, seeing_server):
     """The page offers its video in VP9 only (aiortc decodes VP8 and H.264): the answer rejects the video section,
     the refusal is counted, and the spoken turn goes on."""
